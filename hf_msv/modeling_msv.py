@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from safetensors import SafetensorError
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -434,6 +435,26 @@ class MSVVerifier(MSVPreTrainedModel):
         self.gamma_mlp = MSVMLP(1, config.gamma_hidden_size, config.hidden_size, config.hidden_act)
         self.head = nn.Linear(config.hidden_size, 1)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise OSError(
+                f"The verifier weights in {pretrained_model_name_or_path!r} are truncated or corrupt "
+                f"(safetensors: {error}). Re-download or re-save the checkpoint.") from error
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload weights, config, remote code and an MSV model card (see `hf_msv.hub.push_verifier_to_hub`).
+
+        Where hf_msv is not installed (the verifier was loaded as remote code) this is transformers' own upload.
+        """
+        try:
+            from hf_msv.hub import push_verifier_to_hub
+        except ImportError:
+            return super().push_to_hub(repo_id, **kwargs)
+        return push_verifier_to_hub(self, repo_id, **kwargs)
 
     def parameter_groups(self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3) -> list[dict]:
         """The paper's per-module learning rates: mask-mixture weights w, sequence embeddings e⁽ⁿ⁾, the rest."""

@@ -1,0 +1,193 @@
+"""Verifier-free and aggregation baselines of the paper, on plain per-group numpy arrays.
+
+All functions score the answers of ONE group (one problem, N sequences); arrays are aligned by answer index (A,).
+
+* `self_consistency` — vote fraction among the N terminal answers (Wang et al., 2022).
+* `weighted_voting` / `streaming_weighted_voting` — WV (Li et al., 2022), paper appendix "Aggregation Baselines".
+* `token_prob_score` — geometric mean of the answer-token probabilities (Token-Probs).
+* `token_confidence`, `deepconf_confidence`, `deepconf_streaming` — DeepConf's trace confidence
+  (Fu et al., 2025, "Deep Think with Confidence", arXiv:2508.15260); `fit_platt`/`platt` map it to [0, 1].
+* `best_of_n` — argmax selection with deterministic ties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = [
+    "best_of_n", "self_consistency", "weighted_voting", "streaming_weighted_voting", "token_prob_score",
+    "token_confidence", "deepconf_confidence", "deepconf_streaming", "fit_platt", "platt",
+]
+
+
+def best_of_n(scores, mask=None) -> int:
+    """Index of the highest-scoring answer among `mask` (A,) bool (all when None); -1 if there is none.
+
+    Ties go to the lowest answer index (np.argmax keeps the first maximum), so picks are reproducible;
+    nan scores never win.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    s = np.where(np.isnan(s), -np.inf, s)
+    ok = np.ones(s.shape, bool) if mask is None else np.asarray(mask, bool).reshape(-1)
+    if not ok.any():
+        return -1
+    return int(np.flatnonzero(ok)[np.argmax(s[ok])])
+
+
+def _inverse(klass) -> tuple[np.ndarray, int]:
+    _, inv = np.unique(np.asarray(klass).reshape(-1), return_inverse=True)
+    return inv.reshape(-1), int(inv.max()) + 1 if inv.size else 0
+
+
+def self_consistency(klass, is_terminal=None) -> np.ndarray:
+    """(A,) vote fraction: s = Σ_m 1[a ~ a^(m)] / N over the N terminal answers (`is_terminal` (A,); all if None).
+
+    Non-terminal answers get the vote fraction of their class among the terminal answers too.
+    """
+    inv, c = _inverse(klass)
+    term = np.ones(inv.shape, bool) if is_terminal is None else np.asarray(is_terminal, bool).reshape(-1)
+    n = term.sum()
+    votes = np.bincount(inv[term], minlength=c)
+    return votes[inv] / n if n else np.zeros(inv.shape)
+
+
+def weighted_voting(scores, klass, mask=None) -> np.ndarray:
+    """(A,) WV probability: class mass Σ_{b ~ a} p_b normalised over classes, Σ over answers in `mask` (all if None).
+
+    Best-of-N on these is weighted best-of-N (the class with the largest summed probability). If every score is 0
+    the classes carry no mass and all answers get 0.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    inv, c = _inverse(klass)
+    m = np.ones(s.shape, bool) if mask is None else np.asarray(mask, bool).reshape(-1)
+    mass = np.bincount(inv[m], weights=s[m], minlength=c)
+    total = mass.sum()
+    return mass[inv] / total if total > 0 else np.zeros(s.shape)
+
+
+def streaming_weighted_voting(scores, klass, end, R: int = 16) -> np.ndarray:
+    """(A,) streaming WV: for answer a, aggregate over the answers available when a is (end_b ≤ end_a, a included).
+
+    Only when more than R candidates are available (count > R) is WV applied; otherwise a keeps its own score,
+    because normalising over a handful of early candidates gives, e.g., the very first answer probability 1.
+    "Before time τ" in the paper is read as availability at a's own availability time τ+L, the same causal rule
+    the MSV masks and γ use. Costs O(A²) memory, fine for A ≲ 10⁴.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    e = np.asarray(end).reshape(-1)
+    inv, _ = _inverse(klass)
+    avail = e[None, :] <= e[:, None]                     # (A, A): row a sees column b
+    same = avail & (inv[None, :] == inv[:, None])
+    num, den = same @ s, avail @ s
+    with np.errstate(invalid="ignore", divide="ignore"):
+        wv = np.where(den > 0, num / den, 0.0)
+    return np.where(avail.sum(1) > R, wv, s)
+
+
+def token_prob_score(token_logprobs, token_answer, num_answers: int | None = None) -> np.ndarray:
+    """(A,) Token-Probs: geometric mean of answer-token probabilities, s = exp(mean_i log p(a_i | <a_i)).
+
+    Args:
+        token_logprobs: (T,) log-probability of each answer token under the LM, answers packed.
+        token_answer: (T,) answer index in [0, A) of each token.
+        num_answers: A (default max(token_answer) + 1). Answers without tokens get nan.
+    """
+    lp = np.asarray(token_logprobs, dtype=np.float64).reshape(-1)
+    ta = np.asarray(token_answer, dtype=np.int64).reshape(-1)
+    a = int(ta.max()) + 1 if num_answers is None else num_answers
+    n = np.bincount(ta, minlength=a)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.exp(np.bincount(ta, weights=lp, minlength=a) / n)
+
+
+def token_confidence(topk_logprobs) -> np.ndarray:
+    """(T,) DeepConf token confidence C_i = −(1/k) Σ_{j≤k} log P_i(j) from (T, k) top-k log-probs of the CoT.
+
+    High when the model is sure: the top-1 log-prob is ≈ 0 but the other k−1 are very negative.
+    """
+    return -np.asarray(topk_logprobs, dtype=np.float64).mean(axis=-1)
+
+
+def _window_means(conf: np.ndarray, window: int) -> np.ndarray:
+    cs = np.concatenate([[0.0], np.cumsum(conf)])
+    return (cs[window:] - cs[:-window]) / window          # (T - window + 1,) means of conf[i:i+window]
+
+
+def deepconf_confidence(topk_logprobs, window: int = 2048, stat: str = "lowest_group",
+                        bottom_frac: float = 0.1) -> float:
+    """DeepConf trace confidence (raw, ≥ 0) of one chain of thought from its (T, k) top-k log-probs.
+
+    Group confidences C_G are means of `token_confidence` over sliding windows of `window` tokens (DeepConf: 2048,
+    k = 20); a trace shorter than one window is one group. ``stat``:
+    "lowest_group" (default; DeepConf's C_least = min_G C_G), "bottom10" (mean of the lowest `bottom_frac` of group
+    confidences), "tail" (mean over the last `window` tokens), "mean" (mean token confidence). Empty trace -> 0.
+    """
+    if stat not in ("lowest_group", "bottom10", "tail", "mean"):
+        raise ValueError(f"unknown DeepConf statistic {stat!r}")
+    conf = token_confidence(topk_logprobs).reshape(-1)
+    if conf.size == 0:
+        return 0.0
+    if stat == "mean":
+        return float(conf.mean())
+    if stat == "tail":
+        return float(conf[-window:].mean())
+    g = _window_means(conf, window) if conf.size >= window else conf.mean(keepdims=True)
+    if stat == "lowest_group":
+        return float(g.min())
+    return float(np.sort(g)[: max(1, int(np.ceil(bottom_frac * g.size)))].mean())
+
+
+def deepconf_streaming(token_conf: Sequence[np.ndarray], sequence, start, window: int = 2048,
+                       stat: str = "lowest_group") -> np.ndarray:
+    """(A,) raw DeepConf confidence of each answer's CoT prefix: sequence n's tokens [0, τ) when the answer fired.
+
+    Args:
+        token_conf: per sequence n, (T_n,) `token_confidence` of its chain of thought.
+        sequence, start: (A,) sequence index and τ of each answer.
+        stat: "lowest_group", "tail" or "mean" (prefix versions of `deepconf_confidence`). Empty prefix -> 0.
+    """
+    seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
+    tau = np.asarray(start, dtype=np.int64).reshape(-1)
+    out = np.zeros(seq.shape, dtype=np.float64)
+    for n in np.unique(seq):
+        c = np.asarray(token_conf[n], dtype=np.float64).reshape(-1)
+        cs = np.concatenate([[0.0], np.cumsum(c)])
+        rows = np.flatnonzero(seq == n)
+        t = np.minimum(tau[rows], c.size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            prefix_mean = np.where(t > 0, cs[t] / np.maximum(t, 1), 0.0)
+        if stat == "mean":
+            out[rows] = prefix_mean
+            continue
+        if stat == "tail":
+            lo = np.maximum(t - window, 0)
+            out[rows] = np.where(t > 0, (cs[t] - cs[lo]) / np.maximum(t - lo, 1), 0.0)
+            continue
+        if stat != "lowest_group":
+            raise ValueError(f"unknown streaming DeepConf statistic {stat!r}")
+        run_min = np.minimum.accumulate(_window_means(c, window)) if c.size >= window else np.zeros(0)
+        # windows fully inside [0, t) are those starting at i ≤ t - window
+        full = t >= window
+        out[rows] = prefix_mean
+        out[rows[full]] = run_min[t[full] - window]
+    return out
+
+
+def fit_platt(raw, labels) -> tuple[float, float]:
+    """(a, b) of Platt scaling σ(a·raw + b) fitted by logistic regression on validation (raw (m,), labels (m,))."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(raw, dtype=np.float64).reshape(-1, 1)
+    y = np.asarray(labels, dtype=bool).reshape(-1)
+    if y.all() or not y.any():                      # one class: constant probability at the base rate (clipped)
+        q = np.clip(y.mean(), 1e-3, 1 - 1e-3)
+        return 0.0, float(np.log(q / (1 - q)))
+    lr = LogisticRegression(C=1e6, max_iter=1000).fit(x, y)
+    return float(lr.coef_[0, 0]), float(lr.intercept_[0])
+
+
+def platt(raw, a: float, b: float) -> np.ndarray:
+    """σ(a·raw + b): map raw confidences (e.g. DeepConf C_least) to probabilities in (0, 1)."""
+    return 1.0 / (1.0 + np.exp(-(a * np.asarray(raw, dtype=np.float64) + b)))

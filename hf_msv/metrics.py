@@ -1,0 +1,211 @@
+"""Calibration and best-of-N metrics on plain numpy arrays, and `AnswerGroup`, the record they read.
+
+Definitions follow the paper's appendix "Details on metrics": AUROC, Brier, NLL, ECE (J=10 equal-width bins),
+best-of-N accuracy, and best-of-N ECE / Brier over the (p†, y†) pairs of the answers a verifier picks.
+
+`AnswerGroup` lives here (the lowest module of the evaluation stack) so that `hf_msv.early_stop` and a later
+``hf-msv evaluate`` can share it without import cycles; `hf_msv.baselines` stays array-only.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from sklearn.exceptions import UndefinedMetricWarning
+from sklearn.metrics import roc_auc_score
+
+from hf_msv.baselines import best_of_n
+
+__all__ = [
+    "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
+    "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "format_mean_std",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class AnswerGroup:
+    """All answers elicited for one problem from N parallel sequences (one *group*).
+
+    Every per-answer array has shape (A,), aligned by answer index. Times are shared decode steps counted from 0
+    at the first generated token (see docs/architecture.md).
+
+    Args:
+        sequence: (A,) int, sequence index n in [0, N).
+        end: (A,) int, τ + L: the step at which the answer becomes available.
+        klass: (A,) int, equivalence-class id; only compared within the group.
+        correct: (A,) bool, whether the answer is equivalent to the gold answer.
+        is_terminal: (A,) bool, the answer elicited when its sequence ended (one per sequence).
+        seq_len: (N,) int, chain-of-thought tokens each sequence decoded before it ended (= τ of its terminal
+            answer). Used for token accounting in early stopping.
+        start: (A,) int or None, τ (the step at which the delimiter fired / the sequence ended).
+        scores: verifier name -> (A,) float scores in [0, 1] (e.g. ``{"msv": ..., "probe": ...}``).
+        problem_id: identifier of the problem, for reports.
+    """
+
+    sequence: np.ndarray
+    end: np.ndarray
+    klass: np.ndarray
+    correct: np.ndarray
+    is_terminal: np.ndarray
+    seq_len: np.ndarray
+    start: np.ndarray | None = None
+    scores: Mapping[str, np.ndarray] = field(default_factory=dict)
+    problem_id: str = ""
+
+    def __post_init__(self):
+        conv = {"sequence": np.int64, "end": np.int64, "klass": np.int64, "correct": bool, "is_terminal": bool}
+        for name, dtype in conv.items():
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=dtype).reshape(-1))
+        object.__setattr__(self, "seq_len", np.asarray(self.seq_len, dtype=np.int64).reshape(-1))
+        if self.start is not None:
+            object.__setattr__(self, "start", np.asarray(self.start, dtype=np.int64).reshape(-1))
+        object.__setattr__(self, "scores", {k: np.asarray(v, dtype=np.float64).reshape(-1)
+                                            for k, v in self.scores.items()})
+        a = self.sequence.shape[0]
+        arrays = {n: getattr(self, n) for n in (*conv, "start")} | {f"scores[{k!r}]": v for k, v in self.scores.items()}
+        bad = [n for n, v in arrays.items() if v is not None and v.shape != (a,)]
+        if bad:
+            raise ValueError(f"AnswerGroup arrays must all have shape ({a},); mismatched: {bad}")
+        if a and self.sequence.max() >= self.seq_len.shape[0]:
+            raise ValueError(f"sequence ids go up to {self.sequence.max()} but seq_len has {self.seq_len.shape[0]} entries")
+
+    @property
+    def num_answers(self) -> int:
+        return int(self.sequence.shape[0])
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.seq_len.shape[0])
+
+
+def resolve_scores(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Per-group (A,) score arrays: ``scores`` is a verifier name looked up in ``group.scores`` or the arrays."""
+    if isinstance(scores, str):
+        return [g.scores[scores] for g in groups]
+    out = [np.asarray(s, dtype=np.float64).reshape(-1) for s in scores]
+    if len(out) != len(groups) or any(s.shape[0] != g.num_answers for s, g in zip(out, groups)):
+        raise ValueError("need one (A,) score array per group")
+    return out
+
+
+def _py(p, y) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    if p.shape != y.shape:
+        raise ValueError(f"probabilities {p.shape} and labels {y.shape} differ in shape")
+    if np.any((p < 0) | (p > 1)) or np.isnan(p).any():
+        raise ValueError("probabilities must lie in [0, 1]")
+    if np.any((y != 0) & (y != 1)):
+        raise ValueError("labels must be 0/1")
+    return p, y
+
+
+def auroc(p, y) -> float:
+    """AUROC = P[p+ > p-] + ½ P[p+ = p-] over (m,) scores `p` and 0/1 labels `y` (sklearn's `roc_auc_score`).
+
+    Undefined when only one class is present: returns nan and warns (UndefinedMetricWarning) saying so, because a
+    0.5 or 1.0 there would silently bias means over datasets where a verifier sees only correct answers.
+    """
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    y = np.asarray(y).astype(bool).reshape(-1)
+    if y.size == 0 or y.all() or not y.any():
+        warnings.warn(f"AUROC is undefined: all {y.size} labels are {'positive' if y.all() and y.size else 'negative'}"
+                      " (need both classes); returning nan", UndefinedMetricWarning, stacklevel=2)
+        return math.nan
+    return float(roc_auc_score(y, p))
+
+
+def brier(p, y) -> float:
+    """Brier score (1/m) Σ (p_i - y_i)^2 over (m,) probabilities and 0/1 labels."""
+    p, y = _py(p, y)
+    return float(np.mean((p - y) ** 2)) if p.size else math.nan
+
+
+def nll(p, y, eps: float = 1e-7) -> float:
+    """Mean negative log-likelihood of 0/1 labels under (m,) probabilities clipped to [eps, 1 - eps].
+
+    A float32 sigmoid saturates to exactly 0 or 1; clipping keeps one confidently wrong answer finite (−log 1e-7 ≈ 16)
+    instead of making the whole mean infinite.
+    """
+    p, y = _py(p, y)
+    p = np.clip(p, eps, 1 - eps)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p))) if p.size else math.nan
+
+
+def reliability_bins(p, y, n_bins: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Equal-width reliability bins over [0, 1]: returns (conf (J,), acc (J,), count (J,)).
+
+    Bin j holds p in [j/J, (j+1)/J), with p = 1 in the last bin. Here the "confidence" is the predicted probability of
+    correctness itself (a binary verifier), as in the paper. Empty bins have nan conf/acc and count 0.
+    """
+    p, y = _py(p, y)
+    idx = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)
+    count = np.bincount(idx, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.bincount(idx, weights=p, minlength=n_bins) / count
+        acc = np.bincount(idx, weights=y, minlength=n_bins) / count
+    return conf, acc, count
+
+
+def ece(p, y, n_bins: int = 10) -> float:
+    """ECE = Σ_j |B_j|/m · |acc(B_j) − conf(B_j)| with J = `n_bins` equal-width bins (paper: J = 10)."""
+    conf, acc, count = reliability_bins(p, y, n_bins)
+    m = count.sum()
+    if m == 0:
+        return math.nan
+    nz = count > 0
+    return float(np.sum(count[nz] / m * np.abs(acc[nz] - conf[nz])))
+
+
+def calibration_metrics(p, y, n_bins: int = 10) -> dict[str, float]:
+    """{"auroc", "brier", "ece", "nll"} of (m,) probabilities against (m,) 0/1 labels."""
+    return {"auroc": auroc(p, y), "brier": brier(p, y), "ece": ece(p, y, n_bins), "nll": nll(p, y)}
+
+
+def best_of_n_pairs(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray],
+                    terminal_only: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(p† (Q,), y† (Q,)): per group, the score and correctness of the verifier's best-of-N pick.
+
+    The pick is `hf_msv.baselines.best_of_n` over the group's terminal answers (all answers when
+    ``terminal_only=False``): highest score, ties to the lowest answer index.
+    """
+    ps, ys = [], []
+    for g, s in zip(groups, resolve_scores(groups, scores)):
+        i = best_of_n(s, g.is_terminal if terminal_only else None)
+        if i < 0:
+            raise ValueError(f"group {g.problem_id!r} has no candidate answer")
+        ps.append(s[i])
+        ys.append(g.correct[i])
+    return np.asarray(ps, dtype=np.float64), np.asarray(ys, dtype=bool)
+
+
+def best_of_n_accuracy(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray]) -> float:
+    """Fraction of groups whose best-of-N pick (terminal answers) is correct: (1/|Q|) Σ_q y†_q."""
+    _, y = best_of_n_pairs(groups, scores)
+    return float(y.mean()) if y.size else math.nan
+
+
+def best_of_n_metrics(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray],
+                      n_bins: int = 10) -> dict[str, float]:
+    """{"accuracy", "ece", "brier"} of best-of-N over terminal answers: ECE and Brier on the (p†, y†) pairs."""
+    p, y = best_of_n_pairs(groups, scores)
+    return {"accuracy": float(y.mean()) if y.size else math.nan, "ece": ece(p, y, n_bins), "brier": brier(p, y)}
+
+
+def mean_std(values, ddof: int = 1) -> tuple[float, float]:
+    """(mean, std) over seeds, ignoring nan; sample std (ddof=1) as for "mean ± std over five seeds"; std 0 for one."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return math.nan, math.nan
+    return float(v.mean()), float(v.std(ddof=ddof)) if v.size > ddof else 0.0
+
+
+def format_mean_std(values, digits: int = 3) -> str:
+    """"0.348 ± 0.007" for a list of per-seed values."""
+    m, s = mean_std(values)
+    return f"{m:.{digits}f} ± {s:.{digits}f}"

@@ -1,0 +1,100 @@
+import math
+
+import numpy as np
+import pytest
+from sklearn.exceptions import UndefinedMetricWarning
+from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
+
+from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
+from hf_msv.metrics import (AnswerGroup, auroc, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier,
+                            calibration_metrics, ece, format_mean_std, mean_std, nll, reliability_bins)
+
+P = np.array([0.9, 0.8, 0.3, 0.3, 0.05, 0.65])
+Y = np.array([1, 0, 1, 0, 0, 1])
+
+
+def test_auroc_hand_and_sklearn():
+    # positives {0.9, 0.3, 0.65} vs negatives {0.8, 0.3, 0.05}: wins 3+1+2 = 6, one tie (0.3, 0.3) -> (6 + .5) / 9
+    assert auroc(P, Y) == pytest.approx(6.5 / 9)
+    rng = np.random.default_rng(0)
+    p, y = rng.random(200), rng.random(200) < 0.4
+    assert auroc(p, y) == pytest.approx(roc_auc_score(y, p))
+
+
+def test_auroc_one_class_is_nan_with_reason():
+    with pytest.warns(UndefinedMetricWarning, match="all 3 labels are positive"):
+        assert math.isnan(auroc([0.1, 0.5, 0.9], [1, 1, 1]))
+
+
+def test_brier_nll_hand_and_sklearn():
+    assert brier(P, Y) == pytest.approx(np.mean([0.01, 0.64, 0.49, 0.09, 0.0025, 0.1225]))
+    assert brier(P, Y) == pytest.approx(brier_score_loss(Y, P))
+    hand = -np.mean([np.log(.9), np.log(.2), np.log(.3), np.log(.7), np.log(.95), np.log(.65)])
+    assert nll(P, Y) == pytest.approx(hand)
+    assert nll(P, Y) == pytest.approx(log_loss(Y, P))
+    assert nll([1.0, 0.0], [0, 1]) == pytest.approx(-np.log(1e-7))  # clipped, finite
+
+
+def test_ece_hand():
+    # bins: [0.9]->9 (acc 1, conf .9), [0.8]->8 (0 vs .8), [.3,.3]->3 (.5 vs .3), [.05]->0 (0 vs .05), [.65]->6 (1 vs .65)
+    hand = (0.1 + 0.8 + 2 * 0.2 + 0.05 + 0.35) / 6
+    assert ece(P, Y) == pytest.approx(hand)
+    conf, acc, count = reliability_bins(P, Y)
+    assert count.tolist() == [1, 0, 0, 2, 0, 0, 1, 0, 1, 1] and np.isnan(acc[1]) and conf[3] == pytest.approx(.3)
+    assert ece([1.0, 0.0], [1, 0]) == 0.0  # p = 1 lands in the last bin
+    assert ece(np.full(10, .7), np.r_[np.ones(7), np.zeros(3)]) == pytest.approx(0.0)
+
+
+def test_input_validation():
+    with pytest.raises(ValueError):
+        brier([1.2], [1])
+    with pytest.raises(ValueError):
+        brier([0.2, 0.3], [1])
+
+
+def _terminal_group(scores, correct, klass=None):
+    n = len(scores)
+    return AnswerGroup(sequence=np.arange(n), end=np.full(n, 10), klass=np.arange(n) if klass is None else klass,
+                       correct=correct, is_terminal=np.ones(n, bool), seq_len=np.full(n, 8),
+                       scores={"v": scores})
+
+
+def test_best_of_n_pairs_accuracy_ece_brier():
+    groups = [_terminal_group([.2, .9, .9], [0, 1, 0]),   # tie .9/.9 -> lowest index 1 (correct)
+              _terminal_group([.7, .1], [0, 1]),          # picks 0 (wrong)
+              _terminal_group([.4, .6], [0, 1])]          # picks 1 (correct)
+    p, y = best_of_n_pairs(groups, "v")
+    assert p.tolist() == [.9, .7, .6] and y.tolist() == [True, False, True]
+    assert best_of_n_accuracy(groups, "v") == pytest.approx(2 / 3)
+    m = best_of_n_metrics(groups, [g.scores["v"] for g in groups])
+    assert m["brier"] == pytest.approx((.01 + .49 + .16) / 3)
+    assert m["ece"] == pytest.approx((.1 + .7 + .4) / 3)
+
+
+def test_best_of_n_ignores_non_terminal():
+    g = AnswerGroup(sequence=[0, 0, 1], end=[3, 9, 9], klass=[0, 1, 1], correct=[1, 0, 0],
+                    is_terminal=[0, 1, 1], seq_len=[7, 7], scores={"v": [.99, .5, .4]})
+    p, y = best_of_n_pairs([g], "v")
+    assert p[0] == .5 and not y[0]
+
+
+def test_answer_group_validates_shapes():
+    with pytest.raises(ValueError, match="shape"):
+        AnswerGroup(sequence=[0, 1], end=[1], klass=[0, 0], correct=[1, 0], is_terminal=[1, 1], seq_len=[1, 1])
+
+
+def test_mean_std():
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert mean_std([4.0]) == (4.0, 0.0)
+    assert format_mean_std([0.3, 0.4], digits=2) == "0.35 ± 0.07"
+
+
+def test_evaluate_module_loads_offline_and_matches(monkeypatch, tmp_path):
+    evaluate = pytest.importorskip("evaluate")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for path in (MSV_CALIBRATION_PATH, MSV_CALIBRATION_PATH + "/msv_calibration.py"):
+        metric = evaluate.load(path, cache_dir=str(tmp_path))
+        got = metric.compute(predictions=P.tolist(), references=Y.tolist())
+        want = calibration_metrics(P, Y)
+        assert got.keys() == want.keys()
+        assert all(got[k] == pytest.approx(want[k]) for k in want)
