@@ -53,13 +53,22 @@ class MSVOutput(ModelOutput):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _group_rows(answer_group: torch.Tensor, rows: torch.Tensor | None):
-    """Yield (indices of a group's answers, positions among them of the rows to compute)."""
-    rows = torch.arange(len(answer_group), device=answer_group.device) if rows is None else rows
-    for g in torch.unique(answer_group[rows]).tolist():
-        members = (answer_group == g).nonzero().squeeze(1)
-        wanted = rows[answer_group[rows] == g]
-        yield members, torch.searchsorted(members, wanted), wanted
+def _padded_by_group(answer_group: torch.Tensor, rows: torch.Tensor | None):
+    """Lay answers out as (G, n_max) so per-group features vectorise across groups.
+
+    Returns `slot (A,)` (position of each answer in its group), `index (G, n_max)` (answer at each slot, -1 for
+    padding), and for the rows to compute: their group and slot.
+    """
+    _, group_of = torch.unique(answer_group, return_inverse=True)
+    order = torch.argsort(group_of, stable=True)
+    counts = torch.bincount(group_of)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(group_of)
+    slot[order] = torch.arange(len(order), device=order.device) - starts[group_of[order]]
+    index = torch.full((len(counts), int(counts.max())), -1, dtype=torch.long, device=order.device)
+    index[group_of, slot] = torch.arange(len(group_of), device=order.device)
+    rows = torch.arange(len(answer_group), device=order.device) if rows is None else rows
+    return index, group_of[rows], slot[rows], rows
 
 
 def compute_gamma(
@@ -79,23 +88,22 @@ def compute_gamma(
     Args: all `(A,)` long tensors; `rows` optionally restricts the computation to some answers (online scoring).
     Returns: `(len(rows),)` float tensor (or `(A,)`).
     """
-    out_rows = torch.arange(len(answer_group), device=answer_group.device) if rows is None else rows
-    gamma = torch.zeros(len(out_rows), dtype=torch.float32, device=answer_group.device)
-    position = torch.empty(len(answer_group), dtype=torch.long, device=answer_group.device)
-    position[out_rows] = torch.arange(len(out_rows), device=answer_group.device)
-    for members, local, wanted in _group_rows(answer_group, rows):
-        n = len(members)
-        seq, step, end, cls = (t[members] for t in (answer_sequence, answer_step, answer_end, answer_class))
-        done = end[None, :] <= end[local, None] if streaming else torch.ones(len(local), n, dtype=torch.bool,
-                                                                               device=seq.device)
-        # Latest completed answer of each sequence: maximise step, break ties by index, in one integer key.
-        key = torch.where(done, step[None, :] * n + torch.arange(n, device=seq.device), -1)
-        latest = torch.full((len(local), int(seq.max()) + 1), -1, dtype=torch.long, device=seq.device)
-        latest = latest.scatter_reduce(1, seq.expand(len(local), n), key, reduce="amax")
-        present = latest >= 0
-        agree = present & (cls[latest.clamp(min=0) % n] == cls[local, None])
-        gamma[position[wanted]] = agree.sum(1).float() / present.sum(1).clamp(min=1).float()
-    return gamma
+    if len(answer_group) == 0:
+        return torch.zeros(0, device=answer_group.device)
+    index, row_group, _, rows = _padded_by_group(answer_group, rows)
+    members = index[row_group]  # (R, n): the answers of each row's group
+    valid = members >= 0
+    safe = members.clamp(min=0)
+    n = members.shape[1]
+    done = valid & (answer_end[safe] <= answer_end[rows, None]) if streaming else valid
+    # Latest completed answer of each sequence: maximise step, break ties by slot, in one integer key.
+    key = torch.where(done, answer_step[safe] * n + torch.arange(n, device=safe.device), -1)
+    latest = torch.full((len(rows), int(answer_sequence.max()) + 1), -1, dtype=torch.long, device=safe.device)
+    latest = latest.scatter_reduce(1, answer_sequence[safe], key, reduce="amax")
+    present = latest >= 0
+    latest_answer = members.gather(1, latest.clamp(min=0) % n)
+    agree = present & (answer_class[latest_answer.clamp(min=0)] == answer_class[rows, None])
+    return agree.sum(1).float() / present.sum(1).clamp(min=1).float()
 
 
 def average_logits(
@@ -111,17 +119,16 @@ def average_logits(
     Streaming averages only over equivalent answers that ended no later (the paper's causal ablation).
     Returns `(len(rows),)` (or `(A,)`).
     """
-    out_rows = torch.arange(len(logits), device=logits.device) if rows is None else rows
-    averaged = torch.empty(len(out_rows), dtype=logits.dtype, device=logits.device)
-    position = torch.empty(len(logits), dtype=torch.long, device=logits.device)
-    position[out_rows] = torch.arange(len(out_rows), device=logits.device)
-    for members, local, wanted in _group_rows(answer_group, rows):
-        same = answer_class[members][None, :] == answer_class[members][local, None]
-        if streaming:
-            same &= answer_end[members][None, :] <= answer_end[members][local, None]
-        weights = same.to(logits.dtype)
-        averaged[position[wanted]] = (weights @ logits[members]) / weights.sum(1)
-    return averaged
+    if len(logits) == 0:
+        return logits
+    index, row_group, _, rows = _padded_by_group(answer_group, rows)
+    members = index[row_group]
+    safe = members.clamp(min=0)
+    same = (members >= 0) & (answer_class[safe] == answer_class[rows, None])
+    if streaming:
+        same &= answer_end[safe] <= answer_end[rows, None]
+    weights = same.to(logits.dtype)
+    return (weights * logits[safe]).sum(1) / weights.sum(1)
 
 
 def split_into_groups(
@@ -188,14 +195,21 @@ def dense_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, mask_names, strea
 
 
 def _plan_chunks(key_lo: list[int], key_hi: list[int], heads: int, budget: int):
-    """Split queries into chunks [i, j) whose key window [lo, hi) keeps heads·(j−i)·(hi−lo) ≲ budget."""
+    """Split queries into chunks [i, j) with key window [lo, hi).
+
+    A chunk grows while heads·rows·window stays within `budget` and the window stays within about twice the keys
+    its queries actually need, so packed batches of many small groups stay block-diagonal instead of quadratic.
+    """
     chunks, i, total = [], 0, len(key_lo)
     while i < total:
-        width = max(1, key_hi[i] - key_lo[i])
-        j = min(total, i + max(1, budget // (heads * width)))
-        width = key_hi[j - 1] - key_lo[i]
-        j = min(j, i + max(1, budget // (heads * width)))
-        chunks.append((i, j, key_lo[i], key_hi[j - 1]))
+        lo, hi, needed, j = key_lo[i], key_hi[i], key_hi[i] - key_lo[i], i + 1
+        while j < total:
+            new_hi = max(hi, key_hi[j])
+            area = (j + 1 - i) * (new_hi - lo)
+            if heads * area > budget or area > 2 * (needed + key_hi[j] - key_lo[j]) + 16384:
+                break
+            hi, needed, j = new_hi, needed + key_hi[j] - key_lo[j], j + 1
+        chunks.append((i, j, lo, hi))
         i = j
     return chunks
 
