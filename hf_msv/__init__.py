@@ -6,7 +6,10 @@ saved verifiers without `trust_remote_code`.
 
 from transformers import AutoConfig, AutoModel
 
+from .answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS, extract_boxed, extract_last_boxed, find_box_end
 from .configuration_msv import MASK_NAMES, MSVConfig
+from .equivalence import EquivalenceClasses, Verdict, assign_classes, get_checker
+from .generation import MSVAnswer, MSVEarlyStop, MSVResult, MSVSession, msv_generate, prepare_generation
 from .modeling_msv import (
     MSVCache,
     MSVOutput,
@@ -17,7 +20,7 @@ from .modeling_msv import (
     compute_gamma,
     split_into_groups,
 )
-from .problems import Problem
+from .problems import Problem, load_benchmark
 
 __version__ = "0.1.0"
 
@@ -28,16 +31,56 @@ AutoModel.register(MSVConfig, MSVVerifier, exist_ok=True)
 MSVConfig.register_for_auto_class()
 MSVVerifier.register_for_auto_class("AutoModel")
 
+
+def __getattr__(name):
+    # Collection and training pull in accelerate and safetensors readers; import them on first use.
+    lazy = {"collect": "collect", "ShardDataset": "shards", "collate_groups": "shards",
+            "MSVTrainingConfig": "training", "train_verifier": "training", "ProbeConfig": "training",
+            "ProbeVerifier": "training", "push_verifier_to_hub": "hub", "build_model_card": "hub",
+            "save_verifier": "hub"}
+    if name in lazy:
+        import importlib
+
+        return getattr(importlib.import_module(f".{lazy[name]}", __name__), name)
+    raise AttributeError(f"module 'hf_msv' has no attribute {name!r}")
+
+
 __all__ = [
+    "ELICITATION_PROMPT",
     "MASK_NAMES",
+    "MAX_ANSWER_TOKENS",
+    "EquivalenceClasses",
+    "MSVAnswer",
     "MSVCache",
     "MSVConfig",
+    "MSVEarlyStop",
     "MSVOutput",
+    "MSVResult",
+    "MSVSession",
+    "MSVTrainingConfig",
     "MSVVerifier",
     "Problem",
+    "ProbeConfig",
+    "ProbeVerifier",
+    "ShardDataset",
+    "Verdict",
+    "assign_classes",
     "average_logits",
     "build_masks",
+    "build_model_card",
     "check_compatible",
+    "collate_groups",
+    "collect",
     "compute_gamma",
+    "extract_boxed",
+    "extract_last_boxed",
+    "find_box_end",
+    "get_checker",
+    "load_benchmark",
+    "msv_generate",
+    "prepare_generation",
+    "push_verifier_to_hub",
+    "save_verifier",
     "split_into_groups",
+    "train_verifier",
 ]

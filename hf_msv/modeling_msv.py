@@ -294,11 +294,18 @@ class MSVAttention(nn.Module):
     def _heads(self, x):  # (T, d) -> (H, T, D)
         return x.view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)
 
-    def forward(self, x, q_meta, key_lo, key_hi, cache=None, layer_idx=0):
-        """x `(T, d)` (sorted so that each query's keys lie in [key_lo, key_hi)) → `(T, d)`. With `cache`, x holds
-        only new tokens; their keys/values are appended and queries attend to everything cached."""
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-        k_meta = q_meta
+    def forward(self, x, meta, key_lo, key_hi, cache=None, layer_idx=0, query_rows=None):
+        """x `(T, d)` sorted so that each query's keys lie in [key_lo, key_hi) → `(Q, d)`.
+
+        `query_rows` (sorted long tensor) restricts the queries: keys and values always come from every token, but
+        only the rows whose output is read need a query (the last block with last-token readout, appendix "Online
+        Inference", step 2). With `cache`, x holds only new tokens; their keys/values are appended and queries
+        attend to everything cached.
+        """
+        k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        q_in, q_meta = (x, meta) if query_rows is None else (x[query_rows], meta[:, query_rows])
+        q = self._heads(self.q_proj(q_in))
+        k_meta = meta
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
             k_meta = cache.token_meta
@@ -306,9 +313,12 @@ class MSVAttention(nn.Module):
         if self.backend == "dense":
             out = dense_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming)
         else:
+            if query_rows is not None:
+                rows = query_rows.tolist()
+                key_lo, key_hi = [key_lo[r] for r in rows], [key_hi[r] for r in rows]
             out = chunked_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming,
                                                key_lo, key_hi, self.budget)
-        return self.dropout(self.o_proj(out.transpose(0, 1).reshape(x.shape)))
+        return self.dropout(self.o_proj(out.transpose(0, 1).reshape(q_in.shape)))
 
 
 class MSVMLP(nn.Module):
@@ -332,8 +342,10 @@ class MSVBlock(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = MSVMLP(config.hidden_size, config.intermediate_size, config.hidden_size, config.hidden_act)
 
-    def forward(self, x, q_meta, key_lo, key_hi, cache=None):
-        x = x + self.attn(x, q_meta, key_lo, key_hi, cache, self.layer_idx)
+    def forward(self, x, meta, key_lo, key_hi, cache=None, query_rows=None):
+        """`(T, d)` → `(T, d)`, or `(Q, d)` for the rows in `query_rows`."""
+        residual = x if query_rows is None else x[query_rows]
+        x = residual + self.attn(x, meta, key_lo, key_hi, cache, self.layer_idx, query_rows)
         return x + self.mlp(self.norm(x))
 
 
@@ -571,24 +583,28 @@ class MSVVerifier(MSVPreTrainedModel):
             group_key = meta[GROUP] * (int(meta[END].max()) + 1) + meta[END] if streaming and len(order) else meta[GROUP]
             key_lo = torch.searchsorted(meta[GROUP], meta[GROUP]).tolist()
             key_hi = torch.searchsorted(group_key, group_key, right=True).tolist()
+        # With last-token readout the last block is queried only at each answer's last token (exact: no other
+        # output of that block is read), which cuts its attention and MLP by ~L×.
+        positions = torch.arange(len(order), device=device)
+        last = torch.full((num_answers,), -1, dtype=torch.long, device=device).scatter_reduce(
+            0, token_answer, positions, reduce="amax")  # each answer's last token, in the caller's order
+        last_rows, answer_of_row = torch.sort(torch.argsort(order)[last])  # the same tokens, in sorted order
         try:
-            for layer in self.layers:
-                x = layer(x, meta, key_lo, key_hi, cache)
+            for i, layer in enumerate(self.layers):
+                final = i == len(self.layers) - 1 and self.config.readout == "last"
+                x = layer(x, meta, key_lo, key_hi, cache, query_rows=last_rows if final else None)
         except BaseException:
             if cache is not None:
                 cache.rollback()
             raise
 
-        sorted_answer = meta[ANSWER] - offset
         if self.config.readout == "mean":
+            sorted_answer = meta[ANSWER] - offset
             summed = torch.zeros(num_answers, x.shape[1], dtype=x.dtype, device=device).index_add_(0, sorted_answer, x)
             readout = summed / torch.bincount(sorted_answer, minlength=num_answers).clamp(min=1)[:, None].to(x.dtype)
         else:
-            # The answer's last token in the caller's order; `order` maps it to its sorted position.
-            positions = torch.arange(len(order), device=device)
-            last = torch.full((num_answers,), -1, dtype=torch.long, device=device).scatter_reduce(
-                0, token_answer, positions, reduce="amax")
-            readout = x[torch.argsort(order)[last]]
+            readout = torch.empty_like(x)
+            readout[answer_of_row] = x
         logits = self.head(readout + self.gamma_mlp(gamma[:, None].to(x.dtype))).squeeze(-1).float()
 
         raw_logits = logits

@@ -1,0 +1,55 @@
+"""`hf-msv`: a thin command line over the library. Each sub-command calls one public function."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _demo(args):
+    from .demo import load_custom, run_demo
+
+    model = tokenizer = verifier = None
+    if args.model or args.verifier:
+        if not (args.model and args.verifier):
+            sys.exit("--model and --verifier go together (the verifier must match the LM).")
+        model, tokenizer, verifier = load_custom(args.model, args.verifier, args.gguf_file)
+    run_demo(num_problems=args.problems, question=args.question, num_sequences=args.num_sequences,
+             threshold=args.threshold, max_new_tokens=args.max_new_tokens, seed=args.seed, model=model,
+             tokenizer=tokenizer, verifier=verifier, output_dir=args.output_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-msv", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="N parallel samples per problem, MSV selection and early stopping")
+    demo.add_argument("--problems", type=int, default=6, help="testbed evaluation problems to run")
+    demo.add_argument("--question", help="your own question instead (no gold answer, so no grading)")
+    demo.add_argument("-n", "--num-sequences", type=int, default=16)
+    demo.add_argument("--threshold", type=float, default=0.9, help="λ: stop once the best answer's score reaches it")
+    demo.add_argument("--max-new-tokens", type=int, default=400)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--model", help="a local or Hub causal LM instead of the embedded testbed LM")
+    demo.add_argument("--gguf-file", help="GGUF file inside --model, if it is a GGUF repo")
+    demo.add_argument("--verifier", help="a local or Hub MSV verifier trained for --model")
+    demo.add_argument("--output-dir", default="outputs/demo")
+    demo.set_defaults(func=_demo)
+
+    from .collect import add_collect_arguments, collect_from_args
+    from .training import add_train_arguments, train_from_args
+
+    collect = sub.add_parser("collect", help="sample N answers per problem and write hidden-state shards")
+    add_collect_arguments(collect).set_defaults(func=collect_from_args)
+    train = sub.add_parser("train", help="train an MSV_N or a probe on collected shards")
+    add_train_arguments(train).set_defaults(func=train_from_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

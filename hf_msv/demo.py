@@ -1,0 +1,174 @@
+"""The main job: N parallel chains of thought per problem, scored by an MSV, stopped early at λ.
+
+On the embedded default (the testbed LM and the MSV trained on it, both shipped in the package) it runs offline on
+a CPU in about a minute. Each problem is decoded twice with the same seed: once live with `MSVEarlyStop(λ)` (what
+a user gets), and once to the end without stopping, only to report what full decoding would have cost and what the
+first sample alone would have answered. Sampling is identical up to the stop (the generation hook consumes no
+random numbers), so the comparison is exact.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .equivalence import get_checker
+from .generation import msv_generate
+from .modeling_msv import MSVVerifier
+from .problems import Problem
+
+TESTBED_VERIFIER_DIR = Path(__file__).resolve().parent / "testbed" / "verifier"
+
+
+@dataclass
+class DemoRow:
+    problem: Problem
+    chosen: str | None
+    confidence: float | None
+    correct: bool | None
+    first_sample: str | None
+    first_sample_correct: bool | None
+    stop_step: int | None
+    tokens_used: int
+    tokens_full: int
+    seconds: float
+
+
+def load_default():
+    """The embedded default: testbed LM, its tokenizer, and the MSV trained on it."""
+    from .testbed import load_testbed_lm
+
+    if not (TESTBED_VERIFIER_DIR / "config.json").exists():
+        raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; train one with `hf-msv reproduce`.")
+    model, tokenizer = load_testbed_lm()
+    return model, tokenizer, MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
+
+
+def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None):
+    """Any local or Hub LM + verifier (the Hub needs network; here only local directories work)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(model_name, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(model_name, **kwargs).eval()
+    return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).eval()
+
+
+def _first_sample_answer(result) -> str | None:
+    terminal = [a for a in result.answers if a.sequence == 0 and a.terminal]
+    return terminal[-1].text if terminal else None
+
+
+def run_demo(
+    num_problems: int = 6,
+    question: str | None = None,
+    num_sequences: int = 16,
+    threshold: float = 0.9,
+    max_new_tokens: int = 400,
+    seed: int = 0,
+    model=None,
+    tokenizer=None,
+    verifier=None,
+    output_dir: str | Path = "outputs/demo",
+    checker: str = "symbolic",
+) -> list[DemoRow]:
+    """Run the demo and print a per-problem table, totals and a figure path. Returns the rows."""
+    from .testbed import format_prompt, generate_problems
+
+    if model is None:
+        model, tokenizer, verifier = load_default()
+        to_prompt = format_prompt
+    elif getattr(tokenizer, "chat_template", None):
+        def to_prompt(problem):
+            return [{"role": "user", "content": problem.question}]
+    else:
+        def to_prompt(problem):
+            return problem.question
+
+    if question is not None:
+        problems = [Problem(id="user/0", question=question, gold="", source="user")]
+    else:
+        problems = generate_problems("evaluation", num_problems, seed=seed)
+    grade = get_checker(checker)
+    rows = []
+    for problem in tqdm(problems, desc="problems", unit="problem"):
+        prompt = to_prompt(problem)
+        runs = {}
+        for name, lam in (("live", threshold), ("full", None)):
+            torch.manual_seed(seed)
+            start = time.perf_counter()
+            runs[name] = msv_generate(model, tokenizer, [prompt], verifier=verifier, threshold=lam,
+                                      num_sequences=num_sequences, max_new_tokens=max_new_tokens,
+                                      generate_kwargs={"temperature": 1.0, "top_k": 0, "top_p": 1.0})[0]
+            runs[name + "_s"] = time.perf_counter() - start
+        live, full = runs["live"], runs["full"]
+        chosen = live.chosen.text if live.chosen is not None else None
+        first = _first_sample_answer(full)
+        known = bool(problem.gold)
+        rows.append(DemoRow(
+            problem=problem, chosen=chosen, confidence=live.confidence,
+            correct=grade.is_correct(chosen, problem.gold) if known else None,
+            first_sample=first, first_sample_correct=grade.is_correct(first, problem.gold) if known else None,
+            stop_step=live.stop_step, tokens_used=live.tokens_decoded, tokens_full=full.tokens_decoded,
+            seconds=runs["live_s"]))
+    print_table(rows, num_sequences, threshold)
+    figure = save_figure(rows, Path(output_dir))
+    print(f"figure: {figure}")
+    return rows
+
+
+def _mark(value: bool | None) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+def print_table(rows: list[DemoRow], num_sequences: int, threshold: float) -> None:
+    print(f"\nMSV early stopping, N={num_sequences} parallel samples, λ={threshold}")
+    header = f"{'problem':<16} {'gold':>8} {'chosen':>8} {'conf':>5} {'ok':>4} {'1st':>6} {'ok':>4} " \
+             f"{'tokens':>13} {'saved':>6} {'time':>6}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        conf = f"{r.confidence:.2f}" if r.confidence is not None else "-"
+        saved = 1 - r.tokens_used / max(r.tokens_full, 1)
+        print(f"{r.problem.id:<16} {r.problem.gold or '?':>8} {str(r.chosen):>8} {conf:>5} {_mark(r.correct):>4} "
+              f"{str(r.first_sample):>6} {_mark(r.first_sample_correct):>4} "
+              f"{r.tokens_used:>6}/{r.tokens_full:<6} {saved:>6.0%} {r.seconds:>5.1f}s")
+    graded = [r for r in rows if r.correct is not None]
+    used, full = sum(r.tokens_used for r in rows), sum(r.tokens_full for r in rows)
+    print("-" * len(header))
+    if graded:
+        msv_acc = sum(r.correct for r in graded) / len(graded)
+        first_acc = sum(bool(r.first_sample_correct) for r in graded) / len(graded)
+        print(f"accuracy: MSV selection {msv_acc:.0%} vs first sample {first_acc:.0%} ({len(graded)} problems)")
+    print(f"tokens: {used} with early stopping vs {full} full decoding ({1 - used / max(full, 1):.0%} saved); "
+          f"time {sum(r.seconds for r in rows):.1f}s")
+
+
+def save_figure(rows: list[DemoRow], output_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r.tokens_full for r in rows], width=0.4, label="full decoding", color="#bbb")
+    ax.bar([i + 0.2 for i in x], [r.tokens_used for r in rows], width=0.4, label="MSV early stop",
+           color=["#2a7" if r.correct else "#c44" if r.correct is False else "#57a" for r in rows])
+    for i, r in enumerate(rows):
+        if r.confidence is not None:
+            ax.annotate(f"{r.confidence:.2f}", (i + 0.2, r.tokens_used), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [r.problem.id.split("/")[-1] for r in rows])
+    ax.set_ylabel("tokens decoded (all N)")
+    ax.set_title("Tokens per problem; label = MSV confidence, green = correct")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = output_dir / "demo.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

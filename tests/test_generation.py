@@ -1,0 +1,510 @@
+"""Tests of hf_msv.generation on tiny random LMs of several architectures (CPU, a few seconds each).
+
+The LMs are real transformers models with random weights and a small character-level tokenizer whose vocabulary
+also holds whole-word tokens ("Wait", " Wait", "\\n\\nWait", "Wa", "it"), so a delimiter can arrive as one token,
+split over tokens or merged with what precedes it. Two test-only instruments make runs deterministic:
+
+* `ForceTokens`, a logits processor for the *sampled* chain of thought: it forbids delimiter and EOS tokens
+  everywhere except where a test schedules them, so a test decides when delimiters fire and sequences end.
+* `ScriptedAnswers`, a forward hook on the LM that makes its greedy continuation after ``\\boxed`` write ``{d}``
+  (d the digit the random LM prefers in that context) or, with ``close=False``, never close the box.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
+
+from hf_msv import MSVConfig, MSVVerifier
+from hf_msv.answers import ELICITATION_PROMPT
+from hf_msv.generation import (
+    DelimiterMatcher,
+    MSVEarlyStop,
+    MSVResult,
+    fork_cache,
+    msv_generate,
+    prepare_generation,
+)
+
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+WORDS = ["\\boxed", "###", " Final", " Answer", "\n\nWait", " Wait", "Wait", "Wa", "it", "\n\n"]
+CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
+PAD, BOS, EOS = 0, 1, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Tiny matmuls on a shared 2-core machine are ~50x slower with two OpenMP threads fighting over the cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    pattern = "|".join(re.escape(w) for w in sorted(WORDS, key=len, reverse=True)) + r"|[\s\S]"
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", padding_side="left", clean_up_tokenization_spaces=False)
+
+
+TOK = make_tokenizer()
+V = len(TOK)
+ID = {t: TOK.convert_tokens_to_ids(t) for t in SPECIAL + WORDS + CHARS}
+HIDDEN = 32
+
+
+def tiny_config(arch: str):
+    common = dict(vocab_size=V, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+    decoder = dict(hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **common)
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(num_key_value_heads=2, **decoder),
+        "qwen2": lambda: transformers.Qwen2Config(num_key_value_heads=2, **decoder),
+        "qwen3": lambda: transformers.Qwen3Config(num_key_value_heads=2, head_dim=8, **decoder),
+        "gpt2": lambda: transformers.GPT2Config(n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=256, **common),
+        "mistral": lambda: transformers.MistralConfig(num_key_value_heads=2, sliding_window=512, **decoder),
+        "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, **decoder),
+        "gpt_neox": lambda: transformers.GPTNeoXConfig(**decoder),
+        "gemma2": lambda: transformers.Gemma2Config(num_key_value_heads=2, head_dim=8, sliding_window=512, **decoder),
+        "opt": lambda: transformers.OPTConfig(hidden_size=HIDDEN, ffn_dim=64, num_hidden_layers=2,
+                                              num_attention_heads=4, word_embed_proj_dim=HIDDEN, **common),
+        "falcon": lambda: transformers.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                                                    **common),
+        "bloom": lambda: transformers.BloomConfig(hidden_size=HIDDEN, n_layer=2, n_head=4, **common),
+        "olmo2": lambda: transformers.Olmo2Config(num_key_value_heads=2, **decoder),
+    }
+    return configs[arch]()
+
+
+ARCHS = ["llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gpt_neox", "gemma2", "opt", "falcon", "bloom", "olmo2"]
+
+
+def tiny_model(arch: str = "llama", seed: int = 0):
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
+
+
+def tiny_verifier(mode: str = "streaming", num_sequences: int = 4, bias: float | None = None, hidden=HIDDEN):
+    torch.manual_seed(123)
+    verifier = MSVVerifier(MSVConfig(hidden_size=hidden, num_attention_heads=2, intermediate_size=64,
+                                     num_sequences=num_sequences, mode=mode, gamma_hidden_size=8)).eval()
+    if bias is not None:
+        with torch.no_grad():
+            verifier.head.bias.fill_(bias)
+    return verifier
+
+
+class ForceTokens(LogitsProcessor):
+    """Sampled chain of thought under test control: `schedule[(row, step)] = token` forces a token; `banned`
+    tokens (delimiter pieces, EOS) are never sampled otherwise."""
+
+    BANNED = ("\n\nWait", " Wait", "Wait", "Wa", "W", "<eos>", "<pad>", "<bos>", "\\boxed")
+
+    def __init__(self, prompt_length: int, schedule: dict[tuple[int, int], int] | None = None):
+        self.prompt_length = prompt_length
+        self.schedule = schedule or {}
+        self.banned = [ID[t] for t in self.BANNED]
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.prompt_length
+        scores = scores.clone()
+        scores[:, self.banned] = float("-inf")
+        for (row, when), token in self.schedule.items():
+            if when == step:
+                scores[row] = float("-inf")
+                scores[row, token] = 0.0
+        return scores
+
+
+class ScriptedAnswers:
+    """Forward hook: after ``\\boxed`` the LM prefers ``{``, then a digit, then ``}`` (or the digit ``1`` forever
+    with `close=False`). It edits the logits at every position from that position's input token, so a cache-free
+    recomputation of a branch sees the same script."""
+
+    def __init__(self, model, close: bool = True):
+        self.close = close
+        self.digits = torch.tensor([ID[str(d)] for d in range(10)])
+        self.handle = model.register_forward_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs, output):
+        logits = output.logits  # (batch, positions kept, vocab)
+        inputs = (kwargs["input_ids"] if "input_ids" in kwargs else args[0])[:, -logits.shape[1]:]
+        digit = self.digits[logits[..., self.digits].argmax(-1)] if self.close else torch.full_like(inputs, ID["1"])
+        target = torch.where(inputs == ID["\\boxed"], ID["{"], -1)
+        target = torch.where(inputs == ID["{"], digit, target)
+        target = torch.where(torch.isin(inputs, self.digits), ID["}"] if self.close else ID["1"], target)
+        rows, positions = (target >= 0).nonzero(as_tuple=True)
+        logits[rows, positions, target[rows, positions]] += 1000.0
+        return output
+
+
+def prompts(texts=("Hello there, solve 2+2", "Hi")):
+    return TOK(list(texts), return_tensors="pt", padding=True)
+
+
+def generate(model, inputs, n, max_new_tokens, schedule=None, threshold=None, seed=1, criteria=True):
+    torch.manual_seed(seed)
+    processors = LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)])
+    kwargs = dict(stopping_criteria=[MSVEarlyStop(threshold)]) if criteria else {}
+    return model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=max_new_tokens,
+                          logits_processor=processors, **kwargs)
+
+
+def recompute_answer(model, inputs, result: MSVResult, answer):
+    """Hidden states and greedy tokens of `answer`, recomputed without cache from its full context."""
+    prompt = inputs["input_ids"][result.prompt][inputs["attention_mask"][result.prompt].bool()].tolist()
+    context = prompt + result.sequences[answer.sequence][: answer.cot_tokens] + answer.elicitation_ids
+    with torch.no_grad():
+        out = model(torch.tensor([context + answer.token_ids]), output_hidden_states=True)
+    hidden = out.hidden_states[-1][0, len(context):]
+    greedy = out.logits[0, len(context) - 1 : -1].argmax(-1).tolist()
+    return hidden, greedy
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Invariance and exactness across architectures
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampling_unperturbed_and_branches_exact(arch):
+    """With early stopping off, the sampled tokens equal plain generate's; every answer's tokens and hidden states
+    equal a cache-free recomputation of its context (so forking, masking and positions are right)."""
+    model = tiny_model(arch)
+    inputs = prompts()
+    torch.manual_seed(7)
+    plain = model.generate(**inputs, do_sample=True, num_return_sequences=3, max_new_tokens=24)
+    # "e" and "ab" fire often under random sampling, multi-character "ab" spans two tokens (drop > 0).
+    with prepare_generation(model, TOK, delimiters=["Wait", "e", "ab"], every_k_tokens=5, checker=None,
+                            max_answer_tokens=6, capture_hidden_states=True) as msv:
+        torch.manual_seed(7)
+        hooked = model.generate(**inputs, do_sample=True, num_return_sequences=3, max_new_tokens=24)
+        results = msv.pop_results()
+    assert torch.equal(plain, hooked)
+    answers = [(r, a) for r in results for a in r.answers]
+    assert len(answers) >= 6 and {a.trigger for _, a in answers} >= {"delimiter", "every_k"}
+    for result, answer in answers:
+        hidden, greedy = recompute_answer(model, inputs, result, answer)
+        assert greedy == answer.token_ids
+        assert answer.hidden_states.shape == (answer.length, HIDDEN)
+        torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_hidden_states_are_after_final_norm():
+    model = tiny_model("llama")
+    with prepare_generation(model, TOK, delimiters=[], checker=None, max_answer_tokens=3,
+                            capture_hidden_states=True) as msv:
+        generate(model, prompts(["Hi"]), n=1, max_new_tokens=4)
+        answer = msv.pop_results()[0].answers[0]
+    # The LM head applied to the captured state gives the logits that chose the next answer token.
+    logits = model.lm_head(answer.hidden_states)
+    assert logits[:-1].argmax(-1).tolist() == answer.token_ids[1:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Delimiters
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_delimiter_matcher_is_robust_to_tokenisation():
+    matcher = DelimiterMatcher(TOK, ["Wait", "\n\n"])
+    ids = lambda *tokens: [ID[t] for t in tokens]  # noqa: E731
+    assert matcher.match(ids("o", "k", "Wait")).num_tokens == 1
+    split = matcher.match(ids("o", "k", "Wa", "it"))
+    assert (split.delimiter, split.num_tokens, split.prefix) == ("Wait", 2, "")
+    assert matcher.match(ids("o", "k", "Wa")) is None  # not complete yet
+    merged = matcher.match(ids("o", "k", " Wait"))
+    assert (merged.num_tokens, merged.prefix) == (1, " ")
+    # "\n\nWait" holds both delimiters; the earliest-starting occurrence wins.
+    both = matcher.match(ids("o", "k", "\n\nWait"))
+    assert (both.delimiter, both.prefix) == ("\n\n", "")
+    # An occurrence counts once, at the token that completes it.
+    assert matcher.match(ids("Wait", "o")) is None
+    assert matcher.match(ids("W", "a", "i", "t")).num_tokens == 4
+    assert not matcher.could_complete(ID["x"]) and matcher.could_complete(ID["t"])
+
+
+def test_delimiter_variants_branch_before_the_delimiter():
+    """Three rows fire at the same step with different tokenisations of "Wait": one token, "Wa"+"it" (one token
+    to hide from the branch), "\\n\\nWait" (its "\\n\\n" is fed again). One batched elicitation must equal each
+    branch recomputed from scratch."""
+    model = tiny_model("llama")
+    ScriptedAnswers(model)
+    inputs = prompts(["Hello there, solve 2+2"])
+    schedule = {(0, 0): ID["Wait"], (0, 4): ID["Wait"], (1, 3): ID["Wa"], (1, 4): ID["it"], (2, 4): ID["\n\nWait"]}
+    with prepare_generation(model, TOK, delimiters=["Wait"], checker=None, capture_hidden_states=True) as msv:
+        generate(model, inputs, n=3, max_new_tokens=8, schedule=schedule)
+        result = msv.pop_results()[0]
+    prompt_ids = TOK(ELICITATION_PROMPT, add_special_tokens=False)["input_ids"]
+    at = {(a.sequence, a.tau): a for a in result.answers}
+    first = at[(0, 0)]  # delimiter at the very first generated token
+    assert (first.trigger, first.cot_tokens, first.elicitation_ids) == ("delimiter", 0, prompt_ids)
+    assert at[(0, 4)].cot_tokens == 4
+    assert (at[(1, 4)].cot_tokens, at[(1, 4)].elicitation_ids) == (3, prompt_ids)
+    assert (at[(2, 4)].cot_tokens, at[(2, 4)].elicitation_ids) == (4, [ID["\n\n"]] + prompt_ids)
+    for answer in result.answers:
+        hidden, greedy = recompute_answer(model, inputs, result, answer)
+        assert greedy == answer.token_ids
+        torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)
+        if answer.trigger == "delimiter":
+            assert answer.length == 3 and answer.text == answer.raw_text[1]  # "{d}"
+
+
+def test_keep_delimiter_and_every_k():
+    model = tiny_model("qwen2")
+    ScriptedAnswers(model)
+    inputs = prompts(["Hi"])
+    with prepare_generation(model, TOK, delimiters=["Wait"], every_k_tokens=4, keep_delimiter=True,
+                            checker=None) as msv:
+        generate(model, inputs, n=2, max_new_tokens=10, schedule={(0, 1): ID["Wait"]})
+        result = msv.pop_results()[0]
+    by_sequence = {n: [(a.tau, a.trigger, a.cot_tokens, a.step) for a in result.answers if a.sequence == n]
+                   for n in range(2)}
+    assert by_sequence[0] == [(1, "delimiter", 2, 0), (3, "every_k", 4, 1), (7, "every_k", 8, 2), (9, "budget", 10, 3)]
+    assert by_sequence[1] == [(3, "every_k", 4, 0), (7, "every_k", 8, 1), (9, "budget", 10, 2)]
+    assert [a.terminal for a in result.answers if a.sequence == 1] == [False, False, True]
+
+
+def test_answer_at_last_step_is_the_terminal_answer():
+    model = tiny_model("llama")
+    with prepare_generation(model, TOK, delimiters=[], every_k_tokens=5, checker=None, max_answer_tokens=2) as msv:
+        generate(model, prompts(["Hi"]), n=2, max_new_tokens=10)
+        result = msv.pop_results()[0]
+    assert [(a.tau, a.terminal) for a in result.answers if a.sequence == 0] == [(4, False), (9, True)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Edge cases
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_no_delimiter_gives_one_terminal_answer_per_sequence():
+    model = tiny_model("gpt2")
+    ScriptedAnswers(model)
+    with prepare_generation(model, TOK, delimiters=["Wait"], checker=None) as msv:
+        out = generate(model, prompts(), n=3, max_new_tokens=9)
+        results = msv.pop_results()
+    assert len(results) == 2
+    for result in results:
+        assert [(a.sequence, a.tau, a.trigger, a.terminal) for a in result.answers] == [
+            (n, 8, "budget", True) for n in range(3)]
+        assert result.finish_reasons == ["budget"] * 3 and result.tokens_decoded == 27 == result.token_budget
+        assert result.tokens_without_early_stop == 27 and result.chosen is None
+    assert out.shape[0] == 6
+
+
+def test_unclosed_box_is_no_answer():
+    model = tiny_model("llama")
+    ScriptedAnswers(model, close=False)
+    with prepare_generation(model, TOK, delimiters=[], checker=None, max_answer_tokens=5) as msv:
+        generate(model, prompts(["Hi"]), n=2, max_new_tokens=4)
+        answers = msv.pop_results()[0].answers
+    assert all(a.text is None and a.length == 5 and a.raw_text == "{1111" for a in answers)
+
+
+def test_sequences_ending_at_different_steps_and_n_equals_one():
+    model = tiny_model("phi3")
+    ScriptedAnswers(model)
+    verifier = tiny_verifier(num_sequences=4)
+    with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
+        out = generate(model, prompts(["Hello there", "Hi"]), n=3, max_new_tokens=10, threshold=2.0,
+                       schedule={(0, 2): EOS, (1, 5): EOS, (3, 0): EOS, (5, 1): ID["Wait"]})
+        first, second = msv.pop_results()
+        # N = 1
+        generate(model, prompts(["Hi"]), n=1, max_new_tokens=5, threshold=2.0)
+        (single,) = msv.pop_results()
+    assert [(a.sequence, a.tau, a.trigger) for a in first.answers] == [(0, 2, "eos"), (1, 5, "eos"), (2, 9, "budget")]
+    assert [a.cot_tokens for a in first.answers] == [2, 5, 10]  # EOS is not part of a branch
+    assert first.finish_reasons == ["eos", "eos", "budget"] and first.tokens_decoded == 3 + 6 + 10
+    assert [len(s) for s in first.sequences] == [3, 6, 10]
+    assert out[0, -7:].tolist() == [PAD] * 7  # generate pads finished rows as usual
+    assert [(a.sequence, a.tau, a.trigger) for a in second.answers] == [
+        (0, 0, "eos"), (2, 1, "delimiter"), (1, 9, "budget"), (2, 9, "budget")]
+    assert all(a.score is not None for r in (first, second, single) for a in r.answers)
+    assert len(single.answers) == 1 and single.chosen is single.answers[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Verifier scoring and early stopping
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def offline_scores(verifier, result_list, group_size):
+    """Score every scored answer of `result_list` in one offline verifier forward (no cache)."""
+    answers = [a for r in result_list for a in r.answers if a.score is not None]
+    n_groups = -(-max(r.num_sequences for r in result_list) // group_size)
+    column = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+    out = verifier(
+        hidden_states=torch.cat([a.hidden_states for a in answers]),
+        token_answer=torch.repeat_interleave(torch.arange(len(answers)), column([a.length for a in answers])),
+        answer_group=column([a.prompt * n_groups + a.sequence // group_size for a in answers]),
+        answer_sequence=column([a.sequence % group_size for a in answers]),
+        answer_step=column([a.step for a in answers]),
+        answer_end=column([a.end for a in answers]),
+        answer_class=column([a.class_id for a in answers]))
+    return out.probabilities, torch.tensor([a.score for a in answers])
+
+
+@pytest.mark.parametrize("n, group_size", [(4, 4), (6, 4)])
+def test_online_scores_equal_offline_forward(n, group_size):
+    """λ > 1: nothing stops, every answer is scored online in end-time order; scores equal the offline forward
+    (with N > M, sequences are scored in independent groups of M)."""
+    model = tiny_model("llama")
+    ScriptedAnswers(model)
+    verifier = tiny_verifier(num_sequences=group_size)
+    inputs = prompts()
+    schedule = {(r, s): ID["Wait"] for r in range(2 * n) for s in range(r % 3 + 1, 14, 4)}
+    torch.manual_seed(3)
+    plain = model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=14,
+                           logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)]))
+    with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact",
+                            capture_hidden_states=True) as msv:
+        hooked = generate(model, inputs, n=n, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
+        results = msv.pop_results()
+    assert torch.equal(plain, hooked)
+    assert all(a.score is not None for r in results for a in r.answers)
+    assert len({a.end for r in results for a in r.answers}) > 3  # several release times
+    offline, online = offline_scores(verifier, results, group_size)
+    torch.testing.assert_close(online, offline, atol=1e-5, rtol=1e-5)
+    for result in results:
+        assert not result.stopped_early and result.chosen is not None
+        final = {}
+        for answer in result.answers:
+            final[answer.sequence] = answer
+        assert result.chosen.score == max(a.score for a in final.values())  # best among final answers
+        # Same text, same class; different text, different class (exact checker).
+        texts = {}
+        for answer in result.answers:
+            if answer.text is not None:
+                assert texts.setdefault(answer.text, answer.class_id) == answer.class_id
+        assert len(set(texts.values())) == len(texts)
+
+
+def test_threshold_zero_stops_a_prompt_at_its_first_answer():
+    model = tiny_model("qwen2")
+    ScriptedAnswers(model)
+    verifier = tiny_verifier()
+    schedule = {(0, 3): ID["Wait"], (3, 6): ID["Wait"]}  # prompt 0 at step 3, prompt 1 at step 6
+    inputs = prompts()
+    with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
+        out = generate(model, inputs, n=2, max_new_tokens=12, schedule={**schedule, (2, 7): EOS}, threshold=0.0)
+        first, second = msv.pop_results()
+    generated = out[:, inputs["input_ids"].shape[1]:]
+    assert generated.shape[1] == 10  # generate returns once both prompts have stopped (step 9)
+    # Prompt 0: answer elicited at τ=3 with L=3 ("{d}") becomes available at t* = 6; both rows stop there.
+    assert first.stopped_early and first.stop_step == 6 and first.chosen.tau == 3
+    assert first.finish_reasons == ["stopped", "stopped"] and first.tokens_decoded == 2 * 7
+    assert first.tokens_without_early_stop is None
+    assert first.tokens_without_early_stop_bounds == (14, 14 + 2 * (12 - 7))
+    assert generated[:2, 7:].eq(PAD).all()  # stopped rows are padded like finished ones
+    # Prompt 1 (rows 2, 3): row 2 ends at step 7 before any of its answers is available, row 3 fires at step 6.
+    assert second.stopped_early and second.stop_step == 9 and second.chosen.tau == 6
+    assert second.finish_reasons == ["eos", "stopped"] and second.tokens_decoded == 8 + 10
+    # The EOS answer (τ=7, end 10) was elicited but never became available before the stop.
+    assert [a.score is None for a in second.answers] == [False, True]
+    assert set(first.timings) == {"total", "cot", "elicitation", "verifier", "equivalence"}
+    assert all(v >= 0 for v in first.timings.values())
+
+
+def test_threshold_above_one_never_stops_and_chooses_best_final_answer():
+    model = tiny_model("gpt_neox")
+    ScriptedAnswers(model)
+    verifier = tiny_verifier(bias=3.0)  # all scores high, but never above λ = 1.01
+    schedule = {(0, 2): ID["Wait"], (1, 4): ID["Wait"]}
+    with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
+        generate(model, prompts(["Hi"]), n=3, max_new_tokens=8, schedule=schedule, threshold=1.01)
+        (result,) = msv.pop_results()
+    assert not result.stopped_early and result.stop_step == 7
+    final = [a for a in result.answers if a.terminal]
+    assert len(final) == 3 and result.chosen in final
+    assert result.confidence == max(a.score for a in final)
+
+
+def test_terminal_mode_scores_once_offline():
+    model = tiny_model("mistral")
+    ScriptedAnswers(model)
+    verifier = tiny_verifier(mode="terminal", num_sequences=4)
+    with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact",
+                            capture_hidden_states=True) as msv:
+        assert msv.mode == "terminal"
+        generate(model, prompts(), n=4, max_new_tokens=6, schedule={(0, 1): ID["Wait"], (1, 2): EOS},
+                 threshold=0.0)
+        results = msv.pop_results()
+    for result in results:
+        assert [a.terminal for a in result.answers] == [True] * 4  # delimiters are ignored
+        assert not result.stopped_early and result.chosen.score == max(a.score for a in result.answers)
+    offline, online = offline_scores(verifier, results, 4)
+    torch.testing.assert_close(online, offline, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# API
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_hidden_size_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"16.*32|32.*16"):
+        prepare_generation(tiny_model("llama"), TOK, tiny_verifier(hidden=16))
+
+
+def test_mode_mismatch_and_unbound_criterion():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="terminal"):
+        prepare_generation(model, TOK, tiny_verifier(mode="terminal"), mode="streaming")
+    with pytest.raises(RuntimeError, match="prepare_generation"):
+        generate(model, prompts(["Hi"]), n=1, max_new_tokens=2)
+    with prepare_generation(model, TOK, checker=None), pytest.raises(ValueError, match="verifier"):
+        generate(model, prompts(["Hi"]), n=1, max_new_tokens=2, threshold=0.5)
+
+
+def test_verifier_config_provides_defaults_and_detach_restores_the_model():
+    model = tiny_model("llama")
+    verifier = tiny_verifier()
+    verifier.config.delimiters, verifier.config.max_answer_tokens = ["\n\n"], 7
+    msv = prepare_generation(model, TOK, verifier, checker="exact")
+    assert (msv.delimiters, msv.max_answer_tokens, msv.every_k_tokens) == (["\n\n"], 7, None)
+    assert "generate" in vars(model) and len(model._forward_pre_hooks) == 1
+    with pytest.raises(RuntimeError, match="already"):
+        prepare_generation(model, TOK, checker=None)
+    msv.detach()
+    assert "generate" not in vars(model) and len(model._forward_pre_hooks) == 0
+
+
+def test_msv_generate_and_criterion_free_collection():
+    model = tiny_model("llama")
+    ScriptedAnswers(model)
+    results = msv_generate(model, TOK, ["Hello", "Hi there"], verifier=tiny_verifier(), threshold=0.0,
+                           num_sequences=2, max_new_tokens=6, checker="exact", delimiters=[],
+                           generate_kwargs={"logits_processor": LogitsProcessorList([ForceTokens(3)])})
+    assert [r.prompt for r in results] == [0, 1] and all(r.chosen is not None for r in results)
+    assert "generate" not in vars(model)
+    # Collection: no verifier, no MSVEarlyStop passed; num_sequences is the default N.
+    with prepare_generation(model, TOK, checker=None, delimiters=[], num_sequences=3,
+                            capture_hidden_states=True) as msv:
+        torch.manual_seed(0)
+        model.generate(**prompts(["Hi"]), do_sample=True, max_new_tokens=3,
+                       logits_processor=LogitsProcessorList([ForceTokens(2)]))
+        (result,) = msv.results
+    assert result.num_sequences == 3 and all(a.hidden_states.device.type == "cpu" for a in result.answers)
+    assert result.elicitation_tokens == sum(len(a.elicitation_ids) + 1 + a.length for a in result.answers)
+
+
+def test_fork_cache_leaves_the_original_untouched():
+    model = tiny_model("llama")
+    inputs = prompts()
+    with torch.no_grad():
+        out = model(**inputs, use_cache=True)
+    cache = out.past_key_values
+    before = [layer.keys.clone() for layer in cache.layers]
+    fork = fork_cache(cache, torch.tensor([1]))
+    fork.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), 0)
+    assert fork.layers[0].keys.shape[0] == 1 and fork.get_seq_length() == cache.get_seq_length() + 1
+    assert all(torch.equal(b, layer.keys) for b, layer in zip(before, cache.layers))
