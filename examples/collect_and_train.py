@@ -1,0 +1,30 @@
+"""Collect answers with hidden states from an LM, then train a verifier on them.
+
+    python examples/collect_and_train.py --train-problems 32 --val-problems 8 -n 8 --output-dir outputs/recipe
+
+The same two library calls as `hf-msv collect` / `hf-msv train`; at the paper's scale use 224/64 problems, N=64,
+and `accelerate launch` to spread collection over GPUs.
+"""
+
+import argparse
+from pathlib import Path
+
+from hf_msv import MSVTrainingConfig, collect, train_verifier
+from hf_msv.testbed import generate_problems, load_testbed_lm
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--train-problems", type=int, default=32)
+parser.add_argument("--val-problems", type=int, default=8)
+parser.add_argument("-n", "--num-samples", type=int, default=8)
+parser.add_argument("--max-new-tokens", type=int, default=300)
+parser.add_argument("--output-dir", default="outputs/recipe")
+args = parser.parse_args()
+
+out = Path(args.output_dir)
+model, tokenizer = load_testbed_lm()
+for split, count in (("train", args.train_problems), ("validation", args.val_problems)):
+    collect(model, tokenizer, generate_problems(split, count, seed=0), out / split, num_samples=args.num_samples,
+            max_new_tokens=args.max_new_tokens, prompt_template="testbed", delimiters=["Wait"])
+result = train_verifier(out / "train", out / "validation", out / "verifier",
+                        MSVTrainingConfig(num_sequences=args.num_samples, mode="streaming"))
+print(result)

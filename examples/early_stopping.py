@@ -1,0 +1,39 @@
+"""Early stopping of parallel decoding inside plain `model.generate`.
+
+    python examples/early_stopping.py --threshold 0.9 -n 16
+
+Uses the embedded default (testbed LM + its streaming MSV); pass --model/--verifier directories for your own.
+"""
+
+import argparse
+
+import torch
+
+from hf_msv import MSVEarlyStop, prepare_generation
+from hf_msv.demo import load_custom, load_default
+from hf_msv.testbed import format_prompt, generate_problems
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--threshold", type=float, default=0.9)
+parser.add_argument("-n", "--num-sequences", type=int, default=16)
+parser.add_argument("--max-new-tokens", type=int, default=400)
+parser.add_argument("--model")
+parser.add_argument("--verifier")
+args = parser.parse_args()
+
+model, tokenizer, verifier = load_custom(args.model, args.verifier) if args.model else load_default()
+problem = generate_problems("evaluation", 1, seed=1)[0]
+inputs = tokenizer([format_prompt(problem)], return_tensors="pt")
+
+msv = prepare_generation(model, tokenizer, verifier, delimiters=["Wait"])
+torch.manual_seed(0)
+model.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, num_return_sequences=args.num_sequences,
+               max_new_tokens=args.max_new_tokens, stopping_criteria=[MSVEarlyStop(args.threshold)])
+result = msv.pop_results()[0]
+msv.detach()
+
+print(problem.question)
+print(f"gold {problem.gold}; chosen {result.chosen.text} with confidence {result.confidence:.3f}")
+print(f"stopped early: {result.stopped_early} at step {result.stop_step}; {len(result.answers)} answers elicited; "
+      f"{result.tokens_decoded} chain-of-thought tokens of a {result.token_budget} budget")
+print("time split:", {k: round(v, 3) for k, v in result.timings.items()})

@@ -1,0 +1,314 @@
+"""Tests of hf_msv.collect on a tiny random Llama: records match the generation hook, crash/resume at every point of
+the commit protocol (injected faults and a real SIGKILL) gives byte-identical shards, and a 2-process
+``accelerate launch`` run merges into the single-process result."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+import hf_msv.collect as collect_mod
+from hf_msv.collect import _batch_seed, collect
+from hf_msv.equivalence import assign_classes, get_checker
+from hf_msv.generation import prepare_generation
+from hf_msv.problems import Problem
+from hf_msv.shards import ShardDataset, list_shards, read_shard
+
+TESTS = Path(__file__).resolve().parent
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+WORDS = ["\\boxed", "Wait"]
+CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
+HIDDEN = 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Tiny matmuls on a shared 2-core machine are much slower with threads fighting over the cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    pattern = "|".join(re.escape(w) for w in WORDS) + r"|[\s\S]"
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", padding_side="left", clean_up_tokenization_spaces=False)
+
+
+TOK = make_tokenizer()
+ID = {t: TOK.convert_tokens_to_ids(t) for t in SPECIAL + WORDS + CHARS}
+
+
+class ScriptedAnswers:
+    """Forward hook: after ``\\boxed`` the LM writes ``{d}`` with d = parity of the position of ``{`` ("0" or "1"),
+    so answers vary with where the sequence branched, and whether an answer is "1" is visible in its tokens (a
+    learnable label). Positions come from ``position_ids`` (as generate and the elicitation branches pass them), so a
+    cache-free recomputation of a branch sees the same script."""
+
+    def __init__(self, model):
+        self.digits = torch.tensor([ID[str(d)] for d in range(10)])
+        model.register_forward_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs, output):
+        logits = output.logits
+        inputs = (kwargs["input_ids"] if "input_ids" in kwargs else args[0])
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(inputs.shape[1]).expand_as(inputs)
+        inputs, positions = inputs[:, -logits.shape[1]:], positions[:, -logits.shape[1]:]
+        digit = self.digits[positions % 2]
+        target = torch.where(inputs == ID["\\boxed"], ID["{"], -1)
+        target = torch.where(inputs == ID["{"], digit, target)
+        target = torch.where(torch.isin(inputs, self.digits), ID["}"], target)
+        rows, cols = (target >= 0).nonzero(as_tuple=True)
+        logits[rows, cols, target[rows, cols]] += 1000.0
+        return output
+
+
+def tiny_lm(seed: int = 0, scripted: bool = True):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=len(TOK), hidden_size=HIDDEN, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    if scripted:
+        ScriptedAnswers(model)
+    return model
+
+
+def tiny_problems(n: int, offset: int = 0) -> list[Problem]:
+    return [Problem(id=f"tiny/{i}", question=f"Q{i}: add {i} and {i % 7}. Wait", gold=str(i % 3), source="tiny")
+            for i in range(offset, offset + n)]
+
+
+SETTINGS = dict(num_samples=2, max_new_tokens=12, delimiters=["Wait", "e"], checker="exact", prompt_template="plain",
+                problems_per_shard=3, seed=3, progress=False)
+
+
+def run_collect(output_dir, num_problems: int = 7, **overrides):
+    """The reference collection used by every test here and by the subprocess scripts."""
+    torch.set_num_threads(1)
+    settings = dict(SETTINGS, **overrides)
+    return collect(tiny_lm(), TOK, tiny_problems(num_problems), output_dir, **settings)
+
+
+def shard_bytes(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in list_shards(directory)}
+
+
+def problems_by_id(directory) -> dict:
+    return {p.problem_id: p for f in list_shards(directory) for p in read_shard(f)[0]}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    result = run_collect(out)
+    return out, result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Content
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_records_match_the_generation_hook(reference):
+    out, result = reference
+    assert (result.problems, result.generated, result.skipped) == (7, 7, 0)
+    assert [p.name for p in list_shards(out)] == [f"shard-r000-{i:05d}.safetensors" for i in range(3)]
+    stored = problems_by_id(out)
+    assert sorted(stored) == sorted(p.id for p in tiny_problems(7))
+    model, checker = tiny_lm(), get_checker("exact")
+    raw = tiny_lm(scripted=False)  # same weights without the answer script: what the LM head itself says
+    for problem in tiny_problems(2):
+        record = stored[problem.id]
+        # The same batch, sampled directly through the hook with the batch's seed.
+        with prepare_generation(model, TOK, None, delimiters=["Wait", "e"], checker=checker,
+                                capture_hidden_states=True) as session:
+            torch.manual_seed(_batch_seed(3, [problem.id]))
+            res = session.generate([problem.question], num_sequences=2, max_new_tokens=12, do_sample=True,
+                                   temperature=1.0, top_p=1.0, top_k=0)[0]
+        answers = sorted(res.answers, key=lambda a: (a.tau, a.sequence, a.step))
+        assert record.answer_text == [a.text for a in answers]
+        assert record.answer_tau.tolist() == [a.tau for a in answers]
+        assert record.answer_step.tolist() == [a.step for a in answers]
+        assert record.answer_terminal.tolist() == [a.terminal for a in answers]
+        assert int(record.answer_terminal.sum()) == 2  # one terminal answer per sequence
+        assert record.answer_class.tolist() == [a.class_id for a in answers]
+        assert record.answer_class.tolist() == assign_classes(record.answer_text, checker)  # arrival order
+        assert record.answer_correct.tolist() == [a.text == problem.gold for a in answers]
+        assert record.sequence_length.tolist() == [len(s) for s in res.sequences]
+        assert torch.equal(record.hidden_states, torch.cat([a.hidden_states for a in answers]).bfloat16())
+        assert record.token_ids.tolist() == [t for a in answers for t in a.token_ids]
+
+        # Token log-probs and CoT confidences against a cache-free recomputation of each context.
+        prompt = TOK(problem.question)["input_ids"]
+        starts = record.answer_token_start
+        for i, a in enumerate(answers):
+            context = prompt + res.sequences[a.sequence][: a.cot_tokens] + a.elicitation_ids
+            from_generation = collect_mod._generation_gives_logprobs()
+            with torch.no_grad():  # the scripted logits when the hook reports them, the LM head's otherwise
+                logits = (model if from_generation else raw)(torch.tensor([context + a.token_ids])).logits[0].float()
+            lp = torch.log_softmax(logits[len(context) - 1: -1], -1)
+            expect = lp[torch.arange(a.length), torch.tensor(a.token_ids)].numpy()
+            got = record.token_logprobs[starts[i]: starts[i] + a.length]
+            if from_generation:
+                np.testing.assert_allclose(got, expect, atol=1e-4)
+            else:
+                assert np.isnan(got[0])
+                np.testing.assert_allclose(got[1:], expect[1:], atol=1e-4)
+        for n, seq in enumerate(res.sequences):
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1: -1].float()
+            conf = -torch.log_softmax(logits, -1).topk(20, -1).values.mean(-1).numpy()
+            np.testing.assert_allclose(record.cot_confidence[n], conf, atol=1e-4)
+    index = json.loads((out / "index.json").read_text())
+    assert index["problems"] == 7 and sum(len(v) for v in index["shards"].values()) == 7
+    assert not list((out / "spool").iterdir())
+
+
+def test_rerun_skips_everything_and_changed_settings_are_refused(reference, tmp_path):
+    out, _ = reference
+    before = shard_bytes(out)
+    again = run_collect(out)
+    assert (again.skipped, again.generated) == (7, 0) and shard_bytes(out) == before
+    with pytest.raises(ValueError, match="other settings"):
+        run_collect(out, max_new_tokens=13)
+    fresh = run_collect(tmp_path / "x", num_problems=2)
+    redo = run_collect(tmp_path / "x", num_problems=2, max_new_tokens=13, overwrite=True)
+    assert (fresh.generated, redo.generated) == (2, 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Crash and resume
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stage,after", [("spooled", 2), ("spooled", 4), ("shard_written", 1),
+                                         ("manifest_written", 2), ("spool_removed", 1)])
+def test_resume_after_injected_crash_is_identical(reference, tmp_path, monkeypatch, stage, after):
+    """Kill the run right after the k-th occurrence of a commit step (mid-shard, between shard and manifest,
+    between manifest and spool cleanup...), rerun the same command: same shards, byte for byte, nothing twice."""
+    ref_dir, _ = reference
+    seen = []
+
+    def crash(name, **info):
+        if name == stage:
+            seen.append(info)
+            if len(seen) == after:
+                raise Crash(name)
+
+    monkeypatch.setattr(collect_mod, "_checkpoint", crash)
+    with pytest.raises(Crash):
+        run_collect(tmp_path)
+    # Whatever is visible after the crash is complete and readable.
+    ShardDataset(tmp_path) if list_shards(tmp_path) else None
+    monkeypatch.setattr(collect_mod, "_checkpoint", lambda name, **info: None)
+    resumed = run_collect(tmp_path)
+    assert resumed.skipped + resumed.generated == 7 and resumed.skipped >= (after if stage == "spooled" else 3)
+    assert shard_bytes(tmp_path) == shard_bytes(ref_dir)
+    assert not list((tmp_path / "spool").iterdir())
+    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _script(tmp_path, body: str) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from test_collect import run_collect
+        {body}
+    """))
+    return path
+
+
+def test_sigkill_mid_run_then_restart(reference, tmp_path):
+    """A real SIGKILL while the process writes: restart with the same command completes the same shards."""
+    ref_dir, _ = reference
+    out = tmp_path / "out"
+    script = _script(tmp_path, f"run_collect({str(out)!r}, num_problems=7)")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    try:
+        # Kill as soon as the first batch is durable, i.e. in the middle of the first shard.
+        while time.time() < deadline and proc.poll() is None:
+            if (out / "spool").is_dir() and any((out / "spool").glob("spool-*.safetensors")):
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    for shard in list_shards(out):  # nothing partial is visible
+        read_shard(shard)
+    resumed = run_collect(out)
+    assert resumed.skipped >= 1 and resumed.skipped + resumed.generated == 7
+    assert shard_bytes(out) == shard_bytes(ref_dir)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Multi-process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # ~20-30 s: two interpreters start and import torch on a shared 2-core machine
+def test_two_process_accelerate_collection_merges(reference, tmp_path):
+    """Two CPU processes under ``accelerate launch``: ranks stride the problems, write their own shards, and the
+    merged content equals the single-process run problem by problem (each batch is seeded by its problem ids).
+
+    ``--cpu --num_processes 2`` needs MPI (accelerate's simple launcher); ``--multi_gpu`` is torchrun, which on a
+    machine without accelerators gives gloo CPU processes (`hf_msv.collect.cpu_processes`)."""
+    ref_dir, _ = reference
+    out = tmp_path / "out"
+    script = _script(tmp_path, f"run_collect({str(out)!r}, num_problems=7)")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()), str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = [p.name for p in list_shards(out)]
+    assert any(n.startswith("shard-r000-") for n in names) and any(n.startswith("shard-r001-") for n in names)
+    merged, single = problems_by_id(out), problems_by_id(ref_dir)
+    assert sorted(merged) == sorted(single)
+    for pid, p in single.items():
+        q = merged[pid]
+        assert torch.equal(p.hidden_states.view(torch.int16), q.hidden_states.view(torch.int16))
+        assert p.answer_text == q.answer_text and p.answer_class.tolist() == q.answer_class.tolist()
+    index = json.loads((out / "index.json").read_text())
+    assert index["problems"] == 7
+    assert len(ShardDataset(out, num_sequences=2)) == 7

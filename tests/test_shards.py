@@ -1,0 +1,322 @@
+"""Tests of hf_msv.shards: the shard format (bit-exact 16-bit round trip, complete metadata, atomic writes), the lazy
+group dataset and the collate function, whose masks and γ must agree with the verifier's own construction."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from hf_msv import MSVConfig, MSVVerifier, build_masks, compute_gamma
+from hf_msv.shards import (
+    VERIFIER_INPUTS,
+    CollectedProblem,
+    ShardDataset,
+    collate_groups,
+    list_shards,
+    read_shard,
+    write_shard,
+)
+
+D = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_problem(pid: str, num_sequences: int = 6, seed: int = 0, d: int = D, max_answers: int = 4,
+                 none_rate: float = 0.15) -> CollectedProblem:
+    """A synthetic problem shaped like collected data: each sequence has 1..max_answers answers at increasing τ
+    (the last one terminal), answers of 1..5 tokens, a few "no answer"s, classes by online assignment of texts."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in range(num_sequences):
+        k_count = int(rng.integers(1, max_answers + 1))
+        taus = np.sort(rng.choice(np.arange(1, 60), size=k_count, replace=False))
+        for k, tau in enumerate(taus):
+            text = None if rng.random() < none_rate else str(int(rng.integers(0, 4)))
+            rows.append((int(tau), n, k, k == k_count - 1, text, int(rng.integers(1, 6))))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))  # elicitation order
+    classes, seen = [], {}
+    for r in rows:
+        if r[4] is None:
+            classes.append(1000 + len(classes))  # "no answer": a class of its own
+        else:
+            classes.append(seen.setdefault(r[4], len(seen)))
+    lengths = [r[5] for r in rows]
+    t = sum(lengths)
+    seq_len = [max(r[0] for r in rows if r[1] == n) + 1 for n in range(num_sequences)]
+    return CollectedProblem(
+        problem_id=pid, gold="1", source="synthetic",
+        hidden_states=torch.from_numpy(rng.normal(size=(t, d)).astype(np.float32)) * 3,
+        token_ids=rng.integers(0, 100, size=t), token_logprobs=-rng.random(t).astype(np.float32),
+        answer_text=[r[4] for r in rows], answer_raw_text=[f"{{{r[4]}}}" if r[4] else "{" for r in rows],
+        answer_trigger=["eos" if r[3] else "delimiter" for r in rows],
+        answer_sequence=[r[1] for r in rows], answer_step=[r[2] for r in rows], answer_tau=[r[0] for r in rows],
+        answer_length=lengths, answer_class=classes, answer_terminal=[r[3] for r in rows],
+        answer_correct=[r[4] == "1" for r in rows], sequence_length=seq_len,
+        sequence_finish=["eos"] * num_sequences,
+        cot_confidence=[rng.random(n).astype(np.float32) for n in seq_len])
+
+
+def write_dataset(directory, num_problems=5, per_shard=2, num_sequences=6, seed=0, d=D):
+    problems = [make_problem(f"q{i}", num_sequences, seed * 1000 + i, d) for i in range(num_problems)]
+    for s in range(0, num_problems, per_shard):
+        write_shard(directory / f"shard-r000-{s // per_shard:05d}.safetensors", problems[s:s + per_shard],
+                    info={"lm_name_or_path": "synthetic", "lm_num_attention_heads": 2, "checker": "exact"})
+    return problems
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Format
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_round_trip_is_bit_exact_and_complete(tmp_path, dtype):
+    problems = [make_problem("a/1", seed=1), make_problem("b/ü", num_sequences=3, seed=2)]
+    problems[1].answer_text[0] = "\\frac{1}{2} — ünïcode"
+    info = {"lm_name_or_path": "x", "delimiters": ["Wait"]}
+    path = write_shard(tmp_path / "shard-r000-00000.safetensors", problems, info, dtype=dtype)
+    back, back_info = read_shard(path)
+    assert back_info == info
+    target = getattr(torch, dtype)
+    for p, q in zip(problems, back):
+        assert q.hidden_states.dtype == target
+        # Bit-exact: the stored bits are exactly those of the 16-bit cast.
+        assert torch.equal(q.hidden_states.view(torch.int16), p.hidden_states.to(target).view(torch.int16))
+        for name in ("problem_id", "gold", "source", "answer_text", "answer_raw_text", "answer_trigger",
+                     "sequence_finish"):
+            assert getattr(q, name) == getattr(p, name), name
+        for name in ("token_ids", "token_logprobs", "answer_sequence", "answer_step", "answer_tau", "answer_length",
+                     "answer_class", "answer_terminal", "answer_correct", "sequence_length"):
+            np.testing.assert_array_equal(getattr(q, name), getattr(p, name), err_msg=name)
+        assert len(q.cot_confidence) == p.num_sequences
+        for a, b in zip(p.cot_confidence, q.cot_confidence):
+            np.testing.assert_array_equal(a, b)
+        assert None in q.answer_text or p.answer_text.count(None) == 0
+    # No temporaries left behind, and the file is readable by others.
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["shard-r000-00000.safetensors"]
+    assert path.stat().st_mode & 0o044 == 0o044
+
+
+def test_problem_without_confidence_and_answer_group(tmp_path):
+    p = make_problem("x", seed=3)
+    p.cot_confidence = []
+    q = make_problem("y", seed=4)
+    write_shard(tmp_path / "shard-r000-00000.safetensors", [p, q])
+    back, _ = read_shard(tmp_path / "shard-r000-00000.safetensors", hidden=False)
+    assert back[0].hidden_states is None
+    assert all(len(c) == 0 for c in back[0].cot_confidence)
+    for a, b in zip(q.cot_confidence, back[1].cot_confidence):  # the neighbour's slices are unaffected
+        np.testing.assert_array_equal(a, b)
+    # Baseline scores from the stored signals.
+    expected = np.array([np.exp(q.token_logprobs[a:a + n].mean()) for a, n in zip(q.answer_token_start,
+                                                                              q.answer_length)])
+    np.testing.assert_allclose(back[1].token_prob_scores(), expected, rtol=1e-6)
+    assert back[1].deepconf_scores(window=4).shape == (q.num_answers,)
+    group = back[1].to_answer_group()
+    assert group.num_answers == q.num_answers and group.num_sequences == q.num_sequences
+    np.testing.assert_array_equal(group.end, q.answer_tau + q.answer_length)
+
+
+def test_failed_write_leaves_no_visible_shard(tmp_path, monkeypatch):
+    import hf_msv.shards as shards
+
+    def broken(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(shards, "save_file", broken)
+    with pytest.raises(OSError):
+        write_shard(tmp_path / "shard-r000-00000.safetensors", [make_problem("x")])
+    assert list_shards(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dataset
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_partition_groups_cover_every_sequence_once_per_epoch(tmp_path):
+    problems = write_dataset(tmp_path, num_problems=3, num_sequences=6)
+    ds = ShardDataset(tmp_path, num_sequences=2, mode="streaming", seed=5)
+    assert len(ds) == 3 * 3 and ds.num_problems == 3 and ds.hidden_size == D
+    assert "hidden_states" not in ds.shards[0].arrays  # only metadata is held in memory
+
+    def draws(epoch):
+        ds.set_epoch(epoch)
+        return [tuple(ds.sequences_of(i)[1]) for i in range(len(ds))]
+
+    first = draws(0)
+    for p in range(3):
+        chosen = sorted(s for g in first[3 * p:3 * p + 3] for s in g)
+        assert chosen == list(range(6))
+    assert draws(0) == first and draws(1) != first
+    # Items carry exactly the chosen sequences' answers, renumbered in draw order, with their stored tokens.
+    ds.set_epoch(0)
+    for i in range(len(ds)):
+        p, chosen = ds.sequences_of(i)
+        item, src = ds[i], problems[p]
+        rows = np.flatnonzero(np.isin(src.answer_sequence, chosen))
+        assert item["problem_id"] == src.problem_id
+        np.testing.assert_array_equal(item["answer_tau"].numpy(), src.answer_tau[rows])
+        mapping = {int(s): j for j, s in enumerate(chosen)}
+        assert item["answer_sequence"].tolist() == [mapping[int(s)] for s in src.answer_sequence[rows]]
+        expected = torch.cat([src.hidden_states[a:a + n] for a, n in
+                              zip(src.answer_token_start[rows], src.answer_length[rows])]).bfloat16()
+        assert torch.equal(item["hidden_states"], expected)
+        np.testing.assert_array_equal(item["labels"].numpy(), src.answer_correct[rows].astype(np.float32))
+
+
+def test_terminal_mode_and_random_subsets(tmp_path):
+    write_dataset(tmp_path, num_problems=2, num_sequences=6)
+    ds = ShardDataset(tmp_path, num_sequences=4, mode="terminal", groups_per_problem=3)
+    assert len(ds) == 6
+    for i in range(len(ds)):
+        item = ds[i]
+        assert item["answer_terminal"].all() and len(item["answer_length"]) == 4
+        assert sorted(item["answer_sequence"].tolist()) == [0, 1, 2, 3]
+        assert (item["answer_step"] == 0).all()
+    with pytest.raises(ValueError, match="num_sequences"):
+        ShardDataset(tmp_path, num_sequences=7)
+    # Pickles without open file handles (DataLoader workers reopen lazily).
+    clone = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(clone[1]["hidden_states"], ds[1]["hidden_states"])
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, collate_fn=collate_groups, num_workers=0)
+    assert sum(len(b["problem_id"]) for b in loader) == 6
+
+
+def test_duplicate_problem_across_shards_is_refused(tmp_path):
+    write_shard(tmp_path / "shard-r000-00000.safetensors", [make_problem("same")])
+    write_shard(tmp_path / "shard-r001-00000.safetensors", [make_problem("same", seed=9)])
+    with pytest.raises(ValueError, match="appears in both"):
+        ShardDataset(tmp_path)
+
+
+def test_checker_rederives_classes_but_keeps_labels(tmp_path):
+    problems = write_dataset(tmp_path, num_problems=2)
+    stored = ShardDataset(tmp_path, num_sequences=6)
+    exact = ShardDataset(tmp_path, num_sequences=6, checker="exact")
+    coin = ShardDataset(tmp_path, num_sequences=6, checker="random", checker_kwargs={"probability": 0.5, "seed": 1})
+    for p, src in enumerate(problems):
+        # The synthetic classes are online assignment of the texts: the exact checker finds the same partition.
+        a, b = stored.read_problem(p).answer_class, exact.read_problem(p).answer_class
+        assert len({(x, y) for x, y in zip(a, b)}) == len(set(a)) == len(set(b))
+        np.testing.assert_array_equal(coin.read_problem(p).answer_correct, src.answer_correct)
+    assert any(not np.array_equal(stored.read_problem(p).answer_class, coin.read_problem(p).answer_class)
+               for p in range(2))
+    for i in range(len(stored)):
+        assert torch.equal(stored[i]["labels"], coin[i]["labels"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Collate: packing, masks and γ agree with the verifier
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def reference_relations(items, mode):
+    """Brute-force answer-level relations from the un-packed items: for each pair of answers (by identity
+    (group, original row)) whether they share group / sequence / class / answer and whether key ends no later."""
+    answers = []
+    for g, item in enumerate(items):
+        for r in range(len(item["answer_length"])):
+            if mode == "terminal" and not item["answer_terminal"][r]:
+                continue
+            answers.append((g, int(item["answer_sequence"][r]), int(item["answer_class"][r]),
+                            int(item["answer_end"][r]), r))
+    return answers
+
+
+@pytest.mark.parametrize("mode", ["streaming", "terminal"])
+def test_collate_masks_and_gamma_agree_with_the_verifier(tmp_path, mode):
+    write_dataset(tmp_path, num_problems=3, num_sequences=6)
+    ds = ShardDataset(tmp_path, num_sequences=3, mode=mode, seed=2)
+    items = [ds[i] for i in (0, 2, 5)]
+    batch = collate_groups(items, mode)
+
+    # Packing: groups in order, answers within a group by end time, each answer's tokens contiguous.
+    group, end = batch["answer_group"], batch["answer_end"]
+    assert (group[1:] >= group[:-1]).all()
+    same = group[1:] == group[:-1]
+    assert (end[1:][same] >= end[:-1][same]).all()
+    ta = batch["token_answer"]
+    assert (ta[1:] >= ta[:-1]).all() and torch.equal(torch.bincount(ta), batch["answer_length"])
+    if mode == "terminal":
+        assert batch["answer_terminal"].all() and (batch["answer_step"] == 0).all()
+
+    # Every packed answer maps back to one original answer; its tokens are that answer's hidden states.
+    reference = reference_relations(items, mode)
+    assert len(reference) == len(group)
+    ident = []
+    offsets = [torch.cumsum(it["answer_length"], 0) - it["answer_length"] for it in items]
+    token_start = torch.cumsum(batch["answer_length"], 0) - batch["answer_length"]
+    for a in range(len(group)):
+        g = int(group[a])
+        cands = [r for (gg, s, c, e, r) in reference if gg == g and s == int(batch["answer_sequence"][a])
+                 and e == int(end[a]) and c == int(batch["answer_class"][a])]
+        assert len(cands) >= 1
+        r = cands[0] if len(cands) == 1 else next(
+            r for r in cands if int(items[g]["answer_tau"][r]) == int(batch["answer_tau"][a]))
+        ident.append((g, r))
+        n, s = int(batch["answer_length"][a]), int(token_start[a])
+        o = int(offsets[g][r])
+        assert torch.equal(batch["hidden_states"][s:s + n], items[g]["hidden_states"][o:o + n])
+    assert len(set(ident)) == len(ident)
+
+    # Masks the verifier builds from the collated metadata == the definitions on the original answers.
+    meta = torch.stack([group, batch["answer_sequence"], torch.arange(len(group)), batch["answer_class"], end])[:, ta]
+    masks = build_masks(["full", "within_sequence", "equivalence", "within_answer"], meta, meta, mode == "streaming")
+    info = {a: next(x for x in reference if (x[0], x[4]) == ident[a]) for a in range(len(group))}
+    for u in range(len(ta)):
+        for v in range(len(ta)):
+            qa, ka = info[int(ta[u])], info[int(ta[v])]
+            allowed = qa[0] == ka[0] and (mode == "terminal" or ka[3] <= qa[3])
+            expected = [allowed, allowed and qa[1] == ka[1], allowed and qa[2] == ka[2],
+                        allowed and (qa[0], qa[4]) == (ka[0], ka[4])]
+            assert masks[:, u, v].tolist() == expected
+
+    # γ from collate == γ the verifier computes itself; batched scores == per-group scores.
+    torch.manual_seed(0)
+    verifier = MSVVerifier(MSVConfig(hidden_size=D, num_attention_heads=2, intermediate_size=32, num_sequences=3,
+                                     mode=mode, gamma_hidden_size=8, attention_backend="dense")).eval()
+    with torch.no_grad():
+        given = verifier(**{k: batch[k] for k in VERIFIER_INPUTS})
+        own = verifier(**{k: batch[k] for k in VERIFIER_INPUTS if k != "gamma"})
+        torch.testing.assert_close(given.gamma, own.gamma, rtol=0, atol=0)
+        torch.testing.assert_close(given.logits, own.logits)
+        torch.testing.assert_close(given.loss, own.loss)
+        for g in range(len(items)):
+            single = collate_groups([items[g]], mode, gamma=False)
+            assert single["gamma"] is None
+            alone = verifier(**{k: single[k] for k in VERIFIER_INPUTS})
+            torch.testing.assert_close(alone.logits, own.logits[group == g], rtol=1e-5, atol=1e-5)
+    # The γ definition itself, on the first group: fraction of sequences whose latest completed answer agrees.
+    g0 = group == 0
+    seq, cls, step = batch["answer_sequence"][g0], batch["answer_class"][g0], batch["answer_step"][g0]
+    for a in range(int(g0.sum())):
+        done = (end[g0] <= end[g0][a]) if mode == "streaming" else torch.ones_like(seq, dtype=torch.bool)
+        latest = {}
+        for b in torch.nonzero(done).squeeze(1).tolist():
+            if int(seq[b]) not in latest or step[b] > step[latest[int(seq[b])]]:
+                latest[int(seq[b])] = b
+        expect = sum(int(cls[b]) == int(cls[a]) for b in latest.values()) / len(latest)
+        assert abs(float(batch["gamma"][g0][a]) - expect) < 1e-6
+
+
+def test_collate_matches_compute_gamma_and_handles_many_groups(tmp_path):
+    write_dataset(tmp_path, num_problems=4, num_sequences=6)
+    ds = ShardDataset(tmp_path, num_sequences=6)
+    batch = collate_groups([ds[i] for i in range(len(ds))])
+    expected = compute_gamma(batch["answer_group"], batch["answer_sequence"], batch["answer_step"],
+                             batch["answer_end"], batch["answer_class"], True)
+    assert torch.equal(batch["gamma"], expected)
+    assert batch["problem_id"] == ds.problem_ids

@@ -1,0 +1,259 @@
+"""Tests of hf_msv.training: the paper's recipe as defaults, the Probe model, training that lowers validation BCE on
+collected data (the testbed LM's when it is shipped, else a tiny scripted random LM whose labels are learnable),
+best-checkpoint keeping, a weak equivalence checker at training time, and a 2-process accelerate run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hf_msv.training as training
+from hf_msv import MSVVerifier
+from hf_msv.shards import VERIFIER_INPUTS, ShardDataset, collate_groups, write_shard
+from hf_msv.training import (
+    MSVTrainingConfig,
+    ProbeConfig,
+    ProbeVerifier,
+    add_train_arguments,
+    build_verifier,
+    train_verifier,
+)
+
+from test_collect import _free_port, tiny_lm, TOK  # noqa: E402  (tests/ is on sys.path under pytest)
+from test_shards import make_problem
+
+def _testbed_lm_dir():
+    """The shipped testbed LM, or a checkpoint named by ``$HF_MSV_TESTBED_LM`` (e.g. one still training)."""
+    from hf_msv.testbed import TESTBED_LM_DIR
+
+    path = os.environ.get("HF_MSV_TESTBED_LM") or TESTBED_LM_DIR
+    return path if (training.Path(path) / "config.json").exists() else None
+
+
+TESTBED_LM = _testbed_lm_dir()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def collect_tiny(out, split: str, n: int):
+    """The tiny random LM with scripted answers "0" or "1" (the parity of where it branched), graded against a
+    constant gold "1": correctness is which digit it wrote, visible in the answer tokens' hidden states."""
+    from hf_msv.collect import collect
+    from hf_msv.problems import Problem
+
+    # " ok" * (i % 4) varies the prompt length, hence the parity that decides the scripted digit.
+    problems = [Problem(id=f"{split}/{i}", question=f"Q{i}: add {i} and {i % 7}." + " ok" * (i % 4) + " Wait e",
+                        gold="1") for i in range(n)]
+    collect(tiny_lm(), TOK, problems, out, num_samples=4, max_new_tokens=10, delimiters=["Wait", "e"],
+            checker="exact", prompt_template="plain", problems_per_shard=8, seed=1, progress=False)
+    return out
+
+
+def collect_testbed(out, split: str, n: int):
+    """The testbed LM on its own task (its splits), 8 samples per problem, streaming at ``Wait``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_msv.collect import collect
+    from hf_msv.testbed import generate_problems
+
+    model = AutoModelForCausalLM.from_pretrained(TESTBED_LM).eval()
+    tokenizer = AutoTokenizer.from_pretrained(TESTBED_LM)
+    collect(model, tokenizer, generate_problems(split, n, seed=0), out, num_samples=8, max_new_tokens=200,
+            checker="symbolic", prompt_template="testbed", problems_per_shard=16, problems_per_batch=4, seed=1,
+            progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    root = tmp_path_factory.mktemp("collected")
+    return collect_tiny(root / "train", "train", 40), collect_tiny(root / "val", "validation", 16)
+
+
+def synthetic_dirs(tmp_path, d=16):
+    for split, count in (("train", 6), ("val", 3)):
+        (tmp_path / split).mkdir()
+        problems = [make_problem(f"{split}/{i}", num_sequences=4, seed=i + (100 if split == "val" else 0), d=d)
+                    for i in range(count)]
+        write_shard(tmp_path / split / "shard-r000-00000.safetensors", problems,
+                    info={"lm_name_or_path": "synthetic-lm", "lm_num_attention_heads": 4, "checker": "exact",
+                          "delimiters": ["Wait"], "num_samples": 4})
+    return tmp_path / "train", tmp_path / "val"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recipe and models
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_papers_recipe(tmp_path):
+    config = MSVTrainingConfig()
+    assert (config.learning_rate, config.mask_learning_rate, config.embedding_learning_rate,
+            config.probe_learning_rate) == (5e-5, 1e-1, 1e-3, 1e-3)
+    assert (config.batch_size, config.max_grad_norm, config.warmup_ratio, config.num_hidden_layers) == (64, 1.0, 0.0, 1)
+    assert MSVTrainingConfig(mode="terminal").epochs == 1 and MSVTrainingConfig(mode="streaming").epochs == 2
+    assert MSVTrainingConfig(kind="probe", num_sequences=16).group_size == 1
+    info = {"lm_name_or_path": "some/lm", "lm_num_attention_heads": 4, "delimiters": ["Wait"]}
+    msv = build_verifier(MSVTrainingConfig(num_sequences=16), 16, info)
+    assert isinstance(msv, MSVVerifier)
+    assert (msv.config.num_attention_heads, msv.config.num_hidden_layers, msv.config.num_sequences) == (4, 1, 16)
+    assert msv.config.base_model_name_or_path == "some/lm" and msv.config.delimiters == ["Wait"]
+    groups = training._parameter_groups(msv, MSVTrainingConfig())
+    assert [g["lr"] for g in groups] == [5e-5, 1e-1, 1e-3]
+    assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in msv.parameters())
+    with pytest.raises(ValueError):
+        MSVTrainingConfig(kind="prm")
+
+
+def test_probe_saves_and_loads(tmp_path):
+    torch.manual_seed(0)
+    probe = ProbeVerifier(ProbeConfig(hidden_size=16, mode="terminal", base_model_name_or_path="x")).eval()
+    assert probe.up.out_features == 1024
+    hidden = torch.randn(7, 16)
+    token_answer = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    out = probe(hidden, token_answer, labels=torch.tensor([1.0, 0.0, -1.0]))
+    # The readout is the last token of each answer.
+    direct = probe.head(probe.act(probe.up(hidden[[1, 4, 6]]))).squeeze(-1)
+    torch.testing.assert_close(out.logits, direct)
+    assert out.loss is not None and out.probabilities.shape == (3,)
+    probe.save_pretrained(tmp_path)
+    loaded = ProbeVerifier.from_pretrained(tmp_path).eval()
+    assert loaded.config.mode == "terminal" and loaded.config.model_type == "msv_probe"
+    torch.testing.assert_close(loaded(hidden, token_answer).logits, out.logits)
+
+
+def test_cli_arguments_map_to_the_config():
+    parser = add_train_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--kind", "probe",
+                              "--num-sequences", "4", "--mode", "terminal", "--masks", "full", "equivalence",
+                              "--checker", "random", "--checker-kwargs", '{"seed": 3}', "--no-progress",
+                              "--num-epochs", "3", "--learning-rate", "1e-4"])
+    config = MSVTrainingConfig(**{f: getattr(args, f) for f in MSVTrainingConfig.__dataclass_fields__})
+    assert (config.kind, config.num_sequences, config.mode, config.masks, config.checker) == (
+        "probe", 4, "terminal", ["full", "equivalence"], "random")
+    assert config.checker_kwargs == {"seed": 3} and not config.progress and config.epochs == 3
+    assert config.learning_rate == 1e-4 and config.mask_learning_rate == 1e-1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,mode,lr", [("msv", "streaming", 3e-3), ("probe", "terminal", 5e-5)])
+def test_training_lowers_validation_bce(collected, tmp_path, kind, mode, lr):
+    """Tiny random LM data (fast); the testbed LM's data is the slow test below."""
+    train_dir, val_dir = collected
+    config = MSVTrainingConfig(kind=kind, num_sequences=4, mode=mode, learning_rate=lr, batch_size=8,
+                               num_epochs=4, progress=False, seed=0)
+    result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
+    before, best = result.history[0]["val_bce"], result.best_metrics["bce"]
+    assert best < before - 0.02, result.history
+    if kind == "msv":  # MSV attends to the digit token itself: it learns the label, not just the base rate
+        assert result.best_metrics["auroc"] > 0.8, result.history
+    assert result.best_metrics["answers"] == result.history[0]["val_answers"] > 0
+    # The checkpoint on disk is the best one, with its model card, config and log.
+    model = type(result.verifier).from_pretrained(tmp_path / "out")
+    val = ShardDataset(val_dir, num_sequences=config.group_size, mode=mode, seed=0)
+    assert abs(training.evaluate_verifier(model, val, mode)["bce"] - best) < 1e-6
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "Training data" in card and "validation bce" in card
+    log = json.loads((tmp_path / "out" / "training_log.json").read_text())
+    assert log["best_epoch"] == result.best_epoch and len(log["history"]) == 5
+    assert json.loads((tmp_path / "out" / "training_config.json").read_text())["kind"] == kind
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TESTBED_LM is None, reason="no testbed LM checkpoint (hf_msv/testbed/lm or $HF_MSV_TESTBED_LM)")
+def test_training_lowers_validation_bce_on_testbed_data(tmp_path):
+    """Collect 64 training and 16 validation problems x 8 samples from the testbed LM (~1-2 min on 2 cores), then
+    train MSV_4 (streaming) and the Probe (terminal): validation BCE drops, below the entropy of the base rate (what
+    a constant predictor at best achieves), so they learned which answers are right, not just how many."""
+    import math
+
+    train_dir = collect_testbed(tmp_path / "train", "train", 64)
+    val_dir = collect_testbed(tmp_path / "val", "validation", 16)
+    for kind, mode in (("msv", "streaming"), ("probe", "terminal")):
+        config = MSVTrainingConfig(kind=kind, num_sequences=4, mode=mode, learning_rate=1e-3, batch_size=16,
+                                   num_epochs=4, progress=False)
+        result = train_verifier(train_dir, val_dir, tmp_path / kind, config)
+        acc = result.history[0]["val_accuracy"]
+        entropy = -(acc * math.log(acc) + (1 - acc) * math.log(1 - acc))
+        best = result.best_metrics["bce"]
+        assert best < result.history[0]["val_bce"] - 0.05 and best < entropy - 0.01, (entropy, result.history)
+        assert result.best_metrics["auroc"] > 0.6, result.history
+
+
+def test_best_checkpoint_is_kept_not_the_last(tmp_path, monkeypatch):
+    train_dir, val_dir = synthetic_dirs(tmp_path)
+    scripted = iter([0.70, 0.50, 0.60, 0.65])  # before training, then epochs 1..3: epoch 1 is best
+    snapshots = []
+    real = training.evaluate_verifier
+
+    def fake(model, dataset, mode, batch_size=64, accelerator=None):
+        metrics = real(model, dataset, mode, batch_size, accelerator)
+        snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return dict(metrics, bce=next(scripted))
+
+    monkeypatch.setattr(training, "evaluate_verifier", fake)
+    config = MSVTrainingConfig(num_sequences=2, mode="streaming", batch_size=4, num_epochs=3,
+                               learning_rate=1e-3, progress=False)
+    result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
+    assert result.best_epoch == 1 and result.best_metrics["bce"] == 0.50
+    saved = MSVVerifier.from_pretrained(tmp_path / "out").state_dict()
+    assert all(torch.equal(saved[k], snapshots[1][k]) for k in saved)
+    assert not all(torch.equal(saved[k], snapshots[3][k]) for k in saved)
+
+
+def test_weak_checker_rederives_classes_for_training(tmp_path):
+    train_dir, val_dir = synthetic_dirs(tmp_path)
+    config = MSVTrainingConfig(num_sequences=4, mode="terminal", checker="random",
+                               checker_kwargs={"probability": 0.5, "seed": 0}, batch_size=4, progress=False)
+    result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
+    assert result.best_epoch == 1
+    assert "re-derived with the `random` checker" in (tmp_path / "out" / "README.md").read_text()
+    # The verifier sees the weak checker's classes; the labels stay the gold ones.
+    strong = ShardDataset(train_dir, num_sequences=4, mode="terminal")
+    weak = ShardDataset(train_dir, num_sequences=4, mode="terminal", checker="random",
+                        checker_kwargs={"probability": 0.5, "seed": 0})
+    a, b = collate_groups([strong[i] for i in range(6)], "terminal"), collate_groups([weak[i] for i in range(6)],
+                                                                                        "terminal")
+    assert torch.equal(a["labels"], b["labels"]) and not torch.equal(a["answer_class"], b["answer_class"])
+    out = result.verifier(**{k: b[k] for k in VERIFIER_INPUTS})
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.slow  # ~20-30 s: two interpreters start and import torch on a shared 2-core machine
+def test_two_process_accelerate_training(tmp_path):
+    """``accelerate launch`` with 2 CPU processes runs the CLI entry; the global batch is split over processes,
+    validation covers every answer once, and the main process saves the checkpoint."""
+    train_dir, val_dir = synthetic_dirs(tmp_path)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()), "-m", "hf_msv.training", "--train-dir", str(train_dir),
+           "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"), "--num-sequences", "2",
+           "--batch-size", "4", "--num-epochs", "2", "--learning-rate", "1e-3", "--no-progress"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    log = json.loads((tmp_path / "out" / "training_log.json").read_text())
+    assert len(log["history"]) == 3 and summary["best_epoch"] == log["best_epoch"]
+    val = ShardDataset(val_dir, num_sequences=2)
+    total = sum(len(val[i]["labels"]) for i in range(len(val)))
+    assert log["history"][-1]["val_answers"] == total
+    # 6 problems x 2 groups = 12 groups per epoch = 3 steps of 2 x 2 groups.
+    assert log["history"][1]["step"] == 3 and log["history"][1]["train_groups"] == 12
+    assert MSVVerifier.from_pretrained(tmp_path / "out").config.num_sequences == 2
