@@ -371,15 +371,15 @@ def synthetic_groups(num_groups, n, seed):
 
 def test_msv_n_learns_cross_sequence_agreement_that_single_sequence_models_cannot():
     n = 8
-    train_x, train_y = synthetic_groups(120, n, seed=0)
-    test_x, test_y = synthetic_groups(80, n, seed=1)
+    train_x, train_y = synthetic_groups(64, n, seed=0)
+    test_x, test_y = synthetic_groups(48, n, seed=1)
 
     def fit_msv(group_size):
         verifier = make_verifier(seed=0, mode="terminal", num_sequences=group_size).train()
         group, sequence = split_into_groups(train_x["answer_group"], train_x["answer_sequence"], group_size)
         x = dict(train_x, answer_group=group, answer_sequence=sequence)
         optimizer = torch.optim.AdamW(verifier.parameter_groups(lr=3e-3, embedding_lr=3e-3, mask_lr=1e-1))
-        for _ in range(100):
+        for _ in range(60):
             loss = verifier(**x, labels=train_y).loss
             optimizer.zero_grad()
             loss.backward()
@@ -394,7 +394,7 @@ def test_msv_n_learns_cross_sequence_agreement_that_single_sequence_models_canno
         probe = torch.nn.Sequential(torch.nn.Linear(D, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
         optimizer = torch.optim.AdamW(probe.parameters(), lr=3e-3)
         last = lambda x: x["hidden_states"][1::2]  # noqa: E731  (two tokens per answer)
-        for _ in range(300):
+        for _ in range(200):
             loss = torch.nn.functional.binary_cross_entropy_with_logits(probe(last(train_x)).squeeze(-1), train_y)
             optimizer.zero_grad()
             loss.backward()

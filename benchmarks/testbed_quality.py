@@ -1,0 +1,203 @@
+"""Quality of the testbed LM as a verifier testbed (CPU, a few minutes).
+
+    python benchmarks/testbed_quality.py            # 448 evaluation problems x 16 samples at temperature 1
+    python benchmarks/testbed_quality.py --quick    # 64 problems
+
+Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
+pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with
+at least one ``Wait`` and Waits per trace; elicitation at every ``Wait`` of the first ``--elicit-samples`` samples per
+problem (prefix ending at the ``Wait`` + ``### Final Answer ### \\boxed``, greedy, <= 40 tokens): the fraction with a
+closed non-empty box and their accuracy (``intermediate_acc``) vs the accuracy of the terminal answers of the same
+traces, elicited the same way at the trace's end (``terminal_acc``; the trace's own sampled box:
+``terminal_sampled_acc``), each terminal answer counted once per Wait of its trace; decode throughput with 64
+sequences in parallel. The last line printed is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from hf_msv.testbed import DELIMITER, ELICITATION_PROMPT, TESTBED_LM_DIR, format_prompt, generate_problems
+
+
+def parse_box(continuation: str) -> str | None:
+    """Content of the box opened at the start of ``continuation`` (``{...}``); None when unclosed or empty."""
+    if not continuation.startswith("{"):
+        return None
+    depth = 0
+    for i, ch in enumerate(continuation):
+        depth += ch == "{"
+        depth -= ch == "}"
+        if depth == 0:
+            content = continuation[1:i].strip()
+            return content or None
+    return None
+
+
+def final_answer(trace: str) -> str | None:
+    i = trace.rfind(ELICITATION_PROMPT)
+    return None if i < 0 else parse_box(trace[i + len(ELICITATION_PROMPT) :])
+
+
+def left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    L = max(map(len, seqs))
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, L - len(s) :] = torch.tensor(s)
+        att[r, L - len(s) :] = 1
+    return ids, att
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-dir", default=str(TESTBED_LM_DIR))
+    ap.add_argument("--quick", action="store_true", help="64 problems instead of 448")
+    ap.add_argument("--n-problems", type=int, default=None)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--problems-per-call", type=int, default=16)
+    ap.add_argument("--elicit-samples", type=int, default=2, help="samples per problem whose Waits are elicited")
+    ap.add_argument("--max-new-tokens", type=int, default=224)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--knobs", default="{}", help="JSON dict of generator knobs for the evaluation problems")
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t_start = time.time()
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir).eval()
+    wait_id = tok.convert_tokens_to_ids(DELIMITER)
+    n_problems = a.n_problems or (64 if a.quick else 448)
+    knobs = json.loads(a.knobs)
+    problems = generate_problems("evaluation", n_problems, seed=a.seed, **knobs)
+    torch.manual_seed(a.seed)
+    S = a.samples
+    gen_kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=a.max_new_tokens,
+                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+
+    # ---- sampling
+    traces = []  # per problem: list of (prompt ids, generated ids)
+    t0 = time.time()
+    for c in range(0, len(problems), a.problems_per_call):
+        chunk = problems[c : c + a.problems_per_call]
+        enc = tok([format_prompt(p) for p in chunk], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**enc, num_return_sequences=S, **gen_kw)
+        P = enc.input_ids.shape[1]
+        for i, p in enumerate(chunk):
+            prompt = enc.input_ids[i][enc.attention_mask[i].bool()].tolist()
+            rows = []
+            for s in range(S):
+                g = out[i * S + s, P:].tolist()
+                if tok.eos_token_id in g:
+                    g = g[: g.index(tok.eos_token_id)]
+                g = [t for t in g if t != tok.pad_token_id]
+                rows.append((prompt, g))
+            traces.append(rows)
+        print(f"sampled {min(c + a.problems_per_call, len(problems))}/{len(problems)} problems "
+              f"({time.time() - t0:.0f}s)", flush=True)
+    sample_s = time.time() - t0
+
+    p1 = m16 = p16 = 0.0
+    n_traces = with_wait = n_waits = boxed = gen_tokens = 0
+    finals = []
+    for p, rows in zip(problems, traces):
+        answers = [final_answer(tok.decode(g, skip_special_tokens=True)) for _, g in rows]
+        finals.append(answers)
+        correct = [x == p.gold for x in answers]
+        p1 += sum(correct) / S
+        p16 += any(correct)
+        votes = Counter(x for x in answers if x is not None)
+        m16 += bool(votes) and votes.most_common(1)[0][0] == p.gold
+        for _, g in rows:
+            w = g.count(wait_id)
+            n_traces += 1
+            with_wait += w > 0
+            n_waits += w
+            gen_tokens += len(g)
+        boxed += sum(x is not None for x in answers)
+
+    # ---- elicitation at every Wait of the first few samples per problem, and at the end of the same traces
+    elicit_prompt = tok(ELICITATION_PROMPT, add_special_tokens=False).input_ids
+    E = len(elicit_prompt)
+    jobs = []  # (prefix ids, gold, trace index, is_terminal)
+    sampled_final = {}  # trace index -> the final box the trace itself sampled
+    for pi, (p, rows, answers) in enumerate(zip(problems, traces, finals)):
+        for si, ((prompt, g), fin) in enumerate(list(zip(rows, answers))[: a.elicit_samples]):
+            key = (pi, si)
+            sampled_final[key] = fin
+            for j, t in enumerate(g):
+                if t == wait_id:
+                    jobs.append((prompt + g[: j + 1] + elicit_prompt, p.gold, key, False))
+            # terminal answer, elicited the same way: the trace up to its own final elicitation prompt
+            ends = [j + E for j in range(len(g) - E + 1) if g[j : j + E] == elicit_prompt]
+            jobs.append((prompt + (g[: ends[-1]] if ends else g + elicit_prompt), p.gold, key, True))
+    t1 = time.time()
+    elicited = {}  # job index -> answer
+    for c in range(0, len(jobs), 256):
+        batch = jobs[c : c + 256]
+        ids, att = left_pad([j[0] for j in batch], tok.pad_token_id)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=att, do_sample=False, max_new_tokens=40,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        for k, row in enumerate(out[:, ids.shape[1] :]):
+            elicited[c + k] = parse_box(tok.decode(row, skip_special_tokens=True))
+    terminal = {j[2]: elicited[i] for i, j in enumerate(jobs) if j[3]}
+    inter = [(elicited[i], j[1], j[2]) for i, j in enumerate(jobs) if not j[3]]
+    parsed = sum(x is not None for x, _, _ in inter)
+    inter_correct = sum(x == gold for x, gold, _ in inter)
+    # paired with each intermediate answer: the answer its trace ends with (elicited / sampled)
+    term_correct = sum(terminal[key] == gold for _, gold, key in inter)
+    sampled_correct = sum(sampled_final[key] == gold for _, gold, key in inter)
+    elicit_s = time.time() - t1
+
+    # ---- decode throughput, 64 sequences in parallel
+    enc = tok([format_prompt(problems[0])], return_tensors="pt")
+    with torch.no_grad():
+        model.generate(**enc, num_return_sequences=64, **{**gen_kw, "max_new_tokens": 16})  # warm-up
+        t2 = time.time()
+        out = model.generate(**enc, num_return_sequences=64, **gen_kw)
+        dt = time.time() - t2
+    new = out[:, enc.input_ids.shape[1] :]
+    n_new = int(((new != tok.pad_token_id) & (new != tok.eos_token_id)).sum())
+
+    nE = max(len(inter), 1)
+    res = {
+        "n_problems": len(problems),
+        "knobs": knobs,
+        "samples_per_problem": S,
+        "pass_at_1": round(p1 / len(problems), 4),
+        "maj_at_16": round(m16 / len(problems), 4),
+        "pass_at_16": round(p16 / len(problems), 4),
+        "final_box_rate": round(boxed / n_traces, 4),
+        "wait_trace_rate": round(with_wait / n_traces, 4),
+        "waits_per_trace": round(n_waits / n_traces, 3),
+        "mean_trace_tokens": round(gen_tokens / n_traces, 1),
+        "n_elicited": len(inter),
+        "elicit_parse_rate": round(parsed / nE, 4),
+        "intermediate_acc": round(inter_correct / nE, 4),
+        "terminal_acc": round(term_correct / nE, 4),
+        "terminal_sampled_acc": round(sampled_correct / nE, 4),
+        "decode_tokens_per_s": round(n_new / dt, 1),
+        "decode_sequences": 64,
+        "sample_s": round(sample_s, 1),
+        "elicit_s": round(elicit_s, 1),
+        "wall_s": round(time.time() - t_start, 1),
+        "torch_threads": torch.get_num_threads(),
+        "model_dir": str(Path(a.model_dir)),
+    }
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The testbed: a small synthetic reasoning LM trained by hf_msv, shipped as the embedded default.
+
+Nothing that can really solve math loads on a CPU-only machine without the Hub, so hf_msv ships its own *testbed*:
+a ~2M-parameter character-level ``LlamaForCausalLM`` trained from scratch (on 2 CPU cores) on a synthetic multi-step
+arithmetic word-problem task (:mod:`hf_msv.testbed.task`). Its sampled traces look like a reasoning model's (steps,
+``Wait`` re-checks that sometimes fix and sometimes break the answer, a final ``### Final Answer ### \\boxed{}``),
+mix correct and wrong answers, and answer the elicitation prompt at any ``Wait``. It is a testbed for verifiers and
+early stopping, **not** a math model: its numbers say nothing about real LMs on real benchmarks.
+
+    from hf_msv.testbed import load_testbed_lm, generate_problems, format_prompt
+    model, tokenizer = load_testbed_lm()
+    problems = generate_problems("evaluation", 448)
+
+Retrain the shipped checkpoint with ``python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .task import (
+    DELIMITER,
+    ELICITATION_PROMPT,
+    SPLITS,
+    TaskKnobs,
+    format_prompt,
+    generate_problems,
+    make_elicitation_example,
+    make_trace,
+    split_of,
+)
+
+TESTBED_LM_DIR = Path(__file__).resolve().parent / "lm"
+
+__all__ = [
+    "DELIMITER",
+    "ELICITATION_PROMPT",
+    "SPLITS",
+    "TESTBED_LM_DIR",
+    "TaskKnobs",
+    "format_prompt",
+    "generate_problems",
+    "load_testbed_lm",
+    "make_elicitation_example",
+    "make_trace",
+    "split_of",
+]
+
+
+def load_testbed_lm(device="cpu", dtype=None):
+    """The shipped testbed LM and its tokenizer: ``(model, tokenizer)``, model in eval mode on ``device``.
+
+    Plain ``AutoModelForCausalLM`` / ``AutoTokenizer`` loads of :data:`TESTBED_LM_DIR` (no remote code). The tokenizer
+    prepends ``<bos>``, pads on the left, and encodes the delimiter ``Wait`` as a single token.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (TESTBED_LM_DIR / "config.json").exists():
+        raise FileNotFoundError(
+            f"no testbed checkpoint at {TESTBED_LM_DIR}; train it with "
+            f"`python -m hf_msv.testbed.train_lm --output-dir {TESTBED_LM_DIR}`"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(TESTBED_LM_DIR)
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(TESTBED_LM_DIR, **kwargs).to(device).eval()
+    return model, tokenizer

@@ -1,0 +1,270 @@
+"""Synthetic multi-step arithmetic reasoning task for the testbed LM.
+
+A problem is a short word problem: a start value followed by 2-4 operations (``+k``, ``-k``, ``*2``, ``*3``) whose
+intermediate values stay in ``[0, max_value]``. Its *canonical form* (start value and operation list; the wording is
+not part of it) is hashed to decide its split, so a problem can never be in two of ``train`` / ``validation`` /
+``evaluation``, whatever seed or wording generated it.
+
+Training traces mimic a reasoning model's chain of thought::
+
+    Q: Ann has 23 coins. She gets 8 more. She loses 5. They double. How many?
+    A: 23+8=31. 31-5=26. 26*2=52. Wait, 31-5=26 ok. Wait, 23+8=21 no, 31. 31-5=26. 26*2=52.
+    ### Final Answer ### \\boxed{52}
+
+Each step is computed by a *noisy solver*: steps with a carry / borrow are wrong with a fixed probability (a
+systematic "forgot the carry" error), any step can be off by one or two. After the first pass, 1-4 ``Wait``
+re-checks each recompute one step; a re-check fixes a wrong step with probability ``fix_prob`` and breaks a correct
+one with probability ``break_prob``, and a changed step is followed by redoing the later steps. So an answer at a
+``Wait`` is informative but not final, and sampled traces mix correct and wrong answers. The LM trained on these
+traces reproduces the noise (plus its own capacity errors); that is what makes it a useful testbed for verifiers, not
+a math model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from ..problems import Problem
+
+ELICITATION_PROMPT = "### Final Answer ### \\boxed"
+DELIMITER = "Wait"
+SOURCE = "testbed-arith"
+SPLITS = ("train", "validation", "evaluation")
+# Buckets of the canonical hash (0-99) owned by each split.
+_SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "evaluation": range(90, 100)}
+
+_NAMES = ["Ann", "Bob", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kim", "Lu", "Max", "Ned", "Oli", "Pam"]
+_PRONOUN = {n: ("She" if n in {"Ann", "Dee", "Fay", "Ivy", "Kim", "Lu", "Pam"} else "He") for n in _NAMES}
+_ITEMS = ["coins", "apples", "cards", "books", "shells", "stamps", "pens", "eggs"]
+_ADD = ["{p} gets {k} more.", "{p} finds {k}.", "{p} buys {k}.", "Add {k}."]
+_SUB = ["{p} loses {k}.", "{p} sells {k}.", "{p} eats {k}.", "Take {k} away."]
+_MUL = {2: ["{p} doubles them.", "They double."], 3: ["{p} triples them.", "They triple."]}
+_SYM = {"+": "Add {k}.", "-": "Subtract {k}.", "*": "Multiply by {k}."}
+
+
+@dataclass(frozen=True)
+class TaskKnobs:
+    """Difficulty knobs of the generator and of the noisy solver that writes the training traces."""
+
+    min_steps: int = 2
+    max_steps: int = 4
+    max_start: int = 60  # start value in [2, max_start]
+    max_operand: int = 9  # +k / -k with k in [1, max_operand]
+    max_value: int = 99  # every intermediate value stays in [0, max_value]
+    ops: str = "+-*"
+    mul_factors: tuple = (2,)  # multipliers of "*" steps
+    templates: str = "natural"  # "natural" (word problems) or "symbolic"
+    # noisy solver (training traces only)
+    carry_error: float = 0.4  # P(forget the carry) on an addition that has one
+    borrow_error: float = 0.75  # P(forget the borrow) on a subtraction that has one
+    mul_error: float = 0.65  # P(drop the tens carry) on a multiplication that has one
+    slip_error: float = 0.04  # P(off by 1 or 2) on any step
+    fix_prob: float = 0.7  # P(a re-check fixes a wrong step)
+    break_prob: float = 0.05  # P(a re-check breaks a correct step)
+    wait_counts: tuple = (1, 2, 3, 4)
+    wait_weights: tuple = (0.25, 0.35, 0.25, 0.15)
+
+
+def canonical(start: int, ops: list[tuple[str, int]]) -> str:
+    return f"{start}" + "".join(f"{o}{k}" for o, k in ops)
+
+
+def split_of(canon: str) -> str:
+    """The split that owns a canonical problem (stable across Python runs and seeds)."""
+    bucket = int.from_bytes(hashlib.sha256(canon.encode()).digest()[:4], "big") % 100
+    for name, rng in _SPLIT_BUCKETS.items():
+        if bucket in rng:
+            return name
+    raise AssertionError(bucket)
+
+
+def apply_op(a: int, op: str, k: int) -> int:
+    return a + k if op == "+" else a - k if op == "-" else a * k
+
+
+def _sample_chain(rng: random.Random, kn: TaskKnobs) -> tuple[int, list[tuple[str, int]]]:
+    n_steps = rng.randint(kn.min_steps, kn.max_steps)
+    v = rng.randint(2, kn.max_start)
+    start, ops = v, []
+    for _ in range(n_steps):
+        choices = []
+        if "+" in kn.ops and v + 1 <= kn.max_value:
+            choices += ["+", "+"]
+        if "-" in kn.ops and v >= 2:
+            choices += ["-", "-"]
+        if "*" in kn.ops and min(kn.mul_factors) * v <= kn.max_value and v >= 2:
+            choices += ["*"]
+        op = rng.choice(choices)
+        if op == "+":
+            k = rng.randint(1, min(kn.max_operand, kn.max_value - v))
+        elif op == "-":
+            k = rng.randint(1, min(kn.max_operand, v - 1))
+        else:
+            k = rng.choice([f for f in kn.mul_factors if f * v <= kn.max_value])
+        ops.append((op, k))
+        v = apply_op(v, op, k)
+    return start, ops
+
+
+def _question(rng: random.Random, start: int, ops: list[tuple[str, int]], kn: TaskKnobs) -> str:
+    if kn.templates == "symbolic":
+        return f"Start at {start}. " + " ".join(_SYM[o].format(k=k) for o, k in ops) + " Result?"
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    p = _PRONOUN[name]
+    parts = [f"{name} has {start} {item}."]
+    for o, k in ops:
+        tpl = rng.choice(_ADD if o == "+" else _SUB if o == "-" else _MUL[k])
+        parts.append(tpl.format(p=p, k=k))
+    parts.append("How many?")
+    return " ".join(parts)
+
+
+def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Problem]:
+    """``n`` distinct problems of ``split`` (deterministic in ``seed`` and the knobs).
+
+    Knobs (see :class:`TaskKnobs`): ``min_steps``, ``max_steps``, ``max_start``, ``max_operand``, ``max_value``,
+    ``ops``, ``templates`` (the noisy-solver knobs only matter for :func:`make_trace`).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    kn = TaskKnobs(**knobs)
+    rng = random.Random(f"{split}/{seed}")
+    out, seen, tries = [], set(), 0
+    while len(out) < n:
+        tries += 1
+        if tries > 200 * n + 10_000:
+            raise RuntimeError(f"could not generate {n} distinct {split} problems with {knobs}")
+        start, ops = _sample_chain(rng, kn)
+        canon = canonical(start, ops)
+        if canon in seen or split_of(canon) != split:
+            continue
+        seen.add(canon)
+        gold = start
+        for o, k in ops:
+            gold = apply_op(gold, o, k)
+        out.append(
+            Problem(
+                id=f"{SOURCE}/{split}/{seed}/{len(out)}",
+                question=_question(rng, start, ops, kn),
+                gold=str(gold),
+                source=SOURCE,
+                meta={"canonical": canon, "start": start, "ops": [list(x) for x in ops], "split": split},
+            )
+        )
+    return out
+
+
+def format_prompt(problem: Problem) -> str:
+    """The text the LM is conditioned on (the tokenizer adds BOS); the trace continues right after it."""
+    return f"Q: {problem.question}\nA:"
+
+
+# ----------------------------------------------------------------------------------------------------------- traces
+def _has_carry(a: int, op: str, k: int) -> bool:
+    if op == "+":
+        return (a % 10) + (k % 10) >= 10
+    if op == "-":
+        return (a % 10) < (k % 10)
+    return (a % 10) * k >= 10
+
+
+def _carry_error(a: int, op: str, k: int) -> int:
+    c = apply_op(a, op, k)
+    return c + 10 if op == "-" else c - 10 * ((a % 10) * k // 10 if op == "*" else 1)
+
+
+def _slip(rng: random.Random, c: int) -> int:
+    d = rng.choice([-2, -1, 1, 1, 2]) if c > 2 else rng.choice([1, 2])
+    return c + d
+
+
+def _noisy(rng: random.Random, a: int, op: str, k: int, kn: TaskKnobs) -> int:
+    c = apply_op(a, op, k)
+    p_err = kn.carry_error if op == "+" else kn.borrow_error if op == "-" else kn.mul_error
+    if _has_carry(a, op, k) and rng.random() < p_err:
+        c = _carry_error(a, op, k)
+    if rng.random() < kn.slip_error:
+        c = _slip(rng, c)
+    return c
+
+
+def _recheck(rng: random.Random, a: int, op: str, k: int, old: int, kn: TaskKnobs) -> int:
+    true = apply_op(a, op, k)
+    if old != true:
+        return true if rng.random() < kn.fix_prob else old
+    if rng.random() < kn.break_prob:
+        return _carry_error(a, op, k) if _has_carry(a, op, k) else _slip(rng, true)
+    return true
+
+
+def _fmt(a: int, op: str, k: int, c: int) -> str:
+    return f"{a}{op}{k}={c}"
+
+
+def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tuple[str, str]]:
+    """The trace as ``(segment, current_answer)`` pairs: the concatenated segments are the trace body (without the
+    final answer line); ``current_answer`` is the answer the trace stands at after the segment. Each ``Wait``
+    segment starts with the delimiter, so cutting right after a ``Wait`` gives the previous segment's answer."""
+    kn = TaskKnobs(**knobs)
+    start = problem.meta["start"]
+    ops = [tuple(x) for x in problem.meta["ops"]]
+    vals = [start]
+    steps = []
+    for op, k in ops:
+        c = _noisy(rng, vals[-1], op, k, kn)
+        steps.append(_fmt(vals[-1], op, k, c))
+        vals.append(c)
+    parts = [(" " + ". ".join(steps) + ".", str(vals[-1]))]
+    n_wait = rng.choices(kn.wait_counts, weights=kn.wait_weights)[0]
+    for _ in range(n_wait):
+        i = rng.randrange(len(ops))
+        op, k = ops[i]
+        a, old = vals[i], vals[i + 1]
+        new = _recheck(rng, a, op, k, old, kn)
+        if new == old:
+            parts.append((f" {DELIMITER}, {_fmt(a, op, k, old)} ok.", str(vals[-1])))
+            continue
+        redo = []
+        vals[i + 1] = new
+        for j in range(i + 1, len(ops)):
+            op2, k2 = ops[j]
+            vals[j + 1] = _noisy(rng, vals[j], op2, k2, kn)
+            redo.append(_fmt(vals[j], op2, k2, vals[j + 1]))
+        seg = f" {DELIMITER}, {_fmt(a, op, k, old)} no, {new}."
+        if redo:
+            seg += " " + ". ".join(redo) + "."
+        parts.append((seg, str(vals[-1])))
+    return parts
+
+
+def final_answer_line(answer: str) -> str:
+    return f"\n{ELICITATION_PROMPT}{{{answer}}}"
+
+
+def make_trace(problem: Problem, rng: random.Random, **knobs) -> str:
+    """One sampled training trace (the continuation of :func:`format_prompt`), ending with the boxed final answer."""
+    parts = make_trace_parts(problem, rng, **knobs)
+    return "".join(s for s, _ in parts) + final_answer_line(parts[-1][1])
+
+
+def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> tuple[str, str, str]:
+    """A trace cut right after a random ``Wait`` (or, rarely, after a step), for training elicitation.
+
+    Returns ``(prefix, elicitation, answer)``: the LM is trained on ``prefix`` (as trace text) and on ``answer`` +
+    EOS after ``elicitation``, never on emitting ``elicitation`` itself (so mid-trace it does not stop by itself)."""
+    parts = make_trace_parts(problem, rng, **knobs)
+    sep = rng.choice(["", "", " ", "\n"])
+    if len(parts) > 1 and rng.random() < 0.85:
+        j = rng.randrange(1, len(parts))  # cut right after the delimiter of segment j
+        prefix = "".join(s for s, _ in parts[:j]) + " " + DELIMITER
+        answer = parts[j - 1][1]
+    else:
+        j = rng.randrange(1, len(parts) + 1)  # cut at the end of a segment
+        prefix = "".join(s for s, _ in parts[:j])
+        answer = parts[j - 1][1]
+    return prefix, sep + ELICITATION_PROMPT, "{" + answer + "}"
+
+
+GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors", "templates")

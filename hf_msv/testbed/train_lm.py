@@ -1,0 +1,254 @@
+"""Train the testbed reasoning LM from scratch on CPU (a few minutes to ~half an hour on 2 cores).
+
+    python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm --threads 1 --log-every 25 --eval-every 300
+
+reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; ~25-45 min on a busy 2-core CPU, where one torch thread
+is faster than two; other thread counts give numerically slightly different, equally good models). The model is a plain ``LlamaForCausalLM`` with the
+character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads with ``AutoModelForCausalLM`` /
+``AutoTokenizer`` and no remote code.
+
+Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces
+(:func:`hf_msv.testbed.task.make_trace`); a fraction ``elicit_frac`` of the examples are traces cut right after a
+``Wait`` and followed by ``### Final Answer ### \\boxed{current answer}`` + EOS. The loss skips the question and the
+elicitation prompt itself (so the LM answers an elicitation but never emits one mid-trace on its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from .task import TaskKnobs, format_prompt, generate_problems, make_elicitation_example, make_trace
+from .tokenizer import build_tokenizer
+
+DEFAULTS = dict(  # the shipped checkpoint: hf_msv/testbed/lm/training_log.json records the exact run
+    steps=1800,
+    seed=0,
+    batch_size=32,
+    lr=2e-3,
+    warmup=80,
+    weight_decay=0.05,
+    d_model=128,
+    n_layers=4,
+    n_heads=4,
+    ffn_mult=3,
+    elicit_frac=0.25,
+)
+from .task import GEN_KNOBS as _GEN_KNOBS  # noqa: E402
+
+
+def build_model(vocab_size: int, tokenizer, d_model: int, n_layers: int, n_heads: int, ffn_mult: int, max_len=512):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=d_model,
+        intermediate_size=ffn_mult * d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_heads,
+        max_position_embeddings=max_len,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+class TraceStream:
+    """Endless seeded stream of tokenized training examples (input ids, labels)."""
+
+    def __init__(self, tokenizer, seed: int, elicit_frac: float, knobs: dict | None = None, pool: int = 20000):
+        self.tok = tokenizer
+        self.knobs = dict(knobs or {})
+        self.rng = random.Random(seed)
+        gen = {k: v for k, v in self.knobs.items() if k in _GEN_KNOBS}
+        # A large pool of distinct train problems, re-worded and re-traced every time one is drawn.
+        self.problems = generate_problems("train", pool, seed=seed, **gen)
+        self.elicit_frac = elicit_frac
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False).input_ids
+
+    def example(self) -> tuple[list[int], list[int]]:
+        p = self.rng.choice(self.problems)
+        prompt = [self.tok.bos_token_id] + self._ids(format_prompt(p))
+        if self.rng.random() < self.elicit_frac:
+            prefix, elicit, answer = make_elicitation_example(p, self.rng, **self.knobs)
+            a, b, c = self._ids(prefix), self._ids(elicit), self._ids(answer) + [self.tok.eos_token_id]
+            ids = prompt + a + b + c
+            labels = [-100] * len(prompt) + a + [-100] * len(b) + c
+        else:
+            t = self._ids(make_trace(p, self.rng, **self.knobs)) + [self.tok.eos_token_id]
+            ids = prompt + t
+            labels = [-100] * len(prompt) + t
+        return ids, labels
+
+    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``n`` examples, right-padded; examples are drawn in chunks of 8 batches sorted by length (less padding)."""
+        if not getattr(self, "_buf", None):
+            exs = sorted((self.example() for _ in range(8 * n)), key=lambda e: len(e[0]))
+            self._buf = [exs[i : i + n] for i in range(0, len(exs), n)]
+            self.rng.shuffle(self._buf)
+        exs = self._buf.pop()
+        L = max(len(i) for i, _ in exs)
+        ids = torch.full((n, L), self.tok.pad_token_id, dtype=torch.long)
+        lab = torch.full((n, L), -100, dtype=torch.long)
+        att = torch.zeros((n, L), dtype=torch.long)
+        for r, (i, l) in enumerate(exs):
+            ids[r, : len(i)] = torch.tensor(i)
+            lab[r, : len(l)] = torch.tensor(l)
+            att[r, : len(i)] = 1
+        return ids, lab, att
+
+
+def _box(text: str) -> str | None:
+    i = text.rfind("\\boxed{")
+    if i < 0:
+        return None
+    j = text.find("}", i)
+    return text[i + 7 : j] if j > i + 7 else None
+
+
+@torch.no_grad()
+def _sample_accuracy(model, tokenizer, problems, max_new_tokens: int) -> float:
+    model.eval()
+    enc = tokenizer([format_prompt(p) for p in problems], return_tensors="pt", padding=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.generate(
+            **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        )
+    texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+    model.train()
+    return sum(_box(t) == p.gold for t, p in zip(texts, problems)) / len(problems)
+
+
+def _save(model, tok, out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.use_cache = True
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def train_testbed_lm(
+    output_dir: str | os.PathLike,
+    steps: int = DEFAULTS["steps"],
+    seed: int = DEFAULTS["seed"],
+    batch_size: int = DEFAULTS["batch_size"],
+    lr: float = DEFAULTS["lr"],
+    warmup: int = DEFAULTS["warmup"],
+    weight_decay: float = DEFAULTS["weight_decay"],
+    d_model: int = DEFAULTS["d_model"],
+    n_layers: int = DEFAULTS["n_layers"],
+    n_heads: int = DEFAULTS["n_heads"],
+    ffn_mult: int = DEFAULTS["ffn_mult"],
+    elicit_frac: float = DEFAULTS["elicit_frac"],
+    knobs: dict | None = None,
+    bf16: bool = True,
+    eval_every: int = 0,
+    save_every: int = 0,
+    log_every: int = 50,
+    num_threads: int | None = None,
+    log=print,
+):
+    """Train the testbed LM from scratch and save model + tokenizer (safetensors) to ``output_dir``.
+
+    Returns a dict of training stats (wall time, parameters, final loss, ...), also written to
+    ``output_dir/training_log.json``.
+    """
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    knobs = dict(knobs or {})
+    TaskKnobs(**knobs)  # validate
+    tok = build_tokenizer()
+    model = build_model(len(tok), tok, d_model, n_layers, n_heads, ffn_mult)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"testbed LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
+    stream = TraceStream(tok, seed, elicit_frac, knobs)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.98), eps=1e-8,
+    )
+
+    def lr_at(s):
+        if s < warmup:
+            return lr * (s + 1) / warmup
+        return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup))))
+
+    gen_knobs = {k: v for k, v in knobs.items() if k in _GEN_KNOBS}
+    history, t0, ema = [], time.time(), None
+    model.train()
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        ids, lab, att = stream.batch(batch_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            # right padding + causal attention: pads never influence real positions, no mask needed (faster)
+            loss = model(input_ids=ids, labels=lab).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            rec = {"step": step + 1, "loss": round(ema, 4), "lr": lr_at(step), "elapsed_s": round(time.time() - t0, 1)}
+            if eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
+                rec["val_acc_t1"] = _sample_accuracy(
+                    model, tok, generate_problems("validation", 64, seed=seed, **gen_knobs), 200
+                )
+            history.append(rec)
+            log(json.dumps(rec))
+        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            _save(model, tok, Path(output_dir) / "checkpoints" / f"step-{step + 1}")
+    wall = time.time() - t0
+    out = Path(output_dir)
+    _save(model, tok, out)
+    stats = {
+        "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "d_model": d_model, "n_layers": n_layers,
+        "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs, "bf16": bf16,
+        "parameters": n_params, "wall_time_s": round(wall, 1), "final_loss": round(ema, 4),
+        "torch_threads": torch.get_num_threads(), "history": history,
+    }
+    (out / "training_log.json").write_text(json.dumps(stats, indent=1))
+    return stats
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--output-dir", required=True)
+    for k, v in DEFAULTS.items():
+        ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
+    ap.add_argument("--knobs", default="{}", help="JSON dict of TaskKnobs overrides")
+    ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--eval-every", type=int, default=0, help="sample-accuracy check on 64 validation problems")
+    ap.add_argument("--save-every", type=int, default=0, help="also save <output-dir>/checkpoints/step-N")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    kw = {k: getattr(a, k) for k in DEFAULTS}
+    stats = train_testbed_lm(
+        a.output_dir, knobs=json.loads(a.knobs), bf16=not a.no_bf16, eval_every=a.eval_every, save_every=a.save_every,
+        log_every=a.log_every, num_threads=a.threads, **kw,
+    )
+    print(json.dumps({k: v for k, v in stats.items() if k != "history"}))
+
+
+if __name__ == "__main__":
+    main()

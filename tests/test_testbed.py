@@ -1,0 +1,136 @@
+"""The testbed: task generator, tokenizer, shipped LM, training smoke test."""
+
+import random
+
+import pytest
+import torch
+
+from hf_msv.problems import Problem
+from hf_msv.testbed import (
+    DELIMITER,
+    ELICITATION_PROMPT,
+    SPLITS,
+    TESTBED_LM_DIR,
+    format_prompt,
+    generate_problems,
+    load_testbed_lm,
+    make_elicitation_example,
+    make_trace,
+    split_of,
+)
+from hf_msv.testbed.task import apply_op
+from hf_msv.testbed.tokenizer import build_tokenizer
+
+
+def _texts(n=200):
+    rng = random.Random(0)
+    for split in SPLITS:
+        for templates in ("natural", "symbolic"):
+            for p in generate_problems(split, n, seed=3, templates=templates):
+                yield format_prompt(p)
+                yield make_trace(p, rng)
+                yield "".join(make_elicitation_example(p, rng))
+
+
+def test_tokenizer_round_trips_everything_the_generator_emits():
+    tok = build_tokenizer()
+    chars = set()
+    for text in _texts():
+        chars |= set(text)
+        ids = tok(text, add_special_tokens=False).input_ids
+        assert tok.unk_token_id not in ids
+        assert tok.decode(ids) == text
+    assert chars <= set(tok.get_vocab()) | {" "}
+    assert " " in tok.get_vocab()
+    # the delimiter is one matchable token; encoding prepends BOS
+    wait = tok.convert_tokens_to_ids(DELIMITER)
+    ids = tok("A: 1+2=3. Wait, 1+2=3 ok.").input_ids
+    assert ids[0] == tok.bos_token_id and ids.count(wait) == 1
+    assert {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id} == {1, 2, 0}
+
+
+def test_splits_are_disjoint_and_deterministic():
+    canon = {}
+    for split in SPLITS:
+        ps = generate_problems(split, 1000, seed=0)
+        assert len(ps) == 1000 and all(isinstance(p, Problem) for p in ps)
+        c = {p.meta["canonical"] for p in ps}
+        assert len(c) == 1000  # distinct within a split
+        assert all(split_of(x) == split for x in c)
+        canon[split] = c
+        # other seeds and wordings stay in the split
+        assert all(split_of(p.meta["canonical"]) == split for p in generate_problems(split, 200, seed=7))
+    assert not canon["train"] & canon["validation"]
+    assert not canon["train"] & canon["evaluation"]
+    assert not canon["validation"] & canon["evaluation"]
+    assert generate_problems("evaluation", 50, seed=1) == generate_problems("evaluation", 50, seed=1)
+    assert generate_problems("evaluation", 50, seed=1) != generate_problems("evaluation", 50, seed=2)
+    with pytest.raises(ValueError):
+        generate_problems("test", 1)
+
+
+def test_gold_answers_and_knobs():
+    for p in generate_problems("train", 300, seed=0, min_steps=3, max_steps=3, max_operand=9):
+        v = p.meta["start"]
+        assert len(p.meta["ops"]) == 3
+        for op, k in p.meta["ops"]:
+            assert op != "+" and op != "-" or 1 <= k <= 9
+            v = apply_op(v, op, k)
+            assert 0 <= v <= 99
+        assert p.gold == str(v)
+    sym = generate_problems("train", 5, seed=0, templates="symbolic", ops="+-")
+    assert all(p.question.startswith("Start at") and "*" not in p.meta["canonical"] for p in sym)
+
+
+def test_traces_have_waits_and_a_final_box():
+    rng = random.Random(0)
+    ps = generate_problems("train", 300, seed=0)
+    traces = [make_trace(p, rng) for p in ps]
+    assert all(t.count(ELICITATION_PROMPT + "{") == 1 and t.endswith("}") for t in traces)
+    assert sum(DELIMITER in t for t in traces) == len(traces)
+    n_right = sum(t.endswith("{" + p.gold + "}") for t, p in zip(traces, ps))
+    assert 0.3 * len(ps) < n_right < 0.9 * len(ps)  # noisy solver: a mix of correct and wrong answers
+    prefix, elicit, answer = make_elicitation_example(ps[0], rng)
+    assert elicit.endswith(ELICITATION_PROMPT) and answer.startswith("{") and answer.endswith("}")
+
+
+@pytest.mark.skipif(not (TESTBED_LM_DIR / "config.json").exists(), reason="no shipped checkpoint")
+def test_shipped_checkpoint_loads_with_auto_classes_and_generates():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TESTBED_LM_DIR)
+    model = AutoModelForCausalLM.from_pretrained(TESTBED_LM_DIR)
+    assert model.config.model_type == "llama"
+    assert sum(f.stat().st_size for f in TESTBED_LM_DIR.glob("*.safetensors")) <= 20 * 2**20
+    model2, tok2 = load_testbed_lm()
+    assert not model2.training and len(tok2) == len(tok)
+    p = generate_problems("evaluation", 2, seed=0)
+    enc = tok([format_prompt(x) for x in p], return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=320,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    assert any(ELICITATION_PROMPT + "{" in t for t in texts)
+    # elicitation right after a Wait yields a closed box
+    prefix = format_prompt(p[0]) + " 1+1=2. " + DELIMITER + ELICITATION_PROMPT
+    enc = tok(prefix, return_tensors="pt")
+    out = model.generate(**enc, do_sample=False, max_new_tokens=40, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id)
+    cont = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    assert cont.startswith("{") and "}" in cont
+
+
+def test_training_smoke(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_msv.testbed.train_lm import train_testbed_lm
+
+    stats = train_testbed_lm(tmp_path, steps=3, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
+                             log_every=1, log=lambda *_: None)
+    assert stats["steps"] == 3 and stats["parameters"] > 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    out = model.generate(**tok(["Q: 1\nA:"], return_tensors="pt"), max_new_tokens=5, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
+    assert out.shape[1] > 0
+    assert (tmp_path / "model.safetensors").exists()
