@@ -20,12 +20,15 @@ from .modeling_msv import (
     compute_gamma,
     split_into_groups,
 )
+from .modeling_probe import ProbeConfig, ProbeVerifier
 from .problems import Problem, load_benchmark
 
 __version__ = "0.1.0"
 
 AutoConfig.register("msv", MSVConfig, exist_ok=True)
 AutoModel.register(MSVConfig, MSVVerifier, exist_ok=True)
+AutoConfig.register("msv_probe", ProbeConfig, exist_ok=True)
+AutoModel.register(ProbeConfig, ProbeVerifier, exist_ok=True)
 # Saved verifiers carry their own code and an auto_map, so the Hub copy loads with trust_remote_code=True
 # for users who don't have hf_msv installed.
 MSVConfig.register_for_auto_class()
@@ -35,8 +38,9 @@ MSVVerifier.register_for_auto_class("AutoModel")
 def __getattr__(name):
     # Collection and training pull in accelerate and safetensors readers; import them on first use.
     lazy = {"collect": "collect", "ShardDataset": "shards", "collate_groups": "shards",
-            "MSVTrainingConfig": "training", "train_verifier": "training", "ProbeConfig": "training",
-            "ProbeVerifier": "training", "push_verifier_to_hub": "hub", "build_model_card": "hub",
+            "MSVTrainingConfig": "training", "train_verifier": "training", "evaluate_verifier": "training",
+            "read_shard": "shards", "write_shard": "shards", "CollectedProblem": "shards",
+            "load_problems": "collect", "push_verifier_to_hub": "hub", "build_model_card": "hub",
             "save_verifier": "hub"}
     if name in lazy:
         import importlib
@@ -62,6 +66,7 @@ __all__ = [
     "Problem",
     "ProbeConfig",
     "ProbeVerifier",
+    "CollectedProblem",
     "ShardDataset",
     "Verdict",
     "assign_classes",
@@ -79,7 +84,11 @@ __all__ = [
     "load_benchmark",
     "msv_generate",
     "prepare_generation",
+    "evaluate_verifier",
+    "load_problems",
     "push_verifier_to_hub",
+    "read_shard",
+    "write_shard",
     "save_verifier",
     "split_into_groups",
     "train_verifier",

@@ -1,0 +1,99 @@
+"""The Probe baseline (Zhang et al., 2025) as a transformers model: a 2-layer MLP on an answer's last-token state.
+
+Imports only torch and transformers, like `modeling_msv`, so it is registered with the Auto classes cheaply.
+"""
+
+from __future__ import annotations
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from torch.nn import functional as F
+from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.activations import ACT2FN
+
+from .modeling_msv import MSVOutput
+
+
+@strict
+class ProbeConfig(PreTrainedConfig):
+    r"""
+    Configuration of the Probe baseline (Zhang et al., 2025): a 2-layer MLP on the hidden state of an answer's last
+    token, predicting P(correct) for each answer independently.
+
+    Args:
+        hidden_size (`int`, defaults to 1536): width of the base LM's hidden states.
+        intermediate_size (`int`, defaults to 1024): hidden width of the MLP (paper: 1024).
+        hidden_act (`str`, defaults to `"relu"`): activation between the two layers.
+        dropout (`float`, defaults to 0.0): dropout on the hidden layer.
+        mode (`str`, defaults to `"streaming"`): the answers it was trained on (`"terminal"` / `"streaming"`).
+        initializer_range (`float`, defaults to 0.02): std of the normal initialiser.
+        base_model_name_or_path, delimiters, every_k_tokens, elicitation_prompt, max_answer_tokens: how the
+            answers it reads were produced (as in `MSVConfig`).
+    """
+
+    model_type = "msv_probe"
+
+    hidden_size: int = 1536
+    intermediate_size: int = 1024
+    hidden_act: str = "relu"
+    dropout: float | int = 0.0
+    mode: str = "streaming"
+    initializer_range: float = 0.02
+    base_model_name_or_path: str | None = None
+    delimiters: list[str] | None = None
+    every_k_tokens: int | None = None
+    elicitation_prompt: str = "### Final Answer ### \\boxed"
+    max_answer_tokens: int = 40
+
+
+class ProbeVerifier(PreTrainedModel):
+    """Probe: logit = W₂ act(W₁ h_last + b₁) + b₂ on the last answer token's hidden state h_last.
+
+    Takes the same packed inputs as `MSVVerifier` (extra answer metadata is accepted and ignored), so training,
+    evaluation and generation code treat both alike::
+
+        out = probe(hidden_states, token_answer, labels=labels)   # out.logits, out.probabilities: (A,)
+    """
+
+    config: ProbeConfig
+    config_class = ProbeConfig
+    base_model_prefix = "probe"
+    main_input_name = "hidden_states"
+
+    def __init__(self, config: ProbeConfig):
+        super().__init__(config)
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.dropout = nn.Dropout(config.dropout)
+        self.head = nn.Linear(config.intermediate_size, 1)
+        self.post_init()
+
+    def forward(self, hidden_states: torch.Tensor, token_answer: torch.LongTensor,
+                answer_group: torch.LongTensor | None = None, labels: torch.Tensor | None = None,
+                **kwargs) -> MSVOutput:
+        r"""
+        Args:
+            hidden_states (`(T, d)`): packed answer-token hidden states.
+            token_answer (`(T,)` long): answer index of each token; an answer's last token is its highest row.
+            answer_group (`(A,)`, *optional*): only used for the number of answers A (default: max index + 1).
+            labels (`(A,)` float, *optional*): 1 correct, 0 wrong, negative ignored; gives the mean BCE loss.
+        """
+        device = self.head.weight.device
+        token_answer = token_answer.to(device=device, dtype=torch.long)
+        num_answers = len(answer_group) if answer_group is not None else (
+            int(token_answer.max()) + 1 if len(token_answer) else 0)
+        positions = torch.arange(len(token_answer), device=device)
+        last = torch.full((num_answers,), -1, dtype=torch.long, device=device).scatter_reduce(
+            0, token_answer, positions, reduce="amax")
+        h = hidden_states.to(device=device, dtype=self.dtype)[last]
+        logits = self.head(self.dropout(self.act(self.up(h)))).squeeze(-1).float()
+        loss = None
+        if labels is not None:
+            labels = labels.to(device=device, dtype=torch.float32)
+            keep = labels >= 0
+            loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
+        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits))
+
+
+__all__ = ["ProbeConfig", "ProbeVerifier"]
