@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--problems", type=int, default=6, help="testbed evaluation problems to run")
     demo.add_argument("--question", help="your own question instead (no gold answer, so no grading)")
     demo.add_argument("-n", "--num-sequences", type=int, default=16)
-    demo.add_argument("--threshold", type=float, default=0.9, help="λ: stop once the best answer's score reaches it")
+    demo.add_argument("--threshold", type=float, default=0.6, help="λ: stop once the best answer's score reaches it")
     demo.add_argument("--max-new-tokens", type=int, default=400)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--model", help="a local or Hub causal LM instead of the embedded testbed LM")

@@ -67,7 +67,7 @@ def run_demo(
     num_problems: int = 6,
     question: str | None = None,
     num_sequences: int = 16,
-    threshold: float = 0.9,
+    threshold: float = 0.6,
     max_new_tokens: int = 400,
     seed: int = 0,
     model=None,
@@ -127,14 +127,14 @@ def _mark(value: bool | None) -> str:
 
 def print_table(rows: list[DemoRow], num_sequences: int, threshold: float) -> None:
     print(f"\nMSV early stopping, N={num_sequences} parallel samples, λ={threshold}")
-    header = f"{'problem':<16} {'gold':>8} {'chosen':>8} {'conf':>5} {'ok':>4} {'1st':>6} {'ok':>4} " \
+    header = f"{'problem':<30} {'gold':>8} {'chosen':>8} {'conf':>5} {'ok':>4} {'1st':>6} {'ok':>4} " \
              f"{'tokens':>13} {'saved':>6} {'time':>6}"
     print(header)
     print("-" * len(header))
     for r in rows:
         conf = f"{r.confidence:.2f}" if r.confidence is not None else "-"
         saved = 1 - r.tokens_used / max(r.tokens_full, 1)
-        print(f"{r.problem.id:<16} {r.problem.gold or '?':>8} {str(r.chosen):>8} {conf:>5} {_mark(r.correct):>4} "
+        print(f"{r.problem.id:<30} {r.problem.gold or '?':>8} {str(r.chosen):>8} {conf:>5} {_mark(r.correct):>4} "
               f"{str(r.first_sample):>6} {_mark(r.first_sample_correct):>4} "
               f"{r.tokens_used:>6}/{r.tokens_full:<6} {saved:>6.0%} {r.seconds:>5.1f}s")
     graded = [r for r in rows if r.correct is not None]

@@ -1,0 +1,156 @@
+"""MSV verifier configuration.
+
+This file imports only `transformers` (and `huggingface_hub`, which transformers depends on) so that a verifier
+pushed to the Hub loads with ``trust_remote_code=True`` for users who do not have hf_msv installed.
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+MASK_NAMES = ("full", "within_sequence", "equivalence", "within_answer")
+MODES = ("terminal", "streaming")
+READOUTS = ("last", "mean")
+ATTENTION_BACKENDS = ("chunked", "dense")
+
+
+@strict
+class MSVConfig(PreTrainedConfig):
+    r"""
+    Configuration of a Multi-Sequence Verifier (MSV, "Calibrated and Efficient Parallel Test-Time Scaling with
+    Multi-Sequence Verifiers"). An MSV reads the last-layer hidden states of the answer tokens of N parallel
+    samples and predicts, for every answer, the probability that it is correct.
+
+    Args:
+        hidden_size (`int`, defaults to 1536):
+            Width of the answer-token hidden states. Must equal the hidden size of the base LM the verifier reads
+            (1536 for DeepSeek-R1-Distill-Qwen-1.5B).
+        num_attention_heads (`int`, defaults to 12):
+            Attention heads of each Multi-Mask Transformer Block (the paper follows the base LM).
+        intermediate_size (`int`, *optional*):
+            Width of the block's MLP. Defaults to `4 * hidden_size`.
+        num_hidden_layers (`int`, defaults to 1):
+            Number of Multi-Mask Transformer Blocks. The paper uses one.
+        masks (`list[str]`, *optional*):
+            Attention masks mixed in every block, any non-empty subset of `"full"`, `"within_sequence"`,
+            `"equivalence"`, `"within_answer"`. Defaults to all four; ablations are a config change. In terminal
+            mode `within_answer` equals `within_sequence` (one answer per sequence), so it is dropped from
+            `effective_masks` when both are present.
+        mode (`str`, defaults to `"streaming"`):
+            `"terminal"`: one answer per sequence, read after decoding ends. `"streaming"`: intermediate answers
+            elicited at delimiters; an answer may attend only to answers that ended no later than itself
+            (end = τ + L), which also makes online KV-cached scoring exact.
+        logit_averaging (`bool`, *optional*):
+            Average logits over each equivalence class (eq. 1 of the paper). Defaults to on for terminal, off for
+            streaming (where the average is taken causally over earlier equivalent answers, the paper's ablation).
+        readout (`str`, defaults to `"last"`):
+            `"last"`: the block output at each answer's last token. `"mean"`: the mean over the answer's tokens
+            (appendix "MSV with Mean Across Answer Tokens").
+        num_sequences (`int`, defaults to 64):
+            N, the size of the learnable per-sequence embedding table e⁽ⁿ⁾. Groups of more sequences are split into
+            groups of at most `num_sequences` (appendix "Scaling with MSV_M for Large N").
+        gamma_hidden_size (`int`, defaults to 64):
+            Width of the MLP that embeds the agreement feature γ ∈ [0, 1].
+        hidden_act (`str`, defaults to `"gelu"`):
+            Activation of the block MLP and the γ MLP.
+        layer_norm_eps (`float`, defaults to 1e-5):
+            Epsilon of the pre-MLP LayerNorm.
+        attention_dropout (`float`, defaults to 0.0):
+            Dropout on the mixed attention output.
+        initializer_range (`float`, defaults to 0.02):
+            Std of the normal initialiser.
+        attention_backend (`str`, defaults to `"chunked"`):
+            `"chunked"`: memory-bounded attention that never materialises a (T, T) tensor. `"dense"`: the simple
+            reference with explicit (T, T) masks, used by tests to check the chunked path.
+        attention_chunk_elements (`int`, defaults to 2**25):
+            Upper bound on heads × query rows × key columns held at once by the chunked backend.
+        base_model_name_or_path (`str`, *optional*):
+            The base LM this verifier was trained on (Hub id or local path).
+        base_model_revision (`str`, *optional*):
+            Revision (commit) of the base LM.
+        delimiters (`list[str]`, *optional*):
+            Delimiters at which intermediate answers were elicited during training (paper: `["Wait"]`).
+        every_k_tokens (`int`, *optional*):
+            Delimiter-free elicitation every K tokens, if used instead of text delimiters.
+        elicitation_prompt (`str`, defaults to `"### Final Answer ### \\boxed"`):
+            Text appended to a sequence to elicit its current answer.
+        max_answer_tokens (`int`, defaults to 40):
+            Cap on elicited answer tokens.
+
+    Example:
+
+    ```python
+    >>> from hf_msv import MSVConfig, MSVVerifier
+    >>> config = MSVConfig(hidden_size=576, num_attention_heads=9, num_sequences=16, mode="terminal")
+    >>> verifier = MSVVerifier(config)
+    ```"""
+
+    model_type = "msv"
+
+    hidden_size: int = 1536
+    num_attention_heads: int = 12
+    intermediate_size: int | None = None
+    num_hidden_layers: int = 1
+    masks: list[str] | None = None
+    mode: str = "streaming"
+    logit_averaging: bool | None = None
+    readout: str = "last"
+    num_sequences: int = 64
+    gamma_hidden_size: int = 64
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-5
+    attention_dropout: float | int = 0.0
+    initializer_range: float = 0.02
+    attention_backend: str = "chunked"
+    attention_chunk_elements: int = 2**25
+    base_model_name_or_path: str | None = None
+    base_model_revision: str | None = None
+    delimiters: list[str] | None = None
+    every_k_tokens: int | None = None
+    elicitation_prompt: str = "### Final Answer ### \\boxed"
+    max_answer_tokens: int = 40
+
+    def __post_init__(self, **kwargs):
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if self.masks is None:
+            self.masks = list(MASK_NAMES)
+        self.masks = list(self.masks)
+        if self.logit_averaging is None:
+            self.logit_averaging = self.mode == "terminal"
+        super().__post_init__(**kwargs)
+
+    @property
+    def effective_masks(self) -> list[str]:
+        """The masks actually computed: `masks` minus `within_answer` when it duplicates `within_sequence`."""
+        if self.mode == "terminal" and "within_sequence" in self.masks and "within_answer" in self.masks:
+            return [m for m in self.masks if m != "within_answer"]
+        return list(self.masks)
+
+    @property
+    def streaming(self) -> bool:
+        return self.mode == "streaming"
+
+    def validate_architecture(self):
+        """Part of `@strict` validation: every name and shape is checked when the config is built or loaded."""
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) is not a multiple of num_attention_heads "
+                f"({self.num_attention_heads})."
+            )
+        unknown = [m for m in self.masks if m not in MASK_NAMES]
+        if unknown:
+            raise ValueError(f"Unknown MSV mask name(s) {unknown}; valid names are {list(MASK_NAMES)}.")
+        if not self.masks or len(set(self.masks)) != len(self.masks):
+            raise ValueError(f"masks must be a non-empty list without repeats, got {self.masks}.")
+        for name, value, allowed in (
+            ("mode", self.mode, MODES),
+            ("readout", self.readout, READOUTS),
+            ("attention_backend", self.attention_backend, ATTENTION_BACKENDS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"Unknown {name} {value!r}; valid values are {list(allowed)}.")
+        if self.num_sequences < 1 or self.num_hidden_layers < 1:
+            raise ValueError("num_sequences and num_hidden_layers must be at least 1.")
+
+
+__all__ = ["MSVConfig", "MASK_NAMES"]

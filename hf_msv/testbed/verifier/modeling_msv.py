@@ -1,0 +1,639 @@
+"""Multi-Sequence Verifier (MSV) as a transformers model.
+
+Reads top-down: packed inputs and γ → masks → multi-mask attention (dense reference, chunked fast path) → the
+Multi-Mask Transformer Block → the online cache → `MSVVerifier`.
+
+Inputs are *packed*: the answer tokens of every answer of every group are concatenated along one axis of length T
+(no padding, no separators), with answer-level metadata of length A. Attention never crosses groups, so one call can
+score many groups (a training batch, or B prompts × N samples during generation).
+
+This file imports only torch and transformers so that it can travel to the Hub as remote code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from safetensors import SafetensorError
+from torch.nn import functional as F
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.utils import ModelOutput
+
+from .configuration_msv import MSVConfig
+
+# Rows of the (5, T) token-metadata tensor. One stacked tensor keeps slicing and concatenation in one op.
+GROUP, SEQUENCE, ANSWER, CLASS, END = range(5)
+
+
+@dataclass
+class MSVOutput(ModelOutput):
+    """
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*): mean BCE over labelled answers.
+        logits (`torch.FloatTensor` of shape `(A,)`): one logit per answer (after logit averaging if enabled).
+        probabilities (`torch.FloatTensor` of shape `(A,)`): `sigmoid(logits)`, the predicted P(correct).
+        gamma (`torch.FloatTensor` of shape `(A,)`): the agreement feature used.
+        past_key_values (`MSVCache`, *optional*): the online cache, updated in place.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    probabilities: torch.FloatTensor | None = None
+    gamma: torch.FloatTensor | None = None
+    past_key_values: "MSVCache | None" = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Answer-level features: γ, logit averaging, grouping
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _padded_by_group(answer_group: torch.Tensor, rows: torch.Tensor | None):
+    """Lay answers out as (G, n_max) so per-group features vectorise across groups.
+
+    Returns `slot (A,)` (position of each answer in its group), `index (G, n_max)` (answer at each slot, -1 for
+    padding), and for the rows to compute: their group and slot.
+    """
+    _, group_of = torch.unique(answer_group, return_inverse=True)
+    order = torch.argsort(group_of, stable=True)
+    counts = torch.bincount(group_of)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(group_of)
+    slot[order] = torch.arange(len(order), device=order.device) - starts[group_of[order]]
+    index = torch.full((len(counts), int(counts.max())), -1, dtype=torch.long, device=order.device)
+    index[group_of, slot] = torch.arange(len(group_of), device=order.device)
+    rows = torch.arange(len(answer_group), device=order.device) if rows is None else rows
+    return index, group_of[rows], slot[rows], rows
+
+
+def compute_gamma(
+    answer_group: torch.Tensor,
+    answer_sequence: torch.Tensor,
+    answer_step: torch.Tensor,
+    answer_end: torch.Tensor,
+    answer_class: torch.Tensor,
+    streaming: bool,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The agreement feature γ of the paper (Algorithm 1).
+
+    For answer a: among the sequences S that have completed an answer by a's end time (terminal: all sequences),
+    the fraction whose latest completed answer (largest step) is equivalent to a.
+
+    Args: all `(A,)` long tensors; `rows` optionally restricts the computation to some answers (online scoring).
+    Returns: `(len(rows),)` float tensor (or `(A,)`).
+    """
+    if len(answer_group) == 0:
+        return torch.zeros(0, device=answer_group.device)
+    index, row_group, _, rows = _padded_by_group(answer_group, rows)
+    members = index[row_group]  # (R, n): the answers of each row's group
+    valid = members >= 0
+    safe = members.clamp(min=0)
+    n = members.shape[1]
+    done = valid & (answer_end[safe] <= answer_end[rows, None]) if streaming else valid
+    # Latest completed answer of each sequence: maximise step, break ties by slot, in one integer key.
+    key = torch.where(done, answer_step[safe] * n + torch.arange(n, device=safe.device), -1)
+    latest = torch.full((len(rows), int(answer_sequence.max()) + 1), -1, dtype=torch.long, device=safe.device)
+    latest = latest.scatter_reduce(1, answer_sequence[safe], key, reduce="amax")
+    present = latest >= 0
+    latest_answer = members.gather(1, latest.clamp(min=0) % n)
+    agree = present & (answer_class[latest_answer.clamp(min=0)] == answer_class[rows, None])
+    return agree.sum(1).float() / present.sum(1).clamp(min=1).float()
+
+
+def average_logits(
+    logits: torch.Tensor,
+    answer_group: torch.Tensor,
+    answer_end: torch.Tensor,
+    answer_class: torch.Tensor,
+    streaming: bool,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Eq. 1 of the paper: average each answer's logit over its equivalence class in its group.
+
+    Streaming averages only over equivalent answers that ended no later (the paper's causal ablation).
+    Returns `(len(rows),)` (or `(A,)`).
+    """
+    if len(logits) == 0:
+        return logits
+    index, row_group, _, rows = _padded_by_group(answer_group, rows)
+    members = index[row_group]
+    safe = members.clamp(min=0)
+    same = (members >= 0) & (answer_class[safe] == answer_class[rows, None])
+    if streaming:
+        same &= answer_end[safe] <= answer_end[rows, None]
+    weights = same.to(logits.dtype)
+    return (weights * logits[safe]).sum(1) / weights.sum(1)
+
+
+def split_into_groups(
+    answer_group: torch.Tensor, answer_sequence: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partition each group's sequences into sub-groups of `group_size` (appendix "Scaling with MSV_M").
+
+    Sequence n of group g goes to sub-group `g * ceil(S / M) + n // M` as sequence `n % M`, so an MSV_M scores
+    N > M samples with O(M·N) instead of O(N²) attention. Returns `(new_group, new_sequence)`.
+    """
+    per_group = -(-(int(answer_sequence.max()) + 1) // group_size) if len(answer_sequence) else 1
+    return answer_group * per_group + answer_sequence // group_size, answer_sequence % group_size
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Masks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_masks(mask_names: list[str], q_meta: torch.Tensor, k_meta: torch.Tensor, streaming: bool) -> torch.Tensor:
+    """Which key token each query token may attend to, under each mask.
+
+    Args:
+        q_meta: `(5, Q)` long token metadata (group, sequence, answer, class, end) of the queries.
+        k_meta: `(5, K)` the same for the keys.
+    Returns:
+        `(J, Q, K)` bool. Every mask is restricted to the query's group and, in streaming mode, to keys whose
+        answer ended no later than the query's (τ + L causality). A token always sees itself, so no row is empty.
+    """
+
+    def same(row):
+        return q_meta[row, :, None] == k_meta[row, None, :]
+
+    allowed = same(GROUP)
+    if streaming:
+        allowed = allowed & (q_meta[END, :, None] >= k_meta[END, None, :])
+    by_name = {"full": lambda: allowed, "within_sequence": lambda: allowed & same(SEQUENCE),
+               "equivalence": lambda: allowed & same(CLASS), "within_answer": lambda: allowed & same(ANSWER)}
+    return torch.stack([by_name[name]() for name in mask_names])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Multi-mask attention
+#
+# The paper's A_{h,j} = softmax(Q_h K_h^T / √d + log M_j) V_h mixed as Σ_j α_{h,j} A_{h,j}. Because the mixture is
+# linear, Σ_j α_j P_j V = (Σ_j α_j P_j) V: scores and the value product are computed once per head, not once per mask.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _mixed_probabilities(scores: torch.Tensor, masks: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """`scores (H, Q, K)` float32, `masks (J, Q, K)`, `alpha (H, J)` → Σ_j α_j softmax_j(scores), `(H, Q, K)`."""
+    mixed = torch.zeros_like(scores)
+    for j in range(masks.shape[0]):
+        mixed += alpha[:, j, None, None] * scores.masked_fill(~masks[j], float("-inf")).softmax(-1)
+    return mixed
+
+
+def dense_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, mask_names, streaming):
+    """Reference implementation with explicit (J, Q, K) masks; O(Q·K) memory. Shapes: q `(H, Q, D)`, k/v
+    `(H, K, D)`, alpha `(H, J)` → `(H, Q, D)`."""
+    scores = (q @ k.transpose(1, 2)).float() / math.sqrt(q.shape[-1])
+    masks = build_masks(mask_names, q_meta, k_meta, streaming)
+    return (_mixed_probabilities(scores, masks, alpha.float()).to(v.dtype)) @ v
+
+
+def _plan_chunks(key_lo: list[int], key_hi: list[int], heads: int, budget: int):
+    """Split queries into chunks [i, j) with key window [lo, hi).
+
+    A chunk grows while heads·rows·window stays within `budget` and the window stays within about twice the keys
+    its queries actually need, so packed batches of many small groups stay block-diagonal instead of quadratic.
+    """
+    chunks, i, total = [], 0, len(key_lo)
+    while i < total:
+        lo, hi, needed, j = key_lo[i], key_hi[i], key_hi[i] - key_lo[i], i + 1
+        while j < total:
+            new_hi = max(hi, key_hi[j])
+            area = (j + 1 - i) * (new_hi - lo)
+            if heads * area > budget or area > 2 * (needed + key_hi[j] - key_lo[j]) + 16384:
+                break
+            hi, needed, j = new_hi, needed + key_hi[j] - key_lo[j], j + 1
+        chunks.append((i, j, lo, hi))
+        i = j
+    return chunks
+
+
+class _ChunkedMultiMaskAttention(torch.autograd.Function):
+    """Multi-mask attention over query chunks and their key windows, flash-attention style: probabilities are
+    recomputed in backward and dK/dV are accumulated in place, so memory stays O(budget + T·D) at any T."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, alpha, q_meta, k_meta, chunks, mask_names, streaming):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        out = torch.empty_like(q)
+        for i, j, lo, hi in chunks:
+            scores = (q[:, i:j] @ k[:, lo:hi].transpose(1, 2)).float() * scale
+            masks = build_masks(mask_names, q_meta[:, i:j], k_meta[:, lo:hi], streaming)
+            out[:, i:j] = _mixed_probabilities(scores, masks, alpha.float()).to(v.dtype) @ v[:, lo:hi]
+        ctx.save_for_backward(q, k, v, alpha, q_meta, k_meta)
+        ctx.chunks, ctx.mask_names, ctx.streaming = chunks, mask_names, streaming
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, alpha, q_meta, k_meta = ctx.saved_tensors
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dalpha = torch.zeros(alpha.shape, dtype=torch.float32, device=alpha.device)
+        alpha32 = alpha.float()
+        for i, j, lo, hi in ctx.chunks:
+            q_c, k_c, v_c, do_c = q[:, i:j], k[:, lo:hi], v[:, lo:hi], grad_out[:, i:j]
+            scores = (q_c @ k_c.transpose(1, 2)).float() * scale
+            masks = build_masks(ctx.mask_names, q_meta[:, i:j], k_meta[:, lo:hi], ctx.streaming)
+            grad_p = (do_c @ v_c.transpose(1, 2)).float()  # dL/dP_mix, shared by every mask
+            grad_scores = torch.zeros_like(scores)
+            mixed = torch.zeros_like(scores)
+            for m in range(masks.shape[0]):
+                p = scores.masked_fill(~masks[m], float("-inf")).softmax(-1)
+                row_dot = (grad_p * p).sum(-1, keepdim=True)
+                grad_scores += alpha32[:, m, None, None] * p * (grad_p - row_dot)
+                dalpha[:, m] += row_dot.sum((1, 2))
+                mixed += alpha32[:, m, None, None] * p
+            dv[:, lo:hi] += mixed.to(v.dtype).transpose(1, 2) @ do_c
+            grad_scores = (grad_scores * scale).to(q.dtype)
+            dq[:, i:j] = grad_scores @ k_c
+            dk[:, lo:hi] += grad_scores.transpose(1, 2) @ q_c
+        return dq, dk, dv, dalpha.to(alpha.dtype), None, None, None, None, None
+
+
+def chunked_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, mask_names, streaming, key_lo, key_hi, budget):
+    """Memory-bounded multi-mask attention. `key_lo/key_hi` (lists of ints, one per query, non-decreasing) bound
+    the keys each query may need; masks inside the window are rebuilt per chunk from the metadata."""
+    chunks = _plan_chunks(key_lo, key_hi, q.shape[0], budget)
+    return _ChunkedMultiMaskAttention.apply(q, k, v, alpha, q_meta, k_meta, chunks, mask_names, streaming)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Multi-Mask Transformer Block
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class MSVAttention(nn.Module):
+    """Per-head attention under each mask, mixed per head by α_h = softmax(w_h) over masks.
+
+    The paper's Σ_h Σ_j α_{h,j} A_{h,j} is read, as usual for multi-head attention, as the concatenation of the
+    heads' mixed outputs followed by an output projection.
+    """
+
+    def __init__(self, config: MSVConfig):
+        super().__init__()
+        self.mask_names = config.effective_masks
+        self.streaming = config.streaming
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.backend = config.attention_backend
+        self.budget = config.attention_chunk_elements
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.mask_logits = nn.Parameter(torch.zeros(config.num_attention_heads, len(self.mask_names)))
+        self.dropout = nn.Dropout(config.attention_dropout)
+
+    def _heads(self, x):  # (T, d) -> (H, T, D)
+        return x.view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)
+
+    def forward(self, x, meta, key_lo, key_hi, cache=None, layer_idx=0, query_rows=None):
+        """x `(T, d)` sorted so that each query's keys lie in [key_lo, key_hi) → `(Q, d)`.
+
+        `query_rows` (sorted long tensor) restricts the queries: keys and values always come from every token, but
+        only the rows whose output is read need a query (the last block with last-token readout, appendix "Online
+        Inference", step 2). With `cache`, x holds only new tokens; their keys/values are appended and queries
+        attend to everything cached.
+        """
+        k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        q_in, q_meta = (x, meta) if query_rows is None else (x[query_rows], meta[:, query_rows])
+        q = self._heads(self.q_proj(q_in))
+        k_meta = meta
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)
+            k_meta = cache.token_meta
+        alpha = self.mask_logits.softmax(-1)
+        if self.backend == "dense":
+            out = dense_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming)
+        else:
+            if query_rows is not None:
+                rows = query_rows.tolist()
+                key_lo, key_hi = [key_lo[r] for r in rows], [key_hi[r] for r in rows]
+            out = chunked_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming,
+                                               key_lo, key_hi, self.budget)
+        return self.dropout(self.o_proj(out.transpose(0, 1).reshape(q_in.shape)))
+
+
+class MSVMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, out_size: int, act: str):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, intermediate_size)
+        self.act = ACT2FN[act]
+        self.down = nn.Linear(intermediate_size, out_size)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+class MSVBlock(nn.Module):
+    """Multi-Mask Transformer Block: Z = (U + Ũ) + MLP(LN(U + Ũ)), Ũ the mixed multi-mask attention of U."""
+
+    def __init__(self, config: MSVConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.attn = MSVAttention(config)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = MSVMLP(config.hidden_size, config.intermediate_size, config.hidden_size, config.hidden_act)
+
+    def forward(self, x, meta, key_lo, key_hi, cache=None, query_rows=None):
+        """`(T, d)` → `(T, d)`, or `(Q, d)` for the rows in `query_rows`."""
+        residual = x if query_rows is None else x[query_rows]
+        x = residual + self.attn(x, meta, key_lo, key_hi, cache, self.layer_idx, query_rows)
+        return x + self.mlp(self.norm(x))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Online cache
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class MSVCache:
+    """Keys/values of every answer token scored so far (per block) and the answer metadata that γ and logit
+    averaging need. Streaming causality makes cached keys/values final: a new answer never changes them, so
+    scoring it costs O(L·T_acc) instead of O(T_acc²) (appendix "Online Inference with KV Caching").
+
+    Buffers grow by doubling so appending stays amortised O(new tokens).
+    """
+
+    def __init__(self):
+        self._keys: list[torch.Tensor] = []
+        self._values: list[torch.Tensor] = []
+        self._meta: torch.Tensor | None = None  # (5, capacity)
+        self.num_tokens = 0
+        self._pending = 0
+        self.answers: dict[str, torch.Tensor] = {}  # group, sequence, step, end, class, raw_logit: (A,) each
+
+    @property
+    def num_answers(self) -> int:
+        return len(self.answers["group"]) if self.answers else 0
+
+    @property
+    def token_meta(self) -> torch.Tensor:
+        """`(5, T_acc + new)` metadata of cached and pending tokens."""
+        return self._meta[:, : self.num_tokens + self._pending]
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    @staticmethod
+    def _grow(buffer: torch.Tensor | None, needed: int, dim: int, like: torch.Tensor) -> torch.Tensor:
+        if buffer is not None and buffer.shape[dim] >= needed:
+            return buffer
+        capacity = max(needed, 2 * (buffer.shape[dim] if buffer is not None else 64))
+        shape = list(like.shape)
+        shape[dim] = capacity
+        grown = like.new_empty(shape)
+        if buffer is not None:
+            grown.narrow(dim, 0, buffer.shape[dim]).copy_(buffer)
+        return grown
+
+    def begin(self, token_meta: torch.Tensor):
+        """Stage the metadata of new tokens `(5, T_new)` before the blocks run."""
+        self._pending = token_meta.shape[1]
+        self._meta = self._grow(self._meta, self.num_tokens + self._pending, 1, token_meta)
+        self._meta[:, self.num_tokens : self.num_tokens + self._pending] = token_meta
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
+        """Append new keys/values `(H, T_new, D)` of one block; return all `(H, T_acc + T_new, D)`."""
+        if layer_idx == len(self._keys):
+            self._keys.append(None)
+            self._values.append(None)
+        end = self.num_tokens + k.shape[1]
+        self._keys[layer_idx] = self._grow(self._keys[layer_idx], end, 1, k)
+        self._values[layer_idx] = self._grow(self._values[layer_idx], end, 1, v)
+        self._keys[layer_idx][:, self.num_tokens : end] = k
+        self._values[layer_idx][:, self.num_tokens : end] = v
+        return self._keys[layer_idx][:, :end], self._values[layer_idx][:, :end]
+
+    def commit(self, answers: dict[str, torch.Tensor]):
+        """Make the staged tokens and their answers part of the cache."""
+        self.num_tokens += self._pending
+        self._pending = 0
+        self.answers = answers if not self.answers else {
+            name: torch.cat([self.answers[name], answers[name]]) for name in answers}
+
+    def rollback(self):
+        self._pending = 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class MSVPreTrainedModel(PreTrainedModel):
+    config: MSVConfig
+    config_class = MSVConfig
+    base_model_prefix = "msv"
+    main_input_name = "hidden_states"
+    _no_split_modules = ["MSVBlock"]
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, MSVAttention):
+            init.zeros_(module.mask_logits)  # start from a uniform mixture of masks
+
+
+class MSVVerifier(MSVPreTrainedModel):
+    """The Multi-Sequence Verifier: U = h + e⁽ⁿ⁾ → Multi-Mask Transformer Block(s) → readout of each answer
+    (last token or mean) + MLP(γ) → linear head → logit (averaged over equivalence classes in terminal mode).
+
+    Example:
+
+    ```python
+    >>> out = verifier(hidden_states, token_answer, answer_group, answer_sequence, answer_step, answer_end,
+    ...                answer_class)
+    >>> out.probabilities  # (A,) P(answer is correct)
+    ```
+    """
+
+    def __init__(self, config: MSVConfig):
+        super().__init__(config)
+        self.sequence_embedding = nn.Embedding(config.num_sequences, config.hidden_size)
+        self.layers = nn.ModuleList(MSVBlock(config, i) for i in range(config.num_hidden_layers))
+        self.gamma_mlp = MSVMLP(1, config.gamma_hidden_size, config.hidden_size, config.hidden_act)
+        self.head = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise OSError(
+                f"The verifier weights in {pretrained_model_name_or_path!r} are truncated or corrupt "
+                f"(safetensors: {error}). Re-download or re-save the checkpoint.") from error
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload weights, config, remote code and an MSV model card (see `hf_msv.hub.push_verifier_to_hub`).
+
+        Where hf_msv is not installed (the verifier was loaded as remote code) this is transformers' own upload.
+        """
+        try:
+            from hf_msv.hub import push_verifier_to_hub
+        except ImportError:
+            return super().push_to_hub(repo_id, **kwargs)
+        return push_verifier_to_hub(self, repo_id, **kwargs)
+
+    def parameter_groups(self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3) -> list[dict]:
+        """The paper's per-module learning rates: mask-mixture weights w, sequence embeddings e⁽ⁿ⁾, the rest."""
+        groups = {"mask": [], "embedding": [], "body": []}
+        for name, param in self.named_parameters():
+            key = "mask" if name.endswith("mask_logits") else "embedding" if name.startswith("sequence_") else "body"
+            groups[key].append(param)
+        return [{"params": groups["body"], "lr": lr}, {"params": groups["mask"], "lr": mask_lr},
+                {"params": groups["embedding"], "lr": embedding_lr}]
+
+    def _check_inputs(self, hidden_states, token_answer, answer_sequence, num_answers, cache):
+        if hidden_states.dim() != 2 or hidden_states.shape[-1] != self.config.hidden_size:
+            raise ValueError(
+                f"hidden_states must have shape (T, {self.config.hidden_size}) but has {tuple(hidden_states.shape)}; "
+                f"this verifier expects the base LM's width (config.hidden_size={self.config.hidden_size}, "
+                f"base_model_name_or_path={self.config.base_model_name_or_path!r}).")
+        if token_answer.shape != hidden_states.shape[:1]:
+            raise ValueError("token_answer must have one entry per token of hidden_states.")
+        if num_answers and int(answer_sequence.max()) >= self.config.num_sequences:
+            raise ValueError(
+                f"sequence id {int(answer_sequence.max())} exceeds this verifier's {self.config.num_sequences} "
+                "sequence embeddings; split larger groups with hf_msv.split_into_groups (MSV_M grouping).")
+        if len(token_answer) and (int(token_answer.min()) < 0 or int(token_answer.max()) >= num_answers):
+            raise ValueError(f"token_answer must index answers in [0, {num_answers}).")
+        if num_answers and torch.bincount(token_answer, minlength=num_answers).min() == 0:
+            raise ValueError("every answer needs at least one token.")
+        if cache is not None and not self.config.streaming:
+            raise ValueError("online scoring with a cache needs a streaming verifier (config.mode='streaming').")
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        token_answer: torch.LongTensor,
+        answer_group: torch.LongTensor,
+        answer_sequence: torch.LongTensor,
+        answer_step: torch.LongTensor,
+        answer_end: torch.LongTensor,
+        answer_class: torch.LongTensor,
+        gamma: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        past_key_values: MSVCache | None = None,
+        use_cache: bool = False,
+        **kwargs,
+    ) -> MSVOutput:
+        r"""
+        Args:
+            hidden_states (`(T, d)`): last-layer hidden states of all answer tokens, packed.
+            token_answer (`(T,)` long): index in [0, A) of the answer each token belongs to.
+            answer_group, answer_sequence, answer_step, answer_end, answer_class (`(A,)` long): group, sequence n,
+                step k, end time τ + L and equivalence-class id (compared within a group) of each answer.
+            gamma (`(A,)` float, *optional*): agreement feature; computed with `compute_gamma` when omitted.
+            labels (`(A,)` float, *optional*): 1 if correct, 0 if not, negative to ignore; gives the BCE loss.
+            past_key_values (`MSVCache`, *optional*): online scoring (streaming only). The inputs are the *new*
+                answers only; each must end no earlier than every cached answer of its group.
+            use_cache (`bool`): create a cache when none is given, and return it.
+        """
+        device = self.head.weight.device
+        num_answers = len(answer_group)
+        answer_group, answer_sequence, answer_step, answer_end, answer_class, token_answer = (
+            t.to(device=device, dtype=torch.long)
+            for t in (answer_group, answer_sequence, answer_step, answer_end, answer_class, token_answer))
+        cache = past_key_values if past_key_values is not None else (MSVCache() if use_cache else None)
+        self._check_inputs(hidden_states, token_answer, answer_sequence, num_answers, cache)
+        streaming = self.config.streaming
+        offset = cache.num_answers if cache is not None else 0
+        if cache is not None and cache.num_answers:
+            old = cache.answers
+            for g in torch.unique(answer_group).tolist():
+                cached_end = old["end"][old["group"] == g]
+                if len(cached_end) and answer_end[answer_group == g].min() < cached_end.max():
+                    raise ValueError(f"online scoring needs answers in end-time order, but group {g} has a new "
+                                     f"answer ending before an already cached one ({int(cached_end.max())}).")
+            every = {"group": torch.cat([old["group"], answer_group]), "sequence": torch.cat([old["sequence"],
+                     answer_sequence]), "step": torch.cat([old["step"], answer_step]),
+                     "end": torch.cat([old["end"], answer_end]), "class": torch.cat([old["class"], answer_class])}
+        else:
+            every = {"group": answer_group, "sequence": answer_sequence, "step": answer_step, "end": answer_end,
+                     "class": answer_class}
+        new_rows = torch.arange(offset, offset + num_answers, device=device)
+
+        if gamma is None:
+            gamma = compute_gamma(every["group"], every["sequence"], every["step"], every["end"], every["class"],
+                                  streaming, rows=new_rows if offset else None)
+        gamma = gamma.to(device=device, dtype=torch.float32)
+
+        # Sort tokens by (group, end, answer): each answer stays contiguous, and every query's allowed keys become
+        # one window [group start, last key that ended no later) — the chunked backend only visits that window.
+        meta = torch.stack([answer_group, answer_sequence, torch.arange(num_answers, device=device) + offset,
+                            answer_class, answer_end])[:, token_answer]
+        order = torch.argsort(meta[ANSWER], stable=True)
+        if streaming:
+            order = order[torch.argsort(meta[END][order], stable=True)]
+        order = order[torch.argsort(meta[GROUP][order], stable=True)]
+        meta = meta[:, order]
+        x = hidden_states.to(device=device, dtype=self.dtype)[order] + self.sequence_embedding(meta[SEQUENCE])
+        if cache is not None:
+            key_lo, key_hi = [0] * len(order), [cache.num_tokens + len(order)] * len(order)
+            cache.begin(meta)
+        else:
+            group_key = meta[GROUP] * (int(meta[END].max()) + 1) + meta[END] if streaming and len(order) else meta[GROUP]
+            key_lo = torch.searchsorted(meta[GROUP], meta[GROUP]).tolist()
+            key_hi = torch.searchsorted(group_key, group_key, right=True).tolist()
+        # With last-token readout the last block is queried only at each answer's last token (exact: no other
+        # output of that block is read), which cuts its attention and MLP by ~L×.
+        positions = torch.arange(len(order), device=device)
+        last = torch.full((num_answers,), -1, dtype=torch.long, device=device).scatter_reduce(
+            0, token_answer, positions, reduce="amax")  # each answer's last token, in the caller's order
+        last_rows, answer_of_row = torch.sort(torch.argsort(order)[last])  # the same tokens, in sorted order
+        try:
+            for i, layer in enumerate(self.layers):
+                final = i == len(self.layers) - 1 and self.config.readout == "last"
+                x = layer(x, meta, key_lo, key_hi, cache, query_rows=last_rows if final else None)
+        except BaseException:
+            if cache is not None:
+                cache.rollback()
+            raise
+
+        if self.config.readout == "mean":
+            sorted_answer = meta[ANSWER] - offset
+            summed = torch.zeros(num_answers, x.shape[1], dtype=x.dtype, device=device).index_add_(0, sorted_answer, x)
+            readout = summed / torch.bincount(sorted_answer, minlength=num_answers).clamp(min=1)[:, None].to(x.dtype)
+        else:
+            readout = torch.empty_like(x)
+            readout[answer_of_row] = x
+        logits = self.head(readout + self.gamma_mlp(gamma[:, None].to(x.dtype))).squeeze(-1).float()
+
+        raw_logits = logits
+        if self.config.logit_averaging and num_answers:
+            all_logits = torch.cat([cache.answers["raw_logit"], logits]) if offset else logits
+            logits = average_logits(all_logits, every["group"], every["end"], every["class"], streaming,
+                                    rows=new_rows if offset else None)
+        if cache is not None:
+            cache.commit({"group": answer_group, "sequence": answer_sequence, "step": answer_step,
+                          "end": answer_end, "class": answer_class, "raw_logit": raw_logits.detach()})
+
+        loss = None
+        if labels is not None:
+            labels = labels.to(device=device, dtype=torch.float32)
+            keep = labels >= 0
+            loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
+        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma,
+                         past_key_values=cache if use_cache or past_key_values is not None else None)
+
+
+def check_compatible(verifier: MSVVerifier, model) -> None:
+    """Raise a clear error if `verifier` cannot read `model`'s hidden states."""
+    lm_width = model.config.get_text_config().hidden_size
+    if lm_width != verifier.config.hidden_size:
+        raise ValueError(
+            f"The verifier reads hidden states of width {verifier.config.hidden_size} (trained on "
+            f"{verifier.config.base_model_name_or_path!r}) but the LM {model.config.name_or_path!r} has hidden size "
+            f"{lm_width}.")
+
+
+__all__ = ["MSVVerifier", "MSVPreTrainedModel", "MSVOutput", "MSVCache", "compute_gamma", "average_logits",
+           "split_into_groups", "build_masks", "check_compatible"]
