@@ -33,3 +33,16 @@ def select_answers(inputs: dict, start: int, stop: int) -> dict:
     out["hidden_states"] = inputs["hidden_states"][start * tokens_per_answer: stop * tokens_per_answer]
     out["token_answer"] = inputs["token_answer"][start * tokens_per_answer: stop * tokens_per_answer] - start
     return out
+
+
+def arrival_batches(inputs: dict, max_answers: int):
+    """Index ranges [start, stop) of at most ~`max_answers` answers that never split answers ending together
+    (those see each other, so online scoring must receive them in one call)."""
+    ends = inputs["answer_end"].tolist()
+    start = 0
+    while start < len(ends):
+        stop = min(start + max_answers, len(ends))
+        while stop < len(ends) and ends[stop] == ends[stop - 1]:
+            stop += 1
+        yield start, stop
+        start = stop

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from _streams import select_answers, synthetic_stream
+from _streams import arrival_batches, select_answers, synthetic_stream
 from hf_msv import MSVCache, MSVConfig, MSVVerifier
 
 
@@ -29,18 +29,24 @@ def main():
                                      num_sequences=args.sequences, mode="streaming")).eval()
     stream = synthetic_stream(args.sequences, args.answers_per_sequence, args.answer_tokens, args.hidden_size)
     num_answers = len(stream["answer_end"])
-    warm = num_answers - args.timed_answers
+    batches = list(arrival_batches(stream, 64))
+    units = list(arrival_batches(stream, 1))  # one answer at a time, unless several end at the same step
+    timed = units[-args.timed_answers:]
+    warm = timed[0][0]
 
     with torch.no_grad():
         cache, online = MSVCache(), []
-        for start in range(0, warm, 64):  # fill the cache in arrival order, 64 answers at a time
-            online.append(verifier(**select_answers(stream, start, min(start + 64, warm)),
-                                   past_key_values=cache, use_cache=True).logits)
+        for start, stop in batches:  # fill the cache in arrival order, ~64 answers at a time
+            stop = min(stop, warm)
+            if start < stop:
+                online.append(verifier(**select_answers(stream, start, stop), past_key_values=cache,
+                                       use_cache=True).logits)
         times = []
-        for i in range(warm, num_answers):  # then time one answer at a time against the full cache
+        for start, stop in timed:  # then time single arrivals against the full cache
             t0 = time.perf_counter()
-            online.append(verifier(**select_answers(stream, i, i + 1), past_key_values=cache, use_cache=True).logits)
-            times.append(time.perf_counter() - t0)
+            online.append(verifier(**select_answers(stream, start, stop), past_key_values=cache,
+                                   use_cache=True).logits)
+            times.append((time.perf_counter() - t0) / (stop - start))
         online = torch.cat(online)
         t0 = time.perf_counter()
         offline = verifier(**stream).logits  # what the offline algorithm pays for each new answer

@@ -9,7 +9,8 @@ and `accelerate launch` to spread collection over GPUs.
 import argparse
 from pathlib import Path
 
-from hf_msv import MSVTrainingConfig, collect, train_verifier
+from hf_msv import MSVTrainingConfig, train_verifier
+from hf_msv.collect import collect
 from hf_msv.testbed import generate_problems, load_testbed_lm
 
 parser = argparse.ArgumentParser()

@@ -37,10 +37,12 @@ MSVVerifier.register_for_auto_class("AutoModel")
 
 def __getattr__(name):
     # Collection and training pull in accelerate and safetensors readers; import them on first use.
-    lazy = {"collect": "collect", "ShardDataset": "shards", "collate_groups": "shards",
+    # (`collect` itself stays at hf_msv.collect.collect: a package attribute named like its submodule is shadowed.)
+    lazy = {"ShardDataset": "shards", "collate_groups": "shards",
             "MSVTrainingConfig": "training", "train_verifier": "training", "evaluate_verifier": "training",
             "read_shard": "shards", "write_shard": "shards", "CollectedProblem": "shards",
-            "load_problems": "collect", "push_verifier_to_hub": "hub", "build_model_card": "hub",
+            "load_problems": "collect", "evaluate_study": "evaluation", "reproduce": "reproduce",
+            "push_verifier_to_hub": "hub", "build_model_card": "hub",
             "save_verifier": "hub"}
     if name in lazy:
         import importlib
@@ -75,7 +77,6 @@ __all__ = [
     "build_model_card",
     "check_compatible",
     "collate_groups",
-    "collect",
     "compute_gamma",
     "extract_boxed",
     "extract_last_boxed",
@@ -84,10 +85,12 @@ __all__ = [
     "load_benchmark",
     "msv_generate",
     "prepare_generation",
+    "evaluate_study",
     "evaluate_verifier",
     "load_problems",
     "push_verifier_to_hub",
     "read_shard",
+    "reproduce",
     "write_shard",
     "save_verifier",
     "split_into_groups",

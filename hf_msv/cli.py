@@ -43,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_collect_arguments(collect).set_defaults(func=collect_from_args)
     train = sub.add_parser("train", help="train an MSV_N or a probe on collected shards")
     add_train_arguments(train).set_defaults(func=train_from_args)
+
+    from .evaluation import add_evaluate_arguments, evaluate_from_args
+    from .reproduce import add_reproduce_arguments, reproduce_from_args
+
+    evaluate = sub.add_parser("evaluate", help="baselines, metrics, figures and λ rules over collected shards")
+    add_evaluate_arguments(evaluate).set_defaults(func=evaluate_from_args)
+    reproduce = sub.add_parser("reproduce", help="the paper's experiments on the testbed (--quick: ~10 min)")
+    add_reproduce_arguments(reproduce).set_defaults(func=reproduce_from_args)
     return parser
 
 

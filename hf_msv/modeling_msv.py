@@ -550,9 +550,11 @@ class MSVVerifier(MSVPreTrainedModel):
             old = cache.answers
             for g in torch.unique(answer_group).tolist():
                 cached_end = old["end"][old["group"] == g]
-                if len(cached_end) and answer_end[answer_group == g].min() < cached_end.max():
+                # Strict: answers that end together see each other, so they must arrive in the same call.
+                if len(cached_end) and answer_end[answer_group == g].min() <= cached_end.max():
                     raise ValueError(f"online scoring needs answers in end-time order, but group {g} has a new "
-                                     f"answer ending before an already cached one ({int(cached_end.max())}).")
+                                     f"answer ending no later than an already cached one ({int(cached_end.max())}); "
+                                     "score answers that end at the same time in one call.")
             every = {"group": torch.cat([old["group"], answer_group]), "sequence": torch.cat([old["sequence"],
                      answer_sequence]), "step": torch.cat([old["step"], answer_step]),
                      "end": torch.cat([old["end"], answer_end]), "class": torch.cat([old["class"], answer_class])}

@@ -1,0 +1,303 @@
+"""Tests of hf_msv.evaluation: a tiny synthetic shard set whose correctness is visible in the hidden states, tiny
+verifiers trained for a few steps, and `evaluate_study` end to end — outputs exist and agree with each other and with
+`hf_msv.baselines` / `hf_msv.metrics` / `hf_msv.early_stop` computed directly on the same groups."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from hf_msv.baselines import self_consistency, streaming_weighted_voting, weighted_voting
+from hf_msv.early_stop import LatencyCosts, tradeoff_curve
+from hf_msv.evaluation import (
+    add_evaluate_arguments,
+    answer_group,
+    draw_sequences,
+    evaluate_from_args,
+    evaluate_study,
+    lm_costs_from_info,
+    load_split,
+    load_verifier,
+    measure_verifier_cost,
+    parse_verifier_specs,
+    score_problems,
+    select_answers,
+)
+from hf_msv.metrics import best_of_n_metrics, calibration_metrics
+from hf_msv.shards import CollectedProblem, ShardDataset, collate_groups, VERIFIER_INPUTS, write_shard
+from hf_msv.training import MSVTrainingConfig, train_verifier
+
+D = 16
+NS = [1, 4, 8]
+SEEDS = 2
+WV_R = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def synth_problem(pid: str, num_sequences: int = 8, seed: int = 0, d: int = D, signal: float = 1.5):
+    """Answers "1" (correct, gold) or "2".."4" (wrong) or no answer; correctness shifts hidden dim 0 by ±signal."""
+    rng = np.random.default_rng(seed)
+    p_correct = rng.uniform(0.1, 0.9)
+    rows = []
+    for n in range(num_sequences):
+        k_count = int(rng.integers(1, 4))
+        taus = np.sort(rng.choice(np.arange(2, 80), size=k_count, replace=False))
+        for k, tau in enumerate(taus):
+            u = rng.random()
+            text = "1" if u < p_correct else (None if u > 0.95 else str(int(rng.integers(2, 5))))
+            rows.append((int(tau), n, k, k == k_count - 1, text, int(rng.integers(1, 4))))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    classes, seen = [], {}
+    for r in rows:
+        classes.append(1000 + len(classes) if r[4] is None else seen.setdefault(r[4], len(seen)))
+    lengths = [r[5] for r in rows]
+    correct = np.array([r[4] == "1" for r in rows])
+    h = rng.normal(size=(sum(lengths), d)).astype(np.float32)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for a, (s, length) in enumerate(zip(starts, lengths)):
+        h[s:s + length, 0] += signal * (1 if correct[a] else -1)
+    seq_len = [max(r[0] for r in rows if r[1] == n) for n in range(num_sequences)]
+    logp = np.log(np.clip(0.5 * rng.random(len(h)) + 0.45 * np.repeat(correct, lengths), 1e-3, 1.0))
+    return CollectedProblem(
+        problem_id=pid, gold="1", source="synthetic", hidden_states=torch.from_numpy(h),
+        token_ids=rng.integers(0, 100, size=len(h)), token_logprobs=logp.astype(np.float32),
+        answer_text=[r[4] for r in rows], answer_raw_text=[f"{{{r[4]}}}" for r in rows],
+        answer_trigger=["eos" if r[3] else "delimiter" for r in rows],
+        answer_sequence=[r[1] for r in rows], answer_step=[r[2] for r in rows], answer_tau=[r[0] for r in rows],
+        answer_length=lengths, answer_class=classes, answer_terminal=[r[3] for r in rows],
+        answer_correct=correct, sequence_length=[s + 1 for s in seq_len], sequence_finish=["eos"] * num_sequences,
+        cot_confidence=[rng.random(s + 1).astype(np.float32) + 0.5 for s in seq_len])
+
+
+def write_split(directory, count: int, seed: int, num_sequences: int = 8, per_shard: int = 8, info=None):
+    directory.mkdir(parents=True, exist_ok=True)
+    problems = [synth_problem(f"{directory.name}/{i}", num_sequences, seed * 10000 + i) for i in range(count)]
+    for s in range(0, count, per_shard):
+        write_shard(directory / f"shard-r000-{s // per_shard:05d}.safetensors", problems[s:s + per_shard],
+                    info=info or {"lm_name_or_path": "synthetic", "lm_num_attention_heads": 2, "checker": "exact",
+                                  "delimiters": ["Wait"], "num_samples": num_sequences})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("evaluation")
+    train = write_split(root / "train", 24, seed=1)
+    val = write_split(root / "val", 10, seed=2)
+    ev = write_split(root / "eval", 16, seed=3)
+    verifiers: dict = {}
+    for name, kind, n, mode in [("Probe", "probe", 1, "streaming"), ("Probe", "probe", 1, "terminal"),
+                                ("MSV_1", "msv", 1, "streaming"), ("MSV_4", "msv", 4, "streaming"),
+                                ("MSV_4", "msv", 4, "terminal")]:
+        out = root / f"{name}-{mode}"
+        train_verifier(train, val, out, MSVTrainingConfig(
+            kind=kind, num_sequences=n, mode=mode, batch_size=8, num_epochs=1, learning_rate=3e-3,
+            probe_learning_rate=1e-2, intermediate_size=32, probe_hidden_size=32, progress=False))
+        verifiers.setdefault(name, {})[mode] = str(out)
+    out = root / "report"
+    results = evaluate_study(ev, verifiers, out, NS, seeds=SEEDS, val_dir=val, wv_threshold=WV_R,
+                             lm_costs=LatencyCosts(0.01, 0.002), deepconf_window=8, progress=False)
+    return {"root": root, "eval": ev, "val": val, "verifiers": verifiers, "out": out, "results": results}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Outputs
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_outputs_exist_and_markdown_references_every_png(study):
+    out, results = study["out"], study["results"]
+    assert (out / "report.md").exists() and (out / "report.json").exists()
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk == results
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs, "no figures written"
+    assert sorted(f["file"] for f in results["figures"]) == pngs
+    markdown = (out / "report.md").read_text()
+    referenced = set(re.findall(r"\]\(([^)]+\.png)\)", markdown))
+    assert referenced == set(pngs)
+    for kind in ("reliability_answers", "reliability_bon", "best_of_n", "tradeoff", "brier_position"):
+        assert any(kind in p for p in pngs), kind
+
+
+def test_json_keys_methods_and_ranges(study):
+    r = study["results"]
+    for n in NS:
+        key = str(n)
+        term, stream = r["terminal"][key], r["streaming"][key]
+        expected = {"Token Probs", "DeepConf", "Probe", "MSV_1"}
+        if n > 1:
+            expected |= {"Self-consistency", "Probe+WV", "MSV_1+WV", "Token Probs+WV", "DeepConf+WV"}
+        assert expected <= set(term)
+        assert "Self-consistency" not in stream
+        assert r["methods"][key]["msv"] == {1: "MSV_1", 4: "MSV_4", 8: "MSV_4 (grouped)"}[n]
+        assert r["methods"][key]["msv"] in term and r["methods"][key]["msv"] in stream
+        for table in (term, stream):
+            for method, metrics in table.items():
+                for name in ("auroc", "brier", "ece", "bon_accuracy", "bon_ece", "bon_brier"):
+                    values = [v for v in metrics[name]["values"] if v is not None]
+                    assert len(metrics[name]["values"]) == SEEDS
+                    assert all(0.0 <= v <= 1.0 for v in values), (method, name, values)
+                assert all(v >= 0 for v in metrics["nll"]["values"] if v is not None)
+        for method, metrics in stream.items():
+            for name in ("autc_tokens_norm", "autc_latency_norm", "full_accuracy", "peak_accuracy"):
+                assert all(0.0 <= v <= 1.0 for v in metrics[name]["values"]), (method, name)
+            assert metrics["peak_accuracy"]["mean"] >= metrics["full_accuracy"]["mean"] - 1e-12
+        es = r["early_stop"][key]
+        assert set(es["curves"]) == set(stream)
+        assert es["msv"] == r["methods"][key]["msv"] and es["best_baseline"] in stream
+        assert es["best_baseline"] != es["msv"]
+        lam = r["lambda_selection"][key]
+        assert set(lam) == set(stream)
+        for rules in lam.values():
+            assert set(rules) == {"validation", "ltt"}
+            for rule in rules.values():
+                assert all(0.0 <= v <= 1.0 for v in rule["eval_accuracy"]["values"])
+                assert all(v > 0 for v in rule["eval_tokens"]["values"])
+        assert len(r["brier_by_position"][key]["edges"]) == 9
+    assert r["costs"]["lm"]["4"] == {"decode_step_s": 0.01, "elicit_s": 0.002, "verify_s": 0.0}
+    online = r["costs"]["verifier_online_s_per_answer"]["4"]
+    assert set(online) == {"Probe", "MSV_1", "MSV_4"} and all(v > 0 for v in online.values())
+    assert set(r["costs"]["verifier_online_s_per_answer"]["8"]) == {"Probe", "MSV_1", "MSV_4 (grouped)"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Agreement with the building blocks on the same groups
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _groups(problems, n, seed, setting, scores=None):
+    seqs = [draw_sequences(p.num_sequences, n, seed, i) for i, p in enumerate(problems)]
+    return [answer_group(p, s, setting, None if scores is None else {k: v[i] for k, v in scores.items()})
+            for i, (p, s) in enumerate(zip(problems, seqs))]
+
+
+def _close(a, b):
+    return (a is None and (b is None or math.isnan(b))) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_self_consistency_and_weighted_voting_match_baselines(study):
+    import warnings
+
+    problems, _ = load_split(study["eval"])
+    probe_t = load_verifier(study["verifiers"]["Probe"]["terminal"])
+    probe_s = load_verifier(study["verifiers"]["Probe"]["streaming"])
+    probe_term, _, _ = score_problems(probe_t, problems, mode="terminal")
+    probe_stream, _, _ = score_problems(probe_s, problems, mode="streaming")
+    r = study["results"]
+    for n in (4, 8):
+        for seed in range(SEEDS):
+            groups = _groups(problems, n, seed, "terminal", {"probe": probe_term})
+            sc = [self_consistency(g.klass, g.is_terminal) for g in groups]
+            wv = [weighted_voting(g.scores["probe"], g.klass, g.is_terminal) for g in groups]
+            y = np.concatenate([g.correct for g in groups])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for name, scores in (("Self-consistency", sc), ("Probe+WV", wv)):
+                    direct = calibration_metrics(np.concatenate(scores), y)
+                    bon = best_of_n_metrics(groups, scores)
+                    got = r["terminal"][str(n)][name]
+                    for k, v in direct.items():
+                        assert _close(got[k]["values"][seed], v), (n, seed, name, k)
+                    for k, v in bon.items():
+                        assert _close(got[f"bon_{k}"]["values"][seed], v), (n, seed, name, k)
+            sgroups = _groups(problems, n, seed, "streaming", {"probe": probe_stream})
+            swv = [streaming_weighted_voting(g.scores["probe"], g.klass, g.end, R=WV_R) for g in sgroups]
+            direct = calibration_metrics(np.concatenate(swv), np.concatenate([g.correct for g in sgroups]))
+            for k, v in direct.items():
+                assert _close(r["streaming"][str(n)]["Probe+WV"][k]["values"][seed], v), (n, seed, k)
+
+
+def test_early_stop_curves_match_replay(study):
+    problems, _ = load_split(study["eval"])
+    costs = LatencyCosts(0.01, 0.002)
+    r = study["results"]
+    curves = []
+    for seed in range(SEEDS):
+        groups = _groups(problems, 4, seed, "streaming")
+        scores = [np.clip(np.nan_to_num(p.token_prob_scores(), nan=0.5), 0, 1)[select_answers(p, s, "streaming")[0]]
+                  for p, s in zip(problems, [draw_sequences(p.num_sequences, 4, seed, i)
+                                             for i, p in enumerate(problems)])]
+        curves.append(tradeoff_curve(groups, scores, costs=costs))
+    got = r["early_stop"]["4"]["curves"]["Token Probs"]
+    np.testing.assert_allclose(got["accuracy"], np.mean([c.accuracy for c in curves], axis=0))
+    np.testing.assert_allclose(got["tokens"], np.mean([c.tokens for c in curves], axis=0))
+    np.testing.assert_allclose(got["latency"], np.mean([c.latency for c in curves], axis=0))
+    assert got["lambdas"][-1] is None  # ∞: full decoding
+
+
+def test_msv_scores_match_the_training_collate_path(study):
+    """Packing in `score_problems` gives the same probabilities as `collate_groups` (training/validation path)."""
+    model = load_verifier(study["verifiers"]["MSV_4"]["streaming"])
+    problems, _ = load_split(study["eval"])
+    ds = ShardDataset(study["eval"], num_sequences=4, mode="streaming", seed=7)
+    for item in range(3):
+        p, chosen = ds.sequences_of(item)
+        batch = collate_groups([ds[item]], "streaming")
+        with torch.no_grad():
+            expected = model(**{k: batch[k] for k in VERIFIER_INPUTS}).probabilities.numpy()
+        scores, _, _ = score_problems(model, [problems[p]], [chosen], mode="streaming")
+        rows, seq = select_answers(problems[p], chosen, "streaming")
+        got = scores[0][rows]
+        # collate orders answers by (end, sequence, step); match them up by those keys
+        keys_got = list(zip(problems[p].answer_end[rows], seq, problems[p].answer_step[rows]))
+        keys_exp = list(zip(batch["answer_end"].tolist(), batch["answer_sequence"].tolist(),
+                            batch["answer_step"].tolist()))
+        order = [keys_got.index(k) for k in keys_exp]
+        np.testing.assert_allclose(got[order], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_draw_sequences_are_seeded_subsets():
+    a = draw_sequences(64, 16, 3, 5)
+    assert len(set(a.tolist())) == 16 and a.max() < 64
+    np.testing.assert_array_equal(a, draw_sequences(64, 16, 3, 5))
+    assert not np.array_equal(a, draw_sequences(64, 16, 4, 5))
+    with pytest.raises(ValueError):
+        draw_sequences(4, 8, 0, 0)
+
+
+def test_measure_verifier_cost_and_costs_from_info(study):
+    problems, _ = load_split(study["eval"])
+    model = load_verifier(study["verifiers"]["MSV_4"]["streaming"])
+    seqs = [draw_sequences(p.num_sequences, 8, 0, i) for i, p in enumerate(problems)]
+    assert measure_verifier_cost(model, problems, seqs, max_groups=2) > 0
+    with pytest.raises(ValueError):
+        measure_verifier_cost(load_verifier(study["verifiers"]["MSV_4"]["terminal"]), problems, seqs)
+    costs = lm_costs_from_info({"latency": {"decode_step_s": 0.1, "elicit_s": 0.2,
+                                            "by_num_sequences": {"16": {"decode_step_s": 0.3, "elicit_s": 0.4}}}})
+    assert costs[None] == LatencyCosts(0.1, 0.2) and costs[16] == LatencyCosts(0.3, 0.4)
+    assert lm_costs_from_info({}) is None
+
+
+def test_cli_and_checker_rederivation(study, tmp_path):
+    parser = add_evaluate_arguments(argparse.ArgumentParser())
+    specs = [f"Probe={study['verifiers']['Probe']['terminal']}", f"Probe={study['verifiers']['Probe']['streaming']}",
+             f"MSV_4={study['verifiers']['MSV_4']['streaming']}"]
+    assert set(parse_verifier_specs(specs)["Probe"]) == {"terminal", "streaming"}
+    args = parser.parse_args(["--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "cli"),
+                              "--num-sequences", "4", "--seeds", "1", "--no-figures", "--no-progress",
+                              "--checker", "random", "--decode-step-s", "0.5", *sum((["--verifier", s]
+                                                                                      for s in specs), [])])
+    results = evaluate_from_args(args)
+    assert results["config"]["checker"] == "random"
+    assert results["costs"]["lm"]["4"]["decode_step_s"] == 0.5
+    assert results["lambda_selection"] == {} and results["figures"] == []
+    assert "MSV_4" in results["terminal"]["4"] and "Probe+WV" in results["streaming"]["4"]
+    # DeepConf falls back to 2-fold cross-fitting without validation; SC changes under the random checker.
+    assert results["config"]["deepconf_calibration"].startswith("platt, 2-fold")
+    sc_random = results["terminal"]["4"]["Self-consistency"]["brier"]["values"][0]
+    assert sc_random != study["results"]["terminal"]["4"]["Self-consistency"]["brier"]["values"][0]
+    assert (tmp_path / "cli" / "report.md").exists()

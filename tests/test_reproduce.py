@@ -1,0 +1,84 @@
+"""The quick reproduction end to end (slow: a few minutes on 2 CPU cores; `make test-slow`).
+
+Runs ``reproduce(quick=True)`` with the shipped testbed LM: collection, LM cost measurement, training of every
+verifier, every study, and the report. Checks that the outputs exist and hang together, not what the numbers are
+(the quick run's data is far too small for the paper's claims).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hf_msv.testbed import TESTBED_LM_DIR
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (TESTBED_LM_DIR / "config.json").exists(), reason="testbed LM not shipped"),
+]
+
+
+@pytest.mark.timeout(1200)
+def test_quick_reproduction(tmp_path):
+    import argparse
+
+    from hf_msv.reproduce import add_reproduce_arguments, reproduce_from_args
+
+    out, work = tmp_path / "results", tmp_path / "work"
+    args = add_reproduce_arguments(argparse.ArgumentParser()).parse_args(
+        ["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress"])
+    summary = reproduce_from_args(args)
+
+    md, js = out / "testbed-quick.md", out / "testbed-quick.json"
+    assert md.exists() and js.exists()
+    data = json.loads(js.read_text())
+    assert data == summary
+    assert summary["config"]["quick"] and summary["config"]["num_sequences"] == [1, 4]
+    assert set(summary["studies"]) == {"main", "checkers", "masks", "delimiters", "grouping"}
+
+    # main study: MSV_N and every baseline, terminal and streaming, plus the early-stop fraction
+    for n in ("1", "4"):
+        main = summary["main"][n]
+        assert main["msv"] == f"MSV_{n}"
+        for method in ("Token Probs", "DeepConf", "Probe", "MSV_1", main["msv"]):
+            for key in ("brier", "auroc", "bon_accuracy"):
+                assert 0 <= main["terminal"][method][key]["mean"] <= 1
+            for key in ("brier", "auroc"):
+                assert 0 <= main["streaming"][method][key]["mean"] <= 1
+        assert "early_stop_token_fraction" in main
+    assert {"Self-consistency", "Probe+WV", "MSV_1+WV"} <= set(summary["main"]["4"]["terminal"])
+    assert summary["main"]["4"]["lambda_selection"]["MSV_4"].keys() == {"validation", "ltt"}
+
+    # studies
+    assert set(summary["checkers"]["rows"]) == {"reference", "random"}
+    assert summary["checkers"]["rows"]["reference"]["agreement"] == 1.0
+    assert set(summary["masks"]["rows"]) == {"MSV_4", "w/o equivalence"}
+    assert set(summary["delimiters"]["rows"]) == {"Wait", "every 40 tokens"}
+    assert summary["grouping"]["per_n"]["8"]["msv"] == "MSV_4 (grouped)"
+
+    # claims are generated, each with a verdict sentence
+    ids = {c["id"] for c in summary["claims"]}
+    assert {"terminal_brier_N4", "best_of_4", "early_stop_N4", "checker_robustness", "masks", "delimiters",
+            "grouping"} <= ids
+    for c in summary["claims"]:
+        assert re.match(r"^(Held|Did not hold|Not testable): ", c["sentence"])
+        assert c["held"] in (True, False, None)
+
+    # every figure the report references exists, every linked report exists
+    text = md.read_text()
+    for png in re.findall(r"\]\(([^)]+\.png)\)", text):
+        assert (out / png).exists(), png
+    for link in re.findall(r"\]\(([^)]+\.md)\)", text):
+        assert (out / link).exists(), link
+    assert (work / "lm_costs.json").exists()
+
+    # resumable: a second run reuses the shards, verifiers and costs (no collection or training left to do)
+    args2 = add_reproduce_arguments(argparse.ArgumentParser()).parse_args(
+        ["--quick", "--output-dir", str(tmp_path / "again"), "--work-dir", str(work), "--no-progress",
+         "--studies", "main"])
+    summary2 = reproduce_from_args(args2)
+    assert summary2["studies"] == ["main"]
+    assert summary2["timing_s"]["collect"] < summary["timing_s"]["collect"]
+    assert summary2["timing_s"]["train main"] < summary["timing_s"]["train main"]
