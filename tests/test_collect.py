@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -19,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import hf_msv.collect as collect_mod
@@ -29,30 +27,18 @@ from hf_msv.generation import prepare_generation
 from hf_msv.problems import Problem
 from hf_msv.shards import ShardDataset, list_shards, read_shard
 
+from tiny import CHARS, SPECIAL, word_level_tokenizer
+
 TESTS = Path(__file__).resolve().parent
-SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
 WORDS = ["\\boxed", "Wait"]
-CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 HIDDEN = 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Tiny matmuls on a shared 2-core machine are much slower with threads fighting over the cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    pattern = "|".join(re.escape(w) for w in WORDS) + r"|[\s\S]"
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left", clean_up_tokenization_spaces=False)
+    return word_level_tokenizer(WORDS)
 
 
 TOK = make_tokenizer()

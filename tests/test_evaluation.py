@@ -39,12 +39,7 @@ SEEDS = 2
 WV_R = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def synth_problem(pid: str, num_sequences: int = 8, seed: int = 0, d: int = D, signal: float = 1.5):

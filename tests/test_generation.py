@@ -12,12 +12,10 @@ split over tokens or merged with what precedes it. Two test-only instruments mak
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
 
 from hf_msv import MSVConfig, MSVVerifier
@@ -31,29 +29,17 @@ from hf_msv.generation import (
     prepare_generation,
 )
 
-SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+from tiny import CHARS, SPECIAL, word_level_tokenizer
+
 WORDS = ["\\boxed", "###", " Final", " Answer", "\n\nWait", " Wait", "Wait", "Wa", "it", "\n\n"]
-CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 PAD, BOS, EOS = 0, 1, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Tiny matmuls on a shared 2-core machine are ~50x slower with two OpenMP threads fighting over the cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    pattern = "|".join(re.escape(w) for w in sorted(WORDS, key=len, reverse=True)) + r"|[\s\S]"
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left", clean_up_tokenization_spaces=False)
+    return word_level_tokenizer(WORDS)
 
 
 TOK = make_tokenizer()

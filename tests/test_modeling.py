@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModel, LlamaConfig, LlamaForCausalLM
 
 from hf_msv import MSVCache, MSVConfig, MSVVerifier, build_masks, check_compatible, compute_gamma, split_into_groups
-from hf_msv.modeling_msv import ANSWER, CLASS, END, GROUP, SEQUENCE
+from hf_msv.modeling_msv import GROUP
 
 D = 32
 

@@ -23,12 +23,7 @@ from hf_msv.shards import (
 D = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_problem(pid: str, num_sequences: int = 6, seed: int = 0, d: int = D, max_answers: int = 4,

@@ -39,12 +39,7 @@ def _testbed_lm_dir():
 TESTBED_LM = _testbed_lm_dir()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def collect_tiny(out, split: str, n: int):
