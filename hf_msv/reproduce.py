@@ -752,6 +752,23 @@ def _claims_for(summary, prefix) -> list[str]:
             if c["id"].startswith(prefix)]
 
 
+def _embed_figures(figs: dict[str, str], keep) -> list[str]:
+    """Markdown lines embedding each figure file (with its caption) that `keep(file)` selects."""
+    return [line for f in figs if keep(f) for line in (f"![{figs[f]}]({f})", "", f"*{figs[f]}*", "")]
+
+
+def _calibration_section(r: dict, setting: str, n: int) -> list[str]:
+    """The calibration table of one N for `setting` ("terminal" | "streaming"), paper values beside ours."""
+    paper = PAPER[setting].get(str(n), {}) | (PAPER[setting]["1"] if n > 1 else {})
+    rows = []
+    for m, v in r[setting].items():
+        pv = paper.get(_paper_key(m, r["msv"], n), {})
+        rows.append([f"**{m}**" if m == r["msv"] else m, _f(v["brier"], 4), _p(pv.get("brier")),
+                     _f(v["auroc"], 4), _p(pv.get("auroc")), _f(v["ece"], 4), _f(v["nll"], 4)])
+    return [f"### N = {n}", "", _tbl(["method", "Brier ↓", "paper Brier", "AUROC ↑", "paper AUROC", "ECE ↓",
+                                       "NLL ↓"], rows), ""]
+
+
 def render_testbed(s: dict, main_results: dict) -> str:
     cfg = s["config"]
     main = s["main"]
@@ -787,22 +804,10 @@ def render_testbed(s: dict, main_results: dict) -> str:
     # 1. Terminal calibration
     lines += ["## 1. Calibration on terminal answers", ""]
     for n in ns:
-        r = main[str(n)]
-        msv = r["msv"]
-        paper = PAPER["terminal"].get(str(n), {}) | (PAPER["terminal"]["1"] if n > 1 else {})
-        rows = []
-        for m, v in r["terminal"].items():
-            pk = _paper_key(m, msv, n)
-            pv = paper.get(pk, {})
-            rows.append([f"**{m}**" if m == msv else m, _f(v["brier"], 4), _p(pv.get("brier")),
-                         _f(v["auroc"], 4), _p(pv.get("auroc")), _f(v["ece"], 4), _f(v["nll"], 4)])
-        lines += [f"### N = {n}", "", _tbl(["method", "Brier ↓", "paper Brier", "AUROC ↑", "paper AUROC",
-                                             "ECE ↓", "NLL ↓"], rows), ""]
+        lines += _calibration_section(main[str(n)], "terminal", n)
     lines += _claims_for(s, "terminal_brier") + [""]
     figs = {f["file"]: f["caption"] for f in main["figures"]}
-    for f in figs:
-        if "reliability_answers" in f and f.endswith(f"N{ns[-1]}.png"):
-            lines += [f"![{figs[f]}]({f})", "", f"*{figs[f]}*", ""]
+    lines += _embed_figures(figs, lambda f: "reliability_answers" in f and f.endswith(f"N{ns[-1]}.png"))
     # 2. Best-of-N
     lines += ["## 2. Best-of-N accuracy and calibration", ""]
     methods = []
@@ -829,25 +834,13 @@ def render_testbed(s: dict, main_results: dict) -> str:
                          _f(v["bon_brier"]), _p(pv.get("brier"))])
         lines += [f"### N = {n}", "", _tbl(["method", "BoN ECE ↓", "paper", "BoN Brier ↓", "paper"], rows), ""]
     lines += _claims_for(s, "best_of") + _claims_for(s, "bon_ece") + [""]
-    for f in figs:
-        if "best_of_n" in f or ("reliability_bon" in f and f.endswith(f"N{ns[-1]}.png")):
-            lines += [f"![{figs[f]}]({f})", "", f"*{figs[f]}*", ""]
+    lines += _embed_figures(figs, lambda f: "best_of_n" in f or ("reliability_bon" in f and f.endswith(f"N{ns[-1]}.png")))
     # 3. Streaming calibration
     lines += ["## 3. Calibration on streaming answers", ""]
     for n in ns:
-        r = main[str(n)]
-        paper = PAPER["streaming"].get(str(n), {}) | (PAPER["streaming"]["1"] if n > 1 else {})
-        rows = []
-        for m, v in r["streaming"].items():
-            pv = paper.get(_paper_key(m, r["msv"], n), {})
-            rows.append([f"**{m}**" if m == r["msv"] else m, _f(v["brier"], 4), _p(pv.get("brier")),
-                         _f(v["auroc"], 4), _p(pv.get("auroc")), _f(v["ece"], 4), _f(v["nll"], 4)])
-        lines += [f"### N = {n}", "", _tbl(["method", "Brier ↓", "paper Brier", "AUROC ↑", "paper AUROC", "ECE ↓",
-                                             "NLL ↓"], rows), ""]
+        lines += _calibration_section(main[str(n)], "streaming", n)
     lines += _claims_for(s, "streaming_brier") + [""]
-    for f in figs:
-        if "brier_position" in f and f.endswith(f"N{ns[-1]}.png"):
-            lines += [f"![{figs[f]}]({f})", "", f"*{figs[f]}*", ""]
+    lines += _embed_figures(figs, lambda f: "brier_position" in f and f.endswith(f"N{ns[-1]}.png"))
     # 4. Early stopping
     lines += ["## 4. Early stopping: accuracy vs tokens and latency", ""]
     rows = []
@@ -870,9 +863,7 @@ def render_testbed(s: dict, main_results: dict) -> str:
               "problem): " + "; ".join(f"N={n}: " + ", ".join(f"{m} {v:.1e}" for m, v in
                                                             main[str(n)]["verifier_online_s_per_answer"].items())
                                        for n in ns) + ".", ""]
-    for f in figs:
-        if "tradeoff" in f:
-            lines += [f"![{figs[f]}]({f})", "", f"*{figs[f]}*", ""]
+    lines += _embed_figures(figs, lambda f: "tradeoff" in f)
     # λ selection
     lam_rows = []
     for n in ns:
