@@ -135,63 +135,6 @@ class ConfidenceRecorder(LogitsProcessor):
         return torch.stack(self.steps).float().cpu().numpy()
 
 
-def _output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM's next-token logits from final-norm hidden states `(m, d)` → `(m, V)` float32."""
-    head = model.get_output_embeddings()
-    param = next(head.parameters())
-    logits = head(hidden.to(param.device, param.dtype)).float()
-    config = model.config.get_text_config()
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:  # Gemma-2 style soft-capping, applied by the model after the head
-        logits = torch.tanh(logits / cap) * cap
-    scale = getattr(config, "logit_scale", None)
-    if isinstance(scale, (int, float)) and scale not in (0, 1):
-        logits = logits * scale
-    return logits
-
-
-@torch.no_grad()
-def _answer_logprobs(model, answers: Sequence, chunk: int = 1024) -> tuple[list[np.ndarray], str]:
-    """Per answer, `(L,)` log p(answer token | context) and where the numbers came from.
-
-    Uses the generation hook's ``token_logprobs`` when it provides them. Otherwise they follow from the captured
-    hidden states: the state at the position where token i is the input is the one that predicted token i + 1
-    (greedy), so the LM head gives tokens 1..L-1 exactly; token 0 was predicted from the elicitation prompt, whose
-    state is not captured, and is stored as nan (Token-Probs then averages over the others).
-    """
-    provided = [getattr(a, "token_logprobs", None) for a in answers]
-    if all(p is not None for p in provided) and _generation_gives_logprobs():
-        return [np.asarray(p, dtype=np.float32).reshape(-1) for p in provided], "generation"
-    rows = [a.hidden_states[:-1] for a in answers]
-    targets = torch.tensor([t for a in answers for t in a.token_ids[1:]], dtype=torch.long)
-    flat = torch.cat(rows) if rows else torch.zeros(0)
-    values = torch.empty(len(targets), dtype=torch.float32)
-    for i in range(0, len(targets), chunk):
-        logits = _output_logits(model, flat[i:i + chunk])
-        values[i:i + chunk] = torch.log_softmax(logits, -1).gather(
-            1, targets[i:i + chunk, None].to(logits.device)).squeeze(1).cpu()
-    out, at = [], 0
-    for a in answers:
-        n = len(a.token_ids) - 1
-        out.append(np.concatenate([[np.nan], values[at:at + n].numpy()]).astype(np.float32))
-        at += n
-    return out, "hidden_states (first answer token: nan)"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# From a generation result to a stored record
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _generation_gives_logprobs() -> bool:
-    """Whether the generation hook records answer-token log-probabilities itself (``MSVAnswer.token_logprobs``)."""
-    import dataclasses
-
-    from .generation import MSVAnswer
-
-    return "token_logprobs" in {f.name for f in dataclasses.fields(MSVAnswer)}
-
-
 def _is_correct(checker, text: str | None, problem: Problem) -> bool:
     golds = [problem.gold] + [g for g in (problem.meta.get("gold_alternatives") or []) if g != problem.gold]
     return text is not None and any(checker.is_correct(text, str(g)) for g in golds)
@@ -199,7 +142,7 @@ def _is_correct(checker, text: str | None, problem: Problem) -> bool:
 
 def _record(model, problem: Problem, result, confidence: np.ndarray, rows: range, checker) -> CollectedProblem:
     answers = sorted(result.answers, key=lambda a: (a.tau, a.sequence, a.step))  # elicitation order
-    logprobs, _ = _answer_logprobs(model, answers)
+    logprobs = [np.asarray(a.token_logprobs, dtype=np.float32).reshape(-1) for a in answers]
     lengths = [len(s) for s in result.sequences]
     width = model.config.get_text_config().hidden_size
     return CollectedProblem(
@@ -503,8 +446,7 @@ def collect(
                 "dtype": dtype, "confidence_top_k": confidence_top_k, **_lm_info(model, tokenizer)}
     _check_config(root, settings, state.is_main_process, overwrite, state)
 
-    info = dict(settings, format_version="1", token_logprobs_source="generation" if _generation_gives_logprobs()
-                else "hidden_states (first answer token: nan)")
+    info = dict(settings, format_version="1", token_logprobs_source="generation")
     store = _ShardStore(root, rank, world, problems_per_shard, dtype, info)
     store.recover()
     state.wait_for_everyone()  # every rank has cleaned up before anyone reads the done set

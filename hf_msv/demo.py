@@ -20,8 +20,7 @@ from .equivalence import get_checker
 from .generation import msv_generate
 from .modeling_msv import MSVVerifier
 from .problems import Problem
-
-TESTBED_VERIFIER_DIR = Path(__file__).resolve().parent / "testbed" / "verifier"
+from .testbed import TESTBED_VERIFIER_DIR
 
 
 @dataclass
@@ -43,7 +42,7 @@ def load_default():
     from .testbed import load_testbed_lm
 
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
-        raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; train one with `hf-msv reproduce`.")
+        raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; train one with `scripts/train_shipped_verifier.sh`.")
     model, tokenizer = load_testbed_lm()
     return model, tokenizer, MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
 

@@ -138,6 +138,8 @@ class MSVAnswer:
             (elicited, but the prompt stopped before τ + L).
         hidden_states: `(L, d)` last-layer hidden states of the answer tokens (kept with
             ``capture_hidden_states=True``, on CPU; otherwise `None` after scoring).
+        token_logprobs: `L` floats, log p(answer token i | context, tokens < i) under the LM (what the Token-Probs
+            baseline averages).
     """
 
     text: str | None
@@ -155,6 +157,7 @@ class MSVAnswer:
     class_id: int = -1
     score: float | None = None
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
+    token_logprobs: list[float] | None = field(default=None, repr=False)
 
     @property
     def end(self) -> int:
@@ -516,7 +519,7 @@ class _Run:
         session = self.session
         start = time.perf_counter()
         fork, mask, position, segments, logits = self._branch(branches)
-        answer_ids, hidden = self._decode_answers(fork, mask, position, logits)
+        answer_ids, hidden, logprobs = self._decode_answers(fork, mask, position, logits)
         del fork, logits
 
         answers = []
@@ -530,7 +533,7 @@ class _Run:
                 text=extract_boxed(raw), raw_text=raw, token_ids=ids, prompt=row // self.N, sequence=row % self.N,
                 step=self.num_answers[row], tau=t, length=len(ids), trigger=b.trigger, terminal=terminal,
                 cot_tokens=kept, elicitation_ids=b.prefix_ids + session.prompt_ids,
-                hidden_states=torch.stack(hidden[bi]))
+                hidden_states=torch.stack(hidden[bi]), token_logprobs=logprobs[bi])
             self.num_answers[row] += 1
             self.last_answer[row] = answer
             self.elicitation_tokens[row] += len(segments[bi]) + len(ids)
@@ -594,7 +597,8 @@ class _Run:
     def _decode_answers(self, fork: Cache, mask: torch.Tensor, position: torch.Tensor, logits: torch.Tensor):
         """Greedy answer decoding, batched over the branches, until each box closes (or EOS, or the cap).
 
-        Returns per branch the answer token ids and their last-layer hidden states (list of `(d,)`).
+        Returns per branch the answer token ids, their last-layer hidden states (list of `(d,)`) and their
+        log-probabilities under the LM (list of floats).
         """
         session = self.session
         cap = session.max_answer_tokens
@@ -602,13 +606,16 @@ class _Run:
         tokens = logits.argmax(-1)
         answer_ids: list[list[int]] = [[] for _ in range(n)]
         hidden: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
         finished = [False] * n
         batch = list(range(n))  # batch[p]: the branch at batch position p
         for _ in range(cap):
             closing = []
-            for bi, token in zip(batch, tokens.tolist()):
+            chosen = torch.log_softmax(logits.float(), -1).gather(1, tokens[:, None]).squeeze(1).tolist()
+            for bi, token, lp in zip(batch, tokens.tolist(), chosen):
                 if finished[bi]:
                     continue
+                logprobs[bi].append(lp)
                 ids = answer_ids[bi]
                 ids.append(token)
                 if token in self.eos_ids or len(ids) >= cap or find_box_end(session._decode(ids)) is not None:
@@ -625,14 +632,15 @@ class _Run:
             live = [p for p, bi in enumerate(batch) if not finished[bi]]
             if not live:
                 break
-            tokens, position = out.logits[:, -1].argmax(-1), position + 1
+            logits = out.logits[:, -1]
+            tokens, position = logits.argmax(-1), position + 1
             if len(live) <= len(batch) // 2:
                 # Most rows are done: stop spending forwards on them (one gather of the remaining rows).
                 keep = torch.tensor(live, device=mask.device)
                 fork.batch_select_indices(keep)
-                mask, tokens, position = mask[keep], tokens[keep], position[keep]
+                mask, tokens, position, logits = mask[keep], tokens[keep], position[keep], logits[keep]
                 batch = [batch[p] for p in live]
-        return answer_ids, hidden
+        return answer_ids, hidden, logprobs
 
     # -- scoring ---------------------------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["ReproduceConfig", "PAPER", "reproduce", "training_config", "measure_lm_costs", "checker_agreement",
-           "add_reproduce_arguments", "reproduce_from_args", "main"]
+           "add_reproduce_arguments", "reproduce_from_args", "train_shipped_verifier", "main"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -482,6 +482,40 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     (output_dir / f"{stem}.md").write_text(render_testbed(summary, main))
     log(f"[reproduce] wrote {output_dir / (stem + '.md')} in {summary['timing_s']['total']:.0f} s")
     return summary
+
+
+def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threads: int | None = None,
+                           config: ReproduceConfig | None = None) -> Path:
+    """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
+    reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
+    ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples). Saves weights, config and model card to `destination` (default: the package's)."""
+    import torch
+
+    from .hub import save_verifier
+    from .modeling_msv import MSVVerifier
+    from .testbed import TESTBED_VERIFIER_DIR, load_testbed_lm
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg, work = config or ReproduceConfig(), Path(work_dir)
+    data = work / "data"
+    model, tokenizer = load_testbed_lm()
+    for split, name, count in (("train", "train", cfg.train_problems), ("validation", "val", cfg.val_problems)):
+        _collect(model, tokenizer, split, count, data / name, cfg, cfg.num_samples)
+    n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
+    path = _train(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
+                  training_config("msv", n, "streaming", cfg.quick))
+    log = json.loads((path / "training_log.json").read_text())
+    best = next(h for h in log["history"] if h["epoch"] == log["best_epoch"])
+    metrics = {k.replace("val_", "validation "): v for k, v in best.items() if k.startswith("val_")}
+    destination = Path(destination or TESTBED_VERIFIER_DIR)
+    shutil.rmtree(destination, ignore_errors=True)
+    save_verifier(MSVVerifier.from_pretrained(path), destination, metrics=metrics | {"epoch": log["best_epoch"]},
+                  training_data=log["training_data"] + " Reproduce with `scripts/train_shipped_verifier.sh`.",
+                  repo_id="msv16-testbed")
+    for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
+        stale.unlink()
+    return destination
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -956,11 +990,16 @@ def add_reproduce_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--shipped-verifier", action="store_true",
+                        help="only (re)build hf_msv/testbed/verifier from the train/validation shards")
     return parser
 
 
 def reproduce_from_args(args: argparse.Namespace) -> dict:
-    """Run `reproduce` from parsed `add_reproduce_arguments` options."""
+    """Run `reproduce` (or `train_shipped_verifier`) from parsed `add_reproduce_arguments` options."""
+    if args.shipped_verifier:
+        return {"shipped_verifier": str(train_shipped_verifier(args.work_dir or "outputs/reproduce",
+                                                               threads=args.threads))}
     cfg = ReproduceConfig.quick_config() if args.quick else ReproduceConfig()
     if args.seeds:
         cfg = replace(cfg, seeds=args.seeds)

@@ -125,7 +125,6 @@ def test_records_match_the_generation_hook(reference):
     stored = problems_by_id(out)
     assert sorted(stored) == sorted(p.id for p in tiny_problems(7))
     model, checker = tiny_lm(), get_checker("exact")
-    raw = tiny_lm(scripted=False)  # same weights without the answer script: what the LM head itself says
     for problem in tiny_problems(2):
         record = stored[problem.id]
         # The same batch, sampled directly through the hook with the batch's seed.
@@ -152,17 +151,12 @@ def test_records_match_the_generation_hook(reference):
         starts = record.answer_token_start
         for i, a in enumerate(answers):
             context = prompt + res.sequences[a.sequence][: a.cot_tokens] + a.elicitation_ids
-            from_generation = collect_mod._generation_gives_logprobs()
-            with torch.no_grad():  # the scripted logits when the hook reports them, the LM head's otherwise
-                logits = (model if from_generation else raw)(torch.tensor([context + a.token_ids])).logits[0].float()
+            with torch.no_grad():  # the scripted logits: the ones generation sampled and elicited from
+                logits = model(torch.tensor([context + a.token_ids])).logits[0].float()
             lp = torch.log_softmax(logits[len(context) - 1: -1], -1)
             expect = lp[torch.arange(a.length), torch.tensor(a.token_ids)].numpy()
             got = record.token_logprobs[starts[i]: starts[i] + a.length]
-            if from_generation:
-                np.testing.assert_allclose(got, expect, atol=1e-4)
-            else:
-                assert np.isnan(got[0])
-                np.testing.assert_allclose(got[1:], expect[1:], atol=1e-4)
+            np.testing.assert_allclose(got, expect, atol=1e-4)
         for n, seq in enumerate(res.sequences):
             with torch.no_grad():
                 logits = model(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1: -1].float()

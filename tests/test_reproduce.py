@@ -82,3 +82,14 @@ def test_quick_reproduction(tmp_path):
     assert summary2["studies"] == ["main"]
     assert summary2["timing_s"]["collect"] < summary["timing_s"]["collect"]
     assert summary2["timing_s"]["train main"] < summary["timing_s"]["train main"]
+
+    # the shipped verifier's recipe on the same shards: collection is reused, the card and weights are written
+    from hf_msv import MSVVerifier
+    from hf_msv.reproduce import ReproduceConfig, train_shipped_verifier
+
+    shipped = train_shipped_verifier(work, tmp_path / "shipped", config=ReproduceConfig.quick_config())
+    verifier = MSVVerifier.from_pretrained(shipped)
+    assert (verifier.config.num_sequences, verifier.config.mode) == (8, "streaming")
+    assert "validation auroc" in (shipped / "README.md").read_text()
+    assert not list(shipped.glob("*.py"))
+    assert (work / "verifiers" / "msv8-streaming" / "training_log.json").exists()

@@ -94,6 +94,27 @@ def test_traces_have_waits_and_a_final_box():
     assert elicit.endswith(ELICITATION_PROMPT) and answer.startswith("{") and answer.endswith("}")
 
 
+def test_segments_restate_their_answer_and_later_answers_are_better():
+    from hf_msv.testbed.task import make_trace_parts
+
+    rng = random.Random(1)
+    first = last = 0
+    ps = generate_problems("evaluation", 300, seed=0)
+    for p in ps:
+        parts = make_trace_parts(p, rng)
+        assert parts[0][0].startswith(" ") and DELIMITER not in parts[0][0]
+        for segment, answer in parts:
+            assert segment.lower().endswith(f"so {answer}.")  # the answer a Wait-elicitation should copy
+        assert all(segment.startswith(f" {DELIMITER}, ") for segment, _ in parts[1:])
+        first += parts[0][1] == p.gold
+        last += parts[-1][1] == p.gold
+    # re-checks fix more than they break: the streaming signal the verifier should pick up
+    assert last > first + 0.15 * len(ps)
+    # re-checks that never fix nor break leave every answer of a trace as the first pass left it
+    knobs = dict(fix_prob=0.0, break_prob=0.0)
+    assert all(len({a for _, a in make_trace_parts(p, rng, **knobs)}) == 1 for p in ps)
+
+
 @pytest.mark.skipif(not (TESTBED_LM_DIR / "config.json").exists(), reason="no shipped checkpoint")
 def test_shipped_checkpoint_loads_with_auto_classes_and_generates():
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -31,12 +31,15 @@ from .task import (
 )
 
 TESTBED_LM_DIR = Path(__file__).resolve().parent / "lm"
+# The streaming MSV_16 trained on the testbed LM (`hf_msv.reproduce.train_shipped_verifier`).
+TESTBED_VERIFIER_DIR = Path(__file__).resolve().parent / "verifier"
 
 __all__ = [
     "DELIMITER",
     "ELICITATION_PROMPT",
     "SPLITS",
     "TESTBED_LM_DIR",
+    "TESTBED_VERIFIER_DIR",
     "TaskKnobs",
     "format_prompt",
     "generate_problems",

@@ -8,14 +8,17 @@ not part of it) is hashed to decide its split, so a problem can never be in two 
 Training traces mimic a reasoning model's chain of thought::
 
     Q: Ann has 23 coins. She gets 8 more. She loses 5. They double. How many?
-    A: 23+8=31. 31-5=26. 26*2=52. Wait, 31-5=26 ok. Wait, 23+8=21 no, 31. 31-5=26. 26*2=52.
+    A: 23+8=21. 21-5=16. 16*2=32. So 32. Wait, 21-5=16 ok, so 32. Wait, 23+8=21 no, 31. 31-5=26. 26*2=52. So 52.
     ### Final Answer ### \\boxed{52}
 
 Each step is computed by a *noisy solver*: steps with a carry / borrow are wrong with a fixed probability (a
 systematic "forgot the carry" error), any step can be off by one or two. After the first pass, 1-4 ``Wait``
-re-checks each recompute one step; a re-check fixes a wrong step with probability ``fix_prob`` and breaks a correct
-one with probability ``break_prob``, and a changed step is followed by redoing the later steps. So an answer at a
-``Wait`` is informative but not final, and sampled traces mix correct and wrong answers. The LM trained on these
+re-checks each recompute one step (with probability ``target_prob`` the first wrong one, as a model that noticed
+something off; else a random one); a re-check fixes a wrong step with probability ``fix_prob`` and breaks a correct
+one with probability ``break_prob``, and a changed step is followed by redoing the later steps. Every segment ends
+by restating the answer it stands at (``So 52.`` / ``ok, so 32.``), as reasoning models do before re-checking. So an
+answer at a ``Wait`` is informative but not final (later answers are more often right: the streaming signal), and
+sampled traces mix correct and wrong answers. The LM trained on these
 traces reproduces the noise (plus its own capacity errors); that is what makes it a useful testbed for verifiers, not
 a math model.
 """
@@ -61,8 +64,9 @@ class TaskKnobs:
     borrow_error: float = 0.75  # P(forget the borrow) on a subtraction that has one
     mul_error: float = 0.65  # P(drop the tens carry) on a multiplication that has one
     slip_error: float = 0.04  # P(off by 1 or 2) on any step
-    fix_prob: float = 0.7  # P(a re-check fixes a wrong step)
-    break_prob: float = 0.05  # P(a re-check breaks a correct step)
+    fix_prob: float = 0.85  # P(a re-check fixes a wrong step)
+    break_prob: float = 0.03  # P(a re-check breaks a correct step)
+    target_prob: float = 0.5  # P(a re-check goes to the first wrong step, when there is one)
     wait_counts: tuple = (1, 2, 3, 4)
     wait_weights: tuple = (0.25, 0.35, 0.25, 0.15)
 
@@ -216,15 +220,16 @@ def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tupl
         c = _noisy(rng, vals[-1], op, k, kn)
         steps.append(_fmt(vals[-1], op, k, c))
         vals.append(c)
-    parts = [(" " + ". ".join(steps) + ".", str(vals[-1]))]
+    parts = [(" " + ". ".join(steps) + f". So {vals[-1]}.", str(vals[-1]))]
     n_wait = rng.choices(kn.wait_counts, weights=kn.wait_weights)[0]
     for _ in range(n_wait):
-        i = rng.randrange(len(ops))
+        wrong = [j for j, (op, k) in enumerate(ops) if vals[j + 1] != apply_op(vals[j], op, k)]
+        i = wrong[0] if wrong and rng.random() < kn.target_prob else rng.randrange(len(ops))
         op, k = ops[i]
         a, old = vals[i], vals[i + 1]
         new = _recheck(rng, a, op, k, old, kn)
         if new == old:
-            parts.append((f" {DELIMITER}, {_fmt(a, op, k, old)} ok.", str(vals[-1])))
+            parts.append((f" {DELIMITER}, {_fmt(a, op, k, old)} ok, so {vals[-1]}.", str(vals[-1])))
             continue
         redo = []
         vals[i + 1] = new
@@ -235,6 +240,7 @@ def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tupl
         seg = f" {DELIMITER}, {_fmt(a, op, k, old)} no, {new}."
         if redo:
             seg += " " + ". ".join(redo) + "."
+        seg += f" So {vals[-1]}."
         parts.append((seg, str(vals[-1])))
     return parts
 

@@ -1,11 +1,11 @@
 """Train the testbed reasoning LM from scratch on CPU (a few minutes to ~half an hour on 2 cores).
 
-    python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm --threads 1 --log-every 25 --eval-every 300
+    python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm --threads 2 --eval-every 400
 
-reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; ~25-45 min on a busy 2-core CPU, where one torch thread
-is faster than two; other thread counts give numerically slightly different, equally good models). The model is a plain ``LlamaForCausalLM`` with the
-character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads with ``AutoModelForCausalLM`` /
-``AutoTokenizer`` and no remote code.
+reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; 23 min on 2 idle CPU cores, 2,800 steps; on a busy CPU
+one torch thread is faster than two, and other thread counts give numerically slightly different, equally good
+models). The model is a plain ``LlamaForCausalLM`` with the character-level tokenizer of
+:mod:`hf_msv.testbed.tokenizer`; it loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
 
 Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces
 (:func:`hf_msv.testbed.task.make_trace`); a fraction ``elicit_frac`` of the examples are traces cut right after a
@@ -29,7 +29,7 @@ from .task import TaskKnobs, format_prompt, generate_problems, make_elicitation_
 from .tokenizer import build_tokenizer
 
 DEFAULTS = dict(  # the shipped checkpoint: hf_msv/testbed/lm/training_log.json records the exact run
-    steps=1800,
+    steps=2800,
     seed=0,
     batch_size=32,
     lr=2e-3,
