@@ -8,8 +8,9 @@ pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > p
 at least one ``Wait`` and Waits per trace; elicitation at every ``Wait`` of the first ``--elicit-samples`` samples per
 problem (prefix ending at the ``Wait`` + ``### Final Answer ### \\boxed``, greedy, <= 40 tokens): the fraction with a
 closed non-empty box and their accuracy (``intermediate_acc``) vs the accuracy of the terminal answers of the same
-traces, elicited the same way at the trace's end (``terminal_acc``; the trace's own sampled box:
-``terminal_sampled_acc``), each terminal answer counted once per Wait of its trace; decode throughput with 64
+traces, elicited as the paper and `hf_msv.collect` do it, by appending the prompt to the finished trace
+(``terminal_acc``; the trace's own sampled box: ``terminal_sampled_acc``; how often the two agree:
+``terminal_elicit_agreement``), each terminal answer counted once per Wait of its trace; decode throughput with 64
 sequences in parallel. The last line printed is the JSON summary.
 """
 
@@ -128,7 +129,6 @@ def main(argv=None):
 
     # ---- elicitation at every Wait of the first few samples per problem, and at the end of the same traces
     elicit_prompt = tok(ELICITATION_PROMPT, add_special_tokens=False).input_ids
-    E = len(elicit_prompt)
     jobs = []  # (prefix ids, gold, trace index, is_terminal)
     sampled_final = {}  # trace index -> the final box the trace itself sampled
     for pi, (p, rows, answers) in enumerate(zip(problems, traces, finals)):
@@ -138,9 +138,9 @@ def main(argv=None):
             for j, t in enumerate(g):
                 if t == wait_id:
                     jobs.append((prompt + g[: j + 1] + elicit_prompt, p.gold, key, False))
-            # terminal answer, elicited the same way: the trace up to its own final elicitation prompt
-            ends = [j + E for j in range(len(g) - E + 1) if g[j : j + E] == elicit_prompt]
-            jobs.append((prompt + (g[: ends[-1]] if ends else g + elicit_prompt), p.gold, key, True))
+            # terminal answer, elicited as the paper (and the collection) does: the prompt appended to the
+            # finished trace, its own final answer line included
+            jobs.append((prompt + g + elicit_prompt, p.gold, key, True))
     t1 = time.time()
     elicited = {}  # job index -> answer
     for c in range(0, len(jobs), 256):
@@ -158,6 +158,8 @@ def main(argv=None):
     # paired with each intermediate answer: the answer its trace ends with (elicited / sampled)
     term_correct = sum(terminal[key] == gold for _, gold, key in inter)
     sampled_correct = sum(sampled_final[key] == gold for _, gold, key in inter)
+    # the paper's terminal elicitation must give back the answer the trace wrote itself
+    agreement = sum(terminal[k] == sampled_final[k] for k in terminal) / max(len(terminal), 1)
     elicit_s = time.time() - t1
 
     # ---- decode throughput, 64 sequences in parallel
@@ -187,6 +189,7 @@ def main(argv=None):
         "intermediate_acc": round(inter_correct / nE, 4),
         "terminal_acc": round(term_correct / nE, 4),
         "terminal_sampled_acc": round(sampled_correct / nE, 4),
+        "terminal_elicit_agreement": round(agreement, 4),
         "decode_tokens_per_s": round(n_new / dt, 1),
         "decode_sequences": 64,
         "sample_s": round(sample_s, 1),

@@ -90,8 +90,14 @@ def test_traces_have_waits_and_a_final_box():
     assert sum(DELIMITER in t for t in traces) == len(traces)
     n_right = sum(t.endswith("{" + p.gold + "}") for t, p in zip(traces, ps))
     assert 0.3 * len(ps) < n_right < 0.9 * len(ps)  # noisy solver: a mix of correct and wrong answers
-    prefix, elicit, answer = make_elicitation_example(ps[0], rng)
-    assert elicit.endswith(ELICITATION_PROMPT) and answer.startswith("{") and answer.endswith("}")
+    kinds = set()
+    for p in ps:
+        prefix, elicit, answer = make_elicitation_example(p, rng)
+        assert elicit.endswith(ELICITATION_PROMPT) and answer.startswith("{") and answer.endswith("}")
+        kinds.add("final" if ELICITATION_PROMPT in prefix else "wait" if prefix.endswith(DELIMITER) else "step")
+        if ELICITATION_PROMPT in prefix:  # after the finished trace: the answer is the trace's own
+            assert prefix.endswith(answer)
+    assert kinds == {"final", "wait", "step"}
 
 
 def test_segments_restate_their_answer_and_later_answers_are_better():
@@ -139,6 +145,15 @@ def test_shipped_checkpoint_loads_with_auto_classes_and_generates():
                          eos_token_id=tok.eos_token_id)
     cont = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
     assert cont.startswith("{") and "}" in cont
+    # the paper's terminal elicitation (prompt appended to the finished trace) gives back the trace's own answer
+    finished = [(t, q) for t, q in zip(texts, p) if t.count("\\boxed{") == 1 and t.endswith("}")]
+    assert finished
+    for trace, question in finished:
+        enc = tok(format_prompt(question) + trace + ELICITATION_PROMPT, return_tensors="pt")
+        out = model.generate(**enc, do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)
+        cont = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
+        assert cont.split("}")[0] + "}" == trace[trace.rindex("{"):]
 
 
 def test_training_smoke(tmp_path):

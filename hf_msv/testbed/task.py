@@ -256,13 +256,19 @@ def make_trace(problem: Problem, rng: random.Random, **knobs) -> str:
 
 
 def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> tuple[str, str, str]:
-    """A trace cut right after a random ``Wait`` (or, rarely, after a step), for training elicitation.
+    """A trace cut right after a random ``Wait`` (or, rarely, after a step, or after the trace's own final answer
+    line: the paper elicits the terminal answer by appending the prompt to the finished sequence), for training
+    elicitation.
 
     Returns ``(prefix, elicitation, answer)``: the LM is trained on ``prefix`` (as trace text) and on ``answer`` +
     EOS after ``elicitation``, never on emitting ``elicitation`` itself (so mid-trace it does not stop by itself)."""
     parts = make_trace_parts(problem, rng, **knobs)
     sep = rng.choice(["", "", " ", "\n"])
-    if len(parts) > 1 and rng.random() < 0.85:
+    where = rng.random()
+    if where < 0.2:  # the finished trace, final answer line included
+        answer = parts[-1][1]
+        prefix = "".join(s for s, _ in parts) + final_answer_line(answer)
+    elif len(parts) > 1 and where < 0.88:
         j = rng.randrange(1, len(parts))  # cut right after the delimiter of segment j
         prefix = "".join(s for s, _ in parts[:j]) + " " + DELIMITER
         answer = parts[j - 1][1]
