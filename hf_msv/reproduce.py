@@ -510,9 +510,13 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     metrics = {k.replace("val_", "validation "): v for k, v in best.items() if k.startswith("val_")}
     destination = Path(destination or TESTBED_VERIFIER_DIR)
     shutil.rmtree(destination, ignore_errors=True)
-    save_verifier(MSVVerifier.from_pretrained(path), destination, metrics=metrics | {"epoch": log["best_epoch"]},
-                  training_data=log["training_data"] + " Reproduce with `scripts/train_shipped_verifier.sh`.",
-                  repo_id="msv16-testbed")
+    verifier = MSVVerifier.from_pretrained(path)
+    local = verifier.config.base_model_name_or_path  # this machine's path: the card names the package's LM instead
+    verifier.config.base_model_name_or_path = "hf_msv-testbed (hf_msv/testbed/lm)"
+    training_data = log["training_data"].replace(f"`{local}`", "the hf_msv testbed LM (`hf_msv/testbed/lm`)")
+    save_verifier(verifier, destination, metrics=metrics | {"epoch": log["best_epoch"]},
+                  training_data=training_data + " Reproduce with `scripts/train_shipped_verifier.sh`.",
+                  repo_id="hf-msv/msv16-testbed")
     for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
         stale.unlink()
     return destination

@@ -2,9 +2,9 @@
 
     python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm --threads 2 --eval-every 400
 
-reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; 23 min on 2 idle CPU cores, 2,800 steps; on a busy CPU
-one torch thread is faster than two, and other thread counts give numerically slightly different, equally good
-models). The model is a plain ``LlamaForCausalLM`` with the character-level tokenizer of
+reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; 2,800 steps, ~23 min on 2 idle CPU cores, 29 min next
+to other jobs; on a busy CPU one torch thread is faster than two, and other thread counts give numerically slightly
+different, equally good models). The model is a plain ``LlamaForCausalLM`` with the character-level tokenizer of
 :mod:`hf_msv.testbed.tokenizer`; it loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
 
 Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces
