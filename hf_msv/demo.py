@@ -42,7 +42,8 @@ def load_default():
     from .testbed import load_testbed_lm
 
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
-        raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; train one with `scripts/train_shipped_verifier.sh`.")
+        raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; "
+                                "train one with `scripts/train_shipped_verifier.sh`.")
     model, tokenizer = load_testbed_lm()
     return model, tokenizer, MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
 

@@ -247,6 +247,12 @@ def _collect(model, tokenizer, split: str, count: int, out: Path, cfg: Reproduce
                    seed=cfg.collect_seed, progress=False, **kwargs)
 
 
+def _collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, **kwargs):
+    """`sizes` = problem counts of train, validation[, evaluation], collected into root/train, root/val, root/eval."""
+    for (split, name), count in zip((("train", "train"), ("validation", "val"), ("evaluation", "eval")), sizes):
+        _collect(model, tokenizer, split, count, root / name, cfg, num_samples, **kwargs)
+
+
 def _train(train_dir, val_dir, out: Path, config) -> Path:
     """Train unless `out` holds a finished run of the same config (resumable)."""
     from .training import train_verifier
@@ -352,9 +358,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
 
     model, tokenizer = load_testbed_lm()
     with clock("collect"):
-        for split, name, count in (("train", "train", cfg.train_problems), ("validation", "val", cfg.val_problems),
-                                   ("evaluation", "eval", cfg.eval_problems)):
-            _collect(model, tokenizer, split, count, data / name, cfg, cfg.num_samples)
+        _collect_splits(model, tokenizer, data, cfg, cfg.num_samples,
+                        (cfg.train_problems, cfg.val_problems, cfg.eval_problems))
     with clock("lm costs"):
         ns_cost = sorted(set(cfg.num_sequences) | (set(cfg.grouping_ns) if "grouping" in studies else set()))
         lm_costs = measure_lm_costs(model, tokenizer, generate_problems("evaluation", cfg.cost_problems, seed=99),
@@ -435,10 +440,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         n = cfg.delimiter_n
         dk = work / "data-every-k"
         with clock("delimiters"):
-            tr, va, ev = cfg.delimiter_sizes
-            for split, name, count in (("train", "train", tr), ("validation", "val", va), ("evaluation", "eval", ev)):
-                _collect(model, tokenizer, split, count, dk / name, cfg, cfg.delimiter_samples, delimiters=[],
-                         every_k_tokens=cfg.every_k_tokens)
+            _collect_splits(model, tokenizer, dk, cfg, cfg.delimiter_samples, cfg.delimiter_sizes, delimiters=[],
+                            every_k_tokens=cfg.every_k_tokens)
             vs = {}
             for name, kind, m in (("Probe", "probe", 1), ("MSV_1", "msv", 1), (f"MSV_{n}", "msv", n)):
                 vs[name] = {"streaming": str(_train(dk / "train", dk / "val", ver / f"everyk-{kind}{m}",
@@ -488,7 +491,8 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
                            config: ReproduceConfig | None = None) -> Path:
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
-    ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples). Saves weights, config and model card to `destination` (default: the package's)."""
+    ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples). Saves weights, config and model card
+    to `destination` (default: the package's)."""
     import torch
 
     from .hub import save_verifier
@@ -500,8 +504,7 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     cfg, work = config or ReproduceConfig(), Path(work_dir)
     data = work / "data"
     model, tokenizer = load_testbed_lm()
-    for split, name, count in (("train", "train", cfg.train_problems), ("validation", "val", cfg.val_problems)):
-        _collect(model, tokenizer, split, count, data / name, cfg, cfg.num_samples)
+    _collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems))
     n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
     path = _train(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
                   training_config("msv", n, "streaming", cfg.quick))
