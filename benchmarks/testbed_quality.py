@@ -68,6 +68,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--knobs", default="{}", help="JSON dict of generator knobs for the evaluation problems")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="decode_tokens_per_s is only meaningful for the machine named")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -75,7 +76,7 @@ def main(argv=None):
 
     t_start = time.time()
     tok = AutoTokenizer.from_pretrained(a.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(a.model_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir).to(a.device).eval()
     wait_id = tok.convert_tokens_to_ids(DELIMITER)
     n_problems = a.n_problems or (64 if a.quick else 448)
     knobs = json.loads(a.knobs)
@@ -90,7 +91,7 @@ def main(argv=None):
     t0 = time.time()
     for c in range(0, len(problems), a.problems_per_call):
         chunk = problems[c : c + a.problems_per_call]
-        enc = tok([format_prompt(p) for p in chunk], return_tensors="pt", padding=True)
+        enc = tok([format_prompt(p) for p in chunk], return_tensors="pt", padding=True).to(a.device)
         with torch.no_grad():
             out = model.generate(**enc, num_return_sequences=S, **gen_kw)
         P = enc.input_ids.shape[1]
@@ -147,7 +148,8 @@ def main(argv=None):
         batch = jobs[c : c + 256]
         ids, att = left_pad([j[0] for j in batch], tok.pad_token_id)
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=att, do_sample=False, max_new_tokens=40,
+            out = model.generate(input_ids=ids.to(a.device), attention_mask=att.to(a.device), do_sample=False,
+                                 max_new_tokens=40,
                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         for k, row in enumerate(out[:, ids.shape[1] :]):
             elicited[c + k] = parse_box(tok.decode(row, skip_special_tokens=True))
@@ -163,7 +165,7 @@ def main(argv=None):
     elicit_s = time.time() - t1
 
     # ---- decode throughput, 64 sequences in parallel
-    enc = tok([format_prompt(problems[0])], return_tensors="pt")
+    enc = tok([format_prompt(problems[0])], return_tensors="pt").to(a.device)
     with torch.no_grad():
         model.generate(**enc, num_return_sequences=64, **{**gen_kw, "max_new_tokens": 16})  # warm-up
         t2 = time.time()
@@ -196,6 +198,7 @@ def main(argv=None):
         "elicit_s": round(elicit_s, 1),
         "wall_s": round(time.time() - t_start, 1),
         "torch_threads": torch.get_num_threads(),
+        "device": str(model.device),
         "model_dir": str(Path(a.model_dir)),
     }
     print(json.dumps(res))

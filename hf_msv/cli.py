@@ -13,10 +13,12 @@ def _demo(args):
     if args.model or args.verifier:
         if not (args.model and args.verifier):
             sys.exit("--model and --verifier go together (the verifier must match the LM).")
-        model, tokenizer, verifier = load_custom(args.model, args.verifier, args.gguf_file)
+        model, tokenizer, verifier = load_custom(args.model, args.verifier, args.gguf_file, args.device)
+    threshold = {} if args.threshold is None else {"threshold": args.threshold}
     run_demo(num_problems=args.problems, question=args.question, num_sequences=args.num_sequences,
-             threshold=args.threshold, max_new_tokens=args.max_new_tokens, seed=args.seed, model=model,
-             tokenizer=tokenizer, verifier=verifier, output_dir=args.output_dir)
+             max_new_tokens=args.max_new_tokens, seed=args.seed, model=model,
+             tokenizer=tokenizer, verifier=verifier, output_dir=args.output_dir, device=args.device,
+             **threshold)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,16 +26,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="N parallel samples per problem, MSV selection and early stopping")
-    demo.add_argument("--problems", type=int, default=6, help="testbed evaluation problems to run")
+    demo.add_argument("--problems", type=int, default=12, help="testbed evaluation problems to run")
     demo.add_argument("--question", help="your own question instead (no gold answer, so no grading)")
     demo.add_argument("-n", "--num-sequences", type=int, default=16)
-    demo.add_argument("--threshold", type=float, default=0.6, help="λ: stop once the best answer's score reaches it")
+    demo.add_argument("--threshold", type=float, default=None,
+                      help="λ: stop once the best answer's score reaches it (default: the testbed's, chosen on "
+                           "validation)")
     demo.add_argument("--max-new-tokens", type=int, default=400)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--model", help="a local or Hub causal LM instead of the embedded testbed LM")
     demo.add_argument("--gguf-file", help="GGUF file inside --model, if it is a GGUF repo")
     demo.add_argument("--verifier", help="a local or Hub MSV verifier trained for --model")
     demo.add_argument("--output-dir", default="outputs/demo")
+    demo.add_argument("--device", default="auto", help="auto (default): the GPU when there is one, else the CPU")
     demo.set_defaults(func=_demo)
 
     from .collect import add_collect_arguments, collect_from_args

@@ -345,7 +345,18 @@ def _lm_info(model, tokenizer) -> dict:
             "lm_hidden_size": config.hidden_size,
             "lm_num_attention_heads": getattr(config, "num_attention_heads", None),
             "lm_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "lm_weights_fingerprint": _weights_fingerprint(model),
             "tokenizer": getattr(tokenizer, "name_or_path", "")}
+
+
+def _weights_fingerprint(model) -> str:
+    """A short hash of every parameter's name, shape and first values: a retrained checkpoint under the same path
+    must not resume a collection made with the old one. Exact values, so it is the same on every device."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            digest.update(f"{name}{tuple(p.shape)}{p.flatten()[:8].float().tolist()}".encode())
+    return digest.hexdigest()[:16]
 
 
 def _check_config(root: Path, settings: dict, is_main: bool, overwrite: bool, state) -> None:

@@ -37,25 +37,40 @@ class DemoRow:
     seconds: float
 
 
-def load_default():
-    """The embedded default: testbed LM, its tokenizer, and the MSV trained on it."""
+# λ for the shipped MSV_16 on the testbed, chosen on validation by `hf-msv reproduce` (docs/results/testbed.json:
+# main.16.lambda_selection.MSV_16.validation: per seed, the cheapest λ whose validation accuracy reaches 0.95 × the
+# best full-decoding validation accuracy; 0.88-0.95 over 5 seeds, mean 0.92).
+DEMO_THRESHOLD = 0.92
+
+
+def resolve_device(device: str | None = None) -> torch.device:
+    """``None`` / ``"auto"``: the GPU when there is one, else the CPU."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_default(device: str | None = None):
+    """The embedded default: testbed LM, its tokenizer, and the MSV trained on it, on `device`."""
     from .testbed import load_testbed_lm
 
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
         raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; "
                                 "train one with `scripts/train_shipped_verifier.sh`.")
-    model, tokenizer = load_testbed_lm()
-    return model, tokenizer, MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
+    device = resolve_device(device)
+    model, tokenizer = load_testbed_lm(device=device)
+    return model, tokenizer, MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).to(device).eval()
 
 
-def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None):
+def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None, device: str | None = None):
     """Any local or Hub LM + verifier (the Hub needs network; here only local directories work)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(model_name, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(model_name, **kwargs).eval()
-    return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).eval()
+    device = resolve_device(device)
+    model = AutoModelForCausalLM.from_pretrained(model_name, **kwargs).to(device).eval()
+    return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).to(device).eval()
 
 
 def _first_sample_answer(result) -> str | None:
@@ -64,10 +79,10 @@ def _first_sample_answer(result) -> str | None:
 
 
 def run_demo(
-    num_problems: int = 6,
+    num_problems: int = 12,
     question: str | None = None,
     num_sequences: int = 16,
-    threshold: float = 0.6,
+    threshold: float = DEMO_THRESHOLD,
     max_new_tokens: int = 400,
     seed: int = 0,
     model=None,
@@ -75,12 +90,13 @@ def run_demo(
     verifier=None,
     output_dir: str | Path = "outputs/demo",
     checker: str = "symbolic",
+    device: str | None = None,
 ) -> list[DemoRow]:
     """Run the demo and print a per-problem table, totals and a figure path. Returns the rows."""
     from .testbed import format_prompt, generate_problems
 
     if model is None:
-        model, tokenizer, verifier = load_default()
+        model, tokenizer, verifier = load_default(device)
         to_prompt = format_prompt
     elif getattr(tokenizer, "chat_template", None):
         def to_prompt(problem):

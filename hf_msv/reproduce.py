@@ -191,8 +191,9 @@ def training_config(kind: str, n: int, mode: str, quick: bool = False, **overrid
     n-subsets per problem and batches hold 256 sequences (``min(64, 256 // n)`` groups, at least 4): every MSV_n
     takes ~112 steps per epoch on 224 problems; (2) body learning rate 1e-3 for terminal and 3e-4 for streaming
     verifiers (the paper swept 1e-5..5e-3; 5e-5 under-fits the from-scratch 128-wide verifier in this many steps,
-    and streaming verifiers over-fit at 1e-3); (3) 8 epochs terminal, 4 streaming, 4 for the Probe (terminal
-    epochs are ~4x cheaper). Training the MSV remains noisy at this scale (best-of-N varies with the seed).
+    and streaming verifiers over-fit at 1e-3); (3) 8 epochs for MSVs, 4 for the Probe (the best epoch by validation
+    BCE is kept; with 4 streaming epochs the shipped MSV_16's validation BCE was still falling at the last one).
+    Training the MSV remains noisy at this scale (best-of-N varies with the seed).
     """
     from .training import MSVTrainingConfig
 
@@ -201,8 +202,7 @@ def training_config(kind: str, n: int, mode: str, quick: bool = False, **overrid
     else:
         cfg = dict(kind="msv", num_sequences=n, mode=mode, learning_rate=1e-3 if mode == "terminal" else 3e-4,
                    mask_learning_rate=1e-1, embedding_learning_rate=1e-3, batch_size=min(64, max(4, 256 // n)),
-                   groups_per_problem=None if n == 1 else max(2, 128 // n),
-                   num_epochs=8 if mode == "terminal" else 4)
+                   groups_per_problem=None if n == 1 else max(2, 128 // n), num_epochs=8)
     if quick:
         cfg |= dict(num_epochs=2, batch_size=8)
     cfg |= dict(progress=False)
@@ -324,7 +324,7 @@ def checker_agreement(problems_ref, problems_weak, pairs_per_problem: int = 200,
 
 
 def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
-              studies=None, threads: int | None = None, progress: bool = True) -> dict:
+              studies=None, threads: int | None = None, progress: bool = True, device=None) -> dict:
     """Run the testbed reproduction (module docstring) and write ``testbed.md`` / ``testbed.json`` (quick:
     ``testbed-quick.*``) plus figures and per-study reports into `output_dir`. Returns the summary dict.
 
@@ -334,6 +334,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         config: sizes/settings (default: the paper's sizes, or `ReproduceConfig.quick_config()`).
         studies: subset of ``config.studies`` to run ("main" is always run: the others build on it).
         threads: torch threads (default: all cores).
+        device: where the LM samples (default: this process's accelerate device, the GPU when there is one);
+            verifiers train on accelerate's device and are evaluated on CPU.
     """
     import torch
 
@@ -354,9 +356,11 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     data, ver = work / "data", work / "verifiers"
     summary: dict = {"config": asdict(cfg), "studies": list(studies), "paper": PAPER, "reports": {}}
 
-    from .testbed import generate_problems, load_testbed_lm
+    from .collect import load_lm
+    from .testbed import generate_problems
 
-    model, tokenizer = load_testbed_lm()
+    model, tokenizer = load_lm("testbed", device=device)
+    summary["device"] = str(model.device)
     with clock("collect"):
         _collect_splits(model, tokenizer, data, cfg, cfg.num_samples,
                         (cfg.train_problems, cfg.val_problems, cfg.eval_problems))
@@ -488,22 +492,23 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
 
 
 def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threads: int | None = None,
-                           config: ReproduceConfig | None = None) -> Path:
+                           config: ReproduceConfig | None = None, device=None) -> Path:
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
     ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples). Saves weights, config and model card
     to `destination` (default: the package's)."""
     import torch
 
+    from .collect import load_lm
     from .hub import save_verifier
     from .modeling_msv import MSVVerifier
-    from .testbed import TESTBED_VERIFIER_DIR, load_testbed_lm
+    from .testbed import TESTBED_VERIFIER_DIR
 
     if threads:
         torch.set_num_threads(threads)
     cfg, work = config or ReproduceConfig(), Path(work_dir)
     data = work / "data"
-    model, tokenizer = load_testbed_lm()
+    model, tokenizer = load_lm("testbed", device=device)
     _collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems))
     n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
     path = _train(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
@@ -818,8 +823,9 @@ def render_testbed(s: dict, main_results: dict) -> str:
     lines = [
         "# MSV on the testbed: the paper's experiments reproduced" + (" (quick run)" if cfg["quick"] else ""), "",
         "Generated by `hf-msv reproduce`" + (" --quick" if cfg["quick"] else "") + " (`hf_msv/reproduce.py`) in "
-        f"{s['timing_s']['total'] / 60:.1f} min on this machine; every number and verdict below is computed from "
-        "the run, next to the paper's (AIME column unless stated).", "",
+        f"{s['timing_s']['total'] / 60:.1f} min (LM sampling and verifier training on `{s.get('device', 'cpu')}`, "
+        "evaluation on CPU); every number and verdict below is computed from the run, next to the paper's (AIME "
+        "column unless stated).", "",
         "**Read with care.** The testbed LM is a ~1M-parameter character-level model on synthetic arithmetic word "
         "problems (`hf_msv.testbed`), not a 1.5B reasoning LM on competition math: absolute numbers are not "
         "comparable with the paper's; what is tested is whether the *relative* claims (MSV_N vs baselines) carry "
@@ -838,7 +844,9 @@ def render_testbed(s: dict, main_results: dict) -> str:
         "* LM costs measured here (s per shared decode step / per elicited answer): " + ", ".join(
             f"N={n}: {v['decode_step_s']:.2e} / {v['elicit_s']:.2e}" for n, v in s["lm_costs"].items()) + ".",
         "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + ".",
-        "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + ".", "",
+        "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
+        + "".join(f" Not run this time: {', '.join(missing)} (`hf-msv reproduce --studies ...`)."
+                  for missing in [[x for x in ReproduceConfig.studies if x not in s["studies"]]] if missing), "",
         "## Claims", "", _tbl(["claim", "ours", "paper"], [
             [c["claim"], c["sentence"], c["paper"]] for c in s["claims"]]), "",
     ]
@@ -996,6 +1004,9 @@ def add_reproduce_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                         choices=["main", "checkers", "masks", "delimiters", "grouping"])
     parser.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--device", default=None, help="where the LM samples (default: the GPU when there is one)")
+    parser.add_argument("--problems-per-batch", type=int, default=None,
+                        help="problems sampled together (default 4, right for 2 CPU cores; 32 suits a GPU)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--shipped-verifier", action="store_true",
                         help="only (re)build hf_msv/testbed/verifier from the train/validation shards")
@@ -1004,14 +1015,17 @@ def add_reproduce_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 def reproduce_from_args(args: argparse.Namespace) -> dict:
     """Run `reproduce` (or `train_shipped_verifier`) from parsed `add_reproduce_arguments` options."""
-    if args.shipped_verifier:
-        return {"shipped_verifier": str(train_shipped_verifier(args.work_dir or "outputs/reproduce",
-                                                               threads=args.threads))}
     cfg = ReproduceConfig.quick_config() if args.quick else ReproduceConfig()
     if args.seeds:
         cfg = replace(cfg, seeds=args.seeds)
+    if args.problems_per_batch:
+        cfg = replace(cfg, problems_per_batch=args.problems_per_batch)
+    if args.shipped_verifier:
+        return {"shipped_verifier": str(train_shipped_verifier(args.work_dir or "outputs/reproduce",
+                                                               threads=args.threads, config=cfg,
+                                                               device=args.device))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
-                     threads=args.threads, progress=not args.no_progress)
+                     threads=args.threads, progress=not args.no_progress, device=args.device)
 
 
 def main(argv=None) -> None:

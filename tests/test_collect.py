@@ -174,6 +174,9 @@ def test_rerun_skips_everything_and_changed_settings_are_refused(reference, tmp_
     assert (again.skipped, again.generated) == (7, 0) and shard_bytes(out) == before
     with pytest.raises(ValueError, match="other settings"):
         run_collect(out, max_new_tokens=13)
+    # a retrained LM saved under the same name is another LM: its collection does not resume the old one
+    with pytest.raises(ValueError, match="lm_weights_fingerprint"):
+        collect(tiny_lm(seed=1), TOK, tiny_problems(7), out, **SETTINGS)
     fresh = run_collect(tmp_path / "x", num_problems=2)
     redo = run_collect(tmp_path / "x", num_problems=2, max_new_tokens=13, overwrite=True)
     assert (fresh.generated, redo.generated) == (2, 2)

@@ -123,10 +123,11 @@ class ScriptedAnswers:
     def __call__(self, module, args, kwargs, output):
         logits = output.logits  # (batch, positions kept, vocab)
         inputs = (kwargs["input_ids"] if "input_ids" in kwargs else args[0])[:, -logits.shape[1]:]
-        digit = self.digits[logits[..., self.digits].argmax(-1)] if self.close else torch.full_like(inputs, ID["1"])
+        digits = self.digits.to(logits.device)
+        digit = digits[logits[..., digits].argmax(-1)] if self.close else torch.full_like(inputs, ID["1"])
         target = torch.where(inputs == ID["\\boxed"], ID["{"], -1)
         target = torch.where(inputs == ID["{"], digit, target)
-        target = torch.where(torch.isin(inputs, self.digits), ID["}"] if self.close else ID["1"], target)
+        target = torch.where(torch.isin(inputs, digits), ID["}"] if self.close else ID["1"], target)
         rows, positions = (target >= 0).nonzero(as_tuple=True)
         logits[rows, positions, target[rows, positions]] += 1000.0
         return output

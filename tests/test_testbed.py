@@ -121,6 +121,30 @@ def test_segments_restate_their_answer_and_later_answers_are_better():
     assert all(len({a for _, a in make_trace_parts(p, rng, **knobs)}) == 1 for p in ps)
 
 
+def test_targeted_rechecks_follow_a_cue_the_lm_can_see():
+    """target="carry": a targeted re-check goes to the first step with a carry / borrow not yet re-checked (the
+    LM sees the operands, not which step is wrong); target="wrong" is the oracle variant."""
+    import re
+
+    from hf_msv.testbed.task import _has_carry, make_trace_parts
+
+    rng = random.Random(2)
+    for p in generate_problems("train", 200, seed=3):
+        ops = [tuple(x) for x in p.meta["ops"]]
+        parts = make_trace_parts(p, rng, target_prob=1.0, fix_prob=0.0, break_prob=0.0)  # steps never change
+        values = [p.meta["start"]]
+        for a, b in zip(parts[0][0].split(". ")[: len(ops)], ops):
+            values.append(int(a.split("=")[1]))
+        carries = [j for j, (op, k) in enumerate(ops) if _has_carry(values[j], op, k)]
+        rechecked = [re.match(rf" {DELIMITER}, (\d+)(\D)(\d+)=", s).groups() for s, _ in parts[1:]]
+        for w, (a, op, k) in enumerate(rechecked):
+            if w < len(carries):  # the carry steps, in order, before any random re-check
+                j = carries[w]
+                assert (int(a), op, int(k)) == (values[j], *ops[j])
+    with pytest.raises(ValueError, match="target"):
+        make_trace_parts(generate_problems("train", 1)[0], rng, target="anywhere")
+
+
 @pytest.mark.skipif(not (TESTBED_LM_DIR / "config.json").exists(), reason="no shipped checkpoint")
 def test_shipped_checkpoint_loads_with_auto_classes_and_generates():
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -13,9 +13,12 @@ Training traces mimic a reasoning model's chain of thought::
 
 Each step is computed by a *noisy solver*: steps with a carry / borrow are wrong with a fixed probability (a
 systematic "forgot the carry" error), any step can be off by one or two. After the first pass, 1-4 ``Wait``
-re-checks each recompute one step (with probability ``target_prob`` the first wrong one, as a model that noticed
-something off; else a random one); a re-check fixes a wrong step with probability ``fix_prob`` and breaks a correct
-one with probability ``break_prob``, and a changed step is followed by redoing the later steps. Every segment ends
+re-checks each recompute one step: with probability ``target_prob`` the first not yet re-checked step that has a
+carry or borrow (the risky steps, a cue in the text the LM can learn to follow), else a random one; a re-check fixes
+a wrong step with probability ``fix_prob`` and breaks a correct one with probability ``break_prob``, and a changed
+step is followed by redoing the later steps. (Targeting the first *wrong* step instead, ``target="wrong"``, makes
+better training traces but an oracle the LM cannot imitate: an LM trained that way re-checked at random and its
+answers at a ``Wait`` were as accurate as its final ones.) Every segment ends
 by restating the answer it stands at (``So 52.`` / ``ok, so 32.``), as reasoning models do before re-checking. So an
 answer at a ``Wait`` is informative but not final (later answers are more often right: the streaming signal), and
 sampled traces mix correct and wrong answers. The LM trained on these
@@ -66,9 +69,15 @@ class TaskKnobs:
     slip_error: float = 0.04  # P(off by 1 or 2) on any step
     fix_prob: float = 0.85  # P(a re-check fixes a wrong step)
     break_prob: float = 0.03  # P(a re-check breaks a correct step)
-    target_prob: float = 0.5  # P(a re-check goes to the first wrong step, when there is one)
+    target: str = "carry"  # what a targeted re-check goes to: "carry" (the first unchecked step with a carry or
+    # borrow, a cue the LM can see) or "wrong" (the first wrong step: an oracle the LM cannot imitate)
+    target_prob: float = 0.8  # P(a re-check is targeted, when it has a target); else a random step
     wait_counts: tuple = (1, 2, 3, 4)
     wait_weights: tuple = (0.25, 0.35, 0.25, 0.15)
+
+    def __post_init__(self):
+        if self.target not in ("carry", "wrong"):
+            raise ValueError(f"target must be 'carry' or 'wrong', got {self.target!r}")
 
 
 def canonical(start: int, ops: list[tuple[str, int]]) -> str:
@@ -222,9 +231,14 @@ def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tupl
         vals.append(c)
     parts = [(" " + ". ".join(steps) + f". So {vals[-1]}.", str(vals[-1]))]
     n_wait = rng.choices(kn.wait_counts, weights=kn.wait_weights)[0]
+    checked = set()  # steps re-checked since they were last written
     for _ in range(n_wait):
-        wrong = [j for j, (op, k) in enumerate(ops) if vals[j + 1] != apply_op(vals[j], op, k)]
-        i = wrong[0] if wrong and rng.random() < kn.target_prob else rng.randrange(len(ops))
+        if kn.target == "wrong":
+            targets = [j for j, (op, k) in enumerate(ops) if vals[j + 1] != apply_op(vals[j], op, k)]
+        else:
+            targets = [j for j, (op, k) in enumerate(ops) if j not in checked and _has_carry(vals[j], op, k)]
+        i = targets[0] if targets and rng.random() < kn.target_prob else rng.randrange(len(ops))
+        checked.add(i)
         op, k = ops[i]
         a, old = vals[i], vals[i + 1]
         new = _recheck(rng, a, op, k, old, kn)
@@ -237,6 +251,7 @@ def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tupl
             op2, k2 = ops[j]
             vals[j + 1] = _noisy(rng, vals[j], op2, k2, kn)
             redo.append(_fmt(vals[j], op2, k2, vals[j + 1]))
+            checked.discard(j)
         seg = f" {DELIMITER}, {_fmt(a, op, k, old)} no, {new}."
         if redo:
             seg += " " + ". ".join(redo) + "."

@@ -2,10 +2,10 @@
 
     python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm --threads 2 --eval-every 400
 
-reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; 2,800 steps, ~23 min on 2 idle CPU cores, 29 min next
-to other jobs; on a busy CPU one torch thread is faster than two, and other thread counts give numerically slightly
-different, equally good models). The model is a plain ``LlamaForCausalLM`` with the character-level tokenizer of
-:mod:`hf_msv.testbed.tokenizer`; it loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
+reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; 2,800 steps, 27 min on 2 idle CPU cores; on a busy CPU
+one torch thread is faster than two, and other thread counts give numerically slightly different, equally good
+models; ``--device cuda`` trains the same recipe in ~3 min, for exploring task knobs). The model is a plain
+``LlamaForCausalLM`` with the character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
 
 Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces
 (:func:`hf_msv.testbed.task.make_trace`); a fraction ``elicit_frac`` of the examples are traces cut right after a
@@ -122,8 +122,8 @@ def _box(text: str) -> str | None:
 @torch.no_grad()
 def _sample_accuracy(model, tokenizer, problems, max_new_tokens: int) -> float:
     model.eval()
-    enc = tokenizer([format_prompt(p) for p in problems], return_tensors="pt", padding=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    enc = tokenizer([format_prompt(p) for p in problems], return_tensors="pt", padding=True).to(model.device)
+    with torch.autocast(model.device.type, dtype=torch.bfloat16):
         out = model.generate(
             **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -162,12 +162,14 @@ def train_testbed_lm(
     save_every: int = 0,
     log_every: int = 50,
     num_threads: int | None = None,
+    device: str | torch.device = "cpu",
     log=print,
 ):
     """Train the testbed LM from scratch and save model + tokenizer (safetensors) to ``output_dir``.
 
     Returns a dict of training stats (wall time, parameters, final loss, ...), also written to
-    ``output_dir/training_log.json``.
+    ``output_dir/training_log.json``. The shipped checkpoint is trained on CPU; ``device="cuda"`` trains the same
+    recipe on a GPU in about a minute (numerically a different, equally good model), for exploring task knobs.
     """
     if num_threads:
         torch.set_num_threads(num_threads)
@@ -176,7 +178,8 @@ def train_testbed_lm(
     knobs = dict(knobs or {})
     TaskKnobs(**knobs)  # validate
     tok = build_tokenizer()
-    model = build_model(len(tok), tok, d_model, n_layers, n_heads, ffn_mult)
+    device = torch.device(device)
+    model = build_model(len(tok), tok, d_model, n_layers, n_heads, ffn_mult).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"testbed LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
     stream = TraceStream(tok, seed, elicit_frac, knobs)
@@ -198,8 +201,9 @@ def train_testbed_lm(
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        ids, lab, att = stream.batch(batch_size)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        ids, lab, _ = stream.batch(batch_size)
+        ids, lab = ids.to(device), lab.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             # right padding + causal attention: pads never influence real positions, no mask needed (faster)
             loss = model(input_ids=ids, labels=lab).loss
         opt.zero_grad(set_to_none=True)
@@ -224,7 +228,7 @@ def train_testbed_lm(
         "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "d_model": d_model, "n_layers": n_layers,
         "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs, "bf16": bf16,
         "parameters": n_params, "wall_time_s": round(wall, 1), "final_loss": round(ema, 4),
-        "torch_threads": torch.get_num_threads(), "history": history,
+        "torch_threads": torch.get_num_threads(), "device": device.type, "history": history,
     }
     (out / "training_log.json").write_text(json.dumps(stats, indent=1))
     return stats
@@ -241,11 +245,12 @@ def main(argv=None):
     ap.add_argument("--save-every", type=int, default=0, help="also save <output-dir>/checkpoints/step-N")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="the shipped checkpoint is trained on cpu")
     a = ap.parse_args(argv)
     kw = {k: getattr(a, k) for k in DEFAULTS}
     stats = train_testbed_lm(
         a.output_dir, knobs=json.loads(a.knobs), bf16=not a.no_bf16, eval_every=a.eval_every, save_every=a.save_every,
-        log_every=a.log_every, num_threads=a.threads, **kw,
+        log_every=a.log_every, num_threads=a.threads, device=a.device, **kw,
     )
     print(json.dumps({k: v for k, v in stats.items() if k != "history"}))
 

@@ -1,0 +1,87 @@
+"""The same code paths on a CUDA GPU: skipped where there is none (CI has none; run ``pytest tests/test_cuda.py``
+on a GPU machine). Each test repeats a CPU test's exact check with the LM, the verifier and the inputs on ``cuda``,
+or checks what CUDA produced against the CPU computation of the same thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from transformers import LogitsProcessorList
+
+from hf_msv import MSVVerifier, prepare_generation
+from hf_msv.collect import collect
+from hf_msv.shards import ShardDataset, read_shard
+from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt, generate_problems, load_testbed_lm
+from hf_msv.training import MSVTrainingConfig, evaluate_verifier, train_verifier
+
+from test_generation import ID, TOK, ForceTokens, ScriptedAnswers, generate, offline_scores, prompts, tiny_model
+from test_generation import tiny_verifier
+
+# HF_MSV_TEST_DEVICE=cpu runs these checks on CPU (to debug the tests themselves without a GPU).
+DEVICE = torch.device(os.environ.get("HF_MSV_TEST_DEVICE", "cuda"))
+pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_online_scores_on_cuda_equal_the_cpu_offline_forward():
+    """As tests/test_generation.py's online test, LM and verifier on the GPU; the reference forward runs on CPU."""
+    model = tiny_model("llama").to(DEVICE)
+    ScriptedAnswers(model)
+    verifier = tiny_verifier(num_sequences=4)
+    cpu_verifier = copy.deepcopy(verifier)
+    inputs = prompts().to(DEVICE)
+    schedule = {(r, s): ID["Wait"] for r in range(8) for s in range(r % 3 + 1, 14, 4)}
+    torch.manual_seed(3)
+    plain = model.generate(**inputs, do_sample=True, num_return_sequences=4, max_new_tokens=14,
+                           logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)]))
+    with prepare_generation(model, TOK, verifier.to(DEVICE), delimiters=["Wait"], checker="exact",
+                            capture_hidden_states=True) as msv:
+        hooked = generate(model, inputs, n=4, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
+        results = msv.pop_results()
+    assert hooked.device == plain.device and torch.equal(plain, hooked)  # the hook leaves sampling unperturbed
+    assert all(a.hidden_states.device.type == "cpu" for r in results for a in r.answers)
+    offline, online = offline_scores(cpu_verifier, results, 4)
+    torch.testing.assert_close(online, offline, atol=1e-4, rtol=1e-4)
+
+
+def test_testbed_lm_and_shipped_verifier_stop_early_on_cuda():
+    model, tokenizer = load_testbed_lm(device=DEVICE)
+    verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).to(DEVICE).eval()
+    cpu_verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
+    problems = generate_problems("evaluation", 4)
+    torch.manual_seed(0)
+    with prepare_generation(model, tokenizer, verifier, capture_hidden_states=True) as msv:
+        results = msv.generate([format_prompt(p) for p in problems], threshold=0.6, num_sequences=16,
+                               max_new_tokens=224)
+    assert len(results) == 4 and all(r.chosen is not None for r in results)
+    assert any(r.stopped_early for r in results)
+    for r in results:
+        if r.stopped_early:
+            assert r.chosen.score >= 0.6 and r.tokens_decoded < r.tokens_without_early_stop_bounds[1]
+    offline, online = offline_scores(cpu_verifier, results, 16)
+    torch.testing.assert_close(online, offline, atol=1e-3, rtol=1e-3)
+
+
+def test_collect_and_train_on_cuda_then_evaluate_on_cpu(tmp_path):
+    """Shards collected by the LM on the GPU, a verifier trained there (accelerate picks the GPU): the checkpoint
+    loads on CPU and scores the validation split as it did on the GPU."""
+    model, tokenizer = load_testbed_lm(device=DEVICE)
+    for split, name, count in (("train", "train", 8), ("validation", "val", 4)):
+        collect(model, tokenizer, generate_problems(split, count), tmp_path / name, num_samples=8,
+                max_new_tokens=160, prompt_template="testbed", checker="exact", progress=False)
+    problems, _ = read_shard(sorted((tmp_path / "train").glob("shard-*.safetensors"))[0])
+    assert all(p.hidden_states.shape[0] == int(p.answer_length.sum()) > 0 for p in problems)
+    config = MSVTrainingConfig(kind="msv", num_sequences=4, mode="streaming", learning_rate=1e-3, batch_size=8,
+                               num_epochs=2, progress=False, seed=0)
+    if DEVICE.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    result = train_verifier(tmp_path / "train", tmp_path / "val", tmp_path / "msv", config)
+    if DEVICE.type == "cuda":  # training ran there: it needed GPU memory it has since freed
+        assert torch.cuda.max_memory_allocated() > torch.cuda.memory_allocated()
+    loaded = MSVVerifier.from_pretrained(tmp_path / "msv")
+    assert next(loaded.parameters()).device.type == "cpu"
+    val = ShardDataset(tmp_path / "val", num_sequences=4, mode="streaming", seed=0)
+    assert abs(evaluate_verifier(loaded, val, "streaming")["bce"] - result.best_metrics["bce"]) < 1e-3
