@@ -173,15 +173,17 @@ def test_training_lowers_validation_bce(collected, tmp_path, kind, mode, lr):
 @pytest.mark.slow
 @pytest.mark.skipif(TESTBED_LM is None, reason="no testbed LM checkpoint (hf_msv/testbed/lm or $HF_MSV_TESTBED_LM)")
 def test_training_lowers_validation_bce_on_testbed_data(tmp_path):
-    """Collect 64 training and 16 validation problems x 8 samples from the testbed LM (~1-2 min on 2 cores), then
+    """Collect 128 training and 32 validation problems x 8 samples from the testbed LM (~1.5 min on 2 cores), then
     train MSV_4 (streaming) and the Probe (terminal): validation BCE drops, below the entropy of the base rate (what
     a constant predictor at best achieves), so they learned which answers are right, not just how many."""
     import math
 
-    train_dir = collect_testbed(tmp_path / "train", "train", 64)
-    val_dir = collect_testbed(tmp_path / "val", "validation", 16)
+    # 64 / 16 problems were too few for the current LM (accuracy near 0.5): MSV_4 stayed within 0.01 of the
+    # base-rate entropy; with 128 / 32 it ends 0.09 below it (measured: BCE 0.607 vs 0.693, AUROC 0.73)
+    train_dir = collect_testbed(tmp_path / "train", "train", 128)
+    val_dir = collect_testbed(tmp_path / "val", "validation", 32)
     for kind, mode in (("msv", "streaming"), ("probe", "terminal")):
-        # 64 problems x 8 samples make only 8 steps an epoch: train for 12 (best epoch kept)
+        # 128 problems x 8 samples make only 16 steps an epoch: train for 12 (best epoch kept)
         config = MSVTrainingConfig(kind=kind, num_sequences=4, mode=mode, learning_rate=1e-3, batch_size=16,
                                    num_epochs=12, progress=False)
         result = train_verifier(train_dir, val_dir, tmp_path / kind, config)
