@@ -50,3 +50,24 @@ def test_main_job_prints_the_per_problem_table_and_totals(tmp_path):
     out = run(["-m", "hf_msv.cli", "demo", "--problems", "3", "--output-dir", str(tmp_path)], tmp_path)
     assert "chosen" in out and "accuracy: MSV selection" in out and "tokens:" in out
     assert (tmp_path / "demo.png").exists()
+
+
+def test_demo_defaults_follow_the_reproduction():
+    """The demo's default λ is the one `hf-msv reproduce` chose on validation for MSV_16 (docs/results/testbed.json),
+    and `--device auto` picks the GPU only when there is one."""
+    import inspect
+    import json
+
+    import torch
+
+    from hf_msv.cli import build_parser
+    from hf_msv.demo import DEMO_THRESHOLD, resolve_device, run_demo
+
+    summary = json.loads((ROOT / "docs" / "results" / "testbed.json").read_text())
+    chosen = summary["main"]["16"]["lambda_selection"]["MSV_16"]["validation"]["lambda"]["mean"]
+    assert abs(chosen - DEMO_THRESHOLD) < 0.005
+    assert inspect.signature(run_demo).parameters["threshold"].default == DEMO_THRESHOLD
+    args = build_parser().parse_args(["demo"])
+    assert args.threshold is None and args.device == "auto"  # None: run_demo's default applies
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
