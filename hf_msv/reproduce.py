@@ -5,8 +5,8 @@
     summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 seeds
 
 On a GPU pass ``device="cuda"`` and a larger ``ReproduceConfig.problems_per_batch`` (32: 0.30 s per problem at 64
-samples on an H100, vs 1.17 s at 4). On a 2-core CPU the main study's collection alone takes ~40 min (~3 s per
-problem); the full run's CPU time has not been measured since the recipe went to 8 MSV epochs.
+samples on an H100, vs 1.17 s at 4). On 2 CPU cores (``threads=2``) the main study took 58 min (collection 45 min,
+training 11 min) and the checker, mask and delimiter studies 16 min more; the grouping study was not timed.
 
 Pipeline (every stage is resumable: existing shards, trained verifiers and measured costs are reused):
 
@@ -887,7 +887,8 @@ def render_testbed(s: dict, main_results: dict) -> str:
                          _f(v["bon_brier"]), _p(pv.get("brier"))])
         lines += [f"### N = {n}", "", _tbl(["method", "BoN ECE ↓", "paper", "BoN Brier ↓", "paper"], rows), ""]
     lines += _claims_for(s, "best_of") + _claims_for(s, "bon_ece") + [""]
-    lines += _embed_figures(figs, lambda f: "best_of_n" in f or ("reliability_bon" in f and f.endswith(f"N{ns[-1]}.png")))
+    lines += _embed_figures(
+        figs, lambda f: "best_of_n" in f or ("reliability_bon" in f and f.endswith(f"N{ns[-1]}.png")))
     # 3. Streaming calibration
     lines += ["## 3. Calibration on streaming answers", ""]
     for n in ns:

@@ -5,7 +5,8 @@
 reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; 2,800 steps, 27 min on 2 idle CPU cores; on a busy CPU
 one torch thread is faster than two, and other thread counts give numerically slightly different, equally good
 models; ``--device cuda`` trains the same recipe in ~3 min, for exploring task knobs). The model is a plain
-``LlamaForCausalLM`` with the character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
+``LlamaForCausalLM`` with the character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads with
+``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
 
 Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces
 (:func:`hf_msv.testbed.task.make_trace`); a fraction ``elicit_frac`` of the examples are traces cut right after a
@@ -169,7 +170,7 @@ def train_testbed_lm(
 
     Returns a dict of training stats (wall time, parameters, final loss, ...), also written to
     ``output_dir/training_log.json``. The shipped checkpoint is trained on CPU; ``device="cuda"`` trains the same
-    recipe on a GPU in about a minute (numerically a different, equally good model), for exploring task knobs.
+    recipe on a GPU in ~3 min (numerically a different, equally good model), for exploring task knobs.
     """
     if num_threads:
         torch.set_num_threads(num_threads)
