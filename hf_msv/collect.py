@@ -546,10 +546,11 @@ def load_problems(spec: str) -> list[Problem]:
                      "[:<n>], or a .jsonl file")
 
 
-def load_lm(name: str, dtype: str = "auto", device=None):
+def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
     """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, anything else goes to
-    ``AutoModelForCausalLM`` / ``AutoTokenizer``. `device` defaults to this process's accelerate device."""
-    device = device or process_state().device
+    ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
+    `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
+    device = process_state().device if device in (None, "auto") else device
     torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
     if name == "testbed":
         from .testbed import load_testbed_lm
@@ -557,8 +558,9 @@ def load_lm(name: str, dtype: str = "auto", device=None):
         return load_testbed_lm(device=device, dtype=torch_dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype == "auto" else torch_dtype)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype == "auto" else torch_dtype, **kwargs)
     return model.to(device).eval(), tokenizer
 
 

@@ -39,38 +39,32 @@ class DemoRow:
 
 # λ for the shipped MSV_16 on the testbed, chosen on validation by `hf-msv reproduce` (docs/results/testbed.json:
 # main.16.lambda_selection.MSV_16.validation: per seed, the cheapest λ whose validation accuracy reaches 0.95 × the
-# best full-decoding validation accuracy; 0.88-0.95 over 5 seeds, mean 0.92).
-DEMO_THRESHOLD = 0.92
+# best full-decoding validation accuracy; 0.70-0.93 over 5 seeds, mean 0.796).
+DEMO_THRESHOLD = 0.80
 
 
 def resolve_device(device: str | None = None) -> torch.device:
-    """``None`` / ``"auto"``: the GPU when there is one, else the CPU."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    """``None`` / ``"auto"``: this process's accelerate device (the GPU when there is one, else the CPU)."""
+    from .collect import process_state
+
+    return process_state().device if device in (None, "auto") else torch.device(device)
 
 
 def load_default(device: str | None = None):
     """The embedded default: testbed LM, its tokenizer, and the MSV trained on it, on `device`."""
-    from .testbed import load_testbed_lm
-
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
         raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; "
                                 "train one with `scripts/train_shipped_verifier.sh`.")
-    device = resolve_device(device)
-    model, tokenizer = load_testbed_lm(device=device)
-    return model, tokenizer, MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).to(device).eval()
+    return load_custom("testbed", TESTBED_VERIFIER_DIR, device=device)
 
 
 def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None, device: str | None = None):
-    """Any local or Hub LM + verifier (the Hub needs network; here only local directories work)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Any local or Hub LM (``"testbed"``: the embedded one) + its verifier, both on `device` (the Hub needs
+    network; here only local directories work)."""
+    from .collect import load_lm
 
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(model_name, **kwargs)
-    device = resolve_device(device)
-    model = AutoModelForCausalLM.from_pretrained(model_name, **kwargs).to(device).eval()
-    return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).to(device).eval()
+    model, tokenizer = load_lm(model_name, device=resolve_device(device), gguf_file=gguf_file)
+    return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).to(model.device).eval()
 
 
 def _first_sample_answer(result) -> str | None:

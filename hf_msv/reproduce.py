@@ -5,18 +5,19 @@
     summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 seeds
 
 On a GPU pass ``device="cuda"`` and a larger ``ReproduceConfig.problems_per_batch`` (32: 0.30 s per problem at 64
-samples on an H100, vs 1.17 s at 4). On 2 CPU cores (``threads=2``) the main study took 58 min (collection 45 min,
-training 11 min) and the checker, mask and delimiter studies 16 min more; the grouping study was not timed.
+samples on an H100, vs 1.17 s at 4). On 2 CPU cores (``threads=2``) everything takes about 2 h 5 min from scratch:
+the main study 58 min (collection 45, training 11), the checker, mask and delimiter studies 16 min, grouping 23 min
+(mostly its 256-sample collection) and the training-set-size study 28 min (mostly collecting 224 more problems).
 
 Pipeline (every stage is resumable: existing shards, trained verifiers and measured costs are reused):
 
 1. **collect** with the shipped testbed LM (`hf_msv.testbed`): 224 train / 64 validation / 448 evaluation problems
    × 64 samples (temperature 1, ``Wait`` delimiter, elicitation ``### Final Answer ### \\boxed``, ≤ 40 answer tokens,
-   symbolic checker as the reference), plus the delimiter-free every-K collection (delimiter study) and a 256-sample
-   evaluation set (grouping study);
+   symbolic checker as the reference), plus the delimiter-free every-K collection (delimiter study), a 256-sample
+   evaluation set (grouping study) and training problems 225-448 (training-set-size study);
 2. **measure** the LM's cost per shared decode step and per elicited answer for each N (wall clock, this machine);
 3. **train** Probe and MSV_1/4/16/64 in both modes (terminal, streaming), the mask ablations of MSV_16, MSV_64
-   with each weak checker, and the delimiter-study verifiers;
+   with each weak checker, the delimiter-study verifiers, and Probe / MSV_64 on 56, 112 and 448 problems;
 4. **evaluate** with `hf_msv.evaluation.evaluate_study` (5 seeds; λ rules on validation);
 5. **report** ``testbed.md`` / ``testbed.json`` in `output_dir`: each experiment with the paper's corresponding
    numbers (AIME unless stated: the dataset of the paper's appendix studies) beside ours, and one sentence per claim
@@ -36,6 +37,7 @@ import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +134,9 @@ PAPER = {
                    "Alternatively": {"Probe": 985.9, "MSV_1": 980.0, "MSV_N": 1012.4},
                    "But": {"Probe": 1039.3, "MSV_1": 1023.6, "MSV_N": 1070.7},
                    "every K tokens": {"Probe": 910.9, "MSV_1": None, "MSV_N": 1013.9}},
+    # Table "Brier score of Probe on AIME as a function of training set size" (terminal answers)
+    "training_size": {"Probe": {"56": 0.0833, "112": 0.0821, "224": 0.0809, "448": 0.0812},
+                      "statement": "Probe's Brier plateaus beyond 224 problems; 448 gives no improvement"},
     # Appendix "Scaling with MSV_M": figure only; the claims are qualitative
     "grouping": {"statement": "MSV_64 (grouped) dominates the single-sequence baselines in accuracy-latency at "
                               "N=128 and 256, and its latency scales linearly in N"},
@@ -158,7 +163,7 @@ class ReproduceConfig:
     problems_per_shard: int = 16
     collect_seed: int = 0
     deepconf_window: int = 32  # DeepConf's 2048 is ~half of a 4k-token trace; testbed traces are ~100 tokens
-    studies: tuple = ("main", "checkers", "masks", "delimiters", "grouping")
+    studies: tuple = ("main", "checkers", "masks", "delimiters", "grouping", "training_size")
     checkers: tuple = ("exact", "jaccard", "embedding", "random")
     mask_ablations: tuple = MASKS
     mask_n: int = 16
@@ -170,6 +175,7 @@ class ReproduceConfig:
     grouping_samples: int = 256
     grouping_ns: tuple = (64, 128, 256)
     grouping_m: int = 64
+    training_sizes: tuple = (56, 112, 224, 448)  # problems; those beyond train_problems are collected in addition
     cost_problems: int = 2
     quick: bool = False
 
@@ -178,7 +184,8 @@ class ReproduceConfig:
         return cls(train_problems=16, val_problems=8, eval_problems=16, num_samples=8, num_sequences=(1, 4),
                    seeds=2, checkers=("random",), mask_ablations=("equivalence",), mask_n=4,
                    delimiter_sizes=(12, 6, 12), delimiter_samples=4, delimiter_n=4, grouping_problems=0,
-                   grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, cost_problems=1, quick=True)
+                   grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, training_sizes=(8, 16, 24),
+                   cost_problems=1, quick=True)
 
     @property
     def max_n(self) -> int:
@@ -240,11 +247,12 @@ class _Clock:
 
 
 def _collect(model, tokenizer, split: str, count: int, out: Path, cfg: ReproduceConfig, num_samples: int,
-             problem_seed: int = 0, **kwargs):
+             problem_seed: int = 0, first: int = 0, **kwargs):
+    """Collect problems ``first..count-1`` of `split` (the first `count` are a prefix of any larger draw)."""
     from .collect import collect
     from .testbed import generate_problems
 
-    problems = generate_problems(split, count, seed=problem_seed)
+    problems = generate_problems(split, count, seed=problem_seed)[first:]
     return collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
                    checker=cfg.reference_checker, prompt_template="testbed",
                    problems_per_shard=cfg.problems_per_shard, problems_per_batch=cfg.problems_per_batch,
@@ -257,20 +265,26 @@ def _collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samp
         _collect(model, tokenizer, split, count, root / name, cfg, num_samples, **kwargs)
 
 
-def _train(train_dir, val_dir, out: Path, config) -> Path:
-    """Train unless `out` holds a finished run of the same config (resumable)."""
+def _train(train_dir, val_dir, out: Path, config, counts: dict | None = None) -> Path:
+    """Train unless `out` holds a finished run of the same config (resumable); `counts` tallies trained / reused."""
     from .training import train_verifier
 
     done = out / "training_log.json"
     if done.exists() and (out / "config.json").exists():
         try:
-            same = json.loads((out / "training_config.json").read_text()) == json.loads(json.dumps(asdict(config)))
-        except (OSError, ValueError):
+            # Through the config class, so a run saved before a field was added still matches its default.
+            stored = type(config)(**json.loads((out / "training_config.json").read_text()))
+            same = json.loads(json.dumps(asdict(stored))) == json.loads(json.dumps(asdict(config)))
+        except (OSError, ValueError, TypeError):
             same = False
         if same:
+            if counts is not None:
+                counts["reused"] = counts.get("reused", 0) + 1
             return out
         shutil.rmtree(out)
     train_verifier(train_dir, val_dir, out, config)
+    if counts is not None:
+        counts["trained"] = counts.get("trained", 0) + 1
     return out
 
 
@@ -358,7 +372,9 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     clock = _Clock(log)
     started = time.perf_counter()
     data, ver = work / "data", work / "verifiers"
-    summary: dict = {"config": asdict(cfg), "studies": list(studies), "paper": PAPER, "reports": {}}
+    summary: dict = {"config": asdict(cfg), "studies": list(studies), "paper": PAPER, "reports": {},
+                     "verifiers": {"trained": 0, "reused": 0}}
+    train = partial(_train, counts=summary["verifiers"])
 
     from .collect import load_lm
     from .testbed import generate_problems
@@ -378,11 +394,11 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     verifiers: dict = {}
     with clock("train main"):
         for mode in ("terminal", "streaming"):
-            path = _train(data / "train", data / "val", ver / f"probe-{mode}", training_config("probe", 1, mode,
+            path = train(data / "train", data / "val", ver / f"probe-{mode}", training_config("probe", 1, mode,
                                                                                                  cfg.quick))
             verifiers.setdefault("Probe", {})[mode] = str(path)
             for n in cfg.num_sequences:
-                path = _train(data / "train", data / "val", ver / f"msv{n}-{mode}",
+                path = train(data / "train", data / "val", ver / f"msv{n}-{mode}",
                               training_config("msv", n, mode, cfg.quick))
                 verifiers.setdefault(f"MSV_{n}", {})[mode] = str(path)
     with clock("evaluate main"):
@@ -399,10 +415,10 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         rows = {}
         with clock("checkers"):
             ref_problems, _ = load_split(data / "eval", hidden=False)
-            trained = {"reference": _train(data / "train", data / "val", ver / f"msv{n}-terminal-nolavg",
+            trained = {"reference": train(data / "train", data / "val", ver / f"msv{n}-terminal-nolavg",
                                            training_config("msv", n, "terminal", cfg.quick, logit_averaging=False))}
             for c in cfg.checkers:
-                trained[c] = _train(data / "train", data / "val", ver / f"msv{n}-terminal-nolavg-{c}",
+                trained[c] = train(data / "train", data / "val", ver / f"msv{n}-terminal-nolavg-{c}",
                                     training_config("msv", n, "terminal", cfg.quick, logit_averaging=False,
                                                     checker=c, checker_kwargs=CHECKER_KWARGS[c]))
             for c in ("reference",) + tuple(cfg.checkers):
@@ -432,7 +448,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
             vs = {f"MSV_{n}": verifiers[f"MSV_{n}"]["streaming"]}
             for m in cfg.mask_ablations:
                 masks = [x for x in MASKS if x != m]
-                vs[f"w/o {m}"] = str(_train(data / "train", data / "val", ver / f"msv{n}-streaming-no-{m}",
+                vs[f"w/o {m}"] = str(train(data / "train", data / "val", ver / f"msv{n}-streaming-no-{m}",
                                             training_config("msv", n, "streaming", cfg.quick, masks=masks)))
             vs = {k: {"streaming": v} for k, v in vs.items()}
             res = evaluate_study(data / "eval", vs, output_dir / "studies", [n], cfg.seeds, None, lm_costs=lm_costs,
@@ -452,7 +468,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
                             every_k_tokens=cfg.every_k_tokens)
             vs = {}
             for name, kind, m in (("Probe", "probe", 1), ("MSV_1", "msv", 1), (f"MSV_{n}", "msv", n)):
-                vs[name] = {"streaming": str(_train(dk / "train", dk / "val", ver / f"everyk-{kind}{m}",
+                vs[name] = {"streaming": str(train(dk / "train", dk / "val", ver / f"everyk-{kind}{m}",
                                                     training_config(kind, m, "streaming", cfg.quick)))}
             res = evaluate_study(dk / "eval", vs, output_dir / "studies", [n], cfg.seeds, dk / "val",
                                  lm_costs=lm_costs, deepconf_window=cfg.deepconf_window, figures=False,
@@ -483,6 +499,36 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
                                  report_name=f"{stem}-grouping", progress=False)
         summary["grouping"] = _grouping_summary(res, cfg)
         summary["reports"]["grouping"] = f"{stem}-grouping.md"
+
+    # -- training-set size -----------------------------------------------------------------------------------------
+    if "training_size" in studies:
+        n = cfg.max_n
+        more = work / "data-more-train" / "train"
+        per_size = {}
+        with clock("training size"):
+            if max(cfg.training_sizes) > cfg.train_problems:
+                _collect(model, tokenizer, "train", max(cfg.training_sizes), more, cfg, cfg.num_samples,
+                         first=cfg.train_problems)
+            for k in cfg.training_sizes:
+                vs = {}
+                for name, kind, m in (("Probe", "probe", 1), (f"MSV_{n}", "msv", n)):
+                    for mode in ("terminal", "streaming"):
+                        if k == cfg.train_problems:   # the main study's verifiers
+                            vs.setdefault(name, {})[mode] = verifiers[name][mode]
+                            continue
+                        bigger = k > cfg.train_problems
+                        train_dirs = [data / "train", more] if bigger else data / "train"
+                        limit = None if k == (max(cfg.training_sizes) if bigger else cfg.train_problems) else k
+                        vs.setdefault(name, {})[mode] = str(train(
+                            train_dirs, data / "val", ver / f"size{k}-{kind}{m}-{mode}",
+                            training_config(kind, m, mode, cfg.quick, max_train_problems=limit)))
+                res = evaluate_study(data / "eval", vs, output_dir / "studies", [n], cfg.seeds, None,
+                                     lm_costs=lm_costs, deepconf_window=cfg.deepconf_window, figures=False,
+                                     title=f"Training-set size: {k} problems", report_name=f"{stem}-size-{k}",
+                                     progress=False)
+                per_size[str(k)] = _size_row(res, n)
+                summary["reports"][f"size-{k}"] = f"studies/{stem}-size-{k}.md"
+        summary["training_size"] = {"n": n, "per_size": per_size}
 
     summary["timing_s"] = dict(clock.times, total=time.perf_counter() - started)
     summary["claims"] = _claims(summary, cfg)
@@ -604,6 +650,23 @@ def _grouping_summary(res: dict, cfg: ReproduceConfig) -> dict:
     return out
 
 
+def _size_row(res: dict, n: int) -> dict:
+    """One training-set size: the Probe's and MSV_n's calibration, best-of-n against the best baseline (the C2
+    gap) and MSV_n's early-stop token fraction (C3)."""
+    k = str(n)
+    term, stream, es = res["terminal"][k], res["streaming"][k], res["early_stop"].get(k, {})
+    msv = res["methods"][k]["msv"]
+    base, bb = _best(term, [m for m in term if m != msv], "bon_accuracy", lower=False)
+    return {"msv": msv,
+            "terminal": {m: {x: term[m][x] for x in ("brier", "auroc", "bon_accuracy")}
+                         for m in ("Probe", msv, "Self-consistency", "Probe+WV") if m in term},
+            "streaming": {m: {x: stream[m][x] for x in ("brier", "auroc", "peak_accuracy")}
+                          for m in ("Probe", msv, "Probe+WV") if m in stream},
+            "bon_best_baseline": base, "bon_best_baseline_value": bb,
+            "bon_gain": _m(term[msv]["bon_accuracy"]) - bb if msv in term else math.nan,
+            "early_stop_best_baseline": es.get("best_baseline"), "early_stop_token_fraction": es.get("token_fraction")}
+
+
 def _best(d: dict, names, key: str, lower: bool) -> tuple[str | None, float]:
     vals = [(m, _m(d[m][key])) for m in names if m in d and not math.isnan(_m(d[m][key]))]
     if not vals:
@@ -709,6 +772,16 @@ def _claims(s: dict, cfg: ReproduceConfig) -> list[dict]:
             (f"largest drop {100 * drops[worst]:+.1f} pp ({worst}); Probe+WV drops "
              + ", ".join(f"{c} {100 * v:+.1f} pp" for c, v in wv_drops.items()) + "."), drops=drops,
             probe_wv_drops=wv_drops) if drops else _claim("checker_robustness", "—", "—", None, "no weak checker"))
+        mn = s["main"].get(str(n), {})
+        if key in ref and mn.get("msv") in mn.get("terminal", {}):
+            with_avg, without = _m(mn["terminal"][mn["msv"]]["bon_accuracy"]), _m(ref[key])
+            base, bb = _best(mn["terminal"], [m for m in mn["terminal"] if m != mn["msv"]], "bon_accuracy", False)
+            claims.append(_claim(
+                "best_of_logit_averaging", f"Logit averaging over equivalent answers raises MSV_{n}'s best-of-{n}",
+                "Omni-MATH: MSV_64 0.356 with vs 0.348 without", bool(with_avg > without),
+                f"MSV_{n} best-of-{n} {with_avg:.3f} with averaging (main) vs {without:.3f} without (checker study, "
+                f"reference checker); without it MSV_{n} is {100 * (without - bb):+.1f} pp over {base} {bb:.3f}.",
+                with_averaging=with_avg, without_averaging=without, gain_without=without - bb))
         if "random" in drops:
             claims.append(_claim(
                 "checker_random_vs_wv", "With the random checker MSV degrades less than Probe+WV",
@@ -766,6 +839,34 @@ def _claims(s: dict, cfg: ReproduceConfig) -> list[dict]:
                 "grouping_linear", "With grouping the MSV cost per answer stays flat as N grows (linear total)",
                 "latency of MSV_64 scales linearly in N", bool(ratio <= 2.0),
                 f"MSV cost per answer at N={ks[-1]} is {ratio:.2f}× that at N={ks[0]} (needed ≤ 2×).", ratio=ratio))
+    # Training-set size
+    if "training_size" in s:
+        ts = s["training_size"]
+        per = ts["per_size"]
+        base_k, top_k = str(cfg.train_problems), max(per, key=int)
+        if base_k in per and int(top_k) > cfg.train_problems:
+            b0, b1 = (_m(per[k]["terminal"]["Probe"]["brier"]) for k in (base_k, top_k))
+            pt = PAPER["training_size"]["Probe"]
+            claims.append(_claim(
+                "training_size_probe", f"The Probe's terminal Brier plateaus beyond {base_k} problems "
+                                       f"({top_k} lower it by < 5 %)",
+                "AIME: " + " / ".join(f"{v}" for v in pt.values()) + f" at {' / '.join(pt)} problems",
+                bool(b1 > 0.95 * b0),
+                f"Probe Brier {b0:.4f} with {base_k} problems, {b1:.4f} with {top_k} ({1 - b1 / b0:+.0%} lower).",
+                brier=b0, brier_more=b1))
+            r = per[top_k]
+            tf = r["early_stop_token_fraction"]
+            claims.append(_claim(
+                "training_size_msv", f"With {top_k} training problems MSV_{ts['n']} meets the best-of-N (+2 pp) and "
+                                     "early-stop (≤ 0.40) targets",
+                "— (not in the paper: tests whether the testbed's gaps are a lack of training data)",
+                bool(r["bon_gain"] >= 0.02 and tf is not None and tf <= 0.40),
+                "; ".join(f"{k} problems: best-of-{ts['n']} {100 * v['bon_gain']:+.1f} pp vs "
+                          f"{v['bon_best_baseline']}, token fraction "
+                          + ("∞" if v["early_stop_token_fraction"] is None else
+                             f"{v['early_stop_token_fraction']:.2f}") + f" vs {v['early_stop_best_baseline']}"
+                          for k, v in per.items()) + ".",
+                gain=r["bon_gain"], fraction=tf))
     return claims
 
 
@@ -847,7 +948,10 @@ def render_testbed(s: dict, main_results: dict) -> str:
         "`hf_msv.reproduce.training_config` (the paper's recipe, scaled to the testbed; see its docstring).",
         "* LM costs measured here (s per shared decode step / per elicited answer): " + ", ".join(
             f"N={n}: {v['decode_step_s']:.2e} / {v['elicit_s']:.2e}" for n, v in s["lm_costs"].items()) + ".",
-        "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + ".",
+        "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + "."
+        + ("" if not s.get("verifiers", {}).get("reused") else
+           f" Stages resume: this run trained {s['verifiers']['trained']} verifiers and reused "
+           f"{s['verifiers']['reused']} (and any shards) from an earlier run in the same work directory."),
         "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
         + "".join(f" Not run this time: {', '.join(missing)} (`hf-msv reproduce --studies ...`)."
                   for missing in [[x for x in ReproduceConfig.studies if x not in s["studies"]]] if missing), "",
@@ -992,6 +1096,26 @@ def render_testbed(s: dict, main_results: dict) -> str:
         lines += _claims_for(s, "grouping") + [""]
         for f in g["figures"]:
             lines += [f"![{f['caption']}]({f['file']})", "", f"*{f['caption']}*", ""]
+    # 9. Training-set size
+    if "training_size" in s:
+        ts = s["training_size"]
+        n = ts["n"]
+        rows = []
+        for k, r in ts["per_size"].items():
+            msv = r["msv"]
+            tf = r["early_stop_token_fraction"]
+            rows.append([k, f"{_f(r['terminal']['Probe']['brier'], 4)} "
+                            f"({_p(PAPER['training_size']['Probe'].get(k), 4)})",
+                         _f(r["terminal"][msv]["brier"], 4), _f(r["terminal"][msv]["bon_accuracy"]),
+                         f"{_p(r['bon_best_baseline_value'], 3)} ({r['bon_best_baseline']})",
+                         f"{100 * r['bon_gain']:+.1f}", _f(r["streaming"][msv]["brier"], 4),
+                         ("∞" if tf is None else _p(tf, 2)) + f" ({r['early_stop_best_baseline']})"])
+        lines += [f"## 9. Training-set size (Probe and MSV_{n}, N={n}; paper: AIME Probe, in parentheses)", "",
+                  f"The first k training problems (nested subsets; sizes above {cfg['train_problems']} add "
+                  "problems collected for this study); validation and evaluation are the main study's.", "",
+                  _tbl(["train problems", "Probe Brier ↓", f"MSV_{n} Brier ↓", f"MSV_{n} best-of-{n}",
+                        "best baseline", "gain (pp)", f"MSV_{n} streaming Brier ↓", "token fraction"], rows), ""]
+        lines += _claims_for(s, "training_size") + [""]
     return "\n".join(lines)
 
 

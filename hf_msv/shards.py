@@ -422,6 +422,7 @@ class ShardDataset(torch.utils.data.Dataset):
             checker) from the answer texts, in elicitation order (online leader clustering, as at inference).
             `None` keeps the classes stored at collection. Labels always stay the stored (gold-checker) ones.
         checker_kwargs: keyword arguments of `get_checker`.
+        max_problems: keep only the first k problems in shard order (training-set-size studies); `None`: all.
 
     Items are dicts: ``problem_id`` (str), ``hidden_states`` `(T_g, d)` 16-bit, and `(A_g,)` tensors
     ``answer_length``, ``answer_sequence`` (renumbered 0..N-1 in draw order), ``answer_step``, ``answer_tau``,
@@ -431,7 +432,7 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __init__(self, paths, num_sequences: int | None = None, mode: str = "streaming",
                  groups_per_problem: int | None = None, seed: int = 0, checker=None,
-                 checker_kwargs: dict | None = None):
+                 checker_kwargs: dict | None = None, max_problems: int | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.files = list_shards(paths)
@@ -450,6 +451,10 @@ class ShardDataset(torch.utils.data.Dataset):
                     raise ValueError(f"problem {pid!r} appears in both {seen[pid]} and {index.path}")
                 seen[pid] = index.path
                 self._where.append((s, i))
+        if max_problems is not None:
+            if max_problems < 1 or max_problems > len(self._where):
+                raise ValueError(f"max_problems={max_problems}, but the shards hold {len(self._where)} problems")
+            self._where = self._where[:max_problems]
         self._num_seq = np.array([int(self.shards[s].seq_hi[i] - self.shards[s].seq_lo[i]) for s, i in self._where])
         collected = int(self._num_seq.min()) if len(self._num_seq) else 0
         self.num_sequences = num_sequences or collected
@@ -507,8 +512,10 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def stats(self) -> dict:
         """Counts for reports: problems, sequences, answers, terminal answers and their accuracy."""
-        correct = np.concatenate([s.arrays["answer_correct"] for s in self.shards])
-        terminal = np.concatenate([s.arrays["answer_terminal"] for s in self.shards])
+        rows = [(self.shards[s], slice(self.shards[s].answer_lo[i], self.shards[s].answer_hi[i]))
+                for s, i in self._where]
+        correct = np.concatenate([index.arrays["answer_correct"][r] for index, r in rows])
+        terminal = np.concatenate([index.arrays["answer_terminal"][r] for index, r in rows])
         return {"problems": self.num_problems, "sequences": int(self._num_seq.sum()), "answers": int(len(correct)),
                 "terminal_answers": int(terminal.sum()),
                 "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,

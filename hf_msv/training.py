@@ -80,6 +80,8 @@ class MSVTrainingConfig:
     Data:
         groups_per_problem: `None` partitions each problem's sequences into ⌊S/N⌋ groups per epoch (every sequence
             once per epoch); k draws k random N-subsets per problem per epoch.
+        max_train_problems: train on the first k problems of the training shards (shard order; like the HF
+            examples' ``max_train_samples``); `None` uses them all. Validation is never truncated.
         checker, checker_kwargs: re-derive equivalence classes with this checker (e.g. a weak one) from the answer
             texts; `None` keeps the collection's classes. Labels are always the collection (gold) checker's.
         num_workers: DataLoader workers (reading, collate and γ run there).
@@ -110,6 +112,7 @@ class MSVTrainingConfig:
     attention_backend: str = "chunked"
     probe_hidden_size: int = 1024
     groups_per_problem: int | None = None
+    max_train_problems: int | None = None
     checker: str | None = None
     checker_kwargs: dict = field(default_factory=dict)
     num_workers: int = 0
@@ -290,7 +293,8 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     n = config.group_size
     data_kwargs = dict(num_sequences=n, mode=config.mode, seed=config.seed, checker=config.checker,
                        checker_kwargs=config.checker_kwargs)
-    train_set = ShardDataset(train_dir, groups_per_problem=config.groups_per_problem, **data_kwargs)
+    train_set = ShardDataset(train_dir, groups_per_problem=config.groups_per_problem,
+                             max_problems=config.max_train_problems, **data_kwargs)
     # Validation groups: a fixed partition (epoch 0 of the validation seed), the same for every evaluation.
     val_set = ShardDataset(val_dir, **data_kwargs)
     if val_set.hidden_size != train_set.hidden_size:
@@ -398,7 +402,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
         else:
             kind = {"num_attention_heads": int, "intermediate_size": int, "num_epochs": int, "max_steps": int,
-                    "groups_per_problem": int, "logit_averaging": _bool, "checker": str}.get(f.name, type(value))
+                    "groups_per_problem": int, "max_train_problems": int, "logit_averaging": _bool,
+                    "checker": str}.get(f.name, type(value))
             parser.add_argument(flag, type=kind, default=value)
     return parser
 

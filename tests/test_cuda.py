@@ -5,12 +5,10 @@ or checks what CUDA produced against the CPU computation of the same thing.
 
 from __future__ import annotations
 
-import copy
 import os
 
 import pytest
 import torch
-from transformers import LogitsProcessorList
 
 from hf_msv import MSVVerifier, prepare_generation
 from hf_msv.collect import collect
@@ -18,8 +16,7 @@ from hf_msv.shards import ShardDataset, read_shard
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt, generate_problems, load_testbed_lm
 from hf_msv.training import MSVTrainingConfig, evaluate_verifier, train_verifier
 
-from test_generation import ID, TOK, ForceTokens, ScriptedAnswers, generate, offline_scores, prompts, tiny_model
-from test_generation import tiny_verifier
+from test_generation import offline_scores, online_run
 
 # HF_MSV_TEST_DEVICE=cpu runs these checks on CPU (to debug the tests themselves without a GPU).
 DEVICE = torch.device(os.environ.get("HF_MSV_TEST_DEVICE", "cuda"))
@@ -28,19 +25,7 @@ pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_avai
 
 def test_online_scores_on_cuda_equal_the_cpu_offline_forward():
     """As tests/test_generation.py's online test, LM and verifier on the GPU; the reference forward runs on CPU."""
-    model = tiny_model("llama").to(DEVICE)
-    ScriptedAnswers(model)
-    verifier = tiny_verifier(num_sequences=4)
-    cpu_verifier = copy.deepcopy(verifier)
-    inputs = prompts().to(DEVICE)
-    schedule = {(r, s): ID["Wait"] for r in range(8) for s in range(r % 3 + 1, 14, 4)}
-    torch.manual_seed(3)
-    plain = model.generate(**inputs, do_sample=True, num_return_sequences=4, max_new_tokens=14,
-                           logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)]))
-    with prepare_generation(model, TOK, verifier.to(DEVICE), delimiters=["Wait"], checker="exact",
-                            capture_hidden_states=True) as msv:
-        hooked = generate(model, inputs, n=4, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
-        results = msv.pop_results()
+    plain, hooked, results, cpu_verifier = online_run(4, 4, DEVICE)
     assert hooked.device == plain.device and torch.equal(plain, hooked)  # the hook leaves sampling unperturbed
     assert all(a.hidden_states.device.type == "cpu" for r in results for a in r.answers)
     offline, online = offline_scores(cpu_verifier, results, 4)

@@ -12,6 +12,8 @@ split over tokens or merged with what precedes it. Two test-only instruments mak
 
 from __future__ import annotations
 
+import copy
+
 
 import pytest
 import torch
@@ -340,22 +342,30 @@ def offline_scores(verifier, result_list, group_size):
     return out.probabilities, torch.tensor([a.score for a in answers])
 
 
-@pytest.mark.parametrize("n, group_size", [(4, 4), (6, 4)])
-def test_online_scores_equal_offline_forward(n, group_size):
-    """λ > 1: nothing stops, every answer is scored online in end-time order; scores equal the offline forward
-    (with N > M, sequences are scored in independent groups of M)."""
-    model = tiny_model("llama")
+def online_run(n: int, group_size: int, device="cpu"):
+    """Tiny LM and verifier on `device` decode n sequences per prompt with scripted Waits and λ > 1 (nothing stops).
+    Returns (plain sampling, hooked sampling, results, a CPU copy of the verifier for the offline reference)."""
+    model = tiny_model("llama").to(device)
     ScriptedAnswers(model)
     verifier = tiny_verifier(num_sequences=group_size)
-    inputs = prompts()
+    cpu_verifier = copy.deepcopy(verifier)
+    inputs = prompts().to(device)
     schedule = {(r, s): ID["Wait"] for r in range(2 * n) for s in range(r % 3 + 1, 14, 4)}
     torch.manual_seed(3)
     plain = model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=14,
                            logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)]))
-    with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact",
+    with prepare_generation(model, TOK, verifier.to(device), delimiters=["Wait"], checker="exact",
                             capture_hidden_states=True) as msv:
         hooked = generate(model, inputs, n=n, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
         results = msv.pop_results()
+    return plain, hooked, results, cpu_verifier
+
+
+@pytest.mark.parametrize("n, group_size", [(4, 4), (6, 4)])
+def test_online_scores_equal_offline_forward(n, group_size):
+    """λ > 1: nothing stops, every answer is scored online in end-time order; scores equal the offline forward
+    (with N > M, sequences are scored in independent groups of M)."""
+    plain, hooked, results, verifier = online_run(n, group_size)
     assert torch.equal(plain, hooked)
     assert all(a.score is not None for r in results for a in r.answers)
     assert len({a.end for r in results for a in r.answers}) > 3  # several release times

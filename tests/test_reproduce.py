@@ -36,7 +36,7 @@ def test_quick_reproduction(tmp_path):
     data = json.loads(js.read_text())
     assert data == summary
     assert summary["config"]["quick"] and summary["config"]["num_sequences"] == [1, 4]
-    assert set(summary["studies"]) == {"main", "checkers", "masks", "delimiters", "grouping"}
+    assert set(summary["studies"]) == {"main", "checkers", "masks", "delimiters", "grouping", "training_size"}
 
     # main study: MSV_N and every baseline, terminal and streaming, plus the early-stop fraction
     for n in ("1", "4"):
@@ -57,11 +57,18 @@ def test_quick_reproduction(tmp_path):
     assert set(summary["masks"]["rows"]) == {"MSV_4", "w/o equivalence"}
     assert set(summary["delimiters"]["rows"]) == {"Wait", "every 40 tokens"}
     assert summary["grouping"]["per_n"]["8"]["msv"] == "MSV_4 (grouped)"
+    # training-set size: 8 = a prefix of the main training split, 24 = it plus 8 problems collected for the study
+    sizes = summary["training_size"]["per_size"]
+    assert set(sizes) == {"8", "16", "24"}
+    for k in ("8", "24"):
+        log = json.loads((work / "verifiers" / f"size{k}-msv4-terminal" / "training_log.json").read_text())
+        assert f"Training: {k} problems" in log["training_data"]
+    assert 0 <= sizes["24"]["terminal"]["MSV_4"]["bon_accuracy"]["mean"] <= 1
 
     # claims are generated, each with a verdict sentence
     ids = {c["id"] for c in summary["claims"]}
     assert {"terminal_brier_N4", "best_of_4", "early_stop_N4", "checker_robustness", "masks", "delimiters",
-            "grouping"} <= ids
+            "grouping", "training_size_probe", "training_size_msv"} <= ids
     for c in summary["claims"]:
         assert re.match(r"^(Held|Did not hold|Not testable): ", c["sentence"])
         assert c["held"] in (True, False, None)

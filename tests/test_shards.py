@@ -190,6 +190,21 @@ def test_terminal_mode_and_random_subsets(tmp_path):
     assert sum(len(b["problem_id"]) for b in loader) == 6
 
 
+def test_max_problems_keeps_a_prefix_in_shard_order(tmp_path):
+    problems = write_dataset(tmp_path, num_problems=5, per_shard=2, num_sequences=6)
+    ds = ShardDataset(tmp_path, num_sequences=3, mode="terminal", max_problems=3)
+    assert ds.problem_ids == ["q0", "q1", "q2"] and len(ds) == 3 * 2
+    stats = ds.stats()
+    kept = problems[:3]
+    assert stats["problems"] == 3 and stats["sequences"] == 18
+    assert stats["answers"] == sum(len(p.answer_text) for p in kept)
+    terminal = np.concatenate([p.answer_correct[p.answer_terminal] for p in kept])
+    assert stats["terminal_answers"] == terminal.size and stats["terminal_accuracy"] == terminal.mean()
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="max_problems"):
+            ShardDataset(tmp_path, max_problems=bad)
+
+
 def test_duplicate_problem_across_shards_is_refused(tmp_path):
     write_shard(tmp_path / "shard-r000-00000.safetensors", [make_problem("same")])
     write_shard(tmp_path / "shard-r001-00000.safetensors", [make_problem("same", seed=9)])

@@ -140,6 +140,9 @@ def test_cli_arguments_map_to_the_config():
         "probe", 4, "terminal", ["full", "equivalence"], "random")
     assert config.checker_kwargs == {"seed": 3} and not config.progress and config.epochs == 3
     assert config.learning_rate == 1e-4 and config.mask_learning_rate == 1e-1
+    assert config.max_train_problems is None
+    args = parser.parse_args(["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--max-train-problems", "56"])
+    assert args.max_train_problems == 56
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -255,3 +258,26 @@ def test_two_process_accelerate_training(tmp_path):
     # 6 problems x 2 groups = 12 groups per epoch = 3 steps of 2 x 2 groups.
     assert log["history"][1]["step"] == 3 and log["history"][1]["train_groups"] == 12
     assert MSVVerifier.from_pretrained(tmp_path / "out").config.num_sequences == 2
+
+
+def test_max_train_problems_and_resuming_a_run_saved_before_the_field_existed(tmp_path):
+    """`max_train_problems` trains on a prefix; `reproduce` resumes a finished run whose stored config predates a new
+    field (it takes the field's default), and retrains when a setting really changed."""
+    from hf_msv.reproduce import _train
+
+    train_dir, val_dir = synthetic_dirs(tmp_path)
+    config = MSVTrainingConfig(kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False,
+                               max_train_problems=4)
+    out = _train(train_dir, val_dir, tmp_path / "probe", config)
+    log = json.loads((out / "training_log.json").read_text())
+    assert "Training: 4 problems" in log["training_data"]
+    full = MSVTrainingConfig(kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False)
+    out = _train(train_dir, val_dir, tmp_path / "probe", full)   # a changed setting: trained again
+    assert "Training: 6 problems" in json.loads((out / "training_log.json").read_text())["training_data"]
+    stored = json.loads((out / "training_config.json").read_text())
+    del stored["max_train_problems"]                              # as written before the field was added
+    (out / "training_config.json").write_text(json.dumps(stored))
+    weights = out / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    _train(train_dir, val_dir, tmp_path / "probe", full)
+    assert weights.stat().st_mtime_ns == before
