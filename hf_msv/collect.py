@@ -66,7 +66,8 @@ from .shards import (
 )
 
 __all__ = ["collect", "CollectResult", "ConfidenceRecorder", "load_problems", "load_lm", "done_problem_ids",
-           "write_index", "process_state", "cpu_processes", "add_collect_arguments", "collect_from_args", "main"]
+           "write_index", "process_state", "resolve_device", "cpu_processes", "add_collect_arguments",
+           "collect_from_args", "main"]
 
 CONFIG_FILE = "collect_config.json"
 INDEX_FILE = "index.json"
@@ -546,11 +547,16 @@ def load_problems(spec: str) -> list[Problem]:
                      "[:<n>], or a .jsonl file")
 
 
+def resolve_device(device=None) -> torch.device:
+    """``None`` / ``"auto"``: this process's accelerate device (the GPU when there is one, else the CPU)."""
+    return process_state().device if device in (None, "auto") else torch.device(device)
+
+
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
     """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, anything else goes to
     ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
     `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
-    device = process_state().device if device in (None, "auto") else device
+    device = resolve_device(device)
     torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
     if name == "testbed":
         from .testbed import load_testbed_lm

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .collect import load_lm
 from .equivalence import get_checker
 from .generation import msv_generate
 from .modeling_msv import MSVVerifier
@@ -43,13 +44,6 @@ class DemoRow:
 DEMO_THRESHOLD = 0.80
 
 
-def resolve_device(device: str | None = None) -> torch.device:
-    """``None`` / ``"auto"``: this process's accelerate device (the GPU when there is one, else the CPU)."""
-    from .collect import process_state
-
-    return process_state().device if device in (None, "auto") else torch.device(device)
-
-
 def load_default(device: str | None = None):
     """The embedded default: testbed LM, its tokenizer, and the MSV trained on it, on `device`."""
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
@@ -61,9 +55,7 @@ def load_default(device: str | None = None):
 def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None, device: str | None = None):
     """Any local or Hub LM (``"testbed"``: the embedded one) + its verifier, both on `device` (the Hub needs
     network; here only local directories work)."""
-    from .collect import load_lm
-
-    model, tokenizer = load_lm(model_name, device=resolve_device(device), gguf_file=gguf_file)
+    model, tokenizer = load_lm(model_name, device=device, gguf_file=gguf_file)
     return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).to(model.device).eval()
 
 
