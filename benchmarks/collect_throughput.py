@@ -47,7 +47,7 @@ def load(args):
     import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    from hf_msv.problems import Problem
+    from hf_msv.data.problems import Problem
 
     vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", "Wait", "\\boxed"] + ["\n"] +
                                         [chr(c) for c in range(32, 127)])}
@@ -116,7 +116,7 @@ def main():
                              max_new_tokens=args.max_new_tokens, checker="exact" if lm == "random" else "symbolic",
                              prompt_template=fmt, problems_per_batch=args.problems_per_batch,
                              problems_per_shard=8, seed=args.seed, progress=False)
-            from hf_msv.shards import ShardDataset
+            from hf_msv.data.shards import ShardDataset
 
             last = ShardDataset(out).stats()
         finally:

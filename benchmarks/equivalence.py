@@ -25,7 +25,7 @@ import statistics
 import time
 
 from hf_msv.equivalence import Verdict, assign_classes, get_checker
-from hf_msv.problems import load_benchmark
+from hf_msv.data.problems import load_benchmark
 
 # Equal under Math-Verify's reading, so not counted as false: an assignment chain is its last value, 0^0 = 1.
 EQUAL_READINGS = {frozenset(p) for p in [("x=" * 200 + "1", "1"), ("0^0", "1"), ("x=" * 200 + "1", "0^0")]}

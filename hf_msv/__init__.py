@@ -21,7 +21,7 @@ from .modeling_msv import (
     split_into_groups,
 )
 from .modeling_probe import ProbeConfig, ProbeVerifier
-from .problems import Problem, load_benchmark
+from .data.problems import Problem, load_benchmark
 
 __version__ = "0.1.0"
 
@@ -38,10 +38,10 @@ MSVVerifier.register_for_auto_class("AutoModel")
 def __getattr__(name):
     # Collection and training pull in accelerate and safetensors readers; import them on first use.
     # (`collect` itself stays at hf_msv.collect.collect: a package attribute named like its submodule is shadowed.)
-    lazy = {"ShardDataset": "shards", "collate_groups": "shards",
+    lazy = {"ShardDataset": "data", "collate_groups": "data",
             "MSVTrainingConfig": "training", "train_verifier": "training", "evaluate_verifier": "training",
-            "read_shard": "shards", "write_shard": "shards", "CollectedProblem": "shards",
-            "load_problems": "collect", "evaluate_study": "evaluation", "reproduce": "reproduce",
+            "read_shard": "data", "write_shard": "data", "CollectedProblem": "data",
+            "load_problems": "collect", "evaluate_study": "evaluation", "reproduce": "reproduction",
             "push_verifier_to_hub": "hub", "build_model_card": "hub",
             "save_verifier": "hub"}
     if name in lazy:

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(train).set_defaults(func=train_from_args)
 
     from .evaluation import add_evaluate_arguments, evaluate_from_args
-    from .reproduce import add_reproduce_arguments, reproduce_from_args
+    from .reproduction import add_reproduce_arguments, reproduce_from_args
 
     evaluate = sub.add_parser("evaluate", help="baselines, metrics, figures and λ rules over collected shards")
     add_evaluate_arguments(evaluate).set_defaults(func=evaluate_from_args)

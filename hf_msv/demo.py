@@ -20,7 +20,7 @@ from .collect import load_lm
 from .equivalence import get_checker
 from .generation import msv_generate
 from .modeling_msv import MSVVerifier
-from .problems import Problem
+from .data.problems import Problem
 from .testbed import TESTBED_VERIFIER_DIR
 
 

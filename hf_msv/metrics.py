@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import roc_auc_score
 
-from hf_msv.baselines import best_of_n
+from .baselines import best_of_n
 
 __all__ = [
     "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",

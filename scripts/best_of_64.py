@@ -43,7 +43,7 @@ def main(argv=None) -> dict:
     from hf_msv.collect import load_lm
     from hf_msv.evaluation import answer_group, load_split, load_verifier, score_problems, select_answers
     from hf_msv.metrics import best_of_n_accuracy
-    from hf_msv.reproduce import ReproduceConfig, _collect_splits, _train, training_config
+    from hf_msv.reproduction.pipeline import ReproduceConfig, _collect_splits, _train, training_config
 
     if args.threads:
         torch.set_num_threads(args.threads)

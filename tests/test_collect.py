@@ -20,12 +20,13 @@ import torch
 import transformers
 from transformers import PreTrainedTokenizerFast
 
-import hf_msv.collect as collect_mod
-from hf_msv.collect import _batch_seed, collect
+import hf_msv.collect.live as collect_mod
+from hf_msv.collect import collect
+from hf_msv.collect.live import _batch_seed
 from hf_msv.equivalence import assign_classes, get_checker
 from hf_msv.generation import prepare_generation
-from hf_msv.problems import Problem
-from hf_msv.shards import ShardDataset, list_shards, read_shard
+from hf_msv.data.problems import Problem
+from hf_msv.data.shards import ShardDataset, list_shards, read_shard
 
 from tiny import CHARS, SPECIAL, word_level_tokenizer
 
@@ -274,7 +275,7 @@ def test_two_process_accelerate_collection_merges(reference, tmp_path):
     merged content equals the single-process run problem by problem (each batch is seeded by its problem ids).
 
     ``--cpu --num_processes 2`` needs MPI (accelerate's simple launcher); ``--multi_gpu`` is torchrun, which on a
-    machine without accelerators gives gloo CPU processes (`hf_msv.collect.cpu_processes`)."""
+    machine without accelerators gives gloo CPU processes (`hf_msv.utils.cpu_processes`)."""
     ref_dir, _ = reference
     out = tmp_path / "out"
     script = _script(tmp_path, f"run_collect({str(out)!r}, num_problems=7)")

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_msv.early_stop import (AnswerGroup, LatencyCosts, TradeoffCurve, autc, early_stop_token_fraction,
+from hf_msv.evaluation.early_stop import (AnswerGroup, LatencyCosts, TradeoffCurve, autc, early_stop_token_fraction,
                                ltt_p_values, replay, replay_many, select_lambda_ltt, select_lambda_validation,
                                tradeoff_curve)
 

@@ -1,6 +1,6 @@
 """Tests of hf_msv.evaluation: a tiny synthetic shard set whose correctness is visible in the hidden states, tiny
 verifiers trained for a few steps, and `evaluate_study` end to end — outputs exist and agree with each other and with
-`hf_msv.baselines` / `hf_msv.metrics` / `hf_msv.early_stop` computed directly on the same groups."""
+`hf_msv.baselines` / `hf_msv.metrics` / `hf_msv.evaluation.early_stop` computed directly on the same groups."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hf_msv.baselines import self_consistency, streaming_weighted_voting, weighted_voting
-from hf_msv.early_stop import LatencyCosts, tradeoff_curve
+from hf_msv.evaluation.early_stop import LatencyCosts, tradeoff_curve
 from hf_msv.evaluation import (
     add_evaluate_arguments,
     answer_group,
@@ -30,7 +30,7 @@ from hf_msv.evaluation import (
     select_answers,
 )
 from hf_msv.metrics import best_of_n_metrics, calibration_metrics
-from hf_msv.shards import CollectedProblem, ShardDataset, collate_groups, VERIFIER_INPUTS, write_shard
+from hf_msv.data.shards import CollectedProblem, ShardDataset, collate_groups, VERIFIER_INPUTS, write_shard
 from hf_msv.training import MSVTrainingConfig, train_verifier
 
 D = 16

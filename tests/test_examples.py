@@ -61,7 +61,7 @@ def test_demo_defaults_follow_the_reproduction():
     import torch
 
     from hf_msv.cli import build_parser
-    from hf_msv.collect import resolve_device
+    from hf_msv.utils import resolve_device
     from hf_msv.demo import DEMO_THRESHOLD, run_demo
 
     summary = json.loads((ROOT / "docs" / "results" / "testbed.json").read_text())

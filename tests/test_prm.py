@@ -4,7 +4,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForTokenClassification
 
-from hf_msv.prm import STEP_TOKEN, PRMScorer, build_prm_text, split_steps
+from hf_msv.evaluation.prm import STEP_TOKEN, PRMScorer, build_prm_text, split_steps
 
 SPECIALS = ["[PAD]", "[UNK]", STEP_TOKEN, "<|im_start|>", "<|im_end|>"]
 WORDS = ("system user assistant Please reason step by step , and put your final answer within \\ boxed {} { } . "

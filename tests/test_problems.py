@@ -7,7 +7,7 @@ import pytest
 
 from hf_msv.answers import extract_last_boxed
 from hf_msv.equivalence import Verdict, get_checker
-from hf_msv.problems import BENCHMARKS, DATA_DIR_ENV, Problem, clean_latex_answer, default_data_dir, load_benchmark
+from hf_msv.data.problems import BENCHMARKS, DATA_DIR_ENV, Problem, clean_latex_answer, default_data_dir, load_benchmark
 
 ROWS = {  # shared/data/README.md; the AIME CSV has a title line before its header and 933 problems
     "gsm8k": 1319,

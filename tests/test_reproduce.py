@@ -24,7 +24,7 @@ pytestmark = [
 def test_quick_reproduction(tmp_path):
     import argparse
 
-    from hf_msv.reproduce import add_reproduce_arguments, reproduce_from_args
+    from hf_msv.reproduction import add_reproduce_arguments, reproduce_from_args
 
     out, work = tmp_path / "results", tmp_path / "work"
     args = add_reproduce_arguments(argparse.ArgumentParser()).parse_args(
@@ -92,7 +92,7 @@ def test_quick_reproduction(tmp_path):
 
     # the shipped verifier's recipe on the same shards: collection is reused, the card and weights are written
     from hf_msv import MSVVerifier
-    from hf_msv.reproduce import ReproduceConfig, train_shipped_verifier
+    from hf_msv.reproduction import ReproduceConfig, train_shipped_verifier
 
     shipped = train_shipped_verifier(work, tmp_path / "shipped", config=ReproduceConfig.quick_config())
     verifier = MSVVerifier.from_pretrained(shipped)

@@ -1,4 +1,4 @@
-"""Tests of hf_msv.shards: the shard format (bit-exact 16-bit round trip, complete metadata, atomic writes), the lazy
+"""Tests of hf_msv.data.shards: the shard format (bit-exact 16-bit round trip, complete metadata, atomic writes), the lazy
 group dataset and the collate function, whose masks and γ must agree with the verifier's own construction."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_msv import MSVConfig, MSVVerifier, build_masks, compute_gamma
-from hf_msv.shards import (
+from hf_msv.data.shards import (
     VERIFIER_INPUTS,
     CollectedProblem,
     ShardDataset,
@@ -123,7 +123,7 @@ def test_problem_without_confidence_and_answer_group(tmp_path):
 
 
 def test_failed_write_leaves_no_visible_shard(tmp_path, monkeypatch):
-    import hf_msv.shards as shards
+    import hf_msv.data.shards as shards
 
     def broken(tensors, filename, metadata=None):
         with open(filename, "wb") as f:

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from hf_msv.problems import Problem
+from hf_msv.data.problems import Problem
 from hf_msv.testbed import (
     DELIMITER,
     ELICITATION_PROMPT,

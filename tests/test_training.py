@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-import hf_msv.training as training
+import hf_msv.training.trainer as training
 from hf_msv import MSVVerifier
-from hf_msv.shards import VERIFIER_INPUTS, ShardDataset, collate_groups, write_shard
+from hf_msv.data.shards import VERIFIER_INPUTS, ShardDataset, collate_groups, write_shard
 from hf_msv.training import (
     MSVTrainingConfig,
     ProbeConfig,
@@ -46,7 +46,7 @@ def collect_tiny(out, split: str, n: int):
     """The tiny random LM with scripted answers "0" or "1" (the parity of where it branched), graded against a
     constant gold "1": correctness is which digit it wrote, visible in the answer tokens' hidden states."""
     from hf_msv.collect import collect
-    from hf_msv.problems import Problem
+    from hf_msv.data.problems import Problem
 
     # " ok" * (i % 4) varies the prompt length, hence the parity that decides the scripted digit.
     problems = [Problem(id=f"{split}/{i}", question=f"Q{i}: add {i} and {i % 7}." + " ok" * (i % 4) + " Wait e",
@@ -263,7 +263,7 @@ def test_two_process_accelerate_training(tmp_path):
 def test_max_train_problems_and_resuming_a_run_saved_before_the_field_existed(tmp_path):
     """`max_train_problems` trains on a prefix; `reproduce` resumes a finished run whose stored config predates a new
     field (it takes the field's default), and retrains when a setting really changed."""
-    from hf_msv.reproduce import _train
+    from hf_msv.reproduction.pipeline import _train
 
     train_dir, val_dir = synthetic_dirs(tmp_path)
     config = MSVTrainingConfig(kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False,

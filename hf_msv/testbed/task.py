@@ -32,7 +32,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from ..problems import Problem
+from ..data.problems import Problem
 
 ELICITATION_PROMPT = "### Final Answer ### \\boxed"
 DELIMITER = "Wait"

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
-from .modeling_probe import ProbeConfig, ProbeVerifier
-from .shards import VERIFIER_INPUTS, ShardDataset, atomic_write_json, collate_groups
+from ..modeling_probe import ProbeConfig, ProbeVerifier
+from ..data.shards import VERIFIER_INPUTS, ShardDataset, collate_groups
+from ..utils import atomic_write_json
 
-__all__ = ["MSVTrainingConfig", "TrainingResult", "train_verifier", "evaluate_verifier", "ProbeConfig",
+__all__ = ["MSVTrainingConfig", "TrainingResult", "train_verifier", "evaluate_verifier", "build_verifier", "ProbeConfig",
            "ProbeVerifier", "add_train_arguments", "train_from_args", "main"]
 
 
@@ -190,8 +191,8 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
     if config.kind == "probe":
         return ProbeVerifier(ProbeConfig(hidden_size=hidden_size, intermediate_size=config.probe_hidden_size,
                                          mode=config.mode, **provenance))
-    from .configuration_msv import MSVConfig
-    from .modeling_msv import MSVVerifier
+    from ..configuration_msv import MSVConfig
+    from ..modeling_msv import MSVVerifier
 
     msv_config = MSVConfig(
         hidden_size=hidden_size,
@@ -219,7 +220,7 @@ def evaluate_verifier(model, dataset: ShardDataset, mode: str, batch_size: int =
     loss), ``auroc``, ``brier``, ``ece``, ``nll``, ``answers``. Split by index over processes and gathered."""
     from accelerate.utils import gather_object
 
-    from .metrics import auroc, brier, ece
+    from ..metrics import auroc, brier, ece
 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     was_training = model.training
@@ -282,10 +283,10 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    from .hub import save_verifier
+    from ..hub import save_verifier
 
     config = config or MSVTrainingConfig()
-    from .collect import cpu_processes
+    from ..utils import cpu_processes
 
     accelerator = Accelerator(mixed_precision=config.mixed_precision, cpu=cpu_processes())
     set_seed(config.seed)

@@ -52,49 +52,26 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from .answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
-from .problems import Problem
-from .shards import (
+from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
+from ..data.problems import Problem
+from ..utils import atomic_write_json, fsync_dir, process_state, resolve_device
+from ..data.shards import (
     SHARD_GLOB,
-    _fsync_dir,
     STORAGE_DTYPES,
     CollectedProblem,
-    atomic_write_json,
     read_shard,
     read_shard_info,
     write_shard,
 )
 
 __all__ = ["collect", "CollectResult", "ConfidenceRecorder", "load_problems", "load_lm", "done_problem_ids",
-           "write_index", "process_state", "resolve_device", "cpu_processes", "add_collect_arguments",
+           "write_index", "add_collect_arguments",
            "collect_from_args", "main"]
 
 CONFIG_FILE = "collect_config.json"
 INDEX_FILE = "index.json"
 _SHARD_RE = re.compile(r"shard-r(\d+)-(\d+)\.safetensors$")
 _SPOOL_RE = re.compile(r"spool-r(\d+)-b(\d+)\.safetensors$")
-
-
-def cpu_processes() -> bool:
-    """Whether accelerate must run this process group on CPU.
-
-    `PartialState()` only forms a CPU process group when told ``cpu=True``; under ``torchrun`` /
-    ``accelerate launch --multi_gpu`` on a machine without accelerators (or with ``ACCELERATE_USE_CPU``) each process
-    would otherwise believe it is alone and do all the work.
-    """
-    from accelerate.utils import parse_flag_from_env
-
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
-    accelerator = getattr(torch, "accelerator", None)
-    has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
-    return parse_flag_from_env("ACCELERATE_USE_CPU") or (launched and not has_accelerator)
-
-
-def process_state():
-    """accelerate's `PartialState` (rank, world size, device, barriers), CPU process groups included."""
-    from accelerate import PartialState
-
-    return PartialState(cpu=cpu_processes())
 
 
 def _checkpoint(stage: str, **info) -> None:
@@ -258,7 +235,7 @@ class _ShardStore:
         for spool in spools:
             spool.unlink(missing_ok=True)
             _checkpoint("spool_removed", path=spool)
-        _fsync_dir(self.spool_dir)
+        fsync_dir(self.spool_dir)
 
     def write_manifest(self) -> None:
         """``index-r{rank}.json``: this rank's shards and their problems (atomic replace)."""
@@ -325,7 +302,7 @@ def _prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:
     if template == "plain":
         return lambda p: p.question
     if template == "testbed":
-        from .testbed import format_prompt
+        from ..testbed import format_prompt
 
         return format_prompt
     if "{question}" not in template:
@@ -431,8 +408,8 @@ def collect(
     """
     from tqdm.auto import tqdm
 
-    from .equivalence import get_checker
-    from .generation import prepare_generation
+    from ..equivalence import get_checker
+    from ..generation import prepare_generation
 
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {dtype!r}")
@@ -526,11 +503,11 @@ def collect(
 def load_problems(spec: str) -> list[Problem]:
     """Problems from a spec: ``testbed:<split>:<n>[:<seed>]``, ``<benchmark>[:<n>]`` (a name of
     `hf_msv.problems.BENCHMARKS`, first n problems), or a ``.jsonl`` file of ``{"id", "question", "gold"}``."""
-    from .problems import BENCHMARKS, load_benchmark
+    from ..data.problems import BENCHMARKS, load_benchmark
 
     parts = spec.split(":")
     if parts[0] == "testbed":
-        from .testbed import generate_problems
+        from ..testbed import generate_problems
 
         if len(parts) not in (3, 4):
             raise ValueError("testbed spec is testbed:<split>:<n>[:<seed>]")
@@ -547,11 +524,6 @@ def load_problems(spec: str) -> list[Problem]:
                      "[:<n>], or a .jsonl file")
 
 
-def resolve_device(device=None) -> torch.device:
-    """``None`` / ``"auto"``: this process's accelerate device (the GPU when there is one, else the CPU)."""
-    return process_state().device if device in (None, "auto") else torch.device(device)
-
-
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
     """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, anything else goes to
     ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
@@ -559,7 +531,7 @@ def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None =
     device = resolve_device(device)
     torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
     if name == "testbed":
-        from .testbed import load_testbed_lm
+        from ..testbed import load_testbed_lm
 
         return load_testbed_lm(device=device, dtype=torch_dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -105,8 +105,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS, extract_boxed, find_box_end
-from .modeling_msv import MSVCache, check_compatible
+from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS, extract_boxed, find_box_end
+from ..modeling_msv import MSVCache, check_compatible
 
 # ----------------------------------------------------------------------------------------------------------------
 # Results
@@ -815,7 +815,7 @@ class MSVSession:
         self.keep_delimiter = keep_delimiter
         self.capture_hidden_states = capture_hidden_states
         if isinstance(checker, str):
-            from .equivalence import get_checker
+            from ..equivalence import get_checker
 
             checker = get_checker(checker)
         self.checker = checker
@@ -931,7 +931,7 @@ class MSVSession:
     def _new_classes(self):
         if self.checker is None:
             return None
-        from .equivalence import EquivalenceClasses
+        from ..equivalence import EquivalenceClasses
 
         return EquivalenceClasses(self.checker)
 

@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .baselines import fit_platt, platt, self_consistency, streaming_weighted_voting, weighted_voting
+from ..baselines import fit_platt, platt, self_consistency, streaming_weighted_voting, weighted_voting
 from .early_stop import (
     DEFAULT_LAMBDAS,
     LatencyCosts,
@@ -74,8 +74,9 @@ from .early_stop import (
     select_lambda_validation,
     tradeoff_curve,
 )
-from .metrics import AnswerGroup, best_of_n_metrics, best_of_n_pairs, calibration_metrics, mean_std, reliability_bins
-from .shards import CollectedProblem, list_shards, read_shard
+from ..metrics import AnswerGroup, best_of_n_metrics, best_of_n_pairs, calibration_metrics, mean_std, reliability_bins
+from ..data.shards import CollectedProblem, list_shards, read_shard
+from ..utils import json_safe
 
 __all__ = [
     "SETTINGS", "VerifierEntry", "load_verifier", "load_split", "draw_sequences", "select_answers",
@@ -100,11 +101,11 @@ def load_verifier(path_or_model):
     path = Path(path_or_model)
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     if model_type == "msv_probe":
-        from .training import ProbeVerifier
+        from ..modeling_probe import ProbeVerifier
 
         return ProbeVerifier.from_pretrained(path).eval()
     if model_type == "msv":
-        from .modeling_msv import MSVVerifier
+        from ..modeling_msv import MSVVerifier
 
         return MSVVerifier.from_pretrained(path).eval()
     raise ValueError(f"{path} holds a {model_type!r} model, not an MSV or Probe verifier")
@@ -190,7 +191,7 @@ def load_split(paths, checker=None, checker_kwargs: dict | None = None,
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate problem ids in {paths}")
     if checker is not None:
-        from .equivalence import assign_classes, get_checker
+        from ..equivalence import assign_classes, get_checker
 
         checker = get_checker(checker, **(checker_kwargs or {})) if isinstance(checker, str) else checker
         for p in problems:
@@ -246,7 +247,7 @@ def _group_inputs(problem: CollectedProblem, rows: np.ndarray, seq: np.ndarray, 
 
 def _forward(model, groups: list[dict], group_size: int | None) -> list[np.ndarray]:
     """Probabilities of the answers of `groups` (inputs of `_group_inputs`) scored in one packed call."""
-    from .modeling_msv import split_into_groups
+    from ..modeling_msv import split_into_groups
 
     cat = lambda key: torch.from_numpy(np.concatenate([g[key] for g in groups]).astype(np.int64))  # noqa: E731
     counts = [len(g["length"]) for g in groups]
@@ -317,7 +318,7 @@ def measure_verifier_cost(model, problems: Sequence[CollectedProblem], sequences
     Probe statelessly). Measured on the first `max_groups` groups; the best of `repeats` runs (least disturbed)."""
     if model.config.model_type != "msv_probe" and model.config.mode != "streaming":
         raise ValueError("online cost is measured for streaming verifiers (terminal ones score once, at the end)")
-    from .modeling_msv import MSVCache, split_into_groups
+    from ..modeling_msv import MSVCache, split_into_groups
 
     streaming = model.config.mode == "streaming"
     group_size = None if model.config.model_type == "msv_probe" else int(model.config.num_sequences)
@@ -564,22 +565,6 @@ def _quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def _json_safe(obj):
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        return None if not math.isfinite(float(obj)) else float(obj)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.ndarray):
-        return _json_safe(obj.tolist())
-    return obj
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The study
 # ----------------------------------------------------------------------------------------------------------------
@@ -763,7 +748,7 @@ def evaluate_study(
     curves_all = results.pop("_curves")
     if figures:
         results["figures"] = _figures(results, reliability, curves_all, output_dir, report_name)
-    results = _json_safe(results)
+    results = json_safe(results)
     (output_dir / f"{report_name}.json").write_text(json.dumps(results, indent=1))
     (output_dir / f"{report_name}.md").write_text(render_report(results))
     return results

@@ -1,6 +1,6 @@
 """``hf-msv reproduce``: the paper's experiments re-run end to end on the testbed, with the paper's numbers beside ours.
 
-    from hf_msv.reproduce import reproduce
+    from hf_msv.reproduction import reproduce
     summary = reproduce("docs/results")              # paper sizes (main study: 14 min on an H100; see below)
     summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 seeds
 
@@ -206,7 +206,7 @@ def training_config(kind: str, n: int, mode: str, quick: bool = False, **overrid
     BCE is kept; with 4 streaming epochs the shipped MSV_16's validation BCE was still falling at the last one).
     Training the MSV remains noisy at this scale (best-of-N varies with the seed).
     """
-    from .training import MSVTrainingConfig
+    from ..training import MSVTrainingConfig
 
     if kind == "probe":
         cfg = dict(kind="probe", num_sequences=1, mode=mode, batch_size=64, probe_learning_rate=1e-3, num_epochs=4)
@@ -249,8 +249,8 @@ class _Clock:
 def _collect(model, tokenizer, split: str, count: int, out: Path, cfg: ReproduceConfig, num_samples: int,
              problem_seed: int = 0, first: int = 0, **kwargs):
     """Collect problems ``first..count-1`` of `split` (the first `count` are a prefix of any larger draw)."""
-    from .collect import collect
-    from .testbed import generate_problems
+    from ..collect import collect
+    from ..testbed import generate_problems
 
     problems = generate_problems(split, count, seed=problem_seed)[first:]
     return collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
@@ -267,7 +267,7 @@ def _collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samp
 
 def _train(train_dir, val_dir, out: Path, config, counts: dict | None = None) -> Path:
     """Train unless `out` holds a finished run of the same config (resumable); `counts` tallies trained / reused."""
-    from .training import train_verifier
+    from ..training import train_verifier
 
     done = out / "training_log.json"
     if done.exists() and (out / "config.json").exists():
@@ -293,9 +293,9 @@ def measure_lm_costs(model, tokenizer, problems, num_sequences, max_new_tokens: 
     """Wall-clock LM costs on this machine, per N: seconds per shared decode step of N parallel sequences
     (``timings["cot"]`` ÷ decode steps) and per elicited answer (``timings["elicitation"]`` ÷ answers), from
     `hf_msv.generation.msv_generate` (no verifier) on `problems`, best of the problems."""
-    from .early_stop import LatencyCosts
-    from .generation import msv_generate
-    from .testbed import format_prompt
+    from ..evaluation.early_stop import LatencyCosts
+    from ..generation import msv_generate
+    from ..testbed import format_prompt
 
     if cache is not None and cache.exists():
         data = json.loads(cache.read_text())
@@ -357,7 +357,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     """
     import torch
 
-    from .evaluation import evaluate_study, load_split
+    from ..evaluation import evaluate_study, load_split
 
     cfg = config or (ReproduceConfig.quick_config() if quick else ReproduceConfig())
     studies = tuple(dict.fromkeys(("main",) + tuple(studies or cfg.studies)))
@@ -376,8 +376,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
                      "verifiers": {"trained": 0, "reused": 0}}
     train = partial(_train, counts=summary["verifiers"])
 
-    from .collect import load_lm
-    from .testbed import generate_problems
+    from ..collect import load_lm
+    from ..testbed import generate_problems
 
     model, tokenizer = load_lm("testbed", device=device)
     summary["device"] = str(model.device)
@@ -532,9 +532,9 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
 
     summary["timing_s"] = dict(clock.times, total=time.perf_counter() - started)
     summary["claims"] = _claims(summary, cfg)
-    from .evaluation import _json_safe
+    from ..utils import json_safe
 
-    summary = _json_safe(summary)
+    summary = json_safe(summary)
     (output_dir / f"{stem}.json").write_text(json.dumps(summary, indent=1))
     (output_dir / f"{stem}.md").write_text(render_testbed(summary, main))
     log(f"[reproduce] wrote {output_dir / (stem + '.md')} in {summary['timing_s']['total']:.0f} s")
@@ -549,10 +549,10 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     to `destination` (default: the package's)."""
     import torch
 
-    from .collect import load_lm
-    from .hub import save_verifier
-    from .modeling_msv import MSVVerifier
-    from .testbed import TESTBED_VERIFIER_DIR
+    from ..collect import load_lm
+    from ..hub import save_verifier
+    from ..modeling_msv import MSVVerifier
+    from ..testbed import TESTBED_VERIFIER_DIR
 
     if threads:
         torch.set_num_threads(threads)

@@ -58,6 +58,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..utils import commit_file, tmp_name
+
 FORMAT = "hf_msv.shard"
 VERSION = "1"
 SHARD_GLOB = "shard-*.safetensors"
@@ -71,48 +73,8 @@ _ANSWER_BOOL = ("terminal", "correct")
 
 __all__ = [
     "CollectedProblem", "write_shard", "read_shard", "read_shard_info", "list_shards", "ShardDataset",
-    "collate_groups", "VERIFIER_INPUTS", "atomic_write_json", "STORAGE_DTYPES",
+    "collate_groups", "VERIFIER_INPUTS", "STORAGE_DTYPES",
 ]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Atomic files
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _fsync_dir(directory: str | os.PathLike) -> None:
-    """Make a rename in `directory` durable (a no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _tmp_name(path: Path) -> Path:
-    # A leading dot and a ".tmp" suffix keep temporaries out of every glob that finds finished files.
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)  # safetensors creates 0600 files; shards are meant to be shared
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    """Write `obj` as JSON to `path` so that readers see the old or the new file, never a partial one."""
-    path = Path(path)
-    tmp = _tmp_name(path)
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    _commit(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -210,13 +172,13 @@ class CollectedProblem:
     def deepconf_scores(self, window: int = 2048, stat: str = "lowest_group") -> np.ndarray:
         """`(A,)` raw DeepConf confidence of each answer's chain-of-thought prefix (`hf_msv.baselines
         .deepconf_streaming` over the stored token confidences; terminal answers see their whole sequence)."""
-        from .baselines import deepconf_streaming
+        from ..baselines import deepconf_streaming
 
         return deepconf_streaming(self.cot_confidence, self.answer_sequence, self.answer_tau, window, stat)
 
     def to_answer_group(self, scores: dict | None = None):
         """The `hf_msv.metrics.AnswerGroup` of this problem (all answers, stored order)."""
-        from .metrics import AnswerGroup
+        from ..metrics import AnswerGroup
 
         seq_len = np.zeros(self.num_sequences, dtype=np.int64)
         term = self.answer_terminal
@@ -290,9 +252,9 @@ def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], i
     # One header key: safetensors writes several keys in hash order, which would make equal shards differ in bytes.
     metadata = {METADATA_KEY: json.dumps(metadata, sort_keys=True, ensure_ascii=False)}
     path = Path(path)
-    tmp = _tmp_name(path)
+    tmp = tmp_name(path)
     save_file(tensors, str(tmp), metadata=metadata)
-    _commit(tmp, path)
+    commit_file(tmp, path)
     return path
 
 
@@ -500,7 +462,7 @@ class ShardDataset(torch.utils.data.Dataset):
         return out
 
     def _derive_classes(self, checker, checker_kwargs) -> list[np.ndarray]:
-        from .equivalence import assign_classes, get_checker
+        from ..equivalence import assign_classes, get_checker
 
         checker = get_checker(checker, **checker_kwargs) if isinstance(checker, str) else checker
         classes = []
@@ -636,7 +598,7 @@ def collate_groups(groups: Sequence[dict], mode: str = "streaming", gamma: bool 
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    from .modeling_msv import compute_gamma
+    from ..modeling_msv import compute_gamma
 
     hidden, token_answer, columns = [], [], {k: [] for k in (
         "answer_group", "answer_sequence", "answer_step", "answer_end", "answer_class", "labels", "answer_tau",

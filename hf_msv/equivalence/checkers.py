@@ -37,7 +37,7 @@ from fractions import Fraction
 from multiprocessing.connection import Connection
 from typing import Iterable
 
-from .answers import normalize_answer
+from ..answers import normalize_answer
 
 logger = logging.getLogger(__name__)
 

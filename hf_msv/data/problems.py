@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .answers import extract_last_boxed
+from ..answers import extract_last_boxed
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hf_msv.metrics import AnswerGroup, resolve_scores
+from ..metrics import AnswerGroup, resolve_scores
 
 __all__ = [
     "AnswerGroup", "LatencyCosts", "StopResult", "TradeoffCurve", "LTTResult", "DEFAULT_LAMBDAS", "replay",
