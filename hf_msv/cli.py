@@ -1,67 +1,43 @@
-"""`hf-msv`: a thin command line over the library. Each sub-command calls one public function."""
+"""`hf-msv <command> [flags]`: a thin dispatcher to each package's ``main`` (flags built from its config dataclasses).
+
+    hf-msv demo --problems 3          # hf_msv.demo.main(["--problems", "3"])
+    hf-msv collect --help             # the flags of hf_msv.collect.CollectConfig
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Sequence
 
-
-def _demo(args):
-    from .demo import load_custom, run_demo
-
-    model = tokenizer = verifier = None
-    if args.model or args.verifier:
-        if not (args.model and args.verifier):
-            sys.exit("--model and --verifier go together (the verifier must match the LM).")
-        model, tokenizer, verifier = load_custom(args.model, args.verifier, args.gguf_file, args.device)
-    threshold = {} if args.threshold is None else {"threshold": args.threshold}
-    run_demo(num_problems=args.problems, question=args.question, num_sequences=args.num_sequences,
-             max_new_tokens=args.max_new_tokens, seed=args.seed, model=model,
-             tokenizer=tokenizer, verifier=verifier, output_dir=args.output_dir, device=args.device,
-             **threshold)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("hf_msv.demo", "N parallel samples per problem, MSV selection and early stopping"),
+    "collect": ("hf_msv.collect", "sample N answers per problem and write hidden-state shards"),
+    "train": ("hf_msv.training", "train an MSV_N or a probe on collected shards"),
+    "evaluate": ("hf_msv.evaluation", "baselines, metrics, figures and λ rules over collected shards"),
+    "reproduce": ("hf_msv.reproduction", "the paper's experiments on the testbed (--quick: ~10 min)"),
+}
+"""Command -> (module whose ``main(argv)`` runs it, one line of help)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-msv", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="N parallel samples per problem, MSV selection and early stopping")
-    demo.add_argument("--problems", type=int, default=12, help="testbed evaluation problems to run")
-    demo.add_argument("--question", help="your own question instead (no gold answer, so no grading)")
-    demo.add_argument("-n", "--num-sequences", type=int, default=16)
-    demo.add_argument("--threshold", type=float, default=None,
-                      help="λ: stop once the best answer's score reaches it (default: the testbed's, chosen on "
-                           "validation)")
-    demo.add_argument("--max-new-tokens", type=int, default=400)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--model", help="a local or Hub causal LM instead of the embedded testbed LM")
-    demo.add_argument("--gguf-file", help="GGUF file inside --model, if it is a GGUF repo")
-    demo.add_argument("--verifier", help="a local or Hub MSV verifier trained for --model")
-    demo.add_argument("--output-dir", default="outputs/demo")
-    demo.add_argument("--device", default="auto", help="auto (default): the GPU when there is one, else the CPU")
-    demo.set_defaults(func=_demo)
-
-    from .collect import add_collect_arguments, collect_from_args
-    from .training import add_train_arguments, train_from_args
-
-    collect = sub.add_parser("collect", help="sample N answers per problem and write hidden-state shards")
-    add_collect_arguments(collect).set_defaults(func=collect_from_args)
-    train = sub.add_parser("train", help="train an MSV_N or a probe on collected shards")
-    add_train_arguments(train).set_defaults(func=train_from_args)
-
-    from .evaluation import add_evaluate_arguments, evaluate_from_args
-    from .reproduction import add_reproduce_arguments, reproduce_from_args
-
-    evaluate = sub.add_parser("evaluate", help="baselines, metrics, figures and λ rules over collected shards")
-    add_evaluate_arguments(evaluate).set_defaults(func=evaluate_from_args)
-    reproduce = sub.add_parser("reproduce", help="the paper's experiments on the testbed (--quick: ~10 min)")
-    add_reproduce_arguments(reproduce).set_defaults(func=reproduce_from_args)
+    """The top-level parser: only ``--help`` and the list of commands (each command parses its own flags)."""
+    parser = argparse.ArgumentParser(prog="hf-msv", description="Multi-Sequence Verifiers: sample, verify, stop early.",
+                                     epilog="`hf-msv <command> --help` lists the flags of one command.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    args.func(args)
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        build_parser().parse_args(argv)  # prints the help, or an error naming the valid commands, and exits
+        return
+    module, _ = COMMANDS[argv[0]]
+    importlib.import_module(module).main(argv[1:])  # imported late: only the command that runs
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ random numbers), so the comparison is exact.
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,6 +24,28 @@ from .generation import msv_generate
 from .modeling_msv import MSVVerifier
 from .data.problems import Problem
 from .testbed import TESTBED_VERIFIER_DIR
+
+
+@dataclass
+class DemoConfig:
+    """The options of ``hf-msv demo`` (flags built from these fields by `transformers.HfArgumentParser`)."""
+
+    problems: int = field(default=12, metadata={"help": "Testbed evaluation problems to run."})
+    question: str | None = field(default=None,
+                                 metadata={"help": "Your own question instead (no gold answer, so no grading)."})
+    num_sequences: int = field(default=16, metadata={"help": "N parallel samples per problem.", "aliases": ["-n"]})
+    threshold: float | None = field(
+        default=None, metadata={"help": "λ: stop once the best answer's score reaches it (default: the testbed's, "
+                                        "chosen on validation)."})
+    max_new_tokens: int = field(default=400, metadata={"help": "Tokens per sample at most."})
+    seed: int = field(default=0, metadata={"help": "Seed of the problems and of sampling."})
+    model: str | None = field(default=None,
+                              metadata={"help": "A local or Hub causal LM instead of the embedded testbed LM."})
+    gguf_file: str | None = field(default=None, metadata={"help": "GGUF file inside --model, if it is a GGUF repo."})
+    verifier: str | None = field(default=None, metadata={"help": "A local or Hub MSV verifier trained for --model."})
+    output_dir: str = field(default="outputs/demo", metadata={"help": "Where the figure goes."})
+    device: str = field(default="auto",
+                        metadata={"help": "auto (default): the GPU when there is one, else the CPU."})
 
 
 @dataclass
@@ -174,3 +198,31 @@ def save_figure(rows: list[DemoRow], output_dir: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def build_parser():
+    """The ``hf-msv demo`` parser: one flag per `DemoConfig` field."""
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(DemoConfig, prog="hf-msv demo", description=__doc__.splitlines()[0])
+
+
+def main(argv: Sequence[str] | None = None) -> list[DemoRow]:
+    """``hf-msv demo``: run `run_demo` with the flags of `DemoConfig`."""
+    (config,) = build_parser().parse_args_into_dataclasses(argv)
+    model = tokenizer = verifier = None
+    if config.model or config.verifier:
+        if not (config.model and config.verifier):
+            sys.exit("--model and --verifier go together (the verifier must match the LM).")
+        model, tokenizer, verifier = load_custom(config.model, config.verifier, config.gguf_file, config.device)
+    threshold = {} if config.threshold is None else {"threshold": config.threshold}  # None: run_demo's default
+    return run_demo(num_problems=config.problems, question=config.question, num_sequences=config.num_sequences,
+                    max_new_tokens=config.max_new_tokens, seed=config.seed, model=model, tokenizer=tokenizer,
+                    verifier=verifier, output_dir=config.output_dir, device=config.device, **threshold)
+
+
+__all__ = ["DEMO_THRESHOLD", "DemoConfig", "DemoRow", "load_custom", "load_default", "main", "run_demo"]
+
+
+if __name__ == "__main__":
+    main()

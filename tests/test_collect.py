@@ -20,9 +20,7 @@ import torch
 import transformers
 from transformers import PreTrainedTokenizerFast
 
-import hf_msv.collect.live as collect_mod
-from hf_msv.collect import collect
-from hf_msv.collect.live import _batch_seed
+from hf_msv.collect import ShardStore, batch_seed, collect
 from hf_msv.equivalence import assign_classes, get_checker
 from hf_msv.generation import prepare_generation
 from hf_msv.data.problems import Problem
@@ -131,7 +129,7 @@ def test_records_match_the_generation_hook(reference):
         # The same batch, sampled directly through the hook with the batch's seed.
         with prepare_generation(model, TOK, None, delimiters=["Wait", "e"], checker=checker,
                                 capture_hidden_states=True) as session:
-            torch.manual_seed(_batch_seed(3, [problem.id]))
+            torch.manual_seed(batch_seed(3, [problem.id]))
             res = session.generate([problem.question], num_sequences=2, max_new_tokens=12, do_sample=True,
                                    temperature=1.0, top_p=1.0, top_k=0)[0]
         answers = sorted(res.answers, key=lambda a: (a.tau, a.sequence, a.step))
@@ -206,12 +204,12 @@ def test_resume_after_injected_crash_is_identical(reference, tmp_path, monkeypat
             if len(seen) == after:
                 raise Crash(name)
 
-    monkeypatch.setattr(collect_mod, "_checkpoint", crash)
+    monkeypatch.setattr(ShardStore, "on_commit", lambda self, name, **info: crash(name, **info))
     with pytest.raises(Crash):
         run_collect(tmp_path)
     # Whatever is visible after the crash is complete and readable.
     ShardDataset(tmp_path) if list_shards(tmp_path) else None
-    monkeypatch.setattr(collect_mod, "_checkpoint", lambda name, **info: None)
+    monkeypatch.setattr(ShardStore, "on_commit", lambda self, name, **info: None)
     resumed = run_collect(tmp_path)
     assert resumed.skipped + resumed.generated == 7 and resumed.skipped >= (after if stage == "spooled" else 3)
     assert shard_bytes(tmp_path) == shard_bytes(ref_dir)
@@ -296,3 +294,53 @@ def test_two_process_accelerate_collection_merges(reference, tmp_path):
     index = json.loads((out / "index.json").read_text())
     assert index["problems"] == 7
     assert len(ShardDataset(out, num_sequences=2)) == 7
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_collect_config_declares_every_collect_option_once():
+    """`hf-msv collect` flags come from `CollectConfig`: one field (with help) per `collect` keyword, same default."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from hf_msv.collect import CollectConfig
+    from hf_msv.collect.config import build_parser
+    from hf_msv.data.shards import STORAGE_DTYPES
+
+    params = {n: p for n, p in inspect.signature(collect).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    fields = {f.name: f for f in dataclasses.fields(CollectConfig)}
+    assert set(params) - set(fields) == set()  # e.g. checker_kwargs, missing from the old hand-written flags
+    for name, param in params.items():
+        assert fields[name].default == param.default, name
+    assert all(f.metadata.get("help") for f in fields.values())
+    assert set(typing.get_type_hints(CollectConfig)["dtype"].__args__) == set(STORAGE_DTYPES)
+
+    required = ["--model", "testbed", "--problems", "testbed:train:2", "--output-dir", "out"]
+    (config,) = build_parser().parse_args_into_dataclasses(required)
+    kwargs = config.collect_kwargs()
+    assert set(kwargs) == set(params) and kwargs["prompt_template"] == "testbed" and kwargs["progress"] is True
+    (config,) = build_parser().parse_args_into_dataclasses(
+        required + ["--checker-kwargs", '{"timeout": 5}', "--delimiters", "--no-progress", "--num-samples", "4",
+                    "--dtype", "float16", "--mode", "terminal", "--overwrite"])
+    assert config.checker_kwargs == {"timeout": 5} and config.delimiters == [] and config.progress is False
+    assert (config.num_samples, config.dtype, config.mode, config.overwrite) == (4, "float16", "terminal", True)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args_into_dataclasses(required + ["--dtype", "float32"])
+
+
+def test_collect_main_runs_from_flags(tmp_path, monkeypatch, capsys):
+    import hf_msv.collect.live as live
+
+    monkeypatch.setattr(live, "load_lm", lambda name, dtype: (tiny_lm(), TOK))
+    monkeypatch.setattr(live, "load_problems", lambda spec: tiny_problems(2))
+    live.main(["--model", "tiny", "--problems", "tiny", "--output-dir", str(tmp_path), "--num-samples", "2",
+               "--max-new-tokens", "12", "--delimiters", "Wait", "e", "--checker", "exact",
+               "--prompt-template", "plain", "--problems-per-shard", "3", "--seed", "3", "--no-progress"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["generated"] == 2 and summary["shards_written"] == 1
+    settings = json.loads((tmp_path / "collect_config.json").read_text())
+    assert settings["checker_kwargs"] == {} and settings["delimiters"] == ["Wait", "e"]

@@ -60,15 +60,42 @@ def test_demo_defaults_follow_the_reproduction():
 
     import torch
 
-    from hf_msv.cli import build_parser
     from hf_msv.utils import resolve_device
-    from hf_msv.demo import DEMO_THRESHOLD, run_demo
+    from hf_msv.demo import DEMO_THRESHOLD, build_parser, run_demo
 
     summary = json.loads((ROOT / "docs" / "results" / "testbed.json").read_text())
     chosen = summary["main"]["16"]["lambda_selection"]["MSV_16"]["validation"]["lambda"]["mean"]
     assert abs(chosen - DEMO_THRESHOLD) < 0.005
     assert inspect.signature(run_demo).parameters["threshold"].default == DEMO_THRESHOLD
-    args = build_parser().parse_args(["demo"])
+    (args,) = build_parser().parse_args_into_dataclasses([])
     assert args.threshold is None and args.device == "auto"  # None: run_demo's default applies
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_cli_lists_the_commands_and_dispatches_to_their_main(monkeypatch, capsys):
+    import hf_msv.demo
+    from hf_msv import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = capsys.readouterr().out
+    for name, (_, line) in cli.COMMANDS.items():
+        assert name in help_text and line.split(",")[0] in help_text
+    seen = []
+    monkeypatch.setattr(hf_msv.demo, "main", seen.append)
+    cli.main(["demo", "-n", "8", "--problems", "2"])
+    assert seen == [["-n", "8", "--problems", "2"]]
+    import importlib
+
+    for module, _ in cli.COMMANDS.values():  # every command's package exposes main(argv)
+        assert callable(importlib.import_module(module).main)
+
+
+def test_demo_flags_keep_their_names():
+    from hf_msv.demo import build_parser
+
+    (config,) = build_parser().parse_args_into_dataclasses(
+        ["-n", "8", "--max-new-tokens", "50", "--gguf-file", "m.gguf", "--output-dir", "o", "--threshold", "0.7"])
+    assert (config.num_sequences, config.max_new_tokens, config.gguf_file, config.output_dir) == (8, 50, "m.gguf", "o")
+    assert config.threshold == 0.7 and config.problems == 12

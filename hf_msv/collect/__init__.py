@@ -1,27 +1,26 @@
-"""Collection: problems -> N sampled sequences -> answers and hidden states -> shards."""
+"""Collection: problems -> N sampled sequences -> answers and hidden states -> shards.
 
-from .live import (
-    collect,
-    CollectResult,
-    ConfidenceRecorder,
-    load_problems,
-    load_lm,
-    done_problem_ids,
-    write_index,
-    add_collect_arguments,
-    collect_from_args,
-    main,
-)
+Modules: `config` (`CollectConfig`, the ``hf-msv collect`` flags), `lm` (loading LMs and problems, prompts),
+`confidence` (DeepConf token confidence), `store` (the resumable, atomic shard store), `live` (`collect`).
+"""
+
+from .confidence import ConfidenceRecorder
+from .config import CollectConfig
+from .lm import load_lm, load_problems
+from .live import CollectResult, batch_seed, collect, collect_from_config, main
+from .store import ShardStore, done_problem_ids, write_index
 
 __all__ = [
-    "collect",
+    "CollectConfig",
     "CollectResult",
     "ConfidenceRecorder",
-    "load_problems",
-    "load_lm",
+    "ShardStore",
+    "batch_seed",
+    "collect",
+    "collect_from_config",
     "done_problem_ids",
-    "write_index",
-    "add_collect_arguments",
-    "collect_from_args",
+    "load_lm",
+    "load_problems",
     "main",
+    "write_index",
 ]

@@ -5,7 +5,7 @@ terminal answers are flagged). For every answer it stores the answer-token hidde
 sequence n, step k, time τ, length L, whether it is terminal, its correctness under the chosen checker, its online
 equivalence class (`EquivalenceClasses`, arrival order, as the generation hook assigns it at inference), the answer
 tokens' log-probabilities (Token-Probs) and, per sequence, the DeepConf token confidence of every chain-of-thought
-token. See `hf_msv.shards` for the file format.
+token. See `hf_msv.data.shards` for the file format.
 
 Resumable and atomic
 ====================
@@ -37,80 +37,58 @@ main process writes ``index.json`` over all shards.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
-import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessorList
 
 from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 from ..data.problems import Problem
-from ..utils import atomic_write_json, fsync_dir, process_state, resolve_device
-from ..data.shards import (
-    SHARD_GLOB,
-    STORAGE_DTYPES,
-    CollectedProblem,
-    read_shard,
-    read_shard_info,
-    write_shard,
-)
-
-__all__ = ["collect", "CollectResult", "ConfidenceRecorder", "load_problems", "load_lm", "done_problem_ids",
-           "write_index", "add_collect_arguments",
-           "collect_from_args", "main"]
-
-CONFIG_FILE = "collect_config.json"
-INDEX_FILE = "index.json"
-_SHARD_RE = re.compile(r"shard-r(\d+)-(\d+)\.safetensors$")
-_SPOOL_RE = re.compile(r"spool-r(\d+)-b(\d+)\.safetensors$")
+from ..data.shards import SHARD_GLOB, STORAGE_DTYPES, CollectedProblem
+from ..utils import atomic_write_json, process_state
+from .config import CollectConfig, build_parser
+from .confidence import ConfidenceRecorder
+from .lm import lm_info, load_lm, load_problems, prompt_builder
+from .store import CONFIG_FILE, ShardStore, done_problem_ids, write_index
 
 
-def _checkpoint(stage: str, **info) -> None:
-    """Called after each durable step ("spooled", "shard_written", "manifest_written", "spool_removed").
+@dataclass
+class CollectResult:
+    """What one process did. ``tokens`` counts sampled chain-of-thought tokens (EOS included)."""
 
-    A no-op; tests replace it to inject crashes at exact points of the commit protocol.
-    """
+    output_dir: str
+    rank: int
+    world_size: int
+    problems: int  # this process's share
+    skipped: int  # already done before this run
+    generated: int  # done by this run
+    tokens: int = 0
+    answer_tokens: int = 0
+    answers: int = 0
+    seconds: float = 0.0
+    shards: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else math.nan
+
+    @property
+    def problems_per_s(self) -> float:
+        return self.generated / self.seconds if self.seconds else math.nan
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Signals beyond the generation hook: CoT token confidence, answer-token log-probabilities
-# ----------------------------------------------------------------------------------------------------------------
-
-
-class ConfidenceRecorder(LogitsProcessor):
-    """Passive logits processor that records DeepConf's token confidence C_t = −(1/k) Σ_{j≤k} log P_t(j) of every
-    row at every decode step (top-k of the model's log-probs; DeepConf uses k = 20).
-
-    Custom processors run before generate's temperature / top-k / top-p warpers, so these are the LM's own
-    probabilities, as DeepConf reads them. It returns the scores unchanged, so sampling is not affected. One float
-    per row and step is kept, never the vocabulary-sized scores.
-    """
-
-    def __init__(self, top_k: int = 20):
-        self.top_k = top_k
-        self.steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        logprobs = torch.log_softmax(scores.float(), dim=-1)
-        k = min(self.top_k, logprobs.shape[-1])
-        # Stays on the device: one host transfer per generate call, not a synchronisation per decode step.
-        self.steps.append(-logprobs.topk(k, dim=-1).values.mean(-1))
-        return scores
-
-    def table(self) -> np.ndarray:
-        """`(steps, rows)` float32 confidences recorded so far."""
-        if not self.steps:
-            return np.zeros((0, 0), dtype=np.float32)
-        return torch.stack(self.steps).float().cpu().numpy()
+def batch_seed(seed: int, ids: Sequence[str]) -> int:
+    """The seed of the batch of problems ``ids``: a batch samples the same tokens in every run and on every rank."""
+    digest = hashlib.sha256(f"{seed}\x00{'|'.join(ids)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (2**63 - 1)
 
 
 def _is_correct(checker, text: str | None, problem: Problem) -> bool:
@@ -144,197 +122,6 @@ def _record(model, problem: Problem, result, confidence: np.ndarray, rows: range
         sequence_finish=list(result.finish_reasons),
         cot_confidence=[confidence[:n, row] if confidence.size else np.zeros(0) for n, row in zip(lengths, rows)],
     )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The rank-local store: spool → shards → manifest
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _problem_count(path: Path) -> int:
-    return len(read_shard_info(path)["problem_id"])
-
-
-class _ShardStore:
-    """Durable storage of one process's finished batches (see the module docstring for the protocol)."""
-
-    def __init__(self, root: Path, rank: int, world: int, problems_per_shard: int, dtype: str, info: dict):
-        self.root, self.rank, self.world = root, rank, world
-        self.spool_dir = root / "spool"
-        self.problems_per_shard = problems_per_shard
-        self.dtype, self.info = dtype, info
-        self.written: list[Path] = []
-        self.manifest: dict[str, list[str]] = {}  # this rank's shard name -> problem ids, kept in memory
-
-    # -- names ----------------------------------------------------------------------------------------------
-
-    def _own_shards(self) -> list[Path]:
-        return sorted(p for p in self.root.glob(f"shard-r{self.rank:03d}-*.safetensors") if _SHARD_RE.search(p.name))
-
-    def _spools(self, rank: int | None = None) -> list[Path]:
-        pattern = "spool-r*-b*.safetensors" if rank is None else f"spool-r{rank:03d}-b*.safetensors"
-        return sorted(p for p in self.spool_dir.glob(pattern) if _SPOOL_RE.search(p.name))
-
-    def _next_shard(self) -> Path:
-        indices = [int(_SHARD_RE.search(p.name).group(2)) for p in self._own_shards()]
-        return self.root / f"shard-r{self.rank:03d}-{max(indices, default=-1) + 1:05d}.safetensors"
-
-    # -- startup ----------------------------------------------------------------------------------------------
-
-    def recover(self) -> None:
-        """Bring this rank's files to a clean state after a crash (before anyone scans the done set)."""
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
-        pid_tmp = [p for d in (self.root, self.spool_dir) for p in d.glob(".*.tmp-*")]
-        mine = (f"-r{self.rank:03d}-", f".index-r{self.rank:03d}.")
-        if self.rank == 0:
-            mine += (f".{INDEX_FILE}.", f".{CONFIG_FILE}.")
-        for tmp in pid_tmp:  # temporaries of a killed writer of this rank are garbage
-            if any(m in tmp.name for m in mine):
-                tmp.unlink(missing_ok=True)
-        in_shards = {pid for shard in self.root.glob(SHARD_GLOB) for pid in read_shard_info(shard)["problem_id"]}
-        # Orphans: spool files of ranks that no longer exist (the run restarted with fewer processes).
-        orphans = [p for p in self._spools() if (r := int(_SPOOL_RE.search(p.name).group(1))) >= self.world
-                   and r % self.world == self.rank]
-        for spool in self._spools(self.rank) + orphans:
-            if set(read_shard_info(spool)["problem_id"]) <= in_shards:  # packed, then killed before deleting
-                spool.unlink()
-                _checkpoint("spool_removed", path=spool)
-        # The shard files are the record; the manifest is rebuilt from them (it may predate the last shard).
-        self.manifest = {p.name: read_shard_info(p)["problem_id"] for p in self._own_shards()}
-        orphans = [p for p in orphans if p.exists()]
-        if orphans:
-            self._pack(orphans)
-        if sum(_problem_count(p) for p in self._spools(self.rank)) >= self.problems_per_shard:
-            self._pack(self._spools(self.rank))
-        self.write_manifest()
-
-    # -- writing ----------------------------------------------------------------------------------------------
-
-    def add_batch(self, batch_index: int, problems: list[CollectedProblem]) -> None:
-        path = self.spool_dir / f"spool-r{self.rank:03d}-b{batch_index:07d}.safetensors"
-        write_shard(path, problems, self.info, self.dtype)
-        _checkpoint("spooled", path=path, problems=[p.problem_id for p in problems])
-        spools = self._spools(self.rank)
-        if sum(_problem_count(p) for p in spools) >= self.problems_per_shard:
-            self._pack(spools)
-
-    def finish(self) -> None:
-        spools = self._spools(self.rank)
-        if spools:
-            self._pack(spools)
-        self.write_manifest()
-
-    def _pack(self, spools: list[Path]) -> None:
-        problems = [p for spool in spools for p in read_shard(spool)[0]]
-        path = write_shard(self._next_shard(), problems, self.info, self.dtype)
-        self.written.append(path)
-        self.manifest[path.name] = [p.problem_id for p in problems]
-        _checkpoint("shard_written", path=path)
-        self.write_manifest()
-        _checkpoint("manifest_written", path=path)
-        for spool in spools:
-            spool.unlink(missing_ok=True)
-            _checkpoint("spool_removed", path=spool)
-        fsync_dir(self.spool_dir)
-
-    def write_manifest(self) -> None:
-        """``index-r{rank}.json``: this rank's shards and their problems (atomic replace)."""
-        shards = dict(sorted(self.manifest.items()))
-        atomic_write_json(self.root / f"index-r{self.rank:03d}.json",
-                          {"rank": self.rank, "shards": shards, "problems": sum(map(len, shards.values()))})
-
-
-def done_problem_ids(output_dir: str | os.PathLike) -> set[str]:
-    """Ids of every problem already committed in `output_dir` (shards and pending spool files of all ranks)."""
-    root = Path(output_dir)
-    files = list(root.glob(SHARD_GLOB)) + list((root / "spool").glob("spool-r*-b*.safetensors"))
-    return {pid for f in files for pid in read_shard_info(f)["problem_id"]}
-
-
-def write_index(output_dir: str | os.PathLike) -> dict:
-    """Merge every shard into ``index.json`` (shard → problem ids, totals). Run by the main process at the end."""
-    root = Path(output_dir)
-    shards = {p.name: read_shard_info(p)["problem_id"] for p in sorted(root.glob(SHARD_GLOB))}
-    index = {"shards": shards, "problems": sum(map(len, shards.values())), "format": "hf_msv.shard"}
-    atomic_write_json(root / INDEX_FILE, index)
-    return index
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# collect
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class CollectResult:
-    """What one process did. ``tokens`` counts sampled chain-of-thought tokens (EOS included)."""
-
-    output_dir: str
-    rank: int
-    world_size: int
-    problems: int  # this process's share
-    skipped: int  # already done before this run
-    generated: int  # done by this run
-    tokens: int = 0
-    answer_tokens: int = 0
-    answers: int = 0
-    seconds: float = 0.0
-    shards: list[str] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else math.nan
-
-    @property
-    def problems_per_s(self) -> float:
-        return self.generated / self.seconds if self.seconds else math.nan
-
-
-def _prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:
-    """``"auto"`` (chat template if the tokenizer has one, else the question), ``"chat"``, ``"plain"``,
-    ``"testbed"`` (`hf_msv.testbed.format_prompt`), a string with ``{question}``, or a callable."""
-    if callable(template):
-        return template
-    if template == "auto":
-        template = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
-    if template == "chat":
-        return lambda p: [{"role": "user", "content": p.question}]
-    if template == "plain":
-        return lambda p: p.question
-    if template == "testbed":
-        from ..testbed import format_prompt
-
-        return format_prompt
-    if "{question}" not in template:
-        raise ValueError(f"prompt_template must be auto/chat/plain/testbed or contain '{{question}}', got {template!r}")
-    # str.replace, not str.format: templates often contain LaTeX braces such as \boxed{}.
-    return lambda p: template.replace("{question}", p.question)
-
-
-def _batch_seed(seed: int, ids: Sequence[str]) -> int:
-    digest = hashlib.sha256(f"{seed}\x00{'|'.join(ids)}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % (2**63 - 1)
-
-
-def _lm_info(model, tokenizer) -> dict:
-    config = model.config.get_text_config()
-    return {"lm_name_or_path": getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", ""),
-            "lm_model_type": getattr(model.config, "model_type", None),
-            "lm_hidden_size": config.hidden_size,
-            "lm_num_attention_heads": getattr(config, "num_attention_heads", None),
-            "lm_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "lm_weights_fingerprint": _weights_fingerprint(model),
-            "tokenizer": getattr(tokenizer, "name_or_path", "")}
-
-
-def _weights_fingerprint(model) -> str:
-    """A short hash of every parameter's name, shape and first values: a retrained checkpoint under the same path
-    must not resume a collection made with the old one. Exact values, so it is the same on every device."""
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            digest.update(f"{name}{tuple(p.shape)}{p.flatten()[:8].float().tolist()}".encode())
-    return digest.hexdigest()[:16]
 
 
 def _check_config(root: Path, settings: dict, is_main: bool, overwrite: bool, state) -> None:
@@ -406,8 +193,6 @@ def collect(
 
     Returns: this process's `CollectResult`.
     """
-    from tqdm.auto import tqdm
-
     from ..equivalence import get_checker
     from ..generation import prepare_generation
 
@@ -432,26 +217,21 @@ def collect(
                 "prompt_template": prompt_template if isinstance(prompt_template, str) else
                 f"{getattr(prompt_template, '__module__', '')}.{getattr(prompt_template, '__qualname__', '')}",
                 "problems_per_shard": problems_per_shard, "problems_per_batch": problems_per_batch, "seed": seed,
-                "dtype": dtype, "confidence_top_k": confidence_top_k, **_lm_info(model, tokenizer)}
+                "dtype": dtype, "confidence_top_k": confidence_top_k, **lm_info(model, tokenizer)}
     _check_config(root, settings, state.is_main_process, overwrite, state)
 
     info = dict(settings, format_version="1", token_logprobs_source="generation")
-    store = _ShardStore(root, rank, world, problems_per_shard, dtype, info)
+    store = ShardStore(root, rank, world, problems_per_shard, dtype, info)
     store.recover()
     state.wait_for_everyone()  # every rank has cleaned up before anyone reads the done set
-    done = done_problem_ids(root)
-
     mine = list(problems[rank::world])
-    batches = [mine[i:i + problems_per_batch] for i in range(0, len(mine), problems_per_batch)]
-    todo = [(b, [p for p in batch if p.id not in done]) for b, batch in enumerate(batches)]
-    todo = [(b, batch, left) for (b, left), batch in zip(todo, batches) if left]
+    todo = _pending_batches(mine, problems_per_batch, done_problem_ids(root))
     skipped = len(mine) - sum(len(left) for _, _, left in todo)
     result = CollectResult(str(root), rank, world, problems=len(mine), skipped=skipped, generated=0)
 
     checker_obj = get_checker(checker, **checker_kwargs)
-    build_prompt = _prompt_builder(prompt_template, tokenizer)
-    bar = tqdm(total=len(mine), initial=skipped, unit="problem", dynamic_ncols=True, desc=f"collect[{rank}]",
-               disable=not (progress and state.is_local_main_process))
+    sampling = dict(num_sequences=num_samples, max_new_tokens=max_new_tokens, do_sample=True,
+                    temperature=temperature, top_p=top_p, top_k=top_k)
     start = time.perf_counter()
     was_training = model.training
     model.eval()
@@ -460,32 +240,11 @@ def collect(
                                 every_k_tokens=every_k_tokens, elicitation_prompt=elicitation_prompt,
                                 max_answer_tokens=max_answer_tokens, checker=checker_obj,
                                 capture_hidden_states=True) as session:
-            for b, batch, left in todo:
-                torch.manual_seed(_batch_seed(seed, [p.id for p in batch]))
-                recorder = ConfidenceRecorder(confidence_top_k)
-                results = session.generate([build_prompt(p) for p in batch], num_sequences=num_samples,
-                                           max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
-                                           top_p=top_p, top_k=top_k,
-                                           logits_processor=LogitsProcessorList([recorder]))
-                table = recorder.table()
-                records = []
-                for i, (problem, res) in enumerate(zip(batch, results)):
-                    if problem.id not in {p.id for p in left}:
-                        continue  # done by another process of an earlier run with another world size
-                    rows = range(i * num_samples, (i + 1) * num_samples)
-                    record = _record(model, problem, res, table, rows, checker_obj)
-                    records.append(record)
-                    result.tokens += int(record.sequence_length.sum())
-                    result.answer_tokens += int(record.answer_length.sum())
-                    result.answers += record.num_answers
-                store.add_batch(b, records)
-                result.generated += len(records)
-                bar.update(len(records))
-                elapsed = time.perf_counter() - start
-                bar.set_postfix(tok_s=f"{result.tokens / elapsed:.0f}", answers=result.answers, refresh=False)
+            _sample_batches(session, model, todo, store, result, prompt_builder(prompt_template, tokenizer),
+                            sampling, seed=seed, confidence_top_k=confidence_top_k, checker=checker_obj,
+                            progress=progress and state.is_local_main_process, start=start)
         store.finish()
     finally:
-        bar.close()
         model.train(was_training)
         result.seconds = time.perf_counter() - start
         result.shards = [str(p) for p in store.written]
@@ -495,106 +254,69 @@ def collect(
     return result
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Command line
-# ----------------------------------------------------------------------------------------------------------------
+def _pending_batches(mine: list[Problem], problems_per_batch: int, done: set[str]) -> list[tuple]:
+    """``(batch index, batch, problems of it not done yet)`` of every batch with something left to do.
+
+    Batches are cut from this process's whole share, done or not, so a batch (and its seed) is the same in every run.
+    """
+    batches = [mine[i:i + problems_per_batch] for i in range(0, len(mine), problems_per_batch)]
+    todo = [(b, batch, [p for p in batch if p.id not in done]) for b, batch in enumerate(batches)]
+    return [(b, batch, left) for b, batch, left in todo if left]
 
 
-def load_problems(spec: str) -> list[Problem]:
-    """Problems from a spec: ``testbed:<split>:<n>[:<seed>]``, ``<benchmark>[:<n>]`` (a name of
-    `hf_msv.problems.BENCHMARKS`, first n problems), or a ``.jsonl`` file of ``{"id", "question", "gold"}``."""
-    from ..data.problems import BENCHMARKS, load_benchmark
+def _sample_batches(session, model, todo, store: ShardStore, result: CollectResult, build_prompt, sampling: dict,
+                    *, seed: int, confidence_top_k: int, checker, progress: bool, start: float) -> None:
+    """Sample every pending batch with ``session``, record its problems, commit them to ``store`` and count them in
+    ``result`` (tokens per second on the bar are measured from ``start``)."""
+    from tqdm.auto import tqdm
 
-    parts = spec.split(":")
-    if parts[0] == "testbed":
-        from ..testbed import generate_problems
-
-        if len(parts) not in (3, 4):
-            raise ValueError("testbed spec is testbed:<split>:<n>[:<seed>]")
-        return generate_problems(parts[1], int(parts[2]), seed=int(parts[3]) if len(parts) == 4 else 0)
-    if parts[0] in BENCHMARKS:
-        problems = load_benchmark(parts[0])
-        return problems[: int(parts[1])] if len(parts) > 1 else problems
-    path = Path(spec)
-    if path.is_file():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [Problem(id=str(r["id"]), question=r["question"], gold=str(r["gold"]), source=r.get("source", path.stem),
-                        meta=r.get("meta", {})) for r in rows]
-    raise ValueError(f"unknown problem spec {spec!r}: use testbed:<split>:<n>[:<seed>], one of {sorted(BENCHMARKS)}"
-                     "[:<n>], or a .jsonl file")
-
-
-def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
-    """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, anything else goes to
-    ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
-    `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
-    device = resolve_device(device)
-    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-    if name == "testbed":
-        from ..testbed import load_testbed_lm
-
-        return load_testbed_lm(device=device, dtype=torch_dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype == "auto" else torch_dtype, **kwargs)
-    return model.to(device).eval(), tokenizer
+    bar = tqdm(total=result.problems, initial=result.skipped, unit="problem", dynamic_ncols=True,
+               desc=f"collect[{result.rank}]", disable=not progress)
+    num_samples = sampling["num_sequences"]
+    try:
+        for b, batch, left in todo:
+            torch.manual_seed(batch_seed(seed, [p.id for p in batch]))
+            recorder = ConfidenceRecorder(confidence_top_k)
+            results = session.generate([build_prompt(p) for p in batch], **sampling,
+                                       logits_processor=LogitsProcessorList([recorder]))
+            table = recorder.table()
+            left_ids = {p.id for p in left}
+            records = []
+            for i, (problem, res) in enumerate(zip(batch, results)):
+                if problem.id not in left_ids:
+                    continue  # done by another process of an earlier run with another world size
+                rows = range(i * num_samples, (i + 1) * num_samples)
+                record = _record(model, problem, res, table, rows, checker)
+                records.append(record)
+                result.tokens += int(record.sequence_length.sum())
+                result.answer_tokens += int(record.answer_length.sum())
+                result.answers += record.num_answers
+            store.add_batch(b, records)
+            result.generated += len(records)
+            bar.update(len(records))
+            elapsed = time.perf_counter() - start
+            bar.set_postfix(tok_s=f"{result.tokens / elapsed:.0f}", answers=result.answers, refresh=False)
+    finally:
+        bar.close()
 
 
-def add_collect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``hf-msv collect`` options (one per `collect` argument)."""
-    parser.add_argument("--model", required=True, help='LM path or Hub id; "testbed" for the shipped testbed LM')
-    parser.add_argument("--problems", required=True,
-                        help="testbed:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl")
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--num-samples", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=4096)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--mode", choices=["streaming", "terminal"], default="streaming")
-    parser.add_argument("--delimiters", nargs="*", default=None, help='default: "Wait"')
-    parser.add_argument("--every-k-tokens", type=int, default=None)
-    parser.add_argument("--elicitation-prompt", default=ELICITATION_PROMPT)
-    parser.add_argument("--max-answer-tokens", type=int, default=MAX_ANSWER_TOKENS)
-    parser.add_argument("--checker", default="symbolic", help="symbolic | exact | jaccard | embedding | random")
-    parser.add_argument("--prompt-template", default="auto",
-                        help='auto | chat | plain | testbed | a string containing "{question}"')
-    parser.add_argument("--problems-per-shard", type=int, default=16)
-    parser.add_argument("--problems-per-batch", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=sorted(STORAGE_DTYPES), default="bfloat16",
-                        help="storage dtype of hidden states")
-    parser.add_argument("--model-dtype", default="auto", help="dtype to load the LM in (auto, bfloat16, float32)")
-    parser.add_argument("--confidence-top-k", type=int, default=20)
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--overwrite", action="store_true")
-    return parser
-
-
-def collect_from_args(args: argparse.Namespace) -> CollectResult:
-    """Run `collect` from parsed `add_collect_arguments` options."""
-    model, tokenizer = load_lm(args.model, args.model_dtype)
-    problems = load_problems(args.problems)
-    template = args.prompt_template
-    if template == "auto" and args.model == "testbed":
-        template = "testbed"
-    return collect(model, tokenizer, problems, args.output_dir, num_samples=args.num_samples,
-                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, mode=args.mode, delimiters=args.delimiters, every_k_tokens=args.every_k_tokens,
-                   elicitation_prompt=args.elicitation_prompt, max_answer_tokens=args.max_answer_tokens,
-                   checker=args.checker, prompt_template=template, problems_per_shard=args.problems_per_shard,
-                   problems_per_batch=args.problems_per_batch, seed=args.seed, dtype=args.dtype,
-                   confidence_top_k=args.confidence_top_k, progress=not args.no_progress, overwrite=args.overwrite)
+def collect_from_config(config: CollectConfig) -> CollectResult:
+    """Load the LM and the problems `config` names and run `collect` with its settings."""
+    model, tokenizer = load_lm(config.model, config.model_dtype)
+    problems = load_problems(config.problems)
+    return collect(model, tokenizer, problems, config.output_dir, **config.collect_kwargs())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = add_collect_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    result = collect_from_args(parser.parse_args(argv))
+    """``hf-msv collect``: flags from `CollectConfig`; prints this process's `CollectResult` as one JSON line."""
+    (config,) = build_parser().parse_args_into_dataclasses(argv)
+    result = collect_from_config(config)
     summary = {k: v for k, v in asdict(result).items() if k != "shards"}
     summary.update(shards_written=len(result.shards), tokens_per_s=result.tokens_per_s)
     print(json.dumps(summary))
+
+
+__all__ = ["CollectResult", "batch_seed", "collect", "collect_from_config", "main"]
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from ..answers import ELICITATION_PROMPT
 from ..data.problems import Problem
 
-ELICITATION_PROMPT = "### Final Answer ### \\boxed"
 DELIMITER = "Wait"
 SOURCE = "testbed-arith"
 SPLITS = ("train", "validation", "evaluation")

@@ -1,0 +1,37 @@
+"""DeepConf's token confidence of every chain-of-thought token, recorded during sampling without changing it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import LogitsProcessor
+
+
+class ConfidenceRecorder(LogitsProcessor):
+    """Passive logits processor that records DeepConf's token confidence C_t = −(1/k) Σ_{j≤k} log P_t(j) of every
+    row at every decode step (top-k of the model's log-probs; DeepConf uses k = 20).
+
+    Custom processors run before generate's temperature / top-k / top-p warpers, so these are the LM's own
+    probabilities, as DeepConf reads them. It returns the scores unchanged, so sampling is not affected. One float
+    per row and step is kept, never the vocabulary-sized scores.
+    """
+
+    def __init__(self, top_k: int = 20):
+        self.top_k = top_k
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        logprobs = torch.log_softmax(scores.float(), dim=-1)
+        k = min(self.top_k, logprobs.shape[-1])
+        # Stays on the device: one host transfer per generate call, not a synchronisation per decode step.
+        self.steps.append(-logprobs.topk(k, dim=-1).values.mean(-1))
+        return scores
+
+    def table(self) -> np.ndarray:
+        """`(steps, rows)` float32 confidences recorded so far."""
+        if not self.steps:
+            return np.zeros((0, 0), dtype=np.float32)
+        return torch.stack(self.steps).float().cpu().numpy()
+
+
+__all__ = ["ConfidenceRecorder"]

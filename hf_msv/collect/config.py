@@ -1,0 +1,90 @@
+"""`CollectConfig`: every option of ``hf-msv collect``, declared once with its help text (flags built from it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
+
+# Options that choose the LM and the problems (the rest are `collect` keyword arguments of the same name).
+_LOADING_FIELDS = ("model", "problems", "output_dir", "model_dtype", "progress")
+
+
+@dataclass
+class CollectConfig:
+    """One collection run: which LM on which problems, and every `hf_msv.collect.collect` keyword argument.
+
+    ``hf-msv collect`` builds its flags from these fields (`transformers.HfArgumentParser`: ``--num-samples`` and
+    ``--num_samples`` alike); the defaults are `collect`'s. See `collect` for what each setting does.
+    """
+
+    model: str = field(metadata={"help": 'LM path or Hub id; "testbed" for the shipped testbed LM.'})
+    problems: str = field(metadata={"help": "testbed:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl"})
+    output_dir: str = field(metadata={"help": "Where shards go; rerunning with the same settings resumes."})
+    num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
+    max_new_tokens: int = field(default=4096, metadata={"help": "Chain-of-thought tokens per sequence at most."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the paper: 1)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off, as in the paper)."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off, as in the paper)."})
+    mode: Literal["streaming", "terminal"] = field(
+        default="streaming",
+        metadata={"help": "streaming: answers at every delimiter and at the end (terminal ones flagged); "
+                          "terminal: only at the end."})
+    delimiters: list[str] | None = field(
+        default=None,
+        metadata={"help": 'Where streaming answers are elicited (default: "Wait"; the flag alone: none).'})
+    every_k_tokens: int | None = field(
+        default=None, metadata={"help": "Also elicit an answer every k chain-of-thought tokens."})
+    elicitation_prompt: str = field(default=ELICITATION_PROMPT,
+                                    metadata={"help": "Appended to a sequence to elicit its current answer."})
+    max_answer_tokens: int = field(default=MAX_ANSWER_TOKENS,
+                                   metadata={"help": "An answer whose box is still open after this many tokens is "
+                                                     "no answer."})
+    checker: str = field(default="symbolic", metadata={"help": "Equivalence checker for classes and labels: "
+                                                               "symbolic | exact | jaccard | embedding | random"})
+    checker_kwargs: dict | str | None = field(
+        default=None, metadata={"help": 'JSON dict for get_checker, e.g. \'{"timeout": 5}\'.'})
+    prompt_template: str = field(default="auto", metadata={"help": 'auto | chat | plain | testbed | a string '
+                                                                   'containing "{question}" (auto with --model '
+                                                                   'testbed: testbed).'})
+    problems_per_shard: int = field(default=16, metadata={"help": "Problems per shard file."})
+    problems_per_batch: int = field(
+        default=1, metadata={"help": "Prompts per generate call (batch rows = this x N); the unit of resumption."})
+    seed: int = field(default=0, metadata={"help": "Base seed; each batch is seeded from it and its problem ids."})
+    dtype: Literal["bfloat16", "float16"] = field(default="bfloat16",
+                                                  metadata={"help": "Storage dtype of hidden states."})
+    model_dtype: str = field(default="auto", metadata={"help": "dtype to load the LM in (auto, bfloat16, float32)."})
+    confidence_top_k: int = field(default=20, metadata={"help": "k of DeepConf's token confidence."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar (--no-progress: none)."})
+    overwrite: bool = field(default=False, metadata={"help": "Delete an existing collection in output_dir first."})
+
+    def __post_init__(self):
+        if isinstance(self.checker_kwargs, str):  # from the command line
+            self.checker_kwargs = json.loads(self.checker_kwargs)
+        if not isinstance(self.checker_kwargs, (dict, type(None))):
+            raise ValueError(f"checker_kwargs must be a JSON object, got {self.checker_kwargs!r}")
+
+    def collect_kwargs(self) -> dict:
+        """The keyword arguments of `collect` (everything but the LM, the problems and where they go)."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _LOADING_FIELDS}
+        if kwargs["prompt_template"] == "auto" and self.model == "testbed":
+            kwargs["prompt_template"] = "testbed"  # the testbed LM has no chat template and its own prompt format
+        return dict(kwargs, progress=self.progress)
+
+
+def build_parser():
+    """The ``hf-msv collect`` parser: one flag per `CollectConfig` field."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(CollectConfig, prog="hf-msv collect", description=CollectConfig.__doc__.splitlines()[0])
+    # HfArgumentParser gives list fields nargs="+"; "--delimiters" alone (no delimiter: answers only every k tokens
+    # and at the end) has always been accepted, so it stays "*".
+    for action in parser._actions:
+        if action.dest == "delimiters":
+            action.nargs = "*"
+    return parser
+
+
+__all__ = ["CollectConfig", "build_parser"]

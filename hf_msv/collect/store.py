@@ -1,0 +1,152 @@
+"""The resumable, atomic shard store of one process: finished batches -> spool files -> shards -> manifests.
+
+Layout of a collection directory (every file written to a temporary name, fsynced and moved into place)::
+
+    collect_config.json                    the settings; resuming with other settings is refused
+    spool/spool-r{rank}-b{batch}.safetensors  one finished batch each, until packed (same format as a shard)
+    shard-r{rank}-{index}.safetensors      `problems_per_shard` problems each
+    index-r{rank}.json                     one process's manifest: its shards and their problems
+    index.json                             every shard, written by the main process at the end
+
+See `hf_msv.collect.live` for the protocol and what a restart does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ..data.shards import SHARD_GLOB, CollectedProblem, read_shard, read_shard_info, write_shard
+from ..utils import atomic_write_json, fsync_dir
+
+CONFIG_FILE = "collect_config.json"
+INDEX_FILE = "index.json"
+_SHARD_RE = re.compile(r"shard-r(\d+)-(\d+)\.safetensors$")
+_SPOOL_RE = re.compile(r"spool-r(\d+)-b(\d+)\.safetensors$")
+
+
+def _problem_count(path: Path) -> int:
+    return len(read_shard_info(path)["problem_id"])
+
+
+class ShardStore:
+    """Durable storage of one process's finished batches (`hf_msv.collect.live` describes the protocol).
+
+    Args:
+        root: the collection directory.
+        rank, world: this process's index and the number of processes (every file name carries ``-r{rank}``).
+        problems_per_shard: spool files are packed into a shard once they hold this many problems.
+        dtype: storage dtype of hidden states (``"bfloat16"`` or ``"float16"``).
+        info: the settings stored in every shard's metadata.
+    """
+
+    def __init__(self, root: Path, rank: int, world: int, problems_per_shard: int, dtype: str, info: dict):
+        self.root, self.rank, self.world = root, rank, world
+        self.spool_dir = root / "spool"
+        self.problems_per_shard = problems_per_shard
+        self.dtype, self.info = dtype, info
+        self.written: list[Path] = []
+        self.manifest: dict[str, list[str]] = {}  # this rank's shard name -> problem ids, kept in memory
+
+    def on_commit(self, stage: str, **info) -> None:
+        """Called after each durable step (``"spooled"``, ``"shard_written"``, ``"manifest_written"``,
+        ``"spool_removed"``). A no-op: tests replace it to inject crashes at exact points of the protocol."""
+
+    # -- names ----------------------------------------------------------------------------------------------
+
+    def _own_shards(self) -> list[Path]:
+        return sorted(p for p in self.root.glob(f"shard-r{self.rank:03d}-*.safetensors") if _SHARD_RE.search(p.name))
+
+    def _spools(self, rank: int | None = None) -> list[Path]:
+        pattern = "spool-r*-b*.safetensors" if rank is None else f"spool-r{rank:03d}-b*.safetensors"
+        return sorted(p for p in self.spool_dir.glob(pattern) if _SPOOL_RE.search(p.name))
+
+    def _next_shard(self) -> Path:
+        indices = [int(_SHARD_RE.search(p.name).group(2)) for p in self._own_shards()]
+        return self.root / f"shard-r{self.rank:03d}-{max(indices, default=-1) + 1:05d}.safetensors"
+
+    # -- startup ----------------------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Bring this rank's files to a clean state after a crash (before anyone scans the done set)."""
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        pid_tmp = [p for d in (self.root, self.spool_dir) for p in d.glob(".*.tmp-*")]
+        mine = (f"-r{self.rank:03d}-", f".index-r{self.rank:03d}.")
+        if self.rank == 0:
+            mine += (f".{INDEX_FILE}.", f".{CONFIG_FILE}.")
+        for tmp in pid_tmp:  # temporaries of a killed writer of this rank are garbage
+            if any(m in tmp.name for m in mine):
+                tmp.unlink(missing_ok=True)
+        in_shards = {pid for shard in self.root.glob(SHARD_GLOB) for pid in read_shard_info(shard)["problem_id"]}
+        # Orphans: spool files of ranks that no longer exist (the run restarted with fewer processes).
+        orphans = [p for p in self._spools() if (r := int(_SPOOL_RE.search(p.name).group(1))) >= self.world
+                   and r % self.world == self.rank]
+        for spool in self._spools(self.rank) + orphans:
+            if set(read_shard_info(spool)["problem_id"]) <= in_shards:  # packed, then killed before deleting
+                spool.unlink()
+                self.on_commit("spool_removed", path=spool)
+        # The shard files are the record; the manifest is rebuilt from them (it may predate the last shard).
+        self.manifest = {p.name: read_shard_info(p)["problem_id"] for p in self._own_shards()}
+        orphans = [p for p in orphans if p.exists()]
+        if orphans:
+            self._pack(orphans)
+        if sum(_problem_count(p) for p in self._spools(self.rank)) >= self.problems_per_shard:
+            self._pack(self._spools(self.rank))
+        self.write_manifest()
+
+    # -- writing ----------------------------------------------------------------------------------------------
+
+    def add_batch(self, batch_index: int, problems: list[CollectedProblem]) -> None:
+        """Commit one finished batch to its spool file; pack the spool into a shard once it holds a shard's worth."""
+        path = self.spool_dir / f"spool-r{self.rank:03d}-b{batch_index:07d}.safetensors"
+        write_shard(path, problems, self.info, self.dtype)
+        self.on_commit("spooled", path=path, problems=[p.problem_id for p in problems])
+        spools = self._spools(self.rank)
+        if sum(_problem_count(p) for p in spools) >= self.problems_per_shard:
+            self._pack(spools)
+
+    def finish(self) -> None:
+        """Pack what is left in this rank's spool into a last (smaller) shard and write the manifest."""
+        spools = self._spools(self.rank)
+        if spools:
+            self._pack(spools)
+        self.write_manifest()
+
+    def _pack(self, spools: list[Path]) -> None:
+        problems = [p for spool in spools for p in read_shard(spool)[0]]
+        path = write_shard(self._next_shard(), problems, self.info, self.dtype)
+        self.written.append(path)
+        self.manifest[path.name] = [p.problem_id for p in problems]
+        self.on_commit("shard_written", path=path)
+        self.write_manifest()
+        self.on_commit("manifest_written", path=path)
+        for spool in spools:
+            spool.unlink(missing_ok=True)
+            self.on_commit("spool_removed", path=spool)
+        fsync_dir(self.spool_dir)
+
+    def write_manifest(self) -> None:
+        """``index-r{rank}.json``: this rank's shards and their problems (atomic replace)."""
+        shards = dict(sorted(self.manifest.items()))
+        atomic_write_json(self.root / f"index-r{self.rank:03d}.json",
+                          {"rank": self.rank, "shards": shards, "problems": sum(map(len, shards.values()))})
+
+
+def done_problem_ids(output_dir: str | os.PathLike) -> set[str]:
+    """Ids of every problem already committed in `output_dir` (shards and pending spool files of all ranks)."""
+    root = Path(output_dir)
+    files = list(root.glob(SHARD_GLOB)) + list((root / "spool").glob("spool-r*-b*.safetensors"))
+    return {pid for f in files for pid in read_shard_info(f)["problem_id"]}
+
+
+def write_index(output_dir: str | os.PathLike) -> dict:
+    """Merge every shard into ``index.json`` (shard → problem ids, totals). Run by the main process at the end."""
+    root = Path(output_dir)
+    shards = {p.name: read_shard_info(p)["problem_id"] for p in sorted(root.glob(SHARD_GLOB))}
+    index = {"shards": shards, "problems": sum(map(len, shards.values())), "format": "hf_msv.shard"}
+    atomic_write_json(root / INDEX_FILE, index)
+    return index
+
+
+__all__ = ["CONFIG_FILE", "INDEX_FILE", "ShardStore", "done_problem_ids", "write_index"]

@@ -1,0 +1,129 @@
+"""The checker interface, the answer normal form, and online equivalence classes.
+
+Everything MSV does with answers (the equivalence mask, γ, logit averaging, weighted voting, self-consistency and the
+correctness labels) depends on deciding when two answers are "the same". An `EquivalenceChecker` decides it for one
+pair; `EquivalenceClasses` turns those verdicts into the class ids of one group's answers, in arrival order.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+from typing import Iterable
+
+from ..answers import normalize_answer
+
+logger = logging.getLogger(__name__)
+
+
+class Verdict(enum.Enum):
+    """Outcome of one comparison. ``UNVERIFIABLE`` (timeout, failure, input refused) is never counted as equal."""
+
+    EQUAL = "equal"
+    NOT_EQUAL = "not_equal"
+    UNVERIFIABLE = "unverifiable"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def answer_key(answer: str) -> str:
+    """Normal form used for exact matching, dictionary hits and cache keys (cached `normalize_answer`)."""
+    return normalize_answer(answer)
+
+
+class EquivalenceChecker:
+    """Decides whether two answers are the same. Subclasses implement `_compare` on two non-``None`` strings.
+
+    ``None`` (no boxed answer), like an answer that normalises to the empty string, is never equal to anything, itself
+    included. Answers with the same `answer_key` are equal for every checker except ``random`` (a pure coin flip);
+    `EquivalenceClasses` groups them in any case.
+    """
+
+    name = "base"
+
+    def compare(self, a: str | None, b: str | None) -> Verdict:
+        """Symmetric verdict on two answers; never raises (an internal error gives ``UNVERIFIABLE``)."""
+        if a is None or b is None:
+            return Verdict.NOT_EQUAL
+        try:
+            a, b = str(a), str(b)
+            if not answer_key(a) or not answer_key(b):  # nothing left after normalisation: no answer either
+                return Verdict.NOT_EQUAL
+            return self._compare(a, b)
+        except Exception:  # a checker bug must not take the verifier down: report "could not verify"
+            logger.debug("equivalence check failed", exc_info=True)
+            return Verdict.UNVERIFIABLE
+
+    def equivalent(self, a: str | None, b: str | None) -> bool:
+        """``compare(a, b) is Verdict.EQUAL``: symmetric, unverifiable counts as different, never raises."""
+        return self.compare(a, b) is Verdict.EQUAL
+
+    def is_correct(self, pred: str | None, gold: str) -> bool:
+        """Whether ``pred`` is graded correct against ``gold``. Labels in the paper always use ``symbolic``."""
+        return pred is not None and self.equivalent(pred, gold)
+
+    def key(self, answer: str) -> str:
+        """Normal form under which two answers are the same answer (see `answer_key`)."""
+        return answer_key(answer)
+
+    def _compare(self, a: str, b: str) -> Verdict:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+class EquivalenceClasses:
+    """Online leader clustering of one group's answers into equivalence classes.
+
+    `add` looks the answer's normalised string up in a dict first; otherwise it compares the answer with the
+    representative (first member) of each existing class, in creation order, joins the first match, or opens a new
+    class. Classes never merge afterwards. This resolves non-transitive verdicts (a~b, b~c, a≁c) by arrival order and
+    makes online and offline assignment identical when answers are added in arrival order, which the verifier's KV
+    cache relies on. ``None`` (no answer, also an empty one) always opens a class of its own. Not thread-safe: one
+    instance per group.
+    """
+
+    def __init__(self, checker: EquivalenceChecker):
+        self.checker = checker
+        self.representatives: list[str | None] = []  # one per class, index = class id
+        self.classes: list[int] = []  # class id of every answer added, in order
+        self._by_key: dict[str, int] = {}
+
+    def add(self, answer: str | None) -> int:
+        """Class id of ``answer`` (existing or new)."""
+        key = None if answer is None else self.checker.key(str(answer))
+        if not key:  # no answer: a class of its own
+            cls = self._new(None)
+        else:
+            answer = str(answer)
+            cls = self._by_key.get(key)
+            if cls is None:
+                reps = enumerate(self.representatives)
+                cls = next((c for c, rep in reps if rep is not None and self.checker.equivalent(answer, rep)), None)
+                if cls is None:
+                    cls = self._new(answer)
+                self._by_key[key] = cls
+        self.classes.append(cls)
+        return cls
+
+    def _new(self, representative: str | None) -> int:
+        self.representatives.append(representative)
+        return len(self.representatives) - 1
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.representatives)
+
+    def __len__(self) -> int:
+        return len(self.classes)
+
+
+def assign_classes(answers: Iterable[str | None], checker: EquivalenceChecker) -> list[int]:
+    """Class ids of ``answers`` added in order to a fresh `EquivalenceClasses` (the offline assignment)."""
+    classes = EquivalenceClasses(checker)
+    return [classes.add(a) for a in answers]
+
+
+__all__ = ["EquivalenceChecker", "EquivalenceClasses", "Verdict", "answer_key", "assign_classes"]
