@@ -35,7 +35,7 @@ def testbed_shape() -> tuple[int, int]:
 
 
 def synthetic_problem(pid: str, rng: np.random.Generator, d: int, sequences: int, waits: float):
-    from hf_msv.data.shards import CollectedProblem
+    from hf_msv.data import CollectedProblem
 
     rows = []
     for n in range(sequences):
@@ -60,7 +60,7 @@ def synthetic_problem(pid: str, rng: np.random.Generator, d: int, sequences: int
 
 
 def write_split(directory: Path, count: int, d: int, heads: int, sequences: int, waits: float, seed: int):
-    from hf_msv.data.shards import write_shard
+    from hf_msv.data import write_shard
 
     directory.mkdir(parents=True)
     rng = np.random.default_rng(seed)
@@ -92,7 +92,7 @@ def main():
     try:
         write_split(root / "train", args.problems, d, heads, args.sequences, args.waits, 0)
         write_split(root / "val", 2, d, heads, args.sequences, args.waits, 1)
-        from hf_msv.data.shards import ShardDataset
+        from hf_msv.data import ShardDataset
 
         stats = ShardDataset(root / "train").stats()
         report["answers_per_sequence"] = round(stats["answers"] / stats["sequences"], 3)

@@ -1,10 +1,10 @@
-"""Calibration and best-of-N metrics on plain numpy arrays, and `AnswerGroup`, the record they read.
+"""Calibration and best-of-N metrics on plain numpy arrays and `AnswerGroup`s.
 
 Definitions follow the paper's appendix "Details on metrics": AUROC, Brier, NLL, ECE (J=10 equal-width bins),
 best-of-N accuracy, and best-of-N ECE / Brier over the (p†, y†) pairs of the answers a verifier picks.
 
-`AnswerGroup` lives here (the lowest module of the evaluation stack) so that `hf_msv.early_stop` and a later
-``hf-msv evaluate`` can share it without import cycles; `hf_msv.baselines` stays array-only.
+`AnswerGroup` lives in `hf_msv.data.groups` with the functions that build it; it is re-exported here because the
+metrics read it. `hf_msv.baselines` stays array-only.
 """
 
 from __future__ import annotations
@@ -12,74 +12,18 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import roc_auc_score
 
 from .baselines import best_of_n
+from .data.groups import AnswerGroup
 
 __all__ = [
     "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
-    "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "format_mean_std",
+    "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "seed_stat", "format_mean_std",
 ]
-
-
-@dataclass(frozen=True, eq=False)
-class AnswerGroup:
-    """All answers elicited for one problem from N parallel sequences (one *group*).
-
-    Every per-answer array has shape (A,), aligned by answer index. Times are shared decode steps counted from 0
-    at the first generated token (see docs/architecture.md).
-
-    Args:
-        sequence: (A,) int, sequence index n in [0, N).
-        end: (A,) int, τ + L: the step at which the answer becomes available.
-        klass: (A,) int, equivalence-class id; only compared within the group.
-        correct: (A,) bool, whether the answer is equivalent to the gold answer.
-        is_terminal: (A,) bool, the answer elicited when its sequence ended (one per sequence).
-        seq_len: (N,) int, chain-of-thought tokens each sequence decoded before it ended (= τ of its terminal
-            answer). Used for token accounting in early stopping.
-        start: (A,) int or None, τ (the step at which the delimiter fired / the sequence ended).
-        scores: verifier name -> (A,) float scores in [0, 1] (e.g. ``{"msv": ..., "probe": ...}``).
-        problem_id: identifier of the problem, for reports.
-    """
-
-    sequence: np.ndarray
-    end: np.ndarray
-    klass: np.ndarray
-    correct: np.ndarray
-    is_terminal: np.ndarray
-    seq_len: np.ndarray
-    start: np.ndarray | None = None
-    scores: Mapping[str, np.ndarray] = field(default_factory=dict)
-    problem_id: str = ""
-
-    def __post_init__(self):
-        conv = {"sequence": np.int64, "end": np.int64, "klass": np.int64, "correct": bool, "is_terminal": bool}
-        for name, dtype in conv.items():
-            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=dtype).reshape(-1))
-        object.__setattr__(self, "seq_len", np.asarray(self.seq_len, dtype=np.int64).reshape(-1))
-        if self.start is not None:
-            object.__setattr__(self, "start", np.asarray(self.start, dtype=np.int64).reshape(-1))
-        object.__setattr__(self, "scores", {k: np.asarray(v, dtype=np.float64).reshape(-1)
-                                            for k, v in self.scores.items()})
-        a = self.sequence.shape[0]
-        arrays = {n: getattr(self, n) for n in (*conv, "start")} | {f"scores[{k!r}]": v for k, v in self.scores.items()}
-        bad = [n for n, v in arrays.items() if v is not None and v.shape != (a,)]
-        if bad:
-            raise ValueError(f"AnswerGroup arrays must all have shape ({a},); mismatched: {bad}")
-        if a and self.sequence.max() >= self.seq_len.shape[0]:
-            raise ValueError(f"sequence ids go up to {self.sequence.max()} but seq_len has {self.seq_len.shape[0]} entries")
-
-    @property
-    def num_answers(self) -> int:
-        return int(self.sequence.shape[0])
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self.seq_len.shape[0])
 
 
 def resolve_scores(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -205,7 +149,30 @@ def mean_std(values, ddof: int = 1) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=ddof)) if v.size > ddof else 0.0
 
 
+def seed_stat(values) -> dict:
+    """``{"mean", "std", "values"}`` of per-seed values (`mean_std`; nan ignored, silently), as results JSON stores
+    every number."""
+    v = [float(x) for x in values]
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m, s = mean_std(v)
+    return {"mean": m, "std": s, "values": v}
+
+
 def format_mean_std(values, digits: int = 3) -> str:
-    """"0.348 ± 0.007" for a list of per-seed values."""
+    """The one "mean ± std" formatter of reports, e.g. "0.348 ± 0.007".
+
+    ``values`` is a list of per-seed values (`mean_std` of them), a `seed_stat` dict (``{"mean", "std"}``, e.g. read
+    back from results JSON: "—" when missing or its mean is null, a null std counts as 0), a single number (no
+    "±"; "—" when nan) or None ("—").
+    """
+    if values is None:
+        return "—"
+    if isinstance(values, Mapping):
+        if values.get("mean") is None:
+            return "—"
+        return f"{values['mean']:.{digits}f} ± {(values.get('std') or 0.0):.{digits}f}"
+    if isinstance(values, (int, float)):
+        return "—" if math.isnan(values) else f"{values:.{digits}f}"
     m, s = mean_std(values)
     return f"{m:.{digits}f} ± {s:.{digits}f}"

@@ -4,7 +4,6 @@ verifiers trained for a few steps, and `evaluate_study` end to end — outputs e
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -15,11 +14,13 @@ import torch
 
 from hf_msv.baselines import self_consistency, streaming_weighted_voting, weighted_voting
 from hf_msv.evaluation.early_stop import LatencyCosts, tradeoff_curve
+from transformers import HfArgumentParser
+
 from hf_msv.evaluation import (
-    add_evaluate_arguments,
+    EvaluateConfig,
     answer_group,
     draw_sequences,
-    evaluate_from_args,
+    evaluate_from_config,
     evaluate_study,
     lm_costs_from_info,
     load_split,
@@ -28,9 +29,10 @@ from hf_msv.evaluation import (
     parse_verifier_specs,
     score_problems,
     select_answers,
+    token_prob_scores,
 )
 from hf_msv.metrics import best_of_n_metrics, calibration_metrics
-from hf_msv.data.shards import CollectedProblem, ShardDataset, collate_groups, VERIFIER_INPUTS, write_shard
+from hf_msv.data import CollectedProblem, ShardDataset, collate_groups, VERIFIER_INPUTS, write_shard
 from hf_msv.training import MSVTrainingConfig, train_verifier
 
 D = 16
@@ -223,7 +225,7 @@ def test_early_stop_curves_match_replay(study):
     curves = []
     for seed in range(SEEDS):
         groups = _groups(problems, 4, seed, "streaming")
-        scores = [np.clip(np.nan_to_num(p.token_prob_scores(), nan=0.5), 0, 1)[select_answers(p, s, "streaming")[0]]
+        scores = [np.clip(np.nan_to_num(token_prob_scores(p), nan=0.5), 0, 1)[select_answers(p, s, "streaming")[0]]
                   for p, s in zip(problems, [draw_sequences(p.num_sequences, 4, seed, i)
                                              for i, p in enumerate(problems)])]
         curves.append(tradeoff_curve(groups, scores, costs=costs))
@@ -278,15 +280,15 @@ def test_measure_verifier_cost_and_costs_from_info(study):
 
 
 def test_cli_and_checker_rederivation(study, tmp_path):
-    parser = add_evaluate_arguments(argparse.ArgumentParser())
+    parser = HfArgumentParser(EvaluateConfig)
     specs = [f"Probe={study['verifiers']['Probe']['terminal']}", f"Probe={study['verifiers']['Probe']['streaming']}",
              f"MSV_4={study['verifiers']['MSV_4']['streaming']}"]
     assert set(parse_verifier_specs(specs)["Probe"]) == {"terminal", "streaming"}
-    args = parser.parse_args(["--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "cli"),
-                              "--num-sequences", "4", "--seeds", "1", "--no-figures", "--no-progress",
-                              "--checker", "random", "--decode-step-s", "0.5", *sum((["--verifier", s]
-                                                                                      for s in specs), [])])
-    results = evaluate_from_args(args)
+    (args,) = parser.parse_args_into_dataclasses([
+        "--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "cli"), "--num-sequences", "4", "--seeds", "1",
+        "--no-figures", "--no-progress", "--checker", "random", "--decode-step-s", "0.5",
+        *sum((["--verifier", s] for s in specs), [])])
+    results = evaluate_from_config(args)
     assert results["config"]["checker"] == "random"
     assert results["costs"]["lm"]["4"]["decode_step_s"] == 0.5
     assert results["lambda_selection"] == {} and results["figures"] == []
@@ -296,3 +298,56 @@ def test_cli_and_checker_rederivation(study, tmp_path):
     sc_random = results["terminal"]["4"]["Self-consistency"]["brier"]["values"][0]
     assert sc_random != study["results"]["terminal"]["4"]["Self-consistency"]["brier"]["values"][0]
     assert (tmp_path / "cli" / "report.md").exists()
+
+
+def _stored_order_scores(model, problem, sequences, mode, group_size):
+    """The packing evaluation used before it went through `collate_groups`: the group's answers in stored order
+    (τ, sequence, step), γ left to the verifier. Kept here as the reference the new path must reproduce."""
+    from hf_msv.modeling_msv import split_into_groups
+
+    rows, seq = select_answers(problem, sequences, mode)
+    starts, lengths = problem.answer_token_start[rows], problem.answer_length[rows]
+    token_rows = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+    step = problem.answer_step[rows] if mode == "streaming" else np.zeros(len(rows), dtype=np.int64)
+    long = lambda x: torch.from_numpy(np.asarray(x).astype(np.int64))  # noqa: E731
+    group, sequence = torch.zeros(len(rows), dtype=torch.long), long(seq)
+    if group_size is not None and int(sequence.max()) >= group_size:
+        group, sequence = split_into_groups(group, sequence, group_size)
+    with torch.no_grad():
+        out = model(hidden_states=problem.hidden_states[long(token_rows)],
+                    token_answer=torch.repeat_interleave(torch.arange(len(rows)), long(lengths)),
+                    answer_group=group, answer_sequence=sequence, answer_step=long(step),
+                    answer_end=long(problem.answer_end[rows]), answer_class=long(problem.answer_class[rows]))
+    return rows, out.probabilities.float().numpy()
+
+
+@pytest.mark.parametrize("name,mode,n", [("MSV_4", "streaming", 4), ("MSV_4", "terminal", 4),
+                                         ("MSV_4", "streaming", 8), ("Probe", "streaming", 8)])
+def test_collate_path_scores_equal_the_old_stored_order_packing(study, name, mode, n):
+    """Scoring now packs with `collate_groups` (answers by end time); the old evaluation packed in stored order.
+    The verifier sorts tokens itself, so the scores agree to float precision, grouped MSV_M (N > M) included, and
+    reading through `ShardDataset` gives exactly the scores of records read with their hidden states."""
+    model = load_verifier(study["verifiers"][name][mode])
+    problems, _ = load_split(study["eval"])
+    dataset = ShardDataset(study["eval"])
+    seqs = [draw_sequences(p.num_sequences, n, 1, i) for i, p in enumerate(problems)]
+    scores, seconds, count = score_problems(model, dataset, seqs, mode=mode, max_tokens=64)  # several packed calls
+    same, _, _ = score_problems(model, problems, seqs, mode=mode)
+    group_size = None if name == "Probe" else 4
+    for i, p in enumerate(problems):
+        rows, expected = _stored_order_scores(model, p, seqs[i], mode, group_size)
+        np.testing.assert_allclose(scores[i][rows], expected, rtol=1e-5, atol=1e-6)
+        assert np.isnan(np.delete(scores[i], rows)).all()
+        np.testing.assert_allclose(same[i], scores[i], rtol=1e-5, atol=1e-6)
+    assert count == sum(len(select_answers(p, s, mode)[0]) for p, s in zip(problems, seqs)) and seconds > 0
+
+
+def test_main_builds_flags_from_the_config(study, tmp_path, capsys):
+    from hf_msv.evaluation import main
+
+    results = main(["--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "main"), "--num-sequences", "1",
+                    "--seeds", "1", "--no-figures", "--no-progress", "--verifier",
+                    f"Probe={study['verifiers']['Probe']['terminal']}", "--checker-kwargs", "{}"])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["report"].endswith("main/report.md") and (tmp_path / "main" / "report.md").exists()
+    assert results["config"]["num_sequences_list"] == [1] and "Probe" in results["terminal"]["1"]

@@ -6,8 +6,9 @@ from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
 from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
-from hf_msv.metrics import (AnswerGroup, auroc, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier,
-                            calibration_metrics, ece, format_mean_std, mean_std, nll, reliability_bins)
+from hf_msv.data import AnswerGroup
+from hf_msv.metrics import (auroc, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier, calibration_metrics,
+                            ece, format_mean_std, mean_std, nll, reliability_bins, seed_stat)
 
 P = np.array([0.9, 0.8, 0.3, 0.3, 0.05, 0.65])
 Y = np.array([1, 0, 1, 0, 0, 1])
@@ -87,6 +88,23 @@ def test_mean_std():
     assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
     assert mean_std([4.0]) == (4.0, 0.0)
     assert format_mean_std([0.3, 0.4], digits=2) == "0.35 ± 0.07"
+
+
+def test_format_mean_std_reads_results_json_stats():
+    """The one formatter of reports: per-seed values, a `seed_stat` dict (as stored in results JSON, NaN -> null),
+    a single number, or nothing."""
+    stat = seed_stat([0.3, 0.4, float("nan")])
+    assert stat["values"][:2] == [0.3, 0.4] and format_mean_std(stat, 2) == "0.35 ± 0.07"
+    assert format_mean_std({"mean": 0.5, "std": None}) == "0.500 ± 0.000"
+    assert format_mean_std({"mean": None, "std": None}) == "—" and format_mean_std({}) == "—"
+    assert format_mean_std(None) == "—" and format_mean_std(float("nan")) == "—"
+    assert format_mean_std(0.25, 1) == "0.2" and format_mean_std(3) == "3.000"
+
+
+def test_answer_group_is_reexported_from_metrics():
+    import hf_msv.metrics
+
+    assert hf_msv.metrics.AnswerGroup is AnswerGroup
 
 
 def test_evaluate_module_loads_offline_and_matches(monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
-"""Tests of hf_msv.data.shards: the shard format (bit-exact 16-bit round trip, complete metadata, atomic writes), the lazy
-group dataset and the collate function, whose masks and γ must agree with the verifier's own construction."""
+"""Tests of hf_msv.data (shards, dataset, groups): the shard format (bit-exact 16-bit round trip, complete metadata,
+atomic writes), the lazy group dataset, fixed groups, and the collate function, whose masks and γ must agree with the
+verifier's own construction."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import pytest
 import torch
 
 from hf_msv import MSVConfig, MSVVerifier, build_masks, compute_gamma
-from hf_msv.data.shards import (
+from hf_msv.data import (
     VERIFIER_INPUTS,
     CollectedProblem,
     ShardDataset,
+    answer_group,
     collate_groups,
     list_shards,
     read_shard,
     write_shard,
 )
+from hf_msv.evaluation import deepconf_scores, token_prob_scores
 
 D = 16
 
@@ -115,9 +118,9 @@ def test_problem_without_confidence_and_answer_group(tmp_path):
     # Baseline scores from the stored signals.
     expected = np.array([np.exp(q.token_logprobs[a:a + n].mean()) for a, n in zip(q.answer_token_start,
                                                                               q.answer_length)])
-    np.testing.assert_allclose(back[1].token_prob_scores(), expected, rtol=1e-6)
-    assert back[1].deepconf_scores(window=4).shape == (q.num_answers,)
-    group = back[1].to_answer_group()
+    np.testing.assert_allclose(token_prob_scores(back[1]), expected, rtol=1e-6)
+    assert deepconf_scores(back[1], window=4).shape == (q.num_answers,)
+    group = answer_group(back[1])
     assert group.num_answers == q.num_answers and group.num_sequences == q.num_sequences
     np.testing.assert_array_equal(group.end, q.answer_tau + q.answer_length)
 
@@ -330,3 +333,29 @@ def test_collate_matches_compute_gamma_and_handles_many_groups(tmp_path):
                              batch["answer_end"], batch["answer_class"], True)
     assert torch.equal(batch["gamma"], expected)
     assert batch["problem_id"] == ds.problem_ids
+
+
+def test_fixed_groups_read_like_records_and_items(tmp_path):
+    """`ShardDataset.group` (lazy, from the shard) and `read_group` on a record read with its hidden states give the
+    same item; training items are such groups; `answer_groups` equals `answer_group` of each record."""
+    from hf_msv.data import read_group, select_answers
+
+    write_dataset(tmp_path, num_problems=3, num_sequences=6)
+    ds = ShardDataset(tmp_path, num_sequences=2, mode="streaming", seed=5)
+    records = ds.read_problems(hidden=True)
+    for p, record in enumerate(records):
+        for mode in ("terminal", "streaming"):
+            chosen = np.array([4, 1, 3])
+            lazy, eager = ds.group(p, chosen, mode), read_group(record, record.hidden_states, chosen, mode)
+            assert lazy.keys() == eager.keys()
+            for key, value in lazy.items():
+                assert value == eager[key] if key == "problem_id" else torch.equal(value, eager[key]), key
+            rows, seq = select_answers(record, chosen, mode)
+            assert lazy["answer_index"].tolist() == rows.tolist() and lazy["answer_sequence"].tolist() == seq.tolist()
+        assert ds.answer_groups()[p].end.tolist() == answer_group(record).end.tolist()
+    p, chosen = ds.sequences_of(4)
+    item = ds[4]
+    for key, value in ds.group(p, chosen).items():
+        assert value == item[key] if key == "problem_id" else torch.equal(value, item[key]), key
+    batch = collate_groups([ds[i] for i in range(len(ds))])
+    assert len(batch["answer_index"]) == len(batch["answer_group"])

@@ -1,20 +1,35 @@
-"""Problems, collected records and hidden-state shards."""
+"""Problems, collected records, hidden-state shards, and the groups that training and evaluation read from them."""
 
 from .problems import (
     Problem,
     BENCHMARKS,
     load_benchmark,
 )
+from .records import CollectedProblem
+from .groups import (
+    MODES,
+    AnswerGroup,
+    AnswerColumns,
+    draw_sequences,
+    partition_sequences,
+    select_answers,
+    read_group,
+    answer_group,
+)
 from .shards import (
-    CollectedProblem,
+    STORAGE_DTYPES,
+    SHARD_GLOB,
+    ShardIndex,
     write_shard,
     read_shard,
     read_shard_info,
     list_shards,
+)
+from .dataset import (
     ShardDataset,
     collate_groups,
     VERIFIER_INPUTS,
-    STORAGE_DTYPES,
+    load_split,
 )
 
 __all__ = [
@@ -22,6 +37,17 @@ __all__ = [
     "BENCHMARKS",
     "load_benchmark",
     "CollectedProblem",
+    "MODES",
+    "AnswerGroup",
+    "AnswerColumns",
+    "draw_sequences",
+    "partition_sequences",
+    "select_answers",
+    "read_group",
+    "answer_group",
+    "STORAGE_DTYPES",
+    "SHARD_GLOB",
+    "ShardIndex",
     "write_shard",
     "read_shard",
     "read_shard_info",
@@ -29,5 +55,5 @@ __all__ = [
     "ShardDataset",
     "collate_groups",
     "VERIFIER_INPUTS",
-    "STORAGE_DTYPES",
+    "load_split",
 ]

@@ -1,37 +1,40 @@
-"""Evaluation: baselines, metrics, early-stop replay, λ rules and reports over collected shards."""
+"""Evaluation: verifier scores over collected shards, baselines, metrics, early-stop replay, λ rules and reports.
 
-from .study import (
-    SETTINGS,
-    VerifierEntry,
-    load_verifier,
-    load_split,
-    draw_sequences,
-    select_answers,
-    answer_group,
-    score_problems,
-    measure_verifier_cost,
-    evaluate_study,
-    add_evaluate_arguments,
-    evaluate_from_args,
-    parse_verifier_specs,
-    lm_costs_from_info,
-    main,
-)
+Modules: `verifiers` (loading checkpoints), `scoring` (verifier and baseline scores, online cost, LM costs),
+`methods` (the compared methods on one group draw), `early_stop` (the stop-rule replay, trade-off curves, λ rules),
+`study` (`evaluate_study`), `report` (markdown and figures), `config` + `cli` (``hf-msv evaluate``), `prm`.
+"""
+
+from ..data import answer_group, draw_sequences, load_split, select_answers
+from .cli import evaluate_from_config, main
+from .config import EvaluateConfig
+from .methods import SETTINGS
+from .report import format_lambda, markdown_table, render_report, write_figures
+from .scoring import deepconf_scores, lm_costs_from_info, measure_verifier_cost, score_problems, token_prob_scores
+from .study import evaluate_study
+from .verifiers import VerifierEntry, load_verifier, load_verifiers, parse_verifier_specs
 
 __all__ = [
     "SETTINGS",
+    "EvaluateConfig",
     "VerifierEntry",
     "load_verifier",
+    "load_verifiers",
+    "parse_verifier_specs",
     "load_split",
     "draw_sequences",
     "select_answers",
     "answer_group",
     "score_problems",
     "measure_verifier_cost",
-    "evaluate_study",
-    "add_evaluate_arguments",
-    "evaluate_from_args",
-    "parse_verifier_specs",
+    "token_prob_scores",
+    "deepconf_scores",
     "lm_costs_from_info",
+    "evaluate_study",
+    "evaluate_from_config",
+    "render_report",
+    "write_figures",
+    "markdown_table",
+    "format_lambda",
     "main",
 ]

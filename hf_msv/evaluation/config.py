@@ -1,0 +1,56 @@
+"""`EvaluateConfig`: the settings of ``hf-msv evaluate``, one field per command-line flag (with its help)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+__all__ = ["EvaluateConfig"]
+
+
+@dataclass
+class EvaluateConfig:
+    """Settings of `hf_msv.evaluation.evaluate_study` as ``hf-msv evaluate`` takes them (`transformers.HfArgumentParser`
+    builds the flags: ``--eval-dir``, ``--verifier NAME=PATH`` (repeatable), ``--no-figures``, ...)."""
+
+    eval_dir: str = field(metadata={"help": "evaluation shards (a directory of shard-*.safetensors)"})
+    output_dir: str = field(metadata={"help": "where the report (.md, .json) and figures (.png) go"})
+    val_dir: Optional[str] = field(default=None, metadata={
+        "help": "validation shards (DeepConf calibration, λ rules)"})
+    verifier: list[str] = field(default_factory=list, metadata={
+        "help": "a trained verifier as NAME=PATH; repeat NAME for its terminal and streaming checkpoints",
+        "action": "extend", "metavar": "NAME=PATH"})
+    num_sequences: list[int] = field(default_factory=lambda: [1, 4, 16, 64], metadata={"help": "N values"})
+    seeds: int = field(default=5, metadata={"help": "random group draws per N (mean ± std over them)"})
+    checker: Optional[str] = field(default=None, metadata={
+        "help": "re-derive equivalence classes with this checker (labels stay the collected ones)"})
+    checker_kwargs: Optional[str] = field(default=None, metadata={
+        "help": "keyword arguments of the checker, a JSON object"})
+    decode_step_s: Optional[float] = field(default=None, metadata={
+        "help": "LM cost of one decode step (seconds); default: the shards' recorded latency, else 0"})
+    elicit_s: Optional[float] = field(default=None, metadata={
+        "help": "LM cost of eliciting one answer (seconds)"})
+    wv_threshold: int = field(default=16, metadata={"help": "R of streaming weighted voting"})
+    deepconf_window: int = field(default=2048, metadata={"help": "DeepConf group window (tokens)"})
+    deepconf_stat: Literal["lowest_group", "tail", "mean"] = field(default="lowest_group", metadata={
+        "help": "DeepConf statistic of the chain-of-thought prefix"})
+    target_accuracy: Optional[float] = field(default=None, metadata={
+        "help": "λ-rule accuracy target (default: target_fraction × the best full-decoding validation accuracy)"})
+    target_fraction: float = field(default=0.95, metadata={"help": "see target_accuracy"})
+    ltt_delta: float = field(default=0.1, metadata={"help": "risk level δ of Learn-then-Test"})
+    figures: bool = field(default=True, metadata={"help": "write PNG figures (--no-figures: none)"})
+    title: str = field(default="MSV evaluation", metadata={"help": "report heading"})
+    report_name: str = field(default="report", metadata={"help": "file stem of the report and figures"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar (--no-progress: none)"})
+
+    def __post_init__(self):
+        if isinstance(self.checker_kwargs, str):
+            json.loads(self.checker_kwargs)  # fail at parse time, not after the verifiers are loaded
+
+    @property
+    def checker_kwargs_dict(self) -> dict | None:
+        """`checker_kwargs` parsed (a dict given in Python passes through)."""
+        if isinstance(self.checker_kwargs, str):
+            return json.loads(self.checker_kwargs)
+        return self.checker_kwargs

@@ -1,0 +1,271 @@
+"""The evaluation report: markdown tables and PNG figures of an `evaluate_study` results dict."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..metrics import format_mean_std, reliability_bins, seed_stat
+from .methods import DEEPCONF, SELF_CONSISTENCY, TOKEN_PROBS
+
+__all__ = ["render_report", "write_figures", "markdown_table", "format_lambda"]
+
+_TERMINAL_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "ECE ↓"), ("nll", "NLL ↓"),
+                     ("bon_accuracy", "BoN acc ↑"), ("bon_ece", "BoN ECE ↓"), ("bon_brier", "BoN Brier ↓"))
+_STREAMING_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "ECE ↓"), ("nll", "NLL ↓"),
+                      ("full_accuracy", "acc (full) ↑"), ("peak_accuracy", "peak acc ↑"),
+                      ("autc_tokens_norm", "AUTC tokens (norm) ↑"), ("autc_latency_norm", "AUTC latency (norm) ↑"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Markdown
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub markdown table (cells already formatted)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def format_lambda(stat: dict | None) -> str:
+    """λ over seeds: mean ± std of the finite ones, and how many seeds chose ∞ (never stop)."""
+    values = [math.inf if v is None else v for v in (stat or {}).get("values", [])]
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "∞" if values else "—"
+    text = format_mean_std(seed_stat(finite), 2)
+    return text + (f" (∞ ×{len(values) - len(finite)})" if len(finite) < len(values) else "")
+
+
+def _data_section(results: dict) -> list[str]:
+    d = results["data"]
+    e = d["eval"]
+    cfg = results["config"]
+    return [f"Evaluation: {e['problems']} problems × {e['sequences_per_problem']} sequences, {e['answers']} answers "
+            f"({e['answers_per_sequence']:.2f} per sequence), terminal accuracy {e['terminal_accuracy']:.3f}, "
+            f"mean chain of thought {e['mean_sequence_tokens']:.1f} tokens."
+            + (f" Validation: {d['val']['problems']} problems." if "val" in d else " No validation split."), "",
+            f"Collection: `{json.dumps(d.get('collect', {}))}`", "",
+            f"N ∈ {cfg['num_sequences_list']}, {cfg['seeds']} seeds (each a random "
+            "subset of N collected sequences per problem); mean ± std over seeds. Equivalence classes: "
+            + (f"re-derived with `{cfg['checker']}`." if cfg['checker'] else
+               "as collected.") + f" DeepConf: {cfg['deepconf_calibration']}.", ""]
+
+
+def _early_stop_line(es: dict) -> list[str]:
+    if "token_fraction" not in es:
+        return []
+    tf, lf = es["token_fraction"], es["latency_fraction"]
+    peak = f"the peak accuracy of the best baseline ({es['best_baseline']}, {es['best_baseline_peak_accuracy']:.3f})"
+    if tf is None:
+        return [f"Early stopping: {es['msv']} does not reach {peak} (its peak: {es['msv_peak_accuracy']:.3f}).", ""]
+    return [f"Early stopping: {es['msv']} reaches {peak} with {tf:.2f}× its tokens"
+            + (f" and {lf:.2f}× its latency." if lf is not None else "."), ""]
+
+
+def _setting_sections(results: dict) -> list[str]:
+    out = []
+    for setting, heading, columns in (
+            ("terminal", "Terminal answers: calibration and best-of-N", _TERMINAL_COLUMNS),
+            ("streaming", "Streaming answers: calibration and early stopping", _STREAMING_COLUMNS)):
+        out += [f"## {heading}", ""]
+        for n in results["config"]["num_sequences_list"]:
+            msv = results["methods"][str(n)]["msv"]
+            rows = [[f"**{m}**" if m == msv else m] + [format_mean_std(r.get(k) or None) for k, _ in columns]
+                    for m, r in results[setting][str(n)].items()]
+            out += [f"### N = {n}", "", markdown_table(["method"] + [c for _, c in columns], rows), ""]
+            if setting == "streaming":
+                out += _early_stop_line(results["early_stop"].get(str(n), {}))
+    return out
+
+
+def _lambda_section(results: dict) -> list[str]:
+    lam = results.get("lambda_selection") or {}
+    if not lam:
+        return []
+    cfg = results["config"]
+    target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the best full-decoding validation accuracy"
+    out = ["## λ selection (validation rule and risk-controlled LTT)", "",
+           f"Target accuracy per N and seed: {target}; "
+           f"LTT with δ = {cfg['ltt_delta']} (binomial p-values, fixed-sequence testing). "
+           "Accuracy / tokens / latency achieved on the evaluation split.", ""]
+    fmt = lambda stat, digits=3: format_mean_std(stat or None, digits)  # noqa: E731
+    for n in cfg["num_sequences_list"]:
+        if str(n) not in lam:
+            continue
+        rows = [[m, rule, fmt(r["target"]), format_lambda(r["lambda"]), fmt(r["val_accuracy"]),
+                 fmt(r["eval_accuracy"]), fmt(r["eval_tokens"], 1), fmt(r["eval_latency"], 3),
+                 "—" if rule == "validation" else fmt(r["certified"], 2)]
+                for m, rules in lam[str(n)].items() for rule, r in rules.items()]
+        out += [f"### N = {n}", "", markdown_table(["method", "rule", "target", "λ", "val acc", "eval acc",
+                                                     "eval tokens", "eval latency (s)", "certified (rate)"], rows), ""]
+    return out
+
+
+def _costs_section(results: dict) -> list[str]:
+    c = results["costs"]
+    return ["## Costs", "", f"LM costs ({c['source']}): " + ", ".join(
+        f"N={n}: decode step {v['decode_step_s']:.2e} s, elicitation {v['elicit_s']:.2e} s/answer"
+        for n, v in c["lm"].items()) + ".", "",
+        "Verifier cost measured online (s per answer): " + "; ".join(
+            f"N={n}: " + ", ".join(f"{m} {s:.2e}" for m, s in v.items()) for n, v in
+            c["verifier_online_s_per_answer"].items()) + ".", ""]
+
+
+def render_report(results: dict) -> str:
+    """The markdown report of an `evaluate_study` results dict (as returned, or read back from its JSON)."""
+    out = [f"# {results['title']}", ""] + _data_section(results) + _setting_sections(results)
+    out += _lambda_section(results) + _costs_section(results)
+    if results.get("figures"):
+        out += ["## Figures", ""]
+        for f in results["figures"]:
+            out += [f"![{f['caption']}]({f['file']})", "", f"*{f['caption']}*", ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Figures
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _key_methods(methods: list[str], msv: str | None, limit: int = 6) -> list[str]:
+    """Methods worth a panel: the primary MSV, trained single-sequence verifiers and their +WV, then the rest."""
+    free = (SELF_CONSISTENCY, TOKEN_PROBS, DEEPCONF, f"{TOKEN_PROBS}+WV", f"{DEEPCONF}+WV")
+    order = ([msv] if msv in methods else []) + [m for m in methods if m != msv and m not in free] + \
+        [m for m in free if m in methods]
+    return order[:limit]
+
+
+def write_figures(results: dict, reliability: dict, curves: dict, output_dir: Path, stem: str) -> list[dict]:
+    """Write the PNG figures of a study to ``{output_dir}/{stem}_*.png``; returns ``[{"file", "caption"}]``.
+
+    Args:
+        reliability: N -> method -> [answer p, answer y, best-of-N p, best-of-N y], each a list of per-seed arrays
+            (terminal setting).
+        curves: str(N) -> method -> seed-mean `TradeoffCurve`.
+    """
+    plt = _plt()
+    figs = []
+
+    def save(fig, name, caption):
+        path = Path(output_dir) / f"{stem}_{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        figs.append({"file": path.name, "caption": caption})
+
+    _reliability_figures(plt, save, results, reliability)
+    _best_of_n_figure(plt, save, results)
+    _tradeoff_figures(plt, save, results, curves)
+    return figs
+
+
+def _reliability_figures(plt, save, results: dict, reliability: dict) -> None:
+    """Reliability diagrams (terminal answers; best-of-N picks) at the largest N and each N > 1 with an MSV."""
+    ns = results["config"]["num_sequences_list"]
+    for n in ns:
+        msv = results["methods"][str(n)]["msv"]
+        if n != ns[-1] and msv is None:
+            continue
+        for kind, idx, caption in (("answers", (0, 1), "terminal answers"), ("bon", (2, 3), "best-of-N picks")):
+            data = reliability.get(n, {})
+            methods = _key_methods(list(data), msv)
+            if not methods or (kind == "bon" and n == 1):
+                continue
+            fig, axes = plt.subplots(1, len(methods), figsize=(2.6 * len(methods), 2.8), squeeze=False)
+            for ax, m in zip(axes[0], methods):
+                p = np.concatenate(data[m][idx[0]])
+                y = np.concatenate(data[m][idx[1]]).astype(float)
+                conf, acc, count = reliability_bins(p, y, 10)
+                centers = (np.arange(10) + 0.5) / 10
+                ax.bar(centers, np.nan_to_num(acc), width=0.1, edgecolor="k", alpha=0.7, label="accuracy")
+                ax.plot([0, 1], [0, 1], "r--", lw=1)
+                ax.set_title(m, fontsize=8)
+                ax.set_xlim(0, 1)
+                ax.set_ylim(0, 1)
+                ax.set_xlabel("confidence", fontsize=7)
+                ax.tick_params(labelsize=6)
+            axes[0][0].set_ylabel("accuracy", fontsize=7)
+            save(fig, f"reliability_{kind}_N{n}",
+                 f"Reliability diagrams (10 bins) on {caption}, N={n}, all seeds pooled.")
+
+
+def _best_of_n_figure(plt, save, results: dict) -> None:
+    """Best-of-N accuracy vs N, every method, and the MSV_N line."""
+    ns = results["config"]["num_sequences_list"]
+    if not ns:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    methods = []
+    for n in ns:
+        methods += [m for m in results["terminal"][str(n)] if m not in methods]
+    for m in methods:
+        xs, ys, es = [], [], []
+        for n in ns:
+            r = results["terminal"][str(n)].get(m)
+            if r is None:
+                continue
+            xs.append(n)
+            ys.append(r["bon_accuracy"]["mean"])
+            es.append(r["bon_accuracy"]["std"] or 0.0)
+        if xs:
+            ax.errorbar(xs, ys, yerr=es, marker="o", ms=3, capsize=2, label=m)
+    msv_pts = [(n, results["terminal"][str(n)][results["methods"][str(n)]["msv"]]["bon_accuracy"]["mean"])
+               for n in ns if results["methods"][str(n)]["msv"] in results["terminal"][str(n)]]
+    if msv_pts:
+        ax.plot(*zip(*msv_pts), "k-", lw=2.5, alpha=0.5, label="MSV_N")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("N")
+    ax.set_ylabel("best-of-N accuracy")
+    ax.legend(fontsize=6, ncol=2)
+    save(fig, "best_of_n", "Best-of-N accuracy vs N (terminal answers), mean ± std over seeds.")
+
+
+def _tradeoff_figures(plt, save, results: dict, curves: dict) -> None:
+    """Per N: accuracy vs tokens and vs latency as λ sweeps, and Brier per token position."""
+    for n in results["config"]["num_sequences_list"]:
+        cs = curves.get(str(n), {})
+        if not cs:
+            continue
+        msv = results["methods"][str(n)]["msv"]
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        for m, c in cs.items():
+            style = dict(lw=2.2, color="k") if m == msv else dict(lw=1)
+            for ax, axis in zip(axes, ("tokens", "latency")):
+                order = np.argsort(c.x(axis))
+                ax.plot(c.x(axis)[order], c.accuracy[order], label=m, **style)
+        axes[0].set_xlabel("chain-of-thought tokens (N sequences)")
+        axes[1].set_xlabel("latency (s)")
+        for ax in axes:
+            ax.set_ylabel("accuracy")
+        axes[1].legend(fontsize=6)
+        save(fig, f"tradeoff_N{n}", f"Early stopping, N={n}: accuracy vs tokens (left) and vs latency (right) as λ "
+             "sweeps 0..1 (+ full decoding), mean over seeds.")
+        bp = results["brier_by_position"][str(n)]
+        edges = np.asarray([np.inf if e is None else e for e in bp["edges"]], dtype=float)
+        mids = [(edges[i] + (edges[i + 1] if np.isfinite(edges[i + 1]) else edges[i] + (edges[i] - edges[i - 1])))
+                / 2 for i in range(len(edges) - 1)]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for m, v in bp.items():
+            if m == "edges":
+                continue
+            ax.plot(mids, [np.nan if x is None else x for x in v], marker="o", ms=3,
+                    lw=2.2 if m == msv else 1, label=m)
+        ax.set_xlabel("token position τ")
+        ax.set_ylabel("Brier")
+        ax.legend(fontsize=6)
+        save(fig, f"brier_position_N{n}", f"Brier score per token-position bin (streaming answers), N={n}.")
