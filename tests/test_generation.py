@@ -419,7 +419,8 @@ def test_threshold_above_one_never_stops_and_chooses_best_final_answer():
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
         generate(model, prompts(["Hi"]), n=3, max_new_tokens=8, schedule=schedule, threshold=1.01)
         (result,) = msv.pop_results()
-    assert not result.stopped_early and result.stop_step == 7
+    # Never stopped: t* is when the last answer became available (the budget answers, τ = 7, L = 3), not 7.
+    assert not result.stopped_early and result.stop_step == 10 == max(a.end for a in result.answers)
     final = [a for a in result.answers if a.terminal]
     assert len(final) == 3 and result.chosen in final
     assert result.confidence == max(a.score for a in final)

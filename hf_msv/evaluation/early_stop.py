@@ -2,8 +2,11 @@
 
 Rule (paper, "Early stopping of parallel decoding"): t* = min{t : max_{answers with end ≤ t} score ≥ λ}; output the
 answer with the highest score available at t*. If no answer ever reaches λ, decoding runs to completion and the
-output is the best *terminal* answer. Ties between equal scores go to the answer available first, then to the lower
-answer index (this is "the candidate that caused the stop").
+output is the best *terminal* answer (the best answer overall if the group has no terminal answer), and t* is the time
+the last answer became available. Ties between equal scores go to the answer available first, then to the lower
+answer index (this is "the candidate that caused the stop"); nan scores never reach λ and are never output. The rule
+is implemented once, in `hf_msv.generation.decide_stop`, which the generation hook applies live: an `AnswerGroup`
+built from a `MSVResult`'s answers (in their order) replays to the hook's decision.
 
 Accounting at stop time t* (shared decode steps; t* = time the last answer became available when never stopped):
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..generation import decide_stop
 from ..metrics import AnswerGroup, resolve_scores
 
 __all__ = [
@@ -83,34 +87,22 @@ class TradeoffCurve:
 def replay_many(group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: LatencyCosts | None = None) -> StopResult:
     """Replay the stopping rule on one group for every λ in `lambdas` (Λ,), given (A,) `scores` (nan never wins).
 
-    O(A log A + Λ·N). A group without terminal answers falls back to the best answer overall when λ is never reached.
+    The rule is `hf_msv.generation.decide_stop`, the one the generation hook applies live, so a recorded
+    `MSVResult` replays to the decision it made. O(A log A + Λ·N). A group without terminal answers falls back to
+    the best answer overall when λ is never reached; a group without any score outputs no answer (chosen = -1,
+    counted as wrong).
     """
     lam = np.asarray(lambdas, dtype=np.float64).reshape(-1)
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     if s.shape[0] != group.num_answers or group.num_answers == 0:
         raise ValueError(f"need {group.num_answers} > 0 scores, got {s.shape[0]}")
-    s = np.where(np.isnan(s), -np.inf, s)
     costs = costs or LatencyCosts()
-    order = np.lexsort((np.arange(s.size), group.end))   # arrival order: by end, then index
-    e, so = group.end[order], s[order]
-    run_max = np.maximum.accumulate(so)
-    # running argmax that only moves on a strictly larger score -> ties stay with the earliest arrival
-    is_new = np.concatenate([[True], so[1:] > run_max[:-1]])
-    run_arg = order[np.maximum.accumulate(np.where(is_new, np.arange(so.size), 0))]
-    last = np.concatenate([e[1:] != e[:-1], [True]])     # last arrival of each distinct end time
-    b_end, b_max, b_arg = e[last], run_max[last], run_arg[last]
-    b_count = np.flatnonzero(last) + 1
-    j = np.searchsorted(b_max, lam, side="left")         # first time the running max reaches λ (b_max is sorted)
-    stopped = j < b_end.size
-    jj = np.where(stopped, j, b_end.size - 1)
-    term = group.is_terminal[order]
-    fallback = order[np.flatnonzero(term)[np.argmax(so[term])]] if term.any() else b_arg[-1]
-    chosen = np.where(stopped, b_arg[jj], fallback)
-    steps = b_end[jj]
+    d = decide_stop(group.end, s, group.is_terminal, lam)
+    steps, n_avail = d.stop_step, d.num_available
     tokens = np.minimum(steps[:, None], group.seq_len[None, :]).sum(1)
-    n_avail = b_count[jj]
     latency = steps * costs.decode_step_s + n_avail * (costs.elicit_s + costs.verify_s)
-    return StopResult(chosen=chosen, correct=group.correct[chosen], stopped=stopped, steps=steps, tokens=tokens,
+    correct = np.where(d.chosen >= 0, group.correct[np.maximum(d.chosen, 0)], False)
+    return StopResult(chosen=d.chosen, correct=correct, stopped=d.stopped, steps=steps, tokens=tokens,
                       n_available=n_avail, latency=latency.astype(np.float64))
 
 

@@ -1,0 +1,90 @@
+"""Delimiter detection on decoded text, independent of how the tokenizer splits or merges the delimiter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["DelimiterMatch", "DelimiterMatcher"]
+
+
+@dataclass
+class DelimiterMatch:
+    """A delimiter occurrence that ends inside the newest token.
+
+    Args:
+        delimiter: which delimiter matched.
+        num_tokens: how many trailing tokens (newest included) overlap the occurrence.
+        prefix: text of the first overlapping token that precedes the delimiter (e.g. ``"\\n\\n"`` of a
+            ``"\\n\\nWait"`` token).
+    """
+
+    delimiter: str
+    num_tokens: int
+    prefix: str
+
+
+class DelimiterMatcher:
+    """Finds new occurrences of text delimiters at the end of a token sequence, independent of tokenisation.
+
+    A delimiter such as ``"Wait"`` may be one token, split over several (``"Wa"`` + ``"it"``) or merged with what
+    precedes it (``" Wait"``, ``"\\n\\nWait"``), so matching is done on decoded text: an occurrence counts when it
+    ends inside the newest token, which makes every occurrence count exactly once, at the token that completes it.
+    Matching is case-sensitive substring matching.
+
+    Decoding every row at every step would dominate the per-step cost, so a per-vocabulary table first rules out
+    tokens that cannot complete an occurrence: the newest token must contain the delimiter's last character (or be
+    a token whose text is only known in context, such as a partial UTF-8 byte).
+    """
+
+    def __init__(self, tokenizer, delimiters: Sequence[str]):
+        if any(not d for d in delimiters):
+            raise ValueError("delimiters must be non-empty strings.")
+        self.tokenizer = tokenizer
+        self.delimiters = list(delimiters)
+        # A delimiter of c characters spans at most c tokens that decode to at least one character; the margin
+        # covers tokens that decode to nothing on their own.
+        self.window = max(len(d) for d in self.delimiters) + 4
+        last_chars = {d[-1] for d in self.delimiters}
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+        self._candidate = [
+            (not text) or ("\ufffd" in text) or any(c in text for c in last_chars) for text in texts
+        ]
+
+    def could_complete(self, token_id: int) -> bool:
+        """Cheap pre-filter: whether `token_id` can be the last token of an occurrence."""
+        return token_id >= len(self._candidate) or self._candidate[token_id]
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def match(self, generated: Sequence[int]) -> DelimiterMatch | None:
+        """The occurrence (earliest-starting, if several) that ends inside the last token of `generated`.
+
+        Args:
+            generated: the generated token ids of one sequence (prompt excluded, so a delimiter that starts in
+                the prompt does not count).
+        """
+        if not generated:
+            return None
+        window = list(generated[-self.window :])
+        full = self._decode(window)
+        prev_len = len(self._decode(window[:-1]))
+        best = None
+        for delimiter in self.delimiters:
+            # Starting here guarantees that the occurrence ends after the text of the previous tokens.
+            start = full.find(delimiter, max(0, prev_len - len(delimiter) + 1))
+            if start != -1 and (best is None or start < best[0]):
+                best = (start, delimiter)
+        if best is None:
+            return None
+        start, delimiter = best
+        # Find the token that contains the occurrence's first character.
+        j = len(window) - 1
+        while j > 0:
+            prefix_len = len(self._decode(window[:j]))
+            if prefix_len <= start:
+                break
+            j -= 1
+        prefix_len = len(self._decode(window[:j])) if j > 0 else 0
+        return DelimiterMatch(delimiter, len(window) - j, full[prefix_len:start])

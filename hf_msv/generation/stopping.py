@@ -1,0 +1,138 @@
+"""The parallel early-stopping rule, once: a pure numpy function, and the `StoppingCriteria` that applies it live.
+
+Rule (paper, "Early stopping of parallel decoding"): an answer elicited at step τ with L tokens becomes available at
+end = τ + L, and
+
+    t* = min{t : max over answers with end ≤ t of score ≥ λ};
+
+the output is the answer with the highest score available at t*. If λ is never reached, decoding runs to completion
+and the output is the best *terminal* answer (the best answer overall when the group has no terminal answer), and t*
+is the step at which the last answer became available. Ties between equal scores go to the answer available first,
+then to the lower answer index. A nan (or `None`) score is an answer that was never scored: it never reaches λ and
+is never output.
+
+`decide_stop` is the only implementation. The generation hook (`MSVEarlyStop`, through the per-call run) applies it
+to a prompt's scored answers each time answers are released to the verifier, passing them in `MSVResult.answers`
+order ((τ, sequence, step)), and the evaluation replay (`hf_msv.evaluation.early_stop.replay_many`) applies it to a
+recorded `AnswerGroup` for a whole λ grid at once; an `AnswerGroup` built from `MSVResult.answers` in that order
+therefore replays to the same decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from transformers import StoppingCriteria
+
+if TYPE_CHECKING:
+    from .run import GenerationRun
+
+__all__ = ["MSVEarlyStop", "StopDecision", "decide_stop"]
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """Outcome of the stopping rule on one group for Λ thresholds; every field has shape (Λ,).
+
+    Args:
+        stopped: λ was reached (False: ran to completion, best terminal answer).
+        stop_step: t*; the step at which the last answer became available when λ was never reached (-1 for a group
+            without answers).
+        chosen: index of the output answer in the order the answers were given; -1 when no answer has a score.
+        num_available: answers with end ≤ t*.
+    """
+
+    stopped: np.ndarray
+    stop_step: np.ndarray
+    chosen: np.ndarray
+    num_available: np.ndarray
+
+
+def decide_stop(end, scores, is_terminal, thresholds) -> StopDecision:
+    """Apply the early-stopping rule (module docstring) to one group's answers for every threshold.
+
+    Args:
+        end: (A,) int, τ + L of each answer.
+        scores: (A,) float, verifier scores; nan or `None` for an answer without a score.
+        is_terminal: (A,) bool, the answer elicited when its sequence ended.
+        thresholds: λ, a float or (Λ,) floats; `None`, nan and values above every score never stop.
+
+    Returns:
+        A `StopDecision` of (Λ,) arrays. Answer indices refer to positions in `end` / `scores`.
+
+    O(A log A + Λ log A): the running maximum over the answers in arrival order is computed once and every λ is a
+    binary search in it, which is what lets the replay sweep ~100 λ over thousands of groups.
+    """
+    lam = np.asarray([np.nan if thresholds is None else thresholds], dtype=np.float64).reshape(-1)
+    end = np.asarray(end, dtype=np.int64).reshape(-1)
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    terminal = np.asarray(is_terminal, dtype=bool).reshape(-1)
+    if not end.size == s.size == terminal.size:
+        raise ValueError(f"end, scores and is_terminal need one entry per answer, got {end.size}, {s.size} and "
+                         f"{terminal.size}")
+    n_lam = lam.size
+    if s.size == 0:
+        return StopDecision(np.zeros(n_lam, bool), np.full(n_lam, -1, np.int64), np.full(n_lam, -1, np.int64),
+                            np.zeros(n_lam, np.int64))
+    scored = ~np.isnan(s)
+    s = np.where(scored, s, -np.inf)
+    # nan λ never stops; any real λ, even -inf, needs a real score (-inf stands for "no score" below).
+    lam = np.where(np.isnan(lam), np.inf, np.maximum(lam, -np.finfo(np.float64).max))
+
+    order = np.lexsort((np.arange(s.size), end))          # arrival order: by end, then answer index
+    e, so = end[order], s[order]
+    run_max = np.maximum.accumulate(so)
+    # Running argmax that moves only on a strictly larger score, so ties stay with the earliest arrival.
+    is_new = np.concatenate([[True], so[1:] > run_max[:-1]])
+    run_arg = order[np.maximum.accumulate(np.where(is_new, np.arange(so.size), 0))]
+    last = np.concatenate([e[1:] != e[:-1], [True]])      # the last arrival of each distinct end time
+    b_end, b_max, b_arg = e[last], run_max[last], run_arg[last]
+    b_count = np.flatnonzero(last) + 1
+    j = np.searchsorted(b_max, lam, side="left")          # first time the running max reaches λ (b_max is sorted)
+    stopped = j < b_end.size
+    jj = np.where(stopped, j, b_end.size - 1)
+    chosen = np.where(stopped, b_arg[jj], _best(order, so, (terminal & scored)[order], scored[order]))
+    return StopDecision(stopped=stopped, stop_step=b_end[jj], chosen=chosen.astype(np.int64),
+                        num_available=b_count[jj].astype(np.int64))
+
+
+def _best(order: np.ndarray, so: np.ndarray, terminal: np.ndarray, scored: np.ndarray) -> int:
+    """The answer output when λ is never reached: the best scored terminal answer, else the best scored answer,
+    else -1; `so`, `terminal`, `scored` are in arrival order, so argmax's first maximum is the earliest arrival."""
+    for candidates in (terminal, scored):
+        if candidates.any():
+            return int(order[np.flatnonzero(candidates)[np.argmax(so[candidates])]])
+    return -1
+
+
+class MSVEarlyStop(StoppingCriteria):
+    """Stopping criterion that runs MSV elicitation and scoring and stops a prompt's N sequences at t*.
+
+    Pass it to ``model.generate(..., stopping_criteria=[MSVEarlyStop(λ)])`` after `prepare_generation`; the
+    session's ``generate`` wrapper binds it to the current call (`bind`).
+
+    Args:
+        threshold: λ. A prompt stops at the first step where the best available answer score is ≥ λ. `None` or
+            a value > 1 never stops (answers are still elicited and scored); 0 stops at the first answer. Ignored
+            in terminal mode, where all answers arrive at the end.
+
+    Returns (when called): `(batch,)` bool tensor, True for every row of a prompt that has stopped.
+    """
+
+    def __init__(self, threshold: float | None = None):
+        self.threshold = threshold
+        self.run: GenerationRun | None = None
+
+    def bind(self, run: GenerationRun | None):
+        """Attach the state of the current ``generate`` call (`None` detaches)."""
+        self.run = run
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None, **kwargs):
+        if self.run is None:
+            raise RuntimeError(
+                "MSVEarlyStop is not attached to a generation session: call "
+                "`hf_msv.prepare_generation(model, tokenizer, ...)` before `model.generate(...)`.")
+        return self.run.step(input_ids)

@@ -1,0 +1,91 @@
+"""Bookkeeping of one ``generate`` call: what each batch row has generated and why it ended, and what each prompt's
+group of N rows has elicited and decided.
+
+Rows are laid out as ``generate`` lays them out with ``num_return_sequences=N``: row r is sequence r % N of prompt
+r // N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .outputs import MSVAnswer
+
+__all__ = ["BUDGET", "EOS", "LIVE", "STOPPED", "PromptGroup", "RowTracker"]
+
+# Row status; the last three are `MSVResult.finish_reasons`.
+LIVE, EOS, BUDGET, STOPPED = "live", "eos", "budget", "stopped"
+
+
+@dataclass
+class PromptGroup:
+    """State of one prompt's N sequences.
+
+    Args:
+        classes: the prompt's `EquivalenceClasses` (`None` without checker).
+        answers: every answer elicited so far, in elicitation order.
+        live: rows still decoding.
+        decided: the stopping rule has chosen an answer (or no verifier will).
+        stopped_early: λ was reached while a row was still decoding.
+        stop_step: t* once decided.
+        chosen: the output answer once decided.
+    """
+
+    classes: object | None
+    answers: list[MSVAnswer] = field(default_factory=list)
+    live: int = 0
+    decided: bool = False
+    stopped_early: bool = False
+    stop_step: int | None = None
+    chosen: MSVAnswer | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Every sequence has ended (EOS, budget or stop)."""
+        return self.live == 0
+
+
+class RowTracker:
+    """Per-row state of one ``generate`` call and the per-prompt groups.
+
+    Args:
+        num_rows: batch rows (prompts × N).
+        num_sequences: N.
+        new_classes: factory of a prompt's equivalence classes (`None`: no class assignment).
+    """
+
+    def __init__(self, num_rows: int, num_sequences: int, new_classes: Callable[[], object] | None):
+        if num_rows % num_sequences:
+            raise ValueError(f"batch of {num_rows} rows is not a multiple of num_return_sequences={num_sequences}.")
+        self.N = num_sequences
+        self.status = [LIVE] * num_rows
+        self.end_step = [-1] * num_rows                      # step of the row's last generated token
+        self.history: list[list[int]] = [[] for _ in range(num_rows)]
+        self.num_answers = [0] * num_rows
+        self.last_answer: list[MSVAnswer | None] = [None] * num_rows
+        self.elicitation_tokens = [0] * num_rows
+        self.groups = [PromptGroup(classes=new_classes() if new_classes else None, live=num_sequences)
+                       for _ in range(num_rows // num_sequences)]
+
+    def rows_of(self, prompt: int) -> range:
+        return range(prompt * self.N, (prompt + 1) * self.N)
+
+    def group_of(self, row: int) -> PromptGroup:
+        return self.groups[row // self.N]
+
+    def end_row(self, row: int, t: int, status: str):
+        """Row `row` generated its last token at step `t` (`status`: EOS, BUDGET or STOPPED)."""
+        self.status[row] = status
+        self.end_step[row] = t
+        self.group_of(row).live -= 1
+
+    def record_answer(self, row: int, answer: MSVAnswer, fed_tokens: int):
+        """Count a new answer of `row`: its step index, the row's latest answer, the elicitation tokens it cost."""
+        self.num_answers[row] += 1
+        self.last_answer[row] = answer
+        self.elicitation_tokens[row] += fed_tokens + answer.length
+
+    def last_step(self, prompt: int) -> int:
+        """The step at which the prompt's last sequence ended."""
+        return max(self.end_step[r] for r in self.rows_of(prompt))
