@@ -116,7 +116,7 @@ def main():
                              max_new_tokens=args.max_new_tokens, checker="exact" if lm == "random" else "symbolic",
                              prompt_template=fmt, problems_per_batch=args.problems_per_batch,
                              problems_per_shard=8, seed=args.seed, progress=False)
-            from hf_msv.data.shards import ShardDataset
+            from hf_msv.data import ShardDataset
 
             last = ShardDataset(out).stats()
         finally:

@@ -24,7 +24,7 @@ from hf_msv.collect import ShardStore, batch_seed, collect
 from hf_msv.equivalence import assign_classes, get_checker
 from hf_msv.generation import prepare_generation
 from hf_msv.data.problems import Problem
-from hf_msv.data.shards import ShardDataset, list_shards, read_shard
+from hf_msv.data import ShardDataset, list_shards, read_shard
 
 from tiny import CHARS, SPECIAL, word_level_tokenizer
 
@@ -309,7 +309,7 @@ def test_collect_config_declares_every_collect_option_once():
 
     from hf_msv.collect import CollectConfig
     from hf_msv.collect.config import build_parser
-    from hf_msv.data.shards import STORAGE_DTYPES
+    from hf_msv.data import STORAGE_DTYPES
 
     params = {n: p for n, p in inspect.signature(collect).parameters.items() if p.kind is p.KEYWORD_ONLY}
     fields = {f.name: f for f in dataclasses.fields(CollectConfig)}

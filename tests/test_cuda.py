@@ -12,7 +12,7 @@ import torch
 
 from hf_msv import MSVVerifier, prepare_generation
 from hf_msv.collect import collect
-from hf_msv.data.shards import ShardDataset, read_shard
+from hf_msv.data import ShardDataset, read_shard
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt, generate_problems, load_testbed_lm
 from hf_msv.training import MSVTrainingConfig, evaluate_verifier, train_verifier
 

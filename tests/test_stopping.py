@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hf_msv import MSVVerifier
 from hf_msv.evaluation.early_stop import replay, replay_many
 from hf_msv.generation import MSVResult, decide_stop, prepare_generation
-from hf_msv.metrics import AnswerGroup
+from hf_msv.data import AnswerGroup
 
 from test_generation import EOS, ID, TOK, ScriptedAnswers, generate, prompts, tiny_model, tiny_verifier
 

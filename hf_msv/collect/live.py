@@ -52,7 +52,7 @@ from transformers import LogitsProcessorList
 
 from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 from ..data.problems import Problem
-from ..data.shards import SHARD_GLOB, STORAGE_DTYPES, CollectedProblem
+from ..data import SHARD_GLOB, STORAGE_DTYPES, CollectedProblem
 from ..utils import atomic_write_json, process_state
 from .config import CollectConfig, build_parser
 from .confidence import ConfidenceRecorder

@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from ..data.shards import SHARD_GLOB, CollectedProblem, read_shard, read_shard_info, write_shard
+from ..data import SHARD_GLOB, CollectedProblem, read_shard, read_shard_info, write_shard
 from ..utils import atomic_write_json, fsync_dir
 
 CONFIG_FILE = "collect_config.json"

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..generation import decide_stop
-from ..metrics import AnswerGroup, resolve_scores
+from ..data import AnswerGroup
+from ..metrics import resolve_scores
 
 __all__ = [
     "AnswerGroup", "LatencyCosts", "StopResult", "TradeoffCurve", "LTTResult", "DEFAULT_LAMBDAS", "replay",
