@@ -43,7 +43,7 @@ def main(argv=None) -> dict:
     from hf_msv.collect import load_lm
     from hf_msv.evaluation import answer_group, load_split, load_verifier, score_problems, select_answers
     from hf_msv.metrics import best_of_n_accuracy
-    from hf_msv.reproduction.pipeline import ReproduceConfig, _collect_splits, _train, training_config
+    from hf_msv.reproduction import ReproduceConfig, collect_splits, train_or_reuse, training_config
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,8 +53,8 @@ def main(argv=None) -> dict:
     data = work / "data"
     started = time.perf_counter()
     model, tokenizer = load_lm("testbed", device=args.device)
-    _collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems,
-                                                                    cfg.eval_problems))
+    collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems,
+                                                                   cfg.eval_problems))
     del model
     out = {"collect_s": time.perf_counter() - started, "models": {}}
 
@@ -71,8 +71,8 @@ def main(argv=None) -> dict:
                 config = training_config("msv", n, "terminal", cfg.quick, seed=seed,
                                           max_train_problems=None if k == cfg.train_problems else k,
                                           logit_averaging=None if averaging == "on" else False)  # None: on
-                path = _train(data / "train", data / "val",
-                              work / "verifiers" / f"msv{n}-{k}-averaging-{averaging}-seed{seed}", config)
+                path = train_or_reuse(data / "train", data / "val",
+                                      work / "verifiers" / f"msv{n}-{k}-averaging-{averaging}-seed{seed}", config)
                 scores, _, _ = score_problems(load_verifier(str(path)), problems, chosen, mode="terminal")
                 acc = best_of_n_accuracy(groups, [s[r] for s, r in zip(scores, rows)])
                 out["models"].setdefault(name, []).append(acc)

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
-python -m hf_msv.reproduce --shipped-verifier --work-dir "${WORK_DIR:-outputs/reproduce}" "$@"  # e.g. --device cuda --problems-per-batch 32
+python -m hf_msv.reproduction --shipped-verifier --work-dir "${WORK_DIR:-outputs/reproduce}" "$@"  # e.g. --device cuda --problems-per-batch 32

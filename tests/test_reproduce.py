@@ -22,14 +22,10 @@ pytestmark = [
 
 @pytest.mark.timeout(1200)
 def test_quick_reproduction(tmp_path):
-    import argparse
-
-    from hf_msv.reproduction import add_reproduce_arguments, reproduce_from_args
+    from hf_msv.reproduction import main as reproduce_main
 
     out, work = tmp_path / "results", tmp_path / "work"
-    args = add_reproduce_arguments(argparse.ArgumentParser()).parse_args(
-        ["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress"])
-    summary = reproduce_from_args(args)
+    summary = reproduce_main(["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress"])
 
     md, js = out / "testbed-quick.md", out / "testbed-quick.json"
     assert md.exists() and js.exists()
@@ -82,10 +78,8 @@ def test_quick_reproduction(tmp_path):
     assert (work / "lm_costs.json").exists()
 
     # resumable: a second run reuses the shards, verifiers and costs (no collection or training left to do)
-    args2 = add_reproduce_arguments(argparse.ArgumentParser()).parse_args(
-        ["--quick", "--output-dir", str(tmp_path / "again"), "--work-dir", str(work), "--no-progress",
-         "--studies", "main"])
-    summary2 = reproduce_from_args(args2)
+    summary2 = reproduce_main(["--quick", "--output-dir", str(tmp_path / "again"), "--work-dir", str(work),
+                               "--no-progress", "--studies", "main"])
     assert summary2["studies"] == ["main"]
     assert summary2["timing_s"]["collect"] < summary["timing_s"]["collect"]
     assert summary2["timing_s"]["train main"] < summary["timing_s"]["train main"]

@@ -1,0 +1,127 @@
+"""What a testbed reproduction runs: its sizes and settings (`ReproduceConfig`), the ``hf-msv reproduce`` run options
+(`ReproduceArguments`, from which the command's flags are built) and the verifier training recipe (`training_config`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .paper import MASKS
+
+__all__ = ["STUDIES", "ReproduceConfig", "ReproduceArguments", "training_config"]
+
+# Every study of the reproduction, in the order they run and are reported ("main" first: the others build on it).
+STUDIES = ("main", "checkers", "masks", "delimiters", "grouping", "training_size")
+
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class ReproduceConfig:
+    """Sizes and settings of a reproduction (defaults: the paper's sizes; `quick_config`: a smoke run)."""
+
+    train_problems: int = _help("training problems of the main collection", default=224)
+    val_problems: int = _help("validation problems (early stopping of training, λ rules, Platt scaling)", default=64)
+    eval_problems: int = _help("evaluation problems", default=448)
+    num_samples: int = _help("sequences sampled per problem", default=64)
+    num_sequences: tuple = _help("the N of the main study (MSV_N and baselines on N-subsets)", default=(1, 4, 16, 64))
+    seeds: int = _help("evaluation seeds (random N-subsets of the collected sequences)", default=5)
+    max_new_tokens: int = _help("chain-of-thought token budget per sequence", default=320)
+    reference_checker: str = _help("equivalence checker whose classes and correctness are the reference",
+                                   default="symbolic")
+    problems_per_batch: int = _help("problems sampled together (4 suits 2 CPU cores; 32 a GPU)", default=4)
+    problems_per_shard: int = _help("problems per hidden-state shard", default=16)
+    collect_seed: int = _help("sampling seed of the collections", default=0)
+    # DeepConf's 2048 is ~half of a 4k-token trace; testbed traces are ~100 tokens
+    deepconf_window: int = _help("DeepConf's sliding window of token confidences", default=32)
+    studies: tuple = _help("studies to run (see STUDIES)", default=STUDIES)
+    checkers: tuple = _help("weak checkers of the checker-robustness study (see CHECKER_KWARGS)",
+                            default=("exact", "jaccard", "embedding", "random"))
+    mask_ablations: tuple = _help("masks removed one at a time in the mask ablation", default=MASKS)
+    mask_n: int = _help("N of the mask ablation (streaming MSV_N)", default=16)
+    # about the testbed's mean distance between "Wait"s
+    every_k_tokens: int = _help("elicitation interval of the delimiter-free collection", default=40)
+    delimiter_sizes: tuple = _help("train / validation / evaluation problems of the every-K collection",
+                                   default=(112, 32, 224))
+    delimiter_samples: int = _help("sequences per problem of the every-K collection", default=16)
+    delimiter_n: int = _help("N of the delimiter study", default=16)
+    grouping_problems: int = _help("evaluation problems of the large-N collection (0: reuse the main evaluation "
+                                   "split)", default=32)
+    grouping_samples: int = _help("sequences per problem of the large-N collection", default=256)
+    grouping_ns: tuple = _help("the N of the grouping study", default=(64, 128, 256))
+    grouping_m: int = _help("group size M of the grouped MSV_M", default=64)
+    training_sizes: tuple = _help("training problems of the training-set-size study (nested prefixes; those beyond "
+                                  "train_problems are collected in addition)", default=(56, 112, 224, 448))
+    cost_problems: int = _help("problems the LM's decode / elicitation costs are timed on", default=2)
+    quick: bool = _help("a smoke run's configuration (file stem testbed-quick, 2-epoch training)", default=False)
+
+    @classmethod
+    def quick_config(cls) -> "ReproduceConfig":
+        return cls(train_problems=16, val_problems=8, eval_problems=16, num_samples=8, num_sequences=(1, 4),
+                   seeds=2, checkers=("random",), mask_ablations=("equivalence",), mask_n=4,
+                   delimiter_sizes=(12, 6, 12), delimiter_samples=4, delimiter_n=4, grouping_problems=0,
+                   grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, training_sizes=(8, 16, 24),
+                   cost_problems=1, quick=True)
+
+    @property
+    def max_n(self) -> int:
+        return max(self.num_sequences)
+
+
+@dataclass
+class ReproduceArguments:
+    """The ``hf-msv reproduce`` run options (sizes come from `ReproduceConfig`: the paper's, or `--quick`'s)."""
+
+    output_dir: str = _help("where testbed.md / testbed.json go", default="docs/results")
+    quick: bool = _help("a few-minute smoke run (few problems, N in {1, 4})", default=False)
+    work_dir: str | None = _help("shards and verifiers (default outputs/reproduce[-quick])", default=None)
+    studies: list[str] | None = field(default=None, metadata={
+        "help": "studies to run (default: all; main always runs)", "choices": list(STUDIES)})
+    seeds: int | None = _help("override the number of seeds", default=None)
+    threads: int | None = _help("torch threads", default=None)
+    device: str | None = _help("where the LM samples (default: the GPU when there is one)", default=None)
+    problems_per_batch: int | None = _help("problems sampled together (default 4, right for 2 CPU cores; 32 suits "
+                                           "a GPU)", default=None)
+    progress: bool = _help("log each stage as it starts and ends (--no-progress: quiet)", default=True)
+    shipped_verifier: bool = _help("only (re)build hf_msv/testbed/verifier from the train/validation shards",
+                                   default=False)
+
+    def reproduce_config(self) -> ReproduceConfig:
+        """The run's `ReproduceConfig`: the paper's sizes (or the quick ones) with the overrides given."""
+        cfg = ReproduceConfig.quick_config() if self.quick else ReproduceConfig()
+        if self.seeds:
+            cfg = replace(cfg, seeds=self.seeds)
+        if self.problems_per_batch:
+            cfg = replace(cfg, problems_per_batch=self.problems_per_batch)
+        return cfg
+
+
+def training_config(kind: str, n: int, mode: str, quick: bool = False, **overrides):
+    """The `MSVTrainingConfig` used on the testbed for a Probe or an MSV_n.
+
+    The paper's recipe (AdamW, constant schedule, clipping 1.0, mask-weight lr 1e-1, embedding lr 1e-3, Probe lr
+    1e-3, best epoch by validation BCE) is kept, with changes for the testbed's scale, chosen on the first 64
+    train / 32 validation problems (never the evaluation split): (1) with 224 problems MSV_64 would see 224 groups
+    (3.5 optimizer steps of 64) per epoch, so an epoch draws ``groups_per_problem = max(2, 128 // n)`` random
+    n-subsets per problem and batches hold 256 sequences (``min(64, 256 // n)`` groups, at least 4): every MSV_n
+    takes ~112 steps per epoch on 224 problems; (2) body learning rate 1e-3 for terminal and 3e-4 for streaming
+    verifiers (the paper swept 1e-5..5e-3; 5e-5 under-fits the from-scratch 128-wide verifier in this many steps,
+    and streaming verifiers over-fit at 1e-3); (3) 8 epochs for MSVs, 4 for the Probe (the best epoch by validation
+    BCE is kept; with 4 streaming epochs the shipped MSV_16's validation BCE was still falling at the last one).
+    Training the MSV remains noisy at this scale (best-of-N varies with the seed).
+    """
+    from ..training import MSVTrainingConfig
+
+    if kind == "probe":
+        cfg = dict(kind="probe", num_sequences=1, mode=mode, batch_size=64, probe_learning_rate=1e-3, num_epochs=4)
+    else:
+        cfg = dict(kind="msv", num_sequences=n, mode=mode, learning_rate=1e-3 if mode == "terminal" else 3e-4,
+                   mask_learning_rate=1e-1, embedding_learning_rate=1e-3, batch_size=min(64, max(4, 256 // n)),
+                   groups_per_problem=None if n == 1 else max(2, 128 // n), num_epochs=8)
+    if quick:
+        cfg |= dict(num_epochs=2, batch_size=8)
+    cfg |= dict(progress=False)
+    cfg |= overrides
+    return MSVTrainingConfig(**cfg)

@@ -1,0 +1,108 @@
+"""The reproduction's summary entries, distilled from `hf_msv.evaluation.evaluate_study` results (pure functions).
+
+A results dict holds, per N (as a string), ``terminal`` / ``streaming`` metrics per method, each a seed statistic
+``{"mean", "std", "values"}``; these functions keep the numbers the claims and ``testbed.md`` use.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["stat_mean", "best_method", "best_bon_baseline", "main_summary", "autc_row", "grouping_summary",
+           "size_row"]
+
+
+def stat_mean(stat) -> float:
+    """The mean of a seed statistic (nan when missing or undefined)."""
+    return math.nan if not stat or stat.get("mean") is None else float(stat["mean"])
+
+
+def best_method(d: dict, names, key: str, lower: bool) -> tuple[str | None, float]:
+    """Among `names` present in `d` (method -> metrics), the one with the lowest (or highest) mean `key`."""
+    vals = [(m, stat_mean(d[m][key])) for m in names if m in d and not math.isnan(stat_mean(d[m][key]))]
+    if not vals:
+        return None, math.nan
+    return (min if lower else max)(vals, key=lambda t: t[1])
+
+
+def best_bon_baseline(terminal: dict, msv: str) -> tuple[str | None, float]:
+    """The method other than `msv` with the highest best-of-N accuracy (the C2 comparison)."""
+    return best_method(terminal, [m for m in terminal if m != msv], "bon_accuracy", lower=False)
+
+
+def main_summary(res: dict, num_sequences) -> dict:
+    """Per N: MSV_N and every baseline's terminal Brier / AUROC / best-of-N accuracy (and ECE/Brier of best-of-N),
+    streaming AUROC / Brier, and the early-stop token fraction."""
+    out = {}
+    for n in num_sequences:
+        k = str(n)
+        msv = res["methods"][k]["msv"]
+        term, stream, es = res["terminal"][k], res["streaming"][k], res["early_stop"].get(k, {})
+        out[k] = {
+            "msv": msv,
+            "multi_sequence": res["methods"][k]["multi_sequence"],
+            "terminal": {m: {x: r[x] for x in ("brier", "auroc", "ece", "nll", "bon_accuracy", "bon_ece",
+                                               "bon_brier")} for m, r in term.items()},
+            "streaming": {m: {x: r[x] for x in ("auroc", "brier", "ece", "nll", "autc_tokens", "autc_tokens_norm",
+                                                "autc_latency_norm", "full_accuracy", "peak_accuracy")}
+                          for m, r in stream.items()},
+            "early_stop_token_fraction": es.get("token_fraction"),
+            "early_stop_token_fraction_per_seed": es.get("token_fraction_per_seed"),
+            "early_stop_latency_fraction": es.get("latency_fraction"),
+            "early_stop_best_baseline": es.get("best_baseline"),
+            "early_stop_best_baseline_peak_accuracy": es.get("best_baseline_peak_accuracy"),
+            "early_stop_msv_peak_accuracy": es.get("msv_peak_accuracy"),
+            "lambda_selection": res.get("lambda_selection", {}).get(k, {}),
+            "verifier_online_s_per_answer": res["costs"]["verifier_online_s_per_answer"].get(k, {}),
+            "lm_costs": res["costs"]["lm"].get(k),
+        }
+    out["data"] = res["data"]
+    out["figures"] = res["figures"]
+    return out
+
+
+def autc_row(res: dict, n: int, methods) -> dict:
+    """Streaming AUTC over tokens (raw and normalised) of `methods` at `n`; the multi-sequence MSV is "MSV_N"."""
+    stream = res["streaming"][str(n)]
+    return {("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {
+        "autc_tokens": stream[m]["autc_tokens"], "autc_tokens_norm": stream[m]["autc_tokens_norm"]}
+        for m in methods if m in stream}
+
+
+def grouping_summary(res: dict, grouping_ns, grouping_m: int) -> dict:
+    """Per N of the grouping study: each method's accuracy-latency / accuracy-token AUTC, peak accuracy, verifier
+    cost and full-budget latency, and the early-stop comparison; plus the trade-off figures."""
+    out = {"m": grouping_m, "per_n": {}}
+    for n in grouping_ns:
+        k = str(n)
+        stream = res["streaming"][k]
+        msv = res["methods"][k]["msv"]
+        out["per_n"][k] = {
+            "msv": msv,
+            "autc_latency_norm": {m: stream[m]["autc_latency_norm"] for m in stream},
+            "autc_tokens_norm": {m: stream[m]["autc_tokens_norm"] for m in stream},
+            "peak_accuracy": {m: stream[m]["peak_accuracy"] for m in stream},
+            "verifier_online_s_per_answer": res["costs"]["verifier_online_s_per_answer"].get(k, {}),
+            "full_latency": {m: stream[m]["full_latency"] for m in stream},
+            "early_stop": {x: res["early_stop"][k].get(x) for x in ("best_baseline", "token_fraction",
+                                                                    "latency_fraction")},
+        }
+    out["figures"] = [f for f in res["figures"] if "tradeoff" in f["file"]]
+    return out
+
+
+def size_row(res: dict, n: int) -> dict:
+    """One training-set size: the Probe's and MSV_n's calibration, best-of-n against the best baseline (the C2
+    gap) and MSV_n's early-stop token fraction (C3)."""
+    k = str(n)
+    term, stream, es = res["terminal"][k], res["streaming"][k], res["early_stop"].get(k, {})
+    msv = res["methods"][k]["msv"]
+    base, bb = best_bon_baseline(term, msv)
+    return {"msv": msv,
+            "terminal": {m: {x: term[m][x] for x in ("brier", "auroc", "bon_accuracy")}
+                         for m in ("Probe", msv, "Self-consistency", "Probe+WV") if m in term},
+            "streaming": {m: {x: stream[m][x] for x in ("brier", "auroc", "peak_accuracy")}
+                          for m in ("Probe", msv, "Probe+WV") if m in stream},
+            "bon_best_baseline": base, "bon_best_baseline_value": bb,
+            "bon_gain": stat_mean(term[msv]["bon_accuracy"]) - bb if msv in term else math.nan,
+            "early_stop_best_baseline": es.get("best_baseline"), "early_stop_token_fraction": es.get("token_fraction")}

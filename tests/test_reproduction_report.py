@@ -1,0 +1,119 @@
+"""The reproduction's summary entries, testbed.md and command line, on the committed ``docs/results`` (fast).
+
+The committed summary (testbed.json) was built from the committed per-study results (testbed-*.json,
+studies/*.json) by `hf_msv.reproduction.summary`, and testbed.md rendered from it by `render_testbed`: both are
+recomputed here from the files, without re-running anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_msv.reproduction import STUDIES, ReproduceArguments, ReproduceConfig, parse_arguments, render_testbed
+from hf_msv.reproduction.summary import autc_row, grouping_summary, main_summary, size_row
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _json(x):
+    return json.loads(json.dumps(x))
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict:
+    return _load("testbed.json")
+
+
+def test_render_testbed_of_the_committed_summary_is_the_committed_report(committed):
+    assert render_testbed(committed, _load("testbed-main.json")) == (RESULTS / "testbed.md").read_text()
+    assert render_testbed(committed) == (RESULTS / "testbed.md").read_text()   # main results are not read
+
+
+def test_report_names_studies_not_run(committed):
+    s = dict(committed, studies=["main", "checkers"])
+    for study in ("masks", "delimiters", "grouping", "training_size"):
+        del s[study]
+    text = render_testbed(s)
+    assert "Not run this time: masks, delimiters, grouping, training_size (`hf-msv reproduce --studies ...`)." in text
+    assert "## 5. Robustness to the equivalence checker" in text and "## 6." not in text and "## 9." not in text
+
+
+def test_main_summary_from_the_committed_main_study(committed):
+    ns = committed["config"]["num_sequences"]
+    assert _json(main_summary(_load("testbed-main.json"), ns)) == committed["main"]
+
+
+def test_grouping_summary_from_the_committed_grouping_study(committed):
+    cfg = committed["config"]
+    res = _load("testbed-grouping.json")
+    assert _json(grouping_summary(res, cfg["grouping_ns"], cfg["grouping_m"])) == committed["grouping"]
+
+
+def test_training_size_rows_from_the_committed_studies(committed):
+    ts = committed["training_size"]
+    for k, row in ts["per_size"].items():
+        assert _json(size_row(_load(f"studies/testbed-size-{k}.json"), ts["n"])) == row, k
+
+
+def test_delimiter_rows_from_the_committed_studies(committed):
+    d = committed["delimiters"]
+    n, methods = d["n"], ("Probe", "MSV_1", f"MSV_{d['n']}")
+    every_k = _load("studies/testbed-every-k.json")
+    for name, res in (("Wait", _load("testbed-main.json")), (f"every {committed['config']['every_k_tokens']} tokens",
+                                                             every_k)):
+        expected = {k: v for k, v in d["rows"][name].items() if k != "answers_per_sequence"}
+        assert _json(autc_row(res, n, methods)) == expected
+        assert d["rows"][name]["answers_per_sequence"] == res["data"]["eval"]["answers_per_sequence"]
+
+
+def test_checker_rows_from_the_committed_studies(committed):
+    c = committed["checkers"]
+    for checker, row in c["rows"].items():
+        term = _load(f"studies/testbed-checker-{checker}.json")["terminal"][str(c["n"])]
+        for method, stat in row.items():
+            if method != "agreement":
+                assert term[method]["bon_accuracy"] == stat, (checker, method)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configuration and command line
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [ReproduceConfig, ReproduceArguments])
+def test_every_option_has_help(cls):
+    for f in dataclasses.fields(cls):
+        assert f.metadata.get("help"), f.name
+
+
+def test_command_line_defaults():
+    args = parse_arguments([])
+    assert args == ReproduceArguments()
+    assert args.output_dir == "docs/results" and args.progress and not args.quick and args.studies is None
+    assert args.reproduce_config() == ReproduceConfig()
+    assert ReproduceConfig().studies == STUDIES
+
+
+def test_command_line_flags():
+    args = parse_arguments(["--quick", "--output-dir", "out", "--work-dir", "work", "--studies", "masks",
+                            "training_size", "--seeds", "3", "--threads", "2", "--device", "cpu",
+                            "--problems-per-batch", "32", "--no-progress", "--shipped-verifier"])
+    assert args == ReproduceArguments(output_dir="out", quick=True, work_dir="work", studies=["masks", "training_size"],
+                                      seeds=3, threads=2, device="cpu", problems_per_batch=32, progress=False,
+                                      shipped_verifier=True)
+    cfg = args.reproduce_config()
+    assert cfg == dataclasses.replace(ReproduceConfig.quick_config(), seeds=3, problems_per_batch=32)
+
+
+def test_every_study_can_be_selected():
+    assert parse_arguments(["--studies", *STUDIES]).studies == list(STUDIES)
+    with pytest.raises(SystemExit):
+        parse_arguments(["--studies", "no-such-study"])
