@@ -4,8 +4,8 @@ ours and the claims' verdict sentences (`render_testbed`; pure: a string from th
 
 from __future__ import annotations
 
-import math
-
+from ..evaluation import markdown_table
+from ..metrics import format_mean_std
 from .config import STUDIES
 from .paper import PAPER
 
@@ -17,20 +17,6 @@ __all__ = ["render_testbed"]
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _f(stat, digits: int = 3) -> str:
-    """A seed statistic as "mean ± std" (a plain number as itself); "—" when missing or nan.
-
-    Not `hf_msv.metrics.format_mean_std`: that one takes the per-seed values and recomputes mean and std, while the
-    summary stores the statistic (and plain numbers such as agreements go through here too)."""
-    if stat is None:
-        return "—"
-    if isinstance(stat, (int, float)):
-        return "—" if math.isnan(stat) else f"{stat:.{digits}f}"
-    if stat.get("mean") is None:
-        return "—"
-    return f"{stat['mean']:.{digits}f} ± {(stat.get('std') or 0.0):.{digits}f}"
-
-
 def _p(x, digits: int = 4) -> str:
     """A paper number (or any scalar), "—" when the paper has none."""
     return "—" if x is None else f"{x:.{digits}f}"
@@ -39,11 +25,6 @@ def _p(x, digits: int = 4) -> str:
 def _paper_key(method: str, msv: str, n: int) -> str:
     """The paper's name for `method`: its tables call the multi-sequence verifier "MSV_N"."""
     return "MSV_N" if method == msv and n > 1 else method
-
-
-def _table(header, rows) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-                     + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _claims_for(summary, prefix) -> list[str]:
@@ -102,7 +83,7 @@ def _header(s: dict) -> list[str]:
            f"{s['verifiers']['reused']} (and any shards) from an earlier run in the same work directory."),
         "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
         + (f" Not run this time: {', '.join(missing)} (`hf-msv reproduce --studies ...`)." if missing else ""), "",
-        "## Claims", "", _table(["claim", "ours", "paper"], [
+        "## Claims", "", markdown_table(["claim", "ours", "paper"], [
             [c["claim"], c["sentence"], c["paper"]] for c in s["claims"]]), "",
     ]
 
@@ -113,9 +94,9 @@ def _calibration_section(r: dict, setting: str, n: int) -> list[str]:
     rows = []
     for m, v in r[setting].items():
         pv = paper.get(_paper_key(m, r["msv"], n), {})
-        rows.append([_bold_msv(m, r["msv"]), _f(v["brier"], 4), _p(pv.get("brier")),
-                     _f(v["auroc"], 4), _p(pv.get("auroc")), _f(v["ece"], 4), _f(v["nll"], 4)])
-    return [f"### N = {n}", "", _table(["method", "Brier ↓", "paper Brier", "AUROC ↑", "paper AUROC", "ECE ↓",
+        rows.append([_bold_msv(m, r["msv"]), format_mean_std(v["brier"], 4), _p(pv.get("brier")),
+                     format_mean_std(v["auroc"], 4), _p(pv.get("auroc")), format_mean_std(v["ece"], 4), format_mean_std(v["nll"], 4)])
+    return [f"### N = {n}", "", markdown_table(["method", "Brier ↓", "paper Brier", "AUROC ↑", "paper AUROC", "ECE ↓",
                                         "NLL ↓"], rows), ""]
 
 
@@ -144,19 +125,19 @@ def _best_of_n(s: dict) -> list[str]:
             r = main[str(n)]
             v = r["terminal"].get(r["msv"] if m == "MSV_N" else m)
             pv = PAPER["bon_accuracy"]["1"]["base"] if n == 1 else PAPER["bon_accuracy"].get(str(n), {}).get(m)
-            row += [_f(v["bon_accuracy"]) if v else "—", _p(pv, 3) if v else "—"]
+            row += [format_mean_std(v["bon_accuracy"]) if v else "—", _p(pv, 3) if v else "—"]
         rows.append(row)
     lines = ["## 2. Best-of-N accuracy and calibration", "",
-             _table(["method"] + [x for n in ns for x in (f"N={n}", f"paper N={n}")], rows), "",
+             markdown_table(["method"] + [x for n in ns for x in (f"N={n}", f"paper N={n}")], rows), "",
              "Best-of-N calibration (ECE / Brier of the picked answer's confidence):", ""]
     for n in [x for x in ns if x > 1]:
         r = main[str(n)]
         rows = []
         for m, v in r["terminal"].items():
             pv = PAPER["bon_calibration"].get(str(n), {}).get(_paper_key(m, r["msv"], n), {})
-            rows.append([_bold_msv(m, r["msv"]), _f(v["bon_ece"]), _p(pv.get("ece")),
-                         _f(v["bon_brier"]), _p(pv.get("brier"))])
-        lines += [f"### N = {n}", "", _table(["method", "BoN ECE ↓", "paper", "BoN Brier ↓", "paper"], rows), ""]
+            rows.append([_bold_msv(m, r["msv"]), format_mean_std(v["bon_ece"]), _p(pv.get("ece")),
+                         format_mean_std(v["bon_brier"]), _p(pv.get("brier"))])
+        lines += [f"### N = {n}", "", markdown_table(["method", "BoN ECE ↓", "paper", "BoN Brier ↓", "paper"], rows), ""]
     lines += _claims_for(s, "best_of") + _claims_for(s, "bon_ece") + [""]
     figs = {f["file"]: f["caption"] for f in main["figures"]}
     return lines + _embed_figures(
@@ -174,10 +155,10 @@ def _early_stopping(s: dict) -> list[str]:
                      _p(r["early_stop_best_baseline_peak_accuracy"], 3), _p(r["early_stop_msv_peak_accuracy"], 3),
                      "∞" if tf is None and r["early_stop_best_baseline"] else _p(tf, 2),
                      "∞" if lf is None and r["early_stop_best_baseline"] else _p(lf, 2),
-                     _f(r["streaming"].get(r["msv"], {}).get("autc_tokens_norm")),
-                     _f(r["streaming"].get(r["early_stop_best_baseline"], {}).get("autc_tokens_norm"))])
+                     format_mean_std(r["streaming"].get(r["msv"], {}).get("autc_tokens_norm")),
+                     format_mean_std(r["streaming"].get(r["early_stop_best_baseline"], {}).get("autc_tokens_norm"))])
     lines = ["## 4. Early stopping: accuracy vs tokens and latency", "",
-             _table(["N", "MSV", "best baseline", "its peak acc", "MSV peak acc", "token fraction",
+             markdown_table(["N", "MSV", "best baseline", "its peak acc", "MSV peak acc", "token fraction",
                      "latency fraction", "MSV AUTC (norm)", "baseline AUTC (norm)"], rows), "",
              "Token fraction = tokens the MSV needs to reach the best baseline's peak accuracy ÷ tokens that "
              "baseline needs (paper, MATH N=64: < 0.5; target here ≤ 0.40).", ""]
@@ -200,12 +181,12 @@ def _lambda_selection(s: dict) -> list[str]:
             if m not in (main[str(n)]["msv"], "Probe", "MSV_1", "Probe+WV"):
                 continue
             for rule, r in rules.items():
-                rows.append([str(n), m, rule, _f(r["target"]), _f(r["eval_accuracy"]), _f(r["eval_tokens"], 1),
-                             _f(r["eval_latency"], 3), "—" if rule == "validation" else _f(r["certified"], 2)])
+                rows.append([str(n), m, rule, format_mean_std(r["target"]), format_mean_std(r["eval_accuracy"]), format_mean_std(r["eval_tokens"], 1),
+                             format_mean_std(r["eval_latency"], 3), "—" if rule == "validation" else format_mean_std(r["certified"], 2)])
     if not rows:
         return []
     return ["### λ selection: validation rule and risk-controlled (LTT, δ = 0.1)", "",
-            _table(["N", "method", "rule", "target acc", "eval acc", "eval tokens", "eval latency (s)",
+            markdown_table(["N", "method", "rule", "target acc", "eval acc", "eval tokens", "eval latency (s)",
                     "certified"], rows), ""]
 
 
@@ -219,12 +200,12 @@ def _checkers(s: dict) -> list[str]:
     for c, r in s["checkers"]["rows"].items():
         pv = PAPER["checkers"].get(c, {})
         rows.append([c, _p(r.get("agreement"), 3), _p(pv.get("agreement"), 3)]
-                    + [f"{_f(r.get(x))} ({_p(pv.get(y), 3)})" for x, y in zip(cols, pcols)])
+                    + [f"{format_mean_std(r.get(x))} ({_p(pv.get(y), 3)})" for x, y in zip(cols, pcols)])
     return [f"## 5. Robustness to the equivalence checker (best-of-{n}; paper: Omni-MATH, in parentheses)", "",
             f"MSV_{n} is trained (terminal, without logit averaging) with each checker's classes; correctness "
             "is always the reference checker's. Agreement = pairwise accuracy of \"same class\" vs the "
             "reference on pairs of terminal answers.", "",
-            _table(["checker", "agreement", "paper", "Self-consistency", "Probe+WV", "MSV_1+WV",
+            markdown_table(["checker", "agreement", "paper", "Self-consistency", "Probe+WV", "MSV_1+WV",
                     f"MSV_{n} (ref-trained)", f"MSV_{n} (trained w/ checker)"], rows), ""] \
         + _claims_for(s, "checker") + [""]
 
@@ -235,10 +216,10 @@ def _masks(s: dict) -> list[str]:
     rows = []
     for k, r in s["masks"]["rows"].items():
         pv = PAPER["masks"].get("MSV_16" if k == f"MSV_{n}" else k, {})
-        rows.append([k, _f(r["brier"], 4), _p(pv.get("brier"), 3), _f(r["auroc"], 4), _p(pv.get("auroc"), 3),
-                     _f(r["nll"], 4), _p(pv.get("nll"), 3)])
+        rows.append([k, format_mean_std(r["brier"], 4), _p(pv.get("brier"), 3), format_mean_std(r["auroc"], 4), _p(pv.get("auroc"), 3),
+                     format_mean_std(r["nll"], 4), _p(pv.get("nll"), 3)])
     return [f"## 6. Attention-mask ablation (streaming MSV_{n}; paper: AIME MSV_16)", "",
-            _table(["model", "Brier ↓", "paper", "AUROC ↑", "paper", "NLL ↓", "paper"], rows), ""] \
+            markdown_table(["model", "Brier ↓", "paper", "AUROC ↑", "paper", "NLL ↓", "paper"], rows), ""] \
         + _claims_for(s, "masks") + [""]
 
 
@@ -249,12 +230,12 @@ def _delimiters(s: dict) -> list[str]:
     for dname, r in s["delimiters"]["rows"].items():
         pv = PAPER["delimiters"].get("Wait" if dname == "Wait" else "every K tokens", {})
         rows.append([dname, _p(r.get("answers_per_sequence"), 2)] + [
-            f"{_f((r.get(m) or {}).get('autc_tokens'), 1)} ({_p(pv.get(m), 1)})" for m in ("Probe", "MSV_1", "MSV_N")])
+            f"{format_mean_std((r.get(m) or {}).get('autc_tokens'), 1)} ({_p(pv.get(m), 1)})" for m in ("Probe", "MSV_1", "MSV_N")])
     return [f"## 7. Delimiter sensitivity (AUTC at N={n}, accuracy × tokens; paper: AIME, N=16, in parentheses)", "",
             "The Wait row is the main collection; the every-K row is a separate, smaller collection "
             f"({'/'.join(map(str, cfg['delimiter_sizes']))} problems × {cfg['delimiter_samples']} samples) "
             "with its own verifiers. Compare verifiers within a row.", "",
-            _table(["elicitation", "answers / sequence", "Probe", "MSV_1", f"MSV_{n}"], rows), ""] \
+            markdown_table(["elicitation", "answers / sequence", "Probe", "MSV_1", f"MSV_{n}"], rows), ""] \
         + _claims_for(s, "delimiters") + [""]
 
 
@@ -264,10 +245,10 @@ def _grouping(s: dict) -> list[str]:
     rows = []
     for k, r in g["per_n"].items():
         for m in r["autc_latency_norm"]:
-            rows.append([k, _bold_msv(m, r["msv"]), _f(r["autc_latency_norm"][m]), _f(r["autc_tokens_norm"][m]),
-                         _f(r["peak_accuracy"][m]), _p(r["verifier_online_s_per_answer"].get(m), 6)])
+            rows.append([k, _bold_msv(m, r["msv"]), format_mean_std(r["autc_latency_norm"][m]), format_mean_std(r["autc_tokens_norm"][m]),
+                         format_mean_std(r["peak_accuracy"][m]), _p(r["verifier_online_s_per_answer"].get(m), 6)])
     lines = [f"## 8. Large N with grouping (MSV_{g['m']} on groups of {g['m']})", "",
-             _table(["N", "method", "AUTC latency (norm) ↑", "AUTC tokens (norm) ↑", "peak acc",
+             markdown_table(["N", "method", "AUTC latency (norm) ↑", "AUTC tokens (norm) ↑", "peak acc",
                      "verifier s / answer"], rows), ""]
     lines += _claims_for(s, "grouping") + [""]
     for f in g["figures"]:
@@ -283,15 +264,15 @@ def _training_size(s: dict) -> list[str]:
     for k, r in ts["per_size"].items():
         msv = r["msv"]
         tf = r["early_stop_token_fraction"]
-        rows.append([k, f"{_f(r['terminal']['Probe']['brier'], 4)} ({_p(PAPER['training_size']['Probe'].get(k), 4)})",
-                     _f(r["terminal"][msv]["brier"], 4), _f(r["terminal"][msv]["bon_accuracy"]),
+        rows.append([k, f"{format_mean_std(r['terminal']['Probe']['brier'], 4)} ({_p(PAPER['training_size']['Probe'].get(k), 4)})",
+                     format_mean_std(r["terminal"][msv]["brier"], 4), format_mean_std(r["terminal"][msv]["bon_accuracy"]),
                      f"{_p(r['bon_best_baseline_value'], 3)} ({r['bon_best_baseline']})",
-                     f"{100 * r['bon_gain']:+.1f}", _f(r["streaming"][msv]["brier"], 4),
+                     f"{100 * r['bon_gain']:+.1f}", format_mean_std(r["streaming"][msv]["brier"], 4),
                      ("∞" if tf is None else _p(tf, 2)) + f" ({r['early_stop_best_baseline']})"])
     return [f"## 9. Training-set size (Probe and MSV_{n}, N={n}; paper: AIME Probe, in parentheses)", "",
             f"The first k training problems (nested subsets; sizes above {s['config']['train_problems']} add "
             "problems collected for this study); validation and evaluation are the main study's.", "",
-            _table(["train problems", "Probe Brier ↓", f"MSV_{n} Brier ↓", f"MSV_{n} best-of-{n}",
+            markdown_table(["train problems", "Probe Brier ↓", f"MSV_{n} Brier ↓", f"MSV_{n} best-of-{n}",
                     "best baseline", "gain (pp)", f"MSV_{n} streaming Brier ↓", "token fraction"], rows), ""] \
         + _claims_for(s, "training_size") + [""]
 
