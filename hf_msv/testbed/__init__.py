@@ -31,7 +31,7 @@ from .task import (
 )
 
 TESTBED_LM_DIR = Path(__file__).resolve().parent / "lm"
-# The streaming MSV_16 trained on the testbed LM (`hf_msv.reproduce.train_shipped_verifier`).
+# The streaming MSV_16 trained on the testbed LM (`hf_msv.reproduction.train_shipped_verifier`).
 TESTBED_VERIFIER_DIR = Path(__file__).resolve().parent / "verifier"
 
 __all__ = [
