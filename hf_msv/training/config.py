@@ -24,7 +24,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["MSVTrainingConfig", "TrainingPlan", "RECIPES", "resolve_batch_size", "resolve_plan", "default_learning_rate"]
+__all__ = ["MSVTrainingConfig", "TrainingPlan", "RECIPES", "resolve_batch_size", "resolve_plan",
+           "default_learning_rate"]
 
 RECIPES = ("auto", "paper")
 
@@ -32,6 +33,7 @@ RECIPES = ("auto", "paper")
 # per weight is ~lr, and a d-wide layer sums d of them, so lr ∝ 1/d keeps the change of the output comparable).
 REFERENCE_WIDTH = 128
 REFERENCE_LR = {"terminal": 1e-3, "streaming": 3e-4}
+GAMMA_LR = 1e-2
 SEQUENCES_PER_BATCH = 256
 PASSES = 20            # default step budget: 20 passes over the training sequences ...
 MIN_STEPS, MAX_STEPS = 300, 2000   # ... but at least 300 and at most 2000 optimizer steps
@@ -92,6 +94,8 @@ class MSVTrainingConfig:
     mask_learning_rate: float = field(default=1e-1, metadata=_help("learning rate of the mask-mixture weights w."))
     embedding_learning_rate: float = field(default=1e-3, metadata=_help(
         "learning rate of the sequence embeddings e⁽ⁿ⁾."))
+    gamma_learning_rate: float | None = field(default=None, metadata=_help(
+        "learning rate of the γ MLP (input fan-in 1, so not width-scaled; auto: 1e-2; paper: the body's)."))
     probe_learning_rate: float = field(default=1e-3, metadata=_help("the Probe's learning rate (paper: 1e-3)."))
     weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
     adam_beta1: float = field(default=0.9, metadata=_help("AdamW β1."))
@@ -153,6 +157,7 @@ class TrainingPlan:
     """The concrete numbers of a run (``training_log.json["plan"]``): what `resolve_plan` made of the config."""
 
     learning_rate: float
+    gamma_learning_rate: float | None
     batch_size: int
     steps_per_pass: int
     max_steps: int
@@ -196,7 +201,10 @@ def resolve_plan(config: MSVTrainingConfig, hidden_size: int, steps_per_pass: in
     patience = config.early_stopping_patience
     if patience is None:
         patience = 0 if (config.recipe == "paper" or epochs is not None) else 5
-    return TrainingPlan(learning_rate=default_learning_rate(config, hidden_size),
+    gamma_lr = config.gamma_learning_rate
+    if gamma_lr is None and config.recipe == "auto":
+        gamma_lr = GAMMA_LR
+    return TrainingPlan(learning_rate=default_learning_rate(config, hidden_size), gamma_learning_rate=gamma_lr,
                         batch_size=resolve_batch_size(config), steps_per_pass=steps_per_pass,
                         max_steps=max(1, budget), eval_steps=max(1, every), early_stopping_patience=patience,
                         by_epoch=epochs is not None)

@@ -5,12 +5,12 @@
     result.best_metrics["bce"], result.guard.passed, result.verifier
 
 The recipe (`hf_msv.training.config`): AdamW with per-module learning rates (MSV body, mask-mixture weights w,
-sequence embeddings e⁽ⁿ⁾; the Probe its own), the Hugging Face ``constant_with_warmup`` schedule, gradient clipping,
-mean BCE over the answers of a batch (terminal: terminal answers only), validation BCE every `eval_steps` steps with
-the best checkpoint kept (``save_pretrained`` + model card) and early stopping. After training, `guard` compares the
-kept checkpoint on validation with calibrated self-consistency and a linear probe; the numbers go to
-``training_log.json``, the model card and `TrainingResult.guard`, and a verifier worse than the vote is reported in
-one warning line.
+sequence embeddings e⁽ⁿ⁾; the Probe its own), the Hugging Face ``constant_with_warmup`` schedule, gradient
+clipping, mean BCE over the answers of a batch (terminal: terminal answers only), validation BCE every `eval_steps`
+steps with the best checkpoint kept (``save_pretrained`` + model card) and early stopping. After training, the guard
+(`hf_msv.training.guard`) compares the kept checkpoint on validation with calibrated self-consistency and a linear
+probe; the numbers go to ``training_log.json``, the model card and `TrainingResult.guard`, and a verifier worse than
+the vote is reported in one warning line.
 
 Runs unchanged under ``accelerate launch``: `Accelerator` prepares model, optimizer and the training DataLoader
 (the global batch is split over processes); validation is split by index and gathered.
@@ -99,12 +99,24 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
     return MSVVerifier(msv_config)
 
 
-def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | None = None) -> list[dict]:
-    """Optimizer parameter groups; `learning_rate` is the body's (the Probe's) rate, default the config's."""
+def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | None = None,
+                      gamma_learning_rate: float | None = None) -> list[dict]:
+    """Optimizer parameter groups; `learning_rate` is the body's (the Probe's) rate, default the config's.
+
+    With `gamma_learning_rate`, the γ MLP (``gamma_mlp.*``, fan-in 1) gets its own group: at a width-scaled body
+    rate its input layer barely moves, so the verifier fits the (memorisable) hidden states long before it uses the
+    vote share it is given.
+    """
     if config.kind == "probe":
         return [{"params": list(model.parameters()), "lr": learning_rate or config.probe_learning_rate}]
-    return model.parameter_groups(learning_rate or config.learning_rate or 5e-5, config.mask_learning_rate,
-                                  config.embedding_learning_rate)
+    groups = model.parameter_groups(learning_rate or config.learning_rate or 5e-5, config.mask_learning_rate,
+                                    config.embedding_learning_rate)
+    if gamma_learning_rate is None:
+        return groups
+    gamma = [p for name, p in model.named_parameters() if name.startswith("gamma_mlp.")]
+    ids = {id(p) for p in gamma}
+    groups = [dict(g, params=[p for p in g["params"] if id(p) not in ids]) for g in groups]
+    return groups + [{"params": gamma, "lr": gamma_learning_rate}]
 
 
 def _save_probe(model: ProbeVerifier, directory: Path, metrics: dict, training_data: str) -> None:
@@ -178,8 +190,9 @@ def _describe_data(train: ShardDataset, val: ShardDataset, config: MSVTrainingCo
     info, s, v = train.info, train.stats(), val.stats()
     sampling = (f"{info.get('num_samples', '?')} samples per problem at temperature {info.get('temperature', '?')}, "
                 f"up to {info.get('max_new_tokens', '?')} new tokens")
-    elicit = (f"answers elicited with `{info.get('elicitation_prompt', '?')}` (≤ {info.get('max_answer_tokens', '?')} "
-              f"tokens) at delimiters {info.get('delimiters')} and at the end")
+    elicit = (f"answers elicited with `{info.get('elicitation_prompt', '?')}` "
+              f"(≤ {info.get('max_answer_tokens', '?')} tokens) at delimiters {info.get('delimiters')} and at the "
+              "end")
     classes = (f"re-derived with the `{config.checker}` checker" if config.checker
                else f"from the `{info.get('checker', '?')}` checker")
     return (f"Hidden states of `{info.get('lm_name_or_path') or 'unknown LM'}` ({sampling}; {elicit}). "
@@ -268,7 +281,8 @@ class _Run:
                  output_dir: Path, training_data: str):
         self.config, self.accelerator, self.plan = config, accelerator, plan
         self.model, self.optimizer, self.scheduler, self.loader = model, optimizer, scheduler, loader
-        self.train_set, self.val_set, self.output_dir, self.training_data = train_set, val_set, output_dir, training_data
+        self.train_set, self.val_set = train_set, val_set
+        self.output_dir, self.training_data = output_dir, training_data
         self.history: list[dict] = []
         self.best_bce, self.best_epoch, self.best_step, self.best_metrics = math.inf, 0, 0, {}
         self.step, self.stale, self.stopped_early = 0, 0, False
@@ -290,7 +304,8 @@ class _Run:
                       "train_groups_per_s": groups / seconds}
         self.history.append(entry)
         if self.step and metrics["bce"] < self.best_bce:
-            self.best_bce, self.best_epoch, self.best_step, self.best_metrics = metrics["bce"], index, self.step, metrics
+            self.best_bce, self.best_epoch, self.best_step = metrics["bce"], index, self.step
+            self.best_metrics = metrics
             self.stale = 0
             if acc.is_main_process:
                 card = {f"validation {k}": v for k, v in metrics.items()} | {"step": self.step}
@@ -373,13 +388,15 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=per_process, shuffle=True, num_workers=config.num_workers,
         collate_fn=partial(collate_groups, mode=config.mode), generator=torch.Generator().manual_seed(config.seed))
-    plan = resolve_plan(config, train_set.hidden_size, math.ceil(len(train_set) / (per_process * accelerator.num_processes)))
-    optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate),
+    steps_per_pass = math.ceil(len(train_set) / (per_process * accelerator.num_processes))
+    plan = resolve_plan(config, train_set.hidden_size, steps_per_pass)
+    optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
                                   betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
                                   weight_decay=config.weight_decay)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process.
-    scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, math.ceil(config.warmup_ratio * plan.max_steps))
+    warmup = math.ceil(config.warmup_ratio * plan.max_steps)
+    scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, warmup)
     training_data = _describe_data(train_set, val_set, config)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
