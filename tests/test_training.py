@@ -123,7 +123,7 @@ def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
 
 def test_auto_recipe_budgets_steps_and_scales_the_learning_rate_to_the_width():
     """The default recipe trains the same number of steps whatever the data size (within 300..2000), evaluates
-    ~20 times, stops early, and scales the body learning rate as 1/d."""
+    ~20 times, stops early, and scales the body learning rate as 1/sqrt(d)."""
     from hf_msv.training.config import resolve_plan
 
     config = MSVTrainingConfig(num_sequences=16, mode="terminal")
@@ -131,7 +131,9 @@ def test_auto_recipe_budgets_steps_and_scales_the_learning_rate_to_the_width():
     large = resolve_plan(config, 128, steps_per_pass=500)
     assert small.max_steps == 300 and large.max_steps == 2000 and small.batch_size == 16
     assert small.early_stopping_patience == 5 and not small.by_epoch and 10 <= small.eval_steps <= 100
-    assert resolve_plan(config, 1536, 6).learning_rate == pytest.approx(small.learning_rate * 128 / 1536)
+    assert resolve_plan(config, 1536, 6).learning_rate == pytest.approx(small.learning_rate * (128 / 1536) ** 0.5)
+    assert small.gamma_learning_rate == 1e-2
+    assert resolve_plan(MSVTrainingConfig(recipe="paper"), 128, 6).gamma_learning_rate is None
     assert resolve_plan(MSVTrainingConfig(num_sequences=64), 128, 6).batch_size == 4
     assert resolve_plan(MSVTrainingConfig(num_sequences=1), 128, 6).batch_size == 64
     # Explicit settings win; --num-epochs validates once per epoch and does not stop early.
