@@ -251,7 +251,8 @@ def test_best_checkpoint_is_kept_not_the_last(tmp_path, monkeypatch):
 def test_weak_checker_rederives_classes_for_training(tmp_path):
     train_dir, val_dir = synthetic_dirs(tmp_path)
     config = MSVTrainingConfig(num_sequences=4, mode="terminal", checker="random",
-                               checker_kwargs={"probability": 0.5, "seed": 0}, batch_size=4, progress=False)
+                               checker_kwargs={"probability": 0.5, "seed": 0}, batch_size=4, num_epochs=1,
+                               progress=False)  # num_epochs=1: the paper recipe's terminal default, as before
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_epoch == 1
     assert "re-derived with the `random` checker" in (tmp_path / "out" / "README.md").read_text()
