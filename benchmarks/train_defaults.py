@@ -38,6 +38,8 @@ def main():
     parser.add_argument("--num-sequences", type=int, default=64)
     parser.add_argument("--modes", nargs="+", default=["terminal", "streaming"])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="cap the budget (a partial measurement: report seconds per step and extrapolate)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -58,10 +60,12 @@ def main():
         for mode in args.modes:
             start = time.perf_counter()
             result = train_verifier(train_dir, val_dir, root / f"msv-{mode}",
-                                    MSVTrainingConfig(num_sequences=args.num_sequences, mode=mode, progress=False))
+                                    MSVTrainingConfig(num_sequences=args.num_sequences, mode=mode,
+                                                      max_steps=args.max_steps, progress=False))
             seconds = time.perf_counter() - start
             log = json.loads((root / f"msv-{mode}" / "training_log.json").read_text())
             report[mode] = {"seconds": round(seconds, 1), "steps": log["steps"], "max_steps": result.plan.max_steps,
+                            "seconds_per_step": round(seconds / max(1, log["steps"]), 3),
                             "eval_steps": result.plan.eval_steps, "stopped_early": log["stopped_early"],
                             "best_step": result.best_step, "val_brier": result.guard.verifier["brier"],
                             "val_brier_self_consistency": result.guard.self_consistency["brier"]}
