@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,23 +94,52 @@ def synthetic_dirs(tmp_path, d=16):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_defaults_are_the_papers_recipe(tmp_path):
-    config = MSVTrainingConfig()
-    assert (config.learning_rate, config.mask_learning_rate, config.embedding_learning_rate,
+def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
+    """``recipe="paper"`` is the paper's literal recipe (the library default is now ``recipe="auto"``, issue #14)."""
+    from hf_msv.training.config import default_learning_rate, resolve_plan
+
+    config = MSVTrainingConfig(recipe="paper")
+    plan = resolve_plan(config, 1536, steps_per_pass=10)
+    assert (plan.learning_rate, config.mask_learning_rate, config.embedding_learning_rate,
             config.probe_learning_rate) == (5e-5, 1e-1, 1e-3, 1e-3)
-    assert (config.batch_size, config.max_grad_norm, config.warmup_ratio, config.num_hidden_layers) == (64, 1.0, 0.0, 1)
-    assert MSVTrainingConfig(mode="terminal").epochs == 1 and MSVTrainingConfig(mode="streaming").epochs == 2
+    assert (plan.batch_size, config.max_grad_norm, config.warmup_ratio, config.num_hidden_layers) == (64, 1.0, 0.0, 1)
+    assert MSVTrainingConfig(recipe="paper", mode="terminal").epochs == 1
+    assert MSVTrainingConfig(recipe="paper", mode="streaming").epochs == 2
+    assert plan.max_steps == 20 and plan.eval_steps == 10 and plan.early_stopping_patience == 0
     assert MSVTrainingConfig(kind="probe", num_sequences=16).group_size == 1
     info = {"lm_name_or_path": "some/lm", "lm_num_attention_heads": 4, "delimiters": ["Wait"]}
     msv = build_verifier(MSVTrainingConfig(num_sequences=16), 16, info)
     assert isinstance(msv, MSVVerifier)
     assert (msv.config.num_attention_heads, msv.config.num_hidden_layers, msv.config.num_sequences) == (4, 1, 16)
     assert msv.config.base_model_name_or_path == "some/lm" and msv.config.delimiters == ["Wait"]
-    groups = training._parameter_groups(msv, MSVTrainingConfig())
+    groups = training._parameter_groups(msv, config, default_learning_rate(config, 16))
     assert [g["lr"] for g in groups] == [5e-5, 1e-1, 1e-3]
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in msv.parameters())
     with pytest.raises(ValueError):
         MSVTrainingConfig(kind="prm")
+    with pytest.raises(ValueError, match="recipe"):
+        MSVTrainingConfig(recipe="fast")
+
+
+def test_auto_recipe_budgets_steps_and_scales_the_learning_rate_to_the_width():
+    """The default recipe trains the same number of steps whatever the data size (within 300..2000), evaluates
+    ~20 times, stops early, and scales the body learning rate as 1/sqrt(d)."""
+    from hf_msv.training.config import resolve_plan
+
+    config = MSVTrainingConfig(num_sequences=16, mode="terminal")
+    small = resolve_plan(config, 128, steps_per_pass=6)     # 96 problems x 16 samples, N = 16, 16 groups a step
+    large = resolve_plan(config, 128, steps_per_pass=500)
+    assert small.max_steps == 300 and large.max_steps == 2000 and small.batch_size == 16
+    assert small.early_stopping_patience == 5 and not small.by_epoch and 10 <= small.eval_steps <= 100
+    assert resolve_plan(config, 1536, 6).learning_rate == pytest.approx(small.learning_rate * (128 / 1536) ** 0.5)
+    assert small.gamma_learning_rate == 1e-2
+    assert resolve_plan(MSVTrainingConfig(recipe="paper"), 128, 6).gamma_learning_rate is None
+    assert resolve_plan(MSVTrainingConfig(num_sequences=64), 128, 6).batch_size == 4
+    assert resolve_plan(MSVTrainingConfig(num_sequences=1), 128, 6).batch_size == 64
+    # Explicit settings win; --num-epochs validates once per epoch and does not stop early.
+    epochs = resolve_plan(MSVTrainingConfig(num_epochs=3, learning_rate=1e-4, batch_size=8), 128, 7)
+    assert (epochs.max_steps, epochs.eval_steps, epochs.early_stopping_patience, epochs.learning_rate,
+            epochs.batch_size) == (21, 7, 0, 1e-4, 8)
 
 
 def test_probe_saves_and_loads(tmp_path):
@@ -221,7 +251,8 @@ def test_best_checkpoint_is_kept_not_the_last(tmp_path, monkeypatch):
 def test_weak_checker_rederives_classes_for_training(tmp_path):
     train_dir, val_dir = synthetic_dirs(tmp_path)
     config = MSVTrainingConfig(num_sequences=4, mode="terminal", checker="random",
-                               checker_kwargs={"probability": 0.5, "seed": 0}, batch_size=4, progress=False)
+                               checker_kwargs={"probability": 0.5, "seed": 0}, batch_size=4, num_epochs=1,
+                               progress=False)  # num_epochs=1: the paper recipe's terminal default, as before
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_epoch == 1
     assert "re-derived with the `random` checker" in (tmp_path / "out" / "README.md").read_text()
@@ -281,3 +312,140 @@ def test_max_train_problems_and_resuming_a_run_saved_before_the_field_existed(tm
     before = weights.stat().st_mtime_ns
     _train(train_dir, val_dir, tmp_path / "probe", full)
     assert weights.stat().st_mtime_ns == before
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Defaults that train, the guard, and bad input (issue #14)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def signal_problem(pid: str, rng, num_sequences: int = 8, d: int = 16, strength: float = 0.6, hidden=True):
+    """One terminal answer per sequence from 3 candidate answers; the correct one is the plurality only about half
+    of the time (γ is a weak signal), and each answer's tokens carry a noisy ±`strength` mark on dimension 0 (+ for
+    the correct answer): one sequence's mark is unreliable, the marks of a class's members pooled across sequences
+    are not — a cross-sequence signal the MSV can read (equivalence mask, logit averaging) and γ cannot."""
+    from hf_msv.data.shards import CollectedProblem
+
+    texts = ["a", "b", "c"]
+    correct = texts[int(rng.integers(0, 3))]
+    weights = rng.dirichlet([1.0, 1.0, 1.0])
+    answers = [texts[int(rng.choice(3, p=weights))] for _ in range(num_sequences)]
+    lengths = rng.integers(2, 4, size=num_sequences)
+    t = int(lengths.sum())
+    states = rng.normal(size=(t, d)).astype(np.float32)
+    token_answer = np.repeat(np.arange(num_sequences), lengths)
+    marks = np.array([strength if a == correct else -strength for a in answers], dtype=np.float32)
+    states[:, 0] += marks[token_answer] * 2
+    classes = {a: i for i, a in enumerate(dict.fromkeys(answers))}
+    taus = np.sort(rng.choice(np.arange(10, 200), size=num_sequences, replace=False))
+    return CollectedProblem(
+        problem_id=pid, gold=correct, source="synthetic", hidden_states=torch.from_numpy(states),
+        token_ids=np.zeros(t, dtype=np.int64), token_logprobs=np.zeros(t, dtype=np.float32), answer_text=answers,
+        answer_raw_text=answers, answer_trigger=["eos"] * num_sequences, answer_sequence=np.arange(num_sequences),
+        answer_step=np.zeros(num_sequences), answer_tau=taus, answer_length=lengths,
+        answer_class=[classes[a] for a in answers], answer_terminal=np.ones(num_sequences, bool),
+        answer_correct=[a == correct for a in answers], sequence_length=taus + 1,
+        sequence_finish=["eos"] * num_sequences)
+
+
+def signal_dirs(root, sizes=(("train", 64), ("val", 24)), lm="synthetic-lm", d=16, seed=0, **kwargs):
+    rng = np.random.default_rng(seed)
+    dirs = []
+    for split, count in sizes:
+        (root / split).mkdir(parents=True, exist_ok=True)
+        write_shard(root / split / "shard-r000-00000.safetensors",
+                    [signal_problem(f"{split}/{i}", rng, d=d, **kwargs) for i in range(count)],
+                    info={"lm_name_or_path": lm, "lm_num_attention_heads": 4, "checker": "exact", "num_samples": 8})
+        dirs.append(root / split)
+    return dirs
+
+
+def test_defaults_train_a_verifier_that_beats_the_vote(tmp_path):
+    """Defaults only (auto recipe) on 64 small synthetic problems: the MSV beats calibrated γ (self-consistency)
+    and the guard says so in the log, the card and the result."""
+    train_dir, val_dir = signal_dirs(tmp_path)
+    result = train_verifier(train_dir, val_dir, tmp_path / "out",
+                            MSVTrainingConfig(num_sequences=8, mode="terminal", progress=False))
+    guard = result.guard
+    assert guard.passed and guard.warning is None, guard
+    assert guard.verifier["brier"] < guard.self_consistency["brier"] - 0.02, guard
+    assert guard.verifier["auroc"] > guard.self_consistency["auroc"] + 0.03, guard
+    assert guard.linear_probe is not None and result.plan.max_steps >= 300 and result.best_step > 0
+    log = json.loads((tmp_path / "out" / "training_log.json").read_text())
+    assert log["guard"]["passed"] and log["plan"]["early_stopping_patience"] == 5
+    assert len(log["history"]) >= 2 and log["history"][-1]["step"] == log["steps"]
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "calibrated self-consistency" in card and "linear probe" in card
+
+
+def test_guard_warns_and_strict_fails_when_the_verifier_is_worse_than_the_vote(tmp_path, caplog, capsys):
+    """A verifier that cannot have learned (1 step at a tiny learning rate) on data where γ is informative: one
+    warning line naming both Briers; ``--strict`` exits 1; without it the command exits normally."""
+    from hf_msv.training import main
+
+    train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 16), ("val", 16)), strength=0.0)
+    argv = ["--train-dir", str(train_dir), "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"),
+            "--num-sequences", "8", "--mode", "terminal", "--max-steps", "1", "--learning-rate", "1e-9",
+            "--mask-learning-rate", "0", "--embedding-learning-rate", "0", "--no-progress"]
+    with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
+        result = main(argv)
+    assert not result.guard.passed
+    warnings = [r.getMessage() for r in caplog.records if "worse than calibrated self-consistency" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert f"{result.guard.verifier['brier']:.4f} > {result.guard.self_consistency['brier']:.4f}" in warnings[0]
+    assert "too little data" in warnings[0] and "too few steps" in warnings[0]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2] == result.guard.warning and json.loads(lines[-1])["guard_passed"] is False
+    with pytest.raises(SystemExit) as exit_:
+        main(argv + ["--strict"])
+    assert exit_.value.code == 1
+
+
+def test_bad_input_fails_before_training(tmp_path, monkeypatch):
+    """Different LMs / widths, an empty validation set, N above the samples collected, an unknown checker: each a
+    clear error before the first optimizer step."""
+    monkeypatch.setattr(training, "_Run", None)  # any attempt to train would raise TypeError, not the errors below
+    train_dir, val_dir = signal_dirs(tmp_path / "a")
+    (other_lm,) = signal_dirs(tmp_path / "b", sizes=(("val", 4),), lm="another-lm")
+    (wider,) = signal_dirs(tmp_path / "c", sizes=(("val", 4),), d=32)
+    config = MSVTrainingConfig(num_sequences=8, mode="terminal", progress=False)
+    for val in (other_lm, wider):
+        with pytest.raises(ValueError, match="different LMs or widths"):
+            train_verifier(train_dir, val, tmp_path / "out", config)
+    with pytest.raises(ValueError, match="different LMs or widths"):   # mixed shards inside one split
+        train_verifier([train_dir, other_lm], val_dir, tmp_path / "out", config)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="validation data"):
+        train_verifier(train_dir, tmp_path / "empty", tmp_path / "out", config)
+    with pytest.raises(ValueError, match="num_sequences=16 but some problems have only 8"):
+        train_verifier(train_dir, val_dir, tmp_path / "out", MSVTrainingConfig(num_sequences=16, progress=False))
+    with pytest.raises(ValueError, match="unknown equivalence checker 'nope'"):
+        train_verifier(train_dir, val_dir, tmp_path / "out", MSVTrainingConfig(num_sequences=8, checker="nope"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_main_parses_into_the_dataclasses():
+    from hf_msv.training import TrainArguments, build_train_parser
+
+    args, config = build_train_parser().parse_args_into_dataclasses(
+        ["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--recipe", "paper", "--strict", "--lr-sweep",
+         "--lr-sweep-values", "1e-4", "3e-4", "--checker", "jaccard", "--checker-kwargs", '{"threshold": 0.8}'])
+    assert isinstance(args, TrainArguments) and args.strict and args.lr_sweep and args.lr_sweep_values == [1e-4, 3e-4]
+    assert config.recipe == "paper" and config.checker_kwargs == {"threshold": 0.8} and config.epochs == 2
+    for f in __import__("dataclasses").fields(MSVTrainingConfig):
+        assert f.metadata.get("help"), f.name
+
+
+def test_lr_sweep_keeps_the_best_validation_brier(tmp_path, capsys):
+    from hf_msv.training import sweep_learning_rates
+
+    train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 16), ("val", 8)))
+    result = sweep_learning_rates(train_dir, val_dir, tmp_path / "out",
+                                  MSVTrainingConfig(num_sequences=8, mode="terminal", max_steps=4, eval_steps=2,
+                                                    progress=False), learning_rates=[1e-9, 3e-3])
+    log = json.loads((tmp_path / "out" / "training_log.json").read_text())
+    rows = log["lr_sweep"]
+    assert [r["learning_rate"] for r in rows] == [1e-9, 3e-3]
+    assert log["chosen_learning_rate"] == min(rows, key=lambda r: r["val_brier"])["learning_rate"]
+    assert result.output_dir == str(tmp_path / "out") and (tmp_path / "out" / "model.safetensors").exists()
+    assert "[lr-sweep 2/2]" in capsys.readouterr().out

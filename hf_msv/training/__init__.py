@@ -1,26 +1,32 @@
-"""Training MSV verifiers and Probes on collected shards."""
+"""Training MSV verifiers and Probes on collected shards: the recipe (`MSVTrainingConfig`), the training loop
+(`train_verifier`), the guard against a verifier worse than the vote, the learning-rate sweep and ``hf-msv train``."""
 
-from .trainer import (
-    MSVTrainingConfig,
-    TrainingResult,
-    train_verifier,
-    evaluate_verifier,
-    build_verifier,
-    ProbeConfig,
-    ProbeVerifier,
-    add_train_arguments,
-    train_from_args,
-    main,
-)
+from ..modeling_probe import ProbeConfig, ProbeVerifier
+from .cli import TrainArguments, add_train_arguments, build_train_parser, main, run_training, train_from_args
+from .config import RECIPES, MSVTrainingConfig, TrainingPlan, resolve_plan
+from .guard import GuardReport, calibrated_self_consistency, linear_probe_scores
+from .sweep import sweep_learning_rates
+from .trainer import TrainingResult, build_verifier, evaluate_verifier, load_training_data, train_verifier
 
 __all__ = [
     "MSVTrainingConfig",
+    "TrainingPlan",
+    "RECIPES",
+    "resolve_plan",
     "TrainingResult",
     "train_verifier",
     "evaluate_verifier",
     "build_verifier",
+    "load_training_data",
+    "GuardReport",
+    "calibrated_self_consistency",
+    "linear_probe_scores",
+    "sweep_learning_rates",
     "ProbeConfig",
     "ProbeVerifier",
+    "TrainArguments",
+    "build_train_parser",
+    "run_training",
     "add_train_arguments",
     "train_from_args",
     "main",

@@ -1,16 +1,16 @@
-"""Training verifiers on collected shards: the paper's recipe for MSV_N, and the Probe baseline.
+"""Training verifiers on collected shards: MSV_N and the Probe baseline.
 
-    config = MSVTrainingConfig(kind="msv", num_sequences=16, mode="streaming")
+    config = MSVTrainingConfig(num_sequences=16, mode="streaming")      # recipe="auto": trains at any data size
     result = train_verifier("data/train", "data/val", "verifiers/msv16", config)
-    result.best_metrics["bce"], result.verifier
+    result.best_metrics["bce"], result.guard.passed, result.verifier
 
-Recipe (paper, appendix "Details on Experiments"; every value is a field of `MSVTrainingConfig`): AdamW, the
-Hugging Face ``constant_with_warmup`` schedule with the HF default warmup ratio (0.0, so the learning rate is constant
-from the first step), max_grad_norm 1.0, a global batch of 64 groups without gradient accumulation, learning rates
-5e-5 for the MSV body, 1e-1 for the mask-mixture weights w, 1e-3 for the sequence embeddings e⁽ⁿ⁾ and 1e-3 for the
-Probe, 1 epoch on terminal data and 2 on streaming data, one Multi-Mask Transformer Block with the base LM's width
-and heads. Loss: mean BCE over the answers of a batch (terminal: terminal answers only). After every epoch the
-validation BCE is measured and the best checkpoint is kept (``save_pretrained`` + model card).
+The recipe (`hf_msv.training.config`): AdamW with per-module learning rates (MSV body, mask-mixture weights w,
+sequence embeddings e⁽ⁿ⁾; the Probe its own), the Hugging Face ``constant_with_warmup`` schedule, gradient
+clipping, mean BCE over the answers of a batch (terminal: terminal answers only), validation BCE every `eval_steps`
+steps with the best checkpoint kept (``save_pretrained`` + model card) and early stopping. After training, the guard
+(`hf_msv.training.guard`) compares the kept checkpoint on validation with calibrated self-consistency and a linear
+probe; the numbers go to ``training_log.json``, the model card and `TrainingResult.guard`, and a verifier worse than
+the vote is reported in one warning line.
 
 Runs unchanged under ``accelerate launch``: `Accelerator` prepares model, optimizer and the training DataLoader
 (the global batch is split over processes); validation is split by index and gathered.
@@ -18,12 +18,10 @@ Runs unchanged under ``accelerate launch``: `Accelerator` prepares model, optimi
 
 from __future__ import annotations
 
-import argparse
-import json
+import logging
 import math
-import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -31,143 +29,40 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
-from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..data.shards import VERIFIER_INPUTS, ShardDataset, collate_groups
+from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
+from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
+from .guard import (GuardReport, ValidationPredictions, build_guard_report, linear_probe_scores,
+                    pooled_answer_states)
 
-__all__ = ["MSVTrainingConfig", "TrainingResult", "train_verifier", "evaluate_verifier", "build_verifier", "ProbeConfig",
-           "ProbeVerifier", "add_train_arguments", "train_from_args", "main"]
+__all__ = ["TrainingResult", "train_verifier", "evaluate_verifier", "validation_predictions", "build_verifier",
+           "load_training_data"]
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# The Probe baseline
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _save_probe(model: ProbeVerifier, directory: Path, metrics: dict, training_data: str) -> None:
-    """``save_pretrained`` plus a short model card (the MSV card template describes MSV settings only)."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    model.save_pretrained(directory)
-    config = model.config
-    data = ModelCardData(library_name="transformers", base_model=config.base_model_name_or_path,
-                         tags=["hf_msv", "verifier", "probe"], license="apache-2.0")
-    rows = "\n".join(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items())
-    text = (f"---\n{data.to_yaml()}\n---\n\n# Probe verifier\n\nA 2-layer MLP (hidden {config.intermediate_size}) on "
-            f"the last answer token's hidden state of `{config.base_model_name_or_path}`, predicting whether each "
-            f"{config.mode} answer is correct (the Probe baseline of the MSV paper). Load with "
-            f"`hf_msv.training.ProbeVerifier.from_pretrained(...)`.\n\n## Training data\n\n{training_data}\n\n"
-            f"## Metrics\n\n| metric | value |\n|---|---|\n{rows}\n")
-    ModelCard(text).save(directory / "README.md")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Configuration
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class MSVTrainingConfig:
-    """Everything that defines a training run (saved as ``training_config.json`` next to the checkpoint).
-
-    Model:
-        kind: ``"msv"`` or ``"probe"``.
-        num_sequences: N, sequences per training group (paper: 1, 4, 16, 64); the Probe always uses 1.
-        mode: ``"terminal"`` (terminal answers) or ``"streaming"`` (all answers, causal masks).
-        masks, num_hidden_layers, num_attention_heads, intermediate_size, readout, logit_averaging,
-            gamma_hidden_size, attention_backend: `MSVConfig` knobs. ``num_attention_heads=None`` takes the base
-            LM's (recorded at collection); one block (paper).
-        probe_hidden_size: the Probe's MLP width (paper: 1024).
-    Data:
-        groups_per_problem: `None` partitions each problem's sequences into ⌊S/N⌋ groups per epoch (every sequence
-            once per epoch); k draws k random N-subsets per problem per epoch.
-        max_train_problems: train on the first k problems of the training shards (shard order; like the HF
-            examples' ``max_train_samples``); `None` uses them all. Validation is never truncated.
-        checker, checker_kwargs: re-derive equivalence classes with this checker (e.g. a weak one) from the answer
-            texts; `None` keeps the collection's classes. Labels are always the collection (gold) checker's.
-        num_workers: DataLoader workers (reading, collate and γ run there).
-    Optimisation (paper's recipe; HF TrainingArguments defaults where the paper says "default"):
-        learning_rate (5e-5, MSV body), mask_learning_rate (1e-1, mask-mixture weights w), embedding_learning_rate
-            (1e-3, sequence embeddings e⁽ⁿ⁾), probe_learning_rate (1e-3).
-        weight_decay (0.0), adam_beta1 (0.9), adam_beta2 (0.999), adam_epsilon (1e-8): AdamW.
-        warmup_ratio: fraction of steps of linear warmup of ``get_constant_schedule_with_warmup`` (HF default 0.0).
-        max_grad_norm: gradient clipping (1.0).
-        batch_size: global groups per optimizer step (64), split across processes; no accumulation.
-        num_epochs: `None` → 1 (terminal) / 2 (streaming). max_steps: stop early (tests, benchmarks).
-        seed: model init, group draws and shuffling.
-        mixed_precision: accelerate's ``"no"`` / ``"bf16"`` / ``"fp16"``.
-        eval_batch_size: groups per validation forward.
-        log_every: steps between progress-bar loss updates. progress: show a tqdm bar on the main process.
-    """
-
-    kind: str = "msv"
-    num_sequences: int = 16
-    mode: str = "streaming"
-    masks: list[str] | None = None
-    num_hidden_layers: int = 1
-    num_attention_heads: int | None = None
-    intermediate_size: int | None = None
-    readout: str = "last"
-    logit_averaging: bool | None = None
-    gamma_hidden_size: int = 64
-    attention_backend: str = "chunked"
-    probe_hidden_size: int = 1024
-    groups_per_problem: int | None = None
-    max_train_problems: int | None = None
-    checker: str | None = None
-    checker_kwargs: dict = field(default_factory=dict)
-    num_workers: int = 0
-    learning_rate: float = 5e-5
-    mask_learning_rate: float = 1e-1
-    embedding_learning_rate: float = 1e-3
-    probe_learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    warmup_ratio: float = 0.0
-    max_grad_norm: float = 1.0
-    batch_size: int = 64
-    num_epochs: int | None = None
-    max_steps: int | None = None
-    seed: int = 0
-    mixed_precision: str = "no"
-    eval_batch_size: int = 64
-    log_every: int = 10
-    progress: bool = True
-
-    def __post_init__(self):
-        if self.kind not in ("msv", "probe"):
-            raise ValueError(f"kind must be 'msv' or 'probe', got {self.kind!r}")
-        if self.mode not in ("terminal", "streaming"):
-            raise ValueError(f"mode must be 'terminal' or 'streaming', got {self.mode!r}")
-        if self.num_sequences < 1 or self.batch_size < 1:
-            raise ValueError("num_sequences and batch_size must be positive")
-
-    @property
-    def epochs(self) -> int:
-        """Epochs actually run: `num_epochs`, else the paper's 1 (terminal) / 2 (streaming)."""
-        return self.num_epochs if self.num_epochs is not None else (1 if self.mode == "terminal" else 2)
-
-    @property
-    def group_size(self) -> int:
-        """Sequences per training group: N for MSV, 1 for the Probe (it scores answers one by one)."""
-        return 1 if self.kind == "probe" else self.num_sequences
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class TrainingResult:
-    """Outcome of `train_verifier`. ``history`` has one entry per evaluation (epoch 0 = before training)."""
+    """Outcome of `train_verifier`.
+
+    ``history`` has one entry per validation (entry 0 = before training); ``best_epoch`` is the index in it of the
+    kept checkpoint (with per-epoch validation: its epoch; 0 = nothing saved), ``best_step`` its optimizer step;
+    ``guard`` the comparison with the baselines on validation; ``plan`` the concrete numbers the recipe chose.
+    """
 
     output_dir: str
     best_epoch: int
     best_metrics: dict
     history: list[dict]
     verifier: PreTrainedModel | None = None
+    best_step: int = 0
+    guard: GuardReport | None = None
+    plan: TrainingPlan | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Building blocks
+# Models and checkpoints
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -204,59 +99,100 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
     return MSVVerifier(msv_config)
 
 
-def _parameter_groups(model, config: MSVTrainingConfig) -> list[dict]:
+def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | None = None,
+                      gamma_learning_rate: float | None = None) -> list[dict]:
+    """Optimizer parameter groups; `learning_rate` is the body's (the Probe's) rate, default the config's.
+
+    With `gamma_learning_rate`, the γ MLP (``gamma_mlp.*``, fan-in 1) gets its own group: at a width-scaled body
+    rate its input layer barely moves, so the verifier fits the (memorisable) hidden states long before it uses the
+    vote share it is given.
+    """
     if config.kind == "probe":
-        return [{"params": list(model.parameters()), "lr": config.probe_learning_rate}]
-    return model.parameter_groups(config.learning_rate, config.mask_learning_rate, config.embedding_learning_rate)
+        return [{"params": list(model.parameters()), "lr": learning_rate or config.probe_learning_rate}]
+    groups = model.parameter_groups(learning_rate or config.learning_rate or 5e-5, config.mask_learning_rate,
+                                    config.embedding_learning_rate)
+    if gamma_learning_rate is None:
+        return groups
+    gamma = [p for name, p in model.named_parameters() if name.startswith("gamma_mlp.")]
+    ids = {id(p) for p in gamma}
+    groups = [dict(g, params=[p for p in g["params"] if id(p) not in ids]) for g in groups]
+    return groups + [{"params": gamma, "lr": gamma_learning_rate}]
 
 
-def _inputs(batch: dict) -> dict:
-    return {k: batch[k] for k in VERIFIER_INPUTS}
+def _save_probe(model: ProbeVerifier, directory: Path, metrics: dict, training_data: str) -> None:
+    """``save_pretrained`` plus a short model card (the MSV card template describes MSV settings only)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    model.save_pretrained(directory)
+    config = model.config
+    data = ModelCardData(library_name="transformers", base_model=config.base_model_name_or_path,
+                         tags=["hf_msv", "verifier", "probe"], license="apache-2.0")
+    rows = "\n".join(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items())
+    text = (f"---\n{data.to_yaml()}\n---\n\n# Probe verifier\n\nA 2-layer MLP (hidden {config.intermediate_size}) on "
+            f"the last answer token's hidden state of `{config.base_model_name_or_path}`, predicting whether each "
+            f"{config.mode} answer is correct (the Probe baseline of the MSV paper). Load with "
+            f"`hf_msv.training.ProbeVerifier.from_pretrained(...)`.\n\n## Training data\n\n{training_data}\n\n"
+            f"## Metrics\n\n| metric | value |\n|---|---|\n{rows}\n")
+    ModelCard(text).save(directory / "README.md")
 
 
-@torch.no_grad()
-def evaluate_verifier(model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None) -> dict:
-    """Validation metrics of `model` on every group of `dataset`: ``bce`` (mean BCE over answers, the training
-    loss), ``auroc``, ``brier``, ``ece``, ``nll``, ``answers``. Split by index over processes and gathered."""
-    from accelerate.utils import gather_object
+def _save(model, output_dir: Path, kind: str, metrics: dict, training_data: str) -> None:
+    from ..hub import save_verifier
 
-    from ..metrics import auroc, brier, ece
+    if kind == "probe":
+        _save_probe(model, output_dir, metrics, training_data)
+    else:
+        save_verifier(model, output_dir, metrics=metrics, training_data=training_data)
 
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    was_training = model.training
-    model.eval()
-    logits, labels = [], []
-    indices = list(range(rank, len(dataset), world))
-    for i in range(0, len(indices), batch_size):
-        batch = collate_groups([dataset[j] for j in indices[i:i + batch_size]], mode)
-        out = model(**_inputs(batch) | {"labels": None})
-        logits.append(out.logits.float().cpu())
-        labels.append(batch["labels"].float())
-    model.train(was_training)
-    local = (torch.cat(logits).numpy() if logits else np.zeros(0), torch.cat(labels).numpy() if labels else np.zeros(0))
-    parts = gather_object([local]) if world > 1 else [local]
-    z = np.concatenate([p[0] for p in parts]).astype(np.float64)
-    y = np.concatenate([p[1] for p in parts]).astype(np.float64)
-    if not len(y):
-        return {"bce": math.nan, "answers": 0}
-    bce = float(np.mean(np.logaddexp(0.0, z) - y * z))  # stable BCE-with-logits
-    p = 1.0 / (1.0 + np.exp(-z))
-    import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        metrics = {"bce": bce, "auroc": auroc(p, y), "brier": brier(p, y), "ece": ece(p, y)}
-    metrics["answers"] = int(len(y))
-    metrics["accuracy"] = float(y.mean())
-    return metrics
+# ----------------------------------------------------------------------------------------------------------------
+# Data, with every check that can fail made before training starts
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _provenance(dataset: ShardDataset) -> set[tuple]:
+    """{(width, LM)} over every shard of `dataset` (LM = ``lm_name_or_path`` recorded at collection)."""
+    return {(index.hidden_shape[1], index.info.get("lm_name_or_path")) for index in dataset.shards}
+
+
+def load_training_data(train_dir, val_dir, config: MSVTrainingConfig) -> tuple[ShardDataset, ShardDataset]:
+    """The training and validation `ShardDataset` of a run, checked: one LM and one width across every shard of
+    both, a known checker, N within the samples collected, and validation answers to measure. Raises `ValueError`
+    (or `FileNotFoundError`) with the reason before any training starts."""
+    if config.checker is not None:
+        from ..equivalence import get_checker
+
+        get_checker(config.checker, **config.checker_kwargs)  # unknown names / bad kwargs fail here
+    kwargs = dict(num_sequences=config.group_size, mode=config.mode, seed=config.seed, checker=config.checker,
+                  checker_kwargs=config.checker_kwargs)
+    sets = {}
+    for name, paths, extra in (("training", train_dir, dict(groups_per_problem=config.groups_per_problem,
+                                                                max_problems=config.max_train_problems)),
+                               ("validation", val_dir, {})):
+        try:
+            # Validation groups: a fixed partition (epoch 0 of the seed), the same for every evaluation.
+            sets[name] = ShardDataset(paths, **kwargs, **extra)
+        except (FileNotFoundError, ValueError) as error:
+            raise type(error)(f"{name} data ({paths}): {error}") from error
+    train_set, val_set = sets["training"], sets["validation"]
+    sources = _provenance(train_set) | _provenance(val_set)
+    if len({width for width, _ in sources}) > 1 or len({lm for _, lm in sources if lm}) > 1:
+        raise ValueError("the training and validation shards come from different LMs or widths: "
+                         + ", ".join(f"{lm or 'unknown LM'} (d={width})" for width, lm in sorted(sources, key=str))
+                         + "; a verifier reads the hidden states of one LM — collect every split with the same LM.")
+    answers = val_set.stats()["terminal_answers" if config.mode == "terminal" else "answers"]
+    if len(val_set) == 0 or answers == 0:
+        raise ValueError(f"the validation data ({val_dir}) has no {config.mode} answers to validate on")
+    return train_set, val_set
 
 
 def _describe_data(train: ShardDataset, val: ShardDataset, config: MSVTrainingConfig) -> str:
     info, s, v = train.info, train.stats(), val.stats()
     sampling = (f"{info.get('num_samples', '?')} samples per problem at temperature {info.get('temperature', '?')}, "
                 f"up to {info.get('max_new_tokens', '?')} new tokens")
-    elicit = (f"answers elicited with `{info.get('elicitation_prompt', '?')}` (≤ {info.get('max_answer_tokens', '?')} "
-              f"tokens) at delimiters {info.get('delimiters')} and at the end")
+    elicit = (f"answers elicited with `{info.get('elicitation_prompt', '?')}` "
+              f"(≤ {info.get('max_answer_tokens', '?')} tokens) at delimiters {info.get('delimiters')} and at the "
+              "end")
     classes = (f"re-derived with the `{config.checker}` checker" if config.checker
                else f"from the `{info.get('checker', '?')}` checker")
     return (f"Hidden states of `{info.get('lm_name_or_path') or 'unknown LM'}` ({sampling}; {elicit}). "
@@ -268,164 +204,233 @@ def _describe_data(train: ShardDataset, val: ShardDataset, config: MSVTrainingCo
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _inputs(batch: dict) -> dict:
+    return {k: batch[k] for k in VERIFIER_INPUTS}
+
+
+@torch.no_grad()
+def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None,
+                           pooled: bool = False) -> ValidationPredictions:
+    """Logits, labels and γ of every answer of every group of `dataset` (split by index over processes, gathered),
+    plus the mean-pooled answer states when `pooled` (for the guard's linear probe)."""
+    from accelerate.utils import gather_object
+
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    was_training = model.training
+    model.eval()
+    parts = {"logits": [], "labels": [], "gamma": [], "pooled": []}
+    indices = list(range(rank, len(dataset), world))
+    for i in range(0, len(indices), batch_size):
+        batch = collate_groups([dataset[j] for j in indices[i:i + batch_size]], mode)
+        if not len(batch["labels"]):
+            continue
+        out = model(**_inputs(batch) | {"labels": None})
+        parts["logits"].append(out.logits.float().cpu().numpy())
+        parts["labels"].append(batch["labels"].float().numpy())
+        parts["gamma"].append(batch["gamma"].float().numpy())
+        if pooled:
+            parts["pooled"].append(pooled_answer_states(batch["hidden_states"], batch["token_answer"],
+                                                        len(batch["labels"])))
+    model.train(was_training)
+    local = {k: np.concatenate(v) if v else None for k, v in parts.items()}
+    gathered = gather_object([local]) if world > 1 else [local]
+    cat = lambda key: (np.concatenate([g[key] for g in gathered if g[key] is not None])  # noqa: E731
+                       if any(g[key] is not None for g in gathered) else None)
+    empty = np.zeros(0)
+    return ValidationPredictions(logits=(cat("logits") if cat("logits") is not None else empty).astype(np.float64),
+                                 labels=(cat("labels") if cat("labels") is not None else empty).astype(np.float64),
+                                 gamma=(cat("gamma") if cat("gamma") is not None else empty).astype(np.float64),
+                                 pooled=cat("pooled") if pooled else None)
+
+
+def prediction_metrics(predictions: ValidationPredictions) -> dict:
+    """``bce`` (mean BCE over answers, the training loss), ``auroc``, ``brier``, ``ece``, ``answers``, ``accuracy``."""
+    import warnings
+
+    from ..metrics import auroc, brier, ece
+
+    z, y = predictions.logits, predictions.labels
+    if not len(y):
+        return {"bce": math.nan, "answers": 0}
+    bce = float(np.mean(np.logaddexp(0.0, z) - y * z))  # stable BCE-with-logits
+    p = 1.0 / (1.0 + np.exp(-z))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metrics = {"bce": bce, "auroc": auroc(p, y), "brier": brier(p, y), "ece": ece(p, y)}
+    return metrics | {"answers": int(len(y)), "accuracy": float(y.mean())}
+
+
+def evaluate_verifier(model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None) -> dict:
+    """Validation metrics of `model` on every group of `dataset` (see `prediction_metrics`)."""
+    return prediction_metrics(validation_predictions(model, dataset, mode, batch_size, accelerator))
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------------------------
+
+
+class _Run:
+    """State of one training run: the step loop, validation, checkpointing and early stopping."""
+
+    def __init__(self, config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan,
+                 output_dir: Path, training_data: str):
+        self.config, self.accelerator, self.plan = config, accelerator, plan
+        self.model, self.optimizer, self.scheduler, self.loader = model, optimizer, scheduler, loader
+        self.train_set, self.val_set = train_set, val_set
+        self.output_dir, self.training_data = output_dir, training_data
+        self.history: list[dict] = []
+        self.best_bce, self.best_epoch, self.best_step, self.best_metrics = math.inf, 0, 0, {}
+        self.step, self.stale, self.stopped_early = 0, 0, False
+        self.losses, self.groups, self.start = [], 0, time.perf_counter()
+
+    def validate(self) -> None:
+        """Validate, keep the checkpoint if validation BCE improved, count evaluations without improvement."""
+        acc, config = self.accelerator, self.config
+        metrics = evaluate_verifier(acc.unwrap_model(self.model), self.val_set, config.mode, config.eval_batch_size,
+                                    acc)
+        index = len(self.history)
+        entry = {"epoch": index if self.plan.by_epoch else round(self.step / self.plan.steps_per_pass, 3),
+                 "step": self.step, **{f"val_{k}": v for k, v in metrics.items()}}
+        if self.step:
+            seconds = time.perf_counter() - self.start
+            loss = acc.reduce(torch.stack(self.losses).mean().to(acc.device), "mean").item()
+            groups = int(acc.reduce(torch.tensor(self.groups, device=acc.device), "sum").item())
+            entry |= {"train_loss": loss, "train_groups": groups, "train_seconds": seconds,
+                      "train_groups_per_s": groups / seconds}
+        self.history.append(entry)
+        if self.step and metrics["bce"] < self.best_bce:
+            self.best_bce, self.best_epoch, self.best_step = metrics["bce"], index, self.step
+            self.best_metrics = metrics
+            self.stale = 0
+            if acc.is_main_process:
+                card = {f"validation {k}": v for k, v in metrics.items()} | {"step": self.step}
+                _save(acc.unwrap_model(self.model), self.output_dir, config.kind, card, self.training_data)
+        elif self.step:
+            self.stale += 1
+        if acc.is_main_process:
+            atomic_write_json(self.output_dir / "training_log.json",
+                              {"best_epoch": self.best_epoch, "best_step": self.best_step, "plan": asdict(self.plan),
+                               "history": self.history, "training_data": self.training_data})
+        acc.wait_for_everyone()
+        self.losses, self.groups, self.start = [], 0, time.perf_counter()
+
+    def train_step(self, batch) -> None:
+        acc, config = self.accelerator, self.config
+        out = self.model(**_inputs(batch))
+        acc.backward(out.loss)
+        if config.max_grad_norm:
+            acc.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses.append(out.loss.detach().float())
+        self.groups += len(batch["problem_id"])
+        self.step += 1
+
+    def run(self) -> None:
+        from tqdm.auto import tqdm
+
+        plan, config = self.plan, self.config
+        bar = tqdm(total=plan.max_steps, unit="step", desc=f"train {config.kind}", dynamic_ncols=True,
+                   disable=not (config.progress and self.accelerator.is_local_main_process))
+        self.validate()
+        self.model.train()
+        passes = 0
+        while self.step < plan.max_steps and not self.stopped_early:
+            # Every pass draws new random N-subsets of each problem's samples (they depend on seed and pass).
+            self.train_set.set_epoch(passes)
+            self.loader.set_epoch(passes)
+            for batch in self.loader:
+                self.train_step(batch)
+                bar.update(1)
+                if self.step % config.log_every == 0:
+                    bar.set_postfix(loss=f"{torch.stack(self.losses[-config.log_every:]).mean().item():.4f}",
+                                    best=f"{self.best_bce:.4f}", refresh=False)
+                if self.step % plan.eval_steps == 0 or self.step == plan.max_steps:
+                    self.validate()
+                    self.model.train()
+                    patience = plan.early_stopping_patience
+                    self.stopped_early = bool(patience) and self.stale >= patience
+                if self.step >= plan.max_steps or self.stopped_early:
+                    break
+            passes += 1
+        if self.step % plan.eval_steps and self.step != plan.max_steps and not self.stopped_early:
+            self.validate()  # the loader ran dry mid-interval (cannot happen with whole passes; kept for safety)
+        bar.close()
 
 
 def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | None = None) -> TrainingResult:
     """Train an MSV_N or a Probe on the shards in `train_dir`, keep the checkpoint with the best validation BCE on
     `val_dir` in `output_dir` (weights, config, README.md model card, ``training_config.json``,
-    ``training_log.json``), and return the history and the best model (loaded on every process).
+    ``training_log.json``), compare it on validation with calibrated self-consistency and a linear probe (the guard;
+    a warning line when it is worse than the vote), and return the history, the guard and the best model (loaded on
+    every process). Every input check happens before training starts (see `load_training_data`).
 
     Works in one process or under ``accelerate launch`` (any number of processes; CPU or GPU).
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
 
-    from ..hub import save_verifier
-
-    config = config or MSVTrainingConfig()
     from ..utils import cpu_processes
 
+    config = config or MSVTrainingConfig()
+    train_set, val_set = load_training_data(train_dir, val_dir, config)
     accelerator = Accelerator(mixed_precision=config.mixed_precision, cpu=cpu_processes())
     set_seed(config.seed)
     output_dir = Path(output_dir)
-    n = config.group_size
-    data_kwargs = dict(num_sequences=n, mode=config.mode, seed=config.seed, checker=config.checker,
-                       checker_kwargs=config.checker_kwargs)
-    train_set = ShardDataset(train_dir, groups_per_problem=config.groups_per_problem,
-                             max_problems=config.max_train_problems, **data_kwargs)
-    # Validation groups: a fixed partition (epoch 0 of the validation seed), the same for every evaluation.
-    val_set = ShardDataset(val_dir, **data_kwargs)
-    if val_set.hidden_size != train_set.hidden_size:
-        raise ValueError("training and validation shards come from LMs of different widths")
     model = build_verifier(config, train_set.hidden_size, train_set.info)
-    optimizer = torch.optim.AdamW(_parameter_groups(model, config), betas=(config.adam_beta1, config.adam_beta2),
-                                  eps=config.adam_epsilon, weight_decay=config.weight_decay)
-    per_process = max(1, config.batch_size // accelerator.num_processes)
+    per_process = max(1, resolve_batch_size(config) // accelerator.num_processes)
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=per_process, shuffle=True, num_workers=config.num_workers,
         collate_fn=partial(collate_groups, mode=config.mode), generator=torch.Generator().manual_seed(config.seed))
+    steps_per_pass = math.ceil(len(train_set) / (per_process * accelerator.num_processes))
+    plan = resolve_plan(config, train_set.hidden_size, steps_per_pass)
+    optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
+                                  betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
+                                  weight_decay=config.weight_decay)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    steps_per_epoch = len(loader)
-    total = steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
     # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process.
-    scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, math.ceil(config.warmup_ratio * total))
+    warmup = math.ceil(config.warmup_ratio * plan.max_steps)
+    scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, warmup)
     training_data = _describe_data(train_set, val_set, config)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(output_dir / "training_config.json", asdict(config))
-
-    def evaluate(epoch: int, extra: dict) -> dict:
-        metrics = evaluate_verifier(accelerator.unwrap_model(model), val_set, config.mode, config.eval_batch_size,
-                                    accelerator)
-        entry = {"epoch": epoch, **{f"val_{k}": v for k, v in metrics.items()}, **extra}
-        history.append(entry)
-        return metrics
-
-    history: list[dict] = []
-    evaluate(0, {"step": 0})
-    best_bce, best_epoch, best_metrics = math.inf, 0, {}
-    step = 0
-    bar = tqdm(total=total, unit="step", desc=f"train {config.kind}", dynamic_ncols=True,
-               disable=not (config.progress and accelerator.is_local_main_process))
-    for epoch in range(1, config.epochs + 1):
-        if step >= total:
-            break
-        train_set.set_epoch(epoch - 1)
-        loader.set_epoch(epoch - 1)
-        model.train()
-        losses, groups, start = [], 0, time.perf_counter()
-        for batch in loader:
-            out = model(**_inputs(batch))
-            accelerator.backward(out.loss)
-            if config.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(out.loss.detach().float())
-            groups += len(batch["problem_id"])
-            step += 1
-            bar.update(1)
-            if step % config.log_every == 0:
-                bar.set_postfix(loss=f"{torch.stack(losses[-config.log_every:]).mean().item():.4f}", refresh=False)
-            if step >= total:
-                break
-        seconds = time.perf_counter() - start
-        train_loss = accelerator.reduce(torch.stack(losses).mean().to(accelerator.device), "mean").item()
-        groups = int(accelerator.reduce(torch.tensor(groups, device=accelerator.device), "sum").item())
-        metrics = evaluate(epoch, {"step": step, "train_loss": train_loss, "train_groups": groups,
-                                   "train_seconds": seconds, "train_groups_per_s": groups / seconds})
-        if metrics["bce"] < best_bce:
-            best_bce, best_epoch, best_metrics = metrics["bce"], epoch, metrics
-            if accelerator.is_main_process:
-                card_metrics = {f"validation {k}": v for k, v in metrics.items()} | {"epoch": epoch}
-                unwrapped = accelerator.unwrap_model(model)
-                if config.kind == "probe":
-                    _save_probe(unwrapped, output_dir, card_metrics, training_data)
-                else:
-                    save_verifier(unwrapped, output_dir, metrics=card_metrics, training_data=training_data)
-        if accelerator.is_main_process:
-            atomic_write_json(output_dir / "training_log.json",
-                              {"best_epoch": best_epoch, "history": history, "training_data": training_data})
-        accelerator.wait_for_everyone()
-    bar.close()
+    run = _Run(config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan, output_dir,
+               training_data)
+    run.run()
     accelerator.wait_for_everyone()
     cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
-    best = cls.from_pretrained(output_dir) if best_epoch else None
+    best = cls.from_pretrained(output_dir) if run.best_epoch else None
+    guard = _guard(best, run, train_set, val_set, output_dir) if best is not None else None
     accelerator.free_memory()
-    return TrainingResult(str(output_dir), best_epoch, best_metrics, history, best)
+    return TrainingResult(str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard,
+                          plan)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Command line
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``hf-msv train`` options: three directories plus one flag per `MSVTrainingConfig` field."""
-    parser.add_argument("--train-dir", required=True)
-    parser.add_argument("--val-dir", required=True)
-    parser.add_argument("--output-dir", required=True)
-    defaults = MSVTrainingConfig()
-    for f in fields(MSVTrainingConfig):
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(defaults, f.name)
-        if f.name == "checker_kwargs":
-            parser.add_argument(flag, type=json.loads, default={}, help="JSON dict for get_checker")
-        elif f.name == "masks":
-            parser.add_argument(flag, nargs="+", default=None)
-        elif isinstance(value, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
-        else:
-            kind = {"num_attention_heads": int, "intermediate_size": int, "num_epochs": int, "max_steps": int,
-                    "groups_per_problem": int, "max_train_problems": int, "logit_averaging": _bool,
-                    "checker": str}.get(f.name, type(value))
-            parser.add_argument(flag, type=kind, default=value)
-    return parser
-
-
-def _bool(text: str) -> bool:
-    return text.lower() in ("1", "true", "yes", "on")
-
-
-def train_from_args(args: argparse.Namespace) -> TrainingResult:
-    """Run `train_verifier` from parsed `add_train_arguments` options."""
-    config = MSVTrainingConfig(**{f.name: getattr(args, f.name) for f in fields(MSVTrainingConfig)})
-    return train_verifier(args.train_dir, args.val_dir, args.output_dir, config)
-
-
-def main(argv=None) -> None:
-    parser = add_train_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    result = train_from_args(parser.parse_args(argv))
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({"output_dir": result.output_dir, "best_epoch": result.best_epoch,
-                          "best_metrics": result.best_metrics}))
-
-
-if __name__ == "__main__":
-    main()
+def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport:
+    """Compare the kept checkpoint with the baselines on validation; log, card and warning line."""
+    config, acc = run.config, run.accelerator
+    predictions = validation_predictions(best, val_set, config.mode, config.eval_batch_size, acc, pooled=True)
+    probe_p = linear_probe_scores(train_set, predictions.pooled, config.seed)
+    name = "the Probe" if config.kind == "probe" else f"MSV_{config.num_sequences}"
+    report = build_guard_report(name, config.group_size, predictions, probe_p,
+                                {"problems": train_set.num_problems, "steps": run.step, "output_dir": str(output_dir),
+                                 "stopped_early": run.stopped_early})
+    if acc.is_main_process:
+        log = {"best_epoch": run.best_epoch, "best_step": run.best_step, "steps": run.step,
+               "stopped_early": run.stopped_early, "plan": asdict(run.plan), "guard": report.to_dict(),
+               "history": run.history, "training_data": run.training_data}
+        atomic_write_json(output_dir / "training_log.json", log)
+        card = ({f"validation {k}": v for k, v in run.best_metrics.items()} | {"step": run.best_step}
+                | report.card_metrics())
+        _save(best, output_dir, config.kind, card, run.training_data)
+        if report.warning:
+            logger.warning(report.warning)
+    acc.wait_for_everyone()
+    return report

@@ -1,0 +1,212 @@
+"""`MSVTrainingConfig`: every setting of a training run, and `TrainingPlan`, the concrete numbers it resolves to once
+the data is known (width of the LM's hidden states, problems and samples collected).
+
+Two recipes:
+
+* ``recipe="auto"`` (default): trains at any data size. The budget is counted in optimizer steps, not epochs (each
+  pass over the data draws fresh random N-subsets of every problem's samples, so small data sets are revisited as
+  often as needed), the body learning rate is scaled to the verifier width (``3e-4 · sqrt(128 / d)`` for terminal and
+  ``1e-4 · sqrt(128 / d)`` for streaming verifiers: chosen on the 128-wide testbed, ``8.7e-5`` / ``2.9e-5`` at a 1.5B
+  LM's d = 1536, near the paper's 5e-5), the γ MLP gets its own rate (1e-2: its input layer has fan-in 1),
+  batches hold ~256 sequences, validation runs every `eval_steps`
+  steps, the best checkpoint by validation BCE is kept and training stops when validation has not improved for
+  `early_stopping_patience` evaluations.
+* ``recipe="paper"``: the paper's literal numbers (appendix "Details on Experiments"): AdamW, constant schedule,
+  body lr 5e-5, batch 64 groups, 1 epoch on terminal / 2 on streaming data, validation after every epoch. They assume
+  a d = 1536 verifier and far more data than a small collection; on 96 problems they make 4 optimizer steps.
+
+Any field set explicitly wins over the recipe. Setting `num_epochs` trains for that many passes and evaluates after
+each one (unless `eval_steps` is given).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["MSVTrainingConfig", "TrainingPlan", "RECIPES", "resolve_batch_size", "resolve_plan",
+           "default_learning_rate"]
+
+RECIPES = ("auto", "paper")
+
+# The auto recipe's body learning rate at the reference width (chosen on testbed validation data, 96 problems × 16
+# samples), scaled by sqrt(REFERENCE_WIDTH / d): at d = 1536 that gives 8.7e-5 (terminal) / 2.9e-5 (streaming),
+# within 2x of the paper's 5e-5 for a 1536-wide verifier; 1/d scaling would put streaming 6x below it.
+REFERENCE_WIDTH = 128
+REFERENCE_LR = {"terminal": 3e-4, "streaming": 1e-4}
+GAMMA_LR = 1e-2
+SEQUENCES_PER_BATCH = 256
+PASSES = 20            # default step budget: 20 passes over the training sequences ...
+MIN_STEPS, MAX_STEPS = 300, 2000   # ... but at least 300 and at most 2000 optimizer steps
+EVALUATIONS = 20       # validation runs per budget (at least every 10 and at most every 100 steps)
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class MSVTrainingConfig:
+    """Everything that defines a training run (saved as ``training_config.json`` next to the checkpoint).
+
+    Fields left at `None` are filled in by the `recipe` from the data (see `resolve_plan`); any field set explicitly
+    wins. Every field is also an ``hf-msv train`` flag (``--learning-rate``, ``--recipe paper``, ...).
+    """
+
+    recipe: str = field(default="auto", metadata=_help(
+        "auto: budget in optimizer steps, width-scaled learning rates, best checkpoint by validation BCE, early "
+        "stopping (trains at any data size). paper: the paper's literal numbers (lr 5e-5, batch 64 groups, 1 epoch "
+        "terminal / 2 streaming), which assume a 1536-wide verifier and much more data."))
+    # -- model -----------------------------------------------------------------------------------------------------
+    kind: str = field(default="msv", metadata=_help("msv (MSV_N) or probe (the single-answer Probe baseline)."))
+    num_sequences: int = field(default=16, metadata=_help(
+        "N, sequences per training group (paper: 1, 4, 16, 64); must not exceed the samples collected per problem. "
+        "The Probe always uses 1."))
+    mode: str = field(default="streaming", metadata=_help(
+        "terminal (terminal answers only) or streaming (every elicited answer, causal masks)."))
+    masks: list[str] | None = field(default=None, metadata=_help(
+        "attention masks of the Multi-Mask block (default: all four: full equivalence within_sequence "
+        "within_answer)."))
+    num_hidden_layers: int = field(default=1, metadata=_help("Multi-Mask Transformer blocks (paper: 1)."))
+    num_attention_heads: int | None = field(default=None, metadata=_help(
+        "attention heads (default: the base LM's, recorded at collection)."))
+    intermediate_size: int | None = field(default=None, metadata=_help("MLP width of the block (default: 4·d)."))
+    readout: str = field(default="last", metadata=_help("answer readout: last token (paper) or mean."))
+    logit_averaging: bool | None = field(default=None, metadata=_help(
+        "average logits over equivalence classes (default: on for terminal, off for streaming verifiers)."))
+    gamma_hidden_size: int = field(default=64, metadata=_help("hidden width of the MLP that embeds γ."))
+    attention_backend: str = field(default="chunked", metadata=_help("chunked (memory-bounded) or dense."))
+    probe_hidden_size: int = field(default=1024, metadata=_help("the Probe's MLP width (paper: 1024)."))
+    # -- data ------------------------------------------------------------------------------------------------------
+    groups_per_problem: int | None = field(default=None, metadata=_help(
+        "groups per problem per pass: default partitions each problem's S samples into ⌊S/N⌋ random N-subsets "
+        "(every sample once per pass, new subsets every pass); k draws k independent random N-subsets."))
+    max_train_problems: int | None = field(default=None, metadata=_help(
+        "train on the first k problems of the training shards (shard order); validation is never truncated."))
+    checker: str | None = field(default=None, metadata=_help(
+        "re-derive equivalence classes with this checker (symbolic, exact, jaccard, embedding, random) for "
+        "training AND validation; labels stay the collection's. Default: the collection's classes."))
+    checker_kwargs: dict | str | None = field(default=None, metadata=_help(
+        'keyword arguments of the checker, a JSON object (e.g. \'{"threshold": 0.85}\').'))
+    num_workers: int = field(default=0, metadata=_help("DataLoader workers (reading, collate and γ run there)."))
+    # -- optimisation ----------------------------------------------------------------------------------------------
+    learning_rate: float | None = field(default=None, metadata=_help(
+        "MSV body learning rate (auto: 3e-4·sqrt(128/d) terminal, 1e-4·sqrt(128/d) streaming; paper: 5e-5)."))
+    mask_learning_rate: float = field(default=1e-1, metadata=_help("learning rate of the mask-mixture weights w."))
+    embedding_learning_rate: float = field(default=1e-3, metadata=_help(
+        "learning rate of the sequence embeddings e⁽ⁿ⁾."))
+    gamma_learning_rate: float | None = field(default=None, metadata=_help(
+        "learning rate of the γ MLP (input fan-in 1, so not width-scaled; auto: 1e-2; paper: the body's)."))
+    probe_learning_rate: float = field(default=1e-3, metadata=_help("the Probe's learning rate (paper: 1e-3)."))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
+    adam_beta1: float = field(default=0.9, metadata=_help("AdamW β1."))
+    adam_beta2: float = field(default=0.999, metadata=_help("AdamW β2."))
+    adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW ε."))
+    warmup_ratio: float = field(default=0.0, metadata=_help(
+        "fraction of the steps with linear warmup (constant learning rate afterwards; HF default 0)."))
+    max_grad_norm: float = field(default=1.0, metadata=_help("gradient clipping norm."))
+    batch_size: int | None = field(default=None, metadata=_help(
+        "global groups per optimizer step (auto: 256 // N sequences' worth, 4..64 groups; paper: 64)."))
+    num_epochs: int | None = field(default=None, metadata=_help(
+        "train for this many passes over the data, validating after each (paper recipe: 1 terminal / 2 "
+        "streaming). Default (auto): a step budget, see --max-steps."))
+    max_steps: int | None = field(default=None, metadata=_help(
+        "optimizer-step budget (auto: 20 passes over the training sequences, clamped to 300..2000 steps); with "
+        "--num-epochs, a cap."))
+    eval_steps: int | None = field(default=None, metadata=_help(
+        "validate every this many steps (auto: budget / 20, 10..100; with --num-epochs: every epoch)."))
+    early_stopping_patience: int | None = field(default=None, metadata=_help(
+        "stop when validation BCE has not improved for this many evaluations (auto: 5; paper: never; 0 = never)."))
+    seed: int = field(default=0, metadata=_help("model init, group draws and shuffling."))
+    mixed_precision: str = field(default="no", metadata=_help("accelerate's no / bf16 / fp16."))
+    eval_batch_size: int = field(default=64, metadata=_help("groups per validation forward."))
+    log_every: int = field(default=10, metadata=_help("steps between progress-bar loss updates."))
+    progress: bool = field(default=True, metadata=_help("show a progress bar (main process)."))
+
+    def __post_init__(self):
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
+        if self.kind not in ("msv", "probe"):
+            raise ValueError(f"kind must be 'msv' or 'probe', got {self.kind!r}")
+        if self.mode not in ("terminal", "streaming"):
+            raise ValueError(f"mode must be 'terminal' or 'streaming', got {self.mode!r}")
+        if self.num_sequences < 1 or (self.batch_size is not None and self.batch_size < 1):
+            raise ValueError("num_sequences and batch_size must be positive")
+        if isinstance(self.checker_kwargs, str):  # from the command line: a JSON object
+            self.checker_kwargs = json.loads(self.checker_kwargs) if self.checker_kwargs.strip() else {}
+        if self.checker_kwargs is None:
+            self.checker_kwargs = {}
+        if not isinstance(self.checker_kwargs, dict):
+            raise ValueError(f"checker_kwargs must be a JSON object, got {self.checker_kwargs!r}")
+
+    @property
+    def epochs(self) -> int | None:
+        """Passes over the data when training by epochs: `num_epochs`, else the paper's 1 (terminal) / 2
+        (streaming) under ``recipe="paper"``; `None` when the auto recipe budgets steps."""
+        if self.num_epochs is not None:
+            return self.num_epochs
+        return (1 if self.mode == "terminal" else 2) if self.recipe == "paper" else None
+
+    @property
+    def group_size(self) -> int:
+        """Sequences per training group: N for MSV, 1 for the Probe (it scores answers one by one)."""
+        return 1 if self.kind == "probe" else self.num_sequences
+
+
+@dataclass
+class TrainingPlan:
+    """The concrete numbers of a run (``training_log.json["plan"]``): what `resolve_plan` made of the config."""
+
+    learning_rate: float
+    gamma_learning_rate: float | None
+    batch_size: int
+    steps_per_pass: int
+    max_steps: int
+    eval_steps: int
+    early_stopping_patience: int
+    by_epoch: bool
+
+
+def default_learning_rate(config: MSVTrainingConfig, hidden_size: int) -> float:
+    """The body learning rate of the recipe at width `hidden_size` (the Probe's is `probe_learning_rate`)."""
+    if config.kind == "probe":
+        return config.probe_learning_rate
+    if config.learning_rate is not None:
+        return config.learning_rate
+    if config.recipe == "paper":
+        return 5e-5
+    return REFERENCE_LR[config.mode] * math.sqrt(REFERENCE_WIDTH / hidden_size)
+
+
+def resolve_batch_size(config: MSVTrainingConfig) -> int:
+    """Global groups per optimizer step: `batch_size`, else 64 (paper) or ~256 sequences in 4..64 groups (auto)."""
+    if config.batch_size is not None:
+        return config.batch_size
+    if config.recipe == "paper":
+        return 64
+    return min(64, max(4, SEQUENCES_PER_BATCH // config.group_size))
+
+
+def resolve_plan(config: MSVTrainingConfig, hidden_size: int, steps_per_pass: int) -> TrainingPlan:
+    """Fill in the recipe's numbers for data of width `hidden_size` whose one pass takes `steps_per_pass` optimizer
+    steps (``len(DataLoader)`` at `resolve_batch_size`)."""
+    epochs = config.epochs
+    if epochs is not None:
+        budget = steps_per_pass * epochs
+        if config.max_steps is not None:
+            budget = min(budget, config.max_steps)
+        every = config.eval_steps or steps_per_pass
+    else:
+        budget = config.max_steps or min(MAX_STEPS, max(MIN_STEPS, PASSES * steps_per_pass))
+        every = config.eval_steps or min(100, max(10, budget // EVALUATIONS))
+    patience = config.early_stopping_patience
+    if patience is None:
+        patience = 0 if (config.recipe == "paper" or epochs is not None) else 5
+    gamma_lr = config.gamma_learning_rate
+    if gamma_lr is None and config.recipe == "auto":
+        gamma_lr = GAMMA_LR
+    return TrainingPlan(learning_rate=default_learning_rate(config, hidden_size), gamma_learning_rate=gamma_lr,
+                        batch_size=resolve_batch_size(config), steps_per_pass=steps_per_pass,
+                        max_steps=max(1, budget), eval_steps=max(1, every), early_stopping_patience=patience,
+                        by_epoch=epochs is not None)

@@ -1,0 +1,171 @@
+"""The guard against a silently useless checkpoint: after training, the verifier is compared on validation with
+baselines computed from the same shards and the same answers.
+
+* **Self-consistency** — γ, the vote share the verifier itself receives as an input feature, Platt-calibrated on
+  validation (an in-sample fit, so a slightly optimistic baseline). At N = 1, γ ≡ 1 and calibrated γ is the constant
+  base-rate predictor: the guard then asks whether a single-sequence verifier (Probe, MSV_1) learned anything at all.
+* **Linear probe** — a Probe-style single-sequence score: logistic regression on the mean-pooled answer hidden states,
+  fitted on (at most `MAX_PROBE_ANSWERS` answers of) the training shards.
+
+The verdict: the verifier must not be worse than calibrated self-consistency on validation Brier. Otherwise one
+warning line names both numbers and the likely causes, and ``hf-msv train --strict`` exits non-zero.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from ..baselines import fit_platt, platt
+from ..metrics import auroc, brier, nll
+
+__all__ = ["GuardReport", "ValidationPredictions", "calibrated_self_consistency", "linear_probe_scores",
+           "pooled_answer_states", "build_guard_report"]
+
+MAX_PROBE_ANSWERS = 20000
+
+
+@dataclass
+class ValidationPredictions:
+    """What one validation pass produces, per answer (m answers of every validation group, in batch order):
+    ``logits`` (m,), ``labels`` (m,) 0/1, ``gamma`` (m,) the γ the verifier received, and ``pooled`` (m, d) the
+    mean-pooled answer hidden states (float32; `None` when not asked for)."""
+
+    logits: np.ndarray
+    labels: np.ndarray
+    gamma: np.ndarray
+    pooled: np.ndarray | None = None
+
+
+def _scores(p: np.ndarray, y: np.ndarray) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # AUROC of a one-class validation set is nan, said once by the report
+        return {"brier": brier(p, y), "auroc": auroc(p, y), "nll": nll(p, y)}
+
+
+def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, dict]:
+    """(probabilities (m,), {"brier", "auroc", "nll", "platt": [a, b]}) of γ Platt-scaled on these labels."""
+    a, b = fit_platt(gamma, labels)
+    p = platt(gamma, a, b)
+    return p, _scores(p, labels) | {"platt": [a, b]}
+
+
+def pooled_answer_states(hidden_states: torch.Tensor, token_answer: torch.Tensor, num_answers: int) -> np.ndarray:
+    """`(A, d)` float32 mean of each answer's token states: `hidden_states (T, d)`, `token_answer (T,)` in [0, A)."""
+    h = hidden_states.float()
+    total = torch.zeros(num_answers, h.shape[1]).index_add_(0, token_answer.long(), h)
+    count = torch.bincount(token_answer.long(), minlength=num_answers).clamp(min=1)
+    return (total / count[:, None]).numpy()
+
+
+def _training_features(train_set, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(X (m, d), y (m,)) mean-pooled states and labels of up to `MAX_PROBE_ANSWERS` training answers (random
+    groups; the answers a group holds follow the dataset's mode)."""
+    xs, ys, count = [], [], 0
+    for item in np.random.default_rng(seed).permutation(len(train_set)).tolist():
+        group = train_set[item]
+        lengths = group["answer_length"]
+        if not len(lengths):
+            continue
+        token_answer = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        xs.append(pooled_answer_states(group["hidden_states"], token_answer, len(lengths)))
+        ys.append(group["labels"].numpy())
+        count += len(lengths)
+        if count >= MAX_PROBE_ANSWERS:
+            break
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def linear_probe_scores(train_set, val_pooled: np.ndarray, seed: int = 0) -> np.ndarray | None:
+    """P(correct) of the validation answers `val_pooled (m, d)` under a logistic regression on standardised
+    mean-pooled states fitted on `train_set` (a `ShardDataset`); `None` if the training labels have one class."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = _training_features(train_set, seed)
+    if y.min() == y.max():
+        return None
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lbfgs convergence chatter on wide, collinear states
+        model.fit(x, y.astype(bool))
+    return model.predict_proba(val_pooled)[:, 1]
+
+
+@dataclass
+class GuardReport:
+    """The verifier and its baselines on the same validation answers (``training_log.json["guard"]``).
+
+    ``verifier``, ``self_consistency``, ``linear_probe``: {"brier", "auroc", "nll"} (the probe's may be `None`);
+    ``base_rate``: accuracy of the validation answers; ``passed``: verifier Brier ≤ calibrated self-consistency's;
+    ``warning``: the one-line warning when not.
+    """
+
+    name: str
+    num_sequences: int
+    answers: int
+    base_rate: float
+    verifier: dict
+    self_consistency: dict
+    linear_probe: dict | None
+    passed: bool
+    warning: str | None = None
+    reference: str = "calibrated self-consistency"
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def card_metrics(self) -> dict:
+        """Flat rows for the model card."""
+        rows = {f"validation brier ({self.reference})": self.self_consistency["brier"],
+                f"validation auroc ({self.reference})": self.self_consistency["auroc"]}
+        if self.linear_probe:
+            rows |= {"validation brier (linear probe)": self.linear_probe["brier"],
+                     "validation auroc (linear probe)": self.linear_probe["auroc"]}
+        return rows | {"guard": "passed" if self.passed else "FAILED: worse than " + self.reference}
+
+    def summary_lines(self) -> list[str]:
+        """The CLI's closing lines: one comparison line, then the warning if any."""
+        def fmt(m):
+            return f"Brier {m['brier']:.4f} AUROC {m['auroc']:.3f}" if m else "n/a"
+
+        line = (f"validation ({self.answers} answers, accuracy {self.base_rate:.3f}): {self.name} {fmt(self.verifier)}"
+                f" | {self.reference} {fmt(self.self_consistency)} | linear probe {fmt(self.linear_probe)}")
+        return [line] + ([self.warning] if self.warning else [])
+
+
+def build_guard_report(name: str, num_sequences: int, predictions: ValidationPredictions, probe_p: np.ndarray | None,
+                       context: dict) -> GuardReport:
+    """Compare the verifier's validation `predictions` with calibrated γ and the linear probe `probe_p` (m,).
+
+    Args:
+        context: facts for the warning's likely causes: ``problems`` (training problems), ``steps`` (optimizer steps
+            run), ``max_steps`` (budget), ``stopped_early`` (bool), ``output_dir``.
+    """
+    y = predictions.labels.astype(np.float64)
+    p = 1.0 / (1.0 + np.exp(-predictions.logits.astype(np.float64)))
+    ours = _scores(p, y)
+    _, sc = calibrated_self_consistency(predictions.gamma, y)
+    reference = ("calibrated self-consistency" if num_sequences > 1
+                 else "the base rate (calibrated γ, which is constant at N = 1)")
+    probe = _scores(probe_p, y) if probe_p is not None else None
+    passed = not (ours["brier"] > sc["brier"]) or math.isnan(ours["brier"])
+    warning = None
+    if not passed:
+        steps = f"{context.get('steps', '?')} optimizer steps"
+        if context.get("stopped_early"):
+            steps += " (stopped early: validation stopped improving)"
+        warning = (f"WARNING: {name} is worse than {reference} on validation: Brier {ours['brier']:.4f} > "
+                   f"{sc['brier']:.4f} (AUROC {ours['auroc']:.3f} vs {sc['auroc']:.3f}); the checkpoint in "
+                   f"{context.get('output_dir', '?')} adds nothing over the vote. Likely causes: too little data "
+                   f"({context.get('problems', '?')} training problems), too few steps ({steps}) or an unsuited "
+                   f"learning rate: collect more problems, raise --max-steps or run --lr-sweep.")
+    return GuardReport(name=name, num_sequences=num_sequences, answers=int(len(y)),
+                       base_rate=float(y.mean()) if len(y) else math.nan, verifier=ours, self_consistency=sc,
+                       linear_probe=probe, passed=passed, warning=warning, reference=reference)
