@@ -4,7 +4,6 @@ best-checkpoint keeping, a weak equivalence checker at training time, and a 2-pr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -16,12 +15,12 @@ import torch
 
 import hf_msv.training.trainer as training
 from hf_msv import MSVVerifier
-from hf_msv.data.shards import VERIFIER_INPUTS, ShardDataset, collate_groups, write_shard
+from hf_msv.data import VERIFIER_INPUTS, ShardDataset, collate_groups, write_shard
 from hf_msv.training import (
     MSVTrainingConfig,
     ProbeConfig,
     ProbeVerifier,
-    add_train_arguments,
+    build_train_parser,
     build_verifier,
     train_verifier,
 )
@@ -160,19 +159,20 @@ def test_probe_saves_and_loads(tmp_path):
 
 
 def test_cli_arguments_map_to_the_config():
-    parser = add_train_arguments(argparse.ArgumentParser())
-    args = parser.parse_args(["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--kind", "probe",
-                              "--num-sequences", "4", "--mode", "terminal", "--masks", "full", "equivalence",
-                              "--checker", "random", "--checker-kwargs", '{"seed": 3}', "--no-progress",
-                              "--num-epochs", "3", "--learning-rate", "1e-4"])
-    config = MSVTrainingConfig(**{f: getattr(args, f) for f in MSVTrainingConfig.__dataclass_fields__})
+    parser = build_train_parser()
+    _, config = parser.parse_args_into_dataclasses(
+        ["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--kind", "probe",
+         "--num-sequences", "4", "--mode", "terminal", "--masks", "full", "equivalence",
+         "--checker", "random", "--checker-kwargs", '{"seed": 3}', "--no-progress",
+         "--num-epochs", "3", "--learning-rate", "1e-4"])
     assert (config.kind, config.num_sequences, config.mode, config.masks, config.checker) == (
         "probe", 4, "terminal", ["full", "equivalence"], "random")
     assert config.checker_kwargs == {"seed": 3} and not config.progress and config.epochs == 3
     assert config.learning_rate == 1e-4 and config.mask_learning_rate == 1e-1
     assert config.max_train_problems is None
-    args = parser.parse_args(["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--max-train-problems", "56"])
-    assert args.max_train_problems == 56
+    _, config = parser.parse_args_into_dataclasses(
+        ["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--max-train-problems", "56"])
+    assert config.max_train_problems == 56
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_two_process_accelerate_training(tmp_path):
 def test_max_train_problems_and_resuming_a_run_saved_before_the_field_existed(tmp_path):
     """`max_train_problems` trains on a prefix; `reproduce` resumes a finished run whose stored config predates a new
     field (it takes the field's default), and retrains when a setting really changed."""
-    from hf_msv.reproduction.pipeline import _train
+    from hf_msv.reproduction import train_or_reuse as _train
 
     train_dir, val_dir = synthetic_dirs(tmp_path)
     config = MSVTrainingConfig(kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False,

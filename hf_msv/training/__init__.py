@@ -2,7 +2,7 @@
 (`train_verifier`), the guard against a verifier worse than the vote, the learning-rate sweep and ``hf-msv train``."""
 
 from ..modeling_probe import ProbeConfig, ProbeVerifier
-from .cli import TrainArguments, add_train_arguments, build_train_parser, main, run_training, train_from_args
+from .cli import TrainArguments, build_train_parser, main, run_training
 from .config import RECIPES, MSVTrainingConfig, TrainingPlan, resolve_plan
 from .guard import GuardReport, calibrated_self_consistency, linear_probe_scores
 from .sweep import sweep_learning_rates
@@ -27,7 +27,5 @@ __all__ = [
     "TrainArguments",
     "build_train_parser",
     "run_training",
-    "add_train_arguments",
-    "train_from_args",
     "main",
 ]

@@ -12,11 +12,9 @@ when the verifier is worse than the vote, and one JSON line (``output_dir``, ``b
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
-import typing
 from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
@@ -24,7 +22,7 @@ from transformers import HfArgumentParser
 from .config import MSVTrainingConfig
 from .trainer import TrainingResult, train_verifier
 
-__all__ = ["TrainArguments", "build_train_parser", "run_training", "main", "add_train_arguments", "train_from_args"]
+__all__ = ["TrainArguments", "build_train_parser", "run_training", "main"]
 
 
 @dataclass
@@ -77,30 +75,3 @@ def main(argv: list[str] | None = None) -> TrainingResult:
     """``hf-msv train`` / ``python -m hf_msv.training``."""
     args, config = build_train_parser().parse_args_into_dataclasses(argv)
     return run_training(args, config)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# For a parent argparse parser (``hf-msv`` sub-commands): the same flags, declared by the same dataclasses.
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def add_train_arguments(parser):
-    """Add the ``hf-msv train`` flags (from `TrainArguments` and `MSVTrainingConfig`) to an argparse parser."""
-    for dtype in (TrainArguments, MSVTrainingConfig):
-        hints = typing.get_type_hints(dtype)
-        for f in dataclasses.fields(dtype):
-            f.type = hints[f.name]
-            HfArgumentParser._parse_dataclass_field(parser, f)
-    return parser
-
-
-def _split(namespace) -> tuple[TrainArguments, MSVTrainingConfig]:
-    def pick(dtype):
-        return dtype(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(dtype)})
-
-    return pick(TrainArguments), pick(MSVTrainingConfig)
-
-
-def train_from_args(namespace) -> TrainingResult:
-    """Run from an argparse namespace filled by `add_train_arguments`."""
-    return run_training(*_split(namespace))

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
-from ..data.shards import VERIFIER_INPUTS, ShardDataset, collate_groups
+from ..answers import ELICITATION_PROMPT
+from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
@@ -81,7 +82,7 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
     provenance = dict(base_model_name_or_path=info.get("lm_name_or_path") or None,
                       delimiters=list(info.get("delimiters") or []) if streaming else None,
                       every_k_tokens=info.get("every_k_tokens") if streaming else None,
-                      elicitation_prompt=info.get("elicitation_prompt", "### Final Answer ### \\boxed"),
+                      elicitation_prompt=info.get("elicitation_prompt", ELICITATION_PROMPT),
                       max_answer_tokens=info.get("max_answer_tokens", 40))
     if config.kind == "probe":
         return ProbeVerifier(ProbeConfig(hidden_size=hidden_size, intermediate_size=config.probe_hidden_size,
@@ -119,30 +120,10 @@ def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | N
     return groups + [{"params": gamma, "lr": gamma_learning_rate}]
 
 
-def _save_probe(model: ProbeVerifier, directory: Path, metrics: dict, training_data: str) -> None:
-    """``save_pretrained`` plus a short model card (the MSV card template describes MSV settings only)."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    model.save_pretrained(directory)
-    config = model.config
-    data = ModelCardData(library_name="transformers", base_model=config.base_model_name_or_path,
-                         tags=["hf_msv", "verifier", "probe"], license="apache-2.0")
-    rows = "\n".join(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items())
-    text = (f"---\n{data.to_yaml()}\n---\n\n# Probe verifier\n\nA 2-layer MLP (hidden {config.intermediate_size}) on "
-            f"the last answer token's hidden state of `{config.base_model_name_or_path}`, predicting whether each "
-            f"{config.mode} answer is correct (the Probe baseline of the MSV paper). Load with "
-            f"`hf_msv.training.ProbeVerifier.from_pretrained(...)`.\n\n## Training data\n\n{training_data}\n\n"
-            f"## Metrics\n\n| metric | value |\n|---|---|\n{rows}\n")
-    ModelCard(text).save(directory / "README.md")
-
-
 def _save(model, output_dir: Path, kind: str, metrics: dict, training_data: str) -> None:
-    from ..hub import save_verifier
+    from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
 
-    if kind == "probe":
-        _save_probe(model, output_dir, metrics, training_data)
-    else:
-        save_verifier(model, output_dir, metrics=metrics, training_data=training_data)
+    save_verifier(model, output_dir, metrics=metrics, training_data=training_data)
 
 
 # ----------------------------------------------------------------------------------------------------------------
