@@ -99,29 +99,12 @@ class ReproduceArguments:
 
 
 def training_config(kind: str, n: int, mode: str, quick: bool = False, **overrides):
-    """The `MSVTrainingConfig` used on the testbed for a Probe or an MSV_n.
-
-    The paper's recipe (AdamW, constant schedule, clipping 1.0, mask-weight lr 1e-1, embedding lr 1e-3, Probe lr
-    1e-3, best epoch by validation BCE) is kept, with changes for the testbed's scale, chosen on the first 64
-    train / 32 validation problems (never the evaluation split): (1) with 224 problems MSV_64 would see 224 groups
-    (3.5 optimizer steps of 64) per epoch, so an epoch draws ``groups_per_problem = max(2, 128 // n)`` random
-    n-subsets per problem and batches hold 256 sequences (``min(64, 256 // n)`` groups, at least 4): every MSV_n
-    takes ~112 steps per epoch on 224 problems; (2) body learning rate 1e-3 for terminal and 3e-4 for streaming
-    verifiers (the paper swept 1e-5..5e-3; 5e-5 under-fits the from-scratch 128-wide verifier in this many steps,
-    and streaming verifiers over-fit at 1e-3); (3) 8 epochs for MSVs, 4 for the Probe (the best epoch by validation
-    BCE is kept; with 4 streaming epochs the shipped MSV_16's validation BCE was still falling at the last one).
-    Training the MSV remains noisy at this scale (best-of-N varies with the seed).
-    """
+    """The `MSVTrainingConfig` of a Probe or an MSV_n in the reproduction: the library defaults (``recipe="auto"``,
+    what ``hf-msv train`` uses), so users and the reproduction train the same way. `quick` caps the step budget for
+    the smoke run; `overrides` are the studies' deliberate changes (masks, checker, no logit averaging, ...)."""
     from ..training import MSVTrainingConfig
 
-    if kind == "probe":
-        cfg = dict(kind="probe", num_sequences=1, mode=mode, batch_size=64, probe_learning_rate=1e-3, num_epochs=4)
-    else:
-        cfg = dict(kind="msv", num_sequences=n, mode=mode, learning_rate=1e-3 if mode == "terminal" else 3e-4,
-                   mask_learning_rate=1e-1, embedding_learning_rate=1e-3, batch_size=min(64, max(4, 256 // n)),
-                   groups_per_problem=None if n == 1 else max(2, 128 // n), num_epochs=8)
+    cfg = dict(kind=kind, num_sequences=1 if kind == "probe" else n, mode=mode, progress=False)
     if quick:
-        cfg |= dict(num_epochs=2, batch_size=8)
-    cfg |= dict(progress=False)
-    cfg |= overrides
-    return MSVTrainingConfig(**cfg)
+        cfg |= dict(max_steps=40, eval_steps=10)
+    return MSVTrainingConfig(**(cfg | overrides))
