@@ -2,7 +2,7 @@
 
 Modules: `verifiers` (loading checkpoints), `scoring` (verifier and baseline scores, online cost, LM costs),
 `methods` (the compared methods on one group draw), `early_stop` (the stop-rule replay, trade-off curves, λ rules),
-`study` (`evaluate_study`), `report` (markdown and figures), `config` + `cli` (``hf-msv evaluate``), `prm`.
+`study` (`evaluate_study`), `report` (markdown and figures), `config` + `cli` (``hf-msv evaluate``).
 """
 
 from ..data import answer_group, draw_sequences, load_split, select_answers
