@@ -469,7 +469,7 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     path = train_or_reuse(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
                           training_config("msv", n, "streaming", cfg.quick))
     log = json.loads((path / "training_log.json").read_text())
-    best = next(h for h in log["history"] if h["epoch"] == log["best_epoch"])
+    best = log["history"][log["best_epoch"]]  # `best_epoch` indexes the validation history (0 = before training)
     metrics = {k.replace("val_", "validation "): v for k, v in best.items() if k.startswith("val_")}
     destination = Path(destination or TESTBED_VERIFIER_DIR)
     shutil.rmtree(destination, ignore_errors=True)
@@ -477,7 +477,7 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     local = verifier.config.base_model_name_or_path  # this machine's path: the card names the package's LM instead
     verifier.config.base_model_name_or_path = "hf_msv-testbed (hf_msv/testbed/lm)"
     training_data = log["training_data"].replace(f"`{local}`", "the hf_msv testbed LM (`hf_msv/testbed/lm`)")
-    save_verifier(verifier, destination, metrics=metrics | {"epoch": log["best_epoch"]},
+    save_verifier(verifier, destination, metrics=metrics | {"step": best.get("step", best["epoch"])},
                   training_data=training_data + " Reproduce with `scripts/train_shipped_verifier.sh`.",
                   repo_id="hf-msv/msv16-testbed")
     for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
