@@ -324,7 +324,7 @@ def signal_problem(pid: str, rng, num_sequences: int = 8, d: int = 16, strength:
     of the time (γ is a weak signal), and each answer's tokens carry a noisy ±`strength` mark on dimension 0 (+ for
     the correct answer): one sequence's mark is unreliable, the marks of a class's members pooled across sequences
     are not — a cross-sequence signal the MSV can read (equivalence mask, logit averaging) and γ cannot."""
-    from hf_msv.data.shards import CollectedProblem
+    from hf_msv.data import CollectedProblem
 
     texts = ["a", "b", "c"]
     correct = texts[int(rng.integers(0, 3))]

@@ -15,7 +15,7 @@ from ..utils import resolve_device
 
 def load_problems(spec: str) -> list[Problem]:
     """Problems from a spec: ``testbed:<split>:<n>[:<seed>]``, ``<benchmark>[:<n>]`` (a name of
-    `hf_msv.problems.BENCHMARKS`, first n problems), or a ``.jsonl`` file of ``{"id", "question", "gold"}``."""
+    `hf_msv.data.BENCHMARKS`, first n problems), or a ``.jsonl`` file of ``{"id", "question", "gold"}``."""
     from ..data.problems import BENCHMARKS, load_benchmark
 
     parts = spec.split(":")

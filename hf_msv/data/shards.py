@@ -252,13 +252,3 @@ def list_shards(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
         else:
             raise FileNotFoundError(f"no shard file or directory at {p}")
     return found
-
-
-def __getattr__(name):
-    # Moved to hf_msv.data.dataset (step 2 of issue #19); importable from here until every caller imports them from
-    # hf_msv.data. A lazy lookup because dataset.py imports this module.
-    if name in ("ShardDataset", "collate_groups", "VERIFIER_INPUTS"):
-        from . import dataset
-
-        return getattr(dataset, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
