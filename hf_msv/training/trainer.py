@@ -31,6 +31,7 @@ from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
 from ..answers import ELICITATION_PROMPT
 from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups
+from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
@@ -118,12 +119,6 @@ def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | N
     ids = {id(p) for p in gamma}
     groups = [dict(g, params=[p for p in g["params"] if id(p) not in ids]) for g in groups]
     return groups + [{"params": gamma, "lr": gamma_learning_rate}]
-
-
-def _save(model, output_dir: Path, kind: str, metrics: dict, training_data: str) -> None:
-    from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
-
-    save_verifier(model, output_dir, metrics=metrics, training_data=training_data)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -290,7 +285,8 @@ class _Run:
             self.stale = 0
             if acc.is_main_process:
                 card = {f"validation {k}": v for k, v in metrics.items()} | {"step": self.step}
-                _save(acc.unwrap_model(self.model), self.output_dir, config.kind, card, self.training_data)
+                save_verifier(acc.unwrap_model(self.model), self.output_dir, metrics=card,
+                              training_data=self.training_data)
         elif self.step:
             self.stale += 1
         if acc.is_main_process:
@@ -410,7 +406,7 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
         atomic_write_json(output_dir / "training_log.json", log)
         card = ({f"validation {k}": v for k, v in run.best_metrics.items()} | {"step": run.best_step}
                 | report.card_metrics())
-        _save(best, output_dir, config.kind, card, run.training_data)
+        save_verifier(best, output_dir, metrics=card, training_data=run.training_data)
         if report.warning:
             logger.warning(report.warning)
     acc.wait_for_everyone()
