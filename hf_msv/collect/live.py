@@ -52,12 +52,13 @@ from transformers import LogitsProcessorList
 
 from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 from ..data.problems import Problem
-from ..data import SHARD_GLOB, STORAGE_DTYPES, CollectedProblem
-from ..utils import atomic_write_json, process_state
+from ..data import STORAGE_DTYPES
+from ..utils import process_state
 from .config import CollectConfig, build_parser
 from .confidence import ConfidenceRecorder
 from .lm import lm_info, load_lm, load_problems, prompt_builder
-from .store import CONFIG_FILE, ShardStore, done_problem_ids, write_index
+from .recording import build_record
+from .store import ShardStore, check_settings, done_problem_ids, pending_batches, write_index
 
 
 @dataclass
@@ -89,56 +90,6 @@ def batch_seed(seed: int, ids: Sequence[str]) -> int:
     """The seed of the batch of problems ``ids``: a batch samples the same tokens in every run and on every rank."""
     digest = hashlib.sha256(f"{seed}\x00{'|'.join(ids)}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % (2**63 - 1)
-
-
-def _is_correct(checker, text: str | None, problem: Problem) -> bool:
-    golds = [problem.gold] + [g for g in (problem.meta.get("gold_alternatives") or []) if g != problem.gold]
-    return text is not None and any(checker.is_correct(text, str(g)) for g in golds)
-
-
-def _record(model, problem: Problem, result, confidence: np.ndarray, rows: range, checker) -> CollectedProblem:
-    answers = sorted(result.answers, key=lambda a: (a.tau, a.sequence, a.step))  # elicitation order
-    logprobs = [np.asarray(a.token_logprobs, dtype=np.float32).reshape(-1) for a in answers]
-    lengths = [len(s) for s in result.sequences]
-    width = model.config.get_text_config().hidden_size
-    return CollectedProblem(
-        problem_id=problem.id,
-        gold=problem.gold,
-        source=problem.source,
-        hidden_states=torch.cat([a.hidden_states for a in answers]) if answers else torch.zeros(0, width),
-        token_ids=np.array([t for a in answers for t in a.token_ids], dtype=np.int64),
-        token_logprobs=np.concatenate(logprobs) if logprobs else np.zeros(0, dtype=np.float32),
-        answer_text=[a.text for a in answers],
-        answer_raw_text=[a.raw_text for a in answers],
-        answer_trigger=[a.trigger for a in answers],
-        answer_sequence=[a.sequence for a in answers],
-        answer_step=[a.step for a in answers],
-        answer_tau=[a.tau for a in answers],
-        answer_length=[a.length for a in answers],
-        answer_class=[a.class_id for a in answers],
-        answer_terminal=[a.terminal for a in answers],
-        answer_correct=[_is_correct(checker, a.text, problem) for a in answers],
-        sequence_length=lengths,
-        sequence_finish=list(result.finish_reasons),
-        cot_confidence=[confidence[:n, row] if confidence.size else np.zeros(0) for n, row in zip(lengths, rows)],
-    )
-
-
-def _check_config(root: Path, settings: dict, is_main: bool, overwrite: bool, state) -> None:
-    path = root / CONFIG_FILE
-    if is_main:
-        if overwrite:
-            for f in [*root.glob(SHARD_GLOB), *root.glob("index*.json"), *(root / "spool").glob("*"), path]:
-                f.unlink(missing_ok=True)
-        if not path.exists():
-            atomic_write_json(path, settings)
-    state.wait_for_everyone()
-    existing = json.loads(path.read_text())
-    if existing != settings:
-        diff = {k: (existing.get(k), settings.get(k)) for k in set(existing) | set(settings)
-                if existing.get(k) != settings.get(k)}
-        raise ValueError(f"{root} holds a collection with other settings (existing, requested): {diff}. Use a new "
-                         "output_dir, the same settings to resume, or overwrite=True to start over.")
 
 
 def collect(
@@ -218,14 +169,14 @@ def collect(
                 f"{getattr(prompt_template, '__module__', '')}.{getattr(prompt_template, '__qualname__', '')}",
                 "problems_per_shard": problems_per_shard, "problems_per_batch": problems_per_batch, "seed": seed,
                 "dtype": dtype, "confidence_top_k": confidence_top_k, **lm_info(model, tokenizer)}
-    _check_config(root, settings, state.is_main_process, overwrite, state)
+    check_settings(root, settings, state.is_main_process, overwrite, state)
 
     info = dict(settings, format_version="1", token_logprobs_source="generation")
     store = ShardStore(root, rank, world, problems_per_shard, dtype, info)
     store.recover()
     state.wait_for_everyone()  # every rank has cleaned up before anyone reads the done set
     mine = list(problems[rank::world])
-    todo = _pending_batches(mine, problems_per_batch, done_problem_ids(root))
+    todo = pending_batches(mine, problems_per_batch, done_problem_ids(root))
     skipped = len(mine) - sum(len(left) for _, _, left in todo)
     result = CollectResult(str(root), rank, world, problems=len(mine), skipped=skipped, generated=0)
 
@@ -254,16 +205,6 @@ def collect(
     return result
 
 
-def _pending_batches(mine: list[Problem], problems_per_batch: int, done: set[str]) -> list[tuple]:
-    """``(batch index, batch, problems of it not done yet)`` of every batch with something left to do.
-
-    Batches are cut from this process's whole share, done or not, so a batch (and its seed) is the same in every run.
-    """
-    batches = [mine[i:i + problems_per_batch] for i in range(0, len(mine), problems_per_batch)]
-    todo = [(b, batch, [p for p in batch if p.id not in done]) for b, batch in enumerate(batches)]
-    return [(b, batch, left) for b, batch, left in todo if left]
-
-
 def _sample_batches(session, model, todo, store: ShardStore, result: CollectResult, build_prompt, sampling: dict,
                     *, seed: int, confidence_top_k: int, checker, progress: bool, start: float) -> None:
     """Sample every pending batch with ``session``, record its problems, commit them to ``store`` and count them in
@@ -286,7 +227,10 @@ def _sample_batches(session, model, todo, store: ShardStore, result: CollectResu
                 if problem.id not in left_ids:
                     continue  # done by another process of an earlier run with another world size
                 rows = range(i * num_samples, (i + 1) * num_samples)
-                record = _record(model, problem, res, table, rows, checker)
+                confidence = [table[:n, row] if table.size else np.zeros(0)
+                              for n, row in zip(map(len, res.sequences), rows)]
+                record = build_record(problem, res.answers, res.sequences, res.finish_reasons, confidence, checker,
+                                      model.config.get_text_config().hidden_size)
                 records.append(record)
                 result.tokens += int(record.sequence_length.sum())
                 result.answer_tokens += int(record.answer_length.sum())

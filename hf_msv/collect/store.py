@@ -13,6 +13,7 @@ See `hf_msv.collect.live` for the protocol and what a restart does.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -133,6 +134,35 @@ class ShardStore:
                           {"rank": self.rank, "shards": shards, "problems": sum(map(len, shards.values()))})
 
 
+def check_settings(root: Path, settings: dict, is_main: bool, overwrite: bool, state) -> None:
+    """Write `settings` to ``collect_config.json`` on a new collection (after deleting everything with `overwrite`)
+    and refuse to resume a collection made with other settings. Called by every process (`state`: accelerate)."""
+    path = root / CONFIG_FILE
+    if is_main:
+        if overwrite:
+            for f in [*root.glob(SHARD_GLOB), *root.glob("index*.json"), *(root / "spool").glob("*"), path]:
+                f.unlink(missing_ok=True)
+        if not path.exists():
+            atomic_write_json(path, settings)
+    state.wait_for_everyone()
+    existing = json.loads(path.read_text())
+    if existing != settings:
+        diff = {k: (existing.get(k), settings.get(k)) for k in set(existing) | set(settings)
+                if existing.get(k) != settings.get(k)}
+        raise ValueError(f"{root} holds a collection with other settings (existing, requested): {diff}. Use a new "
+                         "output_dir, the same settings to resume, or overwrite=True to start over.")
+
+
+def pending_batches(mine: list, problems_per_batch: int, done: set[str]) -> list[tuple]:
+    """``(batch index, batch, problems of it not done yet)`` of every batch with something left to do.
+
+    Batches are cut from this process's whole share, done or not, so a batch (and its seed) is the same in every run.
+    """
+    batches = [mine[i:i + problems_per_batch] for i in range(0, len(mine), problems_per_batch)]
+    todo = [(b, batch, [p for p in batch if p.id not in done]) for b, batch in enumerate(batches)]
+    return [(b, batch, left) for b, batch, left in todo if left]
+
+
 def done_problem_ids(output_dir: str | os.PathLike) -> set[str]:
     """Ids of every problem already committed in `output_dir` (shards and pending spool files of all ranks)."""
     root = Path(output_dir)
@@ -149,4 +179,5 @@ def write_index(output_dir: str | os.PathLike) -> dict:
     return index
 
 
-__all__ = ["CONFIG_FILE", "INDEX_FILE", "ShardStore", "done_problem_ids", "write_index"]
+__all__ = ["CONFIG_FILE", "INDEX_FILE", "ShardStore", "check_settings", "done_problem_ids", "pending_batches",
+           "write_index"]
