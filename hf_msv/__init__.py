@@ -41,7 +41,7 @@ def __getattr__(name):
     lazy = {"ShardDataset": "data", "collate_groups": "data",
             "MSVTrainingConfig": "training", "train_verifier": "training", "evaluate_verifier": "training",
             "read_shard": "data", "write_shard": "data", "CollectedProblem": "data",
-            "load_problems": "collect", "evaluate_study": "evaluation", "reproduce": "reproduction",
+            "load_problems": "collect", "collect_from_traces": "collect", "evaluate_study": "evaluation", "reproduce": "reproduction",
             "push_verifier_to_hub": "hub", "build_model_card": "hub",
             "save_verifier": "hub"}
     if name in lazy:
@@ -77,6 +77,7 @@ __all__ = [
     "build_model_card",
     "check_compatible",
     "collate_groups",
+    "collect_from_traces",
     "compute_gamma",
     "extract_boxed",
     "extract_last_boxed",

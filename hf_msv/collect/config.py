@@ -10,6 +10,11 @@ from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 
 # Options that choose the LM and the problems (the rest are `collect` keyword arguments of the same name).
 _LOADING_FIELDS = ("model", "problems", "output_dir", "model_dtype", "progress")
+# Options of re-encoding a trace file only (`collect_from_traces` keyword arguments of the same name).
+_TRACE_FIELDS = ("traces", "skip_bad_lines", "chat_template", "keep_delimiter", "confidence", "max_batch_tokens",
+                 "chunk_tokens")
+# `collect` options that a trace file fixes (it was sampled already).
+_SAMPLING_FIELDS = ("num_samples", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
 
 
 @dataclass
@@ -21,8 +26,13 @@ class CollectConfig:
     """
 
     model: str = field(metadata={"help": 'LM path or Hub id; "testbed" for the shipped testbed LM.'})
-    problems: str = field(metadata={"help": "testbed:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl"})
     output_dir: str = field(metadata={"help": "Where shards go; rerunning with the same settings resumes."})
+    problems: str | None = field(
+        default=None, metadata={"help": "testbed:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl "
+                                        "(sample them; or give --traces)"})
+    traces: str | None = field(
+        default=None, metadata={"help": "Re-encode this trace file (JSON lines, hf_msv.collect.traces) instead of "
+                                        "sampling: same shards, no sampling flags."})
     num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
     max_new_tokens: int = field(default=4096, metadata={"help": "Chain-of-thought tokens per sequence at most."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the paper: 1)."})
@@ -57,10 +67,24 @@ class CollectConfig:
                                                   metadata={"help": "Storage dtype of hidden states."})
     model_dtype: str = field(default="auto", metadata={"help": "dtype to load the LM in (auto, bfloat16, float32)."})
     confidence_top_k: int = field(default=20, metadata={"help": "k of DeepConf's token confidence."})
+    skip_bad_lines: bool = field(default=False, metadata={"help": "--traces: skip bad lines (counted in the shard "
+                                                                  "info) instead of stopping at the first."})
+    chat_template: str | None = field(default=None, metadata={"help": "--traces: the chat template used at sampling "
+                                                                      "time (default: the tokenizer's)."})
+    keep_delimiter: bool = field(default=False, metadata={"help": "--traces: keep the delimiter in the branch "
+                                                                  "context (live collection drops it)."})
+    confidence: Literal["model", "trace", "none"] = field(
+        default="model", metadata={"help": "--traces: DeepConf confidences recomputed by the LM, read from the "
+                                           "trace's logprobs, or none (marked missing)."})
+    max_batch_tokens: int = field(default=32768, metadata={"help": "--traces: KV-cache budget (tokens) of a prefill "
+                                                                   "group and of an elicitation batch."})
+    chunk_tokens: int = field(default=2048, metadata={"help": "--traces: positions per prefill forward."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar (--no-progress: none)."})
     overwrite: bool = field(default=False, metadata={"help": "Delete an existing collection in output_dir first."})
 
     def __post_init__(self):
+        if (self.problems is None) == (self.traces is None):
+            raise ValueError("give exactly one of --problems (sample) and --traces (re-encode a trace file)")
         if isinstance(self.checker_kwargs, str):  # from the command line
             self.checker_kwargs = json.loads(self.checker_kwargs)
         if not isinstance(self.checker_kwargs, (dict, type(None))):
@@ -68,10 +92,18 @@ class CollectConfig:
 
     def collect_kwargs(self) -> dict:
         """The keyword arguments of `collect` (everything but the LM, the problems and where they go)."""
-        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _LOADING_FIELDS}
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self)
+                  if f.name not in _LOADING_FIELDS + _TRACE_FIELDS}
         if kwargs["prompt_template"] == "auto" and self.model == "testbed":
             kwargs["prompt_template"] = "testbed"  # the testbed LM has no chat template and its own prompt format
         return dict(kwargs, progress=self.progress)
+
+
+    def traces_kwargs(self) -> dict:
+        """The keyword arguments of `collect_from_traces` (the trace file and the LM apart)."""
+        kwargs = {k: v for k, v in self.collect_kwargs().items() if k not in _SAMPLING_FIELDS}
+        kwargs.update({name: getattr(self, name) for name in _TRACE_FIELDS if name != "traces"})
+        return kwargs
 
 
 def build_parser():

@@ -245,8 +245,13 @@ def _sample_batches(session, model, todo, store: ShardStore, result: CollectResu
 
 
 def collect_from_config(config: CollectConfig) -> CollectResult:
-    """Load the LM and the problems `config` names and run `collect` with its settings."""
+    """Load the LM and the problems `config` names and run `collect` with its settings (or, with ``traces``,
+    `collect_from_traces` on that trace file)."""
     model, tokenizer = load_lm(config.model, config.model_dtype)
+    if config.traces is not None:
+        from .from_traces import collect_from_traces
+
+        return collect_from_traces(model, tokenizer, config.traces, config.output_dir, **config.traces_kwargs())
     problems = load_problems(config.problems)
     return collect(model, tokenizer, problems, config.output_dir, **config.collect_kwargs())
 

@@ -1,0 +1,361 @@
+"""Re-encoding: sampled chains of thought (a trace file) → the answers live collection would elicit → shards.
+
+Given a trace's tokens, everything the verifier needs is deterministic: where each delimiter fires, the branch
+context, the greedy answer after the elicitation prompt and its tokens' last-layer states. So instead of sampling,
+`TraceReencoder` prefills each trace once and elicits at every branch point from a copy of the prefix's KV cache.
+
+What is reproduced, and how
+===========================
+
+* **Branch points** (`plan_branches`) replay the live per-token rules of `hf_msv.generation.run.GenerationRun` on
+  the trace's tokens: an EOS ends the sequence (trigger ``"eos"``, the EOS itself is not in the context); otherwise a
+  `DelimiterMatcher` occurrence completed by token t fires at τ = t (its context drops the delimiter's tokens and
+  re-feeds the text of its first token that precedes it, as `AnswerElicitor.delimiter_branch` decides; with
+  ``keep_delimiter`` the delimiter is kept), and every K tokens fires with the newest token kept. A sequence that
+  ends without EOS gets a ``"budget"`` answer at its last token, unless a delimiter fired there (that answer becomes
+  the terminal one). Step k counts a sequence's answers.
+* **Answers** are decoded by the same `AnswerElicitor` as live generation (prompt segment in one forward, greedy
+  answer tokens batched, box closing by `find_box_end`, hidden states after the final norm, token log-probs), from a
+  cache holding exactly the branch's context (prompt + kept chain-of-thought tokens).
+* **Records** are built by `hf_msv.collect.recording.build_record` (the live builder): classes are assigned by one
+  `EquivalenceClasses` per problem in live arrival order (τ, then the budget answers of a step after its delimiter
+  answers, then sequence), labels by the checker with the gold alternatives, ``sequence_length`` counts EOS.
+* **DeepConf confidences** (``confidence="model"``, default) are recomputed from the prefill's logits: the logits at
+  position i are the distribution token i + 1 was sampled from, before any temperature, which is what live
+  collection's `ConfidenceRecorder` records. ``"trace"`` reads them from the trace's top-k ``logprobs`` (missing for
+  completions without them), ``"none"`` stores none; the shard info says which (``cot_confidence_source``).
+
+For a trace sampled by hf_msv itself the answers' token ids are equal and hidden states agree to float rounding
+(prefill and step-by-step decoding sum in different orders; tests assert ≤ 1e-4 in fp32).
+
+Efficiency and memory
+=====================
+
+Sequences (of all problems of a batch) are sorted by length and prefilled together, right-padded (causal attention
+never lets a token see the padding after it), in chunks; after each chunk, every branch whose context ends inside
+it gets a copy of its rows ``[:context]`` of the cache. The copies wait in a queue and are elicited together,
+left-padded into one cache, so answers are batched across delimiters, sequences and problems. Two budgets, in
+tokens of KV cache, bound the memory: a prefill group holds at most ``max_batch_tokens`` (rows × padded length; a
+longer sequence is prefilled alone), the elicitation queue at most ``max_batch_tokens`` too (rows × longest context)
+plus the forked batch while it decodes, and a prefill chunk computes logits for at most ``chunk_tokens`` positions.
+Peak KV memory is therefore about 3 × max(max_batch_tokens, longest prompt + sequence + elicitation) tokens × the
+LM's KV bytes per token, whatever the number of delimiters: for one 32k-token trace of an 8B GQA model in bf16
+(128 KiB per token) and the default budget of 32768, about 12 GiB, plus one chunk's logits.
+
+Only caches made of plain `DynamicLayer`s are supported (full attention): a sliding-window layer keeps only its
+window, so its rows cannot be cut at an arbitrary context length (raises `NotImplementedError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from ..answers import extract_boxed
+from ..data.problems import Problem
+from ..generation import DelimiterMatcher, MSVAnswer
+from ..generation.forking import AnswerElicitor, Branch, DecodeState
+from .traces import FINISH_EOS, Trace, TraceError
+
+__all__ = ["BranchPoint", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids", "plan_branches"]
+
+
+def eos_token_ids(model) -> set[int]:
+    """The LM's EOS ids as ``generate`` reads them (its generation config), which end live sequences and answers."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    if torch.is_tensor(eos):
+        return set(eos.flatten().tolist())
+    return {eos} if isinstance(eos, int) else set(eos)
+
+
+@dataclass
+class EncodedTrace:
+    """One trace, tokenised: `prompt_ids`, per sequence its generated tokens (EOS included when it ended with
+    one) and finish reason (``"eos"`` or ``"budget"``), and its trace confidences (`None` unless read from logprobs)."""
+
+    problem: Problem
+    prompt_ids: list[int]
+    sequences: list[list[int]]
+    finish: list[str]
+    confidence: list[np.ndarray] | None = None
+
+
+def _render_prompt(trace: Trace, tokenizer, build_prompt, chat_template) -> list[int]:
+    """The prompt tokens as live collection's ``MSVSession.generate`` makes them (or as the trace gives them)."""
+    if trace.prompt_token_ids is not None:
+        return list(trace.prompt_token_ids)
+    prompt = trace.messages if trace.messages is not None else (
+        trace.prompt if trace.prompt is not None else build_prompt(trace.problem()))
+    if isinstance(prompt, (list, tuple)):  # chat messages: rendered, then tokenised without extra special tokens
+        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True,
+                                             chat_template=chat_template)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+def encode_trace(trace: Trace, tokenizer, build_prompt, *, eos_ids: set[int], max_length: int | None,
+                 chat_template: str | None = None, confidence_top_k: int | None = None) -> EncodedTrace:
+    """Tokenise one trace and check it (raises `TraceError` naming its line).
+
+    Args:
+        build_prompt: ``Problem -> str | chat messages`` for traces that give no prompt (`prompt_builder`).
+        eos_ids: the LM's EOS ids; a text completion that finished with ``"stop"`` / ``"eos"`` gets the first.
+        max_length: the longest context the LM takes (prompt + sequence + elicitation + answer), or `None`.
+        confidence_top_k: read DeepConf confidences from the trace's logprobs with this k (`None`: don't).
+    """
+    line = trace.line
+    try:
+        prompt = _render_prompt(trace, tokenizer, build_prompt, chat_template)
+    except Exception as e:  # a chat template that fails on these messages, a prompt that is not text, ...
+        raise TraceError(line, f"cannot build the prompt: {e}") from None
+    sequences, finish, confidence = [], [], []
+    for i, c in enumerate(trace.completions):
+        if c.token_ids is not None:
+            ids = list(c.token_ids)
+        else:
+            ids = tokenizer(c.text, add_special_tokens=False)["input_ids"]
+            back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            if back != c.text:
+                at = next((j for j, (a, b) in enumerate(zip(back, c.text)) if a != b), min(len(back), len(c.text)))
+                raise TraceError(line, f"completion {i} does not survive the tokenizer round trip (first difference "
+                                       f"at character {at}: {c.text[at:at + 20]!r} became {back[at:at + 20]!r}); "
+                                       "give token_ids instead")
+            if c.finish_reason in FINISH_EOS and eos_ids:
+                ids.append(min(eos_ids))
+        early = [j for j, t in enumerate(ids[:-1]) if t in eos_ids]
+        if early:
+            raise TraceError(line, f"completion {i} has an EOS token at position {early[0]} before its end")
+        if max(ids) >= len(tokenizer) or (prompt and max(prompt) >= len(tokenizer)):
+            raise TraceError(line, f"completion {i} or the prompt has token ids outside the vocabulary")
+        if max_length is not None and len(prompt) + len(ids) > max_length:
+            raise TraceError(line, f"prompt + completion {i} + answer = {len(prompt) + len(ids)} tokens exceed the "
+                                   f"LM's context ({max_length} with room for the elicitation)")
+        if confidence_top_k is not None and c.logprobs is not None:
+            if len(c.logprobs) != len(ids):
+                raise TraceError(line, f"completion {i} has {len(ids)} tokens but {len(c.logprobs)} logprob lists")
+            confidence.append(np.array([-np.mean(sorted(row, reverse=True)[:confidence_top_k])
+                                        for row in c.logprobs], dtype=np.float32))
+        else:
+            confidence.append(np.zeros(0, dtype=np.float32))
+        sequences.append(ids)
+        finish.append("eos" if ids[-1] in eos_ids else "budget")
+    return EncodedTrace(trace.problem(), prompt, sequences, finish,
+                        confidence if confidence_top_k is not None else None)
+
+
+@dataclass
+class BranchPoint:
+    """Where one live answer was elicited.
+
+    Args:
+        sequence, step, tau, trigger, terminal: as in `MSVAnswer`.
+        kept: generated tokens in the branch context (`MSVAnswer.cot_tokens`).
+        prefix_ids: tokens fed before the elicitation prompt (text of a delimiter's first token preceding it).
+        late: elicited after the delimiter answers of its step (a budget answer, elicited when generate returns).
+    """
+
+    sequence: int
+    step: int
+    tau: int
+    trigger: str
+    kept: int
+    terminal: bool = False
+    prefix_ids: list[int] = field(default_factory=list)
+    late: bool = False
+
+
+def plan_branches(sequence: Sequence[int], n: int, *, eos_ids: set[int], elicitor: AnswerElicitor,
+                  matcher: DelimiterMatcher | None, every_k_tokens: int | None, streaming: bool) -> list[BranchPoint]:
+    """The answers live generation elicits for sequence `n` whose generated tokens are `sequence` (EOS included if
+    it ended so): the per-token rules of `GenerationRun` (module docstring), without the LM."""
+    points: list[BranchPoint] = []
+    history: list[int] = []
+    for t, token in enumerate(sequence):
+        history.append(token)
+        branch = None
+        if token in eos_ids:
+            branch = Branch(n, "eos")
+        elif streaming:
+            if matcher is not None and matcher.could_complete(token):
+                found = matcher.match(history)
+                if found is not None:
+                    branch = elicitor.delimiter_branch(n, found)
+            if branch is None and every_k_tokens and len(history) % every_k_tokens == 0:
+                branch = Branch(n, "every_k", feed_newest=True)
+        if branch is not None:
+            kept = len(history) - (0 if branch.feed_newest else 1) - branch.drop  # GenerationRun._elicit
+            points.append(BranchPoint(n, len(points), t, branch.trigger, kept, terminal=branch.trigger == "eos",
+                                      prefix_ids=list(branch.prefix_ids)))
+    last = len(sequence) - 1
+    if sequence[-1] not in eos_ids:  # ended by the budget (GenerationRun.finalize)
+        if points and points[-1].tau == last:
+            points[-1].terminal = True
+        else:
+            points.append(BranchPoint(n, len(points), last, "budget", len(sequence), terminal=True, late=True))
+    return points
+
+
+@dataclass
+class _Pending:
+    """A branch waiting for elicitation: its problem, plan and the `(layers, 2)` KV rows of its context."""
+
+    problem: int
+    point: BranchPoint
+    context: int
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class TraceReencoder:
+    """Elicits the answers of encoded traces from one prefill per sequence (module docstring).
+
+    Args:
+        model, tokenizer: the LM (eval mode) and its tokenizer.
+        elicitor: the `AnswerElicitor` (elicitation prompt, answer cap, keep_delimiter).
+        matcher, every_k_tokens, streaming: where answers are elicited, as in `prepare_generation`.
+        max_batch_tokens: KV budget of a prefill group and of an elicitation batch, in tokens.
+        chunk_tokens: positions per prefill forward (rows × columns).
+        confidence_top_k: k of DeepConf's confidence, or `None` not to compute it from the prefill.
+    """
+
+    def __init__(self, model, tokenizer, elicitor: AnswerElicitor, *, matcher: DelimiterMatcher | None,
+                 every_k_tokens: int | None, streaming: bool, max_batch_tokens: int = 32768,
+                 chunk_tokens: int = 2048, confidence_top_k: int | None = 20):
+        self.model, self.tokenizer, self.elicitor = model, tokenizer, elicitor
+        self.matcher, self.every_k_tokens, self.streaming = matcher, every_k_tokens, streaming
+        self.max_batch_tokens, self.chunk_tokens = max_batch_tokens, chunk_tokens
+        self.confidence_top_k = confidence_top_k
+        self.eos_ids = eos_token_ids(model)
+        self.device = next(model.parameters()).device
+        self.forwards = 0  # LM forward calls (prefill chunks and elicitation steps), for benchmarks
+
+    @torch.no_grad()
+    def answers(self, traces: Sequence[EncodedTrace]) -> tuple[list[list[MSVAnswer]], list[list[np.ndarray]]]:
+        """Per trace, its `MSVAnswer`s (classes unassigned) and per sequence its `(len,)` model confidences (empty
+        arrays when `confidence_top_k` is `None`)."""
+        rows = [(p, n) for p, tr in enumerate(traces) for n in range(len(tr.sequences))]
+        plans = {(p, n): plan_branches(traces[p].sequences[n], n, eos_ids=self.eos_ids, elicitor=self.elicitor,
+                                       matcher=self.matcher, every_k_tokens=self.every_k_tokens,
+                                       streaming=self.streaming) for p, n in rows}
+        confidence = [[np.zeros(0, dtype=np.float32)] * len(tr.sequences) for tr in traces]
+        answers: list[list[MSVAnswer]] = [[] for _ in traces]
+        queue: list[_Pending] = []
+        rows.sort(key=lambda r: -(len(traces[r[0]].prompt_ids) + len(traces[r[0]].sequences[r[1]])))
+        for group in self._prefill_groups(rows, traces):
+            tokens = [traces[p].prompt_ids + traces[p].sequences[n] for p, n in group]
+            for (p, n), conf in zip(group, self._prefill(group, tokens, traces, plans, queue, answers)):
+                confidence[p][n] = conf
+        self._flush(queue, traces, answers)
+        return answers, confidence
+
+    def _prefill_groups(self, rows, traces) -> list[list[tuple[int, int]]]:
+        """Consecutive rows (longest first) whose padded prefill fits `max_batch_tokens` (a longer row alone)."""
+        groups, current = [], []
+        for row in rows:
+            if current and (len(current) + 1) * self._length(current[0], traces) > self.max_batch_tokens:
+                groups.append(current)
+                current = []
+            current.append(row)
+        return groups + ([current] if current else [])
+
+    @staticmethod
+    def _length(row, traces) -> int:
+        return len(traces[row[0]].prompt_ids) + len(traces[row[0]].sequences[row[1]])
+
+    def _prefill(self, group, tokens, traces, plans, queue, answers) -> list[np.ndarray]:
+        """Prefill `group`'s rows in chunks, queueing each branch's context rows once the chunk holding its end is
+        in the cache; returns each row's model confidences (one per generated token)."""
+        width = max(map(len, tokens))
+        pad = self.elicitor.pad_token_id
+        ids = torch.tensor([t + [pad] * (width - len(t)) for t in tokens], device=self.device)
+        cache = DynamicCache(config=self.model.config)
+        todo = [sorted(plans[r], key=lambda b: b.kept) for r in group]
+        conf_rows = [[] for _ in group]
+        step = max(1, self.chunk_tokens // len(group))
+        for start in range(0, width, step):
+            stop = min(width, start + step)
+            positions = torch.arange(start, stop, device=self.device).expand(len(group), -1)
+            out = self.model(input_ids=ids[:, start:stop], position_ids=positions, past_key_values=cache,
+                             use_cache=True, **({} if self.confidence_top_k else {"logits_to_keep": 1}))
+            self.forwards += 1
+            _check_layers(cache)
+            if self.confidence_top_k:
+                logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+                conf = -logprobs.topk(min(self.confidence_top_k, logprobs.shape[-1]), dim=-1).values.mean(-1)
+                for i in range(len(group)):
+                    conf_rows[i].append(conf[i].cpu())
+            del out
+            for i, (p, n) in enumerate(group):
+                prompt = len(traces[p].prompt_ids)
+                while todo[i] and prompt + todo[i][0].kept <= stop:
+                    point = todo[i].pop(0)
+                    context = prompt + point.kept
+                    kv = [(layer.keys[i, :, :context].clone(), layer.values[i, :, :context].clone())
+                          for layer in cache.layers]
+                    self._enqueue(_Pending(p, point, context, kv), queue, traces, answers)
+        del cache
+        out = []
+        for i, (p, n) in enumerate(group):
+            if not self.confidence_top_k:
+                out.append(np.zeros(0, dtype=np.float32))
+                continue
+            conf = torch.cat(conf_rows[i]).numpy()
+            prompt = len(traces[p].prompt_ids)
+            # Logits at position i are the distribution of token i + 1: generated token t is at prompt + t.
+            out.append(conf[prompt - 1: prompt - 1 + len(traces[p].sequences[n])].astype(np.float32))
+        return out
+
+    def _enqueue(self, item: _Pending, queue: list[_Pending], traces, answers) -> None:
+        longest = max([item.context] + [q.context for q in queue])
+        if queue and (len(queue) + 1) * longest > self.max_batch_tokens:
+            self._flush(queue, traces, answers)
+        queue.append(item)
+
+    def _flush(self, queue: list[_Pending], traces, answers) -> None:
+        """Elicit every queued branch in one batch: contexts left-padded into one cache, fed to the elicitor."""
+        if not queue:
+            return
+        n, width = len(queue), max(q.context for q in queue)
+        mask = torch.zeros(n, width, dtype=torch.long, device=self.device)
+        layers = []
+        for layer in range(len(queue[0].kv)):
+            k0, v0 = queue[0].kv[layer]
+            keys = k0.new_zeros(n, k0.shape[0], width, k0.shape[-1])
+            values = v0.new_zeros(n, v0.shape[0], width, v0.shape[-1])
+            for i, q in enumerate(queue):
+                keys[i, :, width - q.context:], values[i, :, width - q.context:] = q.kv[layer]
+            layers.append((keys, values))
+        for i, q in enumerate(queue):
+            mask[i, width - q.context:] = 1
+        # The elicitor numbers the new tokens from position_ids[:, -1] + 1: the context length.
+        positions = torch.tensor([[q.context - 1] for q in queue], device=self.device)
+        state = DecodeState(cache=DynamicCache(layers), attention_mask=mask, position_ids=positions)
+        branches = [Branch(i, q.point.trigger, prefix_ids=q.point.prefix_ids) for i, q in enumerate(queue)]
+        items = list(queue)
+        queue.clear()  # the context copies are in `layers` now
+        elicited = self.elicitor.elicit(state, branches, [[]] * n, self.eos_ids, self.device)
+        self.forwards += 1 + max(len(e.token_ids) for e in elicited)
+        for item, e in zip(items, elicited):
+            point = item.point
+            answers[item.problem].append(MSVAnswer(
+                text=extract_boxed(e.raw_text), raw_text=e.raw_text, token_ids=e.token_ids, prompt=item.problem,
+                sequence=point.sequence, step=point.step, tau=point.tau, length=len(e.token_ids),
+                trigger=point.trigger, terminal=point.terminal, cot_tokens=point.kept,
+                elicitation_ids=point.prefix_ids + self.elicitor.prompt_ids, hidden_states=e.hidden_states.cpu(),
+                token_logprobs=e.token_logprobs))
+
+    def __repr__(self) -> str:
+        return f"TraceReencoder(max_batch_tokens={self.max_batch_tokens}, chunk_tokens={self.chunk_tokens})"
+
+
+def _check_layers(cache) -> None:
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise NotImplementedError(
+                f"re-encoding cuts each branch's context out of a full-attention cache; this LM's cache has a "
+                f"{type(layer).__name__} (sliding-window or other layers are not supported)")

@@ -1,0 +1,270 @@
+"""The trace file: N chains of thought per problem, sampled anywhere (vLLM, SGLang, a dataset), as JSON lines.
+
+`hf_msv.collect.collect_from_traces` (``hf-msv collect --traces FILE.jsonl``) re-encodes such a file into the same
+shards live collection writes. This module only defines the format, reads it (with line-level validation) and
+writes it; nothing here needs the LM.
+
+Format
+======
+
+UTF-8 JSON lines, one problem per line (blank lines are ignored)::
+
+    {"id": "gsm8k/17", "question": "...", "gold": "42",
+     "gold_alternatives": ["42.0"],                      # optional: also graded correct
+     "source": "gsm8k",                                  # optional
+     "prompt_token_ids": [1, 523, ...],                  # optional: the prompt exactly as sampled (preferred)
+     "prompt": "...",                                    # optional: prompt text, tokenised with special tokens
+     "messages": [{"role": "user", "content": "..."}],   # optional: chat messages, rendered with the chat template
+     "completions": [                                    # N of them, the same N on every line
+        {"token_ids": [...], "finish_reason": "stop"},   # token ids as sampled (preferred), EOS included if any
+        {"text": "...", "finish_reason": "length"},      # or text: re-tokenised, round trip checked
+        "..."                                            # a bare string is {"text": ...}
+     ],
+     "sampling": {"temperature": 1.0, "engine": "vllm"}}  # optional, kept in the shard info of the first line
+
+**Prompt.** The first of ``prompt_token_ids``, ``messages``, ``prompt`` that is present is used; with none of them
+the prompt is built from ``question`` by the ``prompt_template`` of `collect_from_traces` exactly as live collection
+builds it (`hf_msv.collect.lm.prompt_builder`: chat template with ``add_generation_prompt=True`` and no extra special
+tokens, or plain text with the tokenizer's special tokens). ``messages`` and a ``chat`` template use the tokenizer's
+chat template or the ``chat_template`` argument, which must be the template used at sampling time.
+
+**Completions.** ``token_ids`` are the generated tokens: a completion that ended with EOS has the EOS id last
+(vLLM's ``CompletionOutput.token_ids`` does), and no EOS id may appear before the end. ``text`` completions are
+tokenised without special tokens; decoding must give the text back exactly (otherwise the line is bad: a silent
+shift would move every τ), and ``finish_reason`` ``"stop"`` / ``"eos"`` appends the LM's EOS id. Text gives the
+canonical tokenisation, which can differ from the sampled one ("Wa"+"it"): prefer ``token_ids``.
+``logprobs`` (optional, per completion): one list of top-k log-probabilities per generated token (EOS included),
+used for DeepConf confidences when `collect_from_traces` is told to read them from the trace.
+
+**Bad lines.** A line that is not UTF-8 or not a JSON object, misses a field, has an empty completion, a different
+N than the first good line, a duplicate id, a malformed token list, or (checked when re-encoding, with the
+tokenizer) a text that does not round-trip or a sequence longer than the LM's context raises `TraceError` naming the
+line, or, with ``skip_bad_lines=True``, is skipped and listed in `TraceFile.bad_lines` (and in the shard info).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..data.problems import Problem
+from ..utils import commit_file, tmp_name
+
+__all__ = ["Completion", "Trace", "TraceError", "TraceFile", "read_traces", "traces_from_results", "write_traces"]
+
+FINISH_EOS = ("eos", "stop")
+FINISH_BUDGET = ("length", "budget")
+
+
+class TraceError(ValueError):
+    """A bad trace line; ``line`` is its 1-based line number in the file (0 when not read from a file)."""
+
+    def __init__(self, line: int, reason: str):
+        super().__init__(f"trace line {line}: {reason}")
+        self.line, self.reason = line, reason
+
+
+@dataclass
+class Completion:
+    """One sampled chain of thought: `token_ids` (preferred) or `text`, how it ended, optional top-k log-probs."""
+
+    token_ids: list[int] | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+    logprobs: list[list[float]] | None = None
+
+    def to_json(self) -> dict:
+        out = {"token_ids": self.token_ids} if self.token_ids is not None else {"text": self.text}
+        if self.finish_reason is not None:
+            out["finish_reason"] = self.finish_reason
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
+
+
+@dataclass
+class Trace:
+    """One line of a trace file: a problem, how it was prompted and its N completions (module docstring)."""
+
+    id: str
+    question: str
+    gold: str
+    completions: list[Completion]
+    prompt_token_ids: list[int] | None = None
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    gold_alternatives: list[str] = field(default_factory=list)
+    source: str = ""
+    sampling: dict = field(default_factory=dict)
+    line: int = 0
+
+    def problem(self) -> Problem:
+        """The `Problem` graded by the collection checker (gold alternatives in ``meta`` as live collection reads)."""
+        return Problem(id=self.id, question=self.question, gold=self.gold, source=self.source,
+                       meta={"gold_alternatives": list(self.gold_alternatives)})
+
+    def to_json(self) -> dict:
+        out = {"id": self.id, "question": self.question, "gold": self.gold,
+               "completions": [c.to_json() for c in self.completions]}
+        for name in ("prompt_token_ids", "messages", "prompt"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.gold_alternatives:
+            out["gold_alternatives"] = self.gold_alternatives
+        if self.source:
+            out["source"] = self.source
+        if self.sampling:
+            out["sampling"] = self.sampling
+        return out
+
+
+@dataclass
+class TraceFile:
+    """What `read_traces` returns: the good traces, the skipped lines ``[(line, reason)]`` and a fingerprint of the
+    file's content (sha256 of its bytes), which resuming a re-encoding checks."""
+
+    traces: list[Trace]
+    bad_lines: list[tuple[int, str]]
+    fingerprint: str
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.traces[0].completions) if self.traces else 0
+
+
+def _int_list(value, what: str, line: int) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                              for t in value):
+        raise TraceError(line, f"{what} must be a list of non-negative integers")
+    return value
+
+
+def _completion(raw, i: int, line: int) -> Completion:
+    if isinstance(raw, str):
+        raw = {"text": raw}
+    if not isinstance(raw, dict):
+        raise TraceError(line, f"completion {i} must be a string or an object")
+    if raw.get("token_ids") is not None:
+        ids = _int_list(raw["token_ids"], f"completion {i} token_ids", line)
+        if not ids:
+            raise TraceError(line, f"completion {i} is empty")
+        text = None
+    elif isinstance(raw.get("text"), str):
+        ids, text = None, raw["text"]
+        if not text:
+            raise TraceError(line, f"completion {i} is empty")
+    else:
+        raise TraceError(line, f"completion {i} needs 'token_ids' or a 'text' string")
+    finish = raw.get("finish_reason")
+    if finish is not None and finish not in FINISH_EOS + FINISH_BUDGET:
+        raise TraceError(line, f"completion {i} finish_reason must be one of {FINISH_EOS + FINISH_BUDGET} or absent, "
+                               f"got {finish!r}")
+    logprobs = raw.get("logprobs")
+    if logprobs is not None and not (isinstance(logprobs, list) and all(
+            isinstance(row, list) and row and all(isinstance(x, (int, float)) for x in row) for row in logprobs)):
+        raise TraceError(line, f"completion {i} logprobs must be one non-empty list of numbers per token")
+    if logprobs is not None and ids is not None and len(logprobs) != len(ids):
+        raise TraceError(line, f"completion {i} has {len(ids)} tokens but {len(logprobs)} logprob lists")
+    return Completion(token_ids=ids, text=text, finish_reason=finish, logprobs=logprobs)
+
+
+def parse_trace(raw: bytes | str, line: int = 0) -> Trace:
+    """One line of a trace file → `Trace` (raises `TraceError` naming `line`). N is checked by `read_traces`."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(line, f"not UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise TraceError(line, f"not JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(line, "a line must be a JSON object")
+    missing = [k for k in ("id", "question", "gold", "completions") if k not in obj]
+    if missing:
+        raise TraceError(line, f"missing field(s) {missing}")
+    if not isinstance(obj["question"], str) or not isinstance(obj["id"], (str, int)):
+        raise TraceError(line, "id must be a string (or integer) and question a string")
+    if not isinstance(obj["completions"], list) or not obj["completions"]:
+        raise TraceError(line, "completions must be a non-empty list")
+    prompt_ids = obj.get("prompt_token_ids")
+    if prompt_ids is not None:
+        _int_list(prompt_ids, "prompt_token_ids", line)
+    messages = obj.get("messages")
+    if messages is not None and not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+        raise TraceError(line, "messages must be a list of chat message objects")
+    alternatives = obj.get("gold_alternatives") or []
+    if not isinstance(alternatives, list):
+        raise TraceError(line, "gold_alternatives must be a list")
+    sampling = obj.get("sampling") or {}
+    if not isinstance(sampling, dict):
+        raise TraceError(line, "sampling must be an object")
+    return Trace(id=str(obj["id"]), question=obj["question"], gold=str(obj["gold"]),
+                 completions=[_completion(c, i, line) for i, c in enumerate(obj["completions"])],
+                 prompt_token_ids=prompt_ids, messages=messages, prompt=obj.get("prompt"),
+                 gold_alternatives=[str(g) for g in alternatives], source=str(obj.get("source") or ""),
+                 sampling=sampling, line=line)
+
+
+def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_samples: int | None = None) -> TraceFile:
+    """Read and validate a trace file (module docstring).
+
+    Args:
+        skip_bad_lines: skip bad lines and list them in `TraceFile.bad_lines` instead of raising `TraceError`.
+        num_samples: the N every line must have (default: the first good line's).
+    """
+    data = Path(path).read_bytes()
+    traces, bad, seen = [], [], set()
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            trace = parse_trace(raw, number)
+            n = num_samples if num_samples is not None else (len(traces[0].completions) if traces else None)
+            if n is not None and len(trace.completions) != n:
+                raise TraceError(number, f"{len(trace.completions)} completions, but N = {n} (every problem needs "
+                                         "the same number)")
+            if trace.id in seen:
+                raise TraceError(number, f"duplicate problem id {trace.id!r}")
+        except TraceError as e:
+            if not skip_bad_lines:
+                raise
+            bad.append((e.line, e.reason))
+            continue
+        seen.add(trace.id)
+        traces.append(trace)
+    if not traces:
+        raise ValueError(f"{path} holds no usable trace ({len(bad)} bad lines)")
+    return TraceFile(traces, bad, hashlib.sha256(data).hexdigest()[:16])
+
+
+def write_traces(path: str | os.PathLike, traces: Iterable[Trace]) -> Path:
+    """Write `traces` as a trace file, atomically (the format `read_traces` reads and `collect_from_traces`
+    re-encodes); used by ``examples/sample_with_vllm.py`` and by the exports from hf_msv's own collections."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(path)
+    with open(tmp, "w", encoding="utf-8") as f:
+        for trace in traces:
+            f.write(json.dumps(trace.to_json(), ensure_ascii=False) + "\n")
+    commit_file(tmp, path)
+    return path
+
+
+def traces_from_results(problems: Sequence[Problem], results: Sequence, prompt_token_ids: Sequence[Sequence[int]],
+                        sampling: dict | None = None) -> list[Trace]:
+    """Traces of `MSVResult`s (one per problem, in order): each sequence's sampled token ids, EOS included, and the
+    prompt tokens it was sampled from (`prompt_token_ids`, one list per problem, without padding)."""
+    traces = []
+    for problem, result, prompt in zip(problems, results, prompt_token_ids, strict=True):
+        completions = [Completion(token_ids=list(seq), finish_reason="stop" if finish == "eos" else "length")
+                       for seq, finish in zip(result.sequences, result.finish_reasons)]
+        traces.append(Trace(id=problem.id, question=problem.question, gold=problem.gold, completions=completions,
+                            prompt_token_ids=list(prompt), source=problem.source, sampling=dict(sampling or {}),
+                            gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []]))
+    return traces
