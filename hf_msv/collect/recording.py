@@ -53,4 +53,6 @@ def build_record(problem: Problem, answers: Sequence, sequences: Sequence[Sequen
         sequence_length=[len(s) for s in sequences],
         sequence_finish=list(finish),
         cot_confidence=list(confidence),
+        cot_token_ids=[np.asarray(s, dtype=np.int64) for s in sequences],
+        question=problem.question,
     )
