@@ -13,7 +13,8 @@ from .live import CollectResult, batch_seed, collect, collect_from_config, main
 from .store import ShardStore, done_problem_ids, write_index
 from .from_traces import collect_from_traces
 from .reencode import TraceReencoder
-from .traces import Completion, Trace, TraceError, TraceFile, read_traces, traces_from_results, write_traces
+from .traces import (Completion, Trace, TraceError, TraceFile, read_traces, traces_from_results,
+                     traces_from_shards, write_traces)
 
 __all__ = [
     "CollectConfig",
@@ -35,6 +36,7 @@ __all__ = [
     "main",
     "read_traces",
     "traces_from_results",
+    "traces_from_shards",
     "write_index",
     "write_traces",
 ]

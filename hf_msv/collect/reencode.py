@@ -273,6 +273,8 @@ class TraceReencoder:
         width = max(map(len, tokens))
         pad = self.elicitor.pad_token_id
         ids = torch.tensor([t + [pad] * (width - len(t)) for t in tokens], device=self.device)
+        # Right padding: no real token sees it (causal), the mask only keeps padding out of the pad-token warning.
+        mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tokens], device=self.device)
         cache = DynamicCache(config=self.model.config)
         todo = [sorted(plans[r], key=lambda b: b.kept) for r in group]
         conf_rows = [[] for _ in group]
@@ -280,7 +282,8 @@ class TraceReencoder:
         for start in range(0, width, step):
             stop = min(width, start + step)
             positions = torch.arange(start, stop, device=self.device).expand(len(group), -1)
-            out = self.model(input_ids=ids[:, start:stop], position_ids=positions, past_key_values=cache,
+            out = self.model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], position_ids=positions,
+                             past_key_values=cache,
                              use_cache=True, **({} if self.confidence_top_k else {"logits_to_keep": 1}))
             self.forwards += 1
             _check_layers(cache)

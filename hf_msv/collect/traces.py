@@ -54,7 +54,8 @@ from pathlib import Path
 from ..data.problems import Problem
 from ..utils import commit_file, tmp_name
 
-__all__ = ["Completion", "Trace", "TraceError", "TraceFile", "read_traces", "traces_from_results", "write_traces"]
+__all__ = ["Completion", "Trace", "TraceError", "TraceFile", "read_traces", "traces_from_results", "traces_from_shards",
+           "write_traces"]
 
 FINISH_EOS = ("eos", "stop")
 FINISH_BUDGET = ("length", "budget")
@@ -267,4 +268,25 @@ def traces_from_results(problems: Sequence[Problem], results: Sequence, prompt_t
         traces.append(Trace(id=problem.id, question=problem.question, gold=problem.gold, completions=completions,
                             prompt_token_ids=list(prompt), source=problem.source, sampling=dict(sampling or {}),
                             gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []]))
+    return traces
+
+
+def traces_from_shards(directory: str | os.PathLike) -> list[Trace]:
+    """Traces of a collection's shards (which keep each sequence's chain-of-thought token ids): no prompt, so
+    re-encoding rebuilds it from the question with the collection's ``prompt_template``; sampling settings from the
+    shard info. Gold alternatives are not in shards: labels re-graded from these traces use the gold answer only."""
+    from ..data import list_shards, read_shard
+
+    traces = []
+    for path in list_shards(directory):
+        problems, info = read_shard(path, hidden=False)
+        sampling = {k: info[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens", "seed") if k in info}
+        for p in problems:
+            if not p.cot_token_ids or not p.question:
+                raise ValueError(f"{path} does not keep the chain-of-thought token ids and questions (written before "
+                                 "shards kept them): re-encode from the original traces instead")
+            completions = [Completion(token_ids=ids.tolist(), finish_reason="stop" if finish == "eos" else "length")
+                           for ids, finish in zip(p.cot_token_ids, p.sequence_finish)]
+            traces.append(Trace(id=p.problem_id, question=p.question, gold=p.gold, completions=completions,
+                                source=p.source, sampling=dict(sampling, engine="hf_msv")))
     return traces

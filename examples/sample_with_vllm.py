@@ -1,0 +1,85 @@
+"""Sample N chains of thought per problem with vLLM, write them as an hf_msv trace file, then re-encode and train.
+
+    # 1. sampling (needs a GPU and `pip install vllm`): writes traces.jsonl
+    python examples/sample_with_vllm.py --model Qwen/Qwen3-1.7B --problems math500:64 -n 16 --output traces.jsonl
+    # 2. answers and hidden states, the same shards `hf-msv collect` writes (any device; resumable)
+    hf-msv collect --model Qwen/Qwen3-1.7B --traces traces.jsonl --output-dir shards/train
+    # 3. train on them (a validation split made the same way)
+    hf-msv train --train shards/train --validation shards/validation --output-dir verifier
+
+Only step 1 uses vLLM, imported inside `sample`; the file format is written by `write_vllm_traces` with
+`hf_msv.collect.write_traces` (tested on hf_msv's own samples shaped like vLLM's outputs). The traces keep vLLM's
+``prompt_token_ids`` and each completion's ``token_ids`` (EOS included when it stopped on EOS), so re-encoding sees
+exactly the sampled tokens; ``--logprobs 20`` also stores top-20 log-probs for ``--confidence trace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from hf_msv.collect import Completion, Trace, load_problems, write_traces
+
+
+def write_vllm_traces(path, problems, outputs, sampling: dict) -> Path:
+    """Write vLLM ``RequestOutput``s (one per problem, in order) as a trace file; returns its path.
+
+    Each output needs ``prompt_token_ids`` and ``outputs`` (``CompletionOutput``: ``token_ids``, ``finish_reason``,
+    ``logprobs``: per token a dict token id → object with ``.logprob``, or `None`)."""
+    traces = []
+    for problem, out in zip(problems, outputs, strict=True):
+        completions = []
+        for c in out.outputs:
+            logprobs = None
+            if c.logprobs:
+                logprobs = [sorted((lp.logprob for lp in step.values()), reverse=True) for step in c.logprobs]
+            completions.append(Completion(token_ids=list(c.token_ids), finish_reason=c.finish_reason,
+                                          logprobs=logprobs))
+        traces.append(Trace(id=problem.id, question=problem.question, gold=problem.gold, completions=completions,
+                            prompt_token_ids=list(out.prompt_token_ids), source=problem.source,
+                            gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []],
+                            sampling=dict(sampling, engine="vllm")))
+    return write_traces(path, traces)
+
+
+def sample(model: str, problems, n: int, max_tokens: int, temperature: float, logprobs: int | None, seed: int):
+    """vLLM's outputs for `problems` (chat template of the model, as ``hf-msv collect --prompt-template chat``)."""
+    from vllm import LLM, SamplingParams  # only this half needs vLLM and a GPU
+
+    llm = LLM(model=model, seed=seed)
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p.question}], tokenize=False,
+                                             add_generation_prompt=True) for p in problems]
+    # Like hf_msv's own chat prompts: the template already holds the special tokens.
+    inputs = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
+    params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_tokens,
+                            logprobs=logprobs, seed=seed)
+    return llm.generate(inputs, params)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--problems", required=True, help="as hf-msv collect --problems")
+    parser.add_argument("-n", "--num-samples", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--logprobs", type=int, default=None, help="top-k log-probs per token (DeepConf: 20)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="traces.jsonl")
+    args = parser.parse_args()
+    problems = load_problems(args.problems)
+    start = time.perf_counter()
+    outputs = sample(args.model, problems, args.num_samples, args.max_tokens, args.temperature, args.logprobs,
+                     args.seed)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    sampling = dict(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed, model=args.model)
+    path = write_vllm_traces(args.output, problems, outputs, sampling)
+    print(f"{len(problems)} problems x {args.num_samples} samples, {tokens} tokens in {seconds:.1f} s "
+          f"({tokens / seconds:.0f} tokens/s) -> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""Re-encoding traces (`hf_msv.collect.collect_from_traces`): answers equal live generation's on the testbed LM and
+on tiny random LMs of two architectures, shards equal live collection's, resume, process striding, bad lines, the
+command line and the vLLM example's writer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from hf_msv.collect import (Completion, Trace, TraceError, TraceReencoder, collect, collect_from_traces, load_lm,
+                            read_traces, traces_from_results, traces_from_shards, write_traces)
+from hf_msv.collect.reencode import encode_trace, eos_token_ids, plan_branches
+from hf_msv.data import list_shards, read_shard
+from hf_msv.generation import DelimiterMatcher, prepare_generation
+from hf_msv.generation.forking import AnswerElicitor
+from hf_msv.testbed import format_prompt, generate_problems
+
+from tiny import word_level_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TOK = word_level_tokenizer(["\\boxed", "Wait"])
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def tiny_lm(arch: str, seed: int = 0):
+    """A random LM over `TOK` (samples nearly uniformly: budget and EOS endings, delimiters inside word tokens)."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=len(TOK), bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, **common)
+    else:
+        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **common)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    return load_lm("testbed", dtype="float32", device="cpu")
+
+
+def live_results(model, tok, prompts, *, n, max_new_tokens, seed=0, **session):
+    """MSVResults of live generation (hidden states kept) and the prompts' token ids."""
+    with prepare_generation(model, tok, None, checker="exact", capture_hidden_states=True, **session) as s:
+        torch.manual_seed(seed)
+        results = s.generate(prompts, num_sequences=n, max_new_tokens=max_new_tokens, do_sample=True)
+    return results, [tok(p)["input_ids"] for p in prompts]
+
+
+def reencode(model, tok, traces, build_prompt, *, delimiters, every_k=None, keep_delimiter=False,
+             max_answer_tokens=40, **budgets):
+    elicitor = AnswerElicitor(model, tok, "### Final Answer ### \\boxed", max_answer_tokens, keep_delimiter)
+    matcher = DelimiterMatcher(tok, delimiters) if delimiters else None
+    reencoder = TraceReencoder(model, tok, elicitor, matcher=matcher, every_k_tokens=every_k, streaming=True,
+                               **budgets)
+    encoded = [encode_trace(t, tok, build_prompt, eos_ids=eos_token_ids(model), max_length=None) for t in traces]
+    answers, confidence = reencoder.answers(encoded)
+    return answers, confidence, reencoder
+
+
+def assert_same_answers(results, answers, atol):
+    key = lambda a: (a.tau, a.sequence, a.step)  # noqa: E731
+    fields = ("tau", "sequence", "step", "trigger", "terminal", "cot_tokens", "elicitation_ids", "token_ids", "text")
+    for result, mine in zip(results, answers, strict=True):
+        live, got = sorted(result.answers, key=key), sorted(mine, key=key)
+        assert [[getattr(a, f) for f in fields] for a in got] == [[getattr(a, f) for f in fields] for a in live]
+        for a, b in zip(live, got):
+            torch.testing.assert_close(b.hidden_states.float(), a.hidden_states.float(), atol=atol, rtol=0)
+            np.testing.assert_allclose(b.token_logprobs, a.token_logprobs, atol=atol)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Exactness
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_testbed_reencoding_equals_live_generation(testbed):
+    model, tok = testbed
+    problems = generate_problems("validation", 2, seed=5)
+    results, prompts = live_results(model, tok, [format_prompt(p) for p in problems], n=4, max_new_tokens=250,
+                                    delimiters=["Wait"])
+    traces = traces_from_results(problems, results, prompts)
+    assert any(a.trigger == "delimiter" for r in results for a in r.answers)
+    # Tight budgets: several prefill groups and chunks, many elicitation batches; the answers are the same.
+    for budgets in (dict(), dict(max_batch_tokens=700, chunk_tokens=50)):
+        answers, _, reencoder = reencode(model, tok, traces, format_prompt, delimiters=["Wait"], **budgets)
+        assert_same_answers(results, answers, atol=1e-4)
+    assert reencoder.forwards > 10
+
+
+@pytest.mark.parametrize("arch, delimiters, every_k, keep", [
+    ("llama", ["e", "Wait"], None, False),  # "e" inside the "\\boxed" token: a prefix is re-fed
+    ("gpt2", ["e", "Wait"], None, True),
+    ("llama", [], 7, False),
+])
+def test_tiny_lm_reencoding_equals_live_generation(arch, delimiters, every_k, keep):
+    model = tiny_lm(arch)
+    prompts = ["Q1: add 1 and 1.", "Q22: twice 11"]
+    problems = [SimpleNamespace(id=f"p{i}", question=q, gold="2", source="tiny", meta={}) for i, q in
+                enumerate(prompts)]
+    results, prompt_ids = live_results(model, TOK, prompts, n=3, max_new_tokens=40, delimiters=delimiters,
+                                       every_k_tokens=every_k, keep_delimiter=keep, max_answer_tokens=8)
+    finishes = {f for r in results for f in r.finish_reasons}
+    traces = traces_from_results(problems, results, prompt_ids)
+    answers, confidence, _ = reencode(model, TOK, traces, None, delimiters=delimiters, every_k=every_k,
+                                      keep_delimiter=keep, max_answer_tokens=8, max_batch_tokens=120,
+                                      chunk_tokens=16)
+    assert_same_answers(results, answers, atol=1e-5)
+    assert "budget" in finishes
+    if delimiters and not keep:
+        assert any(a.elicitation_ids[0] != TOK.convert_tokens_to_ids("#") for r in results for a in r.answers)
+    # Model confidences: one per generated token, EOS included.
+    assert [len(c) for cs in confidence for c in cs] == [len(s) for r in results for s in r.sequences]
+
+
+def test_plan_follows_live_rules_at_the_budget_end():
+    """A delimiter completed by the last budget token is the terminal answer (no extra budget answer)."""
+    elicitor = AnswerElicitor(tiny_lm("llama"), TOK, "### Final Answer ### \\boxed", 5, False)
+    matcher = DelimiterMatcher(TOK, ["Wait"])
+    ids = TOK("ab Wait cd Wait", add_special_tokens=False)["input_ids"]
+    plan = plan_branches(ids, 0, eos_ids={2}, elicitor=elicitor, matcher=matcher, every_k_tokens=None,
+                         streaming=True)
+    assert [(p.trigger, p.tau, p.terminal, p.kept) for p in plan] == [
+        ("delimiter", 3, False, 3), ("delimiter", 8, True, 8)]
+    plan = plan_branches(ids[:5] + [2], 0, eos_ids={2}, elicitor=elicitor, matcher=matcher, every_k_tokens=None,
+                         streaming=True)
+    assert [(p.trigger, p.tau, p.terminal, p.kept) for p in plan] == [("delimiter", 3, False, 3),
+                                                                       ("eos", 5, True, 5)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shards: live collection → traces → collect_from_traces
+# ----------------------------------------------------------------------------------------------------------------
+
+LIVE = dict(num_samples=4, max_new_tokens=200, delimiters=["Wait"], checker="exact", prompt_template="testbed",
+            problems_per_shard=2, seed=7, progress=False)
+REENCODE = dict(delimiters=["Wait"], checker="exact", prompt_template="testbed", problems_per_shard=2,
+                progress=False)
+
+
+@pytest.fixture(scope="module")
+def live_collection(testbed, tmp_path_factory):
+    model, tok = testbed
+    out = tmp_path_factory.mktemp("live")
+    problems = generate_problems("validation", 3, seed=2)
+    collect(model, tok, problems, out, **LIVE)
+    traces = traces_from_shards(out)
+    path = write_traces(out.parent / "live_traces.jsonl", traces)
+    return out, path
+
+
+def problems_by_id(directory):
+    return {p.problem_id: p for f in list_shards(directory) for p in read_shard(f)[0]}
+
+
+def test_collect_from_traces_writes_the_live_shards(testbed, live_collection, tmp_path):
+    model, tok = testbed
+    live_dir, path = live_collection
+    result = collect_from_traces(model, tok, path, tmp_path / "re", **REENCODE)
+    assert (result.generated, result.answers > 0) == (3, True)
+    live, mine = problems_by_id(live_dir), problems_by_id(tmp_path / "re")
+    assert sorted(live) == sorted(mine)
+    for pid, a in live.items():
+        b = mine[pid]
+        for name in ("answer_sequence", "answer_step", "answer_tau", "answer_length", "answer_class",
+                     "answer_terminal", "answer_correct", "token_ids", "sequence_length"):
+            np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
+        assert (b.answer_text, b.answer_trigger, b.sequence_finish) == (a.answer_text, a.answer_trigger,
+                                                                         a.sequence_finish)
+        assert [c.tolist() for c in b.cot_token_ids] == [c.tolist() for c in a.cot_token_ids]
+        assert b.question == a.question
+        # bf16 storage: states computed within 1e-5 may round to neighbouring bf16 values.
+        torch.testing.assert_close(b.hidden_states.float(), a.hidden_states.float(), atol=0.05, rtol=0.01)
+        np.testing.assert_allclose(b.token_logprobs, a.token_logprobs, atol=1e-4)
+        for x, y in zip(b.cot_confidence, a.cot_confidence, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-4)
+    info = read_shard(list_shards(tmp_path / "re")[0])[1]
+    assert info["collected_from"] == "traces" and info["cot_confidence_source"] == "model"
+    assert info["skipped_lines"] == 0 and info["sampling"]["engine"] == "hf_msv"
+
+
+def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp_path, monkeypatch):
+    import hf_msv.collect.from_traces as from_traces
+
+    model, tok = testbed
+    _, path = live_collection
+    collect_from_traces(model, tok, path, tmp_path / "whole", **REENCODE)
+    whole = {p.name: p.read_bytes() for p in list_shards(tmp_path / "whole")}
+
+    # A crash after the first batch is spooled; the rerun finishes with byte-identical shards.
+    from hf_msv.collect.store import ShardStore
+
+    def crash(self, event, **_):
+        if event == "spooled":
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(ShardStore, "on_commit", crash)
+        with pytest.raises(KeyboardInterrupt):
+            collect_from_traces(model, tok, path, tmp_path / "crash", **REENCODE)
+    result = collect_from_traces(model, tok, path, tmp_path / "crash", **REENCODE)
+    assert (result.skipped, result.generated) == (1, 2)
+    assert {p.name: p.read_bytes() for p in list_shards(tmp_path / "crash")} == whole
+    with pytest.raises(ValueError, match="other settings"):
+        collect_from_traces(model, tok, path, tmp_path / "crash", **dict(REENCODE, max_answer_tokens=9))
+
+    # Two processes (as under accelerate launch) take every other trace and together write the same problems.
+    for rank in (0, 1):
+        state = SimpleNamespace(process_index=rank, num_processes=2, is_main_process=rank == 0,
+                                is_local_main_process=rank == 0, wait_for_everyone=lambda: None)
+        monkeypatch.setattr(from_traces, "process_state", lambda: state)
+        result = collect_from_traces(model, tok, path, tmp_path / "split", **REENCODE)
+        assert result.problems == (2 if rank == 0 else 1)
+    split, single = problems_by_id(tmp_path / "split"), problems_by_id(tmp_path / "whole")
+    assert sorted(split) == sorted(single)
+    assert all(split[k].answer_text == single[k].answer_text for k in single)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text traces and bad input
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_text_traces_reencode_like_token_ids_and_bad_round_trips_are_reported(testbed, live_collection, tmp_path):
+    model, tok = testbed
+    _, path = live_collection
+    file = read_traces(path)
+    texts = []
+    for t in file.traces:
+        completions = []
+        for c in t.completions:
+            eos = c.token_ids[-1] == 2
+            completions.append(Completion(text=tok.decode(c.token_ids[:-1] if eos else c.token_ids),
+                                          finish_reason="stop" if eos else "length"))
+        texts.append(Trace(t.id, t.question, t.gold, completions))
+    encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, max_length=None) for t in texts]
+    reference = [encode_trace(t, tok, format_prompt, eos_ids={2}, max_length=None) for t in file.traces]
+    # The testbed tokenizer's sampled tokens are canonical: text gives the same ids.
+    assert [e.sequences for e in encoded] == [e.sequences for e in reference]
+    assert [e.prompt_ids for e in encoded] == [e.prompt_ids for e in reference]
+
+    bad = Trace("x", "q", "1", [Completion(text="3 + é = 4")], line=7)
+    with pytest.raises(TraceError, match="trace line 7: completion 0 does not survive the tokenizer round trip"):
+        encode_trace(bad, tok, format_prompt, eos_ids={2}, max_length=None)
+    long = Trace("y", "q", "1", [Completion(token_ids=[5] * 600)], line=3)
+    with pytest.raises(TraceError, match="trace line 3: .* exceed the LM's context"):
+        encode_trace(long, tok, format_prompt, eos_ids={2}, max_length=450)
+    early = Trace("z", "q", "1", [Completion(token_ids=[5, 2, 5])], line=4)
+    with pytest.raises(TraceError, match="EOS token at position 1"):
+        encode_trace(early, tok, format_prompt, eos_ids={2}, max_length=None)
+
+
+def test_bad_lines_raise_naming_the_line_or_are_skipped_and_counted(testbed, live_collection, tmp_path):
+    model, tok = testbed
+    _, path = live_collection
+    good = path.read_bytes().splitlines()
+    lines = [good[0],
+             b'{"id": "a", "question": "q"}',                                     # 2: missing fields
+             b'{"id": "b", "question": "q\xff", "gold": "1", "completions": ["x"]}',  # 3: not UTF-8
+             json.dumps({"id": "c", "question": "q", "gold": "1", "completions": ["x"]}).encode(),  # 4: N = 1
+             json.dumps({"id": "d", "question": "q", "gold": "1",
+                         "completions": ["", "a", "b", "c"]}).encode(),           # 5: empty completion
+             json.dumps({"id": "e", "question": "q", "gold": "1",
+                         "completions": [{"token_ids": [5] * 900}] * 4}).encode(),  # 6: longer than the context
+             b"not json",                                                         # 7
+             good[1], good[2]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(TraceError, match="trace line 2: missing field"):
+        collect_from_traces(model, tok, bad, tmp_path / "out", **REENCODE)
+    assert not (tmp_path / "out").exists()  # checked before anything is written
+    for line, reason in [(3, "not UTF-8"), (4, "1 completions, but N = 4"), (5, "completion 0 is empty"),
+                         (7, "not JSON")]:
+        one = tmp_path / f"one{line}.jsonl"
+        one.write_bytes(b"\n".join([good[0]] + [b""] * (line - 2) + [lines[line - 1]]))  # blank lines count
+        with pytest.raises(TraceError, match=f"trace line {line}: {reason}"):
+            read_traces(one)
+    result = collect_from_traces(model, tok, bad, tmp_path / "out", skip_bad_lines=True, **REENCODE)
+    assert result.generated == 3
+    info = read_shard(list_shards(tmp_path / "out")[0])[1]
+    assert info["skipped_lines"] == 6 and [b[0] for b in info["bad_lines"]] == [2, 3, 4, 5, 6, 7]
+    assert "exceed the LM's context" in info["bad_lines"][4][1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line and the vLLM recipe
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_cli_collect_traces(testbed, live_collection, tmp_path, monkeypatch, capsys):
+    import hf_msv.collect.live as live
+
+    _, path = live_collection
+    monkeypatch.setattr(live, "load_lm", lambda name, dtype: testbed)
+    live.main(["--model", "testbed", "--traces", str(path), "--output-dir", str(tmp_path / "cli"), "--checker",
+               "exact", "--delimiters", "Wait", "--confidence", "none", "--no-progress"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["generated"] == 3 and summary["shards_written"] == 1
+    problems, info = read_shard(list_shards(tmp_path / "cli")[0])
+    assert info["prompt_template"] == "testbed" and info["cot_confidence_source"] == "missing"
+    assert all(not p.cot_confidence for p in problems)
+    with pytest.raises(ValueError, match="exactly one of --problems"):
+        live.main(["--model", "testbed", "--output-dir", str(tmp_path / "cli")])
+
+
+def _vllm_example():
+    spec = importlib.util.spec_from_file_location("sample_with_vllm", ROOT / "examples" / "sample_with_vllm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # vllm is imported lazily, inside its sampling function
+    return module
+
+
+def test_vllm_example_writer_on_hf_msv_samples(testbed, tmp_path):
+    """The example's writer turns vLLM-shaped outputs into the trace format; fed hf_msv's own samples (as vLLM's
+    RequestOutput objects would carry them), the re-encoded answers equal the live ones."""
+    model, tok = testbed
+    problems = generate_problems("validation", 2, seed=9)
+    results, prompts = live_results(model, tok, [format_prompt(p) for p in problems], n=3, max_new_tokens=200,
+                                    delimiters=["Wait"])
+    outputs = [SimpleNamespace(prompt_token_ids=prompt, outputs=[
+        SimpleNamespace(token_ids=seq, text=tok.decode(seq, skip_special_tokens=True),
+                        finish_reason="stop" if f == "eos" else "length", logprobs=None)
+        for seq, f in zip(r.sequences, r.finish_reasons)]) for prompt, r in zip(prompts, results)]
+    example = _vllm_example()
+    path = example.write_vllm_traces(tmp_path / "vllm.jsonl", problems, outputs, {"temperature": 1.0})
+    traces = read_traces(path).traces
+    assert traces[0].sampling == {"temperature": 1.0, "engine": "vllm"}
+    answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"])
+    assert_same_answers(results, answers, atol=1e-4)
