@@ -61,7 +61,7 @@ from ..generation import DelimiterMatcher, MSVAnswer
 from ..generation.forking import AnswerElicitor, Branch, DecodeState
 from .traces import FINISH_EOS, Trace, TraceError
 
-__all__ = ["BranchPoint", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids", "plan_branches"]
+__all__ = ["BranchPoint", "BufferedLayer", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids", "plan_branches"]
 
 
 def eos_token_ids(model) -> set[int]:
@@ -201,6 +201,50 @@ def plan_branches(sequence: Sequence[int], n: int, *, eos_ids: set[int], elicito
     return points
 
 
+class BufferedLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys/values are views of buffers of `capacity` tokens, so a forward writes its new
+    tokens in place instead of concatenating (``DynamicLayer.update`` copies the whole layer at every step, which
+    for a batch of long contexts decoding 40 answer tokens dominates the cost). Outgrowing the buffer, or a row
+    gather (``batch_select_indices`` makes new tensors), moves the states into a new buffer with room to spare.
+
+    Shallow copies (`fork_cache` of every row) share the buffer and write past the original's length: the original
+    must not be updated afterwards (re-encoding never does).
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self._keys = self._values = None
+
+    @classmethod
+    def from_states(cls, keys: torch.Tensor, values: torch.Tensor, length: int, capacity: int) -> BufferedLayer:
+        """A layer over existing buffers `(batch, heads, capacity, dim)` whose first `length` positions are filled."""
+        layer = cls(capacity)
+        layer.lazy_initialization(keys, values)
+        layer._keys, layer._values = keys, values
+        layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
+        return layer
+
+    def _move(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        length = keys.shape[-2]
+        self._keys = keys.new_empty(*keys.shape[:2], capacity, keys.shape[-1])
+        self._values = values.new_empty(*values.shape[:2], capacity, values.shape[-1])
+        self._keys[:, :, :length], self._values[:, :, :length] = keys, values
+        self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._move(key_states[:, :, :0], value_states[:, :, :0], max(self.capacity, key_states.shape[-2]))
+        length, new = self.keys.shape[-2], key_states.shape[-2]
+        if self.keys.data_ptr() != self._keys.data_ptr() or length + new > self._keys.shape[-2]:
+            self._move(self.keys, self.values, max(2 * (length + new), self.capacity))
+        self._keys[:, :, length:length + new] = key_states
+        self._values[:, :, length:length + new] = value_states
+        self.keys, self.values = self._keys[:, :, :length + new], self._values[:, :, :length + new]
+        return self.keys, self.values
+
+
 @dataclass
 class _Pending:
     """A branch waiting for elicitation: its problem, plan and the `(layers, 2)` KV rows of its context."""
@@ -276,6 +320,8 @@ class TraceReencoder:
         # Right padding: no real token sees it (causal), the mask only keeps padding out of the pad-token warning.
         mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tokens], device=self.device)
         cache = DynamicCache(config=self.model.config)
+        _check_layers(cache)
+        cache.layers = [BufferedLayer(width) for _ in range(self.model.config.get_text_config().num_hidden_layers)]
         todo = [sorted(plans[r], key=lambda b: b.kept) for r in group]
         conf_rows = [[] for _ in group]
         step = max(1, self.chunk_tokens // len(group))
@@ -286,7 +332,6 @@ class TraceReencoder:
                              past_key_values=cache,
                              use_cache=True, **({} if self.confidence_top_k else {"logits_to_keep": 1}))
             self.forwards += 1
-            _check_layers(cache)
             if self.confidence_top_k:
                 logprobs = torch.log_softmax(out.logits.float(), dim=-1)
                 conf = -logprobs.topk(min(self.confidence_top_k, logprobs.shape[-1]), dim=-1).values.mean(-1)
@@ -325,19 +370,24 @@ class TraceReencoder:
             return
         n, width = len(queue), max(q.context for q in queue)
         mask = torch.zeros(n, width, dtype=torch.long, device=self.device)
+        # Room for the widest elicitation segment and the answer: the answer tokens are written in place.
+        room = max(len(q.point.prefix_ids) for q in queue) + len(self.elicitor.prompt_ids) + \
+            self.elicitor.max_answer_tokens + 1
         layers = []
         for layer in range(len(queue[0].kv)):
             k0, v0 = queue[0].kv[layer]
-            keys = k0.new_zeros(n, k0.shape[0], width, k0.shape[-1])
-            values = v0.new_zeros(n, v0.shape[0], width, v0.shape[-1])
+            keys = k0.new_zeros(n, k0.shape[0], width + room, k0.shape[-1])
+            values = v0.new_zeros(n, v0.shape[0], width + room, v0.shape[-1])
             for i, q in enumerate(queue):
-                keys[i, :, width - q.context:], values[i, :, width - q.context:] = q.kv[layer]
-            layers.append((keys, values))
+                keys[i, :, width - q.context:width], values[i, :, width - q.context:width] = q.kv[layer]
+            layers.append(BufferedLayer.from_states(keys, values, width, width + room))
         for i, q in enumerate(queue):
             mask[i, width - q.context:] = 1
         # The elicitor numbers the new tokens from position_ids[:, -1] + 1: the context length.
         positions = torch.tensor([[q.context - 1] for q in queue], device=self.device)
-        state = DecodeState(cache=DynamicCache(layers), attention_mask=mask, position_ids=positions)
+        cache = DynamicCache()
+        cache.layers = layers
+        state = DecodeState(cache=cache, attention_mask=mask, position_ids=positions)
         branches = [Branch(i, q.point.trigger, prefix_ids=q.point.prefix_ids) for i, q in enumerate(queue)]
         items = list(queue)
         queue.clear()  # the context copies are in `layers` now
