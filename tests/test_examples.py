@@ -45,6 +45,12 @@ def test_collect_and_train_example_writes_a_loadable_verifier(tmp_path):
     assert (tmp_path / "recipe" / "verifier" / "README.md").exists()
 
 
+def test_vllm_example_runs_its_help_without_vllm(tmp_path):
+    """The sampling half imports vLLM lazily: the script loads (and its writer is tested in test_traces.py)."""
+    out = run([ROOT / "examples/sample_with_vllm.py", "--help"], tmp_path)
+    assert "--num-samples" in out and "--logprobs" in out
+
+
 @pytest.mark.slow
 def test_main_job_prints_the_per_problem_table_and_totals(tmp_path):
     out = run(["-m", "hf_msv.cli", "demo", "--problems", "3", "--output-dir", str(tmp_path)], tmp_path)

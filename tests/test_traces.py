@@ -334,3 +334,52 @@ def test_vllm_example_writer_on_hf_msv_samples(testbed, tmp_path):
     assert traces[0].sampling == {"temperature": 1.0, "engine": "vllm"}
     answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"])
     assert_same_answers(results, answers, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Memory: the budgets bound every batch; buffered cache layers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_budgets_bound_prefill_and_elicitation_batches(testbed, live_collection, monkeypatch):
+    model, tok = testbed
+    traces = read_traces(live_collection[1]).traces
+    elicit, forward, seen = AnswerElicitor.elicit, model.forward, {"elicit": [], "prefill": []}
+
+    def spy_elicit(self, state, branches, *args, **kwargs):
+        seen["elicit"].append((len(branches), state.cache.get_seq_length()))
+        return elicit(self, state, branches, *args, **kwargs)
+
+    def spy_forward(module, args, kwargs):
+        if "logits_to_keep" not in kwargs:  # prefill chunks (the elicitor always keeps one position)
+            seen["prefill"].append(tuple(kwargs["attention_mask"].shape))
+
+    monkeypatch.setattr(AnswerElicitor, "elicit", spy_elicit)
+    hook = model.register_forward_pre_hook(spy_forward, with_kwargs=True)
+    budget, chunk = 900, 120
+    answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"], max_batch_tokens=budget,
+                             chunk_tokens=chunk)
+    hook.remove()
+    encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, max_length=None) for t in traces]
+    longest = max(len(e.prompt_ids) + len(s) for e in encoded for s in e.sequences)
+    assert sum(n for n, _ in seen["elicit"]) == sum(map(len, answers)) and len(seen["elicit"]) > 1
+    assert all(n * width <= max(budget, longest) for n, width in seen["elicit"])
+    assert all(rows * width <= max(budget, longest) for rows, width in seen["prefill"])
+    assert max(rows for rows, _ in seen["prefill"]) > 1  # short sequences share a prefill
+
+
+def test_buffered_layer_writes_in_place_and_grows():
+    from hf_msv.collect.reencode import BufferedLayer
+
+    layer = BufferedLayer(capacity=4)
+    chunks = [torch.randn(2, 1, n, 3) for n in (3, 1, 2)]
+    for c in chunks:
+        keys, values = layer.update(c, -c)
+    torch.testing.assert_close(keys, torch.cat(chunks, dim=2))
+    torch.testing.assert_close(values, -torch.cat(chunks, dim=2))
+    ptr = layer.keys.data_ptr()
+    layer.update(chunks[1], chunks[1])  # room left after growing: written in place
+    assert layer.keys.data_ptr() == ptr and layer.get_seq_length() == 7
+    layer.batch_select_indices(torch.tensor([1]))  # a gather: new tensors, moved into a new buffer on update
+    keys, _ = layer.update(chunks[1][:1], chunks[1][:1])
+    torch.testing.assert_close(keys[0, :, :7], torch.cat(chunks + [chunks[1]], dim=2)[1])

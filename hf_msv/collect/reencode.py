@@ -214,7 +214,7 @@ class BufferedLayer(DynamicLayer):
     def __init__(self, capacity: int):
         super().__init__()
         self.capacity = capacity
-        self._keys = self._values = None
+        self._keys = self._values = self._view = None
 
     @classmethod
     def from_states(cls, keys: torch.Tensor, values: torch.Tensor, length: int, capacity: int) -> BufferedLayer:
@@ -223,6 +223,7 @@ class BufferedLayer(DynamicLayer):
         layer.lazy_initialization(keys, values)
         layer._keys, layer._values = keys, values
         layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
+        layer._view = layer.keys
         return layer
 
     def _move(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
@@ -231,17 +232,19 @@ class BufferedLayer(DynamicLayer):
         self._values = values.new_empty(*values.shape[:2], capacity, values.shape[-1])
         self._keys[:, :, :length], self._values[:, :, :length] = keys, values
         self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+        self._view = self.keys
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self._move(key_states[:, :, :0], value_states[:, :, :0], max(self.capacity, key_states.shape[-2]))
         length, new = self.keys.shape[-2], key_states.shape[-2]
-        if self.keys.data_ptr() != self._keys.data_ptr() or length + new > self._keys.shape[-2]:
+        if self.keys is not self._view or length + new > self._keys.shape[-2]:  # gathered, or full
             self._move(self.keys, self.values, max(2 * (length + new), self.capacity))
         self._keys[:, :, length:length + new] = key_states
         self._values[:, :, length:length + new] = value_states
         self.keys, self.values = self._keys[:, :, :length + new], self._values[:, :, :length + new]
+        self._view = self.keys
         return self.keys, self.values
 
 
