@@ -53,7 +53,8 @@ def mismatches(live: dict, mine: dict) -> tuple[int, float]:
             sa, sb = a.answer_token_start[i], b.answer_token_start[i]
             same = (a.answer_text[i] == b.answer_text[i] and a.answer_tau[i] == b.answer_tau[i]
                     and a.answer_class[i] == b.answer_class[i] and a.answer_correct[i] == b.answer_correct[i]
-                    and np.array_equal(a.token_ids[sa:sa + a.answer_length[i]], b.token_ids[sb:sb + b.answer_length[i]]))
+                    and np.array_equal(a.token_ids[sa:sa + a.answer_length[i]],
+                                       b.token_ids[sb:sb + b.answer_length[i]]))
             bad += not same
         if a.hidden_states.shape == b.hidden_states.shape:
             diff = max(diff, (a.hidden_states.float() - b.hidden_states.float()).abs().max().item())

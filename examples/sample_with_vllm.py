@@ -5,7 +5,7 @@
     # 2. answers and hidden states, the same shards `hf-msv collect` writes (any device; resumable)
     hf-msv collect --model Qwen/Qwen3-1.7B --traces traces.jsonl --output-dir shards/train
     # 3. train on them (a validation split made the same way)
-    hf-msv train --train shards/train --validation shards/validation --output-dir verifier
+    hf-msv train --train-dir shards/train --val-dir shards/validation --output-dir verifier --num-sequences 16
 
 Only step 1 uses vLLM, imported inside `sample`; the file format is written by `write_vllm_traces` with
 `hf_msv.collect.write_traces` (tested on hf_msv's own samples shaped like vLLM's outputs). The traces keep vLLM's

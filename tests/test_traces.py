@@ -344,7 +344,7 @@ def test_vllm_example_writer_on_hf_msv_samples(testbed, tmp_path):
 def test_budgets_bound_prefill_and_elicitation_batches(testbed, live_collection, monkeypatch):
     model, tok = testbed
     traces = read_traces(live_collection[1]).traces
-    elicit, forward, seen = AnswerElicitor.elicit, model.forward, {"elicit": [], "prefill": []}
+    elicit, seen = AnswerElicitor.elicit, {"elicit": [], "prefill": []}
 
     def spy_elicit(self, state, branches, *args, **kwargs):
         seen["elicit"].append((len(branches), state.cache.get_seq_length()))

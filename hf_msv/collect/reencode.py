@@ -61,7 +61,8 @@ from ..generation import DelimiterMatcher, MSVAnswer
 from ..generation.forking import AnswerElicitor, Branch, DecodeState
 from .traces import FINISH_EOS, Trace, TraceError
 
-__all__ = ["BranchPoint", "BufferedLayer", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids", "plan_branches"]
+__all__ = ["BranchPoint", "BufferedLayer", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids",
+           "plan_branches"]
 
 
 def eos_token_ids(model) -> set[int]:
@@ -114,6 +115,8 @@ def encode_trace(trace: Trace, tokenizer, build_prompt, *, eos_ids: set[int], ma
         prompt = _render_prompt(trace, tokenizer, build_prompt, chat_template)
     except Exception as e:  # a chat template that fails on these messages, a prompt that is not text, ...
         raise TraceError(line, f"cannot build the prompt: {e}") from None
+    if not prompt:  # the first generated token's distribution is read at the prompt's last position
+        raise TraceError(line, "the prompt is empty")
     sequences, finish, confidence = [], [], []
     for i, c in enumerate(trace.completions):
         if c.token_ids is not None:
@@ -258,6 +261,21 @@ class _Pending:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
 
 
+@dataclass
+class _Work:
+    """One `TraceReencoder.answers` call: the traces, their branch plans per (trace, sequence), the elicitation
+    queue and the answers found so far per trace."""
+
+    traces: Sequence[EncodedTrace]
+    plans: dict
+    queue: list = field(default_factory=list)
+    answers: list = field(default_factory=list)
+
+    def length(self, row: tuple[int, int]) -> int:
+        """Prompt + sequence tokens of row ``(trace, sequence)``."""
+        return len(self.traces[row[0]].prompt_ids) + len(self.traces[row[0]].sequences[row[1]])
+
+
 class TraceReencoder:
     """Elicits the answers of encoded traces from one prefill per sequence (module docstring).
 
@@ -289,124 +307,116 @@ class TraceReencoder:
         plans = {(p, n): plan_branches(traces[p].sequences[n], n, eos_ids=self.eos_ids, elicitor=self.elicitor,
                                        matcher=self.matcher, every_k_tokens=self.every_k_tokens,
                                        streaming=self.streaming) for p, n in rows}
+        work = _Work(traces, plans, answers=[[] for _ in traces])
         confidence = [[np.zeros(0, dtype=np.float32)] * len(tr.sequences) for tr in traces]
-        answers: list[list[MSVAnswer]] = [[] for _ in traces]
-        queue: list[_Pending] = []
-        rows.sort(key=lambda r: -(len(traces[r[0]].prompt_ids) + len(traces[r[0]].sequences[r[1]])))
-        for group in self._prefill_groups(rows, traces):
-            tokens = [traces[p].prompt_ids + traces[p].sequences[n] for p, n in group]
-            for (p, n), conf in zip(group, self._prefill(group, tokens, traces, plans, queue, answers)):
+        rows.sort(key=lambda r: -work.length(r))  # similar lengths share a prefill group: little padding
+        for group in self._prefill_groups(rows, work):
+            for (p, n), conf in zip(group, self._prefill(group, work)):
                 confidence[p][n] = conf
-        self._flush(queue, traces, answers)
-        return answers, confidence
+        self._flush(work)
+        return work.answers, confidence
 
-    def _prefill_groups(self, rows, traces) -> list[list[tuple[int, int]]]:
+    def _prefill_groups(self, rows, work: _Work) -> list[list[tuple[int, int]]]:
         """Consecutive rows (longest first) whose padded prefill fits `max_batch_tokens` (a longer row alone)."""
         groups, current = [], []
         for row in rows:
-            if current and (len(current) + 1) * self._length(current[0], traces) > self.max_batch_tokens:
+            if current and (len(current) + 1) * work.length(current[0]) > self.max_batch_tokens:
                 groups.append(current)
                 current = []
             current.append(row)
         return groups + ([current] if current else [])
 
-    @staticmethod
-    def _length(row, traces) -> int:
-        return len(traces[row[0]].prompt_ids) + len(traces[row[0]].sequences[row[1]])
-
-    def _prefill(self, group, tokens, traces, plans, queue, answers) -> list[np.ndarray]:
-        """Prefill `group`'s rows in chunks, queueing each branch's context rows once the chunk holding its end is
-        in the cache; returns each row's model confidences (one per generated token)."""
-        width = max(map(len, tokens))
-        pad = self.elicitor.pad_token_id
+    def _prefill(self, group, work: _Work) -> list[np.ndarray]:
+        """Prefill `group`'s rows ``(trace, sequence)`` in chunks, queueing each branch's context once the chunk
+        holding its end is in the cache; returns each row's model confidences (one per generated token)."""
+        tokens = [work.traces[p].prompt_ids + work.traces[p].sequences[n] for p, n in group]
+        width, pad = max(map(len, tokens)), self.elicitor.pad_token_id
         ids = torch.tensor([t + [pad] * (width - len(t)) for t in tokens], device=self.device)
         # Right padding: no real token sees it (causal), the mask only keeps padding out of the pad-token warning.
         mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tokens], device=self.device)
         cache = DynamicCache(config=self.model.config)
         _check_layers(cache)
         cache.layers = [BufferedLayer(width) for _ in range(self.model.config.get_text_config().num_hidden_layers)]
-        todo = [sorted(plans[r], key=lambda b: b.kept) for r in group]
-        conf_rows = [[] for _ in group]
+        todo = [sorted(work.plans[r], key=lambda b: b.kept) for r in group]
+        parts = []
         step = max(1, self.chunk_tokens // len(group))
         for start in range(0, width, step):
             stop = min(width, start + step)
             positions = torch.arange(start, stop, device=self.device).expand(len(group), -1)
             out = self.model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], position_ids=positions,
-                             past_key_values=cache,
-                             use_cache=True, **({} if self.confidence_top_k else {"logits_to_keep": 1}))
+                             past_key_values=cache, use_cache=True,
+                             **({} if self.confidence_top_k else {"logits_to_keep": 1}))
             self.forwards += 1
             if self.confidence_top_k:
                 logprobs = torch.log_softmax(out.logits.float(), dim=-1)
-                conf = -logprobs.topk(min(self.confidence_top_k, logprobs.shape[-1]), dim=-1).values.mean(-1)
-                for i in range(len(group)):
-                    conf_rows[i].append(conf[i].cpu())
+                k = min(self.confidence_top_k, logprobs.shape[-1])
+                parts.append(-logprobs.topk(k, dim=-1).values.mean(-1).cpu())  # (rows, columns)
             del out
             for i, (p, n) in enumerate(group):
-                prompt = len(traces[p].prompt_ids)
-                while todo[i] and prompt + todo[i][0].kept <= stop:
+                prompt = len(work.traces[p].prompt_ids)
+                while todo[i] and prompt + todo[i][0].kept <= stop:  # its context is in the cache now
                     point = todo[i].pop(0)
                     context = prompt + point.kept
                     kv = [(layer.keys[i, :, :context].clone(), layer.values[i, :, :context].clone())
                           for layer in cache.layers]
-                    self._enqueue(_Pending(p, point, context, kv), queue, traces, answers)
+                    self._enqueue(_Pending(p, point, context, kv), work)
         del cache
-        out = []
-        for i, (p, n) in enumerate(group):
-            if not self.confidence_top_k:
-                out.append(np.zeros(0, dtype=np.float32))
-                continue
-            conf = torch.cat(conf_rows[i]).numpy()
-            prompt = len(traces[p].prompt_ids)
-            # Logits at position i are the distribution of token i + 1: generated token t is at prompt + t.
-            out.append(conf[prompt - 1: prompt - 1 + len(traces[p].sequences[n])].astype(np.float32))
-        return out
+        if not parts:
+            return [np.zeros(0, dtype=np.float32)] * len(group)
+        conf = torch.cat(parts, dim=1).numpy()
+        # Logits at position i are the distribution of token i + 1: generated token t is at prompt + t.
+        return [conf[i, len(work.traces[p].prompt_ids) - 1:][:len(work.traces[p].sequences[n])]
+                for i, (p, n) in enumerate(group)]
 
-    def _enqueue(self, item: _Pending, queue: list[_Pending], traces, answers) -> None:
-        longest = max([item.context] + [q.context for q in queue])
-        if queue and (len(queue) + 1) * longest > self.max_batch_tokens:
-            self._flush(queue, traces, answers)
-        queue.append(item)
+    def _enqueue(self, item: _Pending, work: _Work) -> None:
+        """Queue a branch, first eliciting the queue if the padded batch would exceed `max_batch_tokens`."""
+        longest = max([item.context] + [q.context for q in work.queue])
+        if work.queue and (len(work.queue) + 1) * longest > self.max_batch_tokens:
+            self._flush(work)
+        work.queue.append(item)
 
-    def _flush(self, queue: list[_Pending], traces, answers) -> None:
-        """Elicit every queued branch in one batch: contexts left-padded into one cache, fed to the elicitor."""
-        if not queue:
-            return
+    def _batch_cache(self, queue: list[_Pending]) -> DecodeState:
+        """The queued contexts left-padded into one cache `(n, heads, width + room, dim)` per layer, with its mask
+        `(n, width)` and positions (`AnswerElicitor` numbers new tokens from ``position_ids[:, -1] + 1``)."""
         n, width = len(queue), max(q.context for q in queue)
-        mask = torch.zeros(n, width, dtype=torch.long, device=self.device)
         # Room for the widest elicitation segment and the answer: the answer tokens are written in place.
-        room = max(len(q.point.prefix_ids) for q in queue) + len(self.elicitor.prompt_ids) + \
-            self.elicitor.max_answer_tokens + 1
+        room = (max(len(q.point.prefix_ids) for q in queue) + len(self.elicitor.prompt_ids)
+                + self.elicitor.max_answer_tokens + 1)
         layers = []
         for layer in range(len(queue[0].kv)):
             k0, v0 = queue[0].kv[layer]
+            # Zeros, not garbage, under the padding: masked scores get weight 0, and 0 × NaN would be NaN.
             keys = k0.new_zeros(n, k0.shape[0], width + room, k0.shape[-1])
             values = v0.new_zeros(n, v0.shape[0], width + room, v0.shape[-1])
             for i, q in enumerate(queue):
                 keys[i, :, width - q.context:width], values[i, :, width - q.context:width] = q.kv[layer]
             layers.append(BufferedLayer.from_states(keys, values, width, width + room))
+        mask = torch.zeros(n, width, dtype=torch.long, device=self.device)
         for i, q in enumerate(queue):
             mask[i, width - q.context:] = 1
-        # The elicitor numbers the new tokens from position_ids[:, -1] + 1: the context length.
-        positions = torch.tensor([[q.context - 1] for q in queue], device=self.device)
         cache = DynamicCache()
         cache.layers = layers
-        state = DecodeState(cache=cache, attention_mask=mask, position_ids=positions)
-        branches = [Branch(i, q.point.trigger, prefix_ids=q.point.prefix_ids) for i, q in enumerate(queue)]
-        items = list(queue)
-        queue.clear()  # the context copies are in `layers` now
-        elicited = self.elicitor.elicit(state, branches, [[]] * n, self.eos_ids, self.device)
+        positions = torch.tensor([[q.context - 1] for q in queue], device=self.device)
+        return DecodeState(cache=cache, attention_mask=mask, position_ids=positions)
+
+    def _flush(self, work: _Work) -> None:
+        """Elicit every queued branch in one batch and add its `MSVAnswer` to its trace's answers."""
+        if not work.queue:
+            return
+        items = list(work.queue)
+        work.queue.clear()
+        state = self._batch_cache(items)  # the context copies now live in this cache only
+        branches = [Branch(i, q.point.trigger, prefix_ids=q.point.prefix_ids) for i, q in enumerate(items)]
+        elicited = self.elicitor.elicit(state, branches, [[]] * len(items), self.eos_ids, self.device)
         self.forwards += 1 + max(len(e.token_ids) for e in elicited)
         for item, e in zip(items, elicited):
             point = item.point
-            answers[item.problem].append(MSVAnswer(
+            work.answers[item.problem].append(MSVAnswer(
                 text=extract_boxed(e.raw_text), raw_text=e.raw_text, token_ids=e.token_ids, prompt=item.problem,
                 sequence=point.sequence, step=point.step, tau=point.tau, length=len(e.token_ids),
                 trigger=point.trigger, terminal=point.terminal, cot_tokens=point.kept,
                 elicitation_ids=point.prefix_ids + self.elicitor.prompt_ids, hidden_states=e.hidden_states.cpu(),
                 token_logprobs=e.token_logprobs))
-
-    def __repr__(self) -> str:
-        return f"TraceReencoder(max_batch_tokens={self.max_batch_tokens}, chunk_tokens={self.chunk_tokens})"
 
 
 def _check_layers(cache) -> None:
