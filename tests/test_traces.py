@@ -383,3 +383,36 @@ def test_buffered_layer_writes_in_place_and_grows():
     layer.batch_select_indices(torch.tensor([1]))  # a gather: new tensors, moved into a new buffer on update
     keys, _ = layer.update(chunks[1][:1], chunks[1][:1])
     torch.testing.assert_close(keys[0, :, :7], torch.cat(chunks + [chunks[1]], dim=2)[1])
+
+
+def test_confidences_from_trace_logprobs(testbed, live_collection, tmp_path):
+    model, tok = testbed
+    traces = read_traces(live_collection[1]).traces
+    for t in traces:
+        for c in t.completions[:2]:  # the others carry none: their confidences are missing
+            c.logprobs = [[-3.0, -1.0, -0.5]] * len(c.token_ids)
+    collect_from_traces(model, tok, traces, tmp_path / "conf", confidence="trace", confidence_top_k=2, **REENCODE)
+    problems, info = read_shard(list_shards(tmp_path / "conf")[0])
+    assert info["cot_confidence_source"] == "trace"
+    for p in problems:
+        assert [float(c[0]) if len(c) else None for c in p.cot_confidence] == [0.75, 0.75, None, None]
+        assert [len(c) for c in p.cot_confidence[:2]] == p.sequence_length[:2].tolist()
+
+
+def test_collect_config_declares_every_trace_option_once():
+    import dataclasses
+    import inspect
+
+    from hf_msv.collect import CollectConfig
+    from hf_msv.collect.config import build_parser
+
+    params = {n: p for n, p in inspect.signature(collect_from_traces).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    fields = {f.name: f for f in dataclasses.fields(CollectConfig)}
+    assert set(params) - set(fields) == set()
+    assert all(fields[name].default == param.default for name, param in params.items())
+    (config,) = build_parser().parse_args_into_dataclasses(
+        ["--model", "testbed", "--traces", "t.jsonl", "--output-dir", "out", "--skip-bad-lines", "--confidence",
+         "trace", "--max-batch-tokens", "4096"])
+    kwargs = config.traces_kwargs()
+    assert set(kwargs) == set(params) and kwargs["prompt_template"] == "testbed"
+    assert (kwargs["skip_bad_lines"], kwargs["confidence"], kwargs["max_batch_tokens"]) == (True, "trace", 4096)
