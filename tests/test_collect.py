@@ -142,6 +142,9 @@ def test_records_match_the_generation_hook(reference):
         assert record.answer_class.tolist() == assign_classes(record.answer_text, checker)  # arrival order
         assert record.answer_correct.tolist() == [a.text == problem.gold for a in answers]
         assert record.sequence_length.tolist() == [len(s) for s in res.sequences]
+        # the chain-of-thought tokens themselves and the question, for post-hoc scorers (a PRM) on shards
+        assert [t.tolist() for t in record.cot_token_ids] == [list(s) for s in res.sequences]
+        assert record.question == problem.question
         assert torch.equal(record.hidden_states, torch.cat([a.hidden_states for a in answers]).bfloat16())
         assert record.token_ids.tolist() == [t for a in answers for t in a.token_ids]
 

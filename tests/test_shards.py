@@ -52,7 +52,7 @@ def make_problem(pid: str, num_sequences: int = 6, seed: int = 0, d: int = D, ma
     t = sum(lengths)
     seq_len = [max(r[0] for r in rows if r[1] == n) + 1 for n in range(num_sequences)]
     return CollectedProblem(
-        problem_id=pid, gold="1", source="synthetic",
+        problem_id=pid, gold="1", source="synthetic", question=f"What is {pid}?",
         hidden_states=torch.from_numpy(rng.normal(size=(t, d)).astype(np.float32)) * 3,
         token_ids=rng.integers(0, 100, size=t), token_logprobs=-rng.random(t).astype(np.float32),
         answer_text=[r[4] for r in rows], answer_raw_text=[f"{{{r[4]}}}" if r[4] else "{" for r in rows],
@@ -61,7 +61,8 @@ def make_problem(pid: str, num_sequences: int = 6, seed: int = 0, d: int = D, ma
         answer_length=lengths, answer_class=classes, answer_terminal=[r[3] for r in rows],
         answer_correct=[r[4] == "1" for r in rows], sequence_length=seq_len,
         sequence_finish=["eos"] * num_sequences,
-        cot_confidence=[rng.random(n).astype(np.float32) for n in seq_len])
+        cot_confidence=[rng.random(n).astype(np.float32) for n in seq_len],
+        cot_token_ids=[rng.integers(0, 50_000, size=n) for n in seq_len])
 
 
 def write_dataset(directory, num_problems=5, per_shard=2, num_sequences=6, seed=0, d=D):
@@ -90,8 +91,8 @@ def test_round_trip_is_bit_exact_and_complete(tmp_path, dtype):
         assert q.hidden_states.dtype == target
         # Bit-exact: the stored bits are exactly those of the 16-bit cast.
         assert torch.equal(q.hidden_states.view(torch.int16), p.hidden_states.to(target).view(torch.int16))
-        for name in ("problem_id", "gold", "source", "answer_text", "answer_raw_text", "answer_trigger",
-                     "sequence_finish"):
+        for name in ("problem_id", "gold", "source", "question", "answer_text", "answer_raw_text",
+                     "answer_trigger", "sequence_finish"):
             assert getattr(q, name) == getattr(p, name), name
         for name in ("token_ids", "token_logprobs", "answer_sequence", "answer_step", "answer_tau", "answer_length",
                      "answer_class", "answer_terminal", "answer_correct", "sequence_length"):
@@ -99,6 +100,7 @@ def test_round_trip_is_bit_exact_and_complete(tmp_path, dtype):
         assert len(q.cot_confidence) == p.num_sequences
         for a, b in zip(p.cot_confidence, q.cot_confidence):
             np.testing.assert_array_equal(a, b)
+        assert [t.tolist() for t in q.cot_token_ids] == [t.tolist() for t in p.cot_token_ids]
         assert None in q.answer_text or p.answer_text.count(None) == 0
     # No temporaries left behind, and the file is readable by others.
     assert sorted(f.name for f in tmp_path.iterdir()) == ["shard-r000-00000.safetensors"]
@@ -123,6 +125,53 @@ def test_problem_without_confidence_and_answer_group(tmp_path):
     group = answer_group(back[1])
     assert group.num_answers == q.num_answers and group.num_sequences == q.num_sequences
     np.testing.assert_array_equal(group.end, q.answer_tau + q.answer_length)
+
+
+def test_cot_token_ids_and_confidences_are_unknown_independently(tmp_path):
+    no_ids, no_conf, both = make_problem("x", seed=3), make_problem("y", seed=4), make_problem("z", seed=5)
+    no_ids.cot_token_ids, no_conf.cot_confidence = [], []
+    path = write_shard(tmp_path / "shard-r000-00000.safetensors", [no_ids, no_conf, both])
+    back, _ = read_shard(path, hidden=False)
+    assert back[0].cot_token_ids == [] and back[1].cot_confidence == []
+    for p, q in zip([no_ids, no_conf, both], back):  # every known slice lands on its own problem and sequence
+        for name in ("cot_token_ids", "cot_confidence"):
+            assert [a.tolist() for a in getattr(p, name)] == [b.tolist() for b in getattr(q, name)], name
+    ds = ShardDataset(path)
+    assert ds.read_problem(2).cot_token_ids[1].tolist() == both.cot_token_ids[1].tolist()
+    assert ds.read_problem(0).question == "What is x?"
+
+
+def test_shards_written_before_cot_token_ids_still_read(tmp_path):
+    """A shard as written before CoT token ids and questions were kept (no such tensors and no metadata key)
+    reads with both unknown; everything else is unchanged."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    p = make_problem("old", seed=6)
+    path = write_shard(tmp_path / "shard-r000-00000.safetensors", [p])
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["hf_msv"])
+    for name in ("cot_token_ids", "sequence_cot_token_start"):
+        del tensors[name]
+    del meta["problem_question"]
+    save_file(tensors, str(path), metadata={"hf_msv": json.dumps(meta, sort_keys=True)})
+    (q,), _ = read_shard(path)
+    assert q.cot_token_ids == [] and q.question == ""
+    assert [c.tolist() for c in q.cot_confidence] == [c.tolist() for c in p.cot_confidence]
+    np.testing.assert_array_equal(q.answer_tau, p.answer_tau)
+    assert ShardDataset(path).read_problem(0).cot_token_ids == []
+
+
+def test_cot_token_ids_need_one_array_of_sequence_length_per_sequence():
+    p = make_problem("x", seed=7)
+    with pytest.raises(ValueError, match="cot_token_ids"):
+        CollectedProblem(**{**p.__dict__, "cot_token_ids": p.cot_token_ids[:-1]})
+    short = [t[:-1] for t in p.cot_token_ids]
+    with pytest.raises(ValueError, match="cot_token_ids"):
+        CollectedProblem(**{**p.__dict__, "cot_token_ids": short})
 
 
 def test_failed_write_leaves_no_visible_shard(tmp_path, monkeypatch):

@@ -4,8 +4,8 @@ One pass collects terminal *and* streaming answers (streaming mode elicits at ev
 terminal answers are flagged). For every answer it stores the answer-token hidden states (16-bit), the text, the
 sequence n, step k, time τ, length L, whether it is terminal, its correctness under the chosen checker, its online
 equivalence class (`EquivalenceClasses`, arrival order, as the generation hook assigns it at inference), the answer
-tokens' log-probabilities (Token-Probs) and, per sequence, the DeepConf token confidence of every chain-of-thought
-token. See `hf_msv.data.shards` for the file format.
+tokens' log-probabilities (Token-Probs) and, per sequence, the sampled chain-of-thought token ids and the DeepConf
+token confidence of each (and per problem its question), so post-hoc scorers such as a PRM can re-read the text. See `hf_msv.data.shards` for the file format.
 
 Resumable and atomic
 ====================
@@ -121,6 +121,8 @@ def _record(model, problem: Problem, result, confidence: np.ndarray, rows: range
         sequence_length=lengths,
         sequence_finish=list(result.finish_reasons),
         cot_confidence=[confidence[:n, row] if confidence.size else np.zeros(0) for n, row in zip(lengths, rows)],
+        cot_token_ids=[np.asarray(s, dtype=np.int64) for s in result.sequences],
+        question=problem.question,
     )
 
 

@@ -19,7 +19,7 @@ class CollectedProblem:
     answer order without gaps.
 
     Args:
-        problem_id, gold, source: the problem.
+        problem_id, gold, source, question: the problem (``question``: its text, "" when unknown).
         hidden_states: `(T, d)` answer-token hidden states (any float dtype; written in 16 bits), or `None` when
             read without them.
         token_ids: `(T,)` int answer tokens. token_logprobs: `(T,)` float32, nan where unknown.
@@ -28,6 +28,9 @@ class CollectedProblem:
         answer_terminal, answer_correct: `(A,)` bool.
         sequence_length: `(S,)` int CoT tokens generated per sequence. sequence_finish: `S` strings.
         cot_confidence: `S` arrays `(sequence_length[n],)` float32 of DeepConf token confidences.
+        cot_token_ids: `S` arrays `(sequence_length[n],)` int64, the sampled chain-of-thought tokens (EOS
+            included), for post-hoc scorers that re-read the text (a PRM).
+        Both CoT lists are empty when unknown (shards written before them, traces without them).
     """
 
     problem_id: str
@@ -49,6 +52,8 @@ class CollectedProblem:
     sequence_finish: list
     cot_confidence: list = field(default_factory=list)
     source: str = ""
+    cot_token_ids: list = field(default_factory=list)
+    question: str = ""
 
     def __post_init__(self):
         for name in ("answer_sequence", "answer_step", "answer_tau", "answer_length", "answer_class",
@@ -58,6 +63,7 @@ class CollectedProblem:
             setattr(self, name, np.asarray(getattr(self, name), dtype=bool).reshape(-1))
         self.token_logprobs = np.asarray(self.token_logprobs, dtype=np.float32).reshape(-1)
         self.cot_confidence = [np.asarray(c, dtype=np.float32).reshape(-1) for c in self.cot_confidence]
+        self.cot_token_ids = [np.asarray(c, dtype=np.int64).reshape(-1) for c in self.cot_token_ids]
         a, t = len(self.answer_sequence), int(self.answer_length.sum())
         if not (len(self.answer_text) == len(self.answer_raw_text) == len(self.answer_trigger) == a):
             raise ValueError("answer_text, answer_raw_text and answer_trigger need one entry per answer")
@@ -69,6 +75,8 @@ class CollectedProblem:
             raise ValueError("sequence_finish needs one entry per sequence")
         if self.cot_confidence and len(self.cot_confidence) != len(self.sequence_length):
             raise ValueError("cot_confidence needs one array per sequence")
+        if self.cot_token_ids and [len(c) for c in self.cot_token_ids] != self.sequence_length.tolist():
+            raise ValueError("cot_token_ids needs one array of sequence_length[n] tokens per sequence")
 
     @property
     def num_answers(self) -> int:

@@ -28,12 +28,21 @@ name                           shape/dtype  meaning
 ``sequence_length``            (S,) i32     chain-of-thought tokens generated (EOS included)
 ``sequence_confidence_start``  (S,) i64     first entry of the sequence in ``cot_confidence``
 ``cot_confidence``             (C,) f32     DeepConf token confidence C_i = −mean of the top-k log-probs, per CoT token
+``sequence_cot_token_start``   (S,) i64     first entry of the sequence in ``cot_token_ids``
+``cot_token_ids``              (C,) i32     the sampled chain-of-thought tokens (EOS included), for post-hoc scorers
 =============================  ===========  ===============================================================
+
+**Unknown CoT data.** A problem whose confidences or CoT token ids are unknown stores no entries for its sequences
+(consecutive starts are equal) and reads back an empty list. The two CoT tensors have their own start columns, so
+either can be missing while the other is known (traces without log-probs have token ids but no confidences); when
+both are known their starts are equal, entry i of both being the same token. Shards written before CoT token ids
+and questions were kept lack ``cot_token_ids``, ``sequence_cot_token_start`` and ``problem_question``: they read as
+unknown (empty lists, ``""``), and the format version stays 1 (readers of either vintage read both).
 
 String metadata: the safetensors header holds one key, ``hf_msv``, a JSON object (sorted keys, so equal shards
 are equal bytes) with ``format`` (``"hf_msv.shard"``), ``version``, ``problem_id``, ``problem_gold``,
-``problem_source`` (P,), ``answer_text`` (A, ``null`` = no answer), ``answer_raw_text``, ``answer_trigger`` (A,),
-``sequence_finish`` (S,) and ``collect`` (the collection settings: LM, hidden size, delimiters, checker, ...).
+``problem_source``, ``problem_question`` (P,), ``answer_text`` (A, ``null`` = no answer), ``answer_raw_text``,
+``answer_trigger`` (A,), ``sequence_finish`` (S,) and ``collect`` (the collection settings: LM, hidden size, delimiters, checker, ...).
 
 **16-bit storage.** Hidden states are stored in bfloat16 by default: reasoning LMs run in bf16, so their states are
 stored losslessly, and bf16 has float32's range, so no outlier dimension can overflow (fp16 tops out at 65504).
@@ -64,6 +73,7 @@ VERSION = "1"
 SHARD_GLOB = "shard-*.safetensors"
 METADATA_KEY = "hf_msv"
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+COT_TENSORS = ("cot_confidence", "cot_token_ids")  # per CoT token, read per sequence: never held in the index
 # Answer-level columns: ``answer_{name}`` in the file and as an attribute of CollectedProblem.
 ANSWER_INT_COLUMNS = ("sequence", "step", "tau", "class", "length")
 ANSWER_BOOL_COLUMNS = ("terminal", "correct")
@@ -107,6 +117,8 @@ def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], i
     # A problem without confidences stores empty arrays; lengths come back from consecutive starts.
     conf_lengths = np.array([len(c) for p in problems for c in (p.cot_confidence or [()] * p.num_sequences)],
                             dtype=np.int64)
+    token_lengths = np.concatenate([p.sequence_length if p.cot_token_ids else np.zeros(p.num_sequences, np.int64)
+                                    for p in problems])
     tensors = {
         "hidden_states": torch.cat([p.hidden_states.detach().to("cpu", dtype) for p in problems]).contiguous(),
         "token_ids": cat([p.token_ids for p in problems], np.int32),
@@ -118,6 +130,9 @@ def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], i
         "sequence_confidence_start": torch.from_numpy(
             np.concatenate([[0], np.cumsum(conf_lengths)[:-1]]).astype(np.int64)),
         "cot_confidence": cat([c for p in problems for c in p.cot_confidence] or [np.zeros(0)], np.float32),
+        "sequence_cot_token_start": torch.from_numpy(
+            np.concatenate([[0], np.cumsum(token_lengths)[:-1]]).astype(np.int64)),
+        "cot_token_ids": cat([c for p in problems for c in p.cot_token_ids] or [np.zeros(0)], np.int32),
     }
     for name in ANSWER_INT_COLUMNS:
         tensors[f"answer_{name}"] = cat([getattr(p, f"answer_{name}") for p in problems], np.int32)
@@ -129,6 +144,7 @@ def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], i
         "problem_id": [p.problem_id for p in problems],
         "problem_gold": [p.gold for p in problems],
         "problem_source": [p.source for p in problems],
+        "problem_question": [p.question for p in problems],
         "answer_text": [t for p in problems for t in p.answer_text],
         "answer_raw_text": [t for p in problems for t in p.answer_raw_text],
         "answer_trigger": [t for p in problems for t in p.answer_trigger],
@@ -165,7 +181,7 @@ class ShardIndex:
         with safe_open(str(path), framework="pt") as f:
             meta = _metadata(f, path)
             self.arrays = {name: f.get_tensor(name).numpy() for name in f.keys()
-                           if name not in ("hidden_states", "token_ids", "token_logprobs", "cot_confidence")}
+                           if name not in ("hidden_states", "token_ids", "token_logprobs") + COT_TENSORS}
             self.hidden_shape = tuple(f.get_slice("hidden_states").get_shape())
             self.hidden_dtype = str(f.get_slice("hidden_states").get_dtype())
         self.strings = {k: v for k, v in meta.items() if k not in ("format", "version")}
@@ -197,19 +213,41 @@ class ShardIndex:
         names = ANSWER_INT_COLUMNS + ANSWER_BOOL_COLUMNS + ("token_start",)
         return {f"answer_{n}": self.arrays[f"answer_{n}"][lo:hi] for n in names}
 
+    def _cot_starts(self, handle, i: int, name: str) -> np.ndarray | None:
+        """`(S_i + 1,)` bounds of problem i's sequences in the CoT tensor `name` (``cot_confidence`` or
+        ``cot_token_ids``); None when unknown (no entries, or a shard written before the tensor existed)."""
+        start_name = {"cot_confidence": "sequence_confidence_start",
+                      "cot_token_ids": "sequence_cot_token_start"}[name]
+        if start_name not in self.arrays:
+            return None
+        s0, s1 = self.seq_lo[i], self.seq_hi[i]
+        starts = np.append(self.arrays[start_name], handle.get_slice(name).get_shape()[0])[s0:s1 + 1]
+        return None if starts[0] == starts[-1] else starts
+
+    def cot_arrays(self, handle, i: int, name: str) -> list[np.ndarray]:
+        """Problem i's per-sequence slices of the CoT tensor `name` read through an open `safe_open` handle;
+        ``[]`` when unknown."""
+        starts = self._cot_starts(handle, i, name)
+        if starts is None:
+            return []
+        tensor = handle.get_slice(name)
+        return [tensor[int(a):int(b)].numpy() for a, b in zip(starts[:-1], starts[1:])]
+
+    def has_cot(self, handle, i: int, name: str) -> bool:
+        """Whether problem i's CoT tensor `name` is known, without reading it."""
+        return self._cot_starts(handle, i, name) is not None
+
     def read_problem(self, handle, i: int, hidden: bool) -> CollectedProblem:
         """Problem i read through an open `safe_open` handle of this shard (hidden states only when asked)."""
         a0, a1 = self.answer_lo[i], self.answer_hi[i]
         s0, s1 = self.seq_lo[i], self.seq_hi[i]
         t0, t1 = self.token_range(i)
         arr, strings = self.arrays, self.strings
-        conf = handle.get_slice("cot_confidence")
-        all_starts = np.append(arr["sequence_confidence_start"], conf.get_shape()[0])
-        conf_start, conf_end = all_starts[s0:s1], all_starts[s0 + 1:s1 + 1]
         return CollectedProblem(
             problem_id=strings["problem_id"][i],
             gold=strings["problem_gold"][i],
             source=strings["problem_source"][i],
+            question=strings.get("problem_question", [""] * len(self.problem_ids))[i],
             hidden_states=handle.get_slice("hidden_states")[t0:t1] if hidden else None,
             token_ids=handle.get_slice("token_ids")[t0:t1].numpy(),
             token_logprobs=handle.get_slice("token_logprobs")[t0:t1].numpy(),
@@ -219,7 +257,8 @@ class ShardIndex:
             **{f"answer_{n}": arr[f"answer_{n}"][a0:a1] for n in ANSWER_INT_COLUMNS + ANSWER_BOOL_COLUMNS},
             sequence_length=arr["sequence_length"][s0:s1],
             sequence_finish=strings["sequence_finish"][s0:s1],
-            cot_confidence=[conf[int(c):int(e)].numpy() for c, e in zip(conf_start, conf_end)],
+            cot_confidence=self.cot_arrays(handle, i, "cot_confidence"),
+            cot_token_ids=self.cot_arrays(handle, i, "cot_token_ids"),
         )
 
 
