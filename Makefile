@@ -4,7 +4,7 @@ VENV := .venv/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow bench reproduce
+.PHONY: setup demo test test-slow test-floor bench reproduce
 
 setup:
 	@bash scripts/setup.sh
@@ -17,6 +17,10 @@ test: setup
 
 test-slow: setup
 	$(VENV)/python -m pytest -q -m slow --timeout=1800 || [ $$? -eq 5 ]
+
+# The tests that touch transformers internals, against the oldest transformers pyproject.toml allows.
+test-floor: setup
+	bash scripts/test_floor.sh
 
 reproduce: setup
 	$(VENV)/hf-msv reproduce

@@ -149,6 +149,12 @@ class ShardDataset(torch.utils.data.Dataset):
             problem.answer_class = self._classes[p].copy()
         return problem
 
+    def has_cot_token_ids(self, p: int) -> bool:
+        """Whether problem `p`'s chain-of-thought token ids are stored (shards written before hf_msv kept them, or
+        collections from traces without them, have none), without reading them."""
+        s, i = self._where[p]
+        return self.shards[s].has_cot(self._handle(s), i, "cot_token_ids")
+
     def read_problems(self, hidden: bool = False) -> list[CollectedProblem]:
         """`read_problem` of every problem, in order."""
         return [self.read_problem(p, hidden) for p in range(self.num_problems)]

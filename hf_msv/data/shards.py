@@ -41,8 +41,8 @@ unknown (empty lists, ``""``), and the format version stays 1 (readers of either
 
 String metadata: the safetensors header holds one key, ``hf_msv``, a JSON object (sorted keys, so equal shards
 are equal bytes) with ``format`` (``"hf_msv.shard"``), ``version``, ``problem_id``, ``problem_gold``,
-``problem_source``, ``problem_question`` (P,), ``answer_text`` (A, ``null`` = no answer), ``answer_raw_text``, ``answer_trigger`` (A,),
-``sequence_finish`` (S,) and ``collect`` (the collection settings: LM, hidden size, delimiters, checker, ...).
+``problem_source``, ``problem_question`` (P,), ``answer_text`` (A, ``null`` = no answer), ``answer_raw_text``,
+``answer_trigger`` (A,), ``sequence_finish`` (S,) and ``collect`` (the collection settings: LM, hidden size, delimiters, checker, ...).
 
 **16-bit storage.** Hidden states are stored in bfloat16 by default: reasoning LMs run in bf16, so their states are
 stored losslessly, and bf16 has float32's range, so no outlier dimension can overflow (fp16 tops out at 65504).
@@ -213,19 +213,29 @@ class ShardIndex:
         names = ANSWER_INT_COLUMNS + ANSWER_BOOL_COLUMNS + ("token_start",)
         return {f"answer_{n}": self.arrays[f"answer_{n}"][lo:hi] for n in names}
 
-    def cot_arrays(self, handle, i: int, name: str) -> list[np.ndarray]:
-        """Problem i's per-sequence slices of the CoT tensor `name` (``cot_confidence`` or ``cot_token_ids``) read
-        through an open `safe_open` handle; ``[]`` when unknown (no entries, or a shard written before it)."""
+    def _cot_starts(self, handle, i: int, name: str) -> np.ndarray | None:
+        """`(S_i + 1,)` bounds of problem i's sequences in the CoT tensor `name` (``cot_confidence`` or
+        ``cot_token_ids``); None when unknown (no entries, or a shard written before the tensor existed)."""
         start_name = {"cot_confidence": "sequence_confidence_start",
                       "cot_token_ids": "sequence_cot_token_start"}[name]
         if start_name not in self.arrays:
+            return None
+        s0, s1 = self.seq_lo[i], self.seq_hi[i]
+        starts = np.append(self.arrays[start_name], handle.get_slice(name).get_shape()[0])[s0:s1 + 1]
+        return None if starts[0] == starts[-1] else starts
+
+    def cot_arrays(self, handle, i: int, name: str) -> list[np.ndarray]:
+        """Problem i's per-sequence slices of the CoT tensor `name` read through an open `safe_open` handle;
+        ``[]`` when unknown."""
+        starts = self._cot_starts(handle, i, name)
+        if starts is None:
             return []
         tensor = handle.get_slice(name)
-        s0, s1 = self.seq_lo[i], self.seq_hi[i]
-        starts = np.append(self.arrays[start_name], tensor.get_shape()[0])
-        if starts[s0] == starts[s1]:
-            return []
-        return [tensor[int(a):int(b)].numpy() for a, b in zip(starts[s0:s1], starts[s0 + 1:s1 + 1])]
+        return [tensor[int(a):int(b)].numpy() for a, b in zip(starts[:-1], starts[1:])]
+
+    def has_cot(self, handle, i: int, name: str) -> bool:
+        """Whether problem i's CoT tensor `name` is known, without reading it."""
+        return self._cot_starts(handle, i, name) is not None
 
     def read_problem(self, handle, i: int, hidden: bool) -> CollectedProblem:
         """Problem i read through an open `safe_open` handle of this shard (hidden states only when asked)."""

@@ -1,7 +1,8 @@
 """Evaluation: verifier scores over collected shards, baselines, metrics, early-stop replay, λ rules and reports.
 
 Modules: `verifiers` (loading checkpoints), `scoring` (verifier and baseline scores, online cost, LM costs),
-`methods` (the compared methods on one group draw), `early_stop` (the stop-rule replay, trade-off curves, λ rules),
+`prm` (the PRM baseline: a process reward model scoring answers from their chain-of-thought text), `methods` (the
+compared methods on one group draw), `early_stop` (the stop-rule replay, trade-off curves, λ rules),
 `study` (`evaluate_study`), `report` (markdown and figures), `config` + `cli` (``hf-msv evaluate``).
 """
 
@@ -9,6 +10,7 @@ from ..data import answer_group, draw_sequences, load_split, select_answers
 from .cli import evaluate_from_config, main
 from .config import EvaluateConfig
 from .methods import SETTINGS
+from .prm import PRMScorer, build_prm_text, load_lm_tokenizer, score_with_prm, split_steps
 from .report import format_lambda, markdown_table, render_report, write_figures
 from .scoring import deepconf_scores, lm_costs_from_info, measure_verifier_cost, score_problems, token_prob_scores
 from .study import evaluate_study
@@ -30,6 +32,11 @@ __all__ = [
     "token_prob_scores",
     "deepconf_scores",
     "lm_costs_from_info",
+    "PRMScorer",
+    "split_steps",
+    "build_prm_text",
+    "load_lm_tokenizer",
+    "score_with_prm",
     "evaluate_study",
     "evaluate_from_config",
     "render_report",

@@ -25,7 +25,8 @@ def evaluate_from_config(config: EvaluateConfig) -> dict:
                           deepconf_stat=config.deepconf_stat, target_accuracy=config.target_accuracy,
                           target_fraction=config.target_fraction, ltt_delta=config.ltt_delta,
                           figures=config.figures, title=config.title, report_name=config.report_name,
-                          progress=config.progress)
+                          progress=config.progress, prm=config.prm, prm_kwargs=config.prm_kwargs,
+                          lm_tokenizer=config.lm_tokenizer)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -39,6 +39,18 @@ class EvaluateConfig:
         "help": "λ-rule accuracy target (default: target_fraction × the best full-decoding validation accuracy)"})
     target_fraction: float = field(default=0.95, metadata={"help": "see target_accuracy"})
     ltt_delta: float = field(default=0.1, metadata={"help": "risk level δ of Learn-then-Test"})
+    prm: Optional[str] = field(default=None, metadata={
+        "help": "PRM baseline: a Qwen2.5-Math-PRM-style process reward model (path or Hub id) scoring every answer "
+                "from the question and its chain-of-thought prefix (one forward per answer; needs shards with CoT "
+                "token ids)", "metavar": "MODEL"})
+    prm_trust_remote_code: bool = field(default=False, metadata={
+        "help": "run the PRM's own modelling code (Qwen2.5-Math-PRM needs it); off unless given"})
+    prm_batch_size: int = field(default=4, metadata={"help": "PRM inputs per forward pass"})
+    prm_aggregate: Literal["last", "min", "prod"] = field(default="last", metadata={
+        "help": "PRM answer score: the answer step's probability (last), or min / product over the steps"})
+    prm_dtype: str = field(default="auto", metadata={"help": "PRM weights dtype (auto, bfloat16, float32, ...)"})
+    lm_tokenizer: Optional[str] = field(default=None, metadata={
+        "help": "tokenizer decoding the chains of thought for the PRM (default: the LM named in the shards)"})
     figures: bool = field(default=True, metadata={"help": "write PNG figures (--no-figures: none)"})
     title: str = field(default="MSV evaluation", metadata={"help": "report heading"})
     report_name: str = field(default="report", metadata={"help": "file stem of the report and figures"})
@@ -47,6 +59,14 @@ class EvaluateConfig:
     def __post_init__(self):
         if isinstance(self.checker_kwargs, str):
             json.loads(self.checker_kwargs)  # fail at parse time, not after the verifiers are loaded
+        if self.prm_batch_size < 1:
+            raise ValueError(f"prm_batch_size must be positive, got {self.prm_batch_size}")
+
+    @property
+    def prm_kwargs(self) -> dict:
+        """`PRMScorer.from_pretrained` keyword arguments of the ``--prm-*`` flags."""
+        return {"trust_remote_code": self.prm_trust_remote_code, "batch_size": self.prm_batch_size,
+                "aggregate": self.prm_aggregate, "dtype": self.prm_dtype}
 
     @property
     def checker_kwargs_dict(self) -> dict | None:

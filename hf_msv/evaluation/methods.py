@@ -1,5 +1,6 @@
 """The methods an evaluation compares and their scores on one group draw: the verifier-free baselines, the
-single-sequence verifiers and their weighted voting (+WV), and the multi-sequence MSV_M (grouped when N > M)."""
+optional PRM baseline, the single-sequence verifiers and their weighted voting (+WV), and the multi-sequence MSV_M
+(grouped when N > M)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import numpy as np
 
 from ..baselines import fit_platt, platt, self_consistency, streaming_weighted_voting, weighted_voting
 from ..data import MODES, AnswerGroup, CollectedProblem, ShardDataset, answer_group, draw_sequences, select_answers
+from .prm import PRMScorer, score_with_prm
 from .scoring import deepconf_scores, score_problems, token_prob_scores
 from .verifiers import VerifierEntry
 
-__all__ = ["SETTINGS", "TOKEN_PROBS", "DEEPCONF", "SELF_CONSISTENCY", "SplitScores", "prepare_split",
-           "fit_deepconf", "primary_msv", "method_plan", "method_label", "draw_scores"]
+__all__ = ["SETTINGS", "TOKEN_PROBS", "DEEPCONF", "PRM", "SELF_CONSISTENCY", "SplitScores", "prepare_split",
+           "add_prm_scores", "fit_deepconf", "primary_msv", "method_plan", "method_label", "draw_scores"]
 
 SETTINGS = MODES  # ("terminal", "streaming"): which answers of a group are scored
-TOKEN_PROBS, DEEPCONF, SELF_CONSISTENCY = "Token Probs", "DeepConf", "Self-consistency"
+TOKEN_PROBS, DEEPCONF, PRM, SELF_CONSISTENCY = "Token Probs", "DeepConf", "PRM", "Self-consistency"
+_BASELINES = (TOKEN_PROBS, DEEPCONF, PRM)  # listed first among the single-sequence scorers, in this order
 _NO_ANSWER_TOKEN_PROB = 0.5  # Token Probs of an answer none of whose token log-probs is known (uninformative)
 
 
@@ -26,13 +29,15 @@ class SplitScores:
 
     Attributes: ``dataset`` (hidden states, read lazily per group), ``problems`` (the records without hidden
     states, in dataset order), ``single`` ((setting, method) -> per problem `(A,)` scores over its stored answers,
-    nan where not defined), ``deepconf_raw`` (per problem `(A,)` raw DeepConf confidences).
+    nan where not defined), ``deepconf_raw`` (per problem `(A,)` raw DeepConf confidences), ``prm_cost`` (what
+    scoring the split with the PRM took, `score_with_prm`; None without the PRM).
     """
 
     dataset: ShardDataset
     problems: list[CollectedProblem]
     single: dict = field(default_factory=dict)
     deepconf_raw: list = field(default_factory=list)
+    prm_cost: dict | None = None
 
     @property
     def info(self) -> dict:
@@ -62,6 +67,14 @@ def prepare_split(dataset: ShardDataset, entries: list[VerifierEntry], deepconf_
             scores, _, _ = score_problems(model, dataset, mode=mode, max_tokens=max_tokens)
             split.single[(setting, e.name)] = scores
     return split
+
+
+def add_prm_scores(split: SplitScores, scorer: PRMScorer, lm_tokenizer, progress: bool = False) -> None:
+    """The PRM's score of every answer of a split (`hf_msv.evaluation.prm`): it depends on the answer and its
+    chain-of-thought prefix only, so both settings read the same scores; the cost goes to ``split.prm_cost``."""
+    scores, split.prm_cost = score_with_prm(scorer, split.problems, lm_tokenizer, progress)
+    for setting in SETTINGS:
+        split.single[(setting, PRM)] = scores
 
 
 def fit_deepconf(split: SplitScores, val: SplitScores | None) -> None:
@@ -106,7 +119,7 @@ def method_plan(entries: list[VerifierEntry], n: int, setting: str, split: Split
     """Methods of a setting at N: {"base": single-sequence scorers, "wv": {name+WV: name}, "msv": [entries],
     "primary": the MSV_N entry or None, "grouped": whether it runs grouped}."""
     base = [m for (s, m) in split.single if s == setting]
-    base = [m for m in (TOKEN_PROBS, DEEPCONF) if m in base] + [m for m in base if m not in (TOKEN_PROBS, DEEPCONF)]
+    base = [m for m in _BASELINES if m in base] + [m for m in base if m not in _BASELINES]
     wv = {f"{m}+WV": m for m in base} if n > 1 else {}
     primary, grouped = primary_msv(entries, n)
     msv = [e for e in entries if not e.single_sequence and e.model_for(setting)[0] is not None

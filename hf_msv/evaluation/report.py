@@ -109,12 +109,19 @@ def _lambda_section(results: dict) -> list[str]:
 
 def _costs_section(results: dict) -> list[str]:
     c = results["costs"]
-    return ["## Costs", "", f"LM costs ({c['source']}): " + ", ".join(
+    out = ["## Costs", "", f"LM costs ({c['source']}): " + ", ".join(
         f"N={n}: decode step {v['decode_step_s']:.2e} s, elicitation {v['elicit_s']:.2e} s/answer"
         for n, v in c["lm"].items()) + ".", "",
         "Verifier cost measured online (s per answer): " + "; ".join(
             f"N={n}: " + ", ".join(f"{m} {s:.2e}" for m, s in v.items()) for n, v in
             c["verifier_online_s_per_answer"].items()) + ".", ""]
+    prm = c.get("prm") or {}
+    if "eval" in prm:
+        e, cfg = prm["eval"], results["config"]["prm"]
+        out += [f"PRM (`{cfg['model']}`, aggregate {cfg['aggregate']}): one forward per answer over question + "
+                f"chain-of-thought prefix + answer; evaluation split: {e['answers']} answers, {e['tokens']} tokens "
+                f"({e['tokens_per_answer']:.1f} per answer), {e['seconds_per_answer']:.2e} s per answer.", ""]
+    return out
 
 
 def render_report(results: dict) -> str:

@@ -20,9 +20,12 @@ Protocol
 * **Methods.** Verifier-free: Self-consistency (terminal), Token Probs (geometric mean of the answer-token
   probabilities), DeepConf (lowest-group trace confidence of the chain of thought up to the answer, Platt-scaled on
   the validation split). Trained single-sequence verifiers (the Probe, MSV₁; config ``num_sequences == 1`` or a
-  Probe) score every answer independently of the group. Aggregations ``X+WV``: weighted voting over the group's
-  terminal answers (terminal setting) and streaming weighted voting with threshold R = 16 (streaming setting;
-  `hf_msv.baselines.streaming_weighted_voting`), for Token Probs, DeepConf and every single-sequence verifier.
+  Probe) score every answer independently of the group. Optional *PRM* baseline (``prm``: a Qwen2.5-Math-PRM-style
+  process reward model, `hf_msv.evaluation.prm`): each answer scored from the question and the chain of thought up
+  to it, decoded from the shards' CoT token ids with the LM's tokenizer. Aggregations ``X+WV``: weighted voting
+  over the group's terminal answers (terminal setting) and streaming weighted voting with threshold R = 16 (streaming setting;
+  `hf_msv.baselines.streaming_weighted_voting`), for Token Probs, DeepConf, the PRM and every single-sequence
+  verifier.
   Multi-sequence MSV_M: scored on the group jointly; groups of N > M sequences are split into ⌈N/M⌉ sub-groups of M
   (`hf_msv.modeling_msv.split_into_groups`, appendix "Scaling with MSV_M"). At each N the *primary* MSV is the one
   with M = N (else the largest M < N, grouped).
@@ -39,7 +42,8 @@ Protocol
   Latency = t*·decode_step_s + (answers seen)·(elicit_s + verify_s): ``decode_step_s`` and ``elicit_s`` come from
   ``lm_costs`` (else the shard's collection info ``latency`` entry, else 0 with a warning); ``verify_s`` is
   *measured* per verifier and N by scoring a few groups online (KV-cached MSV, one call per arrival time), i.e. the
-  streaming cost, not the offline batched one. Verifier-free methods cost 0.
+  streaming cost, not the offline batched one; the PRM's is its measured (batched) scoring time per answer.
+  Verifier-free methods cost 0.
 * **λ rules** (needs ``val_dir``): per N and seed, a common accuracy target (``target_accuracy``, default 0.95 × the
   best method's full-decoding validation accuracy) is met (1) *by validation*: the cheapest λ on the validation
   curve reaching it (`select_lambda_validation`), and (2) *risk-controlled* by Learn-then-Test
@@ -75,7 +79,18 @@ from .early_stop import (
     select_lambda_validation,
     tradeoff_curve,
 )
-from .methods import SETTINGS, SplitScores, draw_scores, fit_deepconf, method_label, method_plan, prepare_split
+from .methods import (
+    PRM,
+    SETTINGS,
+    SplitScores,
+    add_prm_scores,
+    draw_scores,
+    fit_deepconf,
+    method_label,
+    method_plan,
+    prepare_split,
+)
+from .prm import PRMScorer, load_lm_tokenizer, require_cot_token_ids
 from .report import render_report, write_figures
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
 from .verifiers import VerifierEntry, load_verifiers
@@ -144,6 +159,9 @@ def evaluate_study(
     title: str = "MSV evaluation",
     report_name: str = "report",
     progress: bool = True,
+    prm: PRMScorer | str | None = None,
+    prm_kwargs: dict | None = None,
+    lm_tokenizer=None,
 ) -> dict:
     """Evaluate every baseline and verifier on the shards in `eval_dir` (protocol in the module docstring).
 
@@ -166,6 +184,10 @@ def evaluate_study(
         position_bins: bins of τ for Brier per token position.
         max_tokens: answer tokens per packed verifier call.
         figures: write PNG figures. title, report_name: report heading and file stem.
+        prm: the PRM baseline, a `PRMScorer` or a PRM to load with `PRMScorer.from_pretrained(prm, **prm_kwargs)`
+            (after checking that the shards keep CoT token ids). None: no PRM.
+        lm_tokenizer: decodes the chains of thought for the PRM (a tokenizer, path or Hub id); default: the LM
+            tokenizer named in the shards' collection info.
     Returns the results dict also written to ``{output_dir}/{report_name}.json``.
     """
     from tqdm.auto import tqdm
@@ -178,11 +200,14 @@ def evaluate_study(
     if ns[-1] > dataset.num_sequences:  # the dataset's default N is the fewest sequences any problem has
         raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {dataset.num_sequences} "
                          "sequences")
-    split = prepare_split(dataset, entries, deepconf_window, deepconf_stat, max_tokens)
-    val = None
-    if val_dir is not None:
-        val = prepare_split(ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs), entries,
-                            deepconf_window, deepconf_stat, max_tokens)
+    val_data = None if val_dir is None else ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs)
+    prm_scorer, lm_tok = _load_prm(prm, prm_kwargs, lm_tokenizer, dataset, val_data)
+    splits = [prepare_split(d, entries, deepconf_window, deepconf_stat, max_tokens) if d is not None else None
+              for d in (dataset, val_data)]
+    split, val = splits
+    if prm_scorer is not None:
+        for s in filter(None, splits):
+            add_prm_scores(s, prm_scorer, lm_tok, progress)
     fit_deepconf(split, val)
     lm_costs, cost_source = _resolve_lm_costs(lm_costs, split.info)
     study = _Study(split, val, entries, wv_threshold, max_tokens, lambdas, target_accuracy, target_fraction,
@@ -197,10 +222,14 @@ def evaluate_study(
                    "checker_kwargs": checker_kwargs or {}, "wv_threshold": wv_threshold,
                    "deepconf_window": deepconf_window, "deepconf_stat": deepconf_stat,
                    "target_accuracy": target_accuracy, "target_fraction": target_fraction, "ltt_delta": ltt_delta,
-                   "deepconf_calibration": "platt on validation" if val else "platt, 2-fold cross-fit on eval"},
+                   "deepconf_calibration": "platt on validation" if val else "platt, 2-fold cross-fit on eval",
+                   "prm": None if prm_scorer is None else {
+                       "model": prm_scorer.name, "aggregate": prm_scorer.aggregate,
+                       "step_separator": prm_scorer.step_separator,
+                       "lm_tokenizer": getattr(lm_tok, "name_or_path", "")}},
         "data": _data_summary(split.problems, split.info, val),
         "costs": {"source": cost_source, "lm": {}, "verifier_online_s_per_answer": {},
-                  "verifier_offline_s_per_answer": {}},
+                  "verifier_offline_s_per_answer": {}, "prm": _prm_cost(split, val)},
         "methods": {}, "terminal": {}, "streaming": {}, "early_stop": {}, "lambda_selection": {},
         "brier_by_position": {}, "figures": [],
     }
@@ -209,6 +238,8 @@ def evaluate_study(
     for n in ns:
         acc = _PerN(lm_cost_for(lm_costs, n), {s: method_plan(entries, n, s, split) for s in SETTINGS})
         acc.verify_s = _online_costs(study, n, acc.plans)
+        if split.prm_cost:
+            acc.verify_s[PRM] = split.prm_cost["seconds"] / max(split.prm_cost["answers"], 1)
         for seed in range(seeds):
             _evaluate_draw(study, n, seed, acc)
             bar.update(1)
@@ -223,6 +254,31 @@ def evaluate_study(
     (output_dir / f"{report_name}.json").write_text(json.dumps(results, indent=1))
     (output_dir / f"{report_name}.md").write_text(render_report(results))
     return results
+
+
+def _load_prm(prm, prm_kwargs: dict | None, lm_tokenizer, dataset: ShardDataset, val: ShardDataset | None):
+    """(PRMScorer, LM tokenizer) of the PRM baseline, or (None, None) without one. The shards are checked for CoT
+    token ids first, so old shards fail before a large PRM is loaded."""
+    if prm is None:
+        return None, None
+    require_cot_token_ids(dataset, "evaluation")
+    if val is not None:
+        require_cot_token_ids(val, "validation")
+    lm_tok = load_lm_tokenizer(dataset.info, lm_tokenizer)
+    scorer = prm if isinstance(prm, PRMScorer) else PRMScorer.from_pretrained(prm, **(prm_kwargs or {}))
+    return scorer, lm_tok
+
+
+def _prm_cost(split: SplitScores, val: SplitScores | None) -> dict | None:
+    """What the PRM cost per split: answers, tokens forwarded (per answer too), seconds (per answer too)."""
+    if split.prm_cost is None:
+        return None
+    out = {}
+    for name, s in (("eval", split), ("val", val)):
+        if s is not None and s.prm_cost is not None:
+            c, a = s.prm_cost, max(s.prm_cost["answers"], 1)
+            out[name] = dict(c, tokens_per_answer=c["tokens"] / a, seconds_per_answer=c["seconds"] / a)
+    return out
 
 
 def _resolve_lm_costs(lm_costs, info: dict) -> tuple[dict, str]:
