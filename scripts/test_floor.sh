@@ -23,4 +23,4 @@ if [ ! -f "$stamp" ]; then
 fi
 PYTHONPATH=$target .venv/bin/python -c "import transformers; assert transformers.__version__ == '$FLOOR', transformers.__version__"
 PYTHONPATH=$target .venv/bin/python -m pytest -q -x --timeout=600 tests/test_generation.py tests/test_stopping.py \
-    tests/test_modeling.py tests/test_hub.py tests/test_collect.py "$@"
+    tests/test_modeling.py tests/test_hub.py tests/test_collect.py tests/test_traces.py "$@"
