@@ -308,6 +308,8 @@ def test_cli_collect_traces(testbed, live_collection, tmp_path, monkeypatch, cap
     assert all(not p.cot_confidence for p in problems)
     with pytest.raises(ValueError, match="exactly one of --problems"):
         live.main(["--model", "testbed", "--output-dir", str(tmp_path / "cli")])
+    with pytest.raises(ValueError, match=r"\['num_samples'\] do not apply"):
+        live.main(["--model", "testbed", "--traces", str(path), "--output-dir", "x", "--num-samples", "4"])
 
 
 def _vllm_example():

@@ -85,6 +85,10 @@ class CollectConfig:
     def __post_init__(self):
         if (self.problems is None) == (self.traces is None):
             raise ValueError("give exactly one of --problems (sample) and --traces (re-encode a trace file)")
+        if self.traces is not None:
+            changed = [f.name for f in fields(self) if f.name in _SAMPLING_FIELDS and getattr(self, f.name) != f.default]
+            if changed:
+                raise ValueError(f"--traces re-encodes what was sampled already: {changed} do not apply")
         if isinstance(self.checker_kwargs, str):  # from the command line
             self.checker_kwargs = json.loads(self.checker_kwargs)
         if not isinstance(self.checker_kwargs, (dict, type(None))):
