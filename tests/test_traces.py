@@ -184,6 +184,7 @@ def test_collect_from_traces_writes_the_live_shards(testbed, live_collection, tm
     info = read_shard(list_shards(tmp_path / "re")[0])[1]
     assert info["collected_from"] == "traces" and info["cot_confidence_source"] == "model"
     assert info["skipped_lines"] == 0 and info["sampling"]["engine"] == "hf_msv"
+    assert (info["temperature"], info["max_new_tokens"]) == (1.0, LIVE["max_new_tokens"])
 
 
 def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp_path, monkeypatch):

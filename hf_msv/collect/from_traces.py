@@ -9,7 +9,7 @@ takes the good traces ``[r::W]``, as `collect` takes problems.
 
 The shard info (``collect`` metadata) holds the settings plus ``collected_from: "traces"``, the trace file's
 fingerprint, the first line's ``sampling`` metadata (its ``temperature`` and ``max_tokens`` fill ``temperature`` and
-``max_new_tokens`` as live collection reports them), ``cot_confidence_source`` (``model``, ``trace`` or ``missing``)
+``max_new_tokens`` as live collection reports them; vLLM calls it ``max_tokens``), ``cot_confidence_source`` (``model``, ``trace`` or ``missing``)
 and ``bad_lines`` / ``skipped_lines``: the lines skipped with ``skip_bad_lines`` and why. Bad lines are found
 before anything is written (the whole file is read and tokenised first), so a bad line never loses work already
 committed, and resuming sees the same list.
@@ -66,6 +66,50 @@ def _encode_all(file: TraceFile, tokenizer, build_prompt, *, eos_ids, max_length
     return encoded, sorted(bad)
 
 
+def _info(settings: dict, file: TraceFile, bad: list) -> dict:
+    """The shard info: the settings, the first line's sampling metadata (as live collection reports sampling),
+    where confidences come from, and the skipped lines."""
+    sampling = dict(file.traces[0].sampling)
+    return dict(settings, format_version="1", token_logprobs_source="generation", sampling=sampling,
+                temperature=sampling.get("temperature"),
+                max_new_tokens=sampling.get("max_new_tokens", sampling.get("max_tokens")),
+                cot_confidence_source="missing" if settings["confidence"] == "none" else settings["confidence"],
+                bad_lines=[list(b) for b in bad], skipped_lines=len(bad))
+
+
+def _reencode_batches(reencoder: TraceReencoder, todo, by_id: dict, store: ShardStore, result: CollectResult,
+                      checker, *, use_trace_confidence: bool, progress: bool) -> None:
+    """Re-encode every pending batch, record its problems (classes in live arrival order), commit them to `store`
+    and count them in `result`."""
+    from tqdm.auto import tqdm
+
+    from ..equivalence import EquivalenceClasses
+
+    width = reencoder.model.config.get_text_config().hidden_size
+    bar = tqdm(total=result.problems, initial=result.skipped, unit="problem", dynamic_ncols=True,
+               desc=f"reencode[{result.rank}]", disable=not progress)
+    try:
+        for b, _, left in todo:
+            batch = [by_id[p.id] for p in left]
+            answers, model_confidence = reencoder.answers(batch)
+            records = []
+            for trace, found, confidence in zip(batch, answers, model_confidence):
+                classes = EquivalenceClasses(checker)
+                # Live arrival order: by step; at a step, budget answers (elicited after the loop) come last.
+                for a in sorted(found, key=lambda a: (a.tau, a.trigger == "budget", a.sequence)):
+                    a.class_id = classes.add(a.text)
+                records.append(build_record(trace.problem, found, trace.sequences, trace.finish,
+                                            trace.confidence if use_trace_confidence else confidence, checker, width))
+                result.tokens += sum(map(len, trace.sequences))
+                result.answer_tokens += sum(a.length for a in found)
+                result.answers += len(found)
+            store.add_batch(b, records)
+            result.generated += len(records)
+            bar.update(len(records))
+    finally:
+        bar.close()
+
+
 def collect_from_traces(
     model,
     tokenizer,
@@ -113,7 +157,7 @@ def collect_from_traces(
 
     Returns: this process's `CollectResult` (``tokens``: chain-of-thought tokens re-encoded).
     """
-    from ..equivalence import EquivalenceClasses, get_checker
+    from ..equivalence import get_checker
     from ..generation import DelimiterMatcher
     from ..generation.forking import AnswerElicitor
 
@@ -140,7 +184,7 @@ def collect_from_traces(
     root = Path(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     checker_kwargs = dict(checker_kwargs or {})
-    sampling = dict(file.traces[0].sampling)
+    # Everything that changes what is stored; resuming with other values would mix two datasets.
     settings = {"collected_from": "traces", "traces_fingerprint": file.fingerprint, "num_samples": file.num_samples,
                 "mode": mode, "delimiters": delimiters, "every_k_tokens": every_k_tokens,
                 "keep_delimiter": keep_delimiter, "elicitation_prompt": elicitation_prompt,
@@ -151,11 +195,7 @@ def collect_from_traces(
                 "problems_per_batch": problems_per_batch, "dtype": dtype, "confidence": confidence,
                 "confidence_top_k": confidence_top_k, **lm_info(model, tokenizer)}
     check_settings(root, settings, state.is_main_process, overwrite, state)
-    info = dict(settings, format_version="1", token_logprobs_source="generation", sampling=sampling,
-                temperature=sampling.get("temperature"), max_new_tokens=sampling.get("max_tokens"),
-                cot_confidence_source="missing" if confidence == "none" else confidence,
-                bad_lines=[list(b) for b in bad], skipped_lines=len(bad))
-    store = ShardStore(root, rank, world, problems_per_shard, dtype, info)
+    store = ShardStore(root, rank, world, problems_per_shard, dtype, _info(settings, file, bad))
     store.recover()
     state.wait_for_everyone()
     mine = encoded[rank::world]
@@ -170,34 +210,14 @@ def collect_from_traces(
                                streaming=mode == "streaming", max_batch_tokens=max_batch_tokens,
                                chunk_tokens=chunk_tokens, confidence_top_k=confidence_top_k if confidence == "model"
                                else None)
-    width = model.config.get_text_config().hidden_size
     start = time.perf_counter()
     was_training = model.training
     model.eval()
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=result.problems, initial=skipped, unit="problem", dynamic_ncols=True,
-               desc=f"reencode[{rank}]", disable=not (progress and state.is_local_main_process))
     try:
-        for b, _, left in todo:
-            batch = [by_id[p.id] for p in left]
-            answers, model_conf = reencoder.answers(batch)
-            records = []
-            for trace, found, conf in zip(batch, answers, model_conf):
-                classes = EquivalenceClasses(checker_obj)
-                for a in sorted(found, key=lambda a: (a.tau, a.trigger == "budget", a.sequence)):  # live arrival
-                    a.class_id = classes.add(a.text)
-                records.append(build_record(trace.problem, found, trace.sequences, trace.finish,
-                                            trace.confidence if confidence == "trace" else conf, checker_obj, width))
-                result.tokens += sum(map(len, trace.sequences))
-                result.answer_tokens += sum(a.length for a in found)
-                result.answers += len(found)
-            store.add_batch(b, records)
-            result.generated += len(records)
-            bar.update(len(records))
+        _reencode_batches(reencoder, todo, by_id, store, result, checker_obj,
+                          use_trace_confidence=confidence == "trace", progress=progress and state.is_local_main_process)
         store.finish()
     finally:
-        bar.close()
         model.train(was_training)
         result.seconds = time.perf_counter() - start
         result.shards = [str(p) for p in store.written]
