@@ -86,7 +86,8 @@ class CollectConfig:
         if (self.problems is None) == (self.traces is None):
             raise ValueError("give exactly one of --problems (sample) and --traces (re-encode a trace file)")
         if self.traces is not None:
-            changed = [f.name for f in fields(self) if f.name in _SAMPLING_FIELDS and getattr(self, f.name) != f.default]
+            changed = [f.name for f in fields(self)
+                       if f.name in _SAMPLING_FIELDS and getattr(self, f.name) != f.default]
             if changed:
                 raise ValueError(f"--traces re-encodes what was sampled already: {changed} do not apply")
         if isinstance(self.checker_kwargs, str):  # from the command line

@@ -8,11 +8,12 @@ settings, including a fingerprint of the trace file, must match to resume. Under
 takes the good traces ``[r::W]``, as `collect` takes problems.
 
 The shard info (``collect`` metadata) holds the settings plus ``collected_from: "traces"``, the trace file's
-fingerprint, the first line's ``sampling`` metadata (its ``temperature`` and ``max_tokens`` fill ``temperature`` and
-``max_new_tokens`` as live collection reports them; vLLM calls it ``max_tokens``), ``cot_confidence_source`` (``model``, ``trace`` or ``missing``)
-and ``bad_lines`` / ``skipped_lines``: the lines skipped with ``skip_bad_lines`` and why. Bad lines are found
-before anything is written (the whole file is read and tokenised first), so a bad line never loses work already
-committed, and resuming sees the same list.
+fingerprint, the first line's ``sampling`` metadata (its ``temperature`` and ``max_new_tokens``, vLLM's
+``max_tokens``, fill ``temperature`` and ``max_new_tokens`` as live collection reports them),
+``cot_confidence_source`` (``model``, ``trace`` or ``missing``) and ``bad_lines`` / ``skipped_lines``: the lines
+skipped with ``skip_bad_lines`` and why. Bad lines are found before anything is written (the whole file is read and
+tokenised first, and held in memory: split files of many millions of tokens), so a bad line never loses work
+already committed, and resuming sees the same list.
 """
 
 from __future__ import annotations
