@@ -47,11 +47,11 @@ def testbed():
 
 
 def live_results(model, tok, prompts, *, n, max_new_tokens, seed=0, **session):
-    """MSVResults of live generation (hidden states kept) and the prompts' token ids."""
+    """MSVResults of live generation (hidden states kept) and the token ids of the prompts given as text."""
     with prepare_generation(model, tok, None, checker="exact", capture_hidden_states=True, **session) as s:
         torch.manual_seed(seed)
         results = s.generate(prompts, num_sequences=n, max_new_tokens=max_new_tokens, do_sample=True)
-    return results, [tok(p)["input_ids"] for p in prompts]
+    return results, [tok(p)["input_ids"] if isinstance(p, str) else None for p in prompts]
 
 
 def reencode(model, tok, traces, build_prompt, *, delimiters, every_k=None, keep_delimiter=False,
@@ -419,3 +419,26 @@ def test_collect_config_declares_every_trace_option_once():
     kwargs = config.traces_kwargs()
     assert set(kwargs) == set(params) and kwargs["prompt_template"] == "testbed"
     assert (kwargs["skip_bad_lines"], kwargs["confidence"], kwargs["max_batch_tokens"]) == (True, "trace", 4096)
+
+
+def test_chat_prompts_are_rebuilt_with_the_sampling_template():
+    """A trace that gives chat messages (no prompt ids) is prompted with the template passed as `chat_template`,
+    exactly as live generation rendered it; the tokenizer's own template (none here) is not needed."""
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+    chat_tok = word_level_tokenizer(["\\boxed", "Wait"])
+    chat_tok.chat_template = template
+    model = tiny_lm("llama", seed=1)
+    messages = [[{"role": "user", "content": "add 2 and 3"}]]
+    results, _ = live_results(model, chat_tok, messages, n=2, max_new_tokens=20, delimiters=["e"],
+                              max_answer_tokens=6)
+    live_prompt = chat_tok(chat_tok.apply_chat_template(messages[0], tokenize=False, add_generation_prompt=True),
+                           add_special_tokens=False)["input_ids"]
+    problem = SimpleNamespace(id="c", question="add 2 and 3", gold="5", source="", meta={})
+    trace = traces_from_results([problem], results, [live_prompt])[0]
+    trace.prompt_token_ids, trace.messages = None, messages[0]
+    encoded = encode_trace(trace, TOK, None, eos_ids={2}, max_length=None, chat_template=template)
+    assert encoded.prompt_ids == live_prompt
+    answers, _, _ = reencode(model, chat_tok, [trace], None, delimiters=["e"], max_answer_tokens=6)
+    assert_same_answers(results, answers, atol=1e-5)
+    with pytest.raises(TraceError, match="cannot build the prompt"):  # TOK has no template of its own
+        encode_trace(trace, TOK, None, eos_ids={2}, max_length=None)
