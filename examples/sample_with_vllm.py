@@ -22,20 +22,27 @@ from pathlib import Path
 from hf_msv.collect import Completion, Trace, load_problems, write_traces
 
 
-def write_vllm_traces(path, problems, outputs, sampling: dict) -> Path:
+def write_vllm_traces(path, problems, outputs, sampling: dict, eos_token_id: int | None = None) -> Path:
     """Write vLLM ``RequestOutput``s (one per problem, in order) as a trace file; returns its path.
 
     Each output needs ``prompt_token_ids`` and ``outputs`` (``CompletionOutput``: ``token_ids``, ``finish_reason``,
-    ``logprobs``: per token a dict token id → object with ``.logprob``, or `None`)."""
+    ``stop_reason``, ``logprobs``: per token a dict token id → object with ``.logprob``, or `None`). A completion
+    that stopped on EOS (``finish_reason == "stop"``, no stop string or stop token) gets `eos_token_id` appended
+    if its token ids lack it, so re-encoding sees an EOS ending (the terminal answer's trigger, the length)."""
     traces = []
     for problem, out in zip(problems, outputs, strict=True):
         completions = []
         for c in out.outputs:
+            ids = list(c.token_ids)
+            stopped_on_eos = c.finish_reason == "stop" and getattr(c, "stop_reason", None) is None
+            if stopped_on_eos and eos_token_id is not None and (not ids or ids[-1] != eos_token_id):
+                ids.append(eos_token_id)
             logprobs = None
             if c.logprobs:
                 logprobs = [sorted((lp.logprob for lp in step.values()), reverse=True) for step in c.logprobs]
-            completions.append(Completion(token_ids=list(c.token_ids), finish_reason=c.finish_reason,
-                                          logprobs=logprobs))
+                if len(logprobs) < len(ids):  # no log-probs for an appended EOS: the line would be malformed
+                    logprobs = None
+            completions.append(Completion(token_ids=ids, finish_reason=c.finish_reason, logprobs=logprobs))
         traces.append(Trace(id=problem.id, question=problem.question, gold=problem.gold, completions=completions,
                             prompt_token_ids=list(out.prompt_token_ids), source=problem.source,
                             gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []],
@@ -44,7 +51,8 @@ def write_vllm_traces(path, problems, outputs, sampling: dict) -> Path:
 
 
 def sample(model: str, problems, n: int, max_tokens: int, temperature: float, logprobs: int | None, seed: int):
-    """vLLM's outputs for `problems` (chat template of the model, as ``hf-msv collect --prompt-template chat``)."""
+    """vLLM's outputs for `problems` (chat template of the model, as ``hf-msv collect --prompt-template chat``) and
+    the tokenizer's EOS id."""
     from vllm import LLM, SamplingParams  # only this half needs vLLM and a GPU
 
     llm = LLM(model=model, seed=seed)
@@ -55,7 +63,7 @@ def sample(model: str, problems, n: int, max_tokens: int, temperature: float, lo
     inputs = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
     params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_tokens,
                             logprobs=logprobs, seed=seed)
-    return llm.generate(inputs, params)
+    return llm.generate(inputs, params), tokenizer.eos_token_id
 
 
 def main():
@@ -71,12 +79,12 @@ def main():
     args = parser.parse_args()
     problems = load_problems(args.problems)
     start = time.perf_counter()
-    outputs = sample(args.model, problems, args.num_samples, args.max_tokens, args.temperature, args.logprobs,
+    outputs, eos_token_id = sample(args.model, problems, args.num_samples, args.max_tokens, args.temperature, args.logprobs,
                      args.seed)
     seconds = time.perf_counter() - start
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     sampling = dict(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed, model=args.model)
-    path = write_vllm_traces(args.output, problems, outputs, sampling)
+    path = write_vllm_traces(args.output, problems, outputs, sampling, eos_token_id)
     print(f"{len(problems)} problems x {args.num_samples} samples, {tokens} tokens in {seconds:.1f} s "
           f"({tokens / seconds:.0f} tokens/s) -> {path}")
 

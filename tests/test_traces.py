@@ -327,12 +327,15 @@ def test_vllm_example_writer_on_hf_msv_samples(testbed, tmp_path):
     problems = generate_problems("validation", 2, seed=9)
     results, prompts = live_results(model, tok, [format_prompt(p) for p in problems], n=3, max_new_tokens=200,
                                     delimiters=["Wait"])
+    # Half of the EOS-ended completions without their EOS id, as an engine may return them.
     outputs = [SimpleNamespace(prompt_token_ids=prompt, outputs=[
-        SimpleNamespace(token_ids=seq, text=tok.decode(seq, skip_special_tokens=True),
-                        finish_reason="stop" if f == "eos" else "length", logprobs=None)
-        for seq, f in zip(r.sequences, r.finish_reasons)]) for prompt, r in zip(prompts, results)]
+        SimpleNamespace(token_ids=seq[:-1] if f == "eos" and n % 2 else seq, finish_reason="stop" if f == "eos"
+                        else "length", stop_reason=None, logprobs=None)
+        for n, (seq, f) in enumerate(zip(r.sequences, r.finish_reasons))]) for prompt, r in zip(prompts, results)]
+    assert any(f == "eos" for r in results for f in r.finish_reasons[1::2])
     example = _vllm_example()
-    path = example.write_vllm_traces(tmp_path / "vllm.jsonl", problems, outputs, {"temperature": 1.0})
+    path = example.write_vllm_traces(tmp_path / "vllm.jsonl", problems, outputs, {"temperature": 1.0},
+                                     eos_token_id=tok.eos_token_id)
     traces = read_traces(path).traces
     assert traces[0].sampling == {"temperature": 1.0, "engine": "vllm"}
     answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"])
