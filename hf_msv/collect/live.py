@@ -115,6 +115,7 @@ def _record(model, problem: Problem, result, confidence: np.ndarray, rows: range
         answer_step=[a.step for a in answers],
         answer_tau=[a.tau for a in answers],
         answer_length=[a.length for a in answers],
+        answer_end=[a.end for a in answers],
         answer_class=[a.class_id for a in answers],
         answer_terminal=[a.terminal for a in answers],
         answer_correct=[_is_correct(checker, a.text, problem) for a in answers],

@@ -28,6 +28,9 @@ class CollectedProblem:
         answer_terminal, answer_correct: `(A,)` bool.
         sequence_length: `(S,)` int CoT tokens generated per sequence. sequence_finish: `S` strings.
         cot_confidence: `S` arrays `(sequence_length[n],)` float32 of DeepConf token confidences.
+        answer_end: `(A,)` int, the step at which each answer became available (`MSVAnswer.end`: τ + P + L when
+            the P elicitation-prompt tokens were fed one per step); `None` (collections that did not record it)
+            means τ + L.
     """
 
     problem_id: str
@@ -49,6 +52,7 @@ class CollectedProblem:
     sequence_finish: list
     cot_confidence: list = field(default_factory=list)
     source: str = ""
+    answer_end: np.ndarray | None = None
 
     def __post_init__(self):
         for name in ("answer_sequence", "answer_step", "answer_tau", "answer_length", "answer_class",
@@ -56,6 +60,11 @@ class CollectedProblem:
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64).reshape(-1))
         for name in ("answer_terminal", "answer_correct"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=bool).reshape(-1))
+        if self.answer_end is None:
+            self.answer_end = self.answer_tau + self.answer_length
+        self.answer_end = np.asarray(self.answer_end, dtype=np.int64).reshape(-1)
+        if len(self.answer_end) != len(self.answer_sequence):
+            raise ValueError("answer_end needs one entry per answer")
         self.token_logprobs = np.asarray(self.token_logprobs, dtype=np.float32).reshape(-1)
         self.cot_confidence = [np.asarray(c, dtype=np.float32).reshape(-1) for c in self.cot_confidence]
         a, t = len(self.answer_sequence), int(self.answer_length.sum())
@@ -77,11 +86,6 @@ class CollectedProblem:
     @property
     def num_sequences(self) -> int:
         return len(self.sequence_length)
-
-    @property
-    def answer_end(self) -> np.ndarray:
-        """`(A,)` τ + L, when each answer becomes available."""
-        return self.answer_tau + self.answer_length
 
     @property
     def answer_token_start(self) -> np.ndarray:
