@@ -540,3 +540,26 @@ def test_fork_cache_leaves_the_original_untouched():
     fork.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), 0)
     assert fork.layers[0].keys.shape[0] == 1 and fork.get_seq_length() == cache.get_seq_length() + 1
     assert all(torch.equal(b, layer.keys) for b, layer in zip(before, cache.layers))
+
+
+def test_hub_layout_loop_samples_like_plain_generate(monkeypatch, tmp_path):
+    """``custom_generate/generate.py`` (transformers' Hub layout, loaded by ``generate`` itself from the repository
+    root) decodes with the lockstep loop: same tokens as plain generate, finished rows padded."""
+    import pathlib
+
+    import transformers.dynamic_module_utils as dynamic
+
+    # Loaded modules are copied into transformers' module cache: keep it out of the user's home.
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path))
+    root = pathlib.Path(__file__).resolve().parents[1]
+    model = tiny_model("gpt2")
+    inputs = prompts()
+    processors = LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], {(1, 3): EOS})])
+    outs = []
+    for custom in (None, str(root)):
+        torch.manual_seed(3)
+        extra = dict(custom_generate=custom, trust_remote_code=True) if custom else {}
+        outs.append(model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
+                                   logits_processor=processors, **extra))
+    assert torch.equal(outs[0], outs[1])
+    assert outs[1][1, -6:].eq(PAD).all()  # row 1 ended at step 3 and left the batch; padded as generate pads

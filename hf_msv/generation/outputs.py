@@ -33,10 +33,11 @@ class MSVAnswer:
         elicitation_ids: tokens fed after the kept chain of thought: text of the delimiter's first token that
             precedes the delimiter (re-encoded), then the elicitation prompt.
         class_id: equivalence class within the prompt's group (-1 when no checker was used).
-        score: the verifier's P(correct), `None` without verifier or if the answer never became available
-            (elicited, but the prompt stopped before τ + L).
+        score: the verifier's P(correct), `None` without verifier (answers still decoding when their prompt stops
+            are abandoned, never returned).
         hidden_states: `(L, d)` last-layer hidden states of the answer tokens (kept with
-            ``capture_hidden_states=True``, on CPU; otherwise `None` after scoring).
+            ``capture_hidden_states=True``, on CPU unless ``offload_hidden_states=False``; otherwise `None` after
+            scoring).
         token_logprobs: `L` floats, log p(answer token i | context, tokens < i) under the LM (what the Token-Probs
             baseline averages).
     """
