@@ -563,3 +563,35 @@ def test_hub_layout_loop_samples_like_plain_generate(monkeypatch, tmp_path):
                                    logits_processor=processors, **extra))
     assert torch.equal(outs[0], outs[1])
     assert outs[1][1, -6:].eq(PAD).all()  # row 1 ended at step 3 and left the batch; padded as generate pads
+
+
+def test_row_ended_by_another_criterion_gets_its_terminal_answer():
+    """A criterion other than EOS / the budget / ours ends one row early: the row leaves the batch with a terminal
+    answer of its own, exact like every branch."""
+    from transformers import StoppingCriteria
+
+    class StopRow(StoppingCriteria):
+        def __init__(self, row: int, length: int):
+            self.row, self.length = row, length
+
+        def __call__(self, input_ids, scores, **kwargs):
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            done[self.row] = input_ids.shape[1] >= self.length
+            return done
+
+    model = tiny_model("llama")
+    ScriptedAnswers(model)
+    inputs = prompts(["Hi"])
+    with prepare_generation(model, TOK, delimiters=[], checker=None, capture_hidden_states=True) as msv:
+        torch.manual_seed(0)
+        model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
+                       logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1])]),
+                       stopping_criteria=[StopRow(1, inputs["input_ids"].shape[1] + 5), MSVEarlyStop(None)])
+        (result,) = msv.pop_results()
+    assert [(a.sequence, a.tau, a.trigger, a.terminal) for a in result.answers] == [
+        (1, 4, "budget", True), (0, 9, "budget", True)]
+    assert [len(s) for s in result.sequences] == [10, 5]
+    for answer in result.answers:
+        hidden, greedy = recompute_answer(model, inputs, result, answer)
+        assert greedy == answer.token_ids
+        torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)

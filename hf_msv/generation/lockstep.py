@@ -148,15 +148,17 @@ def _start_batch(model, outputs, model_kwargs: dict, batch: int, device) -> Deco
 def _sample_tokens(scores: torch.Tensor, active: torch.Tensor, pad: int, do_sample: bool) -> torch.Tensor:
     """`(B,)` next tokens from processed `(B, V)` scores, drawn for every row as ``_sample`` draws them; rows not
     `active` get `pad` (their placeholder probabilities are a one-hot on it)."""
+    all_active = bool(active.all())
     if do_sample:
         probs = torch.nn.functional.softmax(scores, dim=-1)
-        placeholder = torch.zeros_like(probs[0])
-        placeholder[pad] = 1.0
-        probs = torch.where(active[:, None], probs, placeholder)
+        if not all_active:
+            placeholder = torch.zeros_like(probs[0])
+            placeholder[pad] = 1.0
+            probs = torch.where(active[:, None], probs, placeholder)
         tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
     else:
         tokens = torch.argmax(scores, dim=-1)
-    return torch.where(active, tokens, pad)
+    return tokens if all_active else torch.where(active, tokens, pad)
 
 
 @torch.no_grad()
@@ -182,8 +184,11 @@ def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stoppi
     del outputs
     t = 0
     while True:  # main phase: one sampled token per live main row per step
-        scores = logits.new_zeros(B, logits.shape[-1])
-        scores[batch.main_rows] = logits
+        if len(logits) == B:  # every row computed (always so with early stopping off and no EOS yet)
+            scores = logits
+        else:
+            scores = logits.new_zeros(B, logits.shape[-1])
+            scores[unfinished] = logits
         scores = logits_processor(input_ids, scores)
         tokens = _sample_tokens(scores, unfinished, pad, generation_config.do_sample)
         input_ids = torch.cat([input_ids, tokens[:, None]], dim=-1)
@@ -192,7 +197,7 @@ def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stoppi
         unfinished = unfinished & ~stopping_criteria(input_ids, None).to(device)
         main_done = not bool(unfinished.any())
         keep_main = [] if main_done else unfinished.nonzero().squeeze(1).tolist()
-        _regroup(batch, run, keep_main, run.take_forks(t, main_done) if run is not None else [])
+        _regroup(batch, run, keep_main, run.take_forks(t, unfinished.tolist()) if run is not None else [])
         if main_done:
             break
         t += 1

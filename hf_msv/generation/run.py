@@ -121,21 +121,22 @@ class GenerationRun:
 
     # -- called by the decoding loop -------------------------------------------------------------------------
 
-    def take_forks(self, t: int, main_done: bool) -> list[LiveBranch]:
-        """The branches that fired at step t (for the loop to fork into its batch), with, once the main rows are
-        done (`main_done`), the terminal answers of the rows that reached the budget."""
-        if main_done and self.tracker is not None:
-            self._end_budget_rows(t)
+    def take_forks(self, t: int, unfinished: list[bool]) -> list[LiveBranch]:
+        """The branches that fired at step t (for the loop to fork into its batch), with the terminal answers of
+        the rows ``generate`` ended for another reason than EOS or our rule (the budget, another criterion);
+        `unfinished` is ``generate``'s per-row flag after step t."""
+        if self.tracker is not None:
+            self._end_budget_rows(t, unfinished)
         forks, self.forks = self.forks, []
         for live in forks:
             if not self.wants(live):  # its prompt was decided in the same step
                 self.tracker.group_of(live.branch.row).inflight -= 1
         return [live for live in forks if self.wants(live)]
 
-    def _end_budget_rows(self, t: int):
+    def _end_budget_rows(self, t: int, unfinished: list[bool]):
         tracker = self.tracker
         for row, status in enumerate(tracker.status):
-            if status != LIVE:
+            if status != LIVE or unfinished[row]:
                 continue
             tracker.end_row(row, t, BUDGET)
             previous = self.last_fired.get(row)
