@@ -1,9 +1,8 @@
-"""`MSVSession`: the hooks `prepare_generation` attaches to an LM, and `msv_generate`, the one-call entry point.
+"""`MSVSession`: the ``generate`` wrapper `prepare_generation` attaches to an LM; `msv_generate`, the one-call entry.
 
 The session replaces ``model.generate`` (as an instance attribute, removed by `detach`) with a wrapper that creates
 the run, binds it to the call's `MSVEarlyStop`, has ``generate`` decode with `lockstep.lockstep_sample` (through
-``custom_generate``) and collects the results. See the package
-docstring (`hf_msv.generation`) for the design.
+``custom_generate``) and collects the results. See the package docstring (`hf_msv.generation`) for the design.
 """
 
 from __future__ import annotations
@@ -111,7 +110,7 @@ class MSVSession:
         results, self.results = self.results, []
         return results
 
-    # -- hook and generate wrapper -----------------------------------------------------------------------------
+    # -- the generate wrapper ----------------------------------------------------------------------------------
 
     def _generate(self, *args, **kwargs):
         if kwargs.get("custom_generate") is not None:
