@@ -235,9 +235,15 @@ def _forward(batch: DecodingBatch, run, main_tokens: torch.Tensor, t: int) -> to
 def _regroup(batch: DecodingBatch, run, keep_main: list[int], forks: list):
     """Main rows in `keep_main` stay; branches stay unless complete or their prompt is decided; `forks` (branches
     of `generate` rows) are copied in from their row."""
+    started = time.perf_counter()
     position = {m: i for i, m in enumerate(batch.members) if isinstance(m, int)}
     keep = [position[r] for r in keep_main]
+    branches = 0
     for i, m in enumerate(batch.members):
-        if not isinstance(m, int) and not m.complete and run.wants(m):
-            keep.append(i)
+        if not isinstance(m, int):
+            branches += 1
+            if not m.complete and run.wants(m):
+                keep.append(i)
     batch.regroup(keep, [(position[live.branch.row], live) for live in forks])
+    if forks or len(keep) - len(keep_main) < branches:  # the gather is elicitation's: a branch came or went
+        run.timings["elicitation"] += time.perf_counter() - started
