@@ -92,7 +92,9 @@ verifier reads them back onto its device when it scores them.
 **Cost.** A forward over a few more rows costs about what a forward over the main rows costs on a latency-bound
 accelerator, so elicitation adds (almost) no forward calls: on a paper-shaped schedule (N = 64, 2,048 steps, each
 row firing every 150–300 steps, 12-token answers) 1.01 forwards per CoT step, where eliciting each firing step's
-rows synchronously while the batch waits needed 4.07 (``benchmarks/generation_overhead.py``). On a CPU, where cost
+rows synchronously while the batch waits needed 4.07 (``benchmarks/generation_overhead.py``). On short traces the
+tail after the last main step (about P + L forwards for the last terminal answers) weighs more: 1.20 at N = 16 and
+1.17 at N = 64 on the testbed LM's ~170-step traces (1.42 and 1.62 with serial elicitation). On a CPU, where cost
 scales with rows × tokens, elicitation costs what its tokens cost. Each change of the batch's membership (a fork, a
 completed answer, a stopped prompt) is one gather of the cache (`fork_cache`), of the order of one decode step's
 own cache concatenation.
