@@ -1,6 +1,21 @@
 """What MSV generation costs on top of chain-of-thought (CoT) decoding.
 
-All models have random weights (costs do not depend on the weights' values):
+All models have random weights (costs do not depend on the weights' values).
+
+Machine-independent figures (what decides wall time on a GPU, where a decode step is latency-bound):
+
+A. ``forwards_per_cot_step``: LM forward calls (counted at the input embedding) per CoT decode step on a
+   paper-shaped schedule: N = 64, 2,048 decode steps, each row's "Wait" forced every 150–300 steps at independent
+   offsets, answers scripted to 12 tokens (a tiny random Qwen2: the count does not depend on the LM's size).
+   Branches ride in the decoding batch, so only the terminal answers' short tail adds forwards. Goal ≤ 1.05.
+   ``forwards_per_cot_step_serial`` is the count the previous design (each firing step's rows elicited
+   synchronously: one prompt forward + L answer forwards while the batch waits) needs on the same schedule,
+   computed from the recorded firing steps.
+B. ``rows_steps_fraction_two_of_four_stopped``: rows × steps computed (Σ over forwards of the batch size, counted
+   at the input embedding) by a 4-prompt call in which two prompts stop at 25 % of the budget, divided by the same
+   call without early stopping. Stopped prompts leave the batch. Goal ≤ 0.65.
+
+CPU wall-time ratios:
 
 1. ``hook_overhead_ratio``: a hooked ``generate`` in which no delimiter fires, CoT time only (the N terminal answers
    it still elicits at the end are elicitation work, reported apart), divided by a plain ``generate`` that samples
@@ -23,6 +38,7 @@ Usage::
 
     python benchmarks/generation_overhead.py            # 192 decode steps, ~15 min on 2 CPU cores
     python benchmarks/generation_overhead.py --quick    # 128 decode steps
+    python benchmarks/generation_overhead.py --counts-only   # A and B only (~1 min)
 
 Prints figures; the last line is JSON.
 """
@@ -31,23 +47,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import time
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
 from hf_msv import MSVCache, MSVConfig, MSVVerifier
 from hf_msv.generation import MSVEarlyStop, prepare_generation
 
 
-def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_size: int, extra_words: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """Characters (so any text encodes, including the elicitation prompt) plus filler words up to `vocab_size`."""
     specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
     # Whole-word tokens make the elicitation prompt 7 tokens long, as with a real BPE vocabulary.
-    words = ["###", " Final", " Answer", "\\boxed"]
+    words = ["###", " Final", " Answer", "\\boxed", *extra_words]
     chars = ["\n"] + [chr(c) for c in range(32, 127)]
     fillers = [f"<w{i}>" for i in range(max(0, vocab_size - len(specials) - len(words) - len(chars)))]
     vocab = {t: i for i, t in enumerate(specials + words + chars + fillers)}
@@ -131,6 +148,127 @@ def replay_verifier(verifier, n: int, steps: int, every: int, length: int) -> fl
                      answer_class=torch.arange(len(batch)), past_key_values=cache, use_cache=True)
             seconds += time.perf_counter() - start
     return seconds
+
+
+class ForceDelimiters(LogitsProcessor):
+    """The sampled chain of thought with a forced delimiter schedule: token `delimiter` is banned except at
+    `schedule[row]` steps, where it is forced."""
+
+    def __init__(self, prompt_length: int, delimiter: int, schedule: dict[int, set[int]]):
+        self.prompt_length, self.delimiter, self.schedule = prompt_length, delimiter, schedule
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.prompt_length
+        scores[:, self.delimiter] = float("-inf")
+        for row, steps in self.schedule.items():
+            if step in steps:
+                scores[row] = float("-inf")
+                scores[row, self.delimiter] = 0.0
+        return scores
+
+
+class ForwardCounter:
+    """Forward hook on the input embedding: LM forward calls and rows × steps (Σ batch sizes)."""
+
+    def __init__(self, model):
+        self.calls = self.rows = 0
+        self.handle = model.get_input_embeddings().register_forward_hook(self)
+
+    def __call__(self, module, args, output):
+        self.calls += 1
+        self.rows += args[0].shape[0]
+
+
+def tiny_scheduled_lm():
+    tokenizer = build_tokenizer(160, extra_words=("Wait",))
+    model = random_lm(lm_config(len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=2, num_key_value_heads=1), torch.float32)
+    return model, tokenizer
+
+
+def scheduled_generate(model, tokenizer, prompts: list[str], n: int, steps: int, schedule, verifier=None,
+                       threshold=None, answer_length: int = 12):
+    """One hooked ``generate`` under a forced delimiter schedule with scripted answers; returns (results, counter)."""
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True)
+    force = ForceDelimiters(inputs["input_ids"].shape[1], tokenizer.convert_tokens_to_ids("Wait"), schedule)
+    script = ScriptedAnswers(model, tokenizer, filler_tokens=answer_length - 2)
+    counter = ForwardCounter(model)
+    try:
+        with prepare_generation(model, tokenizer, verifier, delimiters=["Wait"],
+                                checker="exact" if verifier is not None else None) as msv:
+            torch.manual_seed(0)
+            model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=steps,
+                           min_new_tokens=steps, logits_processor=LogitsProcessorList([force]),
+                           stopping_criteria=[MSVEarlyStop(threshold)])
+            results = msv.pop_results()
+    finally:
+        script.handle.remove()
+        counter.handle.remove()
+    return results, counter
+
+
+def paper_schedule_counts(n: int = 64, steps: int = 2048, answer_length: int = 12, seed: int = 0) -> dict:
+    """Section A: forward calls per CoT step with each row firing every 150–300 steps at independent offsets."""
+    model, tokenizer = tiny_scheduled_lm()
+    rng = random.Random(seed)
+    schedule = {}
+    for row in range(n):
+        fire, at = set(), rng.randrange(150, 301)
+        while at < steps - 1:
+            fire.add(at)
+            at += rng.randrange(150, 301)
+        schedule[row] = fire
+    start = time.perf_counter()
+    (result,), counter = scheduled_generate(model, tokenizer, ["Question: 17 + 25 = ?"], n, steps, schedule,
+                                            answer_length=answer_length)
+    seconds = time.perf_counter() - start
+    assert counter.calls == result.compute["forward_calls"]
+    assert all(a.length == answer_length for a in result.answers)
+    delimiter_steps = {a.tau for a in result.answers if a.trigger == "delimiter"}
+    # The serial design: per step with firings, one forward for the fed prompts + one per answer token (the
+    # batch waits); the N terminal answers at the end once more.
+    serial = steps + (len(delimiter_steps) + 1) * (1 + answer_length)
+    figures = {
+        "schedule_n": n, "schedule_steps": steps, "schedule_answers": len(result.answers),
+        "schedule_firing_steps": len(delimiter_steps),
+        "forward_calls": counter.calls, "forwards_per_cot_step": counter.calls / steps,
+        "forwards_per_cot_step_serial": serial / steps,
+        "schedule_rows_per_forward": counter.rows / counter.calls,
+    }
+    print(f"[A: paper schedule] N={n}, {steps} steps, {len(result.answers)} answers of {answer_length} tokens "
+          f"({len(delimiter_steps)} steps with firings): {counter.calls} forwards = "
+          f"{figures['forwards_per_cot_step']:.3f} per CoT step (serial design: "
+          f"{figures['forwards_per_cot_step_serial']:.3f}); {figures['schedule_rows_per_forward']:.1f} rows per "
+          f"forward on average; {seconds:.0f}s on this CPU")
+    return figures
+
+
+def stopped_rows_fraction(n: int = 16, steps: int = 512, answer_length: int = 12) -> dict:
+    """Section B: rows × steps of a 4-prompt call where prompts 0 and 1 stop at 25 % of the budget, over the same
+    call without early stopping."""
+    model, tokenizer = tiny_scheduled_lm()
+    torch.manual_seed(0)
+    config = MSVConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64, num_sequences=n,
+                       mode="streaming", gamma_hidden_size=8)
+    verifier = MSVVerifier(config).eval()
+    with torch.no_grad():
+        verifier.head.bias.fill_(4.0)  # every score ≈ 0.98: the first available answer reaches λ = 0.5
+    elicitation = len(tokenizer("### Final Answer ### \\boxed", add_special_tokens=False)["input_ids"])
+    fire = steps // 4 - elicitation - answer_length  # available at exactly 25 % of the budget
+    schedule = {row: {fire} for row in range(2 * n)}  # prompts 0 and 1 only
+    prompts = [f"Question {i}: 17 + {i} = ?" for i in range(4)]
+    rows = {}
+    for lam in (None, 0.5):
+        results, counter = scheduled_generate(model, tokenizer, prompts, n, steps, schedule, verifier, lam,
+                                              answer_length)
+        rows[lam] = counter.rows
+        stops = [r.stop_step if r.stopped_early else None for r in results]
+    assert stops[:2] == [steps // 4] * 2 and stops[2:] == [None, None], stops
+    fraction = rows[0.5] / rows[None]
+    print(f"[B: stopped prompts leave the batch] 4 prompts x N={n}, budget {steps}: prompts 0, 1 stop at step "
+          f"{steps // 4}; rows x steps {rows[0.5]} vs {rows[None]} without stopping = {fraction:.3f}")
+    return {"rows_steps_fraction_two_of_four_stopped": fraction, "rows_steps_stopped": rows[0.5],
+            "rows_steps_no_stop": rows[None]}
 
 
 class TimedEarlyStop(MSVEarlyStop):
@@ -241,13 +379,23 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer decode steps (about half the time)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--steps", type=int, default=None, help="decode steps (default: 192, quick: 128)")
+    parser.add_argument("--counts-only", action="store_true", help="only the machine-independent counts (A, B)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     steps = args.steps or (128 if args.quick else 192)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {'quick' if args.quick else 'full'}")
 
-    report = hook_overhead(steps=steps, repeats=3 if args.quick else 5)
+    report = paper_schedule_counts()
+    report.update(stopped_rows_fraction())
+    report["goals_met"] = {
+        "forwards_per_cot_step_le_1.05": report["forwards_per_cot_step"] <= 1.05,
+        "rows_steps_fraction_le_0.65": report["rows_steps_fraction_two_of_four_stopped"] <= 0.65,
+    }
+    if args.counts_only:
+        print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
+        return
+    report.update(hook_overhead(steps=steps, repeats=3 if args.quick else 5))
 
     tokenizer = build_tokenizer(1000)
     start = time.perf_counter()
@@ -274,7 +422,7 @@ def main():
         "every_k_tokens": 64,
         "quick": args.quick,
     })
-    report["goals_met"] = {
+    report["goals_met"] |= {
         "hook_overhead_le_1.10": report["hook_overhead_ratio"] <= 1.10,
         "elicitation_time_le_1.2x_tokens": report["elicitation_time_ratio"] <= 1.2 * report["elicitation_token_ratio"],
         "verifier_le_2pct_at_n64": report["verifier_time_ratio_n64"] <= 0.02,

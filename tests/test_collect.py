@@ -135,6 +135,8 @@ def test_records_match_the_generation_hook(reference):
         answers = sorted(res.answers, key=lambda a: (a.tau, a.sequence, a.step))
         assert record.answer_text == [a.text for a in answers]
         assert record.answer_tau.tolist() == [a.tau for a in answers]
+        assert record.answer_end.tolist() == [a.end for a in answers]  # the availability step, stored
+        assert all(a.end > a.tau + a.length for a in answers)  # the elicitation prompt was fed step by step
         assert record.answer_step.tolist() == [a.step for a in answers]
         assert record.answer_terminal.tolist() == [a.terminal for a in answers]
         assert int(record.answer_terminal.sum()) == 2  # one terminal answer per sequence

@@ -16,7 +16,7 @@ from hf_msv.data import ShardDataset, read_shard
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt, generate_problems, load_testbed_lm
 from hf_msv.training import MSVTrainingConfig, evaluate_verifier, train_verifier
 
-from test_generation import offline_scores, online_run
+from test_generation import TOK, ScriptedAnswers, generate, offline_scores, online_run, prompts, tiny_model
 
 # HF_MSV_TEST_DEVICE=cpu runs these checks on CPU (to debug the tests themselves without a GPU).
 DEVICE = torch.device(os.environ.get("HF_MSV_TEST_DEVICE", "cuda"))
@@ -70,3 +70,19 @@ def test_collect_and_train_on_cuda_then_evaluate_on_cpu(tmp_path):
     assert next(loaded.parameters()).device.type == "cpu"
     val = ShardDataset(tmp_path / "val", num_sequences=4, mode="streaming", seed=0)
     assert abs(evaluate_verifier(loaded, val, "streaming")["bce"] - result.best_metrics["bce"]) < 1e-3
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_answer_states_leave_the_accelerator_as_answers_complete(offload):
+    """Offloading (the default) moves each answer's states to pinned CPU memory when it completes; opting out keeps
+    them on the LM's device."""
+    model = tiny_model("llama").to(DEVICE)
+    ScriptedAnswers(model)
+    with prepare_generation(model, TOK, delimiters=[], every_k_tokens=4, checker=None, capture_hidden_states=True,
+                            offload_hidden_states=offload) as msv:
+        generate(model, prompts().to(DEVICE), n=3, max_new_tokens=12)
+        answers = [a for r in msv.pop_results() for a in r.answers]
+    assert len(answers) == 2 * 3 * 3
+    assert {a.hidden_states.device.type for a in answers} == {"cpu" if offload else DEVICE.type}
+    if offload and DEVICE.type == "cuda":
+        assert all(a.hidden_states.is_pinned() for a in answers)

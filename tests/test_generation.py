@@ -385,30 +385,63 @@ def test_online_scores_equal_offline_forward(n, group_size):
         assert len(set(texts.values())) == len(texts)
 
 
+P = len(TOK(ELICITATION_PROMPT, add_special_tokens=False)["input_ids"])  # elicitation prompt tokens
+
+
 def test_threshold_zero_stops_a_prompt_at_its_first_answer():
+    """A branch taken at τ feeds its P prompt tokens and its L = 3 answer tokens one per step alongside the main
+    rows: the answer is available at τ + P + 3. A stopped prompt's rows leave the batch; the output stays padded."""
     model = tiny_model("qwen2")
     ScriptedAnswers(model)
     verifier = tiny_verifier()
     schedule = {(0, 3): ID["Wait"], (3, 6): ID["Wait"]}  # prompt 0 at step 3, prompt 1 at step 6
     inputs = prompts()
+    budget = 30
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
-        out = generate(model, inputs, n=2, max_new_tokens=12, schedule={**schedule, (2, 7): EOS}, threshold=0.0)
+        out = generate(model, inputs, n=2, max_new_tokens=budget, schedule={**schedule, (2, 7): EOS},
+                       threshold=0.0)
         first, second = msv.pop_results()
     generated = out[:, inputs["input_ids"].shape[1]:]
-    assert generated.shape[1] == 10  # generate returns once both prompts have stopped (step 9)
-    # Prompt 0: answer elicited at τ=3 with L=3 ("{d}") becomes available at t* = 6; both rows stop there.
-    assert first.stopped_early and first.stop_step == 6 and first.chosen.tau == 3
-    assert first.finish_reasons == ["stopped", "stopped"] and first.tokens_decoded == 2 * 7
+    t0, t1 = 3 + P + 3, 6 + P + 3
+    assert generated.shape == (4, t1 + 1)  # generate returns once both prompts have stopped
+    # Prompt 0: answer elicited at τ=3 becomes available at t* = τ + P + L; both rows stop there.
+    assert first.stopped_early and first.stop_step == t0 and first.chosen.tau == 3 and first.chosen.end == t0
+    assert first.finish_reasons == ["stopped", "stopped"] and first.tokens_decoded == 2 * (t0 + 1)
     assert first.tokens_without_early_stop is None
-    assert first.tokens_without_early_stop_bounds == (14, 14 + 2 * (12 - 7))
-    assert generated[:2, 7:].eq(PAD).all()  # stopped rows are padded like finished ones
-    # Prompt 1 (rows 2, 3): row 2 ends at step 7 before any of its answers is available, row 3 fires at step 6.
-    assert second.stopped_early and second.stop_step == 9 and second.chosen.tau == 6
-    assert second.finish_reasons == ["eos", "stopped"] and second.tokens_decoded == 8 + 10
-    # The EOS answer (τ=7, end 10) was elicited but never became available before the stop.
-    assert [a.score is None for a in second.answers] == [False, True]
+    assert first.tokens_without_early_stop_bounds == (2 * (t0 + 1), 2 * budget)
+    assert generated[:2, t0 + 1:].eq(PAD).all()  # stopped rows are padded like finished ones
+    # Prompt 1 (rows 2, 3): row 2 ends at step 7, row 3 fires at step 6 and its answer stops the prompt; row 2's
+    # EOS answer (available at 7 + P + 3) was still decoding and is abandoned with the prompt's rows.
+    assert second.stopped_early and second.stop_step == t1 and second.chosen.tau == 6
+    assert second.finish_reasons == ["eos", "stopped"] and second.tokens_decoded == 8 + t1 + 1
+    assert [(a.sequence, a.tau) for a in second.answers] == [(1, 6)]
     assert set(first.timings) == {"total", "cot", "elicitation", "verifier", "equivalence"}
     assert all(v >= 0 for v in first.timings.values())
+    assert first.compute["forward_calls"] == t1 + 1  # no forward beyond the main steps: branches ride along
+
+
+def test_stopped_prompts_leave_the_batch_and_branches_add_no_forwards():
+    """One prompt stops at its first answer, the other never does: the rows computed shrink by the stopped rows'
+    remaining steps, and elicitation adds forward calls only in the tail after the last main step."""
+    model = tiny_model("llama")
+    ScriptedAnswers(model)
+    budget = 40
+    schedule = {(r, s): ID["Wait"] for r in range(4) for s in (5, 20)}
+    calls = {}
+    for lam, verifier in ((None, tiny_verifier()), (0.0, tiny_verifier())):
+        with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
+            # λ = 0 stops prompt 0 at its first answer; prompt 1 never fires before its budget, so it never stops.
+            only_first = {k: v for k, v in schedule.items() if k[0] < 2}
+            generate(model, prompts(), n=2, max_new_tokens=budget, schedule=only_first, threshold=lam)
+            calls[lam] = msv.pop_results()
+    full, stopped = calls[None], calls[0.0]
+    # Without stopping: budget main forwards, then the terminal answers' tail (P + 1 newest token + 3 answer tokens).
+    assert full[0].compute["forward_calls"] == budget + 1 + P + 3
+    assert stopped[0].stopped_early and not stopped[1].stopped_early
+    t_stop = 5 + P + 3
+    saved = 2 * (budget - 1 - t_stop)  # prompt 0's two main rows leave after t*
+    assert full[0].compute["rows_computed"] - stopped[0].compute["rows_computed"] >= saved
+    assert [len(s) for s in stopped[0].sequences] == [t_stop + 1] * 2
 
 
 def test_threshold_above_one_never_stops_and_chooses_best_final_answer():
@@ -419,8 +452,9 @@ def test_threshold_above_one_never_stops_and_chooses_best_final_answer():
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
         generate(model, prompts(["Hi"]), n=3, max_new_tokens=8, schedule=schedule, threshold=1.01)
         (result,) = msv.pop_results()
-    # Never stopped: t* is when the last answer became available (the budget answers, τ = 7, L = 3), not 7.
-    assert not result.stopped_early and result.stop_step == 10 == max(a.end for a in result.answers)
+    # Never stopped: t* is when the last answer became available (the budget answers, τ = 7, fed the newest token
+    # and the prompt, L = 3), not 7.
+    assert not result.stopped_early and result.stop_step == 7 + 1 + P + 3 == max(a.end for a in result.answers)
     final = [a for a in result.answers if a.terminal]
     assert len(final) == 3 and result.chosen in final
     assert result.confidence == max(a.score for a in final)
@@ -469,7 +503,7 @@ def test_verifier_config_provides_defaults_and_detach_restores_the_model():
     verifier.config.delimiters, verifier.config.max_answer_tokens = ["\n\n"], 7
     msv = prepare_generation(model, TOK, verifier, checker="exact")
     assert (msv.delimiters, msv.max_answer_tokens, msv.every_k_tokens) == (["\n\n"], 7, None)
-    assert "generate" in vars(model) and len(model._forward_pre_hooks) == 1
+    assert "generate" in vars(model) and len(model._forward_pre_hooks) == 0
     with pytest.raises(RuntimeError, match="already"):
         prepare_generation(model, TOK, checker=None)
     msv.detach()
@@ -506,3 +540,58 @@ def test_fork_cache_leaves_the_original_untouched():
     fork.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), 0)
     assert fork.layers[0].keys.shape[0] == 1 and fork.get_seq_length() == cache.get_seq_length() + 1
     assert all(torch.equal(b, layer.keys) for b, layer in zip(before, cache.layers))
+
+
+def test_hub_layout_loop_samples_like_plain_generate(monkeypatch, tmp_path):
+    """``custom_generate/generate.py`` (transformers' Hub layout, loaded by ``generate`` itself from the repository
+    root) decodes with the lockstep loop: same tokens as plain generate, finished rows padded."""
+    import pathlib
+
+    import transformers.dynamic_module_utils as dynamic
+
+    # Loaded modules are copied into transformers' module cache: keep it out of the user's home.
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path))
+    root = pathlib.Path(__file__).resolve().parents[1]
+    model = tiny_model("gpt2")
+    inputs = prompts()
+    processors = LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], {(1, 3): EOS})])
+    outs = []
+    for custom in (None, str(root)):
+        torch.manual_seed(3)
+        extra = dict(custom_generate=custom, trust_remote_code=True) if custom else {}
+        outs.append(model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
+                                   logits_processor=processors, **extra))
+    assert torch.equal(outs[0], outs[1])
+    assert outs[1][1, -6:].eq(PAD).all()  # row 1 ended at step 3 and left the batch; padded as generate pads
+
+
+def test_row_ended_by_another_criterion_gets_its_terminal_answer():
+    """A criterion other than EOS / the budget / ours ends one row early: the row leaves the batch with a terminal
+    answer of its own, exact like every branch."""
+    from transformers import StoppingCriteria
+
+    class StopRow(StoppingCriteria):
+        def __init__(self, row: int, length: int):
+            self.row, self.length = row, length
+
+        def __call__(self, input_ids, scores, **kwargs):
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            done[self.row] = input_ids.shape[1] >= self.length
+            return done
+
+    model = tiny_model("llama")
+    ScriptedAnswers(model)
+    inputs = prompts(["Hi"])
+    with prepare_generation(model, TOK, delimiters=[], checker=None, capture_hidden_states=True) as msv:
+        torch.manual_seed(0)
+        model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
+                       logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1])]),
+                       stopping_criteria=[StopRow(1, inputs["input_ids"].shape[1] + 5), MSVEarlyStop(None)])
+        (result,) = msv.pop_results()
+    assert [(a.sequence, a.tau, a.trigger, a.terminal) for a in result.answers] == [
+        (1, 4, "budget", True), (0, 9, "budget", True)]
+    assert [len(s) for s in result.sequences] == [10, 5]
+    for answer in result.answers:
+        hidden, greedy = recompute_answer(model, inputs, result, answer)
+        assert greedy == answer.token_ids
+        torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)

@@ -174,6 +174,33 @@ def test_cot_token_ids_need_one_array_of_sequence_length_per_sequence():
         CollectedProblem(**{**p.__dict__, "cot_token_ids": short})
 
 
+def test_availability_steps_round_trip_and_default_to_tau_plus_length(tmp_path):
+    """`answer_end` (the step an answer became available) is stored; shards written before it existed read as
+    τ + L, and every reader (records, lazy columns, groups, verifier items) uses the stored value."""
+    p = make_problem("x", seed=5)
+    p.answer_end = p.answer_tau + 7 + p.answer_length  # e.g. a 7-token elicitation prompt fed one per step
+    path = write_shard(tmp_path / "shard-r000-00000.safetensors", [p])
+    (back,), _ = read_shard(path, hidden=False)
+    np.testing.assert_array_equal(back.answer_end, p.answer_end)
+    dataset = ShardDataset(tmp_path)
+    np.testing.assert_array_equal(dataset.answer_columns(0).answer_end, p.answer_end)
+    np.testing.assert_array_equal(answer_group(dataset.answer_columns(0)).end, p.answer_end)
+    item = dataset.group(0, np.arange(p.num_sequences), "streaming")
+    np.testing.assert_array_equal(item["answer_end"].numpy(), p.answer_end)
+    # An older shard: the column is absent.
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != "answer_end"}
+        metadata = f.metadata()
+    save_file(tensors, str(path), metadata=metadata)
+    (old,), _ = read_shard(path, hidden=False)
+    np.testing.assert_array_equal(old.answer_end, p.answer_tau + p.answer_length)
+    np.testing.assert_array_equal(ShardDataset(tmp_path).answer_columns(0).answer_end,
+                                  p.answer_tau + p.answer_length)
+
+
 def test_failed_write_leaves_no_visible_shard(tmp_path, monkeypatch):
     import hf_msv.data.shards as shards
 

@@ -14,7 +14,7 @@ from hf_msv.evaluation.early_stop import replay, replay_many
 from hf_msv.generation import MSVResult, decide_stop, prepare_generation
 from hf_msv.data import AnswerGroup
 
-from test_generation import EOS, ID, TOK, ScriptedAnswers, generate, prompts, tiny_model, tiny_verifier
+from test_generation import EOS, ID, P, TOK, ScriptedAnswers, generate, prompts, tiny_model, tiny_verifier
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -162,10 +162,11 @@ def test_tied_scores_replay_to_the_same_decision():
         (never,) = msv.pop_results()
     assert len({a.score for r in (stopped, never) for a in r.answers if a.score is not None}) == 1
     assert assert_replays_to_the_same_decision(stopped, 0.5)
-    assert (stopped.chosen.sequence, stopped.chosen.tau, stopped.stop_step) == (1, 3, 6)
+    assert (stopped.chosen.sequence, stopped.chosen.tau, stopped.stop_step) == (1, 3, 3 + P + 3)
     assert not assert_replays_to_the_same_decision(never, 0.6)
-    # Terminal answers: row 2's EOS at τ = 6 (end 9) is available before the budget answers of rows 0, 1 (end 12).
-    assert (never.chosen.sequence, never.chosen.trigger, never.stop_step) == (2, "eos", 12)
+    # Terminal answers: row 2's EOS at τ = 6 (end 6 + P + 3) is available before the budget answers of rows 0, 1
+    # (τ = 9, fed the newest token too: end 9 + 1 + P + 3).
+    assert (never.chosen.sequence, never.chosen.trigger, never.stop_step) == (2, "eos", 9 + 1 + P + 3)
 
 
 def test_testbed_results_replay_to_the_same_decision():

@@ -47,6 +47,7 @@ def build_record(problem: Problem, answers: Sequence, sequences: Sequence[Sequen
         answer_step=[a.step for a in answers],
         answer_tau=[a.tau for a in answers],
         answer_length=[a.length for a in answers],
+        answer_end=[a.end for a in answers],
         answer_class=[a.class_id for a in answers],
         answer_terminal=[a.terminal for a in answers],
         answer_correct=[is_correct(checker, a.text, problem) for a in answers],

@@ -101,11 +101,11 @@ class AnswerColumns:
     answer_terminal: np.ndarray
     answer_correct: np.ndarray
     answer_token_start: np.ndarray
+    answer_end: np.ndarray | None = None
 
-    @property
-    def answer_end(self) -> np.ndarray:
-        """`(A,)` τ + L, when each answer becomes available."""
-        return self.answer_tau + self.answer_length
+    def __post_init__(self):
+        if self.answer_end is None:  # shards written before availability steps were stored
+            self.answer_end = self.answer_tau + self.answer_length
 
 
 def draw_sequences(num_collected: int, num_sequences: int, seed: int, problem_index: int) -> np.ndarray:
@@ -192,7 +192,7 @@ def read_group(answers, hidden, sequences, mode: str) -> dict:
         "answer_sequence": tensor(seq),
         "answer_step": tensor(step),
         "answer_tau": tensor(tau),
-        "answer_end": tensor(tau + answers.answer_length[rows]),
+        "answer_end": tensor(answers.answer_end[rows]),
         "answer_class": tensor(answers.answer_class[rows]),
         "answer_terminal": tensor(answers.answer_terminal[rows], torch.bool),
         "labels": tensor(answers.answer_correct[rows], torch.float32),

@@ -31,6 +31,9 @@ class CollectedProblem:
         cot_token_ids: `S` arrays `(sequence_length[n],)` int64, the sampled chain-of-thought tokens (EOS
             included), for post-hoc scorers that re-read the text (a PRM).
         Both CoT lists are empty when unknown (shards written before them, traces without them).
+        answer_end: `(A,)` int, the step at which each answer became available (`MSVAnswer.end`: τ + P + L when
+            the P elicitation-prompt tokens were fed one per step); `None` (collections that did not record it)
+            means τ + L.
     """
 
     problem_id: str
@@ -54,6 +57,7 @@ class CollectedProblem:
     source: str = ""
     cot_token_ids: list = field(default_factory=list)
     question: str = ""
+    answer_end: np.ndarray | None = None
 
     def __post_init__(self):
         for name in ("answer_sequence", "answer_step", "answer_tau", "answer_length", "answer_class",
@@ -61,6 +65,11 @@ class CollectedProblem:
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64).reshape(-1))
         for name in ("answer_terminal", "answer_correct"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=bool).reshape(-1))
+        if self.answer_end is None:
+            self.answer_end = self.answer_tau + self.answer_length
+        self.answer_end = np.asarray(self.answer_end, dtype=np.int64).reshape(-1)
+        if len(self.answer_end) != len(self.answer_sequence):
+            raise ValueError("answer_end needs one entry per answer")
         self.token_logprobs = np.asarray(self.token_logprobs, dtype=np.float32).reshape(-1)
         self.cot_confidence = [np.asarray(c, dtype=np.float32).reshape(-1) for c in self.cot_confidence]
         self.cot_token_ids = [np.asarray(c, dtype=np.int64).reshape(-1) for c in self.cot_token_ids]
@@ -85,11 +94,6 @@ class CollectedProblem:
     @property
     def num_sequences(self) -> int:
         return len(self.sequence_length)
-
-    @property
-    def answer_end(self) -> np.ndarray:
-        """`(A,)` τ + L, when each answer becomes available."""
-        return self.answer_tau + self.answer_length
 
     @property
     def answer_token_start(self) -> np.ndarray:

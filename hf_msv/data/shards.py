@@ -20,7 +20,8 @@ name                           shape/dtype  meaning
 ``answer_length``              (A,) i32     L
 ``answer_sequence``            (A,) i32     n (0-based, < samples collected)
 ``answer_step``                (A,) i32     k (0-based index of the answer in its sequence)
-``answer_tau``                 (A,) i32     τ, decode step at which it was elicited (end time = τ + L)
+``answer_tau``                 (A,) i32     τ, decode step at which it was elicited
+``answer_end``                 (A,) i32     step at which it became available (optional; absent: τ + L)
 ``answer_class``               (A,) i32     equivalence class in its problem (online, arrival order)
 ``answer_terminal``            (A,) bool    the sequence's terminal answer
 ``answer_correct``             (A,) bool    equivalent to the gold answer under the collection checker
@@ -134,6 +135,7 @@ def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], i
             np.concatenate([[0], np.cumsum(token_lengths)[:-1]]).astype(np.int64)),
         "cot_token_ids": cat([c for p in problems for c in p.cot_token_ids] or [np.zeros(0)], np.int32),
     }
+    tensors["answer_end"] = cat([p.answer_end for p in problems], np.int32)
     for name in ANSWER_INT_COLUMNS:
         tensors[f"answer_{name}"] = cat([getattr(p, f"answer_{name}") for p in problems], np.int32)
     for name in ANSWER_BOOL_COLUMNS:
@@ -211,7 +213,11 @@ class ShardIndex:
         ``answer_token_start``, which addresses rows of the whole shard)."""
         lo, hi = self.answer_lo[i], self.answer_hi[i]
         names = ANSWER_INT_COLUMNS + ANSWER_BOOL_COLUMNS + ("token_start",)
-        return {f"answer_{n}": self.arrays[f"answer_{n}"][lo:hi] for n in names}
+        return {f"answer_{n}": self.arrays[f"answer_{n}"][lo:hi] for n in names} | {"answer_end": self._end(lo, hi)}
+
+    def _end(self, lo: int, hi: int) -> np.ndarray | None:
+        """Answers ``lo:hi``'s stored availability steps (`None` in shards written before they were stored)."""
+        return self.arrays["answer_end"][lo:hi] if "answer_end" in self.arrays else None
 
     def _cot_starts(self, handle, i: int, name: str) -> np.ndarray | None:
         """`(S_i + 1,)` bounds of problem i's sequences in the CoT tensor `name` (``cot_confidence`` or
@@ -259,6 +265,7 @@ class ShardIndex:
             sequence_finish=strings["sequence_finish"][s0:s1],
             cot_confidence=self.cot_arrays(handle, i, "cot_confidence"),
             cot_token_ids=self.cot_arrays(handle, i, "cot_token_ids"),
+            answer_end=self._end(a0, a1),
         )
 
 

@@ -2,8 +2,9 @@
 
 This package elicits answers while a Hugging Face causal LM samples N sequences per prompt, captures the last-layer
 hidden states of the answer tokens, scores the answers with an `MSVVerifier`, and stops a prompt's N sequences as
-soon as the best available answer reaches a threshold λ (paper, "Applications": t* = min{t : max over answers with
-τ + L ≤ t of ỹ ≥ λ}; output the best answer available then, or the best final answer if no answer ever reaches λ).
+soon as the best available answer reaches a threshold λ (paper, "Applications": t* = min{t : max over answers
+available by t of ỹ ≥ λ}; output the best answer available then, or the best final answer if no answer ever
+reaches λ).
 
 Usage::
 
@@ -27,64 +28,90 @@ One concept per module, as in ``transformers.generation``:
 
 * `outputs` — `MSVAnswer`, `MSVResult`: what a call returns.
 * `delimiters` — `DelimiterMatcher`: text delimiters found on decoded text, whatever the tokenisation.
-* `forking` — `fork_cache`, `AnswerElicitor`: branching fired rows off the live KV cache, greedy answer decoding.
-* `scoring` — `ScoringQueue`: answers wait for τ + L, then go to the verifier's online cache in end order.
+* `forking` — `fork_cache`, `Branch`, `LiveBranch`, `AnswerElicitor`: a fired row's cache copied into the batch,
+  its elicitation segment and greedy answer.
+* `lockstep` — `lockstep_sample`, `DecodingBatch`: the decoding loop ``generate`` runs (``custom_generate``), in
+  which main rows and branch rows share every forward.
+* `scoring` — `ScoringQueue`: answers wait until they are available, then go to the verifier's online cache in end
+  order.
 * `stopping` — `decide_stop` (the one implementation of the stopping rule, shared with the evaluation replay) and
   `MSVEarlyStop`, the `StoppingCriteria`.
 * `tracking` — `RowTracker`: per-row and per-prompt bookkeeping of one call.
 * `accounting` — `assemble_results`: token accounting, one `MSVResult` per prompt.
-* `run` — `GenerationRun`: one ``generate`` call, per step: rows that fire, elicitation, scoring, the rule.
-* `session` — `MSVSession`, `prepare_generation`, `msv_generate`: the hooks on the LM and the entry points.
+* `run` — `GenerationRun`: one ``generate`` call, per step: rows that fire, branch progress, scoring, the rule.
+* `session` — `MSVSession`, `prepare_generation`, `msv_generate`: the ``generate`` wrapper and the entry points.
 
 Design
 ======
 
-**Why a hook, a stopping criterion and a thin ``generate`` wrapper.** In transformers 5.x a `StoppingCriteria` is
-called right after each sampled token with ``(input_ids, scores)`` only: no cache, no hidden states. The session
-therefore registers a forward *pre*-hook (``with_kwargs=True``) on the LM that records, at every decode forward, the
-``past_key_values`` Cache object, the 2D attention mask and the position ids that `generate` passes in (references
-only: no copy, no extra compute). When `MSVEarlyStop` is then called, that cache holds the keys/values of every token
-except the newest sampled one, which is exactly the state needed to branch a sequence. Recording *inputs* (a
-pre-hook) rather than outputs keeps the hook independent of each model's output class. The ``generate`` wrapper
-(installed as an instance attribute, removed by `MSVSession.detach`) is needed because criteria get no start/end
-callbacks: it resets the per-call state, binds the `MSVEarlyStop` it finds in ``stopping_criteria`` (adding a
+**A decoding loop of our own, installed through ``custom_generate``.** transformers 5.x lets ``generate`` run a
+callable in place of its sampling loop (``generate(custom_generate=fn)``): ``generate`` still prepares the
+generation config, logits processors, stopping criteria, expanded inputs, mask, positions and cache, then calls
+``fn(model, input_ids, logits_processor=..., stopping_criteria=..., generation_config=..., **model_kwargs)``.
+`prepare_generation` replaces ``model.generate`` (an instance attribute, removed by `MSVSession.detach`) with a thin
+wrapper that resets the per-call state, binds the `MSVEarlyStop` it finds in ``stopping_criteria`` (adding a
 never-stopping one when there is none, so collection needs no criterion), reads N, the EOS ids and the token budget
-from the effective generation config, and after the decoding loop elicits the terminal answers of the sequences that
-ran out of budget (the length criterion fires in the same call as ours, so their cache is still the one recorded)
-and assembles the results.
+from the effective generation config, and passes ``custom_generate=lockstep_sample``; so a plain
+``model.generate(..., stopping_criteria=[MSVEarlyStop(λ)])`` decodes with `lockstep`. Main rows are sampled exactly
+as ``_sample`` samples them (same processors, one ``multinomial`` over every row), so with early stopping off the
+sampled tokens equal a plain ``generate``'s with the same seed. The loop also ships in transformers' Hub layout
+(``custom_generate/generate.py`` at the repository root). Which transformers internals it relies on: `lockstep`.
 
-**Branching without recomputation** (`forking`): see that module.
+**Branches ride in the decoding batch** (`forking`, `lockstep`). When a row fires at step τ (a delimiter, every K
+tokens, EOS, or the budget), its cache is copied into the batch as an extra row, which from the next forward on is
+fed its elicitation segment (P tokens: the newest token when it belongs to the context, the re-encoded prefix of a
+merged delimiter token, the elicitation prompt) one token per step, then its greedy answer, in the same forward
+calls as the main rows, and leaves the batch once its closing token has been fed. Rows that fire together need no
+common length. When every main row has ended, the branches still decoding (the terminal answers of rows that reached
+the budget among them) finish in a tail of about P + L forwards.
 
-**Time line, scoring and stopping.** Time t is the shared decode step (0 at the first generated token). An answer
-elicited at step τ with L tokens becomes available at τ + L; `scoring` releases answers to the verifier in end-time
-order (which is what makes online scores equal the offline forward). After each release the stopping rule
-(`stopping.decide_stop`) is applied to the prompts that received scores; a prompt that stops has all its rows
-reported done to `generate`, whose loop ends once every prompt has stopped or finished. When all sequences of a
-prompt have ended (EOS or budget), its remaining answers are scored and the rule is applied to them too; if no
-answer ever reached λ, the chosen answer is the best-scored terminal answer. In terminal mode only the end of each
-sequence is elicited and the rule never stops. With N > M = ``verifier.config.num_sequences``, the N sequences of a
-prompt are scored in groups of M; the stopping rule still looks at all N. Equivalence classes (`EquivalenceClasses`,
-one per prompt) are assigned when an answer is elicited; γ is left to the verifier. Wall time of a ``generate`` call
-is split into elicitation (forks, forwards, detokenisation), verifier, equivalence checking and chain of thought (the
-rest, which includes the per-step delimiter detection).
+**Time line, scoring and stopping.** Time t is the shared decode step (0 at the first generated token; forward t
+computes token t of the main rows and the next token of every branch). An answer taken at τ with P segment tokens
+and L answer tokens is complete, and available, at step ``MSVAnswer.end`` = τ + P + L (P + L steps after the
+paper's τ + L, which assumed the prompt prefilled at no cost; collections store this step as ``answer_end``, and
+shards written before it read as τ + L). `scoring` releases answers to the verifier in end order (which is what
+makes online scores equal the offline forward). After each release the stopping rule (`stopping.decide_stop`) is
+applied to the prompts that received scores; a prompt that stops has its rows reported done to ``generate`` and
+removed from the decoding batch together with its branches (answers still decoding are abandoned: they were never
+available), and the loop ends once every prompt has stopped or finished. Rows that end (EOS, budget) leave the batch
+as well: their sampled token is the pad token, as in ``_sample``. When all sequences of a prompt have ended and all
+its answers are complete, its remaining answers are scored and the rule is applied to them too; if no answer ever
+reached λ, the chosen answer is the best-scored terminal answer. In terminal mode only the end of each sequence is
+elicited and the rule never stops. With N > M = ``verifier.config.num_sequences``, the N sequences of a prompt are
+scored in groups of M; the stopping rule still looks at all N. Equivalence classes (`EquivalenceClasses`, one per
+prompt) are assigned when an answer completes; γ is left to the verifier. Wall time of a ``generate`` call is split
+into elicitation (the branch rows' share of each forward, by rows, plus branch bookkeeping and detokenisation),
+verifier, equivalence checking and chain of thought (the rest, which includes the per-step delimiter detection).
 
-**Token accounting**: see `accounting`.
+**Hidden states** of completed answers move to CPU at once (pinned memory, non-blocking, on CUDA) unless
+``prepare_generation(offload_hidden_states=False)``; the accelerator holds only the live branches' states. The
+verifier reads them back onto its device when it scores them.
 
-**Cost.** Elicitation is synchronous: the decoding loop waits while the rows that fired at a step are elicited,
-batched together. Delimiters that fire for all rows at once (every K tokens) batch as well as the chain of thought;
-text delimiters usually fire for one or two rows at a time, whose answer tokens then cost about as much as a whole
-decode step each (the price of the paper's semantics, where an answer is available at τ + L).
+**Token accounting**: see `accounting`; ``MSVResult.compute`` has the call's LM forward calls and rows × steps.
+
+**Cost.** A forward over a few more rows costs about what a forward over the main rows costs on a latency-bound
+accelerator, so elicitation adds (almost) no forward calls: on a paper-shaped schedule (N = 64, 2,048 steps, each
+row firing every 150–300 steps, 12-token answers) 1.01 forwards per CoT step, where eliciting each firing step's
+rows synchronously while the batch waits needed 4.07 (``benchmarks/generation_overhead.py``). On short traces the
+tail after the last main step (about P + L forwards for the last terminal answers) weighs more: 1.20 at N = 16 and
+1.17 at N = 64 on the testbed LM's ~170-step traces (1.42 and 1.62 with serial elicitation). On a CPU, where cost
+scales with rows × tokens, elicitation costs what its tokens cost. Each change of the batch's membership (a fork, a
+completed answer, a stopped prompt) is one gather of the cache (`fork_cache`), of the order of one decode step's
+own cache concatenation.
 
 Supported: decoder-only models with a dynamic KV cache (`DynamicCache`; tested on Llama, Qwen2, Qwen3, GPT-2,
-Mistral, Phi-3, GPT-NeoX, Gemma-2, OPT, Falcon, BLOOM, OLMo-2), sampling or greedy search (not beam search or
-assisted decoding). Static caches and encoder-decoders raise a clear error. Branches are exact (equal to
-recomputing the branch from scratch) except on sliding-window layers, where masked positions (a dropped delimiter,
-padding inside a batched prompt segment) still count towards the window, so such a branch sees up to that many
-fewer of its oldest tokens.
+Mistral, Phi-3, GPT-NeoX, Gemma-2, OPT, Falcon, BLOOM, OLMo-2), sampling or greedy search (not beam search,
+assisted decoding or ``synced_gpus``; ``return_dict_in_generate`` returns the sequences only). Static caches and
+encoder-decoders raise a clear error. Branches are exact (equal to recomputing the branch from scratch) except on
+sliding-window layers, where masked positions (a dropped delimiter) still count towards the window, so such a branch
+sees up to that many fewer of its oldest tokens. Main rows share each forward with other rows: kernels whose
+rounding depends on the batch's shape (common on GPUs in bf16) can change low bits, and then sampled tokens, relative
+to a plain ``generate`` (the distribution is the same).
 """
 
 from .delimiters import DelimiterMatch, DelimiterMatcher
 from .forking import fork_cache
+from .lockstep import lockstep_sample
 from .outputs import MSVAnswer, MSVResult
 from .session import MSVSession, msv_generate, prepare_generation
 from .stopping import MSVEarlyStop, StopDecision, decide_stop
@@ -99,6 +126,7 @@ __all__ = [
     "StopDecision",
     "decide_stop",
     "fork_cache",
+    "lockstep_sample",
     "msv_generate",
     "prepare_generation",
 ]

@@ -4,8 +4,8 @@ Per prompt, ``tokens_decoded`` counts chain-of-thought tokens sampled while each
 including its EOS, its last budget token, or the stop step); ``token_budget`` is N × max_new_tokens. What full
 decoding would have used is known only when the prompt did not stop early (``tokens_without_early_stop``); otherwise
 it is reported as bounds: the tokens already decoded, and that plus the budget left to the sequences that were cut.
-`generate` keeps computing stopped rows until the whole batch is done (it cannot shrink its batch); the counts
-describe the work a system that drops stopped rows would do.
+Stopped and finished rows leave the decoding batch (`lockstep`), so these counts are work actually done;
+``MSVResult.compute`` has the forward calls and rows × steps of the whole call.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def assemble_results(tracker: RowTracker, budget: int, threshold: float | None, 
         tracker: the call's rows and groups, after the decoding loop.
         budget: max_new_tokens of the call (per sequence).
         threshold: λ of the call.
-        keep_hidden_states: move the answers' hidden states to CPU (else drop them).
+        keep_hidden_states: keep the answers' hidden states (else drop them).
         timings: wall seconds per phase, shared by all results.
     """
     results = []
@@ -34,8 +34,8 @@ def assemble_results(tracker: RowTracker, budget: int, threshold: float | None, 
         cut = [r for r in rows if tracker.status[r] == STOPPED]
         upper = decoded + sum(max(0, budget - (tracker.end_step[r] + 1)) for r in cut)
         for answer in group.answers:
-            if answer.hidden_states is not None:
-                answer.hidden_states = answer.hidden_states.cpu() if keep_hidden_states else None
+            if not keep_hidden_states:
+                answer.hidden_states = None
         # Without a verifier nothing is decided: report the step at which the last sequence ended.
         stop_step = group.stop_step if group.stop_step is not None else tracker.last_step(p)
         results.append(MSVResult(

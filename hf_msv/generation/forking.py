@@ -1,28 +1,27 @@
-"""Branching sampled sequences off the live KV cache and decoding their answers greedily, without recomputation.
+"""Branches: a fired row's cache forked into the decoding batch, fed its elicitation prompt, then its greedy answer.
 
-The rows that fire at a step are forked from the main cache with one gather
-(`fork_cache`: shallow copies of the cache's layers followed by ``batch_select_indices``). `DynamicLayer.update`
-concatenates into new tensors, so the main cache is never written and the sampled sequences continue unperturbed.
+A branch is an extra row of the decoding batch (`lockstep`): `fork_cache` copies the fired row's KV cache into the
+batch, and from the next forward on the branch row is fed one token per step alongside the main rows, first its
+elicitation *segment* (the newest sampled token when it belongs to the context, the re-encoded text of the
+delimiter's first token that precedes the delimiter, then the elicitation prompt), then its greedy answer tokens,
+until `find_box_end` says the box closed, EOS, or ``max_answer_tokens``. Greedy decoding consumes no random numbers,
+so the sampling of the main rows is untouched.
+
 A delimiter is *not* part of the branch ("…so x = 5." + elicitation prompt, not "…so x = 5. Wait" + prompt): its
 earlier tokens are in the cache and must be dropped. `Cache.crop` would drop the same number of tokens from every
-row, while rows firing together may need different counts (a one-token "Wait" next to "Wa"+"it"), so the fork instead
-masks those positions out in the attention mask and numbers the new tokens from the first dropped position, which is
-equivalent to cropping each row by its own count. Text that shares the delimiter's first token (the "\\n\\n" of a
-"\\n\\nWait" token) is re-encoded and fed before the prompt. The elicitation prompt of every fired row is fed in one
-forward (segments of different lengths are left-padded *inside* the segment and masked), then the answer is decoded
-greedily, batched over the fired rows, up to ``max_answer_tokens`` or until `find_box_end` says the box closed.
-Greedy decoding consumes no random numbers, so the sampling stream of the main sequences is untouched and, with
-early stopping off, the sampled tokens equal those of a plain ``generate`` with the same seed (tested). The hidden
-state of answer token a_i is the LM's last-layer output (after the final norm, ``hidden_states[-1]``) at the position
-where a_i is the input, so an answer of L tokens costs one prompt forward plus L single-token forwards. Only these
-(L, d) vectors are kept, never other layers or chain-of-thought positions.
+row, while rows firing together may need different counts (a one-token "Wait" next to "Wa"+"it"), so the fork
+instead masks those positions out in the branch row's attention mask and numbers the new tokens from the first
+dropped position, which is equivalent to cropping the row by its own count.
+
+The hidden state of answer token a_i is the LM's last-layer output (after the final norm, ``hidden_states[-1]``) at
+the position where a_i is the input; only these (L, d) vectors are kept, never other layers or chain-of-thought
+positions. A branch taken at step τ with a segment of P tokens and an answer of L tokens therefore feeds its last
+answer token at step τ + P + L: that is when the answer is complete and becomes available (`MSVAnswer.end`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,16 +31,19 @@ from transformers.cache_utils import Cache, DynamicLayer
 from ..answers import find_box_end
 from .delimiters import DelimiterMatch
 
-__all__ = ["AnswerElicitor", "Branch", "DecodeState", "ElicitedAnswer", "fork_cache"]
+__all__ = ["AnswerElicitor", "Branch", "LiveBranch", "fork_cache"]
 
 
 def fork_cache(cache: Cache, rows: torch.Tensor) -> Cache:
     """A new cache holding copies of the `rows` of `cache`; `cache` itself is never modified.
 
+    This is the one place where cache rows are copied: the decoding loop regroups its batch (rows that leave, rows
+    that fork) with one call.
+
     Args:
         cache: a transformers `Cache` whose layers are `DynamicLayer`s (the default `DynamicCache`, including
             sliding-window layers), as used by ``generate``.
-        rows: `(n,)` long, batch rows to copy (in the order wanted in the fork).
+        rows: `(n,)` long, batch rows to copy, in the order wanted in the fork; a row may repeat (a fork).
 
     Returns:
         A cache of batch size n. Shallow copies of the layers share the original tensors until
@@ -58,9 +60,8 @@ def fork_cache(cache: Cache, rows: torch.Tensor) -> Cache:
     batch = next((layer.keys.shape[0] for layer in cache.layers if layer.is_initialized), None)
     if batch is None or len(rows) != batch or not torch.equal(rows.cpu(), torch.arange(batch)):
         fork.batch_select_indices(rows)
-    # else: every row branches (every-K elicitation): the shallow copies already form an independent cache.
+    # else: the identity: the shallow copies already form an independent cache.
     return fork
-
 
 
 @dataclass
@@ -70,84 +71,70 @@ class Branch:
     Args:
         row: batch row of the sequence.
         trigger: ``"delimiter"``, ``"every_k"``, ``"eos"`` or ``"budget"`` (see `MSVAnswer.trigger`).
+        tau: the step at which it fired.
         drop: trailing cached chain-of-thought tokens hidden from the branch (a delimiter's earlier tokens).
         feed_newest: whether the newest sampled token (not in the cache yet) belongs to the context.
         prefix_ids: tokens fed before the elicitation prompt (text of the delimiter's first token that precedes it).
+        terminal: its answer is the sequence's terminal answer (EOS, budget, or a delimiter at the last step).
     """
 
     row: int
     trigger: str
+    tau: int = -1
     drop: int = 0
     feed_newest: bool = False
     prefix_ids: list[int] = field(default_factory=list)
+    terminal: bool = False
 
 
 @dataclass
-class DecodeState:
-    """What ``generate`` passed to the LM's latest decode forward: references only, no copies.
+class LiveBranch:
+    """A branch while it is a row of the decoding batch.
 
     Args:
-        cache: the `Cache`, holding every token except the newest sampled one.
-        attention_mask: `(batch, S)` 2D mask, or `None`.
-        position_ids: `(batch, 1)` positions of the last forward's input, or `None`.
+        branch: how it was taken.
+        segment: the tokens fed before the answer (newest token, prefix, elicitation prompt).
+        fed: segment tokens fed so far.
+        token_ids: answer tokens chosen so far (the last one not fed yet).
+        hidden: `(d,)` last-layer states of the answer tokens fed so far.
+        token_logprobs: log p of each chosen answer token.
+        closed: the last chosen token ends the answer (it still has to be fed for its hidden state).
     """
 
-    cache: Cache | None = None
-    attention_mask: torch.Tensor | None = None
-    position_ids: torch.Tensor | None = None
+    branch: Branch
+    segment: list[int]
+    fed: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    hidden: list[torch.Tensor] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    closed: bool = False
 
-    def record(self, kwargs: dict):
-        """Take the references from the keyword arguments of a forward call."""
-        self.cache = kwargs.get("past_key_values")
-        self.attention_mask = kwargs.get("attention_mask")
-        self.position_ids = kwargs.get("position_ids")
+    @property
+    def answering(self) -> bool:
+        """The next input is an answer token (its hidden state is kept)."""
+        return self.fed == len(self.segment)
 
+    def next_input(self) -> int:
+        return self.token_ids[-1] if self.answering else self.segment[self.fed]
 
-@dataclass
-class ElicitedAnswer:
-    """One branch's greedy answer.
-
-    Args:
-        token_ids: the L answer tokens, up to and including the one that closes the box.
-        raw_text: their decoded text.
-        hidden_states: `(L, d)` last-layer hidden states (after the final norm) at the answer tokens.
-        token_logprobs: L floats, log p(answer token i | context, tokens < i).
-        fed_tokens: tokens fed before the answer (newest token, prefix, elicitation prompt).
-    """
-
-    token_ids: list[int]
-    raw_text: str
-    hidden_states: torch.Tensor
-    token_logprobs: list[float]
-    fed_tokens: int
-
-
-def _rng_guard(model):
-    """Keep elicitation forwards from consuming the sampling RNG (only dropout would; greedy decoding does not)."""
-    if not model.training:
-        return contextlib.nullcontext()
-    device = next(model.parameters()).device
-    devices = [device.index or 0] if device.type == "cuda" else []
-    return torch.random.fork_rng(devices=devices)
+    @property
+    def complete(self) -> bool:
+        """Every answer token, the closing one included, has been fed."""
+        return self.closed and len(self.hidden) == len(self.token_ids)
 
 
 class AnswerElicitor:
-    """Elicits the answers of fired rows from the recorded decode state with the LM's own forward.
+    """The elicitation settings of a session: how a fired row becomes a branch and when an answer ends.
 
     Args:
-        model: the decoder-only LM.
-        tokenizer: its tokenizer.
+        tokenizer: the LM's tokenizer.
         elicitation_prompt: text appended to a branch to elicit its answer.
         max_answer_tokens: cap on answer tokens.
         keep_delimiter: keep the delimiter in the branch context instead of branching just before it.
-
-    Attributes:
-        forwarding: True while an elicitation forward runs, so the session's pre-hook can tell these forwards from
-            the main decoding loop's.
     """
 
-    def __init__(self, model, tokenizer, elicitation_prompt: str, max_answer_tokens: int, keep_delimiter: bool):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, tokenizer, elicitation_prompt: str, max_answer_tokens: int, keep_delimiter: bool):
+        self.tokenizer = tokenizer
         self.max_answer_tokens = max_answer_tokens
         self.keep_delimiter = keep_delimiter
         self.prompt_ids = tokenizer(elicitation_prompt, add_special_tokens=False)["input_ids"]
@@ -155,142 +142,22 @@ class AnswerElicitor:
             raise ValueError("the elicitation prompt must encode to at least one token.")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = pad if pad is not None else 0
-        parameters = inspect.signature(model.forward).parameters
-        self.accepts_position_ids = "position_ids" in parameters
-        self.accepts_logits_to_keep = "logits_to_keep" in parameters
-        self.forwarding = False
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def delimiter_branch(self, row: int, found: DelimiterMatch) -> Branch:
+    def delimiter_branch(self, row: int, tau: int, found: DelimiterMatch) -> Branch:
         """The branch of a row whose newest token completed the delimiter occurrence `found`."""
         if self.keep_delimiter:
-            return Branch(row, "delimiter", feed_newest=True)
+            return Branch(row, "delimiter", tau, feed_newest=True)
         prefix = self.tokenizer(found.prefix, add_special_tokens=False)["input_ids"] if found.prefix else []
-        return Branch(row, "delimiter", drop=found.num_tokens - 1, prefix_ids=prefix)
+        return Branch(row, "delimiter", tau, drop=found.num_tokens - 1, prefix_ids=prefix)
 
-    @torch.no_grad()
-    def elicit(self, state: DecodeState, branches: list[Branch], histories: Sequence[Sequence[int]],
-               eos_ids: set[int], device: torch.device) -> list[ElicitedAnswer]:
-        """One answer per branch, batched over the branches.
+    def start(self, branch: Branch, history: Sequence[int]) -> LiveBranch:
+        """The live state of `branch`, whose sequence has generated `history` (newest token included)."""
+        newest = [history[-1]] if branch.feed_newest else []
+        return LiveBranch(branch, newest + branch.prefix_ids + self.prompt_ids)
 
-        Args:
-            state: the recorded decode state; its cache is never modified.
-            branches: the rows that fire at the current step.
-            histories: per batch row, the generated token ids so far (newest included).
-            eos_ids: tokens that end an answer like a closed box.
-            device: device of the main loop's tensors.
-        """
-        fork, mask, position, segments, logits = self._feed_segments(state, branches, histories, device)
-        answer_ids, hidden, logprobs = self._greedy_answers(fork, mask, position, logits, eos_ids)
-        del fork, logits  # the branches' KV copies are not needed for detokenisation
-        return [ElicitedAnswer(token_ids=ids, raw_text=self.decode(ids), hidden_states=torch.stack(states),
-                               token_logprobs=lps, fed_tokens=len(segment))
-                for ids, states, lps, segment in zip(answer_ids, hidden, logprobs, segments)]
-
-    def _feed_segments(self, state: DecodeState, branches: list[Branch], histories: Sequence[Sequence[int]],
-                       device: torch.device):
-        """Fork the fired rows and feed their elicitation segments in one forward.
-
-        Returns the fork, the attention mask `(n, S + W)`, the next position `(n,)`, the fed segments and the
-        last-position logits `(n, V)`.
-        """
-        n = len(branches)
-        rows = torch.tensor([b.row for b in branches], device=device)
-        fork = fork_cache(state.cache, rows)
-        context = state.cache.get_seq_length()
-        if state.attention_mask is not None:
-            context_mask = state.attention_mask[rows].to(torch.long)
-        else:
-            context_mask = torch.ones(n, context, dtype=torch.long, device=device)
-        # Position of the newest sampled token, whose key/value is not in the cache yet.
-        if state.position_ids is not None and state.position_ids.dim() == 2:
-            newest_position = state.position_ids[rows, -1] + 1
-        else:
-            newest_position = context_mask.sum(-1)
-        segments = []
-        for i, b in enumerate(branches):
-            if b.drop:  # hide the delimiter's earlier tokens: a per-row crop
-                context_mask[i, context - b.drop:] = 0
-            newest = [histories[b.row][-1]] if b.feed_newest else []
-            segments.append(newest + b.prefix_ids + self.prompt_ids)
-        # Segments of different lengths are left-padded inside the segment; the padding is masked out and new
-        # tokens are numbered from the first hidden position, so each row reads as its own contiguous sequence.
-        width = max(len(segment) for segment in segments)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=device)
-        segment_mask = torch.zeros(n, width, dtype=torch.long, device=device)
-        positions = torch.zeros(n, width, dtype=torch.long, device=device)
-        first = (newest_position - torch.tensor([b.drop for b in branches], device=device)).tolist()
-        for i, segment in enumerate(segments):
-            pad = width - len(segment)
-            input_ids[i, pad:] = torch.tensor(segment, device=device)
-            segment_mask[i, pad:] = 1
-            positions[i, pad:] = torch.arange(first[i], first[i] + len(segment), device=device)
-            positions[i, :pad] = first[i]  # masked; any valid position
-        mask = torch.cat([context_mask, segment_mask], dim=1)
-        out = self._forward(input_ids, mask, positions, fork, hidden=False)
-        return fork, mask, positions[:, -1] + 1, segments, out.logits[:, -1]
-
-    def _greedy_answers(self, fork: Cache, mask: torch.Tensor, position: torch.Tensor, logits: torch.Tensor,
-                        eos_ids: set[int]):
-        """Greedy answer decoding, batched over the branches, until each box closes (or EOS, or the cap).
-
-        Returns per branch the answer token ids, their last-layer hidden states (list of `(d,)`) and their
-        log-probabilities under the LM (list of floats).
-        """
-        cap = self.max_answer_tokens
-        n = logits.shape[0]
-        tokens = logits.argmax(-1)
-        answer_ids: list[list[int]] = [[] for _ in range(n)]
-        hidden: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        finished = [False] * n
-        batch = list(range(n))  # batch[p]: the branch at batch position p
-        for _ in range(cap):
-            closing = []
-            chosen = torch.log_softmax(logits.float(), -1).gather(1, tokens[:, None]).squeeze(1).tolist()
-            for bi, token, lp in zip(batch, tokens.tolist(), chosen):
-                if finished[bi]:
-                    continue
-                logprobs[bi].append(lp)
-                ids = answer_ids[bi]
-                ids.append(token)
-                if token in eos_ids or len(ids) >= cap or find_box_end(self.decode(ids)) is not None:
-                    closing.append(bi)
-            # Every answer token is fed, the closing one included: its hidden state is the output at its position.
-            mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
-            out = self._forward(tokens[:, None], mask, position[:, None], fork, hidden=True)
-            last_hidden = out.hidden_states[-1][:, -1]  # (batch, d), after the final norm
-            for p, bi in enumerate(batch):
-                if not finished[bi]:
-                    hidden[bi].append(last_hidden[p])
-            for bi in closing:
-                finished[bi] = True
-            live = [p for p, bi in enumerate(batch) if not finished[bi]]
-            if not live:
-                break
-            logits = out.logits[:, -1]
-            tokens, position = logits.argmax(-1), position + 1
-            if len(live) <= len(batch) // 2:
-                # Most rows are done: stop spending forwards on them (one gather of the remaining rows).
-                keep = torch.tensor(live, device=mask.device)
-                fork.batch_select_indices(keep)
-                mask, tokens, position, logits = mask[keep], tokens[keep], position[keep], logits[keep]
-                batch = [batch[p] for p in live]
-        return answer_ids, hidden, logprobs
-
-    def _forward(self, input_ids, attention_mask, position_ids, cache, hidden: bool):
-        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
-        if self.accepts_position_ids:
-            kwargs["position_ids"] = position_ids
-        if self.accepts_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        if hidden:
-            kwargs["output_hidden_states"] = True
-        self.forwarding = True
-        try:
-            with _rng_guard(self.model):
-                return self.model(**kwargs)
-        finally:
-            self.forwarding = False
+    def ends_answer(self, ids: Sequence[int], eos_ids: set[int]) -> bool:
+        """Whether the answer tokens `ids` are complete: EOS, the cap, or a closed box."""
+        return ids[-1] in eos_ids or len(ids) >= self.max_answer_tokens or find_box_end(self.decode(ids)) is not None

@@ -22,6 +22,9 @@ class MSVAnswer:
         step: k, 0-based index of this answer among its sequence's answers.
         tau: τ, the decode step at which the branch was taken (0 = first generated token).
         length: L, the number of answer tokens.
+        end: the step at which the answer became available: its last token was fed in the same forward as
+            chain-of-thought token `end` (τ + P + L for a branch fed P segment tokens, one per step; see
+            `hf_msv.generation.forking`).
         trigger: why it was elicited: ``"delimiter"``, ``"every_k"``, ``"eos"`` (sequence ended) or ``"budget"``
             (sequence reached the token budget, or generation ended for another reason).
         terminal: whether this is the sequence's terminal answer.
@@ -30,10 +33,11 @@ class MSVAnswer:
         elicitation_ids: tokens fed after the kept chain of thought: text of the delimiter's first token that
             precedes the delimiter (re-encoded), then the elicitation prompt.
         class_id: equivalence class within the prompt's group (-1 when no checker was used).
-        score: the verifier's P(correct), `None` without verifier or if the answer never became available
-            (elicited, but the prompt stopped before τ + L).
+        score: the verifier's P(correct), `None` without verifier (answers still decoding when their prompt stops
+            are abandoned, never returned).
         hidden_states: `(L, d)` last-layer hidden states of the answer tokens (kept with
-            ``capture_hidden_states=True``, on CPU; otherwise `None` after scoring).
+            ``capture_hidden_states=True``, on CPU unless ``offload_hidden_states=False``; otherwise `None` after
+            scoring).
         token_logprobs: `L` floats, log p(answer token i | context, tokens < i) under the LM (what the Token-Probs
             baseline averages).
     """
@@ -46,6 +50,7 @@ class MSVAnswer:
     step: int
     tau: int
     length: int
+    end: int
     trigger: str
     terminal: bool
     cot_tokens: int
@@ -54,11 +59,6 @@ class MSVAnswer:
     score: float | None = None
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
     token_logprobs: list[float] | None = field(default=None, repr=False)
-
-    @property
-    def end(self) -> int:
-        """τ + L: the step at which the answer becomes available."""
-        return self.tau + self.length
 
 
 @dataclass
@@ -75,7 +75,7 @@ class MSVResult:
         confidence: the chosen answer's score.
         stopped_early: the threshold was reached while at least one sequence was still decoding.
         stop_step: t*, the step at which the threshold was reached; otherwise the step at which the last answer
-            became available (max τ + L), and without verifier the step at which the last sequence ended.
+            became available (max `MSVAnswer.end`), and without verifier the step at which the last sequence ended.
         threshold: λ used (`None`: never stop).
         sequences: the generated token ids of each sequence up to where it ended (EOS included, padding excluded).
         finish_reasons: per sequence, ``"eos"``, ``"budget"`` or ``"stopped"`` (cut by the early stop).
@@ -89,7 +89,10 @@ class MSVResult:
         answer_tokens: Σ L over this prompt's answers.
         timings: wall seconds of the whole ``generate`` call, shared by all prompts of the batch: ``"total"``,
             ``"cot"`` (chain-of-thought decoding and bookkeeping), ``"elicitation"``, ``"verifier"``,
-            ``"equivalence"``.
+            ``"equivalence"``. Elicitation shares the decoding forwards: it is charged the branch rows' share of
+            each forward (its cost on a device where cost scales with rows) plus its own bookkeeping.
+        compute: what the whole ``generate`` call computed, shared by all prompts of the batch:
+            ``"forward_calls"`` (LM forwards, prefill included) and ``"rows_computed"`` (Σ batch rows over them).
     """
 
     prompt: int
@@ -108,6 +111,7 @@ class MSVResult:
     elicitation_tokens: int
     answer_tokens: int
     timings: dict[str, float]
+    compute: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_sequences(self) -> int:

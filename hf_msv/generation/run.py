@@ -1,9 +1,10 @@
-"""The state of one ``generate`` call: per step, which rows fire, their elicitation, scoring and the stopping rule.
+"""The state of one ``generate`` call: per step, which rows fire, their branches' progress, scoring and the rule.
 
-`GenerationRun` only orchestrates; each concept lives in its own module: row and group bookkeeping
-(`tracking.RowTracker`), branching and answer decoding (`forking.AnswerElicitor`), the verifier queue
-(`scoring.ScoringQueue`), the stopping rule (`stopping.decide_stop`) and token accounting
-(`accounting.assemble_results`). Time t is the shared decode step, 0 at the first generated token.
+`GenerationRun` only orchestrates; each concept lives in its own module: the decoding loop (`lockstep`), row and
+group bookkeeping (`tracking.RowTracker`), branches (`forking`), the verifier queue (`scoring.ScoringQueue`), the
+stopping rule (`stopping.decide_stop`) and token accounting (`accounting.assemble_results`). Time t is the shared
+decode step, 0 at the first generated token; forward number t (the prefill is forward 0) computes token t of the
+main rows and the next token of every branch row.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from ..answers import extract_boxed
 from .accounting import assemble_results
 from .delimiters import DelimiterMatcher
-from .forking import AnswerElicitor, Branch, DecodeState
+from .forking import AnswerElicitor, Branch, LiveBranch
 from .outputs import MSVAnswer, MSVResult, answer_sort_key
 from .scoring import ScoringQueue
 from .stopping import decide_stop
@@ -26,16 +27,20 @@ __all__ = ["GenerationRun"]
 
 
 class GenerationRun:
-    """State of one ``generate`` call, created by the session's ``generate`` wrapper and driven by `MSVEarlyStop`.
+    """State of one ``generate`` call, created by the session's ``generate`` wrapper, driven by `MSVEarlyStop` (one
+    `step` per sampled token) and by the decoding loop (`lockstep.lockstep_sample`) for the branches.
 
     Args:
         elicitor: the session's `AnswerElicitor`.
         matcher: text-delimiter matcher (`None`: no text delimiters).
         every_k_tokens: also elicit after every K generated tokens (`None`: never).
-        streaming: elicit at delimiters and score at τ + L (else only terminal answers, scored at the end).
+        streaming: elicit at delimiters and score answers when they become available (else only terminal answers,
+            scored at the end).
         verifier: the `MSVVerifier`, or `None` to only collect answers.
         new_classes: factory of one prompt's `EquivalenceClasses` (`None`: no class assignment).
         keep_hidden_states: keep every answer's `(L, d)` hidden states in the results.
+        offload_hidden_states: move each answer's hidden states to CPU when it completes (pinned, non-blocking
+            on CUDA), so accelerator memory holds only the live answers' states.
         num_sequences: N, rows per prompt.
         eos_ids: end-of-sequence token ids of the call.
         max_new_tokens, max_length: the call's token budget (max_new_tokens wins when set).
@@ -44,26 +49,24 @@ class GenerationRun:
 
     def __init__(self, elicitor: AnswerElicitor, *, matcher: DelimiterMatcher | None, every_k_tokens: int | None,
                  streaming: bool, verifier, new_classes: Callable[[], object] | None, keep_hidden_states: bool,
-                 num_sequences: int, eos_ids: set[int], max_new_tokens: int | None, max_length: int | None,
-                 threshold: float | None):
+                 offload_hidden_states: bool, num_sequences: int, eos_ids: set[int], max_new_tokens: int | None,
+                 max_length: int | None, threshold: float | None):
         self.elicitor, self.matcher, self.every_k_tokens = elicitor, matcher, every_k_tokens
         self.streaming, self.verifier, self.new_classes = streaming, verifier, new_classes
-        self.keep_hidden_states = keep_hidden_states
+        self.keep_hidden_states, self.offload = keep_hidden_states, offload_hidden_states
         self.N, self.eos_ids = num_sequences, eos_ids
         self.max_new_tokens, self.max_length = max_new_tokens, max_length
         self.threshold = threshold
-        self.state = DecodeState()  # recorded by the session's pre-hook at every main-loop forward
         self.timings = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
+        self.compute: dict[str, int] = {}
         self.prompt_length: int | None = None
         self.last_step = -1
         self.tracker: RowTracker | None = None
         self.queue: ScoringQueue | None = None
+        self.forks: list[LiveBranch] = []
+        self.last_fired: dict[int, LiveBranch] = {}
 
-    def record(self, kwargs: dict):
-        """Forward pre-hook callback: keep references to the decode forward's cache, mask and positions."""
-        self.state.record(kwargs)
-
-    # -- per step --------------------------------------------------------------------------------------------
+    # -- per step (called by MSVEarlyStop) -------------------------------------------------------------------
 
     def _start(self, input_ids: torch.LongTensor):
         self.tracker = RowTracker(input_ids.shape[0], self.N, self.new_classes)
@@ -73,20 +76,16 @@ class GenerationRun:
         if self.verifier is not None:
             self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        if self.state.cache is None:
-            raise RuntimeError("MSV generation needs the KV cache: call generate with use_cache=True.")
-        if self.state.attention_mask is not None and self.state.attention_mask.dim() != 2:
-            raise NotImplementedError("MSV generation needs a 2D attention mask (dynamic cache).")
 
     def step(self, input_ids: torch.LongTensor) -> torch.BoolTensor:
-        """Called by `MSVEarlyStop` right after token t has been sampled for every row; returns the rows to stop."""
+        """Called by `MSVEarlyStop` right after token t has been sampled for every row; returns the rows to stop.
+        Rows that fire become pending forks (`take_forks`)."""
         if self.tracker is None:
             self._start(input_ids)
         t = input_ids.shape[1] - self.prompt_length - 1
         self.last_step = t
-        branches = self._fired_branches(input_ids[:, -1].tolist(), t)
-        if branches:
-            self._elicit(branches, t)
+        for branch in self._fired_branches(input_ids[:, -1].tolist(), t):
+            self._fork(branch)
         self._release(t)
         return self.done
 
@@ -101,73 +100,134 @@ class GenerationRun:
             history.append(token)
             if token in self.eos_ids:
                 tracker.end_row(row, t, EOS)
-                branches.append(Branch(row, "eos"))
+                branches.append(Branch(row, "eos", t))
             elif self.streaming:
                 branch = None
                 if matcher is not None and matcher.could_complete(token):
                     found = matcher.match(history)
                     if found is not None:
-                        branch = self.elicitor.delimiter_branch(row, found)
+                        branch = self.elicitor.delimiter_branch(row, t, found)
                 if branch is None and every_k and len(history) % every_k == 0:
-                    branch = Branch(row, "every_k", feed_newest=True)
+                    branch = Branch(row, "every_k", t, feed_newest=True)
                 if branch is not None:
                     branches.append(branch)
         return branches
 
-    def finalize(self) -> list[MSVResult]:
-        """After the decoding loop: terminal answers of rows still live, last scores, results."""
-        if self.tracker is None:  # generate produced no token
-            return []
-        t, tracker = self.last_step, self.tracker
-        branches = []
+    def _fork(self, branch: Branch):
+        live = self.elicitor.start(branch, self.tracker.history[branch.row])
+        self.forks.append(live)
+        self.last_fired[branch.row] = live
+        self.tracker.group_of(branch.row).inflight += 1
+
+    # -- called by the decoding loop -------------------------------------------------------------------------
+
+    def take_forks(self, t: int, unfinished: list[bool]) -> list[LiveBranch]:
+        """The branches that fired at step t (for the loop to fork into its batch), with the terminal answers of
+        the rows ``generate`` ended for another reason than EOS or our rule (the budget, another criterion);
+        `unfinished` is ``generate``'s per-row flag after step t."""
+        if self.tracker is not None:
+            self._end_budget_rows(t, unfinished)
+        forks, self.forks = self.forks, []
+        for live in forks:
+            if not self.wants(live):  # its prompt was decided in the same step
+                self.tracker.group_of(live.branch.row).inflight -= 1
+        return [live for live in forks if self.wants(live)]
+
+    def _end_budget_rows(self, t: int, unfinished: list[bool]):
+        tracker = self.tracker
         for row, status in enumerate(tracker.status):
-            if status != LIVE:
+            if status != LIVE or unfinished[row]:
                 continue
             tracker.end_row(row, t, BUDGET)
-            previous = tracker.last_answer[row]
-            if previous is not None and previous.tau == t:
-                # A delimiter fired at the very last token: that answer already saw the whole sequence (up to the
+            previous = self.last_fired.get(row)
+            if previous is not None and previous.branch.tau == t:
+                # A delimiter fired at the very last token: that answer already sees the whole sequence (up to the
                 # delimiter), so it is the terminal answer; eliciting again would duplicate it.
-                previous.terminal = True
+                previous.branch.terminal = True
             else:
-                branches.append(Branch(row, "budget", feed_newest=True))
-        if branches:
-            self._elicit(branches, t)
+                self._fork(Branch(row, "budget", t, feed_newest=True))
+
+    def wants(self, live: LiveBranch) -> bool:
+        """Whether a branch is still worth decoding: its prompt has not been decided."""
+        return not self.tracker.group_of(live.branch.row).decided
+
+    def advance_branches(self, branches: list[LiveBranch], out, n_main: int, t: int, forward_seconds: float):
+        """Consume forward t's outputs for the branch rows (batch rows ``n_main:``, in `branches` order): keep the
+        hidden state of each answer token fed, choose each next answer token greedily, complete closed answers."""
+        start = time.perf_counter()
+        logits = out.logits[n_main:, -1].float()
+        chosen = logits.argmax(-1)
+        logprobs = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1).tolist()
+        chosen = chosen.tolist()
+        states = out.hidden_states[-1][n_main:, -1] if out.hidden_states is not None else None  # after final norm
+        for i, live in enumerate(branches):
+            if live.answering:
+                live.hidden.append(states[i])
+            else:
+                live.fed += 1
+            if live.answering and not live.closed:
+                live.token_ids.append(chosen[i])
+                live.token_logprobs.append(logprobs[i])
+                live.closed = self.elicitor.ends_answer(live.token_ids, self.eos_ids)
+            if live.complete:
+                self._complete(live, t)
+        self.timings["elicitation"] += forward_seconds + time.perf_counter() - start
+
+    def tail_step(self, t: int):
+        """A step after every main row has ended: release what became available and apply the rule."""
+        self.last_step = t
         self._release(t)
-        return assemble_results(tracker, self.budget, self.threshold, self.keep_hidden_states, dict(self.timings))
 
-    # -- elicitation -----------------------------------------------------------------------------------------
+    def count_forwards(self, forwards: int, rows: int):
+        self.compute = {"forward_calls": forwards, "rows_computed": rows}
 
-    def _elicit(self, branches: list[Branch], t: int):
-        """Elicit one answer per branch fired at step t, assign its equivalence class and queue it for scoring."""
-        tracker = self.tracker
+    def finalize(self) -> list[MSVResult]:
+        """After the decoding loop: the last scores and the results."""
+        if self.tracker is None:  # generate produced no token
+            return []
+        self._release(self.last_step)
+        results = assemble_results(self.tracker, self.budget, self.threshold, self.keep_hidden_states,
+                                   dict(self.timings))
+        if self.offload and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking copies to pinned memory have landed
+        for result in results:
+            result.compute = dict(self.compute)
+        return results
+
+    # -- answers ---------------------------------------------------------------------------------------------
+
+    def _complete(self, live: LiveBranch, t: int):
+        """The answer of `live` is complete at step t: record it, assign its class, queue it for the verifier."""
+        tracker, b = self.tracker, live.branch
+        row, ids = b.row, live.token_ids
+        group = tracker.group_of(row)
+        group.inflight -= 1
+        kept = b.tau + 1 - (0 if b.feed_newest else 1) - b.drop
+        answer = MSVAnswer(
+            text=extract_boxed(self.elicitor.decode(ids)), raw_text=self.elicitor.decode(ids), token_ids=list(ids),
+            prompt=row // self.N, sequence=row % self.N, step=tracker.num_answers[row], tau=b.tau, length=len(ids),
+            end=t, trigger=b.trigger, terminal=b.terminal or b.trigger in ("eos", "budget"), cot_tokens=kept,
+            elicitation_ids=b.prefix_ids + self.elicitor.prompt_ids, hidden_states=self._store(live.hidden),
+            token_logprobs=list(live.token_logprobs))
+        tracker.record_answer(row, answer, len(live.segment))
         start = time.perf_counter()
-        elicited = self.elicitor.elicit(self.state, branches, tracker.history, self.eos_ids, self.done.device)
-        answers = []
-        for b, e in zip(branches, elicited):
-            row = b.row
-            kept = len(tracker.history[row]) - (0 if b.feed_newest else 1) - b.drop
-            answer = MSVAnswer(
-                text=extract_boxed(e.raw_text), raw_text=e.raw_text, token_ids=e.token_ids, prompt=row // self.N,
-                sequence=row % self.N, step=tracker.num_answers[row], tau=t, length=len(e.token_ids),
-                trigger=b.trigger, terminal=b.trigger in ("eos", "budget"), cot_tokens=kept,
-                elicitation_ids=b.prefix_ids + self.elicitor.prompt_ids, hidden_states=e.hidden_states,
-                token_logprobs=e.token_logprobs)
-            tracker.record_answer(row, answer, e.fed_tokens)
-            answers.append(answer)
-        self.timings["elicitation"] += time.perf_counter() - start
-
-        start = time.perf_counter()
-        for answer in answers:
-            group = tracker.groups[answer.prompt]
-            if group.classes is not None:
-                answer.class_id = group.classes.add(answer.text)
-            group.answers.append(answer)
-            if self.queue is not None and not group.decided:
-                self.queue.push(answer)
-            elif self.queue is None and not self.keep_hidden_states:
-                answer.hidden_states = None  # collection without hidden states: nothing will read them
+        if group.classes is not None:
+            answer.class_id = group.classes.add(answer.text)
+        group.answers.append(answer)
+        if self.queue is not None and not group.decided:
+            self.queue.push(answer)
+        elif not self.keep_hidden_states:
+            answer.hidden_states = None  # nothing will read them
         self.timings["equivalence"] += time.perf_counter() - start
+
+    def _store(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """`(L, d)` answer states, copied off the accelerator when offloading (pinned memory, non-blocking)."""
+        hidden = torch.stack(states)
+        if not self.offload or hidden.device.type == "cpu":
+            return hidden
+        pinned = hidden.device.type == "cuda"
+        host = torch.empty(hidden.shape, dtype=hidden.dtype, pin_memory=pinned)
+        return host.copy_(hidden, non_blocking=pinned)
 
     # -- scoring and stopping --------------------------------------------------------------------------------
 
@@ -175,7 +235,7 @@ class GenerationRun:
         """Score what has become available by step t and apply the stopping rule to the prompts that got scores."""
         if self.queue is None:
             return
-        released = self.queue.release(t, [group.finished for group in self.tracker.groups])
+        released = self.queue.release(t, [group.settled for group in self.tracker.groups])
         self.timings["verifier"] = self.queue.seconds
         for prompt in sorted(released):
             self._apply_stop_rule(prompt, t)
@@ -191,12 +251,14 @@ class GenerationRun:
         decision = decide_stop([a.end for a in scored], [a.score for a in scored], [a.terminal for a in scored],
                                threshold)
         stopped = bool(decision.stopped[0])
-        if not stopped and not (group.finished and not self.queue.has_pending(prompt)):
+        if not stopped and not (group.settled and not self.queue.has_pending(prompt)):
             return
         index = int(decision.chosen[0])
         group.decided, group.stop_step = True, int(decision.stop_step[0])
         group.chosen = scored[index] if index >= 0 else None
         if stopped:
+            # Its rows and branches leave the decoding batch; answers still decoding are abandoned (they were
+            # never available).
             group.stopped_early = not group.finished
             if group.stopped_early:
                 for row in self.tracker.rows_of(prompt):

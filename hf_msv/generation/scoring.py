@@ -1,7 +1,8 @@
 """The scoring queue: elicited answers wait until they become available and are then scored by the verifier.
 
-An answer elicited at step τ with L tokens becomes available at τ + L (the paper's causality, as if answer decoding
-ran alongside the chain of thought). At step t every queued answer with τ + L ≤ t is released to the verifier's
+An answer becomes available at the step its last token is fed (`MSVAnswer.end`: τ + P + L for a branch taken at τ
+with P segment tokens and L answer tokens, decoded alongside the chain of thought). At step t every queued answer
+with end ≤ t is released to the verifier's
 online `MSVCache` in end-time order, which is what makes online scores equal the offline forward. When a prompt's
 sequences have all ended, its remaining answers are released at once (in end order). In terminal mode only the end
 of each sequence is elicited, and a prompt's N terminal answers are scored once, offline, when its last sequence
@@ -28,7 +29,7 @@ class ScoringQueue:
     Args:
         verifier: the `MSVVerifier`.
         num_sequences: N, sequences per prompt.
-        streaming: release answers at τ + L with the online cache (else only when a prompt has finished).
+        streaming: release answers at their end step with the online cache (else only when a prompt has finished).
         keep_hidden_states: keep the answers' hidden states after scoring (else free them).
 
     Attributes:
@@ -92,13 +93,13 @@ class ScoringQueue:
         M = verifier.config.num_sequences
         subgroups = -(-self.N // M)
         lengths = torch.tensor([a.length for a in ready])
-        device = ready[0].hidden_states.device
+        device = next(verifier.parameters()).device  # answer states may have been moved off the accelerator
 
         def column(values):
             return torch.tensor(values, dtype=torch.long, device=device)
 
         out = verifier(
-            hidden_states=torch.cat([a.hidden_states for a in ready]),
+            hidden_states=torch.cat([a.hidden_states for a in ready]).to(device, non_blocking=True),
             token_answer=torch.repeat_interleave(torch.arange(len(ready)), lengths).to(device),
             answer_group=column([a.prompt * subgroups + a.sequence // M for a in ready]),
             answer_sequence=column([a.sequence % M for a in ready]),

@@ -1,9 +1,8 @@
-"""`MSVSession`: the hooks `prepare_generation` attaches to an LM, and `msv_generate`, the one-call entry point.
+"""`MSVSession`: the ``generate`` wrapper `prepare_generation` attaches to an LM; `msv_generate`, the one-call entry.
 
-The session registers a forward *pre*-hook that hands every main-loop decode forward's cache, mask and positions to
-the current `GenerationRun`, and replaces ``model.generate`` (as an instance attribute, removed by `detach`) with a
-wrapper that creates the run, binds it to the call's `MSVEarlyStop` and collects the results. See the package
-docstring (`hf_msv.generation`) for the design.
+The session replaces ``model.generate`` (as an instance attribute, removed by `detach`) with a wrapper that creates
+the run, binds it to the call's `MSVEarlyStop`, has ``generate`` decode with `lockstep.lockstep_sample` (through
+``custom_generate``) and collects the results. See the package docstring (`hf_msv.generation`) for the design.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 from ..modeling_msv import check_compatible
 from .delimiters import DelimiterMatcher
 from .forking import AnswerElicitor
+from .lockstep import lockstep_sample
 from .outputs import MSVResult
 from .run import GenerationRun
 from .stopping import MSVEarlyStop
@@ -33,7 +33,7 @@ class MSVSession:
 
     Attributes:
         results: `MSVResult`s of the ``generate`` calls since the last `pop_results` (one per prompt, in order).
-        elicitor: the `AnswerElicitor` that branches fired rows and decodes their answers.
+        elicitor: the `AnswerElicitor`: how fired rows become branches and when an answer ends.
         matcher: the `DelimiterMatcher` (`None` without text delimiters, or in terminal mode).
     """
 
@@ -41,7 +41,7 @@ class MSVSession:
                  delimiters: str | Sequence[str] | None = None, every_k_tokens: int | None = None,
                  elicitation_prompt: str | None = None, max_answer_tokens: int | None = None,
                  checker="symbolic", num_sequences: int | None = None, keep_delimiter: bool = False,
-                 capture_hidden_states: bool = False):
+                 capture_hidden_states: bool = False, offload_hidden_states: bool = True):
         if getattr(model.config, "is_encoder_decoder", False):
             raise NotImplementedError("MSV generation supports decoder-only LMs.")
         if verifier is not None:
@@ -61,12 +61,13 @@ class MSVSession:
         self.num_sequences = num_sequences
         self.keep_delimiter = keep_delimiter
         self.capture_hidden_states = capture_hidden_states
+        self.offload_hidden_states = offload_hidden_states
         if isinstance(checker, str):
             from ..equivalence import get_checker
 
             checker = get_checker(checker)
         self.checker = checker
-        self.elicitor = AnswerElicitor(model, tokenizer, elicitation_prompt, max_answer_tokens, keep_delimiter)
+        self.elicitor = AnswerElicitor(tokenizer, elicitation_prompt, max_answer_tokens, keep_delimiter)
         self.prompt_ids, self.pad_token_id = self.elicitor.prompt_ids, self.elicitor.pad_token_id
         self.matcher = DelimiterMatcher(tokenizer, self.delimiters) if self.delimiters and mode == "streaming" else None
         self.results: list[MSVResult] = []
@@ -80,7 +81,7 @@ class MSVSession:
         if "generate" in vars(model):
             raise RuntimeError("this model already has an MSV generation session (or a patched generate); "
                                "detach it first.")
-        self._hook = model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        self._attached = True
         self._original_generate = model.generate
 
         @functools.wraps(self._original_generate)
@@ -91,11 +92,10 @@ class MSVSession:
         model._msv_session = self
 
     def detach(self):
-        """Remove the hook and restore ``model.generate``."""
-        if self._hook is None:
+        """Restore ``model.generate``."""
+        if not self._attached:
             return
-        self._hook.remove()
-        self._hook = None
+        self._attached = False
         vars(self.model).pop("generate", None)
         vars(self.model).pop("_msv_session", None)
 
@@ -110,14 +110,12 @@ class MSVSession:
         results, self.results = self.results, []
         return results
 
-    # -- hook and generate wrapper -----------------------------------------------------------------------------
-
-    def _pre_hook(self, module, args, kwargs):
-        # Elicitation forwards go through the same module; they must not replace the recorded main-loop state.
-        if self._run is not None and not self.elicitor.forwarding:
-            self._run.record(kwargs)
+    # -- the generate wrapper ----------------------------------------------------------------------------------
 
     def _generate(self, *args, **kwargs):
+        if kwargs.get("custom_generate") is not None:
+            raise ValueError("MSV generation decodes with its own loop (custom_generate=lockstep_sample); "
+                             "detach the session to use another custom_generate.")
         criteria = list(kwargs.pop("stopping_criteria", None) or [])
         config, eos_ids = self._effective_config(kwargs)
         ours = [c for c in criteria if isinstance(c, MSVEarlyStop)]
@@ -133,7 +131,8 @@ class MSVSession:
         run = GenerationRun(
             self.elicitor, matcher=self.matcher, every_k_tokens=self.every_k_tokens,
             streaming=self.mode == "streaming", verifier=self.verifier, new_classes=self._classes_factory(),
-            keep_hidden_states=self.capture_hidden_states, num_sequences=config.num_return_sequences or 1,
+            keep_hidden_states=self.capture_hidden_states, offload_hidden_states=self.offload_hidden_states,
+            num_sequences=config.num_return_sequences or 1,
             eos_ids=eos_ids, max_new_tokens=config.max_new_tokens, max_length=config.max_length,
             threshold=threshold)
         if self.model.training:
@@ -143,7 +142,8 @@ class MSVSession:
         self._run = run
         start = time.perf_counter()
         try:
-            output = self._original_generate(*args, stopping_criteria=StoppingCriteriaList(criteria), **kwargs)
+            output = self._original_generate(*args, stopping_criteria=StoppingCriteriaList(criteria),
+                                             custom_generate=lockstep_sample, **kwargs)
             results = run.finalize()
         finally:
             criterion.bind(None)
@@ -248,7 +248,7 @@ def prepare_generation(model, tokenizer, verifier=None, *, mode: str | None = No
                        delimiters: str | Sequence[str] | None = None, every_k_tokens: int | None = None,
                        elicitation_prompt: str | None = None, max_answer_tokens: int | None = None,
                        checker="symbolic", num_sequences: int | None = None, keep_delimiter: bool = False,
-                       capture_hidden_states: bool = False) -> MSVSession:
+                       capture_hidden_states: bool = False, offload_hidden_states: bool = True) -> MSVSession:
     """Attach MSV elicitation and scoring to `model`, so that ``model.generate(...,
     stopping_criteria=[MSVEarlyStop(λ)])`` elicits, scores and stops early.
 
@@ -270,7 +270,10 @@ def prepare_generation(model, tokenizer, verifier=None, *, mode: str | None = No
             (only without verifier) skips class assignment.
         num_sequences: N used when ``generate`` is called without ``num_return_sequences``.
         keep_delimiter: keep the delimiter in the branch context instead of branching just before it.
-        capture_hidden_states: keep every answer's `(L, d)` hidden states (on CPU) in the results.
+        capture_hidden_states: keep every answer's `(L, d)` hidden states in the results.
+        offload_hidden_states: move each answer's states to CPU as soon as the answer completes (pinned memory,
+            non-blocking, on CUDA), so that accelerator memory for capture is bounded by the answers still being
+            decoded; `False` keeps them on the LM's device.
 
     Returns:
         The `MSVSession`; read ``session.results`` / ``session.pop_results()`` after ``generate``, and call
@@ -279,7 +282,7 @@ def prepare_generation(model, tokenizer, verifier=None, *, mode: str | None = No
     return MSVSession(model, tokenizer, verifier, mode=mode, delimiters=delimiters, every_k_tokens=every_k_tokens,
                       elicitation_prompt=elicitation_prompt, max_answer_tokens=max_answer_tokens, checker=checker,
                       num_sequences=num_sequences, keep_delimiter=keep_delimiter,
-                      capture_hidden_states=capture_hidden_states)
+                      capture_hidden_states=capture_hidden_states, offload_hidden_states=offload_hidden_states)
 
 
 def msv_generate(model, tokenizer, prompts: Iterable[str | list[dict]], *, verifier=None,

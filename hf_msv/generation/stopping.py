@@ -1,7 +1,8 @@
 """The parallel early-stopping rule, once: a pure numpy function, and the `StoppingCriteria` that applies it live.
 
-Rule (paper, "Early stopping of parallel decoding"): an answer elicited at step τ with L tokens becomes available at
-end = τ + L, and
+Rule (paper, "Early stopping of parallel decoding"): an answer becomes available at step end (`MSVAnswer.end`: τ + L
+in the paper, τ + P + L when its P elicitation-prompt tokens are fed one per step alongside the chain of thought),
+and
 
     t* = min{t : max over answers with end ≤ t of score ≥ λ};
 
@@ -55,7 +56,7 @@ def decide_stop(end, scores, is_terminal, thresholds) -> StopDecision:
     """Apply the early-stopping rule (module docstring) to one group's answers for every threshold.
 
     Args:
-        end: (A,) int, τ + L of each answer.
+        end: (A,) int, the step at which each answer becomes available.
         scores: (A,) float, verifier scores; nan or `None` for an answer without a score.
         is_terminal: (A,) bool, the answer elicited when its sequence ended.
         thresholds: λ, a float or (Λ,) floats; `None`, nan and values above every score never stop.

@@ -26,6 +26,7 @@ class PromptGroup:
         classes: the prompt's `EquivalenceClasses` (`None` without checker).
         answers: every answer elicited so far, in elicitation order.
         live: rows still decoding.
+        inflight: branches still decoding their answer.
         decided: the stopping rule has chosen an answer (or no verifier will).
         stopped_early: λ was reached while a row was still decoding.
         stop_step: t* once decided.
@@ -35,6 +36,7 @@ class PromptGroup:
     classes: object | None
     answers: list[MSVAnswer] = field(default_factory=list)
     live: int = 0
+    inflight: int = 0
     decided: bool = False
     stopped_early: bool = False
     stop_step: int | None = None
@@ -44,6 +46,11 @@ class PromptGroup:
     def finished(self) -> bool:
         """Every sequence has ended (EOS, budget or stop)."""
         return self.live == 0
+
+    @property
+    def settled(self) -> bool:
+        """Every sequence has ended and every answer is complete: nothing more will arrive."""
+        return self.live == 0 and self.inflight == 0
 
 
 class RowTracker:
@@ -63,7 +70,6 @@ class RowTracker:
         self.end_step = [-1] * num_rows                      # step of the row's last generated token
         self.history: list[list[int]] = [[] for _ in range(num_rows)]
         self.num_answers = [0] * num_rows
-        self.last_answer: list[MSVAnswer | None] = [None] * num_rows
         self.elicitation_tokens = [0] * num_rows
         self.groups = [PromptGroup(classes=new_classes() if new_classes else None, live=num_sequences)
                        for _ in range(num_rows // num_sequences)]
@@ -81,9 +87,8 @@ class RowTracker:
         self.group_of(row).live -= 1
 
     def record_answer(self, row: int, answer: MSVAnswer, fed_tokens: int):
-        """Count a new answer of `row`: its step index, the row's latest answer, the elicitation tokens it cost."""
+        """Count a new answer of `row`: its step index and the elicitation tokens it cost."""
         self.num_answers[row] += 1
-        self.last_answer[row] = answer
         self.elicitation_tokens[row] += fed_tokens + answer.length
 
     def last_step(self, prompt: int) -> int:

@@ -1,0 +1,249 @@
+"""`lockstep_sample`: the decoding loop in which elicitation branches ride in the same forward calls as the chain of
+thought, installed through transformers' ``generate(custom_generate=...)``.
+
+``generate`` prepares everything as for its own sampling loop (generation config, logits processors, stopping
+criteria, expanded inputs, attention mask, position ids, the cache) and then calls the callable given as
+``custom_generate`` in place of ``GenerationMixin._sample``, with the same arguments (the model first). This loop:
+
+1. runs the prefill through ``generate``'s own ``_prefill``;
+2. per step t, samples the main rows exactly as ``_sample`` does: the logits processors see every row's
+   ``input_ids`` and ``(batch, vocab)`` scores, and one ``torch.multinomial`` (``argmax`` when greedy) runs over
+   every row. Rows that have finished (EOS, budget, or their prompt stopped) are no longer computed: their row of
+   scores is a placeholder and their probabilities a one-hot on the pad token, which ``multinomial`` draws without
+   touching the other rows' draws (its per-row draws are independent), so with early stopping off the sampled tokens
+   are those of a plain ``generate`` with the same seed. Finished rows are padded as ``_sample`` pads them;
+3. calls the stopping criteria; `MSVEarlyStop` runs the step of the bound `GenerationRun` (delimiters, scoring,
+   the stopping rule) and returns the rows to stop;
+4. regroups the batch with one `fork_cache` gather: finished main rows and the branches of decided prompts leave,
+   completed branches leave, rows that fired at t are copied in as new branch rows;
+5. runs one forward over main rows (their newest token) and branch rows (their next segment or answer token).
+   Branch rows are greedy; an answer completes at the step its closing token is fed (`forking`).
+
+When every main row is done, the branches still decoding (among them the terminal answers of rows that reached the
+budget) finish in a short tail of forwards over branch rows only. Without a bound `MSVEarlyStop` the loop is plain
+sampling that drops finished rows. The returned ``input_ids`` have one row per sequence, as ``_sample``'s.
+
+transformers internals relied on (tested with transformers 5.23): the ``custom_generate`` calling convention above;
+``GenerationMixin._prefill(input_ids, generation_config, model_kwargs)``; ``generation_config._pad_token_tensor``;
+``model_kwargs["attention_mask"]`` (2D, or dropped when all ones) and ``model_kwargs["position_ids"]`` as
+``generate`` prepares them; and, in `fork_cache`, ``Cache.batch_select_indices`` on ``DynamicLayer``s. Not
+supported: ``synced_gpus``, ``return_dict_in_generate`` outputs other than ``sequences``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .forking import LiveBranch, fork_cache
+from .stopping import MSVEarlyStop
+
+if TYPE_CHECKING:
+    from .run import GenerationRun
+
+__all__ = ["DecodingBatch", "lockstep_sample"]
+
+
+class DecodingBatch:
+    """The rows of the decoding forward: main rows (ints, their ``generate`` row) then branch rows (`LiveBranch`).
+
+    Args:
+        cache: the KV cache of the rows, in `members` order.
+        mask: `(rows, S)` long 2D attention mask over the cached positions, or `None` while it is all ones.
+        position: `(rows,)` position of each row's next input token.
+        members: what each batch row is.
+        model: the LM (which inputs its forward accepts).
+    """
+
+    def __init__(self, cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model):
+        self.cache, self.mask, self.position, self.members = cache, mask, position, members
+        self.model = model
+        parameters = inspect.signature(model.forward).parameters
+        self.accepts_position_ids = "position_ids" in parameters
+        self.accepts_logits_to_keep = "logits_to_keep" in parameters
+        self.forwards = 0
+        self.rows_computed = 0  # Σ over forwards of the batch size: the rows × steps figure
+
+    @property
+    def main_rows(self) -> list[int]:
+        return [m for m in self.members if isinstance(m, int)]
+
+    @property
+    def branches(self) -> list[LiveBranch]:
+        return [m for m in self.members if not isinstance(m, int)]
+
+    def regroup(self, keep: list[int], forks: list[tuple[int, LiveBranch]]):
+        """Keep the batch rows `keep` (in order) and append a copy of row `source` for each ``(source, branch)``.
+
+        The new branch rows hide the branch's dropped tokens: their mask is zeroed over the last ``drop`` cached
+        positions and their next position moves back by ``drop`` (a per-row crop).
+        """
+        index = keep + [source for source, _ in forks]
+        if not forks and index == list(range(len(self.members))):
+            return
+        if any(b.branch.drop for _, b in forks) and self.mask is None:
+            self.mask = torch.ones(len(self.members), self.cache.get_seq_length(), dtype=torch.long,
+                                   device=self.position.device)
+        rows = torch.tensor(index, dtype=torch.long, device=self.position.device)
+        self.cache = fork_cache(self.cache, rows)
+        self.position = self.position[rows]
+        if self.mask is not None:
+            self.mask = self.mask[rows]
+        for i, (_, live) in enumerate(forks, start=len(keep)):
+            if live.branch.drop:
+                self.mask[i, self.mask.shape[1] - live.branch.drop:] = 0
+                self.position[i] -= live.branch.drop
+        self.members = [self.members[i] for i in keep] + [live for _, live in forks]
+
+    def forward(self, tokens: torch.Tensor, hidden: bool):
+        """One forward over the batch, `tokens` `(rows,)` being each row's next input; returns the model output
+        (logits `(rows, 1, V)`, and ``hidden_states`` when `hidden`)."""
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.members), 1)], dim=1)
+        kwargs = dict(input_ids=tokens[:, None], attention_mask=self.mask, past_key_values=self.cache, use_cache=True)
+        if self.accepts_position_ids:
+            kwargs["position_ids"] = self.position[:, None]
+        if self.accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        if hidden:
+            kwargs["output_hidden_states"] = True
+        out = self.model(**kwargs, return_dict=True)
+        self.cache = out.past_key_values
+        self.position = self.position + 1
+        self.forwards += 1
+        self.rows_computed += len(self.members)
+        return out
+
+
+def _bound_run(stopping_criteria) -> GenerationRun | None:
+    ours = [c for c in stopping_criteria if isinstance(c, MSVEarlyStop)]
+    return ours[0].run if ours else None
+
+
+def _start_batch(model, outputs, model_kwargs: dict, batch: int, device) -> DecodingBatch:
+    """The decoding batch after the prefill: every row a main row, positions continuing ``generate``'s."""
+    cache = getattr(outputs, "past_key_values", None)
+    if cache is None:
+        raise RuntimeError("MSV generation needs the KV cache: call generate with use_cache=True.")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and mask.dim() != 2:
+        raise NotImplementedError("MSV generation needs a 2D attention mask (dynamic cache).")
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and positions.dim() == 2:
+        position = (positions[:, -1] + 1).expand(batch).clone()
+    elif mask is not None:
+        position = mask.long().sum(-1)
+    else:
+        position = torch.full((batch,), cache.get_seq_length(), dtype=torch.long, device=device)
+    # A shallow fork: the loop owns its cache object, and unsupported cache layers fail before any decoding.
+    cache = fork_cache(cache, torch.arange(batch))
+    return DecodingBatch(cache, None if mask is None else mask.long(), position.to(device), list(range(batch)),
+                         model)
+
+
+def _sample_tokens(scores: torch.Tensor, active: torch.Tensor, pad: int, do_sample: bool) -> torch.Tensor:
+    """`(B,)` next tokens from processed `(B, V)` scores, drawn for every row as ``_sample`` draws them; rows not
+    `active` get `pad` (their placeholder probabilities are a one-hot on it)."""
+    all_active = bool(active.all())
+    if do_sample:
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        if not all_active:
+            placeholder = torch.zeros_like(probs[0])
+            placeholder[pad] = 1.0
+            probs = torch.where(active[:, None], probs, placeholder)
+        tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
+    else:
+        tokens = torch.argmax(scores, dim=-1)
+    return tokens if all_active else torch.where(active, tokens, pad)
+
+
+@torch.no_grad()
+def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
+                    synced_gpus: bool = False, streamer=None, **model_kwargs):
+    """``generate``'s sampling / greedy loop with MSV branches in the decoding batch (module docstring).
+
+    Args: as ``GenerationMixin._sample``. Returns `(B, prompt + T)` token ids (or a ``GenerateDecoderOnlyOutput``
+    holding them when ``return_dict_in_generate``).
+    """
+    if synced_gpus:
+        raise NotImplementedError("MSV generation does not support synced_gpus.")
+    run = _bound_run(stopping_criteria)
+    pad_tensor = generation_config._pad_token_tensor
+    pad = int(pad_tensor) if pad_tensor is not None else 0
+    B, device = input_ids.shape[0], input_ids.device
+    unfinished = torch.ones(B, dtype=torch.bool, device=device)
+
+    outputs = model._prefill(input_ids, generation_config, model_kwargs)
+    batch = _start_batch(model, outputs, model_kwargs, B, device)
+    batch.forwards, batch.rows_computed = 1, B
+    logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=device)
+    del outputs
+    t = 0
+    while True:  # main phase: one sampled token per live main row per step
+        if len(logits) == B:  # every row computed (always so with early stopping off and no EOS yet)
+            scores = logits
+        else:
+            scores = logits.new_zeros(B, logits.shape[-1])
+            scores[unfinished] = logits
+        scores = logits_processor(input_ids, scores)
+        tokens = _sample_tokens(scores, unfinished, pad, generation_config.do_sample)
+        input_ids = torch.cat([input_ids, tokens[:, None]], dim=-1)
+        if streamer is not None:
+            streamer.put(tokens.cpu())
+        unfinished = unfinished & ~stopping_criteria(input_ids, None).to(device)
+        main_done = not bool(unfinished.any())
+        keep_main = [] if main_done else unfinished.nonzero().squeeze(1).tolist()
+        _regroup(batch, run, keep_main, run.take_forks(t, unfinished.tolist()) if run is not None else [])
+        if main_done:
+            break
+        t += 1
+        logits = _forward(batch, run, input_ids[keep_main, -1], t)
+    while batch.members:  # the tail: branches still decoding after the last main row ended
+        t += 1
+        _forward(batch, run, input_ids.new_zeros(0), t)
+        run.tail_step(t)
+        _regroup(batch, run, [], [])
+    if streamer is not None:
+        streamer.end()
+    if run is not None:
+        run.count_forwards(batch.forwards, batch.rows_computed)
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=input_ids)
+    return input_ids
+
+
+def _forward(batch: DecodingBatch, run, main_tokens: torch.Tensor, t: int) -> torch.Tensor:
+    """Forward number t over the batch (main rows fed `main_tokens`, branches their next input); hands the branch
+    rows' outputs to the run and returns the main rows' next-token logits `(main rows, V)` in float32."""
+    started = time.perf_counter()
+    branches = batch.branches
+    branch_tokens = torch.tensor([b.next_input() for b in branches], dtype=torch.long, device=main_tokens.device)
+    out = batch.forward(torch.cat([main_tokens, branch_tokens]), hidden=any(b.answering for b in branches))
+    n_main = len(main_tokens)
+    logits = out.logits[:n_main, -1].to(copy=True, dtype=torch.float32)
+    if run is not None and branches:
+        # On a row-bound device the branch rows' share of the forward is what elicitation costs.
+        share = (time.perf_counter() - started) * len(branches) / len(batch.members)
+        run.advance_branches(branches, out, n_main, t, share)
+    return logits
+
+
+def _regroup(batch: DecodingBatch, run, keep_main: list[int], forks: list):
+    """Main rows in `keep_main` stay; branches stay unless complete or their prompt is decided; `forks` (branches
+    of `generate` rows) are copied in from their row."""
+    started = time.perf_counter()
+    position = {m: i for i, m in enumerate(batch.members) if isinstance(m, int)}
+    keep = [position[r] for r in keep_main]
+    branches = 0
+    for i, m in enumerate(batch.members):
+        if not isinstance(m, int):
+            branches += 1
+            if not m.complete and run.wants(m):
+                keep.append(i)
+    batch.regroup(keep, [(position[live.branch.row], live) for live in forks])
+    if forks or len(keep) - len(keep_main) < branches:  # the gather is elicitation's: a branch came or went
+        run.timings["elicitation"] += time.perf_counter() - started
