@@ -1,0 +1,142 @@
+"""MSV generation on a GPU: where wall time goes at the paper's shape (skips cleanly without CUDA).
+
+A random-weight LM of DeepSeek-R1-Distill-Qwen-1.5B's shape (Qwen2, 28 layers, width 1536, 12 heads, 2 KV heads,
+MLP 8960, the real 151,936-token vocabulary so the LM head costs what it costs), bf16, one prompt, N = 64
+sequences, 4,096 decode steps (EOS banned, so every run decodes exactly that many). Each row's "Wait" is forced every
+150–300 steps at independent offsets and every answer is scripted to 12 tokens (`generation_overhead.py`'s
+schedule: a random LM neither says "Wait" nor closes a box). An MSV_64 of the same width scores answers online.
+
+Measured, each after a warm-up run:
+
+* ``plain_seconds``: plain ``model.generate`` under the same forced schedule (no hf_msv);
+* ``hook_seconds``: the same call with ``prepare_generation`` attached but no delimiter (terminal mode, no verifier):
+  the loop's own overhead; ``hook_overhead_ratio`` = CoT part of it ÷ plain;
+* the full MSV run: CoT, elicitation, verifier and equivalence seconds (``MSVResult.timings``), LM forward calls,
+  ``elicitation_time_ratio`` = elicitation ÷ CoT (the paper measured 2.9 % on an A6000), ``verifier_time_ratio``;
+* peak accelerator memory (``torch.cuda.max_memory_allocated``) of the plain and the MSV runs.
+
+Usage::
+
+    python benchmarks/generation_gpu.py                  # N = 64, 4,096 steps
+    python benchmarks/generation_gpu.py --steps 1024     # shorter
+    python benchmarks/generation_gpu.py --smoke          # tiny shapes on the CPU: checks the script, measures nothing
+
+Last line: JSON (``{"skipped": ...}`` without CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+from transformers import LogitsProcessorList
+
+from hf_msv import MSVConfig, MSVVerifier
+from hf_msv.generation import MSVEarlyStop, prepare_generation
+
+# generation_overhead.py sits beside this file (benchmarks/ is sys.path[0] when run as a script).
+from generation_overhead import ForceDelimiters, ForwardCounter, ScriptedAnswers, build_tokenizer, lm_config, random_lm
+
+VOCAB = 151_936
+
+
+def schedule_for(n: int, steps: int, seed: int = 0) -> dict[int, set[int]]:
+    """Each row fires every 150–300 steps, at independent offsets."""
+    rng = random.Random(seed)
+    schedule = {}
+    for row in range(n):
+        fire, at = set(), rng.randrange(150, 301)
+        while at < steps - 1:
+            fire.add(at)
+            at += rng.randrange(150, 301)
+        schedule[row] = fire
+    return schedule
+
+
+def timed(fn, cuda: bool):
+    """(fn(), seconds, peak accelerator bytes during the call; 0 on the CPU)."""
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - start, torch.cuda.max_memory_allocated() if cuda else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-sequences", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=4096)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script only)")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available() and not args.smoke
+    if not cuda and not args.smoke:
+        print("no CUDA device: nothing to measure (--smoke runs tiny shapes on the CPU)")
+        print(json.dumps({"skipped": "no CUDA device"}))
+        return
+    n, steps = (8, 400) if args.smoke else (args.num_sequences, args.steps)
+    device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    shape = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2)
+    if args.smoke:
+        shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=1)
+    tokenizer = build_tokenizer(1000 if args.smoke else VOCAB, extra_words=("Wait",))
+    model = random_lm(lm_config(len(tokenizer), **shape), dtype).to(device)
+    torch.manual_seed(0)
+    verifier = MSVVerifier(MSVConfig(hidden_size=shape["hidden_size"], num_attention_heads=shape["num_attention_heads"],
+                                     num_sequences=n, mode="streaming")).to(device, dtype).eval()
+    inputs = tokenizer(["Question: find all real x with x^2 - 5x + 6 = 0."], return_tensors="pt").to(device)
+    wait = tokenizer.convert_tokens_to_ids("Wait")
+    force = ForceDelimiters(inputs["input_ids"].shape[1], wait, schedule_for(n, steps))
+    settings = dict(do_sample=True, num_return_sequences=n, max_new_tokens=steps, min_new_tokens=steps,
+                    logits_processor=LogitsProcessorList([force]))
+
+    def plain():
+        torch.manual_seed(0)
+        return model.generate(**inputs, **settings)
+
+    def hooked(**session):
+        def run():
+            with prepare_generation(model, tokenizer, **session) as msv:
+                torch.manual_seed(0)
+                model.generate(**inputs, **settings, stopping_criteria=[MSVEarlyStop(None)])
+                return msv.pop_results()[0]
+        return run
+
+    script = ScriptedAnswers(model, tokenizer, filler_tokens=10)
+    try:
+        plain()  # warm-up (kernels, allocator)
+        _, plain_s, plain_peak = timed(plain, cuda)
+        hook, hook_s, _ = timed(hooked(mode="terminal", checker=None), cuda)
+        counter = ForwardCounter(model)
+        msv_run = hooked(verifier=verifier, delimiters=["Wait"], checker="exact")
+        msv_run()  # warm-up of the elicitation and verifier paths
+        counter.calls = counter.rows = 0
+        result, msv_s, msv_peak = timed(msv_run, cuda)
+        counter.handle.remove()
+    finally:
+        script.handle.remove()
+    t = result.timings
+    report = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (smoke: tiny shapes, not a measurement)", "torch": torch.__version__, "num_sequences": n, "steps": steps,
+        "answers": len(result.answers), "answer_length": 12,
+        "plain_seconds": plain_s, "hook_seconds": hook_s, "hook_overhead_ratio": hook.timings["cot"] / plain_s,
+        "msv_seconds": msv_s, "cot_seconds": t["cot"], "elicitation_seconds": t["elicitation"],
+        "verifier_seconds": t["verifier"], "equivalence_seconds": t["equivalence"],
+        "elicitation_time_ratio": t["elicitation"] / t["cot"], "verifier_time_ratio": t["verifier"] / t["cot"],
+        "msv_over_plain": msv_s / plain_s, "forward_calls": counter.calls, "forwards_per_cot_step": counter.calls / steps,
+        "peak_memory_gib_plain": plain_peak / 2**30, "peak_memory_gib_msv": msv_peak / 2**30,
+    }
+    for key, value in report.items():
+        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
+
+
+if __name__ == "__main__":
+    main()
