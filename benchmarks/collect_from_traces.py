@@ -7,7 +7,7 @@ shards with the same elicitation settings. Reported:
 * ``live_samples_per_s`` / ``reencode_samples_per_s``: sequences (chains of thought) per wall second of each, shard
   writing included; ``speedup`` = their ratio (goal ≥ 3);
 * ``answers``, ``answer_mismatches``: answers in the live shards and how many differ after re-encoding (answer
-  tokens, text, τ, class or label; goal 0), ``max_hidden_diff``: the largest difference of a stored (bf16) state;
+  tokens, text, τ, end, class or label; goal 0), ``max_hidden_diff``: the largest difference of a stored (bf16) state;
 * ``reencode_forwards``: LM forward calls of re-encoding (prefill chunks + elicitation steps), a machine-independent
   cost figure, next to the ``cot_tokens`` and ``answer_tokens`` both produce.
 
@@ -42,7 +42,7 @@ def problems_by_id(directory) -> dict:
 
 
 def mismatches(live: dict, mine: dict) -> tuple[int, float]:
-    """Answers that differ (tokens, text, τ, class, label) and the largest stored hidden-state difference."""
+    """Answers that differ (tokens, text, τ, end, class, label) and the largest stored hidden-state difference."""
     bad, diff = 0, 0.0
     for pid, a in live.items():
         b = mine[pid]
@@ -52,6 +52,7 @@ def mismatches(live: dict, mine: dict) -> tuple[int, float]:
         for i in range(a.num_answers):
             sa, sb = a.answer_token_start[i], b.answer_token_start[i]
             same = (a.answer_text[i] == b.answer_text[i] and a.answer_tau[i] == b.answer_tau[i]
+                    and a.answer_end[i] == b.answer_end[i]
                     and a.answer_class[i] == b.answer_class[i] and a.answer_correct[i] == b.answer_correct[i]
                     and np.array_equal(a.token_ids[sa:sa + a.answer_length[i]],
                                        b.token_ids[sb:sb + b.answer_length[i]]))

@@ -56,7 +56,7 @@ def live_results(model, tok, prompts, *, n, max_new_tokens, seed=0, **session):
 
 def reencode(model, tok, traces, build_prompt, *, delimiters, every_k=None, keep_delimiter=False,
              max_answer_tokens=40, **budgets):
-    elicitor = AnswerElicitor(model, tok, "### Final Answer ### \\boxed", max_answer_tokens, keep_delimiter)
+    elicitor = AnswerElicitor(tok, "### Final Answer ### \\boxed", max_answer_tokens, keep_delimiter)
     matcher = DelimiterMatcher(tok, delimiters) if delimiters else None
     reencoder = TraceReencoder(model, tok, elicitor, matcher=matcher, every_k_tokens=every_k, streaming=True,
                                **budgets)
@@ -67,7 +67,8 @@ def reencode(model, tok, traces, build_prompt, *, delimiters, every_k=None, keep
 
 def assert_same_answers(results, answers, atol):
     key = lambda a: (a.tau, a.sequence, a.step)  # noqa: E731
-    fields = ("tau", "sequence", "step", "trigger", "terminal", "cot_tokens", "elicitation_ids", "token_ids", "text")
+    fields = ("tau", "end", "sequence", "step", "trigger", "terminal", "cot_tokens", "elicitation_ids", "token_ids",
+              "text")
     for result, mine in zip(results, answers, strict=True):
         live, got = sorted(result.answers, key=key), sorted(mine, key=key)
         assert [[getattr(a, f) for f in fields] for a in got] == [[getattr(a, f) for f in fields] for a in live]
@@ -122,7 +123,7 @@ def test_tiny_lm_reencoding_equals_live_generation(arch, delimiters, every_k, ke
 
 def test_plan_follows_live_rules_at_the_budget_end():
     """A delimiter completed by the last budget token is the terminal answer (no extra budget answer)."""
-    elicitor = AnswerElicitor(tiny_lm("llama"), TOK, "### Final Answer ### \\boxed", 5, False)
+    elicitor = AnswerElicitor(TOK, "### Final Answer ### \\boxed", 5, False)
     matcher = DelimiterMatcher(TOK, ["Wait"])
     ids = TOK("ab Wait cd Wait", add_special_tokens=False)["input_ids"]
     plan = plan_branches(ids, 0, eos_ids={2}, elicitor=elicitor, matcher=matcher, every_k_tokens=None,
@@ -133,6 +134,11 @@ def test_plan_follows_live_rules_at_the_budget_end():
                          streaming=True)
     assert [(p.trigger, p.tau, p.terminal, p.kept) for p in plan] == [("delimiter", 3, False, 3),
                                                                        ("eos", 5, True, 5)]
+    # P, the segment fed live before the answer: the elicitation prompt, plus the newest token when it is kept.
+    plan = plan_branches(ids[:5], 0, eos_ids={2}, elicitor=elicitor, matcher=matcher, every_k_tokens=None,
+                         streaming=True)
+    assert [(p.trigger, p.tau, p.terminal, p.kept, p.fed - len(elicitor.prompt_ids)) for p in plan] == [
+        ("delimiter", 3, False, 3, 0), ("budget", 4, True, 5, 1)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -169,7 +175,7 @@ def test_collect_from_traces_writes_the_live_shards(testbed, live_collection, tm
     assert sorted(live) == sorted(mine)
     for pid, a in live.items():
         b = mine[pid]
-        for name in ("answer_sequence", "answer_step", "answer_tau", "answer_length", "answer_class",
+        for name in ("answer_sequence", "answer_step", "answer_tau", "answer_end", "answer_length", "answer_class",
                      "answer_terminal", "answer_correct", "token_ids", "sequence_length"):
             np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
         assert (b.answer_text, b.answer_trigger, b.sequence_finish) == (a.answer_text, a.answer_trigger,
@@ -350,17 +356,17 @@ def test_vllm_example_writer_on_hf_msv_samples(testbed, tmp_path):
 def test_budgets_bound_prefill_and_elicitation_batches(testbed, live_collection, monkeypatch):
     model, tok = testbed
     traces = read_traces(live_collection[1]).traces
-    elicit, seen = AnswerElicitor.elicit, {"elicit": [], "prefill": []}
+    elicit, seen = TraceReencoder.elicit, {"elicit": [], "prefill": []}
 
-    def spy_elicit(self, state, branches, *args, **kwargs):
-        seen["elicit"].append((len(branches), state.cache.get_seq_length()))
-        return elicit(self, state, branches, *args, **kwargs)
+    def spy_elicit(self, cache, mask, position, segments):
+        seen["elicit"].append((len(segments), cache.get_seq_length()))
+        return elicit(self, cache, mask, position, segments)
 
     def spy_forward(module, args, kwargs):
         if "logits_to_keep" not in kwargs:  # prefill chunks (the elicitor always keeps one position)
             seen["prefill"].append(tuple(kwargs["attention_mask"].shape))
 
-    monkeypatch.setattr(AnswerElicitor, "elicit", spy_elicit)
+    monkeypatch.setattr(TraceReencoder, "elicit", spy_elicit)
     hook = model.register_forward_pre_hook(spy_forward, with_kwargs=True)
     budget, chunk = 900, 120
     answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"], max_batch_tokens=budget,

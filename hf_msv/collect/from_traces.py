@@ -96,8 +96,9 @@ def _reencode_batches(reencoder: TraceReencoder, todo, by_id: dict, store: Shard
             records = []
             for trace, found, confidence in zip(batch, answers, model_confidence):
                 classes = EquivalenceClasses(checker)
-                # Live arrival order: by step; at a step, budget answers (elicited after the loop) come last.
-                for a in sorted(found, key=lambda a: (a.tau, a.trigger == "budget", a.sequence)):
+                # Live arrival order: answers complete at their end step; those completing together in the order
+                # their branches joined the decoding batch (by τ; at a step, budget answers after the others).
+                for a in sorted(found, key=lambda a: (a.end, a.tau, a.trigger == "budget", a.sequence)):
                     a.class_id = classes.add(a.text)
                 records.append(build_record(trace.problem, found, trace.sequences, trace.finish,
                                             trace.confidence if use_trace_confidence else confidence, checker, width))
@@ -172,7 +173,7 @@ def collect_from_traces(
         raise ValueError("problems_per_shard, problems_per_batch, max_batch_tokens and chunk_tokens must be positive")
     delimiters = ["Wait"] if delimiters is None else list(delimiters)
     file = _trace_file(traces, skip_bad_lines)
-    elicitor = AnswerElicitor(model, tokenizer, elicitation_prompt, max_answer_tokens, keep_delimiter)
+    elicitor = AnswerElicitor(tokenizer, elicitation_prompt, max_answer_tokens, keep_delimiter)
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     room = len(elicitor.prompt_ids) + max_answer_tokens + 4  # elicitation prompt, answer, a delimiter's prefix
     encoded, bad = _encode_all(file, tokenizer, prompt_builder(prompt_template, tokenizer),

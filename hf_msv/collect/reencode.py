@@ -14,12 +14,17 @@ What is reproduced, and how
   ``keep_delimiter`` the delimiter is kept), and every K tokens fires with the newest token kept. A sequence that
   ends without EOS gets a ``"budget"`` answer at its last token, unless a delimiter fired there (that answer becomes
   the terminal one). Step k counts a sequence's answers.
-* **Answers** are decoded by the same `AnswerElicitor` as live generation (prompt segment in one forward, greedy
-  answer tokens batched, box closing by `find_box_end`, hidden states after the final norm, token log-probs), from a
-  cache holding exactly the branch's context (prompt + kept chain-of-thought tokens).
+* **Answers** follow the live rules of the session's `AnswerElicitor` (``start``: the segment fed before the answer;
+  ``ends_answer``: EOS, the cap or a closed box), decoded greedily by `TraceReencoder.elicit` from a cache holding
+  exactly the branch's context (prompt + kept chain-of-thought tokens): the segment in one forward (live generation
+  feeds it one token per step in the decoding batch, `hf_msv.generation.lockstep`; the newest token, when kept, is
+  already in the prefilled context here), then the answer tokens batched; hidden states after the final norm, token
+  log-probs. The availability step is the live one, ``MSVAnswer.end`` = τ + P + L with P the length of the live
+  segment (`BranchPoint.fed`, from ``AnswerElicitor.start``).
 * **Records** are built by `hf_msv.collect.recording.build_record` (the live builder): classes are assigned by one
-  `EquivalenceClasses` per problem in live arrival order (τ, then the budget answers of a step after its delimiter
-  answers, then sequence), labels by the checker with the gold alternatives, ``sequence_length`` counts EOS.
+  `EquivalenceClasses` per problem in live arrival order (by end step; answers completing at the same step in the
+  order their branches joined the batch: τ, the budget answers of a step after its other answers, then sequence),
+  labels by the checker with the gold alternatives, ``sequence_length`` counts EOS.
 * **DeepConf confidences** (``confidence="model"``, default) are recomputed from the prefill's logits: the logits at
   position i are the distribution token i + 1 was sampled from, before any temperature, which is what live
   collection's `ConfidenceRecorder` records. ``"trace"`` reads them from the trace's top-k ``logprobs`` (missing for
@@ -58,7 +63,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from ..answers import extract_boxed
 from ..data.problems import Problem
 from ..generation import DelimiterMatcher, MSVAnswer
-from ..generation.forking import AnswerElicitor, Branch, DecodeState
+from ..generation.forking import AnswerElicitor, Branch
 from .traces import FINISH_EOS, Trace, TraceError
 
 __all__ = ["BranchPoint", "BufferedLayer", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids",
@@ -159,8 +164,9 @@ class BranchPoint:
     Args:
         sequence, step, tau, trigger, terminal: as in `MSVAnswer`.
         kept: generated tokens in the branch context (`MSVAnswer.cot_tokens`).
+        fed: P, the segment tokens live generation feeds before the answer, one per step (`AnswerElicitor.start`:
+            the newest token when kept, the prefix, the elicitation prompt): the answer is available at τ + P + L.
         prefix_ids: tokens fed before the elicitation prompt (text of a delimiter's first token preceding it).
-        late: elicited after the delimiter answers of its step (a budget answer, elicited when generate returns).
     """
 
     sequence: int
@@ -168,9 +174,9 @@ class BranchPoint:
     tau: int
     trigger: str
     kept: int
+    fed: int
     terminal: bool = False
     prefix_ids: list[int] = field(default_factory=list)
-    late: bool = False
 
 
 def plan_branches(sequence: Sequence[int], n: int, *, eos_ids: set[int], elicitor: AnswerElicitor,
@@ -179,28 +185,32 @@ def plan_branches(sequence: Sequence[int], n: int, *, eos_ids: set[int], elicito
     it ended so): the per-token rules of `GenerationRun` (module docstring), without the LM."""
     points: list[BranchPoint] = []
     history: list[int] = []
+
+    def add(branch: Branch, kept: int) -> None:
+        fed = len(elicitor.start(branch, history).segment)
+        points.append(BranchPoint(n, len(points), branch.tau, branch.trigger, kept, fed,
+                                  terminal=branch.trigger in ("eos", "budget"), prefix_ids=list(branch.prefix_ids)))
+
     for t, token in enumerate(sequence):
         history.append(token)
         branch = None
         if token in eos_ids:
-            branch = Branch(n, "eos")
+            branch = Branch(n, "eos", t)
         elif streaming:
             if matcher is not None and matcher.could_complete(token):
                 found = matcher.match(history)
                 if found is not None:
-                    branch = elicitor.delimiter_branch(n, found)
+                    branch = elicitor.delimiter_branch(n, t, found)
             if branch is None and every_k_tokens and len(history) % every_k_tokens == 0:
-                branch = Branch(n, "every_k", feed_newest=True)
+                branch = Branch(n, "every_k", t, feed_newest=True)
         if branch is not None:
-            kept = len(history) - (0 if branch.feed_newest else 1) - branch.drop  # GenerationRun._elicit
-            points.append(BranchPoint(n, len(points), t, branch.trigger, kept, terminal=branch.trigger == "eos",
-                                      prefix_ids=list(branch.prefix_ids)))
+            add(branch, len(history) - (0 if branch.feed_newest else 1) - branch.drop)  # GenerationRun._complete
     last = len(sequence) - 1
-    if sequence[-1] not in eos_ids:  # ended by the budget (GenerationRun.finalize)
+    if sequence[-1] not in eos_ids:  # ended by the budget (GenerationRun._end_budget_rows)
         if points and points[-1].tau == last:
             points[-1].terminal = True
         else:
-            points.append(BranchPoint(n, len(points), last, "budget", len(sequence), terminal=True, late=True))
+            add(Branch(n, "budget", last, feed_newest=True), len(sequence))
     return points
 
 
@@ -375,9 +385,9 @@ class TraceReencoder:
             self._flush(work)
         work.queue.append(item)
 
-    def _batch_cache(self, queue: list[_Pending]) -> DecodeState:
-        """The queued contexts left-padded into one cache `(n, heads, width + room, dim)` per layer, with its mask
-        `(n, width)` and positions (`AnswerElicitor` numbers new tokens from ``position_ids[:, -1] + 1``)."""
+    def _batch_cache(self, queue: list[_Pending]) -> tuple[DynamicCache, torch.Tensor]:
+        """The queued contexts left-padded into one cache `(n, heads, width + room, dim)` per layer, and its mask
+        `(n, width)`."""
         n, width = len(queue), max(q.context for q in queue)
         # Room for the widest elicitation segment and the answer: the answer tokens are written in place.
         room = (max(len(q.point.prefix_ids) for q in queue) + len(self.elicitor.prompt_ids)
@@ -396,8 +406,7 @@ class TraceReencoder:
             mask[i, width - q.context:] = 1
         cache = DynamicCache()
         cache.layers = layers
-        positions = torch.tensor([[q.context - 1] for q in queue], device=self.device)
-        return DecodeState(cache=cache, attention_mask=mask, position_ids=positions)
+        return cache, mask
 
     def _flush(self, work: _Work) -> None:
         """Elicit every queued branch in one batch and add its `MSVAnswer` to its trace's answers."""
@@ -405,18 +414,70 @@ class TraceReencoder:
             return
         items = list(work.queue)
         work.queue.clear()
-        state = self._batch_cache(items)  # the context copies now live in this cache only
-        branches = [Branch(i, q.point.trigger, prefix_ids=q.point.prefix_ids) for i, q in enumerate(items)]
-        elicited = self.elicitor.elicit(state, branches, [[]] * len(items), self.eos_ids, self.device)
-        self.forwards += 1 + max(len(e.token_ids) for e in elicited)
-        for item, e in zip(items, elicited):
-            point = item.point
+        cache, mask = self._batch_cache(items)  # the context copies now live in this cache only
+        position = torch.tensor([q.context for q in items], device=self.device)
+        segments = [q.point.prefix_ids + self.elicitor.prompt_ids for q in items]  # the newest token is in context
+        elicited = self.elicit(cache, mask, position, segments)
+        for item, (ids, hidden, logprobs) in zip(items, elicited):
+            point, raw = item.point, self.elicitor.decode(ids)
             work.answers[item.problem].append(MSVAnswer(
-                text=extract_boxed(e.raw_text), raw_text=e.raw_text, token_ids=e.token_ids, prompt=item.problem,
-                sequence=point.sequence, step=point.step, tau=point.tau, length=len(e.token_ids),
+                text=extract_boxed(raw), raw_text=raw, token_ids=ids, prompt=item.problem, sequence=point.sequence,
+                step=point.step, tau=point.tau, length=len(ids), end=point.tau + point.fed + len(ids),
                 trigger=point.trigger, terminal=point.terminal, cot_tokens=point.kept,
-                elicitation_ids=point.prefix_ids + self.elicitor.prompt_ids, hidden_states=e.hidden_states.cpu(),
-                token_logprobs=e.token_logprobs))
+                elicitation_ids=point.prefix_ids + self.elicitor.prompt_ids, hidden_states=hidden.cpu(),
+                token_logprobs=logprobs))
+
+    def elicit(self, cache: DynamicCache, mask: torch.Tensor, position: torch.Tensor,
+               segments: list[list[int]]) -> list[tuple[list[int], torch.Tensor, list[float]]]:
+        """Greedy answers of a batch of contexts: each row is fed its segment, then its answer tokens until
+        `AnswerElicitor.ends_answer` (the live rule); every answer token is fed, the closing one included, for its
+        hidden state.
+
+        Args:
+            cache: the contexts, left-padded, written in place; mask: its `(n, S)` long attention mask.
+            position: `(n,)` position of each row's first segment token (its context length).
+            segments: per row, the tokens fed before the answer.
+
+        Returns per row its answer token ids, `(L, d)` last-layer states (after the final norm) and L log-probs.
+        """
+        n, width = len(segments), max(map(len, segments))
+        pad = torch.tensor([width - len(s) for s in segments], device=self.device)
+        ids = torch.tensor([[self.elicitor.pad_token_id] * (width - len(s)) + s for s in segments], device=self.device)
+        # Segments are left-padded inside the segment (masked); each row numbers its own tokens from `position`.
+        offsets = (torch.arange(width, device=self.device)[None] - pad[:, None]).clamp(min=0)
+        mask = torch.cat([mask, (torch.arange(width, device=self.device)[None] >= pad[:, None]).long()], dim=1)
+        logits = self._forward(ids, mask, position[:, None] + offsets, cache, hidden=False).logits[:, -1]
+        position = position + pad.new_tensor([len(s) for s in segments])
+        answers = [([], [], []) for _ in range(n)]
+        rows, done = list(range(n)), [False] * n  # rows[p]: the branch at batch position p
+        while True:
+            logits = logits.float()
+            chosen = logits.argmax(-1)
+            chosen_lp = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1).tolist()
+            chosen_ids = chosen.tolist()
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            out = self._forward(chosen[:, None], mask, position[:, None], cache, hidden=True)
+            states = out.hidden_states[-1][:, -1]  # (rows, d), after the final norm
+            for p, i in enumerate(rows):
+                if not done[i]:
+                    answers[i][0].append(chosen_ids[p])
+                    answers[i][1].append(states[p])
+                    answers[i][2].append(chosen_lp[p])
+                    done[i] = self.elicitor.ends_answer(answers[i][0], self.eos_ids)
+            live = [p for p, i in enumerate(rows) if not done[i]]
+            if not live:
+                return [(tokens, torch.stack(hidden), lps) for tokens, hidden, lps in answers]
+            logits, position = out.logits[:, -1], position + 1
+            if len(live) <= len(rows) // 2:  # most rows are done: one gather, then no forwards spent on them
+                keep = torch.tensor(live, device=self.device)
+                cache.batch_select_indices(keep)
+                mask, position, logits = mask[keep], position[keep], logits[keep]
+                rows = [rows[p] for p in live]
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, hidden: bool):
+        self.forwards += 1
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=hidden)
 
 
 def _check_layers(cache) -> None:
