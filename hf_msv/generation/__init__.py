@@ -27,7 +27,9 @@ One concept per module, as in ``transformers.generation``:
 
 * `outputs` — `MSVAnswer`, `MSVResult`: what a call returns.
 * `delimiters` — `DelimiterMatcher`: text delimiters found on decoded text, whatever the tokenisation.
-* `forking` — `fork_cache`, `AnswerElicitor`: branching fired rows off the live KV cache, greedy answer decoding.
+* `caches` — `fork_cache`, `branch_cache`, `RecurrentHistory`: copying cache rows (attention and recurrent layers)
+  and starting a recurrent branch before tokens it already consumed.
+* `forking` — `AnswerElicitor`: branching fired rows off the live cache, greedy answer decoding.
 * `scoring` — `ScoringQueue`: answers wait for τ + L, then go to the verifier's online cache in end order.
 * `stopping` — `decide_stop` (the one implementation of the stopping rule, shared with the evaluation replay) and
   `MSVEarlyStop`, the `StoppingCriteria`.
@@ -75,16 +77,18 @@ batched together. Delimiters that fire for all rows at once (every K tokens) bat
 text delimiters usually fire for one or two rows at a time, whose answer tokens then cost about as much as a whole
 decode step each (the price of the paper's semantics, where an answer is available at τ + L).
 
-Supported: decoder-only models with a dynamic KV cache (`DynamicCache`; tested on Llama, Qwen2, Qwen3, GPT-2,
-Mistral, Phi-3, GPT-NeoX, Gemma-2, OPT, Falcon, BLOOM, OLMo-2), sampling or greedy search (not beam search or
-assisted decoding). Static caches and encoder-decoders raise a clear error. Branches are exact (equal to
+Supported: decoder-only models with the default dynamic cache (`DynamicCache`; tested on Llama, Qwen2, Qwen3,
+GPT-2, Mistral, Phi-3, GPT-NeoX, Gemma-2, OPT, Falcon, BLOOM, OLMo-2), including its recurrent layers (conv / SSM /
+linear attention; tested on LFM2, Mamba, Mamba-2 and Qwen3-Next; `caches` lists the layer types and the memory a
+recurrent branch costs), sampling or greedy search (not beam search or assisted decoding). Static and quantized
+caches, other cache layer types and encoder-decoders raise a clear error. Branches are exact (equal to
 recomputing the branch from scratch) except on sliding-window layers, where masked positions (a dropped delimiter,
 padding inside a batched prompt segment) still count towards the window, so such a branch sees up to that many
 fewer of its oldest tokens.
 """
 
+from .caches import RecurrentHistory, branch_cache, fork_cache, recurrent_state_bytes
 from .delimiters import DelimiterMatch, DelimiterMatcher
-from .forking import fork_cache
 from .outputs import MSVAnswer, MSVResult
 from .session import MSVSession, msv_generate, prepare_generation
 from .stopping import MSVEarlyStop, StopDecision, decide_stop
@@ -96,9 +100,12 @@ __all__ = [
     "MSVEarlyStop",
     "MSVResult",
     "MSVSession",
+    "RecurrentHistory",
     "StopDecision",
+    "branch_cache",
     "decide_stop",
     "fork_cache",
     "msv_generate",
     "prepare_generation",
+    "recurrent_state_bytes",
 ]

@@ -50,10 +50,34 @@ class DelimiterMatcher:
         self._candidate = [
             (not text) or ("\ufffd" in text) or any(c in text for c in last_chars) for text in texts
         ]
+        # A token can start an occurrence that completes later only if its text ends with a proper prefix of a
+        # delimiter, so it ends with one of these characters (or its text is only known in context).
+        prefix_ends = {d[m - 1] for d in self.delimiters for m in range(1, len(d))}
+        self._start_candidate = [(not text) or ("\ufffd" in text) or text[-1] in prefix_ends for text in texts]
 
     def could_complete(self, token_id: int) -> bool:
         """Cheap pre-filter: whether `token_id` can be the last token of an occurrence."""
         return token_id >= len(self._candidate) or self._candidate[token_id]
+
+    def could_start(self, generated: Sequence[int]) -> bool:
+        """Whether an occurrence may start inside the last token of `generated` and complete at a later token.
+
+        True when the decoded text ends with a proper prefix of a delimiter that begins inside the last token (or
+        that token's text is only known in context, e.g. a partial UTF-8 byte). A recurrent model's branch must
+        start before such a token, so the session saves its state then (`caches.RecurrentHistory`).
+        """
+        if not generated:
+            return False
+        token = generated[-1]
+        if token < len(self._start_candidate) and not self._start_candidate[token]:
+            return False
+        window = list(generated[-self.window :])
+        full = self._decode(window)
+        prev_len = len(self._decode(window[:-1]))
+        if len(full) <= prev_len or "\ufffd" in full[prev_len:]:
+            return True
+        return any(full.endswith(d[:m]) and len(full) - m >= prev_len
+                   for d in self.delimiters for m in range(1, len(d)))
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -1,16 +1,20 @@
 """Branching sampled sequences off the live KV cache and decoding their answers greedily, without recomputation.
 
-The rows that fire at a step are forked from the main cache with one gather
-(`fork_cache`: shallow copies of the cache's layers followed by ``batch_select_indices``). `DynamicLayer.update`
-concatenates into new tensors, so the main cache is never written and the sampled sequences continue unperturbed.
+The rows that fire at a step are forked from the main cache with one gather (`caches.fork_cache`), into tensors of
+their own, so the main cache is never written and the sampled sequences continue unperturbed.
 A delimiter is *not* part of the branch ("…so x = 5." + elicitation prompt, not "…so x = 5. Wait" + prompt): its
 earlier tokens are in the cache and must be dropped. `Cache.crop` would drop the same number of tokens from every
 row, while rows firing together may need different counts (a one-token "Wait" next to "Wa"+"it"), so the fork instead
 masks those positions out in the attention mask and numbers the new tokens from the first dropped position, which is
-equivalent to cropping each row by its own count. Text that shares the delimiter's first token (the "\\n\\n" of a
-"\\n\\nWait" token) is re-encoded and fed before the prompt. The elicitation prompt of every fired row is fed in one
+equivalent to cropping each row by its own count. Recurrent layers (conv / SSM / linear attention: LFM2, Mamba,
+Qwen3-Next ...) cannot be masked, so their branch starts from the state saved before the delimiter's first token
+(`caches.branch_cache`, `caches.RecurrentHistory`; the run saves it). Text that shares the delimiter's first token
+(the "\\n\\n" of a "\\n\\nWait" token) is re-encoded and fed before the prompt. The elicitation prompt of every fired row is fed in one
 forward (segments of different lengths are left-padded *inside* the segment and masked), then the answer is decoded
 greedily, batched over the fired rows, up to ``max_answer_tokens`` or until `find_box_end` says the box closed.
+With recurrent layers a padding token would enter the state, and transformers' Mamba-1 mixers (Mamba, FalconMamba,
+Jamba) restart their scan from zero on a multi-token forward over a cache, so there the branches are batched by
+segment length and each segment is fed one token per forward (exact for every layer type).
 Greedy decoding consumes no random numbers, so the sampling stream of the main sequences is untouched and, with
 early stopping off, the sampled tokens equal those of a plain ``generate`` with the same seed (tested). The hidden
 state of answer token a_i is the LM's last-layer output (after the final norm, ``hidden_states[-1]``) at the position
@@ -21,46 +25,18 @@ where a_i is the input, so an answer of L tokens costs one prompt forward plus L
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from ..answers import find_box_end
+from .caches import RecurrentHistory, attention_length, branch_cache, fork_cache, has_recurrent_state
 from .delimiters import DelimiterMatch
 
-__all__ = ["AnswerElicitor", "Branch", "DecodeState", "ElicitedAnswer", "fork_cache"]
-
-
-def fork_cache(cache: Cache, rows: torch.Tensor) -> Cache:
-    """A new cache holding copies of the `rows` of `cache`; `cache` itself is never modified.
-
-    Args:
-        cache: a transformers `Cache` whose layers are `DynamicLayer`s (the default `DynamicCache`, including
-            sliding-window layers), as used by ``generate``.
-        rows: `(n,)` long, batch rows to copy (in the order wanted in the fork).
-
-    Returns:
-        A cache of batch size n. Shallow copies of the layers share the original tensors until
-        ``batch_select_indices`` gathers the rows into new tensors; later updates of the fork concatenate into
-        new tensors too, so the original cache stays untouched.
-    """
-    for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer):
-            raise NotImplementedError(
-                f"MSV generation forks the KV cache and supports dynamic cache layers only; this model's cache has "
-                f"a {type(layer).__name__} (use the default DynamicCache, e.g. no cache_implementation='static').")
-    fork = copy.copy(cache)
-    fork.layers = [copy.copy(layer) for layer in cache.layers]
-    batch = next((layer.keys.shape[0] for layer in cache.layers if layer.is_initialized), None)
-    if batch is None or len(rows) != batch or not torch.equal(rows.cpu(), torch.arange(batch)):
-        fork.batch_select_indices(rows)
-    # else: every row branches (every-K elicitation): the shallow copies already form an independent cache.
-    return fork
-
+__all__ = ["AnswerElicitor", "Branch", "DecodeState", "ElicitedAnswer"]
 
 
 @dataclass
@@ -97,8 +73,11 @@ class DecodeState:
     position_ids: torch.Tensor | None = None
 
     def record(self, kwargs: dict):
-        """Take the references from the keyword arguments of a forward call."""
+        """Take the references from the keyword arguments of a forward call (Mamba-style models name their
+        cache ``cache_params``)."""
         self.cache = kwargs.get("past_key_values")
+        if self.cache is None:
+            self.cache = kwargs.get("cache_params")
         self.attention_mask = kwargs.get("attention_mask")
         self.position_ids = kwargs.get("position_ids")
 
@@ -158,6 +137,7 @@ class AnswerElicitor:
         parameters = inspect.signature(model.forward).parameters
         self.accepts_position_ids = "position_ids" in parameters
         self.accepts_logits_to_keep = "logits_to_keep" in parameters
+        self.cache_argument = "cache_params" if "cache_params" in parameters else "past_key_values"
         self.forwarding = False
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -172,8 +152,10 @@ class AnswerElicitor:
 
     @torch.no_grad()
     def elicit(self, state: DecodeState, branches: list[Branch], histories: Sequence[Sequence[int]],
-               eos_ids: set[int], device: torch.device) -> list[ElicitedAnswer]:
-        """One answer per branch, batched over the branches.
+               eos_ids: set[int], device: torch.device, step: int = 0,
+               history: RecurrentHistory | None = None) -> list[ElicitedAnswer]:
+        """One answer per branch, batched over the branches (over branches of equal segment length, for a
+        recurrent cache).
 
         Args:
             state: the recorded decode state; its cache is never modified.
@@ -181,56 +163,81 @@ class AnswerElicitor:
             histories: per batch row, the generated token ids so far (newest included).
             eos_ids: tokens that end an answer like a closed box.
             device: device of the main loop's tensors.
+            step: the current step.
+            history: recurrent states saved before possible delimiter starts (recurrent caches, dropped tokens).
         """
-        fork, mask, position, segments, logits = self._feed_segments(state, branches, histories, device)
-        answer_ids, hidden, logprobs = self._greedy_answers(fork, mask, position, logits, eos_ids)
-        del fork, logits  # the branches' KV copies are not needed for detokenisation
-        return [ElicitedAnswer(token_ids=ids, raw_text=self.decode(ids), hidden_states=torch.stack(states),
-                               token_logprobs=lps, fed_tokens=len(segment))
-                for ids, states, lps, segment in zip(answer_ids, hidden, logprobs, segments)]
+        segments = [([histories[b.row][-1]] if b.feed_newest else []) + b.prefix_ids + self.prompt_ids
+                    for b in branches]
+        groups = [list(range(len(branches)))]
+        if has_recurrent_state(state.cache):
+            lengths = sorted({len(segment) for segment in segments})
+            groups = [[i for i, segment in enumerate(segments) if len(segment) == w] for w in lengths]
+        answers: list[ElicitedAnswer | None] = [None] * len(branches)
+        for group in groups:
+            group_branches, group_segments = [branches[i] for i in group], [segments[i] for i in group]
+            fork, mask, position, logits = self._feed_segments(state, group_branches, group_segments, device,
+                                                               step, history)
+            answer_ids, hidden, logprobs = self._greedy_answers(fork, mask, position, logits, eos_ids)
+            del fork, logits  # the branches' cache copies are not needed for detokenisation
+            for i, ids, states, lps in zip(group, answer_ids, hidden, logprobs):
+                answers[i] = ElicitedAnswer(token_ids=ids, raw_text=self.decode(ids), hidden_states=torch.stack(states),
+                                            token_logprobs=lps, fed_tokens=len(segments[i]))
+        return answers
 
-    def _feed_segments(self, state: DecodeState, branches: list[Branch], histories: Sequence[Sequence[int]],
-                       device: torch.device):
-        """Fork the fired rows and feed their elicitation segments in one forward.
+    def _feed_segments(self, state: DecodeState, branches: list[Branch], segments: list[list[int]],
+                       device: torch.device, step: int, history: RecurrentHistory | None):
+        """Fork the fired rows and feed their elicitation segments (one forward, or one per token over a
+        recurrent cache).
 
-        Returns the fork, the attention mask `(n, S + W)`, the next position `(n,)`, the fed segments and the
-        last-position logits `(n, V)`.
+        Returns the fork, the attention mask `(n, S + W)` (`None` for a cache without attention layers), the next
+        position `(n,)` and the last-position logits `(n, V)`.
         """
         n = len(branches)
         rows = torch.tensor([b.row for b in branches], device=device)
-        fork = fork_cache(state.cache, rows)
-        context = state.cache.get_seq_length()
-        if state.attention_mask is not None:
-            context_mask = state.attention_mask[rows].to(torch.long)
-        else:
-            context_mask = torch.ones(n, context, dtype=torch.long, device=device)
-        # Position of the newest sampled token, whose key/value is not in the cache yet.
-        if state.position_ids is not None and state.position_ids.dim() == 2:
-            newest_position = state.position_ids[rows, -1] + 1
-        else:
-            newest_position = context_mask.sum(-1)
-        segments = []
-        for i, b in enumerate(branches):
-            if b.drop:  # hide the delimiter's earlier tokens: a per-row crop
-                context_mask[i, context - b.drop:] = 0
-            newest = [histories[b.row][-1]] if b.feed_newest else []
-            segments.append(newest + b.prefix_ids + self.prompt_ids)
+        drops = [b.drop for b in branches]
+        fork = branch_cache(state.cache, rows, drops, step, history)
+        context_mask, first = self._context(state, rows, drops)
         # Segments of different lengths are left-padded inside the segment; the padding is masked out and new
         # tokens are numbered from the first hidden position, so each row reads as its own contiguous sequence.
         width = max(len(segment) for segment in segments)
         input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=device)
         segment_mask = torch.zeros(n, width, dtype=torch.long, device=device)
         positions = torch.zeros(n, width, dtype=torch.long, device=device)
-        first = (newest_position - torch.tensor([b.drop for b in branches], device=device)).tolist()
         for i, segment in enumerate(segments):
             pad = width - len(segment)
             input_ids[i, pad:] = torch.tensor(segment, device=device)
             segment_mask[i, pad:] = 1
             positions[i, pad:] = torch.arange(first[i], first[i] + len(segment), device=device)
             positions[i, :pad] = first[i]  # masked; any valid position
-        mask = torch.cat([context_mask, segment_mask], dim=1)
-        out = self._forward(input_ids, mask, positions, fork, hidden=False)
-        return fork, mask, positions[:, -1] + 1, segments, out.logits[:, -1]
+        mask = torch.cat([context_mask, segment_mask], dim=1) if context_mask is not None else None
+        if not has_recurrent_state(fork):
+            out = self._forward(input_ids, mask, positions, fork, hidden=False)
+        else:  # equal lengths (no padding); one token per forward (Mamba-1 mixers need it, see module docstring)
+            for j in range(width):
+                column_mask = None if mask is None else mask[:, : mask.shape[1] - width + j + 1]
+                out = self._forward(input_ids[:, j : j + 1], column_mask, positions[:, j : j + 1], fork, hidden=False)
+        return fork, mask, positions[:, -1] + 1, out.logits[:, -1]
+
+    def _context(self, state: DecodeState, rows: torch.Tensor, drops: list[int]):
+        """The branches' context mask `(n, S)` with each branch's dropped tokens hidden (`None` for a cache
+        without attention layers, which has nothing to mask) and the position of each branch's first new token
+        (a list of n ints: the first dropped position, or the newest token's)."""
+        context = attention_length(state.cache)
+        if context is None:  # Mamba-style: positions are unused too
+            return None, [0] * len(rows)
+        if state.attention_mask is not None:
+            context_mask = state.attention_mask[rows].to(torch.long)
+        else:
+            context_mask = torch.ones(len(rows), context, dtype=torch.long, device=rows.device)
+        # Position of the newest sampled token, whose key/value is not in the cache yet.
+        if state.position_ids is not None and state.position_ids.dim() == 2:
+            newest_position = state.position_ids[rows, -1] + 1
+        else:
+            newest_position = context_mask.sum(-1)
+        for i, drop in enumerate(drops):
+            if drop:  # hide the delimiter's earlier tokens: a per-row crop
+                context_mask[i, context - drop:] = 0
+        return context_mask, (newest_position - torch.tensor(drops, device=rows.device)).tolist()
 
     def _greedy_answers(self, fork: Cache, mask: torch.Tensor, position: torch.Tensor, logits: torch.Tensor,
                         eos_ids: set[int]):
@@ -259,7 +266,8 @@ class AnswerElicitor:
                 if token in eos_ids or len(ids) >= cap or find_box_end(self.decode(ids)) is not None:
                     closing.append(bi)
             # Every answer token is fed, the closing one included: its hidden state is the output at its position.
-            mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
             out = self._forward(tokens[:, None], mask, position[:, None], fork, hidden=True)
             last_hidden = out.hidden_states[-1][:, -1]  # (batch, d), after the final norm
             for p, bi in enumerate(batch):
@@ -274,14 +282,16 @@ class AnswerElicitor:
             tokens, position = logits.argmax(-1), position + 1
             if len(live) <= len(batch) // 2:
                 # Most rows are done: stop spending forwards on them (one gather of the remaining rows).
-                keep = torch.tensor(live, device=mask.device)
-                fork.batch_select_indices(keep)
-                mask, tokens, position, logits = mask[keep], tokens[keep], position[keep], logits[keep]
+                keep = torch.tensor(live, device=tokens.device)
+                fork = fork_cache(fork, keep)
+                mask = None if mask is None else mask[keep]
+                tokens, position, logits = tokens[keep], position[keep], logits[keep]
                 batch = [batch[p] for p in live]
         return answer_ids, hidden, logprobs
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, hidden: bool):
-        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, self.cache_argument: cache,
+                  "use_cache": True}
         if self.accepts_position_ids:
             kwargs["position_ids"] = position_ids
         if self.accepts_logits_to_keep:

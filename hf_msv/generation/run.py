@@ -15,6 +15,7 @@ import torch
 
 from ..answers import extract_boxed
 from .accounting import assemble_results
+from .caches import RecurrentHistory, has_recurrent_state
 from .delimiters import DelimiterMatcher
 from .forking import AnswerElicitor, Branch, DecodeState
 from .outputs import MSVAnswer, MSVResult, answer_sort_key
@@ -58,6 +59,7 @@ class GenerationRun:
         self.last_step = -1
         self.tracker: RowTracker | None = None
         self.queue: ScoringQueue | None = None
+        self.history: RecurrentHistory | None = None  # recurrent states before possible delimiter starts
 
     def record(self, kwargs: dict):
         """Forward pre-hook callback: keep references to the decode forward's cache, mask and positions."""
@@ -74,9 +76,13 @@ class GenerationRun:
             self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         if self.state.cache is None:
-            raise RuntimeError("MSV generation needs the KV cache: call generate with use_cache=True.")
+            raise RuntimeError("MSV generation needs the cache of the decoding loop: call generate with "
+                               "use_cache=True (the LM's forward must take it as past_key_values or cache_params).")
         if self.state.attention_mask is not None and self.state.attention_mask.dim() != 2:
             raise NotImplementedError("MSV generation needs a 2D attention mask (dynamic cache).")
+        if self.matcher is not None and not self.elicitor.keep_delimiter and has_recurrent_state(self.state.cache):
+            # A branch drops up to window - 1 consumed delimiter tokens, which recurrent layers cannot forget.
+            self.history = RecurrentHistory(horizon=self.matcher.window - 1)
 
     def step(self, input_ids: torch.LongTensor) -> torch.BoolTensor:
         """Called by `MSVEarlyStop` right after token t has been sampled for every row; returns the rows to stop."""
@@ -93,7 +99,7 @@ class GenerationRun:
     def _fired_branches(self, newest: list[int], t: int) -> list[Branch]:
         """Append each live row's newest token and return the rows that fire: EOS, a delimiter, or every K."""
         tracker, matcher, every_k = self.tracker, self.matcher, self.every_k_tokens
-        branches = []
+        branches, may_start = [], []
         for row, token in enumerate(newest):
             if tracker.status[row] != LIVE:
                 continue
@@ -112,6 +118,11 @@ class GenerationRun:
                     branch = Branch(row, "every_k", feed_newest=True)
                 if branch is not None:
                     branches.append(branch)
+                if self.history is not None and matcher.could_start(history):
+                    may_start.append(row)
+        if self.history is not None:  # the cache holds every token but the newest: the state before it
+            self.history.save(self.state.cache, may_start, t)
+            self.history.forget(t)
         return branches
 
     def finalize(self) -> list[MSVResult]:
@@ -142,7 +153,8 @@ class GenerationRun:
         """Elicit one answer per branch fired at step t, assign its equivalence class and queue it for scoring."""
         tracker = self.tracker
         start = time.perf_counter()
-        elicited = self.elicitor.elicit(self.state, branches, tracker.history, self.eos_ids, self.done.device)
+        elicited = self.elicitor.elicit(self.state, branches, tracker.history, self.eos_ids, self.done.device,
+                                        step=t, history=self.history)
         answers = []
         for b, e in zip(branches, elicited):
             row = b.row
