@@ -9,9 +9,10 @@ masks those positions out in the attention mask and numbers the new tokens from 
 equivalent to cropping each row by its own count. Recurrent layers (conv / SSM / linear attention: LFM2, Mamba,
 Qwen3-Next ...) cannot be masked, so their branch starts from the state saved before the delimiter's first token
 (`caches.branch_cache`, `caches.RecurrentHistory`; the run saves it). Text that shares the delimiter's first token
-(the "\\n\\n" of a "\\n\\nWait" token) is re-encoded and fed before the prompt. The elicitation prompt of every fired row is fed in one
-forward (segments of different lengths are left-padded *inside* the segment and masked), then the answer is decoded
-greedily, batched over the fired rows, up to ``max_answer_tokens`` or until `find_box_end` says the box closed.
+(the "\\n\\n" of a "\\n\\nWait" token) is re-encoded and fed before the prompt. The elicitation prompt of every
+fired row is fed in one forward (segments of different lengths are left-padded *inside* the segment and masked),
+then the answer is decoded greedily, batched over the fired rows, up to ``max_answer_tokens`` or until
+`find_box_end` says the box closed.
 With recurrent layers a padding token would enter the state, and transformers' Mamba-1 mixers (Mamba, FalconMamba,
 Jamba) restart their scan from zero on a multi-token forward over a cache, so there the branches are batched by
 segment length and each segment is fed one token per forward (exact for every layer type).
