@@ -1,7 +1,8 @@
 """MSV generation on models with recurrent cache layers (conv / SSM / linear attention), tiny and random (CPU, seconds).
 
-LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params``), Mamba-2 (SSM only) and
-Qwen3-Next (gated-delta-rule linear attention + attention). The invariants are those of `test_generation`: sampling
+LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params``), Mamba-2 (SSM only), Qwen3-Next
+(gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), and for branch exactness also
+FalconMamba, Bamba, Falcon-H1 and GraniteMoeHybrid. The invariants are those of `test_generation`: sampling
 is unperturbed and every answer equals a cache-free recomputation of its branch context, here with delimiters split
 over up to four tokens, so branches must start from a recurrent state saved before the delimiter.
 """
@@ -32,6 +33,9 @@ def hybrid_config(arch: str):
     common = dict(vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN,
                   initializer_range=0.2)
     ssm = dict(num_hidden_layers=2, expand=2, conv_kernel=4, **common)
+    hybrid_ssm = dict(intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_conv=4,
+                      mamba_expand=2, mamba_chunk_size=16, **common)
     configs = {
         "lfm2": lambda: transformers.Lfm2Config(
             intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -39,6 +43,16 @@ def hybrid_config(arch: str):
         "mamba": lambda: transformers.MambaConfig(state_size=4, **ssm),
         "mamba2": lambda: transformers.Mamba2Config(state_size=8, num_heads=4, head_dim=16, n_groups=1,
                                                     chunk_size=16, **ssm),
+        "jamba": lambda: transformers.JambaConfig(
+            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+            mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, **common),
+        "falcon_mamba": lambda: transformers.FalconMambaConfig(state_size=4, **ssm),
+        "bamba": lambda: transformers.BambaConfig(attn_layer_indices=[1], **hybrid_ssm),
+        "falcon_h1": lambda: transformers.FalconH1Config(head_dim=8, mamba_d_ssm=64, **hybrid_ssm),
+        "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
+            layer_types=["mamba", "attention"], num_local_experts=2, num_experts_per_tok=1,
+            shared_intermediate_size=64, **hybrid_ssm),
         "qwen3_next": lambda: transformers.Qwen3NextConfig(
             intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
             linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
@@ -48,7 +62,10 @@ def hybrid_config(arch: str):
     return configs[arch]()
 
 
-HYBRIDS = ["lfm2", "mamba", "mamba2", "qwen3_next"]
+# Jamba: attention plus a Mamba-1 mixer, which restarts its scan on a multi-token forward over a cache.
+HYBRIDS = ["lfm2", "mamba", "mamba2", "qwen3_next", "jamba"]
+# The same layer types again, in other models' mixers (the branch-exactness test only).
+MORE_HYBRIDS = ["falcon_mamba", "bamba", "falcon_h1", "granitemoehybrid"]
 
 
 def hybrid_model(arch: str):
@@ -79,7 +96,7 @@ SCHEDULE = {(0, 3): ID["Wa"], (0, 4): ID["it"], (1, 1): ID["W"], (1, 2): ID["a"]
             (2, 4): ID["\n\nWait"], (3, 6): ID["Wa"], (3, 7): ID["it"], (4, 2): EOS, (5, 8): ID["Wait"]}
 
 
-@pytest.mark.parametrize("arch", HYBRIDS)
+@pytest.mark.parametrize("arch", HYBRIDS + MORE_HYBRIDS)
 def test_sampling_unperturbed_and_branches_exact(arch):
     """With early stopping off, the sampled tokens equal plain generate's; every answer's tokens and hidden states
     equal a cache-free recomputation of its context, including branches that leave out up to three consumed
