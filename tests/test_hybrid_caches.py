@@ -156,8 +156,11 @@ def test_branch_cache_restores_the_saved_recurrent_state_and_counts_its_bytes():
     assert torch.equal(layer.recurrent_states[0][1], live.recurrent_states[0][0])  # row 0 as now
     with pytest.raises(RuntimeError, match="no recurrent state saved"):
         branch_cache(cache, [0], drops=[1], step=1, history=history)
-    history.forget(3)
-    assert history.nbytes == 0
+    history.save(cache, [0, 1], step=1, keys=["a", "b"])
+    assert history.steps("b") == [1] and history.nbytes == 3 * per_row
+    history.discard("b", 1)
+    history.forget(3)  # keeps step 1 only: a branch at step 3 may drop up to horizon = 2 tokens
+    assert history.steps(1) == [] and history.steps("a") == [1] and history.nbytes == per_row
 
 
 def test_could_start_marks_tokens_that_may_begin_a_split_delimiter():
@@ -168,6 +171,10 @@ def test_could_start_marks_tokens_that_may_begin_a_split_delimiter():
     assert not matcher.could_start(ids("o", "a"))  # "a" alone is no prefix of "Wait"
     assert not matcher.could_start(ids("W", "a"))  # the occurrence started in the previous token
     assert not matcher.could_start(ids("o", "Wait")) and not matcher.could_start(ids("o", " Wait"))
+    # An earlier start stays open while the text since then is a proper prefix of a delimiter.
+    assert matcher.could_start(ids("o", "W", "a"), back=2) and matcher.could_start(ids("W", "a", "i"), back=3)
+    assert not matcher.could_start(ids("o", "W", "o"), back=2)
+    assert not matcher.could_start(ids("W", "a", "i", "t"), back=4)  # complete: no later completion
 
 
 def test_unsupported_cache_layers_fail_naming_the_layer():

@@ -11,7 +11,7 @@ Supported layers (transformers 5.x, the `DynamicCache` that ``generate`` builds 
 * ``DynamicLayer``, ``DynamicSlidingWindowLayer``, ``DynamicIndexedLayer`` (keys/values, and indexer keys):
   Llama-style, sliding-window and sparse-attention models.
 * ``LinearAttentionLayer`` (conv and recurrent states): Mamba, Mamba-2, FalconMamba, LFM2's conv layers, the
-  linear-attention / SSM layers of Qwen3-Next, Jamba, Bamba, Falcon-H1, GraniteMoeHybrid, Zamba2 ...
+  linear-attention / SSM layers of Qwen3-Next, Jamba, Bamba, Falcon-H1, GraniteMoeHybrid (all tested).
 * ``LinearAttentionAndFullAttentionLayer``, ``LinearAttentionAndSlidingWindowAttentionLayer`` (both kinds in one
   layer), and ``DummyLayer`` (layers that hold nothing).
 
@@ -21,14 +21,17 @@ but `LinearAttentionLayer.update_conv_state` / ``update_recurrent_state`` write 
 must never share a recurrent tensor with the live cache. Static, quantized and offloaded caches, and any
 model-specific layer class not listed above, raise `NotImplementedError` naming the layer and what would be needed.
 
-**Memory cost of the history.** `RecurrentHistory.save` stores, per saved row, one copy of that row's recurrent
-states: ``recurrent_state_bytes(cache)`` bytes (the sum over recurrent layers of conv ``channels x kernel`` and
-recurrent state elements, times the element size; attention keys/values are never copied). The session saves a
-row only at a step whose newest token may *start* a delimiter that completes later
-(`DelimiterMatcher.could_start`, e.g. a token ending in "W" or "Wa" for "Wait"), and forgets a save once no
-delimiter can still complete from it (``horizon`` steps, the matcher's token window). So at most
-``N x horizon x recurrent_state_bytes`` are held and usually a few rows' worth; a delimiter that is always one token
-(" Wait") costs nothing. With ``keep_delimiter=True``, every-K or terminal elicitation no history is kept.
+**Memory cost of the history.** Each saved row costs one copy of that row's recurrent states,
+``recurrent_state_bytes(cache)`` (the sum over recurrent layers of the conv ``channels x kernel`` and recurrent state
+elements times their element size; attention keys/values are never copied): 120 KiB for LFM2-1.2B's shapes (10 conv
+layers, 2048 channels x 3, bf16), 74 MiB at `Qwen3NextConfig` defaults (the 80B-A3B shapes: 36 gated-delta-rule
+layers, bf16 conv and fp32 recurrent states), 32 MiB at `FalconH1Config` defaults (32 Mamba-2 layers). The session saves a row at
+step s only when its token s may *start* a delimiter that completes at a later token (`DelimiterMatcher.could_start`:
+the text ends with a proper prefix of a delimiter beginning in that token, such as "Wa" for "Wait") and discards the
+save at the first step where that occurrence can no longer complete, so usually for one step; the horizon (the
+matcher's token window) bounds it in any case. With SmolLM2's tokenizer on the paper's text, 0.09 % of tokens start a
+save for "Wait" (always a single token there: the saves are never used) and 4.4 % for "\\n\\n" (often "\\n" + "\\n").
+With ``keep_delimiter=True``, every-K or terminal elicitation, or a model without recurrent layers, nothing is saved.
 """
 
 from __future__ import annotations
@@ -64,21 +67,23 @@ _RECURRENT_LAYERS = (LinearAttentionLayer, LinearAttentionAndFullAttentionLayer,
                      LinearAttentionAndSlidingWindowAttentionLayer)
 
 
-def _check_layer(layer) -> None:
-    kind = type(layer)
-    if kind in _KV_LAYERS or kind in _RECURRENT_LAYERS:
-        if getattr(layer, "record_past", False):
-            raise NotImplementedError(
-                f"MSV generation cannot fork a {kind.__name__} that records its past states (assisted decoding "
-                f"rollback): its conv states then hold more than the kernel window.")
-        return
-    if "Static" in kind.__name__:
-        need = "a dynamic cache (leave cache_implementation unset) or masking of per-row positions in static tensors"
-    elif "Quantized" in kind.__name__:
-        need = "a dynamic cache (no cache_implementation='quantized'), or gathering the quantized tensors by row"
-    else:
-        need = "a row gather of every tensor this layer holds (its reorder_cache) added to hf_msv.generation.caches"
-    raise NotImplementedError(f"MSV generation cannot fork a {kind.__name__} cache layer: it would need {need}.")
+def _check_forkable(cache: Cache) -> None:
+    """Raise `NotImplementedError` naming what `fork_cache` would need for a cache it does not support."""
+    if getattr(cache, "offloading", False):
+        raise NotImplementedError("MSV generation cannot fork an offloaded cache: it would need each layer fetched "
+                                  "back to the accelerator before the gather (use a cache without offloading).")
+    for layer in cache.layers:
+        kind = type(layer)
+        if kind in _KV_LAYERS or kind in _RECURRENT_LAYERS:
+            continue
+        if "Static" in kind.__name__:
+            need = ("a dynamic cache (leave cache_implementation unset); a static layer would need its preallocated "
+                    "tensors gathered by row and a write position per row")
+        elif "Quantized" in kind.__name__:
+            need = "a dynamic cache (no cache_implementation='quantized'), or its quantized tensors gathered by row"
+        else:
+            need = "a row gather of every tensor this layer holds (its reorder_cache) added to hf_msv.generation.caches"
+        raise NotImplementedError(f"MSV generation cannot fork a {kind.__name__} cache layer: it would need {need}.")
 
 
 def _is_recurrent(layer) -> bool:
@@ -132,8 +137,7 @@ def fork_cache(cache: Cache, rows: torch.Tensor | Sequence[int]) -> Cache:
         Key/value layers are not gathered when `rows` is every row in order (their updates concatenate into new
         tensors anyway); recurrent layers always are, because their updates write in place.
     """
-    for layer in cache.layers:
-        _check_layer(layer)
+    _check_forkable(cache)
     batch = _batch_size(cache)
     rows = torch.as_tensor(rows, dtype=torch.long)
     identity = batch is not None and len(rows) == batch and torch.equal(rows.cpu(), torch.arange(batch))
@@ -143,6 +147,7 @@ def fork_cache(cache: Cache, rows: torch.Tensor | Sequence[int]) -> Cache:
 
 
 def _fork_layer(layer, rows: torch.Tensor, identity: bool):
+    """A copy of one cache layer holding `rows` (every row as it is when `identity`), sharing nothing written."""
     fork = copy.copy(layer)
     for name, value in vars(layer).items():
         if isinstance(value, dict):  # conv_states, recurrent_states, has_previous_state, ...: per-fork entries
@@ -162,63 +167,64 @@ class RecurrentHistory:
     """Recurrent states of chosen rows, saved at chosen steps, so a branch can leave out tokens already consumed.
 
     A loop calls `save` at step s with the live cache *before* the token of step s is fed to the LM (in
-    ``generate``: when the stopping criteria see token s), for the rows whose token s may start a delimiter,
-    and `forget` once per step. `branch_cache` then reads the state of a branch that drops d consumed tokens at
-    step t from the save at step t - d. Rows are identified by `keys` (any hashable; the batch row by default),
-    so a loop that compacts its batch can keep stable sequence ids.
+    ``generate``: when the stopping criteria see token s), for the rows whose token s may start a delimiter, and
+    `discard` once that delimiter can no longer complete; `forget` bounds what is kept in any case. `branch_cache`
+    reads the state of a branch that drops d consumed tokens at step t from the save at step t - d. Rows are
+    identified by keys (any hashable; the batch row by default), so a loop that compacts its batch can keep
+    stable sequence ids.
 
     Args:
-        horizon: the largest number of consumed tokens a branch may drop; saves older than that are forgotten.
+        horizon: the largest number of consumed tokens a branch may drop; `forget` drops saves older than that.
     """
 
     def __init__(self, horizon: int):
         if horizon < 1:
             raise ValueError(f"horizon must be at least 1, got {horizon}.")
         self.horizon = horizon
-        # step -> (keys, per layer index: {"conv"/"recurrent": {state_idx: (rows, ...) tensor}})
-        self._saves: dict[int, tuple[list[Hashable], dict[int, dict[str, dict[int, torch.Tensor]]]]] = {}
+        # (key, step) -> per layer index, the layer's conv and recurrent states of that row: (kind, state_idx) -> tensor
+        self._saves: dict[tuple[Hashable, int], dict[int, dict[tuple[str, int], torch.Tensor]]] = {}
 
     def save(self, cache: Cache, rows: Sequence[int], step: int, keys: Sequence[Hashable] | None = None) -> None:
-        """Copy the recurrent states of batch `rows` of `cache` as the state before the token of `step`."""
+        """Copy the recurrent states of batch `rows` of `cache` as their states before the token of `step`."""
         rows = [int(r) for r in rows]
-        if not rows:
-            return
-        keys = rows if keys is None else list(keys)
-        layers = {}
-        for index, layer in enumerate(cache.layers):
-            if not _is_recurrent(layer):
-                continue
-            saved = {}
-            for kind, states in (("conv", layer.conv_states), ("recurrent", layer.recurrent_states)):
-                saved[kind] = {i: s.index_select(0, torch.tensor(rows, device=s.device))
-                               for i, s in states.items() if s is not None}
-            layers[index] = saved
-        self._saves[step] = (keys, layers)
+        for row, key in zip(rows, rows if keys is None else keys):
+            self._saves[key, step] = {
+                index: {(kind, i): s[row].clone() for kind, states in _named_states(layer)
+                        for i, s in states.items() if s is not None}
+                for index, layer in enumerate(cache.layers) if _is_recurrent(layer)}
+
+    def steps(self, key: Hashable) -> list[int]:
+        """The steps at which `key`'s states are saved."""
+        return [step for k, step in self._saves if k == key]
+
+    def discard(self, key: Hashable, step: int) -> None:
+        """Drop the save of `key` at `step` (no branch will need it)."""
+        self._saves.pop((key, step), None)
 
     def forget(self, step: int) -> None:
         """Drop the saves no branch at `step` or later can need (older than ``step - horizon``)."""
-        for old in [s for s in self._saves if s < step - self.horizon]:
+        for old in [saved for saved in self._saves if saved[1] < step - self.horizon]:
             del self._saves[old]
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the saved states now."""
-        return sum(t.nbytes for _, layers in self._saves.values() for saved in layers.values()
-                   for states in saved.values() for t in states.values())
+        return sum(t.nbytes for layers in self._saves.values() for states in layers.values() for t in states.values())
 
     def restore(self, fork: Cache, row: int, key: Hashable, step: int) -> None:
         """Write the state saved for `key` at `step` into batch `row` of `fork` (a cache from `fork_cache`)."""
-        if step not in self._saves or key not in self._saves[step][0]:
+        if (key, step) not in self._saves:
             raise RuntimeError(
                 f"no recurrent state saved for sequence {key!r} before step {step}: a branch of a recurrent model "
                 f"can only drop tokens whose first one was saved (DelimiterMatcher.could_start).")
-        keys, layers = self._saves[step]
-        j = keys.index(key)
-        for index, saved in layers.items():
-            layer = fork.layers[index]
-            for kind, states in (("conv", layer.conv_states), ("recurrent", layer.recurrent_states)):
-                for i, state in saved[kind].items():
-                    states[i][row] = state[j]  # the fork's own tensor (gathered by fork_cache)
+        for index, saved in self._saves[key, step].items():
+            states = dict(_named_states(fork.layers[index]))
+            for (kind, i), state in saved.items():
+                states[kind][i][row] = state  # the fork's own tensor (gathered by fork_cache)
+
+
+def _named_states(layer) -> list[tuple[str, dict[int, torch.Tensor | None]]]:
+    return [("conv", layer.conv_states), ("recurrent", layer.recurrent_states)]
 
 
 def branch_cache(cache: Cache, rows: Sequence[int], drops: Sequence[int], step: int,

@@ -59,24 +59,25 @@ class DelimiterMatcher:
         """Cheap pre-filter: whether `token_id` can be the last token of an occurrence."""
         return token_id >= len(self._candidate) or self._candidate[token_id]
 
-    def could_start(self, generated: Sequence[int]) -> bool:
-        """Whether an occurrence may start inside the last token of `generated` and complete at a later token.
+    def could_start(self, generated: Sequence[int], back: int = 1) -> bool:
+        """Whether an occurrence starting inside token ``generated[-back]`` may still complete at a later token.
 
-        True when the decoded text ends with a proper prefix of a delimiter that begins inside the last token (or
-        that token's text is only known in context, e.g. a partial UTF-8 byte). A recurrent model's branch must
-        start before such a token, so the session saves its state then (`caches.RecurrentHistory`).
+        True when the decoded text ends with a proper prefix of a delimiter that begins inside that token (or the
+        text from that token on is only known in context, e.g. a partial UTF-8 byte). A recurrent model's branch
+        must start before such a token, so the session saves its state then and keeps it while this holds
+        (`caches.RecurrentHistory`).
         """
-        if not generated:
-            return False
-        token = generated[-1]
-        if token < len(self._start_candidate) and not self._start_candidate[token]:
+        if not generated or back > min(len(generated), self.window - 1):
+            return False  # an occurrence spans at most `window` tokens
+        if back == 1 and generated[-1] < len(self._start_candidate) and not self._start_candidate[generated[-1]]:
             return False
         window = list(generated[-self.window :])
+        j = len(window) - back
         full = self._decode(window)
-        prev_len = len(self._decode(window[:-1]))
-        if len(full) <= prev_len or "\ufffd" in full[prev_len:]:
+        begin, end = len(self._decode(window[:j])), len(self._decode(window[: j + 1]))
+        if end <= begin or "\ufffd" in full[begin:]:
             return True
-        return any(full.endswith(d[:m]) and len(full) - m >= prev_len
+        return any(full.endswith(d[:m]) and begin <= len(full) - m < end
                    for d in self.delimiters for m in range(1, len(d)))
 
     def _decode(self, ids: Sequence[int]) -> str:

@@ -93,13 +93,15 @@ class GenerationRun:
         branches = self._fired_branches(input_ids[:, -1].tolist(), t)
         if branches:
             self._elicit(branches, t)
+        if self.history is not None:
+            self._update_history(t)
         self._release(t)
         return self.done
 
     def _fired_branches(self, newest: list[int], t: int) -> list[Branch]:
         """Append each live row's newest token and return the rows that fire: EOS, a delimiter, or every K."""
         tracker, matcher, every_k = self.tracker, self.matcher, self.every_k_tokens
-        branches, may_start = [], []
+        branches = []
         for row, token in enumerate(newest):
             if tracker.status[row] != LIVE:
                 continue
@@ -118,12 +120,22 @@ class GenerationRun:
                     branch = Branch(row, "every_k", feed_newest=True)
                 if branch is not None:
                     branches.append(branch)
-                if self.history is not None and matcher.could_start(history):
-                    may_start.append(row)
-        if self.history is not None:  # the cache holds every token but the newest: the state before it
-            self.history.save(self.state.cache, may_start, t)
-            self.history.forget(t)
         return branches
+
+    def _update_history(self, t: int):
+        """After the branches of step t: keep the recurrent states of delimiters that may still complete, and save
+        the state before token t of the rows where one may start (the cache holds every token but the newest)."""
+        tracker, matcher, history = self.tracker, self.matcher, self.history
+        starts = []
+        for row, status in enumerate(tracker.status):
+            tokens = tracker.history[row]
+            for step in history.steps(row):
+                if status != LIVE or not matcher.could_start(tokens, back=t + 1 - step):
+                    history.discard(row, step)
+            if status == LIVE and matcher.could_start(tokens):
+                starts.append(row)
+        history.save(self.state.cache, starts, t)
+        history.forget(t)
 
     def finalize(self) -> list[MSVResult]:
         """After the decoding loop: terminal answers of rows still live, last scores, results."""
