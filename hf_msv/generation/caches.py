@@ -25,11 +25,11 @@ model-specific layer class not listed above, raise `NotImplementedError` naming 
 ``recurrent_state_bytes(cache)`` (the sum over recurrent layers of the conv ``channels x kernel`` and recurrent state
 elements times their element size; attention keys/values are never copied): 120 KiB for LFM2-1.2B's shapes (10 conv
 layers, 2048 channels x 3, bf16), 74 MiB at `Qwen3NextConfig` defaults (the 80B-A3B shapes: 36 gated-delta-rule
-layers, bf16 conv and fp32 recurrent states), 32 MiB at `FalconH1Config` defaults (32 Mamba-2 layers). The session saves a row at
-step s only when its token s may *start* a delimiter that completes at a later token (`DelimiterMatcher.could_start`:
-the text ends with a proper prefix of a delimiter beginning in that token, such as "Wa" for "Wait") and discards the
-save at the first step where that occurrence can no longer complete, so usually for one step; the horizon (the
-matcher's token window) bounds it in any case. Measured by ``benchmarks/recurrent_history.py`` (SmolLM2's tokenizer
+layers, bf16 conv and fp32 recurrent states), 32 MiB at `FalconH1Config` defaults (32 Mamba-2 layers). The session
+saves a row at step s only when its token s may *start* a delimiter that completes at a later token
+(`DelimiterMatcher.could_start`: the text ends with a proper prefix of a delimiter beginning in that token, such as
+"Wa" for "Wait") and discards the save at the first step where that occurrence can no longer complete, so usually
+after one step; the horizon (the matcher's token window) bounds it in any case. Measured by ``benchmarks/recurrent_history.py`` (SmolLM2's tokenizer
 on the paper's text): 0.09 % of tokens start a save for "Wait" (always one token there, so no save is ever read),
 held 1.6 steps on average, and 4.4 % for "\\n\\n" (89 % of its occurrences are two tokens), held 1.0 step; at
 N = 64 that is about 6 MiB ("Wait") and 210 MiB ("\\n\\n") held on average for Qwen3-Next-80B-A3B.
