@@ -29,10 +29,11 @@ layers, bf16 conv and fp32 recurrent states), 32 MiB at `FalconH1Config` default
 saves a row at step s only when its token s may *start* a delimiter that completes at a later token
 (`DelimiterMatcher.could_start`: the text ends with a proper prefix of a delimiter beginning in that token, such as
 "Wa" for "Wait") and discards the save at the first step where that occurrence can no longer complete, so usually
-after one step; the horizon (the matcher's token window) bounds it in any case. Measured by ``benchmarks/recurrent_history.py`` (SmolLM2's tokenizer
-on the paper's text): 0.09 % of tokens start a save for "Wait" (always one token there, so no save is ever read),
-held 1.6 steps on average, and 4.4 % for "\\n\\n" (89 % of its occurrences are two tokens), held 1.0 step; at
-N = 64 that is about 6 MiB ("Wait") and 210 MiB ("\\n\\n") held on average for Qwen3-Next-80B-A3B.
+after one step; the horizon (the matcher's token window) bounds it in any case. Measured by
+``benchmarks/recurrent_history.py`` (SmolLM2's tokenizer on the paper's text): 0.09 % of tokens start a save for
+"Wait" (always one token there, so no save is ever read), held 1.6 steps on average, and 4.4 % for "\\n\\n" (89 % of
+its occurrences are two tokens), held 1.0 step; at N = 64 that is about 6 MiB ("Wait") and 210 MiB ("\\n\\n") held
+on average for Qwen3-Next-80B-A3B.
 With ``keep_delimiter=True``, every-K or terminal elicitation, or a model without recurrent layers, nothing is saved.
 """
 
