@@ -94,7 +94,9 @@ class GenerationRun:
         if branches:
             self._elicit(branches, t)
         if self.history is not None:
+            start = time.perf_counter()
             self._update_history(t)
+            self.timings["elicitation"] += time.perf_counter() - start  # branching work, not chain of thought
         self._release(t)
         return self.done
 
