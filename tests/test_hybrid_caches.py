@@ -1,10 +1,11 @@
 """MSV generation on models with recurrent cache layers (conv / SSM / linear attention), tiny and random (CPU, seconds).
 
 LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params``), Mamba-2 (SSM only), Qwen3-Next
-(gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), and for branch exactness also
-FalconMamba, Bamba, Falcon-H1 and GraniteMoeHybrid. The invariants are those of `test_generation`: sampling
-is unperturbed and every answer equals a cache-free recomputation of its branch context, here with delimiters split
-over up to four tokens, so branches must start from a recurrent state saved before the delimiter.
+(gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), FalconMamba, Bamba, Falcon-H1 and
+GraniteMoeHybrid, decoded by the lockstep loop (branches as extra rows of the decoding batch). The invariants are
+those of `test_generation`: sampling is unperturbed and every answer equals a cache-free recomputation of its branch
+context, here with delimiters split over up to four tokens, so branch rows must start from a recurrent state saved
+before the delimiter; a prompt that stops takes its recurrent rows out of the batch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from test_generation import (
     HIDDEN,
     ID,
     PAD,
+    P,
     TOK,
     V,
     ForceTokens,
@@ -37,6 +39,7 @@ from test_generation import (
     generate,
     prompts,
     recompute_answer,
+    tiny_verifier,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -133,6 +136,34 @@ def test_sampling_unperturbed_and_branches_exact(arch):
         assert greedy == answer.token_ids
         assert answer.hidden_states.shape == (answer.length, HIDDEN)
         torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba"])
+def test_stopped_prompt_leaves_the_batch_with_its_recurrent_rows(arch):
+    """λ = 0 stops prompt 0 at its first answer (a split "Wa"+"it", so its branch reads a saved recurrent state);
+    its rows and their states leave the batch, and prompt 1 goes on sampling exactly as in a plain generate, its
+    answers (one of a three-token delimiter) still exact."""
+    model = hybrid_model(arch)
+    ScriptedAnswers(model)
+    inputs = prompts()
+    schedule = {(0, 3): ID["Wa"], (0, 4): ID["it"], (2, 6): ID["W"], (2, 7): ID["a"], (2, 8): ID["i"],
+                (2, 9): ID["t"]}
+    plain = generate(model, inputs, n=2, max_new_tokens=16, schedule=schedule, criteria=False)
+    with prepare_generation(model, TOK, tiny_verifier(), delimiters=["Wait"], checker="exact",
+                            max_answer_tokens=6) as msv:
+        hooked = generate(model, inputs, n=2, max_new_tokens=16, schedule=schedule, threshold=0.0)
+        results = msv.pop_results()
+    # Prompt 0 stops when its answer is available (τ + P + L, L = 3 scripted tokens); prompt 1's answer (τ = 9)
+    # comes only after the budget, so its rows run to the end, sampled exactly as without MSV.
+    first, second = results
+    assert first.stopped_early and first.chosen.tau == 4 and first.stop_step == 4 + P + 3 < 15
+    assert not second.stopped_early and second.finish_reasons == ["budget", "budget"]
+    assert hooked.shape == plain.shape and torch.equal(hooked[2:], plain[2:])
+    assert hooked[:2, inputs["input_ids"].shape[1] + first.stop_step + 1:].eq(PAD).all()  # they left the batch
+    answers = [(r, a) for r in results for a in r.answers]
+    assert [(r.prompt, a.sequence, a.tau, a.tau - a.cot_tokens) for r, a in answers] == [(0, 0, 4, 1), (1, 0, 9, 3)]
+    for result, answer in answers:
+        assert recompute_answer(model, inputs, result, answer)[1] == answer.token_ids
 
 
 @pytest.mark.parametrize("arch", ["mamba", "lfm2"])
