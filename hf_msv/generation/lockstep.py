@@ -14,9 +14,12 @@ criteria, expanded inputs, attention mask, position ids, the cache) and then cal
    are those of a plain ``generate`` with the same seed. Finished rows are padded as ``_sample`` pads them;
 3. calls the stopping criteria; `MSVEarlyStop` runs the step of the bound `GenerationRun` (delimiters, scoring,
    the stopping rule) and returns the rows to stop;
-4. regroups the batch with one `fork_cache` gather: finished main rows and the branches of decided prompts leave,
-   completed branches leave, rows that fired at t are copied in as new branch rows;
-5. runs one forward over main rows (their newest token) and branch rows (their next segment or answer token).
+4. regroups the batch with one gather (`caches.branch_cache`): finished main rows and the branches of decided
+   prompts leave, completed branches leave, rows that fired at t are copied in as new branch rows (on a recurrent
+   cache, a branch that drops a delimiter's consumed tokens gets the recurrent state saved before them);
+5. on a recurrent cache, updates the run's `caches.RecurrentHistory` (the cache now holds every token but token t:
+   rows whose token t may start a delimiter have their state saved, saves that can no longer be used are dropped);
+6. runs one forward over main rows (their newest token) and branch rows (their next segment or answer token).
    Branch rows are greedy; an answer completes at the step its closing token is fed (`forking`).
 
 When every main row is done, the branches still decoding (among them the terminal answers of rows that reached the
@@ -97,24 +100,21 @@ class DecodingBatch:
         index = keep + [source for source, _ in forks]
         if not forks and index == list(range(len(self.members))):
             return
-        if any(b.branch.drop for _, b in forks) and self.mask is None and self.attends:
+        drops = [0] * len(keep) + [live.branch.drop for _, live in forks]
+        if any(drops) and self.mask is None and self.attends:
             self.mask = torch.ones(len(self.members), attention_length(self.cache), dtype=torch.long,
                                    device=self.position.device)
         rows = torch.tensor(index, dtype=torch.long, device=self.position.device)
-        if any(b.branch.drop for _, b in forks):
-            drops = [0] * len(keep) + [live.branch.drop for _, live in forks]
-            keys = [None] * len(keep) + [live.branch.row for _, live in forks]
-            self.cache = branch_cache(self.cache, rows, drops, t, history, keys)
-        else:
-            self.cache = fork_cache(self.cache, rows)
+        keys = [None] * len(keep) + [live.branch.row for _, live in forks]  # the history's keys: generate rows
+        self.cache = branch_cache(self.cache, rows, drops, t, history, keys)  # one gather (+ restored states)
         self.position = self.position[rows]
         if self.mask is not None:
             self.mask = self.mask[rows]
-        for i, (_, live) in enumerate(forks, start=len(keep)):
-            if live.branch.drop:
+        for i, drop in enumerate(drops):
+            if drop:
                 if self.mask is not None:  # no attention layers (Mamba): the restored state is the whole crop
-                    self.mask[i, self.mask.shape[1] - live.branch.drop:] = 0
-                self.position[i] -= live.branch.drop
+                    self.mask[i, self.mask.shape[1] - drop:] = 0
+                self.position[i] -= drop
         self.members = [self.members[i] for i in keep] + [live for _, live in forks]
 
     def forward(self, tokens: torch.Tensor, hidden: bool):
