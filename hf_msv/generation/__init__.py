@@ -28,8 +28,10 @@ One concept per module, as in ``transformers.generation``:
 
 * `outputs` — `MSVAnswer`, `MSVResult`: what a call returns.
 * `delimiters` — `DelimiterMatcher`: text delimiters found on decoded text, whatever the tokenisation.
-* `forking` — `fork_cache`, `Branch`, `LiveBranch`, `AnswerElicitor`: a fired row's cache copied into the batch,
-  its elicitation segment and greedy answer.
+* `caches` — `fork_cache`, `branch_cache`, `RecurrentHistory`: copying cache rows (attention and recurrent layers)
+  and starting a recurrent branch before tokens it already consumed.
+* `forking` — `Branch`, `LiveBranch`, `AnswerElicitor`: a fired row copied into the batch, its elicitation segment
+  and greedy answer.
 * `lockstep` — `lockstep_sample`, `DecodingBatch`: the decoding loop ``generate`` runs (``custom_generate``), in
   which main rows and branch rows share every forward.
 * `scoring` — `ScoringQueue`: answers wait until they are available, then go to the verifier's online cache in end
@@ -99,18 +101,23 @@ scales with rows × tokens, elicitation costs what its tokens cost. Each change 
 completed answer, a stopped prompt) is one gather of the cache (`fork_cache`), of the order of one decode step's
 own cache concatenation.
 
-Supported: decoder-only models with a dynamic KV cache (`DynamicCache`; tested on Llama, Qwen2, Qwen3, GPT-2,
-Mistral, Phi-3, GPT-NeoX, Gemma-2, OPT, Falcon, BLOOM, OLMo-2), sampling or greedy search (not beam search,
-assisted decoding or ``synced_gpus``; ``return_dict_in_generate`` returns the sequences only). Static caches and
-encoder-decoders raise a clear error. Branches are exact (equal to recomputing the branch from scratch) except on
-sliding-window layers, where masked positions (a dropped delimiter) still count towards the window, so such a branch
-sees up to that many fewer of its oldest tokens. Main rows share each forward with other rows: kernels whose
-rounding depends on the batch's shape (common on GPUs in bf16) can change low bits, and then sampled tokens, relative
-to a plain ``generate`` (the distribution is the same).
+Supported: decoder-only models with the default dynamic cache (`DynamicCache`; tested on Llama, Qwen2, Qwen3, GPT-2,
+Mistral, Phi-3, GPT-NeoX, Gemma-2, OPT, Falcon, BLOOM, OLMo-2), including its recurrent layers (conv / SSM / linear
+attention; tested on LFM2, Mamba, Mamba-2, Qwen3-Next, Jamba, FalconMamba, Bamba, Falcon-H1 and GraniteMoeHybrid;
+`caches` lists the layer types and what a recurrent branch costs in memory), sampling or greedy search (not beam
+search, assisted decoding or ``synced_gpus``; ``return_dict_in_generate`` returns the sequences only). A recurrent
+branch that leaves out a delimiter's consumed tokens starts from the recurrent state the run saved before the
+delimiter's first token (`caches.RecurrentHistory`, updated once per step after that step's forks); its attention
+layers mask those tokens as above. Static, quantized and offloaded caches, other cache layer types and
+encoder-decoders raise a clear error naming the layer. Branches are exact (equal to recomputing the branch from
+scratch) except on sliding-window layers, where masked positions (a dropped delimiter) still count towards the
+window, so such a branch sees up to that many fewer of its oldest tokens. Main rows share each forward with other
+rows: kernels whose rounding depends on the batch's shape (common on GPUs in bf16) can change low bits, and then
+sampled tokens, relative to a plain ``generate`` (the distribution is the same).
 """
 
+from .caches import RecurrentHistory, branch_cache, fork_cache, recurrent_state_bytes
 from .delimiters import DelimiterMatch, DelimiterMatcher
-from .forking import fork_cache
 from .lockstep import lockstep_sample
 from .outputs import MSVAnswer, MSVResult
 from .session import MSVSession, msv_generate, prepare_generation
@@ -123,10 +130,13 @@ __all__ = [
     "MSVEarlyStop",
     "MSVResult",
     "MSVSession",
+    "RecurrentHistory",
     "StopDecision",
+    "branch_cache",
     "decide_stop",
     "fork_cache",
     "lockstep_sample",
     "msv_generate",
     "prepare_generation",
+    "recurrent_state_bytes",
 ]

@@ -50,10 +50,35 @@ class DelimiterMatcher:
         self._candidate = [
             (not text) or ("\ufffd" in text) or any(c in text for c in last_chars) for text in texts
         ]
+        # A token can start an occurrence that completes later only if its text ends with a proper prefix of a
+        # delimiter, so it ends with one of these characters (or its text is only known in context).
+        prefix_ends = {d[m - 1] for d in self.delimiters for m in range(1, len(d))}
+        self._start_candidate = [(not text) or ("\ufffd" in text) or text[-1] in prefix_ends for text in texts]
 
     def could_complete(self, token_id: int) -> bool:
         """Cheap pre-filter: whether `token_id` can be the last token of an occurrence."""
         return token_id >= len(self._candidate) or self._candidate[token_id]
+
+    def could_start(self, generated: Sequence[int], back: int = 1) -> bool:
+        """Whether an occurrence starting inside token ``generated[-back]`` may still complete at a later token.
+
+        True when the decoded text ends with a proper prefix of a delimiter that begins inside that token (or the
+        text from that token on is only known in context, e.g. a partial UTF-8 byte). A recurrent model's branch
+        must start before such a token, so the session saves its state then and keeps it while this holds
+        (`caches.RecurrentHistory`).
+        """
+        if not generated or back > min(len(generated), self.window - 1):
+            return False  # an occurrence spans at most `window` tokens
+        if back == 1 and generated[-1] < len(self._start_candidate) and not self._start_candidate[generated[-1]]:
+            return False
+        window = list(generated[-self.window :])
+        j = len(window) - back
+        full = self._decode(window)
+        begin, end = len(self._decode(window[:j])), len(self._decode(window[: j + 1]))
+        if end <= begin or "\ufffd" in full[begin:]:
+            return True
+        return any(full.endswith(d[:m]) and begin <= len(full) - m < end
+                   for d in self.delimiters for m in range(1, len(d)))
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

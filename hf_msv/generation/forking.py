@@ -11,7 +11,12 @@ A delimiter is *not* part of the branch ("…so x = 5." + elicitation prompt, no
 earlier tokens are in the cache and must be dropped. `Cache.crop` would drop the same number of tokens from every
 row, while rows firing together may need different counts (a one-token "Wait" next to "Wa"+"it"), so the fork
 instead masks those positions out in the branch row's attention mask and numbers the new tokens from the first
-dropped position, which is equivalent to cropping the row by its own count.
+dropped position, which is equivalent to cropping the row by its own count. Recurrent layers (conv / SSM / linear
+attention: LFM2, Mamba, Qwen3-Next ...) fold every consumed token into a fixed-size state and cannot be masked, so
+there the branch row starts from the recurrent state saved before the delimiter's first token
+(`caches.RecurrentHistory`, saved by the run each step; `caches.branch_cache` builds the row). Feeding one token per
+forward is also what keeps transformers' Mamba-1 mixers (Mamba, FalconMamba, Jamba) exact: they restart their scan
+from zero on a multi-token forward over a cache.
 
 The hidden state of answer token a_i is the LM's last-layer output (after the final norm, ``hidden_states[-1]``) at
 the position where a_i is the input; only these (L, d) vectors are kept, never other layers or chain-of-thought
@@ -21,47 +26,17 @@ answer token at step τ + P + L: that is when the answer is complete and becomes
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
 from ..answers import find_box_end
+from .caches import fork_cache
 from .delimiters import DelimiterMatch
 
+# fork_cache lives in `caches` (every cache layer type); re-exported here, where it has always been imported from.
 __all__ = ["AnswerElicitor", "Branch", "LiveBranch", "fork_cache"]
-
-
-def fork_cache(cache: Cache, rows: torch.Tensor) -> Cache:
-    """A new cache holding copies of the `rows` of `cache`; `cache` itself is never modified.
-
-    This is the one place where cache rows are copied: the decoding loop regroups its batch (rows that leave, rows
-    that fork) with one call.
-
-    Args:
-        cache: a transformers `Cache` whose layers are `DynamicLayer`s (the default `DynamicCache`, including
-            sliding-window layers), as used by ``generate``.
-        rows: `(n,)` long, batch rows to copy, in the order wanted in the fork; a row may repeat (a fork).
-
-    Returns:
-        A cache of batch size n. Shallow copies of the layers share the original tensors until
-        ``batch_select_indices`` gathers the rows into new tensors; later updates of the fork concatenate into
-        new tensors too, so the original cache stays untouched.
-    """
-    for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer):
-            raise NotImplementedError(
-                f"MSV generation forks the KV cache and supports dynamic cache layers only; this model's cache has "
-                f"a {type(layer).__name__} (use the default DynamicCache, e.g. no cache_implementation='static').")
-    fork = copy.copy(cache)
-    fork.layers = [copy.copy(layer) for layer in cache.layers]
-    batch = next((layer.keys.shape[0] for layer in cache.layers if layer.is_initialized), None)
-    if batch is None or len(rows) != batch or not torch.equal(rows.cpu(), torch.arange(batch)):
-        fork.batch_select_indices(rows)
-    # else: the identity: the shallow copies already form an independent cache.
-    return fork
 
 
 @dataclass

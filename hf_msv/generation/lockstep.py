@@ -14,9 +14,12 @@ criteria, expanded inputs, attention mask, position ids, the cache) and then cal
    are those of a plain ``generate`` with the same seed. Finished rows are padded as ``_sample`` pads them;
 3. calls the stopping criteria; `MSVEarlyStop` runs the step of the bound `GenerationRun` (delimiters, scoring,
    the stopping rule) and returns the rows to stop;
-4. regroups the batch with one `fork_cache` gather: finished main rows and the branches of decided prompts leave,
-   completed branches leave, rows that fired at t are copied in as new branch rows;
-5. runs one forward over main rows (their newest token) and branch rows (their next segment or answer token).
+4. regroups the batch with one gather (`caches.branch_cache`): finished main rows and the branches of decided
+   prompts leave, completed branches leave, rows that fired at t are copied in as new branch rows (on a recurrent
+   cache, a branch that drops a delimiter's consumed tokens gets the recurrent state saved before them);
+5. on a recurrent cache, updates the run's `caches.RecurrentHistory` (the cache now holds every token but token t:
+   rows whose token t may start a delimiter have their state saved, saves that can no longer be used are dropped);
+6. runs one forward over main rows (their newest token) and branch rows (their next segment or answer token).
    Branch rows are greedy; an answer completes at the step its closing token is fed (`forking`).
 
 When every main row is done, the branches still decoding (among them the terminal answers of rows that reached the
@@ -26,8 +29,11 @@ sampling that drops finished rows. The returned ``input_ids`` have one row per s
 transformers internals relied on (tested with transformers 5.23): the ``custom_generate`` calling convention above;
 ``GenerationMixin._prefill(input_ids, generation_config, model_kwargs)``; ``generation_config._pad_token_tensor``;
 ``model_kwargs["attention_mask"]`` (2D, or dropped when all ones) and ``model_kwargs["position_ids"]`` as
-``generate`` prepares them; and, in `fork_cache`, ``Cache.batch_select_indices`` on ``DynamicLayer``s. Not
-supported: ``synced_gpus``, ``return_dict_in_generate`` outputs other than ``sequences``.
+``generate`` prepares them; the cache returned as ``past_key_values``, or as ``cache_params`` by Mamba-style LMs
+(which decode without an attention mask, as ``generate`` feeds them); recurrent layers ignoring the 2D mask on
+single-token forwards (``masking_utils.create_recurrent_attention_mask``); and, in `caches.fork_cache`, each cache
+layer's ``reorder_cache``. Not supported: ``synced_gpus``, ``return_dict_in_generate`` outputs other than
+``sequences``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .forking import LiveBranch, fork_cache
+from .caches import RecurrentHistory, attention_length, branch_cache, fork_cache
+from .forking import LiveBranch
 from .stopping import MSVEarlyStop
 
 if TYPE_CHECKING:
@@ -52,17 +59,22 @@ class DecodingBatch:
     """The rows of the decoding forward: main rows (ints, their ``generate`` row) then branch rows (`LiveBranch`).
 
     Args:
-        cache: the KV cache of the rows, in `members` order.
-        mask: `(rows, S)` long 2D attention mask over the cached positions, or `None` while it is all ones.
+        cache: the cache of the rows, in `members` order (attention and / or recurrent layers, `caches`).
+        mask: `(rows, S)` long 2D attention mask over the cached positions, or `None` while it is all ones (always
+            `None` for a cache without attention layers, such as Mamba's: there is nothing to mask).
         position: `(rows,)` position of each row's next input token.
         members: what each batch row is.
         model: the LM (which inputs its forward accepts).
     """
 
     def __init__(self, cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model):
-        self.cache, self.mask, self.position, self.members = cache, mask, position, members
+        self.attends = attention_length(cache) is not None
+        self.cache, self.position, self.members = cache, position, members
+        self.mask = mask if self.attends else None  # as generate does: Mamba decodes without a mask
         self.model = model
         parameters = inspect.signature(model.forward).parameters
+        # Mamba-style LMs take (and return) their cache as cache_params.
+        self.cache_argument = "cache_params" if "cache_params" in parameters else "past_key_values"
         self.accepts_position_ids = "position_ids" in parameters
         self.accepts_logits_to_keep = "logits_to_keep" in parameters
         self.forwards = 0
@@ -76,27 +88,33 @@ class DecodingBatch:
     def branches(self) -> list[LiveBranch]:
         return [m for m in self.members if not isinstance(m, int)]
 
-    def regroup(self, keep: list[int], forks: list[tuple[int, LiveBranch]]):
-        """Keep the batch rows `keep` (in order) and append a copy of row `source` for each ``(source, branch)``.
+    def regroup(self, keep: list[int], forks: list[tuple[int, LiveBranch]], t: int,
+                history: RecurrentHistory | None = None):
+        """Keep the batch rows `keep` (in order) and append a copy of row `source` for each ``(source, branch)``
+        fired at step `t`.
 
-        The new branch rows hide the branch's dropped tokens: their mask is zeroed over the last ``drop`` cached
-        positions and their next position moves back by ``drop`` (a per-row crop).
+        The new branch rows hide the branch's dropped tokens: on attention layers their mask is zeroed over the last
+        ``drop`` cached positions and their next position moves back by ``drop`` (a per-row crop); recurrent layers
+        start from the state `history` saved before step ``t - drop`` under the branch's ``generate`` row.
         """
         index = keep + [source for source, _ in forks]
         if not forks and index == list(range(len(self.members))):
             return
-        if any(b.branch.drop for _, b in forks) and self.mask is None:
-            self.mask = torch.ones(len(self.members), self.cache.get_seq_length(), dtype=torch.long,
+        drops = [0] * len(keep) + [live.branch.drop for _, live in forks]
+        if any(drops) and self.mask is None and self.attends:
+            self.mask = torch.ones(len(self.members), attention_length(self.cache), dtype=torch.long,
                                    device=self.position.device)
         rows = torch.tensor(index, dtype=torch.long, device=self.position.device)
-        self.cache = fork_cache(self.cache, rows)
+        keys = [None] * len(keep) + [live.branch.row for _, live in forks]  # the history's keys: generate rows
+        self.cache = branch_cache(self.cache, rows, drops, t, history, keys)  # one gather (+ restored states)
         self.position = self.position[rows]
         if self.mask is not None:
             self.mask = self.mask[rows]
-        for i, (_, live) in enumerate(forks, start=len(keep)):
-            if live.branch.drop:
-                self.mask[i, self.mask.shape[1] - live.branch.drop:] = 0
-                self.position[i] -= live.branch.drop
+        for i, drop in enumerate(drops):
+            if drop:
+                if self.mask is not None:  # no attention layers (Mamba): the restored state is the whole crop
+                    self.mask[i, self.mask.shape[1] - drop:] = 0
+                self.position[i] -= drop
         self.members = [self.members[i] for i in keep] + [live for _, live in forks]
 
     def forward(self, tokens: torch.Tensor, hidden: bool):
@@ -104,7 +122,8 @@ class DecodingBatch:
         (logits `(rows, 1, V)`, and ``hidden_states`` when `hidden`)."""
         if self.mask is not None:
             self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.members), 1)], dim=1)
-        kwargs = dict(input_ids=tokens[:, None], attention_mask=self.mask, past_key_values=self.cache, use_cache=True)
+        kwargs = {"input_ids": tokens[:, None], "attention_mask": self.mask, self.cache_argument: self.cache,
+                  "use_cache": True}
         if self.accepts_position_ids:
             kwargs["position_ids"] = self.position[:, None]
         if self.accepts_logits_to_keep:
@@ -112,7 +131,7 @@ class DecodingBatch:
         if hidden:
             kwargs["output_hidden_states"] = True
         out = self.model(**kwargs, return_dict=True)
-        self.cache = out.past_key_values
+        self.cache = getattr(out, self.cache_argument)
         self.position = self.position + 1
         self.forwards += 1
         self.rows_computed += len(self.members)
@@ -128,7 +147,10 @@ def _start_batch(model, outputs, model_kwargs: dict, batch: int, device) -> Deco
     """The decoding batch after the prefill: every row a main row, positions continuing ``generate``'s."""
     cache = getattr(outputs, "past_key_values", None)
     if cache is None:
-        raise RuntimeError("MSV generation needs the KV cache: call generate with use_cache=True.")
+        cache = getattr(outputs, "cache_params", None)
+    if cache is None:
+        raise RuntimeError("MSV generation needs the cache of the decoding loop: call generate with use_cache=True "
+                           "(the LM's forward must take it as past_key_values or cache_params).")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and mask.dim() != 2:
         raise NotImplementedError("MSV generation needs a 2D attention mask (dynamic cache).")
@@ -138,7 +160,7 @@ def _start_batch(model, outputs, model_kwargs: dict, batch: int, device) -> Deco
     elif mask is not None:
         position = mask.long().sum(-1)
     else:
-        position = torch.full((batch,), cache.get_seq_length(), dtype=torch.long, device=device)
+        position = torch.full((batch,), attention_length(cache) or 0, dtype=torch.long, device=device)
     # A shallow fork: the loop owns its cache object, and unsupported cache layers fail before any decoding.
     cache = fork_cache(cache, torch.arange(batch))
     return DecodingBatch(cache, None if mask is None else mask.long(), position.to(device), list(range(batch)),
@@ -180,6 +202,8 @@ def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stoppi
     outputs = model._prefill(input_ids, generation_config, model_kwargs)
     batch = _start_batch(model, outputs, model_kwargs, B, device)
     batch.forwards, batch.rows_computed = 1, B
+    if run is not None:
+        run.bind_cache(batch.cache)
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=device)
     del outputs
     t = 0
@@ -197,16 +221,19 @@ def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stoppi
         unfinished = unfinished & ~stopping_criteria(input_ids, None).to(device)
         main_done = not bool(unfinished.any())
         keep_main = [] if main_done else unfinished.nonzero().squeeze(1).tolist()
-        _regroup(batch, run, keep_main, run.take_forks(t, unfinished.tolist()) if run is not None else [])
+        _regroup(batch, run, keep_main, run.take_forks(t, unfinished.tolist()) if run is not None else [], t)
         if main_done:
             break
+        if run is not None and run.history is not None:
+            # After step t's forks, before token t is fed: the recurrent states a later branch may start from.
+            run.update_history(t, batch.cache, {m: i for i, m in enumerate(batch.members) if isinstance(m, int)})
         t += 1
         logits = _forward(batch, run, input_ids[keep_main, -1], t)
     while batch.members:  # the tail: branches still decoding after the last main row ended
         t += 1
         _forward(batch, run, input_ids.new_zeros(0), t)
         run.tail_step(t)
-        _regroup(batch, run, [], [])
+        _regroup(batch, run, [], [], t)
     if streamer is not None:
         streamer.end()
     if run is not None:
@@ -232,9 +259,9 @@ def _forward(batch: DecodingBatch, run, main_tokens: torch.Tensor, t: int) -> to
     return logits
 
 
-def _regroup(batch: DecodingBatch, run, keep_main: list[int], forks: list):
+def _regroup(batch: DecodingBatch, run, keep_main: list[int], forks: list, t: int):
     """Main rows in `keep_main` stay; branches stay unless complete or their prompt is decided; `forks` (branches
-    of `generate` rows) are copied in from their row."""
+    of `generate` rows, fired at step t) are copied in from their row."""
     started = time.perf_counter()
     position = {m: i for i, m in enumerate(batch.members) if isinstance(m, int)}
     keep = [position[r] for r in keep_main]
@@ -244,6 +271,7 @@ def _regroup(batch: DecodingBatch, run, keep_main: list[int], forks: list):
             branches += 1
             if not m.complete and run.wants(m):
                 keep.append(i)
-    batch.regroup(keep, [(position[live.branch.row], live) for live in forks])
+    batch.regroup(keep, [(position[live.branch.row], live) for live in forks], t,
+                  run.history if run is not None else None)
     if forks or len(keep) - len(keep_main) < branches:  # the gather is elicitation's: a branch came or went
         run.timings["elicitation"] += time.perf_counter() - started

@@ -16,6 +16,7 @@ import torch
 
 from ..answers import extract_boxed
 from .accounting import assemble_results
+from .caches import RecurrentHistory, has_recurrent_state
 from .delimiters import DelimiterMatcher
 from .forking import AnswerElicitor, Branch, LiveBranch
 from .outputs import MSVAnswer, MSVResult, answer_sort_key
@@ -65,6 +66,7 @@ class GenerationRun:
         self.queue: ScoringQueue | None = None
         self.forks: list[LiveBranch] = []
         self.last_fired: dict[int, LiveBranch] = {}
+        self.history: RecurrentHistory | None = None  # recurrent states before possible delimiter starts
 
     # -- per step (called by MSVEarlyStop) -------------------------------------------------------------------
 
@@ -120,6 +122,31 @@ class GenerationRun:
         self.tracker.group_of(branch.row).inflight += 1
 
     # -- called by the decoding loop -------------------------------------------------------------------------
+
+    def bind_cache(self, cache):
+        """The decoding loop's cache after the prefill: a recurrent one needs a `RecurrentHistory` when branches
+        drop consumed delimiter tokens (up to the matcher's window - 1), which recurrent layers cannot forget."""
+        if self.matcher is not None and not self.elicitor.keep_delimiter and has_recurrent_state(cache):
+            self.history = RecurrentHistory(horizon=self.matcher.window - 1)
+
+    def update_history(self, t: int, cache, rows: dict[int, int]):
+        """After the forks of step t, before token t is fed (`cache` holds every token but the newest): keep the
+        recurrent states of delimiters that may still complete, and save the state before token t of the rows
+        where one may start. `rows` maps each ``generate`` row still decoding to its batch row."""
+        start = time.perf_counter()
+        tracker, matcher, history = self.tracker, self.matcher, self.history
+        starts = []
+        for row, status in enumerate(tracker.status):
+            live = status == LIVE and row in rows
+            tokens = tracker.history[row]
+            for step in history.steps(row):
+                if not live or not matcher.could_start(tokens, back=t + 1 - step):
+                    history.discard(row, step)
+            if live and matcher.could_start(tokens):
+                starts.append(row)
+        history.save(cache, [rows[row] for row in starts], t, keys=starts)
+        history.forget(t)
+        self.timings["elicitation"] += time.perf_counter() - start  # branching work, not chain of thought
 
     def take_forks(self, t: int, unfinished: list[bool]) -> list[LiveBranch]:
         """The branches that fired at step t (for the loop to fork into its batch), with the terminal answers of

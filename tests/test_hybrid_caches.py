@@ -1,0 +1,258 @@
+"""MSV generation on models with recurrent cache layers (conv / SSM / linear attention), tiny and random (CPU, seconds).
+
+LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params``), Mamba-2 (SSM only), Qwen3-Next
+(gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), FalconMamba, Bamba, Falcon-H1 and
+GraniteMoeHybrid, decoded by the lockstep loop (branches as extra rows of the decoding batch). The invariants are
+those of `test_generation`: sampling is unperturbed and every answer equals a cache-free recomputation of its branch
+context, here with delimiters split over up to four tokens, so branch rows must start from a recurrent state saved
+before the delimiter; a prompt that stops takes its recurrent rows out of the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import LogitsProcessorList
+from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
+
+from hf_msv.generation import (
+    DelimiterMatcher,
+    RecurrentHistory,
+    branch_cache,
+    fork_cache,
+    lockstep_sample,
+    prepare_generation,
+    recurrent_state_bytes,
+)
+
+from test_generation import (
+    EOS,
+    HIDDEN,
+    ID,
+    PAD,
+    P,
+    TOK,
+    V,
+    ForceTokens,
+    ScriptedAnswers,
+    generate,
+    prompts,
+    recompute_answer,
+    tiny_verifier,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def hybrid_config(arch: str):
+    # Weights larger than the default init, so that a recurrent state that saw the wrong tokens shows in the outputs.
+    common = dict(vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN,
+                  initializer_range=0.2)
+    ssm = dict(num_hidden_layers=2, expand=2, conv_kernel=4, **common)
+    hybrid_ssm = dict(intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_conv=4,
+                      mamba_expand=2, mamba_chunk_size=16, **common)
+    configs = {
+        "lfm2": lambda: transformers.Lfm2Config(
+            intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            layer_types=["conv", "full_attention", "conv"], **common),
+        "mamba": lambda: transformers.MambaConfig(state_size=4, **ssm),
+        "mamba2": lambda: transformers.Mamba2Config(state_size=8, num_heads=4, head_dim=16, n_groups=1,
+                                                    chunk_size=16, **ssm),
+        "jamba": lambda: transformers.JambaConfig(
+            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+            mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, **common),
+        "falcon_mamba": lambda: transformers.FalconMambaConfig(state_size=4, **ssm),
+        "bamba": lambda: transformers.BambaConfig(attn_layer_indices=[1], **hybrid_ssm),
+        "falcon_h1": lambda: transformers.FalconH1Config(head_dim=8, mamba_d_ssm=64, **hybrid_ssm),
+        "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
+            layer_types=["mamba", "attention"], num_local_experts=2, num_experts_per_tok=1,
+            shared_intermediate_size=64, **hybrid_ssm),
+        "qwen3_next": lambda: transformers.Qwen3NextConfig(
+            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+            layer_types=["linear_attention", "full_attention"], **common),
+    }
+    return configs[arch]()
+
+
+# Jamba: attention plus a Mamba-1 mixer, which restarts its scan on a multi-token forward over a cache.
+HYBRIDS = ["lfm2", "mamba", "mamba2", "qwen3_next", "jamba"]
+# The same layer types again, in other models' mixers (the branch-exactness test only).
+MORE_HYBRIDS = ["falcon_mamba", "bamba", "falcon_h1", "granitemoehybrid"]
+
+
+def hybrid_model(arch: str):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(hybrid_config(arch)).eval()
+
+
+def prefill(model, inputs) -> DynamicCache:
+    with torch.no_grad():
+        out = model(**inputs, use_cache=True)
+    return out.past_key_values if "past_key_values" in out else out.cache_params
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    """Every tensor a cache holds (keys/values, conv and recurrent states), cloned."""
+    found = []
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None:
+            found += [layer.keys.clone(), layer.values.clone()]
+        for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+            found += [s.clone() for s in states.values() if s is not None]
+    return found
+
+
+# Row 0: "Wa"+"it" (one consumed token to leave out); row 1: "W"+"a"+"i"+"t" (three); row 2: "\n\nWait" (its
+# "\n\n" is fed again) at the step where row 0's every-K branch and row 1's fire too, so segments differ in length.
+SCHEDULE = {(0, 3): ID["Wa"], (0, 4): ID["it"], (1, 1): ID["W"], (1, 2): ID["a"], (1, 3): ID["i"], (1, 4): ID["t"],
+            (2, 4): ID["\n\nWait"], (3, 6): ID["Wa"], (3, 7): ID["it"], (4, 2): EOS, (5, 8): ID["Wait"]}
+
+
+@pytest.mark.parametrize("arch", HYBRIDS + MORE_HYBRIDS)
+def test_sampling_unperturbed_and_branches_exact(arch):
+    """With early stopping off, the sampled tokens equal plain generate's; every answer's tokens and hidden states
+    equal a cache-free recomputation of its context, including branches that leave out up to three consumed
+    delimiter tokens (restored recurrent state) and several branches of different segment lengths at one step."""
+    model = hybrid_model(arch)
+    ScriptedAnswers(model)
+    inputs = prompts()
+    plain = generate(model, inputs, n=3, max_new_tokens=12, schedule=SCHEDULE, criteria=False)
+    with prepare_generation(model, TOK, delimiters=["Wait"], every_k_tokens=5, checker=None,
+                            max_answer_tokens=6, capture_hidden_states=True) as msv:
+        hooked = generate(model, inputs, n=3, max_new_tokens=12, schedule=SCHEDULE)
+        results = msv.pop_results()
+    assert torch.equal(plain, hooked)
+    answers = [(r, a) for r in results for a in r.answers]
+    dropped = {(r.prompt, a.sequence, a.tau): a.tau - a.cot_tokens for r, a in answers if a.trigger == "delimiter"}
+    assert dropped == {(0, 0, 4): 1, (0, 1, 4): 3, (0, 2, 4): 0, (1, 0, 7): 1, (1, 2, 8): 0}
+    assert {a.trigger for _, a in answers} == {"delimiter", "every_k", "eos", "budget"}
+    for result, answer in answers:
+        hidden, greedy = recompute_answer(model, inputs, result, answer)
+        assert greedy == answer.token_ids
+        assert answer.hidden_states.shape == (answer.length, HIDDEN)
+        torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba"])
+def test_stopped_prompt_leaves_the_batch_with_its_recurrent_rows(arch):
+    """λ = 0 stops prompt 0 at its first answer (a split "Wa"+"it", so its branch reads a saved recurrent state);
+    its rows and their states leave the batch, and prompt 1 goes on sampling exactly as in a plain generate, its
+    answers (one of a three-token delimiter) still exact."""
+    model = hybrid_model(arch)
+    ScriptedAnswers(model)
+    inputs = prompts()
+    schedule = {(0, 3): ID["Wa"], (0, 4): ID["it"], (2, 6): ID["W"], (2, 7): ID["a"], (2, 8): ID["i"],
+                (2, 9): ID["t"]}
+    plain = generate(model, inputs, n=2, max_new_tokens=16, schedule=schedule, criteria=False)
+    with prepare_generation(model, TOK, tiny_verifier(), delimiters=["Wait"], checker="exact",
+                            max_answer_tokens=6) as msv:
+        hooked = generate(model, inputs, n=2, max_new_tokens=16, schedule=schedule, threshold=0.0)
+        results = msv.pop_results()
+    # Prompt 0 stops when its answer is available (τ + P + L, L = 3 scripted tokens); prompt 1's answer (τ = 9)
+    # comes only after the budget, so its rows run to the end, sampled exactly as without MSV.
+    first, second = results
+    assert first.stopped_early and first.chosen.tau == 4 and first.stop_step == 4 + P + 3 < 15
+    assert not second.stopped_early and second.finish_reasons == ["budget", "budget"]
+    assert hooked.shape == plain.shape and torch.equal(hooked[2:], plain[2:])
+    assert hooked[:2, inputs["input_ids"].shape[1] + first.stop_step + 1:].eq(PAD).all()  # they left the batch
+    answers = [(r, a) for r in results for a in r.answers]
+    assert [(r.prompt, a.sequence, a.tau, a.tau - a.cot_tokens) for r, a in answers] == [(0, 0, 4, 1), (1, 0, 9, 3)]
+    for result, answer in answers:
+        assert recompute_answer(model, inputs, result, answer)[1] == answer.token_ids
+
+
+@pytest.mark.parametrize("arch", ["mamba", "lfm2"])
+def test_decoding_loop_alone_samples_like_plain_generate(arch):
+    """The loop without a session (``custom_generate=lockstep_sample``) on a recurrent cache, Mamba's passed as
+    ``cache_params`` and decoded without a mask: the tokens of plain generate; a row that ends early leaves the
+    batch (its recurrent states gathered out) and is padded as generate pads it."""
+    model = hybrid_model(arch)
+    inputs = prompts()
+    processors = LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], {(1, 3): EOS})])
+    outs = []
+    for custom in (None, lockstep_sample):
+        torch.manual_seed(3)
+        outs.append(model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
+                                   logits_processor=processors, custom_generate=custom))
+    assert torch.equal(outs[0], outs[1])
+    assert outs[1][1, -6:].eq(PAD).all()
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_fork_cache_leaves_the_live_cache_untouched(arch):
+    """A fork (rows repeated, in any order, or every row as it is) holds copies of the rows; decoding on it, which
+    updates recurrent states in place, leaves every tensor of the live cache as it was."""
+    model = hybrid_model(arch)
+    cache = prefill(model, prompts())
+    before = cache_tensors(cache)
+    argument = "cache_params" if "cache_params" in model.forward.__code__.co_varnames else "past_key_values"
+    for rows in (torch.tensor([1, 1, 0]), torch.tensor([0, 1])):
+        fork = fork_cache(cache, rows)
+        assert all(torch.equal(f, b[rows]) for f, b in zip(cache_tensors(fork), before))
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6, 7][: len(rows)]]).T, **{argument: fork}, use_cache=True)
+        assert any(not torch.equal(f, b[rows]) for f, b in zip(cache_tensors(fork), before))
+        assert all(torch.equal(a, b) for a, b in zip(cache_tensors(cache), before))
+
+
+def test_branch_cache_restores_the_saved_recurrent_state_and_counts_its_bytes():
+    model = hybrid_model("qwen3_next")
+    inputs = prompts()
+    cache = prefill(model, inputs)
+    history = RecurrentHistory(horizon=2)
+    history.save(cache, [1], step=0)
+    saved = cache_tensors(cache)
+    per_row = recurrent_state_bytes(cache)
+    # One linear-attention layer: conv (channels = 2 x 16 + 32, kernel 4) and recurrent (4 heads, 8 x 8), fp32.
+    assert per_row == (64 * 4 + 4 * 8 * 8) * 4 and history.nbytes == per_row
+    with torch.no_grad():  # the live cache moves on by one token
+        model(input_ids=torch.tensor([[5], [6]]), past_key_values=cache, use_cache=True)
+    branch = branch_cache(cache, [1, 0], drops=[1, 0], step=1, history=history)
+    layer, live = branch.layers[0], cache.layers[0]
+    assert torch.equal(layer.recurrent_states[0][0], saved[1][1])  # row 1 as before the token
+    assert torch.equal(layer.recurrent_states[0][1], live.recurrent_states[0][0])  # row 0 as now
+    with pytest.raises(RuntimeError, match="no recurrent state saved"):
+        branch_cache(cache, [0], drops=[1], step=1, history=history)
+    history.save(cache, [0, 1], step=1, keys=["a", "b"])
+    assert history.steps("b") == [1] and history.nbytes == 3 * per_row
+    history.discard("b", 1)
+    history.forget(3)  # keeps step 1 only: a branch at step 3 may drop up to horizon = 2 tokens
+    assert history.steps(1) == [] and history.steps("a") == [1] and history.nbytes == per_row
+
+
+def test_could_start_marks_tokens_that_may_begin_a_split_delimiter():
+    matcher = DelimiterMatcher(TOK, ["Wait", "\n\n"])
+    ids = lambda *tokens: [ID[t] for t in tokens]  # noqa: E731
+    assert matcher.could_start(ids("o", "Wa")) and matcher.could_start(ids("o", "W"))
+    assert matcher.could_start(ids("o", "\n"))
+    assert not matcher.could_start(ids("o", "a"))  # "a" alone is no prefix of "Wait"
+    assert not matcher.could_start(ids("W", "a"))  # the occurrence started in the previous token
+    assert not matcher.could_start(ids("o", "Wait")) and not matcher.could_start(ids("o", " Wait"))
+    # An earlier start stays open while the text since then is a proper prefix of a delimiter.
+    assert matcher.could_start(ids("o", "W", "a"), back=2) and matcher.could_start(ids("W", "a", "i"), back=3)
+    assert not matcher.could_start(ids("o", "W", "o"), back=2)
+    assert not matcher.could_start(ids("W", "a", "i", "t"), back=4)  # complete: no later completion
+
+
+def test_unsupported_cache_layers_fail_naming_the_layer():
+    class CustomLayer(DynamicLayer):
+        pass
+
+    cache = DynamicCache()
+    cache.layers = [CustomLayer()]
+    with pytest.raises(NotImplementedError, match="CustomLayer.*reorder_cache"):
+        fork_cache(cache, torch.tensor([0]))
+    static = StaticCache(config=hybrid_config("lfm2"), max_cache_len=8)
+    with pytest.raises(NotImplementedError, match="StaticLayer.*dynamic cache"):
+        fork_cache(static, torch.tensor([0]))
+
+
+def test_mamba_without_cache_is_a_clear_error():
+    model = hybrid_model("mamba")
+    with prepare_generation(model, TOK, checker=None), pytest.raises(RuntimeError, match="use_cache=True"):
+        model.generate(**prompts(["Hi"]), do_sample=False, max_new_tokens=2, use_cache=False)
