@@ -198,7 +198,9 @@ def bootstrap_interval(statistic, num_problems: int, n_boot: int = 2000, confide
     draws = np.array([statistic(rng.integers(0, num_problems, num_problems)) for _ in range(n_boot)], dtype=float)
     draws = np.where(np.isnan(draws), np.inf, draws)
     alpha = (1 - confidence) / 2
-    low, high = np.quantile(draws, [alpha, 1 - alpha], method="linear") if n_boot else (math.nan, math.nan)
+    # order statistics, no interpolation (which would subtract ∞ from ∞); the interval is the slightly wider one
+    low, high = ((np.quantile(draws, alpha, method="lower"), np.quantile(draws, 1 - alpha, method="higher"))
+                 if n_boot else (math.nan, math.nan))
     return {"estimate": est, "low": float(low), "high": float(high), "n_boot": int(n_boot)}
 
 

@@ -19,7 +19,7 @@ def evaluate_from_config(config: EvaluateConfig) -> dict:
     if config.decode_step_s is not None or config.elicit_s is not None:
         costs = LatencyCosts(config.decode_step_s or 0.0, config.elicit_s or 0.0)
     return evaluate_study(config.eval_dir, parse_verifier_specs(config.verifier), config.output_dir,
-                          config.num_sequences, config.seeds, config.val_dir, checker=config.checker,
+                          config.num_sequences, config.val_dir, bootstrap=config.bootstrap, checker=config.checker,
                           checker_kwargs=config.checker_kwargs_dict, lm_costs=costs,
                           wv_threshold=config.wv_threshold, deepconf_window=config.deepconf_window,
                           deepconf_stat=config.deepconf_stat, target_accuracy=config.target_accuracy,

@@ -19,10 +19,13 @@ class EvaluateConfig:
     val_dir: Optional[str] = field(default=None, metadata={
         "help": "validation shards (DeepConf calibration, λ rules)"})
     verifier: list[str] = field(default_factory=list, metadata={
-        "help": "a trained verifier as NAME=PATH; repeat NAME for its terminal and streaming checkpoints",
+        "help": "a trained verifier as NAME=PATH; repeat NAME for its terminal and streaming checkpoints, and again "
+                "for each further training seed (mean ± std over training seeds)",
         "action": "extend", "metavar": "NAME=PATH"})
-    num_sequences: list[int] = field(default_factory=lambda: [1, 4, 16, 64], metadata={"help": "N values"})
-    seeds: int = field(default=5, metadata={"help": "random group draws per N (mean ± std over them)"})
+    num_sequences: list[int] = field(default_factory=lambda: [1, 4, 16, 64], metadata={
+        "help": "N values (groups: a fixed partition of each problem's sequences into groups of N)"})
+    bootstrap: int = field(default=1000, metadata={
+        "help": "resamples of the paired bootstrap 95 % intervals over problems (MSV − each baseline); 0: none"})
     checker: Optional[str] = field(default=None, metadata={
         "help": "re-derive equivalence classes with this checker (labels stay the collected ones)"})
     checker_kwargs: Optional[str] = field(default=None, metadata={
@@ -59,6 +62,8 @@ class EvaluateConfig:
     def __post_init__(self):
         if isinstance(self.checker_kwargs, str):
             json.loads(self.checker_kwargs)  # fail at parse time, not after the verifiers are loaded
+        if self.bootstrap < 0:
+            raise ValueError(f"bootstrap must be ≥ 0, got {self.bootstrap}")
         if self.prm_batch_size < 1:
             raise ValueError(f"prm_batch_size must be positive, got {self.prm_batch_size}")
 

@@ -17,7 +17,12 @@ _TERMINAL_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "EC
                      ("bon_accuracy", "BoN acc ↑"), ("bon_ece", "BoN ECE ↓"), ("bon_brier", "BoN Brier ↓"))
 _STREAMING_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "ECE ↓"), ("nll", "NLL ↓"),
                       ("full_accuracy", "acc (full) ↑"), ("peak_accuracy", "peak acc ↑"),
-                      ("autc_tokens_norm", "AUTC tokens (norm) ↑"), ("autc_latency_norm", "AUTC latency (norm) ↑"))
+                      ("autc_steps_norm", "AUTC t* (norm) ↑"), ("autc_latency_norm", "AUTC latency (norm) ↑"),
+                      ("autc_tokens_norm", "AUTC tokens (norm) ↑"))
+# MSV − baseline intervals shown per setting: (key, header, digits)
+_INTERVAL_COLUMNS = {"terminal": (("brier", "Δ Brier", 4), ("brier_ratio", "Brier ratio", 3),
+                                  ("bon_accuracy", "Δ BoN acc", 3), ("bon_ece", "Δ BoN ECE", 3)),
+                     "streaming": (("brier", "Δ Brier", 4), ("brier_ratio", "Brier ratio", 3))}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -51,21 +56,56 @@ def _data_section(results: dict) -> list[str]:
             f"mean chain of thought {e['mean_sequence_tokens']:.1f} tokens."
             + (f" Validation: {d['val']['problems']} problems." if "val" in d else " No validation split."), "",
             f"Collection: `{json.dumps(d.get('collect', {}))}`", "",
-            f"N ∈ {cfg['num_sequences_list']}, {cfg['seeds']} seeds (each a random "
-            "subset of N collected sequences per problem); mean ± std over seeds. Equivalence classes: "
+            f"N ∈ {cfg['num_sequences_list']}; groups: {cfg['groups']}; mean ± std over {cfg['training_seeds']} "
+            "training seed(s) (verifier checkpoints; ± 0.000 with one). Intervals: paired bootstrap 95 % over "
+            f"problems ({cfg['bootstrap']} resamples). Equivalence classes: "
             + (f"re-derived with `{cfg['checker']}`." if cfg['checker'] else
-               "as collected.") + f" DeepConf: {cfg['deepconf_calibration']}.", ""]
+               "as collected.") + f" DeepConf: {cfg['deepconf_calibration']}. Calibrated vote baselines: "
+            f"{cfg['vote_calibration']}; stacked baseline's Probe feature: {cfg['stacked_probe']}.", "",
+            "AUTC (norm) on an axis x ∈ {t* (token position), latency, tokens summed over the N sequences}: "
+            "(1/B) ∫_0^B acc(b) db, B = the full-decoding budget on x: a mean accuracy in [0, 1], whose scale does "
+            "not depend on N.", ""]
+
+
+def _format_interval(iv: dict | None, digits: int = 3) -> str:
+    """"est [low, high]" of a bootstrap interval ("—" when missing; ∞ for an unbounded end)."""
+    if not iv or iv.get("estimate") is None:
+        return "—"
+    f = lambda x: "∞" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x:.{digits}f}"  # noqa: E731
+    return f"{f(iv['estimate'])} [{f(iv['low'])}, {f(iv['high'])}]"
+
+
+_COMPARISON_NAMES = {"single_sequence": "the best single-sequence baseline (the paper's comparison)",
+                     "all": "the best of all baselines (aggregations included)"}
 
 
 def _early_stop_line(es: dict) -> list[str]:
-    if "token_fraction" not in es:
+    if "comparisons" not in es:
         return []
-    tf, lf = es["token_fraction"], es["latency_fraction"]
-    peak = f"the peak accuracy of the best baseline ({es['best_baseline']}, {es['best_baseline_peak_accuracy']:.3f})"
-    if tf is None:
-        return [f"Early stopping: {es['msv']} does not reach {peak} (its peak: {es['msv_peak_accuracy']:.3f}).", ""]
-    return [f"Early stopping: {es['msv']} reaches {peak} with {tf:.2f}× its tokens"
-            + (f" and {lf:.2f}× its latency." if lf is not None else "."), ""]
+    out = ["Early stopping: budget the primary MSV needs to reach the peak accuracy of",
+           ""]
+    rows = []
+    for name, c in es["comparisons"].items():
+        rows.append([_COMPARISON_NAMES.get(name, name), f"{c['baseline']} ({c['baseline_peak_accuracy']:.3f})",
+                     f"{c['msv_peak_accuracy']:.3f}"]
+                    + [_format_interval(c[a]["interval"] or {"estimate": c[a]["fraction"], "low": None,
+                                                             "high": None}, 2) for a in ("steps", "latency", "tokens")])
+    out += [markdown_table(["compared with", "baseline (peak acc)", f"{es['msv']} peak acc", "fraction of t*",
+                            "fraction of latency", "fraction of tokens"], rows),
+            "", "(fraction < 1: the MSV matches the baseline's peak with less; ∞: it never does; 95 % interval over "
+                "problems in brackets)", ""]
+    return out
+
+
+def _interval_table(results: dict, setting: str, n) -> list[str]:
+    iv = (results.get("intervals") or {}).get(str(n), {}).get(setting)
+    if not iv:
+        return []
+    cols = _INTERVAL_COLUMNS[setting]
+    msv = results["methods"][str(n)]["msv"]
+    rows = [[m] + [_format_interval(r.get(k), d) for k, _, d in cols] for m, r in iv.items()]
+    return [f"{msv} − each baseline (ratio: {msv} ÷ baseline), estimate [95 % interval over problems]:", "",
+            markdown_table(["baseline"] + [h for _, h, _ in cols], rows), ""]
 
 
 def _setting_sections(results: dict) -> list[str]:
@@ -79,6 +119,7 @@ def _setting_sections(results: dict) -> list[str]:
             rows = [[f"**{m}**" if m == msv else m] + [format_mean_std(r.get(k) or None) for k, _ in columns]
                     for m, r in results[setting][str(n)].items()]
             out += [f"### N = {n}", "", markdown_table(["method"] + [c for _, c in columns], rows), ""]
+            out += _interval_table(results, setting, n)
             if setting == "streaming":
                 out += _early_stop_line(results["early_stop"].get(str(n), {}))
     return out
@@ -255,7 +296,7 @@ def _tradeoff_figures(plt, save, results: dict, curves: dict) -> None:
             for ax, axis in zip(axes, ("tokens", "latency")):
                 order = np.argsort(c.x(axis))
                 ax.plot(c.x(axis)[order], c.accuracy[order], label=m, **style)
-        axes[0].set_xlabel("chain-of-thought tokens (N sequences)")
+        axes[0].set_xlabel("chain-of-thought tokens (N sequences)")  # t* is in the JSON curves ("steps")
         axes[1].set_xlabel("latency (s)")
         for ax in axes:
             ax.set_ylabel("accuracy")
