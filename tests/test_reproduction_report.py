@@ -104,13 +104,19 @@ def test_command_line_defaults():
 
 def test_command_line_flags():
     args = parse_arguments(["--quick", "--output-dir", "out", "--work-dir", "work", "--studies", "masks",
-                            "training_size", "--seeds", "3", "--threads", "2", "--device", "cpu",
-                            "--problems-per-batch", "32", "--no-progress", "--shipped-verifier"])
+                            "training_size", "--training-seeds", "3", "--threads", "2", "--device", "cpu",
+                            "--problems-per-batch", "32", "--no-progress", "--shipped-verifier",
+                            "--reuse-shards", "keep"])
     assert args == ReproduceArguments(output_dir="out", quick=True, work_dir="work", studies=["masks", "training_size"],
-                                      seeds=3, threads=2, device="cpu", problems_per_batch=32, progress=False,
-                                      shipped_verifier=True)
+                                      training_seeds=3, threads=2, device="cpu", problems_per_batch=32,
+                                      progress=False, shipped_verifier=True, reuse_shards="keep")
     cfg = args.reproduce_config()
-    assert cfg == dataclasses.replace(ReproduceConfig.quick_config(), seeds=3, problems_per_batch=32)
+    assert cfg == dataclasses.replace(ReproduceConfig.quick_config(), training_seeds=3, problems_per_batch=32)
+    assert ReproduceConfig().training_seeds == 3
+    with pytest.raises(SystemExit):
+        parse_arguments(["--reuse-shards", "sometimes"])
+    with pytest.raises(ValueError, match="training_seeds"):
+        ReproduceConfig(training_seeds=0)
 
 
 def test_every_study_can_be_selected():

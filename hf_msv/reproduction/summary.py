@@ -56,6 +56,14 @@ def main_summary(res: dict, num_sequences) -> dict:
             "verifier_online_s_per_answer": res["costs"]["verifier_online_s_per_answer"].get(k, {}),
             "lm_costs": res["costs"]["lm"].get(k),
         }
+        # results of the training-seed protocol (older results have neither): intervals over problems of MSV_N −
+        # each baseline, and the early-stop comparisons on every axis against the single-sequence / all baselines
+        if res.get("intervals", {}).get(k):
+            out[k]["intervals"] = res["intervals"][k]
+        if "comparisons" in es:
+            out[k]["early_stop_comparisons"] = es["comparisons"]
+            out[k]["streaming"] = {m: {x: r[x] for x in (*out[k]["streaming"][m], "autc_steps_norm")}
+                                   for m, r in stream.items()}
     out["data"] = res["data"]
     out["figures"] = res["figures"]
     return out
