@@ -418,3 +418,48 @@ def test_verifier_specs_with_training_seeds(study):
     assert seeds[0][0].models["streaming"] is not seeds[1][0].models["streaming"]
     with pytest.raises(ValueError, match="same number"):
         load_verifier_seeds({"MSV_4": [v, s1], "Probe": [study["verifiers"]["Probe"]] * 3})
+
+
+def test_stacked_baseline_without_a_probe_uses_a_linear_probe(study, tmp_path):
+    res = evaluate_study(study["eval"], {"MSV_4": study["verifiers"]["MSV_4"]}, tmp_path, [4], bootstrap=0,
+                         figures=False, progress=False, lm_costs=LatencyCosts(0.01, 0.002), deepconf_window=8)
+    assert res["config"]["stacked_probe"] == "linear probe on mean-pooled answer states, fitted on eval (2-fold " \
+                                              "cross-fit)"
+    for setting in ("terminal", "streaming"):
+        stacked = res[setting]["4"]["Stacked (vote + Probe)"]
+        assert 0 <= stacked["brier"]["mean"] <= 1 and "linear probe" not in res[setting]["4"]
+    # the hidden states carry correctness, so the stack beats the raw vote
+    term = res["terminal"]["4"]
+    assert term["Stacked (vote + Probe)"]["auroc"]["mean"] > term["Self-consistency"]["auroc"]["mean"]
+    assert res["intervals"] == {} and res["early_stop"]["4"]["comparisons"]["all"]["steps"]["interval"] is None
+
+
+def test_claims_from_an_evaluation_with_intervals(study):
+    """The reproduction's claims on `evaluate_study` results: verdicts need the whole interval to clear the target."""
+    from hf_msv.reproduction import ReproduceConfig
+    from hf_msv.reproduction.claims import main_claims
+    from hf_msv.reproduction.summary import main_summary
+
+    s = {"main": main_summary(study["results"], NS)}
+    claims = {c["id"]: c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))}
+    assert {"terminal_brier_N8", "terminal_brier_vs_votes_N8", "best_of_8", "early_stop_N8", "early_stop_all_N8",
+            "streaming_brier_N4", "bon_ece_N8"} <= set(claims)
+    assert "t*" in claims["early_stop_N8"]["sentence"] and "95 % interval" in claims["terminal_brier_N8"]["sentence"]
+    r = s["main"]["8"]
+    base = claims["terminal_brier_N8"]["numbers"]["best_baseline"]
+    bb = claims["terminal_brier_N8"]["numbers"]["best_baseline_value"]
+    r["terminal"][r["msv"]]["brier"]["mean"] = 0.7 * bb       # the point estimate clears the target ...
+    iv = r["intervals"]["terminal"][base]["brier_ratio"]
+    iv.update(low=0.55, high=0.85)                            # ... the interval does not
+    held = lambda cid: next(c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))  # noqa: E731
+                            if c["id"] == cid)["held"]
+    assert held("terminal_brier_N8") is False
+    iv["high"] = 0.79
+    assert held("terminal_brier_N8") is True
+    comp = r["early_stop_comparisons"]["single_sequence"]["steps"]
+    comp.update(fraction=0.3, interval={"estimate": 0.3, "low": 0.2, "high": 0.45})
+    assert held("early_stop_N8") is False
+    comp["interval"]["high"] = None                           # ∞: MSV misses the peak in some resamples
+    assert held("early_stop_N8") is False
+    comp["interval"]["high"] = 0.39
+    assert held("early_stop_N8") is True
