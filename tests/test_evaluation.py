@@ -297,6 +297,9 @@ def test_measure_verifier_cost_and_costs_from_info(study):
 
 
 def test_cli_and_checker_rederivation(study, tmp_path):
+    problems_file = tmp_path / "problems.jsonl"
+    problems_file.write_text("".join(json.dumps({"id": f"eval/{i}", "question": "q", "gold": "1",
+                                                 "meta": {"level": i % 3}}) + "\n" for i in range(16)))
     parser = HfArgumentParser(EvaluateConfig)
     specs = [f"Probe={study['verifiers']['Probe']['terminal']}", f"Probe={study['verifiers']['Probe']['streaming']}",
              f"MSV_4={study['verifiers']['MSV_4']['streaming']}"]
@@ -304,9 +307,16 @@ def test_cli_and_checker_rederivation(study, tmp_path):
     (args,) = parser.parse_args_into_dataclasses([
         "--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "cli"), "--num-sequences", "4", "--bootstrap", "20",
         "--no-figures", "--no-progress", "--checker", "random", "--decode-step-s", "0.5",
+        "--problems", str(problems_file), "--difficulty-field", "level",
         *sum((["--verifier", s] for s in specs), [])])
     results = evaluate_from_config(args)
     assert results["config"]["checker"] == "random"
+    # per-difficulty breakdown from a problems file's metadata: buckets partition the problems and average back
+    by = results["by_difficulty"]["4"]
+    assert list(by) == ["0", "1", "2"] and sum(v["problems"] for v in by.values()) == 16
+    overall = results["terminal"]["4"]["MSV_4"]["bon_accuracy"]["mean"]
+    assert sum(v["problems"] * v["MSV_4"]["bon_accuracy"] for v in by.values()) / 16 == pytest.approx(overall)
+    assert "## By level" in (tmp_path / "cli" / "report.md").read_text()
     assert results["costs"]["lm"]["4"]["decode_step_s"] == 0.5
     assert results["lambda_selection"] == {} and results["figures"] == []
     assert "MSV_4" in results["terminal"]["4"] and "Probe+WV" in results["streaming"]["4"]

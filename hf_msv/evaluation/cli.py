@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .config import EvaluateConfig
 from .early_stop import LatencyCosts
-from .study import evaluate_study
+from .study import difficulty_from_problems, evaluate_study
 from .verifiers import parse_verifier_specs
 
 __all__ = ["evaluate_from_config", "main"]
@@ -15,6 +15,11 @@ __all__ = ["evaluate_from_config", "main"]
 
 def evaluate_from_config(config: EvaluateConfig) -> dict:
     """Run `evaluate_study` with the settings of `config`; returns its results."""
+    difficulty = None
+    if config.difficulty_field:
+        from ..collect import load_problems
+
+        difficulty = difficulty_from_problems(load_problems(config.problems), config.difficulty_field)
     costs = None
     if config.decode_step_s is not None or config.elicit_s is not None:
         costs = LatencyCosts(config.decode_step_s or 0.0, config.elicit_s or 0.0)
@@ -26,7 +31,8 @@ def evaluate_from_config(config: EvaluateConfig) -> dict:
                           target_fraction=config.target_fraction, ltt_delta=config.ltt_delta,
                           figures=config.figures, title=config.title, report_name=config.report_name,
                           progress=config.progress, prm=config.prm, prm_kwargs=config.prm_kwargs,
-                          lm_tokenizer=config.lm_tokenizer)
+                          lm_tokenizer=config.lm_tokenizer, difficulty=difficulty,
+                          difficulty_name=config.difficulty_field or "difficulty")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -54,6 +54,12 @@ class EvaluateConfig:
     prm_dtype: str = field(default="auto", metadata={"help": "PRM weights dtype (auto, bfloat16, float32, ...)"})
     lm_tokenizer: Optional[str] = field(default=None, metadata={
         "help": "tokenizer decoding the chains of thought for the PRM (default: the LM named in the shards)"})
+    problems: Optional[str] = field(default=None, metadata={
+        "help": "the evaluation problems with their metadata, as hf-msv collect takes them "
+                "(testbed:<split>:<n>[:<seed>], a benchmark name, or a .jsonl file): for --difficulty-field"})
+    difficulty_field: Optional[str] = field(default=None, metadata={
+        "help": "break metrics down by this problem metadata field (e.g. ops: the testbed's reasoning steps; a list "
+                "counts as its length); needs --problems"})
     figures: bool = field(default=True, metadata={"help": "write PNG figures (--no-figures: none)"})
     title: str = field(default="MSV evaluation", metadata={"help": "report heading"})
     report_name: str = field(default="report", metadata={"help": "file stem of the report and figures"})
@@ -62,6 +68,8 @@ class EvaluateConfig:
     def __post_init__(self):
         if isinstance(self.checker_kwargs, str):
             json.loads(self.checker_kwargs)  # fail at parse time, not after the verifiers are loaded
+        if (self.problems is None) != (self.difficulty_field is None):
+            raise ValueError("--difficulty-field and --problems go together")
         if self.bootstrap < 0:
             raise ValueError(f"bootstrap must be ≥ 0, got {self.bootstrap}")
         if self.prm_batch_size < 1:

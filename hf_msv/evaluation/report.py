@@ -148,6 +148,23 @@ def _lambda_section(results: dict) -> list[str]:
     return out
 
 
+def _difficulty_section(results: dict) -> list[str]:
+    by = results.get("by_difficulty") or {}
+    if not by:
+        return []
+    name = results["config"].get("difficulty", "difficulty")
+    out = [f"## By {name}", "", f"Terminal answers, per value of {name}: best-of-N accuracy / Brier (mean over "
+                                "training seeds).", ""]
+    for n, levels in by.items():
+        values = list(levels)
+        methods = [m for m in levels[values[0]] if m != "problems"]
+        rows = [[m] + [f"{levels[v][m]['bon_accuracy']:.3f} / {levels[v][m]['brier']:.4f}" for v in values]
+                for m in methods]
+        out += [f"### N = {n}", "", markdown_table(["method"] + [f"{name} = {v} ({levels[v]['problems']} problems)"
+                                                                 for v in values], rows), ""]
+    return out
+
+
 def _costs_section(results: dict) -> list[str]:
     c = results["costs"]
     out = ["## Costs", "", f"LM costs ({c['source']}): " + ", ".join(
@@ -168,7 +185,7 @@ def _costs_section(results: dict) -> list[str]:
 def render_report(results: dict) -> str:
     """The markdown report of an `evaluate_study` results dict (as returned, or read back from its JSON)."""
     out = [f"# {results['title']}", ""] + _data_section(results) + _setting_sections(results)
-    out += _lambda_section(results) + _costs_section(results)
+    out += _lambda_section(results) + _difficulty_section(results) + _costs_section(results)
     if results.get("figures"):
         out += ["## Figures", ""]
         for f in results["figures"]:

@@ -64,6 +64,10 @@ Protocol
   (`select_lambda_ltt`, δ = ``ltt_delta``). Both report the accuracy, tokens and latency they achieve on the
   evaluation split.
 
+* **By difficulty** (with ``difficulty``: problem id -> a difficulty value, e.g. the testbed's reasoning steps, or
+  any problem metadata field via `difficulty_from_problems`): per N and value, the problems, and each method's
+  Brier (terminal answers) and best-of-N accuracy, mean over training seeds.
+
 Outputs in ``output_dir``: ``{report_name}.md`` (tables, every figure referenced), ``{report_name}.json`` (every
 number, per-seed values included; NaN → null) and PNG figures (reliability diagrams, best-of-N vs N, trade-off
 curves vs tokens and latency, Brier per token position).
@@ -115,7 +119,7 @@ from .report import render_report, write_figures
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
 from .verifiers import VerifierEntry, load_verifier_seeds
 
-__all__ = ["evaluate_study"]
+__all__ = ["evaluate_study", "difficulty_from_problems"]
 
 
 @dataclass
@@ -185,6 +189,8 @@ def evaluate_study(
     prm: PRMScorer | str | None = None,
     prm_kwargs: dict | None = None,
     lm_tokenizer=None,
+    difficulty: Mapping | None = None,
+    difficulty_name: str = "difficulty",
 ) -> dict:
     """Evaluate every baseline and verifier on the shards in `eval_dir` (protocol in the module docstring).
 
@@ -213,6 +219,8 @@ def evaluate_study(
             (after checking that the shards keep CoT token ids). None: no PRM.
         lm_tokenizer: decodes the chains of thought for the PRM (a tokenizer, path or Hub id); default: the LM
             tokenizer named in the shards' collection info.
+        difficulty, difficulty_name: problem id -> difficulty value (`difficulty_from_problems`), and what the
+            value is called in the report; problems without a value are left out of the breakdown.
     Returns the results dict also written to ``{output_dir}/{report_name}.json``.
     """
     from tqdm.auto import tqdm
@@ -266,8 +274,11 @@ def evaluate_study(
         "costs": {"source": cost_source, "lm": {}, "verifier_online_s_per_answer": {},
                   "verifier_offline_s_per_answer": {}, "prm": _prm_cost(split, val)},
         "methods": {}, "terminal": {}, "streaming": {}, "early_stop": {}, "lambda_selection": {},
-        "intervals": {}, "brier_by_position": {}, "figures": [],
+        "intervals": {}, "brier_by_position": {}, "by_difficulty": {}, "figures": [],
     }
+    if difficulty is not None:
+        results["config"]["difficulty"] = difficulty_name
+    levels = None if difficulty is None else [difficulty.get(p.problem_id) for p in split.problems]
     reliability, curves = {}, {}  # for the figures: N -> method -> pooled pairs; str(N) -> method -> mean curve
     bar = tqdm(total=len(ns) * len(studies), desc="evaluate", unit="seed", disable=not progress,
                dynamic_ncols=True)
@@ -281,6 +292,8 @@ def evaluate_study(
             _evaluate_draw(study, n, seed, acc)
             bar.update(1)
         _summarise_n(results, n, acc, edges, bootstrap)
+        if levels is not None:
+            results["by_difficulty"][str(n)] = _by_difficulty(acc, levels)
         reliability[n] = acc.reliability
         curves[str(n)] = {m: _mean_curve(c) for m, c in acc.curves.items()}
     bar.close()
@@ -457,6 +470,34 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
             {"target": target, "lambda": ltt.lam, "val_accuracy": ltt.val_accuracy, "val_tokens": ltt.val_tokens,
              "eval_accuracy": ltt.eval_accuracy, "eval_tokens": ltt.eval_tokens, "eval_latency": ltt.eval_latency,
              "certified": float(ltt.certified)})
+
+
+def _by_difficulty(acc: _PerN, levels: list) -> dict:
+    """{value: {"problems": count, method: {"brier", "bon_accuracy"}}} over the problems of each difficulty value
+    (terminal answers; mean over training seeds), values in sorted order."""
+    out = {}
+    known = sorted({v for v in levels if v is not None}, key=lambda v: (isinstance(v, str), v))
+    for value in known:
+        idx = np.array([lv == value for lv in levels])
+        row: dict = {"problems": int(idx.sum())}
+        for m, nums in acc.numbers["terminal"].items():
+            brier = np.mean([x.sq_err[idx].sum() / max(x.count[idx].sum(), 1) for x in nums])
+            row[m] = {"brier": float(brier), "bon_accuracy": float(np.mean([x.bon_y[idx].mean() for x in nums]))}
+        out[str(value)] = row
+    return out
+
+
+def difficulty_from_problems(problems, field_name: str) -> dict:
+    """problem id -> difficulty of `hf_msv.data.Problem`s: ``problem.meta[field_name]`` (a list counts as its
+    length, e.g. the testbed's ``ops``: its reasoning steps); problems without the field are left out."""
+    out = {}
+    for p in problems:
+        if field_name in p.meta:
+            v = p.meta[field_name]
+            out[p.id] = len(v) if isinstance(v, (list, tuple)) else v
+    if not out:
+        raise ValueError(f"no problem has the metadata field {field_name!r}")
+    return out
 
 
 def _summarise_rule(values: list[dict]) -> dict:

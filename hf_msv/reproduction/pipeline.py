@@ -294,8 +294,12 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
     """The main study (C1-C5): the main verifiers and every baseline on the evaluation split, each N, with figures
     and λ rules chosen on validation. Needs `train_main_verifiers` first; keeps the results in `ctx.main_results`."""
     cfg = ctx.config
+    from ..evaluation import difficulty_from_problems
+    from ..testbed import generate_problems
+
+    steps = difficulty_from_problems(generate_problems("evaluation", cfg.eval_problems, seed=0), "ops")
     ctx.main_results = ctx.evaluate(ctx.data / "eval", {k: ctx.specs(k) for k in ctx.verifiers}, cfg.num_sequences,
-                                    ctx.data / "val",
+                                    ctx.data / "val", difficulty=steps, difficulty_name="reasoning steps",
                                     title="Testbed reproduction: main study", report_name="main", subdir=False,
                                     figures=True, progress=progress)
     ctx.reports["main"] = f"{ctx.stem}-main.md"

@@ -60,6 +60,8 @@ def main_summary(res: dict, num_sequences) -> dict:
         # each baseline, and the early-stop comparisons on every axis against the single-sequence / all baselines
         if res.get("intervals", {}).get(k):
             out[k]["intervals"] = res["intervals"][k]
+        if res.get("by_difficulty", {}).get(k):
+            out[k]["by_difficulty"] = res["by_difficulty"][k]
         if "comparisons" in es:
             out[k]["early_stop_comparisons"] = es["comparisons"]
             out[k]["streaming"] = {m: {x: r[x] for x in (*out[k]["streaming"][m], "autc_steps_norm")}
