@@ -132,7 +132,7 @@ def _lambda_section(results: dict) -> list[str]:
     cfg = results["config"]
     target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the best full-decoding validation accuracy"
     out = ["## λ selection (validation rule and risk-controlled LTT)", "",
-           f"Target accuracy per N and seed: {target}; "
+           f"Target accuracy per N and training seed: {target}; "
            f"LTT with δ = {cfg['ltt_delta']} (binomial p-values, fixed-sequence testing). "
            "Accuracy / tokens / latency achieved on the evaluation split.", ""]
     fmt = lambda stat, digits=3: format_mean_std(stat or None, digits)  # noqa: E731

@@ -58,7 +58,8 @@ Protocol
   *measured* per verifier and N by scoring a few groups online (KV-cached MSV, one call per arrival time), i.e. the
   streaming cost, not the offline batched one; the PRM's is its measured (batched) scoring time per answer.
   Verifier-free methods cost 0.
-* **λ rules** (needs ``val_dir``): per N and seed, a common accuracy target (``target_accuracy``, default 0.95 × the
+* **λ rules** (needs ``val_dir``): per N and training seed, a common accuracy target (``target_accuracy``, default
+  0.95 × the
   best method's full-decoding validation accuracy) is met (1) *by validation*: the cheapest λ on the validation
   curve reaching it (`select_lambda_validation`), and (2) *risk-controlled* by Learn-then-Test
   (`select_lambda_ltt`, δ = ``ltt_delta``). Both report the accuracy, tokens and latency they achieve on the
@@ -124,7 +125,8 @@ __all__ = ["evaluate_study", "difficulty_from_problems"]
 
 @dataclass
 class _Study:
-    """What every (N, seed) draw of one study shares: the splits, verifiers and protocol settings."""
+    """What every N of one training seed shares: the splits (scored by that seed's verifiers), verifiers and
+    protocol settings."""
 
     split: SplitScores
     val: SplitScores | None
@@ -209,7 +211,7 @@ def evaluate_study(
         wv_threshold: R of streaming weighted voting (paper: 16).
         deepconf_window, deepconf_stat: DeepConf group window (tokens) and statistic.
         target_accuracy, target_fraction: λ-rule target: given, or target_fraction × the best method's
-            full-decoding accuracy on validation (per N and seed).
+            full-decoding accuracy on validation (per N and training seed).
         ltt_delta: LTT risk level δ. lambdas: the λ grid (must contain ∞ for AUTC's full-decoding bound).
         cost_groups: groups scored online to measure each streaming verifier's cost per answer.
         position_bins: bins of τ for Brier per token position.
@@ -446,7 +448,8 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
 
 
 def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: list[AnswerGroup]) -> None:
-    """Both λ rules of every streaming method on the same (N, seed) draw of validation, applied to `eval_groups`."""
+    """Both λ rules of every streaming method on the validation groups at N (same training seed), applied to
+    `eval_groups`."""
     vgroups = draw_scores(study.val, n, "streaming", study.wv_threshold, study.max_tokens,
                           dict(acc.plans[seed]["streaming"]), study.val).groups
     methods = _methods_in(eval_groups)

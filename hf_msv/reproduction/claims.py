@@ -24,7 +24,8 @@ from .config import ReproduceConfig
 from .paper import PAPER
 from .summary import best_bon_baseline, best_method, stat_mean
 
-__all__ = ["SINGLE_SEQUENCE", "VOTE_BASELINES", "compute_claims", "config_of", "make_claim", "main_claims", "checker_claims",
+__all__ = ["SINGLE_SEQUENCE", "VOTE_BASELINES", "compute_claims", "config_of", "make_claim", "main_claims",
+           "checker_claims",
            "mask_claims", "delimiter_claims", "grouping_claims", "training_size_claims"]
 
 # The single-sequence verifiers (and trace-confidence baselines) MSV_N must beat on calibration (C1, C4).
@@ -85,7 +86,8 @@ def _terminal_brier(main: dict, n: int) -> dict:
         + ("; needed ≥ 20 % lower)." if iv is None else
            f"; 95 % interval of the reduction {_ci(iv, transform=lambda x: 1 - x, digits=2)}, needed ≥ 0.20 "
            "throughout)."),
-        msv=ours, best_baseline=base, best_baseline_value=bb, reduction=red, **({} if iv is None else {"interval": iv}))
+        msv=ours, best_baseline=base, best_baseline_value=bb, reduction=red,
+        **({} if iv is None else {"interval": iv}))
 
 
 def _brier_vs_votes(main: dict, n: int) -> list[dict]:
@@ -126,7 +128,8 @@ def _best_of_n(main: dict, n: int) -> dict:
         f"{msv} best-of-{n} {ours:.3f} vs {base} {bb:.3f} ({100 * gain:+.1f} pp; "
         + ("needed ≥ +2 pp)." if iv is None else
            f"95 % interval {_ci(iv, 100, 1)} pp, needed ≥ +2 pp throughout)."),
-        msv=ours, best_baseline=base, best_baseline_value=bb, gain=gain, **({} if iv is None else {"interval": iv}))
+        msv=ours, best_baseline=base, best_baseline_value=bb, gain=gain,
+        **({} if iv is None else {"interval": iv}))
 
 
 def _early_stop(main: dict, n: int) -> dict:
