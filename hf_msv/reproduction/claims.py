@@ -286,14 +286,18 @@ def delimiter_claims(s: dict) -> list[dict]:
     """MSV_N has a larger AUTC (accuracy × tokens) than the Probe with every elicitation delimiter."""
     rows = s["delimiters"]["rows"]
     compared = {d: r for d, r in rows.items() if "MSV_N" in r and "Probe" in r}
-    ok = {d: stat_mean(r["MSV_N"]["autc_tokens"]) > stat_mean(r["Probe"]["autc_tokens"]) for d, r in compared.items()}
+    # the normalised AUTC over t* (the paper's axis) when every row has it; older runs: raw AUTC over summed tokens
+    key = "autc_steps_norm" if compared and all("autc_steps_norm" in r["MSV_N"] for r in compared.values()) \
+        else "autc_tokens"
+    ok = {d: stat_mean(r["MSV_N"][key]) > stat_mean(r["Probe"][key]) for d, r in compared.items()}
+    digits = 3 if key == "autc_steps_norm" else 1
     return [make_claim(
         "delimiters", f"MSV_{s['delimiters']['n']} has a larger AUTC than the Probe for every delimiter",
         "AIME N=16: holds for Wait, Alternatively, But and every 200 tokens",
         None if not ok else bool(all(ok.values())),
-        "; ".join(f"{d}: MSV_N {stat_mean(r['MSV_N']['autc_tokens']):.1f} vs Probe "
-                  f"{stat_mean(r['Probe']['autc_tokens']):.1f}" for d, r in compared.items())
-        + " (AUTC, accuracy × tokens).")]
+        "; ".join(f"{d}: MSV_N {stat_mean(r['MSV_N'][key]):.{digits}f} vs Probe "
+                  f"{stat_mean(r['Probe'][key]):.{digits}f}" for d, r in compared.items())
+        + (" (normalised AUTC over t*)." if key == "autc_steps_norm" else " (AUTC, accuracy × tokens)."))]
 
 
 def grouping_claims(s: dict) -> list[dict]:

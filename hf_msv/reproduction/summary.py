@@ -72,11 +72,13 @@ def main_summary(res: dict, num_sequences) -> dict:
 
 
 def autc_row(res: dict, n: int, methods) -> dict:
-    """Streaming AUTC over tokens (raw and normalised) of `methods` at `n`; the multi-sequence MSV is "MSV_N"."""
+    """Streaming AUTC over tokens (raw and normalised) and over t* (normalised, when the results have it) of
+    `methods` at `n`; the multi-sequence MSV is "MSV_N"."""
     stream = res["streaming"][str(n)]
-    return {("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {
-        "autc_tokens": stream[m]["autc_tokens"], "autc_tokens_norm": stream[m]["autc_tokens_norm"]}
-        for m in methods if m in stream}
+    keys = ("autc_tokens", "autc_tokens_norm", "autc_steps_norm")   # t* only in results of the seed protocol
+    return {("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {k: stream[m][k] for k in keys
+                                                                        if k in stream[m]}
+            for m in methods if m in stream}
 
 
 def grouping_summary(res: dict, grouping_ns, grouping_m: int) -> dict:
