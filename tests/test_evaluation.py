@@ -473,3 +473,30 @@ def test_claims_from_an_evaluation_with_intervals(study):
     assert held("early_stop_N8") is False
     comp["interval"]["high"] = 0.39
     assert held("early_stop_N8") is True
+
+
+def test_testbed_report_renders_a_summary_of_the_training_seed_protocol(study):
+    """`render_testbed` and `compute_claims` on a main study evaluated with training seeds and intervals (the
+    committed testbed.json predates them): every claim's sentence is in the report, with both early-stop verdicts,
+    the protocol line and the reuse lines."""
+    from pathlib import Path
+
+    from hf_msv.reproduction import compute_claims, render_testbed
+    from hf_msv.reproduction.summary import main_summary
+    from hf_msv.utils import json_safe
+
+    committed = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "testbed.json").read_text())
+    s = {k: v for k, v in committed.items() if k not in ("checkers", "masks", "delimiters", "grouping",
+                                                         "training_size")}
+    config = {k: v for k, v in committed["config"].items() if k != "seeds"}
+    s |= {"studies": ["main"], "config": config | {"num_sequences": NS, "training_seeds": SEEDS},
+          "main": json_safe(main_summary(study["results"], NS)),
+          "reuse": {"reused": ["verifier probe-terminal (same settings, data and code)"],
+                    "redone": ["verifier msv4-terminal (changed: code)"]}}
+    s["claims"] = json_safe(compute_claims(s))
+    text = render_testbed(s)
+    assert {"early_stop_N8", "early_stop_all_N8"} <= {c["id"] for c in s["claims"]}
+    for c in s["claims"]:
+        assert c["sentence"] in text, c["id"]
+    assert "fixed partition" in text and "t* fraction" in text and "single-sequence" in text
+    assert "msv4-terminal (changed: code)" in text
