@@ -69,5 +69,7 @@ def test_code_version_and_data_fingerprint_follow_the_files(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "shard-0.safetensors").write_bytes(b"abc")
     f1 = data_fingerprint(tmp_path / "d")
+    (tmp_path / "d" / "reuse_key.json").write_text('{"git_commit": "x"}')   # not data: ignored
+    assert data_fingerprint(tmp_path / "d") == f1
     (tmp_path / "d" / "shard-0.safetensors").write_bytes(b"abd")
     assert data_fingerprint(tmp_path / "d") != f1

@@ -6,8 +6,9 @@ a version of the code that produced it — equals the current one.
   for verifiers, `COLLECTION_CODE` for shards), plus the package version; the git commit, when the package lives
   in a git checkout, is recorded beside it for the reader but not compared (a commit that only touches the docs
   must not invalidate anything).
-* **Data fingerprint** (verifiers): SHA-256 over the names and contents of the training and validation shard files
-  (cached per file by size and modification time, so a run hashes each shard once).
+* **Data fingerprint** (verifiers; shards: the testbed LM's weights): SHA-256 over the names and contents of the
+  shard files and collection settings (cached per file by size and modification time, so a run hashes each shard
+  once).
 
 A key is stored as ``reuse_key.json`` in the artefact's directory. `ReuseLog` records every decision for the
 report (what was reused, what was redone and why).
@@ -68,13 +69,14 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def data_fingerprint(*dirs) -> str:
-    """SHA-256 (16 hex digits) over the shard files (``*.safetensors``, ``*.json``) of `dirs` (directories, files,
-    or lists of them): names relative to their directory and contents."""
+    """SHA-256 (16 hex digits) over the shard files of `dirs` (directories, files, or lists of them): the names and
+    contents of a directory's top-level ``*.safetensors`` and its ``collect_config.json`` (not the index files, the
+    spool or the reuse key, which change without the data changing)."""
     h = hashlib.sha256()
     for d in dirs:
         for one in (d if isinstance(d, (list, tuple)) else [d]):
             one = Path(one)
-            files = sorted(f for f in one.rglob("*") if f.suffix in (".safetensors", ".json")) if one.is_dir() \
+            files = sorted([*one.glob("*.safetensors"), *one.glob("collect_config.json")]) if one.is_dir() \
                 else [one]
             for f in files:
                 st = f.stat()
