@@ -7,6 +7,9 @@ All functions score the answers of ONE group (one problem, N sequences); arrays 
 * `token_prob_score` — geometric mean of the answer-token probabilities (Token-Probs).
 * `token_confidence`, `deepconf_confidence`, `deepconf_streaming` — DeepConf's trace confidence
   (Fu et al., 2025, "Deep Think with Confidence", arXiv:2508.15260); `fit_platt`/`platt` map it to [0, 1].
+* `latest_answer_vote` — the streaming vote over each sequence's *latest available* answer (γ without a verifier).
+* `fit_logistic` / `logistic` — logistic regression on a few features: calibrated self-consistency (Platt on the
+  vote share) and the stacked baseline (vote share and a Probe logit).
 * `best_of_n` — argmax selection with deterministic ties.
 """
 
@@ -18,7 +21,8 @@ import numpy as np
 
 __all__ = [
     "best_of_n", "self_consistency", "weighted_voting", "streaming_weighted_voting", "token_prob_score",
-    "token_confidence", "deepconf_confidence", "deepconf_streaming", "fit_platt", "platt",
+    "token_confidence", "deepconf_confidence", "deepconf_streaming", "fit_platt", "platt", "latest_answer_vote",
+    "fit_logistic", "logistic", "logit",
 ]
 
 
@@ -191,3 +195,61 @@ def fit_platt(raw, labels) -> tuple[float, float]:
 def platt(raw, a: float, b: float) -> np.ndarray:
     """σ(a·raw + b): map raw confidences (e.g. DeepConf C_least) to probabilities in (0, 1)."""
     return 1.0 / (1.0 + np.exp(-(a * np.asarray(raw, dtype=np.float64) + b)))
+
+
+def latest_answer_vote(klass, sequence, step, end) -> np.ndarray:
+    """(A,) streaming vote share of each answer a at its availability time t = end_a: among the sequences with an
+    answer available at t (end_b ≤ t), the share whose latest available answer (largest step) is in a's class.
+
+    Each sequence votes once, with the answer it currently stands by, so superseded answers do not count (unlike
+    `streaming_weighted_voting`, which pools every earlier answer). This is the agreement feature γ that
+    `hf_msv.modeling_msv.compute_gamma` feeds the MSV (same tie rule: within a sequence the largest step wins), here
+    as a baseline. In a group of terminal answers only, it is self-consistency's vote share. O(A²).
+
+    Args: all (A,): equivalence class, sequence index, answer step within its sequence, end time τ + L.
+    """
+    inv, _ = _inverse(klass)
+    seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
+    k = np.asarray(step, dtype=np.int64).reshape(-1)
+    e = np.asarray(end, dtype=np.int64).reshape(-1)
+    if inv.size == 0:
+        return np.zeros(0)
+    avail = e[None, :] <= e[:, None]                       # (A, A): at a's time (row) answer b (column) is out
+    order = np.argsort(seq, kind="stable")
+    seqs, first, col_slot = np.unique(seq[order], return_index=True, return_inverse=True)
+    slot = np.empty_like(seq)
+    slot[order] = col_slot                                  # (A,) column of each answer's sequence in `latest`
+    key = np.where(avail, k[None, :], -1)[:, order]         # (A, A) steps of the available answers, by sequence
+    latest = np.maximum.reduceat(key, first, axis=1)        # (A, S'): latest available step per sequence (-1: none)
+    is_latest = avail & (k[None, :] == latest[:, slot])     # (A, A): b is its sequence's latest answer at a's time
+    agree = (is_latest & (inv[None, :] == inv[:, None])).sum(1)
+    return agree / np.maximum((latest >= 0).sum(1), 1)
+
+
+def logit(p, eps: float = 1e-6) -> np.ndarray:
+    """log(p / (1 − p)) of probabilities clipped to [eps, 1 − eps]."""
+    q = np.clip(np.asarray(p, dtype=np.float64), eps, 1 - eps)
+    return np.log(q) - np.log1p(-q)
+
+
+def fit_logistic(features, labels) -> tuple[np.ndarray, float]:
+    """(coef (F,), intercept) of an (almost) unregularised logistic regression of 0/1 `labels` (m,) on
+    `features` (m, F): Platt scaling when F = 1, the stacked baseline when F = 2. One class only: zero weights and
+    the base rate (clipped) as intercept."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(features, dtype=np.float64)
+    x = x.reshape(len(x), -1)
+    y = np.asarray(labels, dtype=bool).reshape(-1)
+    if y.all() or not y.any():
+        q = np.clip(y.mean() if y.size else 0.5, 1e-3, 1 - 1e-3)
+        return np.zeros(x.shape[1]), float(np.log(q / (1 - q)))
+    lr = LogisticRegression(C=1e6, max_iter=1000).fit(x, y)
+    return lr.coef_[0].astype(np.float64), float(lr.intercept_[0])
+
+
+def logistic(features, coef, intercept: float) -> np.ndarray:
+    """(m,) σ(features @ coef + intercept) of `features` (m, F)."""
+    x = np.asarray(features, dtype=np.float64)
+    x = x.reshape(len(x), -1)
+    return 1.0 / (1.0 + np.exp(-(x @ np.asarray(coef, dtype=np.float64) + intercept)))

@@ -1,7 +1,8 @@
 """Calibration and best-of-N metrics on plain numpy arrays and `AnswerGroup`s.
 
 Definitions follow the paper's appendix "Details on metrics": AUROC, Brier, NLL, ECE (J=10 equal-width bins),
-best-of-N accuracy, and best-of-N ECE / Brier over the (p†, y†) pairs of the answers a verifier picks.
+best-of-N accuracy, and best-of-N ECE / Brier over the (p†, y†) pairs of the answers a verifier picks; and the
+paired bootstrap over problems that turns a comparison of two methods into a 95 % interval.
 
 `AnswerGroup` lives in `hf_msv.data.groups` with the functions that build it; it is re-exported here because the
 metrics read it. `hf_msv.baselines` stays array-only.
@@ -23,6 +24,7 @@ from .data.groups import AnswerGroup
 __all__ = [
     "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
     "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "seed_stat", "format_mean_std",
+    "bootstrap_interval", "paired_bootstrap",
 ]
 
 
@@ -176,3 +178,57 @@ def format_mean_std(values, digits: int = 3) -> str:
         return "—" if math.isnan(values) else f"{values:.{digits}f}"
     m, s = mean_std(values)
     return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def bootstrap_interval(statistic, num_problems: int, n_boot: int = 2000, confidence: float = 0.95,
+                       seed: int = 0) -> dict:
+    """Percentile bootstrap over problems: ``{"estimate", "low", "high", "n_boot"}`` of ``statistic(idx)``.
+
+    ``statistic`` maps an index array (P,) of problems (drawn with replacement; ``arange(P)`` for the estimate) to a
+    float; a comparison of two methods computes both on the *same* resampled problems, which makes it paired.
+    Non-finite resamples (e.g. a fraction that is ∞ when one method never reaches a target) count as +∞ in the
+    percentiles, so an interval may be unbounded above.
+    """
+    if num_problems < 1:
+        raise ValueError("the bootstrap needs at least one problem")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    rng = np.random.default_rng(seed)
+    est = float(statistic(np.arange(num_problems)))
+    draws = np.array([statistic(rng.integers(0, num_problems, num_problems)) for _ in range(n_boot)], dtype=float)
+    draws = np.where(np.isnan(draws), np.inf, draws)
+    alpha = (1 - confidence) / 2
+    # order statistics, no interpolation (which would subtract ∞ from ∞); the interval is the slightly wider one
+    low, high = ((np.quantile(draws, alpha, method="lower"), np.quantile(draws, 1 - alpha, method="higher"))
+                 if n_boot else (math.nan, math.nan))
+    return {"estimate": est, "low": float(low), "high": float(high), "n_boot": int(n_boot)}
+
+
+def paired_bootstrap(a, b, weights=None, statistic: str = "difference", n_boot: int = 2000,
+                     confidence: float = 0.95, seed: int = 0) -> dict:
+    """Paired bootstrap interval over problems of method A against method B (`bootstrap_interval`).
+
+    Args:
+        a, b: (P,) per-problem values of the two methods on the same problems and groups (e.g. a problem's mean
+            Brier over its answers, or its best-of-N accuracy over its groups).
+        weights: (P,) per-problem weights (e.g. answers per problem, so the mean is the pooled mean over answers);
+            default 1.
+        statistic: "difference" (mean_A − mean_B) or "ratio" (mean_A / mean_B), means weighted by `weights`.
+    Returns ``{"estimate", "low", "high", "n_boot"}``; e.g. A's Brier is lower at 95 % when ``high < 0``.
+    """
+    a = np.asarray(a, dtype=np.float64).reshape(-1)
+    b = np.asarray(b, dtype=np.float64).reshape(-1)
+    w = np.ones_like(a) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if not (a.shape == b.shape == w.shape):
+        raise ValueError(f"need one value per problem for both methods: {a.shape}, {b.shape}, weights {w.shape}")
+    if statistic not in ("difference", "ratio"):
+        raise ValueError(f"statistic must be 'difference' or 'ratio', not {statistic!r}")
+
+    def stat(idx):
+        ww = w[idx]
+        ma, mb = (a[idx] * ww).sum() / ww.sum(), (b[idx] * ww).sum() / ww.sum()
+        if statistic == "difference":
+            return ma - mb
+        return ma / mb if mb != 0 else math.inf
+
+    return bootstrap_interval(stat, a.size, n_boot, confidence, seed)

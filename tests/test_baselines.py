@@ -79,3 +79,73 @@ def test_platt_fit_is_monotone_probability():
     p = platt(raw, a, b)
     assert np.all((p > 0) & (p < 1))
     assert abs(p.mean() - y.mean()) < 0.02   # logistic regression matches the base rate
+
+
+def test_latest_answer_vote_uses_each_sequences_latest_available_answer():
+    from hf_msv.baselines import latest_answer_vote
+    # sequence 0 answers class 0 (available at 5), then class 1 (at 20); sequence 1 class 1 (at 10);
+    # sequence 2 class 0 (at 30). Sequence 0's first answer stops counting once its second is available.
+    klass, seq, step, end = [0, 1, 1, 0], [0, 1, 0, 2], [0, 0, 1, 0], [5, 10, 20, 30]
+    np.testing.assert_allclose(latest_answer_vote(klass, seq, step, end), [1.0, 0.5, 1.0, 1 / 3])
+    # streaming weighted voting with equal scores would still count the superseded class-0 answer at t = 20
+    assert streaming_weighted_voting(np.ones(4), klass, end, R=0)[2] == pytest.approx(2 / 3)
+    # availability is the end time: at t = 12 sequence 0's step 0 (a long answer, available at 50) is not out yet,
+    # so its step 1 votes; at t = 50 both are out and step 1 (the latest) still votes, against a0's class
+    v = latest_answer_vote([0, 1, 1], [0, 0, 1], [0, 1, 0], [50, 12, 12])
+    np.testing.assert_allclose(v, [0.0, 1.0, 1.0])
+    # a group of terminal answers: the vote share of self-consistency
+    rng = np.random.default_rng(0)
+    k = rng.integers(0, 3, 9)
+    np.testing.assert_allclose(latest_answer_vote(k, np.arange(9), np.zeros(9), np.zeros(9)), self_consistency(k))
+
+
+def test_latest_answer_vote_matches_the_msv_gamma():
+    import torch
+
+    from hf_msv.baselines import latest_answer_vote
+    from hf_msv.modeling_msv import compute_gamma
+
+    rng = np.random.default_rng(1)
+    seq = np.repeat(np.arange(6), 3)
+    step = np.tile(np.arange(3), 6)
+    end = np.sort(rng.integers(0, 60, (6, 3)), axis=1).ravel() + rng.integers(0, 3, 18)
+    klass = rng.integers(0, 3, 18)
+    t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.long)  # noqa: E731
+    gamma = compute_gamma(t(np.zeros(18)), t(seq), t(step), t(end), t(klass), streaming=True).numpy()
+    np.testing.assert_allclose(latest_answer_vote(klass, seq, step, end), gamma, rtol=1e-6)
+
+
+def test_calibrated_self_consistency_beats_raw_brier_on_miscalibrated_votes():
+    """Vote shares that overstate correctness (true P(correct) = share²): Platt scaling fitted on one half
+    lowers the Brier score on the other half."""
+    from hf_msv.metrics import brier
+
+    rng = np.random.default_rng(0)
+    share = rng.uniform(0.05, 1.0, 4000)
+    y = rng.random(4000) < share ** 2
+    fit, test = slice(0, 2000), slice(2000, None)
+    a, b = fit_platt(share[fit], y[fit])
+    calibrated = platt(share[test], a, b)
+    assert brier(calibrated, y[test]) < brier(share[test], y[test]) - 0.01
+
+
+def test_stacked_baseline_fits_and_scores():
+    """Logistic regression on [vote share, Probe logit]: both features carry signal, so the stack beats each alone."""
+    from hf_msv.baselines import fit_logistic, logistic, logit
+    from hf_msv.metrics import brier
+
+    rng = np.random.default_rng(0)
+    m = 6000
+    z_vote, z_probe = rng.normal(size=m), rng.normal(size=m)
+    y = rng.random(m) < 1 / (1 + np.exp(-(1.5 * z_vote + 1.5 * z_probe)))
+    vote, probe = 1 / (1 + np.exp(-z_vote)), 1 / (1 + np.exp(-z_probe))
+    features = np.stack([vote, logit(probe)], axis=1)
+    coef, intercept = fit_logistic(features[:3000], y[:3000])
+    assert coef.shape == (2,) and (coef > 0).all()
+    p = logistic(features[3000:], coef, intercept)
+    assert p.shape == (3000,) and ((p > 0) & (p < 1)).all()
+    for one in (vote, probe):
+        a, b = fit_platt(one[:3000], y[:3000])
+        assert brier(p, y[3000:]) < brier(platt(one[3000:], a, b), y[3000:])
+    coef0, icpt0 = fit_logistic(features[:10], np.ones(10))   # one class: the base rate, no weights
+    assert (coef0 == 0).all() and logistic(features[:2], coef0, icpt0) == pytest.approx(0.999)

@@ -22,6 +22,7 @@ from hf_msv.evaluation import (
     draw_sequences,
     evaluate_from_config,
     evaluate_study,
+    evaluation_groups,
     lm_costs_from_info,
     load_split,
     load_verifier,
@@ -37,7 +38,7 @@ from hf_msv.training import MSVTrainingConfig, train_verifier
 
 D = 16
 NS = [1, 4, 8]
-SEEDS = 2
+SEEDS = 2  # training seeds of MSV_4 (the other verifiers have one checkpoint, shared by both)
 WV_R = 4
 
 
@@ -104,10 +105,18 @@ def study(tmp_path_factory):
             kind=kind, num_sequences=n, mode=mode, batch_size=8, num_epochs=1, learning_rate=3e-3,
             probe_learning_rate=1e-2, intermediate_size=32, probe_hidden_size=32, progress=False))
         verifiers.setdefault(name, {})[mode] = str(out)
+    seed1 = {}
+    for mode in ("streaming", "terminal"):   # a second training seed of MSV_4
+        seed1[mode] = str(root / f"MSV_4-{mode}-seed1")
+        train_verifier(train, val, seed1[mode], MSVTrainingConfig(
+            kind="msv", num_sequences=4, mode=mode, batch_size=8, num_epochs=1, learning_rate=3e-3,
+            intermediate_size=32, progress=False, seed=1))
     out = root / "report"
-    results = evaluate_study(ev, verifiers, out, NS, seeds=SEEDS, val_dir=val, wv_threshold=WV_R,
-                             lm_costs=LatencyCosts(0.01, 0.002), deepconf_window=8, progress=False)
-    return {"root": root, "eval": ev, "val": val, "verifiers": verifiers, "out": out, "results": results}
+    results = evaluate_study(ev, dict(verifiers, MSV_4=[verifiers["MSV_4"], seed1]), out, NS, val_dir=val,
+                             wv_threshold=WV_R, lm_costs=LatencyCosts(0.01, 0.002), deepconf_window=8,
+                             progress=False, bootstrap=200)
+    return {"root": root, "eval": ev, "val": val, "verifiers": verifiers, "seed1": seed1, "out": out,
+            "results": results}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -176,10 +185,10 @@ def test_json_keys_methods_and_ranges(study):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _groups(problems, n, seed, setting, scores=None):
-    seqs = [draw_sequences(p.num_sequences, n, seed, i) for i, p in enumerate(problems)]
-    return [answer_group(p, s, setting, None if scores is None else {k: v[i] for k, v in scores.items()})
-            for i, (p, s) in enumerate(zip(problems, seqs))]
+def _groups(problems, n, setting, scores=None):
+    """Every evaluation group at N (the fixed partition, problem-major), as `evaluate_study` builds them."""
+    return [answer_group(p, seqs, setting, None if scores is None else {k: v[i] for k, v in scores.items()})
+            for i, p in enumerate(problems) for seqs in evaluation_groups(8, n, i)]
 
 
 def _close(a, b):
@@ -196,8 +205,8 @@ def test_self_consistency_and_weighted_voting_match_baselines(study):
     probe_stream, _, _ = score_problems(probe_s, problems, mode="streaming")
     r = study["results"]
     for n in (4, 8):
-        for seed in range(SEEDS):
-            groups = _groups(problems, n, seed, "terminal", {"probe": probe_term})
+        for seed in range(SEEDS):   # the Probe is shared by both training seeds: equal values
+            groups = _groups(problems, n, "terminal", {"probe": probe_term})
             sc = [self_consistency(g.klass, g.is_terminal) for g in groups]
             wv = [weighted_voting(g.scores["probe"], g.klass, g.is_terminal) for g in groups]
             y = np.concatenate([g.correct for g in groups])
@@ -211,7 +220,7 @@ def test_self_consistency_and_weighted_voting_match_baselines(study):
                         assert _close(got[k]["values"][seed], v), (n, seed, name, k)
                     for k, v in bon.items():
                         assert _close(got[f"bon_{k}"]["values"][seed], v), (n, seed, name, k)
-            sgroups = _groups(problems, n, seed, "streaming", {"probe": probe_stream})
+            sgroups = _groups(problems, n, "streaming", {"probe": probe_stream})
             swv = [streaming_weighted_voting(g.scores["probe"], g.klass, g.end, R=WV_R) for g in sgroups]
             direct = calibration_metrics(np.concatenate(swv), np.concatenate([g.correct for g in sgroups]))
             for k, v in direct.items():
@@ -222,17 +231,15 @@ def test_early_stop_curves_match_replay(study):
     problems, _ = load_split(study["eval"])
     costs = LatencyCosts(0.01, 0.002)
     r = study["results"]
-    curves = []
-    for seed in range(SEEDS):
-        groups = _groups(problems, 4, seed, "streaming")
-        scores = [np.clip(np.nan_to_num(token_prob_scores(p), nan=0.5), 0, 1)[select_answers(p, s, "streaming")[0]]
-                  for p, s in zip(problems, [draw_sequences(p.num_sequences, 4, seed, i)
-                                             for i, p in enumerate(problems)])]
-        curves.append(tradeoff_curve(groups, scores, costs=costs))
+    groups = _groups(problems, 4, "streaming")
+    scores = [np.clip(np.nan_to_num(token_prob_scores(p), nan=0.5), 0, 1)[select_answers(p, s, "streaming")[0]]
+              for i, p in enumerate(problems) for s in evaluation_groups(8, 4, i)]
+    curve = tradeoff_curve(groups, scores, costs=costs)
     got = r["early_stop"]["4"]["curves"]["Token Probs"]
-    np.testing.assert_allclose(got["accuracy"], np.mean([c.accuracy for c in curves], axis=0))
-    np.testing.assert_allclose(got["tokens"], np.mean([c.tokens for c in curves], axis=0))
-    np.testing.assert_allclose(got["latency"], np.mean([c.latency for c in curves], axis=0))
+    np.testing.assert_allclose(got["accuracy"], curve.accuracy)
+    np.testing.assert_allclose(got["tokens"], curve.tokens)
+    np.testing.assert_allclose(got["steps"], curve.steps)
+    np.testing.assert_allclose(got["latency"], curve.latency)
     assert got["lambdas"][-1] is None  # ∞: full decoding
 
 
@@ -255,6 +262,16 @@ def test_msv_scores_match_the_training_collate_path(study):
                             batch["answer_step"].tolist()))
         order = [keys_got.index(k) for k in keys_exp]
         np.testing.assert_allclose(got[order], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_groups_are_a_fixed_partition():
+    groups = evaluation_groups(64, 16, 5)
+    assert len(groups) == 4 and all(len(g) == 16 for g in groups)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(64))
+    assert all(np.array_equal(a, b) for a, b in zip(groups, evaluation_groups(64, 16, 5)))
+    assert len(evaluation_groups(10, 4, 0)) == 2   # ⌊S/N⌋ groups, the rest unused
+    with pytest.raises(ValueError):
+        evaluation_groups(4, 8, 0)
 
 
 def test_draw_sequences_are_seeded_subsets():
@@ -280,16 +297,26 @@ def test_measure_verifier_cost_and_costs_from_info(study):
 
 
 def test_cli_and_checker_rederivation(study, tmp_path):
+    problems_file = tmp_path / "problems.jsonl"
+    problems_file.write_text("".join(json.dumps({"id": f"eval/{i}", "question": "q", "gold": "1",
+                                                 "meta": {"level": i % 3}}) + "\n" for i in range(16)))
     parser = HfArgumentParser(EvaluateConfig)
     specs = [f"Probe={study['verifiers']['Probe']['terminal']}", f"Probe={study['verifiers']['Probe']['streaming']}",
              f"MSV_4={study['verifiers']['MSV_4']['streaming']}"]
     assert set(parse_verifier_specs(specs)["Probe"]) == {"terminal", "streaming"}
     (args,) = parser.parse_args_into_dataclasses([
-        "--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "cli"), "--num-sequences", "4", "--seeds", "1",
+        "--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "cli"), "--num-sequences", "4", "--bootstrap", "20",
         "--no-figures", "--no-progress", "--checker", "random", "--decode-step-s", "0.5",
+        "--problems", str(problems_file), "--difficulty-field", "level",
         *sum((["--verifier", s] for s in specs), [])])
     results = evaluate_from_config(args)
     assert results["config"]["checker"] == "random"
+    # per-difficulty breakdown from a problems file's metadata: buckets partition the problems and average back
+    by = results["by_difficulty"]["4"]
+    assert list(by) == ["0", "1", "2"] and sum(v["problems"] for v in by.values()) == 16
+    overall = results["terminal"]["4"]["MSV_4"]["bon_accuracy"]["mean"]
+    assert sum(v["problems"] * v["MSV_4"]["bon_accuracy"] for v in by.values()) / 16 == pytest.approx(overall)
+    assert "## By level" in (tmp_path / "cli" / "report.md").read_text()
     assert results["costs"]["lm"]["4"]["decode_step_s"] == 0.5
     assert results["lambda_selection"] == {} and results["figures"] == []
     assert "MSV_4" in results["terminal"]["4"] and "Probe+WV" in results["streaming"]["4"]
@@ -346,8 +373,130 @@ def test_main_builds_flags_from_the_config(study, tmp_path, capsys):
     from hf_msv.evaluation import main
 
     results = main(["--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "main"), "--num-sequences", "1",
-                    "--seeds", "1", "--no-figures", "--no-progress", "--verifier",
+                    "--bootstrap", "0", "--no-figures", "--no-progress", "--verifier",
                     f"Probe={study['verifiers']['Probe']['terminal']}", "--checker-kwargs", "{}"])
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["report"].endswith("main/report.md") and (tmp_path / "main" / "report.md").exists()
     assert results["config"]["num_sequences_list"] == [1] and "Probe" in results["terminal"]["1"]
+
+
+def test_training_seeds_new_baselines_and_intervals(study):
+    r = study["results"]
+    assert r["config"]["training_seeds"] == SEEDS and r["config"]["stacked_probe"] == "Probe"
+    for n in (4, 8):
+        term, stream = r["terminal"][str(n)], r["streaming"][str(n)]
+        assert {"Self-consistency (calibrated)", "Stacked (vote + Probe)"} <= set(term)
+        assert {"Latest-answer vote", "Latest-answer vote (calibrated)", "Stacked (vote + Probe)"} <= set(stream)
+        msv = r["methods"][str(n)]["msv"]
+        # MSV_4 has two training seeds: its values differ; the Probe's (one checkpoint) do not
+        assert len(set(term[msv]["brier"]["values"])) == 2
+        assert len(set(term["Probe"]["brier"]["values"])) == 1 and term["Probe"]["brier"]["std"] == 0
+        # intervals: MSV − every other method, the estimate equals the seed-mean difference of pooled Brier
+        iv = r["intervals"][str(n)]["terminal"]
+        assert set(iv) == set(term) - {msv}
+        est = iv["Probe"]["brier"]
+        assert est["estimate"] == pytest.approx(term[msv]["brier"]["mean"] - term["Probe"]["brier"]["mean"])
+        assert est["low"] <= est["estimate"] <= est["high"]
+        assert iv["Self-consistency"]["bon_accuracy"]["estimate"] == pytest.approx(
+            term[msv]["bon_accuracy"]["mean"] - term["Self-consistency"]["bon_accuracy"]["mean"])
+        es = r["early_stop"][str(n)]["comparisons"]
+        assert es["single_sequence"]["baseline"] in r["methods"][str(n)]["single_sequence"]
+        assert es["all"]["baseline_peak_accuracy"] >= es["single_sequence"]["baseline_peak_accuracy"]
+        for comp in es.values():
+            for axis in ("steps", "tokens", "latency"):
+                assert len(comp[axis]["per_seed"]) == SEEDS and comp[axis]["interval"]["n_boot"] == 200
+        for metrics in stream.values():
+            assert 0 <= metrics["autc_steps_norm"]["mean"] <= 1
+    # calibrated SC on the same groups is Platt-scaled SC: same ranking (AUROC) whatever the fitted slope sign
+    t4 = r["terminal"]["4"]
+    assert t4["Self-consistency (calibrated)"]["auroc"]["mean"] == pytest.approx(
+        t4["Self-consistency"]["auroc"]["mean"]) or t4["Self-consistency (calibrated)"]["auroc"]["mean"] == \
+        pytest.approx(1 - t4["Self-consistency"]["auroc"]["mean"])
+    md = (study["out"] / "report.md").read_text()
+    assert "the best single-sequence baseline (the paper's comparison)" in md and "Δ Brier" in md
+
+
+def test_verifier_specs_with_training_seeds(study):
+    v, s1 = study["verifiers"]["MSV_4"], study["seed1"]
+    specs = [f"MSV_4={v['terminal']}", f"MSV_4={v['streaming']}", f"MSV_4={s1['streaming']}",
+             f"MSV_4={s1['terminal']}"]
+    assert parse_verifier_specs(specs) == {"MSV_4": [v, s1]}
+    from hf_msv.evaluation import load_verifier_seeds
+
+    seeds = load_verifier_seeds({"MSV_4": [v, s1], "Probe": study["verifiers"]["Probe"]})
+    assert len(seeds) == 2 and seeds[0][1] is seeds[1][1]            # the single Probe is shared
+    assert seeds[0][0].models["streaming"] is not seeds[1][0].models["streaming"]
+    with pytest.raises(ValueError, match="same number"):
+        load_verifier_seeds({"MSV_4": [v, s1], "Probe": [study["verifiers"]["Probe"]] * 3})
+
+
+def test_stacked_baseline_without_a_probe_uses_a_linear_probe(study, tmp_path):
+    res = evaluate_study(study["eval"], {"MSV_4": study["verifiers"]["MSV_4"]}, tmp_path, [4], bootstrap=0,
+                         figures=False, progress=False, lm_costs=LatencyCosts(0.01, 0.002), deepconf_window=8)
+    assert res["config"]["stacked_probe"] == "linear probe on mean-pooled answer states, fitted on eval (2-fold " \
+                                              "cross-fit)"
+    for setting in ("terminal", "streaming"):
+        stacked = res[setting]["4"]["Stacked (vote + Probe)"]
+        assert 0 <= stacked["brier"]["mean"] <= 1 and "linear probe" not in res[setting]["4"]
+    # the hidden states carry correctness, so the stack beats the raw vote
+    term = res["terminal"]["4"]
+    assert term["Stacked (vote + Probe)"]["auroc"]["mean"] > term["Self-consistency"]["auroc"]["mean"]
+    assert res["intervals"] == {} and res["early_stop"]["4"]["comparisons"]["all"]["steps"]["interval"] is None
+
+
+def test_claims_from_an_evaluation_with_intervals(study):
+    """The reproduction's claims on `evaluate_study` results: verdicts need the whole interval to clear the target."""
+    from hf_msv.reproduction import ReproduceConfig
+    from hf_msv.reproduction.claims import main_claims
+    from hf_msv.reproduction.summary import main_summary
+
+    s = {"main": main_summary(study["results"], NS)}
+    claims = {c["id"]: c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))}
+    assert {"terminal_brier_N8", "terminal_brier_vs_votes_N8", "best_of_8", "early_stop_N8", "early_stop_all_N8",
+            "streaming_brier_N4", "bon_ece_N8"} <= set(claims)
+    assert "t*" in claims["early_stop_N8"]["sentence"] and "95 % interval" in claims["terminal_brier_N8"]["sentence"]
+    r = s["main"]["8"]
+    base = claims["terminal_brier_N8"]["numbers"]["best_baseline"]
+    bb = claims["terminal_brier_N8"]["numbers"]["best_baseline_value"]
+    r["terminal"][r["msv"]]["brier"]["mean"] = 0.7 * bb       # the point estimate clears the target ...
+    iv = r["intervals"]["terminal"][base]["brier_ratio"]
+    iv.update(low=0.55, high=0.85)                            # ... the interval does not
+    held = lambda cid: next(c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))  # noqa: E731
+                            if c["id"] == cid)["held"]
+    assert held("terminal_brier_N8") is False
+    iv["high"] = 0.79
+    assert held("terminal_brier_N8") is True
+    comp = r["early_stop_comparisons"]["single_sequence"]["steps"]
+    comp.update(fraction=0.3, interval={"estimate": 0.3, "low": 0.2, "high": 0.45})
+    assert held("early_stop_N8") is False
+    comp["interval"]["high"] = None                           # ∞: MSV misses the peak in some resamples
+    assert held("early_stop_N8") is False
+    comp["interval"]["high"] = 0.39
+    assert held("early_stop_N8") is True
+
+
+def test_testbed_report_renders_a_summary_of_the_training_seed_protocol(study):
+    """`render_testbed` and `compute_claims` on a main study evaluated with training seeds and intervals (the
+    committed testbed.json predates them): every claim's sentence is in the report, with both early-stop verdicts,
+    the protocol line and the reuse lines."""
+    from pathlib import Path
+
+    from hf_msv.reproduction import compute_claims, render_testbed
+    from hf_msv.reproduction.summary import main_summary
+    from hf_msv.utils import json_safe
+
+    committed = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "testbed.json").read_text())
+    s = {k: v for k, v in committed.items() if k not in ("checkers", "masks", "delimiters", "grouping",
+                                                         "training_size")}
+    config = {k: v for k, v in committed["config"].items() if k != "seeds"}
+    s |= {"studies": ["main"], "config": config | {"num_sequences": NS, "training_seeds": SEEDS},
+          "main": json_safe(main_summary(study["results"], NS)),
+          "reuse": {"reused": ["verifier probe-terminal (same settings, data and code)"],
+                    "redone": ["verifier msv4-terminal (changed: code)"]}}
+    s["claims"] = json_safe(compute_claims(s))
+    text = render_testbed(s)
+    assert {"early_stop_N8", "early_stop_all_N8"} <= {c["id"] for c in s["claims"]}
+    for c in s["claims"]:
+        assert c["sentence"] in text, c["id"]
+    assert "fixed partition" in text and "t* fraction" in text and "single-sequence" in text
+    assert "msv4-terminal (changed: code)" in text

@@ -162,7 +162,7 @@ def test_answer_contexts_decode_the_cot_prefix_of_each_answer(collected):
 def test_evaluate_with_prm_scores_every_answer(collected, tmp_path):
     out = tmp_path / "report"
     results = main(["--eval-dir", str(collected / "eval"), "--output-dir", str(out), "--num-sequences", "1", "2",
-                    "--seeds", "1", "--no-figures", "--no-progress", "--prm", str(collected / "prm"),
+                    "--no-figures", "--no-progress", "--prm", str(collected / "prm"),
                     "--prm-batch-size", "3"])
     # The same answers scored directly, as the baseline defines them.
     scorer = PRMScorer.from_pretrained(str(collected / "prm"))
@@ -197,7 +197,7 @@ def test_evaluate_with_prm_refuses_shards_without_cot_token_ids(collected, tmp_p
         for p in problems:
             p.cot_token_ids = []
         write_shard(old / path.name, problems, info)
-    args = ["--eval-dir", str(old), "--output-dir", str(tmp_path / "r"), "--num-sequences", "2", "--seeds", "1",
+    args = ["--eval-dir", str(old), "--output-dir", str(tmp_path / "r"), "--num-sequences", "2",
             "--no-figures", "--no-progress"]
     # checked before the PRM is loaded: a missing PRM is not what fails
     with pytest.raises(ValueError, match="predate CoT token ids.*re-collected"):

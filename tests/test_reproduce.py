@@ -20,7 +20,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2400)  # two training seeds per verifier; ~20 min for main + checkers on 2 shared cores
 def test_quick_reproduction(tmp_path):
     from hf_msv.reproduction import main as reproduce_main
 
@@ -32,6 +32,10 @@ def test_quick_reproduction(tmp_path):
     data = json.loads(js.read_text())
     assert data == summary
     assert summary["config"]["quick"] and summary["config"]["num_sequences"] == [1, 4]
+    assert summary["config"]["training_seeds"] == 2
+    assert (work / "verifiers" / "msv4-terminal-seed1" / "training_log.json").exists()
+    assert (work / "verifiers" / "msv4-terminal" / "reuse_key.json").exists()
+    assert (work / "data" / "eval" / "reuse_key.json").exists()
     assert set(summary["studies"]) == {"main", "checkers", "masks", "delimiters", "grouping", "training_size"}
 
     # main study: MSV_N and every baseline, terminal and streaming, plus the early-stop fraction
@@ -81,6 +85,8 @@ def test_quick_reproduction(tmp_path):
     summary2 = reproduce_main(["--quick", "--output-dir", str(tmp_path / "again"), "--work-dir", str(work),
                                "--no-progress", "--studies", "main"])
     assert summary2["studies"] == ["main"]
+    assert summary2["verifiers"]["trained"] == 0 and summary2["reuse"]["redone"] == []
+    assert any(r.startswith("shards data/eval") for r in summary2["reuse"]["reused"])
     assert summary2["timing_s"]["collect"] < summary["timing_s"]["collect"]
     assert summary2["timing_s"]["train main"] < summary["timing_s"]["train main"]
 

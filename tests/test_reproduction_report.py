@@ -104,16 +104,62 @@ def test_command_line_defaults():
 
 def test_command_line_flags():
     args = parse_arguments(["--quick", "--output-dir", "out", "--work-dir", "work", "--studies", "masks",
-                            "training_size", "--seeds", "3", "--threads", "2", "--device", "cpu",
-                            "--problems-per-batch", "32", "--no-progress", "--shipped-verifier"])
+                            "training_size", "--training-seeds", "3", "--threads", "2", "--device", "cpu",
+                            "--problems-per-batch", "32", "--no-progress", "--shipped-verifier",
+                            "--reuse-shards", "keep"])
     assert args == ReproduceArguments(output_dir="out", quick=True, work_dir="work", studies=["masks", "training_size"],
-                                      seeds=3, threads=2, device="cpu", problems_per_batch=32, progress=False,
-                                      shipped_verifier=True)
+                                      training_seeds=3, threads=2, device="cpu", problems_per_batch=32,
+                                      progress=False, shipped_verifier=True, reuse_shards="keep")
     cfg = args.reproduce_config()
-    assert cfg == dataclasses.replace(ReproduceConfig.quick_config(), seeds=3, problems_per_batch=32)
+    assert cfg == dataclasses.replace(ReproduceConfig.quick_config(), training_seeds=3, problems_per_batch=32)
+    assert ReproduceConfig().training_seeds == 3
+    with pytest.raises(SystemExit):
+        parse_arguments(["--reuse-shards", "sometimes"])
+    with pytest.raises(ValueError, match="training_seeds"):
+        ReproduceConfig(training_seeds=0)
 
 
 def test_every_study_can_be_selected():
     assert parse_arguments(["--studies", *STUDIES]).studies == list(STUDIES)
     with pytest.raises(SystemExit):
         parse_arguments(["--studies", "no-such-study"])
+
+
+def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_path):
+    """The studies' wiring with training seeds: each verifier name reaches `evaluate_study` as one spec per training
+    seed (training and evaluation replaced by recorders; no LM, no data)."""
+    from hf_msv.evaluation import load_verifier_seeds
+    import hf_msv.evaluation as evaluation
+    from hf_msv.reproduction import pipeline
+
+    class Stop(Exception):
+        pass
+
+    class Recorder(pipeline.ReproductionContext):
+        def train(self, train_dir, name, config, val_dir=None):
+            self.names.append(name)
+            return [name if s == 0 else f"{name}-seed{s}" for s in range(self.config.training_seeds)]
+
+        def evaluate(self, eval_dir, verifiers, ns, val_dir=None, **kwargs):
+            self.evaluated = verifiers
+            raise Stop
+
+    monkeypatch.setattr(pipeline, "collect_splits", lambda *a, **k: None)
+    monkeypatch.setattr(pipeline, "collect_problems", lambda *a, **k: None)
+    monkeypatch.setattr(evaluation, "load_split", lambda *a, **k: ([], {}))
+    monkeypatch.setattr(pipeline, "checker_agreement", lambda *a, **k: 1.0)
+    cfg = ReproduceConfig.quick_config()
+    ctx = Recorder(cfg, tmp_path, tmp_path)
+    ctx.names = []
+    pipeline.train_main_verifiers(ctx)
+    assert ctx.verifiers["MSV_4"]["terminal"] == ["msv4-terminal", "msv4-terminal-seed1"]
+    for study in (pipeline.main_study, pipeline.checkers_study, pipeline.masks_study, pipeline.delimiters_study,
+                  pipeline.grouping_study, pipeline.training_size_study):
+        with pytest.raises(Stop):
+            study(ctx)
+        for name, specs in ctx.evaluated.items():
+            assert isinstance(specs, list) and len(specs) == cfg.training_seeds, (study.__name__, name)
+            seed1 = specs[1] if isinstance(specs[1], str) else next(iter(specs[1].values()))
+            assert seed1.endswith("-seed1"), (study.__name__, name, specs)
+    with pytest.raises(ValueError, match="training seeds"):
+        load_verifier_seeds({"a": ["x", "y"], "b": ["x", "y", "z"]})

@@ -291,9 +291,9 @@ def test_two_process_accelerate_training(tmp_path):
     assert MSVVerifier.from_pretrained(tmp_path / "out").config.num_sequences == 2
 
 
-def test_max_train_problems_and_resuming_a_run_saved_before_the_field_existed(tmp_path):
-    """`max_train_problems` trains on a prefix; `reproduce` resumes a finished run whose stored config predates a new
-    field (it takes the field's default), and retrains when a setting really changed."""
+def test_max_train_problems_and_resuming_a_finished_run(tmp_path):
+    """`max_train_problems` trains on a prefix; `reproduce` resumes a finished run with the same reuse key and
+    retrains when a setting really changed (code and data changes: tests/test_reuse.py)."""
     from hf_msv.reproduction import train_or_reuse as _train
 
     train_dir, val_dir = synthetic_dirs(tmp_path)
@@ -305,12 +305,9 @@ def test_max_train_problems_and_resuming_a_run_saved_before_the_field_existed(tm
     full = MSVTrainingConfig(kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False)
     out = _train(train_dir, val_dir, tmp_path / "probe", full)   # a changed setting: trained again
     assert "Training: 6 problems" in json.loads((out / "training_log.json").read_text())["training_data"]
-    stored = json.loads((out / "training_config.json").read_text())
-    del stored["max_train_problems"]                              # as written before the field was added
-    (out / "training_config.json").write_text(json.dumps(stored))
     weights = out / "model.safetensors"
     before = weights.stat().st_mtime_ns
-    _train(train_dir, val_dir, tmp_path / "probe", full)
+    _train(train_dir, val_dir, tmp_path / "probe", full)          # the same key: reused
     assert weights.stat().st_mtime_ns == before
 
 

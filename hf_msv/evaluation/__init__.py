@@ -3,18 +3,20 @@
 Modules: `verifiers` (loading checkpoints), `scoring` (verifier and baseline scores, online cost, LM costs),
 `prm` (the PRM baseline: a process reward model scoring answers from their chain-of-thought text), `methods` (the
 compared methods on one group draw), `early_stop` (the stop-rule replay, trade-off curves, λ rules),
-`study` (`evaluate_study`), `report` (markdown and figures), `config` + `cli` (``hf-msv evaluate``).
+`intervals` (paired bootstrap intervals over problems), `study` (`evaluate_study`), `report` (markdown and
+figures), `config` + `cli` (``hf-msv evaluate``).
 """
 
 from ..data import answer_group, draw_sequences, load_split, select_answers
 from .cli import evaluate_from_config, main
 from .config import EvaluateConfig
-from .methods import SETTINGS
+from .intervals import ProblemCurves, ProblemNumbers, fraction_interval, metric_intervals
+from .methods import SETTINGS, evaluation_groups
 from .prm import PRMScorer, build_prm_text, load_lm_tokenizer, score_with_prm, split_steps
 from .report import format_lambda, markdown_table, render_report, write_figures
 from .scoring import deepconf_scores, lm_costs_from_info, measure_verifier_cost, score_problems, token_prob_scores
-from .study import evaluate_study
-from .verifiers import VerifierEntry, load_verifier, load_verifiers, parse_verifier_specs
+from .study import difficulty_from_problems, evaluate_study
+from .verifiers import VerifierEntry, load_verifier, load_verifier_seeds, load_verifiers, parse_verifier_specs
 
 __all__ = [
     "SETTINGS",
@@ -22,6 +24,12 @@ __all__ = [
     "VerifierEntry",
     "load_verifier",
     "load_verifiers",
+    "load_verifier_seeds",
+    "evaluation_groups",
+    "ProblemNumbers",
+    "ProblemCurves",
+    "metric_intervals",
+    "fraction_interval",
     "parse_verifier_specs",
     "load_split",
     "draw_sequences",
@@ -38,6 +46,7 @@ __all__ = [
     "load_lm_tokenizer",
     "score_with_prm",
     "evaluate_study",
+    "difficulty_from_problems",
     "evaluate_from_config",
     "render_report",
     "write_figures",

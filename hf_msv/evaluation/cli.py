@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .config import EvaluateConfig
 from .early_stop import LatencyCosts
-from .study import evaluate_study
+from .study import difficulty_from_problems, evaluate_study
 from .verifiers import parse_verifier_specs
 
 __all__ = ["evaluate_from_config", "main"]
@@ -15,18 +15,24 @@ __all__ = ["evaluate_from_config", "main"]
 
 def evaluate_from_config(config: EvaluateConfig) -> dict:
     """Run `evaluate_study` with the settings of `config`; returns its results."""
+    difficulty = None
+    if config.difficulty_field:
+        from ..collect import load_problems
+
+        difficulty = difficulty_from_problems(load_problems(config.problems), config.difficulty_field)
     costs = None
     if config.decode_step_s is not None or config.elicit_s is not None:
         costs = LatencyCosts(config.decode_step_s or 0.0, config.elicit_s or 0.0)
     return evaluate_study(config.eval_dir, parse_verifier_specs(config.verifier), config.output_dir,
-                          config.num_sequences, config.seeds, config.val_dir, checker=config.checker,
+                          config.num_sequences, config.val_dir, bootstrap=config.bootstrap, checker=config.checker,
                           checker_kwargs=config.checker_kwargs_dict, lm_costs=costs,
                           wv_threshold=config.wv_threshold, deepconf_window=config.deepconf_window,
                           deepconf_stat=config.deepconf_stat, target_accuracy=config.target_accuracy,
                           target_fraction=config.target_fraction, ltt_delta=config.ltt_delta,
                           figures=config.figures, title=config.title, report_name=config.report_name,
                           progress=config.progress, prm=config.prm, prm_kwargs=config.prm_kwargs,
-                          lm_tokenizer=config.lm_tokenizer)
+                          lm_tokenizer=config.lm_tokenizer, difficulty=difficulty,
+                          difficulty_name=config.difficulty_field or "difficulty")
 
 
 def main(argv: list[str] | None = None) -> dict:

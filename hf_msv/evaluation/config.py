@@ -19,10 +19,13 @@ class EvaluateConfig:
     val_dir: Optional[str] = field(default=None, metadata={
         "help": "validation shards (DeepConf calibration, λ rules)"})
     verifier: list[str] = field(default_factory=list, metadata={
-        "help": "a trained verifier as NAME=PATH; repeat NAME for its terminal and streaming checkpoints",
+        "help": "a trained verifier as NAME=PATH; repeat NAME for its terminal and streaming checkpoints, and again "
+                "for each further training seed (mean ± std over training seeds)",
         "action": "extend", "metavar": "NAME=PATH"})
-    num_sequences: list[int] = field(default_factory=lambda: [1, 4, 16, 64], metadata={"help": "N values"})
-    seeds: int = field(default=5, metadata={"help": "random group draws per N (mean ± std over them)"})
+    num_sequences: list[int] = field(default_factory=lambda: [1, 4, 16, 64], metadata={
+        "help": "N values (groups: a fixed partition of each problem's sequences into groups of N)"})
+    bootstrap: int = field(default=1000, metadata={
+        "help": "resamples of the paired bootstrap 95 % intervals over problems (MSV − each baseline); 0: none"})
     checker: Optional[str] = field(default=None, metadata={
         "help": "re-derive equivalence classes with this checker (labels stay the collected ones)"})
     checker_kwargs: Optional[str] = field(default=None, metadata={
@@ -51,6 +54,12 @@ class EvaluateConfig:
     prm_dtype: str = field(default="auto", metadata={"help": "PRM weights dtype (auto, bfloat16, float32, ...)"})
     lm_tokenizer: Optional[str] = field(default=None, metadata={
         "help": "tokenizer decoding the chains of thought for the PRM (default: the LM named in the shards)"})
+    problems: Optional[str] = field(default=None, metadata={
+        "help": "the evaluation problems with their metadata, as hf-msv collect takes them "
+                "(testbed:<split>:<n>[:<seed>], a benchmark name, or a .jsonl file): for --difficulty-field"})
+    difficulty_field: Optional[str] = field(default=None, metadata={
+        "help": "break metrics down by this problem metadata field (e.g. ops: the testbed's reasoning steps; a list "
+                "counts as its length); needs --problems"})
     figures: bool = field(default=True, metadata={"help": "write PNG figures (--no-figures: none)"})
     title: str = field(default="MSV evaluation", metadata={"help": "report heading"})
     report_name: str = field(default="report", metadata={"help": "file stem of the report and figures"})
@@ -59,6 +68,10 @@ class EvaluateConfig:
     def __post_init__(self):
         if isinstance(self.checker_kwargs, str):
             json.loads(self.checker_kwargs)  # fail at parse time, not after the verifiers are loaded
+        if (self.problems is None) != (self.difficulty_field is None):
+            raise ValueError("--difficulty-field and --problems go together")
+        if self.bootstrap < 0:
+            raise ValueError(f"bootstrap must be ≥ 0, got {self.bootstrap}")
         if self.prm_batch_size < 1:
             raise ValueError(f"prm_batch_size must be positive, got {self.prm_batch_size}")
 

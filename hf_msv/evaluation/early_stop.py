@@ -20,7 +20,9 @@ Accounting at stop time t* (shared decode steps; t* = time the last answer becam
 
 AUTC: ∫_0^B acc(b) db by the trapezoid rule over the curve's points sorted by budget x (equal budgets merged by
 their best accuracy), with (0, 0) prepended ("no budget, no answer") and B = the largest budget on the curve, which is
-the full-decoding point (λ = ∞; t* never exceeds it). ``normalize=True`` divides by B (mean accuracy over budgets).
+the full-decoding point (λ = ∞; t* never exceeds it). ``normalize=True`` divides by B:
+AUTC_norm = (1/B) ∫_0^B acc(b) db ∈ [0, 1], the mean accuracy over budgets, whose scale does not depend on N (the raw
+AUTC over summed tokens grows ∝ N; over t* it does not, but B still differs between collections).
 """
 
 from __future__ import annotations

@@ -1,24 +1,58 @@
-"""The methods an evaluation compares and their scores on one group draw: the verifier-free baselines, the
-optional PRM baseline, the single-sequence verifiers and their weighted voting (+WV), and the multi-sequence MSV_M
-(grouped when N > M)."""
+"""The methods an evaluation compares and their scores on the evaluation groups: the verifier-free baselines, the
+optional PRM baseline, the single-sequence verifiers and their weighted voting (+WV), the vote baselines
+(self-consistency and the streaming latest-answer vote, raw and Platt-calibrated), the stacked baseline (logistic
+regression on [vote share, Probe logit]) and the multi-sequence MSV_M (grouped when N > M).
+
+**Groups.** At N, each problem's S collected sequences are split into a fixed partition of ⌊S_min/N⌋ groups of N
+(`evaluation_groups`: `hf_msv.data.partition_sequences` with seed 0 and epoch 0; S_min = the fewest sequences any
+problem of the split has), the same for every method, setting and training seed. Every answer of a problem is
+scored once per N, and every problem weighs the same.
+
+**Fitted baselines** (per N, training seed and setting, on the validation split's groups at the same N; without a
+validation split, 2-fold cross-fitting over the evaluation problems, as for DeepConf): calibrated self-consistency
+and the calibrated latest-answer vote are Platt scaling of the vote share; the stacked baseline is a logistic
+regression on [vote share, logit of the Probe's score] (the first Probe verifier given; without one, a linear probe
+— logistic regression on standardised mean-pooled answer hidden states, `hf_msv.training.guard` — fitted on the
+validation answers, or cross-fitted on the evaluation problems).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+import torch
 
-from ..baselines import fit_platt, platt, self_consistency, streaming_weighted_voting, weighted_voting
-from ..data import MODES, AnswerGroup, CollectedProblem, ShardDataset, answer_group, draw_sequences, select_answers
+from ..baselines import (
+    fit_logistic,
+    fit_platt,
+    latest_answer_vote,
+    logistic,
+    logit,
+    platt,
+    self_consistency,
+    streaming_weighted_voting,
+    weighted_voting,
+)
+from ..data import MODES, AnswerGroup, CollectedProblem, ShardDataset, answer_group, partition_sequences, select_answers
 from .prm import PRMScorer, score_with_prm
 from .scoring import deepconf_scores, score_problems, token_prob_scores
 from .verifiers import VerifierEntry
 
-__all__ = ["SETTINGS", "TOKEN_PROBS", "DEEPCONF", "PRM", "SELF_CONSISTENCY", "SplitScores", "prepare_split",
-           "add_prm_scores", "fit_deepconf", "primary_msv", "method_plan", "method_label", "draw_scores"]
+__all__ = ["SETTINGS", "TOKEN_PROBS", "DEEPCONF", "PRM", "SELF_CONSISTENCY", "CALIBRATED_SC", "LATEST_VOTE",
+           "CALIBRATED_LATEST_VOTE", "STACKED", "LINEAR_PROBE", "VOTE_BASELINES", "SplitScores", "Draw",
+           "prepare_split", "with_verifiers", "add_prm_scores", "add_linear_probe", "fit_deepconf", "primary_msv",
+           "method_plan", "method_label", "evaluation_groups", "draw_scores"]
 
 SETTINGS = MODES  # ("terminal", "streaming"): which answers of a group are scored
 TOKEN_PROBS, DEEPCONF, PRM, SELF_CONSISTENCY = "Token Probs", "DeepConf", "PRM", "Self-consistency"
+CALIBRATED_SC, LATEST_VOTE = "Self-consistency (calibrated)", "Latest-answer vote"
+CALIBRATED_LATEST_VOTE, STACKED = "Latest-answer vote (calibrated)", "Stacked (vote + Probe)"
+LINEAR_PROBE = "linear probe"  # the stacked baseline's Probe feature when no Probe checkpoint is given (not a row)
+# Aggregations over the group's votes (no per-answer scorer of their own), by setting; with STACKED and the +WV rows
+# these are the baselines that are not single-sequence.
+VOTE_BASELINES = {"terminal": (SELF_CONSISTENCY, CALIBRATED_SC), "streaming": (LATEST_VOTE, CALIBRATED_LATEST_VOTE)}
 _BASELINES = (TOKEN_PROBS, DEEPCONF, PRM)  # listed first among the single-sequence scorers, in this order
 _NO_ANSWER_TOKEN_PROB = 0.5  # Token Probs of an answer none of whose token log-probs is known (uninformative)
 
@@ -44,10 +78,9 @@ class SplitScores:
         return self.dataset.info
 
 
-def prepare_split(dataset: ShardDataset, entries: list[VerifierEntry], deepconf_window: int, deepconf_stat: str,
-                  max_tokens: int) -> SplitScores:
-    """Token Probs, raw DeepConf and every single-sequence verifier's scores of every answer of a split (these
-    score answers independently of the group, so once for all draws)."""
+def prepare_split(dataset: ShardDataset, deepconf_window: int, deepconf_stat: str) -> SplitScores:
+    """Token Probs and raw DeepConf scores of every answer of a split (they score answers independently of the
+    group, so once for all groups and training seeds)."""
     problems = dataset.read_problems()
     split = SplitScores(dataset, problems)
     tp = []
@@ -58,15 +91,72 @@ def prepare_split(dataset: ShardDataset, entries: list[VerifierEntry], deepconf_
                           np.zeros(p.num_answers) for p in problems]
     for setting in SETTINGS:
         split.single[(setting, TOKEN_PROBS)] = tp
-        for e in entries:
-            if not e.single_sequence:
-                continue
-            model, mode = e.model_for(setting)
-            if model is None:
-                continue
-            scores, _, _ = score_problems(model, dataset, mode=mode, max_tokens=max_tokens)
-            split.single[(setting, e.name)] = scores
     return split
+
+
+def with_verifiers(split: SplitScores, entries: list[VerifierEntry], max_tokens: int) -> SplitScores:
+    """A copy of `split` (sharing its dataset and records) with every single-sequence verifier of `entries` (one
+    training seed's checkpoints) scored on every answer, per setting."""
+    out = replace(split, single=dict(split.single))
+    for setting in SETTINGS:
+        for e in entries:
+            model, mode = e.model_for(setting) if e.single_sequence else (None, None)
+            if model is not None:
+                out.single[(setting, e.name)] = score_problems(model, split.dataset, mode=mode,
+                                                               max_tokens=max_tokens)[0]
+    return out
+
+
+def _pooled_states(split: SplitScores) -> list[np.ndarray]:
+    """Per problem `(A, d)` mean-pooled answer hidden states (all sequences, stored answer order)."""
+    from ..training.guard import pooled_answer_states
+
+    out = []
+    for i, p in enumerate(split.problems):
+        item = split.dataset.group(i, np.arange(p.num_sequences), "streaming")
+        lengths = item["answer_length"]
+        token_answer = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        pooled = pooled_answer_states(item["hidden_states"], token_answer, len(lengths))
+        x = np.zeros((p.num_answers, pooled.shape[1]), np.float32)
+        x[item["answer_index"].numpy()] = pooled
+        out.append(x)
+    return out
+
+
+def add_linear_probe(split: SplitScores, val: SplitScores | None) -> None:
+    """The stacked baseline's Probe feature when no Probe checkpoint is given: a logistic regression on
+    standardised mean-pooled answer states, fitted on every validation answer (without validation: 2-fold
+    cross-fitting over the evaluation problems), as ``single[(setting, LINEAR_PROBE)]`` of both splits."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    def fit(xs, ys):
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        if y.min() == y.max():
+            return lambda z: np.full(len(z), float(y[0]))
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # lbfgs convergence chatter on wide, collinear states
+            model.fit(x, y)
+        return lambda z: model.predict_proba(z)[:, 1]
+
+    ev = _pooled_states(split)
+    if val is not None:
+        vx = _pooled_states(val)
+        predict = fit(vx, [p.answer_correct for p in val.problems])
+        targets = [(split, [predict(x) for x in ev]), (val, [predict(x) for x in vx])]
+    else:
+        out = [None] * len(ev)
+        for half in (0, 1):
+            rest = [i for i in range(len(ev)) if i % 2 != half] or list(range(len(ev)))
+            predict = fit([ev[i] for i in rest], [split.problems[i].answer_correct for i in rest])
+            for i in range(half, len(ev), 2):
+                out[i] = predict(ev[i])
+        targets = [(split, out)]
+    for s, scores in targets:
+        for setting in SETTINGS:
+            s.single[(setting, LINEAR_PROBE)] = scores
 
 
 def add_prm_scores(split: SplitScores, scorer: PRMScorer, lm_tokenizer, progress: bool = False) -> None:
@@ -117,8 +207,9 @@ def primary_msv(entries: list[VerifierEntry], n: int) -> tuple[VerifierEntry | N
 
 def method_plan(entries: list[VerifierEntry], n: int, setting: str, split: SplitScores) -> dict:
     """Methods of a setting at N: {"base": single-sequence scorers, "wv": {name+WV: name}, "msv": [entries],
-    "primary": the MSV_N entry or None, "grouped": whether it runs grouped}."""
-    base = [m for (s, m) in split.single if s == setting]
+    "primary": the MSV_N entry or None, "grouped": whether it runs grouped, "probe": the stacked baseline's Probe
+    feature (the first Probe verifier, else the linear probe, else None)}."""
+    base = [m for (s, m) in split.single if s == setting and m != LINEAR_PROBE]
     base = [m for m in _BASELINES if m in base] + [m for m in base if m not in _BASELINES]
     wv = {f"{m}+WV": m for m in base} if n > 1 else {}
     primary, grouped = primary_msv(entries, n)
@@ -129,7 +220,11 @@ def method_plan(entries: list[VerifierEntry], n: int, setting: str, split: Split
     if primary is None and n == 1:  # at N = 1 the single-sequence MSV_1 is MSV_N
         primary = next((e for e in entries if e.kind == "msv" and e.num_sequences == 1
                         and e.model_for(setting)[0] is not None), None)
-    return {"base": base, "wv": wv, "msv": msv, "primary": primary, "grouped": grouped and primary is not None}
+    probe = next((e.name for e in entries if e.kind == "probe" and (setting, e.name) in split.single), None)
+    if probe is None and (setting, LINEAR_PROBE) in split.single:
+        probe = LINEAR_PROBE
+    return {"base": base, "wv": wv, "msv": msv, "primary": primary, "grouped": grouped and primary is not None,
+            "probe": probe}
 
 
 def method_label(entry: VerifierEntry, n: int) -> str:
@@ -137,33 +232,126 @@ def method_label(entry: VerifierEntry, n: int) -> str:
     return entry.name if entry.num_sequences >= n or entry.single_sequence else f"{entry.name} (grouped)"
 
 
-def draw_scores(split: SplitScores, n: int, seed: int, setting: str, wv_threshold: int, max_tokens: int,
-                plan: dict) -> tuple[list[AnswerGroup], dict]:
-    """AnswerGroups (with every method's scores, in report order) of one draw in one setting, and
-    {MSV label: offline scoring seconds per answer}."""
-    problems = split.problems
-    seqs = [draw_sequences(p.num_sequences, n, seed, i) for i, p in enumerate(problems)]
-    msv_scores, offline = {}, {}
+def evaluation_groups(num_collected: int, n: int, problem_index: int) -> list[np.ndarray]:
+    """The fixed partition of one problem's sequences at N: ⌊num_collected/N⌋ `(N,)` arrays of sequence ids."""
+    if n > num_collected:
+        raise ValueError(f"N={n} but only {num_collected} sequences were collected")
+    return [partition_sequences(num_collected, n, 0, 0, problem_index, j) for j in range(num_collected // n)]
+
+
+@dataclass
+class Draw:
+    """The evaluation groups of one split at one N in one setting, with every method's scores (report order):
+    ``groups`` (problem-major: problem i's groups are ``problem_of == i``), ``problem_of`` `(G,)` int, and
+    ``offline`` ({MSV label: offline scoring seconds per answer})."""
+
+    groups: list[AnswerGroup]
+    problem_of: np.ndarray
+    offline: dict
+
+
+def _vote(g: AnswerGroup, step: np.ndarray, setting: str) -> np.ndarray:
+    """`(A,)` the group's vote share: self-consistency (terminal), the latest-answer vote (streaming; `step` (A,) the
+    answers' steps within their sequences)."""
+    if setting == "terminal":
+        return self_consistency(g.klass, g.is_terminal)
+    return latest_answer_vote(g.klass, g.sequence, step, g.end)
+
+
+def _msv_scores(split: SplitScores, n: int, setting: str, plan: dict, sequences: list, max_tokens: int):
+    """Per MSV label, per problem `(A,)` scores of its partition's groups (each answer once), and the offline
+    seconds per answer."""
+    scores, offline = {}, {}
     for e in plan["msv"]:
         model, mode = e.model_for(setting)
-        scores, seconds, count = score_problems(model, split.dataset, seqs, mode=mode, max_tokens=max_tokens)
-        offline[method_label(e, n)] = seconds / max(count, 1)
-        msv_scores[method_label(e, n)] = scores
-    groups = []
+        merged = [np.full(p.num_answers, np.nan) for p in split.problems]
+        seconds = count = 0
+        for j in range(len(sequences[0])):
+            got, sec, cnt = score_problems(model, split.dataset, [s[j] for s in sequences], mode=mode,
+                                           max_tokens=max_tokens)
+            seconds, count = seconds + sec, count + cnt
+            for i, x in enumerate(got):
+                merged[i] = np.where(np.isnan(x), merged[i], x)
+        scores[method_label(e, n)], offline[method_label(e, n)] = merged, seconds / max(count, 1)
+    return scores, offline
+
+
+def _feature_groups(split: SplitScores, n: int, setting: str, plan: dict):
+    """Per problem, the (vote share, Probe score, labels) of its groups' answers, concatenated: what the fitted
+    vote baselines learn from."""
+    g_min = split.dataset.num_sequences
+    out = []
+    for i, p in enumerate(split.problems):
+        votes, probes, labels = [], [], []
+        for seqs in evaluation_groups(g_min, n, i):
+            g = answer_group(p, seqs, setting)
+            rows, _ = select_answers(p, seqs, setting)
+            votes.append(_vote(g, p.answer_step[rows], setting))
+            probes.append(split.single[(setting, plan["probe"])][i][rows] if plan["probe"] else np.zeros(len(rows)))
+            labels.append(g.correct)
+        out.append(tuple(np.concatenate(x) for x in (votes, probes, labels)))
+    return out
+
+
+def _stack_features(vote: np.ndarray, probe: np.ndarray) -> np.ndarray:
+    return np.stack([vote, logit(probe)], axis=1)
+
+
+def _fit_vote_baselines(split: SplitScores, val: SplitScores | None, n: int, setting: str, plan: dict) -> list:
+    """Per evaluation problem, a function (vote, probe) -> {method: (A,) probabilities} of the fitted vote
+    baselines, fitted on validation (else cross-fitted over the evaluation problems)."""
+    cal_name = CALIBRATED_SC if setting == "terminal" else CALIBRATED_LATEST_VOTE
+
+    def fit(feats):
+        v, pr, y = (np.concatenate([f[k] for f in feats]) for k in range(3))
+        a, b = fit_platt(v, y)
+        fitted = {cal_name: lambda vv, pp: platt(vv, a, b)}
+        if plan["probe"]:
+            coef, icpt = fit_logistic(_stack_features(v, pr), y)
+            fitted[STACKED] = lambda vv, pp: logistic(_stack_features(vv, pp), coef, icpt)
+        return fitted
+
+    if val is not None and val.dataset.num_sequences >= n:
+        fitted = fit(_feature_groups(val, n, setting, plan))
+        return [fitted] * len(split.problems)
+    feats = _feature_groups(split, n, setting, plan)
+    idx = np.arange(len(feats))
+    out = [None] * len(feats)
+    for half in (0, 1):
+        rest = idx[idx % 2 != half]
+        fitted = fit([feats[i] for i in (rest if len(rest) else idx)])
+        for i in idx[idx % 2 == half]:
+            out[i] = fitted
+    return out
+
+
+def draw_scores(split: SplitScores, n: int, setting: str, wv_threshold: int, max_tokens: int, plan: dict,
+                val: SplitScores | None = None) -> Draw:
+    """Every method's scores on the evaluation groups of `split` at N in one setting (report order). `val`: the
+    validation split of the same training seed, on which the fitted vote baselines are fitted."""
+    problems = split.problems
+    sequences = [evaluation_groups(split.dataset.num_sequences, n, i) for i in range(len(problems))]
+    msv_scores, offline = _msv_scores(split, n, setting, plan, sequences, max_tokens)
+    fitted = _fit_vote_baselines(split, val, n, setting, plan) if n > 1 else [{}] * len(problems)
+    groups, problem_of = [], []
     for i, p in enumerate(problems):
-        g = answer_group(p, seqs[i], setting)
-        rows, _ = select_answers(p, seqs[i], setting)
-        base = {m: split.single[(setting, m)][i][rows] for m in plan["base"]}
-        sc = {}
-        if setting == "terminal" and n > 1:
-            sc[SELF_CONSISTENCY] = self_consistency(g.klass, g.is_terminal)
-        for m in plan["base"]:
-            sc[m] = base[m]
-        for name, m in plan["wv"].items():
-            sc[name] = (weighted_voting(base[m], g.klass, g.is_terminal) if setting == "terminal" else
-                        streaming_weighted_voting(base[m], g.klass, g.end, R=wv_threshold))
-        for label, scores in msv_scores.items():
-            sc[label] = scores[i][rows]
-        groups.append(AnswerGroup(g.sequence, g.end, g.klass, g.correct, g.is_terminal, g.seq_len, g.start,
-                                  {k: np.clip(v, 0.0, 1.0) for k, v in sc.items()}, g.problem_id))
-    return groups, offline
+        for seqs in sequences[i]:
+            g = answer_group(p, seqs, setting)
+            rows, _ = select_answers(p, seqs, setting)
+            base = {m: split.single[(setting, m)][i][rows] for m in plan["base"]}
+            sc = {}
+            if n > 1:
+                vote = _vote(g, p.answer_step[rows], setting)
+                probe = split.single[(setting, plan["probe"])][i][rows] if plan["probe"] else None
+                sc[VOTE_BASELINES[setting][0]] = vote
+                sc |= {m: f(vote, probe) for m, f in fitted[i].items()}
+            sc |= base
+            for name, m in plan["wv"].items():
+                sc[name] = (weighted_voting(base[m], g.klass, g.is_terminal) if setting == "terminal" else
+                            streaming_weighted_voting(base[m], g.klass, g.end, R=wv_threshold))
+            for label, scores in msv_scores.items():
+                sc[label] = scores[i][rows]
+            groups.append(AnswerGroup(g.sequence, g.end, g.klass, g.correct, g.is_terminal, g.seq_len, g.start,
+                                      {k: np.clip(v, 0.0, 1.0) for k, v in sc.items()}, g.problem_id))
+            problem_of.append(i)
+    return Draw(groups, np.asarray(problem_of, dtype=np.int64), offline)

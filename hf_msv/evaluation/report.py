@@ -17,7 +17,12 @@ _TERMINAL_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "EC
                      ("bon_accuracy", "BoN acc ↑"), ("bon_ece", "BoN ECE ↓"), ("bon_brier", "BoN Brier ↓"))
 _STREAMING_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "ECE ↓"), ("nll", "NLL ↓"),
                       ("full_accuracy", "acc (full) ↑"), ("peak_accuracy", "peak acc ↑"),
-                      ("autc_tokens_norm", "AUTC tokens (norm) ↑"), ("autc_latency_norm", "AUTC latency (norm) ↑"))
+                      ("autc_steps_norm", "AUTC t* (norm) ↑"), ("autc_latency_norm", "AUTC latency (norm) ↑"),
+                      ("autc_tokens_norm", "AUTC tokens (norm) ↑"))
+# MSV − baseline intervals shown per setting: (key, header, digits)
+_INTERVAL_COLUMNS = {"terminal": (("brier", "Δ Brier", 4), ("brier_ratio", "Brier ratio", 3),
+                                  ("bon_accuracy", "Δ BoN acc", 3), ("bon_ece", "Δ BoN ECE", 3)),
+                     "streaming": (("brier", "Δ Brier", 4), ("brier_ratio", "Brier ratio", 3))}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -51,21 +56,60 @@ def _data_section(results: dict) -> list[str]:
             f"mean chain of thought {e['mean_sequence_tokens']:.1f} tokens."
             + (f" Validation: {d['val']['problems']} problems." if "val" in d else " No validation split."), "",
             f"Collection: `{json.dumps(d.get('collect', {}))}`", "",
-            f"N ∈ {cfg['num_sequences_list']}, {cfg['seeds']} seeds (each a random "
-            "subset of N collected sequences per problem); mean ± std over seeds. Equivalence classes: "
+            f"N ∈ {cfg['num_sequences_list']}; groups: {cfg['groups']}; mean ± std over {cfg['training_seeds']} "
+            "training seed(s) (verifier checkpoints; ± 0.000 with one). Intervals: paired bootstrap 95 % over "
+            f"problems ({cfg['bootstrap']} resamples). Equivalence classes: "
             + (f"re-derived with `{cfg['checker']}`." if cfg['checker'] else
-               "as collected.") + f" DeepConf: {cfg['deepconf_calibration']}.", ""]
+               "as collected.") + f" DeepConf: {cfg['deepconf_calibration']}. Calibrated vote baselines: "
+            f"{cfg['vote_calibration']}; stacked baseline's Probe feature: {cfg['stacked_probe']}.", "",
+            "AUTC (norm) on an axis x ∈ {t* (token position), latency, tokens summed over the N sequences}: "
+            "(1/B) ∫_0^B acc(b) db, B = the full-decoding budget on x: a mean accuracy in [0, 1], whose scale does "
+            "not depend on N.", ""]
+
+
+def _format_interval(iv: dict | None, digits: int = 3) -> str:
+    """"est [low, high]" of a bootstrap interval ("—" when missing; ∞ for an unbounded end)."""
+    if not iv or iv.get("estimate") is None:
+        return "—"
+    f = lambda x: "∞" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x:.{digits}f}"  # noqa: E731
+    return f"{f(iv['estimate'])} [{f(iv['low'])}, {f(iv['high'])}]"
+
+
+_COMPARISON_NAMES = {"single_sequence": "the best single-sequence baseline (the paper's comparison)",
+                     "all": "the best of all baselines (aggregations included)"}
+
+
+def _fraction_cell(entry: dict) -> str:
+    """An early-stop fraction with its interval; null (JSON) reads as ∞: MSV never reaches the peak."""
+    f = lambda x: "∞" if x is None or math.isinf(x) else f"{x:.2f}"  # noqa: E731
+    iv = entry.get("interval")
+    return f(entry["fraction"]) + (f" [{f(iv['low'])}, {f(iv['high'])}]" if iv else "")
 
 
 def _early_stop_line(es: dict) -> list[str]:
-    if "token_fraction" not in es:
+    if "comparisons" not in es:
         return []
-    tf, lf = es["token_fraction"], es["latency_fraction"]
-    peak = f"the peak accuracy of the best baseline ({es['best_baseline']}, {es['best_baseline_peak_accuracy']:.3f})"
-    if tf is None:
-        return [f"Early stopping: {es['msv']} does not reach {peak} (its peak: {es['msv_peak_accuracy']:.3f}).", ""]
-    return [f"Early stopping: {es['msv']} reaches {peak} with {tf:.2f}× its tokens"
-            + (f" and {lf:.2f}× its latency." if lf is not None else "."), ""]
+    rows = [[_COMPARISON_NAMES.get(name, name), f"{c['baseline']} ({c['baseline_peak_accuracy']:.3f})",
+             f"{c['msv_peak_accuracy']:.3f}"] + [_fraction_cell(c[a]) for a in ("steps", "latency", "tokens")]
+            for name, c in es["comparisons"].items()]
+    return ["Early stopping: fraction of the baseline's budget the primary MSV needs to reach the baseline's peak "
+            "accuracy, on the token position t* (the latency of parallel decoding, the paper's axis), on measured "
+            "latency and on chain-of-thought tokens summed over the N sequences:", "",
+            markdown_table(["compared with", "baseline (peak acc)", f"{es['msv']} peak acc", "t* fraction",
+                            "latency fraction", "token fraction"], rows),
+            "", "(< 1: the MSV matches the baseline's peak with less; ∞: it never does; 95 % interval over problems "
+                "in brackets)", ""]
+
+
+def _interval_table(results: dict, setting: str, n) -> list[str]:
+    iv = (results.get("intervals") or {}).get(str(n), {}).get(setting)
+    if not iv:
+        return []
+    cols = _INTERVAL_COLUMNS[setting]
+    msv = results["methods"][str(n)]["msv"]
+    rows = [[m] + [_format_interval(r.get(k), d) for k, _, d in cols] for m, r in iv.items()]
+    return [f"{msv} − each baseline (ratio: {msv} ÷ baseline), estimate [95 % interval over problems]:", "",
+            markdown_table(["baseline"] + [h for _, h, _ in cols], rows), ""]
 
 
 def _setting_sections(results: dict) -> list[str]:
@@ -79,6 +123,7 @@ def _setting_sections(results: dict) -> list[str]:
             rows = [[f"**{m}**" if m == msv else m] + [format_mean_std(r.get(k) or None) for k, _ in columns]
                     for m, r in results[setting][str(n)].items()]
             out += [f"### N = {n}", "", markdown_table(["method"] + [c for _, c in columns], rows), ""]
+            out += _interval_table(results, setting, n)
             if setting == "streaming":
                 out += _early_stop_line(results["early_stop"].get(str(n), {}))
     return out
@@ -91,7 +136,7 @@ def _lambda_section(results: dict) -> list[str]:
     cfg = results["config"]
     target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the best full-decoding validation accuracy"
     out = ["## λ selection (validation rule and risk-controlled LTT)", "",
-           f"Target accuracy per N and seed: {target}; "
+           f"Target accuracy per N and training seed: {target}; "
            f"LTT with δ = {cfg['ltt_delta']} (binomial p-values, fixed-sequence testing). "
            "Accuracy / tokens / latency achieved on the evaluation split.", ""]
     fmt = lambda stat, digits=3: format_mean_std(stat or None, digits)  # noqa: E731
@@ -104,6 +149,23 @@ def _lambda_section(results: dict) -> list[str]:
                 for m, rules in lam[str(n)].items() for rule, r in rules.items()]
         out += [f"### N = {n}", "", markdown_table(["method", "rule", "target", "λ", "val acc", "eval acc",
                                                      "eval tokens", "eval latency (s)", "certified (rate)"], rows), ""]
+    return out
+
+
+def _difficulty_section(results: dict) -> list[str]:
+    by = results.get("by_difficulty") or {}
+    if not by:
+        return []
+    name = results["config"].get("difficulty", "difficulty")
+    out = [f"## By {name}", "", f"Terminal answers, per value of {name}: best-of-N accuracy / Brier (mean over "
+                                "training seeds).", ""]
+    for n, levels in by.items():
+        values = list(levels)
+        methods = [m for m in levels[values[0]] if m != "problems"]
+        rows = [[m] + [f"{levels[v][m]['bon_accuracy']:.3f} / {levels[v][m]['brier']:.4f}" for v in values]
+                for m in methods]
+        out += [f"### N = {n}", "", markdown_table(["method"] + [f"{name} = {v} ({levels[v]['problems']} problems)"
+                                                                 for v in values], rows), ""]
     return out
 
 
@@ -127,7 +189,7 @@ def _costs_section(results: dict) -> list[str]:
 def render_report(results: dict) -> str:
     """The markdown report of an `evaluate_study` results dict (as returned, or read back from its JSON)."""
     out = [f"# {results['title']}", ""] + _data_section(results) + _setting_sections(results)
-    out += _lambda_section(results) + _costs_section(results)
+    out += _lambda_section(results) + _difficulty_section(results) + _costs_section(results)
     if results.get("figures"):
         out += ["## Figures", ""]
         for f in results["figures"]:
@@ -255,7 +317,7 @@ def _tradeoff_figures(plt, save, results: dict, curves: dict) -> None:
             for ax, axis in zip(axes, ("tokens", "latency")):
                 order = np.argsort(c.x(axis))
                 ax.plot(c.x(axis)[order], c.accuracy[order], label=m, **style)
-        axes[0].set_xlabel("chain-of-thought tokens (N sequences)")
+        axes[0].set_xlabel("chain-of-thought tokens (N sequences)")  # t* is in the JSON curves ("steps")
         axes[1].set_xlabel("latency (s)")
         for ax in axes:
             ax.set_ylabel("accuracy")

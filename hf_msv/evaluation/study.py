@@ -1,25 +1,35 @@
 """`evaluate_study`: every baseline, metric, figure and λ rule of the paper over collected shards and trained
-verifiers, with mean ± std over seeds (``hf-msv evaluate``).
+verifiers, with mean ± std over training seeds and paired bootstrap intervals over problems (``hf-msv evaluate``).
 
     from hf_msv.evaluation import evaluate_study
     results = evaluate_study("data/eval", {"Probe": "verifiers/probe", "MSV_1": "verifiers/msv1",
-                                           "MSV_16": "verifiers/msv16"}, "reports/eval",
-                             num_sequences_list=[1, 4, 16], seeds=5, val_dir="data/val")
+                                           "MSV_16": ["verifiers/msv16-seed0", "verifiers/msv16-seed1"]},
+                             "reports/eval", num_sequences_list=[1, 4, 16], val_dir="data/val")
 
 Protocol
 ========
 
-* **Groups and seeds.** Each problem of the evaluation shards has S collected sequences. For N in
-  ``num_sequences_list`` and seed s, every problem contributes one group: the N sequences of
-  ``np.random.default_rng([s, problem index]).permutation(S)[:N]`` (renumbered 0..N-1 in draw order). A seed is a
-  different random subset; every number is reported as mean ± sample std over seeds (`hf_msv.metrics.seed_stat`).
-  Groups are drawn by `hf_msv.data.draw_sequences`, read through `hf_msv.data.ShardDataset` and packed for the
-  verifiers by `hf_msv.data.collate_groups`: the reader and packer of training.
+* **Groups and training seeds.** Each problem of the evaluation shards has S collected sequences. At each N in
+  ``num_sequences_list`` the S_min sequences (the fewest any problem has) are split into a *fixed partition* of
+  ⌊S_min/N⌋ groups of N per problem (`hf_msv.evaluation.methods.evaluation_groups`), the same for every method and
+  setting; metrics pool every group of every problem. A verifier name may map to several checkpoints, one per
+  *training seed* (``{"MSV_16": [dirA, dirB, dirC]}``, or ``--verifier MSV_16=dirA --verifier MSV_16=dirB``);
+  every number is then reported as mean ± sample std over training seeds (`hf_msv.metrics.seed_stat`; ± 0 with one
+  checkpoint; verifier-free baselines do not depend on the seed). Groups are read through
+  `hf_msv.data.ShardDataset` and packed for the verifiers by `hf_msv.data.collate_groups`: the reader and packer of
+  training.
+* **Intervals** (`hf_msv.evaluation.intervals`): the primary MSV against every baseline on the same problems and
+  groups, paired bootstrap 95 % intervals over problems (``bootstrap`` resamples) of the differences in Brier,
+  best-of-N accuracy and best-of-N ECE, of the Brier ratio, and of the early-stop budget fractions.
 * **Settings.** *Terminal*: the group's N terminal answers. *Streaming*: every answer of the group (intermediate
   ones elicited at delimiters, and the terminal ones), in time order τ + L.
-* **Methods.** Verifier-free: Self-consistency (terminal), Token Probs (geometric mean of the answer-token
-  probabilities), DeepConf (lowest-group trace confidence of the chain of thought up to the answer, Platt-scaled on
-  the validation split). Trained single-sequence verifiers (the Probe, MSV₁; config ``num_sequences == 1`` or a
+* **Methods.** Verifier-free: Self-consistency (terminal: vote share among the N terminal answers), the
+  *latest-answer vote* (streaming: at an answer's availability time, the share of sequences whose latest available
+  answer is in its class; `hf_msv.baselines.latest_answer_vote`), both also Platt-calibrated on validation
+  ("(calibrated)"), Token Probs (geometric mean of the answer-token probabilities), DeepConf (lowest-group trace
+  confidence of the chain of thought up to the answer, Platt-scaled on the validation split). The *stacked*
+  baseline: logistic regression on [vote share, Probe logit] fitted on validation (`hf_msv.evaluation.methods`).
+  Trained single-sequence verifiers (the Probe, MSV₁; config ``num_sequences == 1`` or a
   Probe) score every answer independently of the group. Optional *PRM* baseline (``prm``: a Qwen2.5-Math-PRM-style
   process reward model, `hf_msv.evaluation.prm`): each answer scored from the question and the chain of thought up
   to it, decoded from the shards' CoT token ids with the LM's tokenizer. Aggregations ``X+WV``: weighted voting
@@ -37,18 +47,27 @@ Protocol
   accuracy, ECE and Brier over the (p†, y†) pairs of the picks among terminal answers; Brier per token position
   (bins of τ).
 * **Early stopping** (`hf_msv.evaluation.early_stop`): the stopping rule replayed over each group's recorded answer
-  stream with λ swept over 0..1 (+∞ = full decoding); accuracy vs chain-of-thought tokens and vs latency; AUTC;
-  ``early_stop_token_fraction`` of the primary MSV against the baseline with the highest peak accuracy.
+  stream with λ swept over 0..1 (+∞ = full decoding); accuracy vs token position t* (``steps``: the latency of
+  parallel decoding, the paper's axis), vs latency and vs chain-of-thought tokens summed over the N sequences;
+  AUTC on each axis, normalised: AUTC_norm = (1/B) ∫_0^B acc(b) db with B the full-decoding budget on that axis,
+  a mean accuracy in [0, 1] whose scale does not depend on N. The primary MSV against the baseline with the
+  highest peak accuracy, twice: among the *single-sequence* baselines (the paper's comparison) and among *all*
+  baselines (aggregations included): budget fraction MSV needs to reach that peak, per axis, with its interval.
   Latency = t*·decode_step_s + (answers seen)·(elicit_s + verify_s): ``decode_step_s`` and ``elicit_s`` come from
   ``lm_costs`` (else the shard's collection info ``latency`` entry, else 0 with a warning); ``verify_s`` is
   *measured* per verifier and N by scoring a few groups online (KV-cached MSV, one call per arrival time), i.e. the
   streaming cost, not the offline batched one; the PRM's is its measured (batched) scoring time per answer.
   Verifier-free methods cost 0.
-* **λ rules** (needs ``val_dir``): per N and seed, a common accuracy target (``target_accuracy``, default 0.95 × the
+* **λ rules** (needs ``val_dir``): per N and training seed, a common accuracy target (``target_accuracy``, default
+  0.95 × the
   best method's full-decoding validation accuracy) is met (1) *by validation*: the cheapest λ on the validation
   curve reaching it (`select_lambda_validation`), and (2) *risk-controlled* by Learn-then-Test
   (`select_lambda_ltt`, δ = ``ltt_delta``). Both report the accuracy, tokens and latency they achieve on the
   evaluation split.
+
+* **By difficulty** (with ``difficulty``: problem id -> a difficulty value, e.g. the testbed's reasoning steps, or
+  any problem metadata field via `difficulty_from_problems`): per N and value, the problems, and each method's
+  Brier (terminal answers) and best-of-N accuracy, mean over training seeds.
 
 Outputs in ``output_dir``: ``{report_name}.md`` (tables, every figure referenced), ``{report_name}.json`` (every
 number, per-seed values included; NaN → null) and PNG figures (reliability diagrams, best-of-N vs N, trade-off
@@ -66,7 +85,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import AnswerGroup, CollectedProblem, ShardDataset, draw_sequences
+from ..data import AnswerGroup, CollectedProblem, ShardDataset
 from ..metrics import best_of_n_metrics, best_of_n_pairs, calibration_metrics, seed_stat
 from ..utils import json_safe
 from .early_stop import (
@@ -79,28 +98,35 @@ from .early_stop import (
     select_lambda_validation,
     tradeoff_curve,
 )
+from .intervals import AXES, fraction_interval, metric_intervals, problem_curves, problem_numbers
 from .methods import (
     PRM,
     SETTINGS,
+    STACKED,
+    VOTE_BASELINES,
     SplitScores,
+    add_linear_probe,
     add_prm_scores,
     draw_scores,
+    evaluation_groups,
     fit_deepconf,
     method_label,
     method_plan,
     prepare_split,
+    with_verifiers,
 )
 from .prm import PRMScorer, load_lm_tokenizer, require_cot_token_ids
 from .report import render_report, write_figures
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
-from .verifiers import VerifierEntry, load_verifiers
+from .verifiers import VerifierEntry, load_verifier_seeds
 
-__all__ = ["evaluate_study"]
+__all__ = ["evaluate_study", "difficulty_from_problems"]
 
 
 @dataclass
 class _Study:
-    """What every (N, seed) draw of one study shares: the splits, verifiers and protocol settings."""
+    """What every N of one training seed shares: the splits (scored by that seed's verifiers), verifiers and
+    protocol settings."""
 
     split: SplitScores
     val: SplitScores | None
@@ -113,16 +139,19 @@ class _Study:
     ltt_delta: float
     cost_groups: int
     edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    n_boot: int = 1000
 
 
 @dataclass
 class _PerN:
-    """Accumulators of one N over seeds."""
+    """Accumulators of one N over training seeds."""
 
     lm: LatencyCosts
-    plans: dict
+    plans: list  # per training seed: setting -> `method_plan`
     verify_s: dict = field(default_factory=dict)  # method label -> online seconds per answer
     per_seed: dict = field(default_factory=lambda: {s: {} for s in SETTINGS})  # setting -> method -> metric -> []
+    numbers: dict = field(default_factory=lambda: {s: {} for s in SETTINGS})  # setting -> method -> [ProblemNumbers]
+    problem_curves: dict = field(default_factory=dict)  # method -> [ProblemCurves per seed]
     curves: dict = field(default_factory=dict)  # method -> [TradeoffCurve per seed]
     positions: dict = field(default_factory=dict)  # method -> [Brier per position bin, per seed]
     lam_sel: dict = field(default_factory=dict)  # method -> rule -> [per-seed dicts]
@@ -139,9 +168,9 @@ def evaluate_study(
     verifiers: Mapping,
     output_dir,
     num_sequences_list: Sequence[int] = (1, 4, 16, 64),
-    seeds: int = 5,
     val_dir=None,
     *,
+    bootstrap: int = 1000,
     checker=None,
     checker_kwargs: dict | None = None,
     lm_costs: LatencyCosts | Mapping | None = None,
@@ -162,15 +191,19 @@ def evaluate_study(
     prm: PRMScorer | str | None = None,
     prm_kwargs: dict | None = None,
     lm_tokenizer=None,
+    difficulty: Mapping | None = None,
+    difficulty_name: str = "difficulty",
 ) -> dict:
     """Evaluate every baseline and verifier on the shards in `eval_dir` (protocol in the module docstring).
 
     Args:
         eval_dir: evaluation shards (a directory, a shard, or a list).
-        verifiers: name -> checkpoint directory (or loaded model), or name -> {"terminal": ..., "streaming": ...}.
-            Single-sequence verifiers (Probe, MSV₁) also get a "+WV" row.
+        verifiers: name -> checkpoint directory (or loaded model), or name -> {"terminal": ..., "streaming": ...},
+            or name -> a list of those, one per training seed (`load_verifier_seeds`). Single-sequence verifiers
+            (Probe, MSV₁) also get a "+WV" row.
         output_dir: where the report, JSON and figures go.
-        num_sequences_list: the N values. seeds: random group draws per N.
+        num_sequences_list: the N values.
+        bootstrap: resamples of the paired bootstrap intervals over problems (0: no intervals).
         val_dir: validation shards: DeepConf's Platt scaling and both λ rules (skipped without it).
         checker, checker_kwargs: re-derive equivalence classes (eval and val) with this checker; labels unchanged.
         lm_costs: `LatencyCosts` (decode_step_s, elicit_s) or {N: LatencyCosts}; default: the shard info's
@@ -178,7 +211,7 @@ def evaluate_study(
         wv_threshold: R of streaming weighted voting (paper: 16).
         deepconf_window, deepconf_stat: DeepConf group window (tokens) and statistic.
         target_accuracy, target_fraction: λ-rule target: given, or target_fraction × the best method's
-            full-decoding accuracy on validation (per N and seed).
+            full-decoding accuracy on validation (per N and training seed).
         ltt_delta: LTT risk level δ. lambdas: the λ grid (must contain ∞ for AUTC's full-decoding bound).
         cost_groups: groups scored online to measure each streaming verifier's cost per answer.
         position_bins: bins of τ for Brier per token position.
@@ -188,6 +221,8 @@ def evaluate_study(
             (after checking that the shards keep CoT token ids). None: no PRM.
         lm_tokenizer: decodes the chains of thought for the PRM (a tokenizer, path or Hub id); default: the LM
             tokenizer named in the shards' collection info.
+        difficulty, difficulty_name: problem id -> difficulty value (`difficulty_from_problems`), and what the
+            value is called in the report; problems without a value are left out of the breakdown.
     Returns the results dict also written to ``{output_dir}/{report_name}.json``.
     """
     from tqdm.auto import tqdm
@@ -195,34 +230,44 @@ def evaluate_study(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     ns = sorted({int(n) for n in num_sequences_list})
-    entries = load_verifiers(verifiers)
+    seed_entries = load_verifier_seeds(verifiers)
     dataset = ShardDataset(eval_dir, checker=checker, checker_kwargs=checker_kwargs)
     if ns[-1] > dataset.num_sequences:  # the dataset's default N is the fewest sequences any problem has
         raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {dataset.num_sequences} "
                          "sequences")
     val_data = None if val_dir is None else ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs)
     prm_scorer, lm_tok = _load_prm(prm, prm_kwargs, lm_tokenizer, dataset, val_data)
-    splits = [prepare_split(d, entries, deepconf_window, deepconf_stat, max_tokens) if d is not None else None
-              for d in (dataset, val_data)]
-    split, val = splits
+    split, val = [prepare_split(d, deepconf_window, deepconf_stat) if d is not None else None
+                  for d in (dataset, val_data)]
     if prm_scorer is not None:
-        for s in filter(None, splits):
+        for s in filter(None, (split, val)):
             add_prm_scores(s, prm_scorer, lm_tok, progress)
     fit_deepconf(split, val)
+    if not any(e.kind == "probe" for e in seed_entries[0]):  # the stacked baseline's Probe feature
+        add_linear_probe(split, val)
     lm_costs, cost_source = _resolve_lm_costs(lm_costs, split.info)
-    study = _Study(split, val, entries, wv_threshold, max_tokens, lambdas, target_accuracy, target_fraction,
-                   ltt_delta, cost_groups, _position_edges(split.problems, position_bins))
-
+    edges = _position_edges(split.problems, position_bins)
+    studies = [_Study(with_verifiers(split, entries, max_tokens),
+                      None if val is None else with_verifiers(val, entries, max_tokens), entries, wv_threshold,
+                      max_tokens, lambdas, target_accuracy, target_fraction, ltt_delta, cost_groups, edges, bootstrap)
+               for entries in seed_entries]
+    entries = seed_entries[0]
     results: dict = {
         "title": title,
         "config": {"eval_dir": str(eval_dir), "val_dir": None if val_dir is None else str(val_dir),
                    "verifiers": {e.name: {"kind": e.kind, "num_sequences": e.num_sequences,
                                           "modes": sorted(e.models)} for e in entries},
-                   "num_sequences_list": ns, "seeds": seeds, "checker": None if checker is None else str(checker),
+                   "num_sequences_list": ns, "training_seeds": len(seed_entries),
+                   "groups": "fixed partition of the collected sequences into ⌊S/N⌋ groups of N per problem",
+                   "bootstrap": bootstrap, "checker": None if checker is None else str(checker),
                    "checker_kwargs": checker_kwargs or {}, "wv_threshold": wv_threshold,
                    "deepconf_window": deepconf_window, "deepconf_stat": deepconf_stat,
                    "target_accuracy": target_accuracy, "target_fraction": target_fraction, "ltt_delta": ltt_delta,
                    "deepconf_calibration": "platt on validation" if val else "platt, 2-fold cross-fit on eval",
+                   "vote_calibration": "fitted on validation" if val else "2-fold cross-fit on eval",
+                   "stacked_probe": next((e.name for e in entries if e.kind == "probe"), None) or (
+                       "linear probe on mean-pooled answer states, fitted on "
+                       + ("validation" if val else "eval (2-fold cross-fit)")),
                    "prm": None if prm_scorer is None else {
                        "model": prm_scorer.name, "aggregate": prm_scorer.aggregate,
                        "step_separator": prm_scorer.step_separator,
@@ -231,19 +276,26 @@ def evaluate_study(
         "costs": {"source": cost_source, "lm": {}, "verifier_online_s_per_answer": {},
                   "verifier_offline_s_per_answer": {}, "prm": _prm_cost(split, val)},
         "methods": {}, "terminal": {}, "streaming": {}, "early_stop": {}, "lambda_selection": {},
-        "brier_by_position": {}, "figures": [],
+        "intervals": {}, "brier_by_position": {}, "by_difficulty": {}, "figures": [],
     }
+    if difficulty is not None:
+        results["config"]["difficulty"] = difficulty_name
+    levels = None if difficulty is None else [difficulty.get(p.problem_id) for p in split.problems]
     reliability, curves = {}, {}  # for the figures: N -> method -> pooled pairs; str(N) -> method -> mean curve
-    bar = tqdm(total=len(ns) * seeds, desc="evaluate", unit="draw", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=len(ns) * len(studies), desc="evaluate", unit="seed", disable=not progress,
+               dynamic_ncols=True)
     for n in ns:
-        acc = _PerN(lm_cost_for(lm_costs, n), {s: method_plan(entries, n, s, split) for s in SETTINGS})
-        acc.verify_s = _online_costs(study, n, acc.plans)
+        acc = _PerN(lm_cost_for(lm_costs, n), [{s: method_plan(st.entries, n, s, st.split) for s in SETTINGS}
+                                                for st in studies])
+        acc.verify_s = _online_costs(studies[0], n, acc.plans[0])
         if split.prm_cost:
             acc.verify_s[PRM] = split.prm_cost["seconds"] / max(split.prm_cost["answers"], 1)
-        for seed in range(seeds):
+        for seed, study in enumerate(studies):
             _evaluate_draw(study, n, seed, acc)
             bar.update(1)
-        _summarise_n(results, n, acc, study.edges)
+        _summarise_n(results, n, acc, edges, bootstrap)
+        if levels is not None:
+            results["by_difficulty"][str(n)] = _by_difficulty(acc, levels)
         reliability[n] = acc.reliability
         curves[str(n)] = {m: _mean_curve(c) for m, c in acc.curves.items()}
     bar.close()
@@ -297,10 +349,10 @@ def _resolve_lm_costs(lm_costs, info: dict) -> tuple[dict, str]:
 
 
 def _online_costs(study: _Study, n: int, plans: dict) -> dict[str, float]:
-    """Online verifier cost per answer of each streaming verifier taking part at N, measured once per N on seed 0's
-    first groups."""
+    """Online verifier cost per answer of each streaming verifier taking part at N, measured once per N (first
+    training seed) on the first group of the first problems."""
     problems = study.split.problems
-    seqs0 = [draw_sequences(p.num_sequences, n, 0, i) for i, p in enumerate(problems)]
+    seqs0 = [evaluation_groups(study.split.dataset.num_sequences, n, i)[0] for i in range(len(problems))]
     verify_s = {}
     for e in study.entries:
         model, _ = e.model_for("streaming")
@@ -312,18 +364,22 @@ def _online_costs(study: _Study, n: int, plans: dict) -> dict[str, float]:
 
 
 def _evaluate_draw(study: _Study, n: int, seed: int, acc: _PerN) -> None:
-    """Every method's metrics on one (N, seed) draw, both settings, into `acc` (and the λ rules with validation)."""
+    """Every method's metrics on the evaluation groups at N with training seed `seed`'s verifiers, both settings,
+    into `acc` (and the λ rules with validation)."""
     for setting in SETTINGS:
-        groups, offline = draw_scores(study.split, n, seed, setting, study.wv_threshold, study.max_tokens,
-                                      acc.plans[setting])
-        acc.offline.update(offline)
+        draw = draw_scores(study.split, n, setting, study.wv_threshold, study.max_tokens, acc.plans[seed][setting],
+                           study.val)
+        groups, num_problems = draw.groups, len(study.split.problems)
+        acc.offline.update(draw.offline)
         for method in _methods_in(groups):
             p, y = _pooled(groups, method)
             row = _quiet(calibration_metrics, p, y)
             bon = _quiet(best_of_n_metrics, groups, method)
             row |= {f"bon_{k}": v for k, v in bon.items()}
+            acc.numbers[setting].setdefault(method, []).append(
+                problem_numbers(groups, draw.problem_of, num_problems, method))
             if setting == "streaming":
-                row |= _streaming_metrics(study, groups, method, acc)
+                row |= _streaming_metrics(study, draw, method, acc)
             for k, v in row.items():
                 acc.per_seed[setting].setdefault(method, {}).setdefault(k, []).append(v)
             if setting == "terminal":
@@ -335,31 +391,39 @@ def _evaluate_draw(study: _Study, n: int, seed: int, acc: _PerN) -> None:
             _lambda_rules(study, n, seed, acc, groups)
 
 
-def _streaming_metrics(study: _Study, groups: list[AnswerGroup], method: str, acc: _PerN) -> dict:
-    """Early-stopping metrics of one method on one draw (and its curve and Brier by position, kept in `acc`)."""
-    acc.positions.setdefault(method, []).append(_brier_by_position(groups, method, study.edges))
-    c = tradeoff_curve(groups, method, study.lambdas, acc.costs_for(method))
+def _streaming_metrics(study: _Study, draw, method: str, acc: _PerN) -> dict:
+    """Early-stopping metrics of one method on one training seed's groups (its per-problem curves, trade-off curve
+    and Brier by position are kept in `acc`)."""
+    acc.positions.setdefault(method, []).append(_brier_by_position(draw.groups, method, study.edges))
+    pc = problem_curves(draw.groups, draw.problem_of, len(study.split.problems), method, study.lambdas,
+                        acc.costs_for(method))
+    acc.problem_curves.setdefault(method, []).append(pc)
+    c = pc.curve()
     acc.curves.setdefault(method, []).append(c)
-    return {"autc_tokens": autc(c, "tokens"), "autc_tokens_norm": autc(c, "tokens", True),
-            "autc_latency": autc(c, "latency"), "autc_latency_norm": autc(c, "latency", True),
-            "full_accuracy": float(c.accuracy[np.argmax(c.lambdas)]), "peak_accuracy": float(c.accuracy.max()),
-            "full_tokens": float(c.tokens.max()), "full_latency": float(c.latency.max())}
+    full = int(np.argmax(c.lambdas))
+    return {**{f"autc_{x}": autc(c, x) for x in AXES}, **{f"autc_{x}_norm": autc(c, x, True) for x in AXES},
+            "full_accuracy": float(c.accuracy[full]), "peak_accuracy": float(c.accuracy.max()),
+            "full_tokens": float(c.tokens.max()), "full_steps": float(c.steps.max()),
+            "full_latency": float(c.latency.max())}
 
 
-def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray) -> None:
-    """Write N's seed-aggregated numbers into `results`."""
+def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: int) -> None:
+    """Write N's numbers (mean ± std over training seeds, intervals over problems) into `results`."""
     key = str(n)
-    plans = acc.plans
+    plans = acc.plans[0]
     primary = plans["streaming"]["primary"] or plans["terminal"]["primary"]
     results["costs"]["lm"][key] = asdict(acc.lm)
     results["costs"]["verifier_online_s_per_answer"][key] = dict(acc.verify_s)
     results["costs"]["verifier_offline_s_per_answer"][key] = dict(acc.offline)
+    msv = None if primary is None else method_label(primary, n)
+    multi = sorted({method_label(e, n) for s in SETTINGS for e in plans[s]["msv"]})
+    single = [m for m in plans["terminal"]["base"] if m != msv]
     results["methods"][key] = {
         "terminal": list(acc.per_seed["terminal"]), "streaming": list(acc.per_seed["streaming"]),
-        "msv": None if primary is None else method_label(primary, n),
-        "grouped": bool(plans["streaming"]["grouped"] or plans["terminal"]["grouped"]),
-        "single_sequence": list(plans["terminal"]["base"]),
-        "multi_sequence": sorted({method_label(e, n) for s in SETTINGS for e in plans[s]["msv"]}),
+        "msv": msv, "grouped": bool(plans["streaming"]["grouped"] or plans["terminal"]["grouped"]),
+        "single_sequence": list(plans["terminal"]["base"]), "multi_sequence": multi,
+        "aggregations": [m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s]["wv"])
+                         if m in acc.per_seed[s]],
     }
     for s in SETTINGS:
         results[s][key] = {m: {k: seed_stat(v) for k, v in d.items()} for m, d in acc.per_seed[s].items()}
@@ -368,8 +432,11 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray) -> None:
         results["brier_by_position"][key] = {
             "edges": edges.tolist(), **{m: np.nanmean(np.asarray(v, dtype=float), axis=0).tolist()
                                         for m, v in acc.positions.items()}}
-    results["early_stop"][key] = _early_stop_summary(acc.curves, results["methods"][key]["msv"],
-                                                     results["methods"][key]["multi_sequence"])
+    results["early_stop"][key] = _early_stop_summary(acc, msv, multi, single, n_boot)
+    if n_boot and msv is not None:
+        results["intervals"][key] = {
+            s: {m: metric_intervals(acc.numbers[s][msv], nums, n_boot) for m, nums in acc.numbers[s].items()
+                if m != msv and m not in multi} for s in SETTINGS if msv in acc.numbers[s]}
     if acc.lam_sel:
         results["lambda_selection"][key] = {m: {rule: _summarise_rule(vals) for rule, vals in d.items()}
                                             for m, d in acc.lam_sel.items()}
@@ -381,9 +448,10 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray) -> None:
 
 
 def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: list[AnswerGroup]) -> None:
-    """Both λ rules of every streaming method on the same (N, seed) draw of validation, applied to `eval_groups`."""
-    vgroups, _ = draw_scores(study.val, n, seed, "streaming", study.wv_threshold, study.max_tokens,
-                             dict(acc.plans["streaming"]))
+    """Both λ rules of every streaming method on the validation groups at N (same training seed), applied to
+    `eval_groups`."""
+    vgroups = draw_scores(study.val, n, "streaming", study.wv_threshold, study.max_tokens,
+                          dict(acc.plans[seed]["streaming"]), study.val).groups
     methods = _methods_in(eval_groups)
     vcurves = {m: tradeoff_curve(vgroups, m, study.lambdas, acc.costs_for(m)) for m in methods}
     if study.target_accuracy is None:
@@ -405,6 +473,34 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
             {"target": target, "lambda": ltt.lam, "val_accuracy": ltt.val_accuracy, "val_tokens": ltt.val_tokens,
              "eval_accuracy": ltt.eval_accuracy, "eval_tokens": ltt.eval_tokens, "eval_latency": ltt.eval_latency,
              "certified": float(ltt.certified)})
+
+
+def _by_difficulty(acc: _PerN, levels: list) -> dict:
+    """{value: {"problems": count, method: {"brier", "bon_accuracy"}}} over the problems of each difficulty value
+    (terminal answers; mean over training seeds), values in sorted order."""
+    out = {}
+    known = sorted({v for v in levels if v is not None}, key=lambda v: (isinstance(v, str), v))
+    for value in known:
+        idx = np.array([lv == value for lv in levels])
+        row: dict = {"problems": int(idx.sum())}
+        for m, nums in acc.numbers["terminal"].items():
+            brier = np.mean([x.sq_err[idx].sum() / max(x.count[idx].sum(), 1) for x in nums])
+            row[m] = {"brier": float(brier), "bon_accuracy": float(np.mean([x.bon_y[idx].mean() for x in nums]))}
+        out[str(value)] = row
+    return out
+
+
+def difficulty_from_problems(problems, field_name: str) -> dict:
+    """problem id -> difficulty of `hf_msv.data.Problem`s: ``problem.meta[field_name]`` (a list counts as its
+    length, e.g. the testbed's ``ops``: its reasoning steps); problems without the field are left out."""
+    out = {}
+    for p in problems:
+        if field_name in p.meta:
+            v = p.meta[field_name]
+            out[p.id] = len(v) if isinstance(v, (list, tuple)) else v
+    if not out:
+        raise ValueError(f"no problem has the metadata field {field_name!r}")
+    return out
 
 
 def _summarise_rule(values: list[dict]) -> dict:
@@ -483,25 +579,57 @@ def _data_summary(problems: list[CollectedProblem], info: dict, val: SplitScores
     return out
 
 
-def _early_stop_summary(curves: dict[str, list[TradeoffCurve]], msv: str | None, multi: Sequence[str]) -> dict:
-    """Seed-mean curves, and how the primary MSV compares with the baseline of highest peak accuracy (every method
-    but the multi-sequence MSVs is a baseline; ties in peak accuracy go to the one needing fewer tokens)."""
+def _best_peak(mean: dict, names: list[str], axis: str) -> str | None:
+    """The method of highest peak accuracy among `names` (ties: the one needing the least budget on `axis`)."""
+    names = [m for m in names if m in mean]
+    if not names:
+        return None
+    return max(names, key=lambda m: (round(float(mean[m].accuracy.max()), 12),
+                                     -float(mean[m].x(axis)[np.argmax(mean[m].accuracy)])))
+
+
+def _comparison(acc: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dict:
+    """MSV against one baseline on every axis: budget fraction to reach its peak (seed-mean curves), per training
+    seed, and its paired bootstrap interval over problems."""
+    out = {"baseline": best, "baseline_peak_accuracy": float(mean[best].accuracy.max()),
+           "msv_peak_accuracy": float(mean[msv].accuracy.max())}
+    for axis in AXES:
+        out[axis] = {"fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best], axis),
+                     "per_seed": [_quiet(early_stop_token_fraction, a, b, axis)
+                                  for a, b in zip(acc.curves[msv], acc.curves[best])],
+                     "interval": fraction_interval(acc.problem_curves[msv], acc.problem_curves[best], axis, n_boot)
+                     if n_boot else None}
+    return out
+
+
+def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], single: Sequence[str],
+                        n_boot: int) -> dict:
+    """Seed-mean curves, and how the primary MSV compares with the baseline of highest peak accuracy, among the
+    single-sequence baselines (the paper's comparison) and among all of them (every method but the
+    multi-sequence MSVs). The top-level ``best_baseline`` / ``token_fraction`` / ``latency_fraction`` keys are the
+    comparison with all baselines on summed tokens and latency (as before the token-position axis was added)."""
+    curves = acc.curves
     out = {"curves": {m: _curve_dict(c) for m, c in curves.items()}}
     if msv is None or msv not in curves:
         return out
-    baselines = [m for m in curves if m != msv and m not in multi]
-    if not baselines:
-        return out
     mean = {m: _mean_curve(c) for m, c in curves.items()}
-    best = max(baselines, key=lambda m: (round(float(mean[m].accuracy.max()), 12),
-                                         -float(mean[m].tokens[np.argmax(mean[m].accuracy)])))
-    per_seed = [_quiet(early_stop_token_fraction, a, b) for a, b in zip(curves[msv], curves[best])]
-    per_seed_lat = [_quiet(early_stop_token_fraction, a, b, "latency") for a, b in zip(curves[msv], curves[best])]
+    pools = {"single_sequence": list(single), "all": [m for m in curves if m != msv and m not in multi]}
+    comps = {}
+    for name, pool in pools.items():
+        best = _best_peak(mean, pool, "steps")
+        if best is not None:
+            comps[name] = _comparison(acc, mean, msv, best, n_boot)
+    if "all" not in comps:
+        return out
+    best = _best_peak(mean, pools["all"], "tokens")
     out |= {"msv": msv, "best_baseline": best,
             "best_baseline_peak_accuracy": float(mean[best].accuracy.max()),
             "msv_peak_accuracy": float(mean[msv].accuracy.max()),
             "token_fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best]),
-            "token_fraction_per_seed": per_seed,
+            "token_fraction_per_seed": [_quiet(early_stop_token_fraction, a, b)
+                                        for a, b in zip(curves[msv], curves[best])],
             "latency_fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best], "latency"),
-            "latency_fraction_per_seed": per_seed_lat}
+            "latency_fraction_per_seed": [_quiet(early_stop_token_fraction, a, b, "latency")
+                                          for a, b in zip(curves[msv], curves[best])],
+            "comparisons": comps}
     return out

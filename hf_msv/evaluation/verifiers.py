@@ -1,4 +1,5 @@
-"""Loading trained verifiers for evaluation: checkpoints, named entries by mode, and ``NAME=PATH`` specs."""
+"""Loading trained verifiers for evaluation: checkpoints, named entries by mode, ``NAME=PATH`` specs, and training
+seeds (several checkpoints of one name: one verifier per training run)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_verifier", "VerifierEntry", "load_verifiers", "parse_verifier_specs"]
+__all__ = ["load_verifier", "VerifierEntry", "load_verifiers", "load_verifier_seeds", "parse_verifier_specs"]
 
 
 def load_verifier(path_or_model):
@@ -74,13 +75,39 @@ def load_verifiers(verifiers: Mapping) -> list[VerifierEntry]:
     return out
 
 
+def load_verifier_seeds(verifiers: Mapping) -> list[list[VerifierEntry]]:
+    """One `load_verifiers` list per training seed.
+
+    A name maps to one spec (a checkpoint, a model or ``{"terminal": ..., "streaming": ...}``) or to a list of them,
+    one per training seed. Every name with several seeds must have the same number R; a name with one is shared by
+    all R seeds (loaded once). Returns R lists of entries, in the order of `verifiers`.
+    """
+    per_name = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in verifiers.items()}
+    counts = {len(v) for v in per_name.values() if len(v) > 1}
+    if len(counts) > 1:
+        raise ValueError(f"every verifier with several training seeds needs the same number of them, got "
+                         f"{ {k: len(v) for k, v in per_name.items()} }")
+    if any(len(v) == 0 for v in per_name.values()):
+        raise ValueError("a verifier name without a checkpoint")
+    r = counts.pop() if counts else 1
+    loaded = {k: [load_verifiers({k: spec})[0] for spec in v] for k, v in per_name.items()}
+    return [[v[s] if len(v) > 1 else v[0] for v in loaded.values()] for s in range(r)]
+
+
 def parse_verifier_specs(specs: Sequence[str]) -> dict:
-    """``NAME=PATH`` items (repeat a NAME for its terminal and streaming checkpoints) -> the `verifiers` mapping."""
+    """``NAME=PATH`` items -> the `verifiers` mapping of `load_verifier_seeds`. Repeat a NAME for its terminal and
+    streaming checkpoints; a NAME whose mode is given again is another training seed (seeds are filled in order:
+    a checkpoint joins the first seed of that name lacking its mode). One seed: name -> {mode: path}; several:
+    name -> [{mode: path}, ...]."""
     out: dict = {}
     for spec in specs:
         if "=" not in spec:
             raise ValueError(f"--verifier takes NAME=PATH, got {spec!r}")
         name, path = spec.split("=", 1)
         mode = json.loads((Path(path) / "config.json").read_text()).get("mode", "streaming")
-        out.setdefault(name, {})[mode] = path
-    return out
+        seeds = out.setdefault(name, [])
+        slot = next((s for s in seeds if mode not in s), None)
+        if slot is None:
+            seeds.append(slot := {})
+        slot[mode] = path
+    return {k: v[0] if len(v) == 1 else v for k, v in out.items()}

@@ -4,21 +4,54 @@ Each claim is a dict ``{"id", "claim", "paper", "held", "sentence", "numbers"}``
 testable on this run), ``sentence`` starts with "Held: ", "Did not hold: " or "Not testable: " and gives the numbers
 the verdict rests on. `compute_claims` returns them in report order (C1-C5 on the main study, then one or two per
 further study that ran); ``testbed.md``'s verdicts and the README's are these.
+
+**Intervals.** When the summary carries the training-seed protocol's numbers (``intervals`` and
+``early_stop_comparisons`` of `hf_msv.evaluation.evaluate_study`), a main-study verdict is "held" only if the paired
+bootstrap 95 % interval over problems clears the target (e.g. C1: the upper end of the MSV/baseline Brier ratio
+≤ 0.80; C2: the lower end of the best-of-N gain ≥ 2 pp); the early-stop claim is stated twice, on the paper's axis
+(token position t*), against the best single-sequence baseline (the paper's sentence) and against the best of all
+baselines (aggregations included); and MSV_N's Brier is also compared with the vote baselines (calibrated
+self-consistency, the stacked [vote, Probe] regression). Summaries without intervals (older runs) get the point
+verdicts they were published with.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 from .config import ReproduceConfig
 from .paper import PAPER
 from .summary import best_bon_baseline, best_method, stat_mean
 
-__all__ = ["SINGLE_SEQUENCE", "compute_claims", "config_of", "make_claim", "main_claims", "checker_claims",
+__all__ = ["SINGLE_SEQUENCE", "VOTE_BASELINES", "compute_claims", "config_of", "make_claim", "main_claims",
+           "checker_claims",
            "mask_claims", "delimiter_claims", "grouping_claims", "training_size_claims"]
 
 # The single-sequence verifiers (and trace-confidence baselines) MSV_N must beat on calibration (C1, C4).
 SINGLE_SEQUENCE = ("Token Probs", "DeepConf", "Probe", "MSV_1")
+# The baselines built on the vote that MSV_N's Brier is also held against (when the summary has them).
+VOTE_BASELINES = ("Self-consistency (calibrated)", "Stacked (vote + Probe)")
+
+
+def _interval(r: dict, setting: str, base: str | None, key: str) -> dict | None:
+    """The bootstrap interval of MSV_N − `base` (a ratio for ``brier_ratio``) on `key`; None in older summaries."""
+    return (r.get("intervals") or {}).get(setting, {}).get(base or "", {}).get(key)
+
+
+def _end(iv: dict, which: str) -> float:
+    """An interval end, with null (JSON for an infinite end) read as +∞."""
+    v = iv.get(which)
+    return math.inf if v is None else float(v)
+
+
+def _ci(iv: dict, scale: float = 1.0, digits: int = 3, transform=None) -> str:
+    """"[low, high]" of an interval, scaled or transformed (e.g. ratio -> reduction, which swaps the ends)."""
+    lo, hi = _end(iv, "low") * scale, _end(iv, "high") * scale
+    if transform is not None:
+        lo, hi = sorted((transform(lo), transform(hi)))
+    f = lambda x: "∞" if math.isinf(x) else f"{x:.{digits}f}"  # noqa: E731
+    return f"[{f(lo)}, {f(hi)}]"
 
 
 def make_claim(cid: str, text: str, paper: str, held: bool | None, sentence: str, **numbers) -> dict:
@@ -42,14 +75,40 @@ def _terminal_brier(main: dict, n: int) -> dict:
     red = 1 - ours / bb if bb and not math.isnan(ours) else math.nan
     paper = PAPER["terminal"].get(str(n), {}).get("MSV_N", {}).get("brier")
     paper_best = min(PAPER["terminal"]["1"][m]["brier"] for m in ("Probe", "MSV_1", "PRM"))
+    iv = _interval(r, "terminal", base, "brier_ratio")
+    held = None if math.isnan(red) else bool(red >= 0.20 if iv is None else _end(iv, "high") <= 0.80)
     return make_claim(
         f"terminal_brier_N{n}", f"MSV_{n} terminal Brier ≥ 20 % lower than the best single-sequence baseline",
         f"AIME: MSV_N {paper} vs best single-sequence {paper_best} ({1 - paper / paper_best:.0%} lower)"
-        if paper else "—",
-        None if math.isnan(red) else bool(red >= 0.20),
+        if paper else "—", held,
         f"at N={n}, {msv} Brier {ours:.4f} vs {base} {bb:.4f} ("
-        + (f"{red:.0%} lower" if red >= 0 else f"{-red:.0%} higher") + "; needed ≥ 20 % lower).",
-        msv=ours, best_baseline=base, best_baseline_value=bb, reduction=red)
+        + (f"{red:.0%} lower" if red >= 0 else f"{-red:.0%} higher")
+        + ("; needed ≥ 20 % lower)." if iv is None else
+           f"; 95 % interval of the reduction {_ci(iv, transform=lambda x: 1 - x, digits=2)}, needed ≥ 0.20 "
+           "throughout)."),
+        msv=ours, best_baseline=base, best_baseline_value=bb, reduction=red,
+        **({} if iv is None else {"interval": iv}))
+
+
+def _brier_vs_votes(main: dict, n: int) -> list[dict]:
+    """MSV_N's terminal Brier below the vote baselines' (calibrated self-consistency, stacked), interval < 0; only
+    for summaries that have them."""
+    r = main[str(n)]
+    msv, term = r["msv"], r["terminal"]
+    rows = {b: _interval(r, "terminal", b, "brier") for b in VOTE_BASELINES if b in term}
+    rows = {b: iv for b, iv in rows.items() if iv is not None}
+    if not rows or msv not in term:
+        return []
+    ours = stat_mean(term[msv]["brier"])
+    return [make_claim(
+        f"terminal_brier_vs_votes_N{n}", f"MSV_{n} terminal Brier below calibrated self-consistency's and the "
+                                         "stacked [vote, Probe] baseline's",
+        "— (not in the paper: the recalibrated vote is what MSV_N's Brier gain could be)",
+        bool(all(_end(iv, "high") < 0 for iv in rows.values())),
+        f"at N={n}, {msv} Brier {ours:.4f}; " + "; ".join(
+            f"vs {b} {stat_mean(term[b]['brier']):.4f} (difference {iv['estimate']:+.4f}, 95 % interval "
+            f"{_ci(iv, digits=4)})" for b, iv in rows.items()) + " (needed: every interval below 0).",
+        msv=ours, intervals=rows)]
 
 
 def _best_of_n(main: dict, n: int) -> dict:
@@ -60,13 +119,17 @@ def _best_of_n(main: dict, n: int) -> dict:
     ours = stat_mean(term[msv]["bon_accuracy"]) if msv in term else math.nan
     gain = ours - bb
     pb = PAPER["bon_accuracy"].get(str(n), {})
+    iv = _interval(r, "terminal", base, "bon_accuracy")
+    held = None if math.isnan(gain) else bool(gain >= 0.02 if iv is None else _end(iv, "low") >= 0.02)
     return make_claim(
         f"best_of_{n}", f"{msv} best-of-{n} accuracy ≥ best baseline + 2 pp",
         f"AIME: MSV_N {pb.get('MSV_N')} vs best baseline {max(v for k, v in pb.items() if k != 'MSV_N'):.4f}"
-        if pb else "—",
-        None if math.isnan(gain) else bool(gain >= 0.02),
-        f"{msv} best-of-{n} {ours:.3f} vs {base} {bb:.3f} ({100 * gain:+.1f} pp; needed ≥ +2 pp).",
-        msv=ours, best_baseline=base, best_baseline_value=bb, gain=gain)
+        if pb else "—", held,
+        f"{msv} best-of-{n} {ours:.3f} vs {base} {bb:.3f} ({100 * gain:+.1f} pp; "
+        + ("needed ≥ +2 pp)." if iv is None else
+           f"95 % interval {_ci(iv, 100, 1)} pp, needed ≥ +2 pp throughout)."),
+        msv=ours, best_baseline=base, best_baseline_value=bb, gain=gain,
+        **({} if iv is None else {"interval": iv}))
 
 
 def _early_stop(main: dict, n: int) -> dict:
@@ -84,6 +147,40 @@ def _early_stop(main: dict, n: int) -> dict:
         fraction=tf, best_baseline=r["early_stop_best_baseline"])
 
 
+_EARLY_STOP_POOLS = (("single_sequence", "", "the best single-sequence baseline's"),
+                     ("all", "_all", "the best baseline's (aggregations included)"))
+
+
+def _early_stop_twice(main: dict, n: int) -> list[dict]:
+    """C3 on the paper's axis (token position t*), stated twice: against the best single-sequence baseline (the
+    paper's sentence) and against the best of all baselines; held if the fraction's 95 % interval is ≤ 0.40.
+    Older summaries (no comparisons): the single tokens-axis claim `_early_stop`."""
+    r = main[str(n)]
+    comps = r.get("early_stop_comparisons")
+    if not comps:
+        return [_early_stop(main, n)]
+    out = []
+    for pool, suffix, whose in _EARLY_STOP_POOLS:
+        text = f"{r['msv']} reaches {whose} peak accuracy with ≤ 0.40 of its token position t*"
+        c = comps.get(pool)
+        if c is None:
+            out.append(make_claim(f"early_stop{suffix}_N{n}", text, PAPER["early_stop"]["token_fraction_statement"],
+                                  None, f"at N={n}, no such baseline was evaluated."))
+            continue
+        f, iv = c["steps"]["fraction"], c["steps"]["interval"]
+        held = bool(_end(iv, "high") <= 0.40) if iv else (f is not None and f <= 0.40)
+        fmt = lambda x: "∞" if x is None else f"{x:.2f}"  # noqa: E731
+        out.append(make_claim(
+            f"early_stop{suffix}_N{n}", text, PAPER["early_stop"]["token_fraction_statement"], held,
+            f"at N={n}, {r['msv']} needs {fmt(f)}× the token position t* of {c['baseline']} to reach its peak "
+            f"accuracy {c['baseline_peak_accuracy']:.3f}" + (f" (95 % interval {_ci(iv, digits=2)})" if iv else "")
+            + f"; {fmt(c['latency']['fraction'])}× its latency, {fmt(c['tokens']['fraction'])}× its summed tokens "
+              "(needed: t* fraction ≤ 0.40" + (" throughout the interval)." if iv else ")."),
+            fraction=f, interval=iv, best_baseline=c["baseline"], latency_fraction=c["latency"]["fraction"],
+            token_fraction=c["tokens"]["fraction"]))
+    return out
+
+
 def _streaming_brier(main: dict, n: int) -> dict:
     """C4: MSV_N's streaming Brier below every single-sequence baseline's (and their weighted-voting variants)."""
     r = main[str(n)]
@@ -92,12 +189,15 @@ def _streaming_brier(main: dict, n: int) -> dict:
     base, bb = best_method(st, names, "brier", True)
     ours = stat_mean(st[msv]["brier"]) if msv in st else math.nan
     pa = PAPER["streaming"].get(str(n), {}).get("MSV_N", {}).get("brier")
+    iv = _interval(r, "streaming", base, "brier")
+    held = None if math.isnan(ours) or base is None else bool(ours < bb if iv is None else _end(iv, "high") < 0)
     return make_claim(
         f"streaming_brier_N{n}", f"{msv} streaming Brier below every single-sequence baseline (and its WV)",
         f"AIME: MSV_N {pa}, best baseline {min(v['brier'] for k, v in PAPER['streaming']['1'].items())}"
-        if pa else "—", None if math.isnan(ours) or base is None else bool(ours < bb),
-        f"at N={n}, {msv} streaming Brier {ours:.4f} vs best baseline {base} {bb:.4f}.",
-        msv=ours, best_baseline=base, best_baseline_value=bb)
+        if pa else "—", held,
+        f"at N={n}, {msv} streaming Brier {ours:.4f} vs best baseline {base} {bb:.4f}"
+        + ("." if iv is None else f" (difference 95 % interval {_ci(iv, digits=4)}, needed below 0)."),
+        msv=ours, best_baseline=base, best_baseline_value=bb, **({} if iv is None else {"interval": iv}))
 
 
 def _bon_ece(main: dict, n: int) -> dict:
@@ -107,13 +207,15 @@ def _bon_ece(main: dict, n: int) -> dict:
     base, bb = best_method(term, [m for m in term if m != msv], "bon_ece", True)
     ours = stat_mean(term[msv]["bon_ece"]) if msv in term else math.nan
     pc = PAPER["bon_calibration"].get(str(n), {})
+    iv = _interval(r, "terminal", base, "bon_ece")
+    held = None if math.isnan(ours) or base is None else bool(ours < bb if iv is None else _end(iv, "high") < 0)
     return make_claim(
         f"bon_ece_N{n}", f"{msv} best-of-{n} confidence better calibrated (ECE) than every baseline's",
         f"AIME: MSV_N ECE {pc['MSV_N']['ece']} vs best baseline "
-        f"{min(v['ece'] for k, v in pc.items() if k != 'MSV_N')}" if pc else "—",
-        None if math.isnan(ours) or base is None else bool(ours < bb),
-        f"at N={n}, best-of-{n} ECE {ours:.3f} for {msv} vs {bb:.3f} for {base}.",
-        msv=ours, best_baseline=base, best_baseline_value=bb)
+        f"{min(v['ece'] for k, v in pc.items() if k != 'MSV_N')}" if pc else "—", held,
+        f"at N={n}, best-of-{n} ECE {ours:.3f} for {msv} vs {bb:.3f} for {base}"
+        + ("." if iv is None else f" (difference 95 % interval {_ci(iv)}, needed below 0)."),
+        msv=ours, best_baseline=base, best_baseline_value=bb, **({} if iv is None else {"interval": iv}))
 
 
 def main_claims(s: dict, config: ReproduceConfig) -> list[dict]:
@@ -121,8 +223,9 @@ def main_claims(s: dict, config: ReproduceConfig) -> list[dict]:
     main = s["main"]
     ns = [n for n in config.num_sequences if n > 1]
     claims = [_terminal_brier(main, n) for n in _headline_ns(ns)]
+    claims += [c for n in _headline_ns(ns) for c in _brier_vs_votes(main, n)]
     claims.append(_best_of_n(main, ns[-1] if ns else config.max_n))
-    claims += [_early_stop(main, n) for n in _headline_ns(ns)]
+    claims += [c for n in _headline_ns(ns) for c in _early_stop_twice(main, n)]
     claims += [_streaming_brier(main, n) for n in ns]
     claims += [_bon_ece(main, n) for n in _headline_ns(ns)]
     return claims
@@ -183,14 +286,18 @@ def delimiter_claims(s: dict) -> list[dict]:
     """MSV_N has a larger AUTC (accuracy × tokens) than the Probe with every elicitation delimiter."""
     rows = s["delimiters"]["rows"]
     compared = {d: r for d, r in rows.items() if "MSV_N" in r and "Probe" in r}
-    ok = {d: stat_mean(r["MSV_N"]["autc_tokens"]) > stat_mean(r["Probe"]["autc_tokens"]) for d, r in compared.items()}
+    # the normalised AUTC over t* (the paper's axis) when every row has it; older runs: raw AUTC over summed tokens
+    key = "autc_steps_norm" if compared and all("autc_steps_norm" in r["MSV_N"] for r in compared.values()) \
+        else "autc_tokens"
+    ok = {d: stat_mean(r["MSV_N"][key]) > stat_mean(r["Probe"][key]) for d, r in compared.items()}
+    digits = 3 if key == "autc_steps_norm" else 1
     return [make_claim(
         "delimiters", f"MSV_{s['delimiters']['n']} has a larger AUTC than the Probe for every delimiter",
         "AIME N=16: holds for Wait, Alternatively, But and every 200 tokens",
         None if not ok else bool(all(ok.values())),
-        "; ".join(f"{d}: MSV_N {stat_mean(r['MSV_N']['autc_tokens']):.1f} vs Probe "
-                  f"{stat_mean(r['Probe']['autc_tokens']):.1f}" for d, r in compared.items())
-        + " (AUTC, accuracy × tokens).")]
+        "; ".join(f"{d}: MSV_N {stat_mean(r['MSV_N'][key]):.{digits}f} vs Probe "
+                  f"{stat_mean(r['Probe'][key]):.{digits}f}" for d, r in compared.items())
+        + (" (normalised AUTC over t*)." if key == "autc_steps_norm" else " (AUTC, accuracy × tokens)."))]
 
 
 def grouping_claims(s: dict) -> list[dict]:
@@ -252,8 +359,11 @@ def training_size_claims(s: dict, config: ReproduceConfig) -> list[dict]:
 
 
 def config_of(summary: dict) -> ReproduceConfig:
-    """The `ReproduceConfig` a summary was produced with (its ``config`` entry; JSON lists back to tuples)."""
-    return ReproduceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()})
+    """The `ReproduceConfig` a summary was produced with (its ``config`` entry; JSON lists back to tuples). Keys of
+    older runs that are no longer settings (``seeds``: random N-subsets, replaced by training seeds) are ignored."""
+    known = {f.name for f in fields(ReproduceConfig)}
+    return ReproduceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()
+                              if k in known})
 
 
 def compute_claims(summary: dict, config: ReproduceConfig | None = None) -> list[dict]:

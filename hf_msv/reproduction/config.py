@@ -27,7 +27,8 @@ class ReproduceConfig:
     eval_problems: int = _help("evaluation problems", default=448)
     num_samples: int = _help("sequences sampled per problem", default=64)
     num_sequences: tuple = _help("the N of the main study (MSV_N and baselines on N-subsets)", default=(1, 4, 16, 64))
-    seeds: int = _help("evaluation seeds (random N-subsets of the collected sequences)", default=5)
+    training_seeds: int = _help("verifiers trained per (method, N, mode), each with its own seed; tables report mean "
+                                "± std over them", default=3)
     max_new_tokens: int = _help("chain-of-thought token budget per sequence", default=320)
     reference_checker: str = _help("equivalence checker whose classes and correctness are the reference",
                                    default="symbolic")
@@ -60,10 +61,14 @@ class ReproduceConfig:
     @classmethod
     def quick_config(cls) -> "ReproduceConfig":
         return cls(train_problems=16, val_problems=8, eval_problems=16, num_samples=8, num_sequences=(1, 4),
-                   seeds=2, checkers=("random",), mask_ablations=("equivalence",), mask_n=4,
+                   training_seeds=2, checkers=("random",), mask_ablations=("equivalence",), mask_n=4,
                    delimiter_sizes=(12, 6, 12), delimiter_samples=4, delimiter_n=4, grouping_problems=0,
                    grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, training_sizes=(8, 16, 24),
                    cost_problems=1, quick=True)
+
+    def __post_init__(self):
+        if self.training_seeds < 1:
+            raise ValueError(f"training_seeds must be ≥ 1, got {self.training_seeds}")
 
     @property
     def max_n(self) -> int:
@@ -79,7 +84,12 @@ class ReproduceArguments:
     work_dir: str | None = _help("shards and verifiers (default outputs/reproduce[-quick])", default=None)
     studies: list[str] | None = field(default=None, metadata={
         "help": "studies to run (default: all; main always runs)", "choices": list(STUDIES)})
-    seeds: int | None = _help("override the number of seeds", default=None)
+    training_seeds: int | None = _help("override the number of training seeds", default=None)
+    reuse_shards: str = field(default="matching", metadata={
+        "help": "shards of an earlier run in the work directory: reuse only those collected with the same settings "
+                "and collection code (matching; others are collected again), or reuse them whatever their key "
+                "(keep: re-evaluate old collections with new training / evaluation code; the report says so)",
+        "choices": ["matching", "keep"]})
     threads: int | None = _help("torch threads", default=None)
     device: str | None = _help("where the LM samples (default: the GPU when there is one)", default=None)
     problems_per_batch: int | None = _help("problems sampled together (default 4, right for 2 CPU cores; 32 suits "
@@ -91,8 +101,8 @@ class ReproduceArguments:
     def reproduce_config(self) -> ReproduceConfig:
         """The run's `ReproduceConfig`: the paper's sizes (or the quick ones) with the overrides given."""
         cfg = ReproduceConfig.quick_config() if self.quick else ReproduceConfig()
-        if self.seeds:
-            cfg = replace(cfg, seeds=self.seeds)
+        if self.training_seeds:
+            cfg = replace(cfg, training_seeds=self.training_seeds)
         if self.problems_per_batch:
             cfg = replace(cfg, problems_per_batch=self.problems_per_batch)
         return cfg

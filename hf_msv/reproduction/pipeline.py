@@ -2,14 +2,16 @@
 
     from hf_msv.reproduction import reproduce
     summary = reproduce("docs/results")              # paper sizes (main study: 14 min on an H100; see below)
-    summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 seeds
+    summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 training seeds
 
 On a GPU pass ``device="cuda"`` and a larger ``ReproduceConfig.problems_per_batch`` (32: 0.30 s per problem at 64
 samples on an H100, vs 1.17 s at 4). On 2 CPU cores (``threads=2``) everything takes about 2 h 5 min from scratch:
 the main study 58 min (collection 45, training 11), the checker, mask and delimiter studies 16 min, grouping 23 min
 (mostly its 256-sample collection) and the training-set-size study 28 min (mostly collecting 224 more problems).
 
-Pipeline (every stage is resumable: existing shards, trained verifiers and measured costs are reused):
+Pipeline (every stage is resumable: shards, trained verifiers and measured costs of an earlier run in the work
+directory are reused when their reuse key — settings, data fingerprint, code version; `hf_msv.reproduction.reuse` —
+matches; the report lists what was reused and what was redone, and why):
 
 1. **collect** with the shipped testbed LM (`hf_msv.testbed`): 224 train / 64 validation / 448 evaluation problems
    × 64 samples (temperature 1, ``Wait`` delimiter, elicitation ``### Final Answer ### \\boxed``, ≤ 40 answer tokens,
@@ -17,8 +19,10 @@ Pipeline (every stage is resumable: existing shards, trained verifiers and measu
    evaluation set (grouping study) and training problems 225-448 (training-set-size study);
 2. **measure** the LM's cost per shared decode step and per elicited answer for each N (wall clock, this machine);
 3. **train** Probe and MSV_1/4/16/64 in both modes (terminal, streaming), the mask ablations of MSV_16, MSV_64
-   with each weak checker, the delimiter-study verifiers, and Probe / MSV_64 on 56, 112 and 448 problems;
-4. **evaluate** with `hf_msv.evaluation.evaluate_study` (5 seeds; λ rules on validation);
+   with each weak checker, the delimiter-study verifiers, and Probe / MSV_64 on 56, 112 and 448 problems; each
+   ``training_seeds`` times (default 3), with training seeds 0, 1, ...;
+4. **evaluate** with `hf_msv.evaluation.evaluate_study` (groups: a fixed partition of each problem's samples; mean
+   ± std over training seeds; paired bootstrap intervals over problems; λ rules on validation);
 5. **report** ``testbed.md`` / ``testbed.json`` in `output_dir`: each experiment with the paper's corresponding
    numbers (AIME unless stated: the dataset of the paper's appendix studies) beside ours, and one sentence per claim
    saying whether it held — generated from the numbers (`hf_msv.reproduction.claims`, `.report`).
@@ -39,7 +43,7 @@ import math
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +52,7 @@ from .claims import compute_claims
 from .config import ReproduceArguments, ReproduceConfig, training_config
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .report import render_testbed
+from .reuse import COLLECTION_CODE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint, reuse_key, write_key
 from .summary import autc_row, grouping_summary, main_summary, size_row
 
 __all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_or_reuse", "measure_lm_costs",
@@ -62,17 +67,39 @@ __all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_o
 
 
 def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: ReproduceConfig, num_samples: int,
-                     problem_seed: int = 0, first: int = 0, **kwargs):
+                     problem_seed: int = 0, first: int = 0, log: ReuseLog | None = None,
+                     reuse_shards: str = "matching", **kwargs):
     """Collect testbed problems ``first..count-1`` of `split` into `out` (the first `count` are a prefix of any
-    larger draw, so a bigger collection extends a smaller one); resumable, as `hf_msv.collect.collect` is."""
-    from ..collect import collect
-    from ..testbed import generate_problems
+    larger draw, so a bigger collection extends a smaller one); resumable, as `hf_msv.collect.collect` is.
 
+    Shards already in `out` are extended only when their reuse key (collection settings, the testbed LM's weights,
+    the collection code) matches; otherwise they are collected again, unless ``reuse_shards="keep"`` (then reused
+    and logged as kept). The count is not part of the key (a larger count extends)."""
+    from ..collect import collect
+    from ..testbed import TESTBED_LM_DIR, generate_problems
+
+    settings = dict(split=split, first=first, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
+                    checker=cfg.reference_checker, problems_per_shard=cfg.problems_per_shard, seed=cfg.collect_seed,
+                    problem_seed=problem_seed, **kwargs)
+    key = reuse_key(settings, code_version(COLLECTION_CODE), data_fingerprint(TESTBED_LM_DIR))
+    log = log if log is not None else ReuseLog()
+    name = f"{out.parent.name}/{out.name}"
+    exists = out.is_dir() and any(out.glob("*.safetensors"))
+    kept = False
+    if not log.decide("shards", name, out, key, exists) and exists:
+        if reuse_shards == "keep":
+            log.keep("shards", name, "kept by --reuse-shards keep although its key differs or is missing")
+            kept = True
+        else:
+            shutil.rmtree(out)
     problems = generate_problems(split, count, seed=problem_seed)[first:]
-    return collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
-                   checker=cfg.reference_checker, prompt_template="testbed",
-                   problems_per_shard=cfg.problems_per_shard, problems_per_batch=cfg.problems_per_batch,
-                   seed=cfg.collect_seed, progress=False, **kwargs)
+    result = collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
+                     checker=cfg.reference_checker, prompt_template="testbed",
+                     problems_per_shard=cfg.problems_per_shard, problems_per_batch=cfg.problems_per_batch,
+                     seed=cfg.collect_seed, progress=False, **kwargs)
+    if not kept:
+        write_key(out, key)
+    return result
 
 
 def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, **kwargs):
@@ -81,24 +108,25 @@ def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_sampl
         collect_problems(model, tokenizer, split, count, root / name, cfg, num_samples, **kwargs)
 
 
-def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = None) -> Path:
-    """Train unless `out` holds a finished run of the same config (resumable); `counts` tallies trained / reused."""
+def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = None, log: ReuseLog | None = None,
+                   code: str | None = None) -> Path:
+    """Train unless `out` holds a finished run with the same reuse key: the training config, the fingerprint of the
+    training and validation shards, and the training code's version (`code`, default
+    ``code_version(TRAINING_CODE)``). `counts` tallies trained / reused; `log` records the decision."""
     from ..training import train_verifier
 
-    done = out / "training_log.json"
-    if done.exists() and (out / "config.json").exists():
-        try:
-            # Through the config class, so a run saved before a field was added still matches its default.
-            stored = type(config)(**json.loads((out / "training_config.json").read_text()))
-            same = json.loads(json.dumps(asdict(stored))) == json.loads(json.dumps(asdict(config)))
-        except (OSError, ValueError, TypeError):
-            same = False
-        if same:
-            if counts is not None:
-                counts["reused"] = counts.get("reused", 0) + 1
-            return out
+    out = Path(out)
+    key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
+    finished = (out / "training_log.json").exists() and (out / "config.json").exists()
+    log = log if log is not None else ReuseLog()
+    if log.decide("verifier", out.name, out, key, finished):
+        if counts is not None:
+            counts["reused"] = counts.get("reused", 0) + 1
+        return out
+    if out.exists():
         shutil.rmtree(out)
     train_verifier(train_dir, val_dir, out, config)
+    write_key(out, key)
     if counts is not None:
         counts["trained"] = counts.get("trained", 0) + 1
     return out
@@ -177,9 +205,10 @@ class _Clock:
 
 @dataclass
 class ReproductionContext:
-    """What a reproduction's stages share. `verifiers` (method -> mode -> path) and `main_results` are the main
-    study's, filled by `train_main_verifiers` / `main_study`; `reports` (study -> report path relative to
-    `output_dir`) and `counts` (verifiers trained / reused) are filled as stages run."""
+    """What a reproduction's stages share. `verifiers` (method -> mode -> [path per training seed]) and
+    `main_results` are the main study's, filled by `train_main_verifiers` / `main_study`; `reports` (study -> report
+    path relative to `output_dir`), `counts` (verifiers trained / reused) and `reuse` (every reuse decision) are
+    filled as stages run."""
 
     config: ReproduceConfig
     work_dir: Path
@@ -192,6 +221,8 @@ class ReproductionContext:
     reports: dict = field(default_factory=dict)
     counts: dict = field(default_factory=lambda: {"trained": 0, "reused": 0})
     clock: _Clock = field(default_factory=lambda: _Clock(lambda *a, **k: None))
+    reuse: ReuseLog = field(default_factory=ReuseLog)
+    reuse_shards: str = "matching"
 
     @property
     def data(self) -> Path:
@@ -203,22 +234,43 @@ class ReproductionContext:
         """File stem of the reports: ``testbed`` (``testbed-quick`` for a quick run)."""
         return "testbed-quick" if self.config.quick else "testbed"
 
-    def train(self, train_dir, name: str, config, val_dir=None) -> str:
-        """`train_or_reuse` into work_dir/verifiers/`name` (validation: the main collection's); the path."""
-        out = self.work_dir / "verifiers" / name
-        return str(train_or_reuse(train_dir, val_dir or self.data / "val", out, config, counts=self.counts))
+    @property
+    def collect_kwargs(self) -> dict:
+        """What every collection of the run passes to `collect_problems` (the reuse log and policy)."""
+        return {"log": self.reuse, "reuse_shards": self.reuse_shards}
+
+    def train(self, train_dir, name: str, config, val_dir=None) -> list[str]:
+        """`train_or_reuse` into work_dir/verifiers/`name` (``name-seed{s}`` for training seed s ≥ 1; validation:
+        the main collection's), once per training seed: the paths, seed 0 first."""
+        paths = []
+        for seed in range(self.config.training_seeds):
+            out = self.work_dir / "verifiers" / (name if seed == 0 else f"{name}-seed{seed}")
+            paths.append(str(train_or_reuse(train_dir, val_dir or self.data / "val", out, replace(config, seed=seed),
+                                            counts=self.counts, log=self.reuse)))
+        return paths
+
+    def specs(self, name: str, modes=("terminal", "streaming")) -> list[dict]:
+        """One main-study verifier's checkpoints for `evaluate_study`: [{mode: path} per training seed]."""
+        return seed_specs({m: self.verifiers[name][m] for m in modes})
 
     def evaluate(self, eval_dir, verifiers: dict, ns, val_dir=None, *, report_name: str, title: str,
                  subdir: bool = True, **kwargs) -> dict:
-        """`evaluate_study` with the run's seeds, LM costs and DeepConf window; the report goes to
-        output_dir/studies (`subdir`) or output_dir, and is recorded in `reports` by the caller."""
+        """`evaluate_study` with the run's LM costs and DeepConf window; the report goes to output_dir/studies
+        (`subdir`) or output_dir, and is recorded in `reports` by the caller."""
         from ..evaluation import evaluate_study
 
         kwargs = {"figures": False, "progress": False} | kwargs
         return evaluate_study(eval_dir, verifiers, self.output_dir / "studies" if subdir else self.output_dir, ns,
-                              self.config.seeds, val_dir, lm_costs=self.lm_costs,
-                              deepconf_window=self.config.deepconf_window, title=title,
-                              report_name=f"{self.stem}-{report_name}", **kwargs)
+                              val_dir, lm_costs=self.lm_costs, deepconf_window=self.config.deepconf_window,
+                              title=title, report_name=f"{self.stem}-{report_name}", **kwargs)
+
+
+def seed_specs(paths_by_mode: dict) -> list[dict]:
+    """{mode: [path per training seed]} -> [{mode: path} per training seed] (what `evaluate_study` takes)."""
+    counts = {len(v) for v in paths_by_mode.values()}
+    if len(counts) != 1:
+        raise ValueError(f"modes with different numbers of training seeds: {paths_by_mode}")
+    return [{m: v[s] for m, v in paths_by_mode.items()} for s in range(counts.pop())]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -242,7 +294,12 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
     """The main study (C1-C5): the main verifiers and every baseline on the evaluation split, each N, with figures
     and λ rules chosen on validation. Needs `train_main_verifiers` first; keeps the results in `ctx.main_results`."""
     cfg = ctx.config
-    ctx.main_results = ctx.evaluate(ctx.data / "eval", ctx.verifiers, cfg.num_sequences, ctx.data / "val",
+    from ..evaluation import difficulty_from_problems
+    from ..testbed import generate_problems
+
+    steps = difficulty_from_problems(generate_problems("evaluation", cfg.eval_problems, seed=0), "ops")
+    ctx.main_results = ctx.evaluate(ctx.data / "eval", {k: ctx.specs(k) for k in ctx.verifiers}, cfg.num_sequences,
+                                    ctx.data / "val", difficulty=steps, difficulty_name="reasoning steps",
                                     title="Testbed reproduction: main study", report_name="main", subdir=False,
                                     figures=True, progress=progress)
     ctx.reports["main"] = f"{ctx.stem}-main.md"
@@ -267,6 +324,7 @@ def checkers_study(ctx: ReproductionContext) -> dict:
         vs = {f"MSV_{n} (reference-trained)": ctx.verifiers[f"MSV_{n}"]["terminal"],
               f"MSV_{n} (trained with checker)": trained[c],
               "Probe": ctx.verifiers["Probe"]["terminal"], "MSV_1": ctx.verifiers["MSV_1"]["terminal"]}
+        # name -> [path per training seed]
         checker = None if c == "reference" else c
         res = ctx.evaluate(data / "eval", vs, [n], checker=checker, checker_kwargs=CHECKER_KWARGS.get(c),
                            title=f"Checker robustness: {c}", report_name=f"checker-{c}")
@@ -289,7 +347,7 @@ def masks_study(ctx: ReproductionContext) -> dict:
         masks = [x for x in MASKS if x != m]
         vs[f"w/o {m}"] = ctx.train(ctx.data / "train", f"msv{n}-streaming-no-{m}",
                                    training_config("msv", n, "streaming", cfg.quick, masks=masks))
-    vs = {k: {"streaming": v} for k, v in vs.items()}
+    vs = {k: seed_specs({"streaming": v}) for k, v in vs.items()}
     res = ctx.evaluate(ctx.data / "eval", vs, [n], title="Mask ablation", report_name="masks")
     stream = res["streaming"][str(n)]
     ctx.reports["masks"] = f"studies/{ctx.stem}-masks.md"
@@ -302,11 +360,12 @@ def delimiters_study(ctx: ReproductionContext) -> dict:
     cfg, n = ctx.config, ctx.config.delimiter_n
     dk = ctx.work_dir / "data-every-k"
     collect_splits(ctx.model, ctx.tokenizer, dk, cfg, cfg.delimiter_samples, cfg.delimiter_sizes, delimiters=[],
-                   every_k_tokens=cfg.every_k_tokens)
+                   every_k_tokens=cfg.every_k_tokens, **ctx.collect_kwargs)
     vs = {}
     for name, kind, m in (("Probe", "probe", 1), ("MSV_1", "msv", 1), (f"MSV_{n}", "msv", n)):
-        vs[name] = {"streaming": ctx.train(dk / "train", f"everyk-{kind}{m}",
-                                           training_config(kind, m, "streaming", cfg.quick), val_dir=dk / "val")}
+        vs[name] = seed_specs({"streaming": ctx.train(dk / "train", f"everyk-{kind}{m}",
+                                                      training_config(kind, m, "streaming", cfg.quick),
+                                                      val_dir=dk / "val")})
     res = ctx.evaluate(dk / "eval", vs, [n], dk / "val", report_name="every-k",
                        title=f"Delimiter-free elicitation every {cfg.every_k_tokens} tokens")
     every_k = f"every {cfg.every_k_tokens} tokens"
@@ -326,10 +385,10 @@ def grouping_study(ctx: ReproductionContext) -> dict:
     if cfg.grouping_problems:
         gdir = ctx.work_dir / "data-n{}".format(cfg.grouping_samples) / "eval"
         collect_problems(ctx.model, ctx.tokenizer, "evaluation", cfg.grouping_problems, gdir, cfg,
-                         cfg.grouping_samples, problem_seed=1)
+                         cfg.grouping_samples, problem_seed=1, **ctx.collect_kwargs)
     else:
         gdir = ctx.data / "eval"
-    vs = {k: {"streaming": ctx.verifiers[k]["streaming"]} for k in ("Probe", "MSV_1", f"MSV_{m}")}
+    vs = {k: ctx.specs(k, ("streaming",)) for k in ("Probe", "MSV_1", f"MSV_{m}")}
     res = ctx.evaluate(gdir, vs, list(cfg.grouping_ns), title=f"Grouping with MSV_{m} for large N",
                        report_name="grouping", subdir=False, figures=True)
     ctx.reports["grouping"] = f"{ctx.stem}-grouping.md"
@@ -340,7 +399,7 @@ def _size_verifiers(ctx: ReproductionContext, k: int, more: Path) -> dict:
     """Probe and MSV_N (both modes) trained on the first `k` training problems: the main study's at its own size;
     beyond it, the main training split plus `more` (problems collected for this study)."""
     cfg, data, n = ctx.config, ctx.data, ctx.config.max_n
-    vs = {}
+    vs = {}  # name -> mode -> [path per training seed]
     for name, kind, m in (("Probe", "probe", 1), (f"MSV_{n}", "msv", n)):
         for mode in ("terminal", "streaming"):
             if k == cfg.train_problems:   # the main study's verifiers
@@ -353,7 +412,7 @@ def _size_verifiers(ctx: ReproductionContext, k: int, more: Path) -> dict:
             vs.setdefault(name, {})[mode] = ctx.train(
                 train_dirs, f"size{k}-{kind}{m}-{mode}", training_config(kind, m, mode, cfg.quick,
                                                                          max_train_problems=limit))
-    return vs
+    return {k: seed_specs(v) for k, v in vs.items()}
 
 
 def training_size_study(ctx: ReproductionContext) -> dict:
@@ -363,7 +422,7 @@ def training_size_study(ctx: ReproductionContext) -> dict:
     more = ctx.work_dir / "data-more-train" / "train"
     if max(cfg.training_sizes) > cfg.train_problems:
         collect_problems(ctx.model, ctx.tokenizer, "train", max(cfg.training_sizes), more, cfg, cfg.num_samples,
-                         first=cfg.train_problems)
+                         first=cfg.train_problems, **ctx.collect_kwargs)
     per_size = {}
     for k in cfg.training_sizes:
         res = ctx.evaluate(ctx.data / "eval", _size_verifiers(ctx, k, more), [n],
@@ -385,7 +444,8 @@ STUDY_STAGES = {"checkers": (checkers_study, "checkers"), "masks": (masks_study,
 
 
 def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
-              studies=None, threads: int | None = None, progress: bool = True, device=None) -> dict:
+              studies=None, threads: int | None = None, progress: bool = True, device=None,
+              reuse_shards: str = "matching") -> dict:
     """Run the testbed reproduction (module docstring) and write ``testbed.md`` / ``testbed.json`` (quick:
     ``testbed-quick.*``) plus figures and per-study reports into `output_dir`. Returns the summary dict.
 
@@ -397,6 +457,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         threads: torch threads (default: all cores).
         device: where the LM samples (default: this process's accelerate device, the GPU when there is one);
             verifiers train on accelerate's device and are evaluated on CPU.
+        reuse_shards: "matching" (reuse shards only under the same reuse key) or "keep" (reuse any shards in the
+            work directory; e.g. to re-train and re-evaluate an earlier collection with new code).
     """
     import torch
 
@@ -410,7 +472,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         torch.set_num_threads(threads)
     log = print if progress else (lambda *a, **k: None)
     ctx = ReproductionContext(cfg, Path(work_dir or ("outputs/reproduce-quick" if cfg.quick else "outputs/reproduce")),
-                              Path(output_dir), clock=_Clock(log))
+                              Path(output_dir), clock=_Clock(log), reuse_shards=reuse_shards)
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -421,7 +483,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     summary["device"] = str(ctx.model.device)
     with ctx.clock("collect"):
         collect_splits(ctx.model, ctx.tokenizer, ctx.data, cfg, cfg.num_samples,
-                       (cfg.train_problems, cfg.val_problems, cfg.eval_problems))
+                       (cfg.train_problems, cfg.val_problems, cfg.eval_problems), **ctx.collect_kwargs)
     with ctx.clock("lm costs"):
         ns_cost = sorted(set(cfg.num_sequences) | (set(cfg.grouping_ns) if "grouping" in studies else set()))
         ctx.lm_costs = measure_lm_costs(ctx.model, ctx.tokenizer,
@@ -438,6 +500,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
                 summary[name] = study(ctx)
 
     summary["timing_s"] = dict(ctx.clock.times, total=time.perf_counter() - started)
+    summary["reuse"] = ctx.reuse.summary()
     summary["claims"] = compute_claims(summary, cfg)
     summary = json_safe(summary)
     (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(summary, indent=1))
@@ -509,7 +572,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                                threads=args.threads, config=cfg,
                                                                device=args.device))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
-                     threads=args.threads, progress=args.progress, device=args.device)
+                     threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,7 @@ def _header(s: dict) -> list[str]:
         f"Evaluation: {d['eval']['answers']} answers, {d['eval']['answers_per_sequence']:.2f} per sequence, "
         f"terminal accuracy {d['eval']['terminal_accuracy']:.3f}, mean chain of thought "
         f"{d['eval']['mean_sequence_tokens']:.0f} tokens.",
-        f"* N ∈ {cfg['num_sequences']}, {cfg['seeds']} seeds (random N-subsets of the collected sequences); "
-        "mean ± std over seeds.",
+        _protocol_line(cfg),
         "* Verifiers: Probe and MSV_1/…/MSV_N trained per mode (terminal, streaming) with "
         "`hf_msv.reproduction.training_config` (the paper's recipe, scaled to the testbed; see its docstring).",
         "* LM costs measured here (s per shared decode step / per elicited answer): " + ", ".join(
@@ -81,11 +80,34 @@ def _header(s: dict) -> list[str]:
         + ("" if not s.get("verifiers", {}).get("reused") else
            f" Stages resume: this run trained {s['verifiers']['trained']} verifiers and reused "
            f"{s['verifiers']['reused']} (and any shards) from an earlier run in the same work directory."),
+        *_reuse_lines(s),
         "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
         + (f" Not run this time: {', '.join(missing)} (`hf-msv reproduce --studies ...`)." if missing else ""), "",
         "## Claims", "", markdown_table(["claim", "ours", "paper"], [
             [c["claim"], c["sentence"], c["paper"]] for c in s["claims"]]), "",
     ]
+
+
+def _protocol_line(cfg: dict) -> str:
+    """How groups and seeds were drawn: training seeds and a fixed partition, or (older runs) random subsets."""
+    if "training_seeds" not in cfg:
+        return (f"* N ∈ {cfg['num_sequences']}, {cfg['seeds']} seeds (random N-subsets of the collected sequences); "
+                "mean ± std over seeds.")
+    return (f"* N ∈ {cfg['num_sequences']}; groups: a fixed partition of each problem's {cfg['num_samples']} samples "
+            f"into ⌊{cfg['num_samples']}/N⌋ groups of N; every verifier trained {cfg['training_seeds']} times "
+            "(training seeds 0, 1, ...): mean ± std over training seeds. Claims use paired bootstrap 95 % intervals "
+            "over problems (MSV_N vs the compared baseline on the same problems and groups): \"held\" only if the "
+            "interval clears the target.")
+
+
+def _reuse_lines(s: dict) -> list[str]:
+    """What this run reused from the work directory and what it redid, with why (runs that record it)."""
+    reuse = s.get("reuse")
+    if not reuse:
+        return []
+    return ["* Reused from an earlier run (same settings, data and code version unless said): "
+            + ("; ".join(reuse["reused"]) or "nothing") + ".",
+            "* Redone although present: " + ("; ".join(reuse["redone"]) or "nothing") + "."]
 
 
 def _calibration_section(r: dict, setting: str, n: int) -> list[str]:
@@ -162,6 +184,7 @@ def _early_stopping(s: dict) -> list[str]:
                      "latency fraction", "MSV AUTC (norm)", "baseline AUTC (norm)"], rows), "",
              "Token fraction = tokens the MSV needs to reach the best baseline's peak accuracy ÷ tokens that "
              "baseline needs (paper, MATH N=64: < 0.5; target here ≤ 0.40).", ""]
+    lines += _comparison_tables(main, ns)
     lines += _claims_for(s, "early_stop") + [""]
     lines += ["Verifier cost measured online (s per answer; paper's Probe / MSV_N verifier time at N=64: "
               f"{PAPER['latency']['verifier']['Probe']['64']} / {PAPER['latency']['verifier']['MSV_N']['64']} s per "
@@ -170,6 +193,36 @@ def _early_stopping(s: dict) -> list[str]:
                                        for n in ns) + ".", ""]
     figs = {f["file"]: f["caption"] for f in main["figures"]}
     return lines + _embed_figures(figs, lambda f: "tradeoff" in f)
+
+
+def _comparison_tables(main: dict, ns) -> list[str]:
+    """Early stopping on every axis against the best single-sequence baseline and the best of all (runs with the
+    training-seed protocol): fraction of the baseline's budget the MSV needs to reach its peak, [95 % interval]."""
+    rows = []
+    for n in ns:
+        r = main[str(n)]
+        for pool, c in (r.get("early_stop_comparisons") or {}).items():
+            cells = []
+            for axis in ("steps", "latency", "tokens"):
+                f, iv = c[axis]["fraction"], c[axis]["interval"]
+                cell = "∞" if f is None else f"{f:.2f}"
+                if iv:
+                    lo, hi = (("∞" if iv[k] is None else f"{iv[k]:.2f}") for k in ("low", "high"))
+                    cell += f" [{lo}, {hi}]"
+                cells.append(cell)
+            rows.append([str(n), r["msv"], "single-sequence" if pool == "single_sequence" else "all",
+                         c["baseline"], _p(c["baseline_peak_accuracy"], 3)] + cells
+                        + [format_mean_std(r["streaming"].get(r["msv"], {}).get("autc_steps_norm")),
+                           format_mean_std(r["streaming"].get(c["baseline"], {}).get("autc_steps_norm"))])
+    if not rows:
+        return []
+    return ["On the paper's axis — token position t*, the latency of parallel decoding — and on measured latency and "
+            "summed tokens, against the best single-sequence baseline (the paper's comparison) and the best of all "
+            "baselines (aggregations included); [95 % interval over problems]. AUTC (norm) = (1/B) ∫_0^B acc(b) db "
+            "over t*, B = the full-decoding t* (a mean accuracy, independent of N's scale):", "",
+            markdown_table(["N", "MSV", "compared with", "baseline", "its peak acc", "t* fraction",
+                            "latency fraction", "token fraction", "MSV AUTC t* (norm)", "baseline AUTC t* (norm)"],
+                           rows), ""]
 
 
 def _lambda_selection(s: dict) -> list[str]:

@@ -56,17 +56,29 @@ def main_summary(res: dict, num_sequences) -> dict:
             "verifier_online_s_per_answer": res["costs"]["verifier_online_s_per_answer"].get(k, {}),
             "lm_costs": res["costs"]["lm"].get(k),
         }
+        # results of the training-seed protocol (older results have neither): intervals over problems of MSV_N −
+        # each baseline, and the early-stop comparisons on every axis against the single-sequence / all baselines
+        if res.get("intervals", {}).get(k):
+            out[k]["intervals"] = res["intervals"][k]
+        if res.get("by_difficulty", {}).get(k):
+            out[k]["by_difficulty"] = res["by_difficulty"][k]
+        if "comparisons" in es:
+            out[k]["early_stop_comparisons"] = es["comparisons"]
+            out[k]["streaming"] = {m: {x: r[x] for x in (*out[k]["streaming"][m], "autc_steps_norm")}
+                                   for m, r in stream.items()}
     out["data"] = res["data"]
     out["figures"] = res["figures"]
     return out
 
 
 def autc_row(res: dict, n: int, methods) -> dict:
-    """Streaming AUTC over tokens (raw and normalised) of `methods` at `n`; the multi-sequence MSV is "MSV_N"."""
+    """Streaming AUTC over tokens (raw and normalised) and over t* (normalised, when the results have it) of
+    `methods` at `n`; the multi-sequence MSV is "MSV_N"."""
     stream = res["streaming"][str(n)]
-    return {("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {
-        "autc_tokens": stream[m]["autc_tokens"], "autc_tokens_norm": stream[m]["autc_tokens_norm"]}
-        for m in methods if m in stream}
+    keys = ("autc_tokens", "autc_tokens_norm", "autc_steps_norm")   # t* only in results of the seed protocol
+    return {("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {k: stream[m][k] for k in keys
+                                                                        if k in stream[m]}
+            for m in methods if m in stream}
 
 
 def grouping_summary(res: dict, grouping_ns, grouping_m: int) -> dict:

@@ -1,0 +1,144 @@
+"""Paired comparisons of the primary MSV with each baseline: per-problem numbers and 95 % bootstrap intervals over
+problems (`hf_msv.metrics.paired_bootstrap`).
+
+Both methods are scored on the same problems and the same groups, so a resample of problems is drawn once and
+applied to both (paired). With several training seeds, a problem's number is first averaged over the seeds (the
+interval is about problems; the spread over seeds is reported separately as ± std), except for best-of-N ECE, which
+does not decompose over problems and is recomputed on each resample per seed, then averaged.
+
+Intervals (``{"estimate", "low", "high", "n_boot"}``), MSV − baseline unless said:
+
+* ``brier``: difference of the pooled Brier over answers (a problem weighs its answers);
+* ``brier_ratio``: MSV Brier ÷ baseline Brier (the "x % lower" claims: 1 − ratio);
+* ``bon_accuracy``: difference of best-of-N accuracy (a problem's value: the mean over its groups);
+* ``bon_ece``: difference of best-of-N ECE (10 bins);
+* early stopping (`fraction_interval`): budget MSV needs to reach the baseline's peak accuracy ÷ budget the
+  baseline needs, on the token-position (``steps``), ``tokens`` or ``latency`` axis, curves re-averaged over the
+  resampled problems.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..metrics import bootstrap_interval, ece, paired_bootstrap
+from .early_stop import LatencyCosts, TradeoffCurve, early_stop_token_fraction, replay_many
+
+__all__ = ["AXES", "ProblemNumbers", "ProblemCurves", "problem_numbers", "problem_curves", "metric_intervals",
+           "fraction_interval"]
+
+AXES = ("steps", "tokens", "latency")  # token position t* (the paper's axis), summed tokens, latency
+
+
+@dataclass
+class ProblemNumbers:
+    """Per-problem numbers of one method on one training seed's groups (P problems, G groups each).
+
+    ``sq_err`` (P,) sum of squared errors over the problem's answers, ``count`` (P,) its answers,
+    ``bon_p`` / ``bon_y`` (P, G) score and correctness of each group's best-of-N pick (terminal answers).
+    """
+
+    sq_err: np.ndarray
+    count: np.ndarray
+    bon_p: np.ndarray
+    bon_y: np.ndarray
+
+
+@dataclass
+class ProblemCurves:
+    """Per-problem early-stopping curves of one method on one training seed: every array (P, Λ), the mean over the
+    problem's groups of correctness and each budget axis (`AXES`) at each λ."""
+
+    lambdas: np.ndarray
+    correct: np.ndarray
+    steps: np.ndarray
+    tokens: np.ndarray
+    latency: np.ndarray
+    stopped: np.ndarray
+
+    def curve(self, idx=None) -> TradeoffCurve:
+        """The trade-off curve over problems `idx` (all when None; repeats allowed, for the bootstrap)."""
+        sel = slice(None) if idx is None else idx
+        mean = lambda a: a[sel].mean(axis=0)  # noqa: E731
+        return TradeoffCurve(self.lambdas, mean(self.correct), mean(self.tokens), mean(self.steps),
+                             mean(self.latency), mean(self.stopped))
+
+
+def _per_problem(values: np.ndarray, problem_of: np.ndarray, num_problems: int) -> np.ndarray:
+    """(P, ...) mean over each problem's groups of per-group `values` (G_total, ...)."""
+    total = np.zeros((num_problems,) + values.shape[1:])
+    np.add.at(total, problem_of, values)
+    return total / np.bincount(problem_of, minlength=num_problems).reshape((-1,) + (1,) * (values.ndim - 1))
+
+
+def problem_numbers(groups, problem_of: np.ndarray, num_problems: int, method: str) -> ProblemNumbers:
+    """`ProblemNumbers` of `method` over `groups` (``problem_of`` (G_total,): each group's problem, problem-major
+    with the same number of groups per problem)."""
+    from ..baselines import best_of_n
+
+    sq = np.array([np.sum((g.scores[method] - g.correct) ** 2) for g in groups])
+    cnt = np.array([g.num_answers for g in groups], dtype=np.float64)
+    picks = [best_of_n(g.scores[method], g.is_terminal) for g in groups]
+    bp = np.array([g.scores[method][i] if i >= 0 else math.nan for g, i in zip(groups, picks)])
+    by = np.array([bool(g.correct[i]) if i >= 0 else False for g, i in zip(groups, picks)])
+    per = len(groups) // max(num_problems, 1)
+    return ProblemNumbers(np.bincount(problem_of, sq, num_problems), np.bincount(problem_of, cnt, num_problems),
+                          bp.reshape(num_problems, per), by.reshape(num_problems, per))
+
+
+def problem_curves(groups, problem_of: np.ndarray, num_problems: int, method: str, lambdas,
+                   costs: LatencyCosts | None) -> ProblemCurves:
+    """Replay the stopping rule on every group (`replay_many`) and average per problem."""
+    res = [replay_many(g, g.scores[method], lambdas, costs) for g in groups]
+    stack = lambda name: _per_problem(np.array([getattr(r, name) for r in res], dtype=np.float64),  # noqa: E731
+                                      problem_of, num_problems)
+    return ProblemCurves(np.asarray(lambdas, np.float64).reshape(-1), stack("correct"), stack("steps"),
+                         stack("tokens"), stack("latency"), stack("stopped"))
+
+
+def metric_intervals(msv: list[ProblemNumbers], base: list[ProblemNumbers], n_boot: int = 1000,
+                     seed: int = 0) -> dict:
+    """Paired intervals of MSV against one baseline (module docstring); lists are per training seed."""
+    count = msv[0].count
+    sq_m = np.mean([x.sq_err for x in msv], axis=0) / np.maximum(count, 1)
+    sq_b = np.mean([x.sq_err for x in base], axis=0) / np.maximum(count, 1)
+    acc_m = np.mean([x.bon_y.mean(1) for x in msv], axis=0)
+    acc_b = np.mean([x.bon_y.mean(1) for x in base], axis=0)
+
+    def ece_diff(idx):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(np.mean([ece(np.nan_to_num(m.bon_p[idx].ravel()), m.bon_y[idx].ravel())
+                                  - ece(np.nan_to_num(b.bon_p[idx].ravel()), b.bon_y[idx].ravel())
+                                  for m, b in zip(msv, base)]))
+
+    kw = dict(n_boot=n_boot, seed=seed)
+    return {"brier": paired_bootstrap(sq_m, sq_b, count, **kw),
+            "brier_ratio": paired_bootstrap(sq_m, sq_b, count, statistic="ratio", **kw),
+            "bon_accuracy": paired_bootstrap(acc_m, acc_b, **kw),
+            "bon_ece": bootstrap_interval(ece_diff, len(count), **kw)}
+
+
+def _seed_mean(curves: list[ProblemCurves]) -> ProblemCurves:
+    mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0)  # noqa: E731
+    return ProblemCurves(curves[0].lambdas, mean("correct"), mean("steps"), mean("tokens"), mean("latency"),
+                         mean("stopped"))
+
+
+def fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000,
+                      seed: int = 0) -> dict:
+    """Paired interval of the early-stop budget fraction on `axis` (`early_stop_token_fraction`: < 1 means MSV
+    reaches the baseline's peak accuracy with less); curves averaged over training seeds, then over the resampled
+    problems. A resample where MSV never reaches the peak counts as ∞."""
+    m, b = _seed_mean(msv), _seed_mean(base)
+
+    def frac(idx):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return early_stop_token_fraction(m.curve(idx), b.curve(idx), axis)
+
+    return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)

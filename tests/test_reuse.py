@@ -1,0 +1,75 @@
+"""Reuse of trained verifiers and collected shards (`hf_msv.reproduction.reuse`, `train_or_reuse`): keyed on the
+settings, the data fingerprint and the code version, so a change to any of them retrains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_msv.reproduction.pipeline import train_or_reuse
+from hf_msv.reproduction.reuse import KEY_FILE, ReuseLog, code_version, data_fingerprint
+from hf_msv.training import MSVTrainingConfig
+
+from test_evaluation import write_split
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reuse")
+    return write_split(root / "train", 6, seed=1), write_split(root / "val", 4, seed=2)
+
+
+def _config(**kw):
+    return MSVTrainingConfig(**({"kind": "probe", "num_sequences": 1, "mode": "terminal", "max_steps": 2,
+                                 "eval_steps": 1, "batch_size": 4, "probe_hidden_size": 8, "progress": False} | kw))
+
+
+def test_reuse_invalidates_when_the_code_version_changes(splits, tmp_path):
+    train, val = splits
+    out, counts, log = tmp_path / "probe", {}, ReuseLog()
+    train_or_reuse(train, val, out, _config(), counts, log, code="code-v1")
+    assert counts == {"trained": 1} and json.loads((out / KEY_FILE).read_text())["code"] == "code-v1"
+    first = (out / "training_log.json").stat().st_mtime_ns
+    train_or_reuse(train, val, out, _config(), counts, log, code="code-v1")       # same key: reused
+    assert counts == {"trained": 1, "reused": 1} and (out / "training_log.json").stat().st_mtime_ns == first
+    train_or_reuse(train, val, out, _config(), counts, log, code="code-v2")       # code changed: retrained
+    assert counts == {"trained": 2, "reused": 1}
+    assert json.loads((out / KEY_FILE).read_text())["code"] == "code-v2"
+    train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2")  # settings changed
+    assert counts["trained"] == 3
+    (out / KEY_FILE).unlink()                                                       # made before keys existed
+    train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2")
+    assert counts["trained"] == 4
+    assert log.summary() == {"reused": ["verifier probe (same settings, data and code)"],
+                             "redone": ["verifier probe (changed: code)", "verifier probe (changed: settings)",
+                                        "verifier probe (no reuse key (made before keys were stored))"]}
+
+
+def test_reuse_invalidates_when_the_data_changes(splits, tmp_path):
+    train, val = splits
+    out, counts = tmp_path / "probe", {}
+    train_or_reuse(train, val, out, _config(), counts, code="v")
+    other = write_split(tmp_path / "train2", 6, seed=3)
+    train_or_reuse(other, val, out, _config(), counts, code="v")
+    assert counts == {"trained": 2}
+
+
+def test_code_version_and_data_fingerprint_follow_the_files(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    v1 = code_version(("pkg", "b.py"), root=tmp_path)
+    assert v1 == code_version(("pkg", "b.py"), root=tmp_path) and len(v1) == 16
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    assert code_version(("pkg", "b.py"), root=tmp_path) != v1
+    assert code_version() == code_version()          # the installed package's training code
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "shard-0.safetensors").write_bytes(b"abc")
+    f1 = data_fingerprint(tmp_path / "d")
+    (tmp_path / "d" / "reuse_key.json").write_text('{"git_commit": "x"}')   # not data: ignored
+    assert data_fingerprint(tmp_path / "d") == f1
+    (tmp_path / "d" / "shard-0.safetensors").write_bytes(b"abd")
+    assert data_fingerprint(tmp_path / "d") != f1
