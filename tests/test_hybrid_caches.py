@@ -252,6 +252,17 @@ def test_unsupported_cache_layers_fail_naming_the_layer():
         fork_cache(static, torch.tensor([0]))
 
 
+def test_recurrent_layers_before_transformers_5_14_fail_naming_the_version(monkeypatch):
+    """transformers before 5.14 keeps recurrent states as tensors, not per-state dicts: refused with the version
+    needed (``make test-floor`` runs the rest of the suite on the 5.12.0 floor)."""
+    from hf_msv.generation import caches
+
+    cache = prefill(hybrid_model("lfm2"), prompts())
+    monkeypatch.setattr(caches, "_DICT_STATES", False)
+    with pytest.raises(NotImplementedError, match=r"Lfm2.*Layer.*transformers >= 5\.14\.0|LinearAttention.*5\.14\.0"):
+        fork_cache(cache, torch.tensor([0]))
+
+
 def test_mamba_without_cache_is_a_clear_error():
     model = hybrid_model("mamba")
     with prepare_generation(model, TOK, checker=None), pytest.raises(RuntimeError, match="use_cache=True"):

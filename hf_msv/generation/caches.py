@@ -43,14 +43,15 @@ import copy
 from collections.abc import Hashable, Sequence
 
 import torch
+import transformers
+from packaging import version
+from transformers import cache_utils
 from transformers.cache_utils import (
     Cache,
-    DummyLayer,
     DynamicIndexedLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
-    LinearAttentionAndSlidingWindowAttentionLayer,
     LinearAttentionCacheLayerMixin,
     LinearAttentionLayer,
 )
@@ -64,10 +65,21 @@ __all__ = [
     "recurrent_state_bytes",
 ]
 
+
+# Recurrent layers keep their conv / recurrent states in per-state dicts from transformers 5.14.0 on (tensors before).
+_DICT_STATES = version.parse(transformers.__version__).release >= (5, 14)
+
+
+def _optional(*names: str) -> tuple[type, ...]:
+    """The layer classes among `names` that this transformers has (`DummyLayer` and
+    `LinearAttentionAndSlidingWindowAttentionLayer` came after 5.12.0, the oldest release hf_msv supports)."""
+    return tuple(getattr(cache_utils, name) for name in names if hasattr(cache_utils, name))
+
+
 # Exact classes only: a subclass (a quantized layer, a model's own layer) may hold state that these do not gather.
-_KV_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer, DummyLayer)
+_KV_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer, *_optional("DummyLayer"))
 _RECURRENT_LAYERS = (LinearAttentionLayer, LinearAttentionAndFullAttentionLayer,
-                     LinearAttentionAndSlidingWindowAttentionLayer)
+                     *_optional("LinearAttentionAndSlidingWindowAttentionLayer"))
 
 
 def _check_forkable(cache: Cache) -> None:
@@ -77,6 +89,10 @@ def _check_forkable(cache: Cache) -> None:
                                   "back to the accelerator before the gather (use a cache without offloading).")
     for layer in cache.layers:
         kind = type(layer)
+        if kind in _RECURRENT_LAYERS and not _DICT_STATES:
+            raise NotImplementedError(
+                f"MSV generation forks {kind.__name__} cache layers with transformers >= 5.14.0 (where conv and "
+                f"recurrent states are per-state dicts); this is transformers {transformers.__version__}.")
         if kind in _KV_LAYERS or kind in _RECURRENT_LAYERS:
             continue
         if "Static" in kind.__name__:
