@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 
 import torch
@@ -38,22 +37,10 @@ from hf_msv import MSVConfig, MSVVerifier
 from hf_msv.generation import MSVEarlyStop, prepare_generation
 
 # generation_overhead.py sits beside this file (benchmarks/ is sys.path[0] when run as a script).
-from generation_overhead import ForceDelimiters, ForwardCounter, ScriptedAnswers, build_tokenizer, lm_config, random_lm
+from generation_overhead import (ForceDelimiters, ForwardCounter, ScriptedAnswers, build_tokenizer, lm_config,
+                                 paper_schedule, random_lm)
 
 VOCAB = 151_936
-
-
-def schedule_for(n: int, steps: int, seed: int = 0) -> dict[int, set[int]]:
-    """Each row fires every 150–300 steps, at independent offsets."""
-    rng = random.Random(seed)
-    schedule = {}
-    for row in range(n):
-        fire, at = set(), rng.randrange(150, 301)
-        while at < steps - 1:
-            fire.add(at)
-            at += rng.randrange(150, 301)
-        schedule[row] = fire
-    return schedule
 
 
 def timed(fn, cuda: bool):
@@ -93,7 +80,7 @@ def main():
                                      num_sequences=n, mode="streaming")).to(device, dtype).eval()
     inputs = tokenizer(["Question: find all real x with x^2 - 5x + 6 = 0."], return_tensors="pt").to(device)
     wait = tokenizer.convert_tokens_to_ids("Wait")
-    force = ForceDelimiters(inputs["input_ids"].shape[1], wait, schedule_for(n, steps))
+    force = ForceDelimiters(inputs["input_ids"].shape[1], wait, paper_schedule(n, steps))
     settings = dict(do_sample=True, num_return_sequences=n, max_new_tokens=steps, min_new_tokens=steps,
                     logits_processor=LogitsProcessorList([force]))
 

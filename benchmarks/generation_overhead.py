@@ -207,9 +207,8 @@ def scheduled_generate(model, tokenizer, prompts: list[str], n: int, steps: int,
     return results, counter
 
 
-def paper_schedule_counts(n: int = 64, steps: int = 2048, answer_length: int = 12, seed: int = 0) -> dict:
-    """Section A: forward calls per CoT step with each row firing every 150–300 steps at independent offsets."""
-    model, tokenizer = tiny_scheduled_lm()
+def paper_schedule(n: int, steps: int, seed: int = 0) -> dict[int, set[int]]:
+    """The steps at which each of `n` rows fires: every 150–300 steps, at independent offsets."""
     rng = random.Random(seed)
     schedule = {}
     for row in range(n):
@@ -218,6 +217,13 @@ def paper_schedule_counts(n: int = 64, steps: int = 2048, answer_length: int = 1
             fire.add(at)
             at += rng.randrange(150, 301)
         schedule[row] = fire
+    return schedule
+
+
+def paper_schedule_counts(n: int = 64, steps: int = 2048, answer_length: int = 12, seed: int = 0) -> dict:
+    """Section A: forward calls per CoT step with each row firing every 150–300 steps at independent offsets."""
+    model, tokenizer = tiny_scheduled_lm()
+    schedule = paper_schedule(n, steps, seed)
     start = time.perf_counter()
     (result,), counter = scheduled_generate(model, tokenizer, ["Question: 17 + 25 = ?"], n, steps, schedule,
                                             answer_length=answer_length)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,10 +28,10 @@ from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 from ..data import STORAGE_DTYPES
 from ..utils import process_state
 from .lm import lm_info, prompt_builder
-from .live import CollectResult
+from .live import CollectResult, collection_job
 from .recording import build_record
 from .reencode import EncodedTrace, TraceReencoder, encode_trace, eos_token_ids
-from .store import ShardStore, check_settings, done_problem_ids, pending_batches, write_index
+from .store import ShardStore, check_settings, done_problem_ids, pending_batches
 from .traces import Trace, TraceError, TraceFile, read_traces
 
 __all__ = ["collect_from_traces"]
@@ -212,18 +211,7 @@ def collect_from_traces(
                                streaming=mode == "streaming", max_batch_tokens=max_batch_tokens,
                                chunk_tokens=chunk_tokens, confidence_top_k=confidence_top_k if confidence == "model"
                                else None)
-    start = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
+    with collection_job(model, store, result, state, root):
         _reencode_batches(reencoder, todo, by_id, store, result, checker_obj,
                           use_trace_confidence=confidence == "trace", progress=progress and state.is_local_main_process)
-        store.finish()
-    finally:
-        model.train(was_training)
-        result.seconds = time.perf_counter() - start
-        result.shards = [str(p) for p in store.written]
-    state.wait_for_everyone()
-    if state.is_main_process:
-        write_index(root)
     return result

@@ -37,6 +37,7 @@ main process writes ``index.json`` over all shards.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -183,10 +184,7 @@ def collect(
     checker_obj = get_checker(checker, **checker_kwargs)
     sampling = dict(num_sequences=num_samples, max_new_tokens=max_new_tokens, do_sample=True,
                     temperature=temperature, top_p=top_p, top_k=top_k)
-    start = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
+    with collection_job(model, store, result, state, root) as start:
         with prepare_generation(model, tokenizer, None, mode=mode, delimiters=delimiters,
                                 every_k_tokens=every_k_tokens, elicitation_prompt=elicitation_prompt,
                                 max_answer_tokens=max_answer_tokens, checker=checker_obj,
@@ -194,6 +192,19 @@ def collect(
             _sample_batches(session, model, todo, store, result, prompt_builder(prompt_template, tokenizer),
                             sampling, seed=seed, confidence_top_k=confidence_top_k, checker=checker_obj,
                             progress=progress and state.is_local_main_process, start=start)
+    return result
+
+
+@contextlib.contextmanager
+def collection_job(model, store: ShardStore, result: CollectResult, state, root: Path):
+    """The frame of one process's collection job, live or re-encoded (yields its start time): the LM in eval mode
+    and the store finished; whatever happens, the LM's mode restored and `result` given the seconds and the shards
+    written; once every rank is done, the main process writes the manifest over all shards."""
+    start = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    try:
+        yield start
         store.finish()
     finally:
         model.train(was_training)
@@ -202,7 +213,6 @@ def collect(
     state.wait_for_everyone()
     if state.is_main_process:
         write_index(root)
-    return result
 
 
 def _sample_batches(session, model, todo, store: ShardStore, result: CollectResult, build_prompt, sampling: dict,
