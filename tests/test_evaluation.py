@@ -500,3 +500,18 @@ def test_testbed_report_renders_a_summary_of_the_training_seed_protocol(study):
         assert c["sentence"] in text, c["id"]
     assert "fixed partition" in text and "t* fraction" in text and "single-sequence" in text
     assert "msv4-terminal (changed: code)" in text
+
+
+def test_linear_probe_cross_fit_scores_each_problem_out_of_fold():
+    """The stacked baseline's fallback probe: a problem's scores come from a regression that never saw its labels
+    (flipping them changes nothing), while the other half's scores do change."""
+    from hf_msv.evaluation.methods import _cross_fit_linear_probe
+
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(30, 6)).astype(np.float32) for _ in range(6)]
+    ys = [x[:, 0] + 0.5 * rng.normal(size=30) > 0 for x in xs]
+    base = _cross_fit_linear_probe(xs, ys)
+    flipped = _cross_fit_linear_probe(xs, [~ys[0]] + ys[1:])
+    np.testing.assert_allclose(flipped[0], base[0])     # problem 0 is scored by the fit on problems 1, 3, 5
+    assert not np.allclose(flipped[1], base[1])         # problem 1 by the fit on 0, 2, 4, which saw the flip
+    assert all(len(s) == 30 and ((s > 0) & (s < 1)).all() for s in base)

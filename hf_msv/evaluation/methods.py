@@ -125,38 +125,49 @@ def _pooled_states(split: SplitScores) -> list[np.ndarray]:
 
 def add_linear_probe(split: SplitScores, val: SplitScores | None) -> None:
     """The stacked baseline's Probe feature when no Probe checkpoint is given: a logistic regression on
-    standardised mean-pooled answer states, fitted on every validation answer (without validation: 2-fold
-    cross-fitting over the evaluation problems), as ``single[(setting, LINEAR_PROBE)]`` of both splits."""
+    standardised mean-pooled answer states, as ``single[(setting, LINEAR_PROBE)]`` of both splits. Evaluation
+    answers are scored by the regression fitted on every validation answer; validation answers (on which the
+    stacked regression is then fitted) out of fold, by 2-fold cross-fitting over the validation problems, so the
+    stacker does not learn to trust in-sample scores. Without validation: 2-fold cross-fitting over the evaluation
+    problems."""
+    ev = _pooled_states(split)
+    if val is not None:
+        vx, vy = _pooled_states(val), [p.answer_correct for p in val.problems]
+        predict = _fit_linear_probe(vx, vy)
+        targets = [(split, [predict(x) for x in ev]), (val, _cross_fit_linear_probe(vx, vy))]
+    else:
+        targets = [(split, _cross_fit_linear_probe(ev, [p.answer_correct for p in split.problems]))]
+    for s, scores in targets:
+        for setting in SETTINGS:
+            s.single[(setting, LINEAR_PROBE)] = scores
+
+
+def _fit_linear_probe(xs: list[np.ndarray], ys: list[np.ndarray]):
+    """Logistic regression on standardised `(A, d)` states (one array per problem): a function `(A, d)` -> `(A,)`."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    def fit(xs, ys):
-        x, y = np.concatenate(xs), np.concatenate(ys)
-        if y.min() == y.max():
-            return lambda z: np.full(len(z), float(y[0]))
-        model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # lbfgs convergence chatter on wide, collinear states
-            model.fit(x, y)
-        return lambda z: model.predict_proba(z)[:, 1]
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if y.min() == y.max():
+        return lambda z: np.full(len(z), float(y[0]))
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lbfgs convergence chatter on wide, collinear states
+        model.fit(x, y)
+    return lambda z: model.predict_proba(z)[:, 1]
 
-    ev = _pooled_states(split)
-    if val is not None:
-        vx = _pooled_states(val)
-        predict = fit(vx, [p.answer_correct for p in val.problems])
-        targets = [(split, [predict(x) for x in ev]), (val, [predict(x) for x in vx])]
-    else:
-        out = [None] * len(ev)
-        for half in (0, 1):
-            rest = [i for i in range(len(ev)) if i % 2 != half] or list(range(len(ev)))
-            predict = fit([ev[i] for i in rest], [split.problems[i].answer_correct for i in rest])
-            for i in range(half, len(ev), 2):
-                out[i] = predict(ev[i])
-        targets = [(split, out)]
-    for s, scores in targets:
-        for setting in SETTINGS:
-            s.single[(setting, LINEAR_PROBE)] = scores
+
+def _cross_fit_linear_probe(xs: list[np.ndarray], ys: list[np.ndarray]) -> list[np.ndarray]:
+    """Out-of-fold linear-probe scores per problem: problems of even / odd index each scored by the regression
+    fitted on the other half (a single problem: in-sample, there is nothing else to fit on)."""
+    out = [None] * len(xs)
+    for half in (0, 1):
+        rest = [i for i in range(len(xs)) if i % 2 != half] or list(range(len(xs)))
+        predict = _fit_linear_probe([xs[i] for i in rest], [ys[i] for i in rest])
+        for i in range(half, len(xs), 2):
+            out[i] = predict(xs[i])
+    return out
 
 
 def add_prm_scores(split: SplitScores, scorer: PRMScorer, lm_tokenizer, progress: bool = False) -> None:

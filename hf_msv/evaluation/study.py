@@ -267,7 +267,7 @@ def evaluate_study(
                    "vote_calibration": "fitted on validation" if val else "2-fold cross-fit on eval",
                    "stacked_probe": next((e.name for e in entries if e.kind == "probe"), None) or (
                        "linear probe on mean-pooled answer states, fitted on "
-                       + ("validation" if val else "eval (2-fold cross-fit)")),
+                       + ("validation (its validation scores 2-fold cross-fit)" if val else "eval (2-fold cross-fit)")),
                    "prm": None if prm_scorer is None else {
                        "model": prm_scorer.name, "aggregate": prm_scorer.aggregate,
                        "step_separator": prm_scorer.step_separator,
