@@ -105,3 +105,13 @@ def test_demo_flags_keep_their_names():
         ["-n", "8", "--max-new-tokens", "50", "--gguf-file", "m.gguf", "--output-dir", "o", "--threshold", "0.7"])
     assert (config.num_sequences, config.max_new_tokens, config.gguf_file, config.output_dir) == (8, 50, "m.gguf", "o")
     assert config.threshold == 0.7 and config.problems == 12
+
+
+@pytest.mark.parametrize("command", ["collect", "train", "evaluate", "reproduce", "demo"])
+def test_every_command_prints_its_help(command, capsys):
+    """argparse %-formats help strings: a bare "%" in a field's help (e.g. "95 % intervals") crashes --help."""
+    from hf_msv import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0 and "--" in capsys.readouterr().out

@@ -25,7 +25,7 @@ class EvaluateConfig:
     num_sequences: list[int] = field(default_factory=lambda: [1, 4, 16, 64], metadata={
         "help": "N values (groups: a fixed partition of each problem's sequences into groups of N)"})
     bootstrap: int = field(default=1000, metadata={
-        "help": "resamples of the paired bootstrap 95 % intervals over problems (MSV − each baseline); 0: none"})
+        "help": "resamples of the paired bootstrap 95 %% intervals over problems (MSV − each baseline); 0: none"})
     checker: Optional[str] = field(default=None, metadata={
         "help": "re-derive equivalence classes with this checker (labels stay the collected ones)"})
     checker_kwargs: Optional[str] = field(default=None, metadata={
