@@ -252,28 +252,39 @@ def test_grouping_cost_per_answer_at_most_doubles(summary):
     assert claim["held"] is False and math.isclose(claim["numbers"]["ratio"], 2.1)
 
 
+def _sizes(summary) -> tuple[str, str]:
+    """The second-largest and the largest training-set size of the committed study."""
+    sizes = sorted(summary["training_size"]["per_size"], key=int)
+    return sizes[-2], sizes[-1]
+
+
 def test_training_size_probe_plateau(summary):
     per = summary["training_size"]["per_size"]
-    b0 = per["224"]["terminal"]["Probe"]["brier"]["mean"]
-    _set_mean(per["448"]["terminal"]["Probe"]["brier"], 0.96 * b0)
+    base, top = _sizes(summary)
+    b0 = per[base]["terminal"]["Probe"]["brier"]["mean"]
+    _set_mean(per[top]["terminal"]["Probe"]["brier"], 0.96 * b0)
     assert _held(summary, "training_size_probe") is True
-    _set_mean(per["448"]["terminal"]["Probe"]["brier"], 0.94 * b0)
+    _set_mean(per[top]["terminal"]["Probe"]["brier"], 0.94 * b0)
     assert _held(summary, "training_size_probe") is False
 
 
 def test_training_size_msv_targets(summary):
-    top = summary["training_size"]["per_size"]["448"]
+    _, top_k = _sizes(summary)
+    top = summary["training_size"]["per_size"][top_k]
     top["bon_gain"], top["early_stop_token_fraction"] = 0.021, 0.39
     assert _held(summary, "training_size_msv") is True
     top["bon_gain"] = 0.019
     assert _held(summary, "training_size_msv") is False
     top["bon_gain"], top["early_stop_token_fraction"] = 0.021, None
     claim = _claim(summary, "training_size_msv")
-    assert claim["held"] is False and re.search(r"448 problems: .* token fraction ∞", claim["sentence"])
+    assert claim["held"] is False and re.search(rf"{top_k} problems: .* token fraction ∞", claim["sentence"])
 
 
-def test_training_size_claims_need_a_size_beyond_the_main_one(summary):
-    del summary["training_size"]["per_size"]["448"]
+def test_training_size_claims_need_two_sizes(summary):
+    per = summary["training_size"]["per_size"]
+    for k in _sizes(summary)[1:] + tuple(sorted(per, key=int)[:-2]):
+        del per[k]
+    assert len(per) == 1
     ids = {c["id"] for c in compute_claims(summary)}
     assert not {"training_size_probe", "training_size_msv"} & ids
 

@@ -53,7 +53,7 @@ from .config import ReproduceArguments, ReproduceConfig, training_config
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .report import render_testbed
 from .reuse import COLLECTION_CODE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint, reuse_key, write_key
-from .summary import autc_row, grouping_summary, main_summary, size_row
+from .summary import autc_row, grouping_summary, main_summary, size_row, vote_check_rows
 
 __all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_or_reuse", "measure_lm_costs",
            "checker_agreement", "train_main_verifiers", "main_study", "checkers_study", "masks_study",
@@ -208,7 +208,7 @@ class ReproductionContext:
     """What a reproduction's stages share. `verifiers` (method -> mode -> [path per training seed]) and
     `main_results` are the main study's, filled by `train_main_verifiers` / `main_study`; `reports` (study -> report
     path relative to `output_dir`), `counts` (verifiers trained / reused) and `reuse` (every reuse decision) are
-    filled as stages run."""
+    filled as stages run; `vote_checks` holds every MSV fit against the vote (`vote_check_rows`), per evaluation."""
 
     config: ReproduceConfig
     work_dir: Path
@@ -223,6 +223,7 @@ class ReproductionContext:
     clock: _Clock = field(default_factory=lambda: _Clock(lambda *a, **k: None))
     reuse: ReuseLog = field(default_factory=ReuseLog)
     reuse_shards: str = "matching"
+    vote_checks: list = field(default_factory=list)
 
     @property
     def data(self) -> Path:
@@ -256,13 +257,16 @@ class ReproductionContext:
     def evaluate(self, eval_dir, verifiers: dict, ns, val_dir=None, *, report_name: str, title: str,
                  subdir: bool = True, **kwargs) -> dict:
         """`evaluate_study` with the run's LM costs and DeepConf window; the report goes to output_dir/studies
-        (`subdir`) or output_dir, and is recorded in `reports` by the caller."""
+        (`subdir`) or output_dir, and is recorded in `reports` by the caller;
+        every MSV fit of it is checked against the vote into `vote_checks`."""
         from ..evaluation import evaluate_study
 
         kwargs = {"figures": False, "progress": False} | kwargs
-        return evaluate_study(eval_dir, verifiers, self.output_dir / "studies" if subdir else self.output_dir, ns,
-                              val_dir, lm_costs=self.lm_costs, deepconf_window=self.config.deepconf_window,
-                              title=title, report_name=f"{self.stem}-{report_name}", **kwargs)
+        res = evaluate_study(eval_dir, verifiers, self.output_dir / "studies" if subdir else self.output_dir, ns,
+                             val_dir, lm_costs=self.lm_costs, deepconf_window=self.config.deepconf_window,
+                             title=title, report_name=f"{self.stem}-{report_name}", **kwargs)
+        self.vote_checks += vote_check_rows(res, report_name)
+        return res
 
 
 def seed_specs(paths_by_mode: dict) -> list[dict]:
@@ -501,6 +505,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
 
     summary["timing_s"] = dict(ctx.clock.times, total=time.perf_counter() - started)
     summary["reuse"] = ctx.reuse.summary()
+    summary["vote_check"] = ctx.vote_checks
     summary["claims"] = compute_claims(summary, cfg)
     summary = json_safe(summary)
     (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(summary, indent=1))

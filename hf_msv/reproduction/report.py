@@ -72,8 +72,9 @@ def _header(s: dict) -> list[str]:
         f"terminal accuracy {d['eval']['terminal_accuracy']:.3f}, mean chain of thought "
         f"{d['eval']['mean_sequence_tokens']:.0f} tokens.",
         _protocol_line(cfg),
-        "* Verifiers: Probe and MSV_1/…/MSV_N trained per mode (terminal, streaming) with "
-        "`hf_msv.reproduction.training_config` (the paper's recipe, scaled to the testbed; see its docstring).",
+        "* Verifiers: Probe and MSV_1/…/MSV_N trained per mode (terminal, streaming) with the library defaults "
+        "(`recipe=\"auto\"`, what `hf-msv train` uses; `hf_msv.reproduction.training_config`).",
+        *_config_changes(cfg),
         "* LM costs measured here (s per shared decode step / per elicited answer): " + ", ".join(
             f"N={n}: {v['decode_step_s']:.2e} / {v['elicit_s']:.2e}" for n, v in s["lm_costs"].items()) + ".",
         "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + "."
@@ -86,6 +87,18 @@ def _header(s: dict) -> list[str]:
         "## Claims", "", markdown_table(["claim", "ours", "paper"], [
             [c["claim"], c["sentence"], c["paper"]] for c in s["claims"]]), "",
     ]
+
+
+def _config_changes(cfg: dict) -> list[str]:
+    """The settings of this run that differ from `ReproduceConfig`'s defaults (the quick ones for a quick run)."""
+    from dataclasses import asdict
+
+    from .config import ReproduceConfig
+
+    base = asdict(ReproduceConfig.quick_config() if cfg.get("quick") else ReproduceConfig())
+    changed = [f"{k}={tuple(v) if isinstance(v, list) else v}" for k, v in cfg.items()
+               if k in base and (tuple(v) if isinstance(v, list) else v) != base[k]]
+    return [f"* Settings changed from the defaults: {', '.join(changed)}."] if changed else []
 
 
 def _protocol_line(cfg: dict) -> str:
@@ -330,6 +343,35 @@ def _training_size(s: dict) -> list[str]:
         + _claims_for(s, "training_size") + [""]
 
 
+def _vote_check(s: dict) -> list[str]:
+    """Every MSV fit of the run against the vote it is fed, with the same equivalence classes (issue #14)."""
+    from .summary import VOTE_TOLERANCE
+
+    rows = s.get("vote_check")
+    if not rows:
+        return []
+    body = []
+    for r in rows:
+        iv = r.get("interval")
+        body.append([r["study"], str(r["n"]), r["setting"], r["method"], format_mean_std(r["auroc"]),
+                     f"{r['vote_auroc']:.3f} ({r['vote']})", f"{r['difference']:+.3f}"
+                     + ("" if not iv else f" [{iv['low']:+.3f}, {iv['high']:+.3f}]"),
+                     "yes" if r["at_vote"] else "**no**"])
+    below = [r for r in rows if not r["at_vote"]]
+    return ["## 10. Every MSV fit against the vote it is fed", "",
+            f"Evaluation AUROC of each MSV fit (mean ± std over training seeds) against the vote computed with the "
+            f"same equivalence classes: self-consistency on terminal answers, each sequence's latest answer on "
+            f"streaming ones (the γ input). \"At the vote\": no more than {VOTE_TOLERANCE} below it. The interval is "
+            "the paired bootstrap 95 % interval over problems of the difference, where the study computed one (its "
+            "MSV_N).", "",
+            f"{len(rows) - len(below)} of {len(rows)} fits are at or above the vote"
+            + ("." if not below else "; below it: " + ", ".join(
+                f"{r['study']} {r['method']} ({r['setting']}, N={r['n']}, {r['difference']:+.3f})" for r in below)
+               + "."), "",
+            markdown_table(["study", "N", "answers", "MSV fit", "AUROC", "vote AUROC", "difference [95 % CI]",
+                            "at the vote"], body), ""]
+
+
 # The optional studies' sections, in report order, each rendered when the summary has its entry.
 _STUDY_SECTIONS = (("checkers", _checkers), ("masks", _masks), ("delimiters", _delimiters),
                    ("grouping", _grouping), ("training_size", _training_size))
@@ -349,4 +391,5 @@ def render_testbed(s: dict, main_results: dict | None = None) -> str:
     for key, section in _STUDY_SECTIONS:
         if key in s:
             lines += section(s)
+    lines += _vote_check(s)
     return "\n".join(lines)

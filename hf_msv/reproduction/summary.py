@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 
 __all__ = ["stat_mean", "best_method", "best_bon_baseline", "main_summary", "autc_row", "grouping_summary",
-           "size_row"]
+           "size_row", "VOTE_TOLERANCE", "vote_check_rows"]
+
+# How far below the vote's evaluation AUROC an MSV fit may be and still count as "at the vote" (issue #14).
+VOTE_TOLERANCE = 0.005
+# The vote each setting compares against: self-consistency on terminal answers, each sequence's latest answer when
+# streaming (what the MSV's γ feature is); both computed with the evaluation's own equivalence classes.
+_VOTES = {"terminal": "Self-consistency", "streaming": "Latest-answer vote"}
 
 
 def stat_mean(stat) -> float:
@@ -118,3 +124,26 @@ def size_row(res: dict, n: int) -> dict:
             "bon_best_baseline": base, "bon_best_baseline_value": bb,
             "bon_gain": stat_mean(term[msv]["bon_accuracy"]) - bb if msv in term else math.nan,
             "early_stop_best_baseline": es.get("best_baseline"), "early_stop_token_fraction": es.get("token_fraction")}
+
+
+def vote_check_rows(res: dict, study: str) -> list[dict]:
+    """Every MSV fit of one evaluation against the vote it is fed (γ), per N and setting: AUROC mean over training
+    seeds, the vote's, their difference and whether it is within `VOTE_TOLERANCE`; plus the paired 95 % interval
+    over problems of the AUROC difference where the evaluation computed one (its primary MSV_N)."""
+    rows = []
+    for k, methods in res["methods"].items():
+        for setting, vote in _VOTES.items():
+            per = res.get(setting, {}).get(k, {})
+            if vote not in per:
+                continue
+            v = stat_mean(per[vote]["auroc"])
+            for m in methods["multi_sequence"]:
+                if m not in per:
+                    continue
+                a = stat_mean(per[m]["auroc"])
+                iv = res.get("intervals", {}).get(k, {}).get(setting, {}).get(vote, {}).get("auroc") \
+                    if m == methods["msv"] else None
+                rows.append({"study": study, "n": int(k), "setting": setting, "method": m, "vote": vote,
+                             "auroc": per[m]["auroc"], "vote_auroc": v, "difference": a - v,
+                             "at_vote": bool(a - v >= -VOTE_TOLERANCE), "interval": iv})
+    return rows
