@@ -128,8 +128,8 @@ def size_row(res: dict, n: int) -> dict:
 
 def vote_check_rows(res: dict, study: str) -> list[dict]:
     """Every MSV fit of one evaluation against the vote it is fed (γ), per N and setting: AUROC mean over training
-    seeds, the vote's, their difference and whether it is within `VOTE_TOLERANCE`; plus the paired 95 % interval
-    over problems of the AUROC difference where the evaluation computed one (its primary MSV_N)."""
+    seeds, the vote's, their difference and whether it is within `VOTE_TOLERANCE` (AUROC does not split into
+    per-problem terms, so there is no paired interval here: the spread over training seeds is the ± of `auroc`)."""
     rows = []
     for k, methods in res["methods"].items():
         for setting, vote in _VOTES.items():
@@ -141,9 +141,7 @@ def vote_check_rows(res: dict, study: str) -> list[dict]:
                 if m not in per:
                     continue
                 a = stat_mean(per[m]["auroc"])
-                iv = res.get("intervals", {}).get(k, {}).get(setting, {}).get(vote, {}).get("auroc") \
-                    if m == methods["msv"] else None
                 rows.append({"study": study, "n": int(k), "setting": setting, "method": m, "vote": vote,
                              "auroc": per[m]["auroc"], "vote_auroc": v, "difference": a - v,
-                             "at_vote": bool(a - v >= -VOTE_TOLERANCE), "interval": iv})
+                             "at_vote": bool(a - v >= -VOTE_TOLERANCE)})
     return rows
