@@ -515,11 +515,12 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
 
 
 def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threads: int | None = None,
-                           config: ReproduceConfig | None = None, device=None) -> Path:
+                           config: ReproduceConfig | None = None, device=None,
+                           reuse_shards: str = "matching") -> Path:
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
     ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples). Saves weights, config and model card
-    to `destination` (default: the package's)."""
+    to `destination` (default: the package's). `reuse_shards` as in `reproduce`."""
     import torch
 
     from ..collect import load_lm
@@ -532,7 +533,8 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     cfg, work = config or ReproduceConfig(), Path(work_dir)
     data = work / "data"
     model, tokenizer = load_lm("testbed", device=device)
-    collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems))
+    collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems),
+                   reuse_shards=reuse_shards)
     n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
     path = train_or_reuse(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
                           training_config("msv", n, "streaming", cfg.quick))
@@ -575,7 +577,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.shipped_verifier:
         return {"shipped_verifier": str(train_shipped_verifier(args.work_dir or "outputs/reproduce",
                                                                threads=args.threads, config=cfg,
-                                                               device=args.device))}
+                                                               device=args.device,
+                                                               reuse_shards=args.reuse_shards))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
                      threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards)
 
