@@ -6,8 +6,9 @@
 The traces are sampled from the v2 noisy solver itself (:func:`hf_msv.testbed.task_v2.sample_trace`), a proxy for
 the LM that will imitate it: an LM trained on them reproduces this distribution plus its own capacity errors, so the
 figures here are what a perfect imitator would show, not the LM's. Everything is read from what a sampler capped at
-``max_trace_tokens`` sees: the capped text, the ``Wait``s inside it, and the answers elicitation gives there (the
-module's elicitation rule: copied where the trace stands at a stated answer, derived mentally mid-computation).
+``max_trace_tokens`` sees: the capped text, the ``Wait``s inside it, and the answers elicitation gives there: the
+greedy (most likely) answer of the module's elicitation rule, as the collection elicits greedily (copied where the
+trace stands at a stated answer, derived mentally mid-computation).
 
 Rows (target in brackets, as in the issue): pass@1 [0.3, 0.6]; majority-right share, maj@K [<= 0.75];
 pass@K - maj@K [>= 0.15]; elicited answers per sequence, Waits in the cap + the terminal one [>= 6]; accuracy of the

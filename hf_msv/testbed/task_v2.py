@@ -3,59 +3,66 @@
 Same public shape as :mod:`hf_msv.testbed.task` (``generate_problems``, ``format_prompt``, ``make_trace``,
 ``make_trace_parts``, ``make_elicitation_example``, a frozen knobs dataclass) and the same split hashing
 (:func:`~hf_msv.testbed.task.split_of` of the canonical form), under its own source name ``testbed-arith-v2``.
-:func:`sample_trace` returns the whole :class:`TraceV2` (pieces, elicited answers, what a reader can see) for
-benchmarks and tests. A problem is a start value and 2-8 operations (``+k``/``-k`` with ``k`` up to two digits,
-``*k`` with ``k`` in 2..9) whose values stay in ``[0, 999]``::
+:func:`sample_trace` returns the whole :class:`TraceV2` (pieces, greedy elicited answers and their probabilities)
+for benchmarks and tests. A problem is a start value and 2-8 operations (``+k``/``-k`` with one- or two-digit
+``k``, ``*k`` with ``k`` in 2..9) whose values stay in ``[0, 999]``, and, in 60 % of problems, one irrelevant
+clause (``65 of them are old.``) that does not change the answer::
 
-    Q: Ann has 347 pens. Gets 58. Loses 7. Times 3. How many?
-    A: 347+58=405. Wait, 347+58=405? yes. 405-7=398. 398*3=1194. So 1194. Wait, 398*3=1194? no, 1194. ...
-    ### Final Answer ### \\boxed{1194}
+    Q: Bob has 392 coins. Times 2. 65 of them are old. Gets 92. Loses 70. How many?
+    A: About 706. Wait, step by step: 392*2=784. 784+92=876. 876-70=806. So 806. Wait, 65 are old, take them
+    away. 784-65=719. 719+92=811. 811-70=741. So 741. Wait, 784-65=719? yes. Wait, 719+92=811? yes. ...
+    ### Final Answer ### \\boxed{741}
 
-Every mechanism mirrors a documented behaviour of real reasoning LMs (never a target of MSV's numbers):
+Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tuned to a verifier's numbers):
 
-* **Knowable difficulty, errors from the solver's own uncertainty.** A step is wrong by dropping one of its
-  carries/borrows (the systematic "forgot the carry" error) or by a last-digit slip, each carry adding risk, so a
-  step's error probability is a function of its visible digits, and a problem's of its length and operands. Real
-  LMs' accuracy falls with the number of steps / clauses and with operand size (Dziri et al. 2023, "Faith and
-  Fate": multi-digit multiplication; Mirzadeh et al. 2024, GSM-Symbolic: more clauses, lower accuracy), and their
-  hidden states encode how likely they are to be right (Kadavath et al. 2022; the paper's Probe, after
-  Zhang et al. 2025 "Reasoning models know when they're right", reaches AUROC 0.946 at N = 1 on AIME). The wide
-  range (2-8 steps, 1-3-digit operands) makes majorities wrong on the hard problems, where one systematic slip is
-  likelier than none, as self-consistency fails on hard problems while coverage keeps growing (Brown et al. 2024,
-  "Large Language Monkeys").
-* **Strategies of different reliability.** A chain opens with a one-line mental guess (``About 412.``, a whole
-  chain computed "in the head" with ``mental_factor`` times the per-carry error) with probability ``guess_prob``,
-  then usually verifies step by step; step-by-step work is far more reliable than a direct answer (Wei et al. 2022,
-  chain-of-thought prompting), and reasoning LMs often state a tentative answer early and then check it.
-* **Answers computed at elicitation, not copied.** Only a finished pass or a fix restates the answer (``So X.``); a
-  confirming re-check does not. At a cut in the middle of a pass the elicited answer is *derived*: the remaining
-  operations done mentally from the last written value, so it is less accurate, and its probability (recorded)
-  is spread. This is how the paper's intermediate answers behave: elicited at a ``Wait`` anywhere in the reasoning
-  (Sec. 3.1), early ones less accurate than late ones (its early-stopping trade-off; Zhang et al. 2025;
-  Yang et al. 2025 "Dynamic early exit", whose trial answers at ``Wait`` are elicited mid-reasoning).
+* **Knowable difficulty; errors from the solver's own uncertainty.** A step goes wrong by dropping a carry /
+  borrow (the systematic "forgot the carry") or by a last-digit slip; the drop rate grows with what is carried
+  (carrying 7 in ``49*9`` is harder than 1; a borrow across a zero is 4x as error-prone, the classic procedural bug
+  of Brown & Burton 1978), so a step's error probability (:func:`step_risk`) is a function of digits the LM reads,
+  and a problem's of its length and operands. Real LMs' accuracy falls with the number of steps and operand size
+  (Dziri et al. 2023, "Faith and Fate"; Mirzadeh et al. 2024, GSM-Symbolic), and their hidden states encode how
+  likely they are to be right (Kadavath et al. 2022; the paper's Probe, after Zhang et al. 2025 "Reasoning models
+  know when they're right", reaches AUROC 0.946 at N = 1 on AIME).
+* **A consistent misreading that checking does not catch.** A chain subtracts the irrelevant clause's number
+  with a probability set by its wording (``distractor_take``: "broken" 0.9, "old" 0.65, "red" 0.4); re-checks verify
+  the arithmetic, not the reading, and only rarely (``reconsider_prob``) question it, in either direction. Models
+  take relevant-looking but irrelevant clauses into account, consistently (Mirzadeh et al. 2024, GSM-NoOp), so the
+  majority is wrong on such problems while some chains are right, as self-consistency fails on hard problems while
+  coverage keeps growing (Brown et al. 2024, "Large Language Monkeys").
+* **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
+  guess (``About 706.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
+  confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
+  2022, chain of thought), and reasoning LMs often state a tentative answer early and then check it.
+* **Answers computed at elicitation, not copied.** Only a finished pass or a fix restates the answer (``So X.``);
+  a confirming re-check does not. Cut in the middle of a pass, the elicited answer is *derived*: the remaining
+  operations done mentally from the last written value, so it is less accurate and its probability spread. At a
+  stated answer the elicitation copies it, but with probability ``min(0.45, doubt)`` (the chain's doubt, below)
+  answers a fresh mental recomputation instead, so the elicited answer's probability is the chain's confidence.
+  The paper elicits intermediate answers at a ``Wait`` anywhere in the reasoning (Sec. 3.1); early ones are less
+  accurate than late ones, and trial answers are confident when the reasoning is (Yang et al. 2025, DEER;
+  Zhang et al. 2025).
 * **Waits mid-computation, after the solver's own doubt.** Right after writing a step, the solver re-checks it at
   once with probability ``notice_prob`` when the step is wrong and ``false_alarm`` x its risk when right: an LM that
-  sampled its less likely digit has the evidence in its own distribution, and real traces show "Wait" right after
-  a slip ("Wait, 7+8 is 15, so..."); reasoning LMs' ``Wait``/"hmm" concentrate at high-uncertainty tokens
-  (Wang et al. 2025, "Beyond the 80/20 rule": high-entropy forking tokens).
-* **Re-checking until confident.** After the pass, the chain's doubt is ``1 - prod(1 - d_i)`` over its steps
-  (``d_i``: the step's risk, times ``confirm_factor`` per confirmation; a conflict raises it to ``conflict_doubt``);
-  the solver re-checks its most doubtful step while the doubt exceeds ``confident_doubt``, and even when confident
-  with probability ``overthink_prob`` (reasoning LMs over-verify easy problems: Chen et al. 2024, "Do NOT think that
-  much for 2+3=?"). A re-check recomputes the step with ``recheck_factor`` x the error rate: most confirm (the
-  rechecked step is usually right, and a systematic slip is often repeated), some fix, a few break (Kang et al.
-  2025, "First try matters": reflections of reasoning LMs are mostly confirmatory and rarely change the answer).
-  A fix redoes the later steps and opens a conflict, so wrong chains re-check more and run longer (incorrect
-  responses of o1-like / R1 models are markedly longer: Chen et al. 2024; Wang et al. 2025 "Thoughts are all over
-  the place"; Hassid et al. 2025 "Don't overthink it").
-* **A length cap that binds.** Sampling stops at ``max_trace_tokens`` (char-level tokens, ``Wait`` is one); the
-  paper caps outputs at 4096 tokens (App. C), where the hard problems' long, unconfident chains are cut, so "did it
-  finish" is visible and the terminal answer of a cut chain is elicited mid-reasoning. The recheck loop also
-  stops after ``max_rechecks`` (the solver gives up), which only matters beyond the cap.
+  sampled its less likely digit has the evidence in its own distribution, and reasoning LMs' "Wait"/"hmm" cluster
+  at high-uncertainty tokens (Wang et al. 2025, "Beyond the 80/20 rule").
+* **Re-checking until confident; reflections mostly confirm.** After the pass, the chain's doubt is
+  ``1 - prod(1 - d_i)`` over its steps (``d_i``: the step's risk, x ``confirm_factor`` per confirmation,
+  ``conflict_doubt`` after a disagreement); the solver re-checks its most doubtful step while the doubt exceeds
+  ``confident_doubt``, and even when confident with probability ``overthink_prob`` (reasoning LMs over-verify easy
+  problems: Chen et al. 2024, "Do NOT think that much for 2+3=?"). A re-check of a wrong step repeats the same slip
+  with probability ``persist_prob`` (LLMs rarely self-correct their reasoning: Huang et al. 2024), else recomputes
+  at ``recheck_factor`` x the error rate; so most re-checks confirm, some fix, a few break (Kang et al. 2025,
+  "First try matters": reflections are mostly confirmatory). A fix redoes the later steps and opens a conflict, so
+  wrong chains re-check more and run longer (incorrect responses of o1-like / R1 models are longer: Chen et al.
+  2024; Wang et al. 2025, "Thoughts are all over the place"; Hassid et al. 2025, "Don't overthink it").
+* **A length cap that binds.** Sampling stops at ``max_trace_tokens`` (char-level tokens, ``Wait`` is one): the
+  paper caps outputs at 4096 tokens (App. C), where the long, unconfident chains of hard problems are cut, so "did
+  it finish" is visible and a cut chain's terminal answer is elicited mid-reasoning. Beyond the cap the re-check
+  loop also stops after ``max_rechecks`` (the solver gives up).
 
-Elicitation rule (:func:`elicited_answer`): right after a piece whose state is a stated answer (``So X.``, a
-confirmation after the pass, the last step) the answer is that value (copied); inside a pass it is derived mentally
-from the last written value; after ``About X.`` it is the guess.
+Prompt (<= ~150 characters) + capped trace + elicitation exceed 512 positions: an LM trained on these needs a
+context of ~560 tokens. ``make_trace`` returns the capped text (a cut trace has no final line: train on it without
+EOS); ``sample_trace(...).text`` is the solver's whole text.
 """
 
 from __future__ import annotations
@@ -68,8 +75,8 @@ from .task import DELIMITER, SPLITS, apply_op, canonical, final_answer_line, for
 
 SOURCE = "testbed-arith-v2"
 __all__ = [
-    "DELIMITER", "SOURCE", "SPLITS", "Piece", "TaskKnobsV2", "TraceV2", "carry_positions", "elicited_answer",
-    "format_prompt", "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace", "make_trace_parts",
+    "DELIMITER", "MAX_HEDGE", "SOURCE", "SPLITS", "Piece", "TaskKnobsV2", "TraceV2", "carry_positions",
+    "elicited_answer", "format_prompt", "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace", "make_trace_parts",
     "sample_elicited_answer", "sample_trace", "step_risk", "trace_tokens",
 ]
 
@@ -322,6 +329,9 @@ def trace_tokens(text: str) -> int:
     return len(text) - (len(DELIMITER) - 1) * text.count(DELIMITER)
 
 
+TARGET_MOST_DOUBTFUL = 0.8  # P(a re-check goes to the most doubtful step; else to one drawn by doubt)
+
+
 class _Solver:
     """Writes one trace as a list of pieces (see the module docstring for the policy)."""
 
@@ -413,16 +423,13 @@ class _Solver:
             if self.distractor and not self.reconsidered and self.rng.random() < self.kn.reconsider_prob:
                 self.reread()
                 continue
-            if self.rng.random() < 0.8:
+            if self.rng.random() < TARGET_MOST_DOUBTFUL:
                 i = max(range(self.n), key=lambda j: self.doubt[j])
             else:
                 i = self.rng.choices(range(self.n), weights=[d + 0.01 for d in self.doubt])[0]
             if self.recheck(i, mid=False):
                 self.run_pass(i + 1)
                 self.say_so()
-
-
-MAX_HEDGE = 0.45  # an elicited stated answer stays the most likely one, however doubtful the chain
 
 
 def _reading(problem: Problem, rng: random.Random, kn: TaskKnobsV2) -> tuple[list[tuple[str, int]], bool]:
@@ -437,6 +444,9 @@ def _reading(problem: Problem, rng: random.Random, kn: TaskKnobsV2) -> tuple[lis
         ops.insert(d[0], ("-", d[1]))
         return ops, True
     return ops, False
+
+
+MAX_HEDGE = 0.45  # an elicited stated answer stays the most likely one, however doubtful the chain
 
 
 def _elicit(piece: Piece, kn: TaskKnobsV2) -> None:
