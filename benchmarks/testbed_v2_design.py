@@ -17,8 +17,9 @@ right [wrong higher]; cap-binding share [10-40 %]; mean trace tokens (characters
 finished) [<= 400]; visible-feature probe AUROC [>= 0.80]: a logistic regression on what a reader of the capped
 trace sees (strategy, steps and their carries as written, Waits, fixes, finished, derived terminal answer, ...)
 predicting terminal correctness, fit on half the problems and scored on the other half (a proxy for the ceiling of
-the LM Probe). Informational rows (no target): the same probe with an arithmetic check of the written equations
-(a reader who verifies every step); a Token-Probs proxy AUROC (the solver's own probability of the terminal answer:
+the LM Probe). Informational rows (no target): the visible probe's best-of-K accuracy vs pass@1 on the held-out
+problems (the issue's LM target: Probe best-of-64 >= pass@1 + 0.10); the same probe with an arithmetic check of the written equations
+(a reader who verifies every step), and without the three features of how the chain read the irrelevant clause; a Token-Probs proxy AUROC (the solver's own probability of the terminal answer:
 1 for a copied answer, the mental path's probability for a derived one); accuracy at every Wait; Waits wrong vs
 right within problems; re-check outcomes (confirm / fix / break); distinct terminal answers per problem.
 The last line printed is the JSON summary.
@@ -71,6 +72,9 @@ def visible_features(capped_text: str, finished: bool, problem, kn) -> list[floa
     ]
 
 
+READING_COLUMNS = slice(20, 23)  # in visible_features: took the clause, rereads, final reading (the last columns)
+
+
 def false_equations(capped_text: str) -> int:
     """Written equations ``a op k = c`` that are arithmetically false (a reader who checks every step)."""
     return sum(apply_op(int(a), op, int(k)) != int(c) for a, op, k, c, q in _EQ.findall(capped_text) if not q)
@@ -82,15 +86,25 @@ def auroc(y: np.ndarray, s: np.ndarray) -> float:
     return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else float("nan")
 
 
-def probe_auroc(X: np.ndarray, y: np.ndarray, fit_rows: np.ndarray) -> float:
-    """Logistic regression fit on ``fit_rows`` (half the problems), AUROC on the other rows (held-out problems)."""
+def probe_scores(X: np.ndarray, y: np.ndarray, fit_rows: np.ndarray) -> np.ndarray:
+    """Logistic regression fit on ``fit_rows`` (half the problems); its scores of the other rows (held-out
+    problems)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
     clf.fit(X[fit_rows], y[fit_rows])
-    return auroc(y[~fit_rows], clf.predict_proba(X[~fit_rows])[:, 1])
+    return clf.predict_proba(X[~fit_rows])[:, 1]
+
+
+def probe_auroc(X: np.ndarray, y: np.ndarray, fit_rows: np.ndarray) -> float:
+    return auroc(y[~fit_rows], probe_scores(X, y, fit_rows))
+
+
+def best_of_k(scores: np.ndarray, y: np.ndarray, pid: np.ndarray) -> float:
+    """Accuracy of the highest-scored trace per problem (rows aligned; every problem's rows together)."""
+    return float(np.mean([y[pid == i][np.argmax(scores[pid == i])] for i in np.unique(pid)]))
 
 
 def sample_all(problems, k: int, seed: int, knobs: dict):
@@ -157,7 +171,10 @@ def summarize(problems, rows, X, finals, outcomes) -> dict:
         "mean_trace_tokens": float(np.mean([r["tokens"] for r in rows])),
         "max_trace_tokens_seen": int(max(r["tokens"] for r in rows)),
         "probe_auroc_visible": probe_auroc(X[:, :-1], y, fit),
+        "probe_best_of_k": best_of_k(probe_scores(X[:, :-1], y, fit), y[~fit], pid[~fit]),
+        "pass_at_1_held_out": float(y[~fit].mean()),
         "probe_auroc_with_arithmetic_check": probe_auroc(X, y, fit),
+        "probe_auroc_without_clause_reading": probe_auroc(X[:, :READING_COLUMNS.start], y, fit),
         "token_prob_proxy_auroc": auroc(y, np.array([r["prob"] for r in rows])),
         "terminal_derived_share": float(np.mean([r["derived"] for r in rows])),
         "acc_finished": float(y[[r["finished"] for r in rows]].mean()),
@@ -183,7 +200,10 @@ def table(s: dict) -> list[tuple[str, str, str, bool | None]]:
         ("cap-binding share", "0.10-0.40", f"{s['cap_binding_share']:.3f}", 0.1 <= s["cap_binding_share"] <= 0.4),
         ("mean trace tokens", "<= 400", f"{s['mean_trace_tokens']:.1f}", s["mean_trace_tokens"] <= 400),
         ("visible-feature probe AUROC", ">= 0.80", f"{s['probe_auroc_visible']:.3f}", s["probe_auroc_visible"] >= 0.8),
+        ("visible probe best-of-K vs pass@1 (info)", "LM: >= +0.10",
+         f"{s['probe_best_of_k']:.3f} vs {s['pass_at_1_held_out']:.3f} (held-out problems)", None),
         ("probe + arithmetic check (info)", "-", f"{s['probe_auroc_with_arithmetic_check']:.3f}", None),
+        ("probe without the clause reading (info)", "-", f"{s['probe_auroc_without_clause_reading']:.3f}", None),
         ("Token-Probs proxy AUROC (info)", "LM: >= 0.70", f"{s['token_prob_proxy_auroc']:.3f}", None),
         ("accuracy at every Wait (info)", "-", f"{s['intermediate_acc_all_waits']:.3f}", None),
         ("Waits wrong - right, within problem (info)", "-", f"{s['waits_wrong_minus_right_within_problem']:.2f}",
