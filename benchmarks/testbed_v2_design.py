@@ -18,10 +18,12 @@ finished) [<= 400]; visible-feature probe AUROC [>= 0.80]: a logistic regression
 trace sees (strategy, steps and their carries as written, Waits, fixes, finished, derived terminal answer, ...)
 predicting terminal correctness, fit on half the problems and scored on the other half (a proxy for the ceiling of
 the LM Probe). Informational rows (no target): the visible probe's best-of-K accuracy vs pass@1 on the held-out
-problems (the issue's LM target: Probe best-of-64 >= pass@1 + 0.10); the same probe with an arithmetic check of the written equations
-(a reader who verifies every step), and without the three features of how the chain read the irrelevant clause; a Token-Probs proxy AUROC (the solver's own probability of the terminal answer:
-1 for a copied answer, the mental path's probability for a derived one); accuracy at every Wait; Waits wrong vs
-right within problems; re-check outcomes (confirm / fix / break); distinct terminal answers per problem.
+problems (the issue's LM target: Probe best-of-64 >= pass@1 + 0.10); the same probe with an arithmetic check of
+the written equations (a reader who verifies every step), and without the three features of how the chain read the
+irrelevant clause; a Token-Probs proxy AUROC (the solver's own probability of the greedy terminal answer:
+1 - min(0.45, doubt) for a stated answer, the mental path's probability for a derived one); accuracy at every Wait;
+Waits wrong vs right within problems; re-check outcomes (confirm / fix / break / re-read of the clause); distinct
+terminal answers per problem.
 The last line printed is the JSON summary.
 """
 

@@ -2,6 +2,7 @@
 each design property the module docstring claims, checked on small samples where it could fail."""
 
 import random
+from dataclasses import replace
 from collections import Counter
 
 import pytest
@@ -167,11 +168,12 @@ def test_elicited_answer_is_copied_where_stated_and_derived_mid_computation(samp
                 assert not x.derived and x.answer == str(x.value) and x.text == f" So {x.value}."
             if x.rest:
                 assert x.derived
-    # sampled answers (what training teaches) have the greedy answer as their most common value
-    p, ts = sample[0]
-    piece = next(x for t in ts for x in t.pieces if x.derived)
-    drawn = Counter(sample_elicited_answer(piece, p, random.Random(s)) for s in range(200))
+    # sampled answers (what training teaches) have the greedy answer as their most common value, with about the
+    # probability the piece records (a derived answer whose mental path is likelier than not)
+    p, piece = next((p, x) for p, t in _traces(sample) for x in t.pieces if x.derived and 0.6 < x.answer_prob < 0.9)
+    drawn = Counter(sample_elicited_answer(piece, p, random.Random(s)) for s in range(300))
     assert drawn.most_common(1)[0][0] == piece.answer and len(drawn) > 1
+    assert drawn[piece.answer] / 300 > piece.answer_prob - 0.1
 
 
 # --------------------------------------------------------------------------------------------- design claims
@@ -235,3 +237,50 @@ def test_majorities_are_sometimes_wrong_and_answers_diverse(sample):
     took = [t.terminal.answer == p.gold for p, t in _traces(sample) if p.meta["distractor"] and
             f"-{p.meta['distractor'][1]}=" in t.capped_text.split(" So ")[0] and "still count" not in t.capped_text]
     assert took and sum(took) / len(took) < 0.1
+
+
+def test_the_wording_sets_how_often_the_clause_is_taken():
+    problems = [p for p in generate_problems("train", 300, seed=8) if p.meta["distractor"]]
+    rng = random.Random(4)
+    taken = Counter()
+    seen = Counter()
+    for p in problems:
+        pos, d, w = p.meta["distractor"]
+        for _ in range(8):
+            first_pass = sample_trace(p, rng, guess_prob=0.0).capped_text.split(" So ")[0]
+            seen[w] += 1
+            taken[w] += first_pass.count(f"-{d}=") > sum(o == ["-", d] for o in p.meta["ops"])
+    rate = [taken[w] / seen[w] for w in range(3)]
+    assert rate[0] > rate[1] > rate[2]  # "broken" > "old" > "red", as distractor_take says
+
+
+def test_a_wait_follows_a_wrong_step_more_often_than_a_right_one(sample):
+    after = {True: [], False: []}
+    for _, t in _traces(sample):
+        for x, nxt in zip(t.pieces, t.pieces[1:]):
+            if x.kind == "step":
+                a, rest = x.text.split("=")
+                a = a.split(":")[-1].strip()
+                op = next(c for c in "+-*" if c in a[1:])
+                lhs, k = a.rsplit(op, 1)
+                after[apply_op(int(lhs), op, int(k)) != int(rest.rstrip("."))].append(nxt.mid)
+    assert sum(after[True]) / len(after[True]) > 2 * sum(after[False]) / len(after[False])
+
+
+def test_derived_answers_are_less_accurate_than_stated_ones(sample):
+    derived = [x.answer == p.gold for p, t in _traces(sample) for x in t.pieces if x.derived]
+    stated = [x.answer == p.gold for p, t in _traces(sample) for x in t.pieces if x.kind == "so"]
+    assert sum(derived) / len(derived) < sum(stated) / len(stated) - 0.1
+
+
+def test_chains_stop_when_confident_and_the_elicited_answer_hedges_by_doubt(sample):
+    kn = TaskKnobsV2()
+    finished = [t for _, t in _traces(sample) if t.finished and t.pieces[0].kind != "guess"]
+    assert sum(t.pieces[-1].doubt <= kn.confident_doubt for t in finished) / len(finished) > 0.9
+    p, ts = sample[1]
+    piece = next(x for t in ts for x in t.pieces if x.kind == "so")
+    sure, unsure = replace(piece, doubt=0.0), replace(piece, doubt=0.4)
+    assert {sample_elicited_answer(sure, p, random.Random(s)) for s in range(50)} == {piece.answer}
+    drawn = Counter(sample_elicited_answer(unsure, p, random.Random(s)) for s in range(300))
+    assert 0.45 < drawn[piece.answer] / 300 < 0.8  # ~ 1 - doubt, the answer's probability
+    assert unsure.answer_prob == sure.answer_prob == piece.answer_prob  # fixed at sampling; replace() keeps it

@@ -32,7 +32,8 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
 * **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
   guess (``About 706.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
   confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
-  2022, chain of thought), and reasoning LMs often state a tentative answer early and then check it.
+  2022, chain of thought; without intermediate steps LMs fail multi-digit arithmetic: Dziri et al. 2023, hence
+  the large ``mental_factor``), and reasoning LMs often state a tentative answer early and then check it.
 * **Answers computed at elicitation, not copied.** Only a finished pass or a fix restates the answer (``So X.``);
   a confirming re-check does not. Cut in the middle of a pass, the elicited answer is *derived*: the remaining
   operations done mentally from the last written value, so it is less accurate and its probability spread. At a
@@ -76,8 +77,8 @@ from .task import DELIMITER, SPLITS, apply_op, canonical, final_answer_line, for
 SOURCE = "testbed-arith-v2"
 __all__ = [
     "DELIMITER", "MAX_HEDGE", "SOURCE", "SPLITS", "Piece", "TaskKnobsV2", "TraceV2", "carry_positions",
-    "elicited_answer", "format_prompt", "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace", "make_trace_parts",
-    "sample_elicited_answer", "sample_trace", "step_risk", "trace_tokens",
+    "elicited_answer", "format_prompt", "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace",
+    "make_trace_parts", "sample_elicited_answer", "sample_trace", "step_risk", "trace_tokens",
 ]
 
 
@@ -98,7 +99,7 @@ class TaskKnobsV2:
     borrow_error: float = 0.15  # per borrow (x4 across a zero digit)
     mul_error: float = 0.07  # per unit carried in a multiplication
     slip_error: float = 0.02
-    mental_factor: float = 3.0  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
+    mental_factor: float = 5.5  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
     guess_prob: float = 0.35  # P(the chain opens with a one-line mental guess)
     notice_prob: float = 0.45  # P(an immediate Wait after a wrong step)
     false_alarm: float = 0.5  # P(an immediate Wait after a right step) = false_alarm * the step's risk
