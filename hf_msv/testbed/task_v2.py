@@ -1,0 +1,612 @@
+"""Testbed v2: an arithmetic task whose noisy-solver traces carry a per-chain correctness signal (issue #17).
+
+Same public shape as :mod:`hf_msv.testbed.task` (``generate_problems``, ``format_prompt``, ``make_trace``,
+``make_trace_parts``, ``make_elicitation_example``, a frozen knobs dataclass) and the same split hashing
+(:func:`~hf_msv.testbed.task.split_of` of the canonical form), under its own source name ``testbed-arith-v2``.
+:func:`sample_trace` returns the whole :class:`TraceV2` (pieces, greedy elicited answers and their probabilities)
+for benchmarks and tests. A problem is a start value and 2-8 operations (``+k``/``-k`` with one- or two-digit
+``k``, ``*k`` with ``k`` in 2..9) whose values stay in ``[0, 999]``, and, in 60 % of problems, one irrelevant
+clause (``65 of them are old.``) that does not change the answer::
+
+    Q: Bob has 392 coins. Times 2. 65 of them are old. Gets 92. Loses 70. How many?
+    A: About 706. Wait, step by step: 392*2=784. 784+92=876. 876-70=806. So 806. Wait, 65 are old, take them
+    away. 784-65=719. 719+92=811. 811-70=741. So 741. Wait, 784-65=719? yes. Wait, 719+92=811? yes. ...
+    ### Final Answer ### \\boxed{741}
+
+Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tuned to a verifier's numbers):
+
+* **Knowable difficulty; errors from the solver's own uncertainty.** A step goes wrong by dropping a carry /
+  borrow (the systematic "forgot the carry") or by a last-digit slip; the drop rate grows with what is carried
+  (carrying 7 in ``49*9`` is harder than 1; a borrow across a zero is 4x as error-prone, the classic procedural bug
+  of Brown & Burton 1978), so a step's error probability (:func:`step_risk`) is a function of digits the LM reads,
+  and a problem's of its length and operands. Real LMs' accuracy falls with the number of steps and operand size
+  (Dziri et al. 2023, "Faith and Fate"; Mirzadeh et al. 2024, GSM-Symbolic), and their hidden states encode how
+  likely they are to be right (Kadavath et al. 2022; the paper's Probe, after Zhang et al. 2025 "Reasoning models
+  know when they're right", reaches AUROC 0.946 at N = 1 on AIME).
+* **A consistent misreading that checking does not catch.** A chain subtracts the irrelevant clause's number
+  with a probability set by its wording (``distractor_take``: "broken" 0.9, "old" 0.65, "red" 0.4); re-checks verify
+  the arithmetic, not the reading, and only rarely (``reconsider_prob``) question it, in either direction. Models
+  take relevant-looking but irrelevant clauses into account, consistently (Mirzadeh et al. 2024, GSM-NoOp), so the
+  majority is wrong on such problems while some chains are right, as self-consistency fails on hard problems while
+  coverage keeps growing (Brown et al. 2024, "Large Language Monkeys").
+* **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
+  guess (``About 706.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
+  confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
+  2022, chain of thought; without intermediate steps LMs fail multi-digit arithmetic: Dziri et al. 2023, hence
+  the large ``mental_factor``), and reasoning LMs often state a tentative answer early and then check it.
+* **Answers computed at elicitation, not copied.** Only a finished pass or a fix restates the answer (``So X.``);
+  a confirming re-check does not. Cut in the middle of a pass, the elicited answer is *derived*: the remaining
+  operations done mentally from the last written value, so it is less accurate and its probability spread. At a
+  stated answer the elicitation copies it, but with probability ``min(0.45, doubt)`` (the chain's doubt, below)
+  answers a fresh mental recomputation instead, so the elicited answer's probability is the chain's confidence.
+  The paper elicits intermediate answers at a ``Wait`` anywhere in the reasoning (Sec. 3.1); early ones are less
+  accurate than late ones, and trial answers are confident when the reasoning is (Yang et al. 2025, DEER;
+  Zhang et al. 2025).
+* **Waits mid-computation, after the solver's own doubt.** Right after writing a step, the solver re-checks it at
+  once with probability ``notice_prob`` when the step is wrong and ``false_alarm`` x its risk when right: an LM that
+  sampled its less likely digit has the evidence in its own distribution, and reasoning LMs' "Wait"/"hmm" cluster
+  at high-uncertainty tokens (Wang et al. 2025, "Beyond the 80/20 rule").
+* **Re-checking until confident; reflections mostly confirm.** After the pass, the chain's doubt is
+  ``1 - prod(1 - d_i)`` over its steps (``d_i``: the step's risk, x ``confirm_factor`` per confirmation,
+  ``conflict_doubt`` after a disagreement); the solver re-checks its most doubtful step while the doubt exceeds
+  ``confident_doubt``, and even when confident with probability ``overthink_prob`` (reasoning LMs over-verify easy
+  problems: Chen et al. 2024, "Do NOT think that much for 2+3=?"). A re-check of a wrong step repeats the same slip
+  with probability ``persist_prob`` (LLMs rarely self-correct their reasoning: Huang et al. 2024), else recomputes
+  at ``recheck_factor`` x the error rate; so most re-checks confirm, some fix, a few break (Kang et al. 2025,
+  "First try matters": reflections are mostly confirmatory). A fix redoes the later steps and opens a conflict, so
+  wrong chains re-check more and run longer (incorrect responses of o1-like / R1 models are longer: Chen et al.
+  2024; Wang et al. 2025, "Thoughts are all over the place"; Hassid et al. 2025, "Don't overthink it").
+* **A length cap that binds.** Sampling stops at ``max_trace_tokens`` (char-level tokens, ``Wait`` is one): the
+  paper caps outputs at 4096 tokens (App. C), where the long, unconfident chains of hard problems are cut, so "did
+  it finish" is visible and a cut chain's terminal answer is elicited mid-reasoning. Beyond the cap the re-check
+  loop also stops after ``max_rechecks`` (the solver gives up).
+
+Prompt (<= ~150 characters) + capped trace + elicitation exceed 512 positions: an LM trained on these needs a
+context of ~560 tokens. ``make_trace`` returns the capped text (a cut trace has no final line: train on it without
+EOS); ``sample_trace(...).text`` is the solver's whole text.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, fields
+
+from ..data.problems import Problem
+from .task import DELIMITER, SPLITS, apply_op, canonical, final_answer_line, format_prompt, split_of
+
+SOURCE = "testbed-arith-v2"
+__all__ = [
+    "DELIMITER", "MAX_HEDGE", "SOURCE", "SPLITS", "Piece", "TaskKnobsV2", "TraceV2", "carry_positions",
+    "elicited_answer", "format_prompt", "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace",
+    "make_trace_parts", "sample_elicited_answer", "sample_trace", "step_risk", "trace_tokens",
+]
+
+
+@dataclass(frozen=True)
+class TaskKnobsV2:
+    """Knobs of the v2 generator (problems) and of the noisy solver that writes the traces."""
+
+    min_steps: int = 2
+    max_steps: int = 8
+    max_start: int = 400  # start value in [10, max_start]
+    max_operand: int = 99  # +k / -k with k in [1, max_operand]
+    max_value: int = 999  # every intermediate value of the true chain stays in [0, max_value]
+    ops: str = "+-*"
+    mul_factors: tuple = (2, 3, 4, 5, 6, 7, 8, 9)
+    distractor_prob: float = 0.6  # P(the problem has an irrelevant clause "12 of them are broken.")
+    # noisy solver: careful (step-by-step) error per carry / borrow, and per step
+    carry_error: float = 0.1  # per carry
+    borrow_error: float = 0.15  # per borrow (x4 across a zero digit)
+    mul_error: float = 0.07  # per unit carried in a multiplication
+    slip_error: float = 0.02
+    mental_factor: float = 5.5  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
+    guess_prob: float = 0.35  # P(the chain opens with a one-line mental guess)
+    notice_prob: float = 0.45  # P(an immediate Wait after a wrong step)
+    false_alarm: float = 0.5  # P(an immediate Wait after a right step) = false_alarm * the step's risk
+    recheck_factor: float = 0.3  # a re-check's error rate relative to the first computation
+    persist_prob: float = 0.7  # P(a re-check of a wrong step repeats the same slip: the error is systematic)
+    distractor_take: tuple = (0.9, 0.65, 0.4)  # P(a chain subtracts the irrelevant number), per wording
+    reconsider_prob: float = 0.08  # P(a re-check questions the reading of the irrelevant clause instead)
+    confirm_factor: float = 0.35  # a confirmed step's doubt is multiplied by this
+    conflict_doubt: float = 0.5  # the doubt of a step whose re-check disagreed with it
+    confident_doubt: float = 0.2  # re-check while the chain's doubt is above this
+    overthink_prob: float = 0.3  # P(one more re-check when already confident)
+    max_rechecks: int = 16
+    max_trace_tokens: int = 352  # sampling cap (characters; the delimiter Wait is one token)
+
+    def __post_init__(self):
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        if len(self.distractor_take) != len(_DISTRACTORS) or not all(0 <= p <= 1 for p in self.distractor_take):
+            raise ValueError(f"distractor_take needs {len(_DISTRACTORS)} probabilities, got {self.distractor_take!r}")
+        if not (self.mul_factors and all(isinstance(f, int) and 2 <= f <= 9 for f in self.mul_factors)):
+            raise ValueError(f"mul_factors must be single digits in 2..9, got {self.mul_factors!r}")
+        if not 10 <= self.max_start <= self.max_value or self.max_operand < 1:
+            raise ValueError("need 10 <= max_start <= max_value and max_operand >= 1")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name.endswith(("_error", "_prob", "_alarm", "_factor", "_doubt")) and f.name != "mental_factor":
+                if not 0.0 <= v <= 1.0:
+                    raise ValueError(f"{f.name} must be a probability in [0, 1], got {v!r}")
+        if self.mental_factor < 1.0 or self.max_rechecks < 0 or self.max_trace_tokens < 32:
+            raise ValueError("need mental_factor >= 1, max_rechecks >= 0, max_trace_tokens >= 32")
+
+
+def knobs_v2(**knobs) -> TaskKnobsV2:
+    """:class:`TaskKnobsV2` from keyword overrides; an unknown name is a ValueError listing the valid ones."""
+    unknown = set(knobs) - {f.name for f in fields(TaskKnobsV2)}
+    if unknown:
+        raise ValueError(f"unknown testbed-v2 knobs {sorted(unknown)}; valid: {[f.name for f in fields(TaskKnobsV2)]}")
+    for name in ("mul_factors", "distractor_take"):  # JSON gives lists
+        if name in knobs:
+            knobs[name] = tuple(knobs[name])
+    return TaskKnobsV2(**knobs)
+
+
+# ------------------------------------------------------------------------------------------------------ problems
+def _sample_chain(rng: random.Random, kn: TaskKnobsV2) -> tuple[int, list[tuple[str, int]]]:
+    v = start = rng.randint(10, kn.max_start)
+    ops = []
+    for _ in range(rng.randint(kn.min_steps, kn.max_steps)):
+        choices = [o for o in kn.ops if (o != "+" or v < kn.max_value) and (o != "-" or v >= 2)]
+        if "*" in choices and not any(f * v <= kn.max_value for f in kn.mul_factors):
+            choices.remove("*")
+        op = rng.choice(choices)
+        # operand size is itself a difficulty: one or two digits, equally often
+        big = rng.random() < 0.5
+        if op == "+":
+            k = rng.randint(10 if big and kn.max_value - v >= 10 else 1, min(kn.max_operand, kn.max_value - v))
+        elif op == "-":
+            k = rng.randint(10 if big and v > 10 else 1, min(kn.max_operand, v - 1))
+        else:
+            k = rng.choice([f for f in kn.mul_factors if f * v <= kn.max_value])
+        ops.append((op, k))
+        v = apply_op(v, op, k)
+    return start, ops
+
+
+def _sample_distractor(rng: random.Random, start: int, ops: list[tuple[str, int]], kn: TaskKnobsV2):
+    """``[position, number, wording index]`` of an irrelevant clause placed after ``position`` operations, or None."""
+    if rng.random() >= kn.distractor_prob:
+        return None
+    pos = rng.randint(0, len(ops) - 1)
+    v = start
+    for op, k in ops[:pos]:
+        v = apply_op(v, op, k)
+    return [pos, rng.randint(1, min(kn.max_operand, max(1, v - 1))), rng.randrange(len(_DISTRACTORS))]
+
+
+_DISTRACTORS = ["broken", "old", "red"]  # how tempting it is to subtract them: see TaskKnobsV2.distractor_take
+_NAMES = ["Ann", "Bob", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy"]
+_ITEMS = ["pens", "cards", "coins", "beads", "stamps", "shells"]
+_WORDS = {"+": ["Gets {k}.", "Finds {k}.", "Buys {k}."], "-": ["Loses {k}.", "Sells {k}.", "Gives {k} away."],
+          "*": ["Times {k}."]}
+
+
+def _question(rng: random.Random, start: int, ops: list[tuple[str, int]], distractor) -> str:
+    # Short wording: 8-step prompts stay under ~150 characters, so prompt + capped trace fit a 512-token context.
+    words = [f"{rng.choice(_NAMES)} has {start} {rng.choice(_ITEMS)}."]
+    words += [rng.choice(_WORDS[o]).format(k=k) for o, k in ops]
+    if distractor:
+        pos, d, w = distractor
+        words.insert(pos + 1, f"{d} of them are {_DISTRACTORS[w]}.")
+    return " ".join(words + ["How many?"])
+
+
+def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Problem]:
+    """``n`` distinct v2 problems of ``split`` (deterministic in ``seed`` and the knobs; solver knobs ignored)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    kn = knobs_v2(**knobs)
+    rng = random.Random(f"{SOURCE}/{split}/{seed}")
+    out, seen, tries = [], set(), 0
+    while len(out) < n:
+        tries += 1
+        if tries > 200 * n + 10_000:
+            raise RuntimeError(f"could not generate {n} distinct {split} problems with {knobs}")
+        start, ops = _sample_chain(rng, kn)
+        distractor = _sample_distractor(rng, start, ops, kn)
+        canon = canonical(start, ops) + ("|{}:{}:{}".format(*distractor) if distractor else "")
+        if canon in seen or split_of(canon) != split:
+            continue
+        seen.add(canon)
+        gold = start
+        for o, k in ops:
+            gold = apply_op(gold, o, k)
+        meta = {"canonical": canon, "start": start, "ops": [list(x) for x in ops], "distractor": distractor,
+                "split": split}
+        out.append(Problem(id=f"{SOURCE}/{split}/{seed}/{len(out)}", question=_question(rng, start, ops, distractor),
+                           gold=str(gold), source=SOURCE, meta=meta))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the arithmetic
+def _digits(x: int) -> list[int]:
+    return [int(c) for c in reversed(str(x))]
+
+
+def _columns(a: int, op: str, k: int, drop: frozenset = frozenset()) -> tuple[int, list[tuple[int, int]]]:
+    """Column arithmetic of ``a op k`` forgetting the carries/borrows out of the columns in ``drop``.
+
+    Returns ``(result, carries)``: per carry / borrow into a higher column, ``(column, hardness)``; hardness is the
+    carried amount for ``*`` (carrying 7 is harder than carrying 1), 4 for a borrow across a zero digit (the
+    classic "borrow across zero" bug) and 1 otherwise. The carry out of the top column (a new leading digit) is
+    never dropped. ``*`` takes a single-digit ``k``; ``-`` needs ``a >= k``."""
+    da, dk = _digits(a), ([] if op == "*" else _digits(k))
+    carry, out, cols, width = 0, [], [], max(len(da), len(dk))
+    for j in range(width):
+        x, y = da[j] if j < len(da) else 0, dk[j] if j < len(dk) else 0
+        s = x * k + carry if op == "*" else x + y + carry if op == "+" else x - y - carry
+        out.append(s % 10)
+        carry = int(s < 0) if op == "-" else s // 10
+        if carry and j < width - 1:
+            across_zero = op == "-" and da[j + 1] == 0
+            cols.append((j, carry if op == "*" else 4 if across_zero else 1))
+            if j in drop:
+                carry = 0
+    value = sum(d * 10**j for j, d in enumerate(out)) + (carry * 10 ** len(out) if op != "-" else 0)
+    return value, cols
+
+
+def _columnable(a: int, op: str, k: int) -> bool:
+    return a >= 0 and (op != "-" or a >= k) and (op != "*" or 2 <= k <= 9)
+
+
+def carry_positions(a: int, op: str, k: int) -> list[tuple[int, int]]:
+    """``(column, hardness)`` of each carry / borrow of ``a op k`` into a higher column (what makes a step risky)."""
+    return _columns(a, op, k)[1] if _columnable(a, op, k) else []
+
+
+def _rates(a: int, op: str, k: int, kn: TaskKnobsV2, scale: float) -> list[tuple[int, float]]:
+    """Per carry column, P(the solver drops it) at error ``scale``."""
+    base = kn.carry_error if op == "+" else kn.borrow_error if op == "-" else kn.mul_error
+    return [(j, min(0.9, base * h * scale)) for j, h in carry_positions(a, op, k)]
+
+
+def step_risk(a: int, op: str, k: int, kn: TaskKnobsV2, scale: float = 1.0) -> float:
+    """P(the solver gets ``a op k`` wrong) at error ``scale`` (1: careful; ``mental_factor``: in the head): a
+    function of the digits a reader sees."""
+    p_right = 1.0 - min(0.9, kn.slip_error * scale)
+    for _, r in _rates(a, op, k, kn, scale):
+        p_right *= 1.0 - r
+    return 1.0 - p_right
+
+
+def _compute(rng: random.Random | None, a: int, op: str, k: int, kn: TaskKnobsV2, scale: float) -> tuple[int, float]:
+    """One noisy computation of ``a op k``: ``(value, probability of the error pattern drawn)``; ``rng=None``
+    takes the most likely pattern (what greedy decoding of an imitating LM gives)."""
+    if not _columnable(a, op, k):  # a noisy chain left the task's range: plain arithmetic
+        return apply_op(a, op, k), 1.0
+    drop, prob = set(), 1.0
+    for j, r in _rates(a, op, k, kn, scale):
+        dropped = r > 0.5 if rng is None else rng.random() < r
+        if dropped:
+            drop.add(j)
+        prob *= r if dropped else 1.0 - r
+    value = _columns(a, op, k, frozenset(drop))[0]
+    slip = min(0.9, kn.slip_error * scale)
+    if rng is not None and rng.random() < slip:
+        value = max(0, value + rng.choice([-2, -1, 1, 1, 2]))
+        prob *= slip / 5
+    else:
+        prob *= 1.0 - slip
+    return value, prob
+
+
+def _mental(rng: random.Random | None, v: int, ops: list[tuple[str, int]], kn: TaskKnobsV2) -> tuple[int, float]:
+    """The remaining ``ops`` done in the head from ``v``: ``(value, probability of the path)``; ``rng=None``: the
+    most likely path."""
+    prob = 1.0
+    for op, k in ops:
+        v, p = _compute(rng, v, op, k, kn, kn.mental_factor)
+        prob *= p
+    return v, prob
+
+
+# -------------------------------------------------------------------------------------------------------- traces
+@dataclass
+class Piece:
+    """One piece of a trace and the answer an elicitation right after it gives.
+
+    ``value`` is the last value written and ``rest`` the operations (as the chain reads the problem) not yet done
+    from it: none, the answer is stated and an elicitation copies it; some, they are done mentally (derived)."""
+
+    text: str
+    kind: str  # "guess", "step", "so", "check" (a re-check that confirms), "fix" (one that disagrees), "reread"
+    value: int
+    rest: tuple
+    wait: bool = False  # the piece opens a segment with the delimiter
+    mid: bool = False  # a re-check inside a pass (mid-computation)
+    doubt: float = 0.0  # the chain's doubt when the piece ends (visible: a function of the steps written so far)
+    answer: str = ""  # the greedy (most likely) elicited answer
+    derived: bool = False
+    answer_prob: float = 1.0  # its probability: 1 - hedge for a stated answer, the mental path's if derived
+
+
+def trace_tokens(text: str) -> int:
+    """Tokens of ``text`` for the char-level testbed tokenizer (``Wait`` is one token; BOS/EOS not counted)."""
+    return len(text) - (len(DELIMITER) - 1) * text.count(DELIMITER)
+
+
+TARGET_MOST_DOUBTFUL = 0.8  # P(a re-check goes to the most doubtful step; else to one drawn by doubt)
+
+
+class _Solver:
+    """Writes one trace as a list of pieces (see the module docstring for the policy)."""
+
+    def __init__(self, problem: Problem, rng: random.Random, kn: TaskKnobsV2):
+        self.rng, self.kn = rng, kn
+        self.distractor = problem.meta.get("distractor")
+        self.ops, self.taken = _reading(problem, rng, kn)
+        self.n = len(self.ops)
+        self.vals = [problem.meta["start"]] + [None] * self.n
+        self.doubt = [0.0] * self.n
+        self.pieces: list[Piece] = []
+        self.reconsidered = False
+
+    def add(self, text, kind, i_next, **kw):
+        value = self.vals[i_next] if kind != "guess" else kw.pop("value")
+        kw.setdefault("doubt", self.chain_doubt())
+        self.pieces.append(Piece(text, kind, value, tuple(self.ops[i_next:]) if kind != "guess" else (), **kw))
+
+    def guess(self) -> float:
+        """``About X.``: the whole chain in the head; returns the solver's doubt in it (visible difficulty)."""
+        g, _ = _mental(self.rng, self.vals[0], self.ops, self.kn)
+        true, p_right = self.vals[0], 1.0
+        for op, k in self.ops:
+            p_right *= 1.0 - step_risk(true, op, k, self.kn, self.kn.mental_factor)
+            true = apply_op(true, op, k)
+        self.add(f" About {g}.", "guess", 0, value=g, doubt=1.0 - p_right)
+        return 1.0 - p_right
+
+    def run_pass(self, i0: int, prefix: str = "") -> None:
+        """Steps ``i0..n-1`` written out; after each, an immediate re-check when the solver doubts it."""
+        for i in range(i0, self.n):
+            (op, k), a = self.ops[i], self.vals[i]
+            self.vals[i + 1], _ = _compute(self.rng, a, op, k, self.kn, 1.0)
+            risk = step_risk(a, op, k, self.kn)
+            self.doubt[i] = risk
+            self.add(f"{prefix} {a}{op}{k}={self.vals[i + 1]}.", "step", i + 1, wait=prefix.startswith(" Wait"))
+            prefix = ""
+            wrong = self.vals[i + 1] != apply_op(a, op, k)
+            if self.rng.random() < (self.kn.notice_prob if wrong else self.kn.false_alarm * risk):
+                self.recheck(i, mid=True)
+
+    def recheck(self, i: int, mid: bool) -> bool:
+        """Recompute step ``i`` carefully; a disagreement replaces it (a fix, or a break). True if it changed."""
+        (op, k), a, old = self.ops[i], self.vals[i], self.vals[i + 1]
+        if old != apply_op(a, op, k) and self.rng.random() < self.kn.persist_prob:
+            new = old  # the same misconception again
+        else:
+            new, _ = _compute(self.rng, a, op, k, self.kn, self.kn.recheck_factor)
+        head = f" {DELIMITER}, {a}{op}{k}={old}?"
+        if new == old:
+            self.doubt[i] *= self.kn.confirm_factor
+            self.add(head + " yes.", "check", i + 1 if mid else self.n, wait=True, mid=mid)
+            return False
+        self.vals[i + 1], self.doubt[i] = new, self.kn.conflict_doubt
+        self.add(head + f" no, {new}.", "fix", i + 1, wait=True, mid=mid)
+        return True
+
+    def say_so(self) -> None:
+        self.add(f" So {self.vals[self.n]}.", "so", self.n)
+
+    def chain_doubt(self) -> float:
+        p_right = 1.0
+        for d in self.doubt:
+            p_right *= 1.0 - d
+        return 1.0 - p_right
+
+    def reread(self) -> None:
+        """Question the reading of the irrelevant clause (once): drop its subtraction, or take it, and redo."""
+        self.reconsidered = True
+        pos, d, w = self.distractor
+        if self.taken:
+            text = f" {DELIMITER}, the {_DISTRACTORS[w]} ones still count."
+            del self.ops[pos], self.vals[pos + 1], self.doubt[pos]
+        else:
+            text = f" {DELIMITER}, {d} are {_DISTRACTORS[w]}, take them away."
+            self.ops.insert(pos, ("-", d))
+            self.vals.insert(pos + 1, None)
+            self.doubt.insert(pos, 0.0)
+        self.taken, self.n = not self.taken, len(self.ops)
+        self.add(text, "reread", pos, wait=True)
+        self.run_pass(pos)
+        self.say_so()
+
+    def end_loop(self) -> None:
+        """Re-check the most doubtful step until confident (or once more, overthinking); a fix redoes the rest."""
+        for _ in range(self.kn.max_rechecks):
+            if self.chain_doubt() <= self.kn.confident_doubt and self.rng.random() >= self.kn.overthink_prob:
+                return
+            if self.distractor and not self.reconsidered and self.rng.random() < self.kn.reconsider_prob:
+                self.reread()
+                continue
+            if self.rng.random() < TARGET_MOST_DOUBTFUL:
+                i = max(range(self.n), key=lambda j: self.doubt[j])
+            else:
+                i = self.rng.choices(range(self.n), weights=[d + 0.01 for d in self.doubt])[0]
+            if self.recheck(i, mid=False):
+                self.run_pass(i + 1)
+                self.say_so()
+
+
+def _reading(problem: Problem, rng: random.Random, kn: TaskKnobsV2) -> tuple[list[tuple[str, int]], bool]:
+    """The operations as one chain reads the problem: the irrelevant clause taken as a subtraction or not.
+
+    Models take irrelevant but relevant-looking clauses into account, consistently (Mirzadeh et al. 2024,
+    GSM-NoOp: "five of them were smaller than average" gets subtracted), and more so the more relevant the wording
+    looks; re-checking the arithmetic does not undo the reading."""
+    ops = [tuple(x) for x in problem.meta["ops"]]
+    d = problem.meta.get("distractor")
+    if d and rng.random() < kn.distractor_take[d[2]]:
+        ops.insert(d[0], ("-", d[1]))
+        return ops, True
+    return ops, False
+
+
+MAX_HEDGE = 0.45  # an elicited stated answer stays the most likely one, however doubtful the chain
+
+
+def _elicit(piece: Piece, kn: TaskKnobsV2) -> None:
+    """Set the piece's greedy elicited answer and its probability (see :func:`sample_elicited_answer`)."""
+    if not piece.rest:
+        piece.answer, piece.derived, piece.answer_prob = str(piece.value), False, 1.0 - min(MAX_HEDGE, piece.doubt)
+    else:
+        v, prob = _mental(None, piece.value, list(piece.rest), kn)
+        piece.answer, piece.derived, piece.answer_prob = str(v), True, prob
+
+
+def sample_elicited_answer(piece: Piece, problem: Problem, rng: random.Random, **knobs) -> str:
+    """An answer drawn from the elicitation rule after ``piece`` (what an elicitation training example teaches).
+
+    Mid-computation: the rest done mentally from the last written value. At a stated answer: that answer, except
+    with probability ``min(MAX_HEDGE, doubt)`` a fresh mental recomputation of the whole problem, so the answer's
+    probability is the chain's confidence (reasoning LMs' trial answers are confident when the reasoning is: Yang
+    et al. 2025, DEER; Zhang et al. 2025). The most likely answer is ``piece.answer`` either way."""
+    kn = knobs_v2(**knobs)
+    if piece.rest:
+        return str(_mental(rng, piece.value, list(piece.rest), kn)[0])
+    if rng.random() < min(MAX_HEDGE, piece.doubt):
+        return str(_mental(rng, problem.meta["start"], _reading(problem, rng, kn)[0], kn)[0])
+    return str(piece.value)
+
+
+def elicited_answer(pieces: list[Piece], upto: int) -> Piece:
+    """The piece whose answer an elicitation after ``pieces[:upto]`` gives (``upto`` >= 1)."""
+    if upto < 1:
+        raise ValueError("an elicitation needs at least one complete piece before it")
+    return pieces[upto - 1]
+
+
+@dataclass
+class TraceV2:
+    """One sampled v2 trace: the solver's full text, and what a sampler capped at ``max_trace_tokens`` sees.
+
+    ``pieces`` tile ``text`` up to the final answer line; ``capped_pieces`` are the pieces complete within the cap.
+    ``terminal`` is the piece whose answer the terminal elicitation gives (the last complete one; for a finished
+    trace, its ``So X.``); ``wait_pieces`` are the indices of the pieces that open with a ``Wait`` within the cap
+    (the elicitation at ``Wait`` j answers as ``pieces[j - 1]``)."""
+
+    pieces: list[Piece]
+    text: str  # full: every piece + the final answer line
+    capped_text: str  # the first max_trace_tokens tokens of text
+    finished: bool  # the final answer line fits within the cap
+    capped_pieces: int
+    wait_pieces: list[int] = field(default_factory=list)
+    final_answer: str = ""  # the answer the solver's own final line boxes
+
+    @property
+    def terminal(self) -> Piece:
+        return self.pieces[self.capped_pieces - 1]
+
+    @property
+    def waits(self) -> list[Piece]:
+        """Per ``Wait`` within the cap, the piece whose answer the elicitation there gives."""
+        return [self.pieces[j - 1] for j in self.wait_pieces]
+
+
+def _cut(text: str, max_tokens: int) -> str:
+    out, used = [], 0
+    for tok in _token_pieces(text):
+        if used == max_tokens:
+            break
+        out.append(tok)
+        used += 1
+    return "".join(out)
+
+
+def _token_pieces(text: str):
+    i = 0
+    while i < len(text):
+        if text.startswith(DELIMITER, i):
+            yield DELIMITER
+            i += len(DELIMITER)
+        else:
+            yield text[i]
+            i += 1
+
+
+def sample_trace(problem: Problem, rng: random.Random, **knobs) -> TraceV2:
+    """One trace of the v2 noisy solver for ``problem`` (a ``testbed-arith-v2`` problem), with every piece's
+    greedy elicited answer (the most likely one under the elicitation rule) and its probability."""
+    kn = knobs_v2(**knobs)
+    s = _Solver(problem, rng, kn)
+    prefix = ""
+    if rng.random() < kn.guess_prob:
+        if s.guess() <= kn.confident_doubt and rng.random() >= kn.overthink_prob:
+            s.vals[-1] = s.pieces[0].value  # confident in the guess: it is the answer
+            s.add(f" So {s.vals[-1]}.", "so", s.n)
+            return _finish(s, problem, rng, kn)
+        prefix = f" {DELIMITER}, step by step:"
+    s.run_pass(0, prefix)
+    s.say_so()
+    s.end_loop()
+    return _finish(s, problem, rng, kn)
+
+
+def _finish(s: _Solver, problem: Problem, rng: random.Random, kn: TaskKnobsV2) -> TraceV2:
+    for p in s.pieces:
+        _elicit(p, kn)
+    body = "".join(p.text for p in s.pieces)
+    final = s.pieces[-1].answer
+    text = body + final_answer_line(final)
+    finished = trace_tokens(text) <= kn.max_trace_tokens
+    used, complete, waits = 0, 0, []
+    for j, p in enumerate(s.pieces):
+        if p.wait and used + trace_tokens(p.text[: p.text.index(DELIMITER) + len(DELIMITER)]) <= kn.max_trace_tokens:
+            waits.append(j)
+        used += trace_tokens(p.text)
+        complete += used <= kn.max_trace_tokens
+    if complete == 0:  # the cap cuts the first piece: everything is still to be done in the head
+        start = Piece("", "step", s.vals[0], tuple(s.ops))
+        _elicit(start, kn)
+        s.pieces.insert(0, start)
+        complete, waits = 1, [j + 1 for j in waits]
+    capped = text if finished else _cut(text, kn.max_trace_tokens)
+    return TraceV2(s.pieces, text, capped, finished, complete, waits, final)
+
+
+def make_trace(problem: Problem, rng: random.Random, **knobs) -> str:
+    """One sampled trace as a sampler capped at ``max_trace_tokens`` sees it (the continuation of
+    :func:`format_prompt`): ending with the boxed final answer line when it finished, cut mid-text (no final line:
+    do not append EOS to train on it) when the cap binds. ``sample_trace(...).text`` is the uncapped text."""
+    return sample_trace(problem, rng, **knobs).capped_text
+
+
+def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tuple[str, str]]:
+    """The uncapped trace as ``(segment, answer)`` pairs, as in :func:`hf_msv.testbed.task.make_trace_parts`: each
+    segment after the first opens with the delimiter; ``answer`` is the greedy answer an elicitation at the end of
+    the segment (so: at the next ``Wait``) gives, copied or derived by the elicitation rule."""
+    parts: list[list] = []
+    for p in sample_trace(problem, rng, **knobs).pieces:
+        if p.wait or not parts:
+            parts.append([p.text, p.answer])
+        else:
+            parts[-1][0] += p.text
+            parts[-1][1] = p.answer
+    return [(seg, ans) for seg, ans in parts]
+
+
+def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> tuple[str, str, str]:
+    """A capped trace cut where answers are elicited, for training elicitation: ``(prefix, elicitation, answer)``.
+
+    20 %: the whole capped trace (the paper's terminal elicitation: finished traces keep their own final line, cut
+    ones are answered from their last complete piece); 65 %: right after a random ``Wait``; else after a random
+    piece. The LM trains on ``prefix`` as trace text and on ``answer`` + EOS, never on ``elicitation`` itself."""
+    from ..answers import ELICITATION_PROMPT
+
+    t = sample_trace(problem, rng, **knobs)
+    sep, where = rng.choice(["", "", " ", "\n"]), rng.random()
+    if where < 0.2:
+        prefix, piece = t.capped_text, t.terminal
+    elif t.wait_pieces and where < 0.85:
+        j = rng.choice(t.wait_pieces)
+        prefix = "".join(p.text for p in t.pieces[:j]) + " " + DELIMITER
+        piece = elicited_answer(t.pieces, j)
+    else:
+        j = rng.randint(1, t.capped_pieces)
+        prefix, piece = "".join(p.text for p in t.pieces[:j]), elicited_answer(t.pieces, j)
+    return prefix, sep + ELICITATION_PROMPT, "{" + sample_elicited_answer(piece, problem, rng, **knobs) + "}"
