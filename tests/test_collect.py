@@ -349,3 +349,16 @@ def test_collect_main_runs_from_flags(tmp_path, monkeypatch, capsys):
     assert summary["generated"] == 2 and summary["shards_written"] == 1
     settings = json.loads((tmp_path / "collect_config.json").read_text())
     assert settings["checker_kwargs"] == {} and settings["delimiters"] == ["Wait", "e"]
+
+
+def test_resume_accepts_the_same_weights_loaded_from_another_path():
+    """A moved checkout (same weights fingerprint, tokenizer beside the LM) extends a collection; other weights or a
+    tokenizer from elsewhere do not."""
+    from hf_msv.collect.store import _comparable
+
+    base = {"lm_name_or_path": "/a/lm", "tokenizer": "/a/lm", "lm_weights_fingerprint": "f1", "seed": 0}
+    moved = base | {"lm_name_or_path": "/b/lm", "tokenizer": "/b/lm"}
+    assert _comparable(base) == _comparable(moved)
+    assert _comparable(base) != _comparable(moved | {"lm_weights_fingerprint": "f2"})
+    assert _comparable(base) != _comparable(moved | {"tokenizer": "/c/tok"})
+    assert _comparable(base) != _comparable(base | {"seed": 1})

@@ -134,6 +134,15 @@ class ShardStore:
                           {"rank": self.rank, "shards": shards, "problems": sum(map(len, shards.values()))})
 
 
+def _comparable(settings: dict) -> dict:
+    """The settings a resumed collection must share. Where the LM was loaded from is not one of them when its weights
+    fingerprint is recorded and the tokenizer came from the same place: a moved checkout or a copy of the same weights
+    (e.g. the testbed LM inside another clone) extends the collection; other weights or another tokenizer do not."""
+    if settings.get("lm_weights_fingerprint") and settings.get("tokenizer") == settings.get("lm_name_or_path"):
+        return {k: v for k, v in settings.items() if k not in ("lm_name_or_path", "tokenizer")}
+    return settings
+
+
 def check_settings(root: Path, settings: dict, is_main: bool, overwrite: bool, state) -> None:
     """Write `settings` to ``collect_config.json`` on a new collection (after deleting everything with `overwrite`)
     and refuse to resume a collection made with other settings. Called by every process (`state`: accelerate)."""
@@ -146,7 +155,7 @@ def check_settings(root: Path, settings: dict, is_main: bool, overwrite: bool, s
             atomic_write_json(path, settings)
     state.wait_for_everyone()
     existing = json.loads(path.read_text())
-    if existing != settings:
+    if _comparable(existing) != _comparable(settings):
         diff = {k: (existing.get(k), settings.get(k)) for k in set(existing) | set(settings)
                 if existing.get(k) != settings.get(k)}
         raise ValueError(f"{root} holds a collection with other settings (existing, requested): {diff}. Use a new "
