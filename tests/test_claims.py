@@ -31,6 +31,17 @@ def summary(committed) -> dict:
     return copy.deepcopy(committed)
 
 
+@pytest.fixture
+def point_summary(summary) -> dict:
+    """The committed summary without intervals and early-stop comparisons: verdicts on point estimates, as for
+    summaries written before the training-seed protocol (the interval verdicts are tested on an evaluation's
+    results in test_evaluation.py::test_claims_from_an_evaluation_with_intervals)."""
+    for r in (v for v in summary["main"].values() if isinstance(v, dict)):
+        r.pop("intervals", None)
+        r.pop("early_stop_comparisons", None)
+    return summary
+
+
 def _claim(summary: dict, cid: str) -> dict:
     return next(c for c in compute_claims(summary) if c["id"] == cid)
 
@@ -54,7 +65,8 @@ def test_claims_recomputed_from_the_committed_summary_equal_the_committed_ones(c
     # the config stored in the summary is the one the claims were computed with
     explicit = json.loads(json.dumps(compute_claims(committed, config_of(committed))))
     assert explicit == committed["claims"]
-    assert config_of(committed) == ReproduceConfig()   # the committed run is at the paper's sizes
+    # the committed run is at the paper's sizes, with the training-set-size study at 112 and 224 problems only
+    assert config_of(committed) == ReproduceConfig(training_sizes=(112, 224))
 
 
 def test_every_claim_has_a_verdict_sentence(committed):
@@ -79,9 +91,10 @@ def test_studies_not_run_have_no_claims(summary):
         del summary[study]
     main_only = [c["id"] for c in compute_claims(summary)]
     assert main_only == ids[:len(main_only)]
-    assert main_only == ["terminal_brier_N16", "terminal_brier_N64", "best_of_64", "early_stop_N16",
-                         "early_stop_N64", "streaming_brier_N4", "streaming_brier_N16", "streaming_brier_N64",
-                         "bon_ece_N16", "bon_ece_N64"]
+    assert main_only == ["terminal_brier_N16", "terminal_brier_N64", "terminal_brier_vs_votes_N16",
+                         "terminal_brier_vs_votes_N64", "best_of_64", "early_stop_N16", "early_stop_all_N16",
+                         "early_stop_N64", "early_stop_all_N64", "streaming_brier_N4", "streaming_brier_N16",
+                         "streaming_brier_N64", "bon_ece_N16", "bon_ece_N64"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -90,80 +103,81 @@ def test_studies_not_run_have_no_claims(summary):
 
 
 @pytest.mark.parametrize("n", ["16", "64"])
-def test_c1_terminal_brier_needs_20_percent_lower(summary, n):
-    best = _claim(summary, f"terminal_brier_N{n}")["numbers"]["best_baseline_value"]
-    stat = summary["main"][n]["terminal"][f"MSV_{n}"]["brier"]
+def test_c1_terminal_brier_needs_20_percent_lower(point_summary, n):
+    best = _claim(point_summary, f"terminal_brier_N{n}")["numbers"]["best_baseline_value"]
+    stat = point_summary["main"][n]["terminal"][f"MSV_{n}"]["brier"]
     _set_mean(stat, 0.79 * best)
-    assert _held(summary, f"terminal_brier_N{n}") is True
+    assert _held(point_summary, f"terminal_brier_N{n}") is True
     _set_mean(stat, 0.81 * best)
-    claim = _claim(summary, f"terminal_brier_N{n}")
+    claim = _claim(point_summary, f"terminal_brier_N{n}")
     assert claim["held"] is False and "19% lower" in claim["sentence"]
     _set_mean(stat, 1.1 * best)
-    assert "10% higher" in _claim(summary, f"terminal_brier_N{n}")["sentence"]
+    assert "10% higher" in _claim(point_summary, f"terminal_brier_N{n}")["sentence"]
     stat["mean"] = None   # no number: not testable
-    assert _held(summary, f"terminal_brier_N{n}") is None
+    assert _held(point_summary, f"terminal_brier_N{n}") is None
 
 
-def test_c2_best_of_n_needs_2pp(summary):
-    best = _claim(summary, "best_of_64")["numbers"]["best_baseline_value"]
-    stat = summary["main"]["64"]["terminal"]["MSV_64"]["bon_accuracy"]
+def test_c2_best_of_n_needs_2pp(point_summary):
+    best = _claim(point_summary, "best_of_64")["numbers"]["best_baseline_value"]
+    stat = point_summary["main"]["64"]["terminal"]["MSV_64"]["bon_accuracy"]
     _set_mean(stat, best + 0.021)
-    assert _held(summary, "best_of_64") is True
+    assert _held(point_summary, "best_of_64") is True
     _set_mean(stat, best + 0.019)
-    assert _held(summary, "best_of_64") is False
+    assert _held(point_summary, "best_of_64") is False
 
 
-def test_c2_compares_against_every_other_method(summary):
+def test_c2_compares_against_every_other_method(point_summary):
     """Raising any baseline's best-of-N above MSV_64's changes the comparison to that baseline."""
-    term = summary["main"]["64"]["terminal"]
+    term = point_summary["main"]["64"]["terminal"]
     _set_mean(term["MSV_64"]["bon_accuracy"], 0.95)
-    assert _held(summary, "best_of_64") is True
+    assert _held(point_summary, "best_of_64") is True
     _set_mean(term["Self-consistency"]["bon_accuracy"], 0.94)
-    claim = _claim(summary, "best_of_64")
+    claim = _claim(point_summary, "best_of_64")
     assert claim["held"] is False and claim["numbers"]["best_baseline"] == "Self-consistency"
 
 
 @pytest.mark.parametrize("n", ["16", "64"])
-def test_c3_early_stop_needs_040_of_the_tokens(summary, n):
-    r = summary["main"][n]
+def test_c3_early_stop_needs_040_of_the_tokens(point_summary, n):
+    r = point_summary["main"][n]
     r["early_stop_token_fraction"] = 0.39
-    assert _held(summary, f"early_stop_N{n}") is True
+    assert _held(point_summary, f"early_stop_N{n}") is True
     r["early_stop_token_fraction"] = 0.41
-    assert _held(summary, f"early_stop_N{n}") is False
+    assert _held(point_summary, f"early_stop_N{n}") is False
     r["early_stop_token_fraction"] = None     # never reaches the baseline's peak
-    claim = _claim(summary, f"early_stop_N{n}")
+    claim = _claim(point_summary, f"early_stop_N{n}")
     assert claim["held"] is False and "fraction ∞" in claim["sentence"]
     r["early_stop_best_baseline"] = None      # no baseline to compare with
-    assert _held(summary, f"early_stop_N{n}") is None
+    assert _held(point_summary, f"early_stop_N{n}") is None
 
 
 @pytest.mark.parametrize("n", ["4", "16", "64"])
-def test_c4_streaming_brier_below_every_single_sequence_baseline(summary, n):
-    claim = _claim(summary, f"streaming_brier_N{n}")
+def test_c4_streaming_brier_below_every_single_sequence_baseline(point_summary, n):
+    claim = _claim(point_summary, f"streaming_brier_N{n}")
     assert claim["held"] is True
     base = claim["numbers"]["best_baseline"]
-    _set_mean(summary["main"][n]["streaming"][base]["brier"], 0.9 * claim["numbers"]["msv"])
-    assert _held(summary, f"streaming_brier_N{n}") is False
+    _set_mean(point_summary["main"][n]["streaming"][base]["brier"], 0.9 * claim["numbers"]["msv"])
+    assert _held(point_summary, f"streaming_brier_N{n}") is False
 
 
-def test_c1_compares_with_single_sequence_verifiers_only(summary):
+def test_c1_compares_with_single_sequence_verifiers_only(point_summary):
     """C1 is against the single-sequence verifiers: a better terminal Brier of a multi-sequence baseline
     (self-consistency, weighted voting) does not decide it; one of a single-sequence verifier does."""
-    term = summary["main"]["16"]["terminal"]
+    term = point_summary["main"]["16"]["terminal"]
     for m in ("Self-consistency", "Probe+WV"):
         _set_mean(term[m]["brier"], 0.0)
-    assert _held(summary, "terminal_brier_N16") is True
+    assert _held(point_summary, "terminal_brier_N16") is True
     _set_mean(term["Probe"]["brier"], term["MSV_16"]["brier"]["mean"])
-    claim = _claim(summary, "terminal_brier_N16")
+    claim = _claim(point_summary, "terminal_brier_N16")
     assert claim["held"] is False and claim["numbers"]["best_baseline"] == "Probe"
 
 
 @pytest.mark.parametrize("n", ["16", "64"])
-def test_c5_best_of_n_ece_below_every_baseline(summary, n):
-    claim = _claim(summary, f"bon_ece_N{n}")
+def test_c5_best_of_n_ece_below_every_baseline(point_summary, n):
+    _set_mean(point_summary["main"][n]["terminal"][f"MSV_{n}"]["bon_ece"], 0.001)
+    claim = _claim(point_summary, f"bon_ece_N{n}")
     assert claim["held"] is True
-    _set_mean(summary["main"][n]["terminal"]["Self-consistency"]["bon_ece"], 0.5 * claim["numbers"]["msv"])
-    claim = _claim(summary, f"bon_ece_N{n}")
+    _set_mean(point_summary["main"][n]["terminal"]["Self-consistency"]["bon_ece"], 0.5 * claim["numbers"]["msv"])
+    claim = _claim(point_summary, f"bon_ece_N{n}")
     assert claim["held"] is False and claim["numbers"]["best_baseline"] == "Self-consistency"
 
 
@@ -220,11 +234,11 @@ def test_masks_every_removal_must_raise_the_brier(summary):
 
 def test_delimiters_msv_above_probe_in_every_row(summary):
     rows = summary["delimiters"]["rows"]
-    for r in rows.values():
-        _set_mean(r["MSV_N"]["autc_tokens"], r["Probe"]["autc_tokens"]["mean"] + 1.0)
+    for r in rows.values():   # the normalised AUTC over t* (in [0, 1])
+        _set_mean(r["MSV_N"]["autc_steps_norm"], r["Probe"]["autc_steps_norm"]["mean"] + 0.01)
     assert _held(summary, "delimiters") is True
     r = rows["every 40 tokens"]
-    _set_mean(r["MSV_N"]["autc_tokens"], r["Probe"]["autc_tokens"]["mean"] - 1.0)
+    _set_mean(r["MSV_N"]["autc_steps_norm"], r["Probe"]["autc_steps_norm"]["mean"] - 0.01)
     assert _held(summary, "delimiters") is False
 
 

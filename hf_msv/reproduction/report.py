@@ -360,7 +360,10 @@ def _vote_check(s: dict) -> list[str]:
             f"Evaluation AUROC of each MSV fit (mean ± std over training seeds) against the vote computed with the "
             f"same equivalence classes: self-consistency on terminal answers, each sequence's latest answer on "
             f"streaming ones (the γ input). \"At the vote\": no more than {VOTE_TOLERANCE} below it on the mean over "
-            "training seeds.", "",
+            "training seeds. Studies that train only streaming checkpoints (masks, every-K, grouping) also score "
+            "terminal answers with them, in streaming mode: each terminal answer is scored with what has been "
+            "decoded when it arrives, while self-consistency counts every sequence's final answer; for those "
+            "checkpoints the streaming row is the like-for-like comparison.", "",
             f"{len(rows) - len(below)} of {len(rows)} fits are at or above the vote"
             + ("." if not below else "; below it: " + ", ".join(
                 f"{r['study']} {r['method']} ({r['setting']}, N={r['n']}, {r['difference']:+.3f})" for r in below)
