@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the MSV shipped in hf_msv/testbed/verifier/ from the shipped testbed LM (seeded): a streaming MSV_16
-# trained with the reproduction's recipe on the reproduction's train / validation shards (224 / 64 problems x 64
-# samples, shared with `hf-msv reproduce`; collected here first when missing, ~20 min on 2 CPU cores).
+# trained with the library defaults (as `hf-msv reproduce` trains its msv16-streaming, training seed 0) on the
+# reproduction's train / validation shards (224 / 64 problems x 64 samples, shared with `hf-msv reproduce`; collected
+# here first when missing, ~20 min on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
