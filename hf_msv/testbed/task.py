@@ -140,32 +140,46 @@ def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Proble
     Knobs (see :class:`TaskKnobs`): ``min_steps``, ``max_steps``, ``max_start``, ``max_operand``, ``max_value``,
     ``ops``, ``templates`` (the noisy-solver knobs only matter for :func:`make_trace`).
     """
+    kn = TaskKnobs(**knobs)
+
+    def build(chain, canon, i):
+        start, ops = chain
+        return Problem(id=f"{SOURCE}/{split}/{seed}/{i}", question=_question(rng, start, ops, kn),
+                       gold=str(apply_chain(start, ops)), source=SOURCE,
+                       meta={"canonical": canon, "start": start, "ops": [list(x) for x in ops], "split": split})
+
+    def sample(r):
+        chain = _sample_chain(r, kn)
+        return canonical(*chain), chain
+
+    rng = random.Random(f"{split}/{seed}")
+    return draw_distinct(split, n, rng, sample, build, knobs)
+
+
+def apply_chain(start: int, ops: list[tuple[str, int]]) -> int:
+    """The value after applying every ``(op, k)`` of `ops` to `start` (a problem's gold answer)."""
+    for op, k in ops:
+        start = apply_op(start, op, k)
+    return start
+
+
+def draw_distinct(split: str, n: int, rng: random.Random, sample, build, knobs: dict) -> list[Problem]:
+    """`n` problems of `split` with distinct canonical forms, by rejection: ``sample(rng) -> (canonical, item)``
+    draws a candidate, kept when its canonical form is new and hashes to `split` (`split_of`); ``build(item,
+    canonical, index) -> Problem`` makes the kept one (it may draw from `rng` too: the wording). Raises after
+    ``200 n + 10,000`` draws (knobs too narrow for `n` distinct problems)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    kn = TaskKnobs(**knobs)
-    rng = random.Random(f"{split}/{seed}")
     out, seen, tries = [], set(), 0
     while len(out) < n:
         tries += 1
         if tries > 200 * n + 10_000:
             raise RuntimeError(f"could not generate {n} distinct {split} problems with {knobs}")
-        start, ops = _sample_chain(rng, kn)
-        canon = canonical(start, ops)
+        canon, item = sample(rng)
         if canon in seen or split_of(canon) != split:
             continue
         seen.add(canon)
-        gold = start
-        for o, k in ops:
-            gold = apply_op(gold, o, k)
-        out.append(
-            Problem(
-                id=f"{SOURCE}/{split}/{seed}/{len(out)}",
-                question=_question(rng, start, ops, kn),
-                gold=str(gold),
-                source=SOURCE,
-                meta={"canonical": canon, "start": start, "ops": [list(x) for x in ops], "split": split},
-            )
-        )
+        out.append(build(item, canon, len(out)))
     return out
 
 

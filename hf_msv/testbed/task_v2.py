@@ -72,7 +72,8 @@ import random
 from dataclasses import dataclass, field, fields
 
 from ..data.problems import Problem
-from .task import DELIMITER, SPLITS, apply_op, canonical, final_answer_line, format_prompt, split_of
+from .task import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_distinct, final_answer_line,
+                   format_prompt)
 
 SOURCE = "testbed-arith-v2"
 __all__ = [
@@ -197,29 +198,23 @@ def _question(rng: random.Random, start: int, ops: list[tuple[str, int]], distra
 
 def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Problem]:
     """``n`` distinct v2 problems of ``split`` (deterministic in ``seed`` and the knobs; solver knobs ignored)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     kn = knobs_v2(**knobs)
-    rng = random.Random(f"{SOURCE}/{split}/{seed}")
-    out, seen, tries = [], set(), 0
-    while len(out) < n:
-        tries += 1
-        if tries > 200 * n + 10_000:
-            raise RuntimeError(f"could not generate {n} distinct {split} problems with {knobs}")
-        start, ops = _sample_chain(rng, kn)
-        distractor = _sample_distractor(rng, start, ops, kn)
+
+    def sample(r):
+        start, ops = _sample_chain(r, kn)
+        distractor = _sample_distractor(r, start, ops, kn)
         canon = canonical(start, ops) + ("|{}:{}:{}".format(*distractor) if distractor else "")
-        if canon in seen or split_of(canon) != split:
-            continue
-        seen.add(canon)
-        gold = start
-        for o, k in ops:
-            gold = apply_op(gold, o, k)
+        return canon, (start, ops, distractor)
+
+    def build(item, canon, i):
+        start, ops, distractor = item
         meta = {"canonical": canon, "start": start, "ops": [list(x) for x in ops], "distractor": distractor,
                 "split": split}
-        out.append(Problem(id=f"{SOURCE}/{split}/{seed}/{len(out)}", question=_question(rng, start, ops, distractor),
-                           gold=str(gold), source=SOURCE, meta=meta))
-    return out
+        return Problem(id=f"{SOURCE}/{split}/{seed}/{i}", question=_question(rng, start, ops, distractor),
+                       gold=str(apply_chain(start, ops)), source=SOURCE, meta=meta)
+
+    rng = random.Random(f"{SOURCE}/{split}/{seed}")
+    return draw_distinct(split, n, rng, sample, build, knobs)
 
 
 # ------------------------------------------------------------------------------------------------ the arithmetic
