@@ -50,6 +50,11 @@ class MSVConfig(PreTrainedConfig):
             groups of at most `num_sequences` (appendix "Scaling with MSV_M for Large N").
         gamma_hidden_size (`int`, defaults to 64):
             Width of the MLP that embeds the agreement feature γ ∈ [0, 1].
+        gamma_skip (`bool`, defaults to `False`):
+            Add a learnable affine skip from γ to each answer's logit, `logit = head(...) + w·γ + b` (per answer,
+            before logit averaging). Training initialises (w, b) from a Platt fit of γ on the training answers and
+            zeroes the head, so the verifier starts exactly at calibrated self-consistency and learns a residual.
+            Off by default so that checkpoints saved without it load unchanged; `MSVTrainingConfig` turns it on.
         hidden_act (`str`, defaults to `"gelu"`):
             Activation of the block MLP and the γ MLP.
         layer_norm_eps (`float`, defaults to 1e-5):
@@ -96,6 +101,7 @@ class MSVConfig(PreTrainedConfig):
     readout: str = "last"
     num_sequences: int = 64
     gamma_hidden_size: int = 64
+    gamma_skip: bool = False
     hidden_act: str = "gelu"
     layer_norm_eps: float = 1e-5
     attention_dropout: float | int = 0.0

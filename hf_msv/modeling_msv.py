@@ -439,11 +439,16 @@ class MSVPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, MSVAttention):
             init.zeros_(module.mask_logits)  # start from a uniform mixture of masks
+        if getattr(module, "gamma_skip_weight", None) is not None:
+            # Neutral until training anchors them (`MSVVerifier.anchor_to_vote`).
+            init.zeros_(module.gamma_skip_weight)
+            init.zeros_(module.gamma_skip_bias)
 
 
 class MSVVerifier(MSVPreTrainedModel):
     """The Multi-Sequence Verifier: U = h + e⁽ⁿ⁾ → Multi-Mask Transformer Block(s) → readout of each answer
-    (last token or mean) + MLP(γ) → linear head → logit (averaged over equivalence classes in terminal mode).
+    (last token or mean) + MLP(γ) → linear head (+ w·γ + b with `config.gamma_skip`) → logit (averaged over
+    equivalence classes in terminal mode).
 
     Example:
 
@@ -460,7 +465,27 @@ class MSVVerifier(MSVPreTrainedModel):
         self.layers = nn.ModuleList(MSVBlock(config, i) for i in range(config.num_hidden_layers))
         self.gamma_mlp = MSVMLP(1, config.gamma_hidden_size, config.hidden_size, config.hidden_act)
         self.head = nn.Linear(config.hidden_size, 1)
+        if config.gamma_skip:
+            # Two scalars: an affine map of γ added to the logit, i.e. Platt-scaled self-consistency as a skip path.
+            self.gamma_skip_weight = nn.Parameter(torch.zeros(()))
+            self.gamma_skip_bias = nn.Parameter(torch.zeros(()))
         self.post_init()
+
+    @torch.no_grad()
+    def anchor_to_vote(self, weight: float, bias: float) -> None:
+        """Make this verifier output exactly calibrated self-consistency, σ(weight·γ + bias), for every answer.
+
+        Sets the γ skip to (weight, bias) (a Platt fit of γ, e.g. `hf_msv.baselines.fit_platt` on training answers)
+        and zeroes the head, so the rest of the model starts as a residual on top of the vote: the verifier cannot
+        start below the vote it is fed, and validation at step 0 scores calibrated voting. Needs
+        `config.gamma_skip`.
+        """
+        if not self.config.gamma_skip:
+            raise ValueError("anchor_to_vote needs a verifier built with config.gamma_skip=True.")
+        self.gamma_skip_weight.fill_(weight)
+        self.gamma_skip_bias.fill_(bias)
+        self.head.weight.zero_()
+        self.head.bias.zero_()
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -608,6 +633,11 @@ class MSVVerifier(MSVPreTrainedModel):
             readout = torch.empty_like(x)
             readout[answer_of_row] = x
         logits = self.head(readout + self.gamma_mlp(gamma[:, None].to(x.dtype))).squeeze(-1).float()
+        if self.config.gamma_skip:
+            # Per answer and before averaging, so the cache's raw logits and logit averaging include it. On γ itself,
+            # not logit(γ): γ = 1 is common (unanimous groups) and the guard's calibrated self-consistency is Platt
+            # on γ, so (w, b) from the same fit reproduce that baseline exactly.
+            logits = logits + self.gamma_skip_weight.float() * gamma + self.gamma_skip_bias.float()
 
         raw_logits = logits
         if self.config.logit_averaging and num_answers:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Reproduces the MSV shipped in hf_msv/testbed/verifier/ from the shipped testbed LM (seeded): a streaming MSV_16
-# trained with the library defaults (as `hf-msv reproduce` trains its msv16-streaming, training seed 0) on the
+# Trains the MSV shipped in hf_msv/testbed/verifier/ from the shipped testbed LM (seeded): a streaming MSV_16
+# trained with the library defaults (the shipped checkpoint used those of commit 02f9449, before the γ skip; this
+# script now trains the anchored default) (as `hf-msv reproduce` trains its msv16-streaming, training seed 0) on the
 # reproduction's train / validation shards (224 / 64 problems x 64 samples, shared with `hf-msv reproduce`; collected
 # here first when missing, ~20 min on 2 CPU cores).
 set -euo pipefail

@@ -22,6 +22,13 @@ def make_verifier(seed=0, **overrides):
     return MSVVerifier(MSVConfig(**kwargs)).eval()
 
 
+def set_gamma_skip(verifier, weight, bias):
+    """Non-trivial γ-skip scalars (they initialise to zero), keeping the head as initialised."""
+    with torch.no_grad():
+        verifier.gamma_skip_weight.fill_(weight)
+        verifier.gamma_skip_bias.fill_(bias)
+
+
 def random_answers(seed=0, groups=2, sequences=4, steps=3, max_len=4, classes=3, terminal=False):
     """Packed inputs for random groups: list of answer tuples plus the forward kwargs."""
     g = torch.Generator().manual_seed(seed)
@@ -141,17 +148,60 @@ def test_logit_averaging_gives_equal_probabilities_inside_a_class():
         assert not torch.allclose(raw(**inputs).probabilities, probs)
 
 
+@pytest.mark.parametrize("mode", ["terminal", "streaming"])
+def test_anchored_verifier_outputs_exactly_platt_of_gamma(mode):
+    """`anchor_to_vote` makes the verifier calibrated self-consistency: logit = a·γ + b for every answer (after
+    logit averaging too: γ is constant within a terminal class), whatever the hidden states; the head still learns."""
+    verifier = make_verifier(mode=mode, gamma_skip=True)
+    verifier.anchor_to_vote(1.7, -0.4)
+    answers, inputs = random_answers(seed=3, terminal=mode == "terminal")
+    out = verifier(**inputs, labels=torch.randint(0, 2, (len(answers),)).float())
+    torch.testing.assert_close(out.logits, 1.7 * out.gamma - 0.4)
+    out.loss.backward()
+    assert verifier.head.weight.grad.abs().sum() > 0 and verifier.gamma_skip_weight.grad is not None
+    with pytest.raises(ValueError, match="gamma_skip"):
+        make_verifier().anchor_to_vote(1.0, 0.0)
+
+
+def test_gamma_skip_is_off_by_default_and_old_checkpoints_load_unchanged(tmp_path):
+    """A config without the key (every checkpoint saved before it existed, e.g. the shipped testbed verifier) builds
+    the old architecture: no skip weights, nothing missing or unexpected when loading."""
+    from pathlib import Path
+
+    import hf_msv
+
+    assert MSVConfig().gamma_skip is False and not hasattr(make_verifier(), "gamma_skip_weight")
+    verifier = make_verifier()
+    verifier.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("gamma_skip")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answers, inputs = random_answers(seed=31)
+    shipped = Path(hf_msv.__file__).parent / "testbed" / "verifier"
+    assert "gamma_skip" not in json.loads((shipped / "config.json").read_text())
+    for path in (tmp_path, shipped):
+        loaded, info = MSVVerifier.from_pretrained(path, output_loading_info=True)
+        assert loaded.config.gamma_skip is False and not any(info.values()), info
+    with torch.no_grad():
+        torch.testing.assert_close(MSVVerifier.from_pretrained(tmp_path)(**inputs).logits, verifier(**inputs).logits)
+
+
 # ---- attention paths -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode,readout,layers", [("streaming", "last", 1), ("terminal", "last", 1),
-                                                 ("streaming", "mean", 2), ("terminal", "mean", 2)])
-def test_chunked_attention_matches_dense_reference_with_gradients(mode, readout, layers):
+@pytest.mark.parametrize("mode,readout,layers,skip", [("streaming", "last", 1, False), ("terminal", "last", 1, False),
+                                                      ("streaming", "mean", 2, False), ("terminal", "mean", 2, False),
+                                                      ("streaming", "last", 1, True), ("terminal", "last", 1, True)])
+def test_chunked_attention_matches_dense_reference_with_gradients(mode, readout, layers, skip):
     answers, inputs = random_answers(seed=7, groups=3, sequences=5, terminal=mode == "terminal")
     labels = torch.randint(0, 2, (len(answers),)).float()
-    dense = make_verifier(mode=mode, readout=readout, num_hidden_layers=layers, attention_backend="dense")
+    dense = make_verifier(mode=mode, readout=readout, num_hidden_layers=layers, attention_backend="dense",
+                          gamma_skip=skip)
+    if skip:
+        set_gamma_skip(dense, 1.5, -0.5)
     # A tiny budget forces many chunks with partial key windows.
-    fast = make_verifier(mode=mode, readout=readout, num_hidden_layers=layers, attention_chunk_elements=300)
+    fast = make_verifier(mode=mode, readout=readout, num_hidden_layers=layers, attention_chunk_elements=300,
+                         gamma_skip=skip)
     fast.load_state_dict(dense.state_dict())
     with torch.no_grad():  # non-trivial mixture weights so the mask-mixture gradient is exercised
         for model in (dense, fast):
@@ -197,9 +247,11 @@ def test_changing_a_later_answer_never_changes_an_earlier_score():
     assert not torch.equal(before[latest], after[latest])
 
 
-@pytest.mark.parametrize("logit_averaging", [False, True])
-def test_online_scores_equal_offline_forward(logit_averaging):
-    verifier = make_verifier(logit_averaging=logit_averaging, num_hidden_layers=2)
+@pytest.mark.parametrize("logit_averaging,skip", [(False, False), (True, False), (False, True), (True, True)])
+def test_online_scores_equal_offline_forward(logit_averaging, skip):
+    verifier = make_verifier(logit_averaging=logit_averaging, num_hidden_layers=2, gamma_skip=skip)
+    if skip:
+        set_gamma_skip(verifier, 2.0, -1.0)
     answers, inputs = random_answers(seed=13, groups=3, sequences=6, steps=4)
     with torch.no_grad():
         offline = verifier(**inputs).logits

@@ -231,16 +231,16 @@ def test_best_checkpoint_is_kept_not_the_last(tmp_path, monkeypatch):
     train_dir, val_dir = synthetic_dirs(tmp_path)
     scripted = iter([0.70, 0.50, 0.60, 0.65])  # before training, then epochs 1..3: epoch 1 is best
     snapshots = []
-    real = training.evaluate_verifier
+    real = training.validation_predictions
 
-    def fake(model, dataset, mode, batch_size=64, accelerator=None):
-        metrics = real(model, dataset, mode, batch_size, accelerator)
+    def fake(model, *args, **kwargs):
         snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-        return dict(metrics, bce=next(scripted))
+        return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(training, "evaluate_verifier", fake)
+    monkeypatch.setattr(training, "validation_predictions", fake)
+    monkeypatch.setattr(training, "prediction_metrics", lambda predictions: {"bce": next(scripted)})
     config = MSVTrainingConfig(num_sequences=2, mode="streaming", batch_size=4, num_epochs=3,
-                               learning_rate=1e-3, progress=False)
+                               learning_rate=1e-3, gamma_skip=False, progress=False)
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_epoch == 1 and result.best_metrics["bce"] == 0.50
     saved = MSVVerifier.from_pretrained(tmp_path / "out").state_dict()
@@ -252,7 +252,7 @@ def test_weak_checker_rederives_classes_for_training(tmp_path):
     train_dir, val_dir = synthetic_dirs(tmp_path)
     config = MSVTrainingConfig(num_sequences=4, mode="terminal", checker="random",
                                checker_kwargs={"probability": 0.5, "seed": 0}, batch_size=4, num_epochs=1,
-                               progress=False)  # num_epochs=1: the paper recipe's terminal default, as before
+                               gamma_skip=False, progress=False)  # one epoch, kept: the trained checkpoint is used
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_epoch == 1
     assert "re-derived with the `random` checker" in (tmp_path / "out" / "README.md").read_text()
@@ -380,10 +380,10 @@ def test_guard_warns_and_strict_fails_when_the_verifier_is_worse_than_the_vote(t
     warning line naming both Briers; ``--strict`` exits 1; without it the command exits normally."""
     from hf_msv.training import main
 
-    train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 16), ("val", 16)), strength=0.0)
+    train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 16), ("val", 48)), strength=0.0)
     argv = ["--train-dir", str(train_dir), "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"),
             "--num-sequences", "8", "--mode", "terminal", "--max-steps", "1", "--learning-rate", "1e-9",
-            "--mask-learning-rate", "0", "--embedding-learning-rate", "0", "--no-progress"]
+            "--mask-learning-rate", "0", "--embedding-learning-rate", "0", "--gamma-skip", "false", "--no-progress"]
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
         result = main(argv)
     assert not result.guard.passed
@@ -446,3 +446,100 @@ def test_lr_sweep_keeps_the_best_validation_brier(tmp_path, capsys):
     assert log["chosen_learning_rate"] == min(rows, key=lambda r: r["val_brier"])["learning_rate"]
     assert result.output_dir == str(tmp_path / "out") and (tmp_path / "out" / "model.safetensors").exists()
     assert "[lr-sweep 2/2]" in capsys.readouterr().out
+
+
+def test_anchored_training_starts_at_calibrated_vote_and_may_keep_step_0(tmp_path, monkeypatch):
+    """`gamma_skip=True`: the step-0 verifier is Platt(γ) fitted on the training answers (validated as history[0])
+    and, when no later validation beats its BCE, it is the checkpoint kept (best_step 0), not "nothing saved"."""
+    from hf_msv.baselines import platt
+    from hf_msv.training.guard import training_vote_platt
+
+    train_dir, val_dir = signal_dirs(tmp_path)
+    scripted = iter([0.40, 0.50, 0.60])  # step 0, then two evaluations: step 0 stays best
+    real = training.prediction_metrics
+    monkeypatch.setattr(training, "prediction_metrics", lambda p: dict(real(p), bce=next(scripted)))
+    config = MSVTrainingConfig(num_sequences=8, mode="terminal", gamma_skip=True, max_steps=4, eval_steps=2,
+                               progress=False)
+    result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
+    assert result.best_step == 0 and result.best_epoch == 0 and result.verifier is not None
+    assert result.verifier.config.gamma_skip and result.best_metrics["bce"] == 0.40
+    a, b = training_vote_platt(ShardDataset(train_dir, num_sequences=8, mode="terminal"), "terminal", config.seed)
+    val = ShardDataset(val_dir, num_sequences=8, mode="terminal")
+    batch = collate_groups([val[i] for i in range(len(val))], "terminal")
+    with torch.no_grad():
+        p = result.verifier(**{k: batch[k] for k in VERIFIER_INPUTS}).probabilities.double().numpy()
+    np.testing.assert_allclose(p, platt(batch["gamma"].double().numpy(), a, b), atol=1e-5)
+    assert MSVTrainingConfig().anchored and not MSVTrainingConfig(recipe="paper").anchored
+    assert not MSVTrainingConfig(kind="probe", gamma_skip=True).anchored
+
+
+def test_defaults_keep_the_vote_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):
+    """Defaults (anchored at calibrated voting) on data whose hidden states carry nothing: no trained checkpoint
+    beats the step-0 vote by a standard error on validation, so the vote itself is kept (its probabilities are
+    Platt(γ) fitted on the training answers), the warning line says so with the numbers, ``--strict`` exits 1."""
+    from hf_msv.baselines import platt
+    from hf_msv.training import main
+
+    train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 24), ("val", 16)), strength=0.0)
+    argv = ["--train-dir", str(train_dir), "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"),
+            "--num-sequences", "8", "--mode", "terminal", "--max-steps", "60", "--no-progress"]
+    with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
+        result = main(argv)
+    assert result.best_step == 0 and not result.guard.passed, result.history
+    trained = [h for h in result.history if h["step"]]
+    assert trained and all(h["val_bce_gain_over_vote"] <= h["val_bce_gain_se"] for h in trained)
+    warnings = [r.getMessage() for r in caplog.records if "kept its starting point" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0] and "1 standard error" in warnings[0], warnings
+    assert capsys.readouterr().out.strip().splitlines()[-2] == result.guard.warning
+    platt_ab = json.loads((tmp_path / "out" / "config.json").read_text())
+    val = ShardDataset(val_dir, num_sequences=8, mode="terminal")
+    batch = collate_groups([val[i] for i in range(len(val))], "terminal")
+    with torch.no_grad():
+        p = result.verifier(**{k: batch[k] for k in VERIFIER_INPUTS}).probabilities.double().numpy()
+    a, b = float(result.verifier.gamma_skip_weight), float(result.verifier.gamma_skip_bias)
+    np.testing.assert_allclose(p, platt(batch["gamma"].double().numpy(), a, b), atol=1e-5)
+    assert platt_ab["gamma_skip"] is True
+    assert "kept the calibrated vote" in (tmp_path / "out" / "README.md").read_text()
+    assert json.loads((tmp_path / "out" / "training_log.json").read_text())["guard"]["extra"]["kept_vote"]["step"] > 0
+    with pytest.raises(SystemExit) as exit_:
+        main(argv + ["--strict"])
+    assert exit_.value.code == 1
+
+
+def test_bce_gain_standard_error_is_clustered_by_problem():
+    """Equal-size problems: the gain is the mean of per-problem mean differences and its error their standard
+    deviation over sqrt(P) (ddof 1); answers of one problem do not count as independent evidence."""
+    from hf_msv.training.guard import ValidationPredictions, bce_gain
+
+    rng = np.random.default_rng(0)
+    problems = np.repeat(np.array([f"p{i}" for i in range(6)], dtype=object), 5)
+    y = rng.integers(0, 2, size=30).astype(float)
+    z_ref, z_new = rng.normal(size=30), rng.normal(size=30)
+    pred = lambda z: ValidationPredictions(logits=z, labels=y, gamma=np.zeros(30), problems=problems)  # noqa: E731
+    gain, se = bce_gain(pred(z_ref), pred(z_new))
+    loss = lambda z: np.logaddexp(0, z) - y * z  # noqa: E731
+    per_problem = (loss(z_ref) - loss(z_new)).reshape(6, 5).mean(axis=1)
+    assert gain == pytest.approx(per_problem.mean())
+    assert se == pytest.approx(per_problem.std(ddof=1) / np.sqrt(6))
+    assert bce_gain(pred(z_ref), pred(z_ref)) == (0.0, 0.0)
+    single = ValidationPredictions(logits=z_ref, labels=y, gamma=np.zeros(30), problems=np.full(30, "p", object))
+    assert bce_gain(single, single)[1] == float("inf")
+
+
+def test_guard_calibrates_the_vote_out_of_sample():
+    """With problem ids, calibrated self-consistency is cross-fitted: each half of the problems is scored by the
+    Platt fit on the other half (never in sample), and ``platt`` is the fit on all answers."""
+    from hf_msv.baselines import fit_platt, platt
+    from hf_msv.training.guard import calibrated_self_consistency
+
+    rng = np.random.default_rng(1)
+    problems = np.repeat(np.array(["b", "a", "d", "c"], dtype=object), 25)  # fold by first appearance: b, d | a, c
+    gamma = rng.uniform(size=100)
+    y = (rng.uniform(size=100) < gamma).astype(float)
+    p_in, fit = calibrated_self_consistency(gamma, y)
+    p_out, fit_out = calibrated_self_consistency(gamma, y, problems)
+    assert fit["platt"] == fit_out["platt"] and np.allclose(p_in, platt(gamma, *fit_platt(gamma, y)))
+    assert fit_out["brier"] > fit["brier"]  # in-sample is optimistic
+    first = np.isin(problems, ["b", "d"])
+    np.testing.assert_allclose(p_out[first], platt(gamma[first], *fit_platt(gamma[~first], y[~first])))
+    np.testing.assert_allclose(p_out[~first], platt(gamma[~first], *fit_platt(gamma[first], y[first])))

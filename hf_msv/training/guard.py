@@ -2,13 +2,16 @@
 baselines computed from the same shards and the same answers.
 
 * **Self-consistency** — γ, the vote share the verifier itself receives as an input feature, Platt-calibrated on
-  validation (an in-sample fit, so a slightly optimistic baseline). At N = 1, γ ≡ 1 and calibrated γ is the constant
-  base-rate predictor: the guard then asks whether a single-sequence verifier (Probe, MSV_1) learned anything at all.
+  validation, cross-fitted over two halves of the validation problems so that it is scored out of sample like the
+  verifier (an in-sample fit on a few hundred answers beats any out-of-sample model by its own optimism). At N = 1,
+  γ ≡ 1 and calibrated γ is the constant base-rate predictor: the guard then asks whether a single-sequence
+  verifier (Probe, MSV_1) learned anything at all.
 * **Linear probe** — a Probe-style single-sequence score: logistic regression on the mean-pooled answer hidden states,
   fitted on (at most `MAX_PROBE_ANSWERS` answers of) the training shards.
 
-The verdict: the verifier must not be worse than calibrated self-consistency on validation Brier. Otherwise one
-warning line names both numbers and the likely causes, and ``hf-msv train --strict`` exits non-zero.
+The verdict: the verifier must not be worse than calibrated self-consistency on validation Brier, and an anchored
+verifier (`MSVTrainingConfig.gamma_skip`) must not have kept its starting point, the vote itself. Otherwise one
+warning line names the numbers and the likely causes, and ``hf-msv train --strict`` exits non-zero.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import torch
 from ..baselines import fit_platt, platt
 from ..metrics import auroc, brier, nll
 
-__all__ = ["GuardReport", "ValidationPredictions", "calibrated_self_consistency", "linear_probe_scores",
-           "pooled_answer_states", "build_guard_report"]
+__all__ = ["GuardReport", "ValidationPredictions", "bce_gain", "calibrated_self_consistency", "training_vote_platt",
+           "linear_probe_scores", "pooled_answer_states", "build_guard_report"]
 
 MAX_PROBE_ANSWERS = 20000
 
@@ -39,6 +42,25 @@ class ValidationPredictions:
     labels: np.ndarray
     gamma: np.ndarray
     pooled: np.ndarray | None = None
+    problems: np.ndarray | None = None
+
+
+def bce_gain(reference: ValidationPredictions, candidate: ValidationPredictions) -> tuple[float, float]:
+    """(gain, standard error): how much lower `candidate`'s mean BCE is than `reference`'s on the same answers, and
+    the standard error of that difference clustered by problem (answers of one problem are not independent: they
+    share the problem's difficulty and, in a group, each other's γ). Both must come from the same validation pass
+    order with ``problems`` set; the error is `inf` with fewer than two problems."""
+    y = reference.labels
+    loss = lambda z: np.logaddexp(0.0, z) - y * z  # noqa: E731  (stable BCE with logits)
+    diff = loss(reference.logits) - loss(candidate.logits)
+    _, cluster = np.unique(reference.problems, return_inverse=True)
+    sums = np.bincount(cluster, weights=diff)
+    gain, count = float(diff.mean()), len(sums)
+    if count < 2:
+        return gain, math.inf
+    sizes = np.bincount(cluster)
+    se = math.sqrt(count / (count - 1) * float(np.sum((sums - sizes * gain) ** 2))) / len(diff)
+    return gain, se
 
 
 def _scores(p: np.ndarray, y: np.ndarray) -> dict:
@@ -47,11 +69,47 @@ def _scores(p: np.ndarray, y: np.ndarray) -> dict:
         return {"brier": brier(p, y), "auroc": auroc(p, y), "nll": nll(p, y)}
 
 
-def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, dict]:
-    """(probabilities (m,), {"brier", "auroc", "nll", "platt": [a, b]}) of γ Platt-scaled on these labels."""
+def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray,
+                                problems: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """(probabilities (m,), {"brier", "auroc", "nll", "platt": [a, b]}) of γ Platt-scaled on these labels.
+
+    With `problems` (m,) (two or more distinct), the probabilities are cross-fitted: the answers of every other
+    problem (in order of first appearance) are scaled by the fit on the rest, so the scores are out of sample like
+    the verifier's; ``platt`` is then the fit on all answers (what a user would apply to new data).
+    """
     a, b = fit_platt(gamma, labels)
     p = platt(gamma, a, b)
+    if problems is not None and len(np.unique(problems)) >= 2:
+        _, first = np.unique(problems, return_index=True)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first)] = np.arange(len(first))  # problem order of first appearance
+        fold = rank[np.unique(problems, return_inverse=True)[1]] % 2
+        for k in (0, 1):
+            p[fold == k] = platt(gamma[fold == k], *fit_platt(gamma[fold != k], labels[fold != k]))
     return p, _scores(p, labels) | {"platt": [a, b]}
+
+
+def training_vote_platt(train_set, mode: str, seed: int = 0, batch_size: int = 64) -> tuple[float, float]:
+    """(a, b) of calibrated self-consistency fitted on the training split: Platt scaling of γ over the `mode`
+    answers of (up to `MAX_PROBE_ANSWERS` answers of random groups of) `train_set` at its current epoch. Used to
+    anchor a new verifier at the vote (`MSVVerifier.anchor_to_vote`) before training."""
+    from ..data import collate_groups
+
+    gammas, labels, count = [], [], 0
+    order = np.random.default_rng(seed).permutation(len(train_set)).tolist()
+    for start in range(0, len(order), batch_size):
+        batch = collate_groups([train_set[i] for i in order[start:start + batch_size]], mode)
+        if batch["gamma"] is None:
+            continue
+        gammas.append(batch["gamma"].double().numpy())
+        labels.append(batch["labels"].double().numpy())
+        count += len(labels[-1])
+        if count >= MAX_PROBE_ANSWERS:
+            break
+    if not gammas:
+        raise ValueError(f"the training data has no {mode} answers")
+    _, fit = calibrated_self_consistency(np.concatenate(gammas), np.concatenate(labels))
+    return tuple(fit["platt"])
 
 
 def pooled_answer_states(hidden_states: torch.Tensor, token_answer: torch.Tensor, num_answers: int) -> np.ndarray:
@@ -128,7 +186,13 @@ class GuardReport:
         if self.linear_probe:
             rows |= {"validation brier (linear probe)": self.linear_probe["brier"],
                      "validation auroc (linear probe)": self.linear_probe["auroc"]}
-        return rows | {"guard": "passed" if self.passed else "FAILED: worse than " + self.reference}
+        if self.passed:
+            verdict = "passed"
+        elif self.extra.get("kept_vote"):
+            verdict = "FAILED: kept the calibrated vote it started from (no trained checkpoint beat it)"
+        else:
+            verdict = "FAILED: worse than " + self.reference
+        return rows | {"guard": verdict}
 
     def summary_lines(self) -> list[str]:
         """The CLI's closing lines: one comparison line, then the warning if any."""
@@ -151,13 +215,22 @@ def build_guard_report(name: str, num_sequences: int, predictions: ValidationPre
     y = predictions.labels.astype(np.float64)
     p = 1.0 / (1.0 + np.exp(-predictions.logits.astype(np.float64)))
     ours = _scores(p, y)
-    _, sc = calibrated_self_consistency(predictions.gamma, y)
+    _, sc = calibrated_self_consistency(predictions.gamma, y, predictions.problems)
     reference = ("calibrated self-consistency" if num_sequences > 1
                  else "the base rate (calibrated γ, which is constant at N = 1)")
     probe = _scores(probe_p, y) if probe_p is not None else None
     passed = not (ours["brier"] > sc["brier"]) or math.isnan(ours["brier"])
     warning = None
-    if not passed:
+    vote = context.get("kept_vote")
+    if vote:
+        passed = False
+        warning = (f"WARNING: {name} kept its starting point, the vote calibrated on the training answers: no trained "
+                   f"checkpoint beat it on validation BCE by more than {vote['margin_se']:g} standard error(s) "
+                   f"(best gain {vote['gain']:.4f} ± {vote['se']:.4f}, {context.get('steps', '?')} optimizer steps). "
+                   f"It scores like self-consistency (validation Brier {ours['brier']:.4f}; {sc['brier']:.4f} for γ "
+                   f"calibrated on validation itself) and adds nothing to it; with {context.get('problems', '?')} "
+                   "training problems the data does not show more. Collect more problems to learn more than the vote.")
+    elif not passed:
         steps = f"{context.get('steps', '?')} optimizer steps"
         if context.get("stopped_early"):
             steps += " (stopped early: validation stopped improving)"
@@ -168,4 +241,5 @@ def build_guard_report(name: str, num_sequences: int, predictions: ValidationPre
                    f"learning rate: collect more problems, raise --max-steps or run --lr-sweep.")
     return GuardReport(name=name, num_sequences=num_sequences, answers=int(len(y)),
                        base_rate=float(y.mean()) if len(y) else math.nan, verifier=ours, self_consistency=sc,
-                       linear_probe=probe, passed=passed, warning=warning, reference=reference)
+                       linear_probe=probe, passed=passed, warning=warning, reference=reference,
+                       extra={"kept_vote": vote} if vote else {})

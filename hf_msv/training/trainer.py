@@ -35,8 +35,8 @@ from ..hub import save_verifier  # one card builder for MSV and Probe checkpoint
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
-from .guard import (GuardReport, ValidationPredictions, build_guard_report, linear_probe_scores,
-                    pooled_answer_states)
+from .guard import (GuardReport, ValidationPredictions, bce_gain, build_guard_report, linear_probe_scores,
+                    pooled_answer_states, training_vote_platt)
 
 __all__ = ["TrainingResult", "train_verifier", "evaluate_verifier", "validation_predictions", "build_verifier",
            "load_training_data"]
@@ -49,7 +49,8 @@ class TrainingResult:
     """Outcome of `train_verifier`.
 
     ``history`` has one entry per validation (entry 0 = before training); ``best_epoch`` is the index in it of the
-    kept checkpoint (with per-epoch validation: its epoch; 0 = nothing saved), ``best_step`` its optimizer step;
+    kept checkpoint (with per-epoch validation: its epoch; 0 = the step-0 verifier, kept only when it is anchored at
+    calibrated voting (`MSVTrainingConfig.gamma_skip`), else nothing saved), ``best_step`` its optimizer step;
     ``guard`` the comparison with the baselines on validation; ``plan`` the concrete numbers the recipe chose.
     """
 
@@ -97,7 +98,8 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
         intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
         masks=list(config.masks) if config.masks else None, mode=config.mode,
         logit_averaging=config.logit_averaging, readout=config.readout, num_sequences=config.num_sequences,
-        gamma_hidden_size=config.gamma_hidden_size, attention_backend=config.attention_backend, **provenance)
+        gamma_hidden_size=config.gamma_hidden_size, gamma_skip=config.anchored,
+        attention_backend=config.attention_backend, **provenance)
     return MSVVerifier(msv_config)
 
 
@@ -198,7 +200,7 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     was_training = model.training
     model.eval()
-    parts = {"logits": [], "labels": [], "gamma": [], "pooled": []}
+    parts = {"logits": [], "labels": [], "gamma": [], "pooled": [], "problems": []}
     indices = list(range(rank, len(dataset), world))
     for i in range(0, len(indices), batch_size):
         batch = collate_groups([dataset[j] for j in indices[i:i + batch_size]], mode)
@@ -208,6 +210,7 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
         parts["logits"].append(out.logits.float().cpu().numpy())
         parts["labels"].append(batch["labels"].float().numpy())
         parts["gamma"].append(batch["gamma"].float().numpy())
+        parts["problems"].append(np.asarray(batch["problem_id"], dtype=object)[batch["answer_group"].numpy()])
         if pooled:
             parts["pooled"].append(pooled_answer_states(batch["hidden_states"], batch["token_answer"],
                                                         len(batch["labels"])))
@@ -220,7 +223,8 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
     return ValidationPredictions(logits=(cat("logits") if cat("logits") is not None else empty).astype(np.float64),
                                  labels=(cat("labels") if cat("labels") is not None else empty).astype(np.float64),
                                  gamma=(cat("gamma") if cat("gamma") is not None else empty).astype(np.float64),
-                                 pooled=cat("pooled") if pooled else None)
+                                 pooled=cat("pooled") if pooled else None,
+                                 problems=cat("problems") if cat("problems") is not None else empty)
 
 
 def prediction_metrics(predictions: ValidationPredictions) -> dict:
@@ -261,14 +265,37 @@ class _Run:
         self.output_dir, self.training_data = output_dir, training_data
         self.history: list[dict] = []
         self.best_bce, self.best_epoch, self.best_step, self.best_metrics = math.inf, 0, 0, {}
-        self.step, self.stale, self.stopped_early = 0, 0, False
+        self.step, self.stale, self.stopped_early, self.saved = 0, 0, False, False
+        self.lowest_bce = math.inf  # over every evaluation, for early stopping
+        self.vote_predictions: ValidationPredictions | None = None  # step 0 of an anchored run
+        self.best_vote_gain: dict | None = None  # the best trained gain over the vote that was not significant
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
 
+    def _beats_vote(self, predictions: ValidationPredictions, entry: dict) -> bool:
+        """Whether a trained checkpoint may replace the step-0 verifier of an anchored run (calibrated voting): its
+        validation BCE must be lower by more than `vote_margin_se` standard errors (clustered by problem), the
+        one-standard-error rule. Small validation sets cannot tell a residual that helps from one that fits noise,
+        and keeping the simpler model (the vote) in that case is what keeps the verifier at or above the vote."""
+        if not self.config.anchored:
+            return True
+        if self.step == 0:
+            self.vote_predictions = predictions
+            return True
+        gain, se = bce_gain(self.vote_predictions, predictions)
+        entry |= {"val_bce_gain_over_vote": gain, "val_bce_gain_se": se}
+        margin = self.config.vote_margin_se
+        significant = gain > margin * se
+        if not significant and (self.best_vote_gain is None or gain > self.best_vote_gain["gain"]):
+            self.best_vote_gain = {"gain": gain, "se": se, "margin_se": margin, "step": self.step}
+        return significant
+
     def validate(self) -> None:
-        """Validate, keep the checkpoint if validation BCE improved, count evaluations without improvement."""
+        """Validate, keep the checkpoint if validation BCE improved (an anchored run: and beats the vote it started
+        from, see `_beats_vote`), count evaluations without improvement."""
         acc, config = self.accelerator, self.config
-        metrics = evaluate_verifier(acc.unwrap_model(self.model), self.val_set, config.mode, config.eval_batch_size,
-                                    acc)
+        predictions = validation_predictions(acc.unwrap_model(self.model), self.val_set, config.mode,
+                                             config.eval_batch_size, acc)
+        metrics = prediction_metrics(predictions)
         index = len(self.history)
         entry = {"epoch": index if self.plan.by_epoch else round(self.step / self.plan.steps_per_pass, 3),
                  "step": self.step, **{f"val_{k}": v for k, v in metrics.items()}}
@@ -278,17 +305,23 @@ class _Run:
             groups = int(acc.reduce(torch.tensor(self.groups, device=acc.device), "sum").item())
             entry |= {"train_loss": loss, "train_groups": groups, "train_seconds": seconds,
                       "train_groups_per_s": groups / seconds}
+        beats_vote = self._beats_vote(predictions, entry)
         self.history.append(entry)
-        if self.step and metrics["bce"] < self.best_bce:
+        # Patience counts evaluations without a lower validation BCE, whether or not it was kept.
+        if self.step and metrics["bce"] < self.lowest_bce:
+            self.lowest_bce, self.stale = metrics["bce"], 0
+        elif self.step:
+            self.stale += 1
+        # Step 0 is a candidate only for an anchored verifier (it is calibrated voting, a sound fallback); an
+        # unanchored one is a random initialisation there.
+        candidate = bool(self.step) or self.config.anchored
+        if candidate and metrics["bce"] < self.best_bce and beats_vote:
             self.best_bce, self.best_epoch, self.best_step = metrics["bce"], index, self.step
-            self.best_metrics = metrics
-            self.stale = 0
+            self.best_metrics, self.saved = metrics, True
             if acc.is_main_process:
                 card = {f"validation {k}": v for k, v in metrics.items()} | {"step": self.step}
                 save_verifier(acc.unwrap_model(self.model), self.output_dir, metrics=card,
                               training_data=self.training_data)
-        elif self.step:
-            self.stale += 1
         if acc.is_main_process:
             atomic_write_json(self.output_dir / "training_log.json",
                               {"best_epoch": self.best_epoch, "best_step": self.best_step, "plan": asdict(self.plan),
@@ -361,6 +394,9 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     set_seed(config.seed)
     output_dir = Path(output_dir)
     model = build_verifier(config, train_set.hidden_size, train_set.info)
+    if config.anchored:
+        # Start at calibrated voting (Platt on the training answers' γ): step 0 is validated and may be kept.
+        model.anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
     per_process = max(1, resolve_batch_size(config) // accelerator.num_processes)
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=per_process, shuffle=True, num_workers=config.num_workers,
@@ -383,11 +419,18 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     run.run()
     accelerator.wait_for_everyone()
     cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
-    best = cls.from_pretrained(output_dir) if run.best_epoch else None
+    best = cls.from_pretrained(output_dir) if run.saved else None
     guard = _guard(best, run, train_set, val_set, output_dir) if best is not None else None
     accelerator.free_memory()
     return TrainingResult(str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard,
                           plan)
+
+
+def _kept_vote(run: _Run) -> dict | None:
+    """For the guard: the best non-significant gain of an anchored run that kept its step-0 vote, else `None`."""
+    if not run.config.anchored or run.best_step != 0:
+        return None
+    return run.best_vote_gain or {"gain": math.nan, "se": math.nan, "margin_se": run.config.vote_margin_se}
 
 
 def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport:
@@ -398,7 +441,8 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
     name = "the Probe" if config.kind == "probe" else f"MSV_{config.num_sequences}"
     report = build_guard_report(name, config.group_size, predictions, probe_p,
                                 {"problems": train_set.num_problems, "steps": run.step, "output_dir": str(output_dir),
-                                 "stopped_early": run.stopped_early})
+                                 "stopped_early": run.stopped_early,
+                                 "kept_vote": _kept_vote(run)})
     if acc.is_main_process:
         log = {"best_epoch": run.best_epoch, "best_step": run.best_step, "steps": run.step,
                "stopped_early": run.stopped_early, "plan": asdict(run.plan), "guard": report.to_dict(),
