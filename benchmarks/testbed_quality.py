@@ -2,6 +2,7 @@
 
     python benchmarks/testbed_quality.py            # 448 evaluation problems x 16 samples at temperature 1
     python benchmarks/testbed_quality.py --quick    # 64 problems
+    python benchmarks/testbed_quality.py --task v2 --model-dir DIR --quick   # a testbed v2 LM on v2 problems
 
 Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
 pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with
@@ -11,7 +12,10 @@ closed non-empty box and their accuracy (``intermediate_acc``) vs the accuracy o
 traces, elicited as the paper and `hf_msv.collect` do it, by appending the prompt to the finished trace
 (``terminal_acc``; the trace's own sampled box: ``terminal_sampled_acc``; how often the two agree:
 ``terminal_elicit_agreement``), each terminal answer counted once per Wait of its trace; decode throughput with 64
-sequences in parallel. The last line printed is the JSON summary.
+sequences in parallel. ``--task v2`` samples v2 problems up to v2's length cap (352 tokens, the default
+``--max-new-tokens`` there) from the LM in ``hf_msv/testbed/lm-v2`` (or ``--model-dir``); a trace cut at the cap has
+no final box (``capped_rate``: the share that ran into ``--max-new-tokens``), its terminal answer is elicited as for
+any trace. The last line printed is the JSON summary.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from hf_msv.testbed import DELIMITER, ELICITATION_PROMPT, TESTBED_LM_DIR, format_prompt, generate_problems
+from hf_msv.testbed import DELIMITER, ELICITATION_PROMPT, TASKS
 
 
 def parse_box(continuation: str) -> str | None:
@@ -58,15 +62,16 @@ def left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-dir", default=str(TESTBED_LM_DIR))
+    ap.add_argument("--task", choices=sorted(TASKS), default="v1", help="v1: the shipped LM's task; v2: testbed v2")
+    ap.add_argument("--model-dir", default=None, help="default: the task's LM (hf_msv/testbed/lm, lm-v2)")
     ap.add_argument("--quick", action="store_true", help="64 problems instead of 448")
     ap.add_argument("--n-problems", type=int, default=None)
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--problems-per-call", type=int, default=16)
     ap.add_argument("--elicit-samples", type=int, default=2, help="samples per problem whose Waits are elicited")
-    ap.add_argument("--max-new-tokens", type=int, default=224)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: v1 224, v2 its length cap")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--knobs", default="{}", help="JSON dict of generator knobs for the evaluation problems")
+    ap.add_argument("--knobs", default="{}", help="JSON dict of the task's knobs for the evaluation problems")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="decode_tokens_per_s is only meaningful for the machine named")
     a = ap.parse_args(argv)
@@ -75,20 +80,23 @@ def main(argv=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t_start = time.time()
-    tok = AutoTokenizer.from_pretrained(a.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(a.model_dir).to(a.device).eval()
+    task, knobs = TASKS[a.task], json.loads(a.knobs)
+    model_dir = a.model_dir or str(task.lm_dir)
+    max_new_tokens = a.max_new_tokens or task.sampling_cap(knobs) or 224
+    format_prompt = task.module.format_prompt
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(a.device).eval()
     wait_id = tok.convert_tokens_to_ids(DELIMITER)
     n_problems = a.n_problems or (64 if a.quick else 448)
-    knobs = json.loads(a.knobs)
-    problems = generate_problems("evaluation", n_problems, seed=a.seed, **knobs)
+    problems = task.generate_problems("evaluation", n_problems, seed=a.seed, **knobs)
     torch.manual_seed(a.seed)
     S = a.samples
-    gen_kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=a.max_new_tokens,
+    gen_kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
 
     # ---- sampling
     traces = []  # per problem: list of (prompt ids, generated ids)
-    t0 = time.time()
+    capped, t0 = 0, time.time()
     for c in range(0, len(problems), a.problems_per_call):
         chunk = problems[c : c + a.problems_per_call]
         enc = tok([format_prompt(p) for p in chunk], return_tensors="pt", padding=True).to(a.device)
@@ -102,6 +110,8 @@ def main(argv=None):
                 g = out[i * S + s, P:].tolist()
                 if tok.eos_token_id in g:
                     g = g[: g.index(tok.eos_token_id)]
+                else:
+                    capped += 1  # ran into max_new_tokens (v2: its length cap)
                 g = [t for t in g if t != tok.pad_token_id]
                 rows.append((prompt, g))
             traces.append(rows)
@@ -176,6 +186,7 @@ def main(argv=None):
 
     nE = max(len(inter), 1)
     res = {
+        "task": task.name,
         "n_problems": len(problems),
         "knobs": knobs,
         "samples_per_problem": S,
@@ -186,6 +197,8 @@ def main(argv=None):
         "wait_trace_rate": round(with_wait / n_traces, 4),
         "waits_per_trace": round(n_waits / n_traces, 3),
         "mean_trace_tokens": round(gen_tokens / n_traces, 1),
+        "max_new_tokens": max_new_tokens,
+        "capped_rate": round(capped / n_traces, 4),
         "n_elicited": len(inter),
         "elicit_parse_rate": round(parsed / nE, 4),
         "intermediate_acc": round(inter_correct / nE, 4),
@@ -199,7 +212,7 @@ def main(argv=None):
         "wall_s": round(time.time() - t_start, 1),
         "torch_threads": torch.get_num_threads(),
         "device": str(model.device),
-        "model_dir": str(Path(a.model_dir)),
+        "model_dir": str(Path(model_dir)),
     }
     print(json.dumps(res))
     return res

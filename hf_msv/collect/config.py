@@ -25,16 +25,18 @@ class CollectConfig:
     ``--num_samples`` alike); the defaults are `collect`'s. See `collect` for what each setting does.
     """
 
-    model: str = field(metadata={"help": 'LM path or Hub id; "testbed" for the shipped testbed LM.'})
+    model: str = field(metadata={"help": 'LM path or Hub id; "testbed" for the shipped testbed LM, "testbed-v2" for '
+                                         'the testbed v2 LM trained into hf_msv/testbed/lm-v2.'})
     output_dir: str = field(metadata={"help": "Where shards go; rerunning with the same settings resumes."})
     problems: str | None = field(
-        default=None, metadata={"help": "testbed:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl "
+        default=None, metadata={"help": "testbed[-v2]:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl "
                                         "(sample them; or give --traces)"})
     traces: str | None = field(
         default=None, metadata={"help": "Re-encode this trace file (JSON lines, hf_msv.collect.traces) instead of "
                                         "sampling: same shards, no sampling flags."})
     num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
-    max_new_tokens: int = field(default=4096, metadata={"help": "Chain-of-thought tokens per sequence at most."})
+    max_new_tokens: int = field(default=4096, metadata={"help": "Chain-of-thought tokens per sequence at most "
+                                                                "(--model testbed-v2: 352, its task's cap)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the paper: 1)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off, as in the paper)."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off, as in the paper)."})
@@ -58,7 +60,7 @@ class CollectConfig:
         default=None, metadata={"help": 'JSON dict for get_checker, e.g. \'{"timeout": 5}\'.'})
     prompt_template: str = field(default="auto", metadata={"help": 'auto | chat | plain | testbed | a string '
                                                                    'containing "{question}" (auto with --model '
-                                                                   'testbed: testbed).'})
+                                                                   'testbed or testbed-v2: testbed).'})
     problems_per_shard: int = field(default=16, metadata={"help": "Problems per shard file."})
     problems_per_batch: int = field(
         default=1, metadata={"help": "Prompts per generate call (batch rows = this x N); the unit of resumption."})
@@ -97,9 +99,11 @@ class CollectConfig:
 
     def collect_kwargs(self) -> dict:
         """The keyword arguments of `collect` (everything but the LM, the problems and where they go)."""
+        from ..testbed.tasks import TESTBED_LM_NAMES
+
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in _LOADING_FIELDS + _TRACE_FIELDS}
-        if kwargs["prompt_template"] == "auto" and self.model == "testbed":
+        if kwargs["prompt_template"] == "auto" and self.model in TESTBED_LM_NAMES:
             kwargs["prompt_template"] = "testbed"  # the testbed LM has no chat template and its own prompt format
         return dict(kwargs, progress=self.progress)
 

@@ -14,17 +14,18 @@ from ..utils import resolve_device
 
 
 def load_problems(spec: str) -> list[Problem]:
-    """Problems from a spec: ``testbed:<split>:<n>[:<seed>]``, ``<benchmark>[:<n>]`` (a name of
-    `hf_msv.data.BENCHMARKS`, first n problems), or a ``.jsonl`` file of ``{"id", "question", "gold"}``."""
+    """Problems from a spec: ``testbed:<split>:<n>[:<seed>]`` (``testbed-v2:...``: testbed v2's problems),
+    ``<benchmark>[:<n>]`` (a name of `hf_msv.data.BENCHMARKS`, first n problems), or a ``.jsonl`` file of
+    ``{"id", "question", "gold"}``."""
     from ..data.problems import BENCHMARKS, load_benchmark
+    from ..testbed.tasks import TESTBED_LM_NAMES, get_task
 
     parts = spec.split(":")
-    if parts[0] == "testbed":
-        from ..testbed import generate_problems
-
+    if parts[0] in TESTBED_LM_NAMES:
         if len(parts) not in (3, 4):
-            raise ValueError("testbed spec is testbed:<split>:<n>[:<seed>]")
-        return generate_problems(parts[1], int(parts[2]), seed=int(parts[3]) if len(parts) == 4 else 0)
+            raise ValueError(f"{parts[0]} spec is {parts[0]}:<split>:<n>[:<seed>]")
+        seed = int(parts[3]) if len(parts) == 4 else 0
+        return get_task(parts[0]).generate_problems(parts[1], int(parts[2]), seed=seed)
     if parts[0] in BENCHMARKS:
         problems = load_benchmark(parts[0])
         return problems[: int(parts[1])] if len(parts) > 1 else problems
@@ -33,20 +34,23 @@ def load_problems(spec: str) -> list[Problem]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [Problem(id=str(r["id"]), question=r["question"], gold=str(r["gold"]), source=r.get("source", path.stem),
                         meta=r.get("meta", {})) for r in rows]
-    raise ValueError(f"unknown problem spec {spec!r}: use testbed:<split>:<n>[:<seed>], one of {sorted(BENCHMARKS)}"
-                     "[:<n>], or a .jsonl file")
+    raise ValueError(f"unknown problem spec {spec!r}: use testbed[-v2]:<split>:<n>[:<seed>], one of "
+                     f"{sorted(BENCHMARKS)}[:<n>], or a .jsonl file")
 
 
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
-    """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, anything else goes to
-    ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
+    """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, ``"testbed-v2"`` the testbed v2
+    LM trained into ``hf_msv/testbed/lm-v2`` (not shipped: a FileNotFoundError says how to train it), anything else
+    goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
     `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
+    from ..testbed.tasks import TESTBED_LM_NAMES
+
     device = resolve_device(device)
     torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-    if name == "testbed":
+    if name in TESTBED_LM_NAMES:
         from ..testbed import load_testbed_lm
 
-        return load_testbed_lm(device=device, dtype=torch_dtype)
+        return load_testbed_lm(device=device, dtype=torch_dtype, task=TESTBED_LM_NAMES[name])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}

@@ -194,16 +194,17 @@ def require_cot_token_ids(dataset: ShardDataset, what: str = "evaluation") -> No
 
 def load_lm_tokenizer(info: dict, override=None):
     """The tokenizer of the LM that sampled the shards: `override` (a tokenizer, a path or Hub id, or
-    ``"testbed"``), else the one named in the shards' collection info (``tokenizer``, else ``lm_name_or_path``)."""
+    ``"testbed"`` / ``"testbed-v2"``), else the one named in the shards' collection info (``tokenizer``, else
+    ``lm_name_or_path``)."""
     if override is not None and not isinstance(override, str):
         return override
     from transformers import AutoTokenizer
 
-    name = override or info.get("tokenizer") or info.get("lm_name_or_path")
-    if name == "testbed":
-        from ..testbed import TESTBED_LM_DIR
+    from ..testbed.tasks import TESTBED_LM_NAMES, get_task
 
-        name = str(TESTBED_LM_DIR)
+    name = override or info.get("tokenizer") or info.get("lm_name_or_path")
+    if name in TESTBED_LM_NAMES:
+        name = str(get_task(name).lm_dir)
     if not name:
         raise ValueError("the shards' collection info names no LM tokenizer to decode the chains of thought with: "
                          "pass the LM's tokenizer (--lm-tokenizer PATH_OR_HUB_ID)")

@@ -11,7 +11,10 @@ early stopping, **not** a math model: its numbers say nothing about real LMs on 
     model, tokenizer = load_testbed_lm()
     problems = generate_problems("evaluation", 448)
 
-Retrain the shipped checkpoint with ``python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm``.
+Retrain the shipped checkpoint with ``python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm``. A second
+task, testbed v2 (:mod:`hf_msv.testbed.task_v2`, issue #17), is selectable everywhere v1 is (:mod:`.tasks`); its LM
+does not ship: ``python -m hf_msv.testbed.train_lm --task v2 --output-dir hf_msv/testbed/lm-v2`` trains the one
+``load_testbed_lm(task="v2")`` and ``load_lm("testbed-v2")`` load.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from .task import (
     make_trace,
     split_of,
 )
+from .tasks import TASKS, TESTBED_LM_NAMES, get_task
 
-TESTBED_LM_DIR = Path(__file__).resolve().parent / "lm"
+TESTBED_LM_DIR = TASKS["v1"].lm_dir
+TESTBED_V2_LM_DIR = TASKS["v2"].lm_dir  # not shipped: trained with train_lm --task v2
 # The streaming MSV_16 trained on the testbed LM (`hf_msv.reproduction.train_shipped_verifier`).
 TESTBED_VERIFIER_DIR = Path(__file__).resolve().parent / "verifier"
 
@@ -38,11 +43,15 @@ __all__ = [
     "DELIMITER",
     "ELICITATION_PROMPT",
     "SPLITS",
+    "TASKS",
     "TESTBED_LM_DIR",
+    "TESTBED_LM_NAMES",
+    "TESTBED_V2_LM_DIR",
     "TESTBED_VERIFIER_DIR",
     "TaskKnobs",
     "format_prompt",
     "generate_problems",
+    "get_task",
     "load_testbed_lm",
     "make_elicitation_example",
     "make_trace",
@@ -50,20 +59,19 @@ __all__ = [
 ]
 
 
-def load_testbed_lm(device="cpu", dtype=None):
-    """The shipped testbed LM and its tokenizer: ``(model, tokenizer)``, model in eval mode on ``device``.
+def load_testbed_lm(device="cpu", dtype=None, task: str = "v1"):
+    """The testbed LM of ``task`` and its tokenizer: ``(model, tokenizer)``, model in eval mode on ``device``.
 
-    Plain ``AutoModelForCausalLM`` / ``AutoTokenizer`` loads of :data:`TESTBED_LM_DIR` (no remote code). The tokenizer
-    prepends ``<bos>``, pads on the left, and encodes the delimiter ``Wait`` as a single token.
+    Plain ``AutoModelForCausalLM`` / ``AutoTokenizer`` loads of the task's LM directory (:data:`TESTBED_LM_DIR`, the
+    shipped one, for ``"v1"``; :data:`TESTBED_V2_LM_DIR` for ``"v2"``; no remote code). The tokenizer prepends
+    ``<bos>``, pads on the left, and encodes the delimiter ``Wait`` as a single token.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not (TESTBED_LM_DIR / "config.json").exists():
-        raise FileNotFoundError(
-            f"no testbed checkpoint at {TESTBED_LM_DIR}; train it with "
-            f"`python -m hf_msv.testbed.train_lm --output-dir {TESTBED_LM_DIR}`"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(TESTBED_LM_DIR)
+    t = get_task(task)
+    if not (t.lm_dir / "config.json").exists():
+        raise FileNotFoundError(f"no testbed {t.name} checkpoint at {t.lm_dir}; train it with `{t.train_command()}`")
+    tokenizer = AutoTokenizer.from_pretrained(t.lm_dir)
     kwargs = {"dtype": dtype} if dtype is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(TESTBED_LM_DIR, **kwargs).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(t.lm_dir, **kwargs).to(device).eval()
     return model, tokenizer

@@ -284,6 +284,12 @@ def make_trace(problem: Problem, rng: random.Random, **knobs) -> str:
     return "".join(s for s, _ in parts) + final_answer_line(parts[-1][1])
 
 
+def make_training_trace(problem: Problem, rng: random.Random, **knobs) -> tuple[str, bool]:
+    """:func:`make_trace` and whether it ends there (always: v1 traces are never cut), i.e. whether a training
+    example puts EOS after it. The same random draws as :func:`make_trace`."""
+    return make_trace(problem, rng, **knobs), True
+
+
 def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> tuple[str, str, str]:
     """A trace cut right after a random ``Wait`` (or, rarely, after a step, or after the trace's own final answer
     line: the paper elicits the terminal answer by appending the prompt to the finished sequence), for training

@@ -77,10 +77,12 @@ from .task import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_dis
 
 SOURCE = "testbed-arith-v2"
 __all__ = [
-    "DELIMITER", "MAX_HEDGE", "SOURCE", "SPLITS", "Piece", "TaskKnobsV2", "TraceV2", "carry_positions",
+    "DELIMITER", "GEN_KNOBS", "MAX_HEDGE", "SOURCE", "SPLITS", "Piece", "TaskKnobsV2", "TraceV2", "carry_positions",
     "elicited_answer", "format_prompt", "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace",
-    "make_trace_parts", "sample_elicited_answer", "sample_trace", "step_risk", "trace_tokens",
+    "make_trace_parts", "make_training_trace", "sample_elicited_answer", "sample_trace", "step_risk", "trace_tokens",
 ]
+# The knobs of the problem generator (the others only shape traces), as in task.GEN_KNOBS
+GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors", "distractor_prob")
 
 
 @dataclass(frozen=True)
@@ -569,6 +571,14 @@ def make_trace(problem: Problem, rng: random.Random, **knobs) -> str:
     :func:`format_prompt`): ending with the boxed final answer line when it finished, cut mid-text (no final line:
     do not append EOS to train on it) when the cap binds. ``sample_trace(...).text`` is the uncapped text."""
     return sample_trace(problem, rng, **knobs).capped_text
+
+
+def make_training_trace(problem: Problem, rng: random.Random, **knobs) -> tuple[str, bool]:
+    """:func:`make_trace` and whether the trace finished within the cap: a training example puts EOS after a
+    finished trace only, so the LM learns to keep going at the cap (sampling stops it there, by
+    ``max_new_tokens``) instead of ending cut traces itself. The same random draws as :func:`make_trace`."""
+    t = sample_trace(problem, rng, **knobs)
+    return t.capped_text, t.finished
 
 
 def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tuple[str, str]]:

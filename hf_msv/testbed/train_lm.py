@@ -12,6 +12,14 @@ Training data is an endless seeded stream of ``train``-split problems with noisy
 (:func:`hf_msv.testbed.task.make_trace`); a fraction ``elicit_frac`` of the examples are traces cut right after a
 ``Wait`` and followed by ``### Final Answer ### \\boxed{current answer}`` + EOS. The loss skips the question and the
 elicitation prompt itself (so the LM answers an elicitation but never emits one mid-trace on its own).
+
+``--task v2`` trains on testbed v2 (:mod:`hf_msv.testbed.task_v2`) with the same recipe (not tuned for v2 yet) and a
+context of 640 positions (prompt + a trace capped at 352 tokens + elicitation; :meth:`TestbedTask.context`).
+A v2 trace cut at the cap gets no EOS: sampling stops it there by ``max_new_tokens``, so the LM must learn to keep
+going rather than to end cut traces itself. ``load_lm("testbed-v2")`` loads the LM saved in ``hf_msv/testbed/lm-v2``.
+v2 examples are 1.7x as long as v1's (335 vs 195 tokens on average, at most ~530): measured on one thread of an
+AVX2-only CPU, a v2 step takes 2.2 s in fp32 (~1.7 h for 2,800 steps). On such a CPU (no native bf16), bf16
+autocast makes a step ~8x slower (v2: 18 s; v1: ~9 s vs ~0.9 s in fp32): pass ``--no-bf16`` there.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from .task import TaskKnobs, format_prompt, generate_problems, make_elicitation_example, make_trace
+from .task import format_prompt  # v1's and v2's prompt (task_v2 re-exports it)
+from .tasks import TASKS, TestbedTask, get_task
 from .tokenizer import build_tokenizer
 
 DEFAULTS = dict(  # the shipped checkpoint: hf_msv/testbed/lm/training_log.json records the exact run
@@ -42,7 +51,6 @@ DEFAULTS = dict(  # the shipped checkpoint: hf_msv/testbed/lm/training_log.json 
     ffn_mult=3,
     elicit_frac=0.25,
 )
-from .task import GEN_KNOBS as _GEN_KNOBS  # noqa: E402
 
 
 def build_model(vocab_size: int, tokenizer, d_model: int, n_layers: int, n_heads: int, ffn_mult: int, max_len=512):
@@ -66,15 +74,16 @@ def build_model(vocab_size: int, tokenizer, d_model: int, n_layers: int, n_heads
 
 
 class TraceStream:
-    """Endless seeded stream of tokenized training examples (input ids, labels)."""
+    """Endless seeded stream of tokenized training examples (input ids, labels) of a testbed task."""
 
-    def __init__(self, tokenizer, seed: int, elicit_frac: float, knobs: dict | None = None, pool: int = 20000):
+    def __init__(self, tokenizer, seed: int, elicit_frac: float, knobs: dict | None = None, pool: int = 20000,
+                 task: str | TestbedTask = "v1"):
         self.tok = tokenizer
+        self.task = get_task(task) if isinstance(task, str) else task
         self.knobs = dict(knobs or {})
         self.rng = random.Random(seed)
-        gen = {k: v for k, v in self.knobs.items() if k in _GEN_KNOBS}
         # A large pool of distinct train problems, re-worded and re-traced every time one is drawn.
-        self.problems = generate_problems("train", pool, seed=seed, **gen)
+        self.problems = self.task.generate_problems("train", pool, seed=seed, **self.knobs)
         self.elicit_frac = elicit_frac
 
     def _ids(self, text: str) -> list[int]:
@@ -84,12 +93,14 @@ class TraceStream:
         p = self.rng.choice(self.problems)
         prompt = [self.tok.bos_token_id] + self._ids(format_prompt(p))
         if self.rng.random() < self.elicit_frac:
-            prefix, elicit, answer = make_elicitation_example(p, self.rng, **self.knobs)
+            prefix, elicit, answer = self.task.module.make_elicitation_example(p, self.rng, **self.knobs)
             a, b, c = self._ids(prefix), self._ids(elicit), self._ids(answer) + [self.tok.eos_token_id]
             ids = prompt + a + b + c
             labels = [-100] * len(prompt) + a + [-100] * len(b) + c
         else:
-            t = self._ids(make_trace(p, self.rng, **self.knobs)) + [self.tok.eos_token_id]
+            text, finished = self.task.module.make_training_trace(p, self.rng, **self.knobs)
+            # a trace cut at the length cap gets no EOS: the LM must not learn to stop where the cap cut it
+            t = self._ids(text) + [self.tok.eos_token_id] * finished
             ids = prompt + t
             labels = [-100] * len(prompt) + t
         return ids, labels
@@ -158,6 +169,7 @@ def train_testbed_lm(
     ffn_mult: int = DEFAULTS["ffn_mult"],
     elicit_frac: float = DEFAULTS["elicit_frac"],
     knobs: dict | None = None,
+    task: str = "v1",
     bf16: bool = True,
     eval_every: int = 0,
     save_every: int = 0,
@@ -170,20 +182,23 @@ def train_testbed_lm(
 
     Returns a dict of training stats (wall time, parameters, final loss, ...), also written to
     ``output_dir/training_log.json``. The shipped checkpoint is trained on CPU; ``device="cuda"`` trains the same
-    recipe on a GPU in ~3 min (numerically a different, equally good model), for exploring task knobs.
+    recipe on a GPU in ~3 min (numerically a different, equally good model), for exploring task knobs. ``task``:
+    ``"v1"`` (the shipped LM's) or ``"v2"`` (``knobs`` are then :class:`~hf_msv.testbed.task_v2.TaskKnobsV2`'s).
     """
     if num_threads:
         torch.set_num_threads(num_threads)
     torch.manual_seed(seed)
     random.seed(seed)
     knobs = dict(knobs or {})
-    TaskKnobs(**knobs)  # validate
+    task = get_task(task)
+    task.knobs(**knobs)  # validate
     tok = build_tokenizer()
     device = torch.device(device)
-    model = build_model(len(tok), tok, d_model, n_layers, n_heads, ffn_mult).to(device)
+    context = task.context(knobs)
+    model = build_model(len(tok), tok, d_model, n_layers, n_heads, ffn_mult, max_len=context).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"testbed LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
-    stream = TraceStream(tok, seed, elicit_frac, knobs)
+    log(f"testbed {task.name} LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
+    stream = TraceStream(tok, seed, elicit_frac, knobs, task=task)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -196,7 +211,8 @@ def train_testbed_lm(
             return lr * (s + 1) / warmup
         return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup))))
 
-    gen_knobs = {k: v for k, v in knobs.items() if k in _GEN_KNOBS}
+    # v2 samples up to its cap, as collection does; v1 traces are short (~120 tokens)
+    eval_tokens = task.sampling_cap(knobs) or 200
     history, t0, ema = [], time.time(), None
     model.train()
     for step in range(steps):
@@ -216,7 +232,7 @@ def train_testbed_lm(
             rec = {"step": step + 1, "loss": round(ema, 4), "lr": lr_at(step), "elapsed_s": round(time.time() - t0, 1)}
             if eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
                 rec["val_acc_t1"] = _sample_accuracy(
-                    model, tok, generate_problems("validation", 64, seed=seed, **gen_knobs), 200
+                    model, tok, task.generate_problems("validation", 64, seed=seed, **knobs), eval_tokens
                 )
             history.append(rec)
             log(json.dumps(rec))
@@ -226,6 +242,7 @@ def train_testbed_lm(
     out = Path(output_dir)
     _save(model, tok, out)
     stats = {
+        "task": task.name, "context": context,
         "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "d_model": d_model, "n_layers": n_layers,
         "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs, "bf16": bf16,
         "parameters": n_params, "wall_time_s": round(wall, 1), "final_loss": round(ema, 4),
@@ -238,9 +255,12 @@ def train_testbed_lm(
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output-dir", required=True)
+    ap.add_argument("--task", choices=sorted(TASKS), default="v1",
+                    help="v1: the shipped LM's task; v2: testbed v2 (issue #17), saved by convention in "
+                    "hf_msv/testbed/lm-v2, where load_lm('testbed-v2') looks")
     for k, v in DEFAULTS.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
-    ap.add_argument("--knobs", default="{}", help="JSON dict of TaskKnobs overrides")
+    ap.add_argument("--knobs", default="{}", help="JSON dict of TaskKnobs (v1) / TaskKnobsV2 (v2) overrides")
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--eval-every", type=int, default=0, help="sample-accuracy check on 64 validation problems")
     ap.add_argument("--save-every", type=int, default=0, help="also save <output-dir>/checkpoints/step-N")
@@ -250,8 +270,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     kw = {k: getattr(a, k) for k in DEFAULTS}
     stats = train_testbed_lm(
-        a.output_dir, knobs=json.loads(a.knobs), bf16=not a.no_bf16, eval_every=a.eval_every, save_every=a.save_every,
-        log_every=a.log_every, num_threads=a.threads, device=a.device, **kw,
+        a.output_dir, knobs=json.loads(a.knobs), task=a.task, bf16=not a.no_bf16, eval_every=a.eval_every,
+        save_every=a.save_every, log_every=a.log_every, num_threads=a.threads, device=a.device, **kw,
     )
     print(json.dumps({k: v for k, v in stats.items() if k != "history"}))
 

@@ -1,0 +1,157 @@
+"""Testbed v2 wired in (issue #17): the v2 LM training stream, a tiny v2 training run, ``load_lm("testbed-v2")``
+and ``testbed-v2:`` problem specs; v1 stays what it was."""
+
+import hashlib
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from hf_msv.answers import ELICITATION_PROMPT
+from hf_msv.collect.lm import load_lm, load_problems
+from hf_msv.testbed import TASKS, load_testbed_lm, task_v2
+from hf_msv.testbed.tokenizer import build_tokenizer
+from hf_msv.testbed.train_lm import TraceStream, train_testbed_lm
+
+TOK = build_tokenizer()
+CAP = task_v2.TaskKnobsV2().max_trace_tokens
+
+
+def _stream(task, elicit_frac, pool=300):
+    return TraceStream(TOK, seed=1, elicit_frac=elicit_frac, pool=pool, task=task)
+
+
+def _split(ids):
+    """``(prompt length, text after the prompt)`` of a training example (the prompt ends at the first ``A:``)."""
+    text = TOK.decode(ids[1:])
+    cut = text.index("\nA:") + len("\nA:")
+    return 1 + len(TOK(text[:cut], add_special_tokens=False).input_ids), text[cut:]
+
+
+def test_v2_trace_examples_end_with_eos_only_when_the_trace_finished_within_the_cap():
+    stream = _stream("v2", elicit_frac=0.0)
+    kinds = set()
+    for _ in range(80):
+        ids, labels = stream.example()
+        n_prompt, _ = _split(ids)
+        trace = ids[n_prompt:]
+        assert ids[0] == TOK.bos_token_id and labels[:n_prompt] == [-100] * n_prompt
+        assert labels[n_prompt:] == trace  # the whole trace is learnt, EOS included when there is one
+        if trace[-1] == TOK.eos_token_id:  # finished: one final answer line, within the cap
+            text = TOK.decode(trace[:-1])
+            assert len(trace) - 1 <= CAP and text.count(ELICITATION_PROMPT) == 1
+            assert text[text.index(ELICITATION_PROMPT):].endswith("}")
+            kinds.add("finished")
+        else:  # cut by the cap: exactly cap tokens, and no EOS for the LM to learn where the cap cut it
+            assert len(trace) == CAP and TOK.eos_token_id not in trace
+            kinds.add("capped")
+        assert len(ids) <= TASKS["v2"].context()
+    assert kinds == {"finished", "capped"}
+
+
+def test_v2_elicitation_examples_mask_the_question_and_the_elicitation_prompt():
+    stream = _stream("v2", elicit_frac=1.0)
+    prompt_ids = TOK(ELICITATION_PROMPT, add_special_tokens=False).input_ids
+    for _ in range(40):
+        ids, labels = stream.example()
+        n_prompt, _ = _split(ids)
+        assert labels[:n_prompt] == [-100] * n_prompt
+        # after the prefix: the (masked) elicitation prompt, then "{answer}" + EOS, learnt
+        end = max(i for i in range(len(ids)) if ids[i : i + len(prompt_ids)] == prompt_ids) + len(prompt_ids)
+        answer = TOK.decode(ids[end:-1])
+        assert ids[-1] == TOK.eos_token_id and answer.startswith("{") and answer.endswith("}")
+        assert labels[end:] == ids[end:]
+        masked = [i for i in range(n_prompt, end) if labels[i] == -100]
+        assert masked and TOK.decode([ids[i] for i in masked]).strip() == ELICITATION_PROMPT
+        assert all(labels[i] == ids[i] for i in range(n_prompt, end) if i not in masked)  # the prefix is learnt
+
+
+def test_v1_stream_is_unchanged():
+    """The v1 examples are byte-identical to those before v2 was wired in (hash taken at commit 02f9449)."""
+    stream = TraceStream(TOK, seed=0, elicit_frac=0.25, pool=500)
+    ex = [stream.example() for _ in range(64)]
+    ids, lab, _ = stream.batch(8)
+    digest = hashlib.sha256(json.dumps([ex, ids.tolist(), lab.tolist()]).encode()).hexdigest()[:16]
+    assert digest == "01003e4574ae3263"
+    assert TASKS["v1"].context() == 512 and TASKS["v2"].context() == 640
+    assert TASKS["v2"].context({"max_trace_tokens": 400}) == 688  # the context follows the cap
+
+
+@pytest.fixture(scope="module")
+def tiny_v2_lm(tmp_path_factory):
+    """A 2-step v2 LM (d_model 32, one layer) saved by `train_testbed_lm`, and its training stats."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("lm-v2")
+    stats = train_testbed_lm(out, task="v2", steps=2, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
+                             log_every=1, log=lambda *_: None)
+    return out, stats
+
+
+def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monkeypatch):
+    from hf_msv.collect.config import CollectConfig
+    from hf_msv.evaluation.prm import load_lm_tokenizer
+
+    lm_dir, stats = tiny_v2_lm
+    assert stats["task"] == "v2" and stats["context"] == 640 and stats["steps"] == 2
+    assert json.loads((lm_dir / "training_log.json").read_text())["task"] == "v2"
+    monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=lm_dir))
+    model, tok = load_lm("testbed-v2", device="cpu")
+    assert not model.training and model.config.max_position_embeddings == 640
+    assert tok.convert_tokens_to_ids("Wait") == TOK.convert_tokens_to_ids("Wait")
+    prompt = task_v2.format_prompt(load_problems("testbed-v2:evaluation:1")[0])
+    out = model.generate(**tok([prompt], return_tensors="pt"), max_new_tokens=4, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
+    assert out.shape[1] == len(tok(prompt).input_ids) + 4
+    # the rest of the pipeline knows the name: the collection's prompt, the PRM's tokenizer
+    config = CollectConfig(model="testbed-v2", output_dir="x", problems="testbed-v2:train:2")
+    assert config.collect_kwargs()["prompt_template"] == "testbed"
+    assert load_lm_tokenizer({}, "testbed-v2").name_or_path == str(lm_dir)
+
+
+def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_quality.py"
+    spec = importlib.util.spec_from_file_location("testbed_quality", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=tiny_v2_lm[0]))  # the default --model-dir
+    res = bench.main(["--task", "v2", "--n-problems", "2", "--samples", "2", "--problems-per-call", "2",
+                      "--elicit-samples", "1", "--threads", "1"])
+    assert res["task"] == "v2" and res["max_new_tokens"] == CAP and res["model_dir"] == str(tiny_v2_lm[0])
+    assert res["n_problems"] == 2 and res["mean_trace_tokens"] <= CAP
+
+
+def test_missing_v2_lm_says_how_to_train_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=tmp_path / "lm-v2"))
+    with pytest.raises(FileNotFoundError, match=r"train_lm --task v2 --output-dir .*lm-v2"):
+        load_lm("testbed-v2", device="cpu")
+    with pytest.raises(FileNotFoundError, match="testbed v2"):
+        load_testbed_lm(task="v2")
+    with pytest.raises(ValueError, match="unknown testbed task"):
+        load_testbed_lm(task="v3")
+
+
+def test_problem_specs_pick_the_task():
+    v2 = load_problems("testbed-v2:validation:5:3")
+    assert v2 == task_v2.generate_problems("validation", 5, seed=3)
+    assert {p.source for p in v2} == {task_v2.SOURCE}
+    assert load_problems("testbed-v2:evaluation:3") == task_v2.generate_problems("evaluation", 3, seed=0)
+    assert {p.source for p in load_problems("testbed:evaluation:3")} == {"testbed-arith"}
+    with pytest.raises(ValueError, match=r"testbed-v2:<split>:<n>"):
+        load_problems("testbed-v2:evaluation")
+    with pytest.raises(ValueError, match="split"):
+        load_problems("testbed-v2:test:3")
+
+
+def test_task_generators_validate_every_knob_but_draw_with_the_generator_ones():
+    v2 = TASKS["v2"]
+    # solver knobs do not change the problems; generator knobs do; unknown knobs are refused
+    assert v2.generate_problems("train", 5, notice_prob=0.1) == v2.generate_problems("train", 5)
+    assert all(len(p.meta["ops"]) == 2 for p in v2.generate_problems("train", 5, max_steps=2))
+    with pytest.raises(ValueError, match="unknown testbed-v2 knobs"):
+        v2.generate_problems("train", 5, carry_eror=0.1)
+    with pytest.raises(TypeError):
+        TASKS["v1"].generate_problems("train", 5, carry_eror=0.1)
