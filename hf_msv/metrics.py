@@ -24,7 +24,7 @@ from .data.groups import AnswerGroup
 __all__ = [
     "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
     "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "seed_stat", "format_mean_std",
-    "bootstrap_interval", "paired_bootstrap",
+    "bootstrap_interval", "paired_bootstrap", "bce_with_logits", "fold_by_problem",
 ]
 
 
@@ -69,6 +69,23 @@ def brier(p, y) -> float:
     """Brier score (1/m) Σ (p_i - y_i)^2 over (m,) probabilities and 0/1 labels."""
     p, y = _py(p, y)
     return float(np.mean((p - y) ** 2)) if p.size else math.nan
+
+
+def bce_with_logits(z, y) -> np.ndarray:
+    """Per-answer binary cross-entropy (m,) of 0/1 labels under logits (m,), computed stably from the logits
+    (``log(1 + e^z) - y z``): a sigmoid first would saturate and turn a confident mistake into ``inf``."""
+    z, y = np.asarray(z, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    return np.logaddexp(0.0, z) - y * z
+
+
+def fold_by_problem(problems, folds: int = 2) -> np.ndarray:
+    """The fold (m,) in ``0..folds-1`` of each item, by its problem: problems in order of first appearance are dealt
+    round-robin, so every answer of a problem lands in one fold (answers of a problem are not independent)."""
+    problems = np.asarray(problems, dtype=object)
+    _, first, inverse = np.unique(problems, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse.reshape(-1)] % folds
 
 
 def nll(p, y, eps: float = 1e-7) -> float:

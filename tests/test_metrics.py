@@ -2,13 +2,15 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
 from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
 from hf_msv.data import AnswerGroup
-from hf_msv.metrics import (auroc, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier, calibration_metrics,
-                            ece, format_mean_std, mean_std, nll, reliability_bins, seed_stat)
+from hf_msv.metrics import (auroc, bce_with_logits, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier, calibration_metrics,
+                            ece, fold_by_problem, format_mean_std, mean_std, nll, reliability_bins,
+                            seed_stat)
 
 P = np.array([0.9, 0.8, 0.3, 0.3, 0.05, 0.65])
 Y = np.array([1, 0, 1, 0, 0, 1])
@@ -147,3 +149,21 @@ def test_paired_bootstrap_known_answers():
         paired_bootstrap([1.0], [1.0, 2.0])
     with pytest.raises(ValueError):
         paired_bootstrap([1.0], [1.0], statistic="median")
+
+
+def test_bce_with_logits_matches_torch_and_stays_finite():
+    z = np.array([-40.0, -2.0, 0.0, 3.0, 40.0])
+    y = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(
+        torch.tensor(z), torch.tensor(y), reduction="none").numpy()
+    np.testing.assert_allclose(bce_with_logits(z, y), expected, rtol=1e-12)
+    assert np.isfinite(bce_with_logits(z, y)).all() and bce_with_logits(z, y)[0] == pytest.approx(40.0)
+
+
+def test_fold_by_problem_keeps_problems_whole_and_alternates_by_first_appearance():
+    problems = np.array(["b", "a", "b", "c", "a", "d", "c"], dtype=object)
+    fold = fold_by_problem(problems, 2)
+    assert fold.tolist() == [0, 1, 0, 0, 1, 1, 0]  # b→0, a→1, c→0, d→1 in order of first appearance
+    for q in set(problems):
+        assert len(set(fold[problems == q])) == 1
+    assert sorted(set(fold_by_problem(np.arange(7), 3))) == [0, 1, 2]

@@ -284,6 +284,27 @@ def test_max_problems_keeps_a_prefix_in_shard_order(tmp_path):
             ShardDataset(tmp_path, max_problems=bad)
 
 
+def test_subset_selects_problems_and_reads_them_like_the_parent(tmp_path):
+    """Cross-validation folds: a subset keeps the chosen problems (in the order given), their groups and their
+    classes re-derived by a checker, reads the same answers as the parent, and leaves the parent untouched."""
+    write_dataset(tmp_path, num_problems=5, per_shard=2, num_sequences=6)
+    parent = ShardDataset(tmp_path, num_sequences=3, mode="terminal", checker="exact")
+    sub = parent.subset([3, 0])
+    assert sub.problem_ids == ["q3", "q0"] and len(sub) == 2 * 2 and sub.num_problems == 2
+    assert parent.problem_ids == [f"q{i}" for i in range(5)] and len(parent) == 5 * 2
+    for p_sub, p_parent in ((0, 3), (1, 0)):
+        a, b = sub.read_problem(p_sub), parent.read_problem(p_parent)
+        assert a.problem_id == b.problem_id and list(a.answer_text) == list(b.answer_text)
+        np.testing.assert_array_equal(a.answer_class, b.answer_class)
+        ids = np.arange(3)
+        ga, gb = sub.group(p_sub, ids), parent.group(p_parent, ids)
+        assert torch.equal(ga["hidden_states"], gb["hidden_states"]) and torch.equal(ga["labels"], gb["labels"])
+    assert sub.stats()["problems"] == 2 and sub[3]["problem_id"] == "q0"
+    for bad in ([], [5], [-1]):
+        with pytest.raises(ValueError, match="subset"):
+            parent.subset(bad)
+
+
 def test_duplicate_problem_across_shards_is_refused(tmp_path):
     write_shard(tmp_path / "shard-r000-00000.safetensors", [make_problem("same")])
     write_shard(tmp_path / "shard-r001-00000.safetensors", [make_problem("same", seed=9)])

@@ -368,10 +368,14 @@ def test_defaults_train_a_verifier_that_beats_the_vote(tmp_path):
     assert guard.passed and guard.warning is None, guard
     assert guard.verifier["brier"] < guard.self_consistency["brier"] - 0.02, guard
     assert guard.verifier["auroc"] > guard.self_consistency["auroc"] + 0.03, guard
-    assert guard.linear_probe is not None and result.plan.max_steps >= 300 and result.best_step > 0
+    # Cross-validation over the training problems chose to leave the vote, and for how long; the run trained that
+    # long on all problems and kept its last checkpoint.
+    decision = result.vote_cv
+    assert decision.folds == 4 and decision.step > 0 and decision.gain > decision.se, decision
+    assert guard.linear_probe is not None and result.best_step == result.plan.max_steps == decision.step
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
-    assert log["guard"]["passed"] and log["plan"]["early_stopping_patience"] == 5
-    assert len(log["history"]) >= 2 and log["history"][-1]["step"] == log["steps"]
+    assert log["guard"]["passed"] and log["vote_cv"]["step"] == decision.step
+    assert len(log["history"]) >= 2 and log["history"][-1]["step"] == log["steps"] == decision.step
     card = (tmp_path / "out" / "README.md").read_text()
     assert "calibrated self-consistency" in card and "linear probe" in card
 
@@ -460,7 +464,7 @@ def test_anchored_training_starts_at_calibrated_vote_and_may_keep_step_0(tmp_pat
     real = training.prediction_metrics
     monkeypatch.setattr(training, "prediction_metrics", lambda p: dict(real(p), bce=next(scripted)))
     config = MSVTrainingConfig(num_sequences=8, mode="terminal", gamma_skip=True, max_steps=4, eval_steps=2,
-                               progress=False)
+                               vote_folds=0, progress=False)  # validation chooses (cross-validation: its own test)
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_step == 0 and result.best_epoch == 0 and result.verifier is not None
     assert result.verifier.config.gamma_skip and result.best_metrics["bce"] == 0.40
@@ -475,9 +479,10 @@ def test_anchored_training_starts_at_calibrated_vote_and_may_keep_step_0(tmp_pat
 
 
 def test_defaults_keep_the_vote_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):
-    """Defaults (anchored at calibrated voting) on data whose hidden states carry nothing: no trained checkpoint
-    beats the step-0 vote by a standard error on validation, so the vote itself is kept (its probabilities are
-    Platt(γ) fitted on the training answers), the warning line says so with the numbers, ``--strict`` exits 1."""
+    """Defaults (anchored at calibrated voting) on data whose hidden states carry nothing: no trained verifier
+    beats the step-0 vote by a standard error in cross-validation over the training problems, so the vote itself is
+    kept without training (its probabilities are Platt(γ) fitted on the training answers), the warning line says so
+    with the numbers, ``--strict`` exits 1."""
     from hf_msv.baselines import platt
     from hf_msv.training import main
 
@@ -486,22 +491,25 @@ def test_defaults_keep_the_vote_when_no_trained_checkpoint_beats_it(tmp_path, ca
             "--num-sequences", "8", "--mode", "terminal", "--max-steps", "60", "--no-progress"]
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
         result = main(argv)
-    assert result.best_step == 0 and not result.guard.passed, result.history
-    trained = [h for h in result.history if h["step"]]
-    assert trained and all(h["val_bce_gain_over_vote"] <= h["val_bce_gain_se"] for h in trained)
+    assert result.best_step == 0 and not result.guard.passed and result.vote_cv.step == 0, result.vote_cv
+    curve = result.vote_cv.curve
+    assert len(curve) >= 2 and all(e["gain"] <= e["se"] for e in curve[1:]), curve
+    assert [h["step"] for h in result.history] == [0]  # nothing to train: the vote is the verifier
     warnings = [r.getMessage() for r in caplog.records if "kept its starting point" in r.getMessage()]
     assert len(warnings) == 1 and "\n" not in warnings[0] and "1 standard error" in warnings[0], warnings
+    assert "4-fold cross-validation of the training problems" in warnings[0]
     assert capsys.readouterr().out.strip().splitlines()[-2] == result.guard.warning
     platt_ab = json.loads((tmp_path / "out" / "config.json").read_text())
     val = ShardDataset(val_dir, num_sequences=8, mode="terminal")
     batch = collate_groups([val[i] for i in range(len(val))], "terminal")
     with torch.no_grad():
         p = result.verifier(**{k: batch[k] for k in VERIFIER_INPUTS}).probabilities.double().numpy()
-    a, b = float(result.verifier.gamma_skip_weight), float(result.verifier.gamma_skip_bias)
+    a, b = float(result.verifier.gamma_skip_weight.detach()), float(result.verifier.gamma_skip_bias.detach())
     np.testing.assert_allclose(p, platt(batch["gamma"].double().numpy(), a, b), atol=1e-5)
     assert platt_ab["gamma_skip"] is True
     assert "kept the calibrated vote" in (tmp_path / "out" / "README.md").read_text()
-    assert json.loads((tmp_path / "out" / "training_log.json").read_text())["guard"]["extra"]["kept_vote"]["step"] > 0
+    kept = json.loads((tmp_path / "out" / "training_log.json").read_text())["guard"]["extra"]["kept_vote"]
+    assert kept["folds"] == 4 and kept["steps"] == curve[-1]["step"] > 0
     with pytest.raises(SystemExit) as exit_:
         main(argv + ["--strict"])
     assert exit_.value.code == 1
@@ -544,3 +552,52 @@ def test_guard_calibrates_the_vote_out_of_sample():
     first = np.isin(problems, ["b", "d"])
     np.testing.assert_allclose(p_out[first], platt(gamma[first], *fit_platt(gamma[~first], y[~first])))
     np.testing.assert_allclose(p_out[~first], platt(gamma[~first], *fit_platt(gamma[first], y[first])))
+
+
+def test_cross_validation_pools_every_training_problem_once_and_fixes_the_length(tmp_path, monkeypatch):
+    """`cross_validate_vote`: the held-out folds pooled at every evaluation cover each training problem exactly once
+    (never in the fold it trained on), and the chosen length is what the final run trains, keeping its last
+    checkpoint even where an earlier validation BCE was lower."""
+    from hf_msv.training import guard
+
+    train_dir, val_dir = signal_dirs(tmp_path)
+    seen = {}
+    real_choose = training.choose_vote_departure
+
+    def choose(steps, predictions, margin_se, folds):
+        seen["problems"], seen["steps"] = [p.problems for p in predictions], steps
+        return guard.VoteDecision(folds, steps[2], 0.1, 0.01, margin_se, real_choose(steps, predictions, margin_se,
+                                                                                      folds).curve)
+
+    monkeypatch.setattr(training, "choose_vote_departure", choose)
+    config = MSVTrainingConfig(num_sequences=8, mode="terminal", max_steps=6, eval_steps=2, vote_folds=3,
+                               progress=False)
+    result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
+    train = ShardDataset(train_dir, num_sequences=8, mode="terminal")
+    for problems in seen["problems"]:  # terminal: 8 answers per problem, every problem once
+        ids, counts = np.unique(problems, return_counts=True)
+        assert sorted(ids) == sorted(train.problem_ids) and set(counts) == {8}
+    assert seen["steps"] == [0, 2, 4, 6] and result.vote_cv.step == 4
+    assert result.best_step == 4 == result.history[-1]["step"] and result.plan.max_steps == 4
+    assert result.plan.early_stopping_patience == 0
+
+
+def test_choose_vote_departure_needs_a_significant_pooled_gain():
+    """The step with the largest pooled gain over step 0 is chosen only if the gain beats the margin in standard
+    errors (clustered by problem); otherwise the vote (step 0), with the best gain reported."""
+    from hf_msv.training.guard import ValidationPredictions, choose_vote_departure
+
+    rng = np.random.default_rng(0)
+    problems = np.repeat(np.array([f"p{i}" for i in range(40)], dtype=object), 4)
+    y = rng.integers(0, 2, size=160).astype(float)
+    sign = 2 * y - 1
+    pred = lambda z: ValidationPredictions(logits=z, labels=y, gamma=np.zeros(160), problems=problems)  # noqa: E731
+    vote = pred(np.zeros(160))
+    better, best = pred(0.5 * sign + rng.normal(0, 0.1, 160)), pred(1.0 * sign + rng.normal(0, 0.1, 160))
+    worse = pred(-0.5 * sign)
+    decision = choose_vote_departure([0, 10, 20, 30], [vote, better, best, worse], 1.0, 4)
+    assert decision.step == 20 and decision.gain > decision.se > 0 and len(decision.curve) == 4
+    assert choose_vote_departure([0, 10, 20], [vote, better, best], 1e9, 4).step == 0
+    noise = choose_vote_departure([0, 10], [vote, worse], 0.0, 4)
+    assert noise.step == 0 and noise.gain < 0 and noise.to_dict()["curve"][1]["gain"] == noise.gain
+    assert choose_vote_departure([0], [vote], 1.0, 4).step == 0

@@ -3,6 +3,7 @@ packer of groups into the verifier's inputs."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Sequence
@@ -129,6 +130,20 @@ class ShardDataset(torch.utils.data.Dataset):
             texts = index.strings["answer_text"][index.answer_lo[i]:index.answer_hi[i]]
             classes.append(np.asarray(assign_classes(texts, checker), dtype=np.int64))
         return classes
+
+    def subset(self, problems: Sequence[int]) -> ShardDataset:
+        """This dataset restricted to the problems at indices `problems` (in that order), sharing its shard index
+        (no re-reading): cross-validation folds. Problems are renumbered, so group draws differ from the parent's."""
+        keep = [int(p) for p in problems]
+        if not keep or min(keep) < 0 or max(keep) >= self.num_problems:
+            raise ValueError(f"a subset needs problem indices in [0, {self.num_problems}), got {len(keep)} indices")
+        sub = copy.copy(self)
+        sub._where = [self._where[p] for p in keep]
+        sub._num_seq = self._num_seq[keep]
+        sub._offsets = np.concatenate([[0], np.cumsum(np.diff(self._offsets)[keep])]).astype(np.int64)
+        sub._classes = None if self._classes is None else [self._classes[p] for p in keep]
+        sub._handles = {}
+        return sub
 
     def stats(self) -> dict:
         """Counts for reports: problems, sequences, answers, terminal answers and their accuracy."""

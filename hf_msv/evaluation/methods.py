@@ -36,6 +36,7 @@ from ..baselines import (
     weighted_voting,
 )
 from ..data import MODES, AnswerGroup, CollectedProblem, ShardDataset, answer_group, partition_sequences, select_answers
+from ..metrics import fold_by_problem
 from .prm import PRMScorer, score_with_prm
 from .scoring import deepconf_scores, score_problems, token_prob_scores
 from .verifiers import VerifierEntry
@@ -159,13 +160,14 @@ def _fit_linear_probe(xs: list[np.ndarray], ys: list[np.ndarray]):
 
 
 def _cross_fit_linear_probe(xs: list[np.ndarray], ys: list[np.ndarray]) -> list[np.ndarray]:
-    """Out-of-fold linear-probe scores per problem: problems of even / odd index each scored by the regression
-    fitted on the other half (a single problem: in-sample, there is nothing else to fit on)."""
+    """Out-of-fold linear-probe scores per problem: the two folds of `fold_by_problem` (even / odd index) each
+    scored by the regression fitted on the other (a single problem: in-sample, there is nothing else to fit on)."""
     out = [None] * len(xs)
+    fold = fold_by_problem(np.arange(len(xs)), 2)
     for half in (0, 1):
-        rest = [i for i in range(len(xs)) if i % 2 != half] or list(range(len(xs)))
+        rest = np.flatnonzero(fold != half).tolist() or list(range(len(xs)))
         predict = _fit_linear_probe([xs[i] for i in rest], [ys[i] for i in rest])
-        for i in range(half, len(xs), 2):
+        for i in np.flatnonzero(fold == half):
             out[i] = predict(xs[i])
     return out
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..baselines import fit_platt, platt
-from ..metrics import auroc, brier, nll
+from ..metrics import auroc, bce_with_logits, brier, fold_by_problem, nll
 
 __all__ = ["GuardReport", "ValidationPredictions", "bce_gain", "calibrated_self_consistency", "training_vote_platt",
            "linear_probe_scores", "pooled_answer_states", "build_guard_report"]
@@ -51,8 +51,7 @@ def bce_gain(reference: ValidationPredictions, candidate: ValidationPredictions)
     share the problem's difficulty and, in a group, each other's γ). Both must come from the same validation pass
     order with ``problems`` set; the error is `inf` with fewer than two problems."""
     y = reference.labels
-    loss = lambda z: np.logaddexp(0.0, z) - y * z  # noqa: E731  (stable BCE with logits)
-    diff = loss(reference.logits) - loss(candidate.logits)
+    diff = bce_with_logits(reference.logits, y) - bce_with_logits(candidate.logits, y)
     _, cluster = np.unique(reference.problems, return_inverse=True)
     sums = np.bincount(cluster, weights=diff)
     gain, count = float(diff.mean()), len(sums)
@@ -61,6 +60,44 @@ def bce_gain(reference: ValidationPredictions, candidate: ValidationPredictions)
     sizes = np.bincount(cluster)
     se = math.sqrt(count / (count - 1) * float(np.sum((sums - sizes * gain) ** 2))) / len(diff)
     return gain, se
+
+
+@dataclass
+class VoteDecision:
+    """What cross-validation over the training problems decided for an anchored verifier
+    (`hf_msv.training.trainer.cross_validate_vote`): train `step` optimizer steps past the vote (0: keep the vote).
+    `gain` ± `se` is the pooled held-out BCE gain over the vote at the best evaluated step (clustered by problem);
+    `curve` has one entry per evaluation (step, pooled BCE, gain, se)."""
+
+    folds: int
+    step: int
+    gain: float
+    se: float
+    margin_se: float
+    curve: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def choose_vote_departure(steps: list[int], predictions: list[ValidationPredictions], margin_se: float,
+                          folds: int) -> VoteDecision:
+    """The evaluated step whose predictions gain the most BCE over step 0's (``steps[0] == 0``: the vote), chosen
+    only if that gain exceeds `margin_se` standard errors clustered by problem (`bce_gain`); else step 0.
+
+    The predictions are pooled held-out folds (every training problem once), so the decision rests on all training
+    problems rather than on a small validation set; the margin guards against the best of many noisy evaluations.
+    """
+    vote, curve = predictions[0], []
+    for step, candidate in zip(steps, predictions):
+        gain, se = bce_gain(vote, candidate) if step else (0.0, 0.0)
+        curve.append({"step": int(step), "bce": float(np.mean(bce_with_logits(candidate.logits, candidate.labels))),
+                      "gain": gain, "se": se})
+    best = max(curve[1:], key=lambda entry: entry["gain"], default=None)
+    if best is None:
+        return VoteDecision(folds, 0, math.nan, math.nan, margin_se, curve)
+    step = best["step"] if best["gain"] > margin_se * best["se"] else 0
+    return VoteDecision(folds, step, best["gain"], best["se"], margin_se, curve)
 
 
 def _scores(p: np.ndarray, y: np.ndarray) -> dict:
@@ -74,16 +111,13 @@ def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray,
     """(probabilities (m,), {"brier", "auroc", "nll", "platt": [a, b]}) of γ Platt-scaled on these labels.
 
     With `problems` (m,) (two or more distinct), the probabilities are cross-fitted: the answers of every other
-    problem (in order of first appearance) are scaled by the fit on the rest, so the scores are out of sample like
+    problem (in order of first appearance, `fold_by_problem`) are scaled by the fit on the rest, so the scores are out of sample like
     the verifier's; ``platt`` is then the fit on all answers (what a user would apply to new data).
     """
     a, b = fit_platt(gamma, labels)
     p = platt(gamma, a, b)
     if problems is not None and len(np.unique(problems)) >= 2:
-        _, first = np.unique(problems, return_index=True)
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[np.argsort(first)] = np.arange(len(first))  # problem order of first appearance
-        fold = rank[np.unique(problems, return_inverse=True)[1]] % 2
+        fold = fold_by_problem(problems, 2)
         for k in (0, 1):
             p[fold == k] = platt(gamma[fold == k], *fit_platt(gamma[fold != k], labels[fold != k]))
     return p, _scores(p, labels) | {"platt": [a, b]}
@@ -224,9 +258,12 @@ def build_guard_report(name: str, num_sequences: int, predictions: ValidationPre
     vote = context.get("kept_vote")
     if vote:
         passed = False
+        where = (f"BCE pooled over {vote['folds']}-fold cross-validation of the training problems" if vote.get("folds")
+                 else "validation BCE")
         warning = (f"WARNING: {name} kept its starting point, the vote calibrated on the training answers: no trained "
-                   f"checkpoint beat it on validation BCE by more than {vote['margin_se']:g} standard error(s) "
-                   f"(best gain {vote['gain']:.4f} ± {vote['se']:.4f}, {context.get('steps', '?')} optimizer steps). "
+                   f"checkpoint beat it on {where} by more than {vote['margin_se']:g} standard error(s) "
+                   f"(best gain {vote['gain']:.4f} ± {vote['se']:.4f}, "
+                   f"{vote.get('steps', context.get('steps', '?'))} optimizer steps). "
                    f"It scores like self-consistency (validation Brier {ours['brier']:.4f}; {sc['brier']:.4f} for γ "
                    f"calibrated on validation itself) and adds nothing to it; with {context.get('problems', '?')} "
                    "training problems the data does not show more. Collect more problems to learn more than the vote.")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,14 +32,15 @@ from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 from ..answers import ELICITATION_PROMPT
 from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups
 from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
+from ..metrics import fold_by_problem
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
-from .guard import (GuardReport, ValidationPredictions, bce_gain, build_guard_report, linear_probe_scores,
-                    pooled_answer_states, training_vote_platt)
+from .guard import (GuardReport, ValidationPredictions, VoteDecision, bce_gain, build_guard_report,
+                    choose_vote_departure, linear_probe_scores, pooled_answer_states, training_vote_platt)
 
 __all__ = ["TrainingResult", "train_verifier", "evaluate_verifier", "validation_predictions", "build_verifier",
-           "load_training_data"]
+           "load_training_data", "cross_validate_vote"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class TrainingResult:
     ``history`` has one entry per validation (entry 0 = before training); ``best_epoch`` is the index in it of the
     kept checkpoint (with per-epoch validation: its epoch; 0 = the step-0 verifier, kept only when it is anchored at
     calibrated voting (`MSVTrainingConfig.gamma_skip`), else nothing saved), ``best_step`` its optimizer step;
-    ``guard`` the comparison with the baselines on validation; ``plan`` the concrete numbers the recipe chose.
+    ``guard`` the comparison with the baselines on validation; ``plan`` the concrete numbers the recipe chose (with
+    ``vote_cv``, the length cross-validation chose: `cross_validate_vote`).
     """
 
     output_dir: str
@@ -62,6 +64,7 @@ class TrainingResult:
     best_step: int = 0
     guard: GuardReport | None = None
     plan: TrainingPlan | None = None
+    vote_cv: VoteDecision | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -231,12 +234,12 @@ def prediction_metrics(predictions: ValidationPredictions) -> dict:
     """``bce`` (mean BCE over answers, the training loss), ``auroc``, ``brier``, ``ece``, ``answers``, ``accuracy``."""
     import warnings
 
-    from ..metrics import auroc, brier, ece
+    from ..metrics import auroc, bce_with_logits, brier, ece
 
     z, y = predictions.logits, predictions.labels
     if not len(y):
         return {"bce": math.nan, "answers": 0}
-    bce = float(np.mean(np.logaddexp(0.0, z) - y * z))  # stable BCE-with-logits
+    bce = float(np.mean(bce_with_logits(z, y)))
     p = 1.0 / (1.0 + np.exp(-z))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -254,12 +257,98 @@ def evaluate_verifier(model, dataset: ShardDataset, mode: str, batch_size: int =
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _optimizer_step(accelerator, model, optimizer, scheduler, batch: dict, max_grad_norm: float) -> torch.Tensor:
+    """One optimizer step on `batch` (backward, clipping, step, schedule); returns the detached loss."""
+    out = model(**_inputs(batch))
+    accelerator.backward(out.loss)
+    if max_grad_norm:
+        accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return out.loss.detach().float()
+
+
+def _start(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset):
+    """(model, optimizer) of a fresh run on `train_set`: an anchored MSV starts at the vote calibrated on
+    `train_set`'s answers (Platt on γ), so step 0 *is* calibrated self-consistency."""
+    model = build_verifier(config, train_set.hidden_size, train_set.info)
+    if config.anchored:
+        model.anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
+    optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
+                                  betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
+                                  weight_decay=config.weight_decay)
+    return model, optimizer
+
+
+def _batches(dataset: ShardDataset, config: MSVTrainingConfig, batch_size: int):
+    """Training batches of `dataset` forever, a new draw of N-subsets every pass."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=config.num_workers,
+                                         collate_fn=partial(collate_groups, mode=config.mode),
+                                         generator=torch.Generator().manual_seed(config.seed))
+    passes = 0
+    while True:
+        dataset.set_epoch(passes)
+        yield from loader
+        passes += 1
+
+
+def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset, accelerator,
+                        folds: int) -> VoteDecision:
+    """Whether, and for how many optimizer steps, an anchored verifier should train past the vote it starts from,
+    decided on the training problems alone (`MSVTrainingConfig.vote_folds`).
+
+    The problems are dealt into `folds` folds (`fold_by_problem`); one verifier per fold trains on the other folds,
+    all in lockstep with the run's plan (learning rates, batch, budget, `eval_steps`), each starting at the vote
+    calibrated on its own training folds. At every evaluation their held-out predictions are pooled, so every
+    training problem is scored out of sample once, and compared with the pooled step-0 votes
+    (`guard.choose_vote_departure`). The folds stop together when the pooled BCE has not improved for the plan's
+    patience. Validation is not used: it stays a held-out check of the final verifier.
+
+    Under several processes every process runs the folds on its own (same seeds: same decision).
+    """
+    fold = fold_by_problem(np.arange(train_set.num_problems), folds)
+    batch_size = resolve_batch_size(config)
+    warmup = math.ceil(config.warmup_ratio * plan.max_steps)
+    runs = []
+    for k in range(folds):
+        fit, held_out = (train_set.subset(np.flatnonzero(fold != k)), train_set.subset(np.flatnonzero(fold == k)))
+        model, optimizer = _start(config, plan, fit)
+        scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
+        runs.append((model, optimizer, scheduler, _batches(fit, config, batch_size), held_out))
+
+    def pooled() -> ValidationPredictions:
+        parts = [validation_predictions(model, held_out, config.mode, config.eval_batch_size)
+                 for model, *_, held_out in runs]
+        return ValidationPredictions(**{key: np.concatenate([getattr(p, key) for p in parts])
+                                        for key in ("logits", "labels", "gamma", "problems")})
+
+    curve, step, stale, lowest = [pooled()], 0, 0, math.inf
+    steps = [0]
+    while step < plan.max_steps and not (plan.early_stopping_patience and stale >= plan.early_stopping_patience):
+        chunk = min(plan.eval_steps, plan.max_steps - step)
+        for model, optimizer, scheduler, batches, _ in runs:
+            model.train()
+            for _ in range(chunk):
+                _optimizer_step(accelerator, model, optimizer, scheduler, next(batches), config.max_grad_norm)
+        step += chunk
+        curve.append(pooled())
+        steps.append(step)
+        bce = prediction_metrics(curve[-1])["bce"]
+        lowest, stale = (bce, 0) if bce < lowest else (lowest, stale + 1)
+    return choose_vote_departure(steps, curve, config.vote_margin_se, folds)
+
+
 class _Run:
-    """State of one training run: the step loop, validation, checkpointing and early stopping."""
+    """State of one training run: the step loop, validation, checkpointing and early stopping.
+
+    With a `decision` (cross-validation chose the length, `cross_validate_vote`), the run trains exactly
+    ``plan.max_steps`` steps and keeps its last checkpoint; validation is recorded but chooses nothing.
+    """
 
     def __init__(self, config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan,
-                 output_dir: Path, training_data: str):
-        self.config, self.accelerator, self.plan = config, accelerator, plan
+                 output_dir: Path, training_data: str, decision: VoteDecision | None = None):
+        self.config, self.accelerator, self.plan, self.decision = config, accelerator, plan, decision
         self.model, self.optimizer, self.scheduler, self.loader = model, optimizer, scheduler, loader
         self.train_set, self.val_set = train_set, val_set
         self.output_dir, self.training_data = output_dir, training_data
@@ -276,7 +365,7 @@ class _Run:
         validation BCE must be lower by more than `vote_margin_se` standard errors (clustered by problem), the
         one-standard-error rule. Small validation sets cannot tell a residual that helps from one that fits noise,
         and keeping the simpler model (the vote) in that case is what keeps the verifier at or above the vote."""
-        if not self.config.anchored:
+        if not self.config.anchored or self.decision is not None:
             return True
         if self.step == 0:
             self.vote_predictions = predictions
@@ -315,6 +404,8 @@ class _Run:
         # Step 0 is a candidate only for an anchored verifier (it is calibrated voting, a sound fallback); an
         # unanchored one is a random initialisation there.
         candidate = bool(self.step) or self.config.anchored
+        if self.decision is not None:  # cross-validation chose the length: keep the last checkpoint, whatever its BCE
+            candidate, self.best_bce = self.step == self.plan.max_steps, math.inf
         if candidate and metrics["bce"] < self.best_bce and beats_vote:
             self.best_bce, self.best_epoch, self.best_step = metrics["bce"], index, self.step
             self.best_metrics, self.saved = metrics, True
@@ -325,20 +416,15 @@ class _Run:
         if acc.is_main_process:
             atomic_write_json(self.output_dir / "training_log.json",
                               {"best_epoch": self.best_epoch, "best_step": self.best_step, "plan": asdict(self.plan),
-                               "history": self.history, "training_data": self.training_data})
+                               "vote_cv": self.decision and self.decision.to_dict(), "history": self.history,
+                               "training_data": self.training_data})
         acc.wait_for_everyone()
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
 
     def train_step(self, batch) -> None:
-        acc, config = self.accelerator, self.config
-        out = self.model(**_inputs(batch))
-        acc.backward(out.loss)
-        if config.max_grad_norm:
-            acc.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.losses.append(out.loss.detach().float())
+        loss = _optimizer_step(self.accelerator, self.model, self.optimizer, self.scheduler, batch,
+                               self.config.max_grad_norm)
+        self.losses.append(loss)
         self.groups += len(batch["problem_id"])
         self.step += 1
 
@@ -393,29 +479,31 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     accelerator = Accelerator(mixed_precision=config.mixed_precision, cpu=cpu_processes())
     set_seed(config.seed)
     output_dir = Path(output_dir)
-    model = build_verifier(config, train_set.hidden_size, train_set.info)
-    if config.anchored:
-        # Start at calibrated voting (Platt on the training answers' γ): step 0 is validated and may be kept.
-        model.anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
     per_process = max(1, resolve_batch_size(config) // accelerator.num_processes)
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=per_process, shuffle=True, num_workers=config.num_workers,
         collate_fn=partial(collate_groups, mode=config.mode), generator=torch.Generator().manual_seed(config.seed))
     steps_per_pass = math.ceil(len(train_set) / (per_process * accelerator.num_processes))
     plan = resolve_plan(config, train_set.hidden_size, steps_per_pass)
-    optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
-                                  betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
-                                  weight_decay=config.weight_decay)
+    warmup = math.ceil(config.warmup_ratio * plan.max_steps)
+    decision = None
+    folds = config.folds(train_set.num_problems)
+    if folds:
+        # The length of training (0: keep the vote) is chosen on the training problems; the run then trains exactly
+        # that long on all of them.
+        decision = cross_validate_vote(config, plan, train_set, accelerator, folds)
+        plan = replace(plan, max_steps=decision.step, early_stopping_patience=0)
+        set_seed(config.seed)
+    model, optimizer = _start(config, plan, train_set)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process.
-    warmup = math.ceil(config.warmup_ratio * plan.max_steps)
     scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, warmup)
     training_data = _describe_data(train_set, val_set, config)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(output_dir / "training_config.json", asdict(config))
     run = _Run(config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan, output_dir,
-               training_data)
+               training_data, decision)
     run.run()
     accelerator.wait_for_everyone()
     cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
@@ -423,13 +511,16 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     guard = _guard(best, run, train_set, val_set, output_dir) if best is not None else None
     accelerator.free_memory()
     return TrainingResult(str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard,
-                          plan)
+                          plan, decision)
 
 
 def _kept_vote(run: _Run) -> dict | None:
     """For the guard: the best non-significant gain of an anchored run that kept its step-0 vote, else `None`."""
     if not run.config.anchored or run.best_step != 0:
         return None
+    if run.decision is not None:
+        d = run.decision
+        return {"gain": d.gain, "se": d.se, "margin_se": d.margin_se, "folds": d.folds, "steps": d.curve[-1]["step"]}
     return run.best_vote_gain or {"gain": math.nan, "se": math.nan, "margin_se": run.config.vote_margin_se}
 
 
@@ -446,6 +537,7 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
     if acc.is_main_process:
         log = {"best_epoch": run.best_epoch, "best_step": run.best_step, "steps": run.step,
                "stopped_early": run.stopped_early, "plan": asdict(run.plan), "guard": report.to_dict(),
+               "vote_cv": run.decision and run.decision.to_dict(),
                "history": run.history, "training_data": run.training_data}
         atomic_write_json(output_dir / "training_log.json", log)
         card = ({f"validation {k}": v for k, v in run.best_metrics.items()} | {"step": run.best_step}
