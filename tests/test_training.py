@@ -278,8 +278,15 @@ def test_two_process_accelerate_training(tmp_path):
            "--main_process_port", str(_free_port()), "-m", "hf_msv.training", "--train-dir", str(train_dir),
            "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"), "--num-sequences", "2",
            "--batch-size", "4", "--num-epochs", "2", "--learning-rate", "1e-3", "--no-progress"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    # With the default cross-validated vote decision: every process runs the folds itself and reaches the same
+    # length, so the prepared (synchronised) run that follows does not hang.
+    done = subprocess.run(cmd[:-1] + ["--output-dir", str(tmp_path / "cv"), "--no-progress"], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cv_log = json.loads((tmp_path / "cv" / "training_log.json").read_text())
+    assert cv_log["vote_cv"]["folds"] == 4 and cv_log["steps"] == cv_log["vote_cv"]["step"]
+    done = subprocess.run(cmd + ["--vote-folds", "0"], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
