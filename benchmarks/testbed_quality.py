@@ -12,7 +12,7 @@ closed non-empty box and their accuracy (``intermediate_acc``) vs the accuracy o
 traces, elicited as the paper and `hf_msv.collect` do it, by appending the prompt to the finished trace
 (``terminal_acc``; the trace's own sampled box: ``terminal_sampled_acc``; how often the two agree:
 ``terminal_elicit_agreement``), each terminal answer counted once per Wait of its trace; decode throughput with 64
-sequences in parallel. ``--task v2`` samples v2 problems up to v2's length cap (352 tokens, the default
+sequences in parallel. ``--task v2`` samples v2 problems up to v2's length cap (272 tokens, the default
 ``--max-new-tokens`` there) from the LM in ``hf_msv/testbed/lm-v2`` (or ``--model-dir``); a trace cut at the cap has
 no final box (``capped_rate``: the share that ran into ``--max-new-tokens``), its terminal answer is elicited as for
 any trace. The last line printed is the JSON summary.

@@ -61,9 +61,9 @@ def test_reference_answer_is_right_and_ignores_the_irrelevant_clause():
         v = p.meta["start"]
         for op, k in p.meta["ops"]:
             v = apply_op(v, op, k)
-            assert 0 <= v <= 999
+            assert 0 <= v <= 99
         assert p.gold == str(v)
-        assert 2 <= len(p.meta["ops"]) <= 8
+        assert 3 <= len(p.meta["ops"]) <= 8
         if p.meta["distractor"]:
             pos, d, _ = p.meta["distractor"]
             assert f"{d} of them are" in p.question

@@ -74,7 +74,7 @@ def test_v1_stream_is_unchanged():
     ids, lab, _ = stream.batch(8)
     digest = hashlib.sha256(json.dumps([ex, ids.tolist(), lab.tolist()]).encode()).hexdigest()[:16]
     assert digest == "01003e4574ae3263"
-    assert TASKS["v1"].context() == 512 and TASKS["v2"].context() == 640
+    assert TASKS["v1"].context() == 512 and TASKS["v2"].context() == 560
     assert TASKS["v2"].context({"max_trace_tokens": 400}) == 688  # the context follows the cap
 
 
@@ -93,11 +93,11 @@ def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monke
     from hf_msv.evaluation.prm import load_lm_tokenizer
 
     lm_dir, stats = tiny_v2_lm
-    assert stats["task"] == "v2" and stats["context"] == 640 and stats["steps"] == 2
+    assert stats["task"] == "v2" and stats["context"] == 560 and stats["steps"] == 2
     assert json.loads((lm_dir / "training_log.json").read_text())["task"] == "v2"
     monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=lm_dir))
     model, tok = load_lm("testbed-v2", device="cpu")
-    assert not model.training and model.config.max_position_embeddings == 640
+    assert not model.training and model.config.max_position_embeddings == 560
     assert tok.convert_tokens_to_ids("Wait") == TOK.convert_tokens_to_ids("Wait")
     prompt = task_v2.format_prompt(load_problems("testbed-v2:evaluation:1")[0])
     out = model.generate(**tok([prompt], return_tensors="pt"), max_new_tokens=4, do_sample=False,
@@ -150,7 +150,7 @@ def test_task_generators_validate_every_knob_but_draw_with_the_generator_ones():
     v2 = TASKS["v2"]
     # solver knobs do not change the problems; generator knobs do; unknown knobs are refused
     assert v2.generate_problems("train", 5, notice_prob=0.1) == v2.generate_problems("train", 5)
-    assert all(len(p.meta["ops"]) == 2 for p in v2.generate_problems("train", 5, max_steps=2))
+    assert all(len(p.meta["ops"]) == 2 for p in v2.generate_problems("train", 5, min_steps=2, max_steps=2))
     with pytest.raises(ValueError, match="unknown testbed-v2 knobs"):
         v2.generate_problems("train", 5, carry_eror=0.1)
     with pytest.raises(TypeError):

@@ -4,14 +4,19 @@ Same public shape as :mod:`hf_msv.testbed.task` (``generate_problems``, ``format
 ``make_trace_parts``, ``make_elicitation_example``, a frozen knobs dataclass) and the same split hashing
 (:func:`~hf_msv.testbed.task.split_of` of the canonical form), under its own source name ``testbed-arith-v2``.
 :func:`sample_trace` returns the whole :class:`TraceV2` (pieces, greedy elicited answers and their probabilities)
-for benchmarks and tests. A problem is a start value and 2-8 operations (``+k``/``-k`` with one- or two-digit
-``k``, ``*k`` with ``k`` in 2..9) whose values stay in ``[0, 999]``, and, in 60 % of problems, one irrelevant
-clause (``65 of them are old.``) that does not change the answer::
+for benchmarks and tests. A problem is a start value and 3-8 operations (``+k``/``-k`` with one- or two-digit
+``k``, ``*2``/``*3``) whose values stay in ``[0, 99]``, and, in 60 % of problems, one irrelevant clause
+(``2 of them are red.``) that does not change the answer::
 
-    Q: Bob has 392 coins. Times 2. 65 of them are old. Gets 92. Loses 70. How many?
-    A: About 706. Wait, step by step: 392*2=784. 784+92=876. 876-70=806. So 806. Wait, 65 are old, take them
-    away. 784-65=719. 719+92=811. 811-70=741. So 741. Wait, 784-65=719? yes. Wait, 719+92=811? yes. ...
-    ### Final Answer ### \\boxed{741}
+    Q: Dee has 38 shells. Times 2. Gets 17. 2 of them are red. Gives 14 away. How many?
+    A: 38*2=76. 76+17=93. 93-2=92. 92-14=78. So 78. Wait, the red ones still count. 93-14=79. Wait, 93-14=79?
+    yes. So 79. Wait, 76+17=93? yes. Wait, 38*2=76? yes. Wait, 93-14=79? yes.
+    ### Final Answer ### \\boxed{79}
+
+The operands are those of the v1 task (two-digit values, one-digit factors): an LM of the v1 recipe learns that
+arithmetic on 2 CPU cores, which it did not with three-digit values and factors up to 9 (the first v2 defaults:
+pass@1 0.088 after the same 2,800 steps, the sums wrong and the layout right). Difficulty comes from the chain's
+length, its carries and borrows, the irrelevant clause and the re-check policy instead.
 
 Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tuned to a verifier's numbers):
 
@@ -30,7 +35,7 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   majority is wrong on such problems while some chains are right, as self-consistency fails on hard problems while
   coverage keeps growing (Brown et al. 2024, "Large Language Monkeys").
 * **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
-  guess (``About 706.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
+  guess (``About 81.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
   confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
   2022, chain of thought; without intermediate steps LMs fail multi-digit arithmetic: Dziri et al. 2023, hence
   the large ``mental_factor``), and reasoning LMs often state a tentative answer early and then check it.
@@ -61,8 +66,8 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   it finish" is visible and a cut chain's terminal answer is elicited mid-reasoning. Beyond the cap the re-check
   loop also stops after ``max_rechecks`` (the solver gives up).
 
-Prompt (<= ~150 characters) + capped trace + elicitation exceed 512 positions: an LM trained on these needs a
-context of ~560 tokens. ``make_trace`` returns the capped text (a cut trace has no final line: train on it without
+Prompt (<= ~150 characters) + capped trace (272) + elicitation (~40) fit in ~460 positions (an LM's context:
+:meth:`hf_msv.testbed.tasks.TestbedTask.context`). ``make_trace`` returns the capped text (a cut trace has no final line: train on it without
 EOS); ``sample_trace(...).text`` is the solver's whole text.
 """
 
@@ -89,18 +94,18 @@ GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", 
 class TaskKnobsV2:
     """Knobs of the v2 generator (problems) and of the noisy solver that writes the traces."""
 
-    min_steps: int = 2
+    min_steps: int = 3
     max_steps: int = 8
-    max_start: int = 400  # start value in [10, max_start]
-    max_operand: int = 99  # +k / -k with k in [1, max_operand]
-    max_value: int = 999  # every intermediate value of the true chain stays in [0, max_value]
+    max_start: int = 60  # start value in [10, max_start]
+    max_operand: int = 20  # +k / -k with k in [1, max_operand]
+    max_value: int = 99  # every intermediate value of the true chain stays in [0, max_value]
     ops: str = "+-*"
-    mul_factors: tuple = (2, 3, 4, 5, 6, 7, 8, 9)
+    mul_factors: tuple = (2, 3)
     distractor_prob: float = 0.6  # P(the problem has an irrelevant clause "12 of them are broken.")
     # noisy solver: careful (step-by-step) error per carry / borrow, and per step
-    carry_error: float = 0.1  # per carry
-    borrow_error: float = 0.15  # per borrow (x4 across a zero digit)
-    mul_error: float = 0.07  # per unit carried in a multiplication
+    carry_error: float = 0.18  # per carry
+    borrow_error: float = 0.22  # per borrow (x4 across a zero digit)
+    mul_error: float = 0.15  # per unit carried in a multiplication
     slip_error: float = 0.02
     mental_factor: float = 5.5  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
     guess_prob: float = 0.35  # P(the chain opens with a one-line mental guess)
@@ -113,9 +118,9 @@ class TaskKnobsV2:
     confirm_factor: float = 0.35  # a confirmed step's doubt is multiplied by this
     conflict_doubt: float = 0.5  # the doubt of a step whose re-check disagreed with it
     confident_doubt: float = 0.2  # re-check while the chain's doubt is above this
-    overthink_prob: float = 0.3  # P(one more re-check when already confident)
+    overthink_prob: float = 0.45  # P(one more re-check when already confident)
     max_rechecks: int = 16
-    max_trace_tokens: int = 352  # sampling cap (characters; the delimiter Wait is one token)
+    max_trace_tokens: int = 272  # sampling cap (characters; the delimiter Wait is one token)
 
     def __post_init__(self):
         if not 1 <= self.min_steps <= self.max_steps:

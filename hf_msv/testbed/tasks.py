@@ -21,7 +21,7 @@ from . import task, task_v2
 
 _HERE = Path(__file__).resolve().parent
 # Positions an LM needs beyond the trace cap: the prompt (<= ~150 characters for v2), the elicitation prompt and a
-# boxed answer + EOS (~40), with room to spare: 352 + 288 = 640 for v2's default cap.
+# boxed answer + EOS (~40), with room to spare: 272 + 288 = 560 for v2's default cap.
 _CONTEXT_BEYOND_CAP = 288
 V1_CONTEXT = 512  # v1 traces are uncapped but short (~120 tokens on average): the shipped LM's context
 
