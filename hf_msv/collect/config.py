@@ -36,7 +36,7 @@ class CollectConfig:
                                         "sampling: same shards, no sampling flags."})
     num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
     max_new_tokens: int = field(default=4096, metadata={"help": "Chain-of-thought tokens per sequence at most "
-                                                                "(--model testbed-v2: 352, its task's cap)."})
+                                                                "(--model testbed-v2: pass its task's cap, 272)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the paper: 1)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off, as in the paper)."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off, as in the paper)."})

@@ -323,6 +323,10 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
         return ValidationPredictions(**{key: np.concatenate([getattr(p, key) for p in parts])
                                         for key in ("logits", "labels", "gamma", "problems")})
 
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=plan.max_steps, unit="step", desc=f"vote cross-validation ({folds} folds)", dynamic_ncols=True,
+               disable=not (config.progress and accelerator.is_local_main_process))
     curve, step, stale, lowest = [pooled()], 0, 0, math.inf
     steps = [0]
     while step < plan.max_steps and not (plan.early_stopping_patience and stale >= plan.early_stopping_patience):
@@ -336,7 +340,14 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
         steps.append(step)
         bce = prediction_metrics(curve[-1])["bce"]
         lowest, stale = (bce, 0) if bce < lowest else (lowest, stale + 1)
-    return choose_vote_departure(steps, curve, config.vote_margin_se, folds)
+        bar.update(chunk)
+        bar.set_postfix(pooled_bce=f"{bce:.4f}", refresh=False)
+    bar.close()
+    decision = choose_vote_departure(steps, curve, config.vote_margin_se, folds)
+    logger.info("vote cross-validation over %d folds: %s (best pooled gain %.4f ± %.4f BCE)", folds,
+                f"train {decision.step} steps past the vote" if decision.step else "keep the vote", decision.gain,
+                decision.se)
+    return decision
 
 
 class _Run:
