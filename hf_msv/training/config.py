@@ -91,8 +91,9 @@ class MSVTrainingConfig:
         "and training learns a residual on it; step 0 is validated and kept unless a trained checkpoint beats it "
         "(see --vote-margin-se). Default: on (auto recipe), off (paper recipe)."))
     vote_margin_se: float = field(default=1.0, metadata=_help(
-        "with the γ skip, a trained checkpoint replaces the step-0 vote only if its validation BCE is lower by more "
-        "than this many standard errors (clustered by problem; the one-standard-error rule). 0: any improvement."))
+        "with the γ skip, the verifier leaves the step-0 vote only if its BCE is lower by more than this many "
+        "standard errors (clustered by problem; the one-standard-error rule), pooled over the cross-validation "
+        "folds (--vote-folds) or, with --vote-folds 0, on validation. 0: any improvement."))
     vote_folds: int | None = field(default=None, metadata=_help(
         "with the γ skip, decide whether and for how many steps to train past the vote by K-fold cross-validation "
         "over the training problems: K verifiers train in lockstep on K-1 folds each, their held-out BCE is pooled "

@@ -375,7 +375,8 @@ class _Run:
         """Whether a trained checkpoint may replace the step-0 verifier of an anchored run (calibrated voting): its
         validation BCE must be lower by more than `vote_margin_se` standard errors (clustered by problem), the
         one-standard-error rule. Small validation sets cannot tell a residual that helps from one that fits noise,
-        and keeping the simpler model (the vote) in that case is what keeps the verifier at or above the vote."""
+        and keeping the simpler model (the vote) in that case is what keeps the verifier at or above the vote.
+        Only with ``vote_folds=0``: by default cross-validation decided before the run (`cross_validate_vote`)."""
         if not self.config.anchored or self.decision is not None:
             return True
         if self.step == 0:
