@@ -3,6 +3,7 @@
     python benchmarks/testbed_quality.py            # 448 evaluation problems x 16 samples at temperature 1
     python benchmarks/testbed_quality.py --quick    # 64 problems
     python benchmarks/testbed_quality.py --task v2 --model-dir DIR --quick   # a testbed v2 LM on v2 problems
+    python benchmarks/testbed_quality.py --task v2 --quick --probe           # + a Probe fit (LM in hf_msv/testbed/lm-v2)
 
 Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
 pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with
@@ -15,7 +16,11 @@ traces, elicited as the paper and `hf_msv.collect` do it, by appending the promp
 sequences in parallel. ``--task v2`` samples v2 problems up to v2's length cap (272 tokens, the default
 ``--max-new-tokens`` there) from the LM in ``hf_msv/testbed/lm-v2`` (or ``--model-dir``); a trace cut at the cap has
 no final box (``capped_rate``: the share that ran into ``--max-new-tokens``), its terminal answer is elicited as for
-any trace. The last line printed is the JSON summary.
+any trace. ``--probe`` adds the per-chain signal of issue #17, measured with the library as a user would
+(:func:`probe_signal`: ``hf-msv collect`` of 96 / 32 / 96 train / validation / evaluation problems, a terminal Probe
+trained with the defaults, ``hf-msv evaluate`` at N = 1 and N = ``--samples``): ``probe_auroc_n1``,
+``token_probs_auroc_n1``, ``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
+(``probe_pass_at_1``). The last line printed is the JSON summary.
 """
 
 from __future__ import annotations
@@ -60,6 +65,37 @@ def left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
     return ids, att
 
 
+def probe_signal(task, work_dir: Path, sizes: list[int], samples: int, seed: int, max_new_tokens: int) -> dict:
+    """The per-chain signal, measured with the library as a user would: collect train / validation / evaluation
+    shards from the task's LM (``sizes`` problems, ``samples`` sequences each), train a terminal Probe with the
+    defaults, evaluate at N = 1 and N = ``samples``. Returns the Probe's and Token-Probs' terminal AUROC at N = 1 and
+    the Probe's best-of-N against self-consistency's and pass@1."""
+    from hf_msv.collect import CollectConfig, collect_from_config
+    from hf_msv.evaluation import EvaluateConfig, evaluate_from_config
+    from hf_msv.training import MSVTrainingConfig, train_verifier
+
+    dirs = {}
+    for split, n in zip(("train", "validation", "evaluation"), sizes):
+        dirs[split] = str(work_dir / split)
+        collect_from_config(CollectConfig(model=task.lm_name, output_dir=dirs[split], num_samples=samples,
+                                          problems=f"{task.lm_name}:{split}:{n}:{seed}", seed=seed,
+                                          max_new_tokens=max_new_tokens, progress=False))
+    probe = work_dir / "probe"
+    train_verifier(dirs["train"], dirs["validation"], probe,
+                   MSVTrainingConfig(kind="probe", mode="terminal", seed=seed, progress=False))
+    evaluate_from_config(EvaluateConfig(eval_dir=dirs["evaluation"], val_dir=dirs["validation"],
+                                        output_dir=str(work_dir / "report"), verifier=[f"Probe={probe}"],
+                                        num_sequences=[1, samples], figures=False, progress=False))
+    report = json.loads((work_dir / "report" / "report.json").read_text())
+    one, many = report["terminal"]["1"], report["terminal"][str(samples)]
+    mean = lambda table, method, metric: round(table[method][metric]["mean"], 4)  # noqa: E731
+    return {"probe_auroc_n1": mean(one, "Probe", "auroc"), "token_probs_auroc_n1": mean(one, "Token Probs", "auroc"),
+            f"probe_best_of_{samples}": mean(many, "Probe", "bon_accuracy"),
+            f"sc_best_of_{samples}": mean(many, "Self-consistency", "bon_accuracy"),
+            "probe_pass_at_1": round(report["data"]["eval"]["terminal_accuracy"], 4),
+            "probe_problems": sizes, "probe_work_dir": str(work_dir)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="v1", help="v1: the shipped LM's task; v2: testbed v2")
@@ -74,7 +110,14 @@ def main(argv=None):
     ap.add_argument("--knobs", default="{}", help="JSON dict of the task's knobs for the evaluation problems")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="decode_tokens_per_s is only meaningful for the machine named")
+    ap.add_argument("--probe", action="store_true", help="also measure the per-chain signal with the library: collect "
+                    "shards from the task's LM, train a terminal Probe, evaluate (probe_signal; needs the LM in the "
+                    "task's directory, not --model-dir)")
+    ap.add_argument("--probe-problems", default="96,32,96", help="train,validation,evaluation problems for --probe")
+    ap.add_argument("--probe-dir", default=None, help="--probe's shards and report (default: a temporary directory)")
     a = ap.parse_args(argv)
+    if a.probe and a.model_dir and Path(a.model_dir).resolve() != TASKS[a.task].lm_dir.resolve():
+        ap.error(f"--probe collects from the task's LM directory ({TASKS[a.task].lm_dir}): copy the LM there")
     if a.threads:
         torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -214,6 +257,13 @@ def main(argv=None):
         "device": str(model.device),
         "model_dir": str(Path(model_dir)),
     }
+    if a.probe:
+        import tempfile
+
+        sizes = [int(x) for x in a.probe_problems.split(",")]
+        work = Path(a.probe_dir) if a.probe_dir else Path(tempfile.mkdtemp(prefix="testbed-probe-"))
+        res |= probe_signal(task, work, sizes, S, a.seed, max_new_tokens)
+        res["wall_s"] = round(time.time() - t_start, 1)
     print(json.dumps(res))
     return res
 
