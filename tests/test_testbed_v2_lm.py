@@ -155,3 +155,17 @@ def test_task_generators_validate_every_knob_but_draw_with_the_generator_ones():
         v2.generate_problems("train", 5, carry_eror=0.1)
     with pytest.raises(TypeError):
         TASKS["v1"].generate_problems("train", 5, carry_eror=0.1)
+
+
+def test_collect_caps_a_testbed_v2_lm_at_its_task_cap_by_default(tmp_path):
+    """`hf-msv collect --model testbed-v2` without --max-new-tokens samples up to v2's length cap (its LM was trained
+    on traces cut there); other LMs keep 4096; an explicit value always wins."""
+    from hf_msv.collect import CollectConfig
+
+    def budget(model, **kw):
+        config = CollectConfig(model=model, problems=f"{model}:train:2", output_dir=str(tmp_path), **kw)
+        return config.collect_kwargs()["max_new_tokens"]
+
+    assert budget("testbed-v2") == CAP == TASKS["v2"].sampling_cap()
+    assert budget("testbed") == 4096 and budget("some/hub-model") == 4096
+    assert budget("testbed-v2", max_new_tokens=100) == 100

@@ -35,8 +35,9 @@ class CollectConfig:
         default=None, metadata={"help": "Re-encode this trace file (JSON lines, hf_msv.collect.traces) instead of "
                                         "sampling: same shards, no sampling flags."})
     num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
-    max_new_tokens: int = field(default=4096, metadata={"help": "Chain-of-thought tokens per sequence at most "
-                                                                "(--model testbed-v2: pass its task's cap, 272)."})
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": "Chain-of-thought tokens per sequence at most (default: 4096; --model testbed-v2: its task's length "
+                "cap, 272, which its LM was trained to be cut at)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the paper: 1)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off, as in the paper)."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off, as in the paper)."})
@@ -105,8 +106,18 @@ class CollectConfig:
                   if f.name not in _LOADING_FIELDS + _TRACE_FIELDS}
         if kwargs["prompt_template"] == "auto" and self.model in TESTBED_LM_NAMES:
             kwargs["prompt_template"] = "testbed"  # the testbed LM has no chat template and its own prompt format
+        if kwargs["max_new_tokens"] is None:
+            kwargs["max_new_tokens"] = self.default_max_new_tokens()
         return dict(kwargs, progress=self.progress)
 
+
+    def default_max_new_tokens(self) -> int:
+        """4096, or the length cap of a testbed task whose LM is `model` (v2's LM is trained on traces cut there and
+        has no positions far beyond it)."""
+        from ..testbed.tasks import TESTBED_LM_NAMES, get_task
+
+        cap = get_task(self.model).sampling_cap() if self.model in TESTBED_LM_NAMES else None
+        return cap or 4096
 
     def traces_kwargs(self) -> dict:
         """The keyword arguments of `collect_from_traces` (the trace file and the LM apart)."""
