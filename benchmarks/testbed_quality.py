@@ -3,7 +3,7 @@
     python benchmarks/testbed_quality.py            # 448 evaluation problems x 16 samples at temperature 1
     python benchmarks/testbed_quality.py --quick    # 64 problems
     python benchmarks/testbed_quality.py --task v2 --model-dir DIR --quick   # a testbed v2 LM on v2 problems
-    python benchmarks/testbed_quality.py --task v2 --quick --probe           # + a Probe fit (LM in hf_msv/testbed/lm-v2)
+    python benchmarks/testbed_quality.py --task v2 --quick --probe           # + a Probe fit (LM in testbed/lm-v2)
 
 Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
 pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with

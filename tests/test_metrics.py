@@ -8,9 +8,9 @@ from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
 from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
 from hf_msv.data import AnswerGroup
-from hf_msv.metrics import (auroc, bce_with_logits, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier, calibration_metrics,
-                            ece, fold_by_problem, format_mean_std, mean_std, nll, reliability_bins,
-                            seed_stat)
+from hf_msv.metrics import (auroc, bce_with_logits, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier,
+                            calibration_metrics, ece, fold_by_problem, format_mean_std, mean_std, nll,
+                            reliability_bins, seed_stat)
 
 P = np.array([0.9, 0.8, 0.3, 0.3, 0.05, 0.65])
 Y = np.array([1, 0, 1, 0, 0, 1])

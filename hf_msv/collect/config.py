@@ -110,7 +110,6 @@ class CollectConfig:
             kwargs["max_new_tokens"] = self.default_max_new_tokens()
         return dict(kwargs, progress=self.progress)
 
-
     def default_max_new_tokens(self) -> int:
         """4096, or the length cap of a testbed task whose LM is `model` (v2's LM is trained on traces cut there and
         has no positions far beyond it)."""

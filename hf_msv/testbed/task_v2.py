@@ -67,8 +67,8 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   loop also stops after ``max_rechecks`` (the solver gives up).
 
 Prompt (<= ~150 characters) + capped trace (272) + elicitation (~40) fit in ~460 positions (an LM's context:
-:meth:`hf_msv.testbed.tasks.TestbedTask.context`). ``make_trace`` returns the capped text (a cut trace has no final line: train on it without
-EOS); ``sample_trace(...).text`` is the solver's whole text.
+:meth:`hf_msv.testbed.tasks.TestbedTask.context`). ``make_trace`` returns the capped text (a cut trace has no final
+line: train on it without EOS); ``sample_trace(...).text`` is the solver's whole text.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ context of 560 positions (prompt + a trace capped at 272 tokens + elicitation; :
 A v2 trace cut at the cap gets no EOS: sampling stops it there by ``max_new_tokens``, so the LM must learn to keep
 going rather than to end cut traces itself. ``load_lm("testbed-v2")`` loads the LM saved in ``hf_msv/testbed/lm-v2``.
 v2 examples are longer than v1's (195 tokens on average): measured on 2 cores of an AVX2-only CPU, a step of the
-current v2 defaults takes ~1.0 s in fp32 (~48 min for 2,800 steps; the first v2 defaults, three-digit values, 1.3 s). On such a CPU (no native bf16), bf16
+current v2 defaults takes ~1.0 s in fp32 (~48 min for 2,800 steps; the first v2 defaults, three-digit values, 1.3 s).
+On such a CPU (no native bf16), bf16
 autocast makes a step ~8x slower (v2: 18 s; v1: ~9 s vs ~0.9 s in fp32): pass ``--no-bf16`` there.
 """
 

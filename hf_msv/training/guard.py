@@ -111,8 +111,8 @@ def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray,
     """(probabilities (m,), {"brier", "auroc", "nll", "platt": [a, b]}) of γ Platt-scaled on these labels.
 
     With `problems` (m,) (two or more distinct), the probabilities are cross-fitted: the answers of every other
-    problem (in order of first appearance, `fold_by_problem`) are scaled by the fit on the rest, so the scores are out of sample like
-    the verifier's; ``platt`` is then the fit on all answers (what a user would apply to new data).
+    problem (in order of first appearance, `fold_by_problem`) are scaled by the fit on the rest, so the scores are
+    out of sample like the verifier's; ``platt`` is then the fit on all answers (what a user would apply to new data).
     """
     a, b = fit_platt(gamma, labels)
     p = platt(gamma, a, b)

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 from ..answers import ELICITATION_PROMPT
 from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups
 from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
-from ..metrics import fold_by_problem
+from ..metrics import bce_with_logits, fold_by_problem
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
@@ -234,7 +234,7 @@ def prediction_metrics(predictions: ValidationPredictions) -> dict:
     """``bce`` (mean BCE over answers, the training loss), ``auroc``, ``brier``, ``ece``, ``answers``, ``accuracy``."""
     import warnings
 
-    from ..metrics import auroc, bce_with_logits, brier, ece
+    from ..metrics import auroc, brier, ece
 
     z, y = predictions.logits, predictions.labels
     if not len(y):
@@ -338,7 +338,7 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
         step += chunk
         curve.append(pooled())
         steps.append(step)
-        bce = prediction_metrics(curve[-1])["bce"]
+        bce = float(np.mean(bce_with_logits(curve[-1].logits, curve[-1].labels)))
         lowest, stale = (bce, 0) if bce < lowest else (lowest, stale + 1)
         bar.update(chunk)
         bar.set_postfix(pooled_bce=f"{bce:.4f}", refresh=False)
@@ -413,12 +413,14 @@ class _Run:
             self.lowest_bce, self.stale = metrics["bce"], 0
         elif self.step:
             self.stale += 1
-        # Step 0 is a candidate only for an anchored verifier (it is calibrated voting, a sound fallback); an
-        # unanchored one is a random initialisation there.
-        candidate = bool(self.step) or self.config.anchored
         if self.decision is not None:  # cross-validation chose the length: keep the last checkpoint, whatever its BCE
-            candidate, self.best_bce = self.step == self.plan.max_steps, math.inf
-        if candidate and metrics["bce"] < self.best_bce and beats_vote:
+            keep = self.step == self.plan.max_steps
+        else:
+            # Step 0 is a candidate only for an anchored verifier (it is calibrated voting, a sound fallback); an
+            # unanchored one is a random initialisation there.
+            candidate = bool(self.step) or self.config.anchored
+            keep = candidate and metrics["bce"] < self.best_bce and beats_vote
+        if keep:
             self.best_bce, self.best_epoch, self.best_step = metrics["bce"], index, self.step
             self.best_metrics, self.saved = metrics, True
             if acc.is_main_process:
