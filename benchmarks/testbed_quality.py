@@ -20,17 +20,26 @@ any trace. ``--probe`` adds the per-chain signal of issue #17, measured with the
 (:func:`probe_signal`: ``hf-msv collect`` of 96 / 32 / 96 train / validation / evaluation problems, a terminal Probe
 trained with the defaults, ``hf-msv evaluate`` at N = 1 and N = ``--samples``): ``probe_auroc_n1``,
 ``token_probs_auroc_n1``, ``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
-(``probe_pass_at_1``). The last line printed is the JSON summary.
+(``probe_pass_at_1``), and the trace-level targets read back from the evaluation shards
+(:func:`shard_statistics`: elicited answers per sequence, first intermediate vs terminal accuracy, Waits of wrong vs
+right sequences, majority-right share). For ``--task v2``, :func:`trace_errors` says where the LM departs from the
+trace writer it imitates, counted the same way on the LM's traces and on the writer's own for the same problems
+(``lm_trace_errors`` / ``solver_trace_errors``: false equations with and without a carry, misread operands, copy
+slips, final boxes that differ from the last ``So X.``). Every target of issue #17 that the run measured is printed
+as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line printed is the JSON summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import re
 import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from hf_msv.testbed import DELIMITER, ELICITATION_PROMPT, TASKS
@@ -94,6 +103,136 @@ def probe_signal(task, work_dir: Path, sizes: list[int], samples: int, seed: int
             f"sc_best_of_{samples}": mean(many, "Self-consistency", "bon_accuracy"),
             "probe_pass_at_1": round(report["data"]["eval"]["terminal_accuracy"], 4),
             "probe_problems": sizes, "probe_work_dir": str(work_dir)}
+
+
+def shard_statistics(eval_dir: Path) -> dict:
+    """Issue #17's trace-level targets, read from collected evaluation shards as any user's data would be: per
+    sequence its terminal answer, its intermediate answers (one per ``Wait``) in order and whether the length cap cut
+    it; per problem the majority of the terminal answers (classes of the collection's checker)."""
+    from hf_msv.data import list_shards, read_shard
+
+    seqs, maj, cov = [], [], []  # seqs: (terminal right, intermediate rights in order, capped)
+    for shard in list_shards(eval_dir):
+        for p in read_shard(shard, hidden=False)[0]:
+            votes, right_class = Counter(), {}
+            for n, finish in enumerate(p.sequence_finish):
+                mine = np.flatnonzero(p.answer_sequence == n)
+                mine = mine[np.argsort(p.answer_tau[mine], kind="stable")]
+                term = [a for a in mine if p.answer_terminal[a]]
+                inter = [bool(p.answer_correct[a]) for a in mine if not p.answer_terminal[a]]
+                right = bool(term) and bool(p.answer_correct[term[-1]])
+                seqs.append((right, inter, finish != "eos"))
+                if term and p.answer_text[term[-1]] is not None:
+                    c = int(p.answer_class[term[-1]])
+                    votes[c] += 1
+                    right_class[c] = right
+            maj.append(bool(votes) and right_class[votes.most_common(1)[0][0]])
+            cov.append(any(right_class.values()))
+    right = np.array([s[0] for s in seqs])
+    waits = np.array([len(s[1]) for s in seqs], dtype=float)
+    firsts = [(s[1][0], s[0]) for s in seqs if s[1]]
+    return {
+        "shard_sequences": len(seqs),
+        "shard_pass_at_1": round(float(right.mean()), 4),
+        "shard_maj": round(float(np.mean(maj)), 4),
+        "shard_pass_minus_maj": round(float(np.mean(cov) - np.mean(maj)), 4),
+        "elicited_per_sequence": round(float(waits.mean() + 1), 3),
+        "first_intermediate_acc": round(float(np.mean([f for f, _ in firsts])), 4),
+        "terminal_acc_same_sequences": round(float(np.mean([t for _, t in firsts])), 4),
+        "waits_wrong": round(float(waits[~right].mean()), 3) if (~right).any() else float("nan"),
+        "waits_right": round(float(waits[right].mean()), 3) if right.any() else float("nan"),
+        "shard_capped_rate": round(float(np.mean([s[2] for s in seqs])), 4),
+    }
+
+
+_EQ = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
+
+
+def trace_errors(texts: list[str], problem, kn) -> Counter:
+    """Where a v2 trace departs from the problem, counted the same way for the LM's traces and the solver's: written
+    equations ``a op k = c`` (not the ``?`` re-checks) that are false, split by whether the step has a carry /
+    borrow (without one the solver errs only by ``slip_error``); equations whose ``op k`` is in neither the question
+    nor its irrelevant clause (a misread operand); first-pass equations that do not start from the value written
+    before (a copy slip); and final boxes that differ from the last ``So X.``."""
+    from hf_msv.testbed.task import apply_op
+    from hf_msv.testbed.task_v2 import carry_positions
+
+    ops = {(op, int(k)) for op, k in problem.meta["ops"]}
+    if problem.meta.get("distractor"):
+        ops.add(("-", int(problem.meta["distractor"][1])))
+    c = Counter()
+    for text in texts:
+        first_pass = text.split(" So ")[0]
+        prev = problem.meta["start"]
+        for a, op, k, r, q, fixed in _EQ.findall(first_pass):
+            if not q:
+                c["first_pass_eqs"] += 1
+                c["copy_slips"] += int(a) != prev
+                prev = int(r)
+            elif fixed:  # "Wait, a op k = r? no, x.": the pass goes on from x
+                prev = int(fixed)
+        for a, op, k, r, q, _ in _EQ.findall(text):
+            if q:
+                continue
+            a, k, r = int(a), int(k), int(r)
+            carry = bool(carry_positions(a, op, k)) if 0 <= a <= 999 else True
+            c["eqs_carry" if carry else "eqs_plain"] += 1
+            c["false_carry" if carry else "false_plain"] += apply_op(a, op, k) != r
+            c["operand_misreads"] += (op, k) not in ops
+        so, box = re.findall(r"So (-?\d+)\.", text), re.findall(r"\\boxed\{([^}]*)\}", text)
+        if so and box:
+            c["finished_with_so"] += 1
+            c["box_differs_from_so"] += box[-1] != so[-1]
+    return c
+
+
+def error_rates(c: Counter) -> dict:
+    """:func:`trace_errors`' counts as rates."""
+    def rate(num, den):
+        return round(c[num] / c[den], 4) if c[den] else float("nan")
+
+    c = Counter(c, eqs=c["eqs_plain"] + c["eqs_carry"])
+    return {"false_eq_plain": rate("false_plain", "eqs_plain"), "false_eq_carry": rate("false_carry", "eqs_carry"),
+            "operand_misread": rate("operand_misreads", "eqs"), "copy_slip": rate("copy_slips", "first_pass_eqs"),
+            "box_differs_from_so": rate("box_differs_from_so", "finished_with_so")}
+
+
+def targets(res: dict) -> list[tuple[str, str, str, bool]]:
+    """Issue #17's done-when rows that ``res`` measured: (row, target, measured, passed)."""
+    rows = []
+
+    def row(name, target, keys, text, ok):
+        if all(k in res for k in keys):
+            rows.append((name, target, text(), bool(ok())))
+
+    S = res["samples_per_problem"]
+    row("Probe terminal AUROC, N = 1", ">= 0.80", ["probe_auroc_n1"], lambda: f"{res['probe_auroc_n1']:.3f}",
+        lambda: res["probe_auroc_n1"] >= 0.80)
+    row("Token-Probs AUROC, N = 1", ">= 0.70", ["token_probs_auroc_n1"],
+        lambda: f"{res['token_probs_auroc_n1']:.3f}", lambda: res["token_probs_auroc_n1"] >= 0.70)
+    bon = f"probe_best_of_{S}"
+    row(f"Probe best-of-{S} vs pass@1", "+0.10", [bon, "probe_pass_at_1"],
+        lambda: f"{res[bon]:.3f} vs {res['probe_pass_at_1']:.3f}", lambda: res[bon] >= res["probe_pass_at_1"] + 0.10)
+    row(f"majority right (maj@{S})", "<= 0.75", ["maj_at_16"], lambda: f"{res['maj_at_16']:.3f}",
+        lambda: res["maj_at_16"] <= 0.75)
+    row(f"pass@{S} - maj@{S}", ">= 0.15", ["maj_at_16", "pass_at_16"],
+        lambda: f"{res['pass_at_16'] - res['maj_at_16']:.3f}", lambda: res["pass_at_16"] - res["maj_at_16"] >= 0.15)
+    row("elicited answers / sequence", ">= 6", ["elicited_per_sequence"],
+        lambda: f"{res['elicited_per_sequence']:.2f}", lambda: res["elicited_per_sequence"] >= 6)
+    row("first intermediate acc vs terminal", ">= 10 pp below",
+        ["first_intermediate_acc", "terminal_acc_same_sequences"],
+        lambda: f"{res['first_intermediate_acc']:.3f} vs {res['terminal_acc_same_sequences']:.3f}",
+        lambda: res["terminal_acc_same_sequences"] - res["first_intermediate_acc"] >= 0.10)
+    row("Waits / trace, wrong vs right", "wrong higher", ["waits_wrong", "waits_right"],
+        lambda: f"{res['waits_wrong']:.2f} vs {res['waits_right']:.2f}",
+        lambda: res["waits_wrong"] > res["waits_right"])
+    row("cap-binding share", "0.10-0.40", ["capped_rate"], lambda: f"{res['capped_rate']:.3f}",
+        lambda: 0.10 <= res["capped_rate"] <= 0.40)
+    row("pass@1", "0.30-0.60", ["pass_at_1"], lambda: f"{res['pass_at_1']:.3f}",
+        lambda: 0.30 <= res["pass_at_1"] <= 0.60)
+    row("mean trace tokens", "<= 400", ["mean_trace_tokens"], lambda: f"{res['mean_trace_tokens']:.0f}",
+        lambda: res["mean_trace_tokens"] <= 400)
+    return rows
 
 
 def main(argv=None):
@@ -263,7 +402,21 @@ def main(argv=None):
         sizes = [int(x) for x in a.probe_problems.split(",")]
         work = Path(a.probe_dir) if a.probe_dir else Path(tempfile.mkdtemp(prefix="testbed-probe-"))
         res |= probe_signal(task, work, sizes, S, a.seed, max_new_tokens)
+        res |= shard_statistics(work / "evaluation")
         res["wall_s"] = round(time.time() - t_start, 1)
+    if task.name == "v2":  # where the LM's traces depart from its solver's, on the same problems
+        kn, rng = task.knobs(**knobs), random.Random(a.seed)
+        lm, solver = Counter(), Counter()
+        for p, rows in zip(problems, traces):
+            lm += trace_errors([tok.decode(g, skip_special_tokens=True) for _, g in rows], p, kn)
+            solver += trace_errors([task.module.sample_trace(p, rng, **knobs).capped_text for _ in rows], p, kn)
+        res["lm_trace_errors"], res["solver_trace_errors"] = error_rates(lm), error_rates(solver)
+    rows = targets(res)
+    if rows:
+        print(f"{'issue #17 target':<40} {'target':<16} {'measured':<24} verdict")
+        for name, target, measured, ok in rows:
+            print(f"{name:<40} {target:<16} {measured:<24} {'PASS' if ok else 'FAIL'}")
+        res["targets_passed"], res["targets_measured"] = sum(r[3] for r in rows), len(rows)
     print(json.dumps(res))
     return res
 

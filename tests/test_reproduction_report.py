@@ -15,6 +15,7 @@ import pytest
 
 from hf_msv.reproduction import STUDIES, ReproduceArguments, ReproduceConfig, parse_arguments, render_testbed
 from hf_msv.reproduction.summary import autc_row, grouping_summary, main_summary, size_row
+from hf_msv.testbed import task_v2
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
@@ -117,6 +118,24 @@ def test_command_line_flags():
         parse_arguments(["--reuse-shards", "sometimes"])
     with pytest.raises(ValueError, match="training_seeds"):
         ReproduceConfig(training_seeds=0)
+
+
+def test_task_flag_picks_testbed_v2_its_cap_its_work_dir_and_report_stem():
+    from hf_msv.reproduction.report import _config_changes
+
+    v1 = parse_arguments([]).reproduce_config()
+    assert (v1.task, v1.stem, v1.default_work_dir, v1.max_new_tokens) == ("v1", "testbed", "outputs/reproduce", 320)
+    cfg = parse_arguments(["--task", "v2", "--quick"]).reproduce_config()
+    assert cfg == ReproduceConfig.quick_config(task="v2")
+    # v2's LM has no positions far beyond its trace cap: the reproduction samples up to the cap
+    assert cfg.max_new_tokens == task_v2.TaskKnobsV2().max_trace_tokens
+    assert (cfg.stem, cfg.default_work_dir) == ("testbed-v2-quick", "outputs/reproduce-v2-quick")
+    # a v2 run's report lists only what differs from v2's own defaults
+    assert _config_changes(json.loads(json.dumps(dataclasses.asdict(cfg)))) == []
+    with pytest.raises(SystemExit):
+        parse_arguments(["--task", "v3"])
+    with pytest.raises(ValueError, match="unknown testbed task"):
+        ReproduceConfig(task="v3")
 
 
 def test_every_study_can_be_selected():

@@ -94,6 +94,12 @@ def test_knobs_are_validated(bad, match):
         generate_problems("test", 2)
 
 
+def test_one_digit_operands_are_a_valid_setting():
+    problems = generate_problems("train", 200, seed=0, max_operand=9)
+    assert all(0 < k <= 9 for p in problems for op, k in p.meta["ops"] if op != "*")
+    assert any(op != "*" for p in problems for op, _ in p.meta["ops"])
+
+
 def test_knobs_accept_json_lists():
     assert knobs_v2(mul_factors=[2, 3], distractor_take=[0.1, 0.2, 0.3]) == TaskKnobsV2(
         mul_factors=(2, 3), distractor_take=(0.1, 0.2, 0.3))

@@ -3,6 +3,7 @@ and ``testbed-v2:`` problem specs; v1 stays what it was."""
 
 import hashlib
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -94,6 +95,7 @@ def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monke
 
     lm_dir, stats = tiny_v2_lm
     assert stats["task"] == "v2" and stats["context"] == 560 and stats["steps"] == 2
+    assert all(map(math.isfinite, (h["loss"] for h in stats["history"])))
     assert json.loads((lm_dir / "training_log.json").read_text())["task"] == "v2"
     monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=lm_dir))
     model, tok = load_lm("testbed-v2", device="cpu")
@@ -109,7 +111,7 @@ def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monke
     assert load_lm_tokenizer({}, "testbed-v2").name_or_path == str(lm_dir)
 
 
-def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm, monkeypatch):
+def _quality_bench():
     import importlib.util
     from pathlib import Path
 
@@ -117,11 +119,67 @@ def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm,
     spec = importlib.util.spec_from_file_location("testbed_quality", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm, monkeypatch):
+    bench = _quality_bench()
     monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=tiny_v2_lm[0]))  # the default --model-dir
     res = bench.main(["--task", "v2", "--n-problems", "2", "--samples", "2", "--problems-per-call", "2",
                       "--elicit-samples", "1", "--threads", "1"])
     assert res["task"] == "v2" and res["max_new_tokens"] == CAP and res["model_dir"] == str(tiny_v2_lm[0])
     assert res["n_problems"] == 2 and res["mean_trace_tokens"] <= CAP
+    # the LM's traces are diagnosed beside the solver's; the solver never misreads, copies wrong or re-boxes
+    solver = res["solver_trace_errors"]
+    assert set(res["lm_trace_errors"]) == set(solver)
+    assert solver["operand_misread"] == solver["copy_slip"] == 0.0
+    assert res["targets_measured"] >= 5 and 0 <= res["targets_passed"] <= res["targets_measured"]
+
+
+def test_trace_errors_count_each_kind_of_departure():
+    bench = _quality_bench()
+    p = task_v2.generate_problems("evaluation", 1)[0]
+    p = replace(p, meta={**p.meta, "start": 38, "ops": [["+", 20], ["+", 6], ["+", 19]], "distractor": [1, 5, 0]})
+    kn = task_v2.TaskKnobsV2()
+    clean = " 38+20=58. 58+6=64. 64+19=83. So 83. Wait, 58+6=64? yes.\n### Final Answer ### \\boxed{83}"
+    assert bench.error_rates(bench.trace_errors([clean], p, kn)) == {
+        "false_eq_plain": 0.0, "false_eq_carry": 0.0, "operand_misread": 0.0, "copy_slip": 0.0,
+        "box_differs_from_so": 0.0}
+    # 58+6 carries and is false; 60+19 is read from nowhere (copy slip); -5 is the irrelevant clause, not a misread;
+    # 38+21 is a misread operand; the box disagrees with the last "So"
+    bad = (" 38+21=59. 59-5=54. 58+6=65. Wait, 58+6=65? no, 64. 60+19=79. So 79. Wait, 38+21=59? yes."
+           "\n### Final Answer ### \\boxed{80}")
+    c = bench.trace_errors([bad], p, kn)
+    assert (c["eqs_plain"], c["false_plain"], c["eqs_carry"], c["false_carry"]) == (3, 0, 1, 1)
+    assert c["operand_misreads"] == 1 and c["first_pass_eqs"] == 4
+    assert c["copy_slips"] == 2  # 58 after 54, 60 after the fix to 64
+    assert c["box_differs_from_so"] == 1
+
+
+def test_shard_statistics_read_the_trace_targets_from_collected_shards(tmp_path):
+    import numpy as np
+
+    from hf_msv.data import CollectedProblem, write_shard
+
+    # three sequences: (tau, sequence, terminal, text); "1" is right
+    rows = [(4, 1, False, "1"), (5, 0, False, "2"), (6, 2, True, "2"), (8, 1, True, "2"), (9, 0, False, "1"),
+            (12, 0, True, "1")]
+    n = len(rows)
+    problem = CollectedProblem(
+        problem_id="q", gold="1", source="synthetic", question="q", hidden_states=torch.zeros(n, 4),
+        token_ids=np.zeros(n, dtype=np.int64), token_logprobs=np.zeros(n, dtype=np.float32),
+        answer_text=[r[3] for r in rows], answer_raw_text=[r[3] for r in rows],
+        answer_trigger=["eos" if r[2] else "delimiter" for r in rows], answer_sequence=[r[1] for r in rows],
+        answer_step=[0] * n, answer_tau=[r[0] for r in rows], answer_length=[1] * n,
+        answer_class=[int(r[3]) - 1 for r in rows], answer_terminal=[r[2] for r in rows],
+        answer_correct=[r[3] == "1" for r in rows], sequence_length=[13, 9, 7],
+        sequence_finish=["eos", "budget", "eos"], cot_confidence=[], cot_token_ids=[])
+    write_shard(tmp_path / "shard-r000-00000.safetensors", [problem], info={"lm_name_or_path": "synthetic"})
+    stats = _quality_bench().shard_statistics(tmp_path)
+    assert stats == {
+        "shard_sequences": 3, "shard_pass_at_1": round(1 / 3, 4), "shard_maj": 0.0, "shard_pass_minus_maj": 1.0,
+        "elicited_per_sequence": 2.0, "first_intermediate_acc": 0.5, "terminal_acc_same_sequences": 0.5,
+        "waits_wrong": 0.5, "waits_right": 2.0, "shard_capped_rate": round(1 / 3, 4)}
 
 
 def test_missing_v2_lm_says_how_to_train_it(tmp_path, monkeypatch):

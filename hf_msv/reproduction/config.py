@@ -22,6 +22,8 @@ def _help(text: str, **kwargs):
 class ReproduceConfig:
     """Sizes and settings of a reproduction (defaults: the paper's sizes; `quick_config`: a smoke run)."""
 
+    task: str = _help("testbed task and LM: v1 (the shipped LM, hf_msv/testbed/lm) or v2 (issue #17, "
+                      "hf_msv/testbed/lm-v2; reports testbed-v2*.md)", default="v1")
     train_problems: int = _help("training problems of the main collection", default=224)
     val_problems: int = _help("validation problems (early stopping of training, λ rules, Platt scaling)", default=64)
     eval_problems: int = _help("evaluation problems", default=448)
@@ -29,7 +31,8 @@ class ReproduceConfig:
     num_sequences: tuple = _help("the N of the main study (MSV_N and baselines on N-subsets)", default=(1, 4, 16, 64))
     training_seeds: int = _help("verifiers trained per (method, N, mode), each with its own seed; tables report mean "
                                 "± std over them", default=3)
-    max_new_tokens: int = _help("chain-of-thought token budget per sequence", default=320)
+    max_new_tokens: int = _help("chain-of-thought token budget per sequence (a task with a length cap, v2, "
+                                "samples up to its cap instead)", default=320)
     reference_checker: str = _help("equivalence checker whose classes and correctness are the reference",
                                    default="symbolic")
     problems_per_batch: int = _help("problems sampled together (4 suits 2 CPU cores; 32 a GPU)", default=4)
@@ -59,16 +62,32 @@ class ReproduceConfig:
     quick: bool = _help("a smoke run's configuration (file stem testbed-quick, 2-epoch training)", default=False)
 
     @classmethod
-    def quick_config(cls) -> "ReproduceConfig":
-        return cls(train_problems=16, val_problems=8, eval_problems=16, num_samples=8, num_sequences=(1, 4),
-                   training_seeds=2, checkers=("random",), mask_ablations=("equivalence",), mask_n=4,
+    def quick_config(cls, task: str = "v1") -> "ReproduceConfig":
+        return cls(task=task, train_problems=16, val_problems=8, eval_problems=16, num_samples=8,
+                   num_sequences=(1, 4), training_seeds=2, checkers=("random",), mask_ablations=("equivalence",), mask_n=4,
                    delimiter_sizes=(12, 6, 12), delimiter_samples=4, delimiter_n=4, grouping_problems=0,
                    grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, training_sizes=(8, 16, 24),
                    cost_problems=1, quick=True)
 
     def __post_init__(self):
+        from ..testbed import get_task
+
         if self.training_seeds < 1:
             raise ValueError(f"training_seeds must be ≥ 1, got {self.training_seeds}")
+        # v2's LM is trained on traces cut at the cap and has no positions far beyond it (its context is cap + 288)
+        cap = get_task(self.task).sampling_cap()
+        if cap is not None:
+            self.max_new_tokens = cap
+
+    @property
+    def stem(self) -> str:
+        """File stem of the reports: ``testbed`` / ``testbed-v2``, ``-quick`` appended for a quick run."""
+        return "testbed" + ("" if self.task == "v1" else f"-{self.task}") + ("-quick" if self.quick else "")
+
+    @property
+    def default_work_dir(self) -> str:
+        """``outputs/reproduce`` (``-v2`` for testbed v2, ``-quick`` for a quick run): shards, verifiers, caches."""
+        return "outputs/reproduce" + ("" if self.task == "v1" else f"-{self.task}") + ("-quick" if self.quick else "")
 
     @property
     def max_n(self) -> int:
@@ -80,8 +99,11 @@ class ReproduceArguments:
     """The ``hf-msv reproduce`` run options (sizes come from `ReproduceConfig`: the paper's, or `--quick`'s)."""
 
     output_dir: str = _help("where testbed.md / testbed.json go", default="docs/results")
+    task: str = field(default="v1", metadata={
+        "help": "testbed task: v1 (the shipped LM) or v2 (issue #17; its LM in hf_msv/testbed/lm-v2)",
+        "choices": ["v1", "v2"]})
     quick: bool = _help("a few-minute smoke run (few problems, N in {1, 4})", default=False)
-    work_dir: str | None = _help("shards and verifiers (default outputs/reproduce[-quick])", default=None)
+    work_dir: str | None = _help("shards and verifiers (default outputs/reproduce[-v2][-quick])", default=None)
     studies: list[str] | None = field(default=None, metadata={
         "help": "studies to run (default: all; main always runs)", "choices": list(STUDIES)})
     training_seeds: int | None = _help("override the number of training seeds", default=None)
@@ -100,7 +122,7 @@ class ReproduceArguments:
 
     def reproduce_config(self) -> ReproduceConfig:
         """The run's `ReproduceConfig`: the paper's sizes (or the quick ones) with the overrides given."""
-        cfg = ReproduceConfig.quick_config() if self.quick else ReproduceConfig()
+        cfg = ReproduceConfig.quick_config(task=self.task) if self.quick else ReproduceConfig(task=self.task)
         if self.training_seeds:
             cfg = replace(cfg, training_seeds=self.training_seeds)
         if self.problems_per_batch:

@@ -76,12 +76,13 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
     the collection code) matches; otherwise they are collected again, unless ``reuse_shards="keep"`` (then reused
     and logged as kept). The count is not part of the key (a larger count extends)."""
     from ..collect import collect
-    from ..testbed import TESTBED_LM_DIR, generate_problems
+    from ..testbed import get_task
 
+    task = get_task(cfg.task)
     settings = dict(split=split, first=first, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
                     checker=cfg.reference_checker, problems_per_shard=cfg.problems_per_shard, seed=cfg.collect_seed,
                     problem_seed=problem_seed, **kwargs)
-    key = reuse_key(settings, code_version(COLLECTION_CODE), data_fingerprint(TESTBED_LM_DIR))
+    key = reuse_key(settings, code_version(COLLECTION_CODE), data_fingerprint(task.lm_dir))
     log = log if log is not None else ReuseLog()
     name = f"{out.parent.name}/{out.name}"
     exists = out.is_dir() and any(out.glob("*.safetensors"))
@@ -92,7 +93,7 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
             kept = True
         else:
             shutil.rmtree(out)
-    problems = generate_problems(split, count, seed=problem_seed)[first:]
+    problems = task.generate_problems(split, count, seed=problem_seed)[first:]
     result = collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
                      checker=cfg.reference_checker, prompt_template="testbed",
                      problems_per_shard=cfg.problems_per_shard, problems_per_batch=cfg.problems_per_batch,
@@ -232,8 +233,8 @@ class ReproductionContext:
 
     @property
     def stem(self) -> str:
-        """File stem of the reports: ``testbed`` (``testbed-quick`` for a quick run)."""
-        return "testbed-quick" if self.config.quick else "testbed"
+        """File stem of the reports (`ReproduceConfig.stem`)."""
+        return self.config.stem
 
     @property
     def collect_kwargs(self) -> dict:
@@ -299,9 +300,9 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
     and λ rules chosen on validation. Needs `train_main_verifiers` first; keeps the results in `ctx.main_results`."""
     cfg = ctx.config
     from ..evaluation import difficulty_from_problems
-    from ..testbed import generate_problems
+    from ..testbed import get_task
 
-    steps = difficulty_from_problems(generate_problems("evaluation", cfg.eval_problems, seed=0), "ops")
+    steps = difficulty_from_problems(get_task(cfg.task).generate_problems("evaluation", cfg.eval_problems), "ops")
     ctx.main_results = ctx.evaluate(ctx.data / "eval", {k: ctx.specs(k) for k in ctx.verifiers}, cfg.num_sequences,
                                     ctx.data / "val", difficulty=steps, difficulty_name="reasoning steps",
                                     title="Testbed reproduction: main study", report_name="main", subdir=False,
@@ -454,9 +455,11 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     ``testbed-quick.*``) plus figures and per-study reports into `output_dir`. Returns the summary dict.
 
     Args:
-        work_dir: shards, verifiers and caches (default ``outputs/reproduce`` or ``outputs/reproduce-quick``);
+        work_dir: shards, verifiers and caches (default `ReproduceConfig.default_work_dir`: ``outputs/reproduce``,
+            ``-v2`` / ``-quick`` appended);
             reused across runs, so an interrupted reproduction resumes.
-        config: sizes/settings (default: the paper's sizes, or `ReproduceConfig.quick_config()`).
+        config: sizes/settings, the testbed task included (default: the paper's sizes on v1, or
+            `ReproduceConfig.quick_config()`).
         studies: subset of ``config.studies`` to run ("main" is always run: the others build on it).
         threads: torch threads (default: all cores).
         device: where the LM samples (default: this process's accelerate device, the GPU when there is one);
@@ -467,7 +470,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     import torch
 
     from ..collect import load_lm
-    from ..testbed import generate_problems
+    from ..testbed import get_task
     from ..utils import json_safe
 
     cfg = config or (ReproduceConfig.quick_config() if quick else ReproduceConfig())
@@ -475,7 +478,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     if threads:
         torch.set_num_threads(threads)
     log = print if progress else (lambda *a, **k: None)
-    ctx = ReproductionContext(cfg, Path(work_dir or ("outputs/reproduce-quick" if cfg.quick else "outputs/reproduce")),
+    task = get_task(cfg.task)
+    ctx = ReproductionContext(cfg, Path(work_dir or cfg.default_work_dir),
                               Path(output_dir), clock=_Clock(log), reuse_shards=reuse_shards)
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
@@ -483,7 +487,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     summary: dict = {"config": asdict(cfg), "studies": list(studies), "paper": PAPER, "reports": ctx.reports,
                      "verifiers": ctx.counts}
 
-    ctx.model, ctx.tokenizer = load_lm("testbed", device=device)
+    ctx.model, ctx.tokenizer = load_lm(task.lm_name, device=device)
     summary["device"] = str(ctx.model.device)
     with ctx.clock("collect"):
         collect_splits(ctx.model, ctx.tokenizer, ctx.data, cfg, cfg.num_samples,
@@ -491,7 +495,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     with ctx.clock("lm costs"):
         ns_cost = sorted(set(cfg.num_sequences) | (set(cfg.grouping_ns) if "grouping" in studies else set()))
         ctx.lm_costs = measure_lm_costs(ctx.model, ctx.tokenizer,
-                                        generate_problems("evaluation", cfg.cost_problems, seed=99), ns_cost,
+                                        task.generate_problems("evaluation", cfg.cost_problems, seed=99), ns_cost,
                                         cfg.max_new_tokens, cache=ctx.work_dir / "lm_costs.json")
     summary["lm_costs"] = {str(n): asdict(c) for n, c in ctx.lm_costs.items()}
     with ctx.clock("train main"):
@@ -526,13 +530,13 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     from ..collect import load_lm
     from ..hub import save_verifier
     from ..modeling_msv import MSVVerifier
-    from ..testbed import TESTBED_VERIFIER_DIR
+    from ..testbed import TESTBED_VERIFIER_DIR, get_task
 
     if threads:
         torch.set_num_threads(threads)
     cfg, work = config or ReproduceConfig(), Path(work_dir)
-    data = work / "data"
-    model, tokenizer = load_lm("testbed", device=device)
+    data, task = work / "data", get_task(cfg.task)
+    model, tokenizer = load_lm(task.lm_name, device=device)
     collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems),
                    reuse_shards=reuse_shards)
     n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
@@ -545,8 +549,9 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     shutil.rmtree(destination, ignore_errors=True)
     verifier = MSVVerifier.from_pretrained(path)
     local = verifier.config.base_model_name_or_path  # this machine's path: the card names the package's LM instead
-    verifier.config.base_model_name_or_path = "hf_msv-testbed (hf_msv/testbed/lm)"
-    training_data = log["training_data"].replace(f"`{local}`", "the hf_msv testbed LM (`hf_msv/testbed/lm`)")
+    lm = f"hf_msv/testbed/{task.lm_dir.name}"
+    verifier.config.base_model_name_or_path = f"hf_msv-{task.lm_name} ({lm})"
+    training_data = log["training_data"].replace(f"`{local}`", f"the hf_msv {task.lm_name} LM (`{lm}`)")
     save_verifier(verifier, destination, metrics=metrics | {"step": best.get("step", best["epoch"])},
                   training_data=training_data + " Reproduce with `scripts/train_shipped_verifier.sh`.",
                   repo_id="hf-msv/msv16-testbed")
@@ -575,10 +580,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_arguments(argv)
     cfg = args.reproduce_config()
     if args.shipped_verifier:
-        return {"shipped_verifier": str(train_shipped_verifier(args.work_dir or "outputs/reproduce",
-                                                               threads=args.threads, config=cfg,
-                                                               device=args.device,
-                                                               reuse_shards=args.reuse_shards))}
+        work = args.work_dir or replace(cfg, quick=False).default_work_dir  # the full run's shards, even --quick
+        return {"shipped_verifier": str(train_shipped_verifier(work, threads=args.threads, config=cfg,
+                                                               device=args.device, reuse_shards=args.reuse_shards))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
                      threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards)
 

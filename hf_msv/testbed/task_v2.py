@@ -162,8 +162,8 @@ def _sample_chain(rng: random.Random, kn: TaskKnobsV2) -> tuple[int, list[tuple[
         if "*" in choices and not any(f * v <= kn.max_value for f in kn.mul_factors):
             choices.remove("*")
         op = rng.choice(choices)
-        # operand size is itself a difficulty: one or two digits, equally often
-        big = rng.random() < 0.5
+        # operand size is itself a difficulty: one or two digits, equally often (one digit when max_operand < 10)
+        big = rng.random() < 0.5 and kn.max_operand >= 10
         if op == "+":
             k = rng.randint(10 if big and kn.max_value - v >= 10 else 1, min(kn.max_operand, kn.max_value - v))
         elif op == "-":
