@@ -653,8 +653,12 @@ class MSVVerifier(MSVPreTrainedModel):
             labels = labels.to(device=device, dtype=torch.float32)
             keep = labels >= 0
             loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
-        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma,
-                         past_key_values=cache if use_cache or past_key_values is not None else None)
+        out = MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma)
+        if use_cache or past_key_values is not None:
+            # set after construction: transformers >= 5.24 renames a `past_key_values=` argument of every
+            # ModelOutput to `cache`, a field MSVOutput (a documented, user-facing name) does not have
+            out["past_key_values"] = cache
+        return out
 
 
 def check_compatible(verifier: MSVVerifier, model) -> None:
