@@ -64,7 +64,8 @@ class ReproduceConfig:
     @classmethod
     def quick_config(cls, task: str = "v1") -> "ReproduceConfig":
         return cls(task=task, train_problems=16, val_problems=8, eval_problems=16, num_samples=8,
-                   num_sequences=(1, 4), training_seeds=2, checkers=("random",), mask_ablations=("equivalence",), mask_n=4,
+                   num_sequences=(1, 4), training_seeds=2, checkers=("random",), mask_ablations=("equivalence",),
+                   mask_n=4,
                    delimiter_sizes=(12, 6, 12), delimiter_samples=4, delimiter_n=4, grouping_problems=0,
                    grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, training_sizes=(8, 16, 24),
                    cost_problems=1, quick=True)
@@ -80,14 +81,19 @@ class ReproduceConfig:
             self.max_new_tokens = cap
 
     @property
+    def _suffix(self) -> str:
+        """``-v2`` for testbed v2, then ``-quick`` for a quick run (v1 at full size: none)."""
+        return ("" if self.task == "v1" else f"-{self.task}") + ("-quick" if self.quick else "")
+
+    @property
     def stem(self) -> str:
-        """File stem of the reports: ``testbed`` / ``testbed-v2``, ``-quick`` appended for a quick run."""
-        return "testbed" + ("" if self.task == "v1" else f"-{self.task}") + ("-quick" if self.quick else "")
+        """File stem of the reports: ``testbed`` + `_suffix`."""
+        return "testbed" + self._suffix
 
     @property
     def default_work_dir(self) -> str:
-        """``outputs/reproduce`` (``-v2`` for testbed v2, ``-quick`` for a quick run): shards, verifiers, caches."""
-        return "outputs/reproduce" + ("" if self.task == "v1" else f"-{self.task}") + ("-quick" if self.quick else "")
+        """Shards, verifiers and caches: ``outputs/reproduce`` + `_suffix`."""
+        return "outputs/reproduce" + self._suffix
 
     @property
     def max_n(self) -> int:
