@@ -5,7 +5,8 @@
 # .floor/ and shadow .venv's copies through PYTHONPATH; everything else (torch, numpy, ...) comes from .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FLOOR=$(sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+FLOOR=$(sed -n 's/.*"transformers>=\([0-9.]*\)[",].*/\1/p' pyproject.toml)
+if [ -z "$FLOOR" ]; then echo "test_floor.sh: no \"transformers>=X\" found in pyproject.toml" >&2; exit 1; fi
 target=.floor
 stamp=$target/.transformers-$FLOOR
 if [ ! -f "$stamp" ]; then
