@@ -1,6 +1,6 @@
 """MSV generation on models with recurrent cache layers (conv / SSM / linear attention), tiny and random (CPU, seconds).
 
-LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params``), Mamba-2 (SSM only), Qwen3-Next
+LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params`` before transformers 5.24), Mamba-2 (SSM only), Qwen3-Next
 (gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), FalconMamba, Bamba, Falcon-H1 and
 GraniteMoeHybrid, decoded by the lockstep loop (branches as extra rows of the decoding batch). The invariants are
 those of `test_generation`: sampling is unperturbed and every answer equals a cache-free recomputation of its branch
@@ -15,6 +15,8 @@ import torch
 import transformers
 from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
+
+from hf_msv.generation.caches import cache_argument, output_cache
 
 from hf_msv.generation import (
     DelimiterMatcher,
@@ -93,7 +95,7 @@ def hybrid_model(arch: str):
 def prefill(model, inputs) -> DynamicCache:
     with torch.no_grad():
         out = model(**inputs, use_cache=True)
-    return out.past_key_values if "past_key_values" in out else out.cache_params
+    return output_cache(out)
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
@@ -190,7 +192,7 @@ def test_fork_cache_leaves_the_live_cache_untouched(arch):
     model = hybrid_model(arch)
     cache = prefill(model, prompts())
     before = cache_tensors(cache)
-    argument = "cache_params" if "cache_params" in model.forward.__code__.co_varnames else "past_key_values"
+    argument = cache_argument(model)
     for rows in (torch.tensor([1, 1, 0]), torch.tensor([0, 1])):
         fork = fork_cache(cache, rows)
         assert all(torch.equal(f, b[rows]) for f, b in zip(cache_tensors(fork), before))
@@ -211,7 +213,7 @@ def test_branch_cache_restores_the_saved_recurrent_state_and_counts_its_bytes():
     # One linear-attention layer: conv (channels = 2 x 16 + 32, kernel 4) and recurrent (4 heads, 8 x 8), fp32.
     assert per_row == (64 * 4 + 4 * 8 * 8) * 4 and history.nbytes == per_row
     with torch.no_grad():  # the live cache moves on by one token
-        model(input_ids=torch.tensor([[5], [6]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([[5], [6]]), **{cache_argument(model): cache}, use_cache=True)
     branch = branch_cache(cache, [1, 0], drops=[1, 0], step=1, history=history)
     layer, live = branch.layers[0], cache.layers[0]
     assert torch.equal(layer.recurrent_states[0][0], saved[1][1])  # row 1 as before the token

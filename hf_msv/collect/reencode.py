@@ -63,6 +63,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from ..answers import extract_boxed
 from ..data.problems import Problem
 from ..generation import DelimiterMatcher, MSVAnswer
+from ..generation.caches import cache_argument
 from ..generation.forking import AnswerElicitor, Branch
 from .traces import FINISH_EOS, Trace, TraceError
 
@@ -354,7 +355,7 @@ class TraceReencoder:
             stop = min(width, start + step)
             positions = torch.arange(start, stop, device=self.device).expand(len(group), -1)
             out = self.model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], position_ids=positions,
-                             past_key_values=cache, use_cache=True,
+                             **{cache_argument(self.model): cache}, use_cache=True,
                              **({} if self.confidence_top_k else {"logits_to_keep": 1}))
             self.forwards += 1
             if self.confidence_top_k:
@@ -477,7 +478,8 @@ class TraceReencoder:
     def _forward(self, input_ids, attention_mask, position_ids, cache, hidden: bool):
         self.forwards += 1
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=hidden)
+                          **{cache_argument(self.model): cache}, use_cache=True, logits_to_keep=1,
+                          output_hidden_states=hidden)
 
 
 def _check_layers(cache) -> None:

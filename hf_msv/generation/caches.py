@@ -40,6 +40,7 @@ With ``keep_delimiter=True``, every-K or terminal elicitation, or a model withou
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -60,8 +61,10 @@ __all__ = [
     "RecurrentHistory",
     "attention_length",
     "branch_cache",
+    "cache_argument",
     "fork_cache",
     "has_recurrent_state",
+    "output_cache",
     "recurrent_state_bytes",
 ]
 
@@ -103,6 +106,27 @@ def _check_forkable(cache: Cache) -> None:
         else:
             need = "a row gather of every tensor this layer holds (its reorder_cache) added to hf_msv.generation.caches"
         raise NotImplementedError(f"MSV generation cannot fork a {kind.__name__} cache layer: it would need {need}.")
+
+
+# What an LM's forward calls its cache: transformers >= 5.24 takes (and returns) it as `cache` on every model, before
+# that as `past_key_values`, or `cache_params` on Mamba-style LMs. Passing an old name to 5.24 goes through a
+# deprecation shim that Mamba's does not honour, so the name is read from the forward's signature.
+_CACHE_NAMES = ("cache", "cache_params", "past_key_values")
+
+
+def cache_argument(model) -> str:
+    """The keyword `model`'s forward takes its cache under (`cache`, `cache_params` or `past_key_values`)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in _CACHE_NAMES if name in parameters), "past_key_values")
+
+
+def output_cache(outputs) -> Cache | None:
+    """The cache a forward or ``generate`` step returned, under whichever name this transformers / LM uses."""
+    for name in _CACHE_NAMES:
+        cache = getattr(outputs, name, None)
+        if cache is not None:
+            return cache
+    return None
 
 
 def _is_recurrent(layer) -> bool:

@@ -26,10 +26,10 @@ When every main row is done, the branches still decoding (among them the termina
 budget) finish in a short tail of forwards over branch rows only. Without a bound `MSVEarlyStop` the loop is plain
 sampling that drops finished rows. The returned ``input_ids`` have one row per sequence, as ``_sample``'s.
 
-transformers internals relied on (tested with transformers 5.23): the ``custom_generate`` calling convention above;
+transformers internals relied on (tested with transformers 5.12-5.24): the ``custom_generate`` calling convention above;
 ``GenerationMixin._prefill(input_ids, generation_config, model_kwargs)``; ``generation_config._pad_token_tensor``;
 ``model_kwargs["attention_mask"]`` (2D, or dropped when all ones) and ``model_kwargs["position_ids"]`` as
-``generate`` prepares them; the cache returned as ``past_key_values``, or as ``cache_params`` by Mamba-style LMs
+``generate`` prepares them; the cache taken and returned as ``cache`` (5.24), ``past_key_values`` or ``cache_params`` (Mamba-style LMs)
 (which decode without an attention mask, as ``generate`` feeds them); recurrent layers ignoring the 2D mask on
 single-token forwards (``masking_utils.create_recurrent_attention_mask``); and, in `caches.fork_cache`, each cache
 layer's ``reorder_cache``. Not supported: ``synced_gpus``, ``return_dict_in_generate`` outputs other than
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .caches import RecurrentHistory, attention_length, branch_cache, fork_cache
+from .caches import RecurrentHistory, attention_length, branch_cache, cache_argument, fork_cache, output_cache
 from .forking import LiveBranch
 from .stopping import MSVEarlyStop
 
@@ -73,8 +73,7 @@ class DecodingBatch:
         self.mask = mask if self.attends else None  # as generate does: Mamba decodes without a mask
         self.model = model
         parameters = inspect.signature(model.forward).parameters
-        # Mamba-style LMs take (and return) their cache as cache_params.
-        self.cache_argument = "cache_params" if "cache_params" in parameters else "past_key_values"
+        self.cache_argument = cache_argument(model)
         self.accepts_position_ids = "position_ids" in parameters
         self.accepts_logits_to_keep = "logits_to_keep" in parameters
         self.forwards = 0
@@ -131,7 +130,7 @@ class DecodingBatch:
         if hidden:
             kwargs["output_hidden_states"] = True
         out = self.model(**kwargs, return_dict=True)
-        self.cache = getattr(out, self.cache_argument)
+        self.cache = output_cache(out)
         self.position = self.position + 1
         self.forwards += 1
         self.rows_computed += len(self.members)
@@ -145,12 +144,10 @@ def _bound_run(stopping_criteria) -> GenerationRun | None:
 
 def _start_batch(model, outputs, model_kwargs: dict, batch: int, device) -> DecodingBatch:
     """The decoding batch after the prefill: every row a main row, positions continuing ``generate``'s."""
-    cache = getattr(outputs, "past_key_values", None)
-    if cache is None:
-        cache = getattr(outputs, "cache_params", None)
+    cache = output_cache(outputs)
     if cache is None:
         raise RuntimeError("MSV generation needs the cache of the decoding loop: call generate with use_cache=True "
-                           "(the LM's forward must take it as past_key_values or cache_params).")
+                           "(the LM's forward must take it as cache, past_key_values or cache_params).")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and mask.dim() != 2:
         raise NotImplementedError("MSV generation needs a 2D attention mask (dynamic cache).")
