@@ -213,10 +213,10 @@ def targets(res: dict) -> list[tuple[str, str, str, bool]]:
     bon = f"probe_best_of_{S}"
     row(f"Probe best-of-{S} vs pass@1", "+0.10", [bon, "probe_pass_at_1"],
         lambda: f"{res[bon]:.3f} vs {res['probe_pass_at_1']:.3f}", lambda: res[bon] >= res["probe_pass_at_1"] + 0.10)
-    row(f"majority right (maj@{S})", "<= 0.75", ["maj_at_16"], lambda: f"{res['maj_at_16']:.3f}",
-        lambda: res["maj_at_16"] <= 0.75)
-    row(f"pass@{S} - maj@{S}", ">= 0.15", ["maj_at_16", "pass_at_16"],
-        lambda: f"{res['pass_at_16'] - res['maj_at_16']:.3f}", lambda: res["pass_at_16"] - res["maj_at_16"] >= 0.15)
+    maj, cover = f"maj_at_{S}", f"pass_at_{S}"
+    row(f"majority right (maj@{S})", "<= 0.75", [maj], lambda: f"{res[maj]:.3f}", lambda: res[maj] <= 0.75)
+    row(f"pass@{S} - maj@{S}", ">= 0.15", [maj, cover], lambda: f"{res[cover] - res[maj]:.3f}",
+        lambda: res[cover] - res[maj] >= 0.15)
     row("elicited answers / sequence", ">= 6", ["elicited_per_sequence"],
         lambda: f"{res['elicited_per_sequence']:.2f}", lambda: res["elicited_per_sequence"] >= 6)
     row("first intermediate acc vs terminal", ">= 10 pp below",
@@ -301,7 +301,7 @@ def main(argv=None):
               f"({time.time() - t0:.0f}s)", flush=True)
     sample_s = time.time() - t0
 
-    p1 = m16 = p16 = 0.0
+    p1 = maj_k = cover_k = 0.0
     n_traces = with_wait = n_waits = boxed = gen_tokens = 0
     finals = []
     for p, rows in zip(problems, traces):
@@ -309,9 +309,9 @@ def main(argv=None):
         finals.append(answers)
         correct = [x == p.gold for x in answers]
         p1 += sum(correct) / S
-        p16 += any(correct)
+        cover_k += any(correct)
         votes = Counter(x for x in answers if x is not None)
-        m16 += bool(votes) and votes.most_common(1)[0][0] == p.gold
+        maj_k += bool(votes) and votes.most_common(1)[0][0] == p.gold
         for _, g in rows:
             w = g.count(wait_id)
             n_traces += 1
@@ -373,8 +373,8 @@ def main(argv=None):
         "knobs": knobs,
         "samples_per_problem": S,
         "pass_at_1": round(p1 / len(problems), 4),
-        "maj_at_16": round(m16 / len(problems), 4),
-        "pass_at_16": round(p16 / len(problems), 4),
+        f"maj_at_{S}": round(maj_k / len(problems), 4),  # at the --samples drawn per problem
+        f"pass_at_{S}": round(cover_k / len(problems), 4),
         "final_box_rate": round(boxed / n_traces, 4),
         "wait_trace_rate": round(with_wait / n_traces, 4),
         "waits_per_trace": round(n_waits / n_traces, 3),

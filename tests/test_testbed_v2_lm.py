@@ -4,7 +4,7 @@ and ``testbed-v2:`` problem specs; v1 stays what it was."""
 import hashlib
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -227,3 +227,24 @@ def test_collect_caps_a_testbed_v2_lm_at_its_task_cap_by_default(tmp_path):
     assert budget("testbed-v2") == CAP == TASKS["v2"].sampling_cap()
     assert budget("testbed") == 4096 and budget("some/hub-model") == 4096
     assert budget("testbed-v2", max_new_tokens=100) == 100
+
+
+def test_the_shipped_v2_lm_was_trained_on_the_task_defaults_and_solves_some_problems():
+    """The LM in hf_msv/testbed/lm-v2 matches ``TaskKnobsV2``'s defaults (a changed default needs a retrained LM)
+    and its context; sampled as collection samples it, it writes boxed answers and gets some of them right."""
+    log = json.loads((TASKS["v2"].lm_dir / "training_log.json").read_text())
+    defaults = json.loads(json.dumps(asdict(task_v2.TaskKnobsV2())))  # tuples as JSON lists
+    assert log["task"] == "v2" and log["knobs"] == {} and log["task_knobs"] == defaults
+    model, tok = load_testbed_lm(task="v2")
+    assert model.config.max_position_embeddings == TASKS["v2"].context()
+    problems = task_v2.generate_problems("evaluation", 8, seed=5)
+    enc = tok([task_v2.format_prompt(p) for p in problems for _ in range(4)], return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, top_k=0, max_new_tokens=CAP, pad_token_id=tok.pad_token_id)
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    boxes = [t.rsplit("\\boxed{", 1)[1].split("}")[0] if "\\boxed{" in t else None for t in texts]
+    golds = [p.gold for p in problems for _ in range(4)]
+    assert sum(b is not None for b in boxes) >= 16  # most finish within the cap
+    assert 2 <= sum(b == g for b, g in zip(boxes, golds)) < 32  # some right, not all
+    assert sum("Wait" in t for t in texts) >= 24  # re-checks

@@ -13,8 +13,8 @@ early stopping, **not** a math model: its numbers say nothing about real LMs on 
 
 Retrain the shipped checkpoint with ``python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm``. A second
 task, testbed v2 (:mod:`hf_msv.testbed.task_v2`, issue #17), is selectable everywhere v1 is (:mod:`.tasks`); its LM
-does not ship: ``python -m hf_msv.testbed.train_lm --task v2 --output-dir hf_msv/testbed/lm-v2`` trains the one
-``load_testbed_lm(task="v2")`` and ``load_lm("testbed-v2")`` load.
+ships in ``hf_msv/testbed/lm-v2`` (``load_testbed_lm(task="v2")``, ``load_lm("testbed-v2")``; retrain it with
+``python -m hf_msv.testbed.train_lm --task v2 --no-bf16 --output-dir hf_msv/testbed/lm-v2``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .task import (
 from .tasks import TASKS, TESTBED_LM_NAMES, get_task
 
 TESTBED_LM_DIR = TASKS["v1"].lm_dir
-TESTBED_V2_LM_DIR = TASKS["v2"].lm_dir  # not shipped: trained with train_lm --task v2
+TESTBED_V2_LM_DIR = TASKS["v2"].lm_dir  # shipped; v1 stays the default until the v2 verifier and demo ship
 # The streaming MSV_16 trained on the testbed LM (`hf_msv.reproduction.train_shipped_verifier`).
 TESTBED_VERIFIER_DIR = Path(__file__).resolve().parent / "verifier"
 

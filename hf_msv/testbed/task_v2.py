@@ -4,8 +4,7 @@ Same public shape as :mod:`hf_msv.testbed.task` (``generate_problems``, ``format
 ``make_trace_parts``, ``make_elicitation_example``, a frozen knobs dataclass) and the same split hashing
 (:func:`~hf_msv.testbed.task.split_of` of the canonical form), under its own source name ``testbed-arith-v2``.
 :func:`sample_trace` returns the whole :class:`TraceV2` (pieces, greedy elicited answers and their probabilities)
-for benchmarks and tests. A problem is a start value and 3-8 operations (``+k``/``-k`` with one- or two-digit
-``k``, ``*2``/``*3``) whose values stay in ``[0, 99]``, and, in 60 % of problems, one irrelevant clause
+for benchmarks and tests. A problem is a start value and 3-6 operations (``+k``/``-k`` with ``k`` up to 15, ``*2``/``*3``) whose values stay in ``[0, 99]``, and, in 60 % of problems, one irrelevant clause
 (``2 of them are red.``) that does not change the answer::
 
     Q: Dee has 38 shells. Times 2. Gets 17. 2 of them are red. Gives 14 away. How many?
@@ -18,6 +17,13 @@ arithmetic on 2 CPU cores, which it did not with three-digit values and factors 
 pass@1 0.088 after the same 2,800 steps, the sums wrong and the layout right). Difficulty comes from the chain's
 length, its carries and borrows, the irrelevant clause and the re-check policy instead.
 
+The default error rates are those of the trace *writer*; the LM trained on its traces adds slips of its own (false
+equations 2x the writer's, measured by ``benchmarks/testbed_quality.py --task v2``), so the writer is set below the
+target band (pass@1 0.57) for the LM to land in it: chains of at most 6 operations, operands up to 15 and the
+per-carry rates below are what the 0.87 M-parameter LM learns in 2,800 steps (issue #17's measurements: with 8
+operations, operands up to 20 and the first rates it reached pass@1 0.08). ``overthink_prob`` 0.85 gives >= 6
+elicited answers per sequence at the writer (7.3; the LM re-checks a little less than its writer).
+
 Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tuned to a verifier's numbers):
 
 * **Knowable difficulty; errors from the solver's own uncertainty.** A step goes wrong by dropping a carry /
@@ -29,7 +35,7 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   likely they are to be right (Kadavath et al. 2022; the paper's Probe, after Zhang et al. 2025 "Reasoning models
   know when they're right", reaches AUROC 0.946 at N = 1 on AIME).
 * **A consistent misreading that checking does not catch.** A chain subtracts the irrelevant clause's number
-  with a probability set by its wording (``distractor_take``: "broken" 0.9, "old" 0.65, "red" 0.4); re-checks verify
+  with a probability set by its wording (``distractor_take``: "broken" 0.8, "old" 0.5, "red" 0.25); re-checks verify
   the arithmetic, not the reading, and only rarely (``reconsider_prob``) question it, in either direction. Models
   take relevant-looking but irrelevant clauses into account, consistently (Mirzadeh et al. 2024, GSM-NoOp), so the
   majority is wrong on such problems while some chains are right, as self-consistency fails on hard problems while
@@ -95,17 +101,17 @@ class TaskKnobsV2:
     """Knobs of the v2 generator (problems) and of the noisy solver that writes the traces."""
 
     min_steps: int = 3
-    max_steps: int = 8
+    max_steps: int = 6
     max_start: int = 60  # start value in [10, max_start]
-    max_operand: int = 20  # +k / -k with k in [1, max_operand]
+    max_operand: int = 15  # +k / -k with k in [1, max_operand]
     max_value: int = 99  # every intermediate value of the true chain stays in [0, max_value]
     ops: str = "+-*"
     mul_factors: tuple = (2, 3)
     distractor_prob: float = 0.6  # P(the problem has an irrelevant clause "12 of them are broken.")
     # noisy solver: careful (step-by-step) error per carry / borrow, and per step
-    carry_error: float = 0.18  # per carry
-    borrow_error: float = 0.22  # per borrow (x4 across a zero digit)
-    mul_error: float = 0.15  # per unit carried in a multiplication
+    carry_error: float = 0.10  # per carry
+    borrow_error: float = 0.12  # per borrow (x4 across a zero digit)
+    mul_error: float = 0.08  # per unit carried in a multiplication
     slip_error: float = 0.02
     mental_factor: float = 5.5  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
     guess_prob: float = 0.35  # P(the chain opens with a one-line mental guess)
@@ -113,12 +119,12 @@ class TaskKnobsV2:
     false_alarm: float = 0.5  # P(an immediate Wait after a right step) = false_alarm * the step's risk
     recheck_factor: float = 0.3  # a re-check's error rate relative to the first computation
     persist_prob: float = 0.7  # P(a re-check of a wrong step repeats the same slip: the error is systematic)
-    distractor_take: tuple = (0.9, 0.65, 0.4)  # P(a chain subtracts the irrelevant number), per wording
+    distractor_take: tuple = (0.8, 0.5, 0.25)  # P(a chain subtracts the irrelevant number), per wording
     reconsider_prob: float = 0.08  # P(a re-check questions the reading of the irrelevant clause instead)
     confirm_factor: float = 0.35  # a confirmed step's doubt is multiplied by this
     conflict_doubt: float = 0.5  # the doubt of a step whose re-check disagreed with it
     confident_doubt: float = 0.2  # re-check while the chain's doubt is above this
-    overthink_prob: float = 0.45  # P(one more re-check when already confident)
+    overthink_prob: float = 0.85  # P(one more re-check when already confident)
     max_rechecks: int = 16
     max_trace_tokens: int = 272  # sampling cap (characters; the delimiter Wait is one token)
 

@@ -1,9 +1,10 @@
 """The testbed's tasks by name, so that training, loading and evaluating a testbed LM can pick one.
 
-``"v1"`` (:mod:`hf_msv.testbed.task`) is the shipped LM's task and the default everywhere. ``"v2"``
-(:mod:`hf_msv.testbed.task_v2`, issue #17) has knowable difficulty, guess vs step-by-step, re-checks until confident
-and a length cap; no LM trained on it ships yet: ``python -m hf_msv.testbed.train_lm --task v2 --output-dir
-hf_msv/testbed/lm-v2`` trains one where :func:`hf_msv.testbed.load_testbed_lm` and ``load_lm("testbed-v2")`` look.
+``"v1"`` (:mod:`hf_msv.testbed.task`) is the default everywhere (the shipped verifier and the demo are v1's).
+``"v2"`` (:mod:`hf_msv.testbed.task_v2`, issue #17) has knowable difficulty, guess vs step-by-step, re-checks until
+confident and a length cap; its LM ships in ``hf_msv/testbed/lm-v2`` (trained by ``python -m
+hf_msv.testbed.train_lm --task v2 --no-bf16 --output-dir hf_msv/testbed/lm-v2``), where
+:func:`hf_msv.testbed.load_testbed_lm` and ``load_lm("testbed-v2")`` look.
 
 Both task modules have the same public shape (``generate_problems``, ``format_prompt``, ``make_training_trace``,
 ``make_elicitation_example``, ``GEN_KNOBS``); a :class:`TestbedTask` adds what differs around them: the knobs

@@ -13,12 +13,12 @@ Training data is an endless seeded stream of ``train``-split problems with noisy
 ``Wait`` and followed by ``### Final Answer ### \\boxed{current answer}`` + EOS. The loss skips the question and the
 elicitation prompt itself (so the LM answers an elicitation but never emits one mid-trace on its own).
 
-``--task v2`` trains on testbed v2 (:mod:`hf_msv.testbed.task_v2`) with the same recipe (not tuned for v2 yet) and a
+``--task v2`` trains on testbed v2 (:mod:`hf_msv.testbed.task_v2`) with the same recipe and a
 context of 560 positions (prompt + a trace capped at 272 tokens + elicitation; :meth:`TestbedTask.context`).
 A v2 trace cut at the cap gets no EOS: sampling stops it there by ``max_new_tokens``, so the LM must learn to keep
-going rather than to end cut traces itself. ``load_lm("testbed-v2")`` loads the LM saved in ``hf_msv/testbed/lm-v2``.
-v2 examples are longer than v1's (195 tokens on average): measured on 2 cores of an AVX2-only CPU, a step of the
-current v2 defaults takes ~1.0 s in fp32 (~48 min for 2,800 steps; the first v2 defaults, three-digit values, 1.3 s).
+going rather than to end cut traces itself. ``load_lm("testbed-v2")`` loads the LM shipped in ``hf_msv/testbed/lm-v2``:
+``python -m hf_msv.testbed.train_lm --task v2 --no-bf16 --threads 2 --output-dir hf_msv/testbed/lm-v2`` (seed 0,
+2,800 steps; 42.8 min on 2 cores of an AVX2-only CPU, ~0.8-0.9 s per step in fp32; its ``training_log.json``).
 On such a CPU (no native bf16), bf16
 autocast makes a step ~8x slower (v2: 18 s; v1: ~9 s vs ~0.9 s in fp32): pass ``--no-bf16`` there.
 """
@@ -31,6 +31,7 @@ import math
 import os
 import random
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -245,7 +246,9 @@ def train_testbed_lm(
     stats = {
         "task": task.name, "context": context,
         "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "d_model": d_model, "n_layers": n_layers,
-        "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs, "bf16": bf16,
+        "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs,
+        "task_knobs": asdict(task.knobs(**knobs)),  # every knob, defaults included: the data this LM was trained on
+        "bf16": bf16,
         "parameters": n_params, "wall_time_s": round(wall, 1), "final_loss": round(ema, 4),
         "torch_threads": torch.get_num_threads(), "device": device.type, "history": history,
     }
