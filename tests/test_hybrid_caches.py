@@ -1,11 +1,11 @@
 """MSV generation on models with recurrent cache layers (conv / SSM / linear attention), tiny and random (CPU, seconds).
 
-LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params`` before transformers 5.24), Mamba-2 (SSM only), Qwen3-Next
-(gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), FalconMamba, Bamba, Falcon-H1 and
-GraniteMoeHybrid, decoded by the lockstep loop (branches as extra rows of the decoding batch). The invariants are
-those of `test_generation`: sampling is unperturbed and every answer equals a cache-free recomputation of its branch
-context, here with delimiters split over up to four tokens, so branch rows must start from a recurrent state saved
-before the delimiter; a prompt that stops takes its recurrent rows out of the batch.
+LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params`` before transformers 5.24), Mamba-2
+(SSM only), Qwen3-Next (gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), FalconMamba,
+Bamba, Falcon-H1 and GraniteMoeHybrid, decoded by the lockstep loop (branches as extra rows of the decoding batch). The
+invariants are those of `test_generation`: sampling is unperturbed and every answer equals a cache-free recomputation of
+its branch context, here with delimiters split over up to four tokens, so branch rows must start from a recurrent state
+saved before the delimiter; a prompt that stops takes its recurrent rows out of the batch.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import transformers
 from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
 
-from hf_msv.generation.caches import cache_argument, output_cache
-
 from hf_msv.generation import (
     DelimiterMatcher,
     RecurrentHistory,
@@ -27,6 +25,7 @@ from hf_msv.generation import (
     prepare_generation,
     recurrent_state_bytes,
 )
+from hf_msv.generation.caches import cache_argument, output_cache
 
 from test_generation import (
     EOS,

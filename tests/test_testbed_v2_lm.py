@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from hf_msv.answers import ELICITATION_PROMPT
+from hf_msv.answers import ELICITATION_PROMPT, extract_last_boxed
 from hf_msv.collect.lm import load_lm, load_problems
 from hf_msv.testbed import TASKS, load_testbed_lm, task_v2
 from hf_msv.testbed.tokenizer import build_tokenizer
@@ -243,7 +243,7 @@ def test_the_shipped_v2_lm_was_trained_on_the_task_defaults_and_solves_some_prob
     with torch.no_grad():
         out = model.generate(**enc, do_sample=True, top_k=0, max_new_tokens=CAP, pad_token_id=tok.pad_token_id)
     texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
-    boxes = [t.rsplit("\\boxed{", 1)[1].split("}")[0] if "\\boxed{" in t else None for t in texts]
+    boxes = [extract_last_boxed(t) for t in texts]
     golds = [p.gold for p in problems for _ in range(4)]
     assert sum(b is not None for b in boxes) >= 16  # most finish within the cap
     assert 2 <= sum(b == g for b, g in zip(boxes, golds)) < 32  # some right, not all

@@ -40,8 +40,8 @@ def load_problems(spec: str) -> list[Problem]:
 
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
     """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, ``"testbed-v2"`` the testbed v2
-    LM shipped in ``hf_msv/testbed/lm-v2`` (where it is missing, a FileNotFoundError says how to train it), anything else
-    goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
+    LM shipped in ``hf_msv/testbed/lm-v2`` (where it is missing, a FileNotFoundError says how to train it), anything
+    else goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
     `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
     from ..testbed.tasks import TESTBED_LM_NAMES
 

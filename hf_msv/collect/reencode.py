@@ -308,6 +308,7 @@ class TraceReencoder:
         self.confidence_top_k = confidence_top_k
         self.eos_ids = eos_token_ids(model)
         self.device = next(model.parameters()).device
+        self.cache_argument = cache_argument(model)  # read once: a signature lookup per forward would be waste
         self.forwards = 0  # LM forward calls (prefill chunks and elicitation steps), for benchmarks
 
     @torch.no_grad()
@@ -355,7 +356,7 @@ class TraceReencoder:
             stop = min(width, start + step)
             positions = torch.arange(start, stop, device=self.device).expand(len(group), -1)
             out = self.model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], position_ids=positions,
-                             **{cache_argument(self.model): cache}, use_cache=True,
+                             **{self.cache_argument: cache}, use_cache=True,
                              **({} if self.confidence_top_k else {"logits_to_keep": 1}))
             self.forwards += 1
             if self.confidence_top_k:
@@ -478,7 +479,7 @@ class TraceReencoder:
     def _forward(self, input_ids, attention_mask, position_ids, cache, hidden: bool):
         self.forwards += 1
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          **{cache_argument(self.model): cache}, use_cache=True, logits_to_keep=1,
+                          **{self.cache_argument: cache}, use_cache=True, logits_to_keep=1,
                           output_hidden_states=hidden)
 
 

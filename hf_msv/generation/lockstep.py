@@ -28,12 +28,11 @@ sampling that drops finished rows. The returned ``input_ids`` have one row per s
 
 transformers internals relied on (tested with transformers 5.12-5.24): the ``custom_generate`` calling convention above;
 ``GenerationMixin._prefill(input_ids, generation_config, model_kwargs)``; ``generation_config._pad_token_tensor``;
-``model_kwargs["attention_mask"]`` (2D, or dropped when all ones) and ``model_kwargs["position_ids"]`` as
-``generate`` prepares them; the cache taken and returned as ``cache`` (5.24), ``past_key_values`` or ``cache_params`` (Mamba-style LMs)
-(which decode without an attention mask, as ``generate`` feeds them); recurrent layers ignoring the 2D mask on
+``model_kwargs["attention_mask"]`` (2D, or dropped when all ones) and ``model_kwargs["position_ids"]`` as ``generate``
+prepares them; the cache taken and returned as ``cache`` (5.24), ``past_key_values`` or ``cache_params`` (Mamba-style
+LMs, which decode without an attention mask, as ``generate`` feeds them); recurrent layers ignoring the 2D mask on
 single-token forwards (``masking_utils.create_recurrent_attention_mask``); and, in `caches.fork_cache`, each cache
-layer's ``reorder_cache``. Not supported: ``synced_gpus``, ``return_dict_in_generate`` outputs other than
-``sequences``.
+layer's ``reorder_cache``. Not supported: ``synced_gpus``, ``return_dict_in_generate`` outputs other than ``sequences``.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Same public shape as :mod:`hf_msv.testbed.task` (``generate_problems``, ``format_prompt``, ``make_trace``,
 ``make_trace_parts``, ``make_elicitation_example``, a frozen knobs dataclass) and the same split hashing
 (:func:`~hf_msv.testbed.task.split_of` of the canonical form), under its own source name ``testbed-arith-v2``.
-:func:`sample_trace` returns the whole :class:`TraceV2` (pieces, greedy elicited answers and their probabilities)
-for benchmarks and tests. A problem is a start value and 3-6 operations (``+k``/``-k`` with ``k`` up to 15, ``*2``/``*3``) whose values stay in ``[0, 99]``, and, in 60 % of problems, one irrelevant clause
-(``2 of them are red.``) that does not change the answer::
+:func:`sample_trace` returns the whole :class:`TraceV2` (pieces, greedy elicited answers and their probabilities) for
+benchmarks and tests. A problem is a start value and 3-6 operations (``+k``/``-k`` with ``k`` up to 15, ``*2``/``*3``)
+whose values stay in ``[0, 99]``, and, in 60 % of problems, one irrelevant clause (``2 of them are red.``) that does not
+change the answer::
 
     Q: Dee has 38 shells. Times 2. Gets 17. 2 of them are red. Gives 14 away. How many?
     A: 38*2=76. 76+17=93. 93-2=92. 92-14=78. So 78. Wait, the red ones still count. 93-14=79. Wait, 93-14=79?
