@@ -145,17 +145,13 @@ def shard_statistics(eval_dir: Path) -> dict:
     }
 
 
-_EQ = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
-
-
 def trace_errors(texts: list[str], problem, kn) -> Counter:
     """Where a v2 trace departs from the problem, counted the same way for the LM's traces and the solver's: written
     equations ``a op k = c`` (not the ``?`` re-checks) that are false, split by whether the step has a carry /
     borrow (without one the solver errs only by ``slip_error``); equations whose ``op k`` is in neither the question
     nor its irrelevant clause (a misread operand); first-pass equations that do not start from the value written
     before (a copy slip); and final boxes that differ from the last ``So X.``."""
-    from hf_msv.testbed.task import apply_op
-    from hf_msv.testbed.task_v2 import carry_positions
+    from hf_msv.testbed.task_v2 import carry_positions, written_equations
 
     ops = {(op, int(k)) for op, k in problem.meta["ops"]}
     if problem.meta.get("distractor"):
@@ -164,21 +160,20 @@ def trace_errors(texts: list[str], problem, kn) -> Counter:
     for text in texts:
         first_pass = text.split(" So ")[0]
         prev = problem.meta["start"]
-        for a, op, k, r, q, fixed in _EQ.findall(first_pass):
-            if not q:
+        for e in written_equations(first_pass):
+            if not e.checked:
                 c["first_pass_eqs"] += 1
-                c["copy_slips"] += int(a) != prev
-                prev = int(r)
-            elif fixed:  # "Wait, a op k = r? no, x.": the pass goes on from x
-                prev = int(fixed)
-        for a, op, k, r, q, _ in _EQ.findall(text):
-            if q:
+                c["copy_slips"] += e.a != prev
+                prev = e.result
+            elif e.fix is not None:  # "Wait, a op k = r? no, x.": the pass goes on from x
+                prev = e.fix
+        for e in written_equations(text):
+            if e.checked:
                 continue
-            a, k, r = int(a), int(k), int(r)
-            carry = bool(carry_positions(a, op, k)) if 0 <= a <= 999 else True
+            carry = bool(carry_positions(e.a, e.op, e.k)) if 0 <= e.a <= 999 else True
             c["eqs_carry" if carry else "eqs_plain"] += 1
-            c["false_carry" if carry else "false_plain"] += apply_op(a, op, k) != r
-            c["operand_misreads"] += (op, k) not in ops
+            c["false_carry" if carry else "false_plain"] += not e.true
+            c["operand_misreads"] += (e.op, e.k) not in ops
         so, box = re.findall(r"So (-?\d+)\.", text), re.findall(r"\\boxed\{([^}]*)\}", text)
         if so and box:
             c["finished_with_so"] += 1

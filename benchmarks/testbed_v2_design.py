@@ -21,9 +21,9 @@ the LM Probe). Informational rows (no target): the visible probe's best-of-K acc
 problems (the issue's LM target: Probe best-of-64 >= pass@1 + 0.10); the same probe with an arithmetic check of
 the written equations (a reader who verifies every step), and without the three features of how the chain read the
 irrelevant clause; a Token-Probs proxy AUROC (the solver's own probability of the greedy terminal answer:
-1 - min(0.45, doubt) for a stated answer, the mental path's probability for a derived one); accuracy at every Wait;
-Waits wrong vs right within problems; re-check outcomes (confirm / fix / break / re-read of the clause); distinct
-terminal answers per problem.
+1 - min(0.45, doubt + unease) for a stated answer, the mental path's probability for a derived one); accuracy at
+every Wait; Waits wrong vs right within problems; re-check outcomes (confirm / fix / break / re-read of the
+clause); distinct terminal answers per problem.
 The last line printed is the JSON summary.
 """
 
@@ -40,10 +40,9 @@ import numpy as np
 
 from hf_msv.testbed.task import apply_op
 from hf_msv.testbed.task_v2 import (
-    carry_positions, generate_problems, knobs_v2, sample_trace, step_risk, trace_tokens,
+    carry_positions, false_equations, generate_problems, knobs_v2, sample_trace, step_risk, trace_tokens,
+    written_equations,
 )
-
-_EQ = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?")
 
 
 def visible_features(capped_text: str, finished: bool, problem, kn) -> list[float]:
@@ -51,15 +50,14 @@ def visible_features(capped_text: str, finished: bool, problem, kn) -> list[floa
     probe): the first pass's steps as written, their carries and risk (a function of their digits), Waits, fixes,
     stated answers, the irrelevant clause's wording and whether the chain subtracted its number."""
     n_question_ops = len(problem.meta["ops"])
-    eqs = _EQ.findall(capped_text)
-    first = [e for e in eqs if not e[4]][:n_question_ops]  # the first pass as written
+    first = [e for e in written_equations(capped_text) if not e.checked][:n_question_ops]  # the first pass as written
     dis = problem.meta.get("distractor")
     first_pass = capped_text.split(" So ")[0]
     took = bool(dis) and first_pass.count(f"-{dis[1]}=") > sum(o == ["-", dis[1]] for o in problem.meta["ops"])
     rereads = capped_text.count("still count") + capped_text.count("take them away")
-    carries = [len(carry_positions(int(a), op, int(k))) for a, op, k, _, _ in first]
-    risks = [step_risk(int(a), op, int(k), kn) for a, op, k, _, _ in first]
-    n_mul = sum(op == "*" for _, op, _, _, _ in first)
+    carries = [len(carry_positions(e.a, e.op, e.k)) for e in first]
+    risks = [step_risk(e.a, e.op, e.k, kn) for e in first]
+    n_mul = sum(e.op == "*" for e in first)
     waits = capped_text.count("Wait")
     fixes, yeses = capped_text.count("? no,"), capped_text.count("? yes.")
     stated = re.findall(r"(?:So|About) (-?\d+)\.", capped_text)
@@ -75,11 +73,6 @@ def visible_features(capped_text: str, finished: bool, problem, kn) -> list[floa
 
 
 READING_COLUMNS = slice(20, 23)  # in visible_features: took the clause, rereads, final reading (the last columns)
-
-
-def false_equations(capped_text: str) -> int:
-    """Written equations ``a op k = c`` that are arithmetically false (a reader who checks every step)."""
-    return sum(apply_op(int(a), op, int(k)) != int(c) for a, op, k, c, q in _EQ.findall(capped_text) if not q)
 
 
 def auroc(y: np.ndarray, s: np.ndarray) -> float:
@@ -137,12 +130,10 @@ def _outcome(piece, t, p) -> str:
     """A re-check as confirm / fix / break / change (wrong -> other wrong), from the equation it re-checks."""
     if piece.kind == "reread":
         return "reread"
-    a, op, k, old = _EQ.search(piece.text).groups()[:4]
-    true = apply_op(int(a), op, int(k))
+    e = written_equations(piece.text)[0]
     if piece.kind == "check":
         return "confirm"
-    new = int(piece.text.rsplit("no, ", 1)[1].rstrip("."))
-    return "fix" if new == true else "break" if int(old) == true else "wrong_to_wrong"
+    return "fix" if e.fix == apply_op(e.a, e.op, e.k) else "break" if e.true else "wrong_to_wrong"
 
 
 def summarize(problems, rows, X, finals, outcomes) -> dict:

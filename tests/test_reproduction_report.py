@@ -129,6 +129,11 @@ def test_task_flag_picks_testbed_v2_its_cap_its_work_dir_and_report_stem():
     assert cfg == ReproduceConfig.quick_config(task="v2")
     # v2's LM has no positions far beyond its trace cap: the reproduction samples up to the cap
     assert cfg.max_new_tokens == task_v2.TaskKnobsV2().max_trace_tokens
+    # a smaller budget given explicitly is kept (it used to be overwritten by the cap); one beyond the cap is an error
+    assert ReproduceConfig(task="v2", max_new_tokens=128).max_new_tokens == 128
+    with pytest.raises(ValueError, match="length cap 272"):
+        ReproduceConfig(task="v2", max_new_tokens=400)
+    assert ReproduceConfig(task="v1", max_new_tokens=400).max_new_tokens == 400
     assert (cfg.stem, cfg.default_work_dir) == ("testbed-v2-quick", "outputs/reproduce-v2-quick")
     # a v2 run's report lists only what differs from v2's own defaults
     assert _config_changes(json.loads(json.dumps(dataclasses.asdict(cfg)))) == []

@@ -14,6 +14,7 @@ from hf_msv.testbed.task_v2 import (
     SOURCE,
     TaskKnobsV2,
     carry_positions,
+    false_equations,
     format_prompt,
     generate_problems,
     knobs_v2,
@@ -24,6 +25,7 @@ from hf_msv.testbed.task_v2 import (
     sample_trace,
     step_risk,
     trace_tokens,
+    written_equations,
 )
 
 NOISELESS = dict(carry_error=0.0, borrow_error=0.0, mul_error=0.0, slip_error=0.0, distractor_take=(0.0, 0.0, 0.0),
@@ -183,10 +185,12 @@ def test_elicited_answer_is_copied_where_stated_and_derived_mid_computation(samp
 
 
 # --------------------------------------------------------------------------------------------- design claims
-def test_wrong_chains_wait_more_than_right_ones(sample):
-    right = [len(t.wait_pieces) for p, t in _traces(sample) if t.terminal.answer == p.gold]
-    wrong = [len(t.wait_pieces) for p, t in _traces(sample) if t.terminal.answer != p.gold]
-    assert sum(wrong) / len(wrong) > sum(right) / len(right) + 0.5
+def test_wrong_chains_wait_more_and_run_longer_than_right_ones(sample):
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for size in (lambda t: len(t.wait_pieces), lambda t: trace_tokens(t.capped_text)):
+        right = [size(t) for p, t in _traces(sample) if t.terminal.answer == p.gold]
+        wrong = [size(t) for p, t in _traces(sample) if t.terminal.answer != p.gold]
+        assert mean(wrong) > mean(right) * 1.02
 
 
 def test_the_cap_binds_for_some_but_not_most_traces(sample):
@@ -287,8 +291,43 @@ def test_chains_stop_when_confident_and_the_elicited_answer_hedges_by_doubt(samp
     assert sum(t.pieces[-1].doubt <= kn.confident_doubt for t in finished) / len(finished) > 0.9
     p, ts = sample[1]
     piece = next(x for t in ts for x in t.pieces if x.kind == "so")
-    sure, unsure = replace(piece, doubt=0.0), replace(piece, doubt=0.4)
+    sure, unsure = replace(piece, doubt=0.0, unease=0.0), replace(piece, doubt=0.4, unease=0.0)
     assert {sample_elicited_answer(sure, p, random.Random(s)) for s in range(50)} == {piece.answer}
     drawn = Counter(sample_elicited_answer(unsure, p, random.Random(s)) for s in range(300))
     assert 0.45 < drawn[piece.answer] / 300 < 0.8  # ~ 1 - doubt, the answer's probability
     assert unsure.answer_prob == sure.answer_prob == piece.answer_prob  # fixed at sampling; replace() keeps it
+
+
+def _auroc(pairs) -> float:
+    """AUROC of ``(right, score)`` pairs: P(a right one scores above a wrong one), ties counted half."""
+    right = [x for ok, x in pairs if ok]
+    wrong = [x for ok, x in pairs if not ok]
+    return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
+
+
+def test_self_evaluation_hedges_a_stated_answer_by_the_wrong_steps_standing(sample):
+    """Elicitation's unease is ``self_check`` per wrong step standing in the chain: a wrong chain worked step by step
+    with no clause to misread has some, a chain that wrote nothing wrong has none, and the terminal answer's
+    probability then separates right from wrong chains far better than without self-evaluation."""
+    kn = TaskKnobsV2()
+    rows = [(p, t, t.terminal) for p, t in _traces(sample) if t.finished and not t.terminal.derived]
+    plain = [(p, t, x) for p, t, x in rows if not p.meta["distractor"]]
+    worked_wrong = [x for p, t, x in plain if x.answer != p.gold and any(y.kind == "step" for y in t.pieces)]
+    clean = [x for p, t, x in plain if false_equations(t.text) == 0 and "? no," not in t.text]
+    assert worked_wrong and clean
+    assert all(x.unease >= kn.self_check - 1e-9 for x in worked_wrong)
+    assert all(x.unease == 0.0 for x in clean)
+
+    without = [(p, sample_trace(p, random.Random(i), self_check=0.0)) for i, (p, _) in enumerate(_traces(sample))]
+    terminal = lambda pts: [(t.terminal.answer == p.gold, t.terminal.answer_prob) for p, t in pts]  # noqa: E731
+    assert _auroc(terminal(_traces(sample))) > 0.85
+    assert _auroc(terminal(without)) < _auroc(terminal(_traces(sample))) - 0.1
+
+
+def test_written_equations_parse_steps_rechecks_and_fixes():
+    eqs = written_equations(" 38*2=76. 76+17=94. Wait, 76+17=94? no, 93. 93-14=79. Wait, 93-14=79? yes. So 79.")
+    assert [(e.a, e.op, e.k, e.result, e.checked, e.fix) for e in eqs] == [
+        (38, "*", 2, 76, False, None), (76, "+", 17, 94, False, None), (76, "+", 17, 94, True, 93),
+        (93, "-", 14, 79, False, None), (93, "-", 14, 79, True, None)]
+    assert [e.true for e in eqs] == [True, False, False, True, True]
+    assert false_equations(" 38*2=76. 76+17=94. Wait, 76+17=94? no, 93.") == 1

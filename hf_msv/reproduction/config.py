@@ -31,8 +31,9 @@ class ReproduceConfig:
     num_sequences: tuple = _help("the N of the main study (MSV_N and baselines on N-subsets)", default=(1, 4, 16, 64))
     training_seeds: int = _help("verifiers trained per (method, N, mode), each with its own seed; tables report mean "
                                 "± std over them", default=3)
-    max_new_tokens: int = _help("chain-of-thought token budget per sequence (a task with a length cap, v2, "
-                                "samples up to its cap instead)", default=320)
+    max_new_tokens: int | None = _help("chain-of-thought token budget per sequence (default: 320, or the task's "
+                                       "length cap: v2 272, which a smaller budget may cut, never exceed)",
+                                       default=None)
     reference_checker: str = _help("equivalence checker whose classes and correctness are the reference",
                                    default="symbolic")
     problems_per_batch: int = _help("problems sampled together (4 suits 2 CPU cores; 32 a GPU)", default=4)
@@ -77,8 +78,13 @@ class ReproduceConfig:
             raise ValueError(f"training_seeds must be ≥ 1, got {self.training_seeds}")
         # v2's LM is trained on traces cut at the cap and has no positions far beyond it (its context is cap + 288)
         cap = get_task(self.task).sampling_cap()
-        if cap is not None:
-            self.max_new_tokens = cap
+        if self.max_new_tokens is None:
+            self.max_new_tokens = cap or 320
+        elif cap is not None and self.max_new_tokens > cap:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} is beyond testbed {self.task}'s length cap {cap}: "
+                             f"its LM was trained on traces cut there (give at most {cap}, or leave it unset)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
 
     @property
     def _suffix(self) -> str:

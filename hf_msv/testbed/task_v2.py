@@ -18,12 +18,14 @@ arithmetic on 2 CPU cores, which it did not with three-digit values and factors 
 pass@1 0.088 after the same 2,800 steps, the sums wrong and the layout right). Difficulty comes from the chain's
 length, its carries and borrows, the irrelevant clause and the re-check policy instead.
 
-The default error rates are those of the trace *writer*; the LM trained on its traces adds slips of its own (false
-equations 2x the writer's, measured by ``benchmarks/testbed_quality.py --task v2``), so the writer is set below the
-target band (pass@1 0.57) for the LM to land in it: chains of at most 6 operations, operands up to 15 and the
-per-carry rates below are what the 0.87 M-parameter LM learns in 2,800 steps (issue #17's measurements: with 8
-operations, operands up to 20 and the first rates it reached pass@1 0.08). ``overthink_prob`` 0.85 gives >= 6
-elicited answers per sequence at the writer (7.3; the LM re-checks a little less than its writer).
+The default error rates are those of the trace *writer*; the LM trained on its traces adds errors of its own (false
+equations, and losing its place in the operations: ``benchmarks/testbed_quality.py --task v2``), so the writer sits
+at the top of the target band (pass@1 0.61, ``benchmarks/testbed_v2_design.py``) for the LM to land in it (0.32):
+chains of at most 6 operations, operands up to 15 and the per-carry rates below are what the 0.87 M-parameter LM
+learns in 2,800 steps (with 8 operations, operands up to 20 and the first rates it reached pass@1 0.08).
+``overthink_prob`` 0.85 gives >= 6 elicited answers per sequence (writer 7.4, LM 6.6); ``guess_prob`` 0.55 puts
+the first elicited answer of most chains on a mental guess, 19 pp below the terminal accuracy at the LM (at 0.35:
+8 pp, short of issue #17's 10).
 
 Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tuned to a verifier's numbers):
 
@@ -49,11 +51,22 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
 * **Answers computed at elicitation, not copied.** Only a finished pass or a fix restates the answer (``So X.``);
   a confirming re-check does not. Cut in the middle of a pass, the elicited answer is *derived*: the remaining
   operations done mentally from the last written value, so it is less accurate and its probability spread. At a
-  stated answer the elicitation copies it, but with probability ``min(0.45, doubt)`` (the chain's doubt, below)
-  answers a fresh mental recomputation instead, so the elicited answer's probability is the chain's confidence.
-  The paper elicits intermediate answers at a ``Wait`` anywhere in the reasoning (Sec. 3.1); early ones are less
-  accurate than late ones, and trial answers are confident when the reasoning is (Yang et al. 2025, DEER;
-  Zhang et al. 2025).
+  stated answer the elicitation copies it, but with probability ``min(0.45, doubt + unease)`` (the chain's doubt
+  and self-evaluation, below) answers a fresh mental recomputation instead, so the elicited answer's probability
+  is the chain's confidence. The paper elicits intermediate answers at a ``Wait`` anywhere in the reasoning
+  (Sec. 3.1); early ones are less accurate than late ones, and trial answers are confident when the reasoning is
+  (Yang et al. 2025, DEER; Zhang et al. 2025).
+* **Self-evaluation at elicitation.** Asked for its answer, the chain weighs its own work: the hedge above grows by
+  ``self_check`` per step that stands wrong in the chain (a slip it did not fix: a persisting re-check or none at
+  all) and by ``self_check x (1 - distractor_take)`` when it took the irrelevant clause (an unusual reading of
+  its wording), so ``P(stated answer) = 1 - min(0.45, doubt + unease)``. LMs evaluate their own samples with
+  calibrated confidence (Kadavath et al. 2022, "Language models (mostly) know what they know"), their internal
+  states encode errors their text does not fix (Orgad et al. 2024, "LLMs know more than they show"), and
+  reasoning LMs' hidden states predict their answers' correctness (Zhang et al. 2025): a real LM's Token-Probs
+  reaches AUROC 0.90 at N = 1 on AIME (the paper), which confidence from visible step difficulty alone did not
+  give here (the writer's own answer probabilities: AUROC 0.67 without self-evaluation, 0.94 with it at 0.3).
+  A misreading of a tempting wording stays confident, as in GSM-NoOp. The shipped 0.87 M-parameter LM learns
+  little of this (it cannot tell a false equation it wrote from a true one: see ``hf_msv/testbed/lm-v2/README.md``).
 * **Waits mid-computation, after the solver's own doubt.** Right after writing a step, the solver re-checks it at
   once with probability ``notice_prob`` when the step is wrong and ``false_alarm`` x its risk when right: an LM that
   sampled its less likely digit has the evidence in its own distribution, and reasoning LMs' "Wait"/"hmm" cluster
@@ -81,7 +94,9 @@ line: train on it without EOS); ``sample_trace(...).text`` is the solver's whole
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 from ..data.problems import Problem
 from .task import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_distinct, final_answer_line,
@@ -89,9 +104,10 @@ from .task import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_dis
 
 SOURCE = "testbed-arith-v2"
 __all__ = [
-    "DELIMITER", "GEN_KNOBS", "MAX_HEDGE", "SOURCE", "SPLITS", "Piece", "TaskKnobsV2", "TraceV2", "carry_positions",
-    "elicited_answer", "format_prompt", "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace",
-    "make_trace_parts", "make_training_trace", "sample_elicited_answer", "sample_trace", "step_risk", "trace_tokens",
+    "DELIMITER", "GEN_KNOBS", "MAX_HEDGE", "SOURCE", "SPLITS", "Equation", "Piece", "TaskKnobsV2", "TraceV2",
+    "carry_positions", "elicited_answer", "false_equations", "format_prompt", "generate_problems", "knobs_v2",
+    "make_elicitation_example", "make_trace", "make_trace_parts", "make_training_trace", "sample_elicited_answer",
+    "sample_trace", "step_risk", "trace_tokens", "written_equations",
 ]
 # The knobs of the problem generator (the others only shape traces), as in task.GEN_KNOBS
 GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors", "distractor_prob")
@@ -110,21 +126,22 @@ class TaskKnobsV2:
     mul_factors: tuple = (2, 3)
     distractor_prob: float = 0.6  # P(the problem has an irrelevant clause "12 of them are broken.")
     # noisy solver: careful (step-by-step) error per carry / borrow, and per step
-    carry_error: float = 0.10  # per carry
-    borrow_error: float = 0.12  # per borrow (x4 across a zero digit)
+    carry_error: float = 0.08  # per carry
+    borrow_error: float = 0.10  # per borrow (x4 across a zero digit)
     mul_error: float = 0.08  # per unit carried in a multiplication
     slip_error: float = 0.02
     mental_factor: float = 5.5  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
-    guess_prob: float = 0.35  # P(the chain opens with a one-line mental guess)
+    guess_prob: float = 0.55  # P(the chain opens with a one-line mental guess)
     notice_prob: float = 0.45  # P(an immediate Wait after a wrong step)
     false_alarm: float = 0.5  # P(an immediate Wait after a right step) = false_alarm * the step's risk
     recheck_factor: float = 0.3  # a re-check's error rate relative to the first computation
-    persist_prob: float = 0.7  # P(a re-check of a wrong step repeats the same slip: the error is systematic)
+    persist_prob: float = 0.5  # P(a re-check of a wrong step repeats the same slip: the error is systematic)
     distractor_take: tuple = (0.8, 0.5, 0.25)  # P(a chain subtracts the irrelevant number), per wording
     reconsider_prob: float = 0.08  # P(a re-check questions the reading of the irrelevant clause instead)
     confirm_factor: float = 0.35  # a confirmed step's doubt is multiplied by this
     conflict_doubt: float = 0.5  # the doubt of a step whose re-check disagreed with it
     confident_doubt: float = 0.2  # re-check while the chain's doubt is above this
+    self_check: float = 0.3  # elicitation's unease per wrong step standing in the chain (and per unlikely reading)
     overthink_prob: float = 0.85  # P(one more re-check when already confident)
     max_rechecks: int = 16
     max_trace_tokens: int = 272  # sampling cap (characters; the delimiter Wait is one token)
@@ -329,9 +346,40 @@ class Piece:
     wait: bool = False  # the piece opens a segment with the delimiter
     mid: bool = False  # a re-check inside a pass (mid-computation)
     doubt: float = 0.0  # the chain's doubt when the piece ends (visible: a function of the steps written so far)
+    unease: float = 0.0  # what self-evaluation adds to the doubt at an elicitation here (see TaskKnobsV2.self_check)
     answer: str = ""  # the greedy (most likely) elicited answer
     derived: bool = False
     answer_prob: float = 1.0  # its probability: 1 - hedge for a stated answer, the mental path's if derived
+
+
+class Equation(NamedTuple):
+    """One equation written in a v2 trace: ``a op k = result``; ``checked`` for a re-check (``a op k = result?``),
+    whose ``fix`` is the value it replaces ``result`` with (``? no, fix.``; None when it confirms)."""
+
+    a: int
+    op: str
+    k: int
+    result: int
+    checked: bool
+    fix: int | None
+
+    @property
+    def true(self) -> bool:
+        return apply_op(self.a, self.op, self.k) == self.result
+
+
+_EQUATION = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
+
+
+def written_equations(text: str) -> list[Equation]:
+    """The equations of a v2 trace (the solver's or an LM's) in order, as a reader parses them."""
+    return [Equation(int(a), op, int(k), int(r), bool(q), int(f) if f else None)
+            for a, op, k, r, q, f in _EQUATION.findall(text)]
+
+
+def false_equations(text: str) -> int:
+    """Written steps ``a op k = c`` (not the ``?`` re-checks) that are arithmetically false."""
+    return sum(not e.checked and not e.true for e in written_equations(text))
 
 
 def trace_tokens(text: str) -> int:
@@ -358,6 +406,7 @@ class _Solver:
     def add(self, text, kind, i_next, **kw):
         value = self.vals[i_next] if kind != "guess" else kw.pop("value")
         kw.setdefault("doubt", self.chain_doubt())
+        kw.setdefault("unease", self.unease())
         self.pieces.append(Piece(text, kind, value, tuple(self.ops[i_next:]) if kind != "guess" else (), **kw))
 
     def guess(self) -> float:
@@ -398,6 +447,14 @@ class _Solver:
         self.vals[i + 1], self.doubt[i] = new, self.kn.conflict_doubt
         self.add(head + f" no, {new}.", "fix", i + 1, wait=True, mid=mid)
         return True
+
+    def unease(self) -> float:
+        """Self-evaluation's unease about the chain so far: ``self_check`` per written step that is wrong, and per
+        clause reading as unlikely as its wording makes it (``1 - distractor_take``: subtracting the "red" ones)."""
+        written = zip(self.vals, self.vals[1:], self.ops)
+        wrong = sum(None not in (a, b) and b != apply_op(a, op, k) for a, b, (op, k) in written)
+        reading = 1.0 - self.kn.distractor_take[self.distractor[2]] if self.taken else 0.0
+        return self.kn.self_check * (wrong + reading)
 
     def say_so(self) -> None:
         self.add(f" So {self.vals[self.n]}.", "so", self.n)
@@ -459,10 +516,15 @@ def _reading(problem: Problem, rng: random.Random, kn: TaskKnobsV2) -> tuple[lis
 MAX_HEDGE = 0.45  # an elicited stated answer stays the most likely one, however doubtful the chain
 
 
+def _hedge(piece: Piece) -> float:
+    """P(an elicitation at a stated answer answers a fresh recomputation instead of copying it)."""
+    return min(MAX_HEDGE, piece.doubt + piece.unease)
+
+
 def _elicit(piece: Piece, kn: TaskKnobsV2) -> None:
     """Set the piece's greedy elicited answer and its probability (see :func:`sample_elicited_answer`)."""
     if not piece.rest:
-        piece.answer, piece.derived, piece.answer_prob = str(piece.value), False, 1.0 - min(MAX_HEDGE, piece.doubt)
+        piece.answer, piece.derived, piece.answer_prob = str(piece.value), False, 1.0 - _hedge(piece)
     else:
         v, prob = _mental(None, piece.value, list(piece.rest), kn)
         piece.answer, piece.derived, piece.answer_prob = str(v), True, prob
@@ -472,13 +534,13 @@ def sample_elicited_answer(piece: Piece, problem: Problem, rng: random.Random, *
     """An answer drawn from the elicitation rule after ``piece`` (what an elicitation training example teaches).
 
     Mid-computation: the rest done mentally from the last written value. At a stated answer: that answer, except
-    with probability ``min(MAX_HEDGE, doubt)`` a fresh mental recomputation of the whole problem, so the answer's
-    probability is the chain's confidence (reasoning LMs' trial answers are confident when the reasoning is: Yang
-    et al. 2025, DEER; Zhang et al. 2025). The most likely answer is ``piece.answer`` either way."""
+    with probability ``min(MAX_HEDGE, doubt + unease)`` a fresh mental recomputation of the whole problem, so the
+    answer's probability is the chain's confidence (reasoning LMs' trial answers are confident when the reasoning
+    is: Yang et al. 2025, DEER; Zhang et al. 2025). The most likely answer is ``piece.answer`` either way."""
     kn = knobs_v2(**knobs)
     if piece.rest:
         return str(_mental(rng, piece.value, list(piece.rest), kn)[0])
-    if rng.random() < min(MAX_HEDGE, piece.doubt):
+    if rng.random() < _hedge(piece):
         return str(_mental(rng, problem.meta["start"], _reading(problem, rng, kn)[0], kn)[0])
     return str(piece.value)
 

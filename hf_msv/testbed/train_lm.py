@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from ..answers import extract_last_boxed
 from .task import format_prompt  # v1's and v2's prompt (task_v2 re-exports it)
 from .tasks import TASKS, TestbedTask, get_task
 from .tokenizer import build_tokenizer
@@ -125,14 +126,6 @@ class TraceStream:
         return ids, lab, att
 
 
-def _box(text: str) -> str | None:
-    i = text.rfind("\\boxed{")
-    if i < 0:
-        return None
-    j = text.find("}", i)
-    return text[i + 7 : j] if j > i + 7 else None
-
-
 @torch.no_grad()
 def _sample_accuracy(model, tokenizer, problems, max_new_tokens: int) -> float:
     model.eval()
@@ -144,7 +137,7 @@ def _sample_accuracy(model, tokenizer, problems, max_new_tokens: int) -> float:
         )
     texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     model.train()
-    return sum(_box(t) == p.gold for t, p in zip(texts, problems)) / len(problems)
+    return sum(extract_last_boxed(t) == p.gold for t, p in zip(texts, problems)) / len(problems)
 
 
 def _save(model, tok, out: Path):
