@@ -1,9 +1,10 @@
 """Quality of the testbed LM as a verifier testbed (CPU, a few minutes).
 
-    python benchmarks/testbed_quality.py            # 448 evaluation problems x 16 samples at temperature 1
+    python benchmarks/testbed_quality.py            # the default testbed (v2): 448 evaluation problems x 16 samples
     python benchmarks/testbed_quality.py --quick    # 64 problems
-    python benchmarks/testbed_quality.py --task v2 --model-dir DIR --quick   # a testbed v2 LM on v2 problems
-    python benchmarks/testbed_quality.py --task v2 --quick --probe           # + a Probe fit (LM in testbed/lm-v2)
+    python benchmarks/testbed_quality.py --model-dir DIR --quick   # another LM trained on the task
+    python benchmarks/testbed_quality.py --quick --probe           # + a Probe fit (the LM in testbed/lm-v2)
+    python benchmarks/testbed_quality.py --task v1 --quick         # the first testbed, for comparison
 
 Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
 pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with
@@ -42,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_msv.testbed import DELIMITER, ELICITATION_PROMPT, TASKS
+from hf_msv.testbed import DEFAULT_TASK, DELIMITER, ELICITATION_PROMPT, TASKS
 
 
 def parse_box(continuation: str) -> str | None:
@@ -232,7 +233,8 @@ def targets(res: dict) -> list[tuple[str, str, str, bool]]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", choices=sorted(TASKS), default="v1", help="v1: the shipped LM's task; v2: testbed v2")
+    ap.add_argument("--task", choices=sorted(TASKS), default=DEFAULT_TASK,
+                    help="v2: the default testbed; v1: the first testbed (kept for comparison)")
     ap.add_argument("--model-dir", default=None, help="default: the task's LM (hf_msv/testbed/lm, lm-v2)")
     ap.add_argument("--quick", action="store_true", help="64 problems instead of 448")
     ap.add_argument("--n-problems", type=int, default=None)

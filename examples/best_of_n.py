@@ -14,19 +14,20 @@ import torch
 
 from hf_msv import get_checker, msv_generate
 from hf_msv.demo import load_default
-from hf_msv.testbed import format_prompt, generate_problems
+from hf_msv.testbed import TESTBED_VERIFIER_TASK, format_prompt, get_task
 
 parser = argparse.ArgumentParser()
 parser.add_argument("-n", "--num-sequences", type=int, default=16)
 parser.add_argument("--problems", type=int, default=3)
 args = parser.parse_args()
 
-model, tokenizer, verifier = load_default()
+model, tokenizer, verifier = load_default()  # the shipped MSV and the testbed LM it was trained on
+task = get_task(TESTBED_VERIFIER_TASK)
 checker = get_checker("symbolic")
-for problem in generate_problems("evaluation", args.problems, seed=2):
+for problem in task.generate_problems("evaluation", args.problems, seed=2):
     torch.manual_seed(0)
     result = msv_generate(model, tokenizer, [format_prompt(problem)], verifier=verifier, threshold=None,
-                          num_sequences=args.num_sequences, max_new_tokens=400,
+                          num_sequences=args.num_sequences, max_new_tokens=task.sampling_cap() or 400,
                           generate_kwargs={"temperature": 1.0, "top_k": 0})[0]
     finals = [a for a in result.answers if a.terminal]
     vote = Counter(a.text for a in finals if a.text is not None).most_common(1)

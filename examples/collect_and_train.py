@@ -17,7 +17,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--train-problems", type=int, default=32)
 parser.add_argument("--val-problems", type=int, default=8)
 parser.add_argument("-n", "--num-samples", type=int, default=8)
-parser.add_argument("--max-new-tokens", type=int, default=300)
+parser.add_argument("--max-new-tokens", type=int, default=272, help="the testbed LM's length cap")
 parser.add_argument("--output-dir", default="outputs/recipe")
 args = parser.parse_args()
 

@@ -11,7 +11,7 @@ import torch
 
 from hf_msv import MSVEarlyStop, prepare_generation
 from hf_msv.demo import load_custom, load_default
-from hf_msv.testbed import format_prompt, generate_problems
+from hf_msv.testbed import TESTBED_VERIFIER_TASK, format_prompt, get_task
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--threshold", type=float, default=0.9)
@@ -22,7 +22,7 @@ parser.add_argument("--verifier")
 args = parser.parse_args()
 
 model, tokenizer, verifier = load_custom(args.model, args.verifier) if args.model else load_default()
-problem = generate_problems("evaluation", 1, seed=1)[0]
+problem = get_task(TESTBED_VERIFIER_TASK).generate_problems("evaluation", 1, seed=1)[0]  # a testbed problem
 inputs = tokenizer([format_prompt(problem)], return_tensors="pt")
 
 msv = prepare_generation(model, tokenizer, verifier, delimiters=["Wait"])

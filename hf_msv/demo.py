@@ -23,7 +23,7 @@ from .equivalence import get_checker
 from .generation import msv_generate
 from .modeling_msv import MSVVerifier
 from .data.problems import Problem
-from .testbed import TESTBED_VERIFIER_DIR
+from .testbed import TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt, get_task
 
 
 @dataclass
@@ -37,7 +37,9 @@ class DemoConfig:
     threshold: float | None = field(
         default=None, metadata={"help": "λ: stop once the best answer's score reaches it (default: the testbed's, "
                                         "chosen on validation)."})
-    max_new_tokens: int = field(default=400, metadata={"help": "Tokens per sample at most."})
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": "Tokens per sample at most (default: 400, or the embedded testbed LM's length cap where its task "
+                "has one: v2's LM was trained on traces cut at 272)."})
     seed: int = field(default=0, metadata={"help": "Seed of the problems and of sampling."})
     model: str | None = field(default=None,
                               metadata={"help": "A local or Hub causal LM instead of the embedded testbed LM."})
@@ -70,11 +72,12 @@ DEMO_THRESHOLD = 0.85
 
 
 def load_default(device: str | None = None):
-    """The embedded default: testbed LM, its tokenizer, and the MSV trained on it, on `device`."""
+    """The embedded default: the shipped MSV, the testbed LM it was trained on (`TESTBED_VERIFIER_TASK`'s) and its
+    tokenizer, on `device`: ``(model, tokenizer, verifier)``."""
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
         raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; "
                                 "train one with `scripts/train_shipped_verifier.sh`.")
-    return load_custom("testbed", TESTBED_VERIFIER_DIR, device=device)
+    return load_custom(get_task(TESTBED_VERIFIER_TASK).lm_name, TESTBED_VERIFIER_DIR, device=device)
 
 
 def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None, device: str | None = None):
@@ -94,7 +97,7 @@ def run_demo(
     question: str | None = None,
     num_sequences: int = 16,
     threshold: float = DEMO_THRESHOLD,
-    max_new_tokens: int = 400,
+    max_new_tokens: int | None = None,
     seed: int = 0,
     model=None,
     tokenizer=None,
@@ -104,22 +107,23 @@ def run_demo(
     device: str | None = None,
 ) -> list[DemoRow]:
     """Run the demo and print a per-problem table, totals and a figure path. Returns the rows."""
-    from .testbed import format_prompt, generate_problems
-
+    task = get_task(TESTBED_VERIFIER_TASK)  # its problems; its LM too unless `model` is given
     if model is None:
         model, tokenizer, verifier = load_default(device)
         to_prompt = format_prompt
+        max_new_tokens = max_new_tokens or task.sampling_cap()  # a capped task's LM was trained to be cut there
     elif getattr(tokenizer, "chat_template", None):
         def to_prompt(problem):
             return [{"role": "user", "content": problem.question}]
     else:
         def to_prompt(problem):
             return problem.question
+    max_new_tokens = max_new_tokens or 400
 
     if question is not None:
         problems = [Problem(id="user/0", question=question, gold="", source="user")]
     else:
-        problems = generate_problems("evaluation", num_problems, seed=seed)
+        problems = task.generate_problems("evaluation", num_problems, seed=seed)
     grade = get_checker(checker)
     rows = []
     for problem in tqdm(problems, desc="problems", unit="problem"):

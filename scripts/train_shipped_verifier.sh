@@ -8,4 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
-python -m hf_msv.reproduction --shipped-verifier --work-dir "${WORK_DIR:-outputs/reproduce}" "$@"  # e.g. --device cuda --problems-per-batch 32
+# --task: hf_msv.testbed.TESTBED_VERIFIER_TASK, the testbed whose LM the demo pairs the shipped verifier with
+python -m hf_msv.reproduction --shipped-verifier --task v1 --work-dir "${WORK_DIR:-outputs/reproduce}" "$@"  # e.g. --device cuda --problems-per-batch 32

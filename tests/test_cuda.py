@@ -13,7 +13,8 @@ import torch
 from hf_msv import MSVVerifier, prepare_generation
 from hf_msv.collect import collect
 from hf_msv.data import ShardDataset, read_shard
-from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt, generate_problems, load_testbed_lm
+from hf_msv.testbed import (TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt, generate_problems, get_task,
+                            load_testbed_lm)
 from hf_msv.training import MSVTrainingConfig, evaluate_verifier, train_verifier
 
 from test_generation import TOK, ScriptedAnswers, generate, offline_scores, online_run, prompts, tiny_model
@@ -33,10 +34,11 @@ def test_online_scores_on_cuda_equal_the_cpu_offline_forward():
 
 
 def test_testbed_lm_and_shipped_verifier_stop_early_on_cuda():
-    model, tokenizer = load_testbed_lm(device=DEVICE)
+    task = get_task(TESTBED_VERIFIER_TASK)  # the LM the shipped verifier was trained on, and its problems
+    model, tokenizer = load_testbed_lm(device=DEVICE, task=task.name)
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).to(DEVICE).eval()
     cpu_verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
-    problems = generate_problems("evaluation", 4)
+    problems = task.generate_problems("evaluation", 4)
     torch.manual_seed(0)
     with prepare_generation(model, tokenizer, verifier, capture_hidden_states=True) as msv:
         results = msv.generate([format_prompt(p) for p in problems], threshold=0.6, num_sequences=16,

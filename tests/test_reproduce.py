@@ -27,7 +27,7 @@ def test_quick_reproduction(tmp_path):
     out, work = tmp_path / "results", tmp_path / "work"
     summary = reproduce_main(["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress"])
 
-    md, js = out / "testbed-quick.md", out / "testbed-quick.json"
+    md, js = out / "testbed-v2-quick.md", out / "testbed-v2-quick.json"  # v2: the default testbed
     assert md.exists() and js.exists()
     data = json.loads(js.read_text())
     assert data == summary

@@ -123,10 +123,12 @@ def test_command_line_flags():
 def test_task_flag_picks_testbed_v2_its_cap_its_work_dir_and_report_stem():
     from hf_msv.reproduction.report import _config_changes
 
-    v1 = parse_arguments([]).reproduce_config()
+    v1 = parse_arguments(["--task", "v1"]).reproduce_config()
     assert (v1.task, v1.stem, v1.default_work_dir, v1.max_new_tokens) == ("v1", "testbed", "outputs/reproduce", 320)
+    default = parse_arguments([]).reproduce_config()
+    assert (default.task, default.stem, default.default_work_dir) == ("v2", "testbed-v2", "outputs/reproduce-v2")
     cfg = parse_arguments(["--task", "v2", "--quick"]).reproduce_config()
-    assert cfg == ReproduceConfig.quick_config(task="v2")
+    assert cfg == ReproduceConfig.quick_config(task="v2") == parse_arguments(["--quick"]).reproduce_config()
     # v2's LM has no positions far beyond its trace cap: the reproduction samples up to the cap
     assert cfg.max_new_tokens == task_v2.TaskKnobsV2().max_trace_tokens
     # a smaller budget given explicitly is kept (it used to be overwritten by the cap); one beyond the cap is an error
@@ -221,3 +223,21 @@ def test_report_header_names_the_settings_changed_from_the_defaults():
     cfg = json.loads(json.dumps(asdict(ReproduceConfig(training_sizes=(56, 112, 224)))))  # tuples -> lists
     assert _config_changes(cfg) == ["* Settings changed from the defaults: training_sizes=(56, 112, 224)."]
     assert _config_changes(json.loads(json.dumps(asdict(ReproduceConfig.quick_config())))) == []
+
+
+def test_the_package_verifier_is_built_and_loaded_for_the_task_the_demo_pairs_it_with(tmp_path):
+    """The shipped verifier reads its own LM's hidden states: `load_default` pairs it with the LM of
+    `TESTBED_VERIFIER_TASK`, which is the LM its card names, and building the package's verifier for another task
+    stops before collecting anything."""
+    from hf_msv.demo import load_default
+    from hf_msv.reproduction import train_shipped_verifier
+    from hf_msv.testbed import TASKS, TESTBED_VERIFIER_TASK
+
+    other = next(name for name in TASKS if name != TESTBED_VERIFIER_TASK)
+    with pytest.raises(ValueError, match="TESTBED_VERIFIER_TASK"):
+        train_shipped_verifier(tmp_path, config=ReproduceConfig(task=other))
+    assert not any(tmp_path.iterdir())
+    model, _, verifier = load_default("cpu")
+    lm_dir = TASKS[TESTBED_VERIFIER_TASK].lm_dir
+    assert Path(model.name_or_path).resolve() == lm_dir.resolve()
+    assert verifier.config.base_model_name_or_path.endswith(f"(hf_msv/testbed/{lm_dir.name})")

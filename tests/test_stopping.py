@@ -171,11 +171,12 @@ def test_tied_scores_replay_to_the_same_decision():
 
 def test_testbed_results_replay_to_the_same_decision():
     """The shipped testbed LM and MSV: real scores, λ that stop early, late or never."""
-    from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt, generate_problems, load_testbed_lm
+    from hf_msv.testbed import TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt, get_task, load_testbed_lm
 
-    model, tokenizer = load_testbed_lm(device="cpu")
+    task = get_task(TESTBED_VERIFIER_TASK)  # the LM the shipped verifier was trained on, and its problems
+    model, tokenizer = load_testbed_lm(device="cpu", task=task.name)
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
-    problems = [format_prompt(p) for p in generate_problems("evaluation", 2, seed=1)]
+    problems = [format_prompt(p) for p in task.generate_problems("evaluation", 2, seed=1)]
     outcomes, reasons = set(), set()
     with prepare_generation(model, tokenizer, verifier) as msv:
         for lam in (0.3, 0.9, None):

@@ -1,4 +1,4 @@
-"""The testbed: task generator, tokenizer, shipped LM, training smoke test."""
+"""The first testbed (v1, ``testbed-v1``): task generator, tokenizer, shipped LM, training smoke test."""
 
 import random
 
@@ -6,19 +6,19 @@ import pytest
 import torch
 
 from hf_msv.data.problems import Problem
-from hf_msv.testbed import (
+from hf_msv.testbed import TESTBED_V1_LM_DIR as TESTBED_LM_DIR
+from hf_msv.testbed import load_testbed_lm
+from hf_msv.testbed.task import (
     DELIMITER,
     ELICITATION_PROMPT,
     SPLITS,
-    TESTBED_LM_DIR,
+    apply_op,
     format_prompt,
     generate_problems,
-    load_testbed_lm,
     make_elicitation_example,
     make_trace,
     split_of,
 )
-from hf_msv.testbed.task import apply_op
 from hf_msv.testbed.tokenizer import build_tokenizer
 
 
@@ -153,7 +153,7 @@ def test_shipped_checkpoint_loads_with_auto_classes_and_generates():
     model = AutoModelForCausalLM.from_pretrained(TESTBED_LM_DIR)
     assert model.config.model_type == "llama"
     assert sum(f.stat().st_size for f in TESTBED_LM_DIR.glob("*.safetensors")) <= 20 * 2**20
-    model2, tok2 = load_testbed_lm()
+    model2, tok2 = load_testbed_lm(task="v1")
     assert not model2.training and len(tok2) == len(tok)
     p = generate_problems("evaluation", 2, seed=0)
     enc = tok([format_prompt(x) for x in p], return_tensors="pt", padding=True)
@@ -185,7 +185,7 @@ def test_training_smoke(tmp_path):
 
     from hf_msv.testbed.train_lm import train_testbed_lm
 
-    stats = train_testbed_lm(tmp_path, steps=3, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
+    stats = train_testbed_lm(tmp_path, task="v1", steps=3, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
                              log_every=1, log=lambda *_: None)
     assert stats["steps"] == 3 and stats["parameters"] > 0
     model = AutoModelForCausalLM.from_pretrained(tmp_path)

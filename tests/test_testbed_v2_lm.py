@@ -70,7 +70,7 @@ def test_v2_elicitation_examples_mask_the_question_and_the_elicitation_prompt():
 
 def test_v1_stream_is_unchanged():
     """The v1 examples are byte-identical to those before v2 was wired in (hash taken at commit 02f9449)."""
-    stream = TraceStream(TOK, seed=0, elicit_frac=0.25, pool=500)
+    stream = TraceStream(TOK, seed=0, elicit_frac=0.25, pool=500, task="v1")
     ex = [stream.example() for _ in range(64)]
     ids, lab, _ = stream.batch(8)
     digest = hashlib.sha256(json.dumps([ex, ids.tolist(), lab.tolist()]).encode()).hexdigest()[:16]
@@ -197,7 +197,11 @@ def test_problem_specs_pick_the_task():
     assert v2 == task_v2.generate_problems("validation", 5, seed=3)
     assert {p.source for p in v2} == {task_v2.SOURCE}
     assert load_problems("testbed-v2:evaluation:3") == task_v2.generate_problems("evaluation", 3, seed=0)
-    assert {p.source for p in load_problems("testbed:evaluation:3")} == {"testbed-arith"}
+    # "testbed" names the default testbed, v2; v1 stays reachable as "testbed-v1"
+    assert load_problems("testbed:validation:5:3") == v2
+    assert {p.source for p in load_problems("testbed-v1:evaluation:3")} == {"testbed-arith"}
+    with pytest.raises(ValueError, match=r"testbed\[-v1\]:<split>"):
+        load_problems("testbed-v3:evaluation:3")
     with pytest.raises(ValueError, match=r"testbed-v2:<split>:<n>"):
         load_problems("testbed-v2:evaluation")
     with pytest.raises(ValueError, match="split"):
@@ -224,8 +228,8 @@ def test_collect_caps_a_testbed_v2_lm_at_its_task_cap_by_default(tmp_path):
         config = CollectConfig(model=model, problems=f"{model}:train:2", output_dir=str(tmp_path), **kw)
         return config.collect_kwargs()["max_new_tokens"]
 
-    assert budget("testbed-v2") == CAP == TASKS["v2"].sampling_cap()
-    assert budget("testbed") == 4096 and budget("some/hub-model") == 4096
+    assert budget("testbed-v2") == budget("testbed") == CAP == TASKS["v2"].sampling_cap()
+    assert budget("testbed-v1") == 4096 and budget("some/hub-model") == 4096
     assert budget("testbed-v2", max_new_tokens=100) == 100
 
 

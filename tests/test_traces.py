@@ -331,7 +331,8 @@ def test_vllm_example_writer_on_hf_msv_samples(testbed, tmp_path):
     RequestOutput objects would carry them), the re-encoded answers equal the live ones."""
     model, tok = testbed
     problems = generate_problems("validation", 2, seed=9)
-    results, prompts = live_results(model, tok, [format_prompt(p) for p in problems], n=3, max_new_tokens=200,
+    # Up to the testbed's length cap, where its LM ends most traces with EOS.
+    results, prompts = live_results(model, tok, [format_prompt(p) for p in problems], n=3, max_new_tokens=272,
                                     delimiters=["Wait"])
     # Half of the EOS-ended completions without their EOS id, as an engine may return them.
     outputs = [SimpleNamespace(prompt_token_ids=prompt, outputs=[

@@ -25,18 +25,18 @@ class CollectConfig:
     ``--num_samples`` alike); the defaults are `collect`'s. See `collect` for what each setting does.
     """
 
-    model: str = field(metadata={"help": 'LM path or Hub id; "testbed" for the shipped testbed LM, "testbed-v2" for '
-                                         'the testbed v2 LM trained into hf_msv/testbed/lm-v2.'})
+    model: str = field(metadata={"help": 'LM path or Hub id; "testbed" for the shipped testbed LM (v2), '
+                                         '"testbed-v1" for the first testbed\'s.'})
     output_dir: str = field(metadata={"help": "Where shards go; rerunning with the same settings resumes."})
     problems: str | None = field(
-        default=None, metadata={"help": "testbed[-v2]:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl "
+        default=None, metadata={"help": "testbed[-v1]:<split>:<n>[:<seed>] | <benchmark>[:<n>] | problems.jsonl "
                                         "(sample them; or give --traces)"})
     traces: str | None = field(
         default=None, metadata={"help": "Re-encode this trace file (JSON lines, hf_msv.collect.traces) instead of "
                                         "sampling: same shards, no sampling flags."})
     num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
     max_new_tokens: int | None = field(default=None, metadata={
-        "help": "Chain-of-thought tokens per sequence at most (default: 4096; --model testbed-v2: its task's length "
+        "help": "Chain-of-thought tokens per sequence at most (default: 4096; --model testbed: its task's length "
                 "cap, 272, which its LM was trained to be cut at)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the paper: 1)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off, as in the paper)."})
@@ -61,7 +61,7 @@ class CollectConfig:
         default=None, metadata={"help": 'JSON dict for get_checker, e.g. \'{"timeout": 5}\'.'})
     prompt_template: str = field(default="auto", metadata={"help": 'auto | chat | plain | testbed | a string '
                                                                    'containing "{question}" (auto with --model '
-                                                                   'testbed or testbed-v2: testbed).'})
+                                                                   'testbed or testbed-v1: testbed).'})
     problems_per_shard: int = field(default=16, metadata={"help": "Problems per shard file."})
     problems_per_batch: int = field(
         default=1, metadata={"help": "Prompts per generate call (batch rows = this x N); the unit of resumption."})

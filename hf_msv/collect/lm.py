@@ -14,7 +14,7 @@ from ..utils import resolve_device
 
 
 def load_problems(spec: str) -> list[Problem]:
-    """Problems from a spec: ``testbed:<split>:<n>[:<seed>]`` (``testbed-v2:...``: testbed v2's problems),
+    """Problems from a spec: ``testbed:<split>:<n>[:<seed>]`` (the default testbed's; ``testbed-v1:...``: v1's),
     ``<benchmark>[:<n>]`` (a name of `hf_msv.data.BENCHMARKS`, first n problems), or a ``.jsonl`` file of
     ``{"id", "question", "gold"}``."""
     from ..data.problems import BENCHMARKS, load_benchmark
@@ -34,13 +34,14 @@ def load_problems(spec: str) -> list[Problem]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [Problem(id=str(r["id"]), question=r["question"], gold=str(r["gold"]), source=r.get("source", path.stem),
                         meta=r.get("meta", {})) for r in rows]
-    raise ValueError(f"unknown problem spec {spec!r}: use testbed[-v2]:<split>:<n>[:<seed>], one of "
+    raise ValueError(f"unknown problem spec {spec!r}: use testbed[-v1]:<split>:<n>[:<seed>], one of "
                      f"{sorted(BENCHMARKS)}[:<n>], or a .jsonl file")
 
 
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
-    """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped testbed LM, ``"testbed-v2"`` the testbed v2
-    LM shipped in ``hf_msv/testbed/lm-v2`` (where it is missing, a FileNotFoundError says how to train it), anything
+    """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped default testbed LM (v2, also
+    ``"testbed-v2"``), ``"testbed-v1"`` the first testbed's (where one is missing, a FileNotFoundError says how to
+    train it), anything
     else goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
     `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
     from ..testbed.tasks import TESTBED_LM_NAMES

@@ -194,7 +194,7 @@ def require_cot_token_ids(dataset: ShardDataset, what: str = "evaluation") -> No
 
 def load_lm_tokenizer(info: dict, override=None):
     """The tokenizer of the LM that sampled the shards: `override` (a tokenizer, a path or Hub id, or
-    ``"testbed"`` / ``"testbed-v2"``), else the one named in the shards' collection info (``tokenizer``, else
+    ``"testbed"`` / ``"testbed-v1"``), else the one named in the shards' collection info (``tokenizer``, else
     ``lm_name_or_path``)."""
     if override is not None and not isinstance(override, str):
         return override

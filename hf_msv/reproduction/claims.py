@@ -362,10 +362,11 @@ def training_size_claims(s: dict, config: ReproduceConfig) -> list[dict]:
 
 def config_of(summary: dict) -> ReproduceConfig:
     """The `ReproduceConfig` a summary was produced with (its ``config`` entry; JSON lists back to tuples). Keys of
-    older runs that are no longer settings (``seeds``: random N-subsets, replaced by training seeds) are ignored."""
+    older runs that are no longer settings (``seeds``: random N-subsets, replaced by training seeds) are ignored; a
+    summary without ``task`` was written when v1 was the only testbed."""
     known = {f.name for f in fields(ReproduceConfig)}
-    return ReproduceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()
-                              if k in known})
+    config = {"task": "v1"} | summary["config"]
+    return ReproduceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in known})
 
 
 def compute_claims(summary: dict, config: ReproduceConfig | None = None) -> list[dict]:

@@ -13,7 +13,7 @@ Pipeline (every stage is resumable: shards, trained verifiers and measured costs
 directory are reused when their reuse key — settings, data fingerprint, code version; `hf_msv.reproduction.reuse` —
 matches; the report lists what was reused and what was redone, and why):
 
-1. **collect** with the shipped testbed LM (`hf_msv.testbed`): 224 train / 64 validation / 448 evaluation problems
+1. **collect** with the task's shipped testbed LM (`hf_msv.testbed`; v2 by default): 224 train / 64 validation / 448 evaluation problems
    × 64 samples (temperature 1, ``Wait`` delimiter, elicitation ``### Final Answer ### \\boxed``, ≤ 40 answer tokens,
    symbolic checker as the reference), plus the delimiter-free every-K collection (delimiter study), a 256-sample
    evaluation set (grouping study) and training problems 225-448 (training-set-size study);
@@ -458,7 +458,7 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         work_dir: shards, verifiers and caches (default `ReproduceConfig.default_work_dir`: ``outputs/reproduce``,
             ``-v2`` / ``-quick`` appended);
             reused across runs, so an interrupted reproduction resumes.
-        config: sizes/settings, the testbed task included (default: the paper's sizes on v1, or
+        config: sizes/settings, the testbed task included (default: the paper's sizes on v2, the default testbed, or
             `ReproduceConfig.quick_config()`).
         studies: subset of ``config.studies`` to run ("main" is always run: the others build on it).
         threads: torch threads (default: all cores).
@@ -524,17 +524,23 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
     ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples). Saves weights, config and model card
-    to `destination` (default: the package's). `reuse_shards` as in `reproduce`."""
+    to `destination` (default: the package's, for `TESTBED_VERIFIER_TASK` only). `reuse_shards` as in `reproduce`."""
     import torch
 
     from ..collect import load_lm
     from ..hub import save_verifier
     from ..modeling_msv import MSVVerifier
-    from ..testbed import TESTBED_VERIFIER_DIR, get_task
+    from ..testbed import TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, get_task
 
     if threads:
         torch.set_num_threads(threads)
-    cfg, work = config or ReproduceConfig(), Path(work_dir)
+    # The demo pairs the package's verifier with TESTBED_VERIFIER_TASK's LM: another task's verifier goes elsewhere
+    # until that constant moves with it.
+    cfg, work = config or ReproduceConfig(task=TESTBED_VERIFIER_TASK), Path(work_dir)
+    if destination is None and cfg.task != TESTBED_VERIFIER_TASK:
+        raise ValueError(f"the package's verifier is paired with testbed {TESTBED_VERIFIER_TASK}'s LM "
+                         f"(hf_msv.testbed.TESTBED_VERIFIER_TASK); a testbed {cfg.task} verifier needs a destination, "
+                         f"or that constant set to {cfg.task!r} first")
     data, task = work / "data", get_task(cfg.task)
     model, tokenizer = load_lm(task.lm_name, device=device)
     collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems),

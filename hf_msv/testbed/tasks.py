@@ -1,10 +1,11 @@
 """The testbed's tasks by name, so that training, loading and evaluating a testbed LM can pick one.
 
-``"v1"`` (:mod:`hf_msv.testbed.task`) is the default everywhere (the shipped verifier and the demo are v1's).
-``"v2"`` (:mod:`hf_msv.testbed.task_v2`, issue #17) has knowable difficulty, guess vs step-by-step, re-checks until
-confident and a length cap; its LM ships in ``hf_msv/testbed/lm-v2`` (trained by ``python -m
-hf_msv.testbed.train_lm --task v2 --no-bf16 --output-dir hf_msv/testbed/lm-v2``), where
-:func:`hf_msv.testbed.load_testbed_lm` and ``load_lm("testbed-v2")`` look.
+``"v2"`` (:mod:`hf_msv.testbed.task_v2`, issue #17) is the default everywhere: knowable difficulty, guess vs
+step-by-step, re-checks until confident, a length cap, and an LM whose states carry a per-chain signal. Its LM ships
+in ``hf_msv/testbed/lm-v2`` (trained by ``python -m hf_msv.testbed.train_lm --no-bf16 --output-dir
+hf_msv/testbed/lm-v2``) and is called ``"testbed"`` (``load_lm("testbed")``, ``--model testbed``, problem specs
+``testbed:<split>:<n>``); ``"testbed-v2"`` stays an alias. ``"v1"`` (:mod:`hf_msv.testbed.task`, the first
+testbed, whose LM ships in ``hf_msv/testbed/lm``) is kept for comparison as ``"testbed-v1"``.
 
 Both task modules have the same public shape (``generate_problems``, ``format_prompt``, ``make_training_trace``,
 ``make_elicitation_example``, ``GEN_KNOBS``); a :class:`TestbedTask` adds what differs around them: the knobs
@@ -55,25 +56,25 @@ class TestbedTask:
         return V1_CONTEXT if cap is None else cap + _CONTEXT_BEYOND_CAP
 
     def train_command(self) -> str:
-        flag = "" if self.name == "v1" else f" --task {self.name}"
-        return f"python -m hf_msv.testbed.train_lm{flag} --output-dir {self.lm_dir}"
+        return f"python -m hf_msv.testbed.train_lm --task {self.name} --output-dir {self.lm_dir}"
 
 
 TASKS = {
-    "v1": TestbedTask("v1", "testbed", task, task.TaskKnobs, _HERE / "lm"),
-    "v2": TestbedTask("v2", "testbed-v2", task_v2, task_v2.knobs_v2, _HERE / "lm-v2"),
+    "v1": TestbedTask("v1", "testbed-v1", task, task.TaskKnobs, _HERE / "lm"),
+    "v2": TestbedTask("v2", "testbed", task_v2, task_v2.knobs_v2, _HERE / "lm-v2"),
 }
-# LM names (``load_lm``, problem specs) -> task names
-TESTBED_LM_NAMES = {t.lm_name: t.name for t in TASKS.values()}
+DEFAULT_TASK = "v2"  # what "testbed" names; v1 is "testbed-v1"
+# LM names (``load_lm``, problem specs) -> task names; "testbed-v2" is what v2 was called before it became the default
+TESTBED_LM_NAMES = {t.lm_name: t.name for t in TASKS.values()} | {"testbed-v2": "v2"}
 
 
 def get_task(name: str) -> TestbedTask:
-    """The task called ``name`` (``"v1"``, ``"v2"``) or whose LM is called ``name`` (``"testbed"``,
-    ``"testbed-v2"``)."""
+    """The task called ``name`` (``"v1"``, ``"v2"``) or whose LM is called ``name`` (``"testbed"``: v2,
+    ``"testbed-v1"``, ``"testbed-v2"``)."""
     name = TESTBED_LM_NAMES.get(name, name)
     if name not in TASKS:
         raise ValueError(f"unknown testbed task {name!r}: use one of {sorted(TASKS)} or {sorted(TESTBED_LM_NAMES)}")
     return TASKS[name]
 
 
-__all__ = ["TASKS", "TESTBED_LM_NAMES", "TestbedTask", "get_task"]
+__all__ = ["DEFAULT_TASK", "TASKS", "TESTBED_LM_NAMES", "TestbedTask", "get_task"]

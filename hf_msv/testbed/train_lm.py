@@ -1,26 +1,25 @@
-"""Train the testbed reasoning LM from scratch on CPU (a few minutes to ~half an hour on 2 cores).
+"""Train a testbed reasoning LM from scratch on CPU (~45-50 min on 2 cores for v2, by the day's CPU speed).
 
-    python -m hf_msv.testbed.train_lm --output-dir hf_msv/testbed/lm --threads 2 --eval-every 400
+    python -m hf_msv.testbed.train_lm --no-bf16 --threads 2 --output-dir hf_msv/testbed/lm-v2
 
-reproduces the shipped checkpoint (seeded; see ``DEFAULTS``; 2,800 steps, 27 min on 2 idle CPU cores; on a busy CPU
-one torch thread is faster than two, and other thread counts give numerically slightly different, equally good
-models; ``--device cuda`` trains the same recipe in ~3 min, for exploring task knobs). The model is a plain
-``LlamaForCausalLM`` with the character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads with
-``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
+reproduces the shipped default LM, testbed v2's (seeded; see ``DEFAULTS``: 2,800 steps; its ``training_log.json``
+records the run: 50 min on 2 idle cores of an AVX2-only CPU, ~1 s per step in fp32; on such a CPU, with no native
+bf16, bf16 autocast makes a step ~8x slower, so pass ``--no-bf16``; other thread counts give numerically slightly
+different, equally good models; ``--device cuda`` trains the same recipe in minutes, for exploring task knobs). The
+model is a plain ``LlamaForCausalLM`` with the character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads
+with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
 
-Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces
-(:func:`hf_msv.testbed.task.make_trace`); a fraction ``elicit_frac`` of the examples are traces cut right after a
-``Wait`` and followed by ``### Final Answer ### \\boxed{current answer}`` + EOS. The loss skips the question and the
-elicitation prompt itself (so the LM answers an elicitation but never emits one mid-trace on its own).
+Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces of the task
+(:mod:`hf_msv.testbed.task_v2`: ``make_training_trace``); a fraction ``elicit_frac`` of the examples are traces cut
+where answers are elicited and followed by ``### Final Answer ### \\boxed{answer}`` + EOS. The loss skips the question
+and the elicitation prompt itself (so the LM answers an elicitation but never emits one mid-trace on its own). The
+context is 560 positions (prompt + a trace capped at 272 tokens + elicitation; :meth:`TestbedTask.context`). A trace
+cut at the cap gets no EOS: sampling stops it there by ``max_new_tokens``, so the LM must learn to keep going rather
+than to end cut traces itself.
 
-``--task v2`` trains on testbed v2 (:mod:`hf_msv.testbed.task_v2`) with the same recipe and a
-context of 560 positions (prompt + a trace capped at 272 tokens + elicitation; :meth:`TestbedTask.context`).
-A v2 trace cut at the cap gets no EOS: sampling stops it there by ``max_new_tokens``, so the LM must learn to keep
-going rather than to end cut traces itself. ``load_lm("testbed-v2")`` loads the LM shipped in ``hf_msv/testbed/lm-v2``:
-``python -m hf_msv.testbed.train_lm --task v2 --no-bf16 --threads 2 --output-dir hf_msv/testbed/lm-v2`` (seed 0,
-2,800 steps; 42.8 min on 2 cores of an AVX2-only CPU, ~0.8-0.9 s per step in fp32; its ``training_log.json``).
-On such a CPU (no native bf16), bf16
-autocast makes a step ~8x slower (v2: 18 s; v1: ~9 s vs ~0.9 s in fp32): pass ``--no-bf16`` there.
+``--task v1`` trains the first testbed (:mod:`hf_msv.testbed.task`, uncapped traces, context 512), whose LM ships in
+``hf_msv/testbed/lm`` (``load_lm("testbed-v1")``): ``python -m hf_msv.testbed.train_lm --task v1 --threads 2
+--output-dir hf_msv/testbed/lm`` (27 min on 2 idle CPU cores).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ import torch
 
 from ..answers import extract_last_boxed
 from .task import format_prompt  # v1's and v2's prompt (task_v2 re-exports it)
-from .tasks import TASKS, TestbedTask, get_task
+from .tasks import DEFAULT_TASK, TASKS, TestbedTask, get_task
 from .tokenizer import build_tokenizer
 
 DEFAULTS = dict(  # the shipped checkpoint: hf_msv/testbed/lm/training_log.json records the exact run
@@ -80,7 +79,7 @@ class TraceStream:
     """Endless seeded stream of tokenized training examples (input ids, labels) of a testbed task."""
 
     def __init__(self, tokenizer, seed: int, elicit_frac: float, knobs: dict | None = None, pool: int = 20000,
-                 task: str | TestbedTask = "v1"):
+                 task: str | TestbedTask = DEFAULT_TASK):
         self.tok = tokenizer
         self.task = get_task(task) if isinstance(task, str) else task
         self.knobs = dict(knobs or {})
@@ -164,7 +163,7 @@ def train_testbed_lm(
     ffn_mult: int = DEFAULTS["ffn_mult"],
     elicit_frac: float = DEFAULTS["elicit_frac"],
     knobs: dict | None = None,
-    task: str = "v1",
+    task: str = DEFAULT_TASK,
     bf16: bool = True,
     eval_every: int = 0,
     save_every: int = 0,
@@ -178,7 +177,8 @@ def train_testbed_lm(
     Returns a dict of training stats (wall time, parameters, final loss, ...), also written to
     ``output_dir/training_log.json``. The shipped checkpoint is trained on CPU; ``device="cuda"`` trains the same
     recipe on a GPU in ~3 min (numerically a different, equally good model), for exploring task knobs. ``task``:
-    ``"v1"`` (the shipped LM's) or ``"v2"`` (``knobs`` are then :class:`~hf_msv.testbed.task_v2.TaskKnobsV2`'s).
+    ``"v2"`` (the default testbed's; ``knobs`` are :class:`~hf_msv.testbed.task_v2.TaskKnobsV2`'s) or ``"v1"``
+    (:class:`~hf_msv.testbed.task.TaskKnobs`).
     """
     if num_threads:
         torch.set_num_threads(num_threads)
@@ -252,9 +252,9 @@ def train_testbed_lm(
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output-dir", required=True)
-    ap.add_argument("--task", choices=sorted(TASKS), default="v1",
-                    help="v1: the shipped LM's task; v2: testbed v2 (issue #17), saved by convention in "
-                    "hf_msv/testbed/lm-v2, where load_lm('testbed-v2') looks")
+    ap.add_argument("--task", choices=sorted(TASKS), default=DEFAULT_TASK,
+                    help="v2: the default testbed (its LM in hf_msv/testbed/lm-v2, where load_lm('testbed') looks); "
+                    "v1: the first testbed (hf_msv/testbed/lm, load_lm('testbed-v1'))")
     for k, v in DEFAULTS.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     ap.add_argument("--knobs", default="{}", help="JSON dict of TaskKnobs (v1) / TaskKnobsV2 (v2) overrides")
