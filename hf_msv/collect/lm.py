@@ -41,8 +41,8 @@ def load_problems(spec: str) -> list[Problem]:
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
     """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped default testbed LM (v2, also
     ``"testbed-v2"``), ``"testbed-v1"`` the first testbed's (where one is missing, a FileNotFoundError says how to
-    train it), anything
-    else goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside that repo or directory).
+    train it), anything else goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside
+    that repo or directory).
     `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
     from ..testbed.tasks import TESTBED_LM_NAMES
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..testbed.tasks import DEFAULT_TASK, TASKS
 from .paper import MASKS
 
 __all__ = ["STUDIES", "ReproduceConfig", "ReproduceArguments", "training_config"]
@@ -23,7 +24,7 @@ class ReproduceConfig:
     """Sizes and settings of a reproduction (defaults: the paper's sizes; `quick_config`: a smoke run)."""
 
     task: str = _help("testbed task and LM: v2 (the default testbed, hf_msv/testbed/lm-v2; reports testbed-v2*.md) "
-                      "or v1 (the first testbed, hf_msv/testbed/lm; reports testbed*.md)", default="v2")
+                      "or v1 (the first testbed, hf_msv/testbed/lm; reports testbed*.md)", default=DEFAULT_TASK)
     train_problems: int = _help("training problems of the main collection", default=224)
     val_problems: int = _help("validation problems (early stopping of training, λ rules, Platt scaling)", default=64)
     eval_problems: int = _help("evaluation problems", default=448)
@@ -63,7 +64,7 @@ class ReproduceConfig:
     quick: bool = _help("a smoke run's configuration (file stem testbed-quick, 2-epoch training)", default=False)
 
     @classmethod
-    def quick_config(cls, task: str = "v2") -> "ReproduceConfig":
+    def quick_config(cls, task: str = DEFAULT_TASK) -> "ReproduceConfig":
         return cls(task=task, train_problems=16, val_problems=8, eval_problems=16, num_samples=8,
                    num_sequences=(1, 4), training_seeds=2, checkers=("random",), mask_ablations=("equivalence",),
                    mask_n=4,
@@ -112,10 +113,10 @@ class ReproduceArguments:
     """The ``hf-msv reproduce`` run options (sizes come from `ReproduceConfig`: the paper's, or `--quick`'s)."""
 
     output_dir: str = _help("where testbed.md / testbed.json go", default="docs/results")
-    task: str = field(default="v2", metadata={
+    task: str = field(default=DEFAULT_TASK, metadata={
         "help": "testbed task: v2 (the default testbed, LM in hf_msv/testbed/lm-v2) or v1 (the first testbed, kept "
                 "for comparison; LM in hf_msv/testbed/lm)",
-        "choices": ["v1", "v2"]})
+        "choices": sorted(TASKS)})
     quick: bool = _help("a few-minute smoke run (few problems, N in {1, 4})", default=False)
     work_dir: str | None = _help("shards and verifiers (default outputs/reproduce[-v2][-quick])", default=None)
     studies: list[str] | None = field(default=None, metadata={

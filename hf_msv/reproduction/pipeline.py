@@ -13,10 +13,11 @@ Pipeline (every stage is resumable: shards, trained verifiers and measured costs
 directory are reused when their reuse key — settings, data fingerprint, code version; `hf_msv.reproduction.reuse` —
 matches; the report lists what was reused and what was redone, and why):
 
-1. **collect** with the task's shipped testbed LM (`hf_msv.testbed`; v2 by default): 224 train / 64 validation / 448 evaluation problems
-   × 64 samples (temperature 1, ``Wait`` delimiter, elicitation ``### Final Answer ### \\boxed``, ≤ 40 answer tokens,
-   symbolic checker as the reference), plus the delimiter-free every-K collection (delimiter study), a 256-sample
-   evaluation set (grouping study) and training problems 225-448 (training-set-size study);
+1. **collect** with the task's shipped testbed LM (`hf_msv.testbed`; v2 by default): 224 train / 64 validation / 448
+   evaluation problems × 64 samples (temperature 1, ``Wait`` delimiter, elicitation ``### Final Answer ###
+   \\boxed``, ≤ 40 answer tokens, symbolic checker as the reference), plus the delimiter-free every-K collection
+   (delimiter study), a 256-sample evaluation set (grouping study) and training problems 225-448 (training-set-size
+   study);
 2. **measure** the LM's cost per shared decode step and per elicited answer for each N (wall clock, this machine);
 3. **train** Probe and MSV_1/4/16/64 in both modes (terminal, streaming), the mask ablations of MSV_16, MSV_64
    with each weak checker, the delimiter-study verifiers, and Probe / MSV_64 on 56, 112 and 448 problems; each

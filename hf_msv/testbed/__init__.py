@@ -14,8 +14,9 @@ LMs on real benchmarks.
 
 The default task is testbed v2 (issue #17; its LM in ``hf_msv/testbed/lm-v2``, retrained with ``python -m
 hf_msv.testbed.train_lm --no-bf16 --output-dir hf_msv/testbed/lm-v2``). The first testbed, v1
-(:mod:`hf_msv.testbed.task`, LM in ``hf_msv/testbed/lm``), stays loadable for comparison: ``load_testbed_lm(task="v1")``,
-``load_lm("testbed-v1")``, problem specs ``testbed-v1:<split>:<n>``; :mod:`.tasks` maps the names.
+(:mod:`hf_msv.testbed.task`, LM in ``hf_msv/testbed/lm``), stays loadable for comparison:
+``load_testbed_lm(task="v1")``, ``load_lm("testbed-v1")``, problem specs ``testbed-v1:<split>:<n>``; :mod:`.tasks`
+maps the names.
 """
 
 from __future__ import annotations
