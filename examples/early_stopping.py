@@ -16,19 +16,21 @@ from hf_msv.testbed import TESTBED_VERIFIER_TASK, format_prompt, get_task
 parser = argparse.ArgumentParser()
 parser.add_argument("--threshold", type=float, default=0.9)
 parser.add_argument("-n", "--num-sequences", type=int, default=16)
-parser.add_argument("--max-new-tokens", type=int, default=400)
+parser.add_argument("--max-new-tokens", type=int, help="default: the testbed's length cap (v2: 272), else 400")
 parser.add_argument("--model")
 parser.add_argument("--verifier")
 args = parser.parse_args()
 
 model, tokenizer, verifier = load_custom(args.model, args.verifier) if args.model else load_default()
-problem = get_task(TESTBED_VERIFIER_TASK).generate_problems("evaluation", 1, seed=1)[0]  # a testbed problem
+task = get_task(TESTBED_VERIFIER_TASK)
+problem = task.generate_problems("evaluation", 1, seed=1)[0]  # a testbed problem
+max_new_tokens = args.max_new_tokens or task.sampling_cap() or 400  # v2's LM was trained on traces cut at its cap
 inputs = tokenizer([format_prompt(problem)], return_tensors="pt")
 
 msv = prepare_generation(model, tokenizer, verifier, delimiters=["Wait"])
 torch.manual_seed(0)
 model.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, num_return_sequences=args.num_sequences,
-               max_new_tokens=args.max_new_tokens, stopping_criteria=[MSVEarlyStop(args.threshold)])
+               max_new_tokens=max_new_tokens, stopping_criteria=[MSVEarlyStop(args.threshold)])
 result = msv.pop_results()[0]
 msv.detach()
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Trains the MSV shipped in hf_msv/testbed/verifier/ from the shipped testbed LM (seeded): a streaming MSV_16
-# trained with the library defaults (the shipped checkpoint used those of commit 02f9449, before the γ skip; this
-# script now trains the anchored default) (as `hf-msv reproduce` trains its msv16-streaming, training seed 0) on the
-# reproduction's train / validation shards (224 / 64 problems x 64 samples, shared with `hf-msv reproduce`; collected
-# here first when missing, ~20 min on 2 CPU cores).
+# Trains the MSV shipped in hf_msv/testbed/verifier/ from the shipped testbed LM (seeded): a streaming MSV_16 trained
+# with the library defaults (as `hf-msv reproduce` trains its msv16-streaming, training seed 0) on the reproduction's
+# train / validation shards (224 / 64 problems x 64 samples, shared with `hf-msv reproduce`; collected here first when
+# missing, in outputs/reproduce-v2 unless WORK_DIR says otherwise: ~50 min on 2 CPU cores, then ~20 min of training),
+# and records the early-stopping λ chosen on validation beside it (early_stopping.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
-# --task: hf_msv.testbed.TESTBED_VERIFIER_TASK, the testbed whose LM the demo pairs the shipped verifier with
-python -m hf_msv.reproduction --shipped-verifier --task v1 --work-dir "${WORK_DIR:-outputs/reproduce}" "$@"  # e.g. --device cuda --problems-per-batch 32
+# The testbed is hf_msv.testbed.TESTBED_VERIFIER_TASK (the default: v2), whose LM the demo pairs the verifier with
+python -m hf_msv.reproduction --shipped-verifier ${WORK_DIR:+--work-dir "$WORK_DIR"} "$@"  # e.g. --device cuda --problems-per-batch 32

@@ -65,8 +65,9 @@ def test_claims_recomputed_from_the_committed_summary_equal_the_committed_ones(c
     # the config stored in the summary is the one the claims were computed with
     explicit = json.loads(json.dumps(compute_claims(committed, config_of(committed))))
     assert explicit == committed["claims"]
-    # the committed run is at the paper's sizes, with the training-set-size study at 112 and 224 problems only
-    assert config_of(committed) == ReproduceConfig(task="v1", training_sizes=(112, 224))  # v1: the committed run's
+    # the committed run is at the paper's sizes, with the training-set-size study at 112 and 224 problems only (and
+    # problems batched by 4, the default then)
+    assert config_of(committed) == ReproduceConfig(task="v1", training_sizes=(112, 224), problems_per_batch=4)
 
 
 def test_every_claim_has_a_verdict_sentence(committed):

@@ -58,10 +58,10 @@ def test_main_job_prints_the_per_problem_table_and_totals(tmp_path):
     assert (tmp_path / "demo.png").exists()
 
 
-def test_demo_defaults_follow_the_reproduction():
-    """The demo's default λ is the one `hf-msv reproduce` chose on validation for the shipped MSV_16 (training seed 0
-    of the reproduction's streaming MSV_16; docs/results/testbed.json), and `--device auto` picks the GPU only when
-    there is one."""
+def test_demo_defaults_follow_the_shipped_verifier():
+    """The demo's default λ is the one chosen on validation for the shipped MSV_16 when it was trained
+    (`hf_msv.reproduction.shipped_lambda`, recorded beside it), and `--device auto` picks the GPU only when there is
+    one."""
     import inspect
     import json
 
@@ -69,10 +69,11 @@ def test_demo_defaults_follow_the_reproduction():
 
     from hf_msv.utils import resolve_device
     from hf_msv.demo import DEMO_THRESHOLD, build_parser, run_demo
+    from hf_msv.reproduction import SHIPPED_LAMBDA_FILE
+    from hf_msv.testbed import TESTBED_VERIFIER_DIR
 
-    summary = json.loads((ROOT / "docs" / "results" / "testbed.json").read_text())
-    chosen = summary["main"]["16"]["lambda_selection"]["MSV_16"]["validation"]["lambda"]["values"][0]
-    assert abs(chosen - DEMO_THRESHOLD) < 0.005
+    stopping = json.loads((TESTBED_VERIFIER_DIR / SHIPPED_LAMBDA_FILE).read_text())
+    assert abs(stopping["lambda"] - DEMO_THRESHOLD) < 0.005 and stopping["num_sequences"] == 16
     assert inspect.signature(run_demo).parameters["threshold"].default == DEMO_THRESHOLD
     (args,) = build_parser().parse_args_into_dataclasses([])
     assert args.threshold is None and args.device == "auto"  # None: run_demo's default applies

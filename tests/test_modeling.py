@@ -164,8 +164,9 @@ def test_anchored_verifier_outputs_exactly_platt_of_gamma(mode):
 
 
 def test_gamma_skip_is_off_by_default_and_old_checkpoints_load_unchanged(tmp_path):
-    """A config without the key (every checkpoint saved before it existed, e.g. the shipped testbed verifier) builds
-    the old architecture: no skip weights, nothing missing or unexpected when loading."""
+    """A config without the key (every checkpoint saved before it existed) builds the old architecture: no skip
+    weights, nothing missing or unexpected when loading; the shipped testbed verifier, saved with the key, loads
+    cleanly too."""
     from pathlib import Path
 
     import hf_msv
@@ -177,11 +178,12 @@ def test_gamma_skip_is_off_by_default_and_old_checkpoints_load_unchanged(tmp_pat
     config.pop("gamma_skip")
     (tmp_path / "config.json").write_text(json.dumps(config))
     answers, inputs = random_answers(seed=31)
+    loaded, info = MSVVerifier.from_pretrained(tmp_path, output_loading_info=True)
+    assert loaded.config.gamma_skip is False and not any(info.values()), info
     shipped = Path(hf_msv.__file__).parent / "testbed" / "verifier"
-    assert "gamma_skip" not in json.loads((shipped / "config.json").read_text())
-    for path in (tmp_path, shipped):
-        loaded, info = MSVVerifier.from_pretrained(path, output_loading_info=True)
-        assert loaded.config.gamma_skip is False and not any(info.values()), info
+    loaded, info = MSVVerifier.from_pretrained(shipped, output_loading_info=True)
+    skip = json.loads((shipped / "config.json").read_text())["gamma_skip"]
+    assert loaded.config.gamma_skip is skip and hasattr(loaded, "gamma_skip_weight") == skip and not any(info.values())
     with torch.no_grad():
         torch.testing.assert_close(MSVVerifier.from_pretrained(tmp_path)(**inputs).logits, verifier(**inputs).logits)
 

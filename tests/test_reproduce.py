@@ -98,5 +98,13 @@ def test_quick_reproduction(tmp_path):
     verifier = MSVVerifier.from_pretrained(shipped)
     assert (verifier.config.num_sequences, verifier.config.mode) == (8, "streaming")
     assert "validation auroc" in (shipped / "README.md").read_text()
+    # its early-stopping λ: chosen on validation by the reproduction's rule, recorded beside it and in the card
+    from hf_msv.evaluation.early_stop import DEFAULT_LAMBDAS
+    from hf_msv.reproduction import SHIPPED_LAMBDA_FILE
+
+    stopping = json.loads((shipped / SHIPPED_LAMBDA_FILE).read_text())
+    assert stopping["lambda"] in list(DEFAULT_LAMBDAS) and stopping["num_sequences"] == 8
+    assert 0 < stopping["target_accuracy"] <= 1 and 0 <= stopping["validation_accuracy"] <= 1
+    assert "validation λ (early stopping)" in (shipped / "README.md").read_text()
     assert not list(shipped.glob("*.py"))
     assert (work / "verifiers" / "msv8-streaming" / "training_log.json").exists()

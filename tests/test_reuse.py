@@ -73,3 +73,30 @@ def test_code_version_and_data_fingerprint_follow_the_files(tmp_path):
     assert data_fingerprint(tmp_path / "d") == f1
     (tmp_path / "d" / "shard-0.safetensors").write_bytes(b"abd")
     assert data_fingerprint(tmp_path / "d") != f1
+
+
+def test_an_interrupted_collection_is_extended_by_the_next_run_not_collected_again(tmp_path, monkeypatch):
+    """`collect_problems` stores its reuse key before collecting, so the shards of a run stopped part-way match the
+    next run's key (same settings) and are extended; before, a shard without a key was deleted and collected again."""
+    import hf_msv.collect as collect_module
+    from hf_msv.collect import load_lm
+    from hf_msv.reproduction import ReproduceConfig, collect_problems
+
+    model, tokenizer = load_lm("testbed")
+    cfg = ReproduceConfig(problems_per_shard=1, max_new_tokens=24)
+    out, real = tmp_path / "train", collect_module.collect
+
+    def stopped_after_the_first_problem(model, tokenizer, problems, *args, **kwargs):
+        real(model, tokenizer, problems[:1], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(collect_module, "collect", stopped_after_the_first_problem)
+    with pytest.raises(KeyboardInterrupt):
+        collect_problems(model, tokenizer, "train", 2, out, cfg, num_samples=2)
+    (first,) = out.glob("*.safetensors")
+    written = first.stat().st_mtime_ns
+    monkeypatch.setattr(collect_module, "collect", real)
+    log = ReuseLog()
+    result = collect_problems(model, tokenizer, "train", 2, out, cfg, num_samples=2, log=log)
+    assert log.summary()["redone"] == [] and (result.skipped, result.generated) == (1, 1)
+    assert first.stat().st_mtime_ns == written and len(list(out.glob("*.safetensors"))) == 2

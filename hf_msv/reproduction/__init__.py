@@ -13,6 +13,7 @@ from .claims import compute_claims
 from .config import STUDIES, ReproduceArguments, ReproduceConfig, training_config
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .pipeline import (
+    SHIPPED_LAMBDA_FILE,
     ReproductionContext,
     checker_agreement,
     checkers_study,
@@ -28,6 +29,7 @@ from .pipeline import (
     reproduce,
     train_main_verifiers,
     train_or_reuse,
+    shipped_lambda,
     train_shipped_verifier,
     training_size_study,
 )
@@ -48,6 +50,8 @@ __all__ = [
     "measure_lm_costs",
     "checker_agreement",
     "train_main_verifiers",
+    "shipped_lambda",
+    "SHIPPED_LAMBDA_FILE",
     "main_study",
     "checkers_study",
     "masks_study",

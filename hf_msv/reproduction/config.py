@@ -37,7 +37,9 @@ class ReproduceConfig:
                                        default=None)
     reference_checker: str = _help("equivalence checker whose classes and correctness are the reference",
                                    default="symbolic")
-    problems_per_batch: int = _help("problems sampled together (4 suits 2 CPU cores; 32 a GPU)", default=4)
+    # On 2 CPU cores one problem's 64 samples already fill the cores, and problems sampled together wait for the
+    # longest trace: 8 v2 train problems × 64 samples took 16 s a problem one at a time, 26 s in batches of 4.
+    problems_per_batch: int = _help("problems sampled together (1 suits 2 CPU cores; 32 a GPU)", default=1)
     problems_per_shard: int = _help("problems per hidden-state shard", default=16)
     collect_seed: int = _help("sampling seed of the collections", default=0)
     # DeepConf's 2048 is ~half of a 4k-token trace; testbed traces are ~100 tokens
@@ -70,7 +72,7 @@ class ReproduceConfig:
                    mask_n=4,
                    delimiter_sizes=(12, 6, 12), delimiter_samples=4, delimiter_n=4, grouping_problems=0,
                    grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, training_sizes=(8, 16, 24),
-                   cost_problems=1, quick=True)
+                   cost_problems=1, problems_per_batch=4, quick=True)  # 8 samples: batch problems to fill the cores
 
     def __post_init__(self):
         from ..testbed import get_task
@@ -129,7 +131,7 @@ class ReproduceArguments:
         "choices": ["matching", "keep"]})
     threads: int | None = _help("torch threads", default=None)
     device: str | None = _help("where the LM samples (default: the GPU when there is one)", default=None)
-    problems_per_batch: int | None = _help("problems sampled together (default 4, right for 2 CPU cores; 32 suits "
+    problems_per_batch: int | None = _help("problems sampled together (default 1, right for 2 CPU cores; 32 suits "
                                            "a GPU)", default=None)
     progress: bool = _help("log each stage as it starts and ends (--no-progress: quiet)", default=True)
     shipped_verifier: bool = _help("only (re)build hf_msv/testbed/verifier from the train/validation shards",

@@ -5,9 +5,12 @@
     summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 training seeds
 
 On a GPU pass ``device="cuda"`` and a larger ``ReproduceConfig.problems_per_batch`` (32: 0.30 s per problem at 64
-samples on an H100, vs 1.17 s at 4). On 2 CPU cores (``threads=2``) everything takes about 2 h 5 min from scratch:
+samples on an H100, vs 1.17 s at 4). On 2 CPU cores (``threads=2``) testbed v1 took about 2 h 5 min from scratch:
 the main study 58 min (collection 45, training 11), the checker, mask and delimiter studies 16 min, grouping 23 min
 (mostly its 256-sample collection) and the training-set-size study 28 min (mostly collecting 224 more problems).
+Testbed v2's traces are twice as long with twice the answers: its train / validation collection alone took 50 min
+(~10 s a problem at 64 samples) and one streaming MSV_16 20 min (mostly the vote cross-validation), so a v2 run is
+several hours on 2 cores: split it over runs (collections resume) or use a GPU.
 
 Pipeline (every stage is resumable: shards, trained verifiers and measured costs of an earlier run in the work
 directory are reused when their reuse key — settings, data fingerprint, code version; `hf_msv.reproduction.reuse` —
@@ -59,7 +62,7 @@ from .summary import autc_row, grouping_summary, main_summary, size_row, vote_ch
 __all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_or_reuse", "measure_lm_costs",
            "checker_agreement", "train_main_verifiers", "main_study", "checkers_study", "masks_study",
            "delimiters_study", "grouping_study", "training_size_study", "STUDY_STAGES", "reproduce",
-           "train_shipped_verifier", "parse_arguments", "main"]
+           "train_shipped_verifier", "shipped_lambda", "SHIPPED_LAMBDA_FILE", "parse_arguments", "main"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -95,13 +98,12 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
         else:
             shutil.rmtree(out)
     problems = task.generate_problems(split, count, seed=problem_seed)[first:]
-    result = collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
-                     checker=cfg.reference_checker, prompt_template="testbed",
-                     problems_per_shard=cfg.problems_per_shard, problems_per_batch=cfg.problems_per_batch,
-                     seed=cfg.collect_seed, progress=False, **kwargs)
-    if not kept:
+    if not kept:  # before collecting: an interrupted run's shards then match the next run's key and are extended
+        out.mkdir(parents=True, exist_ok=True)
         write_key(out, key)
-    return result
+    return collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
+                   checker=cfg.reference_checker, prompt_template="testbed", problems_per_shard=cfg.problems_per_shard,
+                   problems_per_batch=cfg.problems_per_batch, seed=cfg.collect_seed, progress=False, **kwargs)
 
 
 def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, **kwargs):
@@ -519,13 +521,15 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     return summary
 
 
-def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threads: int | None = None,
+def train_shipped_verifier(work_dir=None, destination=None, threads: int | None = None,
                            config: ReproduceConfig | None = None, device=None,
                            reuse_shards: str = "matching") -> Path:
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
-    ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples). Saves weights, config and model card
-    to `destination` (default: the package's, for `TESTBED_VERIFIER_TASK` only). `reuse_shards` as in `reproduce`."""
+    ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples) in `work_dir` (default: the full
+    reproduction's, ``ReproduceConfig.default_work_dir``). Saves weights, config, model card and the early-stopping λ
+    chosen on validation (`shipped_lambda`, in `SHIPPED_LAMBDA_FILE`) to `destination` (default: the package's, for
+    `TESTBED_VERIFIER_TASK` only). `reuse_shards` as in `reproduce`."""
     import torch
 
     from ..collect import load_lm
@@ -537,7 +541,8 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
         torch.set_num_threads(threads)
     # The demo pairs the package's verifier with TESTBED_VERIFIER_TASK's LM: another task's verifier goes elsewhere
     # until that constant moves with it.
-    cfg, work = config or ReproduceConfig(task=TESTBED_VERIFIER_TASK), Path(work_dir)
+    cfg = config or ReproduceConfig(task=TESTBED_VERIFIER_TASK)
+    work = Path(work_dir or replace(cfg, quick=False).default_work_dir)  # the full run's shards, even quick
     if destination is None and cfg.task != TESTBED_VERIFIER_TASK:
         raise ValueError(f"the package's verifier is paired with testbed {TESTBED_VERIFIER_TASK}'s LM "
                          f"(hf_msv.testbed.TESTBED_VERIFIER_TASK); a testbed {cfg.task} verifier needs a destination, "
@@ -552,6 +557,8 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     log = json.loads((path / "training_log.json").read_text())
     best = log["history"][log["best_epoch"]]  # `best_epoch` indexes the validation history (0 = before training)
     metrics = {k.replace("val_", "validation "): v for k, v in best.items() if k.startswith("val_")}
+    stopping = shipped_lambda(data / "val", path, n, cfg, work / "shipped-lambda")
+    metrics["validation λ (early stopping)"] = stopping["lambda"]
     destination = Path(destination or TESTBED_VERIFIER_DIR)
     shutil.rmtree(destination, ignore_errors=True)
     verifier = MSVVerifier.from_pretrained(path)
@@ -562,9 +569,34 @@ def train_shipped_verifier(work_dir="outputs/reproduce", destination=None, threa
     save_verifier(verifier, destination, metrics=metrics | {"step": best.get("step", best["epoch"])},
                   training_data=training_data + " Reproduce with `scripts/train_shipped_verifier.sh`.",
                   repo_id="hf-msv/msv16-testbed")
+    (destination / SHIPPED_LAMBDA_FILE).write_text(json.dumps(stopping, indent=2) + "\n")
     for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
         stale.unlink()
     return destination
+
+
+SHIPPED_LAMBDA_FILE = "early_stopping.json"  # beside the shipped verifier: the λ the demo uses, and how it was chosen
+
+
+def shipped_lambda(val_dir: Path, verifier_dir: Path, n: int, cfg: ReproduceConfig, output_dir: Path) -> dict:
+    """The early-stopping λ of the streaming MSV_n in `verifier_dir`, chosen on the validation shards by the
+    reproduction's validation rule (`hf_msv.evaluation.select_lambda_validation`: the cheapest λ whose validation
+    accuracy reaches 0.95 × the best full-decoding validation accuracy of any method at N = n). The evaluation split
+    is the validation split itself: only the validation curves matter here."""
+    from ..evaluation import evaluate_study
+
+    name = f"MSV_{n}"
+    res = evaluate_study(val_dir, {name: {"streaming": str(verifier_dir)}}, output_dir, [n], val_dir, bootstrap=0,
+                         deepconf_window=cfg.deepconf_window, figures=False, progress=False,
+                         report_name="lambda")
+    rule = res["lambda_selection"][str(n)][name]["validation"]
+    first = {k: v["values"][0] for k, v in rule.items()}  # one training seed: its values
+    lam = round(first["lambda"], 6)  # the grid's value, without float noise
+    return {"lambda": lam, "num_sequences": n, "target_accuracy": first["target"],
+            "validation_accuracy": first["val_accuracy"], "validation_tokens": first["val_tokens"],
+            "rule": "cheapest λ whose validation accuracy reaches 0.95 × the best full-decoding validation accuracy "
+                    "(hf_msv.evaluation.select_lambda_validation)",
+            "validation_problems": cfg.val_problems}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -587,8 +619,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_arguments(argv)
     cfg = args.reproduce_config()
     if args.shipped_verifier:
-        work = args.work_dir or replace(cfg, quick=False).default_work_dir  # the full run's shards, even --quick
-        return {"shipped_verifier": str(train_shipped_verifier(work, threads=args.threads, config=cfg,
+        return {"shipped_verifier": str(train_shipped_verifier(args.work_dir, threads=args.threads, config=cfg,
                                                                device=args.device, reuse_shards=args.reuse_shards))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
                      threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards)

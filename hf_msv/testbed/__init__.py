@@ -31,10 +31,10 @@ TESTBED_LM_DIR = TASKS[DEFAULT_TASK].lm_dir  # the default testbed LM (v2)
 TESTBED_V1_LM_DIR = TASKS["v1"].lm_dir
 TESTBED_V2_LM_DIR = TASKS["v2"].lm_dir
 # The streaming MSV_16 shipped in the package (`hf_msv.reproduction.train_shipped_verifier`) and the task of the LM
-# it was trained on: v1's until one trained on the v2 LM ships (issue #17), so the demo and the examples that use it
-# load that task's LM and problems (a verifier reads its own LM's hidden states).
+# it was trained on (the default testbed's), so the demo and the examples that use it load that task's LM and
+# problems: a verifier reads its own LM's hidden states.
 TESTBED_VERIFIER_DIR = Path(__file__).resolve().parent / "verifier"
-TESTBED_VERIFIER_TASK = "v1"
+TESTBED_VERIFIER_TASK = DEFAULT_TASK
 
 __all__ = [
     "DEFAULT_TASK",
