@@ -15,6 +15,10 @@ Measured, each after a warm-up run:
   ``elicitation_time_ratio`` = elicitation ÷ CoT (the paper measured 2.9 % on an A6000), ``verifier_time_ratio``;
 * peak accelerator memory (``torch.cuda.max_memory_allocated``) of the plain and the MSV runs.
 
+Five decodes of ``--steps`` steps in all (two plain, one hooked, two MSV). Each figure is printed as soon as it is
+measured, so a run stopped by a time limit still reports the phases it finished: on one H200 (2026-11-26) a
+1,024-step run had not finished within 200 s, and an earlier version of this script printed nothing until the end.
+
 Usage::
 
     python benchmarks/generation_gpu.py                  # N = 64, 4,096 steps
@@ -96,11 +100,24 @@ def main():
                 return msv.pop_results()[0]
         return run
 
+    report = {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke: tiny shapes, not a measurement)",
+              "torch": torch.__version__, "num_sequences": n, "steps": steps, "answer_length": 12}
+
+    def record(**values):
+        """Print each figure as soon as it is measured: a run cut short by a time limit still reports its phases."""
+        for key, value in values.items():
+            report[key] = value
+            print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}", flush=True)
+
     script = ScriptedAnswers(model, tokenizer, filler_tokens=10)
     try:
-        plain()  # warm-up (kernels, allocator)
+        _, warm_s, _ = timed(plain, cuda)  # warm-up (kernels, allocator)
+        record(warmup_seconds=warm_s)
         _, plain_s, plain_peak = timed(plain, cuda)
+        record(plain_seconds=plain_s, plain_ms_per_step=1000 * plain_s / steps,
+               peak_memory_gib_plain=plain_peak / 2**30)
         hook, hook_s, _ = timed(hooked(mode="terminal", checker=None), cuda)
+        record(hook_seconds=hook_s, hook_overhead_ratio=hook.timings["cot"] / plain_s)
         counter = ForwardCounter(model)
         msv_run = hooked(verifier=verifier, delimiters=["Wait"], checker="exact")
         msv_run()  # warm-up of the elicitation and verifier paths
@@ -110,18 +127,11 @@ def main():
     finally:
         script.handle.remove()
     t = result.timings
-    report = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu (smoke: tiny shapes, not a measurement)", "torch": torch.__version__, "num_sequences": n, "steps": steps,
-        "answers": len(result.answers), "answer_length": 12,
-        "plain_seconds": plain_s, "hook_seconds": hook_s, "hook_overhead_ratio": hook.timings["cot"] / plain_s,
-        "msv_seconds": msv_s, "cot_seconds": t["cot"], "elicitation_seconds": t["elicitation"],
-        "verifier_seconds": t["verifier"], "equivalence_seconds": t["equivalence"],
-        "elicitation_time_ratio": t["elicitation"] / t["cot"], "verifier_time_ratio": t["verifier"] / t["cot"],
-        "msv_over_plain": msv_s / plain_s, "forward_calls": counter.calls, "forwards_per_cot_step": counter.calls / steps,
-        "peak_memory_gib_plain": plain_peak / 2**30, "peak_memory_gib_msv": msv_peak / 2**30,
-    }
-    for key, value in report.items():
-        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    record(answers=len(result.answers), msv_seconds=msv_s, cot_seconds=t["cot"], elicitation_seconds=t["elicitation"],
+           verifier_seconds=t["verifier"], equivalence_seconds=t["equivalence"],
+           elicitation_time_ratio=t["elicitation"] / t["cot"], verifier_time_ratio=t["verifier"] / t["cot"],
+           msv_over_plain=msv_s / plain_s, forward_calls=counter.calls, forwards_per_cot_step=counter.calls / steps,
+           peak_memory_gib_msv=msv_peak / 2**30)
     print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
 
 

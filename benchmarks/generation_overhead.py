@@ -113,6 +113,8 @@ class ScriptedAnswers:
 
     def __call__(self, module, args, kwargs, output):
         logits = output.logits[:, -1]
+        if self.next.device != logits.device:  # built on the CPU; the LM may run on an accelerator
+            self.next = self.next.to(logits.device)
         target = self.next[kwargs["input_ids"][:, -1]]
         rows = (target >= 0).nonzero().squeeze(1)
         logits[rows, target[rows]] += 1000.0

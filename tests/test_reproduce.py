@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import pytest
 
@@ -25,7 +26,9 @@ def test_quick_reproduction(tmp_path):
     from hf_msv.reproduction import main as reproduce_main
 
     out, work = tmp_path / "results", tmp_path / "work"
-    summary = reproduce_main(["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress"])
+    # two fits at a time in worker processes (--train-workers): every study must wait for its own fits
+    summary = reproduce_main(["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress",
+                              "--train-workers", "2"])
 
     md, js = out / "testbed-v2-quick.md", out / "testbed-v2-quick.json"  # v2: the default testbed
     assert md.exists() and js.exists()
@@ -94,7 +97,10 @@ def test_quick_reproduction(tmp_path):
     from hf_msv import MSVVerifier
     from hf_msv.reproduction import ReproduceConfig, train_shipped_verifier
 
-    shipped = train_shipped_verifier(work, tmp_path / "shipped", config=ReproduceConfig.quick_config())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shipped = train_shipped_verifier(work, tmp_path / "shipped", config=ReproduceConfig.quick_config())
+    assert not [w for w in caught if "no LM decode/elicitation costs" in str(w.message)]  # λ is chosen on tokens
     verifier = MSVVerifier.from_pretrained(shipped)
     assert (verifier.config.num_sequences, verifier.config.mode) == (8, "streaming")
     assert "validation auroc" in (shipped / "README.md").read_text()
@@ -105,6 +111,7 @@ def test_quick_reproduction(tmp_path):
     stopping = json.loads((shipped / SHIPPED_LAMBDA_FILE).read_text())
     assert stopping["lambda"] in list(DEFAULT_LAMBDAS) and stopping["num_sequences"] == 8
     assert 0 < stopping["target_accuracy"] <= 1 and 0 <= stopping["validation_accuracy"] <= 1
+    assert "reaches 0.95 × the best full-decoding validation accuracy" in stopping["rule"]  # evaluate_study's default
     assert "validation λ (early stopping)" in (shipped / "README.md").read_text()
     assert not list(shipped.glob("*.py"))
     assert (work / "verifiers" / "msv8-streaming" / "training_log.json").exists()

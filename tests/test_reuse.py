@@ -4,8 +4,10 @@ settings, the data fingerprint and the code version, so a change to any of them 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from hf_msv.reproduction.pipeline import train_or_reuse
 from hf_msv.reproduction.reuse import KEY_FILE, ReuseLog, code_version, data_fingerprint
@@ -100,3 +102,73 @@ def test_an_interrupted_collection_is_extended_by_the_next_run_not_collected_aga
     result = collect_problems(model, tokenizer, "train", 2, out, cfg, num_samples=2, log=log)
     assert log.summary()["redone"] == [] and (result.skipped, result.generated) == (1, 1)
     assert first.stat().st_mtime_ns == written and len(list(out.glob("*.safetensors"))) == 2
+
+
+def test_training_queue_trains_in_worker_processes_what_inline_training_trains(splits, tmp_path):
+    """`TrainingQueue(2)` (``hf-msv reproduce --train-workers 2``) runs fits in other processes; they store the same
+    weights and keys as fits run inline, are reusable, and `wait` is what makes them finished."""
+    from safetensors.torch import load_file
+
+    from hf_msv.reproduction.pipeline import TrainingQueue
+
+    train, val = splits
+    inline, counts = tmp_path / "inline", {}
+    for seed in (0, 1):
+        train_or_reuse(train, val, inline / f"s{seed}", _config(seed=seed), counts, code="v")
+    queue = TrainingQueue(workers=2, threads=1)
+    try:
+        for seed in (0, 1):
+            train_or_reuse(train, val, tmp_path / "queued" / f"s{seed}", _config(seed=seed), counts, code="v",
+                           queue=queue)
+        queue.wait()
+    finally:
+        queue.close()
+    assert counts == {"trained": 4}
+    for seed in (0, 1):
+        a, b = (load_file(d / f"s{seed}" / "model.safetensors") for d in (inline, tmp_path / "queued"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert json.loads((tmp_path / "queued" / f"s{seed}" / KEY_FILE).read_text())["code"] == "v"
+        train_or_reuse(train, val, tmp_path / "queued" / f"s{seed}", _config(seed=seed), counts, code="v")
+    assert counts == {"trained": 4, "reused": 2}
+
+
+def test_training_queue_reraises_a_failed_fit_at_wait(splits, tmp_path):
+    from hf_msv.reproduction.pipeline import TrainingQueue
+
+    train, _ = splits
+    queue = TrainingQueue(workers=2, threads=1)
+    (tmp_path / "empty").mkdir()
+    try:  # a validation directory without shards: the worker's train_verifier raises, the parent sees it at wait
+        train_or_reuse(train, tmp_path / "empty", tmp_path / "bad", _config(), code="v", queue=queue)
+        with pytest.raises(Exception, match="empty"):
+            queue.wait()
+    finally:
+        queue.close(cancel=True)
+    assert not (tmp_path / "bad" / KEY_FILE).exists()
+
+
+def test_a_study_evaluates_only_after_its_queued_fits_have_finished(splits, tmp_path, monkeypatch):
+    """`ReproductionContext.train` hands fits to the queue and returns at once; `ReproductionContext.evaluate`
+    waits for them, so `evaluate_study` never sees a half-written verifier."""
+    import hf_msv.evaluation
+    from hf_msv.reproduction import ReproduceConfig, ReproductionContext, TrainingQueue
+
+    train, val = splits
+    seen = []
+
+    def fake_evaluate_study(eval_dir, verifiers, *args, **kwargs):
+        seen.extend((Path(p) / "training_log.json").exists() for specs in verifiers.values() for s in specs
+                    for p in s.values())
+        return {}
+
+    monkeypatch.setattr(hf_msv.evaluation, "evaluate_study", fake_evaluate_study)
+    monkeypatch.setattr("hf_msv.reproduction.pipeline.vote_check_rows", lambda res, name: [])
+    ctx = ReproductionContext(ReproduceConfig.quick_config(), tmp_path / "work", tmp_path / "out",
+                              queue=TrainingQueue(workers=2, threads=1))
+    try:
+        paths = ctx.train(train, "probe", _config(), val_dir=val)
+        assert len(paths) == ctx.config.training_seeds == 2
+        ctx.evaluate(val, {"Probe": [{"terminal": p} for p in paths]}, [1], val, report_name="r", title="t")
+    finally:
+        ctx.queue.close()
+    assert seen == [True, True] and ctx.counts["trained"] == 2

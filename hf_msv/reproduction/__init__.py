@@ -2,8 +2,8 @@
 
 * `paper` — the paper's numbers (data only), the weak checkers' settings and the attention masks;
 * `config` — `ReproduceConfig` (sizes and settings), `ReproduceArguments` (the command's flags), `training_config`;
-* `pipeline` — the stages (collect, measure LM costs, train or reuse) and one function per study, `reproduce`,
-  `train_shipped_verifier` and `main`;
+* `pipeline` — the stages (collect, measure LM costs, train or reuse, `TrainingQueue`) and one function per study,
+  `reproduce`, `train_shipped_verifier` and `main`;
 * `summary` — the summary's study entries distilled from `evaluate_study` results (pure);
 * `claims` — the paper's claims tested on the summary (pure);
 * `report` — ``testbed.md`` rendered from the summary (pure).
@@ -15,6 +15,7 @@ from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .pipeline import (
     SHIPPED_LAMBDA_FILE,
     ReproductionContext,
+    TrainingQueue,
     checker_agreement,
     checkers_study,
     collect_problems,
@@ -47,6 +48,7 @@ __all__ = [
     "collect_problems",
     "collect_splits",
     "train_or_reuse",
+    "TrainingQueue",
     "measure_lm_costs",
     "checker_agreement",
     "train_main_verifiers",

@@ -130,6 +130,8 @@ class ReproduceArguments:
                 "(keep: re-evaluate old collections with new training / evaluation code; the report says so)",
         "choices": ["matching", "keep"]})
     threads: int | None = _help("torch threads", default=None)
+    train_workers: int = _help("verifiers trained at once, each in its own process with threads / train_workers "
+                               "torch threads (2 on 2 CPU cores: ~1.4x faster training than 1)", default=1)
     device: str | None = _help("where the LM samples (default: the GPU when there is one)", default=None)
     problems_per_batch: int | None = _help("problems sampled together (default 1, right for 2 CPU cores; 32 suits "
                                            "a GPU)", default=None)

@@ -5,7 +5,9 @@
     summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 training seeds
 
 On a GPU pass ``device="cuda"`` and a larger ``ReproduceConfig.problems_per_batch`` (32: 0.30 s per problem at 64
-samples on an H100, vs 1.17 s at 4). On 2 CPU cores (``threads=2``) testbed v1 took about 2 h 5 min from scratch:
+samples on an H100, vs 1.17 s at 4, testbed v1; v2 on one H200: 0.24 s per problem at 32, 2.0 s at 1, from
+``scripts/gpu_checks.sh``'s collection step, so all of v2's collections take about 5 min there). On 2 CPU cores
+(``threads=2``) testbed v1 took about 2 h 5 min from scratch:
 the main study 58 min (collection 45, training 11), the checker, mask and delimiter studies 16 min, grouping 23 min
 (mostly its 256-sample collection) and the training-set-size study 28 min (mostly collecting 224 more problems).
 Testbed v2's traces are twice as long with twice the answers: its train / validation collection alone took 50 min
@@ -113,12 +115,11 @@ def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_sampl
 
 
 def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = None, log: ReuseLog | None = None,
-                   code: str | None = None) -> Path:
+                   code: str | None = None, queue: "TrainingQueue | None" = None) -> Path:
     """Train unless `out` holds a finished run with the same reuse key: the training config, the fingerprint of the
     training and validation shards, and the training code's version (`code`, default
-    ``code_version(TRAINING_CODE)``). `counts` tallies trained / reused; `log` records the decision."""
-    from ..training import train_verifier
-
+    ``code_version(TRAINING_CODE)``). `counts` tallies trained / reused; `log` records the decision. With a
+    `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`)."""
     out = Path(out)
     key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
     finished = (out / "training_log.json").exists() and (out / "config.json").exists()
@@ -127,13 +128,67 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
         if counts is not None:
             counts["reused"] = counts.get("reused", 0) + 1
         return out
+    (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key)
+    if counts is not None:
+        counts["trained"] = counts.get("trained", 0) + 1
+    return out
+
+
+def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
+    """One verifier fit into a fresh `out`, its reuse `key` stored last (an interrupted fit is never reused)."""
+    from ..training import train_verifier
+
     if out.exists():
         shutil.rmtree(out)
     train_verifier(train_dir, val_dir, out, config)
     write_key(out, key)
-    if counts is not None:
-        counts["trained"] = counts.get("trained", 0) + 1
-    return out
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+class TrainingQueue:
+    """Where a reproduction's verifier fits run: inline (``workers=1``), or `workers` at a time, each in its own
+    process with `threads` torch threads. Small verifiers use two CPU cores poorly from one process (an MSV_16 step
+    is a chain of small matrix products), so on 2 cores two 1-thread fits at once finish ~1.4× sooner than one
+    2-thread fit after another (`ReproduceArguments.train_workers`). Fits are independent, so their order and
+    results do not change; `wait` before reading what they write."""
+
+    def __init__(self, workers: int = 1, threads: int = 1):
+        self.workers, self.threads = workers, max(1, threads)
+        self._executor = None
+        self._pending = []
+
+    def submit(self, fn, *args) -> None:
+        if self.workers <= 1:
+            fn(*args)
+            return
+        if self._executor is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: a forked copy of a process holding torch's thread pools (and maybe CUDA) is unsafe
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_set_threads, initargs=(self.threads,))
+        self._pending.append(self._executor.submit(fn, *args))
+
+    def wait(self) -> None:
+        """Block until every submitted fit has finished; re-raise the first failure."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def close(self, cancel: bool = False) -> None:
+        """Wait for the fits (or, with `cancel`, drop those not started) and stop the worker processes."""
+        if not cancel:
+            self.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=not cancel, cancel_futures=True)
+            self._executor = None
+        self._pending = []
 
 
 def measure_lm_costs(model, tokenizer, problems, num_sequences, max_new_tokens: int, cache: Path | None = None,
@@ -228,6 +283,7 @@ class ReproductionContext:
     reuse: ReuseLog = field(default_factory=ReuseLog)
     reuse_shards: str = "matching"
     vote_checks: list = field(default_factory=list)
+    queue: TrainingQueue = field(default_factory=TrainingQueue)
 
     @property
     def data(self) -> Path:
@@ -251,7 +307,7 @@ class ReproductionContext:
         for seed in range(self.config.training_seeds):
             out = self.work_dir / "verifiers" / (name if seed == 0 else f"{name}-seed{seed}")
             paths.append(str(train_or_reuse(train_dir, val_dir or self.data / "val", out, replace(config, seed=seed),
-                                            counts=self.counts, log=self.reuse)))
+                                            counts=self.counts, log=self.reuse, queue=self.queue)))
         return paths
 
     def specs(self, name: str, modes=("terminal", "streaming")) -> list[dict]:
@@ -265,6 +321,7 @@ class ReproductionContext:
         every MSV fit of it is checked against the vote into `vote_checks`."""
         from ..evaluation import evaluate_study
 
+        self.queue.wait()  # the fits being evaluated may still be training
         kwargs = {"figures": False, "progress": False} | kwargs
         res = evaluate_study(eval_dir, verifiers, self.output_dir / "studies" if subdir else self.output_dir, ns,
                              val_dir, lm_costs=self.lm_costs, deepconf_window=self.config.deepconf_window,
@@ -295,6 +352,7 @@ def train_main_verifiers(ctx: ReproductionContext) -> dict:
         for n in cfg.num_sequences:
             ctx.verifiers.setdefault(f"MSV_{n}", {})[mode] = ctx.train(
                 data / "train", f"msv{n}-{mode}", training_config("msv", n, mode, cfg.quick))
+    ctx.queue.wait()  # so that the "train main" stage times the training
     return ctx.verifiers
 
 
@@ -453,7 +511,7 @@ STUDY_STAGES = {"checkers": (checkers_study, "checkers"), "masks": (masks_study,
 
 def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
               studies=None, threads: int | None = None, progress: bool = True, device=None,
-              reuse_shards: str = "matching") -> dict:
+              reuse_shards: str = "matching", train_workers: int = 1) -> dict:
     """Run the testbed reproduction (module docstring) and write ``testbed.md`` / ``testbed.json`` (quick:
     ``testbed-quick.*``) plus figures and per-study reports into `output_dir`. Returns the summary dict.
 
@@ -469,21 +527,37 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
             verifiers train on accelerate's device and are evaluated on CPU.
         reuse_shards: "matching" (reuse shards only under the same reuse key) or "keep" (reuse any shards in the
             work directory; e.g. to re-train and re-evaluate an earlier collection with new code).
+        train_workers: verifier fits run at once (`TrainingQueue`), each with ``threads // train_workers`` threads.
     """
     import torch
 
-    from ..collect import load_lm
-    from ..testbed import get_task
-    from ..utils import json_safe
-
+    if train_workers < 1:
+        raise ValueError(f"train_workers must be ≥ 1, got {train_workers}")
     cfg = config or (ReproduceConfig.quick_config() if quick else ReproduceConfig())
     studies = tuple(dict.fromkeys(("main",) + tuple(studies or cfg.studies)))
     if threads:
         torch.set_num_threads(threads)
     log = print if progress else (lambda *a, **k: None)
-    task = get_task(cfg.task)
+    queue = TrainingQueue(train_workers, (threads or torch.get_num_threads()) // train_workers)
     ctx = ReproductionContext(cfg, Path(work_dir or cfg.default_work_dir),
-                              Path(output_dir), clock=_Clock(log), reuse_shards=reuse_shards)
+                              Path(output_dir), clock=_Clock(log), reuse_shards=reuse_shards, queue=queue)
+    try:
+        summary = _run_studies(ctx, studies, device, progress, log)
+    except BaseException:
+        queue.close(cancel=True)  # fits not yet started are dropped; an interrupted run resumes from the rest
+        raise
+    queue.close()
+    return summary
+
+
+def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: bool, log) -> dict:
+    """`reproduce`'s body: collect, measure, train, evaluate every study, write the reports."""
+    from ..collect import load_lm
+    from ..testbed import get_task
+    from ..utils import json_safe
+
+    cfg = ctx.config
+    task = get_task(cfg.task)
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -581,21 +655,23 @@ SHIPPED_LAMBDA_FILE = "early_stopping.json"  # beside the shipped verifier: the 
 def shipped_lambda(val_dir: Path, verifier_dir: Path, n: int, cfg: ReproduceConfig, output_dir: Path) -> dict:
     """The early-stopping λ of the streaming MSV_n in `verifier_dir`, chosen on the validation shards by the
     reproduction's validation rule (`hf_msv.evaluation.select_lambda_validation`: the cheapest λ whose validation
-    accuracy reaches 0.95 × the best full-decoding validation accuracy of any method at N = n). The evaluation split
-    is the validation split itself: only the validation curves matter here."""
+    accuracy reaches `evaluate_study`'s target fraction × the best full-decoding validation accuracy of any method at
+    N = n). The evaluation split is the validation split itself: only the validation curves matter here."""
     from ..evaluation import evaluate_study
+    from ..evaluation.early_stop import LatencyCosts
 
     name = f"MSV_{n}"
+    # The rule is on tokens, so latency is not needed: zero LM costs, given explicitly (no "no costs" warning).
     res = evaluate_study(val_dir, {name: {"streaming": str(verifier_dir)}}, output_dir, [n], val_dir, bootstrap=0,
                          deepconf_window=cfg.deepconf_window, figures=False, progress=False,
-                         report_name="lambda")
+                         report_name="lambda", lm_costs=LatencyCosts())
     rule = res["lambda_selection"][str(n)][name]["validation"]
     first = {k: v["values"][0] for k, v in rule.items()}  # one training seed: its values
     lam = round(first["lambda"], 6)  # the grid's value, without float noise
     return {"lambda": lam, "num_sequences": n, "target_accuracy": first["target"],
             "validation_accuracy": first["val_accuracy"], "validation_tokens": first["val_tokens"],
-            "rule": "cheapest λ whose validation accuracy reaches 0.95 × the best full-decoding validation accuracy "
-                    "(hf_msv.evaluation.select_lambda_validation)",
+            "rule": f"cheapest λ whose validation accuracy reaches {res['config']['target_fraction']} × the best "
+                    "full-decoding validation accuracy (hf_msv.evaluation.select_lambda_validation)",
             "validation_problems": cfg.val_problems}
 
 
@@ -622,7 +698,8 @@ def main(argv: list[str] | None = None) -> dict:
         return {"shipped_verifier": str(train_shipped_verifier(args.work_dir, threads=args.threads, config=cfg,
                                                                device=args.device, reuse_shards=args.reuse_shards))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
-                     threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards)
+                     threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards,
+                     train_workers=args.train_workers)
 
 
 if __name__ == "__main__":
