@@ -155,7 +155,8 @@ class TrainingQueue:
     process with `threads` torch threads. Small verifiers use two CPU cores poorly from one process (an MSV_16 step
     is a chain of small matrix products), so on 2 cores two 1-thread fits at once finish ~1.4× sooner than one
     2-thread fit after another (`ReproduceArguments.train_workers`). Fits are independent, so their order and
-    results do not change; `wait` before reading what they write."""
+    results do not change; `wait` before reading what they write. Workers are spawned processes, which import the
+    main module: a script that queues fits keeps them under ``if __name__ == "__main__":``."""
 
     def __init__(self, workers: int = 1, threads: int = 1):
         self.workers, self.threads = workers, max(1, threads)
@@ -528,6 +529,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         reuse_shards: "matching" (reuse shards only under the same reuse key) or "keep" (reuse any shards in the
             work directory; e.g. to re-train and re-evaluate an earlier collection with new code).
         train_workers: verifier fits run at once (`TrainingQueue`), each with ``threads // train_workers`` threads.
+            Above 1, call `reproduce` from under ``if __name__ == "__main__":`` in a script (the workers are
+            spawned, and a spawned process imports the main module; ``hf-msv reproduce`` needs nothing).
     """
     import torch
 
