@@ -92,6 +92,12 @@ def test_quick_reproduction(tmp_path):
     assert any(r.startswith("shards data/eval") for r in summary2["reuse"]["reused"])
     assert summary2["timing_s"]["collect"] < summary["timing_s"]["collect"]
     assert summary2["timing_s"]["train main"] < summary["timing_s"]["train main"]
+    # ... and the main study's evaluation: same results, its report and figures put into the new output directory
+    assert "evaluation testbed-v2-quick-main (same settings, data and code)" in summary2["reuse"]["reused"]
+    assert summary2["main"] == summary["main"]
+    again = (tmp_path / "again" / "testbed-v2-quick.md").read_text()
+    for linked in re.findall(r"\]\(([^)]+\.(?:png|md))\)", again):
+        assert (tmp_path / "again" / linked).exists(), linked
 
     # the shipped verifier's recipe on the same shards: collection is reused, the card and weights are written
     from hf_msv import MSVVerifier

@@ -172,3 +172,37 @@ def test_a_study_evaluates_only_after_its_queued_fits_have_finished(splits, tmp_
     finally:
         ctx.queue.close()
     assert seen == [True, True] and ctx.counts["trained"] == 2
+
+
+def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, tmp_path, monkeypatch):
+    """`ReproductionContext.evaluate` keeps each evaluation (results, report) in the work directory under a reuse
+    key naming its verifiers' keys, so a resumed run does not evaluate a finished study again; a retrained
+    verifier (other key) evaluates again."""
+    import hf_msv.evaluation
+    from hf_msv.reproduction import ReproduceConfig, ReproductionContext
+
+    train, val = splits
+    real, calls = hf_msv.evaluation.evaluate_study, []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["report_name"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf_msv.evaluation, "evaluate_study", counted)
+
+    def run(out, seed=0):
+        ctx = ReproductionContext(ReproduceConfig.quick_config(), tmp_path / "work", tmp_path / out)
+        probe = train_or_reuse(train, val, tmp_path / "probe", _config(seed=seed), code="v")
+        # every spec evaluate_study takes: {mode: path} per seed (main study), a path per seed (checker study)
+        res = ctx.evaluate(val, {"Probe": [{"terminal": str(probe)}], "Probe (path)": [str(probe)]}, [1], val,
+                           report_name="r", title="t", bootstrap=20)
+        return res, ctx.reuse.summary()
+
+    first, _ = run("out1")
+    second, reuse = run("out2")  # a new run, another output directory: nothing evaluated, the report put back
+    assert calls == ["testbed-v2-quick-r"] and second == first
+    assert "evaluation testbed-v2-quick-r (same settings, data and code)" in reuse["reused"]
+    report = "studies/testbed-v2-quick-r.md"
+    assert (tmp_path / "out2" / report).read_text() == (tmp_path / "out1" / report).read_text()
+    run("out3", seed=1)          # the Probe retrained with another seed: its key changed, evaluated again
+    assert len(calls) == 2

@@ -14,9 +14,9 @@ Testbed v2's traces are twice as long with twice the answers: its train / valida
 (~10 s a problem at 64 samples) and one streaming MSV_16 20 min (mostly the vote cross-validation), so a v2 run is
 several hours on 2 cores: split it over runs (collections resume) or use a GPU.
 
-Pipeline (every stage is resumable: shards, trained verifiers and measured costs of an earlier run in the work
-directory are reused when their reuse key — settings, data fingerprint, code version; `hf_msv.reproduction.reuse` —
-matches; the report lists what was reused and what was redone, and why):
+Pipeline (every stage is resumable: shards, trained verifiers, study evaluations and measured costs of an earlier
+run in the work directory are reused when their reuse key — settings, data fingerprint, code version;
+`hf_msv.reproduction.reuse` — matches; the report lists what was reused and what was redone, and why):
 
 1. **collect** with the task's shipped testbed LM (`hf_msv.testbed`; v2 by default): 224 train / 64 validation / 448
    evaluation problems × 64 samples (temperature 1, ``Wait`` delimiter, elicitation ``### Final Answer ###
@@ -58,7 +58,8 @@ from .claims import compute_claims
 from .config import ReproduceArguments, ReproduceConfig, training_config
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .report import render_testbed
-from .reuse import COLLECTION_CODE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint, reuse_key, write_key
+from .reuse import (COLLECTION_CODE, EVALUATION_CODE, TRAINING_CODE, ReuseLog, artefact_key, code_version,
+                    data_fingerprint, reuse_key, write_key)
 from .summary import autc_row, grouping_summary, main_summary, size_row, vote_check_rows
 
 __all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_or_reuse", "measure_lm_costs",
@@ -324,11 +325,55 @@ class ReproductionContext:
 
         self.queue.wait()  # the fits being evaluated may still be training
         kwargs = {"figures": False, "progress": False} | kwargs
-        res = evaluate_study(eval_dir, verifiers, self.output_dir / "studies" if subdir else self.output_dir, ns,
-                             val_dir, lm_costs=self.lm_costs, deepconf_window=self.config.deepconf_window,
-                             title=title, report_name=f"{self.stem}-{report_name}", **kwargs)
+        out, stem = self.output_dir / "studies" if subdir else self.output_dir, f"{self.stem}-{report_name}"
+        # A v2 run spans several sittings on 2 CPU cores, and evaluating the main study alone takes ~half an hour:
+        # an evaluation is kept (results, report, figures) and reused while its inputs are unchanged.
+        settings = {"verifiers": {name: checkpoint_keys(specs) for name, specs in verifiers.items()},
+                    "ns": sorted(ns), "title": title, "deepconf_window": self.config.deepconf_window,
+                    "lm_costs": {str(n): asdict(c) for n, c in self.lm_costs.items()},
+                    "validation": val_dir is not None, **{k: v for k, v in kwargs.items() if k != "progress"}}
+        key = reuse_key(settings, code_version(EVALUATION_CODE),
+                        data_fingerprint(*[d for d in (eval_dir, val_dir) if d is not None]))
+        kept = self.work_dir / "evaluations" / stem
+        if self.reuse.decide("evaluation", stem, kept, key, (kept / f"{stem}.json").exists()):
+            res = restore_evaluation(kept, out, stem)
+        else:
+            res = evaluate_study(eval_dir, verifiers, out, ns, val_dir, lm_costs=self.lm_costs,
+                                 deepconf_window=self.config.deepconf_window, title=title, report_name=stem, **kwargs)
+            keep_evaluation(out, stem, kept, key)
         self.vote_checks += vote_check_rows(res, report_name)
         return res
+
+
+def checkpoint_keys(spec):
+    """A verifier spec of `evaluate_study` (a checkpoint path, {mode: path}, or a list of those, one per training
+    seed) with every path replaced by the reuse key stored with it (the path itself when it has none)."""
+    if isinstance(spec, dict):
+        return {mode: checkpoint_keys(path) for mode, path in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return [checkpoint_keys(one) for one in spec]
+    return artefact_key(spec) or str(spec)
+
+
+def keep_evaluation(out: Path, stem: str, kept: Path, key: dict) -> None:
+    """Copy what `evaluate_study` wrote into `out` (``stem.json``, ``stem.md``, the figures ``stem_*.png``) into
+    `kept`, its reuse `key` last (an interrupted copy is never reused)."""
+    if kept.exists():
+        shutil.rmtree(kept)
+    kept.mkdir(parents=True)
+    for f in [out / f"{stem}.json", out / f"{stem}.md", *out.glob(f"{stem}_*.png")]:
+        if f.exists():
+            shutil.copy2(f, kept / f.name)
+    write_key(kept, key)
+
+
+def restore_evaluation(kept: Path, out: Path, stem: str) -> dict:
+    """Put a kept evaluation's report and figures back into `out`; its results dict."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in [kept / f"{stem}.md", *kept.glob(f"{stem}_*.png")]:
+        shutil.copy2(f, out / f.name)
+    shutil.copy2(kept / f"{stem}.json", out / f"{stem}.json")
+    return json.loads((out / f"{stem}.json").read_text())
 
 
 def seed_specs(paths_by_mode: dict) -> list[dict]:

@@ -1,12 +1,12 @@
 """When a reproduction may reuse what an earlier run left in its work directory: a trained verifier or a collection
-of shards is reused only if its *reuse key* — the settings that produced it, a fingerprint of its input data and
+of shards, or a study's evaluation, is reused only if its *reuse key* — the settings that produced it, a fingerprint of its input data and
 a version of the code that produced it — equals the current one.
 
 * **Code version**: SHA-256 over the source files of the hf_msv modules that produce the artefact (`TRAINING_CODE`
-  for verifiers, `COLLECTION_CODE` for shards), plus the package version; the git commit, when the package lives
-  in a git checkout, is recorded beside it for the reader but not compared (a commit that only touches the docs
-  must not invalidate anything).
-* **Data fingerprint** (verifiers; shards: the testbed LM's weights): SHA-256 over the names and contents of the
+  for verifiers, `COLLECTION_CODE` for shards, `EVALUATION_CODE` for a study's evaluation), plus the package
+  version; the git commit, when the package lives in a git checkout, is recorded beside it for the reader but not
+  compared (a commit that only touches the docs must not invalidate anything).
+* **Data fingerprint** (verifiers and evaluations; shards: the testbed LM's weights): SHA-256 over the names and contents of the
   shard files and collection settings (cached per file by size and modification time, so a run hashes each shard
   once).
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["TRAINING_CODE", "COLLECTION_CODE", "KEY_FILE", "code_version", "git_commit", "data_fingerprint",
-           "reuse_key", "stored_key", "write_key", "ReuseLog"]
+__all__ = ["TRAINING_CODE", "COLLECTION_CODE", "EVALUATION_CODE", "KEY_FILE", "code_version", "git_commit",
+           "data_fingerprint", "reuse_key", "stored_key", "artefact_key", "write_key", "ReuseLog"]
 
 KEY_FILE = "reuse_key.json"
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -32,6 +32,10 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 TRAINING_CODE = ("training", "data", "equivalence", "modeling_msv.py", "modeling_probe.py", "configuration_msv.py",
                  "baselines.py", "metrics.py", "utils.py", "reproduction/config.py")
 COLLECTION_CODE = ("collect", "generation", "data", "equivalence", "answers.py", "testbed", "utils.py")
+# Everything `evaluate_study` runs: its package, the verifiers it loads, the baselines, metrics and data it reads.
+EVALUATION_CODE = ("evaluation", "baselines.py", "metrics.py", "data", "equivalence", "generation", "training",
+                   "modeling_msv.py", "modeling_probe.py", "configuration_msv.py", "answers.py", "collect", "testbed",
+                   "utils.py")
 
 
 def code_version(parts=TRAINING_CODE, root: Path | None = None) -> str:
@@ -100,6 +104,13 @@ def stored_key(directory: Path) -> dict | None:
 def write_key(directory: Path, key: dict) -> None:
     """Store `key` (and, for the reader, the git commit) in `directory`."""
     Path(directory, KEY_FILE).write_text(json.dumps(dict(key, git_commit=git_commit()), indent=1))
+
+
+def artefact_key(directory) -> dict | None:
+    """The reuse key stored with an artefact, without the git commit recorded beside it (None: no key), so that
+    a key that names the artefact (an evaluation names its verifiers' keys) survives commits that change nothing."""
+    stored = stored_key(directory)
+    return None if stored is None else {k: v for k, v in stored.items() if k != "git_commit"}
 
 
 def _same(stored: dict | None, key: dict) -> bool:
