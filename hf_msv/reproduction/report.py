@@ -83,8 +83,7 @@ def _header(s: dict) -> list[str]:
         "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + "."
         + ("" if not s.get("verifiers", {}).get("reused") else
            f" Stages resume: this run trained {s['verifiers']['trained']} verifiers and reused "
-           f"{s['verifiers']['reused']} (and any shards or evaluations) from an earlier run in the same work "
-           "directory."),
+           f"{s['verifiers']['reused']} (and any shards) from an earlier run in the same work directory."),
         *_reuse_lines(s),
         "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
         + (f" Not run this time: {', '.join(missing)} (`hf-msv reproduce --studies ...`)." if missing else ""), "",
