@@ -355,25 +355,28 @@ def checkpoint_keys(spec):
     return artefact_key(spec) or str(spec)
 
 
+def _copy_evaluation(source: Path, destination: Path, stem: str) -> None:
+    """Copy the files `evaluate_study` writes for report `stem` (``stem.json``, ``stem.md``, the figures
+    ``stem_*.png``) from `source` into `destination`."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for f in [source / f"{stem}.json", source / f"{stem}.md", *source.glob(f"{stem}_*.png")]:
+        if f.exists():
+            shutil.copy2(f, destination / f.name)
+
+
 def keep_evaluation(out: Path, stem: str, kept: Path, key: dict) -> None:
-    """Copy what `evaluate_study` wrote into `out` (``stem.json``, ``stem.md``, the figures ``stem_*.png``) into
-    `kept`, its reuse `key` last (an interrupted copy is never reused)."""
+    """Keep what `evaluate_study` wrote into `out` in a fresh `kept`, its reuse `key` last (an interrupted copy is
+    never reused)."""
     if kept.exists():
         shutil.rmtree(kept)
-    kept.mkdir(parents=True)
-    for f in [out / f"{stem}.json", out / f"{stem}.md", *out.glob(f"{stem}_*.png")]:
-        if f.exists():
-            shutil.copy2(f, kept / f.name)
+    _copy_evaluation(out, kept, stem)
     write_key(kept, key)
 
 
 def restore_evaluation(kept: Path, out: Path, stem: str) -> dict:
-    """Put a kept evaluation's report and figures back into `out`; its results dict."""
-    out.mkdir(parents=True, exist_ok=True)
-    for f in [kept / f"{stem}.md", *kept.glob(f"{stem}_*.png")]:
-        shutil.copy2(f, out / f.name)
-    shutil.copy2(kept / f"{stem}.json", out / f"{stem}.json")
-    return json.loads((out / f"{stem}.json").read_text())
+    """Put a kept evaluation's results, report and figures back into `out`; its results dict."""
+    _copy_evaluation(kept, out, stem)
+    return json.loads((kept / f"{stem}.json").read_text())
 
 
 def seed_specs(paths_by_mode: dict) -> list[dict]:

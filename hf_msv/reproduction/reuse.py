@@ -1,14 +1,14 @@
-"""When a reproduction may reuse what an earlier run left in its work directory: a trained verifier or a collection
-of shards, or a study's evaluation, is reused only if its *reuse key* — the settings that produced it, a fingerprint of its input data and
-a version of the code that produced it — equals the current one.
+"""When a reproduction may reuse what an earlier run left in its work directory: a trained verifier, a collection
+of shards or a study's evaluation is reused only if its *reuse key* — the settings that produced it, a fingerprint
+of its input data and a version of the code that produced it — equals the current one.
 
 * **Code version**: SHA-256 over the source files of the hf_msv modules that produce the artefact (`TRAINING_CODE`
   for verifiers, `COLLECTION_CODE` for shards, `EVALUATION_CODE` for a study's evaluation), plus the package
   version; the git commit, when the package lives in a git checkout, is recorded beside it for the reader but not
   compared (a commit that only touches the docs must not invalidate anything).
-* **Data fingerprint** (verifiers and evaluations; shards: the testbed LM's weights): SHA-256 over the names and contents of the
-  shard files and collection settings (cached per file by size and modification time, so a run hashes each shard
-  once).
+* **Data fingerprint** (verifiers and evaluations; shards: the testbed LM's weights): SHA-256 over the names and
+  contents of the shard files and collection settings (cached per file by size and modification time, so a run
+  hashes each shard once).
 
 A key is stored as ``reuse_key.json`` in the artefact's directory. `ReuseLog` records every decision for the
 report (what was reused, what was redone and why).
