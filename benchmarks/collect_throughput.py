@@ -9,8 +9,8 @@ writes the shards (spool + shard + manifest, fsynced). ``generate`` only samples
 * ``generate_tokens_per_s``: the same count for plain ``generate`` (tokens up to and including each row's EOS);
 * ``ratio`` = collect ÷ generate (goal ≥ 0.75 at the testbed's delimiter rate).
 
-The LM is the shipped testbed LM on its own task (``hf_msv/testbed/lm``; its ``Wait`` re-checks set the delimiter
-rate). Without it, a tiny random Llama stands in (``"lm": "random"`` in the JSON), whose answers rarely close the box
+The LM is the shipped default testbed LM (v2, ``hf_msv/testbed/lm-v2``) on its own task, sampled up to the task's
+length cap (the LM was trained on traces cut there); its ``Wait`` re-checks set the delimiter rate. Without it, a tiny random Llama stands in (``"lm": "random"`` in the JSON), whose answers rarely close the box
 and so run to the 40-token cap: a pessimistic bound, not the goal's setting. Each measurement is repeated and the
 best (least disturbed by other load) is kept; both see the same prompts and batches.
 
@@ -37,12 +37,13 @@ def load(args):
     if args.lm or ((TESTBED_LM_DIR / "config.json").exists() and not args.random_lm):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from hf_msv.testbed import format_prompt, generate_problems
+        from hf_msv.testbed import DEFAULT_TASK, format_prompt, generate_problems, get_task
 
         path = args.lm or TESTBED_LM_DIR
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
         problems = generate_problems("evaluation", args.problems, seed=args.seed)
+        args.max_new_tokens = args.max_new_tokens or get_task(DEFAULT_TASK).sampling_cap()
         return "testbed" if args.lm is None else f"testbed-task:{path}", model, tokenizer, problems, format_prompt
     import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -61,6 +62,7 @@ def load(args):
         vocab_size=len(vocab), hidden_size=192, intermediate_size=576, num_hidden_layers=4, num_attention_heads=6,
         bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
     problems = [Problem(id=f"r/{i}", question=f"Q: {i} plus {i}?", gold=str(2 * i)) for i in range(args.problems)]
+    args.max_new_tokens = args.max_new_tokens or 320
     return "random", model, tokenizer, problems, lambda p: f"Q: {p.question}\nA:"
 
 
@@ -87,7 +89,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--num-samples", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=320)
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="default: the testbed task's length cap (320 for the random LM)")
     parser.add_argument("--problems-per-batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
