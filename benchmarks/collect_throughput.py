@@ -10,9 +10,10 @@ writes the shards (spool + shard + manifest, fsynced). ``generate`` only samples
 * ``ratio`` = collect ÷ generate (goal ≥ 0.75 at the testbed's delimiter rate).
 
 The LM is the shipped default testbed LM (v2, ``hf_msv/testbed/lm-v2``) on its own task, sampled up to the task's
-length cap (the LM was trained on traces cut there); its ``Wait`` re-checks set the delimiter rate. Without it, a tiny random Llama stands in (``"lm": "random"`` in the JSON), whose answers rarely close the box
-and so run to the 40-token cap: a pessimistic bound, not the goal's setting. Each measurement is repeated and the
-best (least disturbed by other load) is kept; both see the same prompts and batches.
+length cap (the LM was trained on traces cut there); its ``Wait`` re-checks set the delimiter rate. Without it, a
+tiny random Llama stands in (``"lm": "random"`` in the JSON), whose answers rarely close the box and so run to the
+40-token cap: a pessimistic bound, not the goal's setting. Each measurement is repeated and the best (least
+disturbed by other load) is kept; both see the same prompts and batches.
 
     python benchmarks/collect_throughput.py            # 16 problems x 16 samples
     python benchmarks/collect_throughput.py --quick    # 6 problems x 8 samples
