@@ -380,6 +380,24 @@ def test_main_builds_flags_from_the_config(study, tmp_path, capsys):
     assert results["config"]["num_sequences_list"] == [1] and "Probe" in results["terminal"]["1"]
 
 
+def test_n_defaults_to_the_grid_the_samples_allow_and_too_large_n_is_a_clear_error(study, tmp_path):
+    """A user who collected 16 samples per problem runs ``hf-msv evaluate`` without --num-sequences: N = 1, 4, 16,
+    not an error about N = 64; asking for more than was collected names what can be asked for, before any work."""
+    from hf_msv.evaluation import default_num_sequences, main
+
+    assert default_num_sequences(64) == [1, 4, 16, 64] and default_num_sequences(16) == [1, 4, 16]
+    assert default_num_sequences(8) == [1, 4, 8] and default_num_sequences(1) == [1]
+    assert default_num_sequences(300) == [1, 4, 16, 64, 256, 300]
+    flags = ["--eval-dir", str(study["eval"]), "--bootstrap", "0", "--no-figures", "--no-progress", "--verifier",
+             f"Probe={study['verifiers']['Probe']['terminal']}"]
+    results = main(flags + ["--output-dir", str(tmp_path / "default")])
+    assert results["config"]["num_sequences_list"] == [1, 4, 8]  # the fixture collected 8 sequences per problem
+    assert set(results["terminal"]) == {"1", "4", "8"}
+    with pytest.raises(ValueError, match=r"only 8 sequences: ask for N <= 8 \(e\.g\. --num-sequences 1 4 8"):
+        main(flags + ["--output-dir", str(tmp_path / "too-many"), "--num-sequences", "16"])
+    assert not (tmp_path / "too-many" / "report.json").exists()
+
+
 def test_training_seeds_new_baselines_and_intervals(study):
     r = study["results"]
     assert r["config"]["training_seeds"] == SEEDS and r["config"]["stacked_probe"] == "Probe"

@@ -15,12 +15,13 @@ from .methods import SETTINGS, evaluation_groups
 from .prm import PRMScorer, build_prm_text, load_lm_tokenizer, score_with_prm, split_steps
 from .report import format_lambda, markdown_table, render_report, write_figures
 from .scoring import deepconf_scores, lm_costs_from_info, measure_verifier_cost, score_problems, token_prob_scores
-from .study import difficulty_from_problems, evaluate_study
+from .study import default_num_sequences, difficulty_from_problems, evaluate_study
 from .verifiers import VerifierEntry, load_verifier, load_verifier_seeds, load_verifiers, parse_verifier_specs
 
 __all__ = [
     "SETTINGS",
     "EvaluateConfig",
+    "default_num_sequences",
     "VerifierEntry",
     "load_verifier",
     "load_verifiers",

@@ -22,8 +22,9 @@ class EvaluateConfig:
         "help": "a trained verifier as NAME=PATH; repeat NAME for its terminal and streaming checkpoints, and again "
                 "for each further training seed (mean ± std over training seeds)",
         "action": "extend", "metavar": "NAME=PATH"})
-    num_sequences: list[int] = field(default_factory=lambda: [1, 4, 16, 64], metadata={
-        "help": "N values (groups: a fixed partition of each problem's sequences into groups of N)"})
+    num_sequences: Optional[list[int]] = field(default=None, metadata={
+        "help": "N values (groups: a fixed partition of each problem's sequences into groups of N); default: 1, 4, "
+                "16, 64 up to the sequences collected per problem (and that count itself)"})
     bootstrap: int = field(default=1000, metadata={
         "help": "resamples of the paired bootstrap 95 %% intervals over problems (MSV − each baseline); 0: none"})
     checker: Optional[str] = field(default=None, metadata={

@@ -120,7 +120,7 @@ from .report import render_report, write_figures
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
 from .verifiers import VerifierEntry, load_verifier_seeds
 
-__all__ = ["evaluate_study", "difficulty_from_problems"]
+__all__ = ["default_num_sequences", "difficulty_from_problems", "evaluate_study"]
 
 
 @dataclass
@@ -167,7 +167,7 @@ def evaluate_study(
     eval_dir,
     verifiers: Mapping,
     output_dir,
-    num_sequences_list: Sequence[int] = (1, 4, 16, 64),
+    num_sequences_list: Sequence[int] | None = None,
     val_dir=None,
     *,
     bootstrap: int = 1000,
@@ -202,7 +202,8 @@ def evaluate_study(
             or name -> a list of those, one per training seed (`load_verifier_seeds`). Single-sequence verifiers
             (Probe, MSV₁) also get a "+WV" row.
         output_dir: where the report, JSON and figures go.
-        num_sequences_list: the N values.
+        num_sequences_list: the N values; None: `default_num_sequences` of the samples collected (1, 4, 16, 64
+            with 64 samples per problem; 1, 4, 16 with 16).
         bootstrap: resamples of the paired bootstrap intervals over problems (0: no intervals).
         val_dir: validation shards: DeepConf's Platt scaling and both λ rules (skipped without it).
         checker, checker_kwargs: re-derive equivalence classes (eval and val) with this checker; labels unchanged.
@@ -229,12 +230,14 @@ def evaluate_study(
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    ns = sorted({int(n) for n in num_sequences_list})
     seed_entries = load_verifier_seeds(verifiers)
     dataset = ShardDataset(eval_dir, checker=checker, checker_kwargs=checker_kwargs)
-    if ns[-1] > dataset.num_sequences:  # the dataset's default N is the fewest sequences any problem has
-        raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {dataset.num_sequences} "
-                         "sequences")
+    available = dataset.num_sequences  # the dataset's default N is the fewest sequences any problem has
+    ns = sorted({int(n) for n in (num_sequences_list or default_num_sequences(available))})
+    if ns[-1] > available:
+        grid = " ".join(map(str, default_num_sequences(available)))
+        raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {available} sequences: "
+                         f"ask for N <= {available} (e.g. --num-sequences {grid}, the default)")
     val_data = None if val_dir is None else ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs)
     prm_scorer, lm_tok = _load_prm(prm, prm_kwargs, lm_tokenizer, dataset, val_data)
     split, val = [prepare_split(d, deepconf_window, deepconf_stat) if d is not None else None
@@ -306,6 +309,13 @@ def evaluate_study(
     (output_dir / f"{report_name}.json").write_text(json.dumps(results, indent=1))
     (output_dir / f"{report_name}.md").write_text(render_report(results))
     return results
+
+
+def default_num_sequences(available: int) -> list[int]:
+    """The N values evaluated by default: the paper's grid 1, 4, 16, 64, 256, ... up to `available` (the fewest
+    sequences any problem has), and `available` itself when it is not on the grid (best-of-all-collected)."""
+    ns = [4 ** k for k in range(16) if 4 ** k <= available]
+    return ns + ([available] if available not in ns else [])
 
 
 def _load_prm(prm, prm_kwargs: dict | None, lm_tokenizer, dataset: ShardDataset, val: ShardDataset | None):
