@@ -38,13 +38,12 @@ def load(args):
     if args.lm or ((TESTBED_LM_DIR / "config.json").exists() and not args.random_lm):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from hf_msv.testbed import DEFAULT_TASK, format_prompt, generate_problems, get_task
+        from hf_msv.testbed import format_prompt, generate_problems
 
         path = args.lm or TESTBED_LM_DIR
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
         problems = generate_problems("evaluation", args.problems, seed=args.seed)
-        args.max_new_tokens = args.max_new_tokens or get_task(DEFAULT_TASK).sampling_cap()
         return "testbed" if args.lm is None else f"testbed-task:{path}", model, tokenizer, problems, format_prompt
     import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -63,7 +62,6 @@ def load(args):
         vocab_size=len(vocab), hidden_size=192, intermediate_size=576, num_hidden_layers=4, num_attention_heads=6,
         bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
     problems = [Problem(id=f"r/{i}", question=f"Q: {i} plus {i}?", gold=str(2 * i)) for i in range(args.problems)]
-    args.max_new_tokens = args.max_new_tokens or 320
     return "random", model, tokenizer, problems, lambda p: f"Q: {p.question}\nA:"
 
 
@@ -107,6 +105,10 @@ def main():
     from hf_msv.collect import collect
 
     lm, model, tokenizer, problems, fmt = load(args)
+    if args.max_new_tokens is None:  # the testbed LM was trained on traces cut at its task's length cap
+        from hf_msv.testbed import DEFAULT_TASK, get_task
+
+        args.max_new_tokens = 320 if lm == "random" else get_task(DEFAULT_TASK).sampling_cap()
     prompts = [fmt(p) for p in problems]
     plain_generate(model, tokenizer, prompts[:1], args)  # warm-up
     best_generate, best_collect, last = None, None, None

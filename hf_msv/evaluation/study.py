@@ -230,14 +230,14 @@ def evaluate_study(
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    seed_entries = load_verifier_seeds(verifiers)
     dataset = ShardDataset(eval_dir, checker=checker, checker_kwargs=checker_kwargs)
     available = dataset.num_sequences  # the dataset's default N is the fewest sequences any problem has
     ns = sorted({int(n) for n in (num_sequences_list or default_num_sequences(available))})
-    if ns[-1] > available:
+    if ns[-1] > available:  # checked before any verifier is loaded
         grid = " ".join(map(str, default_num_sequences(available)))
         raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {available} sequences: "
                          f"ask for N <= {available} (e.g. --num-sequences {grid}, the default)")
+    seed_entries = load_verifier_seeds(verifiers)
     val_data = None if val_dir is None else ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs)
     prm_scorer, lm_tok = _load_prm(prm, prm_kwargs, lm_tokenizer, dataset, val_data)
     split, val = [prepare_split(d, deepconf_window, deepconf_stat) if d is not None else None
