@@ -38,14 +38,21 @@ class MSVOutput(ModelOutput):
         logits (`torch.FloatTensor` of shape `(A,)`): one logit per answer (after logit averaging if enabled).
         probabilities (`torch.FloatTensor` of shape `(A,)`): `sigmoid(logits)`, the predicted P(correct).
         gamma (`torch.FloatTensor` of shape `(A,)`): the agreement feature used.
-        past_key_values (`MSVCache`, *optional*): the online cache, updated in place.
+        cache (`MSVCache`, *optional*): the online cache, updated in place (also readable as `past_key_values`).
     """
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     probabilities: torch.FloatTensor | None = None
     gamma: torch.FloatTensor | None = None
-    past_key_values: "MSVCache | None" = None
+    # `cache`, the name transformers >= 5.24 gives every ModelOutput's cache (its ModelOutput turns a
+    # `past_key_values` field or key into `cache`, so a field by the old name silently stayed None there).
+    cache: "MSVCache | None" = None
+
+    @property
+    def past_key_values(self) -> "MSVCache | None":
+        """The online cache under its transformers < 5.24 name (the same object as `cache`)."""
+        return self.cache
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -516,6 +523,19 @@ class MSVVerifier(MSVPreTrainedModel):
         return [{"params": groups["body"], "lr": lr}, {"params": groups["mask"], "lr": mask_lr},
                 {"params": groups["embedding"], "lr": embedding_lr}]
 
+    # transformers' generic output flags: accepted (callers pass them to any model) and meaningless here.
+    _IGNORED_KWARGS = frozenset({"return_dict", "output_attentions", "output_hidden_states"})
+
+    def _resolve_cache(self, cache, past_key_values, use_cache: bool, kwargs: dict) -> "MSVCache | None":
+        """The cache `forward` scores with: the one given under either name, a new one for `use_cache`, or None."""
+        unknown = sorted(set(kwargs) - self._IGNORED_KWARGS)
+        if unknown:
+            raise TypeError(f"MSVVerifier.forward got unexpected keyword arguments {unknown}")
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("give the online cache as `cache` or as `past_key_values`, not two different ones")
+        cache = cache if cache is not None else past_key_values
+        return cache if cache is not None else (MSVCache() if use_cache else None)
+
     def _check_inputs(self, hidden_states, token_answer, answer_sequence, num_answers, cache):
         if hidden_states.dim() != 2 or hidden_states.shape[-1] != self.config.hidden_size:
             raise ValueError(
@@ -548,6 +568,7 @@ class MSVVerifier(MSVPreTrainedModel):
         labels: torch.Tensor | None = None,
         past_key_values: MSVCache | None = None,
         use_cache: bool = False,
+        cache: MSVCache | None = None,
         **kwargs,
     ) -> MSVOutput:
         r"""
@@ -560,14 +581,18 @@ class MSVVerifier(MSVPreTrainedModel):
             labels (`(A,)` float, *optional*): 1 if correct, 0 if not, negative to ignore; gives the BCE loss.
             past_key_values (`MSVCache`, *optional*): online scoring (streaming only). The inputs are the *new*
                 answers only; each must end no earlier than every cached answer of its group.
-            use_cache (`bool`): create a cache when none is given, and return it.
+            use_cache (`bool`): create a cache when none is given, and return it (as `MSVOutput.cache`).
+            cache (`MSVCache`, *optional*): `past_key_values` under transformers >= 5.24's name; give one of them.
+            kwargs: only transformers' generic output flags (`return_dict`, `output_attentions`,
+                `output_hidden_states`), which change nothing here; anything else is a `TypeError`, so that a
+                misspelt argument (a cache among them) cannot be dropped silently.
         """
         device = self.head.weight.device
         num_answers = len(answer_group)
         answer_group, answer_sequence, answer_step, answer_end, answer_class, token_answer = (
             t.to(device=device, dtype=torch.long)
             for t in (answer_group, answer_sequence, answer_step, answer_end, answer_class, token_answer))
-        cache = past_key_values if past_key_values is not None else (MSVCache() if use_cache else None)
+        cache = self._resolve_cache(cache, past_key_values, use_cache, kwargs)
         self._check_inputs(hidden_states, token_answer, answer_sequence, num_answers, cache)
         streaming = self.config.streaming
         offset = cache.num_answers if cache is not None else 0
@@ -653,12 +678,7 @@ class MSVVerifier(MSVPreTrainedModel):
             labels = labels.to(device=device, dtype=torch.float32)
             keep = labels >= 0
             loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
-        out = MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma)
-        if use_cache or past_key_values is not None:
-            # set after construction: transformers >= 5.24 renames a `past_key_values=` argument of every
-            # ModelOutput to `cache`, a field MSVOutput (a documented, user-facing name) does not have
-            out["past_key_values"] = cache
-        return out
+        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma, cache=cache)
 
 
 def check_compatible(verifier: MSVVerifier, model) -> None:

@@ -266,6 +266,40 @@ def test_online_scores_equal_offline_forward(logit_averaging, skip):
     assert (online - offline).abs().max() <= 1e-5
 
 
+def test_returned_cache_carries_the_history_by_either_name():
+    """`use_cache=True` without a cache returns the new one (as `cache` and `past_key_values`: transformers 5.24 turned
+    an output field of the old name into None) and giving it back, by either name, scores like the offline pass."""
+    verifier = make_verifier()
+    answers, inputs = random_answers(seed=19, groups=2, sequences=4, steps=3)
+    ends = inputs["answer_end"]
+    times = sorted(set(ends.tolist()))
+    with torch.no_grad():
+        offline = verifier(**inputs).logits
+        first = (ends == times[0]).nonzero().squeeze(1)
+        out = verifier(**select(inputs, first), use_cache=True)
+        assert isinstance(out.cache, MSVCache) and out.past_key_values is out.cache
+        online = {int(i): x for i, x in zip(first, out.logits)}
+        for k, t in enumerate(times[1:]):
+            idx = (ends == t).nonzero().squeeze(1)
+            name = "cache" if k % 2 else "past_key_values"  # alternate the two names
+            out = verifier(**select(inputs, idx), use_cache=True, **{name: out.cache})
+            online |= {int(i): x for i, x in zip(idx, out.logits)}
+    assert out.cache.num_answers == len(answers)
+    assert (torch.stack([online[i] for i in range(len(answers))]) - offline).abs().max() <= 1e-5
+    assert "cache" not in verifier(**inputs).keys()  # no cache asked for, none returned
+
+
+def test_forward_rejects_unknown_arguments_and_two_caches():
+    verifier = make_verifier()
+    _, inputs = random_answers(seed=3)
+    with torch.no_grad():
+        verifier(**inputs, return_dict=True, output_attentions=False)  # transformers' generic flags are accepted
+        with pytest.raises(TypeError, match="past_key_value"):
+            verifier(**inputs, past_key_value=MSVCache(), use_cache=True)  # a typo must not drop the history
+        with pytest.raises(ValueError, match="not two different"):
+            verifier(**inputs, cache=MSVCache(), past_key_values=MSVCache())
+
+
 def test_online_rejects_out_of_order_answers_and_keeps_cache_intact():
     verifier = make_verifier()
     answers, inputs = random_answers(seed=17)

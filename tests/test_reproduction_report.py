@@ -107,15 +107,18 @@ def test_command_line_flags():
     args = parse_arguments(["--quick", "--output-dir", "out", "--work-dir", "work", "--studies", "masks",
                             "training_size", "--training-seeds", "3", "--threads", "2", "--device", "cpu",
                             "--problems-per-batch", "32", "--no-progress", "--shipped-verifier",
-                            "--reuse-shards", "keep", "--train-workers", "2"])
+                            "--reuse-shards", "keep", "--train-workers", "2", "--reuse-verifiers", "keep"])
     assert args == ReproduceArguments(output_dir="out", quick=True, work_dir="work", studies=["masks", "training_size"],
                                       training_seeds=3, threads=2, device="cpu", problems_per_batch=32,
-                                      progress=False, shipped_verifier=True, reuse_shards="keep", train_workers=2)
+                                      progress=False, shipped_verifier=True, reuse_shards="keep", train_workers=2,
+                                      reuse_verifiers="keep")
     cfg = args.reproduce_config()
     assert cfg == dataclasses.replace(ReproduceConfig.quick_config(), training_seeds=3, problems_per_batch=32)
     assert ReproduceConfig().training_seeds == 3
     with pytest.raises(SystemExit):
         parse_arguments(["--reuse-shards", "sometimes"])
+    with pytest.raises(SystemExit):
+        parse_arguments(["--reuse-verifiers", "always"])
     with pytest.raises(ValueError, match="training_seeds"):
         ReproduceConfig(training_seeds=0)
 

@@ -50,6 +50,22 @@ def test_reuse_invalidates_when_the_code_version_changes(splits, tmp_path):
                                         "verifier probe (no reuse key (made before keys were stored))"]}
 
 
+def test_reuse_verifiers_keep_accepts_another_code_version_but_not_other_settings_or_data(splits, tmp_path):
+    train, val = splits
+    out, counts, log = tmp_path / "probe", {}, ReuseLog()
+    train_or_reuse(train, val, out, _config(), counts, log, code="code-v1")
+    first = (out / "training_log.json").stat().st_mtime_ns
+    train_or_reuse(train, val, out, _config(), counts, log, code="code-v2", reuse="keep")  # only the code differs
+    assert counts == {"trained": 1, "reused": 1} and (out / "training_log.json").stat().st_mtime_ns == first
+    assert json.loads((out / KEY_FILE).read_text())["code"] == "code-v1"  # the key still names what trained it
+    assert "kept by --reuse-verifiers keep" in log.summary()["reused"][0] and "code-v1" in log.summary()["reused"][0]
+    train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2", reuse="keep")  # settings differ
+    assert counts == {"trained": 2, "reused": 1}
+    other = write_split(tmp_path / "train2", 6, seed=3)
+    train_or_reuse(other, val, out, _config(seed=1), counts, log, code="code-v3", reuse="keep")  # data differ
+    assert counts == {"trained": 3, "reused": 1}
+
+
 def test_reuse_invalidates_when_the_data_changes(splits, tmp_path):
     train, val = splits
     out, counts = tmp_path / "probe", {}

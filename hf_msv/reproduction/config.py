@@ -129,6 +129,11 @@ class ReproduceArguments:
                 "and collection code (matching; others are collected again), or reuse them whatever their key "
                 "(keep: re-evaluate old collections with new training / evaluation code; the report says so)",
         "choices": ["matching", "keep"]})
+    reuse_verifiers: str = field(default="matching", metadata={
+        "help": "finished verifier fits in the work directory: reuse only those trained with the same settings, "
+                "data and training code (matching), or also those whose training code differs while settings and "
+                "data match (keep: after a code change shown not to change training; the report lists each)",
+        "choices": ["matching", "keep"]})
     threads: int | None = _help("torch threads", default=None)
     train_workers: int = _help("verifiers trained at once, each in its own process with threads / train_workers "
                                "torch threads (2 on 2 CPU cores: ~1.4x faster training than 1)", default=1)

@@ -59,10 +59,11 @@ from .config import ReproduceArguments, ReproduceConfig, training_config
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .report import render_testbed
 from .reuse import (COLLECTION_CODE, EVALUATION_CODE, TRAINING_CODE, ReuseLog, artefact_key, code_version,
-                    data_fingerprint, reuse_key, write_key)
+                    data_fingerprint, reuse_key, stored_key, write_key)
 from .summary import autc_row, grouping_summary, main_summary, size_row, vote_check_rows
 
-__all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_or_reuse", "measure_lm_costs",
+__all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_or_reuse", "kept_despite_code",
+           "measure_lm_costs",
            "checker_agreement", "train_main_verifiers", "main_study", "checkers_study", "masks_study",
            "delimiters_study", "grouping_study", "training_size_study", "STUDY_STAGES", "reproduce",
            "train_shipped_verifier", "shipped_lambda", "SHIPPED_LAMBDA_FILE", "parse_arguments", "main"]
@@ -116,16 +117,18 @@ def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_sampl
 
 
 def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = None, log: ReuseLog | None = None,
-                   code: str | None = None, queue: "TrainingQueue | None" = None) -> Path:
+                   code: str | None = None, queue: "TrainingQueue | None" = None, reuse: str = "matching") -> Path:
     """Train unless `out` holds a finished run with the same reuse key: the training config, the fingerprint of the
     training and validation shards, and the training code's version (`code`, default
-    ``code_version(TRAINING_CODE)``). `counts` tallies trained / reused; `log` records the decision. With a
-    `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`)."""
+    ``code_version(TRAINING_CODE)``); with ``reuse="keep"`` a finished run whose config and data match is reused
+    whatever code trained it (`kept_despite_code`). `counts` tallies trained / reused; `log` records the decision.
+    With a `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`)."""
     out = Path(out)
     key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
     finished = (out / "training_log.json").exists() and (out / "config.json").exists()
     log = log if log is not None else ReuseLog()
-    if log.decide("verifier", out.name, out, key, finished):
+    if log.decide("verifier", out.name, out, key, finished) or (
+            reuse == "keep" and finished and kept_despite_code(out, key, log)):
         if counts is not None:
             counts["reused"] = counts.get("reused", 0) + 1
         return out
@@ -133,6 +136,18 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
     if counts is not None:
         counts["trained"] = counts.get("trained", 0) + 1
     return out
+
+
+def kept_despite_code(out: Path, key: dict, log: ReuseLog) -> bool:
+    """``--reuse-verifiers keep``: reuse the fit in `out` when only the code version of its key differs from `key`
+    (same training config, same data), and log which code trained it. For a code change shown to leave training
+    unchanged (e.g. a renamed output field); a fit whose config or data differ is still trained again."""
+    stored = stored_key(out)
+    if stored is None or any(stored.get(k) != key[k] for k in key if k != "code"):
+        return False
+    log.keep("verifier", out.name, f"kept by --reuse-verifiers keep: same settings and data, trained by code "
+                                   f"version {stored.get('code')} (commit {str(stored.get('git_commit'))[:10]})")
+    return True
 
 
 def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
@@ -284,6 +299,7 @@ class ReproductionContext:
     clock: _Clock = field(default_factory=lambda: _Clock(lambda *a, **k: None))
     reuse: ReuseLog = field(default_factory=ReuseLog)
     reuse_shards: str = "matching"
+    reuse_verifiers: str = "matching"
     vote_checks: list = field(default_factory=list)
     queue: TrainingQueue = field(default_factory=TrainingQueue)
 
@@ -309,7 +325,8 @@ class ReproductionContext:
         for seed in range(self.config.training_seeds):
             out = self.work_dir / "verifiers" / (name if seed == 0 else f"{name}-seed{seed}")
             paths.append(str(train_or_reuse(train_dir, val_dir or self.data / "val", out, replace(config, seed=seed),
-                                            counts=self.counts, log=self.reuse, queue=self.queue)))
+                                            counts=self.counts, log=self.reuse, queue=self.queue,
+                                            reuse=self.reuse_verifiers)))
         return paths
 
     def specs(self, name: str, modes=("terminal", "streaming")) -> list[dict]:
@@ -560,7 +577,7 @@ STUDY_STAGES = {"checkers": (checkers_study, "checkers"), "masks": (masks_study,
 
 def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
               studies=None, threads: int | None = None, progress: bool = True, device=None,
-              reuse_shards: str = "matching", train_workers: int = 1) -> dict:
+              reuse_shards: str = "matching", train_workers: int = 1, reuse_verifiers: str = "matching") -> dict:
     """Run the testbed reproduction (module docstring) and write ``testbed.md`` / ``testbed.json`` (quick:
     ``testbed-quick.*``) plus figures and per-study reports into `output_dir`. Returns the summary dict.
 
@@ -576,6 +593,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
             verifiers train on accelerate's device and are evaluated on CPU.
         reuse_shards: "matching" (reuse shards only under the same reuse key) or "keep" (reuse any shards in the
             work directory; e.g. to re-train and re-evaluate an earlier collection with new code).
+        reuse_verifiers: "matching" (reuse a fit only under the same reuse key) or "keep" (also a fit whose settings
+            and data match but whose training code differs: `kept_despite_code`; the report lists each).
         train_workers: verifier fits run at once (`TrainingQueue`), each with ``threads // train_workers`` threads.
             Above 1, call `reproduce` from under ``if __name__ == "__main__":`` in a script (the workers are
             spawned, and a spawned process imports the main module; ``hf-msv reproduce`` needs nothing).
@@ -584,6 +603,9 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
 
     if train_workers < 1:
         raise ValueError(f"train_workers must be ≥ 1, got {train_workers}")
+    for name, policy in (("reuse_shards", reuse_shards), ("reuse_verifiers", reuse_verifiers)):
+        if policy not in ("matching", "keep"):
+            raise ValueError(f"{name} must be 'matching' or 'keep', got {policy!r}")
     cfg = config or (ReproduceConfig.quick_config() if quick else ReproduceConfig())
     studies = tuple(dict.fromkeys(("main",) + tuple(studies or cfg.studies)))
     if threads:
@@ -591,7 +613,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     log = print if progress else (lambda *a, **k: None)
     queue = TrainingQueue(train_workers, (threads or torch.get_num_threads()) // train_workers)
     ctx = ReproductionContext(cfg, Path(work_dir or cfg.default_work_dir),
-                              Path(output_dir), clock=_Clock(log), reuse_shards=reuse_shards, queue=queue)
+                              Path(output_dir), clock=_Clock(log), reuse_shards=reuse_shards,
+                              reuse_verifiers=reuse_verifiers, queue=queue)
     try:
         summary = _run_studies(ctx, studies, device, progress, log)
     except BaseException:
@@ -750,7 +773,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                                device=args.device, reuse_shards=args.reuse_shards))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
                      threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards,
-                     train_workers=args.train_workers)
+                     train_workers=args.train_workers, reuse_verifiers=args.reuse_verifiers)
 
 
 if __name__ == "__main__":
