@@ -222,3 +222,26 @@ def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, 
     assert (tmp_path / "out2" / report).read_text() == (tmp_path / "out1" / report).read_text()
     run("out3", seed=1)          # the Probe retrained with another seed: its key changed, evaluated again
     assert len(calls) == 2
+
+
+def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypatch):
+    """After a collection-code change, ``--reuse-shards keep`` reuses the shards and the log says that only the code
+    version differs (and which one collected them); without keep they are collected again."""
+    import hf_msv.reproduction.pipeline as pipeline
+    from hf_msv.collect import load_lm
+    from hf_msv.reproduction import ReproduceConfig, collect_problems
+
+    model, tokenizer = load_lm("testbed")
+    cfg = ReproduceConfig(problems_per_shard=1, max_new_tokens=24)
+    out = tmp_path / "train"
+    collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2)
+    before = json.loads((out / KEY_FILE).read_text())["code"]
+    monkeypatch.setattr(pipeline, "code_version", lambda parts: "changed-code")
+    log = ReuseLog()
+    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log, reuse_shards="keep")
+    assert result.generated == 0 and log.summary()["reused"] == [
+        f"shards tmp/train (kept by --reuse-shards keep: same settings and LM, collected by code version {before})"
+        .replace("tmp", tmp_path.name)]
+    log = ReuseLog()
+    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log)
+    assert result.generated == 1 and log.summary()["redone"] == [f"shards {tmp_path.name}/train (changed: code)"]

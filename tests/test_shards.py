@@ -305,6 +305,32 @@ def test_subset_selects_problems_and_reads_them_like_the_parent(tmp_path):
             parent.subset(bad)
 
 
+@pytest.mark.parametrize("mode", ["terminal", "streaming"])
+def test_preloaded_hidden_states_give_the_same_items_as_memory_mapped_reads(tmp_path, monkeypatch, mode):
+    """Preloading (the default for small datasets) only changes where rows are read from: every item, subset and
+    pickled copy reads exactly what the memory-mapped reader reads; above `PRELOAD_BYTES` the dataset stays lazy."""
+    import hf_msv.data.dataset as dataset_module
+
+    write_dataset(tmp_path, num_problems=5, per_shard=2, num_sequences=6)
+    lazy = ShardDataset(tmp_path, num_sequences=3, mode=mode, preload=False)
+    auto = ShardDataset(tmp_path, num_sequences=3, mode=mode)
+    assert auto.preload and not lazy.preload
+    for epoch in (0, 1):
+        lazy.set_epoch(epoch), auto.set_epoch(epoch)
+        for i in range(len(lazy)):
+            a, b = lazy[i], auto[i]
+            assert a.keys() == b.keys() and a["hidden_states"].dtype == b["hidden_states"].dtype
+            assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
+    assert not lazy._loaded and len(auto._loaded) == len(auto.files)  # each shard read whole, once
+    sub = auto.subset([4, 1])  # cross-validation folds share what the parent has read
+    assert sub._loaded is auto._loaded and torch.equal(sub.group(0, np.arange(3))["hidden_states"],
+                                                       lazy.group(4, np.arange(3))["hidden_states"])
+    clone = pickle.loads(pickle.dumps(auto))  # a spawned DataLoader worker reloads rather than receiving a copy
+    assert clone.preload and not clone._loaded and torch.equal(clone[0]["hidden_states"], auto[0]["hidden_states"])
+    monkeypatch.setattr(dataset_module, "PRELOAD_BYTES", 0)
+    assert not ShardDataset(tmp_path, num_sequences=3, mode=mode).preload
+
+
 def test_duplicate_problem_across_shards_is_refused(tmp_path):
     write_shard(tmp_path / "shard-r000-00000.safetensors", [make_problem("same")])
     write_shard(tmp_path / "shard-r001-00000.safetensors", [make_problem("same", seed=9)])

@@ -17,7 +17,12 @@ from .groups import MODES, AnswerColumns, answer_group, partition_sequences, rea
 from .records import CollectedProblem
 from .shards import SHARD_GLOB, ShardIndex, list_shards
 
-__all__ = ["ShardDataset", "collate_groups", "VERIFIER_INPUTS", "load_split"]
+__all__ = ["ShardDataset", "collate_groups", "VERIFIER_INPUTS", "load_split", "PRELOAD_BYTES"]
+
+# Up to this many bytes of hidden states (all shards together) a dataset holds them in memory once read: an item is
+# then a few tensor slices instead of many small memory-mapped reads (~5x faster per item on the testbed's shards),
+# and training reads every answer many times. Larger datasets stay memory-mapped, so they need not fit in RAM.
+PRELOAD_BYTES = 2 << 30
 
 
 class ShardDataset(torch.utils.data.Dataset):
@@ -29,8 +34,9 @@ class ShardDataset(torch.utils.data.Dataset):
     sees every sequence once (N = 1: every sequence on its own, as the Probe and MSV₁ train); with
     ``groups_per_problem=k`` each problem gives k independent random subsets instead.
 
-    Only the answer metadata of every shard is held in memory; hidden states are memory-mapped and read per item
-    (only the token rows of the chosen answers), so datasets larger than RAM work, also in DataLoader workers.
+    The answer metadata of every shard is held in memory. Hidden states are read per item (only the token rows of
+    the chosen answers) from memory-mapped shards, so datasets larger than RAM work, also in DataLoader workers;
+    datasets up to `PRELOAD_BYTES` of hidden states read each shard's whole tensor once instead (`preload`).
 
     Args:
         paths: a directory of shards, a shard file, or a list of them.
@@ -43,6 +49,9 @@ class ShardDataset(torch.utils.data.Dataset):
             `None` keeps the classes stored at collection. Labels always stay the stored (gold-checker) ones.
         checker_kwargs: keyword arguments of `get_checker`.
         max_problems: keep only the first k problems in shard order (training-set-size studies); `None`: all.
+        preload: hold each shard's hidden states in memory once read (True) or read them memory-mapped per item
+            (False); `None`: preload when the shards' hidden states total at most `PRELOAD_BYTES`. Items are the
+            same either way.
 
     Items are dicts: ``problem_id`` (str), ``hidden_states`` `(T_g, d)` 16-bit, and `(A_g,)` tensors
     ``answer_length``, ``answer_sequence`` (renumbered 0..N-1 in draw order), ``answer_step``, ``answer_tau``,
@@ -53,7 +62,7 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __init__(self, paths, num_sequences: int | None = None, mode: str = "streaming",
                  groups_per_problem: int | None = None, seed: int = 0, checker=None,
-                 checker_kwargs: dict | None = None, max_problems: int | None = None):
+                 checker_kwargs: dict | None = None, max_problems: int | None = None, preload: bool | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.files = list_shards(paths)
@@ -91,6 +100,9 @@ class ShardDataset(torch.utils.data.Dataset):
             self._classes = self._derive_classes(checker, checker_kwargs or {})
         self._handles: dict[int, object] = {}
         self._pid = os.getpid()
+        hidden_bytes = sum(2 * math.prod(index.hidden_shape) for index in self.shards)  # shards store 16 bits
+        self.preload = hidden_bytes <= PRELOAD_BYTES if preload is None else bool(preload)
+        self._loaded: dict[int, torch.Tensor] = {}  # shard -> its hidden states, when preloading
 
     # -- metadata ---------------------------------------------------------------------------------------------
 
@@ -143,6 +155,7 @@ class ShardDataset(torch.utils.data.Dataset):
         sub._offsets = np.concatenate([[0], np.cumsum(np.diff(self._offsets)[keep])]).astype(np.int64)
         sub._classes = None if self._classes is None else [self._classes[p] for p in keep]
         sub._handles = {}
+        sub._loaded = self._loaded  # what either reads whole serves both (copy.copy went through __getstate__)
         return sub
 
     def stats(self) -> dict:
@@ -182,8 +195,7 @@ class ShardDataset(torch.utils.data.Dataset):
         """The item of problem `p`'s group of `sequences` (`(N,)` ids in draw order) in `mode` (default: the
         dataset's): a fixed group, e.g. an evaluation draw (`hf_msv.data.draw_sequences`). See `read_group`."""
         s, _ = self._where[p]
-        return read_group(self.answer_columns(p), self._handle(s).get_slice("hidden_states"), sequences,
-                          mode or self.mode)
+        return read_group(self.answer_columns(p), self._hidden(s), sequences, mode or self.mode)
 
     # -- torch Dataset -----------------------------------------------------------------------------------------
 
@@ -197,7 +209,18 @@ class ShardDataset(torch.utils.data.Dataset):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_handles"] = {}  # open mmaps do not travel to DataLoader workers; each reopens lazily
+        state["_loaded"] = {}  # nor do preloaded tensors (a spawned worker would get a pickled copy): each reloads
         return state
+
+    def _hidden(self, s: int):
+        """Shard `s`'s hidden states, sliceable as ``hidden[a:b]``: the whole tensor (read once) when preloading,
+        else a lazily read safetensors slice."""
+        if not self.preload:
+            return self._handle(s).get_slice("hidden_states")
+        tensor = self._loaded.get(s)
+        if tensor is None:
+            tensor = self._loaded[s] = self._handle(s).get_tensor("hidden_states")
+        return tensor
 
     def _handle(self, s: int):
         if self._pid != os.getpid():  # forked worker: reopen rather than share the parent's file objects

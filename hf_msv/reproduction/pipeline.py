@@ -59,7 +59,7 @@ from .config import ReproduceArguments, ReproduceConfig, training_config
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .report import render_testbed
 from .reuse import (COLLECTION_CODE, EVALUATION_CODE, TRAINING_CODE, ReuseLog, artefact_key, code_version,
-                    data_fingerprint, reuse_key, stored_key, write_key)
+                    data_fingerprint, only_code_differs, reuse_key, stored_key, write_key)
 from .summary import autc_row, grouping_summary, main_summary, size_row, vote_check_rows
 
 __all__ = ["ReproductionContext", "collect_problems", "collect_splits", "train_or_reuse", "kept_despite_code",
@@ -97,7 +97,10 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
     kept = False
     if not log.decide("shards", name, out, key, exists) and exists:
         if reuse_shards == "keep":
-            log.keep("shards", name, "kept by --reuse-shards keep although its key differs or is missing")
+            stored = stored_key(out)
+            log.keep("shards", name, f"kept by --reuse-shards keep: same settings and LM, collected by code version "
+                                     f"{stored['code']}" if only_code_differs(stored, key)
+                     else "kept by --reuse-shards keep although its key differs or is missing")
             kept = True
         else:
             shutil.rmtree(out)
@@ -143,7 +146,7 @@ def kept_despite_code(out: Path, key: dict, log: ReuseLog) -> bool:
     (same training config, same data), and log which code trained it. For a code change shown to leave training
     unchanged (e.g. a renamed output field); a fit whose config or data differ is still trained again."""
     stored = stored_key(out)
-    if stored is None or any(stored.get(k) != key[k] for k in key if k != "code"):
+    if not only_code_differs(stored, key):
         return False
     log.keep("verifier", out.name, f"kept by --reuse-verifiers keep: same settings and data, trained by code "
                                    f"version {stored.get('code')} (commit {str(stored.get('git_commit'))[:10]})")

@@ -24,7 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["TRAINING_CODE", "COLLECTION_CODE", "EVALUATION_CODE", "KEY_FILE", "code_version", "git_commit",
-           "data_fingerprint", "reuse_key", "stored_key", "artefact_key", "write_key", "ReuseLog"]
+           "data_fingerprint", "reuse_key", "stored_key", "artefact_key", "write_key", "only_code_differs",
+           "ReuseLog"]
 
 KEY_FILE = "reuse_key.json"
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -115,6 +116,12 @@ def artefact_key(directory) -> dict | None:
 
 def _same(stored: dict | None, key: dict) -> bool:
     return stored is not None and {k: stored.get(k) for k in key} == key
+
+
+def only_code_differs(stored: dict | None, key: dict) -> bool:
+    """Whether a stored key has `key`'s settings and data and differs at most in the code version: what the
+    ``keep`` reuse policies accept after a code change shown not to change the artefact."""
+    return stored is not None and all(stored.get(k) == key[k] for k in key if k != "code")
 
 
 @dataclass
