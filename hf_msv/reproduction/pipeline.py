@@ -674,13 +674,13 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
 
 def train_shipped_verifier(work_dir=None, destination=None, threads: int | None = None,
                            config: ReproduceConfig | None = None, device=None,
-                           reuse_shards: str = "matching") -> Path:
+                           reuse_shards: str = "matching", reuse_verifiers: str = "matching") -> Path:
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
     ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples) in `work_dir` (default: the full
     reproduction's, ``ReproduceConfig.default_work_dir``). Saves weights, config, model card and the early-stopping λ
     chosen on validation (`shipped_lambda`, in `SHIPPED_LAMBDA_FILE`) to `destination` (default: the package's, for
-    `TESTBED_VERIFIER_TASK` only). `reuse_shards` as in `reproduce`."""
+    `TESTBED_VERIFIER_TASK` only). `reuse_shards` and `reuse_verifiers` as in `reproduce`."""
     import torch
 
     from ..collect import load_lm
@@ -704,7 +704,7 @@ def train_shipped_verifier(work_dir=None, destination=None, threads: int | None 
                    reuse_shards=reuse_shards)
     n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
     path = train_or_reuse(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
-                          training_config("msv", n, "streaming", cfg.quick))
+                          training_config("msv", n, "streaming", cfg.quick), reuse=reuse_verifiers)
     log = json.loads((path / "training_log.json").read_text())
     best = log["history"][log["best_epoch"]]  # `best_epoch` indexes the validation history (0 = before training)
     metrics = {k.replace("val_", "validation "): v for k, v in best.items() if k.startswith("val_")}
@@ -773,7 +773,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = args.reproduce_config()
     if args.shipped_verifier:
         return {"shipped_verifier": str(train_shipped_verifier(args.work_dir, threads=args.threads, config=cfg,
-                                                               device=args.device, reuse_shards=args.reuse_shards))}
+                                                               device=args.device, reuse_shards=args.reuse_shards,
+                                                               reuse_verifiers=args.reuse_verifiers))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
                      threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards,
                      train_workers=args.train_workers, reuse_verifiers=args.reuse_verifiers)
