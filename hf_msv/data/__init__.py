@@ -30,6 +30,7 @@ from .dataset import (
     collate_groups,
     VERIFIER_INPUTS,
     load_split,
+    PRELOAD_BYTES,
 )
 
 __all__ = [
@@ -56,4 +57,5 @@ __all__ = [
     "collate_groups",
     "VERIFIER_INPUTS",
     "load_split",
+    "PRELOAD_BYTES",
 ]
