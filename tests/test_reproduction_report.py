@@ -47,6 +47,29 @@ def test_report_names_studies_not_run(committed):
     assert "## 5. Robustness to the equivalence checker" in text and "## 6." not in text and "## 9." not in text
 
 
+def test_interim_report_is_written_with_the_studies_still_pending(committed, tmp_path):
+    """`write_summary` before a study (a run spanning sittings): the report so far, saying what is still to run."""
+    from hf_msv.reproduction.claims import config_of
+    from hf_msv.reproduction.pipeline import ReproductionContext, write_summary
+
+    done = {k: v for k, v in committed.items() if k not in ("masks", "delimiters", "grouping", "training_size",
+                                                             "claims", "timing_s", "reuse", "vote_check")}
+    ctx = ReproductionContext(config_of(committed), tmp_path / "work", tmp_path)
+    ctx.vote_checks = [row for row in committed["vote_check"] if row["study"] in ("main", "checkers")]
+    written = write_summary(ctx, done, started=0.0, pending=["masks", "grouping"])
+    assert json.loads((tmp_path / "testbed.json").read_text()) == written
+    assert written["pending"] == ["masks", "grouping"] and "pending" not in done   # the caller's dict is untouched
+    # the claims of the finished studies, as the full run computed them; none of the studies not run
+    later = ("masks", "delimiters", "grouping", "training_size")
+    assert written["claims"] == [c for c in committed["claims"] if not c["id"].startswith(later)]
+    text = (tmp_path / "testbed.md").read_text()
+    assert "**Interim report.** Written before the masks study of a run still in progress; not run yet: masks, " \
+           "grouping." in text
+    assert "## 5. Robustness to the equivalence checker" in text and "## 6." not in text
+    # the final report (nothing pending) has no such line
+    assert "Interim report" not in render_testbed(committed)
+
+
 def test_main_summary_from_the_committed_main_study(committed):
     ns = committed["config"]["num_sequences"]
     assert _json(main_summary(_load("testbed-main.json"), ns)) == committed["main"]

@@ -631,7 +631,6 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
     """`reproduce`'s body: collect, measure, train, evaluate every study, write the reports."""
     from ..collect import load_lm
     from ..testbed import get_task
-    from ..utils import json_safe
 
     cfg = ctx.config
     task = get_task(cfg.task)
@@ -656,20 +655,34 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
         train_main_verifiers(ctx)
     with ctx.clock("evaluate main"):
         summary["main"] = main_study(ctx, progress=progress)
-    for name, (study, stage) in STUDY_STAGES.items():
-        if name in studies:
-            with ctx.clock(stage):
-                summary[name] = study(ctx)
-
-    summary["timing_s"] = dict(ctx.clock.times, total=time.perf_counter() - started)
-    summary["reuse"] = ctx.reuse.summary()
-    summary["vote_check"] = ctx.vote_checks
-    summary["claims"] = compute_claims(summary, cfg)
-    summary = json_safe(summary)
-    (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(summary, indent=1))
-    (ctx.output_dir / f"{ctx.stem}.md").write_text(render_testbed(summary, ctx.main_results))
+    optional = [name for name in STUDY_STAGES if name in studies]
+    for i, name in enumerate(optional):
+        # A full v2 run spans several sittings: the report so far is written before each study starts, so what
+        # is finished can be read (and committed) while the rest is still running.
+        write_summary(ctx, summary, started, pending=optional[i:])
+        study, stage = STUDY_STAGES[name]
+        with ctx.clock(stage):
+            summary[name] = study(ctx)
+    summary = write_summary(ctx, summary, started)
     log(f"[reproduce] wrote {ctx.output_dir / (ctx.stem + '.md')} in {summary['timing_s']['total']:.0f} s")
     return summary
+
+
+def write_summary(ctx: ReproductionContext, summary: dict, started: float, pending=()) -> dict:
+    """Complete `summary` (stage times, reuse log, vote checks, claims) and write ``{stem}.json`` / ``{stem}.md``
+    into the output directory; `pending` names the studies still to run (an interim report says so at its top).
+    Returns the JSON-safe summary as written."""
+    from ..utils import json_safe
+
+    done = dict(summary, timing_s=dict(ctx.clock.times, total=time.perf_counter() - started),
+                reuse=ctx.reuse.summary(), vote_check=list(ctx.vote_checks))
+    if pending:
+        done["pending"] = list(pending)
+    done["claims"] = compute_claims(done, ctx.config)
+    done = json_safe(done)
+    (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(done, indent=1))
+    (ctx.output_dir / f"{ctx.stem}.md").write_text(render_testbed(done, ctx.main_results))
+    return done
 
 
 def train_shipped_verifier(work_dir=None, destination=None, threads: int | None = None,

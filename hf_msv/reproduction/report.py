@@ -62,6 +62,7 @@ def _header(s: dict) -> list[str]:
         f"{s['timing_s']['total'] / 60:.1f} min (LM sampling and verifier training on `{s.get('device', 'cpu')}`, "
         "evaluation on CPU); every number and verdict below is computed from the run, next to the paper's (AIME "
         "column unless stated).", "",
+        *_interim_lines(s),
         "**Read with care.** The testbed LM is a ~1M-parameter character-level model on synthetic arithmetic word "
         "problems (`hf_msv.testbed`), not a 1.5B reasoning LM on competition math: absolute numbers are not "
         "comparable with the paper's; what is tested is whether the *relative* claims (MSV_N vs baselines) carry "
@@ -90,6 +91,15 @@ def _header(s: dict) -> list[str]:
         "## Claims", "", markdown_table(["claim", "ours", "paper"], [
             [c["claim"], c["sentence"], c["paper"]] for c in s["claims"]]), "",
     ]
+
+
+def _interim_lines(s: dict) -> list[str]:
+    """For a report written while the run goes on (`write_summary` before each study): which studies are pending."""
+    if not s.get("pending"):
+        return []
+    return [f"**Interim report.** Written before the {s['pending'][0]} study of a run still in progress; not run yet: "
+            f"{', '.join(s['pending'])}. Their sections and claims are missing below, and the run rewrites this "
+            "file when it ends.", ""]
 
 
 def _config_changes(cfg: dict) -> list[str]:
