@@ -59,6 +59,7 @@ def test_reuse_verifiers_keep_accepts_another_code_version_but_not_other_setting
     assert counts == {"trained": 1, "reused": 1} and (out / "training_log.json").stat().st_mtime_ns == first
     assert json.loads((out / KEY_FILE).read_text())["code"] == "code-v1"  # the key still names what trained it
     assert "kept by --reuse-verifiers keep" in log.summary()["reused"][0] and "code-v1" in log.summary()["reused"][0]
+    assert log.summary()["redone"] == []   # kept, so not also listed as redone (the report listed it under both)
     train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2", reuse="keep")  # settings differ
     assert counts == {"trained": 2, "reused": 1}
     other = write_split(tmp_path / "train2", 6, seed=3)
@@ -241,7 +242,7 @@ def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypa
     result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log, reuse_shards="keep")
     assert result.generated == 0 and log.summary()["reused"] == [
         f"shards tmp/train (kept by --reuse-shards keep: same settings and LM, collected by code version {before})"
-        .replace("tmp", tmp_path.name)]
+        .replace("tmp", tmp_path.name)] and log.summary()["redone"] == []
     log = ReuseLog()
     result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log)
     assert result.generated == 1 and log.summary()["redone"] == [f"shards {tmp_path.name}/train (changed: code)"]

@@ -146,7 +146,9 @@ class ReuseLog:
         return reused
 
     def keep(self, kind: str, name: str, why: str) -> None:
-        """Log an artefact reused by request although its key differs or is missing."""
+        """Log an artefact reused by request although its key differs or is missing: this replaces the "redone"
+        verdict `decide` logged for it (the report would otherwise list it under both)."""
+        self.entries = [e for e in self.entries if e["reused"] or (e["kind"], e["name"]) != (kind, name)]
         self.entries.append({"kind": kind, "name": name, "reused": True, "why": why})
 
     def summary(self) -> dict:
