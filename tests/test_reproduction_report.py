@@ -38,6 +38,22 @@ def test_render_testbed_of_the_committed_summary_is_the_committed_report(committ
     assert render_testbed(committed) == (RESULTS / "testbed.md").read_text()   # main results are not read
 
 
+def test_committed_v2_report_is_its_summary_rendered():
+    """testbed-v2.md (written while the run went on, over several sittings) is its summary rendered."""
+    assert render_testbed(_load("testbed-v2.json")) == (RESULTS / "testbed-v2.md").read_text()
+
+
+def test_a_resumed_run_says_its_time_is_one_sitting(committed):
+    """A run that reused artefacts timed only its own sitting, so the header must not give that as the run's time."""
+    first = committed["timing_s"]["total"] / 60
+    assert f"in {first:.1f} min, with" in render_testbed(dict(committed, reuse={"reused": [], "redone": []}))
+    resumed = render_testbed(dict(committed, reuse={"reused": ["verifier msv16-terminal (same settings)"],
+                                                    "redone": []}))
+    assert f"in {first:.1f} min" not in resumed
+    assert "over several sittings in one work directory (the last sitting reused the earlier ones' artefacts and " \
+           f"took {first:.1f} min; the stage times below are its own)" in resumed
+
+
 def test_report_names_studies_not_run(committed):
     s = dict(committed, studies=["main", "checkers"])
     for study in ("masks", "delimiters", "grouping", "training_size"):
