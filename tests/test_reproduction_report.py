@@ -66,7 +66,8 @@ def test_report_names_studies_not_run(committed):
 def test_interim_report_is_written_with_the_studies_still_pending(committed, tmp_path):
     """`write_summary` before a study (a run spanning sittings): the report so far, saying what is still to run."""
     from hf_msv.reproduction.claims import config_of
-    from hf_msv.reproduction.pipeline import ReproductionContext, write_summary
+    from hf_msv.reproduction.context import ReproductionContext
+    from hf_msv.reproduction.pipeline import write_summary
 
     done = {k: v for k, v in committed.items() if k not in ("masks", "delimiters", "grouping", "training_size",
                                                              "claims", "timing_s", "reuse", "vote_check")}
@@ -198,12 +199,13 @@ def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_pa
     seed (training and evaluation replaced by recorders; no LM, no data)."""
     from hf_msv.evaluation import load_verifier_seeds
     import hf_msv.evaluation as evaluation
-    from hf_msv.reproduction import pipeline
+    from hf_msv.reproduction import studies
+    from hf_msv.reproduction.context import ReproductionContext
 
     class Stop(Exception):
         pass
 
-    class Recorder(pipeline.ReproductionContext):
+    class Recorder(ReproductionContext):
         def train(self, train_dir, name, config, val_dir=None):
             self.names.append(name)
             return [name if s == 0 else f"{name}-seed{s}" for s in range(self.config.training_seeds)]
@@ -212,17 +214,17 @@ def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_pa
             self.evaluated = verifiers
             raise Stop
 
-    monkeypatch.setattr(pipeline, "collect_splits", lambda *a, **k: None)
-    monkeypatch.setattr(pipeline, "collect_problems", lambda *a, **k: None)
+    monkeypatch.setattr(studies, "collect_splits", lambda *a, **k: None)
+    monkeypatch.setattr(studies, "collect_problems", lambda *a, **k: None)
     monkeypatch.setattr(evaluation, "load_split", lambda *a, **k: ([], {}))
-    monkeypatch.setattr(pipeline, "checker_agreement", lambda *a, **k: 1.0)
+    monkeypatch.setattr(studies, "checker_agreement", lambda *a, **k: 1.0)
     cfg = ReproduceConfig.quick_config()
     ctx = Recorder(cfg, tmp_path, tmp_path)
     ctx.names = []
-    pipeline.train_main_verifiers(ctx)
+    studies.train_main_verifiers(ctx)
     assert ctx.verifiers["MSV_4"]["terminal"] == ["msv4-terminal", "msv4-terminal-seed1"]
-    for study in (pipeline.main_study, pipeline.checkers_study, pipeline.masks_study, pipeline.delimiters_study,
-                  pipeline.grouping_study, pipeline.training_size_study):
+    for study in (studies.main_study, studies.checkers_study, studies.masks_study, studies.delimiters_study,
+                  studies.grouping_study, studies.training_size_study):
         with pytest.raises(Stop):
             study(ctx)
         for name, specs in ctx.evaluated.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_msv.reproduction.pipeline import train_or_reuse
+from hf_msv.reproduction.stages import train_or_reuse
 from hf_msv.reproduction.reuse import KEY_FILE, ReuseLog, code_version, data_fingerprint
 from hf_msv.training import MSVTrainingConfig
 
@@ -126,7 +126,7 @@ def test_training_queue_trains_in_worker_processes_what_inline_training_trains(s
     weights and keys as fits run inline, are reusable, and `wait` is what makes them finished."""
     from safetensors.torch import load_file
 
-    from hf_msv.reproduction.pipeline import TrainingQueue
+    from hf_msv.reproduction.stages import TrainingQueue
 
     train, val = splits
     inline, counts = tmp_path / "inline", {}
@@ -150,7 +150,7 @@ def test_training_queue_trains_in_worker_processes_what_inline_training_trains(s
 
 
 def test_training_queue_reraises_a_failed_fit_at_wait(splits, tmp_path):
-    from hf_msv.reproduction.pipeline import TrainingQueue
+    from hf_msv.reproduction.stages import TrainingQueue
 
     train, _ = splits
     queue = TrainingQueue(workers=2, threads=1)
@@ -179,7 +179,7 @@ def test_a_study_evaluates_only_after_its_queued_fits_have_finished(splits, tmp_
         return {}
 
     monkeypatch.setattr(hf_msv.evaluation, "evaluate_study", fake_evaluate_study)
-    monkeypatch.setattr("hf_msv.reproduction.pipeline.vote_check_rows", lambda res, name: [])
+    monkeypatch.setattr("hf_msv.reproduction.context.vote_check_rows", lambda res, name: [])
     ctx = ReproductionContext(ReproduceConfig.quick_config(), tmp_path / "work", tmp_path / "out",
                               queue=TrainingQueue(workers=2, threads=1))
     try:
@@ -228,7 +228,7 @@ def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, 
 def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypatch):
     """After a collection-code change, ``--reuse-shards keep`` reuses the shards and the log says that only the code
     version differs (and which one collected them); without keep they are collected again."""
-    import hf_msv.reproduction.pipeline as pipeline
+    import hf_msv.reproduction.stages as stages
     from hf_msv.collect import load_lm
     from hf_msv.reproduction import ReproduceConfig, collect_problems
 
@@ -237,7 +237,7 @@ def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypa
     out = tmp_path / "train"
     collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2)
     before = json.loads((out / KEY_FILE).read_text())["code"]
-    monkeypatch.setattr(pipeline, "code_version", lambda parts: "changed-code")
+    monkeypatch.setattr(stages, "code_version", lambda parts: "changed-code")
     log = ReuseLog()
     result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log, reuse_shards="keep")
     assert result.generated == 0 and log.summary()["reused"] == [

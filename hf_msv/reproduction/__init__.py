@@ -2,8 +2,11 @@
 
 * `paper` — the paper's numbers (data only), the weak checkers' settings and the attention masks;
 * `config` — `ReproduceConfig` (sizes and settings), `ReproduceArguments` (the command's flags), `training_config`;
-* `pipeline` — the stages (collect, measure LM costs, train or reuse, `TrainingQueue`) and one function per study,
-  `reproduce`, `train_shipped_verifier` and `main`;
+* `stages` — the building blocks: collect, train or reuse (`TrainingQueue`), measure LM costs, checker agreement;
+* `context` — `ReproductionContext`, the state the stages share (train per seed, evaluate or restore);
+* `studies` — one function per study, each returning its summary entry;
+* `shipped` — `train_shipped_verifier`, the package's verifier and its λ;
+* `pipeline` — `reproduce` (the studies in order, the report written before each and at the end) and `main`;
 * `summary` — the summary's study entries distilled from `evaluate_study` results (pure);
 * `claims` — the paper's claims tested on the summary (pure);
 * `report` — ``testbed.md`` rendered from the summary (pure).
@@ -12,28 +15,13 @@
 from .claims import compute_claims
 from .config import STUDIES, ReproduceArguments, ReproduceConfig, training_config
 from .paper import CHECKER_KWARGS, MASKS, PAPER
-from .pipeline import (
-    SHIPPED_LAMBDA_FILE,
-    ReproductionContext,
-    TrainingQueue,
-    checker_agreement,
-    checkers_study,
-    collect_problems,
-    collect_splits,
-    delimiters_study,
-    grouping_study,
-    main,
-    main_study,
-    masks_study,
-    measure_lm_costs,
-    parse_arguments,
-    reproduce,
-    train_main_verifiers,
-    train_or_reuse,
-    shipped_lambda,
-    train_shipped_verifier,
-    training_size_study,
-)
+from .context import ReproductionContext
+from .pipeline import main, parse_arguments, reproduce
+from .shipped import SHIPPED_LAMBDA_FILE, shipped_lambda, train_shipped_verifier
+from .stages import (TrainingQueue, checker_agreement, collect_problems, collect_splits, measure_lm_costs,
+                     train_or_reuse)
+from .studies import (checkers_study, delimiters_study, grouping_study, main_study, masks_study,
+                      train_main_verifiers, training_size_study)
 from .report import render_testbed
 
 __all__ = [

@@ -1,0 +1,205 @@
+"""The building blocks the reproduction's studies share: collections of testbed problems (resumable, reused under
+their reuse key), verifier fits (trained, reused or queued on `TrainingQueue`'s worker processes), the LM's measured
+costs, and the agreement of a weak equivalence checker with the reference one."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from .config import ReproduceConfig
+from .reuse import (COLLECTION_CODE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint, only_code_differs,
+                    reuse_key, stored_key, write_key)
+
+__all__ = ["collect_problems", "collect_splits", "train_or_reuse", "kept_despite_code", "train_fit", "TrainingQueue",
+           "measure_lm_costs", "checker_agreement"]
+
+
+def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: ReproduceConfig, num_samples: int,
+                     problem_seed: int = 0, first: int = 0, log: ReuseLog | None = None,
+                     reuse_shards: str = "matching", **kwargs):
+    """Collect testbed problems ``first..count-1`` of `split` into `out` (the first `count` are a prefix of any
+    larger draw, so a bigger collection extends a smaller one); resumable, as `hf_msv.collect.collect` is.
+
+    Shards already in `out` are extended only when their reuse key (collection settings, the testbed LM's weights,
+    the collection code) matches; otherwise they are collected again, unless ``reuse_shards="keep"`` (then reused
+    and logged as kept). The count is not part of the key (a larger count extends)."""
+    from ..collect import collect
+    from ..testbed import get_task
+
+    task = get_task(cfg.task)
+    settings = dict(split=split, first=first, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
+                    checker=cfg.reference_checker, problems_per_shard=cfg.problems_per_shard, seed=cfg.collect_seed,
+                    problem_seed=problem_seed, **kwargs)
+    key = reuse_key(settings, code_version(COLLECTION_CODE), data_fingerprint(task.lm_dir))
+    log = log if log is not None else ReuseLog()
+    name = f"{out.parent.name}/{out.name}"
+    exists = out.is_dir() and any(out.glob("*.safetensors"))
+    kept = False
+    if not log.decide("shards", name, out, key, exists) and exists:
+        if reuse_shards == "keep":
+            stored = stored_key(out)
+            log.keep("shards", name, f"kept by --reuse-shards keep: same settings and LM, collected by code version "
+                                     f"{stored['code']}" if only_code_differs(stored, key)
+                     else "kept by --reuse-shards keep although its key differs or is missing")
+            kept = True
+        else:
+            shutil.rmtree(out)
+    problems = task.generate_problems(split, count, seed=problem_seed)[first:]
+    if not kept:  # before collecting: an interrupted run's shards then match the next run's key and are extended
+        out.mkdir(parents=True, exist_ok=True)
+        write_key(out, key)
+    return collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
+                   checker=cfg.reference_checker, prompt_template="testbed", problems_per_shard=cfg.problems_per_shard,
+                   problems_per_batch=cfg.problems_per_batch, seed=cfg.collect_seed, progress=False, **kwargs)
+
+
+def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, **kwargs):
+    """`sizes` = problem counts of train, validation[, evaluation], collected into root/train, root/val, root/eval."""
+    for (split, name), count in zip((("train", "train"), ("validation", "val"), ("evaluation", "eval")), sizes):
+        collect_problems(model, tokenizer, split, count, root / name, cfg, num_samples, **kwargs)
+
+
+def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = None, log: ReuseLog | None = None,
+                   code: str | None = None, queue: "TrainingQueue | None" = None, reuse: str = "matching") -> Path:
+    """Train unless `out` holds a finished run with the same reuse key: the training config, the fingerprint of the
+    training and validation shards, and the training code's version (`code`, default
+    ``code_version(TRAINING_CODE)``); with ``reuse="keep"`` a finished run whose config and data match is reused
+    whatever code trained it (`kept_despite_code`). `counts` tallies trained / reused; `log` records the decision.
+    With a `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`)."""
+    out = Path(out)
+    key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
+    finished = (out / "training_log.json").exists() and (out / "config.json").exists()
+    log = log if log is not None else ReuseLog()
+    if log.decide("verifier", out.name, out, key, finished) or (
+            reuse == "keep" and finished and kept_despite_code(out, key, log)):
+        if counts is not None:
+            counts["reused"] = counts.get("reused", 0) + 1
+        return out
+    (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key)
+    if counts is not None:
+        counts["trained"] = counts.get("trained", 0) + 1
+    return out
+
+
+def kept_despite_code(out: Path, key: dict, log: ReuseLog) -> bool:
+    """``--reuse-verifiers keep``: reuse the fit in `out` when only the code version of its key differs from `key`
+    (same training config, same data), and log which code trained it. For a code change shown to leave training
+    unchanged (e.g. a renamed output field); a fit whose config or data differ is still trained again."""
+    stored = stored_key(out)
+    if not only_code_differs(stored, key):
+        return False
+    log.keep("verifier", out.name, f"kept by --reuse-verifiers keep: same settings and data, trained by code "
+                                   f"version {stored.get('code')} (commit {str(stored.get('git_commit'))[:10]})")
+    return True
+
+
+def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
+    """One verifier fit into a fresh `out`, its reuse `key` stored last (an interrupted fit is never reused)."""
+    from ..training import train_verifier
+
+    if out.exists():
+        shutil.rmtree(out)
+    train_verifier(train_dir, val_dir, out, config)
+    write_key(out, key)
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+class TrainingQueue:
+    """Where a reproduction's verifier fits run: inline (``workers=1``), or `workers` at a time, each in its own
+    process with `threads` torch threads. Small verifiers use two CPU cores poorly from one process (an MSV_16 step
+    is a chain of small matrix products), so on 2 cores two 1-thread fits at once finish ~1.4× sooner than one
+    2-thread fit after another (`ReproduceArguments.train_workers`). Fits are independent, so their order and
+    results do not change; `wait` before reading what they write. Workers are spawned processes, which import the
+    main module: a script that queues fits keeps them under ``if __name__ == "__main__":``."""
+
+    def __init__(self, workers: int = 1, threads: int = 1):
+        self.workers, self.threads = workers, max(1, threads)
+        self._executor = None
+        self._pending = []
+
+    def submit(self, fn, *args) -> None:
+        if self.workers <= 1:
+            fn(*args)
+            return
+        if self._executor is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: a forked copy of a process holding torch's thread pools (and maybe CUDA) is unsafe
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_set_threads, initargs=(self.threads,))
+        self._pending.append(self._executor.submit(fn, *args))
+
+    def wait(self) -> None:
+        """Block until every submitted fit has finished; re-raise the first failure."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def close(self, cancel: bool = False) -> None:
+        """Wait for the fits (or, with `cancel`, drop those not started) and stop the worker processes."""
+        if not cancel:
+            self.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=not cancel, cancel_futures=True)
+            self._executor = None
+        self._pending = []
+
+
+def measure_lm_costs(model, tokenizer, problems, num_sequences, max_new_tokens: int, cache: Path | None = None,
+                     delimiters=("Wait",)) -> dict:
+    """Wall-clock LM costs on this machine, per N: seconds per shared decode step of N parallel sequences
+    (``timings["cot"]`` ÷ decode steps) and per elicited answer (``timings["elicitation"]`` ÷ answers), from
+    `hf_msv.generation.msv_generate` (no verifier) on `problems`, best of the problems."""
+    from ..evaluation.early_stop import LatencyCosts
+    from ..generation import msv_generate
+    from ..testbed import format_prompt
+
+    if cache is not None and cache.exists():
+        data = json.loads(cache.read_text())
+        if all(str(n) in data for n in num_sequences):
+            return {int(n): LatencyCosts(**v) for n, v in data.items()}
+    out = {}
+    for n in num_sequences:
+        best = None
+        for p in problems:
+            res = msv_generate(model, tokenizer, [format_prompt(p)], num_sequences=n, max_new_tokens=max_new_tokens,
+                               delimiters=list(delimiters), checker="exact")[0]
+            steps = max(len(s) for s in res.sequences)
+            c = LatencyCosts(res.timings["cot"] / max(steps, 1), res.timings["elicitation"] / max(len(res.answers), 1))
+            best = c if best is None or c.decode_step_s < best.decode_step_s else best
+        out[int(n)] = best
+    if cache is not None:
+        cache.write_text(json.dumps({str(n): asdict(c) for n, c in out.items()}, indent=1))
+    return out
+
+
+def checker_agreement(problems_ref, problems_weak, pairs_per_problem: int = 200, seed: int = 0) -> float:
+    """Pairwise accuracy of a weak checker's classes against the reference ones: over random pairs of terminal
+    answers of different sequences of a problem, how often "same class" agrees."""
+    rng = np.random.default_rng(seed)
+    hits = total = 0
+    for ref, weak in zip(problems_ref, problems_weak):
+        idx = np.flatnonzero(ref.answer_terminal)
+        if len(idx) < 2:
+            continue
+        a = rng.choice(idx, size=pairs_per_problem)
+        b = rng.choice(idx, size=pairs_per_problem)
+        keep = ref.answer_sequence[a] != ref.answer_sequence[b]
+        a, b = a[keep], b[keep]
+        same_ref = ref.answer_class[a] == ref.answer_class[b]
+        same_weak = weak.answer_class[a] == weak.answer_class[b]
+        hits += int((same_ref == same_weak).sum())
+        total += len(a)
+    return hits / total if total else math.nan

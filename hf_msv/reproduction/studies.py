@@ -1,0 +1,176 @@
+"""The paper's studies on the testbed, one public function each: it trains (or reuses) its verifiers through the
+`ReproductionContext`, evaluates them, records its report in ``ctx.reports`` and returns its summary entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import training_config
+from .context import ReproductionContext, seed_specs
+from .paper import CHECKER_KWARGS, MASKS
+from .stages import checker_agreement, collect_problems, collect_splits
+from .summary import autc_row, grouping_summary, main_summary, size_row
+
+__all__ = ["train_main_verifiers", "main_study", "checkers_study", "masks_study", "delimiters_study",
+           "grouping_study", "training_size_study", "STUDY_STAGES"]
+
+
+def train_main_verifiers(ctx: ReproductionContext) -> dict:
+    """Probe and MSV_n for every n of the main study, terminal and streaming: ``{method: {mode: path}}``."""
+    cfg, data = ctx.config, ctx.data
+    for mode in ("terminal", "streaming"):
+        ctx.verifiers.setdefault("Probe", {})[mode] = ctx.train(
+            data / "train", f"probe-{mode}", training_config("probe", 1, mode, cfg.quick))
+        for n in cfg.num_sequences:
+            ctx.verifiers.setdefault(f"MSV_{n}", {})[mode] = ctx.train(
+                data / "train", f"msv{n}-{mode}", training_config("msv", n, mode, cfg.quick))
+    ctx.queue.wait()  # so that the "train main" stage times the training
+    return ctx.verifiers
+
+
+def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
+    """The main study (C1-C5): the main verifiers and every baseline on the evaluation split, each N, with figures
+    and λ rules chosen on validation. Needs `train_main_verifiers` first; keeps the results in `ctx.main_results`."""
+    cfg = ctx.config
+    from ..evaluation import difficulty_from_problems
+    from ..testbed import get_task
+
+    steps = difficulty_from_problems(get_task(cfg.task).generate_problems("evaluation", cfg.eval_problems), "ops")
+    ctx.main_results = ctx.evaluate(ctx.data / "eval", {k: ctx.specs(k) for k in ctx.verifiers}, cfg.num_sequences,
+                                    ctx.data / "val", difficulty=steps, difficulty_name="reasoning steps",
+                                    title="Testbed reproduction: main study", report_name="main", subdir=False,
+                                    figures=True, progress=progress)
+    ctx.reports["main"] = f"{ctx.stem}-main.md"
+    return main_summary(ctx.main_results, cfg.num_sequences)
+
+
+def checkers_study(ctx: ReproductionContext) -> dict:
+    """Checker robustness: terminal MSV_N (without logit averaging) trained with each weak checker's classes, and
+    best-of-N of it and of the checker-dependent baselines when evaluation groups answers with that checker."""
+    from ..evaluation import load_split
+
+    cfg, data, n = ctx.config, ctx.data, ctx.config.max_n
+    ref_problems, _ = load_split(data / "eval", hidden=False)
+    trained = {"reference": ctx.train(data / "train", f"msv{n}-terminal-nolavg",
+                                      training_config("msv", n, "terminal", cfg.quick, logit_averaging=False))}
+    for c in cfg.checkers:
+        trained[c] = ctx.train(data / "train", f"msv{n}-terminal-nolavg-{c}",
+                               training_config("msv", n, "terminal", cfg.quick, logit_averaging=False, checker=c,
+                                               checker_kwargs=CHECKER_KWARGS[c]))
+    rows = {}
+    for c in ("reference",) + tuple(cfg.checkers):
+        vs = {f"MSV_{n} (reference-trained)": ctx.verifiers[f"MSV_{n}"]["terminal"],
+              f"MSV_{n} (trained with checker)": trained[c],
+              "Probe": ctx.verifiers["Probe"]["terminal"], "MSV_1": ctx.verifiers["MSV_1"]["terminal"]}
+        # name -> [path per training seed]
+        checker = None if c == "reference" else c
+        res = ctx.evaluate(data / "eval", vs, [n], checker=checker, checker_kwargs=CHECKER_KWARGS.get(c),
+                           title=f"Checker robustness: {c}", report_name=f"checker-{c}")
+        weak = ref_problems if checker is None else load_split(data / "eval", checker, CHECKER_KWARGS[c],
+                                                               hidden=False)[0]
+        term = res["terminal"][str(n)]
+        rows[c] = {"agreement": checker_agreement(ref_problems, weak),
+                   **{m: term[m]["bon_accuracy"] for m in ("Self-consistency", "Probe+WV", "MSV_1+WV",
+                                                           f"MSV_{n} (reference-trained)",
+                                                           f"MSV_{n} (trained with checker)") if m in term}}
+        ctx.reports[f"checker-{c}"] = f"studies/{ctx.stem}-checker-{c}.md"
+    return {"n": n, "rows": rows}
+
+
+def masks_study(ctx: ReproductionContext) -> dict:
+    """Mask ablation: streaming MSV_N with each attention mask removed, against the full MSV_N (Brier/AUROC/NLL)."""
+    cfg, n = ctx.config, ctx.config.mask_n
+    vs = {f"MSV_{n}": ctx.verifiers[f"MSV_{n}"]["streaming"]}
+    for m in cfg.mask_ablations:
+        masks = [x for x in MASKS if x != m]
+        vs[f"w/o {m}"] = ctx.train(ctx.data / "train", f"msv{n}-streaming-no-{m}",
+                                   training_config("msv", n, "streaming", cfg.quick, masks=masks))
+    vs = {k: seed_specs({"streaming": v}) for k, v in vs.items()}
+    res = ctx.evaluate(ctx.data / "eval", vs, [n], title="Mask ablation", report_name="masks")
+    stream = res["streaming"][str(n)]
+    ctx.reports["masks"] = f"studies/{ctx.stem}-masks.md"
+    return {"n": n, "rows": {k: {m: stream[k][m] for m in ("brier", "auroc", "nll")} for k in vs if k in stream}}
+
+
+def delimiters_study(ctx: ReproductionContext) -> dict:
+    """Delimiter sensitivity: a delimiter-free collection elicited every K tokens, with its own Probe / MSV_1 /
+    MSV_N, against the main (``Wait``) study's: streaming AUTC over tokens and answers per sequence."""
+    cfg, n = ctx.config, ctx.config.delimiter_n
+    dk = ctx.work_dir / "data-every-k"
+    collect_splits(ctx.model, ctx.tokenizer, dk, cfg, cfg.delimiter_samples, cfg.delimiter_sizes, delimiters=[],
+                   every_k_tokens=cfg.every_k_tokens, **ctx.collect_kwargs)
+    vs = {}
+    for name, kind, m in (("Probe", "probe", 1), ("MSV_1", "msv", 1), (f"MSV_{n}", "msv", n)):
+        vs[name] = seed_specs({"streaming": ctx.train(dk / "train", f"everyk-{kind}{m}",
+                                                      training_config(kind, m, "streaming", cfg.quick),
+                                                      val_dir=dk / "val")})
+    res = ctx.evaluate(dk / "eval", vs, [n], dk / "val", report_name="every-k",
+                       title=f"Delimiter-free elicitation every {cfg.every_k_tokens} tokens")
+    every_k = f"every {cfg.every_k_tokens} tokens"
+    methods = ("Probe", "MSV_1", f"MSV_{n}")
+    rows = {"Wait": autc_row(ctx.main_results, n, methods), every_k: autc_row(res, n, methods)}
+    wait = ctx.main_results["data"]["eval"]
+    rows["Wait"]["answers_per_sequence"] = wait["answers_per_sequence"]
+    rows[every_k]["answers_per_sequence"] = res["data"]["eval"]["answers_per_sequence"]
+    ctx.reports["delimiters"] = f"studies/{ctx.stem}-every-k.md"
+    return {"n": n, "rows": rows, "mean_sequence_tokens": wait["mean_sequence_tokens"]}
+
+
+def grouping_study(ctx: ReproductionContext) -> dict:
+    """Large N with grouping: the streaming MSV_M scoring groups of M at N > M (a 256-sample collection; the main
+    evaluation split when ``grouping_problems`` is 0) against Probe and MSV_1, over latency and tokens."""
+    cfg, m = ctx.config, ctx.config.grouping_m
+    if cfg.grouping_problems:
+        gdir = ctx.work_dir / "data-n{}".format(cfg.grouping_samples) / "eval"
+        collect_problems(ctx.model, ctx.tokenizer, "evaluation", cfg.grouping_problems, gdir, cfg,
+                         cfg.grouping_samples, problem_seed=1, **ctx.collect_kwargs)
+    else:
+        gdir = ctx.data / "eval"
+    vs = {k: ctx.specs(k, ("streaming",)) for k in ("Probe", "MSV_1", f"MSV_{m}")}
+    res = ctx.evaluate(gdir, vs, list(cfg.grouping_ns), title=f"Grouping with MSV_{m} for large N",
+                       report_name="grouping", subdir=False, figures=True)
+    ctx.reports["grouping"] = f"{ctx.stem}-grouping.md"
+    return grouping_summary(res, cfg.grouping_ns, m)
+
+
+def _size_verifiers(ctx: ReproductionContext, k: int, more: Path) -> dict:
+    """Probe and MSV_N (both modes) trained on the first `k` training problems: the main study's at its own size;
+    beyond it, the main training split plus `more` (problems collected for this study)."""
+    cfg, data, n = ctx.config, ctx.data, ctx.config.max_n
+    vs = {}  # name -> mode -> [path per training seed]
+    for name, kind, m in (("Probe", "probe", 1), (f"MSV_{n}", "msv", n)):
+        for mode in ("terminal", "streaming"):
+            if k == cfg.train_problems:   # the main study's verifiers
+                vs.setdefault(name, {})[mode] = ctx.verifiers[name][mode]
+                continue
+            bigger = k > cfg.train_problems
+            train_dirs = [data / "train", more] if bigger else data / "train"
+            # No limit when `k` is everything the directories hold (so the stored config names no prefix).
+            limit = None if k == (max(cfg.training_sizes) if bigger else cfg.train_problems) else k
+            vs.setdefault(name, {})[mode] = ctx.train(
+                train_dirs, f"size{k}-{kind}{m}-{mode}", training_config(kind, m, mode, cfg.quick,
+                                                                         max_train_problems=limit))
+    return {k: seed_specs(v) for k, v in vs.items()}
+
+
+def training_size_study(ctx: ReproductionContext) -> dict:
+    """Training-set size: Probe and MSV_N trained on nested prefixes of the training problems (collecting more
+    when a size exceeds the main split), each evaluated at N = max N."""
+    cfg, n = ctx.config, ctx.config.max_n
+    more = ctx.work_dir / "data-more-train" / "train"
+    if max(cfg.training_sizes) > cfg.train_problems:
+        collect_problems(ctx.model, ctx.tokenizer, "train", max(cfg.training_sizes), more, cfg, cfg.num_samples,
+                         first=cfg.train_problems, **ctx.collect_kwargs)
+    per_size = {}
+    for k in cfg.training_sizes:
+        res = ctx.evaluate(ctx.data / "eval", _size_verifiers(ctx, k, more), [n],
+                           title=f"Training-set size: {k} problems", report_name=f"size-{k}")
+        per_size[str(k)] = size_row(res, n)
+        ctx.reports[f"size-{k}"] = f"studies/{ctx.stem}-size-{k}.md"
+    return {"n": n, "per_size": per_size}
+
+
+# Each optional study: its function and the name its stage time is logged under.
+STUDY_STAGES = {"checkers": (checkers_study, "checkers"), "masks": (masks_study, "masks"),
+                "delimiters": (delimiters_study, "delimiters"), "grouping": (grouping_study, "grouping"),
+                "training_size": (training_size_study, "training size")}
