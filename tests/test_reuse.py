@@ -227,7 +227,7 @@ def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, 
 
 def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypatch):
     """After a collection-code change, ``--reuse-shards keep`` reuses the shards and the log says that only the code
-    version differs (and which one collected them); without keep they are collected again."""
+    version differs (and which one collected them); without keep they are collected again, the old ones kept aside."""
     import hf_msv.reproduction.stages as stages
     from hf_msv.collect import load_lm
     from hf_msv.reproduction import ReproduceConfig, collect_problems
@@ -243,6 +243,14 @@ def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypa
     assert result.generated == 0 and log.summary()["reused"] == [
         f"shards tmp/train (kept by --reuse-shards keep: same settings and LM, collected by code version {before})"
         .replace("tmp", tmp_path.name)] and log.summary()["redone"] == []
+    old_files = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
     log = ReuseLog()
     result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log)
-    assert result.generated == 1 and log.summary()["redone"] == [f"shards {tmp_path.name}/train (changed: code)"]
+    assert result.generated == 1 and log.summary()["redone"] == [
+        f"shards {tmp_path.name}/train (changed: code; the old shards moved to train.replaced-1)"]
+    # The replaced collection is kept beside the new one, byte for byte; a second replacement takes the next name.
+    aside = tmp_path / "train.replaced-1"
+    assert {f.name: f.read_bytes() for f in aside.iterdir() if f.is_file()} == old_files
+    monkeypatch.setattr(stages, "code_version", lambda parts: "changed-again")
+    collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=ReuseLog())
+    assert aside.exists() and (tmp_path / "train.replaced-2" / KEY_FILE).exists()

@@ -151,6 +151,11 @@ class ReuseLog:
         self.entries = [e for e in self.entries if e["reused"] or (e["kind"], e["name"]) != (kind, name)]
         self.entries.append({"kind": kind, "name": name, "reused": True, "why": why})
 
+    def annotate(self, kind: str, name: str, note: str) -> None:
+        """Add `note` to the latest decision logged for the artefact (e.g. where a replaced one was moved)."""
+        entry = next(e for e in reversed(self.entries) if (e["kind"], e["name"]) == (kind, name))
+        entry["why"] += f"; {note}"
+
     def summary(self) -> dict:
         """{"reused": [...], "redone": [...]} of "kind name (why)" strings, for the report."""
         fmt = lambda e: f"{e['kind']} {e['name']} ({e['why']})"  # noqa: E731

@@ -16,7 +16,7 @@ from .config import ReproduceConfig
 from .reuse import (COLLECTION_CODE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint, only_code_differs,
                     reuse_key, stored_key, write_key)
 
-__all__ = ["collect_problems", "collect_splits", "train_or_reuse", "kept_despite_code", "train_fit", "TrainingQueue",
+__all__ = ["collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code", "train_fit", "TrainingQueue",
            "measure_lm_costs", "checker_agreement"]
 
 
@@ -27,8 +27,9 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
     larger draw, so a bigger collection extends a smaller one); resumable, as `hf_msv.collect.collect` is.
 
     Shards already in `out` are extended only when their reuse key (collection settings, the testbed LM's weights,
-    the collection code) matches; otherwise they are collected again, unless ``reuse_shards="keep"`` (then reused
-    and logged as kept). The count is not part of the key (a larger count extends)."""
+    the collection code) matches; otherwise they are collected again, the old ones moved aside (`set_aside`), unless
+    ``reuse_shards="keep"`` (then reused and logged as kept). The count is not part of the key (a larger count
+    extends)."""
     from ..collect import collect
     from ..testbed import get_task
 
@@ -49,7 +50,7 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
                      else "kept by --reuse-shards keep although its key differs or is missing")
             kept = True
         else:
-            shutil.rmtree(out)
+            log.annotate("shards", name, f"the old shards moved to {set_aside(out).name}")
     problems = task.generate_problems(split, count, seed=problem_seed)[first:]
     if not kept:  # before collecting: an interrupted run's shards then match the next run's key and are extended
         out.mkdir(parents=True, exist_ok=True)
@@ -57,6 +58,16 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
     return collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
                    checker=cfg.reference_checker, prompt_template="testbed", problems_per_shard=cfg.problems_per_shard,
                    problems_per_batch=cfg.problems_per_batch, seed=cfg.collect_seed, progress=False, **kwargs)
+
+
+def set_aside(directory: Path) -> Path:
+    """Move a stale collection to the first free ``<name>.replaced-<k>`` beside it and return that path. Collections
+    are re-made when their reuse key differs, but one can take hours: the old one is kept for the user to compare,
+    restore or delete, never deleted by a run."""
+    k = 1
+    while (aside := directory.with_name(f"{directory.name}.replaced-{k}")).exists():
+        k += 1
+    return directory.rename(aside)
 
 
 def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, **kwargs):
