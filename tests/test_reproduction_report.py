@@ -199,7 +199,7 @@ def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_pa
     seed (training and evaluation replaced by recorders; no LM, no data)."""
     from hf_msv.evaluation import load_verifier_seeds
     import hf_msv.evaluation as evaluation
-    from hf_msv.reproduction import studies
+    from hf_msv.reproduction import context, studies
     from hf_msv.reproduction.context import ReproductionContext
 
     class Stop(Exception):
@@ -215,6 +215,8 @@ def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_pa
             raise Stop
 
     monkeypatch.setattr(studies, "collect_splits", lambda *a, **k: None)
+    monkeypatch.setattr(context, "collect_splits", lambda *a, **k: None)
+    monkeypatch.setattr(context, "data_fingerprint", lambda *a: "fingerprint")
     monkeypatch.setattr(studies, "collect_problems", lambda *a, **k: None)
     monkeypatch.setattr(evaluation, "load_split", lambda *a, **k: ([], {}))
     monkeypatch.setattr(studies, "checker_agreement", lambda *a, **k: 1.0)

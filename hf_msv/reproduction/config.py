@@ -122,7 +122,13 @@ class ReproduceArguments:
     quick: bool = _help("a few-minute smoke run (few problems, N in {1, 4})", default=False)
     work_dir: str | None = _help("shards and verifiers (default outputs/reproduce[-v2][-quick])", default=None)
     studies: list[str] | None = field(default=None, metadata={
-        "help": "studies to run (default: all; main always runs)", "choices": list(STUDIES)})
+        "help": "studies to run (default: all; main always runs, unless --continue-report)",
+        "choices": list(STUDIES)})
+    continue_report: bool = _help(
+        "continue the report already in --output-dir (e.g. the committed docs/results/testbed-v2.json): keep its "
+        "main study and finished studies, run only the studies it lacks, and make only the collections and main "
+        "fits those need, in a work directory that may be new (a later sitting on a fresh machine); the settings "
+        "must be the report's", default=False)
     training_seeds: int | None = _help("override the number of training seeds", default=None)
     reuse_shards: str = field(default="matching", metadata={
         "help": "shards of an earlier run in the work directory: reuse only those collected with the same settings "

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .config import ReproduceConfig
+from .config import ReproduceConfig, training_config
 from .reuse import EVALUATION_CODE, ReuseLog, artefact_key, code_version, data_fingerprint, reuse_key, write_key
-from .stages import TrainingQueue, train_or_reuse
+from .stages import TrainingQueue, collect_splits, train_or_reuse
 from .summary import vote_check_rows
 
 __all__ = ["StageClock", "ReproductionContext", "checkpoint_keys", "keep_evaluation", "restore_evaluation",
@@ -41,9 +41,11 @@ class StageClock:
 @dataclass
 class ReproductionContext:
     """What a reproduction's stages share. `verifiers` (method -> mode -> [path per training seed]) and
-    `main_results` are the main study's, filled by `train_main_verifiers` / `main_study`; `reports` (study -> report
-    path relative to `output_dir`), `counts` (verifiers trained / reused) and `reuse` (every reuse decision) are
-    filled as stages run; `vote_checks` holds every MSV fit against the vote (`vote_check_rows`), per evaluation."""
+    `main_results` are the main study's: fits are made on first use (`main_fit`), so a sitting that continues a
+    committed report trains only those its studies need; `reports` (study -> report path relative to
+    `output_dir`), `counts` (verifiers trained / reused), `reuse` (every reuse decision) and `collections` (the
+    main collection's data fingerprints, once made) are filled as stages run; `vote_checks` holds every MSV fit
+    against the vote (`vote_check_rows`), per evaluation."""
 
     config: ReproduceConfig
     work_dir: Path
@@ -61,11 +63,34 @@ class ReproductionContext:
     reuse_verifiers: str = "matching"
     vote_checks: list = field(default_factory=list)
     queue: TrainingQueue = field(default_factory=TrainingQueue)
+    collections: dict = field(default_factory=dict)
 
     @property
     def data(self) -> Path:
-        """The main collection: data/train, data/val, data/eval."""
+        """Where the main collection goes (data/train, data/val, data/eval); `main_data` makes it."""
         return self.work_dir / "data"
+
+    def main_data(self) -> Path:
+        """The main collection's root, collected (or reused, or extended) on first use and fingerprinted into
+        `collections`. Studies call this rather than reading `data`: the delimiter study needs no main collection,
+        so a sitting that runs only it does not spend ~1.5 h on 2 cores making one."""
+        if not self.collections:
+            cfg = self.config
+            collect_splits(self.model, self.tokenizer, self.data, cfg, cfg.num_samples,
+                           (cfg.train_problems, cfg.val_problems, cfg.eval_problems), **self.collect_kwargs)
+            self.collections = {f"data/{s}": data_fingerprint(self.data / s) for s in ("train", "val", "eval")}
+        return self.data
+
+    def main_fit(self, method: str, mode: str) -> list[str]:
+        """A main-study verifier ("Probe" or "MSV_<n>") in `mode` ("terminal" | "streaming"), trained (or reused)
+        on first use with the library defaults: [path per training seed]."""
+        fits = self.verifiers.setdefault(method, {})
+        if mode not in fits:
+            kind, n = ("probe", 1) if method == "Probe" else ("msv", int(method.removeprefix("MSV_")))
+            name = f"probe-{mode}" if kind == "probe" else f"msv{n}-{mode}"
+            fits[mode] = self.train(self.main_data() / "train", name,
+                                    training_config(kind, n, mode, self.config.quick))
+        return fits[mode]
 
     @property
     def stem(self) -> str:
@@ -83,14 +108,15 @@ class ReproductionContext:
         paths = []
         for seed in range(self.config.training_seeds):
             out = self.work_dir / "verifiers" / (name if seed == 0 else f"{name}-seed{seed}")
-            paths.append(str(train_or_reuse(train_dir, val_dir or self.data / "val", out, replace(config, seed=seed),
+            paths.append(str(train_or_reuse(train_dir, val_dir or self.main_data() / "val", out,
+                                            replace(config, seed=seed),
                                             counts=self.counts, log=self.reuse, queue=self.queue,
                                             reuse=self.reuse_verifiers)))
         return paths
 
     def specs(self, name: str, modes=("terminal", "streaming")) -> list[dict]:
         """One main-study verifier's checkpoints for `evaluate_study`: [{mode: path} per training seed]."""
-        return seed_specs({m: self.verifiers[name][m] for m in modes})
+        return seed_specs({m: self.main_fit(name, m) for m in modes})
 
     def evaluate(self, eval_dir, verifiers: dict, ns, val_dir=None, *, report_name: str, title: str,
                  subdir: bool = True, **kwargs) -> dict:

@@ -51,20 +51,21 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .claims import compute_claims
-from .config import ReproduceArguments, ReproduceConfig
+from .config import STUDIES, ReproduceArguments, ReproduceConfig
 from .context import ReproductionContext, StageClock
 from .paper import PAPER
 from .report import render_testbed
 from .shipped import train_shipped_verifier
-from .stages import TrainingQueue, collect_splits, measure_lm_costs
+from .stages import TrainingQueue, measure_lm_costs
 from .studies import STUDY_STAGES, main_study, train_main_verifiers
 
-__all__ = ["reproduce", "write_summary", "parse_arguments", "main"]
+__all__ = ["reproduce", "write_summary", "load_report_to_continue", "continued_summary", "parse_arguments", "main"]
 
 
 def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
               studies=None, threads: int | None = None, progress: bool = True, device=None,
-              reuse_shards: str = "matching", train_workers: int = 1, reuse_verifiers: str = "matching") -> dict:
+              reuse_shards: str = "matching", train_workers: int = 1, reuse_verifiers: str = "matching",
+              continue_report: bool = False) -> dict:
     """Run the testbed reproduction (module docstring) and write ``testbed.md`` / ``testbed.json`` (quick:
     ``testbed-quick.*``) plus figures and per-study reports into `output_dir`. Returns the summary dict.
 
@@ -82,6 +83,10 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
             work directory; e.g. to re-train and re-evaluate an earlier collection with new code).
         reuse_verifiers: "matching" (reuse a fit only under the same reuse key) or "keep" (also a fit whose settings
             and data match but whose training code differs: `kept_despite_code`; the report lists each).
+        continue_report: continue the report already in `output_dir` (``{stem}.json`` and its main study's
+            results) instead of starting one: its main study and finished studies are kept, only the `studies` it
+            lacks run, and only the collections and main fits those need are made (`load_report_to_continue`).
+            A later sitting on a fresh machine continues a committed report this way.
         train_workers: verifier fits run at once (`TrainingQueue`), each with ``threads // train_workers`` threads.
             Above 1, call `reproduce` from under ``if __name__ == "__main__":`` in a script (the workers are
             spawned, and a spawned process imports the main module; ``hf-msv reproduce`` needs nothing).
@@ -102,8 +107,9 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     ctx = ReproductionContext(cfg, Path(work_dir or cfg.default_work_dir),
                               Path(output_dir), clock=StageClock(log), reuse_shards=reuse_shards,
                               reuse_verifiers=reuse_verifiers, queue=queue)
+    earlier = load_report_to_continue(ctx) if continue_report else None  # a clear error before any work
     try:
-        summary = _run_studies(ctx, studies, device, progress, log)
+        summary = _run_studies(ctx, studies, device, progress, log, earlier)
     except BaseException:
         queue.close(cancel=True)  # fits not yet started are dropped; an interrupted run resumes from the rest
         raise
@@ -111,35 +117,23 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
     return summary
 
 
-def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: bool, log) -> dict:
-    """`reproduce`'s body: collect, measure, train, evaluate every study, write the reports."""
+def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: bool, log, earlier=None) -> dict:
+    """`reproduce`'s body: collect, measure, train, evaluate every study (those `earlier`, a report being continued,
+    lacks), write the reports."""
     from ..collect import load_lm
     from ..testbed import get_task
 
-    cfg = ctx.config
-    task = get_task(cfg.task)
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    summary: dict = {"config": asdict(cfg), "studies": list(studies), "paper": PAPER, "reports": ctx.reports,
-                     "verifiers": ctx.counts}
-
-    ctx.model, ctx.tokenizer = load_lm(task.lm_name, device=device)
-    summary["device"] = str(ctx.model.device)
-    with ctx.clock("collect"):
-        collect_splits(ctx.model, ctx.tokenizer, ctx.data, cfg, cfg.num_samples,
-                       (cfg.train_problems, cfg.val_problems, cfg.eval_problems), **ctx.collect_kwargs)
-    with ctx.clock("lm costs"):
-        ns_cost = sorted(set(cfg.num_sequences) | (set(cfg.grouping_ns) if "grouping" in studies else set()))
-        ctx.lm_costs = measure_lm_costs(ctx.model, ctx.tokenizer,
-                                        task.generate_problems("evaluation", cfg.cost_problems, seed=99), ns_cost,
-                                        cfg.max_new_tokens, cache=ctx.work_dir / "lm_costs.json")
-    summary["lm_costs"] = {str(n): asdict(c) for n, c in ctx.lm_costs.items()}
-    with ctx.clock("train main"):
-        train_main_verifiers(ctx)
-    with ctx.clock("evaluate main"):
-        summary["main"] = main_study(ctx, progress=progress)
-    optional = [name for name in STUDY_STAGES if name in studies]
+    ctx.model, ctx.tokenizer = load_lm(get_task(ctx.config.task).lm_name, device=device)
+    if earlier is None:
+        summary = {"config": asdict(ctx.config), "studies": list(studies), "paper": PAPER, "reports": ctx.reports,
+                   "verifiers": ctx.counts, "device": str(ctx.model.device), "sittings": []}
+        _main_stages(ctx, summary, studies, progress)
+    else:
+        summary = continued_summary(ctx, earlier, studies)
+    optional = [name for name in STUDY_STAGES if name in studies and name not in summary]
     for i, name in enumerate(optional):
         # A full v2 run spans several sittings: the report so far is written before each study starts, so what
         # is finished can be read (and committed) while the rest is still running.
@@ -152,14 +146,89 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
     return summary
 
 
-def write_summary(ctx: ReproductionContext, summary: dict, started: float, pending=()) -> dict:
-    """Complete `summary` (stage times, reuse log, vote checks, claims) and write ``{stem}.json`` / ``{stem}.md``
-    into the output directory; `pending` names the studies still to run (an interim report says so at its top).
-    Returns the JSON-safe summary as written."""
+def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progress: bool) -> None:
+    """A new report's first stages: the main collection, the LM's costs, the main fits and the main study."""
+    from ..testbed import get_task
+
+    cfg = ctx.config
+    with ctx.clock("collect"):
+        ctx.main_data()
+    with ctx.clock("lm costs"):
+        ns_cost = sorted(set(cfg.num_sequences) | (set(cfg.grouping_ns) if "grouping" in studies else set()))
+        ctx.lm_costs = measure_lm_costs(ctx.model, ctx.tokenizer,
+                                        get_task(cfg.task).generate_problems("evaluation", cfg.cost_problems, seed=99),
+                                        ns_cost, cfg.max_new_tokens, cache=ctx.work_dir / "lm_costs.json")
+    summary["lm_costs"] = {str(n): asdict(c) for n, c in ctx.lm_costs.items()}
+    with ctx.clock("train main"):
+        train_main_verifiers(ctx)
+    with ctx.clock("evaluate main"):
+        summary["main"] = main_study(ctx, progress=progress)
+
+
+def load_report_to_continue(ctx: ReproductionContext) -> dict:
+    """The summary in ``output_dir/{stem}.json`` that `reproduce(continue_report=True)` continues, checked: it must
+    exist, hold a finished main study whose results file is beside it, and have been made with this run's settings
+    (the studies of one report compare with each other, so they share data sizes, seeds and N)."""
     from ..utils import json_safe
 
-    done = dict(summary, timing_s=dict(ctx.clock.times, total=time.perf_counter() - started),
-                reuse=ctx.reuse.summary(), vote_check=list(ctx.vote_checks))
+    path = ctx.output_dir / f"{ctx.stem}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"--continue-report: no report {path} to continue (run without it to start one)")
+    earlier = json.loads(path.read_text())
+    mine = json_safe(asdict(ctx.config))
+    differ = sorted(k for k in mine.keys() | earlier["config"].keys() if mine.get(k) != earlier["config"].get(k))
+    if differ:
+        raise ValueError(f"--continue-report: {path} was made with other settings ({', '.join(differ)}); continue it "
+                         "with the same flags, or write a new report elsewhere with --output-dir")
+    main_json = _main_results_path(ctx, earlier)
+    if "main" not in earlier or not main_json.exists():
+        raise FileNotFoundError(f"--continue-report: {path} has no finished main study ({main_json} is missing)")
+    return earlier
+
+
+def _main_results_path(ctx: ReproductionContext, earlier: dict) -> Path:
+    """The main study's results file (`evaluate_study`'s JSON) beside the report being continued."""
+    return ctx.output_dir / Path(earlier.get("reports", {}).get("main", f"{ctx.stem}-main.md")).with_suffix(".json")
+
+
+def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -> dict:
+    """The summary a continuing sitting starts from: `earlier`'s main study and finished studies, its LM costs (so
+    that latency figures stay comparable across sittings; they were measured by the sitting that made the main
+    study), reports and vote checks; this sitting's own counts, device and reuse log. `ctx.main_results` is read
+    from the main study's results file. The sittings before this one are listed (a report from before sittings
+    were recorded counts as one)."""
+    from ..evaluation.early_stop import LatencyCosts
+
+    ctx.lm_costs = {int(n): LatencyCosts(**c) for n, c in earlier["lm_costs"].items()}
+    ctx.main_results = json.loads(_main_results_path(ctx, earlier).read_text())
+    ctx.reports.update(earlier["reports"])
+    ctx.vote_checks[:] = earlier.get("vote_check", [])
+    finished = [k for k in STUDIES if k in earlier]
+    sittings = earlier.get("sittings") or [{"studies": finished, "device": earlier.get("device"),
+                                           "timing_s": earlier["timing_s"], "verifiers": earlier.get("verifiers")}]
+    keep = {k: earlier[k] for k in ("lm_costs", "collections", *finished) if k in earlier}
+    # "studies": what the report holds or this sitting runs (the report names the others as not run)
+    return {"config": earlier["config"], "studies": [k for k in STUDIES if k in earlier or k in studies],
+            "paper": PAPER, "reports": ctx.reports, "verifiers": ctx.counts, "device": str(ctx.model.device),
+            "sittings": sittings, **keep}
+
+
+def write_summary(ctx: ReproductionContext, summary: dict, started: float, pending=()) -> dict:
+    """Complete `summary` (stage times, reuse log, collections, vote checks, this sitting, claims) and write
+    ``{stem}.json`` / ``{stem}.md`` into the output directory; `pending` names the studies still to run (an interim
+    report says so at its top). Returns the JSON-safe summary as written."""
+    from ..utils import json_safe
+    from .reuse import git_commit
+
+    timing = dict(ctx.clock.times, total=time.perf_counter() - started)
+    done = dict(summary, timing_s=timing, reuse=ctx.reuse.summary(), vote_check=list(ctx.vote_checks))
+    if ctx.collections:
+        _check_collections(summary.get("collections", {}), ctx.collections)
+        done["collections"] = ctx.collections
+    before = summary.get("sittings", [])
+    ran = [k for k in STUDIES if k in summary and not any(k in x["studies"] for x in before)]
+    done["sittings"] = [*before, {"studies": ran, "device": summary.get("device"), "timing_s": timing,
+                                  "verifiers": dict(ctx.counts), "git_commit": git_commit()}]
     if pending:
         done["pending"] = list(pending)
     done["claims"] = compute_claims(done, ctx.config)
@@ -167,6 +236,17 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
     (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(done, indent=1))
     (ctx.output_dir / f"{ctx.stem}.md").write_text(render_testbed(done, ctx.main_results))
     return done
+
+
+def _check_collections(recorded: dict, made: dict) -> None:
+    """A continuing sitting re-makes the main collection on its machine; its studies are compared with the earlier
+    sittings' only if it is the same data (collection is deterministic: same settings, LM and code give the same
+    shards). A mismatch stops the run rather than mixing two draws in one report."""
+    differ = [k for k in made if k in recorded and made[k] != recorded[k]]
+    if differ:
+        raise RuntimeError(f"the main collection {', '.join(differ)} made in this sitting differs from the one the "
+                           f"report's earlier sittings used ({made} vs {recorded}): collect with the same code "
+                           "version and LM, or start a new report")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,7 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                                reuse_verifiers=args.reuse_verifiers))}
     return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
                      threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards,
-                     train_workers=args.train_workers, reuse_verifiers=args.reuse_verifiers)
+                     train_workers=args.train_workers, reuse_verifiers=args.reuse_verifiers,
+                     continue_report=args.continue_report)
 
 
 if __name__ == "__main__":

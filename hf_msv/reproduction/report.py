@@ -84,6 +84,7 @@ def _header(s: dict) -> list[str]:
         + ("" if not s.get("verifiers", {}).get("reused") else
            f" Stages resume: this run trained {s['verifiers']['trained']} verifiers and reused "
            f"{s['verifiers']['reused']} (and any shards) from an earlier run in the same work directory."),
+        *_sittings_lines(s),
         *_reuse_lines(s),
         "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
         + (f" Not run this time: {', '.join(missing)} (`hf-msv reproduce --studies ...`)." if missing else ""), "",
@@ -93,13 +94,36 @@ def _header(s: dict) -> list[str]:
 
 
 def _duration(s: dict) -> str:
-    """How long the run took. A run that resumed a work directory only timed its own sitting: saying "in 0.0 min"
-    of a run whose artefacts took hours in earlier sittings would mislead, so such a run says so."""
+    """How long the run took. A run that resumed a work directory, or continued a committed report in a later
+    sitting, only timed its own sitting: saying "in 0.0 min" of a run whose artefacts took hours in earlier
+    sittings would mislead, so such a run says so."""
     minutes = s["timing_s"]["total"] / 60
+    sittings = s.get("sittings") or []
+    if len(sittings) > 1:
+        ran = ", ".join(sittings[-1]["studies"]) or "no new study"
+        return (f"over {len(sittings)} sittings (each after the first continued the committed report with "
+                f"`--continue-report`; the last ran {ran} in {minutes:.1f} min, and the stage times below are its "
+                "own)")
     if not (s.get("reuse") or {}).get("reused"):
         return f"in {minutes:.1f} min"
     return (f"over several sittings in one work directory (the last sitting reused the earlier ones' artefacts and "
             f"took {minutes:.1f} min; the stage times below are its own)")
+
+
+def _sittings_lines(s: dict) -> list[str]:
+    """Which sitting ran which studies, where, for how long (reports continued over several sittings)."""
+    sittings = s.get("sittings") or []
+    if len(sittings) < 2:
+        return []
+    # A report from before sittings were recorded counts as one sitting: the time it has is its last resumption's.
+    untimed = "" if sittings[0].get("git_commit") else (" (the first sitting's time and fits are its last resumption's: it "
+                                                         "resumed one work directory several times)")
+    return ["* Sittings: " + "; ".join(
+        f"{i}. {', '.join(x['studies']) or 'no study'} on `{x.get('device') or 'cpu'}`, "
+        f"{x['timing_s']['total'] / 60:.0f} min"
+        + (f", {x['verifiers'].get('trained', 0)} fits trained" if x.get("verifiers") else "")
+        + (f", commit {x['git_commit'][:10]}" if x.get("git_commit") else "")
+        for i, x in enumerate(sittings, 1)) + untimed + "."]
 
 
 def _interim_lines(s: dict) -> list[str]:

@@ -17,13 +17,9 @@ __all__ = ["train_main_verifiers", "main_study", "checkers_study", "masks_study"
 
 def train_main_verifiers(ctx: ReproductionContext) -> dict:
     """Probe and MSV_n for every n of the main study, terminal and streaming: ``{method: {mode: path}}``."""
-    cfg, data = ctx.config, ctx.data
     for mode in ("terminal", "streaming"):
-        ctx.verifiers.setdefault("Probe", {})[mode] = ctx.train(
-            data / "train", f"probe-{mode}", training_config("probe", 1, mode, cfg.quick))
-        for n in cfg.num_sequences:
-            ctx.verifiers.setdefault(f"MSV_{n}", {})[mode] = ctx.train(
-                data / "train", f"msv{n}-{mode}", training_config("msv", n, mode, cfg.quick))
+        for method in ("Probe", *(f"MSV_{n}" for n in ctx.config.num_sequences)):
+            ctx.main_fit(method, mode)
     ctx.queue.wait()  # so that the "train main" stage times the training
     return ctx.verifiers
 
@@ -36,8 +32,9 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
     from ..testbed import get_task
 
     steps = difficulty_from_problems(get_task(cfg.task).generate_problems("evaluation", cfg.eval_problems), "ops")
-    ctx.main_results = ctx.evaluate(ctx.data / "eval", {k: ctx.specs(k) for k in ctx.verifiers}, cfg.num_sequences,
-                                    ctx.data / "val", difficulty=steps, difficulty_name="reasoning steps",
+    data = ctx.main_data()
+    ctx.main_results = ctx.evaluate(data / "eval", {k: ctx.specs(k) for k in ctx.verifiers}, cfg.num_sequences,
+                                    data / "val", difficulty=steps, difficulty_name="reasoning steps",
                                     title="Testbed reproduction: main study", report_name="main", subdir=False,
                                     figures=True, progress=progress)
     ctx.reports["main"] = f"{ctx.stem}-main.md"
@@ -49,7 +46,7 @@ def checkers_study(ctx: ReproductionContext) -> dict:
     best-of-N of it and of the checker-dependent baselines when evaluation groups answers with that checker."""
     from ..evaluation import load_split
 
-    cfg, data, n = ctx.config, ctx.data, ctx.config.max_n
+    cfg, data, n = ctx.config, ctx.main_data(), ctx.config.max_n
     ref_problems, _ = load_split(data / "eval", hidden=False)
     trained = {"reference": ctx.train(data / "train", f"msv{n}-terminal-nolavg",
                                       training_config("msv", n, "terminal", cfg.quick, logit_averaging=False))}
@@ -59,9 +56,9 @@ def checkers_study(ctx: ReproductionContext) -> dict:
                                                checker_kwargs=CHECKER_KWARGS[c]))
     rows = {}
     for c in ("reference",) + tuple(cfg.checkers):
-        vs = {f"MSV_{n} (reference-trained)": ctx.verifiers[f"MSV_{n}"]["terminal"],
+        vs = {f"MSV_{n} (reference-trained)": ctx.main_fit(f"MSV_{n}", "terminal"),
               f"MSV_{n} (trained with checker)": trained[c],
-              "Probe": ctx.verifiers["Probe"]["terminal"], "MSV_1": ctx.verifiers["MSV_1"]["terminal"]}
+              "Probe": ctx.main_fit("Probe", "terminal"), "MSV_1": ctx.main_fit("MSV_1", "terminal")}
         # name -> [path per training seed]
         checker = None if c == "reference" else c
         res = ctx.evaluate(data / "eval", vs, [n], checker=checker, checker_kwargs=CHECKER_KWARGS.get(c),
@@ -79,14 +76,14 @@ def checkers_study(ctx: ReproductionContext) -> dict:
 
 def masks_study(ctx: ReproductionContext) -> dict:
     """Mask ablation: streaming MSV_N with each attention mask removed, against the full MSV_N (Brier/AUROC/NLL)."""
-    cfg, n = ctx.config, ctx.config.mask_n
-    vs = {f"MSV_{n}": ctx.verifiers[f"MSV_{n}"]["streaming"]}
+    cfg, n, data = ctx.config, ctx.config.mask_n, ctx.main_data()
+    vs = {f"MSV_{n}": ctx.main_fit(f"MSV_{n}", "streaming")}
     for m in cfg.mask_ablations:
         masks = [x for x in MASKS if x != m]
-        vs[f"w/o {m}"] = ctx.train(ctx.data / "train", f"msv{n}-streaming-no-{m}",
+        vs[f"w/o {m}"] = ctx.train(data / "train", f"msv{n}-streaming-no-{m}",
                                    training_config("msv", n, "streaming", cfg.quick, masks=masks))
     vs = {k: seed_specs({"streaming": v}) for k, v in vs.items()}
-    res = ctx.evaluate(ctx.data / "eval", vs, [n], title="Mask ablation", report_name="masks")
+    res = ctx.evaluate(data / "eval", vs, [n], title="Mask ablation", report_name="masks")
     stream = res["streaming"][str(n)]
     ctx.reports["masks"] = f"studies/{ctx.stem}-masks.md"
     return {"n": n, "rows": {k: {m: stream[k][m] for m in ("brier", "auroc", "nll")} for k in vs if k in stream}}
@@ -125,7 +122,7 @@ def grouping_study(ctx: ReproductionContext) -> dict:
         collect_problems(ctx.model, ctx.tokenizer, "evaluation", cfg.grouping_problems, gdir, cfg,
                          cfg.grouping_samples, problem_seed=1, **ctx.collect_kwargs)
     else:
-        gdir = ctx.data / "eval"
+        gdir = ctx.main_data() / "eval"
     vs = {k: ctx.specs(k, ("streaming",)) for k in ("Probe", "MSV_1", f"MSV_{m}")}
     res = ctx.evaluate(gdir, vs, list(cfg.grouping_ns), title=f"Grouping with MSV_{m} for large N",
                        report_name="grouping", subdir=False, figures=True)
@@ -136,12 +133,12 @@ def grouping_study(ctx: ReproductionContext) -> dict:
 def _size_verifiers(ctx: ReproductionContext, k: int, more: Path) -> dict:
     """Probe and MSV_N (both modes) trained on the first `k` training problems: the main study's at its own size;
     beyond it, the main training split plus `more` (problems collected for this study)."""
-    cfg, data, n = ctx.config, ctx.data, ctx.config.max_n
+    cfg, data, n = ctx.config, ctx.main_data(), ctx.config.max_n
     vs = {}  # name -> mode -> [path per training seed]
     for name, kind, m in (("Probe", "probe", 1), (f"MSV_{n}", "msv", n)):
         for mode in ("terminal", "streaming"):
             if k == cfg.train_problems:   # the main study's verifiers
-                vs.setdefault(name, {})[mode] = ctx.verifiers[name][mode]
+                vs.setdefault(name, {})[mode] = ctx.main_fit(name, mode)
                 continue
             bigger = k > cfg.train_problems
             train_dirs = [data / "train", more] if bigger else data / "train"
@@ -163,7 +160,7 @@ def training_size_study(ctx: ReproductionContext) -> dict:
                          first=cfg.train_problems, **ctx.collect_kwargs)
     per_size = {}
     for k in cfg.training_sizes:
-        res = ctx.evaluate(ctx.data / "eval", _size_verifiers(ctx, k, more), [n],
+        res = ctx.evaluate(ctx.main_data() / "eval", _size_verifiers(ctx, k, more), [n],
                            title=f"Training-set size: {k} problems", report_name=f"size-{k}")
         per_size[str(k)] = size_row(res, n)
         ctx.reports[f"size-{k}"] = f"studies/{ctx.stem}-size-{k}.md"

@@ -1,0 +1,110 @@
+"""`hf-msv reproduce --continue-report`: a later sitting, on a fresh machine, continues the committed v2 report.
+
+The committed v2 report (docs/results/testbed-v2.json, its main study's results beside it) is continued in a
+temporary directory with the study functions replaced by recorders: no LM sampling, no training. What is checked is
+what the sitting keeps, what it runs, what it refuses, and what the report then says.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hf_msv.reproduction import ReproduceConfig, parse_arguments, pipeline, render_testbed
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+@pytest.fixture
+def report_dir(tmp_path) -> Path:
+    """A copy of the committed v2 report (summary, main results) as a sitting's output directory."""
+    out = tmp_path / "results"
+    out.mkdir()
+    for name in ("testbed-v2.json", "testbed-v2-main.json"):
+        shutil.copy(RESULTS / name, out / name)
+    return out
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The delimiter study replaced by a recorder returning v1's committed delimiter entry (same shape), and no LM."""
+    import hf_msv.collect
+
+    class LM:
+        device = "cpu"
+
+    calls = []
+
+    def delimiters(ctx):
+        calls.append({"main_results": ctx.main_results, "collections": dict(ctx.collections),
+                      "lm_costs": dict(ctx.lm_costs), "vote_checks": list(ctx.vote_checks)})
+        return json.loads((RESULTS / "testbed.json").read_text())["delimiters"]
+
+    monkeypatch.setattr(hf_msv.collect, "load_lm", lambda *a, **k: (LM(), None))
+    monkeypatch.setattr(pipeline, "STUDY_STAGES", {**pipeline.STUDY_STAGES, "delimiters": (delimiters, "delimiters")})
+    return calls
+
+
+def test_a_continuing_sitting_keeps_the_report_and_runs_only_what_it_lacks(report_dir, recorded, tmp_path):
+    earlier = json.loads((report_dir / "testbed-v2.json").read_text())
+    work = tmp_path / "fresh-work-dir"
+    summary = pipeline.reproduce(report_dir, work_dir=work, studies=["checkers", "delimiters"], progress=False,
+                                 continue_report=True)
+
+    (call,) = recorded   # the delimiter study ran once; the checker study, already in the report, did not
+    assert call["main_results"] == json.loads((RESULTS / "testbed-v2-main.json").read_text())
+    assert call["collections"] == {} and not (work / "data").exists()   # it needs no main collection: none made
+    assert call["vote_checks"] == earlier["vote_check"]
+    assert {str(n): c.decode_step_s for n, c in call["lm_costs"].items()} == {
+        n: c["decode_step_s"] for n, c in earlier["lm_costs"].items()}   # the costs the main study was scored with
+    for kept in ("config", "main", "checkers", "lm_costs"):
+        assert summary[kept] == earlier[kept], kept
+    assert summary["delimiters"] and "masks" not in summary and "pending" not in summary
+    assert summary["studies"] == ["main", "checkers", "delimiters"]   # the report names the others as not run
+    assert summary["reports"] == earlier["reports"]   # the recorder writes no report of its own
+    first, last = summary["sittings"]
+    assert first["studies"] == ["main", "checkers"] and first["timing_s"] == earlier["timing_s"]
+    assert last["studies"] == ["delimiters"] and last["verifiers"] == {"trained": 0, "reused": 0}
+    assert [c for c in summary["claims"] if not c["id"].startswith("delimiters")] == earlier["claims"]
+    assert any(c["id"].startswith("delimiters") for c in summary["claims"])
+
+    text = (report_dir / "testbed-v2.md").read_text()
+    assert text == render_testbed(summary)
+    assert "over 2 sittings (each after the first continued the committed report with `--continue-report`; the " \
+           "last ran delimiters in" in text
+    assert "* Sittings: 1. main, checkers on `cpu`, 10 min, 2 fits trained; 2. delimiters on `cpu`, 0 min, " \
+           "0 fits trained, commit " in text and "(the first sitting's time and fits are its last resumption's" in text
+    assert "## 7. Delimiter sensitivity" in text and "## 6." not in text   # rendered beside the kept ones
+    assert "Not run this time: masks, grouping, training_size" in text and "Interim report" not in text
+
+    # a third sitting with nothing left to run rewrites the report and adds itself, nothing else
+    again = pipeline.reproduce(report_dir, work_dir=work, studies=["delimiters"], progress=False, continue_report=True)
+    assert len(recorded) == 1 and len(again["sittings"]) == 3 and again["sittings"][2]["studies"] == []
+    assert again["delimiters"] == summary["delimiters"]
+
+
+def test_continuing_refuses_other_settings_and_a_missing_report(report_dir, recorded, tmp_path):
+    with pytest.raises(ValueError, match=r"other settings \(training_seeds\)"):
+        pipeline.reproduce(report_dir, work_dir=tmp_path / "w", config=replace(ReproduceConfig(), training_seeds=2),
+                           progress=False, continue_report=True)
+    with pytest.raises(FileNotFoundError, match="no report"):
+        pipeline.reproduce(tmp_path / "empty", work_dir=tmp_path / "w", progress=False, continue_report=True)
+    (report_dir / "testbed-v2-main.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no finished main study"):
+        pipeline.reproduce(report_dir, work_dir=tmp_path / "w", progress=False, continue_report=True)
+    assert recorded == [] and not (tmp_path / "w").exists()   # refused before any work
+
+
+def test_a_sitting_whose_main_collection_differs_stops():
+    pipeline._check_collections({"data/train": "a"}, {"data/train": "a", "data/eval": "b"})   # new entries: fine
+    with pytest.raises(RuntimeError, match="differs from the one the report's earlier sittings used"):
+        pipeline._check_collections({"data/train": "a"}, {"data/train": "c"})
+
+
+def test_continue_report_flag():
+    assert parse_arguments(["--continue-report", "--studies", "masks"]).continue_report
+    assert not parse_arguments([]).continue_report
