@@ -116,8 +116,8 @@ def _sittings_lines(s: dict) -> list[str]:
     if len(sittings) < 2:
         return []
     # A report from before sittings were recorded counts as one sitting: the time it has is its last resumption's.
-    untimed = "" if sittings[0].get("git_commit") else (" (the first sitting's time and fits are its last resumption's: it "
-                                                         "resumed one work directory several times)")
+    untimed = "" if sittings[0].get("git_commit") else (
+        " (the first sitting's time and fits are its last resumption's: it resumed one work directory several times)")
     return ["* Sittings: " + "; ".join(
         f"{i}. {', '.join(x['studies']) or 'no study'} on `{x.get('device') or 'cpu'}`, "
         f"{x['timing_s']['total'] / 60:.0f} min"
