@@ -21,11 +21,19 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 @pytest.fixture
 def report_dir(tmp_path) -> Path:
-    """A copy of the committed v2 report (summary, main results) as a sitting's output directory."""
+    """A copy of the committed v2 report (summary, main results) as a sitting's output directory, with its delimiter
+    study taken out (entry, claims, report link, vote checks), so that a sitting has a study to run."""
     out = tmp_path / "results"
     out.mkdir()
-    for name in ("testbed-v2.json", "testbed-v2-main.json"):
-        shutil.copy(RESULTS / name, out / name)
+    shutil.copy(RESULTS / "testbed-v2-main.json", out / "testbed-v2-main.json")
+    s = json.loads((RESULTS / "testbed-v2.json").read_text())
+    s.pop("delimiters", None)
+    s["reports"].pop("delimiters", None)
+    s["claims"] = [c for c in s["claims"] if not c["id"].startswith("delimiters")]
+    s["vote_check"] = [row for row in s["vote_check"] if row["study"] != "every-k"]
+    for sitting in s.get("sittings", []):
+        sitting["studies"] = [k for k in sitting["studies"] if k != "delimiters"]
+    (out / "testbed-v2.json").write_text(json.dumps(s))
     return out
 
 
@@ -66,24 +74,29 @@ def test_a_continuing_sitting_keeps_the_report_and_runs_only_what_it_lacks(repor
     assert summary["delimiters"] and "masks" not in summary and "pending" not in summary
     assert summary["studies"] == ["main", "checkers", "delimiters"]   # the report names the others as not run
     assert summary["reports"] == earlier["reports"]   # the recorder writes no report of its own
-    first, last = summary["sittings"]
-    assert first["studies"] == ["main", "checkers"] and first["timing_s"] == earlier["timing_s"]
+    *before, last = summary["sittings"]
+    assert before == earlier.get("sittings", [{"studies": ["main", "checkers"], "device": "cpu", "reuse": earlier[
+        "reuse"], "timing_s": earlier["timing_s"], "verifiers": earlier["verifiers"]}])
     assert last["studies"] == ["delimiters"] and last["verifiers"] == {"trained": 0, "reused": 0}
     assert [c for c in summary["claims"] if not c["id"].startswith("delimiters")] == earlier["claims"]
     assert any(c["id"].startswith("delimiters") for c in summary["claims"])
 
     text = (report_dir / "testbed-v2.md").read_text()
     assert text == render_testbed(summary)
-    assert "over 2 sittings (each after the first continued the committed report with `--continue-report`; the " \
-           "last ran delimiters in" in text
-    assert "* Sittings: 1. main, checkers on `cpu`, 10 min, 2 fits trained; 2. delimiters on `cpu`, 0 min, " \
+    assert f"over {len(before) + 1} sittings (each after the first continued the committed report with " \
+           "`--continue-report`; the last ran delimiters in" in text
+    assert "* Sittings: 1. main, checkers on `cpu`, " in text and f"; {len(before) + 1}. delimiters on `cpu`, 0 min, " \
            "0 fits trained, commit " in text and "(the first sitting's time and fits are its last resumption's" in text
+    assert "* Sitting 1: Reused from an earlier run" in text and "* Sitting 2: Redone although present" in text
+    assert text.count("verifier msv64-streaming-seed1 (kept by --reuse-verifiers keep") == 1   # sitting 1's, kept
+    assert "LM costs measured by the sitting that ran the main study" in text
     assert "## 7. Delimiter sensitivity" in text and "## 6." not in text   # rendered beside the kept ones
-    assert "Not run this time: masks, grouping, training_size" in text and "Interim report" not in text
+    assert "Not run this time: masks, grouping, training_size (`hf-msv reproduce --continue-report --studies" in text
+    assert "Interim report" not in text
 
     # a third sitting with nothing left to run rewrites the report and adds itself, nothing else
     again = pipeline.reproduce(report_dir, work_dir=work, studies=["delimiters"], progress=False, continue_report=True)
-    assert len(recorded) == 1 and len(again["sittings"]) == 3 and again["sittings"][2]["studies"] == []
+    assert len(recorded) == 1 and len(again["sittings"]) == len(before) + 2 and again["sittings"][-1]["studies"] == []
     assert again["delimiters"] == summary["delimiters"]
 
 

@@ -205,7 +205,8 @@ def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -
     ctx.vote_checks[:] = earlier.get("vote_check", [])
     finished = [k for k in STUDIES if k in earlier]
     sittings = earlier.get("sittings") or [{"studies": finished, "device": earlier.get("device"),
-                                           "timing_s": earlier["timing_s"], "verifiers": earlier.get("verifiers")}]
+                                           "timing_s": earlier["timing_s"], "verifiers": earlier.get("verifiers"),
+                                           "reuse": earlier.get("reuse")}]
     keep = {k: earlier[k] for k in ("lm_costs", "collections", *finished) if k in earlier}
     # "studies": what the report holds or this sitting runs (the report names the others as not run)
     return {"config": earlier["config"], "studies": [k for k in STUDIES if k in earlier or k in studies],
@@ -228,7 +229,7 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
     before = summary.get("sittings", [])
     ran = [k for k in STUDIES if k in summary and not any(k in x["studies"] for x in before)]
     done["sittings"] = [*before, {"studies": ran, "device": summary.get("device"), "timing_s": timing,
-                                  "verifiers": dict(ctx.counts), "git_commit": git_commit()}]
+                                  "verifiers": dict(ctx.counts), "reuse": done["reuse"], "git_commit": git_commit()}]
     if pending:
         done["pending"] = list(pending)
     done["claims"] = compute_claims(done, ctx.config)

@@ -78,7 +78,9 @@ def _header(s: dict) -> list[str]:
         "* Verifiers: Probe and MSV_1/…/MSV_N trained per mode (terminal, streaming) with the library defaults "
         "(`recipe=\"auto\"`, what `hf-msv train` uses; `hf_msv.reproduction.training_config`).",
         *_config_changes(cfg),
-        "* LM costs measured here (s per shared decode step / per elicited answer): " + ", ".join(
+        "* LM costs measured " + ("here" if len(s.get("sittings") or []) < 2 else "by the sitting that ran the main "
+                                  "study, used by every sitting") + " (s per shared decode step / per elicited answer): "
+        + ", ".join(
             f"N={n}: {v['decode_step_s']:.2e} / {v['elicit_s']:.2e}" for n, v in s["lm_costs"].items()) + ".",
         "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + "."
         + ("" if not s.get("verifiers", {}).get("reused") else
@@ -87,7 +89,8 @@ def _header(s: dict) -> list[str]:
         *_sittings_lines(s),
         *_reuse_lines(s),
         "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
-        + (f" Not run this time: {', '.join(missing)} (`hf-msv reproduce --studies ...`)." if missing else ""), "",
+        + (f" Not run this time: {', '.join(missing)} (`hf-msv reproduce {_continue_flag(s)}--studies ...`)."
+           if missing else ""), "",
         "## Claims", "", markdown_table(["claim", "ours", "paper"], [
             [c["claim"], c["sentence"], c["paper"]] for c in s["claims"]]), "",
     ]
@@ -108,6 +111,11 @@ def _duration(s: dict) -> str:
         return f"in {minutes:.1f} min"
     return (f"over several sittings in one work directory (the last sitting reused the earlier ones' artefacts and "
             f"took {minutes:.1f} min; the stage times below are its own)")
+
+
+def _continue_flag(s: dict) -> str:
+    """``--continue-report `` for a report that records sittings (it can be continued), else nothing."""
+    return "--continue-report " if s.get("sittings") else ""
 
 
 def _sittings_lines(s: dict) -> list[str]:
@@ -161,7 +169,12 @@ def _protocol_line(cfg: dict) -> str:
 
 
 def _reuse_lines(s: dict) -> list[str]:
-    """What this run reused from the work directory and what it redid, with why (runs that record it)."""
+    """What this run reused from the work directory and what it redid, with why (runs that record it); for a
+    report continued over sittings, each sitting's."""
+    sittings = s.get("sittings") or []
+    if len(sittings) > 1:
+        return [line.replace("* ", f"* Sitting {i}: ", 1) for i, x in enumerate(sittings, 1)
+                for line in _reuse_lines({"reuse": x.get("reuse")})]
     reuse = s.get("reuse")
     if not reuse:
         return []
