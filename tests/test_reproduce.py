@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 
 import pytest
@@ -98,6 +99,28 @@ def test_quick_reproduction(tmp_path):
     again = (tmp_path / "again" / "testbed-v2-quick.md").read_text()
     for linked in re.findall(r"\]\(([^)]+\.(?:png|md))\)", again):
         assert (tmp_path / "again" / linked).exists(), linked
+
+    # a later sitting on a fresh machine (--continue-report, empty work directory) runs a study the report lacks:
+    # it re-makes the main collection, which is the first sitting's data (same fingerprints), and the main fit the
+    # study needs, and keeps everything else the report holds
+    later, fresh = tmp_path / "later", tmp_path / "fresh-work"
+    later.mkdir()
+    shutil.copy(out / "testbed-v2-quick-main.json", later)
+    lacking = {k: v for k, v in summary.items() if k != "masks"}
+    lacking["sittings"] = [dict(x, studies=[k for k in x["studies"] if k != "masks"]) for x in summary["sittings"]]
+    (later / "testbed-v2-quick.json").write_text(json.dumps(lacking))
+    continued = reproduce_main(["--quick", "--output-dir", str(later), "--work-dir", str(fresh), "--no-progress",
+                                "--continue-report", "--studies", "masks", "delimiters"])
+    assert continued["collections"] == summary["collections"]   # collection is deterministic across machines
+    assert sorted(p.name for p in (fresh / "verifiers").iterdir()) == [
+        "msv4-streaming", "msv4-streaming-no-equivalence", "msv4-streaming-no-equivalence-seed1",
+        "msv4-streaming-seed1"]   # only what the mask study needs; the delimiter study was kept, not re-run
+    assert set(continued["masks"]["rows"]) == {"MSV_4", "w/o equivalence"}
+    for kept in ("main", "checkers", "delimiters", "grouping", "training_size"):
+        assert continued[kept] == summary[kept], kept
+    assert [x["studies"] for x in continued["sittings"]] == [
+        ["main", "checkers", "delimiters", "grouping", "training_size"], ["masks"]]
+    assert "over 2 sittings" in (later / "testbed-v2-quick.md").read_text()
 
     # the shipped verifier's recipe on the same shards: collection is reused, the card and weights are written
     from hf_msv import MSVVerifier

@@ -71,14 +71,16 @@ class ReproductionContext:
         return self.work_dir / "data"
 
     def main_data(self) -> Path:
-        """The main collection's root, collected (or reused, or extended) on first use and fingerprinted into
+        """The main collection's root, collected (or reused, or extended) on first use, its shards fingerprinted into
         `collections`. Studies call this rather than reading `data`: the delimiter study needs no main collection,
         so a sitting that runs only it does not spend ~1.5 h on 2 cores making one."""
         if not self.collections:
             cfg = self.config
             collect_splits(self.model, self.tokenizer, self.data, cfg, cfg.num_samples,
                            (cfg.train_problems, cfg.val_problems, cfg.eval_problems), **self.collect_kwargs)
-            self.collections = {f"data/{s}": data_fingerprint(self.data / s) for s in ("train", "val", "eval")}
+            # the shards alone: collect_config.json names the LM by its absolute path, which differs across checkouts
+            self.collections = {f"data/{s}": data_fingerprint(sorted((self.data / s).glob("*.safetensors")))
+                                for s in ("train", "val", "eval")}
         return self.data
 
     def main_fit(self, method: str, mode: str) -> list[str]:
