@@ -46,8 +46,15 @@ def test_reuse_invalidates_when_the_code_version_changes(splits, tmp_path):
     train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2")
     assert counts["trained"] == 4
     assert log.summary() == {"reused": ["verifier probe (same settings, data and code)"],
-                             "redone": ["verifier probe (changed: code)", "verifier probe (changed: settings)",
-                                        "verifier probe (no reuse key (made before keys were stored))"]}
+                             "redone": ["verifier probe (changed: code; the old fit moved to probe.replaced-1)",
+                                        "verifier probe (changed: settings; the old fit moved to probe.replaced-2)",
+                                        "verifier probe (no reuse key (made before keys were stored); the old fit "
+                                        "moved to probe.replaced-3)"]}
+    # each replaced fit is kept whole beside the new one: the first, trained by code-v1, is still loadable
+    assert json.loads((tmp_path / "probe.replaced-1" / KEY_FILE).read_text())["code"] == "code-v1"
+    assert (tmp_path / "probe.replaced-1" / "training_log.json").stat().st_mtime_ns == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probe", "probe.replaced-1", "probe.replaced-2",
+                                                          "probe.replaced-3"]
 
 
 def test_reuse_verifiers_keep_accepts_another_code_version_but_not_other_settings_or_data(splits, tmp_path):

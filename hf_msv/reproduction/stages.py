@@ -61,8 +61,8 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
 
 
 def set_aside(directory: Path) -> Path:
-    """Move a stale collection to the first free ``<name>.replaced-<k>`` beside it and return that path. Collections
-    are re-made when their reuse key differs, but one can take hours: the old one is kept for the user to compare,
+    """Move a stale collection or fit to the first free ``<name>.replaced-<k>`` beside it and return that path. Both
+    are re-made when their reuse key differs, but either can take hours: the old one is kept for the user to compare,
     restore or delete, never deleted by a run."""
     k = 1
     while (aside := directory.with_name(f"{directory.name}.replaced-{k}")).exists():
@@ -82,7 +82,8 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
     training and validation shards, and the training code's version (`code`, default
     ``code_version(TRAINING_CODE)``); with ``reuse="keep"`` a finished run whose config and data match is reused
     whatever code trained it (`kept_despite_code`). `counts` tallies trained / reused; `log` records the decision.
-    With a `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`)."""
+    With a `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`). A
+    finished fit that is not reused is moved aside (`set_aside`) before the new one trains."""
     out = Path(out)
     key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
     finished = (out / "training_log.json").exists() and (out / "config.json").exists()
@@ -92,6 +93,8 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
         if counts is not None:
             counts["reused"] = counts.get("reused", 0) + 1
         return out
+    if finished:  # a fit can take hours: the replaced one is kept for the user, never deleted by a run
+        log.annotate("verifier", out.name, f"the old fit moved to {set_aside(out).name}")
     (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key)
     if counts is not None:
         counts["trained"] = counts.get("trained", 0) + 1
@@ -111,7 +114,8 @@ def kept_despite_code(out: Path, key: dict, log: ReuseLog) -> bool:
 
 
 def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
-    """One verifier fit into a fresh `out`, its reuse `key` stored last (an interrupted fit is never reused)."""
+    """One verifier fit into a fresh `out`, its reuse `key` stored last (an interrupted fit is never reused, and
+    what it left in `out` is removed here; a finished one was moved aside by `train_or_reuse`)."""
     from ..training import train_verifier
 
     if out.exists():
