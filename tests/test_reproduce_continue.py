@@ -112,10 +112,22 @@ def test_continuing_refuses_other_settings_and_a_missing_report(report_dir, reco
     assert recorded == [] and not (tmp_path / "w").exists()   # refused before any work
 
 
-def test_a_sitting_whose_main_collection_differs_stops():
-    pipeline._check_collections({"data/train": "a"}, {"data/train": "a", "data/eval": "b"})   # new entries: fine
-    with pytest.raises(RuntimeError, match="differs from the one the report's earlier sittings used"):
-        pipeline._check_collections({"data/train": "a"}, {"data/train": "c"})
+def test_a_sitting_records_the_main_collection_it_made_and_where_it_differs_from_the_main_studys():
+    main = {"studies": ["main", "checkers"], "collections": {"data/train": "a", "data/eval": "e"}}
+    assert pipeline.sitting_collections([main], {}) == {}   # made none (e.g. the delimiter study alone)
+    assert pipeline.sitting_collections([main], {"data/train": "a", "data/eval": "e"}) == {
+        "collections": {"data/train": "a", "data/eval": "e"}}
+    assert pipeline.sitting_collections([main, {"studies": ["masks"]}], {"data/train": "a", "data/eval": "x"}) == {
+        "collections": {"data/train": "a", "data/eval": "x"}, "collections_differ_from_main": ["data/eval"]}
+    # a main study from before fingerprints were recorded: nothing to compare with, nothing claimed
+    assert pipeline.sitting_collections([{"studies": ["main"]}], {"data/eval": "x"}) == {
+        "collections": {"data/eval": "x"}}
+    summary = json.loads((RESULTS / "testbed-v2.json").read_text())
+    summary["sittings"] = [dict(summary["sittings"][0], studies=["main"]),
+                           {"studies": ["masks"], "timing_s": {"total": 60.0}, "git_commit": "0123456789abc",
+                            "collections_differ_from_main": ["data/eval"]}]
+    assert "2. masks on `cpu`, 1 min, commit 0123456789 (its re-made main collection differs from the main " \
+           "study's in data/eval)" in render_testbed(summary)
 
 
 def test_continue_report_flag():

@@ -44,7 +44,7 @@ class ReproductionContext:
     `main_results` are the main study's: fits are made on first use (`main_fit`), so a sitting that continues a
     committed report trains only those its studies need; `reports` (study -> report path relative to
     `output_dir`), `counts` (verifiers trained / reused), `reuse` (every reuse decision) and `collections` (the
-    main collection's data fingerprints, once made) are filled as stages run; `vote_checks` holds every MSV fit
+    main collection's shard fingerprints, once made this sitting) are filled as stages run; `vote_checks` holds every MSV fit
     against the vote (`vote_check_rows`), per evaluation."""
 
     config: ReproduceConfig

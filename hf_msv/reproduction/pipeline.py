@@ -59,7 +59,8 @@ from .shipped import train_shipped_verifier
 from .stages import TrainingQueue, measure_lm_costs
 from .studies import STUDY_STAGES, main_study, train_main_verifiers
 
-__all__ = ["reproduce", "write_summary", "load_report_to_continue", "continued_summary", "parse_arguments", "main"]
+__all__ = ["reproduce", "write_summary", "load_report_to_continue", "continued_summary", "sitting_collections",
+           "parse_arguments", "main"]
 
 
 def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
@@ -207,7 +208,7 @@ def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -
     sittings = earlier.get("sittings") or [{"studies": finished, "device": earlier.get("device"),
                                            "timing_s": earlier["timing_s"], "verifiers": earlier.get("verifiers"),
                                            "reuse": earlier.get("reuse")}]
-    keep = {k: earlier[k] for k in ("lm_costs", "collections", *finished) if k in earlier}
+    keep = {k: earlier[k] for k in ("lm_costs", *finished) if k in earlier}
     # "studies": what the report holds or this sitting runs (the report names the others as not run)
     return {"config": earlier["config"], "studies": [k for k in STUDIES if k in earlier or k in studies],
             "paper": PAPER, "reports": ctx.reports, "verifiers": ctx.counts, "device": str(ctx.model.device),
@@ -215,7 +216,7 @@ def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -
 
 
 def write_summary(ctx: ReproductionContext, summary: dict, started: float, pending=()) -> dict:
-    """Complete `summary` (stage times, reuse log, collections, vote checks, this sitting, claims) and write
+    """Complete `summary` (stage times, reuse log, vote checks, this sitting and its collections, claims) and write
     ``{stem}.json`` / ``{stem}.md`` into the output directory; `pending` names the studies still to run (an interim
     report says so at its top). Returns the JSON-safe summary as written."""
     from ..utils import json_safe
@@ -223,13 +224,11 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
 
     timing = dict(ctx.clock.times, total=time.perf_counter() - started)
     done = dict(summary, timing_s=timing, reuse=ctx.reuse.summary(), vote_check=list(ctx.vote_checks))
-    if ctx.collections:
-        _check_collections(summary.get("collections", {}), ctx.collections)
-        done["collections"] = ctx.collections
     before = summary.get("sittings", [])
     ran = [k for k in STUDIES if k in summary and not any(k in x["studies"] for x in before)]
     done["sittings"] = [*before, {"studies": ran, "device": summary.get("device"), "timing_s": timing,
-                                  "verifiers": dict(ctx.counts), "reuse": done["reuse"], "git_commit": git_commit()}]
+                                  "verifiers": dict(ctx.counts), "reuse": done["reuse"], "git_commit": git_commit(),
+                                  **sitting_collections(before, ctx.collections)}]
     if pending:
         done["pending"] = list(pending)
     done["claims"] = compute_claims(done, ctx.config)
@@ -239,15 +238,18 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
     return done
 
 
-def _check_collections(recorded: dict, made: dict) -> None:
-    """A continuing sitting re-makes the main collection on its machine; its studies are compared with the earlier
-    sittings' only if it is the same data (collection is deterministic: same settings, LM and code give the same
-    shards). A mismatch stops the run rather than mixing two draws in one report."""
-    differ = [k for k in made if k in recorded and made[k] != recorded[k]]
-    if differ:
-        raise RuntimeError(f"the main collection {', '.join(differ)} made in this sitting differs from the one the "
-                           f"report's earlier sittings used ({made} vs {recorded}): collect with the same code "
-                           "version and LM, or start a new report")
+def sitting_collections(before: list[dict], made: dict) -> dict:
+    """What a sitting records of the main collection it made (`made`: split -> shard fingerprint; empty when it made
+    none): the fingerprints, and the splits in which they differ from those of the sitting that ran the main study.
+    Collection is deterministic on one machine; on another, CPU kernels may round differently (a v2 evaluation
+    collection re-made on a new machine had the same 189,006 answers and labels and one token fewer in 5.5 M). Such
+    a sitting's studies still compare fits trained on its own data; the report says which splits differ rather than
+    hiding it or stopping."""
+    if not made:
+        return {}
+    main = next((x.get("collections", {}) for x in before if "main" in x["studies"]), {})
+    differ = [k for k in made if k in main and main[k] != made[k]]
+    return {"collections": made, **({"collections_differ_from_main": differ} if differ else {})}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -131,6 +131,8 @@ def _sittings_lines(s: dict) -> list[str]:
         f"{x['timing_s']['total'] / 60:.0f} min"
         + (f", {x['verifiers'].get('trained', 0)} fits trained" if x.get("verifiers") else "")
         + (f", commit {x['git_commit'][:10]}" if x.get("git_commit") else "")
+        + (" (its re-made main collection differs from the main study's in "
+           + ", ".join(x["collections_differ_from_main"]) + ")" if x.get("collections_differ_from_main") else "")
         for i, x in enumerate(sittings, 1)) + untimed + "."]
 
 
