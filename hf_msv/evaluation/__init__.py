@@ -15,7 +15,7 @@ from .methods import SETTINGS, evaluation_groups
 from .prm import PRMScorer, build_prm_text, load_lm_tokenizer, score_with_prm, split_steps
 from .report import format_lambda, markdown_table, render_report, write_figures
 from .scoring import deepconf_scores, lm_costs_from_info, measure_verifier_cost, score_problems, token_prob_scores
-from .study import default_num_sequences, difficulty_from_problems, evaluate_study
+from .study import default_num_sequences, difficulty_from_problems, evaluate_study, split_statistics
 from .verifiers import VerifierEntry, load_verifier, load_verifier_seeds, load_verifiers, parse_verifier_specs
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "load_lm_tokenizer",
     "score_with_prm",
     "evaluate_study",
+    "split_statistics",
     "difficulty_from_problems",
     "evaluate_from_config",
     "render_report",

@@ -120,7 +120,7 @@ from .report import render_report, write_figures
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
 from .verifiers import VerifierEntry, load_verifier_seeds
 
-__all__ = ["default_num_sequences", "difficulty_from_problems", "evaluate_study"]
+__all__ = ["default_num_sequences", "difficulty_from_problems", "evaluate_study", "split_statistics"]
 
 
 @dataclass
@@ -570,22 +570,26 @@ def _quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def _data_summary(problems: list[CollectedProblem], info: dict, val: SplitScores | None) -> dict:
-    def stats(ps):
-        correct = np.concatenate([p.answer_correct for p in ps])
-        term = np.concatenate([p.answer_terminal for p in ps])
-        return {"problems": len(ps), "sequences_per_problem": int(min(p.num_sequences for p in ps)),
-                "answers": int(len(correct)), "answers_per_sequence": float(len(correct) / sum(
-                    p.num_sequences for p in ps)),
-                "terminal_accuracy": float(correct[term].mean()) if term.any() else math.nan,
-                "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
-                "mean_sequence_tokens": float(np.mean(np.concatenate([p.sequence_length for p in ps])))}
+def split_statistics(problems: list[CollectedProblem]) -> dict:
+    """What a report says of a collected split: problems, sequences per problem, answers (per sequence), terminal
+    and all-answer accuracy, mean chain-of-thought length in tokens. Exact counts, so two collections can be
+    compared (`scripts/compare_main_collection.py`)."""
+    correct = np.concatenate([p.answer_correct for p in problems])
+    term = np.concatenate([p.answer_terminal for p in problems])
+    return {"problems": len(problems), "sequences_per_problem": int(min(p.num_sequences for p in problems)),
+            "answers": int(len(correct)), "answers_per_sequence": float(len(correct) / sum(
+                p.num_sequences for p in problems)),
+            "terminal_accuracy": float(correct[term].mean()) if term.any() else math.nan,
+            "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
+            "mean_sequence_tokens": float(np.mean(np.concatenate([p.sequence_length for p in problems])))}
 
-    out = {"eval": stats(problems), "collect": {k: info.get(k) for k in (
+
+def _data_summary(problems: list[CollectedProblem], info: dict, val: SplitScores | None) -> dict:
+    out = {"eval": split_statistics(problems), "collect": {k: info.get(k) for k in (
         "lm_name_or_path", "num_samples", "temperature", "max_new_tokens", "delimiters", "every_k_tokens",
         "checker", "max_answer_tokens") if k in info}}
     if val is not None:
-        out["val"] = stats(val.problems)
+        out["val"] = split_statistics(val.problems)
     return out
 
 
