@@ -12,7 +12,8 @@ the main study 58 min (collection 45, training 11), the checker, mask and delimi
 (mostly its 256-sample collection) and the training-set-size study 28 min (mostly collecting 224 more problems).
 Testbed v2's traces are twice as long with twice the answers: its train / validation collection alone took 50 min
 (~10 s a problem at 64 samples) and one streaming MSV_16 20 min (mostly the vote cross-validation), so a v2 run is
-several hours on 2 cores: split it over runs (collections resume) or use a GPU.
+several hours on 2 cores: split it over runs (every stage resumes in one work directory, and ``--continue-report``
+continues the committed report on another machine, making only what the studies it still lacks need) or use a GPU.
 
 Pipeline (every stage is resumable: shards, trained verifiers, study evaluations and measured costs of an earlier
 run in the work directory are reused when their reuse key — settings, data fingerprint, code version;
