@@ -44,8 +44,8 @@ class ReproductionContext:
     `main_results` are the main study's: fits are made on first use (`main_fit`), so a sitting that continues a
     committed report trains only those its studies need; `reports` (study -> report path relative to
     `output_dir`), `counts` (verifiers trained / reused), `reuse` (every reuse decision) and `collections` (the
-    main collection's shard fingerprints, once made this sitting) are filled as stages run; `vote_checks` holds every MSV fit
-    against the vote (`vote_check_rows`), per evaluation."""
+    main collection's shard fingerprints, once made this sitting) are filled as stages run; `vote_checks` holds
+    every MSV fit against the vote (`vote_check_rows`), per evaluation."""
 
     config: ReproduceConfig
     work_dir: Path
@@ -73,7 +73,7 @@ class ReproductionContext:
     def main_data(self) -> Path:
         """The main collection's root, collected (or reused, or extended) on first use, its shards fingerprinted into
         `collections`. Studies call this rather than reading `data`: the delimiter study needs no main collection,
-        so a sitting that runs only it does not spend ~1.5 h on 2 cores making one."""
+        so a sitting that runs only it does not spend most of an hour on 2 cores making one."""
         if not self.collections:
             cfg = self.config
             collect_splits(self.model, self.tokenizer, self.data, cfg, cfg.num_samples,

@@ -78,9 +78,8 @@ def _header(s: dict) -> list[str]:
         "* Verifiers: Probe and MSV_1/…/MSV_N trained per mode (terminal, streaming) with the library defaults "
         "(`recipe=\"auto\"`, what `hf-msv train` uses; `hf_msv.reproduction.training_config`).",
         *_config_changes(cfg),
-        "* LM costs measured " + ("here" if len(s.get("sittings") or []) < 2 else "by the sitting that ran the main "
-                                  "study, used by every sitting") + " (s per shared decode step / per elicited answer): "
-        + ", ".join(
+        "* LM costs measured " + ("by the sitting that ran the main study, used by every sitting" if _continued(s)
+                                  else "here") + " (s per shared decode step / per elicited answer): " + ", ".join(
             f"N={n}: {v['decode_step_s']:.2e} / {v['elicit_s']:.2e}" for n, v in s["lm_costs"].items()) + ".",
         "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + "."
         + ("" if not s.get("verifiers", {}).get("reused") else
@@ -101,8 +100,8 @@ def _duration(s: dict) -> str:
     sitting, only timed its own sitting: saying "in 0.0 min" of a run whose artefacts took hours in earlier
     sittings would mislead, so such a run says so."""
     minutes = s["timing_s"]["total"] / 60
-    sittings = s.get("sittings") or []
-    if len(sittings) > 1:
+    if _continued(s):
+        sittings = s["sittings"]
         ran = ", ".join(sittings[-1]["studies"]) or "no new study"
         return (f"over {len(sittings)} sittings (each after the first continued the committed report with "
                 f"`--continue-report`; the last ran {ran} in {minutes:.1f} min, and the stage times below are its "
@@ -113,6 +112,11 @@ def _duration(s: dict) -> str:
             f"took {minutes:.1f} min; the stage times below are its own)")
 
 
+def _continued(s: dict) -> bool:
+    """Whether the report was continued over several sittings (`--continue-report`)."""
+    return len(s.get("sittings") or []) > 1
+
+
 def _continue_flag(s: dict) -> str:
     """``--continue-report `` for a report that records sittings (it can be continued), else nothing."""
     return "--continue-report " if s.get("sittings") else ""
@@ -120,9 +124,9 @@ def _continue_flag(s: dict) -> str:
 
 def _sittings_lines(s: dict) -> list[str]:
     """Which sitting ran which studies, where, for how long (reports continued over several sittings)."""
-    sittings = s.get("sittings") or []
-    if len(sittings) < 2:
+    if not _continued(s):
         return []
+    sittings = s["sittings"]
     # A report from before sittings were recorded counts as one sitting: the time it has is its last resumption's.
     untimed = "" if sittings[0].get("git_commit") else (
         " (the first sitting's time and fits are its last resumption's: it resumed one work directory several times)")
@@ -173,9 +177,8 @@ def _protocol_line(cfg: dict) -> str:
 def _reuse_lines(s: dict) -> list[str]:
     """What this run reused from the work directory and what it redid, with why (runs that record it); for a
     report continued over sittings, each sitting's."""
-    sittings = s.get("sittings") or []
-    if len(sittings) > 1:
-        return [line.replace("* ", f"* Sitting {i}: ", 1) for i, x in enumerate(sittings, 1)
+    if _continued(s):
+        return [line.replace("* ", f"* Sitting {i}: ", 1) for i, x in enumerate(s["sittings"], 1)
                 for line in _reuse_lines({"reuse": x.get("reuse")})]
     reuse = s.get("reuse")
     if not reuse:
