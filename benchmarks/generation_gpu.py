@@ -13,17 +13,24 @@ Measured, each after a warm-up run:
   the loop's own overhead; ``hook_overhead_ratio`` = CoT part of it ÷ plain;
 * the full MSV run: CoT, elicitation, verifier and equivalence seconds (``MSVResult.timings``), LM forward calls,
   ``elicitation_time_ratio`` = elicitation ÷ CoT (the paper measured 2.9 % on an A6000), ``verifier_time_ratio``;
+  ``msv_over_hook`` = the MSV run ÷ the hooked run: what delimiters, elicitation and the verifier add in wall time.
+  Elicitation rides in the chain of thought's forward calls (`lockstep`), and ``timings["elicitation"]`` charges it
+  the branch rows' share of each shared forward (by rows): the cost on a device whose forward time grows with rows
+  (a CPU), an over-count where a forward of 64 + k rows takes as long as one of 64 (a GPU at decode sizes), so
+  ``msv_over_hook`` is the figure to read there;
 * peak accelerator memory (``torch.cuda.max_memory_allocated``) of the plain and the MSV runs.
 
 Five decodes of ``--steps`` steps in all (two plain, one hooked, two MSV). Each figure is printed as soon as it is
-measured, so a run stopped by a time limit still reports the phases it finished: on one H200 (2026-11-26) a
-1,024-step run had not finished within 200 s, and an earlier version of this script printed nothing until the end.
+measured, so a run stopped by a time limit still reports the phases it finished. On one H200 (2026-11-26), 512
+steps: plain 23.6 ms a step, ``msv_over_hook`` 1.195, 1.039 forwards per CoT step, the whole script ~3 min (the
+1.5B model's initialisation on the host and a 37 s first decode included); 1,024 steps outlast 200 s.
 
 Usage::
 
     python benchmarks/generation_gpu.py                  # N = 64, 4,096 steps
     python benchmarks/generation_gpu.py --steps 1024     # shorter
     python benchmarks/generation_gpu.py --smoke          # tiny shapes on the CPU: checks the script, measures nothing
+    python benchmarks/generation_gpu.py --profile        # only the MSV run, under cProfile: where its time goes
 
 Last line: JSON (``{"skipped": ...}`` without CUDA).
 """
@@ -31,7 +38,9 @@ Last line: JSON (``{"skipped": ...}`` without CUDA).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import time
 
 import torch
@@ -64,6 +73,8 @@ def main():
     parser.add_argument("--num-sequences", type=int, default=64)
     parser.add_argument("--steps", type=int, default=4096)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script only)")
+    parser.add_argument("--profile", action="store_true",
+                        help="run only the MSV decode (after a warm-up) under cProfile and print its hottest functions")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and not args.smoke:
@@ -110,6 +121,11 @@ def main():
             print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}", flush=True)
 
     script = ScriptedAnswers(model, tokenizer, filler_tokens=10)
+    if args.profile:
+        profile_msv(hooked(verifier=verifier, delimiters=["Wait"], checker="exact"), cuda, record)
+        script.handle.remove()
+        print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
+        return
     try:
         _, warm_s, _ = timed(plain, cuda)  # warm-up (kernels, allocator)
         record(warmup_seconds=warm_s)
@@ -130,9 +146,22 @@ def main():
     record(answers=len(result.answers), msv_seconds=msv_s, cot_seconds=t["cot"], elicitation_seconds=t["elicitation"],
            verifier_seconds=t["verifier"], equivalence_seconds=t["equivalence"],
            elicitation_time_ratio=t["elicitation"] / t["cot"], verifier_time_ratio=t["verifier"] / t["cot"],
-           msv_over_plain=msv_s / plain_s, forward_calls=counter.calls, forwards_per_cot_step=counter.calls / steps,
+           msv_over_plain=msv_s / plain_s, msv_over_hook=msv_s / hook_s, forward_calls=counter.calls, forwards_per_cot_step=counter.calls / steps,
            peak_memory_gib_msv=msv_peak / 2**30)
     print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
+
+
+def profile_msv(msv_run, cuda: bool, record):
+    """Where the MSV decode's wall time goes: one warm-up, then one run under cProfile. On a GPU the device's work
+    shows up as time in the calls that wait for it (``tolist``, ``item``, ``nonzero``), so the Python functions
+    above those name the step that waited."""
+    _, warm_s, _ = timed(msv_run, cuda)
+    record(warmup_seconds=warm_s)
+    profiler = cProfile.Profile()
+    result, seconds, _ = timed(lambda: profiler.runcall(msv_run), cuda)
+    record(profiled_seconds=seconds, **{f"{k}_seconds": v for k, v in result.timings.items()})
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(profiler).strip_dirs().sort_stats(order).print_stats(30)
 
 
 if __name__ == "__main__":

@@ -221,6 +221,22 @@ def test_delimiter_matcher_is_robust_to_tokenisation():
     assert not matcher.could_complete(ID["x"]) and matcher.could_complete(ID["t"])
 
 
+def test_delimiter_matcher_decodes_a_vocabulary_once(monkeypatch):
+    """The per-vocabulary table is decoded once per tokenizer (~2 s for a 150k vocabulary, which each session
+    set-up paid again), and again when tokens were added since."""
+    tokenizer = make_tokenizer()
+    calls = []
+    decode = tokenizer.batch_decode
+    monkeypatch.setattr(tokenizer, "batch_decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    first = DelimiterMatcher(tokenizer, ["Wait"])
+    second = DelimiterMatcher(tokenizer, ["\n\n"])
+    assert len(calls) == 1
+    assert second.could_complete(tokenizer.convert_tokens_to_ids("\n\n"))
+    assert not second.could_complete(tokenizer.convert_tokens_to_ids("Wait")) and first.could_complete(ID["Wait"])
+    tokenizer.add_tokens(["Waiting"])
+    assert DelimiterMatcher(tokenizer, ["Wait"]).could_complete(len(tokenizer) - 1) and len(calls) == 2
+
+
 def test_delimiter_variants_branch_before_the_delimiter():
     """Three rows fire at the same step with different tokenisations of "Wait": one token, "Wa"+"it" (one token
     to hide from the branch), "\\n\\nWait" (its "\\n\\n" is fed again). One batched elicitation must equal each

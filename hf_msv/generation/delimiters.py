@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,26 @@ class DelimiterMatch:
     delimiter: str
     num_tokens: int
     prefix: str
+
+
+# Decoding a 150k-token vocabulary takes ~2 s, which each session set-up would pay again; keyed weakly so that a
+# tokenizer's table goes with it, and by vocabulary size so that tokens added later are seen.
+_VOCABULARY_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def vocabulary_texts(tokenizer) -> list[str]:
+    """The text of each token id decoded on its own (special tokens kept), computed once per tokenizer."""
+    try:
+        size, texts = _VOCABULARY_TEXTS.get(tokenizer, (None, None))
+    except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: no cache
+        size, texts = None, None
+    if size != len(tokenizer):
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+        try:
+            _VOCABULARY_TEXTS[tokenizer] = (len(tokenizer), texts)
+        except TypeError:
+            pass
+    return texts
 
 
 class DelimiterMatcher:
@@ -46,7 +67,7 @@ class DelimiterMatcher:
         # covers tokens that decode to nothing on their own.
         self.window = max(len(d) for d in self.delimiters) + 4
         last_chars = {d[-1] for d in self.delimiters}
-        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+        texts = vocabulary_texts(tokenizer)
         self._candidate = [
             (not text) or ("\ufffd" in text) or any(c in text for c in last_chars) for text in texts
         ]
