@@ -261,3 +261,40 @@ def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypa
     monkeypatch.setattr(stages, "code_version", lambda parts: "changed-again")
     collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=ReuseLog())
     assert aside.exists() and (tmp_path / "train.replaced-2" / KEY_FILE).exists()
+
+
+def test_a_fit_interrupted_by_a_run_is_resumed_by_the_next_run_with_the_same_key(splits, tmp_path, monkeypatch):
+    """`train_fit` keeps the key of a fit under way as pending: a run stopped during the fit leaves it (and the fit's
+    saved state), the next run with the same key resumes it (``train_verifier(resume=True)``, logged as resumed,
+    not set aside), and a run with another key starts that directory again."""
+    import hf_msv.training as training
+    from hf_msv.reproduction.stages import PENDING_KEY, resumable
+
+    train, val = splits
+    out, log, calls = tmp_path / "msv", ReuseLog(), []
+    real = training.train_verifier
+
+    def interrupted(*args, resume=False):
+        calls.append(resume)
+        (out / "training_log.json").write_text("{}")  # as left by a final run stopped after its first validation
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train_verifier", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_or_reuse(train, val, out, _config(), log=log, code="v1")
+    assert (out / PENDING_KEY).exists() and not (out / KEY_FILE).exists()
+    monkeypatch.setattr(training, "train_verifier", lambda *a, resume=False: calls.append(resume) or real(*a))
+    train_or_reuse(train, val, out, _config(), log=log, code="v1")
+    assert calls == [False, True] and (out / KEY_FILE).exists() and not (out / PENDING_KEY).exists()
+    assert not resumable(out, json.loads((out / KEY_FILE).read_text())) and not list(tmp_path.glob("*.replaced-*"))
+    assert log.summary()["redone"] == ["verifier msv (absent; interrupted by an earlier run with the same key: "
+                                       "resumed from its saved state)"]
+
+    monkeypatch.setattr(training, "train_verifier", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_or_reuse(train, val, out, _config(seed=1), log=log, code="v1")   # a finished fit moved aside first
+    (out / "stale-file").write_text("")
+    monkeypatch.setattr(training, "train_verifier", lambda *a, resume=False: calls.append(resume) or real(*a))
+    train_or_reuse(train, val, out, _config(seed=2), log=log, code="v1")       # another key: started again
+    assert calls[-1] is False and not (out / "stale-file").exists() and (out / KEY_FILE).exists()

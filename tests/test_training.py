@@ -608,3 +608,97 @@ def test_choose_vote_departure_needs_a_significant_pooled_gain():
     noise = choose_vote_departure([0, 10], [vote, worse], 0.0, 4)
     assert noise.step == 0 and noise.gain < 0 and noise.to_dict()["curve"][1]["gain"] == noise.gain
     assert choose_vote_departure([0], [vote], 1.0, 4).step == 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resuming an interrupted fit (hf_msv.training.checkpoint)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, stop_at=None, resume=False):
+    """`train_verifier` with its optimizer steps counted (every fold's and the final run's); raises `_Interrupted`
+    at step `stop_at` (1-based), as a fit killed there."""
+    real, calls = training._optimizer_step, []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        if stop_at is not None and len(calls) == stop_at:
+            raise _Interrupted
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "_optimizer_step", step)
+    try:
+        return train_verifier(train_dir, val_dir, out, config, resume=resume), len(calls)
+    finally:
+        monkeypatch.setattr(training, "_optimizer_step", real)
+
+
+def _resume_config(**kwargs):
+    return MSVTrainingConfig(**{"num_sequences": 8, "mode": "streaming", "max_steps": 8, "eval_steps": 2,
+                                "vote_folds": 3, "vote_margin_se": 0.0, "progress": False, **kwargs})
+
+
+def test_an_interrupted_fit_resumes_to_the_uninterrupted_verifier(tmp_path, monkeypatch):
+    """A fit killed in the middle of its vote cross-validation, resumed with ``resume=True``, trains the same
+    batches from the last pooled evaluation on and ends with the same decision, history and weights as the fit
+    that was never interrupted; the saved state goes when the fit ends, and without ``resume`` one left behind is
+    discarded (a fresh fit)."""
+    from safetensors.torch import load_file
+
+    from hf_msv.training.checkpoint import STATE_FILE
+
+    train_dir, val_dir = signal_dirs(tmp_path)
+    config = _resume_config()
+    whole, total = _fit_counting_steps(monkeypatch, train_dir, val_dir, tmp_path / "whole", config)
+    assert not (tmp_path / "whole" / STATE_FILE).exists()
+    cv_steps = 3 * whole.vote_cv.curve[-1]["step"]  # three folds in lockstep, then the final run
+    assert cv_steps >= 12 and total == cv_steps + whole.plan.max_steps
+
+    out = tmp_path / "resumed"
+    with pytest.raises(_Interrupted):  # the third fold's first step of the third chunk (states saved at 2 and 4)
+        _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, stop_at=2 * 3 + 2 * 3 + 2 * 2 + 1)
+    assert torch.load(out / STATE_FILE, weights_only=False)["step"] == 4
+    resumed, rest = _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, resume=True)
+    assert rest == total - 3 * 4  # the 12 steps before the saved state are not trained again
+    assert resumed.vote_cv == whole.vote_cv and resumed.best_step == whole.best_step
+    strip = lambda h: [{k: v for k, v in e.items() if not k.startswith("train_")} for e in h]  # noqa: E731
+    assert strip(resumed.history) == strip(whole.history)
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (out / STATE_FILE).exists()
+
+    # Killed in the final run: the decision was saved, so resuming trains only the final run.
+    out = tmp_path / "after-cv"
+    with pytest.raises(_Interrupted):
+        _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, stop_at=cv_steps + 1)
+    resumed, rest = _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, resume=True)
+    assert rest == whole.plan.max_steps and resumed.vote_cv == whole.vote_cv
+    b = load_file(out / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    # Without resume a state left behind is discarded: a fit from the start.
+    with pytest.raises(_Interrupted):
+        _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, stop_at=7)
+    _, again = _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config)
+    assert again == total
+
+
+def test_resuming_a_state_saved_with_other_settings_fails_and_keeps_it(tmp_path, monkeypatch):
+    """A saved state is resumed only by a fit with the same settings and training problems: otherwise a clear error
+    naming what differs, before any training, and the state is still there for the fit that made it."""
+    from hf_msv.training.checkpoint import STATE_FILE
+
+    train_dir, val_dir = signal_dirs(tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(_Interrupted):
+        _fit_counting_steps(monkeypatch, train_dir, val_dir, out, _resume_config(), stop_at=8)
+    saved = (out / STATE_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"other config \(learning_rate\)"):
+        _fit_counting_steps(monkeypatch, train_dir, val_dir, out, _resume_config(learning_rate=3e-4), resume=True)
+    assert (out / STATE_FILE).read_bytes() == saved
+    _, steps = _fit_counting_steps(monkeypatch, train_dir, val_dir, out, _resume_config(progress=True), resume=True)
+    assert steps > 0  # progress output is not a training setting

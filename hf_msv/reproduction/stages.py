@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from .config import ReproduceConfig
-from .reuse import (COLLECTION_CODE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint, only_code_differs,
-                    reuse_key, stored_key, write_key)
+from .reuse import (COLLECTION_CODE, KEY_FILE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint,
+                    only_code_differs, reuse_key, stored_key, write_key)
 
-__all__ = ["collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code", "train_fit", "TrainingQueue",
-           "measure_lm_costs", "checker_agreement"]
+__all__ = ["collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code", "train_fit",
+           "resumable", "PENDING_KEY", "TrainingQueue", "measure_lm_costs", "checker_agreement"]
+
+PENDING_KEY = "reuse_key.pending.json"  # the key of a fit still training (`train_fit`)
 
 
 def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: ReproduceConfig, num_samples: int,
@@ -86,7 +88,8 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
     finished fit that is not reused is moved aside (`set_aside`) before the new one trains."""
     out = Path(out)
     key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
-    finished = (out / "training_log.json").exists() and (out / "config.json").exists()
+    resume = resumable(out, key)
+    finished = not resume and (out / "training_log.json").exists() and (out / "config.json").exists()
     log = log if log is not None else ReuseLog()
     if log.decide("verifier", out.name, out, key, finished) or (
             reuse == "keep" and finished and kept_despite_code(out, key, log)):
@@ -95,6 +98,9 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
         return out
     if finished:  # a fit can take hours: the replaced one is kept for the user, never deleted by a run
         log.annotate("verifier", out.name, f"the old fit moved to {set_aside(out).name}")
+    elif resume:
+        log.annotate("verifier", out.name, "interrupted by an earlier run with the same key: resumed from its saved "
+                                           "state")
     (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key)
     if counts is not None:
         counts["trained"] = counts.get("trained", 0) + 1
@@ -114,14 +120,29 @@ def kept_despite_code(out: Path, key: dict, log: ReuseLog) -> bool:
 
 
 def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
-    """One verifier fit into a fresh `out`, its reuse `key` stored last (an interrupted fit is never reused, and
-    what it left in `out` is removed here; a finished one was moved aside by `train_or_reuse`)."""
+    """One verifier fit into `out`, its reuse `key` stored last. While it trains, the key is kept as pending
+    (`PENDING_KEY`): a fit interrupted then is resumed by the next run with the same key (`resumable`;
+    ``train_verifier(resume=True)``: the same verifier as an uninterrupted fit), and whatever else is in `out`
+    (an interrupted fit with another key) is removed first; a finished one was moved aside by `train_or_reuse`."""
     from ..training import train_verifier
 
-    if out.exists():
+    resume = resumable(out, key)
+    if out.exists() and not resume:
         shutil.rmtree(out)
-    train_verifier(train_dir, val_dir, out, config)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PENDING_KEY).write_text(json.dumps(key, indent=1))
+    train_verifier(train_dir, val_dir, out, config, resume=resume)
     write_key(out, key)
+    (out / PENDING_KEY).unlink()
+
+
+def resumable(out: Path, key: dict) -> bool:
+    """Whether `out` holds a fit that was interrupted while training under `key` (its pending key, no final one)."""
+    try:
+        pending = json.loads((Path(out) / PENDING_KEY).read_text())
+    except (OSError, ValueError):
+        return False
+    return pending == json.loads(json.dumps(key)) and not (Path(out) / KEY_FILE).exists()
 
 
 def _set_threads(threads: int) -> None:

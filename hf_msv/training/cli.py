@@ -4,6 +4,7 @@
     hf-msv train --train-dir data/train --val-dir data/val --output-dir verifiers/msv16 --num-sequences 16
     hf-msv train ... --recipe paper          # the paper's literal numbers
     hf-msv train ... --lr-sweep --strict     # sweep the learning rate; exit 1 if the verifier is worse than the vote
+    hf-msv train ... --resume                # continue a fit that was interrupted in --output-dir
 
 The last lines printed: the validation comparison with calibrated self-consistency and a linear probe, the warning
 when the verifier is worse than the vote, and one JSON line (``output_dir``, ``best_step``, ``best_metrics``,
@@ -34,6 +35,9 @@ class TrainArguments:
     output_dir: str = field(metadata={"help": "where the verifier, its model card and training_log.json go"})
     strict: bool = field(default=False, metadata={
         "help": "exit with status 1 when the verifier is worse than calibrated self-consistency on validation Brier"})
+    resume: bool = field(default=False, metadata={
+        "help": "continue a fit interrupted in --output-dir from its last saved cross-validation state (the same "
+                "verifier as an uninterrupted fit); from the start when none was saved"})
     lr_sweep: bool = field(default=False, metadata={
         "help": "train once per learning rate (the recipe's ÷3, ×1, ×3, or --lr-sweep-values) and keep the run "
                 "with the best validation Brier"})
@@ -52,13 +56,15 @@ def _is_main() -> bool:
 
 def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingResult:
     """Train (or sweep), print the closing lines, and exit 1 under ``--strict`` when the guard failed."""
+    if args.lr_sweep and args.resume:
+        raise ValueError("--resume continues one fit; --lr-sweep runs several: use one or the other")
     if args.lr_sweep:
         from .sweep import sweep_learning_rates
 
         result = sweep_learning_rates(args.train_dir, args.val_dir, args.output_dir, config, args.lr_sweep_values,
                                       log=lambda line: print(line, file=sys.stderr, flush=True))
     else:
-        result = train_verifier(args.train_dir, args.val_dir, args.output_dir, config)
+        result = train_verifier(args.train_dir, args.val_dir, args.output_dir, config, resume=args.resume)
     guard = result.guard
     if _is_main():
         for line in guard.summary_lines() if guard else ["no checkpoint was saved (no training step ran)"]:

@@ -20,8 +20,9 @@ Two recipes:
   validation, worse on evaluation, below the vote); when nothing beats the vote the verifier *is* the vote and the
   guard says so. ``vote_folds=0`` chooses the checkpoint on validation instead (same margin).
 * ``recipe="paper"``: the paper's literal numbers (appendix "Details on Experiments"): AdamW, constant schedule,
-  body lr 5e-5, batch 64 groups, 1 epoch on terminal / 2 on streaming data, validation after every epoch, no γ skip. They assume
-  a d = 1536 verifier and far more data than a small collection; on 96 problems they make 4 optimizer steps.
+  body lr 5e-5, batch 64 groups, 1 epoch on terminal / 2 on streaming data, validation after every epoch, no γ skip.
+  They assume a d = 1536 verifier and far more data than a small collection; on 96 problems they make 4 optimizer
+  steps.
 
 Any field set explicitly wins over the recipe. Setting `num_epochs` trains for that many passes and evaluates after
 each one (unless `eval_steps` is given).

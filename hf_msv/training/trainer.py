@@ -35,6 +35,7 @@ from ..hub import save_verifier  # one card builder for MSV and Probe checkpoint
 from ..metrics import bce_with_logits, fold_by_problem
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
+from .checkpoint import STATE_FILE, Batches, fingerprint, load_state, rng_state, save_state, set_rng_state
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
 from .guard import (GuardReport, ValidationPredictions, VoteDecision, bce_gain, build_guard_report,
                     choose_vote_departure, linear_probe_scores, pooled_answer_states, training_vote_platt)
@@ -281,20 +282,8 @@ def _start(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDatase
     return model, optimizer
 
 
-def _batches(dataset: ShardDataset, config: MSVTrainingConfig, batch_size: int):
-    """Training batches of `dataset` forever, a new draw of N-subsets every pass."""
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=config.num_workers,
-                                         collate_fn=partial(collate_groups, mode=config.mode),
-                                         generator=torch.Generator().manual_seed(config.seed))
-    passes = 0
-    while True:
-        dataset.set_epoch(passes)
-        yield from loader
-        passes += 1
-
-
 def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset, accelerator,
-                        folds: int) -> VoteDecision:
+                        folds: int, state_path: Path | None = None) -> VoteDecision:
     """Whether, and for how many optimizer steps, an anchored verifier should train past the vote it starts from,
     decided on the training problems alone (`MSVTrainingConfig.vote_folds`).
 
@@ -305,8 +294,15 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
     (`guard.choose_vote_departure`). The folds stop together when the pooled BCE has not improved for the plan's
     patience. Validation is not used: it stays a held-out check of the final verifier.
 
+    With a `state_path`, the state after each pooled evaluation, then the decision, is saved there, and a state
+    found there is resumed (`checkpoint`): the same decision as without the interruption.
     Under several processes every process runs the folds on its own (same seeds: same decision).
     """
+    expected = fingerprint(config, plan, folds, train_set)
+    saved = load_state(state_path, expected) if state_path is not None else None
+    if saved is not None and "decision" in saved:
+        logger.info("vote cross-validation resumed from %s: already decided", state_path)
+        return VoteDecision(**saved["decision"])
     fold = fold_by_problem(np.arange(train_set.num_problems), folds)
     batch_size = resolve_batch_size(config)
     warmup = math.ceil(config.warmup_ratio * plan.max_steps)
@@ -315,7 +311,8 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
         fit, held_out = (train_set.subset(np.flatnonzero(fold != k)), train_set.subset(np.flatnonzero(fold == k)))
         model, optimizer = _start(config, plan, fit)
         scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
-        runs.append((model, optimizer, scheduler, _batches(fit, config, batch_size), held_out))
+        batches = Batches(fit, batch_size, config.mode, config.seed, config.num_workers)
+        runs.append((model, optimizer, scheduler, batches, held_out))
 
     def pooled() -> ValidationPredictions:
         parts = [validation_predictions(model, held_out, config.mode, config.eval_batch_size)
@@ -325,10 +322,13 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=plan.max_steps, unit="step", desc=f"vote cross-validation ({folds} folds)", dynamic_ncols=True,
-               disable=not (config.progress and accelerator.is_local_main_process))
-    curve, step, stale, lowest = [pooled()], 0, 0, math.inf
-    steps = [0]
+    if saved is None:
+        curve, steps, step, stale, lowest = [pooled()], [0], 0, 0, math.inf
+    else:
+        curve, steps, step, stale, lowest = _restore(saved, runs)
+        logger.info("vote cross-validation resumed from %s at step %d", state_path, step)
+    bar = tqdm(total=plan.max_steps, initial=step, unit="step", desc=f"vote cross-validation ({folds} folds)",
+               dynamic_ncols=True, disable=not (config.progress and accelerator.is_local_main_process))
     while step < plan.max_steps and not (plan.early_stopping_patience and stale >= plan.early_stopping_patience):
         chunk = min(plan.eval_steps, plan.max_steps - step)
         for model, optimizer, scheduler, batches, _ in runs:
@@ -340,14 +340,34 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
         steps.append(step)
         bce = float(np.mean(bce_with_logits(curve[-1].logits, curve[-1].labels)))
         lowest, stale = (bce, 0) if bce < lowest else (lowest, stale + 1)
+        if state_path is not None and accelerator.is_main_process:
+            save_state(state_path, {"fingerprint": expected, "curve": [asdict(c) for c in curve], "steps": steps,
+                                    "step": step, "stale": stale, "lowest": lowest, "rng": rng_state(),
+                                    "folds": [{"model": m.state_dict(), "optimizer": o.state_dict(),
+                                               "scheduler": s.state_dict(), "batches": b.state_dict()}
+                                              for m, o, s, b, _ in runs]})
         bar.update(chunk)
         bar.set_postfix(pooled_bce=f"{bce:.4f}", refresh=False)
     bar.close()
     decision = choose_vote_departure(steps, curve, config.vote_margin_se, folds)
+    if state_path is not None and accelerator.is_main_process:
+        save_state(state_path, {"fingerprint": expected, "decision": decision.to_dict()})
     logger.info("vote cross-validation over %d folds: %s (best pooled gain %.4f ± %.4f BCE)", folds,
                 f"train {decision.step} steps past the vote" if decision.step else "keep the vote", decision.gain,
                 decision.se)
     return decision
+
+
+def _restore(saved: dict, runs: list) -> tuple:
+    """Load a saved cross-validation state into freshly built `runs`; its curve, steps, step, stale, lowest."""
+    for (model, optimizer, scheduler, batches, _), fold in zip(runs, saved["folds"]):
+        model.load_state_dict(fold["model"])
+        optimizer.load_state_dict(fold["optimizer"])
+        scheduler.load_state_dict(fold["scheduler"])
+        batches.load_state_dict(fold["batches"])
+    set_rng_state(saved["rng"])
+    curve = [ValidationPredictions(**c) for c in saved["curve"]]
+    return curve, saved["steps"], saved["step"], saved["stale"], saved["lowest"]
 
 
 class _Run:
@@ -474,12 +494,17 @@ class _Run:
         bar.close()
 
 
-def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | None = None) -> TrainingResult:
+def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | None = None,
+                   resume: bool = False) -> TrainingResult:
     """Train an MSV_N or a Probe on the shards in `train_dir`, keep the checkpoint with the best validation BCE on
     `val_dir` in `output_dir` (weights, config, README.md model card, ``training_config.json``,
     ``training_log.json``), compare it on validation with calibrated self-consistency and a linear probe (the guard;
     a warning line when it is worse than the vote), and return the history, the guard and the best model (loaded on
     every process). Every input check happens before training starts (see `load_training_data`).
+
+    With `resume`, a fit interrupted in `output_dir` continues from the vote cross-validation's last saved state
+    (`checkpoint`; nothing saved yet: from the start) and ends as the uninterrupted fit would have; a state saved
+    with other settings is a ValueError before any training. Without it, a state left there is discarded.
 
     Works in one process or under ``accelerate launch`` (any number of processes; CPU or GPU).
     """
@@ -502,10 +527,15 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     warmup = math.ceil(config.warmup_ratio * plan.max_steps)
     decision = None
     folds = config.folds(train_set.num_problems)
+    state_path = output_dir / STATE_FILE
+    if not resume and accelerator.is_main_process:
+        state_path.unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
     if folds:
         # The length of training (0: keep the vote) is chosen on the training problems; the run then trains exactly
         # that long on all of them.
-        decision = cross_validate_vote(config, plan, train_set, accelerator, folds)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        decision = cross_validate_vote(config, plan, train_set, accelerator, folds, state_path)
         plan = replace(plan, max_steps=decision.step, early_stopping_patience=0)
         set_seed(config.seed)
     model, optimizer = _start(config, plan, train_set)
@@ -523,6 +553,8 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
     best = cls.from_pretrained(output_dir) if run.saved else None
     guard = _guard(best, run, train_set, val_set, output_dir) if best is not None else None
+    if accelerator.is_main_process:
+        state_path.unlink(missing_ok=True)  # the fit is done: nothing to resume
     accelerator.free_memory()
     return TrainingResult(str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard,
                           plan, decision)

@@ -1,0 +1,127 @@
+"""Resuming an interrupted fit: the vote cross-validation's state, saved at each of its pooled evaluations.
+
+The cross-validation that decides whether to leave the vote (`trainer.cross_validate_vote`) is most of a fit's time
+(K fold verifiers, each on (K-1)/K of the data, before the final run), and a streaming MSV_64 fit on a CPU runs for
+hours, longer than a sitting may last. So at each pooled evaluation the folds' models, optimizers, schedulers and
+positions in their batch streams are written to ``vote_cv_state.pt`` in the output directory, with the curve so far
+and the random-number generators; once the decision is made it replaces them. ``train_verifier(..., resume=True)``
+(``hf-msv train --resume``) continues from there and trains exactly what an uninterrupted fit trains: the same
+batches in the same order, the same decision, the same weights (the final run, about a quarter of a fit, starts
+again from its seed, as it would have). The file goes when the fit ends.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import ShardDataset, collate_groups
+
+__all__ = ["STATE_FILE", "Batches", "fingerprint", "save_state", "load_state", "rng_state", "set_rng_state"]
+
+STATE_FILE = "vote_cv_state.pt"
+# Settings that change what is printed, not what is trained: a run may resume with other values.
+_NOT_TRAINING = ("progress", "log_every", "num_workers")
+
+
+class Batches:
+    """Training batches of `dataset` forever, a new draw of N-subsets every pass, whose position can be saved.
+
+    A pass's order and draws follow from the DataLoader's generator when the pass starts (the sampler's permutation
+    and the base seed both come from it) and the pass number (`ShardDataset.set_epoch`), so the position is that
+    generator state, the pass and the batches taken in it; restoring it replays the pass up to there.
+    """
+
+    def __init__(self, dataset: ShardDataset, batch_size: int, mode: str, seed: int, num_workers: int = 0):
+        self.dataset = dataset
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
+            collate_fn=partial(collate_groups, mode=mode), generator=torch.Generator().manual_seed(seed))
+        self.passes, self.taken, self._pass_start, self._it = 0, 0, None, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self._it is None:
+            self._start_pass()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.passes += 1
+            self._start_pass()
+            batch = next(self._it)
+        self.taken += 1
+        return batch
+
+    def _start_pass(self) -> None:
+        self.dataset.set_epoch(self.passes)
+        self._pass_start = self.loader.generator.get_state()
+        self._it, self.taken = iter(self.loader), 0
+
+    def state_dict(self) -> dict:
+        return {"passes": self.passes, "taken": self.taken, "generator": self._pass_start}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.passes = state["passes"]
+        if state["generator"] is None:  # saved before its first batch
+            self._it, self.taken = None, 0
+            return
+        self.dataset.set_epoch(self.passes)
+        self.loader.generator.set_state(state["generator"])
+        self._pass_start, self._it = state["generator"], iter(self.loader)
+        for _ in range(state["taken"]):  # collated and dropped: cheap next to the training steps they stand for
+            next(self._it)
+        self.taken = state["taken"]
+
+
+def fingerprint(config, plan, folds: int, train_set: ShardDataset) -> dict:
+    """What a saved state must have been made with to be resumed: the training settings, the plan, the folds and
+    the training problems."""
+    settings = {k: v for k, v in asdict(config).items() if k not in _NOT_TRAINING}
+    return {"config": settings, "plan": asdict(plan), "folds": folds, "problems": list(train_set.problem_ids)}
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_state(path: Path, state: dict) -> None:
+    """Write `state` to `path` atomically (a fit stopped mid-write keeps the previous state)."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, expected: dict) -> dict | None:
+    """The state saved in `path`, or None when there is none; a ValueError naming what differs when it was saved
+    by a fit with other settings or data (resuming it would train something else)."""
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    saved = state["fingerprint"]
+    differ = [k for k in expected if saved.get(k) != expected[k]]
+    if "config" in differ:
+        differ[differ.index("config")] = "config (" + ", ".join(
+            k for k in expected["config"] if saved["config"].get(k) != expected["config"][k]) + ")"
+    if differ:
+        raise ValueError(f"{path} was saved by a fit with other {', '.join(differ)}: cannot resume it; train "
+                         f"into another output directory, or without resume to start this one again")
+    return state
