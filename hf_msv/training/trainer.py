@@ -341,8 +341,10 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
         bce = float(np.mean(bce_with_logits(curve[-1].logits, curve[-1].labels)))
         lowest, stale = (bce, 0) if bce < lowest else (lowest, stale + 1)
         if state_path is not None and accelerator.is_main_process:
-            save_state(state_path, {"fingerprint": expected, "curve": [asdict(c) for c in curve], "steps": steps,
-                                    "step": step, "stale": stale, "lowest": lowest, "rng": rng_state(),
+            # Only the logits change between evaluations (same held-out answers in the same order each time).
+            save_state(state_path, {"fingerprint": expected, "curve": [c.logits for c in curve],
+                                    "answers": {k: getattr(curve[0], k) for k in ("labels", "gamma", "problems")},
+                                    "steps": steps, "step": step, "stale": stale, "lowest": lowest, "rng": rng_state(),
                                     "folds": [{"model": m.state_dict(), "optimizer": o.state_dict(),
                                                "scheduler": s.state_dict(), "batches": b.state_dict()}
                                               for m, o, s, b, _ in runs]})
@@ -366,7 +368,7 @@ def _restore(saved: dict, runs: list) -> tuple:
         scheduler.load_state_dict(fold["scheduler"])
         batches.load_state_dict(fold["batches"])
     set_rng_state(saved["rng"])
-    curve = [ValidationPredictions(**c) for c in saved["curve"]]
+    curve = [ValidationPredictions(logits=logits, **saved["answers"]) for logits in saved["curve"]]
     return curve, saved["steps"], saved["step"], saved["stale"], saved["lowest"]
 
 
