@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .config import ReproduceConfig, training_config
-from .reuse import EVALUATION_CODE, ReuseLog, artefact_key, code_version, data_fingerprint, reuse_key, write_key
+from .reuse import (EVALUATION_CODE, ReuseLog, artefact_key, code_version, data_fingerprint, git_commit, reuse_key,
+                    write_key)
 from .stages import TrainingQueue, collect_splits, train_or_reuse
 from .summary import vote_check_rows
 
@@ -64,6 +65,8 @@ class ReproductionContext:
     vote_checks: list = field(default_factory=list)
     queue: TrainingQueue = field(default_factory=TrainingQueue)
     collections: dict = field(default_factory=dict)
+    # The commit this sitting's code was loaded from: a commit made while it runs (hours) is not the code it ran.
+    git_commit: str | None = field(default_factory=git_commit)
 
     @property
     def data(self) -> Path:

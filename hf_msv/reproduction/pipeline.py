@@ -221,14 +221,13 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
     ``{stem}.json`` / ``{stem}.md`` into the output directory; `pending` names the studies still to run (an interim
     report says so at its top). Returns the JSON-safe summary as written."""
     from ..utils import json_safe
-    from .reuse import git_commit
 
     timing = dict(ctx.clock.times, total=time.perf_counter() - started)
     done = dict(summary, timing_s=timing, reuse=ctx.reuse.summary(), vote_check=list(ctx.vote_checks))
     before = summary.get("sittings", [])
     ran = [k for k in STUDIES if k in summary and not any(k in x["studies"] for x in before)]
     done["sittings"] = [*before, {"studies": ran, "device": summary.get("device"), "timing_s": timing,
-                                  "verifiers": dict(ctx.counts), "reuse": done["reuse"], "git_commit": git_commit(),
+                                  "verifiers": dict(ctx.counts), "reuse": done["reuse"], "git_commit": ctx.git_commit,
                                   **sitting_collections(before, ctx.collections)}]
     if pending:
         done["pending"] = list(pending)
