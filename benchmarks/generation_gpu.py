@@ -146,7 +146,8 @@ def main():
     record(answers=len(result.answers), msv_seconds=msv_s, cot_seconds=t["cot"], elicitation_seconds=t["elicitation"],
            verifier_seconds=t["verifier"], equivalence_seconds=t["equivalence"],
            elicitation_time_ratio=t["elicitation"] / t["cot"], verifier_time_ratio=t["verifier"] / t["cot"],
-           msv_over_plain=msv_s / plain_s, msv_over_hook=msv_s / hook_s, forward_calls=counter.calls, forwards_per_cot_step=counter.calls / steps,
+           msv_over_plain=msv_s / plain_s, msv_over_hook=msv_s / hook_s, forward_calls=counter.calls,
+           forwards_per_cot_step=counter.calls / steps,
            peak_memory_gib_msv=msv_peak / 2**30)
     print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..utils import atomic_write_json
 from .config import ReproduceConfig
 from .reuse import (COLLECTION_CODE, KEY_FILE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint,
                     only_code_differs, reuse_key, stored_key, write_key)
@@ -130,7 +131,7 @@ def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
     if out.exists() and not resume:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / PENDING_KEY).write_text(json.dumps(key, indent=1))
+    atomic_write_json(out / PENDING_KEY, key)
     train_verifier(train_dir, val_dir, out, config, resume=resume)
     write_key(out, key)
     (out / PENDING_KEY).unlink()

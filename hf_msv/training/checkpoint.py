@@ -12,7 +12,6 @@ again from its seed, as it would have). The file goes when the fit ends.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import asdict
 from functools import partial
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from ..data import ShardDataset, collate_groups
+from ..utils import commit_file, tmp_name
 
 __all__ = ["STATE_FILE", "Batches", "fingerprint", "save_state", "load_state", "rng_state", "set_rng_state"]
 
@@ -105,9 +105,9 @@ def set_rng_state(state: dict) -> None:
 
 def save_state(path: Path, state: dict) -> None:
     """Write `state` to `path` atomically (a fit stopped mid-write keeps the previous state)."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = tmp_name(path)
     torch.save(state, tmp)
-    os.replace(tmp, path)
+    commit_file(tmp, path)
 
 
 def load_state(path: Path, expected: dict) -> dict | None:
