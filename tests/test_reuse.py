@@ -298,3 +298,47 @@ def test_a_fit_interrupted_by_a_run_is_resumed_by_the_next_run_with_the_same_key
     monkeypatch.setattr(training, "train_verifier", lambda *a, resume=False: calls.append(resume) or real(*a))
     train_or_reuse(train, val, out, _config(seed=2), log=log, code="v1")       # another key: started again
     assert calls[-1] is False and not (out / "stale-file").exists() and (out / KEY_FILE).exists()
+
+
+def test_reuse_verifiers_keep_resumes_a_fit_interrupted_under_another_code_version(splits, tmp_path, monkeypatch):
+    """A study spans sittings; a fit cut by one and resumed by the next after a training-code change is started
+    again under ``matching``, and resumed under ``keep`` (its key keeps the code version that began it, so a later
+    ``matching`` run trains it again); a pending fit with other settings is never resumed."""
+    import hf_msv.training as training
+    from hf_msv.reproduction.stages import PENDING_KEY
+
+    train, val = splits
+    out, calls = tmp_path / "msv", []
+    real = training.train_verifier
+
+    def interrupted(*args, resume=False):
+        calls.append(resume)
+        raise KeyboardInterrupt
+
+    def cut(config, code):
+        monkeypatch.setattr(training, "train_verifier", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            train_or_reuse(train, val, out, config, code=code)
+        monkeypatch.setattr(training, "train_verifier", lambda *a, resume=False: calls.append(resume) or real(*a))
+
+    cut(_config(), "v1")
+    log = ReuseLog()
+    train_or_reuse(train, val, out, _config(seed=1), log=log, code="v2", reuse="keep")  # other settings: not resumed
+    assert calls[-1] is False and json.loads((out / KEY_FILE).read_text())["code"] == "v2"
+
+    cut(_config(), "v1")  # the finished seed-1 fit moved aside first
+    assert json.loads((out / PENDING_KEY).read_text())["code"] == "v1"
+    log = ReuseLog()
+    train_or_reuse(train, val, out, _config(), log=log, code="v2", reuse="keep")
+    assert calls[-1] is True and not (out / PENDING_KEY).exists()
+    assert json.loads((out / KEY_FILE).read_text())["code"] == "v1"
+    assert [p.name for p in tmp_path.glob("*.replaced-*")] == ["msv.replaced-1"]  # the resumed fit was not
+    assert log.summary()["redone"] == ["verifier msv (absent; interrupted by an earlier run of code version v1 "
+                                       "(--reuse-verifiers keep): resumed from its saved state)"]
+    log = ReuseLog()
+    train_or_reuse(train, val, out, _config(), log=log, code="v2")  # finished, but by v1: matching trains again
+    assert calls[-1] is False and json.loads((out / KEY_FILE).read_text())["code"] == "v2"
+
+    cut(_config(seed=3), "v1")
+    train_or_reuse(train, val, out, _config(seed=3), code="v2")  # matching: started again, the state discarded
+    assert calls[-1] is False and json.loads((out / KEY_FILE).read_text())["code"] == "v2"

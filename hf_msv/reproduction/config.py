@@ -138,7 +138,8 @@ class ReproduceArguments:
     reuse_verifiers: str = field(default="matching", metadata={
         "help": "finished verifier fits in the work directory: reuse only those trained with the same settings, "
                 "data and training code (matching), or also those whose training code differs while settings and "
-                "data match (keep: after a code change shown not to change training; the report lists each)",
+                "data match (keep: after a code change shown not to change training; the report lists each; a fit "
+                "interrupted under other code is resumed from its saved state)",
         "choices": ["matching", "keep"]})
     threads: int | None = _help("torch threads", default=None)
     train_workers: int = _help("verifiers trained at once, each in its own process with threads / train_workers "

@@ -84,7 +84,8 @@ def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, con
         reuse_shards: "matching" (reuse shards only under the same reuse key) or "keep" (reuse any shards in the
             work directory; e.g. to re-train and re-evaluate an earlier collection with new code).
         reuse_verifiers: "matching" (reuse a fit only under the same reuse key) or "keep" (also a fit whose settings
-            and data match but whose training code differs: `kept_despite_code`; the report lists each).
+            and data match but whose training code differs: `kept_despite_code`; the report lists each), and a fit
+            interrupted under other training code is resumed (`pending_despite_code`).
         continue_report: continue the report already in `output_dir` (``{stem}.json`` and its main study's
             results) instead of starting one: its main study and finished studies are kept, only the `studies` it
             lacks run, and only the collections and main fits those need are made (`load_report_to_continue`).

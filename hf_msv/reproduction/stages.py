@@ -17,8 +17,8 @@ from .config import ReproduceConfig
 from .reuse import (COLLECTION_CODE, KEY_FILE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint,
                     only_code_differs, reuse_key, stored_key, write_key)
 
-__all__ = ["collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code", "train_fit",
-           "resumable", "PENDING_KEY", "TrainingQueue", "measure_lm_costs", "checker_agreement"]
+__all__ = ["collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code",
+           "pending_despite_code", "train_fit", "resumable", "PENDING_KEY", "TrainingQueue", "measure_lm_costs", "checker_agreement"]
 
 PENDING_KEY = "reuse_key.pending.json"  # the key of a fit still training (`train_fit`)
 
@@ -84,12 +84,15 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
     """Train unless `out` holds a finished run with the same reuse key: the training config, the fingerprint of the
     training and validation shards, and the training code's version (`code`, default
     ``code_version(TRAINING_CODE)``); with ``reuse="keep"`` a finished run whose config and data match is reused
-    whatever code trained it (`kept_despite_code`). `counts` tallies trained / reused; `log` records the decision.
+    whatever code trained it (`kept_despite_code`), and a fit interrupted under another code version is resumed
+    (`pending_despite_code`). `counts` tallies trained / reused; `log` records the decision.
     With a `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`). A
     finished fit that is not reused is moved aside (`set_aside`) before the new one trains."""
     out = Path(out)
     key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
-    resume = resumable(out, key)
+    resume, begun = resumable(out, key), None
+    if not resume and reuse == "keep" and (begun := pending_despite_code(out, key)) is not None:
+        key, resume = begun, True  # finished under the key it was begun with: a later matching run retrains it
     finished = not resume and (out / "training_log.json").exists() and (out / "config.json").exists()
     log = log if log is not None else ReuseLog()
     if log.decide("verifier", out.name, out, key, finished) or (
@@ -100,8 +103,9 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
     if finished:  # a fit can take hours: the replaced one is kept for the user, never deleted by a run
         log.annotate("verifier", out.name, f"the old fit moved to {set_aside(out).name}")
     elif resume:
-        log.annotate("verifier", out.name, "interrupted by an earlier run with the same key: resumed from its saved "
-                                           "state")
+        why = ("interrupted by an earlier run with the same key" if begun is None else
+               f"interrupted by an earlier run of code version {begun['code']} (--reuse-verifiers keep)")
+        log.annotate("verifier", out.name, f"{why}: resumed from its saved state")
     (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key)
     if counts is not None:
         counts["trained"] = counts.get("trained", 0) + 1
@@ -135,6 +139,20 @@ def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
     train_verifier(train_dir, val_dir, out, config, resume=resume)
     write_key(out, key)
     (out / PENDING_KEY).unlink()
+
+
+def pending_despite_code(out: Path, key: dict) -> dict | None:
+    """``--reuse-verifiers keep``: the pending key of a fit interrupted in `out` whose settings and data are `key`'s
+    and only its training code differs (None otherwise). Resuming it under that key finishes it with the current
+    code from the state the older code saved, and stores the older code's version: like a fit kept despite its code,
+    it is the user's call that the change does not change training, and a later ``matching`` run trains it again."""
+    try:
+        pending = json.loads((Path(out) / PENDING_KEY).read_text())
+    except (OSError, ValueError):
+        return None
+    if (Path(out) / KEY_FILE).exists() or not only_code_differs(pending, json.loads(json.dumps(key))):
+        return None
+    return pending
 
 
 def resumable(out: Path, key: dict) -> bool:
