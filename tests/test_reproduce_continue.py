@@ -28,12 +28,12 @@ def report_dir(tmp_path) -> Path:
     out.mkdir()
     shutil.copy(RESULTS / "testbed-v2-main.json", out / "testbed-v2-main.json")
     s = json.loads((RESULTS / "testbed-v2.json").read_text())
-    later = ("delimiters", "masks")
+    later = ("delimiters", "masks", "grouping")
     for study in later:
         s.pop(study, None)
         s["reports"].pop(study, None)
     s["claims"] = [c for c in s["claims"] if not c["id"].startswith(later)]
-    s["vote_check"] = [row for row in s["vote_check"] if row["study"] not in ("every-k", "masks")]
+    s["vote_check"] = [row for row in s["vote_check"] if row["study"] not in ("every-k", "masks", "grouping")]
     s["sittings"] = [x for x in s.get("sittings", []) if not set(x["studies"]) & set(later)]
     (out / "testbed-v2.json").write_text(json.dumps(s))
     return out
@@ -130,6 +130,18 @@ def test_a_sitting_records_the_main_collection_it_made_and_where_it_differs_from
                             "collections_differ_from_main": ["data/eval"]}]
     assert "2. masks on `cpu`, 1 min, commit 0123456789 (its re-made main collection differs from the main " \
            "study's in data/eval)" in render_testbed(summary)
+
+
+def test_a_run_stopped_before_finishing_a_study_is_not_counted_as_a_sitting():
+    """An interim report's last sitting is the snapshot written before its first study: when that run stopped
+    before finishing one, the continuing sitting does not list it (0 min, 0 fits); a sitting that finished studies,
+    or the last sitting of a finished report, stays."""
+    first, snapshot = {"studies": ["main"]}, {"studies": []}
+    assert pipeline.earlier_sittings({"sittings": [first, snapshot], "pending": ["grouping"]}) == [first]
+    masks = {"studies": ["masks"]}
+    assert pipeline.earlier_sittings({"sittings": [first, masks], "pending": ["grouping"]}) == [first, masks]
+    assert pipeline.earlier_sittings({"sittings": [first, snapshot]}) == [first, snapshot]
+    assert pipeline.earlier_sittings({}) == []
 
 
 def test_continue_report_flag():

@@ -60,8 +60,8 @@ from .shipped import train_shipped_verifier
 from .stages import TrainingQueue, measure_lm_costs
 from .studies import STUDY_STAGES, main_study, train_main_verifiers
 
-__all__ = ["reproduce", "write_summary", "load_report_to_continue", "continued_summary", "sitting_collections",
-           "parse_arguments", "main"]
+__all__ = ["reproduce", "write_summary", "load_report_to_continue", "continued_summary", "earlier_sittings",
+           "sitting_collections", "parse_arguments", "main"]
 
 
 def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
@@ -207,14 +207,25 @@ def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -
     ctx.reports.update(earlier["reports"])
     ctx.vote_checks[:] = earlier.get("vote_check", [])
     finished = [k for k in STUDIES if k in earlier]
-    sittings = earlier.get("sittings") or [{"studies": finished, "device": earlier.get("device"),
-                                           "timing_s": earlier["timing_s"], "verifiers": earlier.get("verifiers"),
-                                           "reuse": earlier.get("reuse")}]
+    sittings = earlier_sittings(earlier) or [{"studies": finished, "device": earlier.get("device"),
+                                              "timing_s": earlier["timing_s"], "verifiers": earlier.get("verifiers"),
+                                              "reuse": earlier.get("reuse")}]
     keep = {k: earlier[k] for k in ("lm_costs", *finished) if k in earlier}
     # "studies": what the report holds or this sitting runs (the report names the others as not run)
     return {"config": earlier["config"], "studies": [k for k in STUDIES if k in earlier or k in studies],
             "paper": PAPER, "reports": ctx.reports, "verifiers": ctx.counts, "device": str(ctx.model.device),
             "sittings": sittings, **keep}
+
+
+def earlier_sittings(earlier: dict) -> list[dict]:
+    """The sittings a report records, less the last one of an interim report (one with studies ``pending``) when
+    it finished no study: that record is the snapshot a run writes before its first study starts, so a run stopped
+    before finishing one left it (0 min, 0 fits), while the time it spent and the fits it trained belong to the
+    sitting that continues (whose reuse log lists what it took over)."""
+    sittings = list(earlier.get("sittings") or [])
+    if earlier.get("pending") and sittings and not sittings[-1]["studies"]:
+        sittings.pop()
+    return sittings
 
 
 def write_summary(ctx: ReproductionContext, summary: dict, started: float, pending=()) -> dict:
