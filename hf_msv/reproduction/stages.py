@@ -18,7 +18,8 @@ from .reuse import (COLLECTION_CODE, KEY_FILE, TRAINING_CODE, ReuseLog, code_ver
                     only_code_differs, reuse_key, stored_key, write_key)
 
 __all__ = ["collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code",
-           "pending_despite_code", "train_fit", "resumable", "PENDING_KEY", "TrainingQueue", "measure_lm_costs", "checker_agreement"]
+           "pending_despite_code", "train_fit", "resumable", "PENDING_KEY", "TrainingQueue", "measure_lm_costs",
+           "checker_agreement"]
 
 PENDING_KEY = "reuse_key.pending.json"  # the key of a fit still training (`train_fit`)
 
@@ -146,22 +147,23 @@ def pending_despite_code(out: Path, key: dict) -> dict | None:
     and only its training code differs (None otherwise). Resuming it under that key finishes it with the current
     code from the state the older code saved, and stores the older code's version: like a fit kept despite its code,
     it is the user's call that the change does not change training, and a later ``matching`` run trains it again."""
-    try:
-        pending = json.loads((Path(out) / PENDING_KEY).read_text())
-    except (OSError, ValueError):
-        return None
-    if (Path(out) / KEY_FILE).exists() or not only_code_differs(pending, json.loads(json.dumps(key))):
-        return None
-    return pending
+    pending = _interrupted_key(out)
+    return pending if pending is not None and only_code_differs(pending, json.loads(json.dumps(key))) else None
 
 
 def resumable(out: Path, key: dict) -> bool:
     """Whether `out` holds a fit that was interrupted while training under `key` (its pending key, no final one)."""
+    return _interrupted_key(out) == json.loads(json.dumps(key))
+
+
+def _interrupted_key(out: Path) -> dict | None:
+    """The pending key of a fit interrupted in `out`: kept while it trained, no final key written (None if not)."""
+    if (Path(out) / KEY_FILE).exists():
+        return None
     try:
-        pending = json.loads((Path(out) / PENDING_KEY).read_text())
+        return json.loads((Path(out) / PENDING_KEY).read_text())
     except (OSError, ValueError):
-        return False
-    return pending == json.loads(json.dumps(key)) and not (Path(out) / KEY_FILE).exists()
+        return None
 
 
 def _set_threads(threads: int) -> None:
