@@ -252,3 +252,20 @@ def test_the_shipped_v2_lm_was_trained_on_the_task_defaults_and_solves_some_prob
     assert sum(b is not None for b in boxes) >= 16  # most finish within the cap
     assert 2 <= sum(b == g for b, g in zip(boxes, golds)) < 32  # some right, not all
     assert sum("Wait" in t for t in texts) >= 24  # re-checks
+
+
+def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
+    """--probe's shards and Probe, scored again by --score-only (as for a work directory brought back from a GPU
+    machine), give the figures the --probe run computed, plus the shard rows; without --probe-dir it refuses."""
+    bench = _quality_bench()
+    torch.set_num_threads(1)
+    work = tmp_path / "probe"
+    first = bench.probe_signal(TASKS["v2"], work, [4, 2, 4], samples=2, seed=0, max_new_tokens=64,
+                               problems_per_batch=4)
+    assert first["probe_problems"] == [4, 2, 4]
+    again = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "2"])
+    for key in ("probe_auroc_n1", "token_probs_auroc_n1", "probe_best_of_2", "sc_best_of_2", "probe_pass_at_1"):
+        assert again[key] == first[key] or (math.isnan(again[key]) and math.isnan(first[key])), key
+    assert again["shard_sequences"] == 8 and again["targets_measured"] >= 3
+    with pytest.raises(SystemExit):
+        bench.main(["--score-only"])
