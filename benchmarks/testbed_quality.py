@@ -159,13 +159,17 @@ def shard_statistics(eval_dir: Path) -> dict:
     }
 
 
+_STEP_THEN = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)\.\s*(Wait)?")  # a written step, and a Wait right after it
+
+
 def trace_errors(texts: list[str], problem, kn) -> Counter:
     """Where a v2 trace departs from the problem, counted the same way for the LM's traces and the solver's: written
     equations ``a op k = c`` (not the ``?`` re-checks) that are false, split by whether the step has a carry /
     borrow (without one the solver errs only by ``slip_error``); equations whose ``op k`` is in neither the question
     nor its irrelevant clause (a misread operand); first-pass equations that do not start from the value written
-    before (a copy slip); and final boxes that differ from the last ``So X.``."""
-    from hf_msv.testbed.task_v2 import carry_positions, written_equations
+    before (a copy slip); final boxes that differ from the last ``So X.``; and how often a written step ``a op k = c.``
+    is followed at once by ``Wait``, for false and for true steps (whether the writer notices its own slips)."""
+    from hf_msv.testbed.task_v2 import apply_op, carry_positions, written_equations
 
     ops = {(op, int(k)) for op, k in problem.meta["ops"]}
     if problem.meta.get("distractor"):
@@ -188,11 +192,37 @@ def trace_errors(texts: list[str], problem, kn) -> Counter:
             c["eqs_carry" if carry else "eqs_plain"] += 1
             c["false_carry" if carry else "false_plain"] += not e.true
             c["operand_misreads"] += (e.op, e.k) not in ops
+        for a, op, k, r, wait in _STEP_THEN.findall(text):  # does the writer notice a slip at once?
+            kind = "true" if apply_op(int(a), op, int(k)) == int(r) else "false"
+            c[f"steps_{kind}"] += 1
+            c[f"wait_after_{kind}"] += bool(wait)
         so, box = re.findall(r"So (-?\d+)\.", text), re.findall(r"\\boxed\{([^}]*)\}", text)
         if so and box:
             c["finished_with_so"] += 1
             c["box_differs_from_so"] += box[-1] != so[-1]
     return c
+
+
+def shard_trace_errors(eval_dir: Path, task, seed: int) -> tuple[Counter, Counter]:
+    """:func:`trace_errors` of the chains in collected v2 evaluation shards (their sampled tokens) and of as many
+    traces of the task's writer for the same problems, regenerated from the shards' ids (the ``evaluation`` split at
+    ``seed``, as ``--probe`` collects it)."""
+    from hf_msv.data import list_shards, read_shard
+    from hf_msv.testbed.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    chains = {p.problem_id: [tok.decode(ids.tolist(), skip_special_tokens=True) for ids in p.cot_token_ids]
+              for shard in list_shards(eval_dir) for p in read_shard(shard, hidden=False)[0]}
+    problems = {q.id: q for q in task.generate_problems("evaluation", len(chains), seed=seed)}
+    if set(chains) - set(problems):
+        raise ValueError(f"{eval_dir}: problems {sorted(set(chains) - set(problems))[:3]} are not the first "
+                         f"{len(chains)} of {task.name}'s evaluation split at seed {seed}: pass the --seed they used")
+    kn, rng, lm, solver = task.knobs(), random.Random(seed), Counter(), Counter()
+    for pid, texts in chains.items():
+        lm += trace_errors(texts, problems[pid], kn)
+        solver += trace_errors([task.module.sample_trace(problems[pid], rng).capped_text for _ in texts],
+                               problems[pid], kn)
+    return lm, solver
 
 
 def error_rates(c: Counter) -> dict:
@@ -203,7 +233,9 @@ def error_rates(c: Counter) -> dict:
     c = Counter(c, eqs=c["eqs_plain"] + c["eqs_carry"])
     return {"false_eq_plain": rate("false_plain", "eqs_plain"), "false_eq_carry": rate("false_carry", "eqs_carry"),
             "operand_misread": rate("operand_misreads", "eqs"), "copy_slip": rate("copy_slips", "first_pass_eqs"),
-            "box_differs_from_so": rate("box_differs_from_so", "finished_with_so")}
+            "box_differs_from_so": rate("box_differs_from_so", "finished_with_so"),
+            "wait_after_false": rate("wait_after_false", "steps_false"),
+            "wait_after_true": rate("wait_after_true", "steps_true")}
 
 
 def targets(res: dict) -> list[tuple[str, str, str, bool]]:
@@ -272,8 +304,11 @@ def main(argv=None):
     if a.score_only:
         if not a.probe_dir:
             ap.error("--score-only scores an existing --probe-dir")
-        return print_targets(probe_scores(Path(a.probe_dir), a.samples) | shard_statistics(Path(a.probe_dir) /
-                             "evaluation") | {"samples_per_problem": a.samples})
+        work, res = Path(a.probe_dir), {"samples_per_problem": a.samples}
+        if a.task == "v2":  # first: it refuses shards of other problems than --seed's
+            lm, solver = shard_trace_errors(work / "evaluation", TASKS[a.task], a.seed)
+            res["lm_trace_errors"], res["solver_trace_errors"] = error_rates(lm), error_rates(solver)
+        return print_targets(res | probe_scores(work, a.samples) | shard_statistics(work / "evaluation"))
     if a.probe and a.model_dir and Path(a.model_dir).resolve() != TASKS[a.task].lm_dir.resolve():
         ap.error(f"--probe collects from the task's LM directory ({TASKS[a.task].lm_dir}): copy the LM there")
     if a.threads:

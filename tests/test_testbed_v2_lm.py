@@ -142,9 +142,10 @@ def test_trace_errors_count_each_kind_of_departure():
     p = replace(p, meta={**p.meta, "start": 38, "ops": [["+", 20], ["+", 6], ["+", 19]], "distractor": [1, 5, 0]})
     kn = task_v2.TaskKnobsV2()
     clean = " 38+20=58. 58+6=64. 64+19=83. So 83. Wait, 58+6=64? yes.\n### Final Answer ### \\boxed{83}"
-    assert bench.error_rates(bench.trace_errors([clean], p, kn)) == {
-        "false_eq_plain": 0.0, "false_eq_carry": 0.0, "operand_misread": 0.0, "copy_slip": 0.0,
-        "box_differs_from_so": 0.0}
+    rates = bench.error_rates(bench.trace_errors([clean], p, kn))
+    assert math.isnan(rates.pop("wait_after_false"))  # no false step written
+    assert rates == {"false_eq_plain": 0.0, "false_eq_carry": 0.0, "operand_misread": 0.0, "copy_slip": 0.0,
+                     "box_differs_from_so": 0.0, "wait_after_true": 0.0}
     # 58+6 carries and is false; 60+19 is read from nowhere (copy slip); -5 is the irrelevant clause, not a misread;
     # 38+21 is a misread operand; the box disagrees with the last "So"
     bad = (" 38+21=59. 59-5=54. 58+6=65. Wait, 58+6=65? no, 64. 60+19=79. So 79. Wait, 38+21=59? yes."
@@ -154,6 +155,9 @@ def test_trace_errors_count_each_kind_of_departure():
     assert c["operand_misreads"] == 1 and c["first_pass_eqs"] == 4
     assert c["copy_slips"] == 2  # 58 after 54, 60 after the fix to 64
     assert c["box_differs_from_so"] == 1
+    # steps written "a op k = c.": 58+6=65 is false and a Wait follows it at once; the three true ones are not
+    # followed by one (the re-checks "a op k = c?" are not steps)
+    assert (c["steps_false"], c["wait_after_false"], c["steps_true"], c["wait_after_true"]) == (1, 1, 3, 0)
 
 
 def test_shard_statistics_read_the_trace_targets_from_collected_shards(tmp_path):
@@ -267,5 +271,8 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     for key in ("probe_auroc_n1", "token_probs_auroc_n1", "probe_best_of_2", "sc_best_of_2", "probe_pass_at_1"):
         assert again[key] == first[key] or (math.isnan(again[key]) and math.isnan(first[key])), key
     assert again["shard_sequences"] == 8 and again["targets_measured"] >= 3
+    assert set(again["lm_trace_errors"]) == set(again["solver_trace_errors"]) >= {"wait_after_false"}
     with pytest.raises(SystemExit):
         bench.main(["--score-only"])
+    with pytest.raises(ValueError, match="pass the --seed they used"):  # the shards are seed 0's problems
+        bench.main(["--score-only", "--probe-dir", str(work), "--samples", "2", "--seed", "5"])
