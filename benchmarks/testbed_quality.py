@@ -109,6 +109,7 @@ def probe_scores(work_dir: Path, samples: int) -> dict:
                                         num_sequences=[1, samples], figures=False, progress=False))
     report = json.loads((work_dir / "report" / "report.json").read_text())
     one, many = report["terminal"]["1"], report["terminal"][str(samples)]
+
     def mean(table, method, metric):  # None where undefined (e.g. no right answer): nan, which fails every target
         value = table[method][metric]["mean"]
         return float("nan") if value is None else round(value, 4)
