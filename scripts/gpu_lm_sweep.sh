@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Issue #17's capacity question on one GPU in one ~9-min pass: does a larger testbed LM carry more per-chain signal?
-# Trains the v2 LM three times side by side (the shipped recipe as a control, then ~6x and ~18x the parameters; same
-# data stream, 2,800 steps x 32, bf16), then runs `benchmarks/testbed_quality.py --quick --probe` on each (the Probe
-# collection in batches of 32 problems). Logs and each benchmark's JSON go to $OUT/sweep.tgz (or ./gpu-sweep).
+# Trains v2 LMs side by side on the same data stream (2,800 steps x 32, bf16; VARIANTS: the shipped recipe `ctl`,
+# `big` ~6x and `xl` ~18x its parameters; SEEDS: training seeds, to tell capacity from training noise), then runs
+# `benchmarks/testbed_quality.py --quick --probe` on each (the Probe collection in batches of 32 problems). Logs and
+# each benchmark's JSON go to $OUT/sweep.tgz (or ./gpu-sweep); the PASS / FAIL rows and JSON lines are printed.
 #
-#   bash scripts/gpu_lm_sweep.sh            # on a machine with a CUDA GPU; python3 holding torch + transformers
+#   bash scripts/gpu_lm_sweep.sh                              # ctl, big, xl at seed 0
+#   VARIANTS="ctl big" SEEDS="1 2" bash scripts/gpu_lm_sweep.sh   # two more seeds of two sizes
 #
-# Measured on one H200 (2026-11-27): training 198 / 217 / 238 s (0.87 / 5.1 / 15.4 M parameters, three at once);
-# the benchmarks outlasted a 220 s limit in their evaluation (three processes of 16 torch threads each on 16 cores),
-# hence --threads 5 here. Their shards came back and were scored here with `--score-only` (README, issue #17).
+# Measured on one H200 (2026-11-27, ctl / big / xl at seed 0): training 198 / 217 / 238 s side by side; the
+# benchmarks outlasted a 220 s limit in their evaluation (three processes of 16 torch threads each on 16 cores),
+# hence the thread share below. Their shards came back and were scored with `--score-only` (README, issue #17).
 set -u
 OUT=${OUT:-gpu-sweep}; mkdir -p "$OUT"; S=$(mktemp -d); ROOT=$PWD
 DEV=${DEV:-cuda}; STEPS=${STEPS:-2800}; TT=${TT:-260}; BT=${BT:-280}; EXTRA=${EXTRA:-}; PY=${PYTHON:-python3}
+VARIANTS=${VARIANTS:-ctl big xl}; SEEDS=${SEEDS:-0}
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 if ls .whl/*.whl > /dev/null 2>&1; then  # e.g. math-verify where the GPU image lacks it (README of the device tool)
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -19,6 +22,14 @@ fi
 (nvidia-smi -L; $PY -c "import torch, transformers; print(torch.__version__, transformers.__version__)") \
   > "$S/device.txt" 2>&1
 
+shape() {  # the LM's width, depth, heads and peak learning rate
+  case $1 in
+    ctl) echo "--d-model 128 --n-layers 4 --n-heads 4 --lr 2e-3" ;;
+    big) echo "--d-model 256 --n-layers 6 --n-heads 8 --lr 1e-3" ;;
+    xl) echo "--d-model 384 --n-layers 8 --n-heads 12 --lr 7e-4" ;;
+    *) echo "unknown variant $1" >&2; return 1 ;;
+  esac
+}
 train() {  # a copy of the repository per LM: --probe collects from the task's LM directory, hf_msv/testbed/lm-v2
   local name=$1; shift
   rm -rf "/tmp/repo-$name" "/tmp/lm-$name" "/tmp/probe-$name"; mkdir -p "/tmp/repo-$name"
@@ -28,22 +39,26 @@ train() {  # a copy of the repository per LM: --probe collects from the task's L
      --log-every 200 "$@" > "$S/train-$name.log" 2>&1)
 }
 bench() {
-  local name=$1
+  local name=$1 threads=$2
   [ -f "/tmp/lm-$name/model.safetensors" ] || { echo "no LM for $name" > "$S/bench-$name.log"; return; }
   cp /tmp/lm-"$name"/*.json /tmp/lm-"$name"/model.safetensors "/tmp/repo-$name/hf_msv/testbed/lm-v2/"
   (cd "/tmp/repo-$name" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/repo-$name" timeout "$BT" \
-     $PY benchmarks/testbed_quality.py --task v2 --quick --probe --probe-batch 32 --device "$DEV" --threads 5 \
-     --probe-dir "/tmp/probe-$name" $EXTRA > "$S/bench-$name.log" 2>&1)
+     $PY benchmarks/testbed_quality.py --task v2 --quick --probe --probe-batch 32 --device "$DEV" \
+     --threads "$threads" --probe-dir "/tmp/probe-$name" $EXTRA > "$S/bench-$name.log" 2>&1)
 }
-train ctl --d-model 128 --n-layers 4 --n-heads 4 --lr 2e-3 &
-train big --d-model 256 --n-layers 6 --n-heads 8 --lr 1e-3 &
-train xl --d-model 384 --n-layers 8 --n-heads 12 --lr 7e-4 &
+names=()
+for v in $VARIANTS; do
+  args=$(shape "$v") || exit 2
+  for seed in $SEEDS; do names+=("$v-s$seed"); train "$v-s$seed" $args --seed "$seed" & done
+done
 wait
-bench ctl & bench big & bench xl &
+threads=$(( $(nproc) / ${#names[@]} )); [ "$threads" -ge 1 ] || threads=1  # no oversubscription in evaluation
+for n in "${names[@]}"; do bench "$n" "$threads" & done
 wait
-for n in ctl big xl; do cp "/tmp/lm-$n/training_log.json" "$S/training_log-$n.json" 2>/dev/null; done
+for n in "${names[@]}"; do cp "/tmp/lm-$n/training_log.json" "$S/training_log-$n.json" 2>/dev/null; done
 tar -C "$S" -czf "$OUT/sweep.tgz" .
-for n in ctl big xl; do
+cat "$S/device.txt"
+for n in "${names[@]}"; do
   echo "== $n: $(grep -h parameters "$S/train-$n.log" | head -1)"
   grep -E "PASS|FAIL" "$S/bench-$n.log"; tail -n 1 "$S/bench-$n.log" | cut -c1-1500
 done
