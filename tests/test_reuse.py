@@ -156,6 +156,35 @@ def test_training_queue_trains_in_worker_processes_what_inline_training_trains(s
     assert counts == {"trained": 4, "reused": 2}
 
 
+def _write_when(gate: str, out: str) -> None:
+    """A stand-in for a long fit (run in a worker process): writes `out` once `gate` exists (or after 60 s)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    Path(out).write_text("released" if Path(gate).exists() else "timed out")
+
+
+def test_training_queue_waits_for_the_tagged_fits_alone(tmp_path):
+    """`wait(tags)` returns once the fits tagged so have finished while the others keep running (a study evaluates
+    its small fits while its large ones train); `wait()` then waits for the rest."""
+    from hf_msv.reproduction.stages import TrainingQueue
+
+    gate, slow, fast = (str(tmp_path / name) for name in ("gate", "slow", "fast"))
+    queue = TrainingQueue(workers=2, threads=1)
+    try:
+        queue.submit(_write_when, gate, slow, tag="large")
+        queue.submit(_write_when, tmp_path, fast, tag="small")  # its gate (the directory) exists already
+        queue.wait({"small"})
+        assert Path(fast).read_text() == "released" and not Path(slow).exists()
+        Path(gate).touch()
+        queue.wait()
+    finally:
+        queue.close(cancel=True)
+    assert Path(slow).read_text() == "released"
+
+
 def test_training_queue_reraises_a_failed_fit_at_wait(splits, tmp_path):
     from hf_msv.reproduction.stages import TrainingQueue
 
@@ -196,6 +225,14 @@ def test_a_study_evaluates_only_after_its_queued_fits_have_finished(splits, tmp_
     finally:
         ctx.queue.close()
     assert seen == [True, True] and ctx.counts["trained"] == 2
+
+
+def test_checkpoint_paths_are_the_fits_an_evaluation_waits_for():
+    from hf_msv.reproduction.context import checkpoint_paths
+
+    spec = {"Probe": [{"terminal": "p0", "streaming": "p0s"}, {"terminal": "p1", "streaming": "p1s"}], "MSV": "m"}
+    assert checkpoint_paths(spec) == {"p0", "p0s", "p1", "p1s", "m"}
+    assert checkpoint_paths({}) == set()
 
 
 def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, tmp_path, monkeypatch):

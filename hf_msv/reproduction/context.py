@@ -130,7 +130,7 @@ class ReproductionContext:
         every MSV fit of it is checked against the vote into `vote_checks`."""
         from ..evaluation import evaluate_study
 
-        self.queue.wait()  # the fits being evaluated may still be training
+        self.queue.wait(checkpoint_paths(verifiers))  # the fits being evaluated may still be training
         kwargs = {"figures": False, "progress": False} | kwargs
         out, stem = self.output_dir / "studies" if subdir else self.output_dir, f"{self.stem}-{report_name}"
         # A v2 run spans several sittings on 2 CPU cores, and evaluating the main study alone takes ~half an hour:
@@ -150,6 +150,15 @@ class ReproductionContext:
             keep_evaluation(out, stem, kept, key)
         self.vote_checks += vote_check_rows(res, report_name)
         return res
+
+
+def checkpoint_paths(spec) -> set[str]:
+    """Every checkpoint path in a verifier spec of `evaluate_study` (see `checkpoint_keys`), or a {name: spec}."""
+    if isinstance(spec, dict):
+        return set().union(*map(checkpoint_paths, spec.values()))
+    if isinstance(spec, (list, tuple)):
+        return set().union(*map(checkpoint_paths, spec))
+    return {str(spec)}
 
 
 def checkpoint_keys(spec):

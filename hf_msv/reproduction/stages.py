@@ -107,7 +107,7 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
         why = ("interrupted by an earlier run with the same key" if begun is None else
                f"interrupted by an earlier run of code version {begun['code']} (--reuse-verifiers keep)")
         log.annotate("verifier", out.name, f"{why}: resumed from its saved state")
-    (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key)
+    (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key, tag=str(out))
     if counts is not None:
         counts["trained"] = counts.get("trained", 0) + 1
     return out
@@ -185,7 +185,9 @@ class TrainingQueue:
         self._executor = None
         self._pending = []
 
-    def submit(self, fn, *args) -> None:
+    def submit(self, fn, *args, tag: str | None = None) -> None:
+        """Run ``fn(*args)`` now (one worker) or in a worker process; `tag` (a fit's output path) lets `wait` wait
+        for this fit alone."""
         if self.workers <= 1:
             fn(*args)
             return
@@ -196,12 +198,14 @@ class TrainingQueue:
             # spawn: a forked copy of a process holding torch's thread pools (and maybe CUDA) is unsafe
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_set_threads, initargs=(self.threads,))
-        self._pending.append(self._executor.submit(fn, *args))
+        self._pending.append((tag, self._executor.submit(fn, *args)))
 
-    def wait(self) -> None:
-        """Block until every submitted fit has finished; re-raise the first failure."""
-        pending, self._pending = self._pending, []
-        for future in pending:
+    def wait(self, tags=None) -> None:
+        """Block until the submitted fits tagged with one of `tags` (default: every fit) have finished; re-raise the
+        first failure. The others keep training: a study can evaluate its small fits while its large ones run."""
+        wanted = [(tag, f) for tag, f in self._pending if tags is None or tag in tags]
+        self._pending = [(tag, f) for tag, f in self._pending if not (tags is None or tag in tags)]
+        for _, future in wanted:
             future.result()
 
     def close(self, cancel: bool = False) -> None:
