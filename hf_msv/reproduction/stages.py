@@ -203,9 +203,10 @@ class TrainingQueue:
     def wait(self, tags=None) -> None:
         """Block until the submitted fits tagged with one of `tags` (default: every fit) have finished; re-raise the
         first failure. The others keep training: a study can evaluate its small fits while its large ones run."""
-        wanted = [(tag, f) for tag, f in self._pending if tags is None or tag in tags]
-        self._pending = [(tag, f) for tag, f in self._pending if not (tags is None or tag in tags)]
-        for _, future in wanted:
+        chosen = [tags is None or tag in tags for tag, _ in self._pending]
+        wanted = [f for (_, f), c in zip(self._pending, chosen) if c]
+        self._pending = [entry for entry, c in zip(self._pending, chosen) if not c]
+        for future in wanted:
             future.result()
 
     def close(self, cancel: bool = False) -> None:
