@@ -22,7 +22,8 @@ no final box (``capped_rate``: the share that ran into ``--max-new-tokens``), it
 any trace. ``--probe`` adds the per-chain signal of issue #17, measured with the library as a user would
 (:func:`probe_signal`: ``hf-msv collect`` of 96 / 32 / 96 train / validation / evaluation problems, a terminal Probe
 trained with the defaults, ``hf-msv evaluate`` at N = 1 and N = ``--samples``): ``probe_auroc_n1``,
-``token_probs_auroc_n1``, ``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
+``token_probs_auroc_n1`` (with 95 % bootstrap intervals over the evaluation problems: :func:`auroc_intervals`),
+``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
 (``probe_pass_at_1``), and the trace-level targets read back from the evaluation shards
 (:func:`shard_statistics`: elicited answers per sequence, first intermediate vs terminal accuracy, Waits of wrong vs
 right sequences, majority-right share). For ``--task v2``, :func:`trace_errors` says where the LM departs from the
@@ -38,6 +39,7 @@ import argparse
 import json
 import random
 import re
+import warnings
 import time
 from collections import Counter
 from pathlib import Path
@@ -117,7 +119,39 @@ def probe_scores(work_dir: Path, samples: int) -> dict:
     return {"probe_auroc_n1": mean(one, "Probe", "auroc"), "token_probs_auroc_n1": mean(one, "Token Probs", "auroc"),
             f"probe_best_of_{samples}": mean(many, "Probe", "bon_accuracy"),
             f"sc_best_of_{samples}": mean(many, "Self-consistency", "bon_accuracy"),
-            "probe_pass_at_1": round(report["data"]["eval"]["terminal_accuracy"], 4), "probe_work_dir": str(work_dir)}
+            "probe_pass_at_1": round(report["data"]["eval"]["terminal_accuracy"], 4), "probe_work_dir": str(work_dir),
+            **auroc_intervals(work_dir)}
+
+
+def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
+    """Percentile-bootstrap 95 % intervals over the evaluation problems of the Probe's and Token-Probs' terminal
+    AUROC at N = 1 (every sequence's terminal answer on its own, pooled): how far a row's target is from its noise.
+    The Probe in ``work_dir/probe`` scores the ``evaluation`` shards as ``hf-msv evaluate`` does."""
+    from hf_msv.data import ShardDataset
+    from hf_msv.evaluation.scoring import score_problems, token_prob_scores
+    from hf_msv.evaluation.verifiers import load_verifier
+    from hf_msv.metrics import auroc, bootstrap_interval
+
+    dataset = ShardDataset(work_dir / "evaluation", mode="terminal")
+    problems = dataset.read_problems(True)
+    probe, _, _ = score_problems(load_verifier(work_dir / "probe"), problems, mode="terminal")
+    rows = [np.flatnonzero(p.answer_terminal) for p in problems]
+    scores = {"probe": [s[r] for s, r in zip(probe, rows)],
+              "token_probs": [token_prob_scores(p)[r] for p, r in zip(problems, rows)]}
+    labels = [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)]
+
+    def pooled(name):
+        return lambda idx: auroc(np.concatenate([scores[name][i] for i in idx]),
+                                 np.concatenate([labels[i] for i in idx]))
+
+    out = {}
+    for name in scores:
+        with warnings.catch_warnings():  # a resample may hold one class only: its AUROC is nan, counted as +inf
+            warnings.simplefilter("ignore")
+            iv = bootstrap_interval(pooled(name), len(problems), n_boot=n_boot)
+        out[f"{name}_auroc_n1_interval"] = [round(iv["low"], 4), round(iv["high"], 4)]
+        out[f"{name}_auroc_n1_pooled"] = round(iv["estimate"], 4)
+    return out
 
 
 def shard_statistics(eval_dir: Path) -> dict:
@@ -248,10 +282,14 @@ def targets(res: dict) -> list[tuple[str, str, str, bool]]:
             rows.append((name, target, text(), bool(ok())))
 
     S = res["samples_per_problem"]
-    row("Probe terminal AUROC, N = 1", ">= 0.80", ["probe_auroc_n1"], lambda: f"{res['probe_auroc_n1']:.3f}",
+    def with_interval(key):  # the estimate and, when measured, its 95 % interval over problems
+        iv = res.get(key.removesuffix("_auroc_n1") + "_auroc_n1_interval")
+        return f"{res[key]:.3f}" + (f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "")
+
+    row("Probe terminal AUROC, N = 1", ">= 0.80", ["probe_auroc_n1"], lambda: with_interval("probe_auroc_n1"),
         lambda: res["probe_auroc_n1"] >= 0.80)
     row("Token-Probs AUROC, N = 1", ">= 0.70", ["token_probs_auroc_n1"],
-        lambda: f"{res['token_probs_auroc_n1']:.3f}", lambda: res["token_probs_auroc_n1"] >= 0.70)
+        lambda: with_interval("token_probs_auroc_n1"), lambda: res["token_probs_auroc_n1"] >= 0.70)
     bon = f"probe_best_of_{S}"
     row(f"Probe best-of-{S} vs pass@1", "+0.10", [bon, "probe_pass_at_1"],
         lambda: f"{res[bon]:.3f} vs {res['probe_pass_at_1']:.3f}", lambda: res[bon] >= res["probe_pass_at_1"] + 0.10)

@@ -264,14 +264,17 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     bench = _quality_bench()
     torch.set_num_threads(1)
     work = tmp_path / "probe"
-    first = bench.probe_signal(TASKS["v2"], work, [4, 2, 4], samples=2, seed=0, max_new_tokens=64,
-                               problems_per_batch=4)
-    assert first["probe_problems"] == [4, 2, 4]
-    again = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "2"])
-    for key in ("probe_auroc_n1", "token_probs_auroc_n1", "probe_best_of_2", "sc_best_of_2", "probe_pass_at_1"):
+    first = bench.probe_signal(TASKS["v2"], work, [4, 2, 6], samples=4, seed=0, max_new_tokens=96,
+                               problems_per_batch=6)
+    assert first["probe_problems"] == [4, 2, 6]
+    again = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "4"])
+    for key in ("probe_auroc_n1", "token_probs_auroc_n1", "probe_best_of_4", "sc_best_of_4", "probe_pass_at_1"):
         assert again[key] == first[key] or (math.isnan(again[key]) and math.isnan(first[key])), key
-    assert again["shard_sequences"] == 8 and again["targets_measured"] >= 3
+    assert again["shard_sequences"] == 24 and again["targets_measured"] >= 3
     assert set(again["lm_trace_errors"]) == set(again["solver_trace_errors"]) >= {"wait_after_false"}
+    for name in ("probe", "token_probs"):  # the intervals' own pooled AUROC is the evaluation's, inside its interval
+        est, (low, high) = again[f"{name}_auroc_n1_pooled"], again[f"{name}_auroc_n1_interval"]
+        assert 0 < est < 1 and est == pytest.approx(again[f"{name}_auroc_n1"], abs=1e-4) and low <= est <= high
     with pytest.raises(SystemExit):
         bench.main(["--score-only"])
     with pytest.raises(ValueError, match="pass the --seed they used"):  # the shards are seed 0's problems
