@@ -39,8 +39,8 @@ import argparse
 import json
 import random
 import re
-import warnings
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -238,10 +238,9 @@ def trace_errors(texts: list[str], problem, kn) -> Counter:
     return c
 
 
-def shard_trace_errors(eval_dir: Path, task, seed: int) -> tuple[Counter, Counter]:
-    """:func:`trace_errors` of the chains in collected v2 evaluation shards (their sampled tokens) and of as many
-    traces of the task's writer for the same problems, regenerated from the shards' ids (the ``evaluation`` split at
-    ``seed``, as ``--probe`` collects it)."""
+def shard_chains(eval_dir: Path, task, seed: int) -> list[tuple]:
+    """(problem, chain texts) of collected v2 evaluation shards (their sampled tokens), the problems regenerated from
+    the shards' ids (the ``evaluation`` split at ``seed``, as ``--probe`` collects it)."""
     from hf_msv.data import list_shards, read_shard
     from hf_msv.testbed.tokenizer import build_tokenizer
 
@@ -252,12 +251,18 @@ def shard_trace_errors(eval_dir: Path, task, seed: int) -> tuple[Counter, Counte
     if set(chains) - set(problems):
         raise ValueError(f"{eval_dir}: problems {sorted(set(chains) - set(problems))[:3]} are not the first "
                          f"{len(chains)} of {task.name}'s evaluation split at seed {seed}: pass the --seed they used")
-    kn, rng, lm, solver = task.knobs(), random.Random(seed), Counter(), Counter()
-    for pid, texts in chains.items():
-        lm += trace_errors(texts, problems[pid], kn)
-        solver += trace_errors([task.module.sample_trace(problems[pid], rng).capped_text for _ in texts],
-                               problems[pid], kn)
-    return lm, solver
+    return [(problems[pid], texts) for pid, texts in chains.items()]
+
+
+def writer_comparison(chains, task, knobs: dict, seed: int) -> dict:
+    """:func:`trace_errors`' rates of the LM's chains (``(problem, texts)`` pairs) and of as many traces of the task's
+    writer for the same problems (``lm_trace_errors`` / ``solver_trace_errors``)."""
+    kn, rng, lm, solver = task.knobs(**knobs), random.Random(seed), Counter(), Counter()
+    for problem, texts in chains:
+        lm += trace_errors(texts, problem, kn)
+        solver += trace_errors([task.module.sample_trace(problem, rng, **knobs).capped_text for _ in texts],
+                               problem, kn)
+    return {"lm_trace_errors": error_rates(lm), "solver_trace_errors": error_rates(solver)}
 
 
 def error_rates(c: Counter) -> dict:
@@ -282,8 +287,9 @@ def targets(res: dict) -> list[tuple[str, str, str, bool]]:
             rows.append((name, target, text(), bool(ok())))
 
     S = res["samples_per_problem"]
+
     def with_interval(key):  # the estimate and, when measured, its 95 % interval over problems
-        iv = res.get(key.removesuffix("_auroc_n1") + "_auroc_n1_interval")
+        iv = res.get(key + "_interval")
         return f"{res[key]:.3f}" + (f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "")
 
     row("Probe terminal AUROC, N = 1", ">= 0.80", ["probe_auroc_n1"], lambda: with_interval("probe_auroc_n1"),
@@ -345,8 +351,8 @@ def main(argv=None):
             ap.error("--score-only scores an existing --probe-dir")
         work, res = Path(a.probe_dir), {"samples_per_problem": a.samples}
         if a.task == "v2":  # first: it refuses shards of other problems than --seed's
-            lm, solver = shard_trace_errors(work / "evaluation", TASKS[a.task], a.seed)
-            res["lm_trace_errors"], res["solver_trace_errors"] = error_rates(lm), error_rates(solver)
+            res |= writer_comparison(shard_chains(work / "evaluation", TASKS[a.task], a.seed), TASKS[a.task], {},
+                                     a.seed)
         return print_targets(res | probe_scores(work, a.samples) | shard_statistics(work / "evaluation"))
     if a.probe and a.model_dir and Path(a.model_dir).resolve() != TASKS[a.task].lm_dir.resolve():
         ap.error(f"--probe collects from the task's LM directory ({TASKS[a.task].lm_dir}): copy the LM there")
@@ -498,12 +504,8 @@ def main(argv=None):
         res |= shard_statistics(work / "evaluation")
         res["wall_s"] = round(time.time() - t_start, 1)
     if task.name == "v2":  # where the LM's traces depart from its solver's, on the same problems
-        kn, rng = task.knobs(**knobs), random.Random(a.seed)
-        lm, solver = Counter(), Counter()
-        for p, rows in zip(problems, traces):
-            lm += trace_errors([tok.decode(g, skip_special_tokens=True) for _, g in rows], p, kn)
-            solver += trace_errors([task.module.sample_trace(p, rng, **knobs).capped_text for _ in rows], p, kn)
-        res["lm_trace_errors"], res["solver_trace_errors"] = error_rates(lm), error_rates(solver)
+        res |= writer_comparison([(p, [tok.decode(g, skip_special_tokens=True) for _, g in rows])
+                                  for p, rows in zip(problems, traces)], task, knobs, a.seed)
     return print_targets(res)
 
 
