@@ -26,10 +26,11 @@ trained with the defaults, ``hf-msv evaluate`` at N = 1 and N = ``--samples``): 
 ``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
 (``probe_pass_at_1``), and the trace-level targets read back from the evaluation shards
 (:func:`shard_statistics`: elicited answers per sequence, first intermediate vs terminal accuracy, Waits of wrong vs
-right sequences, majority-right share). For ``--task v2``, :func:`trace_errors` says where the LM departs from the
-trace writer it imitates, counted the same way on the LM's traces and on the writer's own for the same problems
-(``lm_trace_errors`` / ``solver_trace_errors``: false equations with and without a carry, misread operands, copy
-slips, final boxes that differ from the last ``So X.``). Every target of issue #17 that the run measured is printed
+right sequences, majority-right share). For ``--task v2``, :func:`hf_msv.testbed.task_v2.trace_errors` says where
+the LM departs from the trace writer it imitates, counted the same way on the LM's traces and on the writer's own for
+the same problems (``lm_trace_errors`` / ``solver_trace_errors``: false equations with and without a carry, misread
+operands, copy slips, final boxes that differ from the last ``So X.``, a Wait right after a false / true step, and
+with ``--knobs '{"check_prob": 1.0, ...}'`` how often an inverse check reveals a false step). Every target of issue #17 that the run measured is printed
 as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line printed is the JSON summary.
 """
 
@@ -38,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import time
 import warnings
 from collections import Counter
@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from hf_msv.testbed import DEFAULT_TASK, DELIMITER, ELICITATION_PROMPT, TASKS
+from hf_msv.testbed.task_v2 import error_rates, trace_errors
 
 
 def parse_box(continuation: str) -> str | None:
@@ -194,50 +195,6 @@ def shard_statistics(eval_dir: Path) -> dict:
     }
 
 
-_STEP_THEN = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)\.\s*(Wait)?")  # a written step, and a Wait right after it
-
-
-def trace_errors(texts: list[str], problem, kn) -> Counter:
-    """Where a v2 trace departs from the problem, counted the same way for the LM's traces and the solver's: written
-    equations ``a op k = c`` (not the ``?`` re-checks) that are false, split by whether the step has a carry /
-    borrow (without one the solver errs only by ``slip_error``); equations whose ``op k`` is in neither the question
-    nor its irrelevant clause (a misread operand); first-pass equations that do not start from the value written
-    before (a copy slip); final boxes that differ from the last ``So X.``; and how often a written step ``a op k = c.``
-    is followed at once by ``Wait``, for false and for true steps (whether the writer notices its own slips)."""
-    from hf_msv.testbed.task_v2 import apply_op, carry_positions, written_equations
-
-    ops = {(op, int(k)) for op, k in problem.meta["ops"]}
-    if problem.meta.get("distractor"):
-        ops.add(("-", int(problem.meta["distractor"][1])))
-    c = Counter()
-    for text in texts:
-        first_pass = text.split(" So ")[0]
-        prev = problem.meta["start"]
-        for e in written_equations(first_pass):
-            if not e.checked:
-                c["first_pass_eqs"] += 1
-                c["copy_slips"] += e.a != prev
-                prev = e.result
-            elif e.fix is not None:  # "Wait, a op k = r? no, x.": the pass goes on from x
-                prev = e.fix
-        for e in written_equations(text):
-            if e.checked:
-                continue
-            carry = bool(carry_positions(e.a, e.op, e.k)) if 0 <= e.a <= 999 else True
-            c["eqs_carry" if carry else "eqs_plain"] += 1
-            c["false_carry" if carry else "false_plain"] += not e.true
-            c["operand_misreads"] += (e.op, e.k) not in ops
-        for a, op, k, r, wait in _STEP_THEN.findall(text):  # does the writer notice a slip at once?
-            kind = "true" if apply_op(int(a), op, int(k)) == int(r) else "false"
-            c[f"steps_{kind}"] += 1
-            c[f"wait_after_{kind}"] += bool(wait)
-        so, box = re.findall(r"So (-?\d+)\.", text), re.findall(r"\\boxed\{([^}]*)\}", text)
-        if so and box:
-            c["finished_with_so"] += 1
-            c["box_differs_from_so"] += box[-1] != so[-1]
-    return c
-
-
 def shard_chains(eval_dir: Path, task, seed: int) -> list[tuple]:
     """(problem, chain texts) of collected v2 evaluation shards (their sampled tokens), the problems regenerated from
     the shards' ids (the ``evaluation`` split at ``seed``, as ``--probe`` collects it)."""
@@ -255,27 +212,13 @@ def shard_chains(eval_dir: Path, task, seed: int) -> list[tuple]:
 
 
 def writer_comparison(chains, task, knobs: dict, seed: int) -> dict:
-    """:func:`trace_errors`' rates of the LM's chains (``(problem, texts)`` pairs) and of as many traces of the task's
-    writer for the same problems (``lm_trace_errors`` / ``solver_trace_errors``)."""
-    kn, rng, lm, solver = task.knobs(**knobs), random.Random(seed), Counter(), Counter()
+    """:func:`~hf_msv.testbed.task_v2.trace_errors`' rates of the LM's chains (``(problem, texts)`` pairs) and of as
+    many traces of the task's writer for the same problems (``lm_trace_errors`` / ``solver_trace_errors``)."""
+    rng, lm, solver = random.Random(seed), Counter(), Counter()
     for problem, texts in chains:
-        lm += trace_errors(texts, problem, kn)
-        solver += trace_errors([task.module.sample_trace(problem, rng, **knobs).capped_text for _ in texts],
-                               problem, kn)
+        lm += trace_errors(texts, problem)
+        solver += trace_errors([task.module.sample_trace(problem, rng, **knobs).capped_text for _ in texts], problem)
     return {"lm_trace_errors": error_rates(lm), "solver_trace_errors": error_rates(solver)}
-
-
-def error_rates(c: Counter) -> dict:
-    """:func:`trace_errors`' counts as rates."""
-    def rate(num, den):
-        return round(c[num] / c[den], 4) if c[den] else float("nan")
-
-    c = Counter(c, eqs=c["eqs_plain"] + c["eqs_carry"])
-    return {"false_eq_plain": rate("false_plain", "eqs_plain"), "false_eq_carry": rate("false_carry", "eqs_carry"),
-            "operand_misread": rate("operand_misreads", "eqs"), "copy_slip": rate("copy_slips", "first_pass_eqs"),
-            "box_differs_from_so": rate("box_differs_from_so", "finished_with_so"),
-            "wait_after_false": rate("wait_after_false", "steps_false"),
-            "wait_after_true": rate("wait_after_true", "steps_true")}
 
 
 def targets(res: dict) -> list[tuple[str, str, str, bool]]:

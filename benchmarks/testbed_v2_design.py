@@ -23,7 +23,9 @@ the written equations (a reader who verifies every step), and without the three 
 irrelevant clause; a Token-Probs proxy AUROC (the solver's own probability of the greedy terminal answer:
 1 - min(0.45, doubt + unease) for a stated answer, the mental path's probability for a derived one); accuracy at
 every Wait; Waits wrong vs right within problems; re-check outcomes (confirm / fix / break / re-read of the
-clause); distinct terminal answers per problem.
+clause); distinct terminal answers per problem; and, in the JSON, the writer's trace errors counted as
+``testbed_quality.py`` counts an LM's (:func:`hf_msv.testbed.task_v2.trace_errors`: false equations, a Wait right
+after a false / true step, and with ``check_prob`` how often an inverse check reveals a false step).
 The last line printed is the JSON summary.
 """
 
@@ -40,8 +42,8 @@ import numpy as np
 
 from hf_msv.testbed.task import apply_op
 from hf_msv.testbed.task_v2 import (
-    carry_positions, false_equations, generate_problems, knobs_v2, sample_trace, step_risk, trace_tokens,
-    written_equations,
+    carry_positions, error_rates, false_equations, generate_problems, knobs_v2, sample_trace, step_risk,
+    trace_errors, trace_tokens, written_equations,
 )
 
 
@@ -50,7 +52,8 @@ def visible_features(capped_text: str, finished: bool, problem, kn) -> list[floa
     probe): the first pass's steps as written, their carries and risk (a function of their digits), Waits, fixes,
     stated answers, the irrelevant clause's wording and whether the chain subtracted its number."""
     n_question_ops = len(problem.meta["ops"])
-    first = [e for e in written_equations(capped_text) if not e.checked][:n_question_ops]  # the first pass as written
+    # the first pass as written (not its re-checks nor its inverse checks)
+    first = [e for e in written_equations(capped_text) if not (e.checked or e.inverse)][:n_question_ops]
     dis = problem.meta.get("distractor")
     first_pass = capped_text.split(" So ")[0]
     took = bool(dis) and first_pass.count(f"-{dis[1]}=") > sum(o == ["-", dis[1]] for o in problem.meta["ops"])
@@ -103,13 +106,15 @@ def best_of_k(scores: np.ndarray, y: np.ndarray, pid: np.ndarray) -> float:
 
 
 def sample_all(problems, k: int, seed: int, knobs: dict):
-    """Per trace: (problem index, terminal right, Waits, first-Wait answer right or None, ...) and probe features."""
+    """Per trace: (problem index, terminal right, Waits, first-Wait answer right or None, ...) and probe features;
+    the final re-check outcomes and the writer's trace errors (:func:`~hf_msv.testbed.task_v2.trace_errors`)."""
     rng, kn = random.Random(seed), knobs_v2(**knobs)
-    rows, feats, finals, outcomes = [], [], [], Counter()
+    rows, feats, finals, outcomes, errors = [], [], [], Counter(), Counter()
     for pi, p in enumerate(problems):
         ans = []
         for _ in range(k):
             t = sample_trace(p, rng, **knobs)
+            errors += trace_errors([t.capped_text], p)  # counted as testbed_quality counts an LM's
             right = t.terminal.answer == p.gold
             waits = [w.answer == p.gold for w in t.waits]
             capped = t.capped_text
@@ -123,7 +128,7 @@ def sample_all(problems, k: int, seed: int, knobs: dict):
                 if piece.kind in ("check", "fix", "reread"):
                     outcomes[_outcome(piece, t, p)] += 1
         finals.append(ans)
-    return rows, np.array(feats, dtype=float), finals, outcomes
+    return rows, np.array(feats, dtype=float), finals, outcomes, errors
 
 
 def _outcome(piece, t, p) -> str:
@@ -136,7 +141,7 @@ def _outcome(piece, t, p) -> str:
     return "fix" if e.fix == apply_op(e.a, e.op, e.k) else "break" if e.true else "wrong_to_wrong"
 
 
-def summarize(problems, rows, X, finals, outcomes) -> dict:
+def summarize(problems, rows, X, finals, outcomes, errors) -> dict:
     y = np.array([r["right"] for r in rows], dtype=int)
     pid = np.array([r["problem"] for r in rows])
     fit = pid < len(problems) // 2
@@ -175,6 +180,7 @@ def summarize(problems, rows, X, finals, outcomes) -> dict:
         else float("nan"),
         "distinct_answers_per_problem": float(np.mean([len(set(a)) for a in finals])),
         "recheck_outcomes": {k: round(v / n_re, 4) for k, v in sorted(outcomes.items())},
+        "writer_trace_errors": error_rates(errors),
     }
 
 
@@ -204,6 +210,8 @@ def table(s: dict) -> list[tuple[str, str, str, bool | None]]:
         ("accuracy finished / capped (info)", "-", f"{s['acc_finished']:.3f} / {s['acc_capped']:.3f}", None),
         ("distinct terminal answers / problem (info)", "-", f"{s['distinct_answers_per_problem']:.1f}", None),
         ("re-check outcomes (info)", "mostly confirm", json.dumps(s["recheck_outcomes"]), None),
+        ("Wait right after a false / true step (info)", "-", "{wait_after_false} / {wait_after_true}".format(
+            **s["writer_trace_errors"]), None),
     ]
 
 
@@ -218,8 +226,8 @@ def main(argv=None):
     knobs = json.loads(a.knobs)
     knobs_v2(**knobs)  # validate before sampling
     problems = generate_problems("evaluation", a.n_problems, seed=a.seed, **knobs)
-    rows, X, finals, outcomes = sample_all(problems, a.samples, a.seed, knobs)
-    s = summarize(problems, rows, X, finals, outcomes)
+    rows, X, finals, outcomes, errors = sample_all(problems, a.samples, a.seed, knobs)
+    s = summarize(problems, rows, X, finals, outcomes, errors)
     rows_t = table(s)
     print(f"{'row':44s} {'target':16s} {'measured':40s} verdict")
     for name, target, measured, ok in rows_t:

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue #17's capacity question on one GPU in one ~9-min pass: does a larger testbed LM carry more per-chain signal?
 # Trains v2 LMs side by side on the same data stream (2,800 steps x 32, bf16; VARIANTS: the shipped recipe `ctl`,
-# `big` ~6x and `xl` ~18x its parameters; SEEDS: training seeds, to tell capacity from training noise), then runs
+# `big` ~6x and `xl` ~18x its parameters; `check`: the shipped shape on traces with written inverse checks, task_v2's
+# `check_prob` 1 and a 320-token cap; SEEDS: training seeds, to tell capacity from training noise), then runs
 # `benchmarks/testbed_quality.py --quick --probe` on each (the Probe collection in batches of 32 problems). Logs and
 # each benchmark's JSON go to $OUT/sweep.tgz (or ./gpu-sweep); the PASS / FAIL rows and JSON lines are printed.
 #
 #   bash scripts/gpu_lm_sweep.sh                              # ctl, big, xl at seed 0
 #   VARIANTS="ctl big" SEEDS="1 2" bash scripts/gpu_lm_sweep.sh   # two more seeds of two sizes
+#   VARIANTS="ctl check" SEEDS="0 1" bash scripts/gpu_lm_sweep.sh  # does a slip the LM can see carry the signal?
 #
 # Measured on one H200 (2026-11-27, ctl / big / xl at seed 0): training 198 / 217 / 238 s side by side; the
 # benchmarks outlasted a 220 s limit in their evaluation (three processes of 16 torch threads each on 16 cores),
@@ -27,7 +29,14 @@ shape() {  # the LM's width, depth, heads and peak learning rate
     ctl) echo "--d-model 128 --n-layers 4 --n-heads 4 --lr 2e-3" ;;
     big) echo "--d-model 256 --n-layers 6 --n-heads 8 --lr 1e-3" ;;
     xl) echo "--d-model 384 --n-layers 8 --n-heads 12 --lr 7e-4" ;;
+    check) shape ctl ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
+  esac
+}
+knobs() {  # the task knobs a variant trains and is benchmarked on (TaskKnobsV2 overrides)
+  case $1 in
+    check-*) echo '{"check_prob": 1.0, "max_trace_tokens": 320}' ;;
+    *) echo '{}' ;;
   esac
 }
 train() {  # a copy of the repository per LM: --probe collects from the task's LM directory, hf_msv/testbed/lm-v2
@@ -36,7 +45,7 @@ train() {  # a copy of the repository per LM: --probe collects from the task's L
   tar -C "$ROOT" --exclude=./.venv --exclude=./outputs --exclude=./.git -cf - . | tar -C "/tmp/repo-$name" -xf -
   (cd "/tmp/repo-$name" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/repo-$name" timeout "$TT" \
      $PY -m hf_msv.testbed.train_lm --task v2 --device "$DEV" --steps "$STEPS" --output-dir "/tmp/lm-$name" \
-     --log-every 200 "$@" > "$S/train-$name.log" 2>&1)
+     --log-every 200 --knobs "$(knobs "$name")" "$@" > "$S/train-$name.log" 2>&1)
 }
 bench() {
   local name=$1 threads=$2
@@ -44,7 +53,7 @@ bench() {
   cp /tmp/lm-"$name"/*.json /tmp/lm-"$name"/model.safetensors "/tmp/repo-$name/hf_msv/testbed/lm-v2/"
   (cd "/tmp/repo-$name" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/repo-$name" timeout "$BT" \
      $PY benchmarks/testbed_quality.py --task v2 --quick --probe --probe-batch 32 --device "$DEV" \
-     --threads "$threads" --probe-dir "/tmp/probe-$name" $EXTRA > "$S/bench-$name.log" 2>&1)
+     --threads "$threads" --probe-dir "/tmp/probe-$name" --knobs "$(knobs "$name")" $EXTRA > "$S/bench-$name.log" 2>&1)
 }
 names=()
 for v in $VARIANTS; do

@@ -1,6 +1,7 @@
 """Testbed v2 task generator and trace writer (hf_msv.testbed.task_v2): splits, parsing, knobs, determinism, and
 each design property the module docstring claims, checked on small samples where it could fail."""
 
+import math
 import random
 from dataclasses import replace
 from collections import Counter
@@ -14,6 +15,7 @@ from hf_msv.testbed.task_v2 import (
     SOURCE,
     TaskKnobsV2,
     carry_positions,
+    error_rates,
     false_equations,
     format_prompt,
     generate_problems,
@@ -24,6 +26,7 @@ from hf_msv.testbed.task_v2 import (
     sample_elicited_answer,
     sample_trace,
     step_risk,
+    trace_errors,
     trace_tokens,
     written_equations,
 )
@@ -331,3 +334,122 @@ def test_written_equations_parse_steps_rechecks_and_fixes():
         (93, "-", 14, 79, False, None), (93, "-", 14, 79, True, None)]
     assert [e.true for e in eqs] == [True, False, False, True, True]
     assert false_equations(" 38*2=76. 76+17=94. Wait, 76+17=94? no, 93.") == 1
+
+
+def test_default_writer_stream_is_unchanged():
+    """The shipped lm-v2 was trained on the default writer's stream: a knob added off by default (``check_prob``)
+    must not draw from the generator. Hash taken at commit 61c8678, before ``check_prob`` existed."""
+    import hashlib
+    import json
+
+    rng, rows = random.Random(7), []
+    for p in generate_problems("train", 40, seed=5):
+        t = sample_trace(p, rng)
+        rows.append([t.text, [(x.answer, round(x.answer_prob, 9)) for x in t.pieces], make_elicitation_example(p, rng)])
+    assert hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16] == "f9aaee4bc10eeb59"
+
+
+def test_inverse_checks_follow_each_sum_and_difference_and_a_mismatch_is_rechecked_at_once(sample):
+    """``check_prob`` 1: every ``+`` / ``-`` step of a pass is followed by its inverse ``(c op' k = a')`` (none after a
+    ``*``); a check that does not come back to ``a`` is followed at once by a re-check of the step, a check that does
+    is not followed by an immediate Wait; the checks are parsed as ``inverse`` and are not counted as false steps."""
+    kn = dict(check_prob=1.0)
+    mismatches = matches = 0
+    for i, (p, _) in enumerate(_traces(sample)[:300]):
+        t = sample_trace(p, random.Random(i), **kn)
+        pieces = t.pieces
+        for j, x in enumerate(pieces[:-1]):
+            if x.kind == "step":
+                e = written_equations(x.text)[-1]
+                assert (pieces[j + 1].kind == "verify") == (e.op != "*")
+            if x.kind == "verify":
+                (e,) = written_equations(x.text)
+                step = written_equations(pieces[j - 1].text)[-1]
+                assert e.inverse and (e.a, e.k) == (step.result, step.k) and e.op != step.op
+                nxt = pieces[j + 1]
+                if e.result != step.a:
+                    mismatches += 1
+                    assert nxt.wait and nxt.kind in ("check", "fix") and f"{step.a}{step.op}{step.k}=" in nxt.text
+                else:
+                    matches += 1
+                    assert not (nxt.wait and nxt.kind in ("check", "fix") and nxt.text.startswith(
+                        f" {DELIMITER}, {step.a}{step.op}{step.k}="))
+        assert false_equations(t.text) == sum(not e.true for e in written_equations(t.text)
+                                              if not (e.checked or e.inverse))
+    assert mismatches > 20 and matches > 5 * mismatches  # most steps are right and check back
+
+
+def test_a_consistent_misconception_passes_its_own_inverse_check():
+    """The docstring's claim: 76+17 with its carry dropped is 83, and 83-17 with its borrow dropped comes back to 76,
+    while the careful inverse (66) reveals the slip."""
+    from hf_msv.testbed.task_v2 import _columns
+
+    assert _columns(76, "+", 17, frozenset({0}))[0] == 83
+    assert _columns(83, "-", 17, frozenset({0}))[0] == 76 and _columns(83, "-", 17)[0] == 66
+    eqs = written_equations(" 76+17=83. (83-17=66) Wait, 76+17=83? no, 93.")
+    assert [(e.inverse, e.checked, e.true) for e in eqs] == [(False, False, False), (True, False, True),
+                                                             (False, True, False)]
+
+
+def test_design_benchmark_reports_the_writers_slip_noticing_with_and_without_inverse_checks(capsys):
+    """``benchmarks/testbed_v2_design.py`` counts the writer's trace errors as ``testbed_quality`` counts an LM's
+    (:func:`~hf_msv.testbed.task_v2.trace_errors`): with
+    inverse checks most checks after a false step reveal it and a Wait follows a false step far more often than
+    without them."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_v2_design.py"
+    spec = importlib.util.spec_from_file_location("testbed_v2_design", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = {}
+    for name, knobs in (("plain", {}), ("check", {"check_prob": 1.0, "max_trace_tokens": 320})):
+        bench.main(["--n-problems", "24", "--samples", "12", "--knobs", json.dumps(knobs)])
+        runs[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["writer_trace_errors"]
+    assert math.isnan(runs["plain"]["check_mismatch_after_false"])  # no checks written
+    assert runs["check"]["check_mismatch_after_false"] > 0.8 > 0.1 > runs["check"]["check_mismatch_after_true"]
+    assert runs["check"]["wait_after_false"] > runs["plain"]["wait_after_false"] + 0.1
+
+
+def test_trace_errors_count_each_kind_of_departure():
+    p = generate_problems("evaluation", 1)[0]
+    p = replace(p, meta={**p.meta, "start": 38, "ops": [["+", 20], ["+", 6], ["+", 19]], "distractor": [1, 5, 0]})
+    clean = " 38+20=58. 58+6=64. 64+19=83. So 83. Wait, 58+6=64? yes.\n### Final Answer ### \\boxed{83}"
+    rates = error_rates(trace_errors([clean], p))
+    for key in ("wait_after_false", "false_inverse_check", "check_mismatch_after_false", "check_mismatch_after_true",
+                "wait_after_check_mismatch", "wait_after_check_match"):
+        assert math.isnan(rates.pop(key))  # no false step written, no inverse check
+    assert rates == {"false_eq_plain": 0.0, "false_eq_carry": 0.0, "operand_misread": 0.0, "copy_slip": 0.0,
+                     "box_differs_from_so": 0.0, "wait_after_true": 0.0}
+    # 58+6 carries and is false; 60+19 is read from nowhere (copy slip); -5 is the irrelevant clause, not a misread;
+    # 38+21 is a misread operand; the box disagrees with the last "So"
+    bad = (" 38+21=59. 59-5=54. 58+6=65. Wait, 58+6=65? no, 64. 60+19=79. So 79. Wait, 38+21=59? yes."
+           "\n### Final Answer ### \\boxed{80}")
+    c = trace_errors([bad], p)
+    assert (c["eqs_plain"], c["false_plain"], c["eqs_carry"], c["false_carry"]) == (3, 0, 1, 1)
+    assert c["operand_misreads"] == 1 and c["first_pass_eqs"] == 4
+    assert c["copy_slips"] == 2  # 58 after 54, 60 after the fix to 64
+    assert c["box_differs_from_so"] == 1
+    # steps written "a op k = c.": 58+6=65 is false and a Wait follows it at once; the three true ones are not
+    # followed by one (the re-checks "a op k = c?" are not steps)
+    assert (c["steps_false"], c["wait_after_false"], c["steps_true"], c["wait_after_true"]) == (1, 1, 3, 0)
+
+
+def test_trace_errors_read_inverse_checks_and_the_wait_after_them():
+    """With ``check_prob`` a step is followed by its inverse ``(c op' k = a')``: not a step of the pass (no
+    copy slip, no false equation), its own falsity and whether it came back to ``a`` counted per step kind, and a
+    Wait after the check counts as a Wait right after the step."""
+    p = generate_problems("evaluation", 1)[0]
+    p = replace(p, meta={**p.meta, "start": 38, "ops": [["+", 20], ["+", 6], ["+", 19]], "distractor": None})
+    # 58+6=54 is false (a dropped carry); its check 54-6=48 is true and reveals it, then Wait; 64+19=83 is true but
+    # its check 83-19=66 is false (a false alarm); 38+20=58 checks back to 38
+    text = (" 38+20=58. (58-20=38) 58+6=54. (54-6=48) Wait, 58+6=54? no, 64. 64+19=83. (83-19=66) So 83."
+            "\n### Final Answer ### \\boxed{83}")
+    c = trace_errors([text], p)
+    assert (c["first_pass_eqs"], c["copy_slips"], c["eqs_carry"] + c["eqs_plain"]) == (3, 0, 3)
+    assert (c["false_carry"] + c["false_plain"], c["inverse_checks"], c["false_inverse_checks"]) == (1, 3, 1)
+    assert (c["steps_false"], c["wait_after_false"], c["steps_true"], c["wait_after_true"]) == (1, 1, 2, 0)
+    assert (c["checked_false"], c["check_mismatch_false"], c["checked_true"], c["check_mismatch_true"]) == (1, 1, 2, 1)
+    assert (c["checks_mismatch"], c["wait_after_mismatch"], c["checks_match"], c["wait_after_match"]) == (2, 1, 1, 0)

@@ -136,30 +136,6 @@ def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm,
     assert res["targets_measured"] >= 5 and 0 <= res["targets_passed"] <= res["targets_measured"]
 
 
-def test_trace_errors_count_each_kind_of_departure():
-    bench = _quality_bench()
-    p = task_v2.generate_problems("evaluation", 1)[0]
-    p = replace(p, meta={**p.meta, "start": 38, "ops": [["+", 20], ["+", 6], ["+", 19]], "distractor": [1, 5, 0]})
-    kn = task_v2.TaskKnobsV2()
-    clean = " 38+20=58. 58+6=64. 64+19=83. So 83. Wait, 58+6=64? yes.\n### Final Answer ### \\boxed{83}"
-    rates = bench.error_rates(bench.trace_errors([clean], p, kn))
-    assert math.isnan(rates.pop("wait_after_false"))  # no false step written
-    assert rates == {"false_eq_plain": 0.0, "false_eq_carry": 0.0, "operand_misread": 0.0, "copy_slip": 0.0,
-                     "box_differs_from_so": 0.0, "wait_after_true": 0.0}
-    # 58+6 carries and is false; 60+19 is read from nowhere (copy slip); -5 is the irrelevant clause, not a misread;
-    # 38+21 is a misread operand; the box disagrees with the last "So"
-    bad = (" 38+21=59. 59-5=54. 58+6=65. Wait, 58+6=65? no, 64. 60+19=79. So 79. Wait, 38+21=59? yes."
-           "\n### Final Answer ### \\boxed{80}")
-    c = bench.trace_errors([bad], p, kn)
-    assert (c["eqs_plain"], c["false_plain"], c["eqs_carry"], c["false_carry"]) == (3, 0, 1, 1)
-    assert c["operand_misreads"] == 1 and c["first_pass_eqs"] == 4
-    assert c["copy_slips"] == 2  # 58 after 54, 60 after the fix to 64
-    assert c["box_differs_from_so"] == 1
-    # steps written "a op k = c.": 58+6=65 is false and a Wait follows it at once; the three true ones are not
-    # followed by one (the re-checks "a op k = c?" are not steps)
-    assert (c["steps_false"], c["wait_after_false"], c["steps_true"], c["wait_after_true"]) == (1, 1, 3, 0)
-
-
 def test_shard_statistics_read_the_trace_targets_from_collected_shards(tmp_path):
     import numpy as np
 
@@ -242,7 +218,9 @@ def test_the_shipped_v2_lm_was_trained_on_the_task_defaults_and_solves_some_prob
     and its context; sampled as collection samples it, it writes boxed answers and gets some of them right."""
     log = json.loads((TASKS["v2"].lm_dir / "training_log.json").read_text())
     defaults = json.loads(json.dumps(asdict(task_v2.TaskKnobsV2())))  # tuples as JSON lists
-    assert log["task"] == "v2" and log["knobs"] == {} and log["task_knobs"] == defaults
+    # knobs added after the LM was trained are off by default and draw nothing (test_default_writer_stream_is_unchanged)
+    later = {"check_prob": 0.0}
+    assert log["task"] == "v2" and log["knobs"] == {} and {**later, **log["task_knobs"]} == defaults
     model, tok = load_testbed_lm(task="v2")
     assert model.config.max_position_embeddings == TASKS["v2"].context()
     problems = task_v2.generate_problems("evaluation", 8, seed=5)

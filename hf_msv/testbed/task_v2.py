@@ -71,6 +71,19 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   once with probability ``notice_prob`` when the step is wrong and ``false_alarm`` x its risk when right: an LM that
   sampled its less likely digit has the evidence in its own distribution, and reasoning LMs' "Wait"/"hmm" cluster
   at high-uncertainty tokens (Wang et al. 2025, "Beyond the 80/20 rule").
+* **Written verification by the inverse operation** (``check_prob``, off by default: an experiment for issue #17,
+  whose shipped LM is trained without it). Right after a ``+`` / ``-`` step the solver undoes it in writing,
+  ``76+17=93. (93-17=76)``, computing the inverse as carefully as a step; a result other than the value the step
+  started from is a mismatch a reader sees, and the solver re-checks the step at once (the immediate ``Wait`` of the
+  bullet above, now on visible evidence; a passing check confirms the step's doubt as a re-check does). A dropped
+  carry undone with a dropped borrow comes back to the start: a consistent misconception passes its own check.
+  Reasoning LMs verify intermediate results, by substitution and backward checks among them (Weng et al. 2023,
+  "Large language models are better reasoners with self-verification"; Gandhi et al. 2025, "Cognitive behaviors
+  that enable self-improving reasoners": verification is one of the four habits). Why here: the shipped 0.87 M LM
+  cannot tell a false equation it wrote from a true one (Wait after a false step 8 %, its writer 45 %), so every
+  writer mechanism conditioned on a slip is lost on it; a written inverse turns noticing into comparing two numbers.
+  With ``check_prob`` 1 the traces are longer: ``max_trace_tokens`` 320 keeps the cap and answer-count rows in
+  their bands (``benchmarks/testbed_v2_design.py``).
 * **Re-checking until confident; reflections mostly confirm.** After the pass, the chain's doubt is
   ``1 - prod(1 - d_i)`` over its steps (``d_i``: the step's risk, x ``confirm_factor`` per confirmation,
   ``conflict_doubt`` after a disagreement); the solver re-checks its most doubtful step while the doubt exceeds
@@ -95,6 +108,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
@@ -105,9 +119,9 @@ from .task import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_dis
 SOURCE = "testbed-arith-v2"
 __all__ = [
     "DELIMITER", "GEN_KNOBS", "MAX_HEDGE", "SOURCE", "SPLITS", "Equation", "Piece", "TaskKnobsV2", "TraceV2",
-    "carry_positions", "elicited_answer", "false_equations", "format_prompt", "generate_problems", "knobs_v2",
-    "make_elicitation_example", "make_trace", "make_trace_parts", "make_training_trace", "sample_elicited_answer",
-    "sample_trace", "step_risk", "trace_tokens", "written_equations",
+    "carry_positions", "elicited_answer", "error_rates", "false_equations", "format_prompt", "generate_problems",
+    "knobs_v2", "make_elicitation_example", "make_trace", "make_trace_parts", "make_training_trace",
+    "sample_elicited_answer", "sample_trace", "step_risk", "trace_errors", "trace_tokens", "written_equations",
 ]
 # The knobs of the problem generator (the others only shape traces), as in task.GEN_KNOBS
 GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors", "distractor_prob")
@@ -133,6 +147,7 @@ class TaskKnobsV2:
     mental_factor: float = 5.5  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
     guess_prob: float = 0.55  # P(the chain opens with a one-line mental guess)
     notice_prob: float = 0.45  # P(an immediate Wait after a wrong step)
+    check_prob: float = 0.0  # P(a written + / - step is checked at once by its inverse: " 76+17=93. (93-17=76)")
     false_alarm: float = 0.5  # P(an immediate Wait after a right step) = false_alarm * the step's risk
     recheck_factor: float = 0.3  # a re-check's error rate relative to the first computation
     persist_prob: float = 0.5  # P(a re-check of a wrong step repeats the same slip: the error is systematic)
@@ -340,7 +355,8 @@ class Piece:
     from it: none, the answer is stated and an elicitation copies it; some, they are done mentally (derived)."""
 
     text: str
-    kind: str  # "guess", "step", "so", "check" (a re-check that confirms), "fix" (one that disagrees), "reread"
+    kind: str  # "guess", "step", "verify" (an inverse check), "so", "check" (a re-check that confirms), "fix" (one
+    # that disagrees), "reread"
     value: int
     rest: tuple
     wait: bool = False  # the piece opens a segment with the delimiter
@@ -354,7 +370,8 @@ class Piece:
 
 class Equation(NamedTuple):
     """One equation written in a v2 trace: ``a op k = result``; ``checked`` for a re-check (``a op k = result?``),
-    whose ``fix`` is the value it replaces ``result`` with (``? no, fix.``; None when it confirms)."""
+    whose ``fix`` is the value it replaces ``result`` with (``? no, fix.``; None when it confirms); ``inverse`` for
+    a step's inverse check (``(result op' k = a')``, :attr:`TaskKnobsV2.check_prob`)."""
 
     a: int
     op: str
@@ -362,24 +379,100 @@ class Equation(NamedTuple):
     result: int
     checked: bool
     fix: int | None
+    inverse: bool = False
 
     @property
     def true(self) -> bool:
         return apply_op(self.a, self.op, self.k) == self.result
 
 
-_EQUATION = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
+_EQUATION = re.compile(r"(\()?(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
 
 
 def written_equations(text: str) -> list[Equation]:
     """The equations of a v2 trace (the solver's or an LM's) in order, as a reader parses them."""
-    return [Equation(int(a), op, int(k), int(r), bool(q), int(f) if f else None)
-            for a, op, k, r, q, f in _EQUATION.findall(text)]
+    return [Equation(int(a), op, int(k), int(r), bool(q), int(f) if f else None, bool(c))
+            for c, a, op, k, r, q, f in _EQUATION.findall(text)]
 
 
 def false_equations(text: str) -> int:
-    """Written steps ``a op k = c`` (not the ``?`` re-checks) that are arithmetically false."""
-    return sum(not e.checked and not e.true for e in written_equations(text))
+    """Written steps ``a op k = c`` (not the ``?`` re-checks nor the inverse checks) that are arithmetically false."""
+    return sum(not (e.checked or e.inverse) and not e.true for e in written_equations(text))
+
+
+# a written step, its inverse check if any (check_prob), and a Wait right after them
+_STEP_THEN = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)\.(?: \(-?\d+[+-]\d+=(-?\d+)\))?\s*(Wait)?")
+
+
+def trace_errors(texts: list[str], problem: Problem) -> Counter:
+    """Counts of where v2 traces (an LM's or the writer's, counted alike) depart from ``problem``: written equations
+    ``a op k = c`` (not the ``?`` re-checks) that are false, split by whether the step has a carry / borrow
+    (``false_plain`` / ``eqs_plain``, ``false_carry`` / ``eqs_carry``); equations whose ``op k`` is in neither the
+    question nor its irrelevant clause (``operand_misreads``); first-pass equations that do not start from the value
+    written before (``copy_slips`` / ``first_pass_eqs``); final boxes that differ from the last ``So X.``; how often
+    a written step is followed at once by ``Wait`` (after its inverse check, if any), for false and for true steps
+    (``wait_after_false`` / ``steps_false``: does the writer notice its own slips?); and the inverse checks
+    ``(c op' k = a')`` that are false, after a false / true step those that do not come back to ``a``
+    (``check_mismatch_false`` / ``checked_false``: a slip revealed), and how often a Wait follows a check that does
+    not / does come back (``wait_after_mismatch`` / ``checks_mismatch``: a revealed slip acted on).
+    :func:`error_rates` turns them into rates."""
+    ops = {(op, int(k)) for op, k in problem.meta["ops"]}
+    if problem.meta.get("distractor"):
+        ops.add(("-", int(problem.meta["distractor"][1])))
+    c = Counter()
+    for text in texts:
+        prev = problem.meta["start"]
+        for e in written_equations(text.split(" So ")[0]):  # the first pass
+            if e.inverse:  # checks a step; the pass goes on from its result
+                continue
+            if not e.checked:
+                c["first_pass_eqs"] += 1
+                c["copy_slips"] += e.a != prev
+                prev = e.result
+            elif e.fix is not None:  # "Wait, a op k = r? no, x.": the pass goes on from x
+                prev = e.fix
+        for e in written_equations(text):
+            if e.inverse:
+                c["inverse_checks"] += 1
+                c["false_inverse_checks"] += not e.true
+            elif not e.checked:
+                carry = bool(carry_positions(e.a, e.op, e.k)) if 0 <= e.a <= 999 else True
+                c["eqs_carry" if carry else "eqs_plain"] += 1
+                c["false_carry" if carry else "false_plain"] += not e.true
+                c["operand_misreads"] += (e.op, e.k) not in ops
+        for a, op, k, r, back, wait in _STEP_THEN.findall(text):
+            kind = "true" if apply_op(int(a), op, int(k)) == int(r) else "false"
+            c[f"steps_{kind}"] += 1
+            c[f"wait_after_{kind}"] += bool(wait)
+            if back:  # its inverse check: does it come back to the value the step started from?
+                seen = "mismatch" if int(back) != int(a) else "match"
+                c[f"checked_{kind}"] += 1
+                c[f"check_mismatch_{kind}"] += seen == "mismatch"
+                c[f"checks_{seen}"] += 1  # and is a mismatch acted on?
+                c[f"wait_after_{seen}"] += bool(wait)
+        so, box = re.findall(r"So (-?\d+)\.", text), re.findall(r"\\boxed\{([^}]*)\}", text)
+        if so and box:
+            c["finished_with_so"] += 1
+            c["box_differs_from_so"] += box[-1] != so[-1]
+    return c
+
+
+def error_rates(c: Counter) -> dict:
+    """:func:`trace_errors`' counts as rates (nan where nothing was counted)."""
+    def rate(num, den):
+        return round(c[num] / c[den], 4) if c[den] else float("nan")
+
+    c = Counter(c, eqs=c["eqs_plain"] + c["eqs_carry"])
+    return {"false_eq_plain": rate("false_plain", "eqs_plain"), "false_eq_carry": rate("false_carry", "eqs_carry"),
+            "operand_misread": rate("operand_misreads", "eqs"), "copy_slip": rate("copy_slips", "first_pass_eqs"),
+            "box_differs_from_so": rate("box_differs_from_so", "finished_with_so"),
+            "wait_after_false": rate("wait_after_false", "steps_false"),
+            "wait_after_true": rate("wait_after_true", "steps_true"),
+            "false_inverse_check": rate("false_inverse_checks", "inverse_checks"),
+            "check_mismatch_after_false": rate("check_mismatch_false", "checked_false"),
+            "check_mismatch_after_true": rate("check_mismatch_true", "checked_true"),
+            "wait_after_check_mismatch": rate("wait_after_mismatch", "checks_mismatch"),
+            "wait_after_check_match": rate("wait_after_match", "checks_match")}
 
 
 def trace_tokens(text: str) -> int:
@@ -428,9 +521,25 @@ class _Solver:
             self.doubt[i] = risk
             self.add(f"{prefix} {a}{op}{k}={self.vals[i + 1]}.", "step", i + 1, wait=prefix.startswith(" Wait"))
             prefix = ""
-            wrong = self.vals[i + 1] != apply_op(a, op, k)
-            if self.rng.random() < (self.kn.notice_prob if wrong else self.kn.false_alarm * risk):
+            if op != "*" and self.kn.check_prob and self.rng.random() < self.kn.check_prob:
+                noticed = self.inverse_check(i)
+            else:
+                wrong = self.vals[i + 1] != apply_op(a, op, k)
+                noticed = self.rng.random() < (self.kn.notice_prob if wrong else self.kn.false_alarm * risk)
+            if noticed:
                 self.recheck(i, mid=True)
+
+    def inverse_check(self, i: int) -> bool:
+        """``(c op' k = a')``: step ``i`` undone, computed carefully; True when ``a'`` is not the ``a`` written
+        before it (the mismatch a reader sees). A dropped carry undone with a dropped borrow comes back to ``a``:
+        the same misconception passes its own check."""
+        (op, k), a, c = self.ops[i], self.vals[i], self.vals[i + 1]
+        inv = "-" if op == "+" else "+"
+        back, _ = _compute(self.rng, c, inv, k, self.kn, 1.0)
+        if back == a:
+            self.doubt[i] *= self.kn.confirm_factor
+        self.add(f" ({c}{inv}{k}={back})", "verify", i + 1)
+        return back != a
 
     def recheck(self, i: int, mid: bool) -> bool:
         """Recompute step ``i`` carefully; a disagreement replaces it (a fix, or a break). True if it changed."""
