@@ -30,8 +30,9 @@ right sequences, majority-right share). For ``--task v2``, :func:`hf_msv.testbed
 the LM departs from the trace writer it imitates, counted the same way on the LM's traces and on the writer's own for
 the same problems (``lm_trace_errors`` / ``solver_trace_errors``: false equations with and without a carry, misread
 operands, copy slips, final boxes that differ from the last ``So X.``, a Wait right after a false / true step, and
-with ``--knobs '{"check_prob": 1.0, ...}'`` how often an inverse check reveals a false step). Every target of issue #17 that the run measured is printed
-as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line printed is the JSON summary.
+with ``--knobs '{"check_prob": 1.0, ...}'`` how often an inverse check reveals a false step). Every target of issue
+#17 that the run measured is printed as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line
+printed is the JSON summary.
 """
 
 from __future__ import annotations
@@ -289,22 +290,21 @@ def main(argv=None):
     ap.add_argument("--score-only", action="store_true", help="score the shards and Probe already in --probe-dir "
                     "(e.g. brought back from a GPU machine) and sample nothing: the Probe and shard rows only")
     a = ap.parse_args(argv)
+    task, knobs = TASKS[a.task], json.loads(a.knobs)
     if a.score_only:
         if not a.probe_dir:
             ap.error("--score-only scores an existing --probe-dir")
         work, res = Path(a.probe_dir), {"samples_per_problem": a.samples}
         if a.task == "v2":  # first: it refuses shards of other problems than --seed's
-            res |= writer_comparison(shard_chains(work / "evaluation", TASKS[a.task], a.seed), TASKS[a.task], {},
-                                     a.seed)
+            res |= writer_comparison(shard_chains(work / "evaluation", task, a.seed), task, knobs, a.seed)
         return print_targets(res | probe_scores(work, a.samples) | shard_statistics(work / "evaluation"))
-    if a.probe and a.model_dir and Path(a.model_dir).resolve() != TASKS[a.task].lm_dir.resolve():
-        ap.error(f"--probe collects from the task's LM directory ({TASKS[a.task].lm_dir}): copy the LM there")
+    if a.probe and a.model_dir and Path(a.model_dir).resolve() != task.lm_dir.resolve():
+        ap.error(f"--probe collects from the task's LM directory ({task.lm_dir}): copy the LM there")
     if a.threads:
         torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t_start = time.time()
-    task, knobs = TASKS[a.task], json.loads(a.knobs)
     model_dir = a.model_dir or str(task.lm_dir)
     max_new_tokens = a.max_new_tokens or task.sampling_cap(knobs) or 224
     format_prompt = task.module.format_prompt

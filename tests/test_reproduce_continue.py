@@ -22,8 +22,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 @pytest.fixture
 def report_dir(tmp_path) -> Path:
     """A copy of the committed v2 report (summary, main results) as a sitting's output directory, with the studies
-    of its later sittings (delimiters, masks, grouping, training size) taken out (entries, claims, report links, vote checks, sittings), so
-    that a sitting has a study to run and the report reads as after its first sitting."""
+    of its later sittings (delimiters, masks, grouping, training size) taken out (entries, claims, report links, vote
+    checks, sittings), so that a sitting has a study to run and the report reads as after its first sitting."""
     out = tmp_path / "results"
     out.mkdir()
     shutil.copy(RESULTS / "testbed-v2-main.json", out / "testbed-v2-main.json")

@@ -250,6 +250,10 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
         assert again[key] == first[key] or (math.isnan(again[key]) and math.isnan(first[key])), key
     assert again["shard_sequences"] == 24 and again["targets_measured"] >= 3
     assert set(again["lm_trace_errors"]) == set(again["solver_trace_errors"]) >= {"wait_after_false"}
+    assert math.isnan(again["solver_trace_errors"]["check_mismatch_after_false"])  # the default writer checks nothing
+    checked = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "4", "--knobs", '{"check_prob": 1.0}'])
+    assert checked["solver_trace_errors"]["false_inverse_check"] >= 0  # the writer it compares with is --knobs'
+    assert json.dumps(checked["lm_trace_errors"]) == json.dumps(again["lm_trace_errors"])  # the same LM chains
     for name in ("probe", "token_probs"):  # the intervals' own pooled AUROC is the evaluation's, inside its interval
         est, (low, high) = again[f"{name}_auroc_n1_pooled"], again[f"{name}_auroc_n1_interval"]
         assert 0 < est < 1 and est == pytest.approx(again[f"{name}_auroc_n1"], abs=1e-4) and low <= est <= high
