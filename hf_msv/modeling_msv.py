@@ -596,45 +596,42 @@ class MSVVerifier(MSVPreTrainedModel):
         self._check_inputs(hidden_states, token_answer, answer_sequence, num_answers, cache)
         streaming = self.config.streaming
         offset = cache.num_answers if cache is not None else 0
-        if cache is not None and cache.num_answers:
-            old = cache.answers
-            for g in torch.unique(answer_group).tolist():
-                cached_end = old["end"][old["group"] == g]
-                # Strict: answers that end together see each other, so they must arrive in the same call.
-                if len(cached_end) and answer_end[answer_group == g].min() <= cached_end.max():
-                    raise ValueError(f"online scoring needs answers in end-time order, but group {g} has a new "
-                                     f"answer ending no later than an already cached one ({int(cached_end.max())}); "
-                                     "score answers that end at the same time in one call.")
-            every = {"group": torch.cat([old["group"], answer_group]), "sequence": torch.cat([old["sequence"],
-                     answer_sequence]), "step": torch.cat([old["step"], answer_step]),
-                     "end": torch.cat([old["end"], answer_end]), "class": torch.cat([old["class"], answer_class])}
-        else:
-            every = {"group": answer_group, "sequence": answer_sequence, "step": answer_step, "end": answer_end,
-                     "class": answer_class}
+        new = {"group": answer_group, "sequence": answer_sequence, "step": answer_step, "end": answer_end,
+               "class": answer_class}
+        every = _with_cached_answers(new, cache)
         new_rows = torch.arange(offset, offset + num_answers, device=device)
-
         if gamma is None:
             gamma = compute_gamma(every["group"], every["sequence"], every["step"], every["end"], every["class"],
                                   streaming, rows=new_rows if offset else None)
         gamma = gamma.to(device=device, dtype=torch.float32)
 
-        # Sort tokens by (group, end, answer): each answer stays contiguous, and every query's allowed keys become
-        # one window [group start, last key that ended no later) — the chunked backend only visits that window.
-        meta = torch.stack([answer_group, answer_sequence, torch.arange(num_answers, device=device) + offset,
-                            answer_class, answer_end])[:, token_answer]
-        order = torch.argsort(meta[ANSWER], stable=True)
-        if streaming:
-            order = order[torch.argsort(meta[END][order], stable=True)]
-        order = order[torch.argsort(meta[GROUP][order], stable=True)]
-        meta = meta[:, order]
-        x = hidden_states.to(device=device, dtype=self.dtype)[order] + self.sequence_embedding(meta[SEQUENCE])
+        readout = self._encode(hidden_states, token_answer, new, offset, cache)
+        logits = self.head(readout + self.gamma_mlp(gamma[:, None].to(readout.dtype))).squeeze(-1).float()
+        if self.config.gamma_skip:
+            # Per answer and before averaging, so the cache's raw logits and logit averaging include it. On γ itself,
+            # not logit(γ): γ = 1 is common (unanimous groups) and the guard's calibrated self-consistency is Platt
+            # on γ, so (w, b) from the same fit reproduce that baseline exactly.
+            logits = logits + self.gamma_skip_weight.float() * gamma + self.gamma_skip_bias.float()
+        raw_logits = logits
+        if self.config.logit_averaging and num_answers:
+            all_logits = torch.cat([cache.answers["raw_logit"], logits]) if offset else logits
+            logits = average_logits(all_logits, every["group"], every["end"], every["class"], streaming,
+                                    rows=new_rows if offset else None)
         if cache is not None:
-            key_lo, key_hi = [0] * len(order), [cache.num_tokens + len(order)] * len(order)
-            cache.begin(meta)
-        else:
-            group_key = meta[GROUP] * (int(meta[END].max()) + 1) + meta[END] if streaming and len(order) else meta[GROUP]
-            key_lo = torch.searchsorted(meta[GROUP], meta[GROUP]).tolist()
-            key_hi = torch.searchsorted(group_key, group_key, right=True).tolist()
+            cache.commit({**new, "raw_logit": raw_logits.detach()})
+
+        loss = None
+        if labels is not None:
+            labels = labels.to(device=device, dtype=torch.float32)
+            keep = labels >= 0
+            loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
+        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma, cache=cache)
+
+    def _encode(self, hidden_states, token_answer, new: dict, offset: int, cache) -> torch.Tensor:
+        """The blocks over the packed tokens; returns one readout vector per new answer, `(A, d)`."""
+        device, num_answers = token_answer.device, len(new["group"])
+        meta, order, key_lo, key_hi = _sorted_tokens(new, token_answer, offset, cache, self.config.streaming)
+        x = hidden_states.to(device=device, dtype=self.dtype)[order] + self.sequence_embedding(meta[SEQUENCE])
         # With last-token readout the last block is queried only at each answer's last token (exact: no other
         # output of that block is read), which cuts its attention and MLP by ~L×.
         positions = torch.arange(len(order), device=device)
@@ -649,36 +646,54 @@ class MSVVerifier(MSVPreTrainedModel):
             if cache is not None:
                 cache.rollback()
             raise
-
         if self.config.readout == "mean":
             sorted_answer = meta[ANSWER] - offset
             summed = torch.zeros(num_answers, x.shape[1], dtype=x.dtype, device=device).index_add_(0, sorted_answer, x)
-            readout = summed / torch.bincount(sorted_answer, minlength=num_answers).clamp(min=1)[:, None].to(x.dtype)
-        else:
-            readout = torch.empty_like(x)
-            readout[answer_of_row] = x
-        logits = self.head(readout + self.gamma_mlp(gamma[:, None].to(x.dtype))).squeeze(-1).float()
-        if self.config.gamma_skip:
-            # Per answer and before averaging, so the cache's raw logits and logit averaging include it. On γ itself,
-            # not logit(γ): γ = 1 is common (unanimous groups) and the guard's calibrated self-consistency is Platt
-            # on γ, so (w, b) from the same fit reproduce that baseline exactly.
-            logits = logits + self.gamma_skip_weight.float() * gamma + self.gamma_skip_bias.float()
+            return summed / torch.bincount(sorted_answer, minlength=num_answers).clamp(min=1)[:, None].to(x.dtype)
+        readout = torch.empty_like(x)
+        readout[answer_of_row] = x
+        return readout
 
-        raw_logits = logits
-        if self.config.logit_averaging and num_answers:
-            all_logits = torch.cat([cache.answers["raw_logit"], logits]) if offset else logits
-            logits = average_logits(all_logits, every["group"], every["end"], every["class"], streaming,
-                                    rows=new_rows if offset else None)
-        if cache is not None:
-            cache.commit({"group": answer_group, "sequence": answer_sequence, "step": answer_step,
-                          "end": answer_end, "class": answer_class, "raw_logit": raw_logits.detach()})
 
-        loss = None
-        if labels is not None:
-            labels = labels.to(device=device, dtype=torch.float32)
-            keep = labels >= 0
-            loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
-        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma, cache=cache)
+def _with_cached_answers(new: dict, cache) -> dict:
+    """The fields of every answer the call scores against, `(A_cached + A,)` each: the cached answers, then `new`.
+
+    Online scoring needs the new answers in end-time order after the cached ones of their group; checked here."""
+    if cache is None or not cache.num_answers:
+        return new
+    old = cache.answers
+    for g in torch.unique(new["group"]).tolist():
+        cached_end = old["end"][old["group"] == g]
+        # Strict: answers that end together see each other, so they must arrive in the same call.
+        if len(cached_end) and new["end"][new["group"] == g].min() <= cached_end.max():
+            raise ValueError(f"online scoring needs answers in end-time order, but group {g} has a new "
+                             f"answer ending no later than an already cached one ({int(cached_end.max())}); "
+                             "score answers that end at the same time in one call.")
+    return {k: torch.cat([old[k], v]) for k, v in new.items()}
+
+
+def _sorted_tokens(new: dict, token_answer, offset: int, cache, streaming: bool):
+    """Sort the tokens by (group, end, answer): each answer stays contiguous, and every query's allowed keys become
+    one window [group start, last key that ended no later), which the chunked backend alone visits.
+
+    Returns (meta `(5, T)` sorted, order `(T,)`, key_lo, key_hi: lists of T ints); with a cache, the window is
+    everything cached and new, and the cache is told the new tokens' metadata."""
+    num_answers = len(new["group"])
+    answer_ids = torch.arange(num_answers, device=token_answer.device) + offset
+    meta = torch.stack([new["group"], new["sequence"], answer_ids, new["class"], new["end"]])[:, token_answer]
+    order = torch.argsort(meta[ANSWER], stable=True)
+    if streaming:
+        order = order[torch.argsort(meta[END][order], stable=True)]
+    order = order[torch.argsort(meta[GROUP][order], stable=True)]
+    meta = meta[:, order]
+    if cache is not None:
+        window = cache.num_tokens + len(order)
+        cache.begin(meta)
+        return meta, order, [0] * len(order), [window] * len(order)
+    group_key = meta[GROUP] * (int(meta[END].max()) + 1) + meta[END] if streaming and len(order) else meta[GROUP]
+    key_lo = torch.searchsorted(meta[GROUP], meta[GROUP]).tolist()
+    key_hi = torch.searchsorted(group_key, group_key, right=True).tolist()
+    return meta, order, key_lo, key_hi
 
 
 def check_compatible(verifier: MSVVerifier, model) -> None:

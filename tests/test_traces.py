@@ -194,7 +194,7 @@ def test_collect_from_traces_writes_the_live_shards(testbed, live_collection, tm
 
 
 def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp_path, monkeypatch):
-    import hf_msv.collect.from_traces as from_traces
+    import hf_msv.collect.live as live  # where a collection learns its process rank (start_collection)
 
     model, tok = testbed
     _, path = live_collection
@@ -222,7 +222,7 @@ def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp
     for rank in (0, 1):
         state = SimpleNamespace(process_index=rank, num_processes=2, is_main_process=rank == 0,
                                 is_local_main_process=rank == 0, wait_for_everyone=lambda: None)
-        monkeypatch.setattr(from_traces, "process_state", lambda: state)
+        monkeypatch.setattr(live, "process_state", lambda: state)
         result = collect_from_traces(model, tok, path, tmp_path / "split", **REENCODE)
         assert result.problems == (2 if rank == 0 else 1)
     split, single = problems_by_id(tmp_path / "split"), problems_by_id(tmp_path / "whole")

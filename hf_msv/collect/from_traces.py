@@ -22,16 +22,14 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 from ..data import STORAGE_DTYPES
-from ..utils import process_state
-from .lm import lm_info, prompt_builder
-from .live import CollectResult, collection_job
+from .lm import lm_info, prompt_builder, template_name
+from .live import CollectResult, collection_job, start_collection
 from .recording import build_record
 from .reencode import EncodedTrace, TraceReencoder, encode_trace, eos_token_ids
-from .store import ShardStore, check_settings, done_problem_ids, pending_batches
+from .store import ShardStore
 from .traces import Trace, TraceError, TraceFile, read_traces
 
 __all__ = ["collect_from_traces"]
@@ -180,38 +178,25 @@ def collect_from_traces(
                                chat_template=chat_template, top_k=confidence_top_k if confidence == "trace" else None,
                                skip_bad_lines=skip_bad_lines)
 
-    state = process_state()
-    rank, world = state.process_index, state.num_processes
-    root = Path(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     checker_kwargs = dict(checker_kwargs or {})
     # Everything that changes what is stored; resuming with other values would mix two datasets.
     settings = {"collected_from": "traces", "traces_fingerprint": file.fingerprint, "num_samples": file.num_samples,
                 "mode": mode, "delimiters": delimiters, "every_k_tokens": every_k_tokens,
                 "keep_delimiter": keep_delimiter, "elicitation_prompt": elicitation_prompt,
                 "max_answer_tokens": max_answer_tokens, "checker": checker, "checker_kwargs": checker_kwargs,
-                "prompt_template": prompt_template if isinstance(prompt_template, str) else
-                f"{getattr(prompt_template, '__module__', '')}.{getattr(prompt_template, '__qualname__', '')}",
-                "chat_template": chat_template, "problems_per_shard": problems_per_shard,
-                "problems_per_batch": problems_per_batch, "dtype": dtype, "confidence": confidence,
-                "confidence_top_k": confidence_top_k, **lm_info(model, tokenizer)}
-    check_settings(root, settings, state.is_main_process, overwrite, state)
-    store = ShardStore(root, rank, world, problems_per_shard, dtype, _info(settings, file, bad))
-    store.recover()
-    state.wait_for_everyone()
-    mine = encoded[rank::world]
-    by_id = {e.problem.id: e for e in mine}
-    todo = pending_batches([e.problem for e in mine], problems_per_batch, done_problem_ids(root))
-    skipped = len(mine) - sum(len(left) for _, _, left in todo)
-    result = CollectResult(str(root), rank, world, problems=len(mine), skipped=skipped, generated=0)
-
+                "prompt_template": template_name(prompt_template), "chat_template": chat_template,
+                "problems_per_shard": problems_per_shard, "problems_per_batch": problems_per_batch, "dtype": dtype,
+                "confidence": confidence, "confidence_top_k": confidence_top_k, **lm_info(model, tokenizer)}
+    state, store, todo, result = start_collection(output_dir, settings, _info(settings, file, bad),
+                                                  [e.problem for e in encoded], overwrite=overwrite)
+    by_id = {e.problem.id: e for e in encoded}
     checker_obj = get_checker(checker, **checker_kwargs)
     matcher = DelimiterMatcher(tokenizer, delimiters) if delimiters and mode == "streaming" else None
     reencoder = TraceReencoder(model, tokenizer, elicitor, matcher=matcher, every_k_tokens=every_k_tokens,
                                streaming=mode == "streaming", max_batch_tokens=max_batch_tokens,
                                chunk_tokens=chunk_tokens, confidence_top_k=confidence_top_k if confidence == "model"
                                else None)
-    with collection_job(model, store, result, state, root):
+    with collection_job(model, store, result, state):
         _reencode_batches(reencoder, todo, by_id, store, result, checker_obj,
                           use_trace_confidence=confidence == "trace", progress=progress and state.is_local_main_process)
     return result

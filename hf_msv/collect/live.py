@@ -57,7 +57,7 @@ from ..data import STORAGE_DTYPES
 from ..utils import process_state
 from .config import CollectConfig, build_parser
 from .confidence import ConfidenceRecorder
-from .lm import lm_info, load_lm, load_problems, prompt_builder
+from .lm import lm_info, load_lm, load_problems, prompt_builder, template_name
 from .recording import build_record
 from .store import ShardStore, check_settings, done_problem_ids, pending_batches, write_index
 
@@ -156,35 +156,21 @@ def collect(
     if len(set(ids)) != len(ids):
         raise ValueError("problem ids must be unique: shards and resumption key on them")
     delimiters = ["Wait"] if delimiters is None else list(delimiters)
-    state = process_state()
-    rank, world = state.process_index, state.num_processes
-    root = Path(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     checker_kwargs = dict(checker_kwargs or {})
     # Everything that changes what is sampled or stored; resuming with other values would mix two datasets.
     settings = {"num_samples": num_samples, "max_new_tokens": max_new_tokens, "temperature": temperature,
                 "top_p": top_p, "top_k": top_k, "mode": mode, "delimiters": delimiters,
                 "every_k_tokens": every_k_tokens, "elicitation_prompt": elicitation_prompt,
                 "max_answer_tokens": max_answer_tokens, "checker": checker, "checker_kwargs": checker_kwargs,
-                "prompt_template": prompt_template if isinstance(prompt_template, str) else
-                f"{getattr(prompt_template, '__module__', '')}.{getattr(prompt_template, '__qualname__', '')}",
-                "problems_per_shard": problems_per_shard, "problems_per_batch": problems_per_batch, "seed": seed,
-                "dtype": dtype, "confidence_top_k": confidence_top_k, **lm_info(model, tokenizer)}
-    check_settings(root, settings, state.is_main_process, overwrite, state)
-
+                "prompt_template": template_name(prompt_template), "problems_per_shard": problems_per_shard,
+                "problems_per_batch": problems_per_batch, "seed": seed, "dtype": dtype,
+                "confidence_top_k": confidence_top_k, **lm_info(model, tokenizer)}
     info = dict(settings, format_version="1", token_logprobs_source="generation")
-    store = ShardStore(root, rank, world, problems_per_shard, dtype, info)
-    store.recover()
-    state.wait_for_everyone()  # every rank has cleaned up before anyone reads the done set
-    mine = list(problems[rank::world])
-    todo = pending_batches(mine, problems_per_batch, done_problem_ids(root))
-    skipped = len(mine) - sum(len(left) for _, _, left in todo)
-    result = CollectResult(str(root), rank, world, problems=len(mine), skipped=skipped, generated=0)
-
+    state, store, todo, result = start_collection(output_dir, settings, info, problems, overwrite=overwrite)
     checker_obj = get_checker(checker, **checker_kwargs)
     sampling = dict(num_sequences=num_samples, max_new_tokens=max_new_tokens, do_sample=True,
                     temperature=temperature, top_p=top_p, top_k=top_k)
-    with collection_job(model, store, result, state, root) as start:
+    with collection_job(model, store, result, state) as start:
         with prepare_generation(model, tokenizer, None, mode=mode, delimiters=delimiters,
                                 every_k_tokens=every_k_tokens, elicitation_prompt=elicitation_prompt,
                                 max_answer_tokens=max_answer_tokens, checker=checker_obj,
@@ -195,8 +181,29 @@ def collect(
     return result
 
 
+def start_collection(output_dir, settings: dict, info: dict, problems: Sequence[Problem], *, overwrite: bool = False):
+    """Open `output_dir` for this process's share of a collection, live or re-encoded (module docstring).
+
+    Checks `settings` against a collection already there (``overwrite``: start over), recovers what a killed run
+    left, and finds the batches still to do of this process's problems, ``problems[rank::world]``. `settings` needs
+    ``problems_per_shard``, ``problems_per_batch`` and ``dtype``; `info` is the shard info. Returns (process state,
+    `ShardStore`, pending batches as `pending_batches` gives them, `CollectResult`)."""
+    state = process_state()
+    rank, world = state.process_index, state.num_processes
+    root = Path(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    check_settings(root, settings, state.is_main_process, overwrite, state)
+    store = ShardStore(root, rank, world, settings["problems_per_shard"], settings["dtype"], info)
+    store.recover()
+    state.wait_for_everyone()  # every rank has cleaned up before anyone reads the done set
+    mine = list(problems[rank::world])
+    todo = pending_batches(mine, settings["problems_per_batch"], done_problem_ids(root))
+    skipped = len(mine) - sum(len(left) for _, _, left in todo)
+    return state, store, todo, CollectResult(str(root), rank, world, problems=len(mine), skipped=skipped, generated=0)
+
+
 @contextlib.contextmanager
-def collection_job(model, store: ShardStore, result: CollectResult, state, root: Path):
+def collection_job(model, store: ShardStore, result: CollectResult, state):
     """The frame of one process's collection job, live or re-encoded (yields its start time): the LM in eval mode
     and the store finished; whatever happens, the LM's mode restored and `result` given the seconds and the shards
     written; once every rank is done, the main process writes the manifest over all shards."""
@@ -212,7 +219,7 @@ def collection_job(model, store: ShardStore, result: CollectResult, state, root:
         result.shards = [str(p) for p in store.written]
     state.wait_for_everyone()
     if state.is_main_process:
-        write_index(root)
+        write_index(store.root)
 
 
 def _sample_batches(session, model, todo, store: ShardStore, result: CollectResult, build_prompt, sampling: dict,

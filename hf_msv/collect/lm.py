@@ -81,6 +81,13 @@ def prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:
     return lambda p: template.replace("{question}", p.question)
 
 
+def template_name(template) -> str:
+    """How a prompt template is recorded in a collection's settings: the string, or a callable's qualified name."""
+    if isinstance(template, str):
+        return template
+    return f"{getattr(template, '__module__', '')}.{getattr(template, '__qualname__', '')}"
+
+
 def lm_info(model, tokenizer) -> dict:
     """What identifies the LM a collection was sampled from (stored in its settings, so resuming checks it)."""
     config = model.config.get_text_config()

@@ -226,17 +226,10 @@ def evaluate_study(
             value is called in the report; problems without a value are left out of the breakdown.
     Returns the results dict also written to ``{output_dir}/{report_name}.json``.
     """
-    from tqdm.auto import tqdm
-
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset = ShardDataset(eval_dir, checker=checker, checker_kwargs=checker_kwargs)
-    available = dataset.num_sequences  # the dataset's default N is the fewest sequences any problem has
-    ns = sorted({int(n) for n in (num_sequences_list or default_num_sequences(available))})
-    if ns[-1] > available:  # checked before any verifier is loaded
-        grid = " ".join(map(str, default_num_sequences(available)))
-        raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {available} sequences: "
-                         f"ask for N <= {available} (e.g. --num-sequences {grid}, the default)")
+    ns = _checked_ns(num_sequences_list, dataset.num_sequences)
     seed_entries = load_verifier_seeds(verifiers)
     val_data = None if val_dir is None else ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs)
     prm_scorer, lm_tok = _load_prm(prm, prm_kwargs, lm_tokenizer, dataset, val_data)
@@ -254,27 +247,13 @@ def evaluate_study(
                       None if val is None else with_verifiers(val, entries, max_tokens), entries, wv_threshold,
                       max_tokens, lambdas, target_accuracy, target_fraction, ltt_delta, cost_groups, edges, bootstrap)
                for entries in seed_entries]
-    entries = seed_entries[0]
+    settings = dict(bootstrap=bootstrap, checker=None if checker is None else str(checker),
+                    checker_kwargs=checker_kwargs or {}, wv_threshold=wv_threshold, deepconf_window=deepconf_window,
+                    deepconf_stat=deepconf_stat, target_accuracy=target_accuracy, target_fraction=target_fraction,
+                    ltt_delta=ltt_delta)
     results: dict = {
         "title": title,
-        "config": {"eval_dir": str(eval_dir), "val_dir": None if val_dir is None else str(val_dir),
-                   "verifiers": {e.name: {"kind": e.kind, "num_sequences": e.num_sequences,
-                                          "modes": sorted(e.models)} for e in entries},
-                   "num_sequences_list": ns, "training_seeds": len(seed_entries),
-                   "groups": "fixed partition of the collected sequences into ⌊S/N⌋ groups of N per problem",
-                   "bootstrap": bootstrap, "checker": None if checker is None else str(checker),
-                   "checker_kwargs": checker_kwargs or {}, "wv_threshold": wv_threshold,
-                   "deepconf_window": deepconf_window, "deepconf_stat": deepconf_stat,
-                   "target_accuracy": target_accuracy, "target_fraction": target_fraction, "ltt_delta": ltt_delta,
-                   "deepconf_calibration": "platt on validation" if val else "platt, 2-fold cross-fit on eval",
-                   "vote_calibration": "fitted on validation" if val else "2-fold cross-fit on eval",
-                   "stacked_probe": next((e.name for e in entries if e.kind == "probe"), None) or (
-                       "linear probe on mean-pooled answer states, fitted on "
-                       + ("validation (its validation scores 2-fold cross-fit)" if val else "eval (2-fold cross-fit)")),
-                   "prm": None if prm_scorer is None else {
-                       "model": prm_scorer.name, "aggregate": prm_scorer.aggregate,
-                       "step_separator": prm_scorer.step_separator,
-                       "lm_tokenizer": getattr(lm_tok, "name_or_path", "")}},
+        "config": _study_config(eval_dir, val_dir, ns, seed_entries, settings, prm_scorer, lm_tok),
         "data": _data_summary(split.problems, split.info, val),
         "costs": {"source": cost_source, "lm": {}, "verifier_online_s_per_answer": {},
                   "verifier_offline_s_per_answer": {}, "prm": _prm_cost(split, val)},
@@ -284,31 +263,75 @@ def evaluate_study(
     if difficulty is not None:
         results["config"]["difficulty"] = difficulty_name
     levels = None if difficulty is None else [difficulty.get(p.problem_id) for p in split.problems]
-    reliability, curves = {}, {}  # for the figures: N -> method -> pooled pairs; str(N) -> method -> mean curve
-    bar = tqdm(total=len(ns) * len(studies), desc="evaluate", unit="seed", disable=not progress,
-               dynamic_ncols=True)
-    for n in ns:
-        acc = _PerN(lm_cost_for(lm_costs, n), [{s: method_plan(st.entries, n, s, st.split) for s in SETTINGS}
-                                                for st in studies])
-        acc.verify_s = _online_costs(studies[0], n, acc.plans[0])
-        if split.prm_cost:
-            acc.verify_s[PRM] = split.prm_cost["seconds"] / max(split.prm_cost["answers"], 1)
-        for seed, study in enumerate(studies):
-            _evaluate_draw(study, n, seed, acc)
-            bar.update(1)
-        _summarise_n(results, n, acc, edges, bootstrap)
-        if levels is not None:
-            results["by_difficulty"][str(n)] = _by_difficulty(acc, levels)
-        reliability[n] = acc.reliability
-        curves[str(n)] = {m: _mean_curve(c) for m, c in acc.curves.items()}
-    bar.close()
-
+    reliability, curves = _evaluate_every_n(results, studies, ns, lm_costs, levels, progress)
     if figures:
         results["figures"] = write_figures(results, reliability, curves, output_dir, report_name)
     results = json_safe(results)
     (output_dir / f"{report_name}.json").write_text(json.dumps(results, indent=1))
     (output_dir / f"{report_name}.md").write_text(render_report(results))
     return results
+
+
+def _checked_ns(num_sequences_list, available: int) -> list[int]:
+    """The sorted N values to evaluate, checked against `available` (the fewest sequences any problem has) before
+    any verifier is loaded."""
+    ns = sorted({int(n) for n in (num_sequences_list or default_num_sequences(available))})
+    if ns[-1] > available:
+        grid = " ".join(map(str, default_num_sequences(available)))
+        raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {available} sequences: "
+                         f"ask for N <= {available} (e.g. --num-sequences {grid}, the default)")
+    return ns
+
+
+def _study_config(eval_dir, val_dir, ns: list[int], seed_entries: list, settings: dict, prm_scorer,
+                  lm_tok) -> dict:
+    """The report's ``config`` entry: inputs, verifiers, the protocol `settings` and how each calibrated baseline
+    was fitted."""
+    entries, has_val = seed_entries[0], val_dir is not None
+    probe = next((e.name for e in entries if e.kind == "probe"), None)
+    return {
+        "eval_dir": str(eval_dir), "val_dir": None if val_dir is None else str(val_dir),
+        "verifiers": {e.name: {"kind": e.kind, "num_sequences": e.num_sequences, "modes": sorted(e.models)}
+                      for e in entries},
+        "num_sequences_list": ns, "training_seeds": len(seed_entries),
+        "groups": "fixed partition of the collected sequences into ⌊S/N⌋ groups of N per problem",
+        **settings,
+        "deepconf_calibration": "platt on validation" if has_val else "platt, 2-fold cross-fit on eval",
+        "vote_calibration": "fitted on validation" if has_val else "2-fold cross-fit on eval",
+        "stacked_probe": probe or ("linear probe on mean-pooled answer states, fitted on "
+                                   + ("validation (its validation scores 2-fold cross-fit)" if has_val
+                                      else "eval (2-fold cross-fit)")),
+        "prm": None if prm_scorer is None else {
+            "model": prm_scorer.name, "aggregate": prm_scorer.aggregate,
+            "step_separator": prm_scorer.step_separator, "lm_tokenizer": getattr(lm_tok, "name_or_path", "")},
+    }
+
+
+def _evaluate_every_n(results: dict, studies: list[_Study], ns: list[int], lm_costs, levels, progress: bool):
+    """Evaluate every training seed's study at each N into `results`; returns what the figures need:
+    (N -> method -> pooled reliability pairs, str(N) -> method -> mean trade-off curve)."""
+    from tqdm.auto import tqdm
+
+    reliability, curves = {}, {}
+    bar = tqdm(total=len(ns) * len(studies), desc="evaluate", unit="seed", disable=not progress,
+               dynamic_ncols=True)
+    for n in ns:
+        acc = _PerN(lm_cost_for(lm_costs, n), [{s: method_plan(st.entries, n, s, st.split) for s in SETTINGS}
+                                                for st in studies])
+        acc.verify_s = _online_costs(studies[0], n, acc.plans[0])
+        prm_cost = studies[0].split.prm_cost  # measured once, when the PRM scored the split
+        if prm_cost:
+            acc.verify_s[PRM] = prm_cost["seconds"] / max(prm_cost["answers"], 1)
+        for seed, study in enumerate(studies):
+            _evaluate_draw(study, n, seed, acc)
+            bar.update(1)
+        _summarise_n(results, n, acc, studies[0].edges, studies[0].n_boot)
+        if levels is not None:
+            results["by_difficulty"][str(n)] = _by_difficulty(acc, levels)
+        reliability[n] = acc.reliability
+        curves[str(n)] = {m: _mean_curve(c) for m, c in acc.curves.items()}
+    bar.close()
+    return reliability, curves
 
 
 def default_num_sequences(available: int) -> list[int]:

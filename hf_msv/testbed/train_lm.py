@@ -149,6 +149,35 @@ def _save(model, tok, out: Path):
     tok.save_pretrained(out)
 
 
+def learning_rate(step: int, lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up over `warmup` steps, then a cosine decay to 5 % of `lr` at `steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+
+
+def _adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+def _train_step(model, opt, batch, device, bf16: bool) -> float:
+    """One optimizer step on a `TraceStream` batch; returns the loss."""
+    ids, lab, _ = batch
+    ids, lab = ids.to(device), lab.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        # right padding + causal attention: pads never influence real positions, no mask needed (faster)
+        loss = model(input_ids=ids, labels=lab).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
 def train_testbed_lm(
     output_dir: str | os.PathLike,
     steps: int = DEFAULTS["steps"],
@@ -194,37 +223,19 @@ def train_testbed_lm(
     n_params = sum(p.numel() for p in model.parameters())
     log(f"testbed {task.name} LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
     stream = TraceStream(tok, seed, elicit_frac, knobs, task=task)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.98), eps=1e-8,
-    )
-
-    def lr_at(s):
-        if s < warmup:
-            return lr * (s + 1) / warmup
-        return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup))))
-
+    opt = _adamw(model, lr, weight_decay)
     # v2 samples up to its cap, as collection does; v1 traces are short (~120 tokens)
     eval_tokens = task.sampling_cap(knobs) or 200
     history, t0, ema = [], time.time(), None
     model.train()
     for step in range(steps):
+        rate = learning_rate(step, lr, warmup, steps)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        ids, lab, _ = stream.batch(batch_size)
-        ids, lab = ids.to(device), lab.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            # right padding + causal attention: pads never influence real positions, no mask needed (faster)
-            loss = model(input_ids=ids, labels=lab).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+            g["lr"] = rate
+        loss = _train_step(model, opt, stream.batch(batch_size), device, bf16)
+        ema = loss if ema is None else 0.95 * ema + 0.05 * loss
         if (step + 1) % log_every == 0 or step + 1 == steps:
-            rec = {"step": step + 1, "loss": round(ema, 4), "lr": lr_at(step), "elapsed_s": round(time.time() - t0, 1)}
+            rec = {"step": step + 1, "loss": round(ema, 4), "lr": rate, "elapsed_s": round(time.time() - t0, 1)}
             if eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
                 rec["val_acc_t1"] = _sample_accuracy(
                     model, tok, task.generate_problems("validation", 64, seed=seed, **knobs), eval_tokens

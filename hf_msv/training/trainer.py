@@ -303,16 +303,7 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
     if saved is not None and "decision" in saved:
         logger.info("vote cross-validation resumed from %s: already decided", state_path)
         return VoteDecision(**saved["decision"])
-    fold = fold_by_problem(np.arange(train_set.num_problems), folds)
-    batch_size = resolve_batch_size(config)
-    warmup = math.ceil(config.warmup_ratio * plan.max_steps)
-    runs = []
-    for k in range(folds):
-        fit, held_out = (train_set.subset(np.flatnonzero(fold != k)), train_set.subset(np.flatnonzero(fold == k)))
-        model, optimizer = _start(config, plan, fit)
-        scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
-        batches = Batches(fit, batch_size, config.mode, config.seed, config.num_workers)
-        runs.append((model, optimizer, scheduler, batches, held_out))
+    runs = _fold_runs(config, plan, train_set, folds)
 
     def pooled() -> ValidationPredictions:
         parts = [validation_predictions(model, held_out, config.mode, config.eval_batch_size)
@@ -341,13 +332,8 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
         bce = float(np.mean(bce_with_logits(curve[-1].logits, curve[-1].labels)))
         lowest, stale = (bce, 0) if bce < lowest else (lowest, stale + 1)
         if state_path is not None and accelerator.is_main_process:
-            # Only the logits change between evaluations (same held-out answers in the same order each time).
-            save_state(state_path, {"fingerprint": expected, "curve": [c.logits for c in curve],
-                                    "answers": {k: getattr(curve[0], k) for k in ("labels", "gamma", "problems")},
-                                    "steps": steps, "step": step, "stale": stale, "lowest": lowest, "rng": rng_state(),
-                                    "folds": [{"model": m.state_dict(), "optimizer": o.state_dict(),
-                                               "scheduler": s.state_dict(), "batches": b.state_dict()}
-                                              for m, o, s, b, _ in runs]})
+            progress = {"steps": steps, "step": step, "stale": stale, "lowest": lowest}
+            _save_progress(state_path, expected, curve, progress, runs)
         bar.update(chunk)
         bar.set_postfix(pooled_bce=f"{bce:.4f}", refresh=False)
     bar.close()
@@ -358,6 +344,32 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
                 f"train {decision.step} steps past the vote" if decision.step else "keep the vote", decision.gain,
                 decision.se)
     return decision
+
+
+def _fold_runs(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset, folds: int) -> list:
+    """Per fold: (model, optimizer, scheduler, batches) training on the other folds, and the fold's held-out set."""
+    fold = fold_by_problem(np.arange(train_set.num_problems), folds)
+    batch_size = resolve_batch_size(config)
+    warmup = math.ceil(config.warmup_ratio * plan.max_steps)
+    runs = []
+    for k in range(folds):
+        fit, held_out = (train_set.subset(np.flatnonzero(fold != k)), train_set.subset(np.flatnonzero(fold == k)))
+        model, optimizer = _start(config, plan, fit)
+        scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
+        batches = Batches(fit, batch_size, config.mode, config.seed, config.num_workers)
+        runs.append((model, optimizer, scheduler, batches, held_out))
+    return runs
+
+
+def _save_progress(state_path: Path, expected: dict, curve: list, progress: dict, runs: list) -> None:
+    """Save the cross-validation after a pooled evaluation (`_restore` reads it back)."""
+    # Only the logits change between evaluations (same held-out answers in the same order each time).
+    save_state(state_path, {"fingerprint": expected, "curve": [c.logits for c in curve],
+                            "answers": {k: getattr(curve[0], k) for k in ("labels", "gamma", "problems")},
+                            **progress, "rng": rng_state(),
+                            "folds": [{"model": m.state_dict(), "optimizer": o.state_dict(),
+                                       "scheduler": s.state_dict(), "batches": b.state_dict()}
+                                      for m, o, s, b, _ in runs]})
 
 
 def _restore(saved: dict, runs: list) -> tuple:
