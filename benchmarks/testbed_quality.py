@@ -20,17 +20,21 @@ sequences in parallel. ``--task v2`` samples v2 problems up to v2's length cap (
 ``--max-new-tokens`` there) from the LM in ``hf_msv/testbed/lm-v2`` (or ``--model-dir``); a trace cut at the cap has
 no final box (``capped_rate``: the share that ran into ``--max-new-tokens``), its terminal answer is elicited as for
 any trace. ``--probe`` adds the per-chain signal of issue #17, measured with the library as a user would
-(:func:`probe_signal`: ``hf-msv collect`` of 96 / 32 / 96 train / validation / evaluation problems, a terminal Probe
-trained with the defaults, ``hf-msv evaluate`` at N = 1 and N = ``--samples``): ``probe_auroc_n1``,
-``token_probs_auroc_n1`` (with 95 % bootstrap intervals over the evaluation problems: :func:`auroc_intervals`),
-``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
+(:func:`probe_signal`: ``hf-msv collect`` of 384 / 32 / 96 train / validation / evaluation problems, a terminal Probe
+trained with the defaults (6,144 training sequences; the paper's Probe trains on 224 x 64 = 14,336, and below a few
+thousand its N = 1 AUROC measures the Probe's training size more than the LM: 96 training problems gave the shipped
+LM 0.756, 384 gave 0.810 on the same evaluation problems), ``hf-msv evaluate`` at N = 1 and N = ``--samples``):
+``probe_auroc_n1``, ``token_probs_auroc_n1`` (with 95 % bootstrap intervals over the evaluation problems:
+:func:`auroc_intervals`), ``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
 (``probe_pass_at_1``), and the trace-level targets read back from the evaluation shards
 (:func:`shard_statistics`: elicited answers per sequence, first intermediate vs terminal accuracy, Waits of wrong vs
-right sequences, majority-right share). For ``--task v2``, :func:`hf_msv.testbed.task_v2.trace_errors` says where
-the LM departs from the trace writer it imitates, counted the same way on the LM's traces and on the writer's own for
-the same problems (``lm_trace_errors`` / ``solver_trace_errors``: false equations with and without a carry, misread
-operands, copy slips, final boxes that differ from the last ``So X.``, a Wait right after a false / true step, and
-with ``--knobs '{"check_prob": 1.0, ...}'`` how often an inverse check reveals a false step). Every target of issue
+right sequences, majority-right share), and where the N = 1 AUROC comes from (:func:`auroc_intervals`: a scorer that
+knows only each problem's difficulty, and the Probe's and Token-Probs' AUROC within a problem). For ``--task v2``,
+:func:`hf_msv.testbed.task_v2.trace_errors` says where the LM departs from the trace writer it imitates, counted the
+same way on the LM's traces and on the writer's own for the same problems (``lm_trace_errors`` /
+``solver_trace_errors``: false equations with and without a carry, misread operands, copy slips, final boxes that
+differ from the last ``So X.``, a Wait right after a false / true step, and with ``--knobs '{"check_prob": 1.0,
+...}'`` how often an inverse check reveals a false step). Every target of issue
 #17 that the run measured is printed as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line
 printed is the JSON summary.
 """
@@ -128,31 +132,43 @@ def probe_scores(work_dir: Path, samples: int) -> dict:
 def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
     """Percentile-bootstrap 95 % intervals over the evaluation problems of the Probe's and Token-Probs' terminal
     AUROC at N = 1 (every sequence's terminal answer on its own, pooled): how far a row's target is from its noise.
-    The Probe in ``work_dir/probe`` scores the ``evaluation`` shards as ``hf-msv evaluate`` does."""
+    The Probe in ``work_dir/probe`` scores the ``evaluation`` shards as ``hf-msv evaluate`` does.
+
+    Beside them, the two parts of a pooled N = 1 AUROC: ``difficulty_auroc_n1``, a scorer that knows only each
+    problem's accuracy (`hf_msv.metrics.difficulty_scores`: what telling easy problems from hard ones alone earns),
+    and each scorer's ``<name>_within_auroc`` (`hf_msv.metrics.within_problem_auroc`: right from wrong answers of one
+    problem, which no difficulty estimate can do)."""
     from hf_msv.data import ShardDataset
     from hf_msv.evaluation.scoring import score_problems, token_prob_scores
     from hf_msv.evaluation.verifiers import load_verifier
-    from hf_msv.metrics import auroc, bootstrap_interval
+    from hf_msv.metrics import auroc, bootstrap_interval, difficulty_scores, within_problem_auroc
 
     dataset = ShardDataset(work_dir / "evaluation", mode="terminal")
     problems = dataset.read_problems(True)
     probe, _, _ = score_problems(load_verifier(work_dir / "probe"), problems, mode="terminal")
     rows = [np.flatnonzero(p.answer_terminal) for p in problems]
-    scores = {"probe": [s[r] for s, r in zip(probe, rows)],
-              "token_probs": [token_prob_scores(p)[r] for p, r in zip(problems, rows)]}
     labels = [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)]
+    scores = {"probe": [s[r] for s, r in zip(probe, rows)],
+              "token_probs": [token_prob_scores(p)[r] for p, r in zip(problems, rows)],
+              "difficulty": difficulty_scores(labels)}
 
     def pooled(name):
         return lambda idx: auroc(np.concatenate([scores[name][i] for i in idx]),
                                  np.concatenate([labels[i] for i in idx]))
 
+    def within(name):
+        return lambda idx: within_problem_auroc([scores[name][i] for i in idx], [labels[i] for i in idx])
+
+    statistics = {f"{name}_auroc_n1": pooled(name) for name in scores}
+    statistics |= {f"{name}_within_auroc": within(name) for name in ("probe", "token_probs")}
+    reported = ("probe_auroc_n1", "token_probs_auroc_n1")  # the evaluation report's rows: recomputed as a check
     out = {}
-    for name in scores:
-        with warnings.catch_warnings():  # a resample may hold one class only: its AUROC is nan, counted as +inf
-            warnings.simplefilter("ignore")
-            iv = bootstrap_interval(pooled(name), len(problems), n_boot=n_boot)
-        out[f"{name}_auroc_n1_interval"] = [round(iv["low"], 4), round(iv["high"], 4)]
-        out[f"{name}_auroc_n1_pooled"] = round(iv["estimate"], 4)
+    with warnings.catch_warnings():  # a resample may hold one class only: its AUROC is nan, counted as +inf
+        warnings.simplefilter("ignore")
+        for key, statistic in statistics.items():
+            iv = bootstrap_interval(statistic, len(problems), n_boot=n_boot)
+            out[f"{key}_interval"] = [round(iv["low"], 4), round(iv["high"], 4)]
+            out[f"{key}_pooled" if key in reported else key] = round(iv["estimate"], 4)
     return out
 
 
@@ -283,7 +299,9 @@ def main(argv=None):
     ap.add_argument("--probe", action="store_true", help="also measure the per-chain signal with the library: collect "
                     "shards from the task's LM, train a terminal Probe, evaluate (probe_signal; needs the LM in the "
                     "task's directory, not --model-dir)")
-    ap.add_argument("--probe-problems", default="96,32,96", help="train,validation,evaluation problems for --probe")
+    ap.add_argument("--probe-problems", default="384,32,96",
+                    help="train,validation,evaluation problems for --probe (96,32,96 takes ~7 min less on 2 cores, "
+                         "but a Probe on 96 x 16 training sequences has not learnt which problems are hard)")
     ap.add_argument("--probe-batch", type=int, default=None, help="problems per collection batch for --probe (default: "
                     "collection's, one; 32 on a GPU)")
     ap.add_argument("--probe-dir", default=None, help="--probe's shards and report (default: a temporary directory)")
@@ -460,6 +478,12 @@ def print_targets(res: dict) -> dict:
         for name, target, measured, ok in rows:
             print(f"{name:<40} {target:<16} {measured:<24} {'PASS' if ok else 'FAIL'}")
         res["targets_passed"], res["targets_measured"] = sum(r[3] for r in rows), len(rows)
+    if "difficulty_auroc_n1" in res:  # not a target: where the N = 1 AUROC rows come from
+        parts = [("difficulty only", "difficulty_auroc_n1"), ("Probe within a problem", "probe_within_auroc"),
+                 ("Token-Probs within a problem", "token_probs_within_auroc")]
+        print("N = 1 AUROC parts: " + "; ".join(
+            f"{name} {res[key]:.3f} [{res[key + '_interval'][0]:.3f}, {res[key + '_interval'][1]:.3f}]"
+            for name, key in parts))
     print(json.dumps(res))
     return res
 

@@ -24,7 +24,8 @@ from .data.groups import AnswerGroup
 __all__ = [
     "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
     "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "seed_stat", "format_mean_std",
-    "bootstrap_interval", "paired_bootstrap", "bce_with_logits", "fold_by_problem",
+    "bootstrap_interval", "paired_bootstrap", "bce_with_logits", "fold_by_problem", "difficulty_scores",
+    "within_problem_auroc",
 ]
 
 
@@ -86,6 +87,24 @@ def fold_by_problem(problems, folds: int = 2) -> np.ndarray:
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first)] = np.arange(len(first))
     return rank[inverse.reshape(-1)] % folds
+
+
+def difficulty_scores(labels: Sequence) -> list[np.ndarray]:
+    """Per problem (a list of 0/1 label arrays), every answer scored by its problem's accuracy.
+
+    Pooled, their AUROC is the most that any scorer giving all answers of a problem one score can reach (telling easy
+    problems from hard ones and nothing else): ranking problems by accuracy orders every pair of problems the best
+    way, and pairs within a problem tie. A verifier above it tells right from wrong answers of the same problem."""
+    return [np.full(len(y), np.mean(y) if len(y) else math.nan) for y in labels]
+
+
+def within_problem_auroc(scores: Sequence, labels: Sequence) -> float:
+    """Mean over problems of the AUROC among one problem's answers (problems with right and wrong answers only):
+    whether a scorer tells a problem's right answers from its wrong ones, which no difficulty estimate can (nan
+    when no problem has both classes)."""
+    values = [roc_auc_score(np.asarray(y).astype(bool), np.asarray(p, dtype=np.float64))
+              for p, y in zip(scores, labels) if 0 < np.sum(y) < len(y)]
+    return float(np.mean(values)) if values else math.nan
 
 
 def nll(p, y, eps: float = 1e-7) -> float:

@@ -9,8 +9,8 @@ from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
 from hf_msv.data import AnswerGroup
 from hf_msv.metrics import (auroc, bce_with_logits, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier,
-                            calibration_metrics, ece, fold_by_problem, format_mean_std, mean_std, nll,
-                            reliability_bins, seed_stat)
+                            calibration_metrics, difficulty_scores, ece, fold_by_problem, format_mean_std, mean_std, nll,
+                            reliability_bins, seed_stat, within_problem_auroc)
 
 P = np.array([0.9, 0.8, 0.3, 0.3, 0.05, 0.65])
 Y = np.array([1, 0, 1, 0, 0, 1])
@@ -167,3 +167,34 @@ def test_fold_by_problem_keeps_problems_whole_and_alternates_by_first_appearance
     for q in set(problems):
         assert len(set(fold[problems == q])) == 1
     assert sorted(set(fold_by_problem(np.arange(7), 3))) == [0, 1, 2]
+
+
+def test_difficulty_scores_reach_the_best_auroc_of_any_per_problem_score():
+    """Ranking problems by accuracy is the best any scorer that gives a problem's answers one score can do: check it
+    against every ordering of four problems (ties included) on random labels."""
+    import itertools
+
+    rng = np.random.default_rng(3)
+    labels = [rng.integers(0, 2, size) for size in (5, 8, 3, 6)]
+    labels[2] = np.ones(3)  # an all-right problem and an all-wrong one are part of difficulty too
+    labels[3] = np.zeros(6)
+    y = np.concatenate(labels)
+    best = max(auroc(np.concatenate([np.full(len(l), r) for l, r in zip(labels, ranks)]), y)
+               for ranks in itertools.product(range(4), repeat=4))
+    oracle = auroc(np.concatenate(difficulty_scores(labels)), y)
+    assert oracle == pytest.approx(best)
+    assert [s.tolist() for s in difficulty_scores([[1, 0, 0, 1], []])] == [[0.5] * 4, []]
+    # a problem's answers tie: within a problem the oracle tells nothing
+    assert within_problem_auroc(difficulty_scores(labels), labels) == 0.5
+
+
+def test_within_problem_auroc_ignores_difficulty():
+    """A scorer that orders each problem's answers perfectly but puts the hard problem's answers above the easy
+    one's: within-problem AUROC 1, pooled well below; problems with one class are skipped."""
+    labels = [np.array([1, 1, 1, 0]), np.array([1, 0, 0, 0]), np.array([1, 1])]
+    scores = [np.array([0.3, 0.3, 0.3, 0.2]), np.array([0.9, 0.8, 0.8, 0.8]), np.array([0.0, 0.1])]
+    assert within_problem_auroc(scores, labels) == 1.0
+    assert auroc(np.concatenate(scores), np.concatenate(labels)) < 0.6
+    scores[1] = np.array([0.7, 0.8, 0.9, 0.6])  # the hard problem's right answer ranks 2nd of 4
+    assert within_problem_auroc(scores, labels) == pytest.approx((1.0 + 1 / 3) / 2)
+    assert math.isnan(within_problem_auroc([np.array([0.5])], [np.array([1])]))

@@ -257,6 +257,12 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     for name in ("probe", "token_probs"):  # the intervals' own pooled AUROC is the evaluation's, inside its interval
         est, (low, high) = again[f"{name}_auroc_n1_pooled"], again[f"{name}_auroc_n1_interval"]
         assert 0 < est < 1 and est == pytest.approx(again[f"{name}_auroc_n1"], abs=1e-4) and low <= est <= high
+    # the N = 1 AUROC's parts: the difficulty-only bound (never below chance) and each scorer's within a problem
+    low, high = again["difficulty_auroc_n1_interval"]
+    assert 0.5 <= again["difficulty_auroc_n1"] <= 1 and low <= again["difficulty_auroc_n1"] <= high
+    for name in ("probe", "token_probs"):
+        within = again[f"{name}_within_auroc"]
+        assert math.isnan(within) or 0 <= within <= 1
     with pytest.raises(SystemExit):
         bench.main(["--score-only"])
     with pytest.raises(ValueError, match="pass the --seed they used"):  # the shards are seed 0's problems
