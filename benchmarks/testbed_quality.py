@@ -34,9 +34,8 @@ knows only each problem's difficulty, and the Probe's and Token-Probs' AUROC wit
 same way on the LM's traces and on the writer's own for the same problems (``lm_trace_errors`` /
 ``solver_trace_errors``: false equations with and without a carry, misread operands, copy slips, final boxes that
 differ from the last ``So X.``, a Wait right after a false / true step, and with ``--knobs '{"check_prob": 1.0,
-...}'`` how often an inverse check reveals a false step). Every target of issue
-#17 that the run measured is printed as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line
-printed is the JSON summary.
+...}'`` how often an inverse check reveals a false step). Every target of issue #17 that the run measured is printed
+as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line printed is the JSON summary.
 """
 
 from __future__ import annotations

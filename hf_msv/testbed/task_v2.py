@@ -521,6 +521,7 @@ class _Solver:
             self.doubt[i] = risk
             self.add(f"{prefix} {a}{op}{k}={self.vals[i + 1]}.", "step", i + 1, wait=prefix.startswith(" Wait"))
             prefix = ""
+            # check_prob 0 draws nothing, so the default writer's stream (the shipped LM's data) stays byte-identical
             if op != "*" and self.kn.check_prob and self.rng.random() < self.kn.check_prob:
                 noticed = self.inverse_check(i)
             else:
