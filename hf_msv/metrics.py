@@ -25,7 +25,7 @@ __all__ = [
     "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
     "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "seed_stat", "format_mean_std",
     "bootstrap_interval", "paired_bootstrap", "bce_with_logits", "fold_by_problem", "difficulty_scores",
-    "within_problem_auroc",
+    "per_problem_auroc", "within_problem_auroc",
 ]
 
 
@@ -98,13 +98,21 @@ def difficulty_scores(labels: Sequence) -> list[np.ndarray]:
     return [np.full(len(y), np.mean(y) if len(y) else math.nan) for y in labels]
 
 
+def per_problem_auroc(scores: Sequence, labels: Sequence) -> np.ndarray:
+    """(P,) AUROC among each problem's answers: `scores[i]` and 0/1 `labels[i]` are problem i's (m_i,) arrays; nan for
+    a problem whose answers are all right or all wrong (nothing to rank)."""
+    return np.array([roc_auc_score(np.asarray(y).astype(bool), np.asarray(p, dtype=np.float64))
+                     if 0 < np.sum(y) < len(y) else math.nan for p, y in zip(scores, labels)], dtype=np.float64)
+
+
 def within_problem_auroc(scores: Sequence, labels: Sequence) -> float:
     """Mean over problems of the AUROC among one problem's answers (problems with right and wrong answers only):
     whether a scorer tells a problem's right answers from its wrong ones, which no difficulty estimate can (nan
-    when no problem has both classes)."""
-    values = [roc_auc_score(np.asarray(y).astype(bool), np.asarray(p, dtype=np.float64))
-              for p, y in zip(scores, labels) if 0 < np.sum(y) < len(y)]
-    return float(np.mean(values)) if values else math.nan
+    when no problem has both classes). A bootstrap over problems can resample :func:`per_problem_auroc` instead of
+    calling this per resample: the mean of the resampled defined values is the same number."""
+    values = per_problem_auroc(scores, labels)
+    values = values[~np.isnan(values)]
+    return float(np.mean(values)) if values.size else math.nan
 
 
 def nll(p, y, eps: float = 1e-7) -> float:

@@ -10,7 +10,7 @@ from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
 from hf_msv.data import AnswerGroup
 from hf_msv.metrics import (auroc, bce_with_logits, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier,
                             calibration_metrics, difficulty_scores, ece, fold_by_problem, format_mean_std, mean_std, nll,
-                            reliability_bins, seed_stat, within_problem_auroc)
+                            per_problem_auroc, reliability_bins, seed_stat, within_problem_auroc)
 
 P = np.array([0.9, 0.8, 0.3, 0.3, 0.05, 0.65])
 Y = np.array([1, 0, 1, 0, 0, 1])
@@ -198,3 +198,8 @@ def test_within_problem_auroc_ignores_difficulty():
     scores[1] = np.array([0.7, 0.8, 0.9, 0.6])  # the hard problem's right answer ranks 2nd of 4
     assert within_problem_auroc(scores, labels) == pytest.approx((1.0 + 1 / 3) / 2)
     assert math.isnan(within_problem_auroc([np.array([0.5])], [np.array([1])]))
+    per = per_problem_auroc(scores, labels)  # what a bootstrap over problems resamples
+    assert per[:2].tolist() == pytest.approx([1.0, 1 / 3]) and math.isnan(per[2])
+    idx = np.array([1, 1, 2, 0])
+    resampled = within_problem_auroc([scores[i] for i in idx], [labels[i] for i in idx])
+    assert resampled == pytest.approx(np.nanmean(per[idx])) == pytest.approx((1.0 + 2 / 3) / 3)
