@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import asdict, replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -263,6 +264,15 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     for name in ("probe", "token_probs"):
         within = again[f"{name}_within_auroc"]
         assert math.isnan(within) or 0 <= within <= 1
+    # the bootstrap resamples each problem's AUROC, computed once: its estimate is the metric's on the shards
+    from hf_msv.data import ShardDataset
+    from hf_msv.evaluation.scoring import token_prob_scores
+    from hf_msv.metrics import within_problem_auroc
+    problems = ShardDataset(work / "evaluation", mode="terminal").read_problems(True)
+    rows = [np.flatnonzero(p.answer_terminal) for p in problems]
+    expected = within_problem_auroc([token_prob_scores(p)[r] for p, r in zip(problems, rows)],
+                                    [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)])
+    assert again["token_probs_within_auroc"] == pytest.approx(expected, abs=1e-4, nan_ok=True)
     with pytest.raises(SystemExit):
         bench.main(["--score-only"])
     with pytest.raises(ValueError, match="pass the --seed they used"):  # the shards are seed 0's problems
