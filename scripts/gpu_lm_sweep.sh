@@ -16,8 +16,9 @@
 # benchmarks outlasted a 220 s limit in their evaluation (three processes of 16 torch threads each on 16 cores),
 # hence the thread share below. Their shards came back and were scored with `--score-only` (README, issue #17).
 # Later that day two ctl seeds took 212 s side by side (a TT of 240 cut them: keep TT >= 260), and the benchmark's
-# bootstrap of the within-problem AUROC, 3 of its minutes, was made ~20x faster (per_problem_auroc, once per problem).
-# $OUT/<name>.tgz holds each LM and the files --score-only needs, in case a benchmark is cut all the same.
+# bootstrap of the within-problem AUROC, 3 of its minutes, was made ~16x faster (per_problem_auroc, once per problem).
+# $OUT/<name>.tgz holds each LM and the files --score-only needs, in case a benchmark is cut all the same (the device
+# tool returns at most 8 files from $OUT: sweep.tgz and seven LMs).
 set -u
 OUT=${OUT:-gpu-sweep}; mkdir -p "$OUT"; S=$(mktemp -d); ROOT=$PWD
 DEV=${DEV:-cuda}; STEPS=${STEPS:-2800}; TT=${TT:-260}; BT=${BT:-280}; EXTRA=${EXTRA:-}; PY=${PYTHON:-python3}
