@@ -164,6 +164,33 @@ def _adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
                               {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98), eps=1e-8)
 
 
+def _bf16_round(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to the nearest bf16 value, kept in fp32 (autograd rounds its gradient the same way)."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def _bf16_rounded_linear(self, x: torch.Tensor) -> torch.Tensor:
+    bias = None if self.bias is None else _bf16_round(self.bias)
+    return _bf16_round(torch.nn.functional.linear(_bf16_round(x), _bf16_round(self.weight), bias))
+
+
+def emulate_bf16_autocast(model: torch.nn.Module) -> torch.nn.Module:
+    """Make every ``nn.Linear`` of ``model`` round its input, weight and output to bf16, computing in fp32.
+
+    bf16 autocast runs exactly the linear layers in bf16 (norms, softmax statistics and the loss stay fp32), so this
+    reproduces its rounding where a CPU has no bf16 arithmetic: at fp32 speed instead of ~8x slower. Why it matters:
+    the GPU-trained LMs of this recipe (bf16 autocast) rank their answers' probabilities better than the CPU fp32 ones
+    (README, issue #17); this tests whether the rounding is what does it. Training only: the saved model is a plain
+    Llama (the patch lives on the module instances, not in the weights).
+    """
+    import types
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = types.MethodType(_bf16_rounded_linear, m)
+    return model
+
+
 def _train_step(model, opt, batch, device, bf16: bool) -> float:
     """One optimizer step on a `TraceStream` batch; returns the loss."""
     ids, lab, _ = batch
@@ -194,6 +221,7 @@ def train_testbed_lm(
     knobs: dict | None = None,
     task: str = DEFAULT_TASK,
     bf16: bool = True,
+    emulate_bf16: bool = False,
     eval_every: int = 0,
     save_every: int = 0,
     log_every: int = 50,
@@ -220,6 +248,8 @@ def train_testbed_lm(
     device = torch.device(device)
     context = task.context(knobs)
     model = build_model(len(tok), tok, d_model, n_layers, n_heads, ffn_mult, max_len=context).to(device)
+    if emulate_bf16:
+        emulate_bf16_autocast(model)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"testbed {task.name} LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
     stream = TraceStream(tok, seed, elicit_frac, knobs, task=task)
@@ -252,7 +282,7 @@ def train_testbed_lm(
         "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "d_model": d_model, "n_layers": n_layers,
         "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs,
         "task_knobs": asdict(task.knobs(**knobs)),  # every knob, defaults included: the data this LM was trained on
-        "bf16": bf16,
+        "bf16": bf16, "emulate_bf16": emulate_bf16,
         "parameters": n_params, "wall_time_s": round(wall, 1), "final_loss": round(ema, 4),
         "torch_threads": torch.get_num_threads(), "device": device.type, "history": history,
     }
@@ -270,6 +300,9 @@ def main(argv=None):
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     ap.add_argument("--knobs", default="{}", help="JSON dict of TaskKnobs (v1) / TaskKnobsV2 (v2) overrides")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--emulate-bf16", action="store_true",
+                    help="round the linear layers' inputs, weights and outputs to bf16 in fp32 arithmetic (with "
+                    "--no-bf16: bf16 autocast's numerics at fp32 speed on CPUs without bf16)")
     ap.add_argument("--eval-every", type=int, default=0, help="sample-accuracy check on 64 validation problems")
     ap.add_argument("--save-every", type=int, default=0, help="also save <output-dir>/checkpoints/step-N")
     ap.add_argument("--log-every", type=int, default=50)
@@ -278,7 +311,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     kw = {k: getattr(a, k) for k in DEFAULTS}
     stats = train_testbed_lm(
-        a.output_dir, knobs=json.loads(a.knobs), task=a.task, bf16=not a.no_bf16, eval_every=a.eval_every,
+        a.output_dir, knobs=json.loads(a.knobs), task=a.task, bf16=not a.no_bf16, emulate_bf16=a.emulate_bf16,
+        eval_every=a.eval_every,
         save_every=a.save_every, log_every=a.log_every, num_threads=a.threads, device=a.device, **kw,
     )
     print(json.dumps({k: v for k, v in stats.items() if k != "history"}))
