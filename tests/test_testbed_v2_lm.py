@@ -293,6 +293,11 @@ def test_emulated_bf16_training_rounds_like_autocast_and_saves_a_plain_llama(tmp
             autocast = model(input_ids=ids).logits.float()
         emulate_bf16_autocast(model)
         emulated = model(input_ids=ids).logits
+        future_changed = ids.clone()
+        future_changed[:, 12:] = 5
+        causal = model(input_ids=future_changed).logits[:, :12]
+    assert model.config._attn_implementation == "sdpa_bf16_rounded"
+    assert torch.equal(causal, emulated[:, :12])  # the rounded attention is still causal
     # every logit is a bf16 value (the lm_head's output is rounded), and more of them are autocast's very value
     # than of fp32's logits rounded to bf16 (measured: 58 % vs 46 %; bf16 rounding inside the layers is what differs)
     assert torch.equal(emulated, emulated.to(torch.bfloat16).float())
@@ -304,6 +309,7 @@ def test_emulated_bf16_training_rounds_like_autocast_and_saves_a_plain_llama(tmp
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     # the patch is on the instances: what is saved reloads as a plain Llama computing in fp32
     model.save_pretrained(tmp_path)
+    assert "sdpa_bf16_rounded" not in (tmp_path / "config.json").read_text()
     reloaded = LlamaForCausalLM.from_pretrained(tmp_path)
     with torch.no_grad():
         plain = reloaded(input_ids=ids).logits

@@ -174,17 +174,37 @@ def _bf16_rounded_linear(self, x: torch.Tensor) -> torch.Tensor:
     return _bf16_round(torch.nn.functional.linear(_bf16_round(x), _bf16_round(self.weight), bias))
 
 
-def emulate_bf16_autocast(model: torch.nn.Module) -> torch.nn.Module:
-    """Make every ``nn.Linear`` of ``model`` round its input, weight and output to bf16, computing in fp32.
+_BF16_SDPA = "sdpa_bf16_rounded"
 
-    bf16 autocast runs exactly the linear layers in bf16 (norms, softmax statistics and the loss stay fp32), so this
-    reproduces its rounding where a CPU has no bf16 arithmetic: at fp32 speed instead of ~8x slower. Why it matters:
-    the GPU-trained LMs of this recipe (bf16 autocast) rank their answers' probabilities better than the CPU fp32 ones
-    (README, issue #17); this tests whether the rounding is what does it. Training only: the saved model is a plain
-    Llama (the patch lives on the module instances, not in the weights).
+
+def _bf16_rounded_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """SDPA on bf16-rounded queries (after RoPE), keys and values, its output rounded: what autocast feeds and
+    gets back from a bf16 attention kernel (the kernel's own rounding of the softmax weights is not emulated)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, weights = sdpa_attention_forward(module, _bf16_round(query), _bf16_round(key), _bf16_round(value),
+                                          attention_mask, **kwargs)
+    return _bf16_round(out), weights
+
+
+def emulate_bf16_autocast(model: torch.nn.Module) -> torch.nn.Module:
+    """Make ``model`` round to bf16 where bf16 autocast does, computing in fp32: every ``nn.Linear``'s input, weight
+    and output, and the attention's inputs and output (norms, softmax statistics and the loss stay fp32, as there).
+
+    This reproduces autocast's rounding where a CPU has no bf16 arithmetic, at fp32 speed instead of ~8x slower. Why
+    it exists: the GPU-trained LMs of this recipe (bf16 autocast) rank their answers' probabilities better than the
+    CPU fp32 ones (README, issue #17); this tests whether the rounding is what does it. Training only: the patch lives
+    on the module instances and in ``model.config._attn_implementation``, which ``save_pretrained`` does not write, so
+    the saved model is a plain Llama.
     """
     import types
 
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(_BF16_SDPA, _bf16_rounded_sdpa)
+    AttentionMaskInterface.register(_BF16_SDPA, sdpa_mask)  # the causal mask SDPA gets
+    model.config._attn_implementation = _BF16_SDPA
     for m in model.modules():
         if isinstance(m, torch.nn.Linear):
             m.forward = types.MethodType(_bf16_rounded_linear, m)
