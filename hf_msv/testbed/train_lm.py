@@ -5,9 +5,10 @@
 reproduces the shipped default LM, testbed v2's (seeded; see ``DEFAULTS``: 2,800 steps; its ``training_log.json``
 records the run: 50 min on 2 idle cores of an AVX2-only CPU, ~1 s per step in fp32; on such a CPU, with no native
 bf16, bf16 autocast makes a step ~8x slower, so pass ``--no-bf16``; other thread counts give numerically slightly
-different, equally good models; ``--device cuda`` trains the same recipe in minutes, for exploring task knobs). The
-model is a plain ``LlamaForCausalLM`` with the character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads
-with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
+different, equally good models; ``--device cuda`` trains the same recipe in minutes, for exploring task knobs;
+``--emulate-bf16`` trains with bf16 autocast's rounding at fp32 speed, see :func:`emulate_bf16_autocast`). The model
+is a plain ``LlamaForCausalLM`` with the character-level tokenizer of :mod:`hf_msv.testbed.tokenizer`; it loads with
+``AutoModelForCausalLM`` / ``AutoTokenizer`` and no remote code.
 
 Training data is an endless seeded stream of ``train``-split problems with noisy-solver traces of the task
 (:mod:`hf_msv.testbed.task_v2`: ``make_training_trace``); a fraction ``elicit_frac`` of the examples are traces cut
