@@ -322,8 +322,9 @@ def main(argv=None):
     ap.add_argument("--knobs", default="{}", help="JSON dict of TaskKnobs (v1) / TaskKnobsV2 (v2) overrides")
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--emulate-bf16", action="store_true",
-                    help="round the linear layers' inputs, weights and outputs to bf16 in fp32 arithmetic (with "
-                    "--no-bf16: bf16 autocast's numerics at fp32 speed on CPUs without bf16)")
+                    help="round to bf16 where bf16 autocast does (the linear layers' inputs, weights and outputs, "
+                    "the attention's inputs and output) in fp32 arithmetic; with --no-bf16: autocast's rounding at "
+                    "fp32 speed on CPUs without bf16")
     ap.add_argument("--eval-every", type=int, default=0, help="sample-accuracy check on 64 validation problems")
     ap.add_argument("--save-every", type=int, default=0, help="also save <output-dir>/checkpoints/step-N")
     ap.add_argument("--log-every", type=int, default=50)
@@ -333,8 +334,8 @@ def main(argv=None):
     kw = {k: getattr(a, k) for k in DEFAULTS}
     stats = train_testbed_lm(
         a.output_dir, knobs=json.loads(a.knobs), task=a.task, bf16=not a.no_bf16, emulate_bf16=a.emulate_bf16,
-        eval_every=a.eval_every,
-        save_every=a.save_every, log_every=a.log_every, num_threads=a.threads, device=a.device, **kw,
+        eval_every=a.eval_every, save_every=a.save_every, log_every=a.log_every, num_threads=a.threads,
+        device=a.device, **kw,
     )
     print(json.dumps({k: v for k, v in stats.items() if k != "history"}))
 
