@@ -7,6 +7,7 @@
     python benchmarks/testbed_quality.py --task v1 --quick         # the first testbed, for comparison
     python benchmarks/testbed_quality.py --quick --probe --probe-batch 32 --device cuda   # on a GPU
     python benchmarks/testbed_quality.py --score-only --probe-dir DIR   # score a --probe-dir brought back from one
+    python benchmarks/testbed_quality.py --compare D1,D2 --against D3   # paired AUROC difference of --probe-dirs
 
 Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
 pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with
@@ -128,6 +129,23 @@ def probe_scores(work_dir: Path, samples: int) -> dict:
             **auroc_intervals(work_dir)}
 
 
+def terminal_scores(work_dir: Path) -> tuple[list[str], dict, list]:
+    """Per evaluation problem of a ``--probe`` work directory: its id, the Probe's (``work_dir/probe``, scored as
+    ``hf-msv evaluate`` scores) and Token-Probs' scores of its terminal answers, and their labels (1 = right).
+    Returns ``(ids, {"probe": [(n_p,)], "token_probs": [(n_p,)]}, [(n_p,)])``, one array per problem."""
+    from hf_msv.data import ShardDataset
+    from hf_msv.evaluation.scoring import score_problems, token_prob_scores
+    from hf_msv.evaluation.verifiers import load_verifier
+
+    problems = ShardDataset(work_dir / "evaluation", mode="terminal").read_problems(True)
+    probe, _, _ = score_problems(load_verifier(work_dir / "probe"), problems, mode="terminal")
+    rows = [np.flatnonzero(p.answer_terminal) for p in problems]
+    labels = [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)]
+    scores = {"probe": [s[r] for s, r in zip(probe, rows)],
+              "token_probs": [token_prob_scores(p)[r] for p, r in zip(problems, rows)]}
+    return [p.problem_id for p in problems], scores, labels
+
+
 def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
     """Percentile-bootstrap 95 % intervals over the evaluation problems of the Probe's and Token-Probs' terminal
     AUROC at N = 1 (every sequence's terminal answer on its own, pooled): how far a row's target is from its noise.
@@ -137,19 +155,10 @@ def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
     problem's accuracy (`hf_msv.metrics.difficulty_scores`: what telling easy problems from hard ones alone earns),
     and each scorer's ``<name>_within_auroc`` (`hf_msv.metrics.within_problem_auroc`: right from wrong answers of one
     problem, which no difficulty estimate can do)."""
-    from hf_msv.data import ShardDataset
-    from hf_msv.evaluation.scoring import score_problems, token_prob_scores
-    from hf_msv.evaluation.verifiers import load_verifier
     from hf_msv.metrics import auroc, bootstrap_interval, difficulty_scores, per_problem_auroc
 
-    dataset = ShardDataset(work_dir / "evaluation", mode="terminal")
-    problems = dataset.read_problems(True)
-    probe, _, _ = score_problems(load_verifier(work_dir / "probe"), problems, mode="terminal")
-    rows = [np.flatnonzero(p.answer_terminal) for p in problems]
-    labels = [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)]
-    scores = {"probe": [s[r] for s, r in zip(probe, rows)],
-              "token_probs": [token_prob_scores(p)[r] for p, r in zip(problems, rows)],
-              "difficulty": difficulty_scores(labels)}
+    _, scores, labels = terminal_scores(work_dir)
+    scores["difficulty"] = difficulty_scores(labels)
 
     def pooled(name):
         return lambda idx: auroc(np.concatenate([scores[name][i] for i in idx]),
@@ -166,9 +175,45 @@ def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
     with warnings.catch_warnings():  # a resample may hold one class only: its AUROC is nan, counted as +inf
         warnings.simplefilter("ignore")
         for key, statistic in statistics.items():
-            iv = bootstrap_interval(statistic, len(problems), n_boot=n_boot)
+            iv = bootstrap_interval(statistic, len(labels), n_boot=n_boot)
             out[f"{key}_interval"] = [round(iv["low"], 4), round(iv["high"], 4)]
             out[f"{key}_pooled" if key in reported else key] = round(iv["estimate"], 4)
+    return out
+
+
+def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int = 1000) -> dict:
+    """Is one group of LMs' N = 1 AUROC above another's? ``compare`` and ``against``: ``--probe`` work directories
+    (one per LM, e.g. seeds of two training recipes) collected on the same evaluation problems. For the Probe and
+    Token-Probs: each group's mean pooled N = 1 AUROC and the difference (``compare`` - ``against``) with a paired
+    percentile-bootstrap 95 % interval: every LM is scored on the same resample of the shared problems, so the
+    problems' difficulty, which moves every LM's AUROC together, cancels out of the difference."""
+    from hf_msv.metrics import auroc, bootstrap_interval
+
+    loaded = [terminal_scores(d) for d in [*compare, *against]]
+    shared = sorted(set.intersection(*(set(ids) for ids, _, _ in loaded)))
+    if not shared:
+        raise ValueError("the work directories share no evaluation problem: collect them at the same --seed")
+    order = [{pid: i for i, pid in enumerate(ids)} for ids, _, _ in loaded]
+    out = {"shared_problems": len(shared), "compare": [str(d) for d in compare], "against": [str(d) for d in against]}
+    for name in ("token_probs", "probe"):
+        per_lm = [([sc[name][o[pid]] for pid in shared], [lab[o[pid]] for pid in shared])
+                  for (_, sc, lab), o in zip(loaded, order)]
+
+        def group_mean(lms, idx):
+            return float(np.mean([auroc(np.concatenate([s[i] for i in idx]), np.concatenate([y[i] for i in idx]))
+                                  for s, y in lms]))
+
+        def difference(idx):
+            return group_mean(per_lm[: len(compare)], idx) - group_mean(per_lm[len(compare):], idx)
+
+        with warnings.catch_warnings():  # a resample with one class only: nan, counted as +inf by the bootstrap
+            warnings.simplefilter("ignore")
+            iv = bootstrap_interval(difference, len(shared), n_boot=n_boot)
+        every = np.arange(len(shared))
+        out[name] = {"compare": round(group_mean(per_lm[: len(compare)], every), 4),
+                     "against": round(group_mean(per_lm[len(compare):], every), 4),
+                     "difference": round(iv["estimate"], 4),
+                     "interval": [round(iv["low"], 4), round(iv["high"], 4)]}
     return out
 
 
@@ -307,7 +352,18 @@ def main(argv=None):
     ap.add_argument("--probe-dir", default=None, help="--probe's shards and report (default: a temporary directory)")
     ap.add_argument("--score-only", action="store_true", help="score the shards and Probe already in --probe-dir "
                     "(e.g. brought back from a GPU machine) and sample nothing: the Probe and shard rows only")
+    ap.add_argument("--compare", default=None, help="comma-separated --probe-dirs of one group of LMs (e.g. seeds of "
+                    "one recipe), scored against --against's on their shared evaluation problems: paired difference of "
+                    "the N = 1 AUROC with a bootstrap interval; samples nothing")
+    ap.add_argument("--against", default=None, help="comma-separated --probe-dirs of the group --compare is measured "
+                    "against")
     a = ap.parse_args(argv)
+    if a.compare or a.against:
+        if not (a.compare and a.against):
+            ap.error("--compare and --against go together")
+        res = paired_lm_difference([Path(d) for d in a.compare.split(",")], [Path(d) for d in a.against.split(",")])
+        print(json.dumps(res))
+        return res
     task, knobs = TASKS[a.task], json.loads(a.knobs)
     if a.score_only:
         if not a.probe_dir:

@@ -273,6 +273,16 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     expected = within_problem_auroc([token_prob_scores(p)[r] for p, r in zip(problems, rows)],
                                     [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)])
     assert again["token_probs_within_auroc"] == pytest.approx(expected, abs=1e-4, nan_ok=True)
+    # --compare / --against: an LM against itself (twice) differs by nothing on every resample, and each group's
+    # mean is the LM's pooled AUROC, so the problems were lined up by id
+    paired = bench.main(["--compare", str(work), "--against", f"{work},{work}"])
+    assert paired["shared_problems"] == 6
+    for name in ("probe", "token_probs"):
+        assert paired[name]["compare"] == pytest.approx(again[f"{name}_auroc_n1_pooled"], abs=1e-4)
+        assert paired[name]["against"] == paired[name]["compare"]
+        assert paired[name]["difference"] == 0 and paired[name]["interval"] == [0, 0]
+    with pytest.raises(SystemExit):
+        bench.main(["--compare", str(work)])
     with pytest.raises(SystemExit):
         bench.main(["--score-only"])
     with pytest.raises(ValueError, match="pass the --seed they used"):  # the shards are seed 0's problems
