@@ -146,6 +146,14 @@ def terminal_scores(work_dir: Path) -> tuple[list[str], dict, list]:
     return [p.problem_id for p in problems], scores, labels
 
 
+def pooled_auroc(scores: list, labels: list, idx) -> float:
+    """AUROC of the answers of problems ``idx`` (an index array, repeats allowed: a bootstrap resample) pooled, from
+    per-problem ``scores`` and ``labels`` (one array each per problem)."""
+    from hf_msv.metrics import auroc
+
+    return auroc(np.concatenate([scores[i] for i in idx]), np.concatenate([labels[i] for i in idx]))
+
+
 def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
     """Percentile-bootstrap 95 % intervals over the evaluation problems of the Probe's and Token-Probs' terminal
     AUROC at N = 1 (every sequence's terminal answer on its own, pooled): how far a row's target is from its noise.
@@ -155,14 +163,13 @@ def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
     problem's accuracy (`hf_msv.metrics.difficulty_scores`: what telling easy problems from hard ones alone earns),
     and each scorer's ``<name>_within_auroc`` (`hf_msv.metrics.within_problem_auroc`: right from wrong answers of one
     problem, which no difficulty estimate can do)."""
-    from hf_msv.metrics import auroc, bootstrap_interval, difficulty_scores, per_problem_auroc
+    from hf_msv.metrics import bootstrap_interval, difficulty_scores, per_problem_auroc
 
     _, scores, labels = terminal_scores(work_dir)
     scores["difficulty"] = difficulty_scores(labels)
 
     def pooled(name):
-        return lambda idx: auroc(np.concatenate([scores[name][i] for i in idx]),
-                                 np.concatenate([labels[i] for i in idx]))
+        return lambda idx: pooled_auroc(scores[name], labels, idx)
 
     def within(name):  # each problem's AUROC once, not once per resample (1,000 x 96 sklearn calls took minutes)
         values = per_problem_auroc(scores[name], labels)
@@ -187,7 +194,7 @@ def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int =
     Token-Probs: each group's mean pooled N = 1 AUROC and the difference (``compare`` - ``against``) with a paired
     percentile-bootstrap 95 % interval: every LM is scored on the same resample of the shared problems, so the
     problems' difficulty, which moves every LM's AUROC together, cancels out of the difference."""
-    from hf_msv.metrics import auroc, bootstrap_interval
+    from hf_msv.metrics import bootstrap_interval
 
     loaded = [terminal_scores(d) for d in [*compare, *against]]
     shared = sorted(set.intersection(*(set(ids) for ids, _, _ in loaded)))
@@ -200,8 +207,7 @@ def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int =
                   for (_, sc, lab), o in zip(loaded, order)]
 
         def group_mean(lms, idx):
-            return float(np.mean([auroc(np.concatenate([s[i] for i in idx]), np.concatenate([y[i] for i in idx]))
-                                  for s, y in lms]))
+            return float(np.mean([pooled_auroc(s, y, idx) for s, y in lms]))
 
         def difference(idx):
             return group_mean(per_lm[: len(compare)], idx) - group_mean(per_lm[len(compare):], idx)
