@@ -8,6 +8,7 @@
     python benchmarks/testbed_quality.py --quick --probe --probe-batch 32 --device cuda   # on a GPU
     python benchmarks/testbed_quality.py --score-only --probe-dir DIR   # score a --probe-dir brought back from one
     python benchmarks/testbed_quality.py --compare D1,D2 --against D3   # paired AUROC difference of --probe-dirs
+    python benchmarks/testbed_quality.py --screen 96 --probe-batch 32 --probe-dir DIR   # Token-Probs, no Probe
 
 Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
 pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with
@@ -107,6 +108,29 @@ def probe_signal(task, work_dir: Path, sizes: list[int], samples: int, seed: int
     return probe_scores(work_dir, samples) | {"probe_problems": sizes}
 
 
+def screen_lm(task, work_dir: Path, n_problems: int, samples: int, seed: int, max_new_tokens: int,
+              problems_per_batch: int | None = None) -> dict:
+    """A cheaper look at an LM than :func:`probe_signal` (e.g. to compare training seeds before the full benchmark):
+    collect ``n_problems`` evaluation problems x ``samples`` from the task's LM into ``work_dir/evaluation`` (the
+    ones ``--probe`` evaluates on at the same ``--seed``; resumed where already collected) and report what needs no
+    Probe: Token-Probs' N = 1 AUROC with its interval and parts, and the trace rows of :func:`shard_statistics`, whose
+    pass@1, majority, pass@N and cap share stand in for the sampled rows (the same statistics of the same LM, from
+    the collection's chains instead of ``--quick``'s own sampling)."""
+    from hf_msv.collect import CollectConfig, collect_from_config
+
+    collect_from_config(CollectConfig(model=task.lm_name, output_dir=str(work_dir / "evaluation"),
+                                      num_samples=samples, problems=f"{task.lm_name}:evaluation:{n_problems}:{seed}",
+                                      seed=seed, max_new_tokens=max_new_tokens, progress=False,
+                                      **({"problems_per_batch": problems_per_batch} if problems_per_batch else {})))
+    res = auroc_intervals(work_dir) | shard_statistics(work_dir / "evaluation")
+    res["token_probs_auroc_n1"] = res.pop("token_probs_auroc_n1_pooled")
+    stats = {"pass_at_1": "shard_pass_at_1", f"maj_at_{samples}": "shard_maj", "capped_rate": "shard_capped_rate"}
+    res |= {key: res[shard] for key, shard in stats.items()}
+    res[f"pass_at_{samples}"] = round(res["shard_maj"] + res["shard_pass_minus_maj"], 4)
+    return res | {"task": task.name, "screen_problems": n_problems, "samples_per_problem": samples,
+                  "probe_work_dir": str(work_dir)}
+
+
 def probe_scores(work_dir: Path, samples: int) -> dict:
     """:func:`probe_signal`'s figures from its work directory (the Probe trained, the shards collected): evaluation
     at N = 1 and N = ``samples``. Separate so that shards and Probe brought back from another machine can be scored."""
@@ -130,19 +154,21 @@ def probe_scores(work_dir: Path, samples: int) -> dict:
 
 
 def terminal_scores(work_dir: Path) -> tuple[list[str], dict, list]:
-    """Per evaluation problem of a ``--probe`` work directory: its id, the Probe's (``work_dir/probe``, scored as
-    ``hf-msv evaluate`` scores) and Token-Probs' scores of its terminal answers, and their labels (1 = right).
+    """Per evaluation problem of a ``--probe`` (or ``--screen``) work directory: its id, the Probe's
+    (``work_dir/probe``, scored as ``hf-msv evaluate`` scores; left out where no Probe was trained) and Token-Probs'
+    scores of its terminal answers, and their labels (1 = right).
     Returns ``(ids, {"probe": [(n_p,)], "token_probs": [(n_p,)]}, [(n_p,)])``, one array per problem."""
     from hf_msv.data import ShardDataset
     from hf_msv.evaluation.scoring import score_problems, token_prob_scores
     from hf_msv.evaluation.verifiers import load_verifier
 
     problems = ShardDataset(work_dir / "evaluation", mode="terminal").read_problems(True)
-    probe, _, _ = score_problems(load_verifier(work_dir / "probe"), problems, mode="terminal")
     rows = [np.flatnonzero(p.answer_terminal) for p in problems]
     labels = [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)]
-    scores = {"probe": [s[r] for s, r in zip(probe, rows)],
-              "token_probs": [token_prob_scores(p)[r] for p, r in zip(problems, rows)]}
+    scores = {"token_probs": [token_prob_scores(p)[r] for p, r in zip(problems, rows)]}
+    if (work_dir / "probe").exists():
+        probe, _, _ = score_problems(load_verifier(work_dir / "probe"), problems, mode="terminal")
+        scores["probe"] = [s[r] for s, r in zip(probe, rows)]
     return [p.problem_id for p in problems], scores, labels
 
 
@@ -176,7 +202,7 @@ def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
         return lambda idx: float(np.nanmean(values[idx]))  # within_problem_auroc of the resample (nan: none defined)
 
     statistics = {f"{name}_auroc_n1": pooled(name) for name in scores}
-    statistics |= {f"{name}_within_auroc": within(name) for name in ("probe", "token_probs")}
+    statistics |= {f"{name}_within_auroc": within(name) for name in ("probe", "token_probs") if name in scores}
     reported = ("probe_auroc_n1", "token_probs_auroc_n1")  # the evaluation report's rows: recomputed as a check
     out = {}
     with warnings.catch_warnings():  # a resample may hold one class only: its AUROC is nan, counted as +inf
@@ -190,9 +216,10 @@ def auroc_intervals(work_dir: Path, n_boot: int = 1000) -> dict:
 
 def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int = 1000) -> dict:
     """Is one group of LMs' N = 1 AUROC above another's? ``compare`` and ``against``: ``--probe`` work directories
-    (one per LM, e.g. seeds of two training recipes) collected on the same evaluation problems. For the Probe and
-    Token-Probs: each group's mean pooled N = 1 AUROC and the difference (``compare`` - ``against``) with a paired
-    percentile-bootstrap 95 % interval: every LM is scored on the same resample of the shared problems, so the
+    (one per LM, e.g. seeds of two training recipes) collected on the same evaluation problems, or ``--screen``
+    directories (Token-Probs only, as where any directory has no Probe). For the Probe and Token-Probs: each
+    group's mean pooled N = 1 AUROC and the difference (``compare`` - ``against``) with a paired percentile-bootstrap
+    95 % interval: every LM is scored on the same resample of the shared problems, so the
     problems' difficulty, which moves every LM's AUROC together, cancels out of the difference."""
     from hf_msv.metrics import bootstrap_interval
 
@@ -202,7 +229,7 @@ def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int =
         raise ValueError("the work directories share no evaluation problem: collect them at the same --seed")
     order = [{pid: i for i, pid in enumerate(ids)} for ids, _, _ in loaded]
     out = {"shared_problems": len(shared), "compare": [str(d) for d in compare], "against": [str(d) for d in against]}
-    for name in ("token_probs", "probe"):
+    for name in [n for n in ("token_probs", "probe") if all(n in sc for _, sc, _ in loaded)]:  # --screen: no Probe
         per_lm = [([sc[name][o[pid]] for pid in shared], [lab[o[pid]] for pid in shared])
                   for (_, sc, lab), o in zip(loaded, order)]
 
@@ -358,6 +385,9 @@ def main(argv=None):
     ap.add_argument("--probe-dir", default=None, help="--probe's shards and report (default: a temporary directory)")
     ap.add_argument("--score-only", action="store_true", help="score the shards and Probe already in --probe-dir "
                     "(e.g. brought back from a GPU machine) and sample nothing: the Probe and shard rows only")
+    ap.add_argument("--screen", type=int, default=None, metavar="N", help="only collect N evaluation problems from "
+                    "the task's LM (into --probe-dir, batches of --probe-batch) and report the rows that need no Probe "
+                    "(Token-Probs, the shard rows): a cheaper look, e.g. to compare training seeds (screen_lm)")
     ap.add_argument("--compare", default=None, help="comma-separated --probe-dirs of one group of LMs (e.g. seeds of "
                     "one recipe), scored against --against's on their shared evaluation problems: paired difference of "
                     "the N = 1 AUROC with a bootstrap interval; samples nothing")
@@ -378,6 +408,14 @@ def main(argv=None):
         if a.task == "v2":  # first: it refuses shards of other problems than --seed's
             res |= writer_comparison(shard_chains(work / "evaluation", task, a.seed), task, knobs, a.seed)
         return print_targets(res | probe_scores(work, a.samples) | shard_statistics(work / "evaluation"))
+    if a.screen:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        import tempfile
+
+        work = Path(a.probe_dir) if a.probe_dir else Path(tempfile.mkdtemp(prefix="testbed-screen-"))
+        max_new_tokens = a.max_new_tokens or task.sampling_cap(knobs) or 224
+        return print_targets(screen_lm(task, work, a.screen, a.samples, a.seed, max_new_tokens, a.probe_batch))
     if a.probe and a.model_dir and Path(a.model_dir).resolve() != task.lm_dir.resolve():
         ap.error(f"--probe collects from the task's LM directory ({task.lm_dir}): copy the LM there")
     if a.threads:
@@ -545,7 +583,7 @@ def print_targets(res: dict) -> dict:
                  ("Token-Probs within a problem", "token_probs_within_auroc")]
         print("N = 1 AUROC parts: " + "; ".join(
             f"{name} {res[key]:.3f} [{res[key + '_interval'][0]:.3f}, {res[key + '_interval'][1]:.3f}]"
-            for name, key in parts))
+            for name, key in parts if key in res))
     print(json.dumps(res))
     return res
 

@@ -11,7 +11,10 @@
 #   VARIANTS="ctl check" SEEDS="0 1" bash scripts/gpu_lm_sweep.sh  # does a slip the LM can see carry the signal?
 #   VARIANTS="shipped ctl" SEEDS="1 2" EXTRA="--probe-problems 96,32,96" bash scripts/gpu_lm_sweep.sh
 #       # the committed LM collected on the GPU beside two GPU-trained seeds (`shipped` trains nothing)
+#   VARIANTS=ctl SEEDS="3 4 5 6 7 8 9 10" BENCH=0 bash scripts/gpu_lm_sweep.sh
+#       # train only: each LM comes back as $OUT/<name>.tgz, to be screened here (testbed_quality.py --screen)
 #
+# Measured on one H200 (2026-11-28, BENCH=0): eight ctl seeds side by side trained in 266 s.
 # Measured on one H200 (2026-11-27, ctl / big / xl at seed 0): training 198 / 217 / 238 s side by side; the
 # benchmarks outlasted a 220 s limit in their evaluation (three processes of 16 torch threads each on 16 cores),
 # hence the thread share below. Their shards came back and were scored with `--score-only` (README, issue #17).
@@ -22,7 +25,8 @@
 set -u
 OUT=${OUT:-gpu-sweep}; mkdir -p "$OUT"; S=$(mktemp -d); ROOT=$PWD
 DEV=${DEV:-cuda}; STEPS=${STEPS:-2800}; TT=${TT:-260}; BT=${BT:-280}; EXTRA=${EXTRA:-}; PY=${PYTHON:-python3}
-VARIANTS=${VARIANTS:-ctl big xl}; SEEDS=${SEEDS:-0}
+VARIANTS=${VARIANTS:-ctl big xl}; SEEDS=${SEEDS:-0}; BENCH=${BENCH:-1}
+TRAIN_THREADS=${TRAIN_THREADS:-2}  # CPU threads per training process (the data stream): 8 side by side fit 16 cores
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 if ls .whl/*.whl > /dev/null 2>&1; then  # e.g. math-verify where the GPU image lacks it (README of the device tool)
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -56,7 +60,7 @@ train() {  # a copy of the repository per LM: --probe collects from the task's L
   esac
   (cd "/tmp/repo-$name" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/repo-$name" timeout "$TT" \
      $PY -m hf_msv.testbed.train_lm --task v2 --device "$DEV" --steps "$STEPS" --output-dir "/tmp/lm-$name" \
-     --log-every 200 --knobs "$(knobs "$name")" "$@" > "$S/train-$name.log" 2>&1)
+     --log-every 200 --threads "$TRAIN_THREADS" --knobs "$(knobs "$name")" "$@" > "$S/train-$name.log" 2>&1)
 }
 bench() {
   local name=$1 threads=$2
@@ -73,6 +77,14 @@ for v in $VARIANTS; do
   for seed in $SEEDS; do names+=("$v-s$seed"); train "$v-s$seed" $args --seed "$seed" & done
 done
 wait
+if [ "$BENCH" = 0 ]; then  # the LMs alone (up to 8 files come back from the device tool)
+  for n in "${names[@]}"; do
+    [ -f "/tmp/lm-$n/model.safetensors" ] && cp "$S/train-$n.log" "/tmp/lm-$n/" &&
+      tar -C /tmp -czf "$OUT/$n.tgz" "lm-$n"
+    echo "== $n: $(tail -n 1 "$S/train-$n.log" | cut -c1-300)"
+  done
+  exit 0
+fi
 threads=$(( $(nproc) / ${#names[@]} )); [ "$threads" -ge 1 ] || threads=1  # no oversubscription in evaluation
 for n in "${names[@]}"; do bench "$n" "$threads" & done
 wait

@@ -4,6 +4,7 @@ and ``testbed-v2:`` problem specs; v1 stays what it was."""
 import hashlib
 import json
 import math
+import shutil
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -281,6 +282,19 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
         assert paired[name]["compare"] == pytest.approx(again[f"{name}_auroc_n1_pooled"], abs=1e-4)
         assert paired[name]["against"] == paired[name]["compare"]
         assert paired[name]["difference"] == 0 and paired[name]["interval"] == [0, 0]
+    # --screen on a copy of the evaluation shards (collection resumes: nothing sampled) reports Token-Probs and the
+    # shard rows, no Probe; such a directory is compared on Token-Probs alone
+    screen = tmp_path / "screen"
+    shutil.copytree(work / "evaluation", screen / "evaluation")
+    screened = bench.main(["--screen", "6", "--probe-dir", str(screen), "--samples", "4", "--max-new-tokens", "96",
+                           "--probe-batch", "6"])
+    assert screened["token_probs_auroc_n1"] == again["token_probs_auroc_n1_pooled"]
+    assert screened["token_probs_within_auroc"] == again["token_probs_within_auroc"]
+    assert screened["maj_at_4"] == again["shard_maj"] and screened["shard_sequences"] == 24
+    assert "probe_auroc_n1" not in screened and "probe_within_auroc" not in screened
+    assert not (screen / "probe").exists()
+    mixed = bench.main(["--compare", str(screen), "--against", str(work)])
+    assert "probe" not in mixed and mixed["token_probs"]["difference"] == 0
     with pytest.raises(SystemExit):
         bench.main(["--compare", str(work)])
     with pytest.raises(SystemExit):
