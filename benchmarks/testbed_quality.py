@@ -93,19 +93,27 @@ def probe_signal(task, work_dir: Path, sizes: list[int], samples: int, seed: int
     defaults, evaluate at N = 1 and N = ``samples``. Returns the Probe's and Token-Probs' terminal AUROC at N = 1 and
     the Probe's best-of-N against self-consistency's and pass@1. ``problems_per_batch``: collection's (``None``: its
     default of one problem a batch; on a GPU, batches of 32 are ~8x faster and sample other, equally valid chains)."""
-    from hf_msv.collect import CollectConfig, collect_from_config
     from hf_msv.training import MSVTrainingConfig, train_verifier
 
     dirs = {}
     for split, n in zip(("train", "validation", "evaluation"), sizes):
         dirs[split] = str(work_dir / split)
-        collect_from_config(CollectConfig(model=task.lm_name, output_dir=dirs[split], num_samples=samples,
-                                          problems=f"{task.lm_name}:{split}:{n}:{seed}", seed=seed,
-                                          max_new_tokens=max_new_tokens, progress=False,
-                                          **({"problems_per_batch": problems_per_batch} if problems_per_batch else {})))
+        collect_split(task, work_dir, split, n, samples, seed, max_new_tokens, problems_per_batch)
     train_verifier(dirs["train"], dirs["validation"], work_dir / "probe",
                    MSVTrainingConfig(kind="probe", mode="terminal", seed=seed, progress=False))
     return probe_scores(work_dir, samples) | {"probe_problems": sizes}
+
+
+def collect_split(task, work_dir: Path, split: str, n_problems: int, samples: int, seed: int, max_new_tokens: int,
+                  problems_per_batch: int | None = None) -> None:
+    """``hf-msv collect`` of ``n_problems`` of the task's ``split`` problems x ``samples`` from the task's LM into
+    ``work_dir/split`` (resumed where already collected)."""
+    from hf_msv.collect import CollectConfig, collect_from_config
+
+    collect_from_config(CollectConfig(model=task.lm_name, output_dir=str(work_dir / split), num_samples=samples,
+                                      problems=f"{task.lm_name}:{split}:{n_problems}:{seed}", seed=seed,
+                                      max_new_tokens=max_new_tokens, progress=False,
+                                      **({"problems_per_batch": problems_per_batch} if problems_per_batch else {})))
 
 
 def screen_lm(task, work_dir: Path, n_problems: int, samples: int, seed: int, max_new_tokens: int,
@@ -116,12 +124,7 @@ def screen_lm(task, work_dir: Path, n_problems: int, samples: int, seed: int, ma
     Probe: Token-Probs' N = 1 AUROC with its interval and parts, and the trace rows of :func:`shard_statistics`, whose
     pass@1, majority, pass@N and cap share stand in for the sampled rows (the same statistics of the same LM, from
     the collection's chains instead of ``--quick``'s own sampling)."""
-    from hf_msv.collect import CollectConfig, collect_from_config
-
-    collect_from_config(CollectConfig(model=task.lm_name, output_dir=str(work_dir / "evaluation"),
-                                      num_samples=samples, problems=f"{task.lm_name}:evaluation:{n_problems}:{seed}",
-                                      seed=seed, max_new_tokens=max_new_tokens, progress=False,
-                                      **({"problems_per_batch": problems_per_batch} if problems_per_batch else {})))
+    collect_split(task, work_dir, "evaluation", n_problems, samples, seed, max_new_tokens, problems_per_batch)
     res = auroc_intervals(work_dir) | shard_statistics(work_dir / "evaluation")
     res["token_probs_auroc_n1"] = res.pop("token_probs_auroc_n1_pooled")
     stats = {"pass_at_1": "shard_pass_at_1", f"maj_at_{samples}": "shard_maj", "capped_rate": "shard_capped_rate"}
@@ -219,8 +222,8 @@ def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int =
     (one per LM, e.g. seeds of two training recipes) collected on the same evaluation problems, or ``--screen``
     directories (Token-Probs only, as where any directory has no Probe). For the Probe and Token-Probs: each
     group's mean pooled N = 1 AUROC and the difference (``compare`` - ``against``) with a paired percentile-bootstrap
-    95 % interval: every LM is scored on the same resample of the shared problems, so the
-    problems' difficulty, which moves every LM's AUROC together, cancels out of the difference."""
+    95 % interval: every LM is scored on the same resample of the shared problems, so the problems' difficulty,
+    which moves every LM's AUROC together, cancels out of the difference."""
     from hf_msv.metrics import bootstrap_interval
 
     loaded = [terminal_scores(d) for d in [*compare, *against]]
@@ -408,23 +411,20 @@ def main(argv=None):
         if a.task == "v2":  # first: it refuses shards of other problems than --seed's
             res |= writer_comparison(shard_chains(work / "evaluation", task, a.seed), task, knobs, a.seed)
         return print_targets(res | probe_scores(work, a.samples) | shard_statistics(work / "evaluation"))
-    if a.screen:
-        if a.threads:
-            torch.set_num_threads(a.threads)
-        import tempfile
-
-        work = Path(a.probe_dir) if a.probe_dir else Path(tempfile.mkdtemp(prefix="testbed-screen-"))
-        max_new_tokens = a.max_new_tokens or task.sampling_cap(knobs) or 224
-        return print_targets(screen_lm(task, work, a.screen, a.samples, a.seed, max_new_tokens, a.probe_batch))
     if a.probe and a.model_dir and Path(a.model_dir).resolve() != task.lm_dir.resolve():
         ap.error(f"--probe collects from the task's LM directory ({task.lm_dir}): copy the LM there")
     if a.threads:
         torch.set_num_threads(a.threads)
+    max_new_tokens = a.max_new_tokens or task.sampling_cap(knobs) or 224
+    if a.screen:
+        import tempfile
+
+        work = Path(a.probe_dir) if a.probe_dir else Path(tempfile.mkdtemp(prefix="testbed-screen-"))
+        return print_targets(screen_lm(task, work, a.screen, a.samples, a.seed, max_new_tokens, a.probe_batch))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t_start = time.time()
     model_dir = a.model_dir or str(task.lm_dir)
-    max_new_tokens = a.max_new_tokens or task.sampling_cap(knobs) or 224
     format_prompt = task.module.format_prompt
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).to(a.device).eval()
