@@ -14,6 +14,7 @@ from hf_msv.testbed.task_v2 import (
     DELIMITER,
     SOURCE,
     TaskKnobsV2,
+    answer_distribution,
     carry_positions,
     error_rates,
     false_equations,
@@ -21,6 +22,7 @@ from hf_msv.testbed.task_v2 import (
     generate_problems,
     knobs_v2,
     make_elicitation_example,
+    make_soft_elicitation_example,
     make_trace,
     make_trace_parts,
     sample_elicited_answer,
@@ -453,3 +455,38 @@ def test_trace_errors_read_inverse_checks_and_the_wait_after_them():
     assert (c["steps_false"], c["wait_after_false"], c["steps_true"], c["wait_after_true"]) == (1, 1, 2, 0)
     assert (c["checked_false"], c["check_mismatch_false"], c["checked_true"], c["check_mismatch_true"]) == (1, 1, 2, 1)
     assert (c["checks_mismatch"], c["wait_after_mismatch"], c["checks_match"], c["wait_after_match"]) == (2, 1, 1, 0)
+
+
+def test_answer_distribution_is_what_the_elicitation_draws_from():
+    """The exact distribution behind ``sample_elicited_answer``, for a derived piece (mid-computation), a confident
+    stated one and a hedged stated one (doubt and a wrong step standing): frequencies of 20,000 draws within 5
+    standard errors of every answer's probability."""
+    problems, rng = generate_problems("train", 60, seed=4), random.Random(7)
+    kinds = set()
+    for p in problems:
+        for piece in sample_trace(p, rng).pieces:
+            kind = "derived" if piece.rest else "hedged" if piece.doubt + piece.unease > 0.2 else "stated"
+            if kind in kinds:
+                continue
+            kinds.add(kind)
+            dist = answer_distribution(piece, p)
+            assert sum(dist.values()) == pytest.approx(1.0, abs=1e-9)
+            n, draws = 20000, Counter(sample_elicited_answer(piece, p, rng) for _ in range(20000))
+            for answer in set(dist) | set(draws):
+                q = dist.get(answer, 0.0)
+                assert abs(draws[answer] / n - q) <= 5 * math.sqrt(max(q * (1 - q), 1e-4) / n), (kind, answer)
+            if kind == "hedged":  # the stated answer is the most likely one, but not certain
+                assert max(dist, key=dist.get) == str(piece.value) and dist[str(piece.value)] < 0.8
+    assert kinds == {"derived", "stated", "hedged"}
+
+
+def test_soft_elicitation_examples_draw_as_the_plain_ones_and_give_their_answers_distribution():
+    problems = generate_problems("train", 40, seed=2)
+    a, b = random.Random(3), random.Random(3)
+    for p in problems:
+        plain = make_elicitation_example(p, a)
+        prefix, elicit, answer, dist = make_soft_elicitation_example(p, b)
+        assert (prefix, elicit, answer) == plain  # the same text and the same random draws
+        assert sum(dist.values()) == pytest.approx(1.0) and dist.get(answer, 0.0) > 0
+        assert all(k.startswith("{") and k.endswith("}") for k in dist)
+    assert a.random() == b.random()

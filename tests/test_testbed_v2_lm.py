@@ -15,7 +15,7 @@ from hf_msv.answers import ELICITATION_PROMPT, extract_last_boxed
 from hf_msv.collect.lm import load_lm, load_problems
 from hf_msv.testbed import TASKS, load_testbed_lm, task_v2
 from hf_msv.testbed.tokenizer import build_tokenizer
-from hf_msv.testbed.train_lm import TraceStream, train_testbed_lm
+from hf_msv.testbed.train_lm import TraceStream, soft_label_loss, train_testbed_lm
 
 TOK = build_tokenizer()
 CAP = task_v2.TaskKnobsV2().max_trace_tokens
@@ -36,7 +36,7 @@ def test_v2_trace_examples_end_with_eos_only_when_the_trace_finished_within_the_
     stream = _stream("v2", elicit_frac=0.0)
     kinds = set()
     for _ in range(80):
-        ids, labels = stream.example()
+        ids, labels, _ = stream.example()
         n_prompt, _ = _split(ids)
         trace = ids[n_prompt:]
         assert ids[0] == TOK.bos_token_id and labels[:n_prompt] == [-100] * n_prompt
@@ -57,7 +57,7 @@ def test_v2_elicitation_examples_mask_the_question_and_the_elicitation_prompt():
     stream = _stream("v2", elicit_frac=1.0)
     prompt_ids = TOK(ELICITATION_PROMPT, add_special_tokens=False).input_ids
     for _ in range(40):
-        ids, labels = stream.example()
+        ids, labels, _ = stream.example()
         n_prompt, _ = _split(ids)
         assert labels[:n_prompt] == [-100] * n_prompt
         # after the prefix: the (masked) elicitation prompt, then "{answer}" + EOS, learnt
@@ -70,12 +70,41 @@ def test_v2_elicitation_examples_mask_the_question_and_the_elicitation_prompt():
         assert all(labels[i] == ids[i] for i in range(n_prompt, end) if i not in masked)  # the prefix is learnt
 
 
+def test_soft_elicitation_trains_answers_on_the_writers_distribution():
+    """Same text as the plain stream; an elicited answer's tokens carry the next-token distribution among the
+    writer's answers instead of a hard label, and that loss is the hard one when the distribution is one answer."""
+    plain, soft = _stream("v2", 1.0), TraceStream(TOK, seed=1, elicit_frac=1.0, pool=300, soft_elicitation=True)
+    spread = 0
+    for _ in range(40):
+        (ids, labels, none), (ids2, labels2, targets) = plain.example(), soft.example()
+        assert ids == ids2 and none == [] and targets
+        positions = [pos for pos, _ in targets]
+        assert positions == list(range(positions[0], len(ids)))  # "{", the digits, "}" and EOS
+        assert all(labels2[i] == -100 for i in positions) and labels2[: positions[0]] == labels[: positions[0]]
+        for pos, dist in targets:
+            assert sum(dist.values()) == pytest.approx(1.0) and dist.get(ids[pos], 0) > 0  # the drawn token can be
+        assert targets[0][1] == {TOK.convert_tokens_to_ids("{"): 1.0}
+        spread += any(len(d) > 1 for _, d in targets)
+    assert spread >= 10  # most answers are uncertain somewhere
+    ids, lab, _, (rows, cols, dist) = soft.batch(4)
+    assert dist.shape == (len(rows), len(TOK)) and torch.allclose(dist.sum(-1), torch.ones(len(rows)))
+    # one-hot distributions at the drawn tokens: the soft loss is the model's own hard loss
+    logits = torch.randn(*ids.shape, len(TOK))
+    hard = lab.clone()
+    hard[rows, cols] = ids[rows, cols]
+    one_hot = torch.nn.functional.one_hot(ids[rows, cols], len(TOK)).float()
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, len(TOK)), hard[:, 1:].reshape(-1))
+    assert soft_label_loss(logits, lab, (rows, cols, one_hot)).item() == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="soft_elicitation"):
+        TraceStream(TOK, seed=0, elicit_frac=0.25, pool=50, task="v1", soft_elicitation=True)
+
+
 def test_v1_stream_is_unchanged():
     """The v1 examples are byte-identical to those before v2 was wired in (hash taken at commit 02f9449)."""
     stream = TraceStream(TOK, seed=0, elicit_frac=0.25, pool=500, task="v1")
     ex = [stream.example() for _ in range(64)]
-    ids, lab, _ = stream.batch(8)
-    digest = hashlib.sha256(json.dumps([ex, ids.tolist(), lab.tolist()]).encode()).hexdigest()[:16]
+    ids, lab, _, _ = stream.batch(8)
+    digest = hashlib.sha256(json.dumps([[e[:2] for e in ex], ids.tolist(), lab.tolist()]).encode()).hexdigest()[:16]
     assert digest == "01003e4574ae3263"
     assert TASKS["v1"].context() == 512 and TASKS["v2"].context() == 560
     assert TASKS["v2"].context({"max_trace_tokens": 400}) == 688  # the context follows the cap
@@ -338,3 +367,33 @@ def test_emulated_bf16_training_rounds_like_autocast_and_saves_a_plain_llama(tmp
     with torch.no_grad():
         plain = reloaded(input_ids=ids).logits
     assert torch.allclose(plain, fp32, atol=1e-5)
+
+
+def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_traces(tiny_v2_lm, capsys):
+    """``benchmarks/elicitation_fidelity.py``: batched, right-padded scoring gives each answer the log-probabilities
+    an unpadded forward gives; the writer's self-evaluation ranks its answers better than the writer without it."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "elicitation_fidelity.py"
+    spec = importlib.util.spec_from_file_location("elicitation_fidelity", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lm_dir, _ = tiny_v2_lm
+    model, tok = AutoModelForCausalLM.from_pretrained(lm_dir).eval(), AutoTokenizer.from_pretrained(lm_dir)
+    rows = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 6, seed=0), traces=3, seed=1)
+    batched = bench.lm_answer_logprobs(model, tok, rows, batch=4)
+    for r, lp in zip(rows[:5], batched):
+        context = [tok.bos_token_id] + tok(task_v2.format_prompt(r["problem"]) + r["text"] + ELICITATION_PROMPT,
+                                           add_special_tokens=False).input_ids
+        answer = tok("{" + r["answer"] + "}", add_special_tokens=False).input_ids
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([context + answer])).logits[0].float(), -1)
+        alone = logp[torch.arange(len(context) - 1, len(context) + len(answer) - 1), torch.tensor(answer)].numpy()
+        assert np.allclose(lp, alone, atol=1e-4)
+    bench.main(["--model-dir", str(lm_dir), "--problems", "24", "--traces", "4", "--threads", "1"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["traces"] == 96 and 0 <= out["mean_lm"] < 1 and 0 < out["mean_writer"] < 1  # an untrained LM: ~0
+    assert out["writer_auroc"] > out["writer_without_self_evaluation_auroc"] + 0.05

@@ -106,6 +106,8 @@ line: train on it without EOS); ``sample_trace(...).text`` is the solver's whole
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import re
 from collections import Counter
@@ -119,9 +121,10 @@ from .task import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_dis
 SOURCE = "testbed-arith-v2"
 __all__ = [
     "DELIMITER", "GEN_KNOBS", "MAX_HEDGE", "SOURCE", "SPLITS", "Equation", "Piece", "TaskKnobsV2", "TraceV2",
-    "carry_positions", "elicited_answer", "error_rates", "false_equations", "format_prompt", "generate_problems",
-    "knobs_v2", "make_elicitation_example", "make_trace", "make_trace_parts", "make_training_trace",
-    "sample_elicited_answer", "sample_trace", "step_risk", "trace_errors", "trace_tokens", "written_equations",
+    "answer_distribution", "carry_positions", "elicited_answer", "error_rates", "false_equations", "format_prompt",
+    "generate_problems", "knobs_v2", "make_elicitation_example", "make_soft_elicitation_example", "make_trace",
+    "make_trace_parts", "make_training_trace", "sample_elicited_answer", "sample_trace", "step_risk", "trace_errors",
+    "trace_tokens", "written_equations",
 ]
 # The knobs of the problem generator (the others only shape traces), as in task.GEN_KNOBS
 GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors", "distractor_prob")
@@ -344,6 +347,35 @@ def _mental(rng: random.Random | None, v: int, ops: list[tuple[str, int]], kn: T
         v, p = _compute(rng, v, op, k, kn, kn.mental_factor)
         prob *= p
     return v, prob
+
+
+def _compute_dist(a: int, op: str, k: int, kn: TaskKnobsV2, scale: float) -> dict[int, float]:
+    """The exact distribution of :func:`_compute`'s value: every drop pattern of the carries, then every slip."""
+    if not _columnable(a, op, k):
+        return {apply_op(a, op, k): 1.0}
+    rates, slip = _rates(a, op, k, kn, scale), min(0.9, kn.slip_error * scale)
+    # _compute's slip draws from [-2, -1, 1, 1, 2]: +1 twice as often
+    slips = [(1.0 - slip, 0)] + [(slip * n / 5, dv) for dv, n in ((-2, 1), (-1, 1), (1, 2), (2, 1)) if slip]
+    out: dict[int, float] = {}
+    for pattern in itertools.product((False, True), repeat=len(rates)):
+        p = math.prod(r if dropped else 1.0 - r for (_, r), dropped in zip(rates, pattern))
+        v = _columns(a, op, k, frozenset(j for (j, _), dropped in zip(rates, pattern) if dropped))[0]
+        for w, dv in slips:
+            key = v if dv == 0 else max(0, v + dv)
+            out[key] = out.get(key, 0.0) + p * w
+    return out
+
+
+def _mental_dist(v: int, ops, kn: TaskKnobsV2) -> dict[int, float]:
+    """The exact distribution of :func:`_mental`'s value: ``{value: probability}``."""
+    dist = {v: 1.0}
+    for op, k in ops:
+        nxt: dict[int, float] = {}
+        for a, pa in dist.items():
+            for b, pb in _compute_dist(a, op, k, kn, kn.mental_factor).items():
+                nxt[b] = nxt.get(b, 0.0) + pa * pb
+        dist = nxt
+    return dist
 
 
 # -------------------------------------------------------------------------------------------------------- traces
@@ -623,6 +655,16 @@ def _reading(problem: Problem, rng: random.Random, kn: TaskKnobsV2) -> tuple[lis
     return ops, False
 
 
+def _readings(problem: Problem, kn: TaskKnobsV2) -> list[tuple[float, list[tuple[str, int]]]]:
+    """Every reading :func:`_reading` draws, with its probability: ``[(probability, ops), ...]``."""
+    ops = [tuple(x) for x in problem.meta["ops"]]
+    d = problem.meta.get("distractor")
+    if not d:
+        return [(1.0, ops)]
+    take = kn.distractor_take[d[2]]
+    return [(take, ops[: d[0]] + [("-", d[1])] + ops[d[0]:]), (1.0 - take, ops)]
+
+
 MAX_HEDGE = 0.45  # an elicited stated answer stays the most likely one, however doubtful the chain
 
 
@@ -653,6 +695,22 @@ def sample_elicited_answer(piece: Piece, problem: Problem, rng: random.Random, *
     if rng.random() < _hedge(piece):
         return str(_mental(rng, problem.meta["start"], _reading(problem, rng, kn)[0], kn)[0])
     return str(piece.value)
+
+
+def answer_distribution(piece: Piece, problem: Problem, **knobs) -> dict[str, float]:
+    """The exact distribution :func:`sample_elicited_answer` draws from after ``piece``: ``{answer: probability}``.
+
+    What an LM that learnt the elicitation rule perfectly would give; training on it instead of one draw
+    (``train_lm --soft-elicitation``) teaches the same rule with less noise."""
+    kn = knobs_v2(**knobs)
+    if piece.rest:
+        return {str(v): p for v, p in _mental_dist(piece.value, piece.rest, kn).items()}
+    hedge = _hedge(piece)
+    out = {str(piece.value): 1.0 - hedge}
+    for w, ops in _readings(problem, kn):
+        for v, p in _mental_dist(problem.meta["start"], ops, kn).items():
+            out[str(v)] = out.get(str(v), 0.0) + hedge * w * p
+    return out
 
 
 def elicited_answer(pieces: list[Piece], upto: int) -> Piece:
@@ -785,6 +843,19 @@ def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> t
     20 %: the whole capped trace (the paper's terminal elicitation: finished traces keep their own final line, cut
     ones are answered from their last complete piece); 65 %: right after a random ``Wait``; else after a random
     piece. The LM trains on ``prefix`` as trace text and on ``answer`` + EOS, never on ``elicitation`` itself."""
+    prefix, elicitation, answer, _ = _elicitation_example(problem, rng, knobs)
+    return prefix, elicitation, answer
+
+
+def make_soft_elicitation_example(problem: Problem, rng: random.Random, **knobs):
+    """:func:`make_elicitation_example` (the same draws) and the distribution its answer was drawn from:
+    ``(prefix, elicitation, answer, {answer text: probability})``, answers written as ``answer`` is (``{79}``)."""
+    prefix, elicitation, answer, piece = _elicitation_example(problem, rng, knobs)
+    dist = answer_distribution(piece, problem, **knobs)
+    return prefix, elicitation, answer, {"{" + a + "}": p for a, p in dist.items()}
+
+
+def _elicitation_example(problem: Problem, rng: random.Random, knobs: dict):
     from ..answers import ELICITATION_PROMPT
 
     t = sample_trace(problem, rng, **knobs)
@@ -798,4 +869,5 @@ def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> t
     else:
         j = rng.randint(1, t.capped_pieces)
         prefix, piece = "".join(p.text for p in t.pieces[:j]), elicited_answer(t.pieces, j)
-    return prefix, sep + ELICITATION_PROMPT, "{" + sample_elicited_answer(piece, problem, rng, **knobs) + "}"
+    answer = "{" + sample_elicited_answer(piece, problem, rng, **knobs) + "}"
+    return prefix, sep + ELICITATION_PROMPT, answer, piece

@@ -16,7 +16,8 @@ where answers are elicited and followed by ``### Final Answer ### \\boxed{answer
 and the elicitation prompt itself (so the LM answers an elicitation but never emits one mid-trace on its own). The
 context is 560 positions (prompt + a trace capped at 272 tokens + elicitation; :meth:`TestbedTask.context`). A trace
 cut at the cap gets no EOS: sampling stops it there by ``max_new_tokens``, so the LM must learn to keep going rather
-than to end cut traces itself.
+than to end cut traces itself. ``--soft-elicitation`` (v2) trains an elicited answer's tokens on the writer's whole
+answer distribution rather than on the one answer drawn from it (:class:`TraceStream`); the text is the same.
 
 ``--task v1`` trains the first testbed (:mod:`hf_msv.testbed.task`, uncapped traces, context 512), whose LM ships in
 ``hf_msv/testbed/lm`` (``load_lm("testbed-v1")``): ``python -m hf_msv.testbed.train_lm --task v1 --threads 2
@@ -77,53 +78,91 @@ def build_model(vocab_size: int, tokenizer, d_model: int, n_layers: int, n_heads
 
 
 class TraceStream:
-    """Endless seeded stream of tokenized training examples (input ids, labels) of a testbed task."""
+    """Endless seeded stream of tokenized training examples (input ids, labels, soft targets) of a testbed task.
+
+    ``soft_elicitation`` (v2 only): an elicitation example's answer tokens are trained on the whole distribution the
+    writer draws its answer from (:func:`~hf_msv.testbed.task_v2.answer_distribution`, per token: the next token's
+    probability among the answers that share the tokens before it) instead of the one answer drawn: the same
+    expected loss, without the draw's noise. The drawn answer is still the input, so the stream's text and random
+    draws are those of the default."""
 
     def __init__(self, tokenizer, seed: int, elicit_frac: float, knobs: dict | None = None, pool: int = 20000,
-                 task: str | TestbedTask = DEFAULT_TASK):
+                 task: str | TestbedTask = DEFAULT_TASK, soft_elicitation: bool = False):
         self.tok = tokenizer
         self.task = get_task(task) if isinstance(task, str) else task
+        if soft_elicitation and not hasattr(self.task.module, "make_soft_elicitation_example"):
+            raise ValueError(f"soft_elicitation needs a task whose writer states its answer distribution (v2), "
+                             f"not {self.task.name}")
         self.knobs = dict(knobs or {})
         self.rng = random.Random(seed)
         # A large pool of distinct train problems, re-worded and re-traced every time one is drawn.
         self.problems = self.task.generate_problems("train", pool, seed=seed, **self.knobs)
         self.elicit_frac = elicit_frac
+        self.soft_elicitation = soft_elicitation
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False).input_ids
 
-    def example(self) -> tuple[list[int], list[int]]:
+    def example(self) -> tuple[list[int], list[int], list[tuple[int, dict]]]:
+        """``(ids, labels, soft)``: ``soft`` lists ``(position, {token id: probability})`` for the positions whose
+        label is a distribution (their hard label is -100); empty unless ``soft_elicitation``."""
         p = self.rng.choice(self.problems)
         prompt = [self.tok.bos_token_id] + self._ids(format_prompt(p))
         if self.rng.random() < self.elicit_frac:
-            prefix, elicit, answer = self.task.module.make_elicitation_example(p, self.rng, **self.knobs)
+            module, dist = self.task.module, None
+            if self.soft_elicitation:
+                prefix, elicit, answer, dist = module.make_soft_elicitation_example(p, self.rng, **self.knobs)
+            else:
+                prefix, elicit, answer = module.make_elicitation_example(p, self.rng, **self.knobs)
             a, b, c = self._ids(prefix), self._ids(elicit), self._ids(answer) + [self.tok.eos_token_id]
             ids = prompt + a + b + c
-            labels = [-100] * len(prompt) + a + [-100] * len(b) + c
-        else:
-            text, finished = self.task.module.make_training_trace(p, self.rng, **self.knobs)
-            # a trace cut at the length cap gets no EOS: the LM must not learn to stop where the cap cut it
-            t = self._ids(text) + [self.tok.eos_token_id] * finished
-            ids = prompt + t
-            labels = [-100] * len(prompt) + t
-        return ids, labels
+            if dist is None:
+                return ids, [-100] * len(prompt) + a + [-100] * len(b) + c, []
+            start = len(prompt) + len(a) + len(b)
+            return ids, [-100] * len(prompt) + a + [-100] * (len(b) + len(c)), self._soft_targets(start, c, dist)
+        text, finished = self.task.module.make_training_trace(p, self.rng, **self.knobs)
+        # a trace cut at the length cap gets no EOS: the LM must not learn to stop where the cap cut it
+        t = self._ids(text) + [self.tok.eos_token_id] * finished
+        return prompt + t, [-100] * len(prompt) + t, []
 
-    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``n`` examples, right-padded; examples are drawn in chunks of 8 batches sorted by length (less padding)."""
+    def _soft_targets(self, start: int, drawn: list[int], dist: dict[str, float]) -> list[tuple[int, dict]]:
+        """Per position of the drawn answer's tokens, the next token's distribution among the answers of ``dist``
+        that agree with the drawn one so far (teacher forcing: the drawn answer is what the LM reads)."""
+        answers = [(self._ids(a) + [self.tok.eos_token_id], q) for a, q in dist.items() if q > 0]
+        out = []
+        for t in range(len(drawn)):
+            nxt: dict[int, float] = {}
+            for toks, q in answers:
+                if len(toks) > t and toks[:t] == drawn[:t]:
+                    nxt[toks[t]] = nxt.get(toks[t], 0.0) + q
+            total = sum(nxt.values())
+            out.append((start + t, {tok: q / total for tok, q in nxt.items()}))
+        return out
+
+    def batch(self, n: int):
+        """``n`` examples, right-padded: ``(ids, labels, attention, soft)``, ``soft`` None or ``(rows, positions,
+        targets)``: `(P,)`, `(P,)` and `(P, vocab)` for the P positions with a distribution as their label.
+        Examples are drawn in chunks of 8 batches sorted by length (less padding)."""
         if not getattr(self, "_buf", None):
             exs = sorted((self.example() for _ in range(8 * n)), key=lambda e: len(e[0]))
             self._buf = [exs[i : i + n] for i in range(0, len(exs), n)]
             self.rng.shuffle(self._buf)
         exs = self._buf.pop()
-        L = max(len(i) for i, _ in exs)
+        L = max(len(i) for i, _, _ in exs)
         ids = torch.full((n, L), self.tok.pad_token_id, dtype=torch.long)
         lab = torch.full((n, L), -100, dtype=torch.long)
         att = torch.zeros((n, L), dtype=torch.long)
-        for r, (i, l) in enumerate(exs):
+        rows, cols, targets = [], [], []
+        for r, (i, l, soft) in enumerate(exs):
             ids[r, : len(i)] = torch.tensor(i)
             lab[r, : len(l)] = torch.tensor(l)
             att[r, : len(i)] = 1
-        return ids, lab, att
+            for pos, dist in soft:
+                target = torch.zeros(len(self.tok))
+                target[list(dist)] = torch.tensor(list(dist.values()))
+                rows.append(r), cols.append(pos), targets.append(target)
+        soft = (torch.tensor(rows), torch.tensor(cols), torch.stack(targets)) if rows else None
+        return ids, lab, att, soft
 
 
 @torch.no_grad()
@@ -212,13 +251,28 @@ def emulate_bf16_autocast(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def soft_label_loss(logits: torch.Tensor, labels: torch.Tensor, soft) -> torch.Tensor:
+    """Mean next-token cross-entropy over the hard labels `(B, L)` and the soft ones (``TraceStream.batch``'s
+    ``soft``: the token at ``positions`` predicted from ``positions - 1``) together; logits `(B, L, V)`."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    target = labels[:, 1:]
+    known = target != -100
+    hard = -logp[:, :-1][known].gather(-1, target[known][:, None]).sum()
+    rows, positions, dist = soft
+    soft_nll = -(dist * logp[rows, positions - 1]).sum()
+    return (hard + soft_nll) / (known.sum() + len(rows))
+
+
 def _train_step(model, opt, batch, device, bf16: bool) -> float:
     """One optimizer step on a `TraceStream` batch; returns the loss."""
-    ids, lab, _ = batch
+    ids, lab, _, soft = batch
     ids, lab = ids.to(device), lab.to(device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         # right padding + causal attention: pads never influence real positions, no mask needed (faster)
-        loss = model(input_ids=ids, labels=lab).loss
+        if soft is None:
+            loss = model(input_ids=ids, labels=lab).loss
+        else:
+            loss = soft_label_loss(model(input_ids=ids).logits, lab, tuple(x.to(device) for x in soft))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -243,6 +297,7 @@ def train_testbed_lm(
     task: str = DEFAULT_TASK,
     bf16: bool = True,
     emulate_bf16: bool = False,
+    soft_elicitation: bool = False,
     eval_every: int = 0,
     save_every: int = 0,
     log_every: int = 50,
@@ -256,7 +311,8 @@ def train_testbed_lm(
     ``output_dir/training_log.json``. The shipped checkpoint is trained on CPU; ``device="cuda"`` trains the same
     recipe on a GPU in ~3 min (numerically a different, equally good model), for exploring task knobs. ``task``:
     ``"v2"`` (the default testbed's; ``knobs`` are :class:`~hf_msv.testbed.task_v2.TaskKnobsV2`'s) or ``"v1"``
-    (:class:`~hf_msv.testbed.task.TaskKnobs`).
+    (:class:`~hf_msv.testbed.task.TaskKnobs`). ``soft_elicitation`` (v2): train elicited answers on the writer's
+    answer distribution instead of one draw from it (:class:`TraceStream`).
     """
     if num_threads:
         torch.set_num_threads(num_threads)
@@ -273,7 +329,7 @@ def train_testbed_lm(
         emulate_bf16_autocast(model)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"testbed {task.name} LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
-    stream = TraceStream(tok, seed, elicit_frac, knobs, task=task)
+    stream = TraceStream(tok, seed, elicit_frac, knobs, task=task, soft_elicitation=soft_elicitation)
     opt = _adamw(model, lr, weight_decay)
     # v2 samples up to its cap, as collection does; v1 traces are short (~120 tokens)
     eval_tokens = task.sampling_cap(knobs) or 200
@@ -303,7 +359,7 @@ def train_testbed_lm(
         "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "d_model": d_model, "n_layers": n_layers,
         "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs,
         "task_knobs": asdict(task.knobs(**knobs)),  # every knob, defaults included: the data this LM was trained on
-        "bf16": bf16, "emulate_bf16": emulate_bf16,
+        "bf16": bf16, "emulate_bf16": emulate_bf16, "soft_elicitation": soft_elicitation,
         "parameters": n_params, "wall_time_s": round(wall, 1), "final_loss": round(ema, 4),
         "torch_threads": torch.get_num_threads(), "device": device.type, "history": history,
     }
@@ -325,6 +381,8 @@ def main(argv=None):
                     help="round to bf16 where bf16 autocast does (the linear layers' inputs, weights and outputs, "
                     "the attention's inputs and output) in fp32 arithmetic; with --no-bf16: autocast's rounding at "
                     "fp32 speed on CPUs without bf16")
+    ap.add_argument("--soft-elicitation", action="store_true",
+                    help="v2: train elicited answers on the writer's whole answer distribution, not one draw from it")
     ap.add_argument("--eval-every", type=int, default=0, help="sample-accuracy check on 64 validation problems")
     ap.add_argument("--save-every", type=int, default=0, help="also save <output-dir>/checkpoints/step-N")
     ap.add_argument("--log-every", type=int, default=50)
@@ -334,8 +392,8 @@ def main(argv=None):
     kw = {k: getattr(a, k) for k in DEFAULTS}
     stats = train_testbed_lm(
         a.output_dir, knobs=json.loads(a.knobs), task=a.task, bf16=not a.no_bf16, emulate_bf16=a.emulate_bf16,
-        eval_every=a.eval_every, save_every=a.save_every, log_every=a.log_every, num_threads=a.threads,
-        device=a.device, **kw,
+        soft_elicitation=a.soft_elicitation, eval_every=a.eval_every, save_every=a.save_every,
+        log_every=a.log_every, num_threads=a.threads, device=a.device, **kw,
     )
     print(json.dumps({k: v for k, v in stats.items() if k != "history"}))
 

@@ -1,0 +1,122 @@
+"""Has a testbed v2 LM learnt its writer's elicitation rule? (issue #17's Token-Probs row; CPU, ~2 min)
+
+    python benchmarks/elicitation_fidelity.py                    # the shipped LM (hf_msv/testbed/lm-v2)
+    python benchmarks/elicitation_fidelity.py --model-dir DIR    # another v2 LM
+
+Token-Probs scores an answer by the LM's own probability of it at elicitation. The v2 writer states how confident
+its elicitation is (:func:`hf_msv.testbed.task_v2.answer_distribution`: a stated answer hedged by the chain's doubt and
+its self-evaluation's unease, a derived one by its mental path), and an LM trained on its traces can at best learn that
+rule. This benchmark separates learning the rule from everything else: on the *writer's* traces (the LM's training
+distribution, so nothing depends on how the LM samples), it feeds each capped trace and the elicitation prompt to the
+LM and reads off the LM's probability of the writer's most likely terminal answer, beside the writer's exact one.
+
+Rows: AUROC of terminal correctness for the writer's exact probability, for the writer without its self-evaluation's
+unease (``unease`` 0: what is left when the wrong steps standing cannot be seen), for the LM's probability of the
+answer and for its geometric mean over the answer's tokens (Token-Probs' score); the Spearman correlation of the LM's
+probabilities with the writer's and their mean absolute difference. The last line printed is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import time
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+from sklearn.metrics import roc_auc_score
+
+from hf_msv.answers import ELICITATION_PROMPT
+from hf_msv.testbed import load_testbed_lm, task_v2
+
+
+def writer_terminal_answers(problems, traces: int, seed: int) -> list[dict]:
+    """Per writer trace: its capped text, the most likely terminal answer, whether it is right, and the writer's
+    probability of it with and without self-evaluation's unease."""
+    rng, rows = random.Random(seed), []
+    for p in problems:
+        for _ in range(traces):
+            t = task_v2.sample_trace(p, rng)
+            dist = task_v2.answer_distribution(t.terminal, p)
+            answer = max(dist, key=dist.get)
+            blind = task_v2.answer_distribution(dataclasses.replace(t.terminal, unease=0.0), p)
+            rows.append(dict(problem=p, text=t.capped_text, answer=answer, right=answer == p.gold,
+                             writer=dist[answer], writer_blind=blind.get(answer, 0.0)))
+    return rows
+
+
+@torch.no_grad()
+def lm_answer_logprobs(model, tok, rows: list[dict], batch: int = 32) -> list[np.ndarray]:
+    """Per row, `(L,)` the LM's log-probabilities of the answer's tokens (``{``, digits, ``}``) after the prompt,
+    the capped trace and the elicitation prompt; right-padded batches (causal: pads never reach real positions)."""
+    seqs = []
+    for r in rows:
+        context = [tok.bos_token_id] + tok(task_v2.format_prompt(r["problem"]) + r["text"] + ELICITATION_PROMPT,
+                                           add_special_tokens=False).input_ids
+        seqs.append((context, tok("{" + r["answer"] + "}", add_special_tokens=False).input_ids))
+    out: list = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+    for lo in range(0, len(order), batch):
+        idx = order[lo : lo + batch]
+        width = max(len(seqs[i][0]) + len(seqs[i][1]) for i in idx)
+        ids = torch.full((len(idx), width), tok.pad_token_id, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, : len(seqs[i][0]) + len(seqs[i][1])] = torch.tensor(seqs[i][0] + seqs[i][1])
+        logp = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+        for row, i in enumerate(idx):
+            context, answer = seqs[i]
+            at = torch.arange(len(context) - 1, len(context) - 1 + len(answer))
+            out[i] = logp[row, at, torch.tensor(answer)].numpy()
+    return out
+
+
+def fidelity(model, tok, problems, traces: int = 8, seed: int = 0) -> dict:
+    rows = writer_terminal_answers(problems, traces, seed)
+    logprobs = lm_answer_logprobs(model, tok, rows)
+    right = np.array([r["right"] for r in rows])
+    writer, blind = np.array([r["writer"] for r in rows]), np.array([r["writer_blind"] for r in rows])
+    lm = np.array([np.exp(lp.sum()) for lp in logprobs])
+    geo = np.array([np.exp(lp.mean()) for lp in logprobs])
+    return {
+        "traces": len(rows), "terminal_accuracy": round(float(right.mean()), 4),
+        "writer_auroc": round(roc_auc_score(right, writer), 4),
+        "writer_without_self_evaluation_auroc": round(roc_auc_score(right, blind), 4),
+        "lm_auroc": round(roc_auc_score(right, lm), 4), "lm_token_probs_auroc": round(roc_auc_score(right, geo), 4),
+        "spearman_lm_writer": round(float(spearmanr(lm, writer)[0]), 4),
+        "mean_abs_lm_minus_writer": round(float(np.abs(lm - writer).mean()), 4),
+        "mean_writer": round(float(writer.mean()), 4), "mean_lm": round(float(lm.mean()), 4),
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-dir", default=None, help="a v2 LM (default: the shipped one)")
+    ap.add_argument("--problems", type=int, default=96, help="evaluation problems (the benchmark's seed-0 ones)")
+    ap.add_argument("--traces", type=int, default=8, help="writer traces per problem")
+    ap.add_argument("--seed", type=int, default=0, help="the problems' seed (the traces are drawn with seed + 11)")
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.model_dir:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(a.model_dir).eval()
+        tok = AutoTokenizer.from_pretrained(a.model_dir)
+    else:
+        model, tok = load_testbed_lm()
+    t0 = time.time()
+    problems = task_v2.generate_problems("evaluation", a.problems, seed=a.seed)
+    out = fidelity(model, tok, problems, a.traces, a.seed + 11)
+    out.update(model=a.model_dir or "testbed", problems=a.problems, wall_s=round(time.time() - t0, 1))
+    print(f"writer AUROC {out['writer_auroc']} (without self-evaluation {out['writer_without_self_evaluation_auroc']});"
+          f" LM {out['lm_auroc']} (Token-Probs {out['lm_token_probs_auroc']}); Spearman LM-writer "
+          f"{out['spearman_lm_writer']}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
