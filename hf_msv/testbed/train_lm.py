@@ -160,7 +160,9 @@ class TraceStream:
             for pos, dist in soft:
                 target = torch.zeros(len(self.tok))
                 target[list(dist)] = torch.tensor(list(dist.values()))
-                rows.append(r), cols.append(pos), targets.append(target)
+                rows.append(r)
+                cols.append(pos)
+                targets.append(target)
         soft = (torch.tensor(rows), torch.tensor(cols), torch.stack(targets)) if rows else None
         return ids, lab, att, soft
 
