@@ -646,17 +646,16 @@ def _reading(problem: Problem, rng: random.Random, kn: TaskKnobsV2) -> tuple[lis
 
     Models take irrelevant but relevant-looking clauses into account, consistently (Mirzadeh et al. 2024,
     GSM-NoOp: "five of them were smaller than average" gets subtracted), and more so the more relevant the wording
-    looks; re-checking the arithmetic does not undo the reading."""
-    ops = [tuple(x) for x in problem.meta["ops"]]
-    d = problem.meta.get("distractor")
-    if d and rng.random() < kn.distractor_take[d[2]]:
-        ops.insert(d[0], ("-", d[1]))
-        return ops, True
-    return ops, False
+    looks; re-checking the arithmetic does not undo the reading. One draw from :func:`_readings`."""
+    readings = _readings(problem, kn)
+    if len(readings) == 2 and rng.random() < readings[0][0]:
+        return readings[0][1], True
+    return readings[-1][1], False
 
 
 def _readings(problem: Problem, kn: TaskKnobsV2) -> list[tuple[float, list[tuple[str, int]]]]:
-    """Every reading :func:`_reading` draws, with its probability: ``[(probability, ops), ...]``."""
+    """Every reading of the problem with its probability, ``[(probability, ops), ...]``: with an irrelevant clause,
+    first the clause taken (its wording's ``distractor_take``), then not; else the one reading (fresh lists)."""
     ops = [tuple(x) for x in problem.meta["ops"]]
     d = problem.meta.get("distractor")
     if not d:
