@@ -13,7 +13,10 @@ LM and reads off the LM's probability of the writer's most likely terminal answe
 Rows: AUROC of terminal correctness for the writer's exact probability, for the writer without its self-evaluation's
 unease (``unease`` 0: what is left when the wrong steps standing cannot be seen), for the LM's probability of the
 answer and for its geometric mean over the answer's tokens (Token-Probs' score); the Spearman correlation of the LM's
-probabilities with the writer's and their mean absolute difference. The last line printed is the JSON summary.
+probabilities with the writer's and their mean absolute difference; on problems with an irrelevant clause, the writer's
+and the LM's mean probability for chains that took it and chains that left it (does the LM hedge a misreading as its
+writer does?). The writer is the one the LM was trained on (the ``knobs`` of its ``training_log.json``). The last
+line printed is the JSON summary.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import dataclasses
 import json
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,21 +34,23 @@ from scipy.stats import spearmanr
 from sklearn.metrics import roc_auc_score
 
 from hf_msv.answers import ELICITATION_PROMPT
-from hf_msv.testbed import load_testbed_lm, task_v2
+from hf_msv.testbed import TESTBED_V2_LM_DIR, load_testbed_lm, task_v2
 
 
-def writer_terminal_answers(problems, traces: int, seed: int) -> list[dict]:
-    """Per writer trace: its capped text, the most likely terminal answer, whether it is right, and the writer's
-    probability of it with and without self-evaluation's unease."""
-    rng, rows = random.Random(seed), []
+def writer_terminal_answers(problems, traces: int, seed: int, knobs: dict | None = None) -> list[dict]:
+    """Per writer trace (``knobs``: the writer's, those the LM was trained on): its capped text, the most likely
+    terminal answer, whether it is right, the writer's probability of it with and without self-evaluation's unease,
+    and how the chain read the irrelevant clause (``clause``: ``"taken"``, ``"left"``, or None without one)."""
+    rng, rows, knobs = random.Random(seed), [], dict(knobs or {})
     for p in problems:
         for _ in range(traces):
-            t = task_v2.sample_trace(p, rng)
-            dist = task_v2.answer_distribution(t.terminal, p)
+            t = task_v2.sample_trace(p, rng, **knobs)
+            dist = task_v2.answer_distribution(t.terminal, p, **knobs)
             answer = max(dist, key=dist.get)
-            blind = task_v2.answer_distribution(dataclasses.replace(t.terminal, unease=0.0), p)
+            blind = task_v2.answer_distribution(dataclasses.replace(t.terminal, unease=0.0), p, **knobs)
+            clause = ("taken" if t.took_clause else "left") if p.meta.get("distractor") else None
             rows.append(dict(problem=p, text=t.capped_text, answer=answer, right=answer == p.gold,
-                             writer=dist[answer], writer_blind=blind.get(answer, 0.0)))
+                             writer=dist[answer], writer_blind=blind.get(answer, 0.0), clause=clause))
     return rows
 
 
@@ -73,8 +79,8 @@ def lm_answer_logprobs(model, tok, rows: list[dict], batch: int = 32) -> list[np
     return out
 
 
-def fidelity(model, tok, problems, traces: int = 8, seed: int = 0) -> dict:
-    rows = writer_terminal_answers(problems, traces, seed)
+def fidelity(model, tok, problems, traces: int = 8, seed: int = 0, knobs: dict | None = None) -> dict:
+    rows = writer_terminal_answers(problems, traces, seed, knobs)
     logprobs = lm_answer_logprobs(model, tok, rows)
     right = np.array([r["right"] for r in rows])
     writer, blind = np.array([r["writer"] for r in rows]), np.array([r["writer_blind"] for r in rows])
@@ -88,7 +94,26 @@ def fidelity(model, tok, problems, traces: int = 8, seed: int = 0) -> dict:
         "spearman_lm_writer": round(float(spearmanr(lm, writer)[0]), 4),
         "mean_abs_lm_minus_writer": round(float(np.abs(lm - writer).mean()), 4),
         "mean_writer": round(float(writer.mean()), 4), "mean_lm": round(float(lm.mean()), 4),
+        **clause_means(rows, writer, lm),
     }
+
+
+def clause_means(rows: list[dict], writer: np.ndarray, lm: np.ndarray) -> dict:
+    """Mean writer / LM probability of the terminal answer on problems with an irrelevant clause, for chains that
+    took it (a misreading the writer's self-evaluation hedges) and chains that left it: does the LM hedge too?"""
+    out = {}
+    for reading in ("taken", "left"):
+        m = np.array([r["clause"] == reading for r in rows])
+        out[f"clause_{reading}_traces"] = int(m.sum())
+        out[f"writer_mean_clause_{reading}"] = round(float(writer[m].mean()), 4) if m.any() else None
+        out[f"lm_mean_clause_{reading}"] = round(float(lm[m].mean()), 4) if m.any() else None
+    return out
+
+
+def trained_knobs(model_dir: Path) -> dict:
+    """The writer knobs an LM was trained with (``training_log.json["knobs"]``; {} when it has no log)."""
+    log = model_dir / "training_log.json"
+    return json.loads(log.read_text()).get("knobs", {}) if log.exists() else {}
 
 
 def main(argv=None):
@@ -108,13 +133,15 @@ def main(argv=None):
         tok = AutoTokenizer.from_pretrained(a.model_dir)
     else:
         model, tok = load_testbed_lm()
+    knobs = trained_knobs(Path(a.model_dir or TESTBED_V2_LM_DIR))
     t0 = time.time()
     problems = task_v2.generate_problems("evaluation", a.problems, seed=a.seed)
-    out = fidelity(model, tok, problems, a.traces, a.seed + 11)
-    out.update(model=a.model_dir or "testbed", problems=a.problems, wall_s=round(time.time() - t0, 1))
+    out = fidelity(model, tok, problems, a.traces, a.seed + 11, knobs)
+    out.update(model=a.model_dir or "testbed", knobs=knobs, problems=a.problems, wall_s=round(time.time() - t0, 1))
     print(f"writer AUROC {out['writer_auroc']} (without self-evaluation {out['writer_without_self_evaluation_auroc']});"
           f" LM {out['lm_auroc']} (Token-Probs {out['lm_token_probs_auroc']}); Spearman LM-writer "
-          f"{out['spearman_lm_writer']}")
+          f"{out['spearman_lm_writer']}; on a taken / left clause: writer {out['writer_mean_clause_taken']} / "
+          f"{out['writer_mean_clause_left']}, LM {out['lm_mean_clause_taken']} / {out['lm_mean_clause_left']}")
     print(json.dumps(out))
 
 

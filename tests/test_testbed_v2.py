@@ -3,6 +3,7 @@ each design property the module docstring claims, checked on small samples where
 
 import math
 import random
+import re
 from dataclasses import replace
 from collections import Counter
 
@@ -269,6 +270,29 @@ def test_the_wording_sets_how_often_the_clause_is_taken():
             taken[w] += first_pass.count(f"-{d}=") > sum(o == ["-", d] for o in p.meta["ops"])
     rate = [taken[w] / seen[w] for w in range(3)]
     assert rate[0] > rate[1] > rate[2]  # "broken" > "old" > "red", as distractor_take says
+
+
+def test_a_chain_that_takes_the_clause_can_say_so_where_it_subtracts_it():
+    problems = [p for p in generate_problems("train", 200, seed=8) if p.meta["distractor"]]
+    rng = random.Random(5)
+    marked = Counter()
+    for p in problems:
+        pos, d, w = p.meta["distractor"]
+        mark = f" {d} {('broken', 'old', 'red')[w]}:"
+        for _ in range(4):
+            text = sample_trace(p, rng, guess_prob=0.0, reconsider_prob=0.0, say_reading_prob=1.0).capped_text
+            first_pass = text.split(" So ")[0]
+            steps = [e for e in written_equations(first_pass) if not e.checked]
+            took = sum((e.op, e.k) == ("-", d) for e in steps) > sum(o == ["-", d] for o in p.meta["ops"])
+            assert (mark in first_pass) == took, text  # named exactly where the clause is taken
+            for m in re.finditer(re.escape(mark), text):  # and right before the subtraction it causes
+                assert re.match(rf" \d+-{d}=\d+\.", text[m.end():]), text
+            marked[took] += 1
+            # the reason is not an equation: a reader parses the same steps as without it
+            assert written_equations(text) == written_equations(text.replace(mark, ""))
+        default = sample_trace(p, rng).capped_text
+        assert mark not in default  # off by default
+    assert marked[True] and marked[False]
 
 
 def test_a_wait_follows_a_wrong_step_more_often_than_a_right_one(sample):

@@ -250,7 +250,7 @@ def test_the_shipped_v2_lm_was_trained_on_the_task_defaults_and_solves_some_prob
     log = json.loads((TASKS["v2"].lm_dir / "training_log.json").read_text())
     defaults = json.loads(json.dumps(asdict(task_v2.TaskKnobsV2())))  # tuples as JSON lists
     # knobs added after the LM was trained are off by default and draw nothing (test_default_writer_stream_is_unchanged)
-    later = {"check_prob": 0.0}
+    later = {"check_prob": 0.0, "say_reading_prob": 0.0}
     assert log["task"] == "v2" and log["knobs"] == {} and {**later, **log["task_knobs"]} == defaults
     model, tok = load_testbed_lm(task="v2")
     assert model.config.max_position_embeddings == TASKS["v2"].context()
@@ -397,3 +397,31 @@ def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_tr
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["traces"] == 96 and 0 <= out["mean_lm"] < 1 and 0 < out["mean_writer"] < 1  # an untrained LM: ~0
     assert out["writer_auroc"] > out["writer_without_self_evaluation_auroc"] + 0.05
+    assert out["knobs"] == {} and 0 < out["clause_taken_traces"] and 0 < out["clause_left_traces"]
+
+
+def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_by_clause_reading(tmp_path):
+    """The benchmark's writer is the LM's (``training_log.json["knobs"]``); on problems with an irrelevant clause the
+    writer's probability is lower where the chain took it (its self-evaluation hedges the misreading)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "elicitation_fidelity.py"
+    spec = importlib.util.spec_from_file_location("elicitation_fidelity", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.trained_knobs(tmp_path) == {}
+    (tmp_path / "training_log.json").write_text(json.dumps({"knobs": {"say_reading_prob": 1.0}}))
+    knobs = bench.trained_knobs(tmp_path)
+    assert knobs == {"say_reading_prob": 1.0}
+    rows = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 60, seed=2), traces=6, seed=3,
+                                         knobs=knobs)
+    taken = [r for r in rows if r["clause"] == "taken"]
+    assert taken and all(r["problem"].meta["distractor"] for r in taken)
+    assert any(" {} {}:".format(r["problem"].meta["distractor"][1], w) in r["text"] for r in taken
+               for w in ("broken", "old", "red"))  # the knob reached the writer
+    writer = np.array([r["writer"] for r in rows])
+    means = bench.clause_means(rows, writer, writer)
+    assert means["clause_taken_traces"] == len(taken)
+    assert means["writer_mean_clause_taken"] < means["writer_mean_clause_left"] - 0.03
+    assert means["lm_mean_clause_taken"] == means["writer_mean_clause_taken"]

@@ -43,6 +43,15 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   take relevant-looking but irrelevant clauses into account, consistently (Mirzadeh et al. 2024, GSM-NoOp), so the
   majority is wrong on such problems while some chains are right, as self-consistency fails on hard problems while
   coverage keeps growing (Brown et al. 2024, "Large Language Monkeys").
+* **Saying why** (``say_reading_prob``, off by default: an experiment for issue #17). A chain that takes the clause
+  names it where it subtracts it: `` 2 red: 93-2=92.``. Models that fall for GSM-NoOp's clauses say so in their
+  reasoning ("we need to subtract the 5 smaller kiwis": Mirzadeh et al. 2024, their examples of failures), so the
+  misreading is in the text. Why here: the shipped LM does not hedge an answer whose chain took the clause, which
+  its writer's self-evaluation does (``benchmarks/elicitation_fidelity.py``: mean probability of the terminal
+  answer 0.769 taken vs 0.765 left, the writer 0.766 vs 0.852); unnamed, seeing the misreading means matching a
+  step's operand with the question's clause, named it is one word of the chain. Trained with it at 1.0 (seeds 0 / 1)
+  the LM hedges a little (0.655 / 0.670 taken vs 0.691 / 0.704 left) and its screened Token-Probs rose to 0.680 /
+  0.682, short of 0.70, with a majority right more often (0.771 at seed 0): not the default (README, issue #17).
 * **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
   guess (``About 81.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
   confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
@@ -156,6 +165,7 @@ class TaskKnobsV2:
     persist_prob: float = 0.5  # P(a re-check of a wrong step repeats the same slip: the error is systematic)
     distractor_take: tuple = (0.8, 0.5, 0.25)  # P(a chain subtracts the irrelevant number), per wording
     reconsider_prob: float = 0.08  # P(a re-check questions the reading of the irrelevant clause instead)
+    say_reading_prob: float = 0.0  # P(a chain names the clause where it subtracts it: " 2 red: 93-2=92.")
     confirm_factor: float = 0.35  # a confirmed step's doubt is multiplied by this
     conflict_doubt: float = 0.5  # the doubt of a step whose re-check disagreed with it
     confident_doubt: float = 0.2  # re-check while the chain's doubt is above this
@@ -527,6 +537,8 @@ class _Solver:
         self.doubt = [0.0] * self.n
         self.pieces: list[Piece] = []
         self.reconsidered = False
+        # drawn only when on, so the default writer's stream (the shipped LM's data) stays byte-identical
+        self.says_reading = bool(self.distractor) and kn.say_reading_prob > 0 and rng.random() < kn.say_reading_prob
 
     def add(self, text, kind, i_next, **kw):
         value = self.vals[i_next] if kind != "guess" else kw.pop("value")
@@ -551,7 +563,8 @@ class _Solver:
             self.vals[i + 1], _ = _compute(self.rng, a, op, k, self.kn, 1.0)
             risk = step_risk(a, op, k, self.kn)
             self.doubt[i] = risk
-            self.add(f"{prefix} {a}{op}{k}={self.vals[i + 1]}.", "step", i + 1, wait=prefix.startswith(" Wait"))
+            self.add(f"{prefix}{self.reason(i)} {a}{op}{k}={self.vals[i + 1]}.", "step", i + 1,
+                     wait=prefix.startswith(" Wait"))
             prefix = ""
             # check_prob 0 draws nothing, so the default writer's stream (the shipped LM's data) stays byte-identical
             if op != "*" and self.kn.check_prob and self.rng.random() < self.kn.check_prob:
@@ -561,6 +574,12 @@ class _Solver:
                 noticed = self.rng.random() < (self.kn.notice_prob if wrong else self.kn.false_alarm * risk)
             if noticed:
                 self.recheck(i, mid=True)
+
+    def reason(self, i: int) -> str:
+        """`` 2 red:`` before step ``i`` when it subtracts the irrelevant clause and the chain says why (else "")."""
+        if not (self.says_reading and self.taken and i == self.distractor[0]):
+            return ""
+        return f" {self.distractor[1]} {_DISTRACTORS[self.distractor[2]]}:"
 
     def inverse_check(self, i: int) -> bool:
         """``(c op' k = a')``: step ``i`` undone, computed carefully; True when ``a'`` is not the ``a`` written
@@ -735,6 +754,7 @@ class TraceV2:
     capped_pieces: int
     wait_pieces: list[int] = field(default_factory=list)
     final_answer: str = ""  # the answer the solver's own final line boxes
+    took_clause: bool = False  # the chain's last reading subtracts the irrelevant clause (a misreading)
 
     @property
     def terminal(self) -> Piece:
@@ -804,7 +824,7 @@ def _finish(s: _Solver, problem: Problem, rng: random.Random, kn: TaskKnobsV2) -
         s.pieces.insert(0, start)
         complete, waits = 1, [j + 1 for j in waits]
     capped = text if finished else _cut(text, kn.max_trace_tokens)
-    return TraceV2(s.pieces, text, capped, finished, complete, waits, final)
+    return TraceV2(s.pieces, text, capped, finished, complete, waits, final, s.taken)
 
 
 def make_trace(problem: Problem, rng: random.Random, **knobs) -> str:
