@@ -45,8 +45,8 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   coverage keeps growing (Brown et al. 2024, "Large Language Monkeys").
 * **Saying why** (``say_reading_prob``, off by default: an experiment for issue #17). A chain that takes the clause
   names it where it subtracts it: `` 2 red: 93-2=92.``. Models that fall for GSM-NoOp's clauses say so in their
-  reasoning ("we need to subtract the 5 smaller kiwis": Mirzadeh et al. 2024, their examples of failures), so the
-  misreading is in the text. Why here: the shipped LM does not hedge an answer whose chain took the clause, which
+  reasoning (Mirzadeh et al. 2024's failure examples write out the subtraction of the smaller kiwis with its
+  reason), so the misreading is in the text. Why here: the shipped LM does not hedge an answer whose chain took the clause, which
   its writer's self-evaluation does (``benchmarks/elicitation_fidelity.py``: mean probability of the terminal
   answer 0.769 taken vs 0.765 left, the writer 0.766 vs 0.852); unnamed, seeing the misreading means matching a
   step's operand with the question's clause, named it is one word of the chain. Trained with it at 1.0 (seeds 0 / 1)
