@@ -48,11 +48,11 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   reasoning (Mirzadeh et al. 2024's failure examples write out the subtraction of the smaller kiwis with its reason), so
   the misreading is in the text. Why here: the shipped LM does not hedge an answer whose chain took the clause, which
   its writer's self-evaluation does (``benchmarks/elicitation_fidelity.py``: mean probability of the terminal answer
-  0.769 taken vs 0.765 left, the writer 0.766 vs 0.852); unnamed, seeing the misreading means matching a step's operand
-  with the question's clause, named it is one word of the chain. Trained with it at 1.0 (seeds 0 / 1) the LM hedges a
-  little (0.655 / 0.670 taken vs 0.691 / 0.704 left) and its screened Token-Probs is 0.680 / 0.682 (default-writer twins
-  0.648 / 0.663; paired +0.026 [-0.011, +0.061]), short of 0.70, with a majority right more often (0.771 at seed 0): not
-  the default (README, issue #17).
+  0.769 taken vs 0.765 left, the writer 0.766 vs 0.852; on ``--seed 3``'s problems it does hedge, 0.731 vs 0.778);
+  unnamed, seeing the misreading means matching a step's operand with the question's clause, named it is one word of the
+  chain. Trained with it at 1.0 (seeds 0 / 1) the LM hedges a little (0.655 / 0.670 taken vs 0.691 / 0.704 left) and its
+  screened Token-Probs is 0.680 / 0.682 (default-writer twins 0.648 / 0.663; paired +0.026 [-0.011, +0.061]), short of
+  0.70, with a majority right more often (0.771 at seed 0): not the default (README, issue #17).
 * **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
   guess (``About 81.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
   confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
