@@ -142,19 +142,20 @@ def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monke
     assert load_lm_tokenizer({}, "testbed-v2").name_or_path == str(lm_dir)
 
 
-def _quality_bench():
+def _benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_quality.py"
-    spec = importlib.util.spec_from_file_location("testbed_quality", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
 
 
 def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm, monkeypatch):
-    bench = _quality_bench()
+    bench = _benchmark("testbed_quality")
     monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=tiny_v2_lm[0]))  # the default --model-dir
     res = bench.main(["--task", "v2", "--n-problems", "2", "--samples", "2", "--problems-per-call", "2",
                       "--elicit-samples", "1", "--threads", "1"])
@@ -186,7 +187,7 @@ def test_shard_statistics_read_the_trace_targets_from_collected_shards(tmp_path)
         answer_correct=[r[3] == "1" for r in rows], sequence_length=[13, 9, 7],
         sequence_finish=["eos", "budget", "eos"], cot_confidence=[], cot_token_ids=[])
     write_shard(tmp_path / "shard-r000-00000.safetensors", [problem], info={"lm_name_or_path": "synthetic"})
-    stats = _quality_bench().shard_statistics(tmp_path)
+    stats = _benchmark("testbed_quality").shard_statistics(tmp_path)
     assert stats == {
         "shard_sequences": 3, "shard_pass_at_1": round(1 / 3, 4), "shard_maj": 0.0, "shard_pass_minus_maj": 1.0,
         "elicited_per_sequence": 2.0, "first_intermediate_acc": 0.5, "terminal_acc_same_sequences": 0.5,
@@ -270,7 +271,7 @@ def test_the_shipped_v2_lm_was_trained_on_the_task_defaults_and_solves_some_prob
 def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     """--probe's shards and Probe, scored again by --score-only (as for a work directory brought back from a GPU
     machine), give the figures the --probe run computed, plus the shard rows; without --probe-dir it refuses."""
-    bench = _quality_bench()
+    bench = _benchmark("testbed_quality")
     torch.set_num_threads(1)
     work = tmp_path / "probe"
     first = bench.probe_signal(TASKS["v2"], work, [4, 2, 6], samples=4, seed=0, max_new_tokens=96,
@@ -372,15 +373,9 @@ def test_emulated_bf16_training_rounds_like_autocast_and_saves_a_plain_llama(tmp
 def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_traces(tiny_v2_lm, capsys):
     """``benchmarks/elicitation_fidelity.py``: batched, right-padded scoring gives each answer the log-probabilities
     an unpadded forward gives; the writer's self-evaluation ranks its answers better than the writer without it."""
-    import importlib.util
-    from pathlib import Path
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "elicitation_fidelity.py"
-    spec = importlib.util.spec_from_file_location("elicitation_fidelity", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("elicitation_fidelity")
     lm_dir, _ = tiny_v2_lm
     model, tok = AutoModelForCausalLM.from_pretrained(lm_dir).eval(), AutoTokenizer.from_pretrained(lm_dir)
     rows = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 6, seed=0), traces=3, seed=1)
@@ -403,13 +398,7 @@ def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_tr
 def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_by_clause_reading(tmp_path):
     """The benchmark's writer is the LM's (``training_log.json["knobs"]``); on problems with an irrelevant clause the
     writer's probability is lower where the chain took it (its self-evaluation hedges the misreading)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "elicitation_fidelity.py"
-    spec = importlib.util.spec_from_file_location("elicitation_fidelity", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("elicitation_fidelity")
     assert bench.trained_knobs(tmp_path) == {}
     (tmp_path / "training_log.json").write_text(json.dumps({"knobs": {"say_reading_prob": 1.0}}))
     knobs = bench.trained_knobs(tmp_path)
