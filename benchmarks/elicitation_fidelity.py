@@ -11,7 +11,9 @@ distribution, so nothing depends on how the LM samples), it feeds each capped tr
 LM and reads off the LM's probability of the writer's most likely terminal answer, beside the writer's exact one.
 
 Rows: AUROC of terminal correctness for the writer's exact probability, for the writer without its self-evaluation's
-unease (``unease`` 0: what is left when the wrong steps standing cannot be seen), for the LM's probability of the
+unease (``unease`` 0: what is left when the wrong steps standing cannot be seen), for the writer with the unease of
+its clause reading alone (what the text shows: named with ``say_reading_prob``, else an operand matching the
+clause's number; the wrong steps standing left out), for the LM's probability of the
 answer and for its geometric mean over the answer's tokens (Token-Probs' score); the Spearman correlation of the LM's
 probabilities with the writer's and their mean absolute difference; on problems with an irrelevant clause, the writer's
 and the LM's mean probability for chains that took it and chains that left it (does the LM hedge a misreading as its
@@ -48,10 +50,26 @@ def writer_terminal_answers(problems, traces: int, seed: int, knobs: dict | None
             dist = task_v2.answer_distribution(t.terminal, p, **knobs)
             answer = max(dist, key=dist.get)
             blind = task_v2.answer_distribution(dataclasses.replace(t.terminal, unease=0.0), p, **knobs)
+            reading = task_v2.answer_distribution(
+                dataclasses.replace(t.terminal, unease=reading_unease(t, p, knobs)), p, **knobs)
             clause = ("taken" if t.took_clause else "left") if p.meta.get("distractor") else None
             rows.append(dict(problem=p, text=t.capped_text, answer=answer, right=answer == p.gold,
-                             writer=dist[answer], writer_blind=blind.get(answer, 0.0), clause=clause))
+                             writer=dist[answer], writer_blind=blind.get(answer, 0.0),
+                             writer_reading=reading.get(answer, 0.0), clause=clause))
     return rows
+
+
+def reading_unease(trace: task_v2.TraceV2, problem, knobs: dict | None = None) -> float:
+    """The part of the terminal piece's unease that is its reading of the irrelevant clause: ``self_check x (1 -
+    distractor_take)`` while the clause is taken there (0 without one). A re-read flips the reading, so one after the
+    cap does not count; a piece that carries no unease (the cap cut the first one) carries no reading either."""
+    d, kn = problem.meta.get("distractor"), task_v2.knobs_v2(**(knobs or {}))
+    if not d:
+        return 0.0
+    flips_after = sum(q.kind == "reread" for q in trace.pieces[trace.capped_pieces:])
+    taken_there = trace.took_clause != (flips_after % 2 == 1)
+    reading = kn.self_check * (1.0 - kn.distractor_take[d[2]]) if taken_there else 0.0
+    return min(reading, trace.terminal.unease)
 
 
 @torch.no_grad()
@@ -84,12 +102,14 @@ def fidelity(model, tok, problems, traces: int = 8, seed: int = 0, knobs: dict |
     logprobs = lm_answer_logprobs(model, tok, rows)
     right = np.array([r["right"] for r in rows])
     writer, blind = np.array([r["writer"] for r in rows]), np.array([r["writer_blind"] for r in rows])
+    reading = np.array([r["writer_reading"] for r in rows])
     lm = np.array([np.exp(lp.sum()) for lp in logprobs])
     geo = np.array([np.exp(lp.mean()) for lp in logprobs])
     return {
         "traces": len(rows), "terminal_accuracy": round(float(right.mean()), 4),
         "writer_auroc": round(roc_auc_score(right, writer), 4),
         "writer_without_self_evaluation_auroc": round(roc_auc_score(right, blind), 4),
+        "writer_reading_only_auroc": round(roc_auc_score(right, reading), 4),
         "lm_auroc": round(roc_auc_score(right, lm), 4), "lm_token_probs_auroc": round(roc_auc_score(right, geo), 4),
         "spearman_lm_writer": round(float(spearmanr(lm, writer)[0]), 4),
         "mean_abs_lm_minus_writer": round(float(np.abs(lm - writer).mean()), 4),
@@ -138,7 +158,8 @@ def main(argv=None):
     problems = task_v2.generate_problems("evaluation", a.problems, seed=a.seed)
     out = fidelity(model, tok, problems, a.traces, a.seed + 11, knobs)
     out.update(model=a.model_dir or "testbed", knobs=knobs, problems=a.problems, wall_s=round(time.time() - t0, 1))
-    print(f"writer AUROC {out['writer_auroc']} (without self-evaluation {out['writer_without_self_evaluation_auroc']});"
+    print(f"writer AUROC {out['writer_auroc']} (without self-evaluation {out['writer_without_self_evaluation_auroc']},"
+          f" its clause reading's unease alone {out['writer_reading_only_auroc']});"
           f" LM {out['lm_auroc']} (Token-Probs {out['lm_token_probs_auroc']}); Spearman LM-writer "
           f"{out['spearman_lm_writer']}; on a taken / left clause: writer {out['writer_mean_clause_taken']} / "
           f"{out['writer_mean_clause_left']}, LM {out['lm_mean_clause_taken']} / {out['lm_mean_clause_left']}")
