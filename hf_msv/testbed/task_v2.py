@@ -53,8 +53,8 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   chain. Trained with it at 1.0 (seeds 0 / 1) the LM hedges a little (0.655 / 0.670 taken vs 0.691 / 0.704 left) and its
   screened Token-Probs is 0.680 / 0.682 (default-writer twins 0.648 / 0.663; paired +0.026 [-0.011, +0.061]), short of
   0.70, with a majority right more often (0.771 at seed 0): not the default (README, issue #17). With
-  ``train_lm --soft-elicitation`` too (seeds 0 / 1): 0.727 / 0.664; the four named LMs all screen above the four
-  unnamed CPU LMs (mean 0.688 vs 0.647) and hedge a taken clause on their own chains about half as the writer does.
+  ``train_lm --soft-elicitation`` too (seeds 0-3): 0.727 / 0.664 / 0.709 / 0.649; named LMs screen above the four
+  unnamed CPU LMs (mean 0.685 vs 0.647) and hedge a taken clause on their own chains about half as the writer does.
 * **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
   guess (``About 81.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
   confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
