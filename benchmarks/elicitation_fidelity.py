@@ -51,7 +51,7 @@ def writer_terminal_answers(problems, traces: int, seed: int, knobs: dict | None
             answer = max(dist, key=dist.get)
             blind = task_v2.answer_distribution(dataclasses.replace(t.terminal, unease=0.0), p, **knobs)
             reading = task_v2.answer_distribution(
-                dataclasses.replace(t.terminal, unease=reading_unease(t, p, knobs)), p, **knobs)
+                dataclasses.replace(t.terminal, unease=reading_unease(t)), p, **knobs)
             clause = ("taken" if t.took_clause else "left") if p.meta.get("distractor") else None
             rows.append(dict(problem=p, text=t.capped_text, answer=answer, right=answer == p.gold,
                              writer=dist[answer], writer_blind=blind.get(answer, 0.0),
@@ -59,17 +59,10 @@ def writer_terminal_answers(problems, traces: int, seed: int, knobs: dict | None
     return rows
 
 
-def reading_unease(trace: task_v2.TraceV2, problem, knobs: dict | None = None) -> float:
-    """The part of the terminal piece's unease that is its reading of the irrelevant clause: ``self_check x (1 -
-    distractor_take)`` while the clause is taken there (0 without one). A re-read flips the reading, so one after the
-    cap does not count; a piece that carries no unease (the cap cut the first one) carries no reading either."""
-    d, kn = problem.meta.get("distractor"), task_v2.knobs_v2(**(knobs or {}))
-    if not d:
-        return 0.0
-    flips_after = sum(q.kind == "reread" for q in trace.pieces[trace.capped_pieces:])
-    taken_there = trace.took_clause != (flips_after % 2 == 1)
-    reading = kn.self_check * (1.0 - kn.distractor_take[d[2]]) if taken_there else 0.0
-    return min(reading, trace.terminal.unease)
+def reading_unease(trace: task_v2.TraceV2) -> float:
+    """The part of the terminal piece's unease that is its reading of the irrelevant clause (``Piece.reading_unease``:
+    ``self_check x (1 - distractor_take)`` while the clause is taken there)."""
+    return trace.terminal.reading_unease
 
 
 @torch.no_grad()

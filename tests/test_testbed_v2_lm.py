@@ -434,7 +434,7 @@ def test_reading_unease_is_the_clause_share_of_a_pieces_unease():
     for p in task_v2.generate_problems("evaluation", 120, seed=4):
         for _ in range(6):
             t = task_v2.sample_trace(p, rng)
-            share = bench.reading_unease(t, p)
+            share = bench.reading_unease(t)
             steps = (t.terminal.unease - share) / kn.self_check
             assert steps > -1e-9 and abs(steps - round(steps)) < 1e-9
             seen.add((share > 0, any(q.kind == "reread" for q in t.pieces[t.capped_pieces:])))

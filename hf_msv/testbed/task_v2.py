@@ -408,6 +408,7 @@ class Piece:
     mid: bool = False  # a re-check inside a pass (mid-computation)
     doubt: float = 0.0  # the chain's doubt when the piece ends (visible: a function of the steps written so far)
     unease: float = 0.0  # what self-evaluation adds to the doubt at an elicitation here (see TaskKnobsV2.self_check)
+    reading_unease: float = 0.0  # the part of ``unease`` that is the clause reading (what the text shows of it)
     answer: str = ""  # the greedy (most likely) elicited answer
     derived: bool = False
     answer_prob: float = 1.0  # its probability: 1 - hedge for a stated answer, the mental path's if derived
@@ -547,6 +548,7 @@ class _Solver:
         value = self.vals[i_next] if kind != "guess" else kw.pop("value")
         kw.setdefault("doubt", self.chain_doubt())
         kw.setdefault("unease", self.unease())
+        kw.setdefault("reading_unease", self.kn.self_check * self.reading())
         self.pieces.append(Piece(text, kind, value, tuple(self.ops[i_next:]) if kind != "guess" else (), **kw))
 
     def guess(self) -> float:
@@ -617,8 +619,11 @@ class _Solver:
         clause reading as unlikely as its wording makes it (``1 - distractor_take``: subtracting the "red" ones)."""
         written = zip(self.vals, self.vals[1:], self.ops)
         wrong = sum(None not in (a, b) and b != apply_op(a, op, k) for a, b, (op, k) in written)
-        reading = 1.0 - self.kn.distractor_take[self.distractor[2]] if self.taken else 0.0
-        return self.kn.self_check * (wrong + reading)
+        return self.kn.self_check * (wrong + self.reading())
+
+    def reading(self) -> float:
+        """How unlikely the clause reading is, while taken: ``1 - distractor_take`` of its wording (else 0)."""
+        return 1.0 - self.kn.distractor_take[self.distractor[2]] if self.taken else 0.0
 
     def say_so(self) -> None:
         self.add(f" So {self.vals[self.n]}.", "so", self.n)
