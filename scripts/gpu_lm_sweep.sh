@@ -3,6 +3,7 @@
 # Trains v2 LMs side by side on the same data stream (2,800 steps x 32, bf16; VARIANTS: the shipped recipe `ctl`,
 # `big` ~6x and `xl` ~18x its parameters; `check`: the shipped shape on traces with written inverse checks, task_v2's
 # `check_prob` 1 and a 320-token cap; `say`: the shipped shape, the clause reading named, `say_reading_prob` 1;
+# `bigsay`: the `big` shape on `say`'s traces;
 # SEEDS: training seeds, to tell capacity from training noise), then runs `benchmarks/testbed_quality.py --quick
 # --probe` on each (the Probe collection in batches of 32 problems). Logs and
 # each benchmark's JSON go to $OUT/sweep.tgz (or ./gpu-sweep); the PASS / FAIL rows and JSON lines are printed.
@@ -11,6 +12,7 @@
 #   VARIANTS="ctl big" SEEDS="1 2" bash scripts/gpu_lm_sweep.sh   # two more seeds of two sizes
 #   VARIANTS="ctl check" SEEDS="0 1" bash scripts/gpu_lm_sweep.sh  # does a slip the LM can see carry the signal?
 #   VARIANTS="ctl say" SEEDS="2 3 4 5" BENCH=0 bash scripts/gpu_lm_sweep.sh  # the named clause reading, more seeds
+#   VARIANTS=bigsay SEEDS="0 1 2 3" BENCH=0 bash scripts/gpu_lm_sweep.sh  # issue #17's open route: capacity + naming
 #   VARIANTS="shipped ctl" SEEDS="1 2" EXTRA="--probe-problems 96,32,96" bash scripts/gpu_lm_sweep.sh
 #       # the committed LM collected on the GPU beside two GPU-trained seeds (`shipped` trains nothing)
 #   VARIANTS=ctl SEEDS="3 4 5 6 7 8 9 10" BENCH=0 bash scripts/gpu_lm_sweep.sh
@@ -42,6 +44,7 @@ shape() {  # the LM's width, depth, heads and peak learning rate
     big) echo "--d-model 256 --n-layers 6 --n-heads 8 --lr 1e-3" ;;
     xl) echo "--d-model 384 --n-layers 8 --n-heads 12 --lr 7e-4" ;;
     check|say) shape ctl ;;
+    bigsay) shape big ;;
     shipped) echo "" ;;  # trains nothing: the committed LM
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
@@ -49,7 +52,7 @@ shape() {  # the LM's width, depth, heads and peak learning rate
 knobs() {  # the task knobs a variant trains and is benchmarked on (TaskKnobsV2 overrides)
   case $1 in
     check-*) echo '{"check_prob": 1.0, "max_trace_tokens": 320}' ;;
-    say-*) echo '{"say_reading_prob": 1.0}' ;;
+    say-*|bigsay-*) echo '{"say_reading_prob": 1.0}' ;;
     *) echo '{}' ;;
   esac
 }
