@@ -51,18 +51,13 @@ def writer_terminal_answers(problems, traces: int, seed: int, knobs: dict | None
             answer = max(dist, key=dist.get)
             blind = task_v2.answer_distribution(dataclasses.replace(t.terminal, unease=0.0), p, **knobs)
             reading = task_v2.answer_distribution(
-                dataclasses.replace(t.terminal, unease=reading_unease(t)), p, **knobs)
+                dataclasses.replace(t.terminal, unease=t.terminal.reading_unease), p, **knobs)
             clause = ("taken" if t.took_clause else "left") if p.meta.get("distractor") else None
             rows.append(dict(problem=p, text=t.capped_text, answer=answer, right=answer == p.gold,
                              writer=dist[answer], writer_blind=blind.get(answer, 0.0),
                              writer_reading=reading.get(answer, 0.0), clause=clause))
     return rows
 
-
-def reading_unease(trace: task_v2.TraceV2) -> float:
-    """The part of the terminal piece's unease that is its reading of the irrelevant clause (``Piece.reading_unease``:
-    ``self_check x (1 - distractor_take)`` while the clause is taken there)."""
-    return trace.terminal.reading_unease
 
 
 @torch.no_grad()

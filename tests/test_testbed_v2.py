@@ -514,3 +514,21 @@ def test_soft_elicitation_examples_draw_as_the_plain_ones_and_give_their_answers
         assert sum(dist.values()) == pytest.approx(1.0) and dist.get(answer, 0.0) > 0
         assert all(k.startswith("{") and k.endswith("}") for k in dist)
     assert a.random() == b.random()
+
+
+def test_reading_unease_is_the_clause_share_of_a_pieces_unease():
+    """``Piece.reading_unease`` (``elicitation_fidelity``'s writer-with-its-reading row): the terminal piece's unease
+    less its reading share is whole wrong steps (``self_check`` each), and the share is there exactly where the clause
+    is taken at that piece."""
+    rng, kn = random.Random(5), knobs_v2()
+    seen = set()
+    for p in generate_problems("evaluation", 120, seed=4):
+        for _ in range(6):
+            t = sample_trace(p, rng)
+            share = t.terminal.reading_unease
+            steps = (t.terminal.unease - share) / kn.self_check
+            assert steps > -1e-9 and abs(steps - round(steps)) < 1e-9
+            seen.add((share > 0, any(q.kind == "reread" for q in t.pieces[t.capped_pieces:])))
+            if not p.meta.get("distractor"):
+                assert share == 0.0
+    assert (True, False) in seen and (False, False) in seen

@@ -4,7 +4,6 @@ and ``testbed-v2:`` problem specs; v1 stays what it was."""
 import hashlib
 import json
 import math
-import random
 import shutil
 from dataclasses import asdict, replace
 
@@ -424,20 +423,3 @@ def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_b
     right = np.array([r["right"] for r in rows])
     assert roc_auc_score(right, [r["writer_reading"] for r in rows]) > roc_auc_score(
         right, [r["writer_blind"] for r in rows]) + 0.05
-
-
-def test_reading_unease_is_the_clause_share_of_a_pieces_unease():
-    """``elicitation_fidelity.reading_unease``: the terminal piece's unease less its reading share is whole wrong
-    steps (``self_check`` each), and the share is there exactly where the clause is taken at that piece."""
-    bench, rng, kn = _benchmark("elicitation_fidelity"), random.Random(5), task_v2.knobs_v2()
-    seen = set()
-    for p in task_v2.generate_problems("evaluation", 120, seed=4):
-        for _ in range(6):
-            t = task_v2.sample_trace(p, rng)
-            share = bench.reading_unease(t)
-            steps = (t.terminal.unease - share) / kn.self_check
-            assert steps > -1e-9 and abs(steps - round(steps)) < 1e-9
-            seen.add((share > 0, any(q.kind == "reread" for q in t.pieces[t.capped_pieces:])))
-            if not p.meta.get("distractor"):
-                assert share == 0.0
-    assert (True, False) in seen and (False, False) in seen

@@ -51,10 +51,11 @@ Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tu
   0.769 taken vs 0.765 left, the writer 0.766 vs 0.852; on ``--seed 3``'s problems it does hedge, 0.731 vs 0.778);
   unnamed, seeing the misreading means matching a step's operand with the question's clause, named it is one word of the
   chain. Trained with it at 1.0 (seeds 0 / 1) the LM hedges a little (0.655 / 0.670 taken vs 0.691 / 0.704 left) and its
-  screened Token-Probs is 0.680 / 0.682 (default-writer twins 0.648 / 0.663; paired +0.026 [-0.011, +0.061]), short of
-  0.70, with a majority right more often (0.771 at seed 0): not the default (README, issue #17). With
-  ``train_lm --soft-elicitation`` too (seeds 0-3): 0.727 / 0.664 / 0.709 / 0.649; named LMs screen above the four
-  unnamed CPU LMs (mean 0.685 vs 0.647) and hedge a taken clause on their own chains about half as the writer does.
+  screened Token-Probs is 0.680 / 0.682 (fp32 default-writer twins 0.648 / 0.626; paired +0.044 [+0.008, +0.077]),
+  short of 0.70, with a majority right more often (0.771 at seed 0): not the default (README, issue #17). With
+  ``train_lm --soft-elicitation`` too (seeds 0-3): 0.727 / 0.664 / 0.709 / 0.649; the six named seeds average 0.685
+  against 0.648 for five unnamed fp32 CPU LMs (one of them, seed 2, at 0.689), and they hedge a taken clause on their
+  own chains about half as the writer does.
 * **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
   guess (``About 81.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
   confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
