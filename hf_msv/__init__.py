@@ -1,99 +1,77 @@
 """hf_msv: Multi-Sequence Verifiers for Hugging Face transformers.
 
-Importing hf_msv registers the verifier with the Auto classes, so `AutoModel.from_pretrained(dir)` works for
-saved verifiers without `trust_remote_code`.
+Public names are imported on first use. Importing hf_msv registers the verifiers with the Auto classes, so
+`AutoModel.from_pretrained(dir)` loads saved verifiers without `trust_remote_code` (the ``hf-msv`` command defers
+that to the command it runs, so that ``hf-msv --help`` does not import torch).
 """
 
-from transformers import AutoConfig, AutoModel
+from __future__ import annotations
 
-from .answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS, extract_boxed, extract_last_boxed, find_box_end
-from .configuration_msv import MASK_NAMES, MSVConfig
-from .equivalence import EquivalenceClasses, Verdict, assign_classes, get_checker
-from .generation import MSVAnswer, MSVEarlyStop, MSVResult, MSVSession, msv_generate, prepare_generation
-from .modeling_msv import (
-    MSVCache,
-    MSVOutput,
-    MSVVerifier,
-    average_logits,
-    build_masks,
-    check_compatible,
-    compute_gamma,
-    split_into_groups,
-)
-from .modeling_probe import ProbeConfig, ProbeVerifier
-from .data.problems import Problem, load_benchmark
+import importlib
+import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
-AutoConfig.register("msv", MSVConfig, exist_ok=True)
-AutoModel.register(MSVConfig, MSVVerifier, exist_ok=True)
-AutoConfig.register("msv_probe", ProbeConfig, exist_ok=True)
-AutoModel.register(ProbeConfig, ProbeVerifier, exist_ok=True)
-# Saved verifiers carry their own code and an auto_map, so the Hub copy loads with trust_remote_code=True
-# for users who don't have hf_msv installed.
-MSVConfig.register_for_auto_class()
-MSVVerifier.register_for_auto_class("AutoModel")
+# public name -> the module (relative to hf_msv) it lives in
+_EXPORTS = {
+    "ELICITATION_PROMPT": "elicitation", "MAX_ANSWER_TOKENS": "elicitation", "ElicitationSettings": "elicitation",
+    "extract_boxed": "answers", "extract_last_boxed": "answers", "find_box_end": "answers",
+    "MASK_NAMES": "configuration_msv", "MSVConfig": "configuration_msv",
+    "MSVCache": "modeling_msv", "MSVOutput": "modeling_msv", "MSVVerifier": "modeling_msv",
+    "average_logits": "modeling_msv", "build_masks": "modeling_msv", "check_compatible": "modeling_msv",
+    "compute_gamma": "modeling_msv", "split_into_groups": "modeling_msv",
+    "ProbeConfig": "modeling_probe", "ProbeVerifier": "modeling_probe",
+    "NamedLM": "registry", "get_named_lm": "registry", "register_lm": "registry",
+    "EquivalenceClasses": "equivalence", "Verdict": "equivalence", "assign_classes": "equivalence",
+    "get_checker": "equivalence",
+    "MSVAnswer": "generation", "MSVEarlyStop": "generation", "MSVResult": "generation", "MSVSession": "generation",
+    "msv_generate": "generation", "prepare_generation": "generation",
+    "Problem": "data.problems", "load_benchmark": "data.problems",
+    "CollectedProblem": "data", "ShardDataset": "data", "collate_groups": "data", "read_shard": "data",
+    "write_shard": "data",
+    "load_problems": "collect", "collect_from_traces": "collect",
+    "MSVTrainingConfig": "training", "train_verifier": "training", "evaluate_verifier": "training",
+    "evaluate_study": "evaluation",
+    "reproduce": "reproduction",
+    "build_model_card": "hub", "push_verifier_to_hub": "hub", "save_verifier": "hub",
+}
+# (`collect` itself stays at hf_msv.collect.collect: a package attribute named like its submodule is shadowed.)
+
+
+def register_auto_classes() -> None:
+    """Register `MSVConfig` / `MSVVerifier` and `ProbeConfig` / `ProbeVerifier` with `AutoConfig` / `AutoModel`,
+    and have saved verifiers carry their code and an ``auto_map`` (for ``trust_remote_code=True`` users). Idempotent."""
+    from transformers import AutoConfig, AutoModel
+
+    from .configuration_msv import MSVConfig
+    from .hub import push_verifier_to_hub
+    from .modeling_msv import MSVVerifier
+    from .modeling_probe import ProbeConfig, ProbeVerifier
+
+    AutoConfig.register("msv", MSVConfig, exist_ok=True)
+    AutoModel.register(MSVConfig, MSVVerifier, exist_ok=True)
+    AutoConfig.register("msv_probe", ProbeConfig, exist_ok=True)
+    AutoModel.register(ProbeConfig, ProbeVerifier, exist_ok=True)
+    MSVConfig.register_for_auto_class()
+    MSVVerifier.register_for_auto_class("AutoModel")
+    MSVVerifier.hub_uploader = push_verifier_to_hub  # push_to_hub writes hf_msv's model card
 
 
 def __getattr__(name):
-    # Collection and training pull in accelerate and safetensors readers; import them on first use.
-    # (`collect` itself stays at hf_msv.collect.collect: a package attribute named like its submodule is shadowed.)
-    lazy = {"ShardDataset": "data", "collate_groups": "data",
-            "MSVTrainingConfig": "training", "train_verifier": "training", "evaluate_verifier": "training",
-            "read_shard": "data", "write_shard": "data", "CollectedProblem": "data",
-            "load_problems": "collect", "collect_from_traces": "collect", "evaluate_study": "evaluation", "reproduce": "reproduction",
-            "push_verifier_to_hub": "hub", "build_model_card": "hub",
-            "save_verifier": "hub"}
-    if name in lazy:
-        import importlib
-
-        return getattr(importlib.import_module(f".{lazy[name]}", __name__), name)
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'hf_msv' has no attribute {name!r}")
 
 
-__all__ = [
-    "ELICITATION_PROMPT",
-    "MASK_NAMES",
-    "MAX_ANSWER_TOKENS",
-    "EquivalenceClasses",
-    "MSVAnswer",
-    "MSVCache",
-    "MSVConfig",
-    "MSVEarlyStop",
-    "MSVOutput",
-    "MSVResult",
-    "MSVSession",
-    "MSVTrainingConfig",
-    "MSVVerifier",
-    "Problem",
-    "ProbeConfig",
-    "ProbeVerifier",
-    "CollectedProblem",
-    "ShardDataset",
-    "Verdict",
-    "assign_classes",
-    "average_logits",
-    "build_masks",
-    "build_model_card",
-    "check_compatible",
-    "collate_groups",
-    "collect_from_traces",
-    "compute_gamma",
-    "extract_boxed",
-    "extract_last_boxed",
-    "find_box_end",
-    "get_checker",
-    "load_benchmark",
-    "msv_generate",
-    "prepare_generation",
-    "evaluate_study",
-    "evaluate_verifier",
-    "load_problems",
-    "push_verifier_to_hub",
-    "read_shard",
-    "reproduce",
-    "write_shard",
-    "save_verifier",
-    "split_into_groups",
-    "train_verifier",
-]
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+# Registering imports torch and transformers (seconds); the command line registers before running a command.
+if Path(sys.argv[0] if sys.argv else "").name != "hf-msv":
+    register_auto_classes()
+
+__all__ = sorted(_EXPORTS) + ["register_auto_classes"]

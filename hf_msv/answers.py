@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import re
 
-ELICITATION_PROMPT = "### Final Answer ### \\boxed"
-"""Appended to a (branched) sequence to elicit an answer; the LM continues with ``{...}``."""
-
-MAX_ANSWER_TOKENS = 40
-"""Paper: the elicited answer is truncated to 40 tokens; an answer whose box is still open by then is "no answer"."""
+from .elicitation import ELICITATION_PROMPT, MAX_ANSWER_TOKENS  # noqa: F401  (re-exported)
 
 _BOXED_RE = re.compile(r"\\boxed(?![A-Za-z])")
 

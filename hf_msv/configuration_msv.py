@@ -7,6 +7,8 @@ pushed to the Hub loads with ``trust_remote_code=True`` for users who do not hav
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from .elicitation import ElicitationSettings
+
 MASK_NAMES = ("full", "within_sequence", "equivalence", "within_answer")
 MODES = ("terminal", "streaming")
 READOUTS = ("last", "mean")
@@ -72,14 +74,10 @@ class MSVConfig(PreTrainedConfig):
             The base LM this verifier was trained on (Hub id or local path).
         base_model_revision (`str`, *optional*):
             Revision (commit) of the base LM.
-        delimiters (`list[str]`, *optional*):
-            Delimiters at which intermediate answers were elicited during training (paper: `["Wait"]`).
-        every_k_tokens (`int`, *optional*):
-            Delimiter-free elicitation every K tokens, if used instead of text delimiters.
-        elicitation_prompt (`str`, defaults to `"### Final Answer ### \\boxed"`):
-            Text appended to a sequence to elicit its current answer.
-        max_answer_tokens (`int`, defaults to 40):
-            Cap on elicited answer tokens.
+        elicitation (`ElicitationSettings` or `dict`, *optional*):
+            How the answers the verifier reads were elicited (delimiters, every-k, prompt, answer cap); its `mode`
+            is always this config's `mode`. Configs saved with the flat keys `delimiters`, `every_k_tokens`,
+            `elicitation_prompt`, `max_answer_tokens` load into it.
 
     Example:
 
@@ -110,12 +108,10 @@ class MSVConfig(PreTrainedConfig):
     attention_chunk_elements: int = 2**25
     base_model_name_or_path: str | None = None
     base_model_revision: str | None = None
-    delimiters: list[str] | None = None
-    every_k_tokens: int | None = None
-    elicitation_prompt: str = "### Final Answer ### \\boxed"
-    max_answer_tokens: int = 40
+    elicitation: ElicitationSettings | dict | None = None
 
     def __post_init__(self, **kwargs):
+        self.elicitation = coerce_elicitation(self.elicitation, self.mode, kwargs)
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         if self.masks is None:
@@ -124,6 +120,11 @@ class MSVConfig(PreTrainedConfig):
         if self.logit_averaging is None:
             self.logit_averaging = self.mode == "terminal"
         super().__post_init__(**kwargs)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["elicitation"] = elicitation_to_json(self.elicitation)
+        return out
 
     @property
     def effective_masks(self) -> list[str]:
@@ -157,6 +158,25 @@ class MSVConfig(PreTrainedConfig):
                 raise ValueError(f"Unknown {name} {value!r}; valid values are {list(allowed)}.")
         if self.num_sequences < 1 or self.num_hidden_layers < 1:
             raise ValueError("num_sequences and num_hidden_layers must be at least 1.")
+
+
+def coerce_elicitation(value, mode: str, kwargs: dict) -> ElicitationSettings:
+    """A config's `ElicitationSettings` from what it was built with: settings, their JSON dict, or nothing, plus
+    the flat keys of configs saved before the settings existed (popped from `kwargs`). The mode is the config's."""
+    legacy = ElicitationSettings.pop_legacy(kwargs)
+    if isinstance(value, ElicitationSettings):
+        settings = value
+    else:
+        data = {k: v for k, v in dict(value or {}).items() if k != "mode"}
+        settings = ElicitationSettings.from_dict({**legacy, **data})
+    return settings.replace(mode=mode)
+
+
+def elicitation_to_json(settings: ElicitationSettings) -> dict:
+    """The settings as stored in config.json: without the mode, which the config holds."""
+    out = settings.to_dict() if isinstance(settings, ElicitationSettings) else dict(settings)
+    out.pop("mode", None)
+    return out
 
 
 __all__ = ["MSVConfig", "MASK_NAMES"]

@@ -62,6 +62,7 @@ def build_model_card(
     if config.model_type == "msv_probe":
         return _probe_card(config, metrics, training_data)
     base = config.base_model_name_or_path or "unknown base LM"
+    elicitation = config.elicitation
     card_data = ModelCardData(
         library_name="transformers",
         base_model=config.base_model_name_or_path,
@@ -84,10 +85,10 @@ def build_model_card(
         hidden_size=config.hidden_size,
         readout=config.readout,
         logit_averaging=config.logit_averaging,
-        delimiters=", ".join(f"`{d!r}`" for d in config.delimiters or []) or
-        (f"every {config.every_k_tokens} tokens" if config.every_k_tokens else "none (terminal answers)"),
-        elicitation_prompt=config.elicitation_prompt,
-        max_answer_tokens=config.max_answer_tokens,
+        delimiters=", ".join(f"`{d!r}`" for d in elicitation.delimiters) or
+        (f"every {elicitation.every_k_tokens} tokens" if elicitation.every_k_tokens else "none (terminal answers)"),
+        elicitation_prompt=elicitation.prompt,
+        max_answer_tokens=elicitation.max_answer_tokens,
         training_data=training_data or "Not recorded.",
         metrics_table=_metrics_table(metrics),
     )
@@ -132,13 +133,12 @@ _EXAMPLE_TRAINING_DATA = ("Example card: rendered by `hf_msv.hub.write_model_car
 
 def example_model_cards() -> dict[str, str]:
     """File name -> text of the example cards kept in the repository's ``model_cards/`` (no weights needed)."""
-    from .modeling_msv import MSVConfig
+    from .configuration_msv import MSVConfig
     from .modeling_probe import ProbeConfig
 
     msv = MSVConfig(hidden_size=1536, num_attention_heads=12, num_sequences=16, mode="streaming",
-                    base_model_name_or_path=EXAMPLE_BASE_MODEL, delimiters=["Wait"])
-    probe = ProbeConfig(hidden_size=1536, mode="streaming", base_model_name_or_path=EXAMPLE_BASE_MODEL,
-                        delimiters=["Wait"])
+                    base_model_name_or_path=EXAMPLE_BASE_MODEL)
+    probe = ProbeConfig(hidden_size=1536, mode="streaming", base_model_name_or_path=EXAMPLE_BASE_MODEL)
     return {"msv-example.md": str(build_model_card(msv, "your-name/msv16-streaming",
                                                    training_data=_EXAMPLE_TRAINING_DATA)),
             "probe-example.md": str(build_model_card(probe, "your-name/probe-streaming",

@@ -503,16 +503,15 @@ class MSVVerifier(MSVPreTrainedModel):
                 f"The verifier weights in {pretrained_model_name_or_path!r} are truncated or corrupt "
                 f"(safetensors: {error}). Re-download or re-save the checkpoint.") from error
 
-    def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload weights, config, remote code and an MSV model card (see `hf_msv.hub.push_verifier_to_hub`).
+    hub_uploader = None
+    """Set by ``import hf_msv`` to `hf_msv.hub.push_verifier_to_hub`; `None` where the model is remote code."""
 
-        Where hf_msv is not installed (the verifier was loaded as remote code) this is transformers' own upload.
-        """
-        try:
-            from hf_msv.hub import push_verifier_to_hub
-        except ImportError:
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload weights, config, remote code and a model card (`hf_msv.hub.push_verifier_to_hub` once hf_msv is
+        imported; transformers' own upload where the verifier was loaded as remote code)."""
+        if type(self).hub_uploader is None:
             return super().push_to_hub(repo_id, **kwargs)
-        return push_verifier_to_hub(self, repo_id, **kwargs)
+        return type(self).hub_uploader(self, repo_id, **kwargs)
 
     def parameter_groups(self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3) -> list[dict]:
         """The paper's per-module learning rates: mask-mixture weights w, sequence embeddings e⁽ⁿ⁾, the rest."""

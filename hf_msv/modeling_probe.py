@@ -12,6 +12,8 @@ from torch.nn import functional as F
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 
+from .configuration_msv import coerce_elicitation, elicitation_to_json
+from .elicitation import ElicitationSettings
 from .modeling_msv import MSVOutput
 
 
@@ -28,8 +30,9 @@ class ProbeConfig(PreTrainedConfig):
         dropout (`float`, defaults to 0.0): dropout on the hidden layer.
         mode (`str`, defaults to `"streaming"`): the answers it was trained on (`"terminal"` / `"streaming"`).
         initializer_range (`float`, defaults to 0.02): std of the normal initialiser.
-        base_model_name_or_path, delimiters, every_k_tokens, elicitation_prompt, max_answer_tokens: how the
-            answers it reads were produced (as in `MSVConfig`).
+        base_model_name_or_path (`str`, *optional*): the base LM it was trained on.
+        elicitation (`ElicitationSettings` or `dict`, *optional*): how the answers it reads were elicited (as in
+            `MSVConfig`; its mode is this config's `mode`).
     """
 
     model_type = "msv_probe"
@@ -41,10 +44,16 @@ class ProbeConfig(PreTrainedConfig):
     mode: str = "streaming"
     initializer_range: float = 0.02
     base_model_name_or_path: str | None = None
-    delimiters: list[str] | None = None
-    every_k_tokens: int | None = None
-    elicitation_prompt: str = "### Final Answer ### \\boxed"
-    max_answer_tokens: int = 40
+    elicitation: ElicitationSettings | dict | None = None
+
+    def __post_init__(self, **kwargs):
+        self.elicitation = coerce_elicitation(self.elicitation, self.mode, kwargs)
+        super().__post_init__(**kwargs)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["elicitation"] = elicitation_to_json(self.elicitation)
+        return out
 
 
 class ProbeVerifier(PreTrainedModel):

@@ -20,7 +20,7 @@ import torch
 import transformers
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
 
-from hf_msv import MSVConfig, MSVVerifier
+from hf_msv import ElicitationSettings, MSVConfig, MSVVerifier
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.generation import (
     DelimiterMatcher,
@@ -384,7 +384,7 @@ def test_online_scores_equal_offline_forward(n, group_size):
     plain, hooked, results, verifier = online_run(n, group_size)
     assert torch.equal(plain, hooked)
     assert all(a.score is not None for r in results for a in r.answers)
-    assert len({a.end for r in results for a in r.answers}) > 3  # several release times
+    assert len({a.end for r in results for a in r.answers}) > 3  # several scoring times
     offline, online = offline_scores(verifier, results, group_size)
     torch.testing.assert_close(online, offline, atol=1e-5, rtol=1e-5)
     for result in results:
@@ -482,7 +482,7 @@ def test_terminal_mode_scores_once_offline():
     verifier = tiny_verifier(mode="terminal", num_sequences=4)
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact",
                             capture_hidden_states=True) as msv:
-        assert msv.mode == "terminal"
+        assert msv.elicitation.mode == "terminal"
         generate(model, prompts(), n=4, max_new_tokens=6, schedule={(0, 1): ID["Wait"], (1, 2): EOS},
                  threshold=0.0)
         results = msv.pop_results()
@@ -516,9 +516,10 @@ def test_mode_mismatch_and_unbound_criterion():
 def test_verifier_config_provides_defaults_and_detach_restores_the_model():
     model = tiny_model("llama")
     verifier = tiny_verifier()
-    verifier.config.delimiters, verifier.config.max_answer_tokens = ["\n\n"], 7
+    verifier.config.elicitation = verifier.config.elicitation.replace(delimiters=("\n\n",), max_answer_tokens=7)
     msv = prepare_generation(model, TOK, verifier, checker="exact")
-    assert (msv.delimiters, msv.max_answer_tokens, msv.every_k_tokens) == (["\n\n"], 7, None)
+    e = msv.elicitation
+    assert (e.delimiters, e.max_answer_tokens, e.every_k_tokens) == (("\n\n",), 7, None)
     assert "generate" in vars(model) and len(model._forward_pre_hooks) == 0
     with pytest.raises(RuntimeError, match="already"):
         prepare_generation(model, TOK, checker=None)
@@ -611,3 +612,19 @@ def test_row_ended_by_another_criterion_gets_its_terminal_answer():
         hidden, greedy = recompute_answer(model, inputs, result, answer)
         assert greedy == answer.token_ids
         torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_elicitation_settings_and_keyword_overrides():
+    model = tiny_model("llama")
+    settings = ElicitationSettings(delimiters=("\n\n",), max_answer_tokens=9)
+    with prepare_generation(model, TOK, elicitation=settings, checker=None) as msv:
+        assert msv.elicitation == settings
+    # Giving where to elicit replaces both delimiters and every_k_tokens; other overrides change one field.
+    with prepare_generation(model, TOK, elicitation=settings, every_k_tokens=5, elicitation_prompt="P",
+                            checker=None) as msv:
+        assert (msv.elicitation.delimiters, msv.elicitation.every_k_tokens, msv.elicitation.prompt) == ((), 5, "P")
+        assert msv.elicitation.max_answer_tokens == 9
+    with pytest.raises(TypeError, match="bogus"):
+        prepare_generation(model, TOK, checker=None, bogus=1)
+    with pytest.raises(ValueError, match="every_k_tokens"):
+        prepare_generation(model, TOK, checker=None, every_k_tokens=0)

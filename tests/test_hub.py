@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from hf_msv.hub import build_model_card, example_model_cards, save_verifier
+from hf_msv import ElicitationSettings
 from hf_msv.modeling_msv import MSVConfig
 from hf_msv.modeling_probe import ProbeConfig, ProbeVerifier
 
@@ -28,7 +29,7 @@ def test_probe_is_saved_with_its_card(tmp_path):
 
 def test_cards_build_from_a_config_alone():
     msv = MSVConfig(hidden_size=64, num_attention_heads=4, num_sequences=4, base_model_name_or_path="org/lm",
-                    delimiters=None, every_k_tokens=32)
+                    elicitation=ElicitationSettings(delimiters=(), every_k_tokens=32))
     card = str(build_model_card(msv, "me/msv4"))
     assert "# msv4" in card and "every 32 tokens" in card and "Not measured yet." in card
     assert "# Probe verifier" in str(build_model_card(ProbeConfig(hidden_size=8)))

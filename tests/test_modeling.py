@@ -4,12 +4,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, LlamaConfig, LlamaForCausalLM
 
-from hf_msv import MSVCache, MSVConfig, MSVVerifier, build_masks, check_compatible, compute_gamma, split_into_groups
+import hf_msv
+from hf_msv import (ElicitationSettings, MSVCache, MSVConfig, MSVVerifier, build_masks, check_compatible, compute_gamma,
+                    split_into_groups)
 from hf_msv.modeling_msv import GROUP
 
 D = 32
@@ -347,14 +350,14 @@ def test_grouping_larger_n_scores_each_group_of_m_independently():
 
 
 def test_save_load_round_trip_is_safetensors_only_and_autoloads(tmp_path):
-    verifier = make_verifier(base_model_name_or_path="org/base", delimiters=["Wait"])
+    verifier = make_verifier(base_model_name_or_path="org/base", elicitation=ElicitationSettings(delimiters="\n\n"))
     verifier.save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
     assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt")) for f in files)
-    assert {"configuration_msv.py", "modeling_msv.py"} <= files
+    assert {"configuration_msv.py", "modeling_msv.py", "elicitation.py"} <= files
     answers, inputs = random_answers(seed=29)
     for loaded in (MSVVerifier.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
-        assert isinstance(loaded, MSVVerifier) and loaded.config.delimiters == ["Wait"]
+        assert isinstance(loaded, MSVVerifier) and loaded.config.elicitation.delimiters == ("\n\n",)
         with torch.no_grad():
             torch.testing.assert_close(loaded(**inputs).logits, verifier(**inputs).logits)
     assert AutoConfig.from_pretrained(tmp_path).model_type == "msv"
@@ -390,17 +393,29 @@ def test_push_to_hub_sends_weights_config_code_and_card(tmp_path, monkeypatch):
 
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: Repo())
     monkeypatch.setattr(HfApi, "upload_folder", fake_upload_folder)
-    verifier = make_verifier(base_model_name_or_path="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
-                             delimiters=["Wait"])
+    verifier = make_verifier(base_model_name_or_path="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
     assert verifier.push_to_hub("me/msv-test", metrics={"brier": 0.0421}) == "commit-url"
     assert sent["repo_id"] == "me/msv-test"
-    assert sent["files"] == ["README.md", "config.json", "configuration_msv.py", "model.safetensors",
-                             "modeling_msv.py"]
+    assert sent["files"] == ["README.md", "config.json", "configuration_msv.py", "elicitation.py",
+                             "model.safetensors", "modeling_msv.py"]
     assert sent["config"]["model_type"] == "msv" and sent["config"]["auto_map"]["AutoModel"].endswith("MSVVerifier")
-    assert sent["config"]["delimiters"] == ["Wait"]
+    assert sent["config"]["elicitation"]["delimiters"] == ["Wait"] and "delimiters" not in sent["config"]
     card = sent["card"]
     assert "base_model: deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B" in card
     assert "0.0421" in card and "### Final Answer ### \\boxed" in card and "'Wait'" in card
+
+
+def test_configs_saved_with_flat_elicitation_keys_load_into_the_settings(tmp_path):
+    old = make_verifier().config.to_dict()
+    del old["elicitation"]
+    old.update(delimiters=None, every_k_tokens=40, elicitation_prompt="Answer: \\boxed", max_answer_tokens=12)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    config = MSVConfig.from_pretrained(tmp_path)
+    assert config.elicitation == ElicitationSettings(delimiters=(), every_k_tokens=40, prompt="Answer: \\boxed",
+                                                     max_answer_tokens=12)
+    assert not hasattr(config, "elicitation_prompt") and "delimiters" not in config.to_dict()
+    shipped = MSVConfig.from_pretrained(Path(hf_msv.__file__).parent / "testbed" / "verifier")
+    assert shipped.elicitation == ElicitationSettings(delimiters=("Wait",))
 
 
 # ---- clear errors ------------------------------------------------------------------------------------------------

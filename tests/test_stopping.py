@@ -67,7 +67,7 @@ def test_unscored_answers_never_reach_lambda():
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_vectorised_thresholds_and_incremental_use_agree(data):
-    """The hook applies the rule each time answers are released (all answers with end ≤ t, in the given order);
+    """The hook applies the rule each time answers are scored (all answers with end ≤ t, in the given order);
     the replay applies it once to every answer, for many λ. They must reach the same decision."""
     a = data.draw(st.integers(1, 12))
     end = np.array(data.draw(st.lists(st.integers(1, 6), min_size=a, max_size=a)))
@@ -80,7 +80,7 @@ def test_vectorised_thresholds_and_incremental_use_agree(data):
         assert decide(end, scores, terminal, lam) == (full.stopped[i], full.stop_step[i], full.chosen[i],
                                                       full.num_available[i])
         for t in sorted(set(end)):
-            seen = np.flatnonzero(end <= t)      # the answers released by step t, in the given order
+            seen = np.flatnonzero(end <= t)      # the answers scored by step t, in the given order
             d = decide_stop(end[seen], scores[seen], terminal[seen], lam)
             if d.stopped[0]:
                 assert full.stopped[i] and full.stop_step[i] == d.stop_step[0] == t

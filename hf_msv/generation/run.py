@@ -88,7 +88,7 @@ class GenerationRun:
         self.last_step = t
         for branch in self._fired_branches(input_ids[:, -1].tolist(), t):
             self._fork(branch)
-        self._release(t)
+        self._score_due(t)
         return self.done
 
     def _fired_branches(self, newest: list[int], t: int) -> list[Branch]:
@@ -201,9 +201,9 @@ class GenerationRun:
         self.timings["elicitation"] += forward_seconds + time.perf_counter() - start
 
     def tail_step(self, t: int):
-        """A step after every main row has ended: release what became available and apply the rule."""
+        """A step after every main row has ended: score what became available and apply the rule."""
         self.last_step = t
-        self._release(t)
+        self._score_due(t)
 
     def count_forwards(self, forwards: int, rows: int):
         self.compute = {"forward_calls": forwards, "rows_computed": rows}
@@ -212,7 +212,7 @@ class GenerationRun:
         """After the decoding loop: the last scores and the results."""
         if self.tracker is None:  # generate produced no token
             return []
-        self._release(self.last_step)
+        self._score_due(self.last_step)
         results = assemble_results(self.tracker, self.budget, self.threshold, self.keep_hidden_states,
                                    dict(self.timings))
         if self.offload and torch.cuda.is_available():
@@ -258,13 +258,13 @@ class GenerationRun:
 
     # -- scoring and stopping --------------------------------------------------------------------------------
 
-    def _release(self, t: int):
+    def _score_due(self, t: int):
         """Score what has become available by step t and apply the stopping rule to the prompts that got scores."""
         if self.queue is None:
             return
-        released = self.queue.release(t, [group.settled for group in self.tracker.groups])
+        due = self.queue.pop_due(t, [group.settled for group in self.tracker.groups])
         self.timings["verifier"] = self.queue.seconds
-        for prompt in sorted(released):
+        for prompt in sorted(due):
             self._apply_stop_rule(prompt, t)
 
     def _apply_stop_rule(self, prompt: int, t: int):

@@ -2,9 +2,9 @@
 
 An answer becomes available at the step its last token is fed (`MSVAnswer.end`: τ + P + L for a branch taken at τ
 with P segment tokens and L answer tokens, decoded alongside the chain of thought). At step t every queued answer
-with end ≤ t is released to the verifier's
+with end ≤ t goes to the verifier's
 online `MSVCache` in end-time order, which is what makes online scores equal the offline forward. When a prompt's
-sequences have all ended, its remaining answers are released at once (in end order). In terminal mode only the end
+sequences have all ended, its remaining answers are scored at once (in end order). In terminal mode only the end
 of each sequence is elicited, and a prompt's N terminal answers are scored once, offline, when its last sequence
 ends (logit averaging happens inside the verifier). With N > M = ``verifier.config.num_sequences`` the N sequences
 of a prompt are scored as independent groups of M (paper, "Scaling with MSV_M").
@@ -29,7 +29,7 @@ class ScoringQueue:
     Args:
         verifier: the `MSVVerifier`.
         num_sequences: N, sequences per prompt.
-        streaming: release answers at their end step with the online cache (else only when a prompt has finished).
+        streaming: score answers at their end step with the online cache (else only when a prompt has finished).
         keep_hidden_states: keep the answers' hidden states after scoring (else free them).
 
     Attributes:
@@ -58,7 +58,7 @@ class ScoringQueue:
                 answer.hidden_states = None
 
     @torch.no_grad()
-    def release(self, t: int, finished: Sequence[bool]) -> dict[int, list[MSVAnswer]]:
+    def pop_due(self, t: int, finished: Sequence[bool]) -> dict[int, list[MSVAnswer]]:
         """Score what has become available by step t (everything of the prompts that have `finished`).
 
         Returns the newly scored answers per prompt, each list in end order.
@@ -77,14 +77,14 @@ class ScoringQueue:
         # End-time order per group keeps every call causal for the online cache (the verifier sorts internally).
         ready.sort(key=lambda a: (a.prompt, a.end, a.sequence))
         probabilities = self._forward(ready)
-        released: dict[int, list[MSVAnswer]] = {}
+        scored: dict[int, list[MSVAnswer]] = {}
         for answer, score in zip(ready, probabilities):
             answer.score = score
             if not self.keep_hidden_states:
                 answer.hidden_states = None
-            released.setdefault(answer.prompt, []).append(answer)
+            scored.setdefault(answer.prompt, []).append(answer)
         self.seconds += time.perf_counter() - start
-        return released
+        return scored
 
     def _forward(self, ready: list[MSVAnswer]) -> list[float]:
         """One verifier call over `ready` (sorted by prompt, then end); the hidden states are concatenated as

@@ -13,7 +13,7 @@ then to the lower answer index. A nan (or `None`) score is an answer that was ne
 is never output.
 
 `decide_stop` is the only implementation. The generation hook (`MSVEarlyStop`, through the per-call run) applies it
-to a prompt's scored answers each time answers are released to the verifier, passing them in `MSVResult.answers`
+to a prompt's scored answers each time the verifier scores new answers, passing them in `MSVResult.answers`
 order ((τ, sequence, step)), and the evaluation replay (`hf_msv.evaluation.early_stop.replay_many`) applies it to a
 recorded `AnswerGroup` for a whole λ grid at once; an `AnswerGroup` built from `MSVResult.answers` in that order
 therefore replays to the same decision.
@@ -22,14 +22,10 @@ therefore replays to the same decision.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from transformers import StoppingCriteria
-
-if TYPE_CHECKING:
-    from .run import GenerationRun
 
 __all__ = ["MSVEarlyStop", "StopDecision", "decide_stop"]
 
@@ -113,7 +109,7 @@ class MSVEarlyStop(StoppingCriteria):
     """Stopping criterion that runs MSV elicitation and scoring and stops a prompt's N sequences at t*.
 
     Pass it to ``model.generate(..., stopping_criteria=[MSVEarlyStop(λ)])`` after `prepare_generation`; the
-    session's ``generate`` wrapper binds it to the current call (`bind`).
+    `MSVSession`'s ``generate`` wrapper binds it to the current call (`bind`).
 
     Args:
         threshold: λ. A prompt stops at the first step where the best available answer score is ≥ λ. `None` or
@@ -125,15 +121,15 @@ class MSVEarlyStop(StoppingCriteria):
 
     def __init__(self, threshold: float | None = None):
         self.threshold = threshold
-        self.run: GenerationRun | None = None
+        self.run = None
 
-    def bind(self, run: GenerationRun | None):
-        """Attach the state of the current ``generate`` call (`None` detaches)."""
+    def bind(self, run):
+        """Attach the `GenerationRun` of the current ``generate`` call (`None` detaches)."""
         self.run = run
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None, **kwargs):
         if self.run is None:
             raise RuntimeError(
-                "MSVEarlyStop is not attached to a generation session: call "
+                "MSVEarlyStop is not attached to a model: call "
                 "`hf_msv.prepare_generation(model, tokenizer, ...)` before `model.generate(...)`.")
         return self.run.step(input_ids)

@@ -1,13 +1,13 @@
-"""`MSVSession`: the ``generate`` wrapper `prepare_generation` attaches to an LM; `msv_generate`, the one-call entry.
+"""The generation hook: `prepare_generation` attaches an `MSVSession` to an LM; `msv_generate` is the one-call entry.
 
-The session replaces ``model.generate`` (as an instance attribute, removed by `detach`) with a wrapper that creates
-the run, binds it to the call's `MSVEarlyStop`, has ``generate`` decode with `lockstep.lockstep_sample` (through
-``custom_generate``) and collects the results. See the package docstring (`hf_msv.generation`) for the design.
+An `MSVSession` replaces ``model.generate`` (as an instance attribute, removed by `detach`) with a wrapper that runs
+``generate`` with the lockstep decoding loop and collects one `MSVResult` per prompt (``docs/generation.md``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 import warnings
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from transformers import StoppingCriteriaList
 
-from ..answers import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
+from ..elicitation import ElicitationSettings
 from ..modeling_msv import check_compatible
 from .delimiters import DelimiterMatcher
 from .forking import AnswerElicitor
@@ -25,7 +25,7 @@ from .outputs import MSVResult
 from .run import GenerationRun
 from .stopping import MSVEarlyStop
 
-__all__ = ["MSVSession", "msv_generate", "prepare_generation"]
+__all__ = ["MSVSession", "msv_generate", "prepare_generation", "resolve_elicitation"]
 
 
 class MSVSession:
@@ -37,29 +37,20 @@ class MSVSession:
         matcher: the `DelimiterMatcher` (`None` without text delimiters, or in terminal mode).
     """
 
-    def __init__(self, model, tokenizer, verifier=None, *, mode: str | None = None,
-                 delimiters: str | Sequence[str] | None = None, every_k_tokens: int | None = None,
-                 elicitation_prompt: str | None = None, max_answer_tokens: int | None = None,
-                 checker="symbolic", num_sequences: int | None = None, keep_delimiter: bool = False,
-                 capture_hidden_states: bool = False, offload_hidden_states: bool = True):
+    def __init__(self, model, tokenizer, verifier=None, *, elicitation: ElicitationSettings | None = None,
+                 checker="symbolic", num_sequences: int | None = None, capture_hidden_states: bool = False,
+                 offload_hidden_states: bool = True, **overrides):
         if getattr(model.config, "is_encoder_decoder", False):
             raise NotImplementedError("MSV generation supports decoder-only LMs.")
         if verifier is not None:
             check_compatible(verifier, model)
-        mode, delimiters, every_k_tokens, elicitation_prompt, max_answer_tokens = _resolve_settings(
-            verifier.config if verifier is not None else None, mode, delimiters, every_k_tokens, elicitation_prompt,
-            max_answer_tokens)
+        self.elicitation = resolve_elicitation(verifier.config if verifier is not None else None, elicitation,
+                                               **overrides)
         if verifier is not None and checker is None:
             raise ValueError("a verifier needs equivalence classes: pass a checker (e.g. 'symbolic').")
 
         self.model, self.tokenizer, self.verifier = model, tokenizer, verifier
-        self.mode = mode
-        self.delimiters = list(delimiters or [])
-        self.every_k_tokens = every_k_tokens
-        self.elicitation_prompt = elicitation_prompt
-        self.max_answer_tokens = max_answer_tokens
         self.num_sequences = num_sequences
-        self.keep_delimiter = keep_delimiter
         self.capture_hidden_states = capture_hidden_states
         self.offload_hidden_states = offload_hidden_states
         if isinstance(checker, str):
@@ -67,9 +58,11 @@ class MSVSession:
 
             checker = get_checker(checker)
         self.checker = checker
-        self.elicitor = AnswerElicitor(tokenizer, elicitation_prompt, max_answer_tokens, keep_delimiter)
+        e = self.elicitation
+        self.elicitor = AnswerElicitor(tokenizer, e.prompt, e.max_answer_tokens, e.keep_delimiter)
         self.prompt_ids, self.pad_token_id = self.elicitor.prompt_ids, self.elicitor.pad_token_id
-        self.matcher = DelimiterMatcher(tokenizer, self.delimiters) if self.delimiters and mode == "streaming" else None
+        streaming = e.mode == "streaming"
+        self.matcher = DelimiterMatcher(tokenizer, list(e.delimiters)) if e.delimiters and streaming else None
         self.results: list[MSVResult] = []
         self._run: GenerationRun | None = None
         self._attach()
@@ -79,7 +72,7 @@ class MSVSession:
     def _attach(self):
         model = self.model
         if "generate" in vars(model):
-            raise RuntimeError("this model already has an MSV generation session (or a patched generate); "
+            raise RuntimeError("this model already has an MSVSession (or a patched generate); "
                                "detach it first.")
         self._attached = True
         self._original_generate = model.generate
@@ -115,7 +108,7 @@ class MSVSession:
     def _generate(self, *args, **kwargs):
         if kwargs.get("custom_generate") is not None:
             raise ValueError("MSV generation decodes with its own loop (custom_generate=lockstep_sample); "
-                             "detach the session to use another custom_generate.")
+                             "detach the MSVSession to use another custom_generate.")
         criteria = list(kwargs.pop("stopping_criteria", None) or [])
         config, eos_ids = self._effective_config(kwargs)
         ours = [c for c in criteria if isinstance(c, MSVEarlyStop)]
@@ -129,8 +122,8 @@ class MSVSession:
         if threshold is not None and self.verifier is None:
             raise ValueError("MSVEarlyStop(threshold) needs a verifier: pass verifier=... to prepare_generation.")
         run = GenerationRun(
-            self.elicitor, matcher=self.matcher, every_k_tokens=self.every_k_tokens,
-            streaming=self.mode == "streaming", verifier=self.verifier, new_classes=self._classes_factory(),
+            self.elicitor, matcher=self.matcher, every_k_tokens=self.elicitation.every_k_tokens,
+            streaming=self.elicitation.mode == "streaming", verifier=self.verifier, new_classes=self._classes_factory(),
             keep_hidden_states=self.capture_hidden_states, offload_hidden_states=self.offload_hidden_states,
             num_sequences=config.num_return_sequences or 1,
             eos_ids=eos_ids, max_new_tokens=config.max_new_tokens, max_length=config.max_length,
@@ -158,7 +151,7 @@ class MSVSession:
 
     def _effective_config(self, kwargs: dict):
         """The generation config as ``generate`` will build it (N, EOS ids, token budget), and its EOS id set.
-        Sets ``num_return_sequences`` in `kwargs` from the session's default N when the call gives none."""
+        Sets ``num_return_sequences`` in `kwargs` from the default N when the call gives none."""
         config = copy.deepcopy(kwargs.get("generation_config") or self.model.generation_config)
         if "num_return_sequences" not in kwargs and self.num_sequences is not None and (
                 kwargs.get("generation_config") is None):
@@ -177,7 +170,7 @@ class MSVSession:
         return config, eos_ids
 
     def _classes_factory(self):
-        """A factory of one prompt's `EquivalenceClasses` under the session's checker (`None` without checker)."""
+        """A factory of one prompt's `EquivalenceClasses` under the checker (`None` without checker)."""
         if self.checker is None:
             return None
         from ..equivalence import EquivalenceClasses
@@ -218,37 +211,34 @@ class MSVSession:
         return results
 
 
-def _resolve_settings(vconfig, mode, delimiters, every_k_tokens, elicitation_prompt, max_answer_tokens):
-    """Fill the session's unset elicitation settings from the verifier's config (`vconfig`, or `None`), else the
-    defaults, and validate them."""
-    mode = mode or (vconfig.mode if vconfig is not None else "streaming")
-    if mode not in ("streaming", "terminal"):
-        raise ValueError(f"mode must be 'streaming' or 'terminal', got {mode!r}.")
-    if vconfig is not None and vconfig.mode != mode:
-        raise ValueError(f"the verifier was built for {vconfig.mode!r} answers but mode={mode!r}.")
-    if delimiters is None and every_k_tokens is None:
-        if vconfig is not None and (vconfig.delimiters or vconfig.every_k_tokens):
-            delimiters, every_k_tokens = vconfig.delimiters, vconfig.every_k_tokens
-        else:
-            delimiters = ["Wait"]
-    if isinstance(delimiters, str):
-        delimiters = [delimiters]
-    if every_k_tokens is not None and every_k_tokens < 1:
-        raise ValueError(f"every_k_tokens must be a positive integer, got {every_k_tokens}.")
-    if elicitation_prompt is None:
-        elicitation_prompt = vconfig.elicitation_prompt if vconfig is not None else ELICITATION_PROMPT
-    if max_answer_tokens is None:
-        max_answer_tokens = vconfig.max_answer_tokens if vconfig is not None else MAX_ANSWER_TOKENS
-    if max_answer_tokens < 1:
-        raise ValueError("max_answer_tokens must be at least 1.")
-    return mode, delimiters, every_k_tokens, elicitation_prompt, max_answer_tokens
+def resolve_elicitation(verifier_config=None, elicitation: ElicitationSettings | None = None,
+                        **overrides) -> ElicitationSettings:
+    """The elicitation settings of a run: `elicitation`, else the verifier's (``config.elicitation``), else the
+    defaults, with the keyword `overrides` (`ElicitationSettings` field names, or ``elicitation_prompt`` for
+    ``prompt``) applied. Giving ``delimiters`` or ``every_k_tokens`` replaces both (``every_k_tokens=40`` alone elicits
+    every 40 tokens and at no delimiter).
+
+    Raises:
+        ValueError: an unknown override, invalid settings, or a mode other than the verifier's.
+    """
+    if "elicitation_prompt" in overrides:
+        overrides["prompt"] = overrides.pop("elicitation_prompt")
+    unknown = sorted(set(overrides) - set(ElicitationSettings.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"unknown elicitation argument(s) {unknown}")
+    base = elicitation or (verifier_config.elicitation if verifier_config is not None else ElicitationSettings())
+    if overrides.get("delimiters") is not None or overrides.get("every_k_tokens") is not None:
+        base = dataclasses.replace(base, delimiters=overrides.pop("delimiters", None) or (),
+                                   every_k_tokens=overrides.pop("every_k_tokens", None))
+    settings = base.replace(**overrides)
+    if verifier_config is not None and verifier_config.mode != settings.mode:
+        raise ValueError(f"the verifier was built for {verifier_config.mode!r} answers but mode={settings.mode!r}.")
+    return settings
 
 
-def prepare_generation(model, tokenizer, verifier=None, *, mode: str | None = None,
-                       delimiters: str | Sequence[str] | None = None, every_k_tokens: int | None = None,
-                       elicitation_prompt: str | None = None, max_answer_tokens: int | None = None,
-                       checker="symbolic", num_sequences: int | None = None, keep_delimiter: bool = False,
-                       capture_hidden_states: bool = False, offload_hidden_states: bool = True) -> MSVSession:
+def prepare_generation(model, tokenizer, verifier=None, *, elicitation: ElicitationSettings | None = None,
+                       checker="symbolic", num_sequences: int | None = None, capture_hidden_states: bool = False,
+                       offload_hidden_states: bool = True, **elicitation_overrides) -> MSVSession:
     """Attach MSV elicitation and scoring to `model`, so that ``model.generate(...,
     stopping_criteria=[MSVEarlyStop(λ)])`` elicits, scores and stops early.
 
@@ -257,46 +247,43 @@ def prepare_generation(model, tokenizer, verifier=None, *, mode: str | None = No
         tokenizer: its tokenizer (delimiter matching, elicitation prompt, answer text).
         verifier: an `MSVVerifier` whose ``config.hidden_size`` equals the LM's hidden size; `None` collects
             answers (and hidden states) without scoring.
-        mode: ``"streaming"`` (answers at delimiters and at the end) or ``"terminal"`` (only at the end).
-            Defaults to the verifier's mode, else streaming.
-        delimiters: text delimiters, e.g. ``["Wait"]`` or ``["\\n\\n"]``; matched on decoded text. Defaults to the
-            verifier's ``config.delimiters`` / ``config.every_k_tokens``, else ``["Wait"]``. ``[]`` elicits only at
-            the end (or every K tokens).
-        every_k_tokens: also elicit after every K generated tokens (delimiter-free variant of the paper).
-        elicitation_prompt: appended to a branch to elicit its answer (default: verifier's, else
-            ``"### Final Answer ### \\boxed"``).
-        max_answer_tokens: cap on answer tokens (default: verifier's, else 40); an unclosed box is "no answer".
+        elicitation: where and how answers are elicited. Defaults to the verifier's ``config.elicitation``, else
+            `ElicitationSettings()` (streaming, ``("Wait",)``, ``"### Final Answer ### \\boxed"``, 40 tokens).
         checker: equivalence checker name for `hf_msv.equivalence.get_checker` or a checker object; `None`
             (only without verifier) skips class assignment.
         num_sequences: N used when ``generate`` is called without ``num_return_sequences``.
-        keep_delimiter: keep the delimiter in the branch context instead of branching just before it.
         capture_hidden_states: keep every answer's `(L, d)` hidden states in the results.
         offload_hidden_states: move each answer's states to CPU as soon as the answer completes (pinned memory,
-            non-blocking, on CUDA), so that accelerator memory for capture is bounded by the answers still being
-            decoded; `False` keeps them on the LM's device.
+            non-blocking, on CUDA); `False` keeps them on the LM's device.
+        **elicitation_overrides: `ElicitationSettings` fields to change (``mode``, ``delimiters``,
+            ``every_k_tokens``, ``prompt`` or ``elicitation_prompt``, ``max_answer_tokens``, ``keep_delimiter``);
+            see `resolve_elicitation`.
 
     Returns:
-        The `MSVSession`; read ``session.results`` / ``session.pop_results()`` after ``generate``, and call
-        ``session.detach()`` (or use it as a context manager) to restore the model.
+        The `MSVSession`; read ``msv.results`` / ``msv.pop_results()`` after ``generate``, and call
+        ``msv.detach()`` (or use it as a context manager) to restore the model.
+
+    Raises:
+        ValueError: invalid settings, a mode other than the verifier's, or a verifier whose hidden size differs
+            from the LM's.
     """
-    return MSVSession(model, tokenizer, verifier, mode=mode, delimiters=delimiters, every_k_tokens=every_k_tokens,
-                      elicitation_prompt=elicitation_prompt, max_answer_tokens=max_answer_tokens, checker=checker,
-                      num_sequences=num_sequences, keep_delimiter=keep_delimiter,
-                      capture_hidden_states=capture_hidden_states, offload_hidden_states=offload_hidden_states)
+    return MSVSession(model, tokenizer, verifier, elicitation=elicitation, checker=checker,
+                      num_sequences=num_sequences, capture_hidden_states=capture_hidden_states,
+                      offload_hidden_states=offload_hidden_states, **elicitation_overrides)
 
 
 def msv_generate(model, tokenizer, prompts: Iterable[str | list[dict]], *, verifier=None,
                  threshold: float | None = None, num_sequences: int = 16, max_new_tokens: int = 4096,
-                 do_sample: bool = True, generate_kwargs: dict | None = None, **session_kwargs) -> list[MSVResult]:
+                 do_sample: bool = True, generate_kwargs: dict | None = None, **prepare_kwargs) -> list[MSVResult]:
     """Sample `num_sequences` chains of thought per prompt with MSV early stopping; one `MSVResult` per prompt.
 
     Args:
         prompts: strings (used as they are) or chat message lists (formatted with the tokenizer's chat template).
         threshold: λ for `MSVEarlyStop` (`None`: never stop).
         generate_kwargs: extra arguments for ``model.generate`` (temperature, top_p, ...).
-        **session_kwargs: any argument of `prepare_generation` (delimiters, mode, checker, ...).
+        **prepare_kwargs: any argument of `prepare_generation` (elicitation, delimiters, mode, checker, ...).
     """
-    with prepare_generation(model, tokenizer, verifier, **session_kwargs) as session:
-        return session.generate(list(prompts), threshold=threshold, num_sequences=num_sequences,
+    with prepare_generation(model, tokenizer, verifier, **prepare_kwargs) as msv:
+        return msv.generate(list(prompts), threshold=threshold, num_sequences=num_sequences,
                                 max_new_tokens=max_new_tokens, do_sample=do_sample, **(generate_kwargs or {}))
 

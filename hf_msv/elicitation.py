@@ -1,0 +1,95 @@
+"""`ElicitationSettings`: how answers are elicited from a chain of thought, declared once.
+
+Standard library only: the verifier configs embed it and travel to the Hub as remote code with it. See
+`docs/generation.md` for how elicitation runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+ELICITATION_PROMPT = "### Final Answer ### \\boxed"
+"""Appended to a (branched) sequence to elicit an answer; the LM continues with ``{...}``."""
+
+MAX_ANSWER_TOKENS = 40
+"""The paper's cap on elicited answer tokens: a box still open after this many tokens is "no answer"."""
+
+DEFAULT_DELIMITERS = ("Wait",)
+"""The paper's delimiter."""
+
+MODES = ("streaming", "terminal")
+
+# Keys under which configs saved before `ElicitationSettings` stored its fields flat.
+_LEGACY_KEYS = {"delimiters": "delimiters", "every_k_tokens": "every_k_tokens", "elicitation_prompt": "prompt",
+                "max_answer_tokens": "max_answer_tokens", "keep_delimiter": "keep_delimiter"}
+
+
+@dataclass(frozen=True)
+class ElicitationSettings:
+    """Where and how answers are elicited.
+
+    Args:
+        mode: ``"streaming"`` (answers at every delimiter and at the end; terminal ones flagged) or ``"terminal"``
+            (one answer per sequence, at the end).
+        delimiters: text delimiters matched on decoded text, e.g. ``("Wait",)`` or ``("\\n\\n",)``; ``()`` elicits
+            only at the end (or every ``every_k_tokens``).
+        every_k_tokens: also elicit after every K generated tokens (the delimiter-free variant), or ``None``.
+        prompt: appended to a branch to elicit its answer; the LM continues with ``{answer}``.
+        max_answer_tokens: cap on answer tokens; a box still open after this many is "no answer".
+        keep_delimiter: keep the delimiter in the branch context instead of branching just before it.
+    """
+
+    mode: str = "streaming"
+    delimiters: tuple[str, ...] = DEFAULT_DELIMITERS
+    every_k_tokens: int | None = None
+    prompt: str = ELICITATION_PROMPT
+    max_answer_tokens: int = MAX_ANSWER_TOKENS
+    keep_delimiter: bool = False
+
+    def __post_init__(self):
+        delimiters = (self.delimiters,) if isinstance(self.delimiters, str) else tuple(self.delimiters or ())
+        object.__setattr__(self, "delimiters", delimiters)
+        if self.mode not in MODES:
+            raise ValueError(f"unknown elicitation mode {self.mode!r}; use one of {list(MODES)}")
+        if any(not isinstance(d, str) or not d for d in delimiters):
+            raise ValueError(f"delimiters must be non-empty strings, got {list(delimiters)}")
+        if self.every_k_tokens is not None and self.every_k_tokens < 1:
+            raise ValueError(f"every_k_tokens must be at least 1, got {self.every_k_tokens}")
+        if self.max_answer_tokens < 1:
+            raise ValueError(f"max_answer_tokens must be at least 1, got {self.max_answer_tokens}")
+        if not self.prompt:
+            raise ValueError("the elicitation prompt must not be empty")
+
+    def replace(self, **overrides) -> ElicitationSettings:
+        """A copy with the given fields changed; ``None`` values are ignored (keyword overrides left unset)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (delimiters as a list)."""
+        out = asdict(self)
+        out["delimiters"] = list(self.delimiters)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> ElicitationSettings:
+        """Settings from `to_dict` output; unknown keys are an error, missing ones take the defaults."""
+        data = dict(data or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown elicitation settings {unknown}; valid: {sorted(names)}")
+        return cls(**data)
+
+    @classmethod
+    def pop_legacy(cls, kwargs: dict) -> dict:
+        """Remove and return, renamed, the flat elicitation keys of configs and shards saved before these settings
+        existed (``elicitation_prompt`` → ``prompt``; ``delimiters: null`` meant the default, or none next to
+        ``every_k_tokens``)."""
+        found = {new: kwargs.pop(old) for old, new in _LEGACY_KEYS.items() if old in kwargs}
+        found = {k: v for k, v in found.items() if v is not None or k in ("delimiters", "every_k_tokens")}
+        if found.get("delimiters", ()) is None:  # "not recorded": the default, unless every k tokens replaced it
+            found["delimiters"] = () if found.get("every_k_tokens") else DEFAULT_DELIMITERS
+        return found
+
+
+__all__ = ["DEFAULT_DELIMITERS", "ELICITATION_PROMPT", "MAX_ANSWER_TOKENS", "ElicitationSettings"]
