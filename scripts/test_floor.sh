@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the tests that touch transformers internals against the oldest transformers that pyproject.toml allows
-# (the floor: the first release with the custom_generate trust_remote_code fix, transformers PR #46483).
+# (the floor: the first release with the custom_generate trust_remote_code fix, transformers PR 46483).
 # The floor and the two libraries whose ranges it requires (huggingface-hub < 2, tokenizers <= 0.23.0) go into
 # .floor/ and shadow .venv's copies through PYTHONPATH; everything else (torch, numpy, ...) comes from .venv.
 set -euo pipefail

@@ -222,7 +222,7 @@ def test_delimiter_matcher_is_robust_to_tokenisation():
 
 
 def test_delimiter_matcher_decodes_a_vocabulary_once(monkeypatch):
-    """The per-vocabulary table is decoded once per tokenizer (~2 s for a 150k vocabulary, which each session
+    """The per-vocabulary table is decoded once per tokenizer (~2 s for a 150k vocabulary, which each new `MSVSession`
     set-up paid again), and again when tokens were added since."""
     tokenizer = make_tokenizer()
     calls = []

@@ -1,11 +1,13 @@
-"""MSV generation on models with recurrent cache layers (conv / SSM / linear attention), tiny and random (CPU, seconds).
+"""MSV generation on caches beyond full attention, with tiny random models (CPU, seconds).
 
-LFM2 (conv layers + attention), Mamba (SSM only, its cache named ``cache_params`` before transformers 5.24), Mamba-2
-(SSM only), Qwen3-Next (gated-delta-rule linear attention + attention), Jamba (Mamba-1 SSM + attention), FalconMamba,
-Bamba, Falcon-H1 and GraniteMoeHybrid, decoded by the lockstep loop (branches as extra rows of the decoding batch). The
-invariants are those of `test_generation`: sampling is unperturbed and every answer equals a cache-free recomputation of
-its branch context, here with delimiters split over up to four tokens, so branch rows must start from a recurrent state
-saved before the delimiter; a prompt that stops takes its recurrent rows out of the batch.
+Recurrent layers (conv / SSM / linear attention): LFM2, Mamba (its cache named ``cache_params`` before transformers
+5.24), Mamba-2, Qwen3-Next, Jamba, FalconMamba, Bamba, Falcon-H1 and GraniteMoeHybrid, decoded by the lockstep loop.
+The invariants are those of `test_generation`: sampling is unperturbed and every answer equals a cache-free
+recomputation of its branch context, here with delimiters split over up to four tokens, so branch rows must start
+from a recurrent state saved before the delimiter; a prompt that stops takes its recurrent rows out of the batch.
+Sliding-window layers whose window is shorter than a branch's context (Gemma-2, window 4), and caches that cannot
+be forked (static, model-specific classes such as MiniMax's, state outside ``cache.layers``), refused by name before
+decoding. Random splits, windows and chunk sizes: `test_cache_exactness`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from hf_msv.generation import (
     prepare_generation,
     recurrent_state_bytes,
 )
-from hf_msv.generation.caches import cache_argument, output_cache
+from hf_msv.generation import caches
+from hf_msv.generation.caches import cache_argument, check_forkable, output_cache, widen_windows
 
 from test_generation import (
     EOS,
@@ -44,6 +47,8 @@ from test_generation import (
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+# Recurrent layers are forked from transformers 5.14 on (refused before: see the version test below).
+recurrent = pytest.mark.skipif(not caches._DICT_STATES, reason="recurrent cache layers need transformers >= 5.14")
 
 
 def hybrid_config(arch: str):
@@ -91,6 +96,15 @@ def hybrid_model(arch: str):
     return transformers.AutoModelForCausalLM.from_config(hybrid_config(arch)).eval()
 
 
+def gemma2_window_model(window: int = 4):
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"], initializer_range=0.2)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
 def prefill(model, inputs) -> DynamicCache:
     with torch.no_grad():
         out = model(**inputs, use_cache=True)
@@ -115,6 +129,7 @@ SCHEDULE = {(0, 3): ID["Wa"], (0, 4): ID["it"], (1, 1): ID["W"], (1, 2): ID["a"]
 
 
 @pytest.mark.parametrize("arch", HYBRIDS + MORE_HYBRIDS)
+@recurrent
 def test_sampling_unperturbed_and_branches_exact(arch):
     """With early stopping off, the sampled tokens equal plain generate's; every answer's tokens and hidden states
     equal a cache-free recomputation of its context, including branches that leave out up to three consumed
@@ -140,6 +155,7 @@ def test_sampling_unperturbed_and_branches_exact(arch):
 
 
 @pytest.mark.parametrize("arch", ["qwen3_next", "mamba"])
+@recurrent
 def test_stopped_prompt_leaves_the_batch_with_its_recurrent_rows(arch):
     """λ = 0 stops prompt 0 at its first answer (a split "Wa"+"it", so its branch reads a saved recurrent state);
     its rows and their states leave the batch, and prompt 1 goes on sampling exactly as in a plain generate, its
@@ -168,8 +184,9 @@ def test_stopped_prompt_leaves_the_batch_with_its_recurrent_rows(arch):
 
 
 @pytest.mark.parametrize("arch", ["mamba", "lfm2"])
+@recurrent
 def test_decoding_loop_alone_samples_like_plain_generate(arch):
-    """The loop without a session (``custom_generate=lockstep_sample``) on a recurrent cache, Mamba's passed as
+    """The loop without an `MSVSession` (``custom_generate=lockstep_sample``) on a recurrent cache, Mamba's passed as
     ``cache_params`` and decoded without a mask: the tokens of plain generate; a row that ends early leaves the
     batch (its recurrent states gathered out) and is padded as generate pads it."""
     model = hybrid_model(arch)
@@ -185,6 +202,7 @@ def test_decoding_loop_alone_samples_like_plain_generate(arch):
 
 
 @pytest.mark.parametrize("arch", HYBRIDS)
+@recurrent
 def test_fork_cache_leaves_the_live_cache_untouched(arch):
     """A fork (rows repeated, in any order, or every row as it is) holds copies of the rows; decoding on it, which
     updates recurrent states in place, leaves every tensor of the live cache as it was."""
@@ -201,6 +219,7 @@ def test_fork_cache_leaves_the_live_cache_untouched(arch):
         assert all(torch.equal(a, b) for a, b in zip(cache_tensors(cache), before))
 
 
+@recurrent
 def test_branch_cache_restores_the_saved_recurrent_state_and_counts_its_bytes():
     model = hybrid_model("qwen3_next")
     inputs = prompts()
@@ -248,16 +267,101 @@ def test_unsupported_cache_layers_fail_naming_the_layer():
     cache.layers = [CustomLayer()]
     with pytest.raises(NotImplementedError, match="CustomLayer.*reorder_cache"):
         fork_cache(cache, torch.tensor([0]))
-    static = StaticCache(config=hybrid_config("lfm2"), max_cache_len=8)
-    with pytest.raises(NotImplementedError, match="StaticLayer.*dynamic cache"):
+    static = StaticCache(config=gemma2_window_model(64).config, max_cache_len=8)
+    with pytest.raises(NotImplementedError, match="Static.*Layer.*dynamic cache"):
         fork_cache(static, torch.tensor([0]))
+
+
+def test_state_outside_the_known_tensors_is_refused_by_name():
+    """The whole cache object is inspected: a tensor kept beside ``cache.layers`` (even inside a list), a tensor a
+    supported layer holds under an unknown attribute, and a cache class other than DynamicCache are refused."""
+    cache = prefill(gemma2_window_model(4), prompts())  # sliding, then full attention
+    check_forkable(cache)
+    cache.side_states = [[], torch.zeros(2, 3)]
+    with pytest.raises(NotImplementedError, match=r"DynamicCache\.side_states holds per-row state outside cache"):
+        fork_cache(cache, torch.tensor([0]))
+    del cache.side_states
+    cache.layers[1].extra_keys = torch.zeros(2, 3)
+    with pytest.raises(NotImplementedError, match=r"DynamicLayer\.extra_keys"):
+        fork_cache(cache, torch.tensor([0]))
+
+    class ModelCache(DynamicCache):
+        pass
+
+    with pytest.raises(NotImplementedError, match="cannot fork ModelCache: it forks transformers' DynamicCache"):
+        check_forkable(ModelCache())
+
+
+def minimax_model():
+    if not hasattr(transformers, "MiniMaxConfig"):
+        pytest.skip("this transformers has no MiniMax")
+    torch.manual_seed(0)
+    config = transformers.MiniMaxConfig(
+        vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+        num_experts_per_tok=1, layer_types=["linear_attention", "full_attention"], block_size=4)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_minimax_linear_cache_is_refused_before_decoding():
+    """MiniMax keeps its linear-attention states in ``MiniMaxCache.linear_cache``, outside ``cache.layers``: refused
+    with a NotImplementedError naming it, right after the prefill (no decoding forward runs)."""
+    model = minimax_model()
+    forwards = []
+    model.register_forward_hook(lambda *args: forwards.append(1))
+    with prepare_generation(model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=4), \
+            pytest.raises(NotImplementedError, match=r"MiniMaxCache\.linear_cache"):
+        generate(model, prompts(), n=2, max_new_tokens=6)
+    assert len(forwards) == 1  # the prefill
+    with pytest.raises(NotImplementedError, match="MiniMaxCache"):
+        check_forkable(type(prefill(model, prompts()))())  # the class alone, before it holds any tensor
+
+
+def test_sliding_window_shorter_than_the_context_with_split_delimiters_is_exact():
+    """Gemma-2, window 4, a sliding layer before a full one: branches that leave out one ("Wa"+"it") or three
+    ("W"+"a"+"i"+"t") consumed tokens see the window before them, as a cache-free forward does."""
+    model = gemma2_window_model(4)
+    ScriptedAnswers(model)
+    inputs = prompts()
+    schedule = {(0, 6): ID["Wa"], (0, 7): ID["it"], (1, 3): ID["W"], (1, 4): ID["a"], (1, 5): ID["i"],
+                (1, 6): ID["t"], (2, 2): ID["Wait"]}
+    plain = generate(model, inputs, n=2, max_new_tokens=12, schedule=schedule, criteria=False)
+    with prepare_generation(model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=6,
+                            capture_hidden_states=True) as msv:
+        hooked = generate(model, inputs, n=2, max_new_tokens=12, schedule=schedule)
+        results = msv.pop_results()
+    assert torch.equal(plain, hooked)
+    answers = [(r, a) for r in results for a in r.answers]
+    dropped = {(r.prompt, a.sequence, a.tau): a.tau - a.cot_tokens for r, a in answers if a.trigger == "delimiter"}
+    assert dropped == {(0, 0, 7): 1, (0, 1, 6): 3, (1, 0, 2): 0}
+    for result, answer in answers:
+        hidden, greedy = recompute_answer(model, inputs, result, answer)
+        assert greedy == answer.token_ids
+        torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_widened_window_and_shifted_branch_rows():
+    """`widen_windows` keeps `margin` more tokens (zero slots stand for those the prefill let go, so the stored
+    span matches the mask sizes); `branch_cache` moves a dropping row's keys `drop` slots later, in the fork only."""
+    model = gemma2_window_model(4)
+    live = prefill(model, prompts())  # 22 tokens: the sliding layer keeps the last 3
+    sliding, full = live.layers
+    assert sliding.keys.shape[-2] == 3 and full.keys.shape[-2] == 22
+    cache = fork_cache(live, torch.arange(2))
+    widen_windows(cache, 2)
+    assert cache.layers[0].keys.shape[-2] == 5 and cache.layers[0].get_mask_sizes(1) == (6, 17)
+    assert sliding.keys.shape[-2] == 3 and sliding.sliding_window == 4  # the live layer is untouched
+    assert cache.layers[0].keys[:, :, :2].eq(0).all()
+    before = [layer.keys.clone() for layer in cache.layers]
+    branch = branch_cache(cache, [1, 0], drops=[0, 2], step=5)
+    for layer, keys in zip(branch.layers, before):
+        assert torch.equal(layer.keys[0], keys[1]) and torch.equal(layer.keys[1], keys[0].roll(2, dims=-2))
+    assert all(torch.equal(layer.keys, keys) for layer, keys in zip(cache.layers, before))
 
 
 def test_recurrent_layers_before_transformers_5_14_fail_naming_the_version(monkeypatch):
     """transformers before 5.14 keeps recurrent states as tensors, not per-state dicts: refused with the version
     needed (``make test-floor`` runs the rest of the suite on the 5.12.0 floor)."""
-    from hf_msv.generation import caches
-
     cache = prefill(hybrid_model("lfm2"), prompts())
     monkeypatch.setattr(caches, "_DICT_STATES", False)
     with pytest.raises(NotImplementedError, match=r"Lfm2.*Layer.*transformers >= 5\.14\.0|LinearAttention.*5\.14\.0"):

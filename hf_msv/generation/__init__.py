@@ -12,7 +12,7 @@ are scored by a verifier, and a prompt's N sequences stop as soon as the best av
 How the decoding loop works, its timing, the supported caches and its limits: ``docs/generation.md``.
 """
 
-from .caches import RecurrentHistory, branch_cache, fork_cache, recurrent_state_bytes
+from .caches import RecurrentHistory, branch_cache, check_forkable, fork_cache, recurrent_state_bytes
 from .delimiters import DelimiterMatch, DelimiterMatcher
 from .lockstep import lockstep_sample
 from .outputs import MSVAnswer, MSVResult
@@ -29,6 +29,7 @@ __all__ = [
     "RecurrentHistory",
     "StopDecision",
     "branch_cache",
+    "check_forkable",
     "decide_stop",
     "fork_cache",
     "lockstep_sample",

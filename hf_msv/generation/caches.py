@@ -1,46 +1,18 @@
-"""Copying batch rows of a transformers `Cache`, attention and recurrent layers alike, and rewinding recurrent states.
+"""Copying batch rows of a transformers `Cache` into branch rows, and what a branch needs to leave tokens out.
 
-A branch starts as a copy of some rows of the live decoding cache (`fork_cache`). Attention layers can drop a
-row's trailing tokens from a branch by masking them (see `forking`); recurrent layers (conv, SSM and
-linear-attention states) have folded every consumed token into a fixed-size state and cannot. So when a branch
-must leave out the last d tokens already consumed (a delimiter's earlier tokens), its recurrent layers start from
-the state saved *before* those tokens: `RecurrentHistory` keeps such states, `branch_cache` builds the branch.
-
-Supported layers (transformers 5.x, the `DynamicCache` that ``generate`` builds for decoder LMs):
-
-* ``DynamicLayer``, ``DynamicSlidingWindowLayer``, ``DynamicIndexedLayer`` (keys/values, and indexer keys):
-  Llama-style, sliding-window and sparse-attention models.
-* ``LinearAttentionLayer`` (conv and recurrent states): Mamba, Mamba-2, FalconMamba, LFM2's conv layers, the
-  linear-attention / SSM layers of Qwen3-Next, Jamba, Bamba, Falcon-H1, GraniteMoeHybrid (all tested).
-* ``LinearAttentionAndFullAttentionLayer``, ``LinearAttentionAndSlidingWindowAttentionLayer`` (both kinds in one
-  layer), and ``DummyLayer`` (layers that hold nothing).
-
-Every fork gathers its rows with the layer's own ``reorder_cache`` (``index_select``, so repeated rows are allowed)
-into new tensors. That is what keeps the live cache untouched: `DynamicLayer.update` concatenates into new tensors,
-but `LinearAttentionLayer.update_conv_state` / ``update_recurrent_state`` write *in place* (``copy_``), so a fork
-must never share a recurrent tensor with the live cache. Static, quantized and offloaded caches, and any
-model-specific layer class not listed above, raise `NotImplementedError` naming the layer and what would be needed.
-
-**Memory cost of the history.** Each saved row costs one copy of that row's recurrent states,
-``recurrent_state_bytes(cache)`` (the sum over recurrent layers of the conv ``channels x kernel`` and recurrent state
-elements times their element size; attention keys/values are never copied): 120 KiB for LFM2-1.2B's shapes (10 conv
-layers, 2048 channels x 3, bf16), 74 MiB at `Qwen3NextConfig` defaults (the 80B-A3B shapes: 36 gated-delta-rule
-layers, bf16 conv and fp32 recurrent states), 32 MiB at `FalconH1Config` defaults (32 Mamba-2 layers). The session
-saves a row at step s only when its token s may *start* a delimiter that completes at a later token
-(`DelimiterMatcher.could_start`: the text ends with a proper prefix of a delimiter beginning in that token, such as
-"Wa" for "Wait") and discards the save at the first step where that occurrence can no longer complete, so usually
-after one step; the horizon (the matcher's token window) bounds it in any case. Measured by
-``benchmarks/recurrent_history.py`` (SmolLM2's tokenizer on the paper's text): 0.09 % of tokens start a save for
-"Wait" (always one token there, so no save is ever read), held 1.6 steps on average, and 4.4 % for "\\n\\n" (89 % of
-its occurrences are two tokens), held 1.0 step; at N = 64 that is about 6 MiB ("Wait") and 210 MiB ("\\n\\n") held
-on average for Qwen3-Next-80B-A3B.
-With ``keep_delimiter=True``, every-K or terminal elicitation, or a model without recurrent layers, nothing is saved.
+`fork_cache` copies rows (every layer type of the table in ``docs/caches.md``; anything else is refused with a
+`NotImplementedError` naming the cache class, layer or attribute, see `check_forkable`). `branch_cache` builds the
+rows of branches that leave out their last d consumed tokens: on attention layers the row's cached tokens move d
+slots later (the caller masks the d slots that wrap to the front), on recurrent layers the row starts from the state
+`RecurrentHistory` saved before those tokens. `widen_windows` makes sliding-window and chunked layers keep the
+extra tokens such a branch still needs. Design, exactness argument and memory costs: ``docs/caches.md``.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+from collections import UserDict
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -49,6 +21,7 @@ from packaging import version
 from transformers import cache_utils
 from transformers.cache_utils import (
     Cache,
+    DynamicCache,
     DynamicIndexedLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
@@ -62,10 +35,12 @@ __all__ = [
     "attention_length",
     "branch_cache",
     "cache_argument",
+    "check_forkable",
     "fork_cache",
     "has_recurrent_state",
     "output_cache",
     "recurrent_state_bytes",
+    "widen_windows",
 ]
 
 
@@ -85,27 +60,81 @@ _RECURRENT_LAYERS = (LinearAttentionLayer, LinearAttentionAndFullAttentionLayer,
                      *_optional("LinearAttentionAndSlidingWindowAttentionLayer"))
 
 
-def _check_forkable(cache: Cache) -> None:
-    """Raise `NotImplementedError` naming what `fork_cache` would need for a cache it does not support."""
+# Where a supported cache and its layers may hold tensors. A tensor anywhere else is state that a row copy would not
+# gather (MiniMaxCache.linear_cache, an attribute a model adds), so the cache is refused rather than half-forked.
+_CACHE_STATE = frozenset({"layers"})
+_LAYER_STATE = frozenset({"keys", "values", "indexer_keys", "indexer_position_ids", "conv_states", "recurrent_states",
+                          "_sliding_window_tensor"})  # the last one is the window size, a 0-d tensor without rows
+
+
+def _holds_tensor(value, depth: int = 0) -> bool:
+    """Whether `value` is a tensor or holds one (in containers or plain objects, a few levels deep)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth >= 4 or isinstance(value, (type, str, bytes)):
+        return False
+    if isinstance(value, (dict, UserDict)):
+        return any(_holds_tensor(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_tensor(v, depth + 1) for v in value)
+    return hasattr(value, "__dict__") and any(_holds_tensor(v, depth + 1) for v in vars(value).values())
+
+
+def _alternative(name: str, generic: str) -> str:
+    """What `name` (a cache or layer class) would need, or what to use instead."""
+    if "Static" in name:
+        return ("a dynamic cache (leave cache_implementation unset); a static layer would need its preallocated "
+                "tensors gathered by row and a write position per row")
+    if "Quantized" in name:
+        return "a dynamic cache (no cache_implementation='quantized'), or its quantized tensors gathered by row"
+    return generic
+
+
+def check_forkable(cache: Cache) -> None:
+    """Raise `NotImplementedError` naming what keeps `fork_cache` from copying rows of `cache` exactly.
+
+    The whole object is inspected: offloading, every attribute of the cache that holds tensors (not only
+    ``cache.layers``), the cache class (transformers' `DynamicCache` only), and each layer's class and tensor
+    attributes. Supported and refused types, with their messages: ``docs/caches.md``.
+
+    Raises:
+        NotImplementedError: naming the cache class, the attribute (``MiniMaxCache.linear_cache``) or the layer class.
+    """
+    kind = type(cache).__name__
     if getattr(cache, "offloading", False):
         raise NotImplementedError("MSV generation cannot fork an offloaded cache: it would need each layer fetched "
                                   "back to the accelerator before the gather (use a cache without offloading).")
-    for layer in cache.layers:
-        kind = type(layer)
-        if kind in _RECURRENT_LAYERS and not _DICT_STATES:
+    for name, value in vars(cache).items():
+        if name not in _CACHE_STATE and _holds_tensor(value):
             raise NotImplementedError(
-                f"MSV generation forks {kind.__name__} cache layers with transformers >= 5.14.0 (where conv and "
-                f"recurrent states are per-state dicts); this is transformers {transformers.__version__}.")
-        if kind in _KV_LAYERS or kind in _RECURRENT_LAYERS:
-            continue
-        if "Static" in kind.__name__:
-            need = ("a dynamic cache (leave cache_implementation unset); a static layer would need its preallocated "
-                    "tensors gathered by row and a write position per row")
-        elif "Quantized" in kind.__name__:
-            need = "a dynamic cache (no cache_implementation='quantized'), or its quantized tensors gathered by row"
-        else:
-            need = "a row gather of every tensor this layer holds (its reorder_cache) added to hf_msv.generation.caches"
-        raise NotImplementedError(f"MSV generation cannot fork a {kind.__name__} cache layer: it would need {need}.")
+                f"MSV generation cannot fork {kind}: {kind}.{name} holds per-row state outside cache.layers that "
+                f"hf_msv.generation.caches does not know how to copy by row (supported caches: docs/caches.md).")
+    for layer in getattr(cache, "layers", ()):
+        _check_layer(layer)
+    if type(cache) is not DynamicCache:
+        need = _alternative(kind, "its own row copy added to hf_msv.generation.caches")
+        raise NotImplementedError(
+            f"MSV generation cannot fork {kind}: it forks transformers' DynamicCache only (a model-specific or "
+            f"other cache class may keep or read state that a row copy does not reproduce); it would need {need} "
+            f"(supported caches: docs/caches.md).")
+
+
+def _check_layer(layer) -> None:
+    kind = type(layer)
+    name = kind.__name__
+    if kind in _RECURRENT_LAYERS and not _DICT_STATES:
+        raise NotImplementedError(
+            f"MSV generation forks {name} cache layers with transformers >= 5.14.0 (where conv and recurrent states "
+            f"are per-state dicts); this is transformers {transformers.__version__}.")
+    if kind not in _KV_LAYERS and kind not in _RECURRENT_LAYERS:
+        need = _alternative(name, "a row gather of every tensor it holds (its reorder_cache) added to "
+                                  "hf_msv.generation.caches")
+        raise NotImplementedError(f"MSV generation cannot fork a {name} cache layer: it would need {need}.")
+    for attribute, value in vars(layer).items():
+        if attribute not in _LAYER_STATE and _holds_tensor(value):
+            raise NotImplementedError(
+                f"MSV generation cannot fork a {name} cache layer holding a tensor in {name}.{attribute}: "
+                f"hf_msv.generation.caches does not know how to copy it by row (supported layers: docs/caches.md).")
 
 
 # What an LM's forward calls its cache: transformers >= 5.24 takes (and returns) it as `cache` on every model, before
@@ -171,7 +200,7 @@ def fork_cache(cache: Cache, rows: torch.Tensor | Sequence[int]) -> Cache:
     """A new cache holding copies of the `rows` of `cache`; `cache` itself is never modified.
 
     Args:
-        cache: a transformers `Cache` of supported layers (module docstring), as built by ``generate``.
+        cache: a transformers `DynamicCache` of supported layers (``docs/caches.md``), as built by ``generate``.
         rows: `(n,)` batch rows to copy, in the order wanted in the fork; a row may repeat.
 
     Returns:
@@ -179,8 +208,11 @@ def fork_cache(cache: Cache, rows: torch.Tensor | Sequence[int]) -> Cache:
         whose per-state dicts are copied), so later updates of the fork, in place or not, never reach `cache`.
         Key/value layers are not gathered when `rows` is every row in order (their updates concatenate into new
         tensors anyway); recurrent layers always are, because their updates write in place.
+
+    Raises:
+        NotImplementedError: from `check_forkable`, for a cache it cannot copy exactly.
     """
-    _check_forkable(cache)
+    check_forkable(cache)
     batch = _batch_size(cache)
     rows = torch.as_tensor(rows, dtype=torch.long)
     identity = batch is not None and len(rows) == batch and torch.equal(rows.cpu(), torch.arange(batch))
@@ -270,13 +302,71 @@ def _named_states(layer) -> list[tuple[str, dict[int, torch.Tensor | None]]]:
     return [("conv", layer.conv_states), ("recurrent", layer.recurrent_states)]
 
 
+def widen_windows(cache: Cache, margin: int) -> None:
+    """Make the sliding-window and chunked-attention layers of `cache` keep `margin` more past tokens.
+
+    A branch that leaves out d consumed tokens still needs the full window (or chunk) before them, which a layer
+    keeping ``window - 1`` tokens has already let go. Masks take the window from the model config, so only the stored
+    span grows (to ``window - 1 + margin`` tokens); the attention pattern is unchanged. The tokens the prefill let go
+    are not brought back: their slots are zero-filled, and they stay outside the window of every main row and every
+    branch (a branch leaves out at most as many tokens as were sampled after the prefill).
+
+    Args:
+        cache: a cache whose layer objects the caller owns (from `fork_cache`), right after the prefill.
+        margin: the most consumed tokens a branch may leave out; 0 leaves the cache as it is.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be at least 0, got {margin}.")
+    for layer in cache.layers:
+        if margin and isinstance(layer, DynamicSlidingWindowLayer):
+            layer.sliding_window += margin
+            _fill_window(layer)
+            window = getattr(layer, "_sliding_window_tensor", None)
+            if isinstance(window, torch.Tensor):
+                layer._sliding_window_tensor = torch.tensor(layer.sliding_window, dtype=window.dtype,
+                                                            device=window.device)
+
+
+def _fill_window(layer: DynamicSlidingWindowLayer) -> None:
+    """Zero slots before the stored tokens, up to the length `get_mask_sizes` reports for the widened window."""
+    if not layer.is_initialized or layer.keys is None or layer.keys.dim() < 2:
+        return
+    missing = min(layer.cumulative_length, layer.sliding_window - 1) - layer.keys.shape[-2]
+    if missing > 0:
+        layer.keys, layer.values = (torch.cat([t.new_zeros(*t.shape[:-2], missing, t.shape[-1]), t], dim=-2)
+                                    for t in (layer.keys, layer.values))
+
+
+# Attention tensors with a token axis, as (attribute, batch axis, token axis counted from the end).
+_TOKEN_AXES = (("keys", 0, -2), ("values", 0, -2), ("indexer_keys", 0, -2), ("indexer_position_ids", 1, -1))
+
+
+def _shift_rows(source, layer, shifts: dict[int, int]) -> None:
+    """Move the cached tokens of batch rows ``shifts`` keys of `layer` that many slots later, wrapping around."""
+    if not isinstance(layer, DynamicLayer):
+        return
+    for name, batch_axis, token_axis in _TOKEN_AXES:
+        tensor = getattr(layer, name, None)
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2 or tensor.shape[token_axis] == 0:
+            continue
+        if tensor is getattr(source, name, None):  # not gathered by the fork: never write into the live cache
+            tensor = tensor.clone()
+        for row, shift in shifts.items():
+            view = tensor.select(batch_axis, row)
+            view.copy_(view.roll(shift, dims=token_axis))
+        setattr(layer, name, tensor)
+
+
 def branch_cache(cache: Cache, rows: Sequence[int], drops: Sequence[int], step: int,
                  history: RecurrentHistory | None = None, keys: Sequence[Hashable] | None = None) -> Cache:
     """The cache of branches off `rows` of `cache` at `step`, branch i leaving out its last `drops[i]` tokens.
 
-    Recurrent layers of a branch with ``drops[i] > 0`` start from the state saved before step ``step - drops[i]``;
-    attention layers still hold the dropped tokens, which the caller hides with the attention mask and by
-    numbering the branch's new tokens from the first dropped position (see `forking`). `cache` is not modified.
+    On attention layers, branch i's cached tokens move ``drops[i]`` slots later along the token axis, so the dropped
+    tokens wrap to the first slots: the caller must shift that row's 2D attention mask the same way, zero its first
+    ``drops[i]`` entries and number the branch's new tokens from the first dropped position (the row then looks like
+    a row with ``drops[i]`` more left padding, for full, sliding-window and chunked masks alike). Sliding-window and
+    chunked layers must keep ``drops[i]`` extra tokens (`widen_windows`). Recurrent layers start from the state saved
+    before step ``step - drops[i]``. `cache` is not modified.
 
     Args:
         cache: the live cache, holding every token before the newest one of `step`.
@@ -285,14 +375,24 @@ def branch_cache(cache: Cache, rows: Sequence[int], drops: Sequence[int], step: 
         step: the current step.
         history: the saved recurrent states; needed only if the cache is recurrent and some drop is positive.
         keys: the ids `history` saved the rows under (default: the rows).
+
+    Returns:
+        A cache of batch size n (`fork_cache`).
+
+    Raises:
+        RuntimeError: a recurrent cache, a positive drop and no `history` (or no save for that step).
     """
     fork = fork_cache(cache, rows)
-    if not any(drops) or not has_recurrent_state(cache):
+    shifts = {i: int(drop) for i, drop in enumerate(drops) if drop}
+    if not shifts:
+        return fork
+    for source, layer in zip(cache.layers, fork.layers):
+        _shift_rows(source, layer, shifts)
+    if not has_recurrent_state(cache):
         return fork
     if history is None:
         raise RuntimeError("a branch that leaves out consumed tokens of a recurrent cache needs a RecurrentHistory.")
     keys = [int(r) for r in rows] if keys is None else list(keys)
-    for i, (key, drop) in enumerate(zip(keys, drops)):
-        if drop:
-            history.restore(fork, i, key, step - drop)
+    for i, drop in shifts.items():
+        history.restore(fork, i, keys[i], step - drop)
     return fork

@@ -25,7 +25,7 @@ class DelimiterMatch:
     prefix: str
 
 
-# Decoding a 150k-token vocabulary takes ~2 s, which each session set-up would pay again; keyed weakly so that a
+# Decoding a 150k-token vocabulary takes ~2 s, which each `MSVSession` set-up would pay again; keyed weakly so that a
 # tokenizer's table goes with it, and by vocabulary size so that tokens added later are seen.
 _VOCABULARY_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -85,7 +85,7 @@ class DelimiterMatcher:
 
         True when the decoded text ends with a proper prefix of a delimiter that begins inside that token (or the
         text from that token on is only known in context, e.g. a partial UTF-8 byte). A recurrent model's branch
-        must start before such a token, so the session saves its state then and keeps it while this holds
+        must start before such a token, so the `MSVSession` saves its state then and keeps it while this holds
         (`caches.RecurrentHistory`).
         """
         if not generated or back > min(len(generated), self.window - 1):

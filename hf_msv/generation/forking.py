@@ -1,27 +1,13 @@
-"""Branches: a fired row's cache forked into the decoding batch, fed its elicitation prompt, then its greedy answer.
+"""Branches: a fired row copied into the decoding batch, fed its elicitation segment, then its greedy answer.
 
-A branch is an extra row of the decoding batch (`lockstep`): `fork_cache` copies the fired row's KV cache into the
-batch, and from the next forward on the branch row is fed one token per step alongside the main rows, first its
-elicitation *segment* (the newest sampled token when it belongs to the context, the re-encoded text of the
-delimiter's first token that precedes the delimiter, then the elicitation prompt), then its greedy answer tokens,
-until `find_box_end` says the box closed, EOS, or ``max_answer_tokens``. Greedy decoding consumes no random numbers,
-so the sampling of the main rows is untouched.
-
-A delimiter is *not* part of the branch ("…so x = 5." + elicitation prompt, not "…so x = 5. Wait" + prompt): its
-earlier tokens are in the cache and must be dropped. `Cache.crop` would drop the same number of tokens from every
-row, while rows firing together may need different counts (a one-token "Wait" next to "Wa"+"it"), so the fork
-instead masks those positions out in the branch row's attention mask and numbers the new tokens from the first
-dropped position, which is equivalent to cropping the row by its own count. Recurrent layers (conv / SSM / linear
-attention: LFM2, Mamba, Qwen3-Next ...) fold every consumed token into a fixed-size state and cannot be masked, so
-there the branch row starts from the recurrent state saved before the delimiter's first token
-(`caches.RecurrentHistory`, saved by the run each step; `caches.branch_cache` builds the row). Feeding one token per
-forward is also what keeps transformers' Mamba-1 mixers (Mamba, FalconMamba, Jamba) exact: they restart their scan
-from zero on a multi-token forward over a cache.
-
-The hidden state of answer token a_i is the LM's last-layer output (after the final norm, ``hidden_states[-1]``) at
-the position where a_i is the input; only these (L, d) vectors are kept, never other layers or chain-of-thought
-positions. A branch taken at step τ with a segment of P tokens and an answer of L tokens therefore feeds its last
-answer token at step τ + P + L: that is when the answer is complete and becomes available (`MSVAnswer.end`).
+`Branch` says how a fired row's branch context is built, `LiveBranch` is a branch while it is a row of the decoding
+batch (`lockstep`), and `AnswerElicitor` turns fired rows into branches and decides when an answer ends. A branch
+row is fed one token per forward: its *segment* (the newest sampled token when it belongs to the context, the text
+of the delimiter's first token that precedes the delimiter, the elicitation prompt), then its greedy answer tokens,
+until the box closes, EOS or ``max_answer_tokens``. A delimiter is not part of the branch: its tokens already in the
+cache are left out (`caches.branch_cache`). The hidden state of answer token a_i is the LM's last-layer output
+(``hidden_states[-1]``, after the final norm) where a_i is the input. Design and timing: ``docs/generation.md``;
+how left-out tokens are hidden on each cache layer type: ``docs/caches.md``.
 """
 
 from __future__ import annotations
@@ -32,11 +18,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..answers import find_box_end
-from .caches import fork_cache
 from .delimiters import DelimiterMatch
 
-# fork_cache lives in `caches` (every cache layer type); re-exported here, where it has always been imported from.
-__all__ = ["AnswerElicitor", "Branch", "LiveBranch", "fork_cache"]
+__all__ = ["AnswerElicitor", "Branch", "LiveBranch"]
 
 
 @dataclass
@@ -47,7 +31,7 @@ class Branch:
         row: batch row of the sequence.
         trigger: ``"delimiter"``, ``"every_k"``, ``"eos"`` or ``"budget"`` (see `MSVAnswer.trigger`).
         tau: the step at which it fired.
-        drop: trailing cached chain-of-thought tokens hidden from the branch (a delimiter's earlier tokens).
+        drop: trailing cached chain-of-thought tokens hidden from the branch (a delimiter's leading tokens).
         feed_newest: whether the newest sampled token (not in the cache yet) belongs to the context.
         prefix_ids: tokens fed before the elicitation prompt (text of the delimiter's first token that precedes it).
         terminal: its answer is the sequence's terminal answer (EOS, budget, or a delimiter at the last step).
@@ -99,7 +83,7 @@ class LiveBranch:
 
 
 class AnswerElicitor:
-    """The elicitation settings of a session: how a fired row becomes a branch and when an answer ends.
+    """The elicitation settings of an `MSVSession`: how a fired row becomes a branch and when an answer ends.
 
     Args:
         tokenizer: the LM's tokenizer.

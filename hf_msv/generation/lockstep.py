@@ -1,38 +1,15 @@
-"""`lockstep_sample`: the decoding loop in which elicitation branches ride in the same forward calls as the chain of
-thought, installed through transformers' ``generate(custom_generate=...)``.
+"""`lockstep_sample`: ``generate``'s sampling loop with MSV elicitation branches riding in the same forwards as the
+chain of thought, installed through ``generate(custom_generate=...)``.
 
-``generate`` prepares everything as for its own sampling loop (generation config, logits processors, stopping
-criteria, expanded inputs, attention mask, position ids, the cache) and then calls the callable given as
-``custom_generate`` in place of ``GenerationMixin._sample``, with the same arguments (the model first). This loop:
+`DecodingBatch` holds the rows of one forward: main rows (``generate``'s rows, sampled exactly as ``_sample``
+samples them, so with early stopping off the tokens equal a plain ``generate`` with the same seed) and branch rows
+(`forking.LiveBranch`, greedy). Each step regroups the batch with one gather (`caches.branch_cache`): finished rows
+and completed or undecided branches leave, fired rows are copied in. The cache is checked before the prefill and
+after it (`caches.check_forkable`), so an unsupported cache is refused before any decoding.
 
-1. runs the prefill through ``generate``'s own ``_prefill``;
-2. per step t, samples the main rows exactly as ``_sample`` does: the logits processors see every row's
-   ``input_ids`` and ``(batch, vocab)`` scores, and one ``torch.multinomial`` (``argmax`` when greedy) runs over
-   every row. Rows that have finished (EOS, budget, or their prompt stopped) are no longer computed: their row of
-   scores is a placeholder and their probabilities a one-hot on the pad token, which ``multinomial`` draws without
-   touching the other rows' draws (its per-row draws are independent), so with early stopping off the sampled tokens
-   are those of a plain ``generate`` with the same seed. Finished rows are padded as ``_sample`` pads them;
-3. calls the stopping criteria; `MSVEarlyStop` runs the step of the bound `GenerationRun` (delimiters, scoring,
-   the stopping rule) and returns the rows to stop;
-4. regroups the batch with one gather (`caches.branch_cache`): finished main rows and the branches of decided
-   prompts leave, completed branches leave, rows that fired at t are copied in as new branch rows (on a recurrent
-   cache, a branch that drops a delimiter's consumed tokens gets the recurrent state saved before them);
-5. on a recurrent cache, updates the run's `caches.RecurrentHistory` (the cache now holds every token but token t:
-   rows whose token t may start a delimiter have their state saved, saves that can no longer be used are dropped);
-6. runs one forward over main rows (their newest token) and branch rows (their next segment or answer token).
-   Branch rows are greedy; an answer completes at the step its closing token is fed (`forking`).
-
-When every main row is done, the branches still decoding (among them the terminal answers of rows that reached the
-budget) finish in a short tail of forwards over branch rows only. Without a bound `MSVEarlyStop` the loop is plain
-sampling that drops finished rows. The returned ``input_ids`` have one row per sequence, as ``_sample``'s.
-
-transformers internals relied on (tested with transformers 5.12-5.24): the ``custom_generate`` calling convention above;
-``GenerationMixin._prefill(input_ids, generation_config, model_kwargs)``; ``generation_config._pad_token_tensor``;
-``model_kwargs["attention_mask"]`` (2D, or dropped when all ones) and ``model_kwargs["position_ids"]`` as ``generate``
-prepares them; the cache taken and returned as ``cache`` (5.24), ``past_key_values`` or ``cache_params`` (Mamba-style
-LMs, which decode without an attention mask, as ``generate`` feeds them); recurrent layers ignoring the 2D mask on
-single-token forwards (``masking_utils.create_recurrent_attention_mask``); and, in `caches.fork_cache`, each cache
-layer's ``reorder_cache``. Not supported: ``synced_gpus``, ``return_dict_in_generate`` outputs other than ``sequences``.
+The loop, the transformers internals it relies on (tested with transformers 5.12-5.24) and what it does not support
+(``synced_gpus``; ``return_dict_in_generate`` outputs other than ``sequences``): ``docs/generation.md``; why a branch
+that leaves out tokens is exact on every supported cache layer: ``docs/caches.md``.
 """
 
 from __future__ import annotations
@@ -42,9 +19,19 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
+from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .caches import RecurrentHistory, attention_length, branch_cache, cache_argument, fork_cache, output_cache
+from .caches import (
+    RecurrentHistory,
+    attention_length,
+    branch_cache,
+    cache_argument,
+    check_forkable,
+    fork_cache,
+    output_cache,
+    widen_windows,
+)
 from .forking import LiveBranch
 from .stopping import MSVEarlyStop
 
@@ -64,10 +51,14 @@ class DecodingBatch:
         position: `(rows,)` position of each row's next input token.
         members: what each batch row is.
         model: the LM (which inputs its forward accepts).
+        margin: the most consumed tokens a branch may leave out (`caches.widen_windows` was applied with it).
     """
 
-    def __init__(self, cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model):
+    def __init__(self, cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model,
+                 margin: int = 0):
         self.attends = attention_length(cache) is not None
+        self.margin = margin
+        self.windowed = any(getattr(layer, "is_sliding", False) for layer in cache.layers)
         self.cache, self.position, self.members = cache, position, members
         self.mask = mask if self.attends else None  # as generate does: Mamba decodes without a mask
         self.model = model
@@ -91,14 +82,18 @@ class DecodingBatch:
         """Keep the batch rows `keep` (in order) and append a copy of row `source` for each ``(source, branch)``
         fired at step `t`.
 
-        The new branch rows hide the branch's dropped tokens: on attention layers their mask is zeroed over the last
-        ``drop`` cached positions and their next position moves back by ``drop`` (a per-row crop); recurrent layers
-        start from the state `history` saved before step ``t - drop`` under the branch's ``generate`` row.
+        The new branch rows hide the branch's dropped tokens (a per-row crop): on attention layers their cached tokens
+        and mask move ``drop`` slots later, the ``drop`` slots that wrap to the front are masked, and their next
+        position moves back by ``drop``; recurrent layers start from the state `history` saved before step
+        ``t - drop`` under the branch's ``generate`` row.
         """
         index = keep + [source for source, _ in forks]
         if not forks and index == list(range(len(self.members))):
             return
         drops = [0] * len(keep) + [live.branch.drop for _, live in forks]
+        if self.windowed and max(drops, default=0) > self.margin:
+            raise RuntimeError(f"a branch leaves out {max(drops)} tokens but the sliding-window / chunked layers "
+                               f"keep only {self.margin} extra (caches.widen_windows).")
         if any(drops) and self.mask is None and self.attends:
             self.mask = torch.ones(len(self.members), attention_length(self.cache), dtype=torch.long,
                                    device=self.position.device)
@@ -111,7 +106,8 @@ class DecodingBatch:
         for i, drop in enumerate(drops):
             if drop:
                 if self.mask is not None:  # no attention layers (Mamba): the restored state is the whole crop
-                    self.mask[i, self.mask.shape[1] - drop:] = 0
+                    self.mask[i] = self.mask[i].roll(drop)  # as branch_cache moved the row's keys and values
+                    self.mask[i, :drop] = 0
                 self.position[i] -= drop
         self.members = [self.members[i] for i in keep] + [live for _, live in forks]
 
@@ -141,7 +137,14 @@ def _bound_run(stopping_criteria) -> GenerationRun | None:
     return ours[0].run if ours else None
 
 
-def _start_batch(model, outputs, model_kwargs: dict, batch: int, device) -> DecodingBatch:
+def _drop_margin(run) -> int:
+    """The most consumed tokens a branch of `run` may leave out (a delimiter spans at most the matcher's window)."""
+    if run is None or run.matcher is None or run.elicitor.keep_delimiter:
+        return 0
+    return run.matcher.window - 1
+
+
+def _start_batch(model, outputs, model_kwargs: dict, batch: int, device, margin: int) -> DecodingBatch:
     """The decoding batch after the prefill: every row a main row, positions continuing ``generate``'s."""
     cache = output_cache(outputs)
     if cache is None:
@@ -157,10 +160,11 @@ def _start_batch(model, outputs, model_kwargs: dict, batch: int, device) -> Deco
         position = mask.long().sum(-1)
     else:
         position = torch.full((batch,), attention_length(cache) or 0, dtype=torch.long, device=device)
-    # A shallow fork: the loop owns its cache object, and unsupported cache layers fail before any decoding.
+    # A shallow fork: the loop owns its cache and layer objects, and unsupported caches fail before any decoding.
     cache = fork_cache(cache, torch.arange(batch))
+    widen_windows(cache, margin)
     return DecodingBatch(cache, None if mask is None else mask.long(), position.to(device), list(range(batch)),
-                         model)
+                         model, margin)
 
 
 def _sample_tokens(scores: torch.Tensor, active: torch.Tensor, pad: int, do_sample: bool) -> torch.Tensor:
@@ -186,6 +190,10 @@ def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stoppi
 
     Args: as ``GenerationMixin._sample``. Returns `(B, prompt + T)` token ids (or a ``GenerateDecoderOnlyOutput``
     holding them when ``return_dict_in_generate``).
+
+    Raises:
+        NotImplementedError: ``synced_gpus``, or a cache that cannot be forked exactly (`caches.check_forkable`),
+            before the prefill when ``generate`` prepared the cache, after it otherwise; never mid-decoding.
     """
     if synced_gpus:
         raise NotImplementedError("MSV generation does not support synced_gpus.")
@@ -195,8 +203,11 @@ def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stoppi
     B, device = input_ids.shape[0], input_ids.device
     unfinished = torch.ones(B, dtype=torch.bool, device=device)
 
+    for value in model_kwargs.values():
+        if isinstance(value, Cache):  # the cache generate prepared: refuse it before the prefill costs anything
+            check_forkable(value)
     outputs = model._prefill(input_ids, generation_config, model_kwargs)
-    batch = _start_batch(model, outputs, model_kwargs, B, device)
+    batch = _start_batch(model, outputs, model_kwargs, B, device, _drop_margin(run))
     batch.forwards, batch.rows_computed = 1, B
     if run is not None:
         run.bind_cache(batch.cache)

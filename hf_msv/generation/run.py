@@ -28,11 +28,11 @@ __all__ = ["GenerationRun"]
 
 
 class GenerationRun:
-    """State of one ``generate`` call, created by the session's ``generate`` wrapper, driven by `MSVEarlyStop` (one
+    """State of one ``generate`` call, created by `MSVSession`'s ``generate`` wrapper, driven by `MSVEarlyStop` (one
     `step` per sampled token) and by the decoding loop (`lockstep.lockstep_sample`) for the branches.
 
     Args:
-        elicitor: the session's `AnswerElicitor`.
+        elicitor: the `MSVSession`'s `AnswerElicitor`.
         matcher: text-delimiter matcher (`None`: no text delimiters).
         every_k_tokens: also elicit after every K generated tokens (`None`: never).
         streaming: elicit at delimiters and score answers when they become available (else only terminal answers,
