@@ -1,4 +1,4 @@
-"""Re-encoding sampled traces (`collect_from_traces`) against live collection (`collect`) on the testbed LM.
+"""Re-encoding sampled traces (`collect_from_traces`) against live collection (`collect`) on the default LM.
 
 Live collection samples P problems × N chains of thought with the generation hook and writes shards; they are
 exported to a trace file (`traces_from_shards`, the token ids sampled live) and re-encoded into a second set of
@@ -11,10 +11,12 @@ shards with the same elicitation settings. Reported:
 * ``reencode_forwards``: LM forward calls of re-encoding (prefill chunks + elicitation steps), a machine-independent
   cost figure, next to the ``cot_tokens`` and ``answer_tokens`` both produce.
 
-Both run with one torch thread (the benchmark machine is shared); the best of ``--repeats`` runs of each is kept.
+The LM is the default named LM (``testbed``) on its own problems, sampled up to its own budget by default. Both run
+with one torch thread (the benchmark machine is shared); the best of ``--repeats`` runs of each is kept.
 
     python benchmarks/collect_from_traces.py                  # 4 problems × 16 samples
     python benchmarks/collect_from_traces.py --problems 8 -n 32
+    python benchmarks/collect_from_traces.py --quick          # 2 problems × 8 samples, one run
 
 Last line: JSON.
 """
@@ -31,10 +33,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_msv.collect import collect, collect_from_traces, load_lm, traces_from_shards, write_traces
+from hf_msv.collect import (CollectConfig, collect, collect_from_traces, load_lm, load_problems, traces_from_shards,
+                            write_traces)
 from hf_msv.collect.reencode import TraceReencoder
 from hf_msv.data import list_shards, read_shard
-from hf_msv.testbed import generate_problems
+
+LM = "testbed"  # the default named LM
 
 
 def problems_by_id(directory) -> dict:
@@ -66,22 +70,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=4)
     parser.add_argument("-n", "--num-samples", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=400)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the LM's own budget")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="2 problems x 8 samples, one run")
     args = parser.parse_args()
+    if args.quick:
+        args.problems, args.num_samples, args.repeats = 2, 8, 1
     torch.set_num_threads(1)
-    model, tokenizer = load_lm("testbed", device="cpu")
-    problems = generate_problems("evaluation", args.problems, seed=args.seed)
-    common = dict(delimiters=["Wait"], checker="exact", prompt_template="testbed", problems_per_shard=args.problems,
-                  progress=False)
+    model, tokenizer = load_lm(LM, device="cpu")
+    problems = load_problems(f"{LM}:evaluation:{args.problems}:{args.seed}")
+    config = CollectConfig(model=LM, num_samples=args.num_samples, max_new_tokens=args.max_new_tokens,
+                           delimiters=["Wait"], checker="exact", problems_per_shard=args.problems, seed=args.seed,
+                           progress=False, overwrite=True).resolved()
     work = Path(tempfile.mkdtemp(prefix="bench_traces_"))
     try:
         live_s, re_s = [], []
         for r in range(args.repeats):
             start = time.perf_counter()
-            live = collect(model, tokenizer, problems, work / "live", num_samples=args.num_samples,
-                           max_new_tokens=args.max_new_tokens, seed=args.seed, overwrite=True, **common)
+            live = collect(model, tokenizer, problems, work / "live", config)
             live_s.append(time.perf_counter() - start)
             path = write_traces(work / "traces.jsonl", traces_from_shards(work / "live"))
             forwards = []
@@ -95,20 +102,22 @@ def main():
             TraceReencoder.answers = counted
             try:
                 start = time.perf_counter()
-                mine = collect_from_traces(model, tokenizer, path, work / "re", overwrite=True, **common)
+                mine = collect_from_traces(model, tokenizer, path, work / "re", config)
                 re_s.append(time.perf_counter() - start)
             finally:
                 TraceReencoder.answers = original
         bad, diff = mismatches(problems_by_id(work / "live"), problems_by_id(work / "re"))
         samples = args.problems * args.num_samples
         live_rate, re_rate = samples / min(live_s), samples / min(re_s)
-        print(f"testbed LM, {args.problems} problems x {args.num_samples} samples, 1 thread")
+        print(f"{LM} LM, {args.problems} problems x {args.num_samples} samples (up to {config.max_new_tokens} "
+              "tokens), 1 thread")
         print(f"live collection: {min(live_s):.2f} s ({live_rate:.1f} samples/s, {live.tokens} CoT tokens, "
               f"{live.answers} answers)")
         print(f"re-encoding:     {min(re_s):.2f} s ({re_rate:.1f} samples/s, {forwards[-1]} LM forwards)")
         print(f"speedup {re_rate / live_rate:.2f}x; answer mismatches {bad} of {live.answers}; "
               f"max stored hidden-state difference {diff:.3g}")
-        print(json.dumps({"lm": "testbed", "problems": args.problems, "num_samples": args.num_samples,
+        print(json.dumps({"lm": LM, "problems": args.problems, "num_samples": args.num_samples,
+                          "max_new_tokens": config.max_new_tokens, "cut_sequences": live.cut_sequences,
                           "threads": 1, "cot_tokens": live.tokens, "answers": live.answers,
                           "answer_tokens": live.answer_tokens, "live_s": min(live_s), "reencode_s": min(re_s),
                           "live_samples_per_s": live_rate, "reencode_samples_per_s": re_rate,

@@ -33,18 +33,17 @@ import torch
 
 
 def load(args):
-    from hf_msv.testbed import TESTBED_LM_DIR
+    from hf_msv.registry import get_named_lm
 
-    if args.lm or ((TESTBED_LM_DIR / "config.json").exists() and not args.random_lm):
+    named = get_named_lm("testbed")  # the default LM, registered by its package
+    if args.lm or ((named.path / "config.json").exists() and not args.random_lm):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from hf_msv.testbed import format_prompt, generate_problems
-
-        path = args.lm or TESTBED_LM_DIR
+        path = args.lm or named.path
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        problems = generate_problems("evaluation", args.problems, seed=args.seed)
-        return "testbed" if args.lm is None else f"testbed-task:{path}", model, tokenizer, problems, format_prompt
+        problems = named.problems("evaluation", args.problems, args.seed)
+        return "testbed" if args.lm is None else f"testbed-task:{path}", model, tokenizer, problems, named.prompt
     import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -85,7 +84,7 @@ def plain_generate(model, tokenizer, prompts, args) -> tuple[int, float]:
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--num-samples", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=None,
@@ -106,9 +105,9 @@ def main():
 
     lm, model, tokenizer, problems, fmt = load(args)
     if args.max_new_tokens is None:  # the testbed LM was trained on traces cut at its task's length cap
-        from hf_msv.testbed import DEFAULT_TASK, get_task
+        from hf_msv.collect.lm import default_max_new_tokens
 
-        args.max_new_tokens = 320 if lm == "random" else get_task(DEFAULT_TASK).sampling_cap()
+        args.max_new_tokens = 320 if lm == "random" else default_max_new_tokens("testbed")
     prompts = [fmt(p) for p in problems]
     plain_generate(model, tokenizer, prompts[:1], args)  # warm-up
     best_generate, best_collect, last = None, None, None

@@ -119,7 +119,7 @@ def reference(tmp_path_factory):
 
 def test_records_match_the_generation_hook(reference):
     out, result = reference
-    assert (result.problems, result.generated, result.skipped) == (7, 7, 0)
+    assert (result.problems, result.generated, result.already_done) == (7, 7, 0)
     assert [p.name for p in list_shards(out)] == [f"shard-r000-{i:05d}.safetensors" for i in range(3)]
     stored = problems_by_id(out)
     assert sorted(stored) == sorted(p.id for p in tiny_problems(7))
@@ -128,10 +128,10 @@ def test_records_match_the_generation_hook(reference):
         record = stored[problem.id]
         # The same batch, sampled directly through the hook with the batch's seed.
         with prepare_generation(model, TOK, None, delimiters=["Wait", "e"], checker=checker,
-                                capture_hidden_states=True) as session:
+                                capture_hidden_states=True) as msv:
             torch.manual_seed(batch_seed(3, [problem.id]))
-            res = session.generate([problem.question], num_sequences=2, max_new_tokens=12, do_sample=True,
-                                   temperature=1.0, top_p=1.0, top_k=0)[0]
+            res = msv.generate([problem.question], num_sequences=2, max_new_tokens=12, do_sample=True,
+                               temperature=1.0, top_p=1.0, top_k=0)[0]
         answers = sorted(res.answers, key=lambda a: (a.tau, a.sequence, a.step))
         assert record.answer_text == [a.text for a in answers]
         assert record.answer_tau.tolist() == [a.tau for a in answers]
@@ -175,7 +175,7 @@ def test_rerun_skips_everything_and_changed_settings_are_refused(reference, tmp_
     out, _ = reference
     before = shard_bytes(out)
     again = run_collect(out)
-    assert (again.skipped, again.generated) == (7, 0) and shard_bytes(out) == before
+    assert (again.already_done, again.generated) == (7, 0) and shard_bytes(out) == before
     with pytest.raises(ValueError, match="other settings"):
         run_collect(out, max_new_tokens=13)
     # a retrained LM saved under the same name is another LM: its collection does not resume the old one
@@ -216,7 +216,7 @@ def test_resume_after_injected_crash_is_identical(reference, tmp_path, monkeypat
     ShardDataset(tmp_path) if list_shards(tmp_path) else None
     monkeypatch.setattr(ShardStore, "on_commit", lambda self, name, **info: None)
     resumed = run_collect(tmp_path)
-    assert resumed.skipped + resumed.generated == 7 and resumed.skipped >= (after if stage == "spooled" else 3)
+    assert resumed.already_done + resumed.generated == 7 and resumed.already_done >= (after if stage == "spooled" else 3)
     assert shard_bytes(tmp_path) == shard_bytes(ref_dir)
     assert not list((tmp_path / "spool").iterdir())
     assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]
@@ -263,7 +263,7 @@ def test_sigkill_mid_run_then_restart(reference, tmp_path):
     for shard in list_shards(out):  # nothing partial is visible
         read_shard(shard)
     resumed = run_collect(out)
-    assert resumed.skipped >= 1 and resumed.skipped + resumed.generated == 7
+    assert resumed.already_done >= 1 and resumed.already_done + resumed.generated == 7
     assert shard_bytes(out) == shard_bytes(ref_dir)
 
 
@@ -307,52 +307,101 @@ def test_two_process_accelerate_collection_merges(reference, tmp_path):
 
 
 def test_collect_config_declares_every_collect_option_once():
-    """`hf-msv collect` flags come from `CollectConfig`: one field (with help) per `collect` keyword, same default."""
+    """`hf-msv collect` flags come from `CollectConfig` (one field with help per setting); the elicitation defaults
+    are `ElicitationSettings`'; `collect` takes the config whole or its fields as keywords."""
     import dataclasses
-    import inspect
     import typing
 
     from hf_msv.collect import CollectConfig
     from hf_msv.collect.config import build_parser
     from hf_msv.data import STORAGE_DTYPES
+    from hf_msv.elicitation import ElicitationSettings
 
-    params = {n: p for n, p in inspect.signature(collect).parameters.items() if p.kind is p.KEYWORD_ONLY}
     fields = {f.name: f for f in dataclasses.fields(CollectConfig)}
-    assert set(params) - set(fields) == set()  # e.g. checker_kwargs, missing from the old hand-written flags
-    for name, param in params.items():
-        if name == "max_new_tokens":  # None: collect's default, or a testbed task's length cap
-            other_lm = CollectConfig(model="some/lm", problems="p.jsonl", output_dir="out")
-            assert fields[name].default is None and other_lm.default_max_new_tokens() == param.default
-            continue
-        assert fields[name].default == param.default, name
     assert all(f.metadata.get("help") for f in fields.values())
     assert set(typing.get_type_hints(CollectConfig)["dtype"].__args__) == set(STORAGE_DTYPES)
+    assert CollectConfig().elicitation == ElicitationSettings()
+    assert CollectConfig().resolved().max_new_tokens == 4096  # an LM that is not registered: the paper's budget
 
     required = ["--model", "testbed", "--problems", "testbed:train:2", "--output-dir", "out"]
     (config,) = build_parser().parse_args_into_dataclasses(required)
-    kwargs = config.collect_kwargs()
-    assert set(kwargs) == set(params) and kwargs["prompt_template"] == "testbed" and kwargs["progress"] is True
+    config.check_command_line()
+    resolved = config.resolved()
+    assert (resolved.prompt_template, config.progress) == ("testbed", True)
+    assert resolved.max_new_tokens < 4096  # the named LM's own budget
     (config,) = build_parser().parse_args_into_dataclasses(
         required + ["--checker-kwargs", '{"timeout": 5}', "--delimiters", "--no-progress", "--num-samples", "4",
-                    "--dtype", "float16", "--mode", "terminal", "--overwrite"])
+                    "--dtype", "float16", "--mode", "terminal", "--overwrite", "--every-k-tokens", "8",
+                    "--max-answer-tokens", "9", "--elicitation-prompt", "Answer: \\boxed"])
     assert config.checker_kwargs == {"timeout": 5} and config.delimiters == [] and config.progress is False
     assert (config.num_samples, config.dtype, config.mode, config.overwrite) == (4, "float16", "terminal", True)
+    assert config.elicitation == ElicitationSettings(mode="terminal", delimiters=(), every_k_tokens=8,
+                                                     max_answer_tokens=9, prompt="Answer: \\boxed")
     with pytest.raises(SystemExit):
         build_parser().parse_args_into_dataclasses(required + ["--dtype", "float32"])
+    with pytest.raises(ValueError, match="exactly one of --problems"):
+        CollectConfig(model="m", output_dir="o").check_command_line()
+    with pytest.raises(ValueError, match="--model"):
+        CollectConfig(problems="p.jsonl", output_dir="o").check_command_line()
+    with pytest.raises(ValueError, match="do not apply"):
+        CollectConfig(model="m", output_dir="o", traces="t.jsonl", num_samples=4).check_command_line()
+    with pytest.raises(ValueError, match="every_k_tokens"):
+        CollectConfig(every_k_tokens=0)
+    with pytest.raises(TypeError, match="unknown collection setting"):
+        collect(None, TOK, [], "x", num_sample=3)
+    # an ElicitationSettings replaces the flat fields; keyword fields override the config
+    settings = ElicitationSettings(delimiters=("e",), max_answer_tokens=7)
+    merged = CollectConfig(num_samples=3).replace(elicitation=settings)
+    assert merged.elicitation == settings and merged.num_samples == 3
+
+
+def test_collect_takes_a_config_whole_like_keywords(reference, tmp_path):
+    """``collect(..., config)`` and ``collect(..., elicitation=...)`` write the shards the keywords write."""
+    from hf_msv.collect import CollectConfig
+    from hf_msv.elicitation import ElicitationSettings
+
+    out, _ = reference
+    torch.set_num_threads(1)
+    flat = {k: v for k, v in SETTINGS.items() if k != "delimiters"}
+    config = CollectConfig(**flat)
+    collect(tiny_lm(), TOK, tiny_problems(7), tmp_path / "a", config,
+            elicitation=ElicitationSettings(delimiters=("Wait", "e")))
+    assert shard_bytes(tmp_path / "a") == shard_bytes(out)
 
 
 def test_collect_main_runs_from_flags(tmp_path, monkeypatch, capsys):
-    import hf_msv.collect.live as live
+    import hf_msv.collect.cli as cli
 
-    monkeypatch.setattr(live, "load_lm", lambda name, dtype: (tiny_lm(), TOK))
-    monkeypatch.setattr(live, "load_problems", lambda spec: tiny_problems(2))
-    live.main(["--model", "tiny", "--problems", "tiny", "--output-dir", str(tmp_path), "--num-samples", "2",
-               "--max-new-tokens", "12", "--delimiters", "Wait", "e", "--checker", "exact",
-               "--prompt-template", "plain", "--problems-per-shard", "3", "--seed", "3", "--no-progress"])
+    monkeypatch.setattr(cli, "load_lm", lambda name, dtype: (tiny_lm(), TOK))
+    monkeypatch.setattr(cli, "load_problems", lambda spec: tiny_problems(2))
+    cli.main(["--model", "tiny", "--problems", "tiny", "--output-dir", str(tmp_path), "--num-samples", "2",
+              "--max-new-tokens", "12", "--delimiters", "Wait", "e", "--checker", "exact",
+              "--prompt-template", "plain", "--problems-per-shard", "3", "--seed", "3", "--no-progress"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["generated"] == 2 and summary["shards_written"] == 1
+    assert summary["generated"] == 2 and summary["shards_written"] == 1 and summary["checks"] > 0
+    assert summary["unverifiable"] == 0
     settings = json.loads((tmp_path / "collect_config.json").read_text())
-    assert settings["checker_kwargs"] == {} and settings["delimiters"] == ["Wait", "e"]
+    assert settings["checker_kwargs"] == {} and settings["elicitation"]["delimiters"] == ["Wait", "e"]
+    info = read_shard(list_shards(tmp_path)[0], hidden=False)[1]
+    assert info["verdicts"]["checks"] == summary["checks"] and info["verdicts"]["unverifiable"] == 0
+    with pytest.raises(SystemExit):
+        cli.main(["--model", "tiny", "--output-dir", str(tmp_path)])  # neither --problems nor --traces
+    assert "exactly one of --problems" in capsys.readouterr().err
+
+
+def test_collections_recorded_with_flat_elicitation_keys_resume():
+    """Settings recorded before `ElicitationSettings` (flat keys) compare equal to the same settings recorded now."""
+    from hf_msv.collect.store import _comparable
+    from hf_msv.data import collection_elicitation
+    from hf_msv.elicitation import ElicitationSettings
+
+    old = {"mode": "streaming", "delimiters": ["Wait"], "every_k_tokens": None, "elicitation_prompt": "P \\boxed",
+           "max_answer_tokens": 40, "seed": 0}
+    new = {"elicitation": ElicitationSettings(prompt="P \\boxed").to_dict(), "seed": 0}
+    assert _comparable(old) == _comparable(new)
+    assert _comparable(old) != _comparable(dict(new, seed=1))
+    assert collection_elicitation(old) == collection_elicitation(new) == ElicitationSettings(prompt="P \\boxed")
+    assert collection_elicitation({"delimiters": None, "every_k_tokens": 8}).delimiters == ()
 
 
 def test_resume_accepts_the_same_weights_loaded_from_another_path():
@@ -366,3 +415,26 @@ def test_resume_accepts_the_same_weights_loaded_from_another_path():
     assert _comparable(base) != _comparable(moved | {"lm_weights_fingerprint": "f2"})
     assert _comparable(base) != _comparable(moved | {"tokenizer": "/c/tok"})
     assert _comparable(base) != _comparable(base | {"seed": 1})
+
+
+def test_unverifiable_verdicts_are_counted_per_shard_and_in_the_result(tmp_path, monkeypatch):
+    """A checker that cannot decide anything: every undecided verdict is counted in the result and, per shard, in
+    the shard info (``verdicts``), which sum to the result's."""
+    import hf_msv.equivalence as equivalence
+    from hf_msv.equivalence import EquivalenceChecker, Verdict
+
+    class Undecided(EquivalenceChecker):
+        name = "undecided"
+
+        def _compare(self, a, b):
+            return Verdict.EQUAL if a == b else Verdict.UNVERIFIABLE
+
+    real = equivalence.get_checker
+    monkeypatch.setattr(equivalence, "get_checker",
+                        lambda name, **kw: Undecided() if name == "undecided" else real(name, **kw))
+    result = run_collect(tmp_path, num_problems=4, checker="undecided")
+    assert 0 < result.unverifiable <= result.checks
+    infos = [read_shard(p, hidden=False)[1]["verdicts"] for p in list_shards(tmp_path)]
+    assert len(infos) == 2
+    assert sum(i["unverifiable"] for i in infos) == result.unverifiable
+    assert sum(i["checks"] for i in infos) == result.checks

@@ -133,3 +133,59 @@ def test_paths_and_errors(tmp_path, monkeypatch):
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     with pytest.raises(FileNotFoundError, match=DATA_DIR_ENV):
         load_benchmark("amc23")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Problem specs and named LMs (hf_msv.collect.load_problems / load_lm through hf_msv.registry)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def named_lm(tmp_path):
+    """A named LM registered for one test, with a problem generator, a prompt and an empty checkpoint directory."""
+    from hf_msv import registry
+
+    def problems(split, n, seed=0):
+        return [Problem(id=f"toy/{split}/{seed}/{i}", question=f"{i}+{seed}", gold=str(i + seed)) for i in range(n)]
+
+    lm = registry.NamedLM(name="toy-lm", path=tmp_path / "toy", prompt=lambda p: f"Q: {p.question}",
+                          max_new_tokens=123, problems=problems, missing_hint="train it with `make toy`")
+    registry.register_lm(lm)
+    yield lm
+    registry._REGISTRY.pop("toy-lm", None)
+
+
+def test_problem_specs_of_named_lms_files_and_benchmarks(named_lm, tmp_path, monkeypatch):
+    from hf_msv.collect import load_problems
+
+    assert [p.id for p in load_problems("toy-lm:train:2:5")] == ["toy/train/5/0", "toy/train/5/1"]
+    assert load_problems("toy-lm:eval:1")[0].gold == "0"
+    with pytest.raises(ValueError, match=r"toy-lm:<split>:<n>\[:<seed>\]"):
+        load_problems("toy-lm:train")
+    own = tmp_path / "own.jsonl"
+    own.write_text('{"id": 1, "question": "2+2", "gold": 4}\n\n{"id": "b", "question": "1+1", "gold": "2"}\n')
+    assert [(p.id, p.gold, p.source) for p in load_problems(str(own))] == [("1", "4", "own"), ("b", "2", "own")]
+    own.write_text('{"id": 1, "question": "2+2", "gold": 4}\n{"id": 2, "question": "x"}\n')
+    with pytest.raises(ValueError, match="line 2: expected a JSON object with"):
+        load_problems(str(own))
+    with pytest.raises(ValueError, match="unknown problem spec 'nope.jsonl'.*toy-lm"):
+        load_problems("nope.jsonl")
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "no-data"))
+    with pytest.raises(FileNotFoundError, match=rf"\${DATA_DIR_ENV}.*--problems your own .jsonl"):
+        load_problems("math500:10")
+
+
+def test_named_lm_checkpoints_defaults_and_prompt(named_lm, tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_msv.collect import CollectConfig, load_lm
+    from hf_msv.collect.lm import prompt_builder
+
+    with pytest.raises(FileNotFoundError, match="no checkpoint of the named LM 'toy-lm'.*train it with `make toy`"):
+        load_lm("toy-lm", device="cpu")
+    resolved = CollectConfig(model="toy-lm").resolved()
+    assert (resolved.max_new_tokens, resolved.prompt_template) == (123, "toy-lm")
+    assert CollectConfig(model="toy-lm", max_new_tokens=7, prompt_template="plain").resolved().max_new_tokens == 7
+    assert prompt_builder("toy-lm", PreTrainedTokenizerFast)(Problem("a", "1+1", "2")) == "Q: 1+1"
+    with pytest.raises(ValueError, match="prompt_template must be one of"):
+        prompt_builder("no question here", None)

@@ -15,7 +15,8 @@ import torch
 import transformers
 
 from hf_msv.collect import (Completion, Trace, TraceError, TraceReencoder, collect, collect_from_traces, load_lm,
-                            read_traces, traces_from_results, traces_from_shards, write_traces)
+                            read_traces, sequence_budget, traces_from_results, traces_from_shards, write_traces)
+from hf_msv.elicitation import ElicitationSettings
 from hf_msv.collect.reencode import encode_trace, eos_token_ids, plan_branches
 from hf_msv.data import list_shards, read_shard
 from hf_msv.generation import DelimiterMatcher, prepare_generation
@@ -25,6 +26,7 @@ from hf_msv.testbed import format_prompt, generate_problems
 from tiny import word_level_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+NO_LIMIT = lambda prompt_length: None  # noqa: E731  (a context without a limit)
 TOK = word_level_tokenizer(["\\boxed", "Wait"])
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -46,9 +48,9 @@ def testbed():
     return load_lm("testbed", dtype="float32", device="cpu")
 
 
-def live_results(model, tok, prompts, *, n, max_new_tokens, seed=0, **session):
+def live_results(model, tok, prompts, *, n, max_new_tokens, seed=0, **elicitation):
     """MSVResults of live generation (hidden states kept) and the token ids of the prompts given as text."""
-    with prepare_generation(model, tok, None, checker="exact", capture_hidden_states=True, **session) as s:
+    with prepare_generation(model, tok, None, checker="exact", capture_hidden_states=True, **elicitation) as s:
         torch.manual_seed(seed)
         results = s.generate(prompts, num_sequences=n, max_new_tokens=max_new_tokens, do_sample=True)
     return results, [tok(p)["input_ids"] if isinstance(p, str) else None for p in prompts]
@@ -60,7 +62,7 @@ def reencode(model, tok, traces, build_prompt, *, delimiters, every_k=None, keep
     matcher = DelimiterMatcher(tok, delimiters) if delimiters else None
     reencoder = TraceReencoder(model, tok, elicitor, matcher=matcher, every_k_tokens=every_k, streaming=True,
                                **budgets)
-    encoded = [encode_trace(t, tok, build_prompt, eos_ids=eos_token_ids(model), max_length=None) for t in traces]
+    encoded = [encode_trace(t, tok, build_prompt, eos_ids=eos_token_ids(model), budget=NO_LIMIT) for t in traces]
     answers, confidence = reencoder.answers(encoded)
     return answers, confidence, reencoder
 
@@ -145,6 +147,7 @@ def test_plan_follows_live_rules_at_the_budget_end():
 # Shards: live collection → traces → collect_from_traces
 # ----------------------------------------------------------------------------------------------------------------
 
+TIGHT = ElicitationSettings(max_answer_tokens=600)  # leaves no room in the testbed LM's context
 LIVE = dict(num_samples=4, max_new_tokens=200, delimiters=["Wait"], checker="exact", prompt_template="testbed",
             problems_per_shard=2, seed=7, progress=False)
 REENCODE = dict(delimiters=["Wait"], checker="exact", prompt_template="testbed", problems_per_shard=2,
@@ -194,7 +197,7 @@ def test_collect_from_traces_writes_the_live_shards(testbed, live_collection, tm
 
 
 def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp_path, monkeypatch):
-    import hf_msv.collect.live as live  # where a collection learns its process rank (start_collection)
+    import hf_msv.collect.job as job  # where a collection learns its process rank (start_collection)
 
     model, tok = testbed
     _, path = live_collection
@@ -213,7 +216,7 @@ def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp
         with pytest.raises(KeyboardInterrupt):
             collect_from_traces(model, tok, path, tmp_path / "crash", **REENCODE)
     result = collect_from_traces(model, tok, path, tmp_path / "crash", **REENCODE)
-    assert (result.skipped, result.generated) == (1, 2)
+    assert (result.already_done, result.generated) == (1, 2)
     assert {p.name: p.read_bytes() for p in list_shards(tmp_path / "crash")} == whole
     with pytest.raises(ValueError, match="other settings"):
         collect_from_traces(model, tok, path, tmp_path / "crash", **dict(REENCODE, max_answer_tokens=9))
@@ -222,7 +225,7 @@ def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp
     for rank in (0, 1):
         state = SimpleNamespace(process_index=rank, num_processes=2, is_main_process=rank == 0,
                                 is_local_main_process=rank == 0, wait_for_everyone=lambda: None)
-        monkeypatch.setattr(live, "process_state", lambda: state)
+        monkeypatch.setattr(job, "process_state", lambda: state)
         result = collect_from_traces(model, tok, path, tmp_path / "split", **REENCODE)
         assert result.problems == (2 if rank == 0 else 1)
     split, single = problems_by_id(tmp_path / "split"), problems_by_id(tmp_path / "whole")
@@ -247,21 +250,24 @@ def test_text_traces_reencode_like_token_ids_and_bad_round_trips_are_reported(te
             completions.append(Completion(text=tok.decode(c.token_ids[:-1] if eos else c.token_ids),
                                           finish_reason="stop" if eos else "length"))
         texts.append(Trace(t.id, t.question, t.gold, completions))
-    encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, max_length=None) for t in texts]
-    reference = [encode_trace(t, tok, format_prompt, eos_ids={2}, max_length=None) for t in file.traces]
+    encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT) for t in texts]
+    reference = [encode_trace(t, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT) for t in file.traces]
     # The testbed tokenizer's sampled tokens are canonical: text gives the same ids.
     assert [e.sequences for e in encoded] == [e.sequences for e in reference]
     assert [e.prompt_ids for e in encoded] == [e.prompt_ids for e in reference]
 
     bad = Trace("x", "q", "1", [Completion(text="3 + é = 4")], line=7)
     with pytest.raises(TraceError, match="trace line 7: completion 0 does not survive the tokenizer round trip"):
-        encode_trace(bad, tok, format_prompt, eos_ids={2}, max_length=None)
-    long = Trace("y", "q", "1", [Completion(token_ids=[5] * 600)], line=3)
-    with pytest.raises(TraceError, match="trace line 3: .* exceed the LM's context"):
-        encode_trace(long, tok, format_prompt, eos_ids={2}, max_length=450)
+        encode_trace(bad, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT)
+    long = Trace("y", "q", "1", [Completion(token_ids=[5] * 600), Completion(token_ids=[5] * 30 + [2])], line=3)
+    cut = encode_trace(long, tok, format_prompt, eos_ids={2}, budget=lambda n: 450 - n)
+    prompt = len(cut.prompt_ids)
+    assert (cut.cut, [len(s) for s in cut.sequences], cut.finish) == (1, [450 - prompt, 31], ["budget", "eos"])
+    with pytest.raises(TraceError, match="trace line 3: .*leaves no room"):
+        encode_trace(long, tok, format_prompt, eos_ids={2}, budget=lambda n: sequence_budget(model, tok, TIGHT, n))
     early = Trace("z", "q", "1", [Completion(token_ids=[5, 2, 5])], line=4)
     with pytest.raises(TraceError, match="EOS token at position 1"):
-        encode_trace(early, tok, format_prompt, eos_ids={2}, max_length=None)
+        encode_trace(early, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT)
 
 
 def test_bad_lines_raise_naming_the_line_or_are_skipped_and_counted(testbed, live_collection, tmp_path):
@@ -275,7 +281,7 @@ def test_bad_lines_raise_naming_the_line_or_are_skipped_and_counted(testbed, liv
              json.dumps({"id": "d", "question": "q", "gold": "1",
                          "completions": ["", "a", "b", "c"]}).encode(),           # 5: empty completion
              json.dumps({"id": "e", "question": "q", "gold": "1",
-                         "completions": [{"token_ids": [5] * 900}] * 4}).encode(),  # 6: longer than the context
+                         "completions": [{"token_ids": [5] * 900}] * 4}).encode(),  # 6: good, cut at the context
              b"not json",                                                         # 7
              good[1], good[2]]
     bad = tmp_path / "bad.jsonl"
@@ -290,10 +296,10 @@ def test_bad_lines_raise_naming_the_line_or_are_skipped_and_counted(testbed, liv
         with pytest.raises(TraceError, match=f"trace line {line}: {reason}"):
             read_traces(one)
     result = collect_from_traces(model, tok, bad, tmp_path / "out", skip_bad_lines=True, **REENCODE)
-    assert result.generated == 3
+    assert (result.generated, result.skipped_lines, result.cut_sequences) == (4, 5, 4)
     info = read_shard(list_shards(tmp_path / "out")[0])[1]
-    assert info["skipped_lines"] == 6 and [b[0] for b in info["bad_lines"]] == [2, 3, 4, 5, 6, 7]
-    assert "exceed the LM's context" in info["bad_lines"][4][1]
+    assert info["skipped_lines"] == 5 and [b[0] for b in info["bad_lines"]] == [2, 3, 4, 5, 7]
+    assert info["cut_sequences"] == 4
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -302,21 +308,31 @@ def test_bad_lines_raise_naming_the_line_or_are_skipped_and_counted(testbed, liv
 
 
 def test_cli_collect_traces(testbed, live_collection, tmp_path, monkeypatch, capsys):
-    import hf_msv.collect.live as live
+    import hf_msv.collect.cli as cli
 
     _, path = live_collection
-    monkeypatch.setattr(live, "load_lm", lambda name, dtype: testbed)
-    live.main(["--model", "testbed", "--traces", str(path), "--output-dir", str(tmp_path / "cli"), "--checker",
-               "exact", "--delimiters", "Wait", "--confidence", "none", "--no-progress"])
+    monkeypatch.setattr(cli, "load_lm", lambda name, dtype: testbed)
+    cli.main(["--model", "testbed", "--traces", str(path), "--output-dir", str(tmp_path / "cli"), "--checker",
+              "exact", "--delimiters", "Wait", "--confidence", "none", "--no-progress"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["generated"] == 3 and summary["shards_written"] == 1
+    assert summary["generated"] == 3 and summary["shards_written"] == 1 and summary["skipped_lines"] == 0
     problems, info = read_shard(list_shards(tmp_path / "cli")[0])
     assert info["prompt_template"] == "testbed" and info["cot_confidence_source"] == "missing"
     assert all(not p.cot_confidence for p in problems)
-    with pytest.raises(ValueError, match="exactly one of --problems"):
-        live.main(["--model", "testbed", "--output-dir", str(tmp_path / "cli")])
-    with pytest.raises(ValueError, match=r"\['num_samples'\] do not apply"):
-        live.main(["--model", "testbed", "--traces", str(path), "--output-dir", "x", "--num-samples", "4"])
+    # a broken line skipped: counted in the summary, with a warning
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(path.read_bytes() + b"not json\n")
+    cli.main(["--model", "testbed", "--traces", str(broken), "--output-dir", str(tmp_path / "skip"), "--checker",
+              "exact", "--skip-bad-lines", "--no-progress"])
+    out = capsys.readouterr()
+    assert json.loads(out.out.strip().splitlines()[-1])["skipped_lines"] == 1
+    assert "warning: skipped 1 bad line(s)" in out.err
+    with pytest.raises(SystemExit):
+        cli.main(["--model", "testbed", "--output-dir", str(tmp_path / "cli")])
+    assert "exactly one of --problems" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--model", "testbed", "--traces", str(path), "--output-dir", "x", "--num-samples", "4"])
+    assert "['num_samples'] do not apply" in capsys.readouterr().err
 
 
 def _vllm_example():
@@ -373,7 +389,7 @@ def test_budgets_bound_prefill_and_elicitation_batches(testbed, live_collection,
     answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"], max_batch_tokens=budget,
                              chunk_tokens=chunk)
     hook.remove()
-    encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, max_length=None) for t in traces]
+    encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT) for t in traces]
     longest = max(len(e.prompt_ids) + len(s) for e in encoded for s in e.sequences)
     assert sum(n for n, _ in seen["elicit"]) == sum(map(len, answers)) and len(seen["elicit"]) > 1
     assert all(n * width <= max(budget, longest) for n, width in seen["elicit"])
@@ -412,23 +428,59 @@ def test_confidences_from_trace_logprobs(testbed, live_collection, tmp_path):
         assert [len(c) for c in p.cot_confidence[:2]] == p.sequence_length[:2].tolist()
 
 
-def test_collect_config_declares_every_trace_option_once():
-    import dataclasses
-    import inspect
-
-    from hf_msv.collect import CollectConfig
+def test_collect_config_carries_every_trace_option():
     from hf_msv.collect.config import build_parser
 
-    params = {n: p for n, p in inspect.signature(collect_from_traces).parameters.items() if p.kind is p.KEYWORD_ONLY}
-    fields = {f.name: f for f in dataclasses.fields(CollectConfig)}
-    assert set(params) - set(fields) == set()
-    assert all(fields[name].default == param.default for name, param in params.items())
     (config,) = build_parser().parse_args_into_dataclasses(
         ["--model", "testbed", "--traces", "t.jsonl", "--output-dir", "out", "--skip-bad-lines", "--confidence",
-         "trace", "--max-batch-tokens", "4096"])
-    kwargs = config.traces_kwargs()
-    assert set(kwargs) == set(params) and kwargs["prompt_template"] == "testbed"
-    assert (kwargs["skip_bad_lines"], kwargs["confidence"], kwargs["max_batch_tokens"]) == (True, "trace", 4096)
+         "trace", "--max-batch-tokens", "4096", "--keep-delimiter"])
+    config.check_command_line()
+    assert config.resolved().prompt_template == "testbed" and config.elicitation.keep_delimiter
+    assert (config.skip_bad_lines, config.confidence, config.max_batch_tokens) == (True, "trace", 4096)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The context rule: live collection and re-encoding accept the same traces
+# ----------------------------------------------------------------------------------------------------------------
+
+ROOMY = ElicitationSettings(max_answer_tokens=300)  # most of the testbed LM's context kept for the answer
+
+
+def test_live_collection_samples_up_to_the_context_and_reencoding_cuts_there(testbed, tmp_path):
+    """On the default LM, with an answer cap that leaves ~130 chain-of-thought positions: live collection lowers its
+    budget to the context rule (sequences end there with a budget answer); its traces re-encode to the same shards,
+    and the same traces made longer than the context are cut at the same token, giving the same records."""
+    model, tok = testbed
+    problems = generate_problems("validation", 3, seed=2)
+    settings = dict(LIVE, max_new_tokens=272)
+    settings.pop("delimiters")
+    live = collect(model, tok, problems, tmp_path / "live", elicitation=ROOMY, **settings)
+    budgets = {p.id: sequence_budget(model, tok, ROOMY, len(tok(format_prompt(p))["input_ids"])) for p in problems}
+    assert max(budgets.values()) < 272 and live.cut_sequences > 0
+    shards = problems_by_id(tmp_path / "live")
+    for pid, p in shards.items():
+        assert max(p.sequence_length) <= budgets[pid]
+    traces = traces_from_shards(tmp_path / "live")
+    extended = 0
+    for t in traces:
+        for c in t.completions:
+            if c.finish_reason == "length" and len(c.token_ids) == budgets[t.id]:
+                c.token_ids = c.token_ids + c.token_ids[:50]  # past the context: cut where live stopped
+                extended += 1
+    assert extended == live.cut_sequences
+    again = collect_from_traces(model, tok, traces, tmp_path / "re", elicitation=ROOMY,
+                                **{k: v for k, v in REENCODE.items() if k != "delimiters"})
+    assert again.cut_sequences == extended and again.answers == live.answers
+    mine = problems_by_id(tmp_path / "re")
+    for pid, a in shards.items():
+        b = mine[pid]
+        for name in ("answer_tau", "answer_end", "answer_class", "answer_correct", "token_ids", "sequence_length"):
+            np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
+        assert (b.answer_text, b.answer_trigger, b.sequence_finish) == (a.answer_text, a.answer_trigger,
+                                                                         a.sequence_finish)
+    with pytest.raises(ValueError, match="leaves no room"):  # refused before any work
+        collect(model, tok, problems, tmp_path / "none", elicitation=TIGHT, **settings)
+    assert not (tmp_path / "none").exists()
 
 
 def test_chat_prompts_are_rebuilt_with_the_sampling_template():
@@ -446,9 +498,9 @@ def test_chat_prompts_are_rebuilt_with_the_sampling_template():
     problem = SimpleNamespace(id="c", question="add 2 and 3", gold="5", source="", meta={})
     trace = traces_from_results([problem], results, [live_prompt])[0]
     trace.prompt_token_ids, trace.messages = None, messages[0]
-    encoded = encode_trace(trace, TOK, None, eos_ids={2}, max_length=None, chat_template=template)
+    encoded = encode_trace(trace, TOK, None, eos_ids={2}, budget=NO_LIMIT, chat_template=template)
     assert encoded.prompt_ids == live_prompt
     answers, _, _ = reencode(model, chat_tok, [trace], None, delimiters=["e"], max_answer_tokens=6)
     assert_same_answers(results, answers, atol=1e-5)
     with pytest.raises(TraceError, match="cannot build the prompt"):  # TOK has no template of its own
-        encode_trace(trace, TOK, None, eos_ids={2}, max_length=None)
+        encode_trace(trace, TOK, None, eos_ids={2}, budget=NO_LIMIT)

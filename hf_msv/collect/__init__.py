@@ -1,18 +1,18 @@
-"""Collection: problems -> N sampled sequences -> answers and hidden states -> shards.
+"""Collection: problems (or sampled traces) -> N sequences -> answers and hidden states -> shards.
 
-Modules: `config` (`CollectConfig`, the ``hf-msv collect`` flags), `lm` (loading LMs and problems, prompts),
-`confidence` (DeepConf token confidence), `store` (the resumable, atomic shard store), `recording` (answers → one
-problem's record), `live` (`collect`), `traces` (the trace-file format), `reencode` (answers of sampled traces from one
-prefill each) and `from_traces` (`collect_from_traces`).
+`collect` samples live, `collect_from_traces` re-encodes a trace file into the same shards; both take a
+`CollectConfig` (the ``hf-msv collect`` flags) or its fields as keywords. See ``docs/collection.md``.
 """
 
+from .cli import collect_from_config, main
 from .confidence import ConfidenceRecorder
 from .config import CollectConfig
-from .lm import load_lm, load_problems
-from .live import CollectResult, batch_seed, collect, collect_from_config, main
-from .store import ShardStore, done_problem_ids, write_index
 from .from_traces import collect_from_traces
+from .job import CollectResult, batch_seed, sequence_budget
+from .live import collect
+from .lm import load_lm, load_problems
 from .reencode import TraceReencoder
+from .store import ShardStore, done_problem_ids, write_index
 from .traces import (Completion, Trace, TraceError, TraceFile, read_traces, traces_from_results,
                      traces_from_shards, write_traces)
 
@@ -35,6 +35,7 @@ __all__ = [
     "load_problems",
     "main",
     "read_traces",
+    "sequence_budget",
     "traces_from_results",
     "traces_from_shards",
     "write_index",

@@ -9,11 +9,11 @@ from transformers import LogitsProcessor
 
 class ConfidenceRecorder(LogitsProcessor):
     """Passive logits processor that records DeepConf's token confidence C_t = −(1/k) Σ_{j≤k} log P_t(j) of every
-    row at every decode step (top-k of the model's log-probs; DeepConf uses k = 20).
+    row at every decode step, from the LM's own log-probs (before temperature and top-k/top-p warpers); the scores
+    are returned unchanged (``docs/collection.md``).
 
-    Custom processors run before generate's temperature / top-k / top-p warpers, so these are the LM's own
-    probabilities, as DeepConf reads them. It returns the scores unchanged, so sampling is not affected. One float
-    per row and step is kept, never the vocabulary-sized scores.
+    Args:
+        top_k: k (DeepConf uses 20).
     """
 
     def __init__(self, top_k: int = 20):

@@ -1,4 +1,7 @@
-"""The LM and its inputs: loading an LM and problems by name, turning a problem into a prompt, fingerprinting an LM."""
+"""The LM and its inputs: LMs and problems by name (`hf_msv.registry`), prompts, prompt tokens, LM fingerprints.
+
+See ``docs/collection.md``.
+"""
 
 from __future__ import annotations
 
@@ -9,60 +12,136 @@ from pathlib import Path
 
 import torch
 
-from ..data.problems import Problem
+from ..data.problems import BENCHMARKS, DATA_DIR_ENV, Problem, load_benchmark
+from ..registry import get_named_lm, named_lms
 from ..utils import resolve_device
+
+DEFAULT_MAX_NEW_TOKENS = 4096
+"""The sampling budget of an LM that is not registered with one (the paper's)."""
+
+PROMPT_TEMPLATES = ("auto", "chat", "plain")
+
+
+def _jsonl_problems(path: Path) -> list[Problem]:
+    problems = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            problems.append(Problem(id=str(row["id"]), question=row["question"], gold=str(row["gold"]),
+                                    source=row.get("source", path.stem), meta=row.get("meta", {})))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} line {number}: expected a JSON object with \"id\", \"question\" and \"gold\" "
+                             f"({type(e).__name__}: {e})") from None
+    if not problems:
+        raise ValueError(f"{path} holds no problem")
+    return problems
+
+
+def _named_problems(spec: str, parts: list[str]) -> list[Problem]:
+    lm = get_named_lm(parts[0])
+    if lm.problems is None:
+        raise ValueError(f"the named LM {parts[0]!r} has no problem generator; use a benchmark or a .jsonl file")
+    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts[2:]):
+        raise ValueError(f"problem spec {spec!r}: use {parts[0]}:<split>:<n>[:<seed>]")
+    return lm.problems(parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0)
 
 
 def load_problems(spec: str) -> list[Problem]:
-    """Problems from a spec: ``testbed:<split>:<n>[:<seed>]`` (the default testbed's; ``testbed-v1:...``: v1's),
-    ``<benchmark>[:<n>]`` (a name of `hf_msv.data.BENCHMARKS`, first n problems), or a ``.jsonl`` file of
-    ``{"id", "question", "gold"}``."""
-    from ..data.problems import BENCHMARKS, load_benchmark
-    from ..testbed.tasks import TESTBED_LM_NAMES, get_task
+    """Problems from a spec.
 
+    Args:
+        spec: ``<named LM>:<split>:<n>[:<seed>]`` (an LM of `hf_msv.registry` with a problem generator, e.g.
+            ``testbed:train:64``), ``<benchmark>[:<n>]`` (a name of `hf_msv.data.BENCHMARKS`, its first n
+            problems, read from ``$HF_MSV_DATA_DIR``), or a ``.jsonl`` file of ``{"id", "question", "gold"}`` lines.
+
+    Raises:
+        ValueError: an unknown or malformed spec, or a malformed ``.jsonl`` line.
+        FileNotFoundError: a benchmark whose file is not in the data directory.
+    """
     parts = spec.split(":")
-    if parts[0] in TESTBED_LM_NAMES:
-        if len(parts) not in (3, 4):
-            raise ValueError(f"{parts[0]} spec is {parts[0]}:<split>:<n>[:<seed>]")
-        seed = int(parts[3]) if len(parts) == 4 else 0
-        return get_task(parts[0]).generate_problems(parts[1], int(parts[2]), seed=seed)
+    if get_named_lm(parts[0]) is not None:
+        return _named_problems(spec, parts)
     if parts[0] in BENCHMARKS:
-        problems = load_benchmark(parts[0])
+        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise ValueError(f"problem spec {spec!r}: use {parts[0]}[:<n>]")
+        try:
+            problems = load_benchmark(parts[0])
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e} Or give --problems your own .jsonl file with one "
+                                    '{"id": ..., "question": ..., "gold": ...} object per line.') from None
         return problems[: int(parts[1])] if len(parts) > 1 else problems
     path = Path(spec)
     if path.is_file():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [Problem(id=str(r["id"]), question=r["question"], gold=str(r["gold"]), source=r.get("source", path.stem),
-                        meta=r.get("meta", {})) for r in rows]
-    raise ValueError(f"unknown problem spec {spec!r}: use testbed[-v1]:<split>:<n>[:<seed>], one of "
-                     f"{sorted(BENCHMARKS)}[:<n>], or a .jsonl file")
+        return _jsonl_problems(path)
+    named = [n for n in named_lms()]
+    raise ValueError(f"unknown problem spec {spec!r} (no such file): use a .jsonl file of "
+                     '{"id", "question", "gold"} lines, one of ' f"{sorted(BENCHMARKS)}[:<n>] (files in "
+                     f"${DATA_DIR_ENV}), or <named LM>:<split>:<n>[:<seed>] with a named LM of {named}")
 
 
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
-    """``(model, tokenizer)`` in eval mode: ``"testbed"`` is the shipped default testbed LM (v2, also
-    ``"testbed-v2"``), ``"testbed-v1"`` the first testbed's (where one is missing, a FileNotFoundError says how to
-    train it), anything else goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` (`gguf_file`: a GGUF file inside
-    that repo or directory).
-    `device` (``None`` or ``"auto"``) defaults to this process's accelerate device: the GPU when there is one."""
-    from ..testbed.tasks import TESTBED_LM_NAMES
+    """An LM and its tokenizer, in eval mode.
 
-    device = resolve_device(device)
-    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-    if name in TESTBED_LM_NAMES:
-        from ..testbed import load_testbed_lm
+    Args:
+        name: a named LM of `hf_msv.registry` (e.g. ``"testbed"``), a local directory or a Hub id; all are loaded
+            with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
+        dtype: ``"auto"`` or a torch dtype name (``"bfloat16"``, ``"float32"``, ...).
+        device: ``None`` or ``"auto"``: this process's accelerate device (the GPU when there is one).
+        gguf_file: a GGUF file inside that repository or directory.
 
-        return load_testbed_lm(device=device, dtype=torch_dtype, task=TESTBED_LM_NAMES[name])
+    Returns:
+        ``(model, tokenizer)``.
+
+    Raises:
+        FileNotFoundError: a named LM whose directory holds no checkpoint (the message says how to make one).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = resolve_device(device)
+    named = get_named_lm(name)
+    path = name
+    if named is not None:
+        if not (Path(named.path) / "config.json").is_file():
+            raise FileNotFoundError(f"no checkpoint of the named LM {name!r} at {named.path}"
+                                    + (f"; {named.missing_hint}" if named.missing_hint else ""))
+        path = str(named.path)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype == "auto" else torch_dtype, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+                                                 **kwargs)
     return model.to(device).eval(), tokenizer
 
 
+def default_max_new_tokens(name: str | None) -> int:
+    """The sampling budget of LM `name`: a named LM's ``max_new_tokens`` (e.g. the length cap it was trained at), else
+    `DEFAULT_MAX_NEW_TOKENS`."""
+    named = get_named_lm(name)
+    return named.max_new_tokens if named is not None and named.max_new_tokens else DEFAULT_MAX_NEW_TOKENS
+
+
+def resolve_prompt_template(template, lm_name: str | None):
+    """``"auto"`` for a named LM with a prompt format is its name (so the recorded template names the format);
+    anything else is returned as it is."""
+    named = get_named_lm(lm_name)
+    if template == "auto" and named is not None and named.prompt is not None:
+        return named.name
+    return template
+
+
 def prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:
-    """``"auto"`` (chat template if the tokenizer has one, else the question), ``"chat"``, ``"plain"``,
-    ``"testbed"`` (`hf_msv.testbed.format_prompt`), a string with ``{question}``, or a callable."""
+    """How a problem becomes a prompt.
+
+    Args:
+        template: ``"auto"`` (chat messages if the tokenizer has a chat template, else the question), ``"chat"``,
+            ``"plain"``, the name of a named LM with a prompt format (e.g. ``"testbed"``), a string containing
+            ``{question}``, or a callable ``Problem -> str | chat messages``.
+        tokenizer: the LM's tokenizer.
+
+    Raises:
+        ValueError: a string that is none of these.
+    """
     if callable(template):
         return template
     if template == "auto":
@@ -71,14 +150,25 @@ def prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:
         return lambda p: [{"role": "user", "content": p.question}]
     if template == "plain":
         return lambda p: p.question
-    if template == "testbed":
-        from ..testbed import format_prompt
-
-        return format_prompt
-    if "{question}" not in template:
-        raise ValueError(f"prompt_template must be auto/chat/plain/testbed or contain '{{question}}', got {template!r}")
+    named = get_named_lm(template)
+    if named is not None and named.prompt is not None:
+        return named.prompt
+    if not isinstance(template, str) or "{question}" not in template:
+        raise ValueError(f"prompt_template must be one of {list(PROMPT_TEMPLATES)}, a named LM's name, or a string "
+                         f"containing '{{question}}', got {template!r}")
     # str.replace, not str.format: templates often contain LaTeX braces such as \boxed{}.
     return lambda p: template.replace("{question}", p.question)
+
+
+def prompt_token_ids(prompt: str | list, tokenizer, chat_template: str | None = None) -> list[int]:
+    """The tokens ``MSVSession.generate`` feeds for `prompt`: chat messages rendered with the chat template
+    (`chat_template`, default the tokenizer's; generation prompt added) without extra special tokens, text with the
+    tokenizer's special tokens."""
+    if isinstance(prompt, (list, tuple)):
+        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True,
+                                             chat_template=chat_template)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
 def template_name(template) -> str:
@@ -110,4 +200,5 @@ def weights_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["lm_info", "load_lm", "load_problems", "prompt_builder", "weights_fingerprint"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "default_max_new_tokens", "lm_info", "load_lm", "load_problems", "prompt_builder",
+           "prompt_token_ids", "resolve_prompt_template", "template_name", "weights_fingerprint"]

@@ -1,59 +1,14 @@
-"""Re-encoding: sampled chains of thought (a trace file) → the answers live collection would elicit → shards.
+"""Re-encoding: sampled chains of thought → the answers live collection would elicit, from one prefill per trace.
 
-Given a trace's tokens, everything the verifier needs is deterministic: where each delimiter fires, the branch
-context, the greedy answer after the elicitation prompt and its tokens' last-layer states. So instead of sampling,
-`TraceReencoder` prefills each trace once and elicits at every branch point from a copy of the prefix's KV cache.
-
-What is reproduced, and how
-===========================
-
-* **Branch points** (`plan_branches`) replay the live per-token rules of `hf_msv.generation.run.GenerationRun` on
-  the trace's tokens: an EOS ends the sequence (trigger ``"eos"``, the EOS itself is not in the context); otherwise a
-  `DelimiterMatcher` occurrence completed by token t fires at τ = t (its context drops the delimiter's tokens and
-  re-feeds the text of its first token that precedes it, as `AnswerElicitor.delimiter_branch` decides; with
-  ``keep_delimiter`` the delimiter is kept), and every K tokens fires with the newest token kept. A sequence that
-  ends without EOS gets a ``"budget"`` answer at its last token, unless a delimiter fired there (that answer becomes
-  the terminal one). Step k counts a sequence's answers.
-* **Answers** follow the live rules of the session's `AnswerElicitor` (``start``: the segment fed before the answer;
-  ``ends_answer``: EOS, the cap or a closed box), decoded greedily by `TraceReencoder.elicit` from a cache holding
-  exactly the branch's context (prompt + kept chain-of-thought tokens): the segment in one forward (live generation
-  feeds it one token per step in the decoding batch, `hf_msv.generation.lockstep`; the newest token, when kept, is
-  already in the prefilled context here), then the answer tokens batched; hidden states after the final norm, token
-  log-probs. The availability step is the live one, ``MSVAnswer.end`` = τ + P + L with P the length of the live
-  segment (`BranchPoint.fed`, from ``AnswerElicitor.start``).
-* **Records** are built by `hf_msv.collect.recording.build_record` (the live builder): classes are assigned by one
-  `EquivalenceClasses` per problem in live arrival order (by end step; answers completing at the same step in the
-  order their branches joined the batch: τ, the budget answers of a step after its other answers, then sequence),
-  labels by the checker with the gold alternatives, ``sequence_length`` counts EOS.
-* **DeepConf confidences** (``confidence="model"``, default) are recomputed from the prefill's logits: the logits at
-  position i are the distribution token i + 1 was sampled from, before any temperature, which is what live
-  collection's `ConfidenceRecorder` records. ``"trace"`` reads them from the trace's top-k ``logprobs`` (missing for
-  completions without them), ``"none"`` stores none; the shard info says which (``cot_confidence_source``).
-
-For a trace sampled by hf_msv itself the answers' token ids are equal and hidden states agree to float rounding
-(prefill and step-by-step decoding sum in different orders; tests assert ≤ 1e-4 in fp32).
-
-Efficiency and memory
-=====================
-
-Sequences (of all problems of a batch) are sorted by length and prefilled together, right-padded (causal attention
-never lets a token see the padding after it), in chunks; after each chunk, every branch whose context ends inside
-it gets a copy of its rows ``[:context]`` of the cache. The copies wait in a queue and are elicited together,
-left-padded into one cache, so answers are batched across delimiters, sequences and problems. Two budgets, in
-tokens of KV cache, bound the memory: a prefill group holds at most ``max_batch_tokens`` (rows × padded length; a
-longer sequence is prefilled alone), the elicitation queue at most ``max_batch_tokens`` too (rows × longest context)
-plus the forked batch while it decodes, and a prefill chunk computes logits for at most ``chunk_tokens`` positions.
-Peak KV memory is therefore about 3 × max(max_batch_tokens, longest prompt + sequence + elicitation) tokens × the
-LM's KV bytes per token, whatever the number of delimiters: for one 32k-token trace of an 8B GQA model in bf16
-(128 KiB per token) and the default budget of 32768, about 12 GiB, plus one chunk's logits.
-
-Only caches made of plain `DynamicLayer`s are supported (full attention): a sliding-window layer keeps only its
-window, so its rows cannot be cut at an arbitrary context length (raises `NotImplementedError`).
+`encode_trace` (tokenise, check, apply the context rule), `plan_branches` (where live generation elicits, replayed
+on the trace's tokens), `TraceReencoder` (chunked prefill, a copy of each branch's KV rows, batched greedy
+elicitation) and `BufferedLayer` (a cache layer written in place). Only full-attention `DynamicLayer` caches are
+supported. How it reproduces live collection, and its memory budgets: ``docs/collection.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,6 +20,7 @@ from ..data.problems import Problem
 from ..generation import DelimiterMatcher, MSVAnswer
 from ..generation.caches import cache_argument
 from ..generation.forking import AnswerElicitor, Branch
+from .lm import prompt_token_ids
 from .traces import FINISH_EOS, Trace, TraceError
 
 __all__ = ["BranchPoint", "BufferedLayer", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids",
@@ -84,13 +40,15 @@ def eos_token_ids(model) -> set[int]:
 @dataclass
 class EncodedTrace:
     """One trace, tokenised: `prompt_ids`, per sequence its generated tokens (EOS included when it ended with
-    one) and finish reason (``"eos"`` or ``"budget"``), and its trace confidences (`None` unless read from logprobs)."""
+    one) and finish reason (``"eos"`` or ``"budget"``), its trace confidences (`None` unless read from logprobs) and
+    how many completions the context rule `cut`."""
 
     problem: Problem
     prompt_ids: list[int]
     sequences: list[list[int]]
     finish: list[str]
     confidence: list[np.ndarray] | None = None
+    cut: int = 0
 
 
 def _render_prompt(trace: Trace, tokenizer, build_prompt, chat_template) -> list[int]:
@@ -99,22 +57,56 @@ def _render_prompt(trace: Trace, tokenizer, build_prompt, chat_template) -> list
         return list(trace.prompt_token_ids)
     prompt = trace.messages if trace.messages is not None else (
         trace.prompt if trace.prompt is not None else build_prompt(trace.problem()))
-    if isinstance(prompt, (list, tuple)):  # chat messages: rendered, then tokenised without extra special tokens
-        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True,
-                                             chat_template=chat_template)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return prompt_token_ids(prompt, tokenizer, chat_template)
 
 
-def encode_trace(trace: Trace, tokenizer, build_prompt, *, eos_ids: set[int], max_length: int | None,
+def _completion_ids(c, i: int, line: int, tokenizer, eos_ids: set[int]) -> list[int]:
+    """Completion `i`'s generated tokens (EOS included when it ended with one); raises `TraceError`."""
+    if c.token_ids is not None:
+        ids = list(c.token_ids)
+    else:
+        ids = tokenizer(c.text, add_special_tokens=False)["input_ids"]
+        back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if back != c.text:
+            at = next((j for j, (a, b) in enumerate(zip(back, c.text)) if a != b), min(len(back), len(c.text)))
+            raise TraceError(line, f"completion {i} does not survive the tokenizer round trip (first difference "
+                                   f"at character {at}: {c.text[at:at + 20]!r} became {back[at:at + 20]!r}); "
+                                   "give token_ids instead")
+        if c.finish_reason in FINISH_EOS and eos_ids:
+            ids.append(min(eos_ids))
+    early = [j for j, t in enumerate(ids[:-1]) if t in eos_ids]
+    if early:
+        raise TraceError(line, f"completion {i} has an EOS token at position {early[0]} before its end")
+    if max(ids) >= len(tokenizer):
+        raise TraceError(line, f"completion {i} has token ids outside the vocabulary")
+    return ids
+
+
+def _trace_confidence(c, i: int, line: int, ids: list[int], top_k: int | None) -> np.ndarray:
+    if top_k is None or c.logprobs is None:
+        return np.zeros(0, dtype=np.float32)
+    if len(c.logprobs) != len(ids):
+        raise TraceError(line, f"completion {i} has {len(ids)} tokens but {len(c.logprobs)} logprob lists")
+    return np.array([-np.mean(sorted(row, reverse=True)[:top_k]) for row in c.logprobs], dtype=np.float32)
+
+
+def encode_trace(trace: Trace, tokenizer, build_prompt, *, eos_ids: set[int], budget: Callable[[int], int | None],
                  chat_template: str | None = None, confidence_top_k: int | None = None) -> EncodedTrace:
-    """Tokenise one trace and check it (raises `TraceError` naming its line).
+    """Tokenise one trace, check it and apply the context rule.
 
     Args:
         build_prompt: ``Problem -> str | chat messages`` for traces that give no prompt (`prompt_builder`).
         eos_ids: the LM's EOS ids; a text completion that finished with ``"stop"`` / ``"eos"`` gets the first.
-        max_length: the longest context the LM takes (prompt + sequence + elicitation + answer), or `None`.
+        budget: prompt length -> the most chain-of-thought tokens the LM's context leaves room for, or `None`
+            (`hf_msv.collect.job.sequence_budget`); a longer completion is cut there (finish ``"budget"``, as live
+            collection samples it), and may raise `ValueError` for a prompt too long.
         confidence_top_k: read DeepConf confidences from the trace's logprobs with this k (`None`: don't).
+
+    Returns:
+        The `EncodedTrace` (``cut``: how many completions were cut).
+
+    Raises:
+        TraceError: a bad line, naming it.
     """
     line = trace.line
     try:
@@ -123,39 +115,23 @@ def encode_trace(trace: Trace, tokenizer, build_prompt, *, eos_ids: set[int], ma
         raise TraceError(line, f"cannot build the prompt: {e}") from None
     if not prompt:  # the first generated token's distribution is read at the prompt's last position
         raise TraceError(line, "the prompt is empty")
-    sequences, finish, confidence = [], [], []
+    if max(prompt) >= len(tokenizer):
+        raise TraceError(line, "the prompt has token ids outside the vocabulary")
+    try:
+        limit = budget(len(prompt))
+    except ValueError as e:
+        raise TraceError(line, str(e)) from None
+    sequences, finish, confidence, cut = [], [], [], 0
     for i, c in enumerate(trace.completions):
-        if c.token_ids is not None:
-            ids = list(c.token_ids)
-        else:
-            ids = tokenizer(c.text, add_special_tokens=False)["input_ids"]
-            back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            if back != c.text:
-                at = next((j for j, (a, b) in enumerate(zip(back, c.text)) if a != b), min(len(back), len(c.text)))
-                raise TraceError(line, f"completion {i} does not survive the tokenizer round trip (first difference "
-                                       f"at character {at}: {c.text[at:at + 20]!r} became {back[at:at + 20]!r}); "
-                                       "give token_ids instead")
-            if c.finish_reason in FINISH_EOS and eos_ids:
-                ids.append(min(eos_ids))
-        early = [j for j, t in enumerate(ids[:-1]) if t in eos_ids]
-        if early:
-            raise TraceError(line, f"completion {i} has an EOS token at position {early[0]} before its end")
-        if max(ids) >= len(tokenizer) or (prompt and max(prompt) >= len(tokenizer)):
-            raise TraceError(line, f"completion {i} or the prompt has token ids outside the vocabulary")
-        if max_length is not None and len(prompt) + len(ids) > max_length:
-            raise TraceError(line, f"prompt + completion {i} + answer = {len(prompt) + len(ids)} tokens exceed the "
-                                   f"LM's context ({max_length} with room for the elicitation)")
-        if confidence_top_k is not None and c.logprobs is not None:
-            if len(c.logprobs) != len(ids):
-                raise TraceError(line, f"completion {i} has {len(ids)} tokens but {len(c.logprobs)} logprob lists")
-            confidence.append(np.array([-np.mean(sorted(row, reverse=True)[:confidence_top_k])
-                                        for row in c.logprobs], dtype=np.float32))
-        else:
-            confidence.append(np.zeros(0, dtype=np.float32))
+        ids = _completion_ids(c, i, line, tokenizer, eos_ids)
+        conf = _trace_confidence(c, i, line, ids, confidence_top_k)
+        if limit is not None and len(ids) > limit:
+            ids, conf, cut = ids[:limit], conf[:limit], cut + 1
         sequences.append(ids)
         finish.append("eos" if ids[-1] in eos_ids else "budget")
+        confidence.append(conf)
     return EncodedTrace(trace.problem(), prompt, sequences, finish,
-                        confidence if confidence_top_k is not None else None)
+                        confidence if confidence_top_k is not None else None, cut)
 
 
 @dataclass
@@ -183,7 +159,7 @@ class BranchPoint:
 def plan_branches(sequence: Sequence[int], n: int, *, eos_ids: set[int], elicitor: AnswerElicitor,
                   matcher: DelimiterMatcher | None, every_k_tokens: int | None, streaming: bool) -> list[BranchPoint]:
     """The answers live generation elicits for sequence `n` whose generated tokens are `sequence` (EOS included if
-    it ended so): the per-token rules of `GenerationRun` (module docstring), without the LM."""
+    it ended so): the per-token rules of `GenerationRun` (``docs/collection.md``), without the LM."""
     points: list[BranchPoint] = []
     history: list[int] = []
 
@@ -288,7 +264,7 @@ class _Work:
 
 
 class TraceReencoder:
-    """Elicits the answers of encoded traces from one prefill per sequence (module docstring).
+    """Elicits the answers of encoded traces from one prefill per sequence (``docs/collection.md``).
 
     Args:
         model, tokenizer: the LM (eval mode) and its tokenizer.

@@ -8,7 +8,7 @@ Layout of a collection directory (every file written to a temporary name, fsynce
     index-r{rank}.json                     one process's manifest: its shards and their problems
     index.json                             every shard, written by the main process at the end
 
-See `hf_msv.collect.live` for the protocol and what a restart does.
+See ``docs/collection.md`` for the protocol and what a restart does.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import os
 import re
 from pathlib import Path
 
-from ..data import SHARD_GLOB, CollectedProblem, read_shard, read_shard_info, write_shard
+from ..data import SHARD_GLOB, CollectedProblem, collection_elicitation, read_shard, read_shard_info, write_shard
+from ..elicitation import ElicitationSettings
 from ..utils import atomic_write_json, fsync_dir
 
 CONFIG_FILE = "collect_config.json"
@@ -32,14 +33,15 @@ def _problem_count(path: Path) -> int:
 
 
 class ShardStore:
-    """Durable storage of one process's finished batches (`hf_msv.collect.live` describes the protocol).
+    """Durable storage of one process's finished batches (``docs/collection.md`` describes the protocol).
 
     Args:
         root: the collection directory.
         rank, world: this process's index and the number of processes (every file name carries ``-r{rank}``).
         problems_per_shard: spool files are packed into a shard once they hold this many problems.
         dtype: storage dtype of hidden states (``"bfloat16"`` or ``"float16"``).
-        info: the settings stored in every shard's metadata.
+        info: the settings stored in every shard's metadata (each shard adds ``verdicts``: the equivalence
+            verdicts given while collecting its problems, ``{"checks", "unverifiable"}``).
     """
 
     def __init__(self, root: Path, rank: int, world: int, problems_per_shard: int, dtype: str, info: dict):
@@ -98,10 +100,14 @@ class ShardStore:
 
     # -- writing ----------------------------------------------------------------------------------------------
 
-    def add_batch(self, batch_index: int, problems: list[CollectedProblem]) -> None:
-        """Commit one finished batch to its spool file; pack the spool into a shard once it holds a shard's worth."""
+    def add_batch(self, batch_index: int, problems: list[CollectedProblem], verdicts: dict | None = None) -> None:
+        """Commit one finished batch to its spool file; pack the spool into a shard once it holds a shard's worth.
+
+        Args:
+            verdicts: the batch's equivalence verdict counts (``{"checks", "unverifiable"}``), summed per shard.
+        """
         path = self.spool_dir / f"spool-r{self.rank:03d}-b{batch_index:07d}.safetensors"
-        write_shard(path, problems, self.info, self.dtype)
+        write_shard(path, problems, dict(self.info, verdicts=dict(verdicts or {})), self.dtype)
         self.on_commit("spooled", path=path, problems=[p.problem_id for p in problems])
         spools = self._spools(self.rank)
         if sum(_problem_count(p) for p in spools) >= self.problems_per_shard:
@@ -115,8 +121,13 @@ class ShardStore:
         self.write_manifest()
 
     def _pack(self, spools: list[Path]) -> None:
-        problems = [p for spool in spools for p in read_shard(spool)[0]]
-        path = write_shard(self._next_shard(), problems, self.info, self.dtype)
+        problems, verdicts = [], {}
+        for spool in spools:
+            found, info = read_shard(spool)
+            problems += found
+            for key, count in (info.get("verdicts") or {}).items():
+                verdicts[key] = verdicts.get(key, 0) + count
+        path = write_shard(self._next_shard(), problems, dict(self.info, verdicts=verdicts), self.dtype)
         self.written.append(path)
         self.manifest[path.name] = [p.problem_id for p in problems]
         self.on_commit("shard_written", path=path)
@@ -135,9 +146,15 @@ class ShardStore:
 
 
 def _comparable(settings: dict) -> dict:
-    """The settings a resumed collection must share. Where the LM was loaded from is not one of them when its weights
-    fingerprint is recorded and the tokenizer came from the same place: a moved checkout or a copy of the same weights
-    (e.g. the testbed LM inside another clone) extends the collection; other weights or another tokenizer do not."""
+    """The settings a resumed collection must share, with flat elicitation keys read as one ``elicitation`` entry.
+    Where the LM was loaded from is not one of them when its weights fingerprint is recorded and the tokenizer came
+    from the same place: a moved checkout or a copy of the same weights (e.g. a named LM inside another clone) extends
+    the collection; other weights or another tokenizer do not."""
+    settings = dict(settings)
+    elicitation = collection_elicitation(settings).to_dict()
+    ElicitationSettings.pop_legacy(settings)
+    settings.pop("mode", None)
+    settings["elicitation"] = elicitation
     if settings.get("lm_weights_fingerprint") and settings.get("tokenizer") == settings.get("lm_name_or_path"):
         return {k: v for k, v in settings.items() if k not in ("lm_name_or_path", "tokenizer")}
     return settings
@@ -154,10 +171,10 @@ def check_settings(root: Path, settings: dict, is_main: bool, overwrite: bool, s
         if not path.exists():
             atomic_write_json(path, settings)
     state.wait_for_everyone()
-    existing = json.loads(path.read_text())
-    if _comparable(existing) != _comparable(settings):
-        diff = {k: (existing.get(k), settings.get(k)) for k in set(existing) | set(settings)
-                if existing.get(k) != settings.get(k)}
+    existing, requested = _comparable(json.loads(path.read_text())), _comparable(settings)
+    if existing != requested:
+        diff = {k: (existing.get(k), requested.get(k)) for k in set(existing) | set(requested)
+                if existing.get(k) != requested.get(k)}
         raise ValueError(f"{root} holds a collection with other settings (existing, requested): {diff}. Use a new "
                          "output_dir, the same settings to resume, or overwrite=True to start over.")
 

@@ -1,45 +1,8 @@
-"""The trace file: N chains of thought per problem, sampled anywhere (vLLM, SGLang, a dataset), as JSON lines.
+"""The trace file: N sampled completions per problem (from vLLM, an API or hf_msv itself), one JSON line each.
 
-`hf_msv.collect.collect_from_traces` (``hf-msv collect --traces FILE.jsonl``) re-encodes such a file into the same
-shards live collection writes. This module only defines the format, reads it (with line-level validation) and
-writes it; nothing here needs the LM.
-
-Format
-======
-
-UTF-8 JSON lines, one problem per line (blank lines are ignored)::
-
-    {"id": "gsm8k/17", "question": "...", "gold": "42",
-     "gold_alternatives": ["42.0"],                      # optional: also graded correct
-     "source": "gsm8k",                                  # optional
-     "prompt_token_ids": [1, 523, ...],                  # optional: the prompt exactly as sampled (preferred)
-     "prompt": "...",                                    # optional: prompt text, tokenised with special tokens
-     "messages": [{"role": "user", "content": "..."}],   # optional: chat messages, rendered with the chat template
-     "completions": [                                    # N of them, the same N on every line
-        {"token_ids": [...], "finish_reason": "stop"},   # token ids as sampled (preferred), EOS included if any
-        {"text": "...", "finish_reason": "length"},      # or text: re-tokenised, round trip checked
-        "..."                                            # a bare string is {"text": ...}
-     ],
-     "sampling": {"temperature": 1.0, "engine": "vllm"}}  # optional, kept in the shard info of the first line
-
-**Prompt.** The first of ``prompt_token_ids``, ``messages``, ``prompt`` that is present is used; with none of them
-the prompt is built from ``question`` by the ``prompt_template`` of `collect_from_traces` exactly as live collection
-builds it (`hf_msv.collect.lm.prompt_builder`: chat template with ``add_generation_prompt=True`` and no extra special
-tokens, or plain text with the tokenizer's special tokens). ``messages`` and a ``chat`` template use the tokenizer's
-chat template or the ``chat_template`` argument, which must be the template used at sampling time.
-
-**Completions.** ``token_ids`` are the generated tokens: a completion that ended with EOS has the EOS id last
-(vLLM's ``CompletionOutput.token_ids`` does), and no EOS id may appear before the end. ``text`` completions are
-tokenised without special tokens; decoding must give the text back exactly (otherwise the line is bad: a silent
-shift would move every τ), and ``finish_reason`` ``"stop"`` / ``"eos"`` appends the LM's EOS id. Text gives the
-canonical tokenisation, which can differ from the sampled one ("Wa"+"it"): prefer ``token_ids``.
-``logprobs`` (optional, per completion): one list of top-k log-probabilities per generated token (EOS included),
-used for DeepConf confidences when `collect_from_traces` is told to read them from the trace.
-
-**Bad lines.** A line that is not UTF-8 or not a JSON object, misses a field, has an empty completion, a different
-N than the first good line, a duplicate id, a malformed token list, or (checked when re-encoding, with the
-tokenizer) a text that does not round-trip or a sequence longer than the LM's context raises `TraceError` naming the
-line, or, with ``skip_bad_lines=True``, is skipped and listed in `TraceFile.bad_lines` (and in the shard info).
+`read_traces` (line-level validation: `TraceError` names the line, or bad lines are skipped and listed),
+`write_traces`, and the exports `traces_from_results` / `traces_from_shards`; `collect_from_traces` re-encodes such
+a file into shards. Nothing here needs the LM. The format: ``docs/collection.md``.
 """
 
 from __future__ import annotations
@@ -89,7 +52,7 @@ class Completion:
 
 @dataclass
 class Trace:
-    """One line of a trace file: a problem, how it was prompted and its N completions (module docstring)."""
+    """One line of a trace file: a problem, how it was prompted and its N completions (format: ``docs/collection.md``)."""
 
     id: str
     question: str
@@ -213,7 +176,7 @@ def parse_trace(raw: bytes | str, line: int = 0) -> Trace:
 
 
 def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_samples: int | None = None) -> TraceFile:
-    """Read and validate a trace file (module docstring).
+    """Read and validate a trace file (format: ``docs/collection.md``).
 
     Args:
         skip_bad_lines: skip bad lines and list them in `TraceFile.bad_lines` instead of raising `TraceError`.

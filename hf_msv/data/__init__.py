@@ -24,6 +24,7 @@ from .shards import (
     read_shard,
     read_shard_info,
     list_shards,
+    collection_elicitation,
 )
 from .dataset import (
     ShardDataset,
@@ -53,6 +54,7 @@ __all__ = [
     "read_shard",
     "read_shard_info",
     "list_shards",
+    "collection_elicitation",
     "ShardDataset",
     "collate_groups",
     "VERIFIER_INPUTS",

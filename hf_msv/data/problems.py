@@ -1,4 +1,4 @@
-"""Problems: a question with a gold answer, from a benchmark file or the testbed generator."""
+"""Problems: a question with a gold answer, and the benchmark loaders (files in ``$HF_MSV_DATA_DIR``)."""
 
 from __future__ import annotations
 

@@ -1,56 +1,10 @@
 """Hidden-state shards: the on-disk format of collected answers; writing, listing and reading whole shards.
-(`hf_msv.data.ShardDataset` reads groups lazily from the same files.)
 
-Shard format
-============
-
-One safetensors file holds every answer of a few problems (``shard-r{rank:03d}-{index:05d}.safetensors``; the name
-only needs to match ``shard-*.safetensors``). Per problem, its answers are contiguous rows ordered by (τ, sequence,
-step) — the order in which they were elicited — its sequences are contiguous rows ordered by n, and each answer's
-tokens are contiguous. Tensors (T answer tokens, A answers, S sequences, C chain-of-thought tokens):
-
-=============================  ===========  ===============================================================
-name                           shape/dtype  meaning
-=============================  ===========  ===============================================================
-``hidden_states``              (T, d) bf16  last-layer LM states of the answer tokens (bf16 or fp16, see below)
-``token_ids``                  (T,) i32     the answer tokens
-``token_logprobs``             (T,) f32     log p(token) under the LM (Token-Probs baseline); nan = unknown
-``answer_problem``             (A,) i32     index of the answer's problem in this shard
-``answer_token_start``         (A,) i64     first row of the answer in ``hidden_states``
-``answer_length``              (A,) i32     L
-``answer_sequence``            (A,) i32     n (0-based, < samples collected)
-``answer_step``                (A,) i32     k (0-based index of the answer in its sequence)
-``answer_tau``                 (A,) i32     τ, decode step at which it was elicited
-``answer_end``                 (A,) i32     step at which it became available (optional; absent: τ + L)
-``answer_class``               (A,) i32     equivalence class in its problem (online, arrival order)
-``answer_terminal``            (A,) bool    the sequence's terminal answer
-``answer_correct``             (A,) bool    equivalent to the gold answer under the collection checker
-``sequence_problem``           (S,) i32     index of the sequence's problem in this shard
-``sequence_length``            (S,) i32     chain-of-thought tokens generated (EOS included)
-``sequence_confidence_start``  (S,) i64     first entry of the sequence in ``cot_confidence``
-``cot_confidence``             (C,) f32     DeepConf token confidence C_i = −mean of the top-k log-probs, per CoT token
-``sequence_cot_token_start``   (S,) i64     first entry of the sequence in ``cot_token_ids``
-``cot_token_ids``              (C,) i32     the sampled chain-of-thought tokens (EOS included), for post-hoc scorers
-=============================  ===========  ===============================================================
-
-**Unknown CoT data.** A problem whose confidences or CoT token ids are unknown stores no entries for its sequences
-(consecutive starts are equal) and reads back an empty list. The two CoT tensors have their own start columns, so
-either can be missing while the other is known (traces without log-probs have token ids but no confidences); when
-both are known their starts are equal, entry i of both being the same token. Shards written before CoT token ids
-and questions were kept lack ``cot_token_ids``, ``sequence_cot_token_start`` and ``problem_question``: they read as
-unknown (empty lists, ``""``), and the format version stays 1 (readers of either vintage read both).
-
-String metadata: the safetensors header holds one key, ``hf_msv``, a JSON object (sorted keys, so equal shards
-are equal bytes) with ``format`` (``"hf_msv.shard"``), ``version``, ``problem_id``, ``problem_gold``,
-``problem_source``, ``problem_question`` (P,), ``answer_text`` (A, ``null`` = no answer), ``answer_raw_text``,
-``answer_trigger`` (A,), ``sequence_finish`` (S,) and ``collect`` (the collection settings: LM, hidden size, delimiters, checker, ...).
-
-**16-bit storage.** Hidden states are stored in bfloat16 by default: reasoning LMs run in bf16, so their states are
-stored losslessly, and bf16 has float32's range, so no outlier dimension can overflow (fp16 tops out at 65504).
-``float16`` is available for LMs run in fp16/fp32 that want 3 more mantissa bits.
-
-Files are written atomically (temporary name, fsync, ``os.replace``, fsync of the directory), so a reader never
-sees a partial shard.
+`write_shard`, `read_shard`, `read_shard_info`, `list_shards`, `ShardIndex` (one shard's index, read lazily by
+`hf_msv.data.ShardDataset`) and `collection_elicitation` (a shard's elicitation settings). One safetensors file
+holds every answer of a few problems: answer-token hidden states (bf16 or fp16), answer and sequence columns, the
+chain-of-thought token ids and confidences, and the collection settings as JSON metadata. The format, tensor by
+tensor: ``docs/collection.md``.
 """
 
 from __future__ import annotations
@@ -66,6 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..elicitation import ElicitationSettings
 from ..utils import commit_file, tmp_name
 from .records import CollectedProblem
 
@@ -81,7 +36,7 @@ ANSWER_BOOL_COLUMNS = ("terminal", "correct")
 
 __all__ = [
     "FORMAT", "VERSION", "SHARD_GLOB", "STORAGE_DTYPES", "ANSWER_INT_COLUMNS", "ANSWER_BOOL_COLUMNS", "ShardIndex",
-    "write_shard", "read_shard", "read_shard_info", "list_shards",
+    "write_shard", "read_shard", "read_shard_info", "list_shards", "collection_elicitation",
 ]
 
 
@@ -282,6 +237,16 @@ def read_shard(path: str | os.PathLike, hidden: bool = True) -> tuple[list[Colle
     with safe_open(str(path), framework="pt") as handle:
         problems = [index.read_problem(handle, i, hidden) for i in range(len(index.problem_ids))]
     return problems, index.info
+
+
+def collection_elicitation(info: dict) -> ElicitationSettings:
+    """The elicitation settings of a shard's ``collect`` info (or a collection's ``collect_config.json``): its
+    ``elicitation`` entry, or the flat keys (``mode``, ``delimiters``, ``elicitation_prompt``, ...) of shards written
+    before that entry existed."""
+    if "elicitation" in info:
+        return ElicitationSettings.from_dict(info["elicitation"])
+    found = ElicitationSettings.pop_legacy(dict(info))
+    return ElicitationSettings(mode=info.get("mode", "streaming"), **found)
 
 
 def list_shards(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:

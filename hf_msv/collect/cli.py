@@ -1,0 +1,62 @@
+"""``hf-msv collect``: `CollectConfig` flags → `collect` (``--problems``) or `collect_from_traces` (``--traces``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from .config import CollectConfig, build_parser
+from .job import CollectResult
+from .lm import load_lm, load_problems
+
+def collect_from_config(config: CollectConfig) -> CollectResult:
+    """Load the LM and the problems `config` names and run `collect` with its settings (or, with ``traces``,
+    `collect_from_traces` on that trace file).
+
+    Raises:
+        ValueError: what `CollectConfig.check_command_line`, `load_problems`, `collect` or `collect_from_traces`
+            refuse. FileNotFoundError: a missing LM, benchmark file or trace file.
+    """
+    config.check_command_line()
+    config = config.resolved()
+    if config.traces is not None:
+        from .from_traces import collect_from_traces
+
+        model, tokenizer = load_lm(config.model, config.model_dtype)
+        return collect_from_traces(model, tokenizer, config.traces, config.output_dir, config)
+    from .live import collect
+
+    problems = load_problems(config.problems)  # before the LM: a bad spec fails fast
+    model, tokenizer = load_lm(config.model, config.model_dtype)
+    return collect(model, tokenizer, problems, config.output_dir, config)
+
+
+def summary(result: CollectResult) -> dict:
+    """`result` as the one JSON line ``hf-msv collect`` prints (shards counted, not listed)."""
+    out = {k: v for k, v in asdict(result).items() if k != "shards"}
+    out.update(shards_written=len(result.shards), tokens_per_s=result.tokens_per_s)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``hf-msv collect``: flags from `CollectConfig`; prints this process's `CollectResult` as one JSON line, after
+    a warning on stderr for skipped trace lines or unverifiable equivalence verdicts."""
+    parser = build_parser()
+    (config,) = parser.parse_args_into_dataclasses(argv)
+    try:
+        config.check_command_line()
+    except ValueError as e:
+        parser.error(str(e))
+    result = collect_from_config(config)
+    if result.skipped_lines:
+        print(f"warning: skipped {result.skipped_lines} bad line(s) of {config.traces} (listed in the shard info, "
+              "bad_lines)", file=sys.stderr)
+    if result.unverifiable:
+        print(f"warning: {result.unverifiable} of {result.checks} equivalence checks were unverifiable (counted as "
+              "different answers; per shard in its info, verdicts)", file=sys.stderr)
+    print(json.dumps(summary(result)))
+
+
+__all__ = ["collect_from_config", "main", "summary"]
