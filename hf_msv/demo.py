@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from .collect import load_lm
 from .equivalence import get_checker
+from .errors import check_checkpoint_dir
 from .generation import msv_generate
 from .modeling_msv import MSVVerifier
 from .data.problems import Problem
@@ -82,7 +83,13 @@ def load_default(device: str | None = None):
 
 def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None, device: str | None = None):
     """Any local or Hub LM (``"testbed"``: the embedded one) + its verifier, both on `device` (the Hub needs
-    network; here only local directories work)."""
+    network; here only local directories work).
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: a local verifier or LM path that is not a checkpoint directory (checked
+            before anything loads).
+    """
+    check_checkpoint_dir(verifier_name, "verifier")
     model, tokenizer = load_lm(model_name, device=device, gguf_file=gguf_file)
     return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).to(model.device).eval()
 

@@ -1,9 +1,14 @@
-"""Equivalence checkers, their time bounds and robustness, and online equivalence classes."""
+"""Equivalence checkers, their CPU-time bounds and robustness, verdicts under load, and online equivalence classes."""
 
 import concurrent.futures
+import contextlib
 import multiprocessing
+import os
+import pickle
 import random
-import time
+import signal
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +16,7 @@ from hypothesis import strategies as st
 
 from hf_msv.equivalence import (
     CHECKERS,
+    STAT_KEYS,
     EquivalenceChecker,
     EquivalenceClasses,
     Verdict,
@@ -18,14 +24,17 @@ from hf_msv.equivalence import (
     get_checker,
     is_pathological,
 )
+from hf_msv.equivalence.pool import TaskResult, WorkerPool, get_pool, process_cpu_seconds
 
-TIMEOUT = 1.0
-SLACK = 0.5  # the goal: no check takes longer than its timeout + 0.5 s
+TIMEOUT = 1.0  # CPU seconds; the retry gets 3 x as much
+WALL = 600.0  # a worker's wall-clock limit far above any CPU budget here: no verdict depends on the machine's load
+SLACK = 0.5  # CPU seconds a check may overshoot its budget (one look at /proc every <= 0.1 s, 10 ms ticks)
+MAX_CHECK_CPU = TIMEOUT + 3 * TIMEOUT + SLACK
 
 
 @pytest.fixture(scope="module")
 def symbolic():
-    checker = get_checker("symbolic", timeout=TIMEOUT)
+    checker = get_checker("symbolic", timeout=TIMEOUT, wall_limit=WALL)
     checker.warmup()
     return checker
 
@@ -107,7 +116,7 @@ def test_no_answer_is_never_equal(name):
 
 
 def test_fast_paths_agree_with_math_verify(symbolic):
-    plain = get_checker("symbolic", timeout=TIMEOUT, fast_paths=False)
+    plain = get_checker("symbolic", timeout=TIMEOUT, wall_limit=WALL, fast_paths=False)
     pairs = EQUIVALENT[:12] + DIFFERENT + [("1e3", "1000"), ("50\\%", "0.5"), ("\\frac{-3}{4}", "-0.75"), ("e", "\\e")]
     for a, b in pairs:
         assert symbolic.compare(a, b) is plain.compare(a, b), (a, b)
@@ -145,32 +154,169 @@ def test_hostile_inputs_are_bounded_and_never_equal(symbolic):
     for i, h in enumerate(HOSTILE):
         for other in [h, *HOSTILE[i + 1 :], *ORDINARY]:
             for call in (symbolic.compare, symbolic.is_correct):
-                verdict, seconds = _timed(call, h, other)  # must not raise
-                assert seconds <= TIMEOUT + SLACK, (h[:30], other[:30])
+                verdict, cpu = _charged(symbolic, call, h, other)  # must not raise
+                assert cpu <= MAX_CHECK_CPU, (h[:30], other[:30])
                 if other is not h:
                     assert verdict in (Verdict.NOT_EQUAL, Verdict.UNVERIFIABLE, False), (h[:30], other[:30])
         assert symbolic.equivalent(h, h)  # the same string is the same answer, whatever it is
 
 
-def _timed(fn, *args):
-    start = time.perf_counter()
+def _charged(checker, fn, *args):
+    """(fn(*args), CPU seconds the call charged to the checker's workers)."""
+    before = checker.stats
     out = fn(*args)
-    return out, time.perf_counter() - start
+    return out, checker.stats["worker_cpu_s"] - before["worker_cpu_s"]
 
 
-def test_timeout_gives_unverifiable(symbolic):
-    # verify of these relations computes 9^(9^9): the worker is killed after the timeout
+def _delta(checker, before):
+    return {k: v - before[k] for k, v in checker.stats.items()}
+
+
+def test_timeout_is_retried_then_unverifiable_and_never_cached(symbolic):
+    # verify of these relations computes 9^(9^9): both budgets run out, the worker is killed each time
     pair = ("x = 9^{9^{9}}", "x = 9^{9^{9}}+1")
-    verdict, seconds = _timed(symbolic.compare, *pair)
-    assert verdict is Verdict.UNVERIFIABLE and seconds <= TIMEOUT + SLACK
-    verdict, seconds = _timed(symbolic.compare, *reversed(pair))
-    assert verdict is Verdict.UNVERIFIABLE and seconds < 0.1  # cached: a hostile pair costs its timeout once
-    # parsing this one alone runs out of time: it is unverifiable against anything, without a second timeout
-    verdict, seconds = _timed(symbolic.compare, "\\gcd(9^{9^{9}}, 6)", "3")
-    assert verdict is Verdict.UNVERIFIABLE and seconds <= TIMEOUT + SLACK
-    verdict, seconds = _timed(symbolic.is_correct, "\\gcd(9^{9^{9}}, 6)", "4")
-    assert verdict is False and seconds < 0.5
+    before = symbolic.stats
+    assert symbolic.compare(*pair) is Verdict.UNVERIFIABLE
+    delta = _delta(symbolic, before)
+    assert (delta["retries"], delta["timeouts"], delta["unverifiable"], delta["checks"]) == (1, 1, 1, 1)
+    assert 4 * TIMEOUT - 0.1 <= delta["worker_cpu_s"] <= MAX_CHECK_CPU  # both budgets spent, no more
+    # a timeout is never final: the pair is tried again (and runs out again: same CPU need, same verdict)
+    before = symbolic.stats
+    assert symbolic.compare(*reversed(pair)) is Verdict.UNVERIFIABLE
+    delta = _delta(symbolic, before)
+    assert (delta["retries"], delta["timeouts"]) == (1, 1) and delta["worker_cpu_s"] >= 4 * TIMEOUT - 0.1
+    # parsing this one alone runs out of time: it is unverifiable against anything
+    verdict, cpu = _charged(symbolic, symbolic.compare, "\\gcd(9^{9^{9}}, 6)", "3")
+    assert verdict is Verdict.UNVERIFIABLE and cpu <= MAX_CHECK_CPU
+    verdict, cpu = _charged(symbolic, symbolic.is_correct, "\\gcd(9^{9^{9}}, 6)", "3")  # the graded direction
+    assert verdict is False and cpu <= MAX_CHECK_CPU
     assert symbolic.compare("x+1", "1+x") is Verdict.EQUAL  # the replaced worker works
+
+
+def test_first_timeout_is_retried_not_final():
+    # Probing this pair takes tens of ms of CPU in a fresh worker: the first 5 ms budget runs out, the retry decides.
+    checker = get_checker("symbolic", timeout=0.005, retry_timeout=30.0, wall_limit=WALL, memory_limit_mb=2045)
+    with closing_pools(checker):
+        assert checker.compare("\\frac{k(k+1)(k+2)}{6}", "\\binom{k+2}{3}") is Verdict.EQUAL
+    stats = checker.stats
+    assert stats["retries"] >= 1 and stats["timeouts"] == 0 and stats["unverifiable"] == 0
+
+
+def test_lost_worker_is_never_cached(monkeypatch):
+    checker = get_checker("symbolic", timeout=TIMEOUT)
+    real, lost = checker._pool(), []
+
+    class Stalling:  # the first two tasks stall (as a worker stopped from outside would)
+        def run(self, task, cpu_budget, wall_limit):
+            if len(lost) < 2:
+                lost.append(task)
+                return TaskResult(None, 0.0, "stalled")
+            return real.run(task, cpu_budget, wall_limit)
+
+    monkeypatch.setattr(checker, "_pool", Stalling)
+    assert checker.compare("x^2+2x+1", "(x+1)^2") is Verdict.UNVERIFIABLE  # first try and retry both stalled
+    assert checker.stats["stalled"] == 2 and checker.stats["timeouts"] == 1
+    assert checker.compare("x^2+2x+1", "(x+1)^2") is Verdict.EQUAL  # not cached: tried again
+
+
+def test_stalled_worker_is_killed_by_the_wall_limit():
+    pool = WorkerPool(1, memory_limit_mb=2044)
+    try:
+        pool.warmup()
+        (pid,) = pool.idle_worker_pids()
+        os.kill(pid, signal.SIGSTOP)  # uses no CPU time: only the wall-clock limit can end it
+        result = pool.run(("probe", "x+1"), cpu_budget=60.0, wall_limit=0.3)
+        assert result.status == "stalled" and result.value is None
+        result = pool.run(("probe", "x+1"), cpu_budget=60.0, wall_limit=600.0)  # a fresh worker
+        assert result.status == "ok" and result.value[0] == "value" and result.cpu_s >= 0
+    finally:
+        pool.close()
+
+
+@contextlib.contextmanager
+def closing_pools(*checkers):
+    """Stop the worker pools of checkers made with a pool of their own (their zygotes would live until exit)."""
+    try:
+        yield
+    finally:
+        for checker in checkers:
+            get_pool(checker.max_workers, checker.memory_limit_mb).close()
+
+
+@contextlib.contextmanager
+def saturated_cpus(processes=4, seconds=300):
+    """Busy-looping processes on every core (each ends by itself after ``seconds``; killed on exit)."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
+
+
+PAIRS = EQUIVALENT + DIFFERENT
+EXPECTED = [Verdict.EQUAL] * len(EQUIVALENT) + [Verdict.NOT_EQUAL] * len(DIFFERENT)
+
+
+def test_verdicts_under_load():
+    # A pool of its own (another memory limit): fresh workers whose parse caches are cold when the load starts.
+    checker = get_checker("symbolic", timeout=TIMEOUT, wall_limit=WALL, memory_limit_mb=2043)
+    checker.warmup()
+    with closing_pools(checker), saturated_cpus():
+        verdicts = [checker.compare(a, b) for a, b in PAIRS]
+        graded = [checker.compare_to_gold(a, b) for a, b in EQUIVALENT[:10]]
+    assert verdicts == EXPECTED
+    assert graded == [Verdict.EQUAL] * 10
+    stats = checker.stats
+    assert (stats["retries"], stats["timeouts"], stats["unverifiable"], stats["stalled"]) == (0, 0, 0, 0)
+
+
+LABEL_BATCH = ["\\frac12", "0.5", "1/2", "2\\sqrt2", "\\sqrt8", "x+1", "1+x", "(1,2)", "(2,1)", "3", None, "0.50",
+               "\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)", "\\binom{n+1}{2}",
+               "\\frac{n(n+1)}{2}", "\\gcd(9^{9^{9}}, 6)", "90^\\circ", "90", "\\{1,2\\}", "\\{2,1\\}"]
+
+
+def _labels(checker, answers, gold):
+    return assign_classes(answers, checker), [checker.is_correct(a, gold) for a in answers]
+
+
+def test_labelling_twice_gives_identical_labels():
+    # Small budgets (0.25 s, retry 0.75 s of CPU): the gcd answer runs out of both, the others need far less.
+    answers = random.Random(1).choices(LABEL_BATCH, k=40)
+    quiet, loaded = (get_checker("symbolic", timeout=0.25, wall_limit=WALL, memory_limit_mb=m) for m in (2042, 2041))
+    with closing_pools(quiet, loaded):
+        quiet.warmup()
+        loaded.warmup()
+        first = _labels(quiet, answers, "\\frac{1}{2}")
+        with saturated_cpus():  # the second labelling is slowed down by busy cores; its labels must not change
+            second = _labels(loaded, answers, "\\frac{1}{2}")
+    assert first == second
+    assert quiet.stats["unverifiable"] == loaded.stats["unverifiable"] > 0  # the gcd answer, both times
+    assert loaded.stats["stalled"] == 0
+    classes, labels = first
+    assert labels == [a in ("\\frac12", "0.5", "1/2", "0.50") for a in answers]
+
+
+def test_stats_keys_reset_and_pickling():
+    exact = get_checker("exact")
+    assert tuple(exact.stats) == STAT_KEYS and not any(exact.stats.values())
+    exact.compare("1", "1")
+    exact.is_correct("2", "1")
+    exact.compare(None, "1")
+    assert exact.stats["checks"] == 3 and exact.stats["unverifiable"] == 0
+    copy = pickle.loads(pickle.dumps(exact))
+    assert copy.stats["checks"] == 3
+    exact.reset_stats()
+    assert exact.stats["checks"] == 0 and copy.stats["checks"] == 3
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout": 0}, {"timeout": 2.0, "retry_timeout": 1.0}, {"wall_limit": -1}])
+def test_symbolic_rejects_bad_budgets(kwargs):
+    with pytest.raises(ValueError, match="timeout|wall_limit"):
+        get_checker("symbolic", **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +329,7 @@ def test_is_pathological(answer, bad):
 
 
 def test_symbolic_from_threads():
-    checker = get_checker("symbolic", timeout=5.0)  # generous: the threads share two CPU cores
+    checker = get_checker("symbolic", timeout=TIMEOUT, wall_limit=WALL)  # CPU time: threads waiting are not charged
     pairs = (EQUIVALENT + DIFFERENT) * 2
     expected = [True] * len(EQUIVALENT) + [False] * len(DIFFERENT)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -192,7 +338,7 @@ def test_symbolic_from_threads():
 
 
 def _check_in_child(pair):
-    return get_checker("symbolic", timeout=5.0).compare(*pair).value
+    return get_checker("symbolic", timeout=TIMEOUT, wall_limit=WALL).compare(*pair).value
 
 
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
@@ -214,7 +360,7 @@ math_text = st.lists(math_token, max_size=8).map("".join)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(math_text | st.none(), math_text | st.none())
 def test_symbolic_properties(a, b):
-    checker = get_checker("symbolic", timeout=TIMEOUT)  # fresh caches: the second order is really checked
+    checker = get_checker("symbolic", timeout=TIMEOUT, wall_limit=WALL)  # fresh caches: both orders are checked
     forward = checker.compare(a, b)
     checker.clear_cache()
     backward = checker.compare(b, a)
@@ -315,3 +461,10 @@ def test_online_equals_offline_assignment(symbolic):
         cls = dict(zip(answers, online.classes))
         if "0.5" in cls and "\\frac12" in cls:
             assert cls["0.5"] == cls["\\frac12"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_process_cpu_seconds():
+    sum(i * i for i in range(300_000))  # some CPU time of our own
+    assert 0 < process_cpu_seconds(os.getpid()) <= sum(os.times()[:2]) + 0.02
+    assert process_cpu_seconds(2**22 + 12345) is None  # above the default pid_max: no such process

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..data.problems import BENCHMARKS, DATA_DIR_ENV, Problem, load_benchmark
+from ..errors import check_checkpoint_dir
 from ..registry import get_named_lm, named_lms
 from ..utils import resolve_device
 
@@ -95,11 +96,12 @@ def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None =
         ``(model, tokenizer)``.
 
     Raises:
-        FileNotFoundError: a named LM whose directory holds no checkpoint (the message says how to make one).
+        FileNotFoundError: a named LM whose directory holds no checkpoint (the message says how to make one), or a
+            local path (`hf_msv.errors.looks_like_path`) that is not a directory or has no ``config.json``.
+        NotADirectoryError: a local path that is a file.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = resolve_device(device)
     named = get_named_lm(name)
     path = name
     if named is not None:
@@ -107,6 +109,9 @@ def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None =
             raise FileNotFoundError(f"no checkpoint of the named LM {name!r} at {named.path}"
                                     + (f"; {named.missing_hint}" if named.missing_hint else ""))
         path = str(named.path)
+    else:  # a local path that is not a checkpoint: say so, not transformers' "Repo id must be in the form ..."
+        check_checkpoint_dir(name, "LM", required=None if gguf_file else "config.json")
+    device = resolve_device(device)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype == "auto" else getattr(torch, dtype),

@@ -135,7 +135,12 @@ class ShardIndex:
 
     def __init__(self, path: str | os.PathLike):
         self.path = path = Path(path)
-        with safe_open(str(path), framework="pt") as f:
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except Exception as e:  # safetensors' own error type: the file is not safetensors (or is truncated)
+            raise ValueError(f"{path} is not a readable shard file ({e}); shards are written by "
+                             "`hf-msv collect`") from e
+        with handle as f:
             meta = _metadata(f, path)
             self.arrays = {name: f.get_tensor(name).numpy() for name in f.keys()
                            if name not in ("hidden_states", "token_ids", "token_logprobs") + COT_TENSORS}

@@ -3,6 +3,7 @@
 Everything MSV does with answers (the equivalence mask, γ, logit averaging, weighted voting, self-consistency and the
 correctness labels) depends on deciding when two answers are "the same". An `EquivalenceChecker` decides it for one
 pair; `EquivalenceClasses` turns those verdicts into the class ids of one group's answers, in arrival order.
+Every checker counts its verdicts (`EquivalenceChecker.stats`). See ``docs/equivalence.md``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,27 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import os
+import threading
 from typing import Iterable
 
 from ..answers import normalize_answer
 
 logger = logging.getLogger(__name__)
+
+STAT_KEYS = ("checks", "unverifiable", "retries", "timeouts", "stalled", "worker_failures", "worker_cpu_s")
+"""The counters of `EquivalenceChecker.stats`, in order."""
+
+_STATS_LOCK = threading.Lock()  # one for all checkers: counters are cheap, and a checker stays picklable
+
+
+def _new_stats_lock() -> None:
+    global _STATS_LOCK
+    _STATS_LOCK = threading.Lock()  # a child forked while another thread held the lock must not wait for it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_stats_lock)
 
 
 class Verdict(enum.Enum):
@@ -43,6 +60,9 @@ class EquivalenceChecker:
 
     def compare(self, a: str | None, b: str | None) -> Verdict:
         """Symmetric verdict on two answers; never raises (an internal error gives ``UNVERIFIABLE``)."""
+        return self._counted(self._compare_safely(a, b))
+
+    def _compare_safely(self, a: str | None, b: str | None) -> Verdict:
         if a is None or b is None:
             return Verdict.NOT_EQUAL
         try:
@@ -53,6 +73,34 @@ class EquivalenceChecker:
         except Exception:  # a checker bug must not take the verifier down: report "could not verify"
             logger.debug("equivalence check failed", exc_info=True)
             return Verdict.UNVERIFIABLE
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Counters since creation or `reset_stats` (a copy; keys `STAT_KEYS`, thread-safe).
+
+        ``checks``: verdicts returned (``compare``, ``equivalent``, ``is_correct``; cache hits included);
+        ``unverifiable``: those that were ``UNVERIFIABLE``. The symbolic checker also counts ``retries`` (checks whose
+        first CPU budget ran out, retried with a larger one), ``timeouts`` (UNVERIFIABLE because the retry ran out
+        too), ``stalled`` (workers killed by the wall-clock limit), ``worker_failures`` (workers that died or did
+        not start) and ``worker_cpu_s`` (CPU seconds spent in workers); other checkers leave those at 0.
+        """
+        with _STATS_LOCK:
+            return dict(self.__dict__.get("_stats") or dict.fromkeys(STAT_KEYS, 0))
+
+    def reset_stats(self) -> None:
+        """Set every counter of `stats` to 0."""
+        with _STATS_LOCK:
+            self.__dict__.pop("_stats", None)
+
+    def _add_stats(self, **amounts: float) -> None:
+        with _STATS_LOCK:
+            stats = self.__dict__.setdefault("_stats", dict.fromkeys(STAT_KEYS, 0))
+            for key, amount in amounts.items():
+                stats[key] += amount
+
+    def _counted(self, verdict: Verdict) -> Verdict:
+        self._add_stats(checks=1, unverifiable=int(verdict is Verdict.UNVERIFIABLE))
+        return verdict
 
     def equivalent(self, a: str | None, b: str | None) -> bool:
         """``compare(a, b) is Verdict.EQUAL``: symmetric, unverifiable counts as different, never raises."""
@@ -126,4 +174,4 @@ def assign_classes(answers: Iterable[str | None], checker: EquivalenceChecker) -
     return [classes.add(a) for a in answers]
 
 
-__all__ = ["EquivalenceChecker", "EquivalenceClasses", "Verdict", "answer_key", "assign_classes"]
+__all__ = ["STAT_KEYS", "EquivalenceChecker", "EquivalenceClasses", "Verdict", "answer_key", "assign_classes"]

@@ -1,12 +1,8 @@
-"""The symbolic checker's worker processes: a pool of forked workers per process, with a hard time bound per task.
+"""The symbolic checker's worker processes: forked from a zygote, each task bounded by the CPU time it uses.
 
-Math-Verify runs with its own (signal-based) timeouts disabled in a worker process, and the parent bounds each task by
-killing that worker. Workers are forked from a *zygote*: a child interpreter that runs `hf_msv.equivalence.worker` as a
-script (``python -P worker.py``) and has imported Math-Verify once, so replacing a killed worker is a ~10 ms fork.
-
-multiprocessing is not used: its forkserver re-imports the caller's ``__main__`` script in every child (its
-``__main__`` preload never happens in CPython 3.11), which for a script importing hf_msv (torch) costs seconds per
-restart; it also refuses to start children from daemonic processes (``multiprocessing.Pool`` workers).
+`WorkerPool.run` sends one task to a worker and kills the worker once the task has used its CPU budget (read from
+``/proc/<pid>/stat``; wall time where there is no ``/proc``) or a much larger wall-clock limit (a stalled worker).
+`get_pool` gives each process its own pool. Design: ``docs/equivalence.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -27,6 +24,41 @@ logger = logging.getLogger(__name__)
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 """The zygote program (`hf_msv.equivalence.worker`), run as a script so that it never imports hf_msv."""
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_MAX_POLL_S = 0.1  # longest wait between two looks at a busy worker's CPU time
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process ``pid`` has used, from ``/proc``; ``None`` where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the command name may contain spaces and ")"
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14, 15 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """Outcome of `WorkerPool.run`.
+
+    Attributes:
+        value: what the worker returned (``None`` unless ``status == "ok"``).
+        cpu_s: CPU seconds the task used in workers.
+        status: ``"ok"``; ``"timeout"`` (the CPU budget ran out); ``"stalled"`` (the wall-clock limit ran out
+            first); ``"failed"`` (no worker could be started, or workers died twice).
+    """
+
+    value: object
+    cpu_s: float
+    status: str
+
+
+class _OutOfTime(Exception):
+    def __init__(self, status: str, cpu_s: float):
+        super().__init__(status)
+        self.status, self.cpu_s = status, cpu_s
 
 
 class _Zygote:
@@ -43,7 +75,7 @@ class _Zygote:
             )
         self.sock = ours
         self.lock = threading.Lock()
-        ours.settimeout(start_timeout)  # start-up (imports) is not charged to any check's timeout
+        ours.settimeout(start_timeout)  # start-up (imports) is not charged to any task
         try:
             ready = ours.recv(1) == b"R"
         except OSError:
@@ -88,12 +120,27 @@ class _Worker:
         self.pid = pid
         self.conn = conn
 
-    def call(self, task, timeout: float):
-        """The task's result; raises TimeoutError (the worker is then useless) or EOFError/OSError if it died."""
+    def call(self, task, cpu_budget: float, wall_limit: float) -> tuple[object, float]:
+        """(result, CPU seconds) of ``task``; raises `_OutOfTime` (the worker is then useless), or EOFError /
+        OSError if it died."""
+        cpu_start = process_cpu_seconds(self.pid)
+        start = time.monotonic()
         self.conn.send(task)
-        if not self.conn.poll(timeout):
-            raise TimeoutError
-        return self.conn.recv()
+        used = elapsed = 0.0
+        while True:
+            # A single-threaded worker cannot use more CPU time than the wall time that passes, so waiting for the
+            # rest of its budget never overshoots it; a worker that gets no CPU just takes more waits.
+            if self.conn.poll(max(min(cpu_budget - used, wall_limit - elapsed, _MAX_POLL_S), 0.005)):
+                break
+            elapsed = time.monotonic() - start
+            cpu_now = process_cpu_seconds(self.pid) if cpu_start is not None else None
+            used = elapsed if cpu_now is None else cpu_now - cpu_start
+            if used >= cpu_budget:
+                raise _OutOfTime("timeout", used)
+            if elapsed >= wall_limit:
+                raise _OutOfTime("stalled", used)
+        value, cpu_s = self.conn.recv()
+        return value, cpu_s
 
     def kill(self) -> None:
         try:
@@ -109,7 +156,7 @@ class WorkerPool:
     Args:
         max_workers: workers alive at once; more concurrent tasks wait for a free one.
         memory_limit_mb: address space a worker may add before its allocations fail (Linux); ``None``: no limit.
-        start_timeout: seconds to wait for the zygote or a worker to start (not charged to any task's timeout).
+        start_timeout: seconds to wait for the zygote or a worker to start (not charged to any task).
     """
 
     def __init__(self, max_workers: int, memory_limit_mb: int | None, start_timeout: float = 120.0):
@@ -150,35 +197,41 @@ class WorkerPool:
                 self._idle.append(worker)
             self._cond.notify()
 
-    def run(self, task, timeout: float) -> tuple[object, float]:
-        """(result of ``task`` in a worker, seconds it ran there); the result is ``None`` on failure or timeout.
+    def run(self, task, cpu_budget: float, wall_limit: float) -> TaskResult:
+        """Run ``task`` in a worker, killing it after ``cpu_budget`` CPU seconds or ``wall_limit`` wall seconds.
 
-        Waiting for a free worker and starting one are not charged to ``timeout``.
+        Waiting for a free worker and starting one are not charged. A worker found dead (killed from outside,
+        crashed) is replaced once with the rest of the budget.
         """
         spent = 0.0
-        for _ in range(2):  # a worker found dead (killed from outside, crashed) gets one fresh replacement
+        for _ in range(2):
             try:
                 worker = self._acquire()
             except Exception:
                 logger.warning("could not start a symbolic equivalence worker", exc_info=True)
-                return None, spent
-            start = time.monotonic()
+                return TaskResult(None, spent, "failed")
             try:
-                result = worker.call(task, max(timeout - spent, 0.0))
-            except Exception as e:  # timeout, or the worker died: replace it
+                value, cpu_s = worker.call(task, cpu_budget - spent, wall_limit)
+            except _OutOfTime as e:
                 worker.kill()
                 self._release(None)
-                spent += time.monotonic() - start
-                if isinstance(e, TimeoutError):
-                    return None, spent
+                return TaskResult(None, spent + e.cpu_s, e.status)
+            except (EOFError, OSError):
+                worker.kill()
+                self._release(None)
                 continue
             self._release(worker)
-            return result, spent + time.monotonic() - start
-        return None, spent
+            return TaskResult(value, spent + cpu_s, "ok")
+        return TaskResult(None, spent, "failed")
 
     def warmup(self) -> None:
         """Start a worker now (the first also starts the zygote, ~1 s), so that no task waits for it."""
         self._release(self._acquire())
+
+    def idle_worker_pids(self) -> list[int]:
+        """Process ids of the workers waiting for a task (the next task goes to the last one)."""
+        with self._cond:
+            return [w.pid for w in self._idle]
 
     def close(self) -> None:
         """Kill the idle workers and stop the zygote (busy workers are killed by their tasks' owners)."""
@@ -217,4 +270,4 @@ def get_pool(max_workers: int, memory_limit_mb: int | None) -> WorkerPool:
         return _pools[key]
 
 
-__all__ = ["WORKER_SCRIPT", "WorkerPool", "get_pool"]
+__all__ = ["WORKER_SCRIPT", "TaskResult", "WorkerPool", "get_pool", "process_cpu_seconds"]

@@ -1,8 +1,7 @@
-"""The symbolic checker: Math-Verify with in-process fast paths, caches and a hard time bound per check.
+"""The symbolic checker: Math-Verify with in-process fast paths, caches and a CPU-time bound per check.
 
-Cheap, in-process decisions come first (string equality, two plain numbers, `is_pathological` refusals); only what
-they cannot settle goes to a worker process (`hf_msv.equivalence.pool`), which probes each answer once and runs
-Math-Verify's ``verify`` last. See `SymbolicChecker` for the order of decisions.
+`SymbolicChecker` and `is_pathological` (the answers it refuses before parsing). The order of decisions, the time
+bounds and what is cached: ``docs/equivalence.md``.
 """
 
 from __future__ import annotations
@@ -11,11 +10,12 @@ import decimal
 import logging
 import os
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 
 from .base import EquivalenceChecker, Verdict, answer_key
-from .pool import WorkerPool, get_pool
+from .pool import TaskResult, WorkerPool, get_pool
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,6 @@ def is_pathological(answer: str, max_length: int = 1000, max_depth: int = 32, ma
     return False
 
 
-
 _WIDE = decimal.Context(prec=40, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
 _BAD_ANSWER = ("bad",)  # probe result of an answer whose parse alone ran out of time or crashed a worker
 
@@ -116,45 +115,40 @@ def _values_differ(pa: tuple, pb: tuple) -> bool:
         return max(abs(ra - rb), abs(ia - ib)) > scale * Decimal("1e-5")
 
 
+@dataclass
+class _Attempt:
+    """One try at settling a pair in the workers."""
+
+    budget: float  # CPU seconds it may still spend
+    full: float  # CPU seconds it started with
+    final: bool  # the retry: a task that runs out of CPU time now decides the verdict
+    lost: bool = False  # a worker stalled or failed: the outcome reflects the machine, not the answers
+    timed_out: bool = False  # a task's CPU timeout decided the verdict
+
+
 class SymbolicChecker(EquivalenceChecker):
-    """Math-Verify (`parse` + `verify`, answers wrapped in ``$…$``) with fast paths, caches and a hard time bound.
+    """Math-Verify (`parse` + `verify`, answers wrapped in ``$…$``) with fast paths, caches and CPU-time bounds.
 
-    Order of decisions in `compare` (each answer normalised with `answer_key`):
-
-    1. same normalised string -> EQUAL; a cached verdict for the pair;
-    2. an answer longer than ``max_length`` or `is_pathological` -> UNVERIFIABLE at once;
-    3. two plain numbers (``0.5``, ``\\frac{1}{2}``, ``1,000``) -> decided in-process (`_numeric_verdict`);
-    4. each answer is *probed* once in a worker: parsed, and evaluated if it is an expression (constants as they
-       are, symbols at fixed points derived from their names). An answer that does not parse, or whose probe alone
-       runs out of time, is UNVERIFIABLE against everything. Without running ``verify``, two values that differ by
-       more than 1e-5 (relative) are NOT_EQUAL (Math-Verify compares such expressions by value or by simplifying the
-       difference to zero), and so is a value against a tuple / set of 2+ elements or a proper interval. Bare
-       symbols, relations, matrices, percentages and undefined functions are left to ``verify``;
-    5. otherwise a worker runs Math-Verify's ``verify``.
-
-    Steps 4-5 run in worker processes with Math-Verify's own timeouts disabled; one check may keep workers busy for
-    at most ``timeout`` seconds in all, after which the busy worker is killed and replaced (a ~10 ms fork) and the
-    verdict is UNVERIFIABLE. Waiting for a free worker (more threads than ``max_workers``) and starting one are not
-    counted. A worker found dead is replaced once, transparently.
-
-    Symmetry: ``equivalent(a, b)`` is ``verify(a, b) OR verify(b, a)``. Math-Verify's asymmetry comes from leniency
-    granted to the gold side (assignments ``x=5`` unwrapped, relations ``1<x<2`` read as intervals); between two
-    predictions neither is gold, so they are the same answer if one would be graded correct with the other as gold.
-    OR also halves the false negatives of AND, and Math-Verify errs on the side of False. `is_correct(pred, gold)`
-    keeps the graded direction, ``verify(gold, pred)``.
-
-    Verdicts (UNVERIFIABLE from a timeout included, so a hostile pair costs its timeout once) and probes are cached
-    per checker; parses are cached in the workers.
+    ``equivalent(a, b)`` is ``verify(a, b) OR verify(b, a)``; `is_correct(pred, gold)` keeps the graded direction
+    ``verify(gold, pred)``. What runs in-process and what in workers, the time bounds and what is cached:
+    ``docs/equivalence.md``.
 
     Args:
-        timeout: seconds one check may spend in worker processes before it is abandoned.
+        timeout: CPU seconds one check may use in worker processes; a check that runs out is retried once.
+        retry_timeout: CPU seconds of that retry (``None``: 3 × ``timeout``); if it runs out too the verdict is
+            UNVERIFIABLE for this call (never cached: the next check of the pair tries again).
+        wall_limit: wall-clock seconds after which a worker is killed whatever CPU time it used (``None``: 10 × its
+            CPU budget + 10): the check is retried, and if the retry is killed too it is UNVERIFIABLE, never cached.
         max_length: longer answers are UNVERIFIABLE (unless identical after normalisation).
         max_workers: worker processes (shared by checkers with the same ``max_workers`` and ``memory_limit_mb``).
         memory_limit_mb: address space a worker may add before its allocations fail (Linux); ``None``: no limit.
         float_rounding, numeric_precision, strict, allow_set_relation_comp: passed to ``math_verify.verify``.
         cache_size: verdicts (and probes) kept before the cache is cleared.
-        fast_paths: ``False`` skips steps 1 (string equality), 3 and 4 and sends every pair to ``verify`` (to test
-            that the fast paths agree with Math-Verify).
+        fast_paths: ``False`` sends every pair to ``verify`` (to test that the fast paths agree with Math-Verify).
+
+    Raises:
+        ValueError: a non-positive ``timeout``, ``retry_timeout`` smaller than ``timeout``, or a non-positive
+            ``wall_limit``.
     """
 
     name = "symbolic"
@@ -162,6 +156,8 @@ class SymbolicChecker(EquivalenceChecker):
     def __init__(
         self,
         timeout: float = 2.0,
+        retry_timeout: float | None = None,
+        wall_limit: float | None = None,
         max_length: int = 1000,
         max_workers: int | None = None,
         memory_limit_mb: int | None = 2048,
@@ -172,7 +168,15 @@ class SymbolicChecker(EquivalenceChecker):
         cache_size: int = 1 << 20,
         fast_paths: bool = True,
     ):
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 CPU seconds, got {timeout!r}")
+        if retry_timeout is not None and not retry_timeout >= timeout:
+            raise ValueError(f"retry_timeout ({retry_timeout!r}) must be at least timeout ({timeout!r})")
+        if wall_limit is not None and not wall_limit > 0:
+            raise ValueError(f"wall_limit must be > 0 seconds, got {wall_limit!r}")
         self.timeout = timeout
+        self.retry_timeout = 3 * timeout if retry_timeout is None else retry_timeout
+        self.wall_limit = wall_limit
         self.max_length = max_length
         self.max_workers = max_workers or max(1, min(4, os.cpu_count() or 1))
         self.memory_limit_mb = memory_limit_mb
@@ -190,21 +194,62 @@ class SymbolicChecker(EquivalenceChecker):
     def _pool(self) -> WorkerPool:
         return get_pool(self.max_workers, self.memory_limit_mb)
 
-    def _probe(self, key: str, budget: list[float]) -> tuple | None:
-        """The answer's probe (cached), or ``None`` when this check's time (``budget[0]`` s left) ran out first."""
+    def _run(self, task: tuple, attempt: _Attempt) -> TaskResult:
+        """``task`` in a worker with what is left of the attempt's budget; updates the budget and the counters."""
+        wall = self.wall_limit if self.wall_limit is not None else 10 * attempt.full + 10
+        result = self._pool().run(task, attempt.budget, wall)
+        attempt.budget -= result.cpu_s
+        attempt.lost |= result.status in ("stalled", "failed")
+        self._add_stats(worker_cpu_s=result.cpu_s, stalled=int(result.status == "stalled"),
+                        worker_failures=int(result.status == "failed"))
+        return result
+
+    def _out_of_time(self, result: TaskResult, attempt: _Attempt, had: float) -> bool:
+        """Whether a task's CPU timeout decides the verdict: in the retry, and with at least half its budget."""
+        decisive = result.status == "timeout" and attempt.final and had >= attempt.full / 2
+        attempt.timed_out |= decisive
+        return decisive
+
+    def _probe(self, key: str, attempt: _Attempt) -> tuple | None:
+        """The answer's probe (cached), or ``None`` when the attempt ran out of time before it was known."""
         probe = self._probes.get(key)
-        if probe is None:
-            full = budget[0] >= self.timeout / 2
-            probe, spent = self._pool().run(("probe", key), budget[0]) if budget[0] > 0 else (None, 0.0)
-            budget[0] -= spent
-            if probe is None:
-                if not full:  # the other answer used the time: no judgement on this one
-                    return None
-                probe = _BAD_ANSWER
-            if len(self._probes) >= self.cache_size:
-                self._probes.clear()
-            self._probes[key] = probe
+        if probe is not None:
+            return probe
+        had = attempt.budget
+        if had <= 0:
+            return None
+        result = self._run(("probe", key), attempt)
+        if result.status == "ok":
+            probe = _BAD_ANSWER if result.value is None else result.value  # None: the worker raised
+        elif self._out_of_time(result, attempt, had):
+            return _BAD_ANSWER  # not cached: a timeout is never a final answer
+        else:
+            return None
+        if len(self._probes) >= self.cache_size:
+            self._probes.clear()
+        self._probes[key] = probe
         return probe
+
+    def _settle(self, kind: str, ka: str, kb: str, attempt: _Attempt) -> Verdict | None:
+        """Steps 4-5 of ``docs/equivalence.md`` within ``attempt``; ``None`` when it ran out of time first."""
+        if self.fast_paths:
+            pa = self._probe(ka, attempt)
+            pb = self._probe(kb, attempt) if pa is not None else None
+            if pa is None or pb is None:
+                return None
+            if pa[0] in ("bad", "none") or pb[0] in ("bad", "none"):
+                return Verdict.UNVERIFIABLE
+            if self._probes_differ(pa, pb):
+                return Verdict.NOT_EQUAL
+        had = attempt.budget
+        if had <= 0:
+            return None
+        result = self._run(("verify", kind, ka, kb, self.verify_options), attempt)
+        if result.status == "ok":
+            if result.value is None:  # a side did not parse, or the worker raised
+                return Verdict.UNVERIFIABLE
+            return Verdict.EQUAL if result.value else Verdict.NOT_EQUAL
+        return Verdict.UNVERIFIABLE if self._out_of_time(result, attempt, had) else None
 
     def _probes_differ(self, pa: tuple, pb: tuple) -> bool:
         """Whether Math-Verify cannot find two probed answers equal (sound, not complete)."""
@@ -228,28 +273,19 @@ class SymbolicChecker(EquivalenceChecker):
             return verdict
         if is_pathological(ka, self.max_length) or is_pathological(kb, self.max_length):
             return Verdict.UNVERIFIABLE
-        budget = [self.timeout]  # seconds this check may still spend in workers
-        complete = True  # whether the verdict had its whole time budget (only those are cached)
         verdict = _numeric_verdict(ka, kb) if self.fast_paths else None
-        if verdict is None and self.fast_paths:
-            pa = self._probe(ka, budget)
-            pb = self._probe(kb, budget) if pa is not None else None
-            if pa is None or pb is None:
-                verdict, complete = Verdict.UNVERIFIABLE, False
-            elif pa[0] in ("bad", "none") or pb[0] in ("bad", "none"):
-                verdict = Verdict.UNVERIFIABLE
-            elif self._probes_differ(pa, pb):
-                verdict = Verdict.NOT_EQUAL
         if verdict is None:
-            full = budget[0] >= self.timeout / 2
-            task = ("verify", kind, ka, kb, self.verify_options)
-            result, _ = self._pool().run(task, budget[0]) if budget[0] > 0 else (None, 0.0)
-            verdict = Verdict.UNVERIFIABLE if result is None else Verdict.EQUAL if result else Verdict.NOT_EQUAL
-            complete = result is not None or full
-        if complete:
-            if len(self._cache) >= self.cache_size:
-                self._cache.clear()
-            self._cache[cache_key] = verdict
+            verdict = self._settle(kind, ka, kb, _Attempt(self.timeout, self.timeout, final=False))
+        if verdict is None:  # out of CPU time (or a worker lost): once more, with the larger budget
+            self._add_stats(retries=1)
+            retry = _Attempt(self.retry_timeout, self.retry_timeout, final=True)
+            verdict = self._settle(kind, ka, kb, retry)
+            self._add_stats(timeouts=int(verdict is None or retry.timed_out))
+            if verdict is None or retry.timed_out or (retry.lost and verdict is Verdict.UNVERIFIABLE):
+                return verdict or Verdict.UNVERIFIABLE  # not cached: a later check tries again
+        if len(self._cache) >= self.cache_size:
+            self._cache.clear()
+        self._cache[cache_key] = verdict
         return verdict
 
     def _compare(self, a: str, b: str) -> Verdict:
@@ -259,12 +295,11 @@ class SymbolicChecker(EquivalenceChecker):
         """Verdict of ``verify(gold, pred)`` (the graded direction); ``None`` or empty prediction -> NOT_EQUAL."""
         try:
             kp, kg = ("" if pred is None else answer_key(str(pred))), answer_key(str(gold))
-            if not kp or not kg:
-                return Verdict.NOT_EQUAL
-            return self._decide("gold", kg, kp)
+            verdict = self._decide("gold", kg, kp) if kp and kg else Verdict.NOT_EQUAL
         except Exception:
             logger.debug("equivalence check failed", exc_info=True)
-            return Verdict.UNVERIFIABLE
+            verdict = Verdict.UNVERIFIABLE
+        return self._counted(verdict)
 
     def is_correct(self, pred: str | None, gold: str) -> bool:
         return self.compare_to_gold(pred, gold) is Verdict.EQUAL

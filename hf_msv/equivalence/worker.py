@@ -1,15 +1,10 @@
 """The zygote of the symbolic checker's worker processes: a script, run as ``python -P worker.py <fd> <memory_mb>``.
 
-`hf_msv.equivalence.pool` starts this file once per pool. It imports Math-Verify (~1 s), warms its lazy
-initialisation, tells the parent it is ready (``b"R"`` on the control socket ``<fd>``) and then forks one worker per
-request: the parent sends one byte with a socket end attached, the zygote forks, answers with the worker's pid (8
-bytes, little endian), and the worker serves ``(task, *args)`` requests on that socket until it is closed or killed.
-A worker runs Math-Verify with its own signal-based timeouts disabled (they only work in a main thread); the parent
-bounds every task by killing the worker. ``<memory_mb>`` > 0 caps the address space each worker may add.
-
-It is a standalone program on purpose: it imports only the standard library, Math-Verify and SymPy, never hf_msv
-(whose ``__init__`` imports torch), so starting it is cheap and a killed worker is replaced by a ~10 ms fork. ``-P``
-keeps the script's directory off ``sys.path``, so the package's own modules cannot shadow anything it imports.
+It imports Math-Verify once, reports ready (``b"R"`` on the control socket ``<fd>``), then forks one worker per
+request: the parent sends one byte with a socket end attached and gets the worker's pid back (8 bytes, little
+endian). A worker answers ``(task, *args)`` requests on that socket with ``(result, cpu_seconds)`` until it is closed
+or killed. ``<memory_mb>`` > 0 caps the address space each worker may add. It imports only the standard library,
+Math-Verify and SymPy, never hf_msv. Design: ``docs/equivalence.md``.
 """
 
 import functools
@@ -18,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import zlib
 from multiprocessing.connection import Connection
 
@@ -96,18 +92,19 @@ def limit_memory(extra_mb):
 
 
 def serve(conn):
-    """A worker's loop: answer each request on ``conn`` until the parent closes it (or kills this process)."""
+    """A worker's loop: answer each request on ``conn`` with (result, CPU seconds) until the parent closes it."""
     conn.send("ready")
     while True:
         try:
             task = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             return
+        start = time.process_time()
         try:
             result = run(*task)
         except Exception:  # MemoryError and RecursionError included: "could not verify"
             result = None
-        conn.send(result)
+        conn.send((result, time.process_time() - start))
 
 
 def main(argv: list[str]) -> None:
