@@ -26,7 +26,7 @@ test-floor: setup
 # The vLLM controller's tests, in their own environment (.venv-vllm: the CPU build of vLLM, pinned).
 test-vllm: setup
 	bash scripts/setup_vllm.sh
-	.venv-vllm/bin/python -m pytest -q -x --timeout=1200 tests/test_vllm.py
+	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -x --timeout=1200 tests/test_vllm.py
 
 # The layer contracts of pyproject.toml's [tool.importlinter].
 lint-imports: setup

@@ -95,6 +95,14 @@ def _fail(command: str, message: str) -> None:
     raise SystemExit(EXIT_USER_ERROR) from None
 
 
+def command_module(command: str, argv: list[str]) -> str:
+    """The module that runs `command`: ``collect --engine vllm`` goes to `hf_msv.vllm.cli`."""
+    if command == "collect" and any(a == "--engine=vllm" or (a == "--engine" and argv[i + 1:i + 2] == ["vllm"])
+                                    for i, a in enumerate(argv)):
+        return "hf_msv.vllm.cli"
+    return COMMANDS[command][0]
+
+
 def run_command(command: str, argv: list[str], debug: bool = False):
     """Run ``command``'s ``main(argv)``; a user error (`USER_ERRORS`, a flag argparse refused, ``sys.exit("text")``)
     ends as one line on stderr and `SystemExit` (2), unless ``debug``.
@@ -104,7 +112,7 @@ def run_command(command: str, argv: list[str], debug: bool = False):
     """
     try:
         with _flag_errors_raise():
-            module = importlib.import_module(COMMANDS[command][0])  # imported late: only the command that runs
+            module = importlib.import_module(command_module(command, argv))  # imported late: only what runs
             from . import register_auto_classes
 
             register_auto_classes()  # `hf-msv` defers it (it imports torch) until a command runs

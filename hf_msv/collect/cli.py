@@ -20,6 +20,8 @@ def collect_from_config(config: CollectConfig) -> CollectResult:
             refuse. FileNotFoundError: a missing LM, benchmark file or trace file.
     """
     config.check_command_line()
+    if config.engine == "vllm":
+        raise ValueError("--engine vllm runs through `hf-msv collect` (hf_msv.vllm.cli)")
     config = config.resolved()
     if config.traces is not None:
         from .from_traces import collect_from_traces

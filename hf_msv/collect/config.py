@@ -48,6 +48,9 @@ class CollectConfig:
     traces: str | None = field(default=None, metadata={
         "help": "Re-encode this trace file (JSON lines, docs/collection.md) instead of sampling: same shards, no "
                 "sampling flags."})
+    engine: Literal["transformers", "vllm"] = field(default="transformers", metadata={
+        "help": "Sample with transformers, or with a vLLM engine (hf_msv.vllm, docs/vllm.md; engine options as "
+                "--vllm-arg KEY=VALUE, repeatable)."})
     num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
     max_new_tokens: int | None = field(default=None, metadata={
         "help": f"Chain-of-thought tokens per sequence at most (default: a named LM's budget, else "
@@ -158,6 +161,8 @@ class CollectConfig:
             raise ValueError(f"{' and '.join(missing)} required")
         if (self.problems is None) == (self.traces is None):
             raise ValueError("give exactly one of --problems (sample) and --traces (re-encode a trace file)")
+        if self.traces is not None and self.engine != "transformers":
+            raise ValueError("--traces re-encodes with transformers: --engine does not apply")
         if self.traces is not None:
             defaults = CollectConfig()
             changed = [name for name in SAMPLING_FIELDS if getattr(self, name) != getattr(defaults, name)]

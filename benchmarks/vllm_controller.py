@@ -1,0 +1,169 @@
+"""The vLLM controller against plain vLLM sampling of the same prompts and N (docs/vllm.md). Last stdout line: JSON.
+
+CPU mode (default): the shipped testbed LM and MSV_16 at its λ, 16 evaluation problems, N = 16 and 64. Per N:
+plain vLLM CoT tokens/s; the controller's CoT tokens/s with elicitation and scoring on and no stopping; the
+elicitation and verifier share of its wall time; tokens saved and accuracy with early stopping at λ.
+GPU mode (``--gpu``): a Qwen2.5-1.5B-shaped Llama with random weights (``load_format="dummy"``, the testbed's
+vocabulary), answers every 256 tokens, a random MSV; throughput and shares only. ``--smoke`` runs the GPU mode's
+code on CPU with a tiny config. ``--quick``: 4 problems, N = 8, short chains.
+
+    .venv-vllm/bin/python benchmarks/vllm_controller.py [--quick | --gpu | --smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def make_engine(path, **kwargs):
+    import vllm
+
+    options = dict(block_size=32, enable_prefix_caching=True, seed=0, max_num_seqs=1024, async_scheduling=False)
+    options.update(kwargs)
+    return vllm.LLM(model=str(path), **options)
+
+
+def plain_vllm(llm, prompt_ids, n, budget) -> dict:
+    # Unseeded, like the controller: per-request seeds crash the CPU backend with chunked prefill (docs/vllm.md).
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=n, max_tokens=budget, temperature=1.0, top_k=-1, detokenize=False)
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def controller_run(controller, prompts, n, budget, threshold) -> tuple[dict, list]:
+    start = time.perf_counter()
+    results = controller.generate(prompts, num_sequences=n, max_new_tokens=budget, threshold=threshold)
+    seconds = time.perf_counter() - start
+    tokens = sum(r.tokens_decoded for r in results)
+    timings = results[0].timings
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "elicitation_share": timings["elicitation"] / timings["total"],
+            "verifier_share": timings["verifier"] / timings["total"],
+            "answers": sum(len(r.answers) for r in results)}, results
+
+
+def accuracy(results, problems, checker) -> float:
+    return sum(r.chosen is not None and checker.is_correct(r.chosen.text, p.gold)
+               for r, p in zip(results, problems)) / len(problems)
+
+
+def cpu_mode(quick: bool) -> dict:
+    import hf_msv.testbed
+    from hf_msv.equivalence import get_checker
+    from hf_msv.modeling_msv import MSVVerifier
+    from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt
+    from hf_msv.testbed.tasks import get_task
+    from hf_msv.vllm import VLLMController
+
+    lm = Path(hf_msv.testbed.__file__).parent / "lm-v2"
+    lam = json.loads((TESTBED_VERIFIER_DIR / "early_stopping.json").read_text())["lambda"]
+    task = get_task("v2")
+    problems = task.generate_problems("evaluation", 4 if quick else 16, seed=0)
+    budget = 120 if quick else (task.sampling_cap() or 400)
+    llm = make_engine(lm, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=512 << 20)
+    verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
+    controller = VLLMController(llm, None, verifier, checker="symbolic")
+    prompts = [format_prompt(p) for p in problems]
+    ids = [controller.encode(p) for p in prompts]
+    checker = get_checker("symbolic")
+    controller.generate(prompts[:1], num_sequences=2, max_new_tokens=16)  # warm-up (first-use compilation)
+    report = {"mode": "cpu", "lambda": lam, "problems": len(problems), "max_new_tokens": budget}
+    for n in ((8,) if quick else (16, 64)):
+        plain = plain_vllm(llm, ids, n, budget)
+        full, full_results = controller_run(controller, prompts, n, budget, None)
+        stop, stop_results = controller_run(controller, prompts, n, budget, lam)
+        report[f"n{n}"] = {
+            "plain_tokens_per_s": plain["tokens_per_s"], "controller_tokens_per_s": full["tokens_per_s"],
+            "throughput_ratio": full["tokens_per_s"] / plain["tokens_per_s"],
+            "elicitation_share": full["elicitation_share"], "verifier_share": full["verifier_share"],
+            "answers": full["answers"], "tokens_full": full["tokens"], "tokens_early_stop": stop["tokens"],
+            "tokens_saved": 1 - stop["tokens"] / full["tokens"],
+            "accuracy_full": accuracy(full_results, problems, checker),
+            "accuracy_early_stop": accuracy(stop_results, problems, checker),
+            "seconds_early_stop": stop["seconds"], "seconds_plain": plain["seconds"]}
+    report["goals_met"] = {f"throughput_ge_0.7_n{n}": report[f"n{n}"]["throughput_ratio"] >= 0.7
+                           for n in ((8,) if quick else (16, 64))}
+    return report
+
+
+def gpu_mode(smoke: bool) -> dict:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig
+
+    import hf_msv.testbed
+    from hf_msv.configuration_msv import ElicitationSettings, MSVConfig
+    from hf_msv.modeling_msv import MSVVerifier
+    from hf_msv.vllm import VLLMController
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(hf_msv.testbed.__file__).parent / "lm-v2")
+    shape = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1) if smoke else
+             dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2))
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4608, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=0, tie_word_embeddings=True, **shape)
+    directory = Path(tempfile.mkdtemp(prefix="msv-vllm-"))
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    device_options = (dict(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20) if smoke else
+                      dict(dtype="bfloat16", gpu_memory_utilization=0.85))
+    llm = make_engine(directory, load_format="dummy", **device_options)
+    n_values, budget, problems = ((4,), 96, 2) if smoke else ((16, 64), 4096 - 128, 16)
+    every_k = 32 if smoke else 256
+    torch.manual_seed(0)
+    elicitation = ElicitationSettings(delimiters=(), every_k_tokens=every_k)
+    heads = {} if not smoke else dict(num_attention_heads=2, intermediate_size=128, gamma_hidden_size=8)
+    verifier = MSVVerifier(MSVConfig(hidden_size=config.hidden_size, num_sequences=16, elicitation=elicitation,
+                                     **heads))
+    verifier = verifier.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    controller = VLLMController(llm, tokenizer, verifier, checker="exact")
+    prompts = [f"Q: {i}+{i}*3=?\nA:" for i in range(problems)]
+    ids = [controller.encode(p) for p in prompts]
+    controller.generate(prompts[:1], num_sequences=2, max_new_tokens=16)  # warm-up
+    report = {"mode": "smoke" if smoke else "gpu", "model_shape": shape, "every_k_tokens": every_k,
+              "max_new_tokens": budget, "problems": problems}
+    for n in n_values:
+        plain = plain_vllm(llm, ids, n, budget)
+        full, _ = controller_run(controller, prompts, n, budget, None)
+        report[f"n{n}"] = {"plain_tokens_per_s": plain["tokens_per_s"], "controller_tokens_per_s": full["tokens_per_s"],
+                           "throughput_ratio": full["tokens_per_s"] / plain["tokens_per_s"],
+                           "elicitation_verifier_share": full["elicitation_share"] + full["verifier_share"],
+                           "answers": full["answers"]}
+    last = report[f"n{n_values[-1]}"]
+    report["goals_met"] = {"throughput_ge_0.85": last["throughput_ratio"] >= 0.85,
+                           "elicitation_verifier_le_5pct": last["elicitation_verifier_share"] <= 0.05}
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="CPU mode, 4 problems, N = 8 (CI).")
+    group.add_argument("--gpu", action="store_true", help="GPU mode: paper-shaped random LM.")
+    group.add_argument("--smoke", action="store_true", help="GPU mode's code on CPU with a tiny config.")
+    args = parser.parse_args()
+    report = gpu_mode(args.smoke) if (args.gpu or args.smoke) else cpu_mode(args.quick)
+
+    def rounded(value):
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        return round(value, 4) if isinstance(value, float) else value
+
+    print(json.dumps(rounded(report)))
+
+
+if __name__ == "__main__":
+    main()

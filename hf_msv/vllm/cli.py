@@ -1,0 +1,83 @@
+"""``hf-msv collect --engine vllm``: the `CollectConfig` flags, sampled on a vLLM engine (`collect_with_vllm`).
+
+Engine options go in ``--vllm-arg KEY=VALUE`` (repeatable, values parsed as JSON when they parse), e.g.
+``--vllm-arg tensor_parallel_size=2 --vllm-arg gpu_memory_utilization=0.8``. See docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+__all__ = ["engine_arguments", "main", "split_arguments"]
+
+DEFAULT_ENGINE_ARGS = {"enable_prefix_caching": True, "block_size": 32, "async_scheduling": False}
+"""Elicitations reuse their chain's cached prefix in whole blocks: small blocks (32, the CPU backend's least);
+the hidden-state capture needs synchronous scheduling."""
+
+
+def split_arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(collect flags, ``KEY=VALUE`` engine options) from `argv`, without ``--engine vllm``.
+
+    Raises:
+        ValueError: ``--engine`` with another value, or ``--vllm-arg`` without a value.
+    """
+    rest, options, args = [], [], list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("--engine", "--vllm-arg") or arg.startswith(("--engine=", "--vllm-arg=")):
+            name, _, value = arg.partition("=")
+            if not value:
+                if not args:
+                    raise ValueError(f"{name} needs a value")
+                value = args.pop(0)
+            if name == "--engine" and value != "vllm":
+                raise ValueError(f"--engine {value}: this entry point is --engine vllm")
+            if name == "--vllm-arg":
+                options.append(value)
+        else:
+            rest.append(arg)
+    return rest, options
+
+
+def engine_arguments(options: Sequence[str]) -> dict:
+    """``KEY=VALUE`` strings → keyword arguments of ``vllm.LLM`` (JSON values when they parse, else strings)."""
+    out = dict(DEFAULT_ENGINE_ARGS)
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--vllm-arg expects KEY=VALUE, got {option!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the flags, load the problems, start the engine and print the `CollectResult` as one JSON line."""
+    import sys
+
+    from ..collect.cli import summary
+    from ..collect.config import build_parser
+    from ..collect.lm import load_problems
+    from ..registry import get_named_lm
+    from .collect import collect_with_vllm
+
+    flags, options = split_arguments(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    (config,) = parser.parse_args_into_dataclasses(flags)
+    config.check_command_line()
+    if config.traces is not None:
+        raise ValueError("--engine vllm samples: re-encoding --traces runs on transformers (drop --engine vllm)")
+    problems = load_problems(config.problems)  # before the engine: a bad spec fails fast
+    named = get_named_lm(config.model)
+    path = str(named.path) if named is not None else config.model
+    import vllm
+
+    kwargs = engine_arguments(options)
+    if config.model_dtype != "auto":
+        kwargs.setdefault("dtype", config.model_dtype)
+    engine = vllm.LLM(model=path, **kwargs)
+    result = collect_with_vllm(engine, problems, config.output_dir, config)
+    print(json.dumps(summary(result)))
