@@ -27,6 +27,8 @@ _EXPORTS = {
     "get_checker": "equivalence",
     "MSVAnswer": "generation", "MSVEarlyStop": "generation", "MSVResult": "generation", "MSVSession": "generation",
     "msv_generate": "generation", "prepare_generation": "generation",
+    "AnswerScorer": "generation", "MSVScorer": "generation", "ProbeScorer": "generation",
+    "WeightedVoteScorer": "generation",
     "Problem": "data.problems", "load_benchmark": "data.problems",
     "CollectedProblem": "data", "ShardDataset": "data", "collate_groups": "data", "read_shard": "data",
     "write_shard": "data",

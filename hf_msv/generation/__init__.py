@@ -9,6 +9,7 @@ are scored by a verifier, and a prompt's N sequences stop as soon as the best av
     result = msv.pop_results()[0]                                 # one `MSVResult` per prompt
     msv.detach()
 
+The verifier may also be a `ProbeVerifier` (scored as the evaluation's Probe+WV) or any scorer of `scorers`.
 How the decoding loop works, its timing, the supported caches and its limits: ``docs/generation.md``.
 """
 
@@ -17,17 +18,23 @@ from .delimiters import DelimiterMatch, DelimiterMatcher
 from .lockstep import lockstep_sample
 from .outputs import MSVAnswer, MSVResult
 from .hook import MSVSession, msv_generate, prepare_generation, resolve_elicitation
+from .scorers import AnswerScorer, MSVScorer, ProbeScorer, WeightedVoteScorer, as_scorer
 from .stopping import MSVEarlyStop, StopDecision, decide_stop
 
 __all__ = [
+    "AnswerScorer",
     "DelimiterMatch",
     "DelimiterMatcher",
     "MSVAnswer",
     "MSVEarlyStop",
     "MSVResult",
+    "MSVScorer",
     "MSVSession",
+    "ProbeScorer",
     "RecurrentHistory",
     "StopDecision",
+    "WeightedVoteScorer",
+    "as_scorer",
     "branch_cache",
     "check_forkable",
     "decide_stop",

@@ -23,6 +23,7 @@ from .forking import AnswerElicitor
 from .lockstep import lockstep_sample
 from .outputs import MSVResult
 from .run import GenerationRun
+from .scorers import as_scorer
 from .stopping import MSVEarlyStop
 
 __all__ = ["MSVSession", "msv_generate", "prepare_generation", "resolve_elicitation"]
@@ -35,6 +36,7 @@ class MSVSession:
         results: `MSVResult`s of the ``generate`` calls since the last `pop_results` (one per prompt, in order).
         elicitor: the `AnswerElicitor`: how fired rows become branches and when an answer ends.
         matcher: the `DelimiterMatcher` (`None` without text delimiters, or in terminal mode).
+        scorer: the `AnswerScorer` made of ``verifier`` (`scorers.as_scorer`; `None` without verifier).
     """
 
     def __init__(self, model, tokenizer, verifier=None, *, elicitation: ElicitationSettings | None = None,
@@ -42,14 +44,15 @@ class MSVSession:
                  offload_hidden_states: bool = True, **overrides):
         if getattr(model.config, "is_encoder_decoder", False):
             raise NotImplementedError("MSV generation supports decoder-only LMs.")
-        if verifier is not None:
-            check_compatible(verifier, model)
-        self.elicitation = resolve_elicitation(verifier.config if verifier is not None else None, elicitation,
+        scorer = as_scorer(verifier) if verifier is not None else None
+        if scorer is not None:
+            check_compatible(scorer, model)
+        self.elicitation = resolve_elicitation(scorer.config if scorer is not None else None, elicitation,
                                                **overrides)
         if verifier is not None and checker is None:
             raise ValueError("a verifier needs equivalence classes: pass a checker (e.g. 'symbolic').")
 
-        self.model, self.tokenizer, self.verifier = model, tokenizer, verifier
+        self.model, self.tokenizer, self.verifier, self.scorer = model, tokenizer, verifier, scorer
         self.num_sequences = num_sequences
         self.capture_hidden_states = capture_hidden_states
         self.offload_hidden_states = offload_hidden_states
@@ -123,7 +126,7 @@ class MSVSession:
             raise ValueError("MSVEarlyStop(threshold) needs a verifier: pass verifier=... to prepare_generation.")
         run = GenerationRun(
             self.elicitor, matcher=self.matcher, every_k_tokens=self.elicitation.every_k_tokens,
-            streaming=self.elicitation.mode == "streaming", verifier=self.verifier, new_classes=self._classes_factory(),
+            streaming=self.elicitation.mode == "streaming", verifier=self.scorer, new_classes=self._classes_factory(),
             keep_hidden_states=self.capture_hidden_states, offload_hidden_states=self.offload_hidden_states,
             num_sequences=config.num_return_sequences or 1,
             eos_ids=eos_ids, max_new_tokens=config.max_new_tokens, max_length=config.max_length,
@@ -245,8 +248,10 @@ def prepare_generation(model, tokenizer, verifier=None, *, elicitation: Elicitat
     Args:
         model: a decoder-only transformers LM (any architecture with the default dynamic KV cache).
         tokenizer: its tokenizer (delimiter matching, elicitation prompt, answer text).
-        verifier: an `MSVVerifier` whose ``config.hidden_size`` equals the LM's hidden size; `None` collects
-            answers (and hidden states) without scoring.
+        verifier: what scores the answers, reading hidden states of the LM's width (``config.hidden_size``): an
+            `MSVVerifier`; a `ProbeVerifier`, whose scores are weighted-voted as the evaluation's Probe+WV; or a
+            scorer (`MSVScorer`, `WeightedVoteScorer`, e.g. ``WeightedVoteScorer(msv_1)`` for MSV_1+WV). `None`
+            collects answers (and hidden states) without scoring.
         elicitation: where and how answers are elicited. Defaults to the verifier's ``config.elicitation``, else
             `ElicitationSettings()` (streaming, ``("Wait",)``, ``"### Final Answer ### \\boxed"``, 40 tokens).
         checker: equivalence checker name for `hf_msv.equivalence.get_checker` or a checker object; `None`
@@ -266,6 +271,7 @@ def prepare_generation(model, tokenizer, verifier=None, *, elicitation: Elicitat
     Raises:
         ValueError: invalid settings, a mode other than the verifier's, or a verifier whose hidden size differs
             from the LM's.
+        TypeError: a `verifier` that is none of the above.
     """
     return MSVSession(model, tokenizer, verifier, elicitation=elicitation, checker=checker,
                       num_sequences=num_sequences, capture_hidden_states=capture_hidden_states,

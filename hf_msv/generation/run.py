@@ -37,7 +37,7 @@ class GenerationRun:
         every_k_tokens: also elicit after every K generated tokens (`None`: never).
         streaming: elicit at delimiters and score answers when they become available (else only terminal answers,
             scored at the end).
-        verifier: the `MSVVerifier`, or `None` to only collect answers.
+        verifier: the `AnswerScorer` (or a verifier, see `scorers.as_scorer`), or `None` to only collect answers.
         new_classes: factory of one prompt's `EquivalenceClasses` (`None`: no class assignment).
         keep_hidden_states: keep every answer's `(L, d)` hidden states in the results.
         offload_hidden_states: move each answer's hidden states to CPU when it completes (pinned, non-blocking

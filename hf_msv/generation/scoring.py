@@ -1,13 +1,11 @@
-"""The scoring queue: elicited answers wait until they become available and are then scored by the verifier.
+"""The scoring queue: elicited answers wait until they become available and are then scored.
 
 An answer becomes available at the step its last token is fed (`MSVAnswer.end`: τ + P + L for a branch taken at τ
 with P segment tokens and L answer tokens, decoded alongside the chain of thought). At step t every queued answer
-with end ≤ t goes to the verifier's
-online `MSVCache` in end-time order, which is what makes online scores equal the offline forward. When a prompt's
-sequences have all ended, its remaining answers are scored at once (in end order). In terminal mode only the end
-of each sequence is elicited, and a prompt's N terminal answers are scored once, offline, when its last sequence
-ends (logit averaging happens inside the verifier). With N > M = ``verifier.config.num_sequences`` the N sequences
-of a prompt are scored as independent groups of M (paper, "Scaling with MSV_M").
+with end ≤ t goes to the scorer (`hf_msv.generation.scorers`) in end-time order, which is what makes online scores
+equal the offline ones (the MSV's online `MSVCache`, the weighted vote's causal rule). When a prompt's sequences
+have all ended, its remaining answers are scored at once (in end order). In terminal mode only the end of each
+sequence is elicited, and a prompt's N terminal answers are scored together when its last sequence ends.
 """
 
 from __future__ import annotations
@@ -17,31 +15,35 @@ from collections.abc import Sequence
 
 import torch
 
-from ..modeling_msv import MSVCache
 from .outputs import MSVAnswer
+from .scorers import as_scorer
 
 __all__ = ["ScoringQueue"]
 
 
 class ScoringQueue:
-    """Per-prompt queues of answers waiting for the verifier.
+    """Per-prompt queues of answers waiting for the scorer.
 
     Args:
-        verifier: the `MSVVerifier`.
+        verifier: an `MSVVerifier`, a `ProbeVerifier` (Probe+WV) or an `AnswerScorer` (see `scorers.as_scorer`).
         num_sequences: N, sequences per prompt.
-        streaming: score answers at their end step with the online cache (else only when a prompt has finished).
+        streaming: score answers at their end step (else only when a prompt has finished).
         keep_hidden_states: keep the answers' hidden states after scoring (else free them).
 
     Attributes:
-        seconds: wall time spent in verifier calls.
+        scorer: the `AnswerScorer`.
+        seconds: wall time spent in scorer calls.
+
+    Raises:
+        TypeError: `verifier` is none of the above.
     """
 
     def __init__(self, verifier, num_sequences: int, streaming: bool, keep_hidden_states: bool):
-        self.verifier = verifier
+        self.scorer = as_scorer(verifier)
+        self.stream = self.scorer.begin(num_sequences, streaming)
         self.N = num_sequences
         self.streaming = streaming
         self.keep_hidden_states = keep_hidden_states
-        self.cache = MSVCache() if streaming else None
         self.pending: dict[int, list[MSVAnswer]] = {}
         self.seconds = 0.0
 
@@ -74,9 +76,9 @@ class ScoringQueue:
         if not ready:
             return {}
         start = time.perf_counter()
-        # End-time order per group keeps every call causal for the online cache (the verifier sorts internally).
+        # End-time order per prompt keeps every call causal (the online cache, the weighted vote's history).
         ready.sort(key=lambda a: (a.prompt, a.end, a.sequence))
-        probabilities = self._forward(ready)
+        probabilities = self.stream.score(ready)
         scored: dict[int, list[MSVAnswer]] = {}
         for answer, score in zip(ready, probabilities):
             answer.score = score
@@ -85,28 +87,3 @@ class ScoringQueue:
             scored.setdefault(answer.prompt, []).append(answer)
         self.seconds += time.perf_counter() - start
         return scored
-
-    def _forward(self, ready: list[MSVAnswer]) -> list[float]:
-        """One verifier call over `ready` (sorted by prompt, then end); the hidden states are concatenated as
-        `(Σ L, d)` with a `(Σ L,)` token → answer index."""
-        verifier = self.verifier
-        M = verifier.config.num_sequences
-        subgroups = -(-self.N // M)
-        lengths = torch.tensor([a.length for a in ready])
-        device = next(verifier.parameters()).device  # answer states may have been moved off the accelerator
-
-        def column(values):
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        out = verifier(
-            hidden_states=torch.cat([a.hidden_states for a in ready]).to(device, non_blocking=True),
-            token_answer=torch.repeat_interleave(torch.arange(len(ready)), lengths).to(device),
-            answer_group=column([a.prompt * subgroups + a.sequence // M for a in ready]),
-            answer_sequence=column([a.sequence % M for a in ready]),
-            answer_step=column([a.step for a in ready]),
-            answer_end=column([a.end for a in ready]),
-            answer_class=column([a.class_id for a in ready]),
-            past_key_values=self.cache,
-            use_cache=self.cache is not None,
-        )
-        return out.probabilities.tolist()

@@ -49,7 +49,8 @@ class VLLMController:
         engine: a ``vllm.LLM`` or its v1 ``LLMEngine`` (generating runner, no speculative decoding, no pipeline
             parallelism); its model runner is hooked once (`hf_msv.vllm.capture`).
         tokenizer: the LM's transformers tokenizer (default: loaded from the engine's tokenizer path).
-        verifier: an `MSVVerifier` whose ``config.hidden_size`` is the LM's; `None` only collects answers.
+        verifier: an `MSVVerifier`, a `ProbeVerifier` (Probe+WV) or a scorer (`hf_msv.generation.scorers`) whose
+            ``config.hidden_size`` is the LM's; `None` only collects answers.
         elicitation: `ElicitationSettings` (default: the verifier's, else the defaults); keyword `overrides`
             (``mode``, ``delimiters``, ``every_k_tokens``, ``prompt``, ``max_answer_tokens``, ``keep_delimiter``)
             replace single fields.

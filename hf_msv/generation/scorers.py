@@ -1,0 +1,243 @@
+"""Answer scorers: what turns a ``generate`` call's newly available answers into P(correct).
+
+* `MSVScorer` — an `MSVVerifier` reading groups of M sequences (the online `MSVCache` in streaming mode).
+* `ProbeScorer` — a `ProbeVerifier` scoring each answer alone.
+* `WeightedVoteScorer` — a single-chain scorer (Probe, or MSV_1) whose scores are weighted-voted over a prompt's N
+  sequences: the evaluation's "Probe+WV" / "MSV_1+WV", computed causally and online.
+* `as_scorer` — what `prepare_generation` accepts (a verifier or a scorer), as a scorer.
+
+A scorer is a factory of per-call streams (`AnswerScorer.begin`); a stream holds one call's state. Design and the
+equality with the evaluation's replay: ``docs/generation.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from ..modeling_msv import MSVCache, MSVVerifier
+from ..modeling_probe import ProbeVerifier
+from .outputs import MSVAnswer
+
+__all__ = ["WV_THRESHOLD", "AnswerScorer", "MSVScorer", "ProbeScorer", "ScoringStream", "WeightedVoteScorer",
+           "as_scorer"]
+
+# R of streaming weighted voting: the evaluation's default (`EvaluateConfig.wv_threshold`), so that the weighted
+# vote `generate` stops with is the "Probe+WV" the evaluation reports.
+WV_THRESHOLD = 16
+
+
+class ScoringStream(Protocol):
+    """The scoring state of one ``generate`` call."""
+
+    def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
+        """P(correct) of each answer in `ready` (sorted by prompt, then end, then sequence).
+
+        Every answer of a prompt with an end ≤ the largest end in `ready` is either in `ready` or was in an
+        earlier call (the `ScoringQueue` releases answers in end order); in terminal mode a prompt's answers all
+        come in one call."""
+
+
+@runtime_checkable
+class AnswerScorer(Protocol):
+    """What the generation hook scores answers with.
+
+    Attributes:
+        config: the underlying verifier's config (``hidden_size``, ``mode``, ``elicitation``): the LM width check
+            and the default elicitation settings read it.
+    """
+
+    config: object
+
+    def begin(self, num_sequences: int, streaming: bool) -> ScoringStream:
+        """A fresh stream for one call with N = `num_sequences` per prompt (`streaming`: answers arrive as they
+        become available, else a prompt's terminal answers arrive together)."""
+
+
+def _packed(ready: Sequence[MSVAnswer], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(Σ L, d)` answer states on `device` and the `(Σ L,)` token → answer index."""
+    lengths = torch.tensor([a.length for a in ready])
+    hidden = torch.cat([a.hidden_states for a in ready]).to(device, non_blocking=True)
+    return hidden, torch.repeat_interleave(torch.arange(len(ready)), lengths).to(device)
+
+
+class MSVScorer:
+    """An `MSVVerifier` reading a prompt's N sequences as groups of M = ``config.num_sequences`` (paper,
+    "Scaling with MSV_M"), with the online `MSVCache` in streaming mode (online scores equal the offline forward).
+
+    Args:
+        verifier: the `MSVVerifier`.
+
+    Raises:
+        TypeError: `verifier` is not an `MSVVerifier`.
+    """
+
+    def __init__(self, verifier: MSVVerifier):
+        if not isinstance(verifier, MSVVerifier):
+            raise TypeError(f"MSVScorer needs an MSVVerifier, got {type(verifier).__name__}.")
+        self.verifier = verifier
+        self.config = verifier.config
+
+    def begin(self, num_sequences: int, streaming: bool) -> _MSVStream:
+        return _MSVStream(self.verifier, num_sequences, MSVCache() if streaming else None)
+
+
+class _MSVStream:
+    def __init__(self, verifier: MSVVerifier, num_sequences: int, cache: MSVCache | None):
+        self.verifier, self.cache = verifier, cache
+        self.M = verifier.config.num_sequences
+        self.subgroups = -(-num_sequences // self.M)
+
+    @torch.no_grad()
+    def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
+        device = next(self.verifier.parameters()).device  # answer states may have been moved off the accelerator
+        hidden, token_answer = _packed(ready, device)
+
+        def column(values):
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        M = self.M
+        out = self.verifier(
+            hidden_states=hidden, token_answer=token_answer,
+            answer_group=column([a.prompt * self.subgroups + a.sequence // M for a in ready]),
+            answer_sequence=column([a.sequence % M for a in ready]),
+            answer_step=column([a.step for a in ready]),
+            answer_end=column([a.end for a in ready]),
+            answer_class=column([a.class_id for a in ready]),
+            past_key_values=self.cache,
+            use_cache=self.cache is not None,
+        )
+        return out.probabilities.tolist()
+
+
+class ProbeScorer:
+    """A `ProbeVerifier` scoring each answer alone (from its last token's hidden state).
+
+    Args:
+        probe: the `ProbeVerifier`.
+
+    Raises:
+        TypeError: `probe` is not a `ProbeVerifier`.
+    """
+
+    def __init__(self, probe: ProbeVerifier):
+        if not isinstance(probe, ProbeVerifier):
+            raise TypeError(f"ProbeScorer needs a ProbeVerifier, got {type(probe).__name__}.")
+        self.probe = probe
+        self.config = probe.config
+
+    def begin(self, num_sequences: int, streaming: bool) -> ProbeScorer:
+        return self  # stateless: each answer is scored alone
+
+    @torch.no_grad()
+    def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
+        device = self.probe.head.weight.device
+        hidden, token_answer = _packed(ready, device)
+        out = self.probe(hidden_states=hidden, token_answer=token_answer,
+                         answer_group=torch.zeros(len(ready), dtype=torch.long, device=device))
+        return out.probabilities.tolist()
+
+
+class WeightedVoteScorer:
+    """Weighted voting of single-chain scores within each prompt's N sequences (Li et al., 2022): "Probe+WV" with a
+    `ProbeVerifier`, "MSV_1+WV" with an `MSVVerifier` of ``num_sequences == 1``.
+
+    Each answer is scored once, when it becomes available, by the evaluation's rule: in streaming mode the answers
+    of its prompt available by its end (end_b ≤ end_a, itself included) are weighted-voted when there are more than
+    `wv_threshold` of them, else it keeps its own score (`hf_msv.baselines.streaming_weighted_voting`); in terminal
+    mode over the prompt's terminal answers (`hf_msv.baselines.weighted_voting`). The stopping rule then takes the
+    maximum over available answers, as the evaluation's replay does.
+
+    Args:
+        base: a `ProbeVerifier`, an `MSVVerifier` with ``config.num_sequences == 1``, or a `ProbeScorer` /
+            `MSVScorer` of one of them.
+        wv_threshold: R, at least 0 (default: the evaluation's, `WV_THRESHOLD`).
+
+    Raises:
+        ValueError: an MSV reading more than one sequence, or a negative or non-integer `wv_threshold`.
+        TypeError: any other `base`.
+    """
+
+    def __init__(self, base, wv_threshold: int = WV_THRESHOLD):
+        if isinstance(wv_threshold, bool) or not isinstance(wv_threshold, (int, np.integer)) or wv_threshold < 0:
+            raise ValueError(f"wv_threshold must be an integer >= 0, got {wv_threshold!r}.")
+        if isinstance(base, ProbeVerifier):
+            base = ProbeScorer(base)
+        elif isinstance(base, MSVVerifier):
+            base = MSVScorer(base)
+        if isinstance(base, MSVScorer) and base.config.num_sequences != 1:
+            raise ValueError(
+                "weighted voting aggregates single-chain scores: the MSV reads "
+                f"{base.config.num_sequences} sequences at once (use MSVScorer, or an MSV_1 with num_sequences=1).")
+        if not isinstance(base, (ProbeScorer, MSVScorer)):
+            raise TypeError("WeightedVoteScorer needs a ProbeVerifier or an MSVVerifier with num_sequences=1 "
+                            f"(or a ProbeScorer / MSVScorer of one), got {type(base).__name__}.")
+        self.base = base
+        self.config = base.config
+        self.wv_threshold = int(wv_threshold)
+
+    def begin(self, num_sequences: int, streaming: bool) -> _VoteStream:
+        return _VoteStream(self.base.begin(num_sequences, streaming), streaming, self.wv_threshold)
+
+
+class _VoteStream:
+    """Per prompt, the (end, class, base score, terminal) of the answers scored so far; each new answer's vote
+    reads only these and the answers arriving with it."""
+
+    def __init__(self, base: ScoringStream, streaming: bool, wv_threshold: int):
+        self.base, self.streaming, self.R = base, streaming, wv_threshold
+        self.seen: dict[int, list[tuple[int, int, float, bool]]] = {}
+
+    def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
+        base = self.base.score(ready)
+        out = [0.0] * len(ready)
+        for prompt in dict.fromkeys(a.prompt for a in ready):
+            index = [i for i, a in enumerate(ready) if a.prompt == prompt]
+            seen = self.seen.setdefault(prompt, [])
+            seen += [(ready[i].end, ready[i].class_id, base[i], ready[i].terminal) for i in index]
+            end, klass, score, terminal = (np.asarray(x) for x in zip(*seen))
+            score = score.astype(np.float64)
+            new = np.arange(len(seen) - len(index), len(seen))
+            if self.streaming:
+                votes = self._stream(end, klass, score, new)
+            else:
+                votes = self._terminal(klass, score, terminal.astype(bool), new)
+            for i, v in zip(index, votes.tolist()):
+                out[i] = v
+        return out
+
+    def _stream(self, end, klass, score, new) -> np.ndarray:
+        """`streaming_weighted_voting` for the rows `new` only (same arithmetic, so the same numbers)."""
+        avail = end[None, :] <= end[new, None]                    # (new, seen): row a sees column b
+        same = avail & (klass[None, :] == klass[new, None])
+        num, den = same @ score, avail @ score
+        with np.errstate(invalid="ignore", divide="ignore"):
+            wv = np.where(den > 0, num / den, 0.0)
+        return np.where(avail.sum(1) > self.R, wv, score[new])
+
+    @staticmethod
+    def _terminal(klass, score, terminal, new) -> np.ndarray:
+        """`weighted_voting` over the prompt's terminal answers, for the rows `new`."""
+        mass = (klass[None, :] == klass[new, None]) & terminal[None, :]
+        total = score[terminal].sum()
+        return mass @ score / total if total > 0 else np.zeros(len(new))
+
+
+def as_scorer(verifier) -> AnswerScorer:
+    """The scorer of what `prepare_generation` was given: an `MSVVerifier` → `MSVScorer`, a `ProbeVerifier` →
+    `WeightedVoteScorer` (Probe+WV, R = `WV_THRESHOLD`), an `AnswerScorer` as it is.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if isinstance(verifier, MSVVerifier):
+        return MSVScorer(verifier)
+    if isinstance(verifier, ProbeVerifier):
+        return WeightedVoteScorer(verifier)
+    if isinstance(verifier, AnswerScorer) and not isinstance(verifier, type):
+        return verifier
+    raise TypeError("verifier must be an MSVVerifier, a ProbeVerifier (scored with weighted voting) or a scorer "
+                    f"(MSVScorer, WeightedVoteScorer, ProbeScorer), got {type(verifier).__name__}.")
