@@ -31,7 +31,7 @@ CPU wall-time ratios:
 A random LM never closes its box, so every answer would run to the 40-token cap. The paper-shape runs therefore
 script the answers with a forward hook (``{`` then 10 filler tokens then ``}``: L = 12, a conservative length for
 boxed math answers). The verifier's cost at the 40-token cap is measured too, by replaying the same answer schedule
-(same N, steps, τ, online release order) with 40-token answers through the verifier alone, divided by the CoT time
+(same N, steps, τ, order of arrival at the online cache) with 40-token answers through the verifier alone, divided by the CoT time
 of the matching run (``verifier_time_ratio_n64_cap40``).
 
 Usage::
@@ -123,14 +123,14 @@ class ScriptedAnswers:
 
 def replay_verifier(verifier, n: int, steps: int, every: int, length: int) -> float:
     """Seconds the verifier spends on the answer schedule of one prompt's run (N sequences, an answer every
-    `every` tokens and a terminal answer, all of `length` tokens), with answers released to the online cache as
-    generation releases them: at step τ + L if that is within the run, else in the final flush."""
+    `every` tokens and a terminal answer, all of `length` tokens), with answers handed to the online cache when
+    generation hands them over: at step τ + L if that is within the run, else in the final flush."""
     fire = list(range(every - 1, steps, every))
     if not fire or fire[-1] != steps - 1:
         fire.append(steps - 1)  # terminal answers (token budget)
-    releases: dict[int, list[tuple[int, int]]] = {}
+    arrivals: dict[int, list[tuple[int, int]]] = {}
     for k, tau in enumerate(fire):
-        releases.setdefault(tau + length if tau + length <= steps - 1 else steps, []).append((k, tau))
+        arrivals.setdefault(tau + length if tau + length <= steps - 1 else steps, []).append((k, tau))
     generator = torch.Generator().manual_seed(0)
     cache, seconds = MSVCache(), 0.0
 
@@ -138,8 +138,8 @@ def replay_verifier(verifier, n: int, steps: int, every: int, length: int) -> fl
         return torch.tensor(values, dtype=torch.long)
 
     with torch.no_grad():
-        for key in sorted(releases):
-            batch = [(k, tau, s) for k, tau in releases[key] for s in range(n)]
+        for key in sorted(arrivals):
+            batch = [(k, tau, s) for k, tau in arrivals[key] for s in range(n)]
             states = torch.randn(len(batch) * length, verifier.config.hidden_size, generator=generator)
             states = states.to(verifier.dtype)
             start = time.perf_counter()
@@ -384,18 +384,20 @@ def paper_shape(model, tokenizer, n: int, steps: int, every: int = 64, answer_le
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer decode steps (about half the time)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: N = 8 and 320 steps for A, 32 steps "
+                        "for the hook, a small LM (width 256, 4 layers) instead of the paper's shape for 2-3; the "
+                        "counts (A, B) hold, the ratios are not the paper shape's")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--steps", type=int, default=None, help="decode steps (default: 192, quick: 128)")
     parser.add_argument("--counts-only", action="store_true", help="only the machine-independent counts (A, B)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    steps = args.steps or (128 if args.quick else 192)
+    steps = args.steps or (96 if args.quick else 192)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {'quick' if args.quick else 'full'}")
 
-    report = paper_schedule_counts()
-    report.update(stopped_rows_fraction())
+    report = paper_schedule_counts(n=8, steps=320) if args.quick else paper_schedule_counts()
+    report.update(stopped_rows_fraction(n=8, steps=256) if args.quick else stopped_rows_fraction())
     report["goals_met"] = {
         "forwards_per_cot_step_le_1.05": report["forwards_per_cot_step"] <= 1.05,
         "rows_steps_fraction_le_0.65": report["rows_steps_fraction_two_of_four_stopped"] <= 0.65,
@@ -403,14 +405,18 @@ def main():
     if args.counts_only:
         print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
         return
-    report.update(hook_overhead(steps=steps, repeats=3 if args.quick else 5))
+    report.update(hook_overhead(steps=32 if args.quick else steps, repeats=1 if args.quick else 5))
 
     tokenizer = build_tokenizer(1000)
     start = time.perf_counter()
-    model = random_lm(lm_config(len(tokenizer), hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                                num_attention_heads=12, num_key_value_heads=2), torch.bfloat16)
-    print(f"paper-shape LM: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, bf16, "
-          f"built in {time.perf_counter() - start:.0f}s")
+    shape = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2)
+    if args.quick:
+        shape = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2)
+    model = random_lm(lm_config(len(tokenizer), **shape), torch.bfloat16)
+    print(f"{'small' if args.quick else 'paper-shape'} LM: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B "
+          f"parameters, bf16, built in {time.perf_counter() - start:.0f}s")
     runs = {n: paper_shape(model, tokenizer, n, steps) for n in (16, 64)}
 
     report.update({

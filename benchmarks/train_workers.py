@@ -8,7 +8,7 @@ streaming MSV_16 fits (seeds 0, 1, ...; `--max-steps` each, no vote cross-valida
 with 1 worker × `--threads` threads, then with `--threads` workers × 1 thread, on the same data.
 
     python benchmarks/train_workers.py --threads 2            # 4 fits of 112 steps each way
-    python benchmarks/train_workers.py --threads 2 --quick    # 2 fits of 16 steps
+    python benchmarks/train_workers.py --threads 2 --quick    # 2 fits of 4 steps on 16 problems (a smoke run)
 
 Last line: JSON with each layout's seconds and ``speedup`` = seconds(1 worker) ÷ seconds(workers).
 """
@@ -57,7 +57,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.fits, args.max_steps, args.problems = 2, 16, 32
+        args.fits, args.max_steps, args.problems = 2, 4, 16
     d, heads = testbed_shape()
     root = Path(tempfile.mkdtemp(prefix="train_workers_"))
     try:

@@ -1,6 +1,7 @@
 """Best-of-N with an MSV: sample N, read every final answer, pick the most likely correct one.
 
     python examples/best_of_n.py -n 16
+    python examples/best_of_n.py --quick     # N = 4, one problem (a smoke run)
 
 The shipped testbed verifier is a streaming MSV; here it scores the terminal answers only (no early stop, λ=None),
 and the chosen answer is the best final answer. A terminal-mode MSV (`hf-msv train --mode terminal`) adds the
@@ -19,7 +20,10 @@ from hf_msv.testbed import TESTBED_VERIFIER_TASK, format_prompt, get_task
 parser = argparse.ArgumentParser()
 parser.add_argument("-n", "--num-sequences", type=int, default=16)
 parser.add_argument("--problems", type=int, default=3)
+parser.add_argument("--quick", action="store_true", help="N = 4 on one problem")
 args = parser.parse_args()
+if args.quick:
+    args.num_sequences, args.problems = 4, 1
 
 model, tokenizer, verifier = load_default()  # the shipped MSV and the testbed LM it was trained on
 task = get_task(TESTBED_VERIFIER_TASK)

@@ -1,6 +1,7 @@
 """Early stopping of parallel decoding inside plain `model.generate`.
 
     python examples/early_stopping.py --threshold 0.9 -n 16
+    python examples/early_stopping.py --quick     # N = 8, threshold 0.5 (a smoke run)
 
 Uses the embedded default (testbed LM + its streaming MSV); pass --model/--verifier directories for your own.
 """
@@ -19,7 +20,10 @@ parser.add_argument("-n", "--num-sequences", type=int, default=16)
 parser.add_argument("--max-new-tokens", type=int, help="default: the testbed's length cap (v2: 272), else 400")
 parser.add_argument("--model")
 parser.add_argument("--verifier")
+parser.add_argument("--quick", action="store_true", help="N = 8 at threshold 0.5")
 args = parser.parse_args()
+if args.quick:
+    args.num_sequences, args.threshold = 8, 0.5
 
 model, tokenizer, verifier = load_custom(args.model, args.verifier) if args.model else load_default()
 task = get_task(TESTBED_VERIFIER_TASK)

@@ -1,10 +1,11 @@
 """Share a verifier on the Hub — dry run: the upload call is replaced by one that lists what would be sent.
 
-    python examples/push_to_hub_dry_run.py
+    python examples/push_to_hub_dry_run.py       # (--quick runs the same: it is quick already)
 
 Drop the two `mock.patch` lines (and log in with `hf auth login`) to push for real.
 """
 
+import argparse
 import json
 import os
 from unittest import mock
@@ -23,6 +24,9 @@ def show_upload(self, *, repo_id, folder_path, **kwargs):
     return json.load(open(os.path.join(folder_path, "config.json")))["auto_map"]
 
 
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--quick", action="store_true", help="the same run (it is quick already)")
+parser.parse_args()
 verifier = MSVVerifier(MSVConfig(hidden_size=256, num_attention_heads=4, num_sequences=16,
                                  base_model_name_or_path="your-org/your-reasoning-lm", delimiters=["Wait"]))
 with mock.patch.object(HfApi, "create_repo", lambda self, repo_id, **kw: mock.Mock(repo_id=repo_id)), \

@@ -6,6 +6,8 @@
     hf-msv collect --model Qwen/Qwen3-1.7B --traces traces.jsonl --output-dir shards/train
     # 3. train on them (a validation split made the same way)
     hf-msv train --train-dir shards/train --val-dir shards/validation --output-dir verifier --num-sequences 16
+    # without vLLM or a GPU: the default LM sampled by transformers, shaped as vLLM's outputs, then steps 1-2
+    python examples/sample_with_vllm.py --quick
 
 Only step 1 uses vLLM, imported inside `sample`; the file format is written by `write_vllm_traces` with
 `hf_msv.collect.write_traces` (tested on hf_msv's own samples shaped like vLLM's outputs). The traces keep vLLM's
@@ -66,17 +68,70 @@ def sample(model: str, problems, n: int, max_tokens: int, temperature: float, lo
     return llm.generate(inputs, params), tokenizer.eos_token_id
 
 
+def sample_quick(problems, n: int, max_tokens: int, seed: int):
+    """What :func:`sample` returns, made without vLLM: the default LM (the testbed) sampled by ``model.generate``,
+    each output shaped as vLLM's ``RequestOutput`` (``prompt_token_ids``; ``outputs`` with ``token_ids``,
+    ``finish_reason``, ``stop_reason``, ``logprobs``). Returns ``(outputs, eos_token_id, model, tokenizer)``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hf_msv.collect import load_lm
+    from hf_msv.testbed import format_prompt
+
+    model, tok = load_lm("testbed", device="cpu")
+    outputs = []
+    for problem in problems:
+        prompt = tok(format_prompt(problem))["input_ids"]
+        torch.manual_seed(seed)
+        out = model.generate(torch.tensor([prompt]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             num_return_sequences=n, max_new_tokens=max_tokens, pad_token_id=tok.pad_token_id)
+        completions = []
+        for row in out[:, len(prompt):].tolist():
+            ids = row[: row.index(tok.eos_token_id) + 1] if tok.eos_token_id in row else row
+            ended = bool(ids) and ids[-1] == tok.eos_token_id
+            completions.append(SimpleNamespace(token_ids=ids, finish_reason="stop" if ended else "length",
+                                               stop_reason=None, logprobs=None))
+        outputs.append(SimpleNamespace(prompt_token_ids=prompt, outputs=completions))
+    return outputs, tok.eos_token_id, model, tok
+
+
+def quick(output: str | None) -> None:
+    """2 testbed problems x 2 samples: sampled without vLLM, written as a trace file, re-encoded into shards."""
+    import json
+    import tempfile
+
+    from hf_msv.collect import collect_from_traces
+
+    work = Path(tempfile.mkdtemp(prefix="vllm-example-"))
+    problems = load_problems("testbed:validation:2")
+    start = time.perf_counter()
+    outputs, eos_token_id, model, tok = sample_quick(problems, n=2, max_tokens=272, seed=0)
+    path = write_vllm_traces(output or work / "traces.jsonl", problems, outputs, {"temperature": 1.0}, eos_token_id)
+    result = collect_from_traces(model, tok, path, work / "shards", overwrite=True)
+    print(json.dumps({"problems": len(problems), "traces": str(path), "shards": str(work / "shards"),
+                      "tokens": result.tokens, "seconds": round(time.perf_counter() - start, 1)}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--problems", required=True, help="as hf-msv collect --problems")
+    parser.add_argument("--model", help="the LM to sample (required unless --quick)")
+    parser.add_argument("--problems", help="as hf-msv collect --problems (required unless --quick)")
     parser.add_argument("-n", "--num-samples", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--logprobs", type=int, default=None, help="top-k log-probs per token (DeepConf: 20)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default="traces.jsonl")
+    parser.add_argument("--output", default=None, help="the trace file (default: traces.jsonl; --quick: a temporary "
+                        "directory)")
+    parser.add_argument("--quick", action="store_true", help="no vLLM, no GPU: 2 testbed problems x 2 samples by "
+                        "transformers, written and re-encoded as steps 1-2 would")
     args = parser.parse_args()
+    if args.quick:
+        return quick(args.output)
+    if not (args.model and args.problems):
+        parser.error("--model and --problems are required (or --quick)")
+    args.output = args.output or "traces.jsonl"
     problems = load_problems(args.problems)
     start = time.perf_counter()
     outputs, eos_token_id = sample(args.model, problems, args.num_samples, args.max_tokens, args.temperature, args.logprobs,

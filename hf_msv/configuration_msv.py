@@ -6,6 +6,7 @@ pushed to the Hub loads with ``trust_remote_code=True`` for users who do not hav
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 
 from .elicitation import ElicitationSettings
 
@@ -57,6 +58,25 @@ class MSVConfig(PreTrainedConfig):
             before logit averaging). Training initialises (w, b) from a Platt fit of γ on the training answers and
             zeroes the head, so the verifier starts exactly at calibrated self-consistency and learns a residual.
             Off by default so that checkpoints saved without it load unchanged; `MSVTrainingConfig` turns it on.
+        vote_pathway (`bool`, defaults to `False`):
+            Add a per-answer single-chain head (a Probe-shaped MLP on the answer's own last-token hidden state) and
+            the weighted vote of its probabilities over each answer's equivalence class (causal in streaming, the
+            evaluation's Probe+WV rule). The vote share and the head's own probability enter the final head beside
+            γ (an MLP embedding), and an affine skip `w_share·share + w_own·own_logit + b` is added to the logit, so
+            that `MSVVerifier.anchor_to_weighted_vote` makes the verifier exactly a calibrated weighted vote of its
+            own single-chain scores. Off by default: checkpoints saved without it load and score unchanged.
+            See docs/msv_vote_pathway.md.
+        vote_hidden_size (`int`, defaults to 1024):
+            Hidden width of the per-answer head (the Probe's, so a trained Probe can be loaded into it).
+        vote_hidden_act (`str`, defaults to `"relu"`):
+            Activation of the per-answer head (the Probe's).
+        vote_threshold (`int`, defaults to 16):
+            R of streaming weighted voting: an answer's share is the weighted vote only once more than R answers
+            are available at its end, else its own probability (`hf_msv.baselines.streaming_weighted_voting`).
+            Ignored in terminal mode.
+        vote_loss_weight (`float`, defaults to 1.0):
+            With labels, the loss adds this times the single-chain head's own BCE, so that head stays a calibrated
+            single-chain scorer (its weighted vote is then Probe+WV's). 0 trains it through the final logit only.
         hidden_act (`str`, defaults to `"gelu"`):
             Activation of the block MLP and the γ MLP.
         layer_norm_eps (`float`, defaults to 1e-5):
@@ -100,6 +120,11 @@ class MSVConfig(PreTrainedConfig):
     num_sequences: int = 64
     gamma_hidden_size: int = 64
     gamma_skip: bool = False
+    vote_pathway: bool = False
+    vote_hidden_size: int = 1024
+    vote_hidden_act: str = "relu"
+    vote_threshold: int = 16
+    vote_loss_weight: float | int = 1.0
     hidden_act: str = "gelu"
     layer_norm_eps: float = 1e-5
     attention_dropout: float | int = 0.0
@@ -125,6 +150,18 @@ class MSVConfig(PreTrainedConfig):
         out = super().to_dict()
         out["elicitation"] = elicitation_to_json(self.elicitation)
         return out
+
+    @classmethod
+    def paper_preset(cls, **kwargs) -> "MSVConfig":
+        """The paper's architecture: one Multi-Mask Transformer Block, the four masks, γ through an MLP only (no γ
+        skip, no vote pathway), logit averaging in terminal mode. `kwargs` set the other fields (width, heads, N,
+        mode, ...); an architecture field of the preset given with another value is a `ValueError`."""
+        preset = {"num_hidden_layers": 1, "masks": list(MASK_NAMES), "readout": "last", "gamma_skip": False,
+                  "vote_pathway": False}
+        clash = sorted(k for k in preset if k in kwargs and kwargs[k] != preset[k])
+        if clash:
+            raise ValueError(f"MSVConfig.paper_preset fixes {clash}; build MSVConfig(...) directly to change them.")
+        return cls(**{**kwargs, **preset})
 
     @property
     def effective_masks(self) -> list[str]:
@@ -158,6 +195,11 @@ class MSVConfig(PreTrainedConfig):
                 raise ValueError(f"Unknown {name} {value!r}; valid values are {list(allowed)}.")
         if self.num_sequences < 1 or self.num_hidden_layers < 1:
             raise ValueError("num_sequences and num_hidden_layers must be at least 1.")
+        if self.vote_hidden_size < 1 or self.vote_threshold < 0 or self.vote_loss_weight < 0:
+            raise ValueError(f"vote_hidden_size must be at least 1, vote_threshold and vote_loss_weight at least 0, "
+                             f"got {self.vote_hidden_size}, {self.vote_threshold}, {self.vote_loss_weight}.")
+        if self.vote_hidden_act not in ACT2FN:
+            raise ValueError(f"Unknown vote_hidden_act {self.vote_hidden_act!r}; valid values are {sorted(ACT2FN)}.")
 
 
 def coerce_elicitation(value, mode: str, kwargs: dict) -> ElicitationSettings:

@@ -4,8 +4,8 @@ Definitions follow the paper's appendix "Details on metrics": AUROC, Brier, NLL,
 best-of-N accuracy, and best-of-N ECE / Brier over the (p†, y†) pairs of the answers a verifier picks; and the
 paired bootstrap over problems that turns a comparison of two methods into a 95 % interval.
 
-`AnswerGroup` lives in `hf_msv.data.groups` with the functions that build it; it is re-exported here because the
-metrics read it. `hf_msv.baselines` stays array-only.
+The best-of-N metrics read groups duck-typed (`hf_msv.data.AnswerGroup`: ``scores``, ``labels``, ``is_terminal``),
+so this module sits below `data` and imports nothing above `baselines`.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.exceptions import UndefinedMetricWarning
-from sklearn.metrics import roc_auc_score
 
 from .baselines import best_of_n
-from .data.groups import AnswerGroup
+
+if TYPE_CHECKING:  # annotations only: the groups are read by attribute
+    from .data.groups import AnswerGroup
 
 __all__ = [
-    "AnswerGroup", "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
+    "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
     "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "seed_stat", "format_mean_std",
     "bootstrap_interval", "paired_bootstrap", "bce_with_logits", "fold_by_problem", "difficulty_scores",
     "per_problem_auroc", "within_problem_auroc",
@@ -57,6 +58,10 @@ def auroc(p, y) -> float:
     Undefined when only one class is present: returns nan and warns (UndefinedMetricWarning) saying so, because a
     0.5 or 1.0 there would silently bias means over datasets where a verifier sees only correct answers.
     """
+    # scikit-learn is imported on first use: it takes about a second, which `hf-msv --help` should not pay
+    from sklearn.exceptions import UndefinedMetricWarning
+    from sklearn.metrics import roc_auc_score
+
     p = np.asarray(p, dtype=np.float64).reshape(-1)
     y = np.asarray(y).astype(bool).reshape(-1)
     if y.size == 0 or y.all() or not y.any():
@@ -101,6 +106,8 @@ def difficulty_scores(labels: Sequence) -> list[np.ndarray]:
 def per_problem_auroc(scores: Sequence, labels: Sequence) -> np.ndarray:
     """(P,) AUROC among each problem's answers: `scores[i]` and 0/1 `labels[i]` are problem i's (m_i,) arrays; nan for
     a problem whose answers are all right or all wrong (nothing to rank)."""
+    from sklearn.metrics import roc_auc_score
+
     return np.array([roc_auc_score(np.asarray(y).astype(bool), np.asarray(p, dtype=np.float64))
                      if 0 < np.sum(y) < len(y) else math.nan for p, y in zip(scores, labels)], dtype=np.float64)
 

@@ -39,6 +39,10 @@ class MSVOutput(ModelOutput):
         probabilities (`torch.FloatTensor` of shape `(A,)`): `sigmoid(logits)`, the predicted P(correct).
         gamma (`torch.FloatTensor` of shape `(A,)`): the agreement feature used.
         cache (`MSVCache`, *optional*): the online cache, updated in place (also readable as `past_key_values`).
+        vote_logits (`torch.FloatTensor` of shape `(A,)`, *optional*): with `config.vote_pathway`, the per-answer
+            single-chain head's logit of each answer.
+        vote_share (`torch.FloatTensor` of shape `(A,)`, *optional*): with `config.vote_pathway`, the weighted vote
+            of the single-chain probabilities over each answer's class (`weighted_vote_share`).
     """
 
     loss: torch.FloatTensor | None = None
@@ -48,6 +52,8 @@ class MSVOutput(ModelOutput):
     # `cache`, the name transformers >= 5.24 gives every ModelOutput's cache (its ModelOutput turns a
     # `past_key_values` field or key into `cache`, so a field by the old name silently stayed None there).
     cache: "MSVCache | None" = None
+    vote_logits: torch.FloatTensor | None = None
+    vote_share: torch.FloatTensor | None = None
 
     @property
     def past_key_values(self) -> "MSVCache | None":
@@ -136,6 +142,45 @@ def average_logits(
         same &= answer_end[safe] <= answer_end[rows, None]
     weights = same.to(logits.dtype)
     return (weights * logits[safe]).sum(1) / weights.sum(1)
+
+
+def weighted_vote_share(
+    probabilities: torch.Tensor,
+    answer_group: torch.Tensor,
+    answer_end: torch.Tensor,
+    answer_class: torch.Tensor,
+    streaming: bool,
+    threshold: int = 0,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Weighted voting (WV) of per-answer probabilities, the evaluation's Probe+WV rule, differentiable.
+
+    An answer's share is the summed probability of its class over the summed probability of all answers available
+    to it: every answer of its group (terminal), or those that ended no later than it (streaming; then only when
+    more than `threshold` answers are available, else its own probability, as
+    `hf_msv.baselines.streaming_weighted_voting`). A group without probability mass gives 0.
+
+    Args: `probabilities (A,)` float in [0, 1]; the rest `(A,)` long; `rows` restricts the output (online scoring).
+    Returns: `(len(rows),)` float (or `(A,)`).
+    """
+    if len(probabilities) == 0:
+        return probabilities
+    index, row_group, _, rows = _padded_by_group(answer_group, rows)
+    members = index[row_group]
+    safe = members.clamp(min=0)
+    available = members >= 0
+    if streaming:
+        available &= answer_end[safe] <= answer_end[rows, None]
+    mass = torch.where(available, probabilities[safe], torch.zeros((), dtype=probabilities.dtype,
+                                                                   device=probabilities.device))
+    same = answer_class[safe] == answer_class[rows, None]
+    total = mass.sum(1)
+    # Divide only where there is mass, so an all-zero group has a finite gradient.
+    share = torch.where(total > 0, (mass * same).sum(1) / torch.where(total > 0, total, torch.ones_like(total)),
+                        torch.zeros_like(total))
+    if streaming:
+        share = torch.where(available.sum(1) > threshold, share, probabilities[rows])
+    return share
 
 
 def split_into_groups(
@@ -339,6 +384,19 @@ class MSVMLP(nn.Module):
         return self.down(self.act(self.up(x)))
 
 
+class MSVVoteHead(nn.Module):
+    """The per-answer single-chain head of the vote pathway, shaped like `ProbeVerifier`: `(A, d)` → `(A,)` logits."""
+
+    def __init__(self, config: MSVConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.vote_hidden_size)
+        self.act = ACT2FN[config.vote_hidden_act]
+        self.head = nn.Linear(config.vote_hidden_size, 1)
+
+    def forward(self, x):
+        return self.head(self.act(self.up(x))).squeeze(-1)
+
+
 class MSVBlock(nn.Module):
     """Multi-Mask Transformer Block: Z = (U + Ũ) + MLP(LN(U + Ũ)), Ũ the mixed multi-mask attention of U."""
 
@@ -450,12 +508,18 @@ class MSVPreTrainedModel(PreTrainedModel):
             # Neutral until training anchors them (`MSVVerifier.anchor_to_vote`).
             init.zeros_(module.gamma_skip_weight)
             init.zeros_(module.gamma_skip_bias)
+        if getattr(module, "vote_skip_weight", None) is not None:
+            # Neutral until training anchors them (`MSVVerifier.anchor_to_weighted_vote`).
+            init.zeros_(module.vote_skip_weight)
+            init.zeros_(module.vote_skip_bias)
 
 
 class MSVVerifier(MSVPreTrainedModel):
     """The Multi-Sequence Verifier: U = h + e⁽ⁿ⁾ → Multi-Mask Transformer Block(s) → readout of each answer
     (last token or mean) + MLP(γ) → linear head (+ w·γ + b with `config.gamma_skip`) → logit (averaged over
-    equivalence classes in terminal mode).
+    equivalence classes in terminal mode). With `config.vote_pathway`, a single-chain head scores each answer on its
+    own, the weighted vote of those scores (its class's share) and the answer's own probability enter the head
+    beside γ, and `w_share·share + w_own·own_logit + b` is added to the logit (docs/msv_vote_pathway.md).
 
     Example:
 
@@ -476,6 +540,12 @@ class MSVVerifier(MSVPreTrainedModel):
             # Two scalars: an affine map of γ added to the logit, i.e. Platt-scaled self-consistency as a skip path.
             self.gamma_skip_weight = nn.Parameter(torch.zeros(()))
             self.gamma_skip_bias = nn.Parameter(torch.zeros(()))
+        if config.vote_pathway:
+            self.vote_head = MSVVoteHead(config)
+            self.vote_mlp = MSVMLP(2, config.gamma_hidden_size, config.hidden_size, config.hidden_act)
+            # Affine skip on (vote share, own single-chain logit): the weighted vote as a point the model can sit at.
+            self.vote_skip_weight = nn.Parameter(torch.zeros(2))
+            self.vote_skip_bias = nn.Parameter(torch.zeros(()))
         self.post_init()
 
     @torch.no_grad()
@@ -493,6 +563,42 @@ class MSVVerifier(MSVPreTrainedModel):
         self.gamma_skip_bias.fill_(bias)
         self.head.weight.zero_()
         self.head.bias.zero_()
+
+    @torch.no_grad()
+    def anchor_to_weighted_vote(self, weight: float, bias: float) -> None:
+        """Make this verifier output exactly a calibrated weighted vote of its own single-chain scores,
+        σ(weight·share + bias) for every answer, `share` the class share of `weighted_vote_share`.
+
+        Sets the vote skip to (weight on the share, 0 on the own logit, bias), zeroes the γ skip (if any) and the
+        head, so the rest of the model is a residual on top of the weighted vote; the single-chain head is kept (load
+        a trained Probe into it first with `load_vote_head_from_probe`). Best-of-N on the result picks the weighted
+        vote's answer whenever `weight > 0`. Needs `config.vote_pathway`; raises `ValueError` otherwise.
+        """
+        if not self.config.vote_pathway:
+            raise ValueError("anchor_to_weighted_vote needs a verifier built with config.vote_pathway=True.")
+        self.vote_skip_weight.copy_(torch.tensor([float(weight), 0.0]))
+        self.vote_skip_bias.fill_(bias)
+        if self.config.gamma_skip:
+            self.gamma_skip_weight.zero_()
+            self.gamma_skip_bias.zero_()
+        self.head.weight.zero_()
+        self.head.bias.zero_()
+
+    @torch.no_grad()
+    def load_vote_head_from_probe(self, probe) -> None:
+        """Copy a trained `ProbeVerifier`'s weights into the single-chain head of the vote pathway.
+
+        Raises `ValueError` without `config.vote_pathway` or when the Probe's width, hidden size or activation
+        differ from `hidden_size`, `vote_hidden_size`, `vote_hidden_act`."""
+        if not self.config.vote_pathway:
+            raise ValueError("load_vote_head_from_probe needs a verifier built with config.vote_pathway=True.")
+        theirs = (probe.config.hidden_size, probe.config.intermediate_size, probe.config.hidden_act)
+        ours = (self.config.hidden_size, self.config.vote_hidden_size, self.config.vote_hidden_act)
+        if theirs != ours:
+            raise ValueError(f"the Probe has (hidden_size, intermediate_size, hidden_act) = {theirs}, but this "
+                             f"verifier's vote head has (hidden_size, vote_hidden_size, vote_hidden_act) = {ours}.")
+        for name in ("up", "head"):
+            getattr(self.vote_head, name).load_state_dict(getattr(probe, name).state_dict())
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -513,14 +619,18 @@ class MSVVerifier(MSVPreTrainedModel):
             return super().push_to_hub(repo_id, **kwargs)
         return type(self).hub_uploader(self, repo_id, **kwargs)
 
-    def parameter_groups(self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3) -> list[dict]:
-        """The paper's per-module learning rates: mask-mixture weights w, sequence embeddings e⁽ⁿ⁾, the rest."""
-        groups = {"mask": [], "embedding": [], "body": []}
+    def parameter_groups(self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3,
+                         vote_lr: float = 1e-3) -> list[dict]:
+        """The paper's per-module learning rates: mask-mixture weights w, sequence embeddings e⁽ⁿ⁾, the rest; with
+        `config.vote_pathway` a fourth group, the single-chain head and the vote skip, at `vote_lr` (the Probe's)."""
+        groups = {"mask": [], "embedding": [], "body": [], "vote": []}
         for name, param in self.named_parameters():
-            key = "mask" if name.endswith("mask_logits") else "embedding" if name.startswith("sequence_") else "body"
+            key = ("mask" if name.endswith("mask_logits") else "embedding" if name.startswith("sequence_") else
+                   "vote" if name.startswith(("vote_head.", "vote_skip_")) else "body")
             groups[key].append(param)
-        return [{"params": groups["body"], "lr": lr}, {"params": groups["mask"], "lr": mask_lr},
-                {"params": groups["embedding"], "lr": embedding_lr}]
+        out = [{"params": groups["body"], "lr": lr}, {"params": groups["mask"], "lr": mask_lr},
+               {"params": groups["embedding"], "lr": embedding_lr}]
+        return out + [{"params": groups["vote"], "lr": vote_lr}] if groups["vote"] else out
 
     # transformers' generic output flags: accepted (callers pass them to any model) and meaningless here.
     _IGNORED_KWARGS = frozenset({"return_dict", "output_attentions", "output_hidden_states"})
@@ -603,28 +713,64 @@ class MSVVerifier(MSVPreTrainedModel):
             gamma = compute_gamma(every["group"], every["sequence"], every["step"], every["end"], every["class"],
                                   streaming, rows=new_rows if offset else None)
         gamma = gamma.to(device=device, dtype=torch.float32)
+        vote_logits = vote_share = None
+        if self.config.vote_pathway:
+            vote_logits, vote_share = self._vote(hidden_states, token_answer, every, cache, new_rows if offset else None)
 
         readout = self._encode(hidden_states, token_answer, new, offset, cache)
-        logits = self.head(readout + self.gamma_mlp(gamma[:, None].to(readout.dtype))).squeeze(-1).float()
-        if self.config.gamma_skip:
-            # Per answer and before averaging, so the cache's raw logits and logit averaging include it. On γ itself,
-            # not logit(γ): γ = 1 is common (unanimous groups) and the guard's calibrated self-consistency is Platt
-            # on γ, so (w, b) from the same fit reproduce that baseline exactly.
-            logits = logits + self.gamma_skip_weight.float() * gamma + self.gamma_skip_bias.float()
+        logits = self._answer_logits(readout, gamma, vote_logits, vote_share)
         raw_logits = logits
         if self.config.logit_averaging and num_answers:
             all_logits = torch.cat([cache.answers["raw_logit"], logits]) if offset else logits
             logits = average_logits(all_logits, every["group"], every["end"], every["class"], streaming,
                                     rows=new_rows if offset else None)
         if cache is not None:
-            cache.commit({**new, "raw_logit": raw_logits.detach()})
+            vote = {"vote_logit": vote_logits.detach()} if vote_logits is not None else {}
+            cache.commit({**new, "raw_logit": raw_logits.detach(), **vote})
 
         loss = None
         if labels is not None:
             labels = labels.to(device=device, dtype=torch.float32)
             keep = labels >= 0
             loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
-        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma, cache=cache)
+            if vote_logits is not None and self.config.vote_loss_weight:
+                # Keeps the single-chain head a calibrated single-chain scorer, so its weighted vote is Probe+WV's.
+                loss = loss + self.config.vote_loss_weight * F.binary_cross_entropy_with_logits(
+                    vote_logits[keep], labels[keep])
+        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma, cache=cache,
+                         vote_logits=vote_logits, vote_share=vote_share)
+
+    def _answer_logits(self, readout, gamma, vote_logits, vote_share) -> torch.Tensor:
+        """Per-answer logits before logit averaging, `(A,)` float32, from the readout `(A, d)` and the features."""
+        features = readout + self.gamma_mlp(gamma[:, None].to(readout.dtype))
+        if vote_share is not None:
+            vote = torch.stack([vote_share, torch.sigmoid(vote_logits)], -1)
+            features = features + self.vote_mlp(vote.to(readout.dtype))
+        logits = self.head(features).squeeze(-1).float()
+        if self.config.gamma_skip:
+            # Per answer and before averaging, so the cache's raw logits and logit averaging include it. On γ itself,
+            # not logit(γ): γ = 1 is common (unanimous groups) and the guard's calibrated self-consistency is Platt
+            # on γ, so (w, b) from the same fit reproduce that baseline exactly.
+            logits = logits + self.gamma_skip_weight.float() * gamma + self.gamma_skip_bias.float()
+        if vote_share is not None:
+            weight = self.vote_skip_weight.float()
+            logits = logits + weight[0] * vote_share + weight[1] * vote_logits + self.vote_skip_bias.float()
+        return logits
+
+    def _vote(self, hidden_states, token_answer, every: dict, cache, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The vote pathway for the new answers: their single-chain logits `(A,)` (the head on each answer's last
+        token) and weighted vote shares `(A,)` over every answer available to them, cached ones included."""
+        num_answers = len(every["group"]) - (cache.num_answers if cache is not None else 0)
+        positions = torch.arange(len(token_answer), device=token_answer.device)
+        last = torch.full((num_answers,), -1, dtype=torch.long, device=token_answer.device).scatter_reduce(
+            0, token_answer, positions, reduce="amax")
+        own = self.vote_head(hidden_states.to(device=token_answer.device, dtype=self.dtype)[last]).float()
+        probabilities = torch.sigmoid(own)
+        if rows is not None:
+            probabilities = torch.cat([torch.sigmoid(cache.answers["vote_logit"]), probabilities])
+        share = weighted_vote_share(probabilities, every["group"], every["end"], every["class"], self.config.streaming,
+                                    self.config.vote_threshold, rows=rows)
+        return own, share
 
     def _encode(self, hidden_states, token_answer, new: dict, offset: int, cache) -> torch.Tensor:
         """The blocks over the packed tokens; returns one readout vector per new answer, `(A, d)`."""
@@ -706,4 +852,4 @@ def check_compatible(verifier: MSVVerifier, model) -> None:
 
 
 __all__ = ["MSVVerifier", "MSVPreTrainedModel", "MSVOutput", "MSVCache", "compute_gamma", "average_logits",
-           "split_into_groups", "build_masks", "check_compatible"]
+           "weighted_vote_share", "split_into_groups", "build_masks", "check_compatible"]

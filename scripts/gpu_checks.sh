@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The checks only a GPU can run, in one pass of at most ~10 min (each step has its own time limit): the CUDA
 # correctness tests, the paper-shape generation benchmark and the testbed collection's throughput at two batch sizes.
-# Logs go to $OUT (or ./gpu-checks). On one H200 (2026-11-26): tests/test_cuda.py 5 passed in 25 s; collection of v2
-# problems x 64 samples 2.0 s a problem one at a time, 0.24 s in batches of 32 (collect's own seconds).
-# Again 2026-11-26: test_cuda 5 passed in 31 s; generation_gpu at 512 steps: MSV run 1.195x the hooked loop.
+# Logs go to $OUT (or ./gpu-checks). On one H200: tests/test_cuda.py in ~30 s; collection of v2 problems x 64 samples
+# 2.0 s a problem one at a time, 0.24 s in batches of 32 (collect's own seconds); generation_gpu at 512 steps: the MSV
+# run 1.195x the hooked loop.
 #
 #   bash scripts/gpu_checks.sh                 # on a machine with a CUDA GPU and hf_msv's dependencies installed
 #

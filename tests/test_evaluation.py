@@ -270,8 +270,9 @@ def test_evaluation_groups_are_a_fixed_partition():
     assert sorted(np.concatenate(groups).tolist()) == list(range(64))
     assert all(np.array_equal(a, b) for a, b in zip(groups, evaluation_groups(64, 16, 5)))
     assert len(evaluation_groups(10, 4, 0)) == 2   # ⌊S/N⌋ groups, the rest unused
-    with pytest.raises(ValueError):
-        evaluation_groups(4, 8, 0)
+    with pytest.raises(ValueError, match=r"N=8 but the validation split has only 4 sequences per problem: evaluate "
+                                         r"at N <= 4 \(--num-sequences\), or collect that split with --num-samples 8"):
+        evaluation_groups(4, 8, 0, "validation")
 
 
 def test_draw_sequences_are_seeded_subsets():
@@ -395,7 +396,59 @@ def test_n_defaults_to_the_grid_the_samples_allow_and_too_large_n_is_a_clear_err
     assert set(results["terminal"]) == {"1", "4", "8"}
     with pytest.raises(ValueError, match=r"only 8 sequences: ask for N <= 8 \(e\.g\. --num-sequences 1 4 8"):
         main(flags + ["--output-dir", str(tmp_path / "too-many"), "--num-sequences", "16"])
-    assert not (tmp_path / "too-many" / "report.json").exists()
+    assert not (tmp_path / "too-many").exists()
+
+
+def test_an_n_above_the_validation_split_names_it_and_what_to_do_before_any_work(study, tmp_path):
+    """16 sequences per evaluation problem, 8 per validation problem, N = 16: the error names the validation split
+    and its directory, says which N it allows and how to collect more, and leaves no output directory behind."""
+    from hf_msv.evaluation import main
+
+    ev16 = write_split(tmp_path / "eval16", 3, seed=5, num_sequences=16)
+    out = tmp_path / "report"
+    with pytest.raises(ValueError) as error:
+        main(["--eval-dir", str(ev16), "--val-dir", str(study["val"]), "--num-sequences", "1", "16", "--bootstrap",
+              "0", "--no-figures", "--no-progress", "--output-dir", str(out)])
+    message = str(error.value)
+    assert f"the validation split ({study['val']}) has only 8 sequences per problem" in message
+    assert "--num-sequences 1" in message and "--num-samples 16 or more" in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bad", ["missing", "empty", "file", "no-equals"])
+def test_a_bad_verifier_is_a_clear_error_that_leaves_no_output_directory(study, tmp_path, bad):
+    from hf_msv.evaluation import main
+
+    target = tmp_path / "verifier"
+    if bad == "empty":
+        target.mkdir()
+    elif bad == "file":
+        target.write_text("{}")
+    spec = str(target) if bad == "no-equals" else f"x={target}"
+    expected = {"missing": (FileNotFoundError, "no such verifier directory"),
+                "empty": (FileNotFoundError, "holds no config.json: not a verifier checkpoint"),
+                "file": (NotADirectoryError, "a verifier is a directory"),
+                "no-equals": (ValueError, "--verifier takes NAME=PATH")}[bad]
+    out = tmp_path / "report"
+    with pytest.raises(expected[0], match=expected[1]) as error:
+        main(["--eval-dir", str(study["eval"]), "--verifier", spec, "--output-dir", str(out), "--no-progress"])
+    assert str(target) in str(error.value) and not out.exists()
+
+
+def test_figures_without_matplotlib_fail_first_naming_the_extra(study, tmp_path, monkeypatch):
+    """Figures need matplotlib, an optional extra: without it, one line naming the extra before any work (no output
+    directory); ``--no-figures`` still evaluates."""
+    import importlib.util
+
+    from hf_msv.evaluation import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    flags = ["--eval-dir", str(study["eval"]), "--num-sequences", "1", "--bootstrap", "0", "--no-progress"]
+    with pytest.raises(ModuleNotFoundError, match=r'pip install "hf-msv\[report\]" \(or pass --no-figures') as error:
+        main(flags + ["--output-dir", str(tmp_path / "figures")])
+    assert "\n" not in str(error.value) and not (tmp_path / "figures").exists()
+    assert main(flags + ["--no-figures", "--output-dir", str(tmp_path / "plain")])["figures"] == []
 
 
 def test_training_seeds_new_baselines_and_intervals(study):

@@ -117,3 +117,22 @@ def test_every_command_prints_its_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main([command, "--help"])
     assert exit_info.value.code == 0 and "--" in capsys.readouterr().out
+
+
+def test_every_benchmark_and_example_has_a_quick_mode():
+    """`scripts/bench_smoke.sh` runs ``<script> --quick`` for every benchmark and example: each must declare the flag
+    (an argparse option string, read from the source without running it) so that none can rot unnoticed."""
+    import ast
+
+    scripts = sorted(p for d in ("benchmarks", "examples") for p in (ROOT / d).glob("*.py")
+                     if not p.name.startswith("_"))
+    assert len(scripts) >= 10
+    missing = []
+    for path in scripts:
+        flags = {node.value for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("--")}
+        if "--quick" not in flags:
+            missing.append(path.name)
+    assert not missing, f"no --quick mode: {missing}"
+    smoke = (ROOT / "scripts" / "bench_smoke.sh").read_text()
+    assert 'for f in benchmarks/*.py examples/*.py' in smoke and '--quick' in smoke

@@ -103,12 +103,6 @@ def test_format_mean_std_reads_results_json_stats():
     assert format_mean_std(0.25, 1) == "0.2" and format_mean_std(3) == "3.000"
 
 
-def test_answer_group_is_reexported_from_metrics():
-    import hf_msv.metrics
-
-    assert hf_msv.metrics.AnswerGroup is AnswerGroup
-
-
 def test_evaluate_module_loads_offline_and_matches(monkeypatch, tmp_path):
     evaluate = pytest.importorskip("evaluate")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

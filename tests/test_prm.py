@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForTokenClassification
 from hf_msv.collect import collect
 from hf_msv.data import ShardDataset, list_shards, read_shard, write_shard
 from hf_msv.evaluation import PRMScorer, build_prm_text, load_lm_tokenizer, main, split_steps
-from hf_msv.evaluation.prm import STEP_TOKEN, answer_contexts
+from hf_msv.evaluation.prm import QWEN_PRM_SYSTEM, STEP_TOKEN, answer_contexts
 
 from test_collect import SETTINGS, make_tokenizer, tiny_lm, tiny_problems  # noqa: E402  (tests/ is on sys.path)
 from tiny import word_level_tokenizer
@@ -63,7 +63,7 @@ def test_split_steps_appends_answer_and_drops_markers():
 def test_chat_template_and_chatml_fallback_agree(tokenizer):
     steps = ["a", "b"]
     fallback = build_prm_text(tokenizer, f"q{STEP_TOKEN}", steps)  # a marker in the question is dropped too
-    assert fallback.count(STEP_TOKEN) == 2 and fallback.startswith("<|im_start|>system\nPlease reason")
+    assert fallback.count(STEP_TOKEN) == 2 and fallback.startswith("<|im_start|>system\n" + QWEN_PRM_SYSTEM)
     tokenizer.chat_template = CHATML
     try:
         assert build_prm_text(tokenizer, "q", steps) == fallback

@@ -100,19 +100,19 @@ def test_quick_reproduction(tmp_path):
     for linked in re.findall(r"\]\(([^)]+\.(?:png|md))\)", again):
         assert (tmp_path / "again" / linked).exists(), linked
 
-    # a later sitting on a fresh machine (--continue-report, empty work directory) runs a study the report lacks:
-    # it re-makes the main collection, which is the first sitting's data (same fingerprints), and the main fit the
-    # study needs, and keeps everything else the report holds
+    # a new part in an empty work directory (--continue-report) runs a study the report lacks: it re-makes the main
+    # collection, which is the first part's data (same fingerprints), and the main fit the study needs, and keeps
+    # everything else the report holds
     later, fresh = tmp_path / "later", tmp_path / "fresh-work"
     later.mkdir()
     shutil.copy(out / "testbed-v2-quick-main.json", later)
     lacking = {k: v for k, v in summary.items() if k != "masks"}
-    lacking["sittings"] = [dict(x, studies=[k for k in x["studies"] if k != "masks"]) for x in summary["sittings"]]
+    lacking["parts"] = [dict(x, studies=[k for k in x["studies"] if k != "masks"]) for x in summary["parts"]]
     (later / "testbed-v2-quick.json").write_text(json.dumps(lacking))
     continued = reproduce_main(["--quick", "--output-dir", str(later), "--work-dir", str(fresh), "--no-progress",
                                 "--continue-report", "--studies", "masks", "delimiters"])
-    made = continued["sittings"][1]
-    assert made["collections"] == summary["sittings"][0]["collections"]   # deterministic on one machine
+    made = continued["parts"][1]
+    assert made["collections"] == summary["parts"][0]["collections"]   # deterministic on one machine
     assert "collections_differ_from_main" not in made
     assert sorted(p.name for p in (fresh / "verifiers").iterdir()) == [
         "msv4-streaming", "msv4-streaming-no-equivalence", "msv4-streaming-no-equivalence-seed1",
@@ -120,9 +120,9 @@ def test_quick_reproduction(tmp_path):
     assert set(continued["masks"]["rows"]) == {"MSV_4", "w/o equivalence"}
     for kept in ("main", "checkers", "delimiters", "grouping", "training_size"):
         assert continued[kept] == summary[kept], kept
-    assert [x["studies"] for x in continued["sittings"]] == [
+    assert [x["studies"] for x in continued["parts"]] == [
         ["main", "checkers", "delimiters", "grouping", "training_size"], ["masks"]]
-    assert "over 2 sittings" in (later / "testbed-v2-quick.md").read_text()
+    assert "in 2 parts (each part after the first continued" in (later / "testbed-v2-quick.md").read_text()
 
     # the shipped verifier's recipe on the same shards: collection is reused, the card and weights are written
     from hf_msv import MSVVerifier

@@ -1,8 +1,8 @@
-"""`hf-msv reproduce --continue-report`: a later sitting, on a fresh machine, continues the committed v2 report.
+"""`hf-msv reproduce --continue-report`: a new part, in an empty work directory, continues the committed v2 report.
 
 The committed v2 report (docs/results/testbed-v2.json, its main study's results beside it) is continued in a
 temporary directory with the study functions replaced by recorders: no LM sampling, no training. What is checked is
-what the sitting keeps, what it runs, what it refuses, and what the report then says.
+what the new part keeps, what it runs, what it refuses, and what the report then says.
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 @pytest.fixture
 def report_dir(tmp_path) -> Path:
-    """A copy of the committed v2 report (summary, main results) as a sitting's output directory, with the studies
-    of its later sittings (delimiters, masks, grouping, training size) taken out (entries, claims, report links, vote
-    checks, sittings), so that a sitting has a study to run and the report reads as after its first sitting."""
+    """A copy of the committed v2 report (summary, main results) as an output directory, with the studies of its
+    later parts (delimiters, masks, grouping, training size) taken out (entries, claims, report links, vote checks,
+    parts), so that a new part has a study to run and the report reads as after its first part."""
     out = tmp_path / "results"
     out.mkdir()
     shutil.copy(RESULTS / "testbed-v2-main.json", out / "testbed-v2-main.json")
     s = json.loads((RESULTS / "testbed-v2.json").read_text())
     later = ("delimiters", "masks", "grouping", "training_size")
-    first = ("main", "checker")  # the first sitting's studies, as named in reports and vote checks
+    first = ("main", "checker")  # the first part's studies, as named in reports and vote checks
     for study in later:
         s.pop(study, None)
     s["reports"] = {k: v for k, v in s["reports"].items() if k.startswith(first)}
     s["claims"] = [c for c in s["claims"] if not c["id"].startswith(later)]
     s["vote_check"] = [row for row in s["vote_check"] if row["study"].startswith(first)]
-    s["sittings"] = [x for x in s.get("sittings", []) if not set(x["studies"]) & set(later)]
+    s["parts"] = [x for x in s["parts"] if not set(x["studies"]) & set(later)]
     (out / "testbed-v2.json").write_text(json.dumps(s))
     return out
 
@@ -60,7 +60,7 @@ def recorded(monkeypatch):
     return calls
 
 
-def test_a_continuing_sitting_keeps_the_report_and_runs_only_what_it_lacks(report_dir, recorded, tmp_path):
+def test_a_new_part_keeps_the_report_and_runs_only_what_it_lacks(report_dir, recorded, tmp_path):
     earlier = json.loads((report_dir / "testbed-v2.json").read_text())
     work = tmp_path / "fresh-work-dir"
     summary = pipeline.reproduce(report_dir, work_dir=work, studies=["checkers", "delimiters"], progress=False,
@@ -77,29 +77,28 @@ def test_a_continuing_sitting_keeps_the_report_and_runs_only_what_it_lacks(repor
     assert summary["delimiters"] and "masks" not in summary and "pending" not in summary
     assert summary["studies"] == ["main", "checkers", "delimiters"]   # the report names the others as not run
     assert summary["reports"] == earlier["reports"]   # the recorder writes no report of its own
-    *before, last = summary["sittings"]
-    assert before == earlier.get("sittings", [{"studies": ["main", "checkers"], "device": "cpu", "reuse": earlier[
-        "reuse"], "timing_s": earlier["timing_s"], "verifiers": earlier["verifiers"]}])
+    *before, last = summary["parts"]
+    assert before == earlier["parts"]
     assert last["studies"] == ["delimiters"] and last["verifiers"] == {"trained": 0, "reused": 0}
     assert [c for c in summary["claims"] if not c["id"].startswith("delimiters")] == earlier["claims"]
     assert any(c["id"].startswith("delimiters") for c in summary["claims"])
 
     text = (report_dir / "testbed-v2.md").read_text()
     assert text == render_testbed(summary)
-    assert f"over {len(before) + 1} sittings (each after the first continued the committed report with " \
+    assert f"in {len(before) + 1} parts (each part after the first continued the committed report with " \
            "`--continue-report`; the last ran delimiters in" in text
-    assert "* Sittings: 1. main, checkers on `cpu`, " in text and f"; {len(before) + 1}. delimiters on `cpu`, 0 min, " \
-           "0 fits trained, commit " in text and "(the first sitting's time and fits are its last resumption's" in text
-    assert "* Sitting 1: Reused from an earlier run" in text and "* Sitting 2: Redone although present" in text
-    assert text.count("verifier msv64-streaming-seed1 (kept by --reuse-verifiers keep") == 1   # sitting 1's, kept
-    assert "LM costs measured by the sitting that ran the main study" in text
+    assert "* Parts: 1. main, checkers on `cpu`, " in text and f"; {len(before) + 1}. delimiters on `cpu`, 0 min, " \
+           "0 fits trained, commit " in text and "(the first part's time and fits are its last resumption's" in text
+    assert "* Part 1: Reused from an earlier run" in text and "* Part 2: Redone although present" in text
+    assert text.count("verifier msv64-streaming-seed1 (kept by --reuse-verifiers keep") == 1   # part 1's, kept
+    assert "LM costs measured by the part that ran the main study" in text
     assert "## 7. Delimiter sensitivity" in text and "## 6." not in text   # rendered beside the kept ones
     assert "Not run this time: masks, grouping, training_size (`hf-msv reproduce --continue-report --studies" in text
     assert "Interim report" not in text
 
-    # a third sitting with nothing left to run rewrites the report and adds itself, nothing else
+    # a third part with nothing left to run rewrites the report and adds itself, nothing else
     again = pipeline.reproduce(report_dir, work_dir=work, studies=["delimiters"], progress=False, continue_report=True)
-    assert len(recorded) == 1 and len(again["sittings"]) == len(before) + 2 and again["sittings"][-1]["studies"] == []
+    assert len(recorded) == 1 and len(again["parts"]) == len(before) + 2 and again["parts"][-1]["studies"] == []
     assert again["delimiters"] == summary["delimiters"]
 
 
@@ -115,34 +114,53 @@ def test_continuing_refuses_other_settings_and_a_missing_report(report_dir, reco
     assert recorded == [] and not (tmp_path / "w").exists()   # refused before any work
 
 
-def test_a_sitting_records_the_main_collection_it_made_and_where_it_differs_from_the_main_studys():
+def test_a_part_records_the_main_collection_it_made_and_where_it_differs_from_the_main_studys():
     main = {"studies": ["main", "checkers"], "collections": {"data/train": "a", "data/eval": "e"}}
-    assert pipeline.sitting_collections([main], {}) == {}   # made none (e.g. the delimiter study alone)
-    assert pipeline.sitting_collections([main], {"data/train": "a", "data/eval": "e"}) == {
+    assert pipeline.part_collections([main], {}) == {}   # made none (e.g. the delimiter study alone)
+    assert pipeline.part_collections([main], {"data/train": "a", "data/eval": "e"}) == {
         "collections": {"data/train": "a", "data/eval": "e"}}
-    assert pipeline.sitting_collections([main, {"studies": ["masks"]}], {"data/train": "a", "data/eval": "x"}) == {
+    assert pipeline.part_collections([main, {"studies": ["masks"]}], {"data/train": "a", "data/eval": "x"}) == {
         "collections": {"data/train": "a", "data/eval": "x"}, "collections_differ_from_main": ["data/eval"]}
     # a main study from before fingerprints were recorded: nothing to compare with, nothing claimed
-    assert pipeline.sitting_collections([{"studies": ["main"]}], {"data/eval": "x"}) == {
+    assert pipeline.part_collections([{"studies": ["main"]}], {"data/eval": "x"}) == {
         "collections": {"data/eval": "x"}}
     summary = json.loads((RESULTS / "testbed-v2.json").read_text())
-    summary["sittings"] = [dict(summary["sittings"][0], studies=["main"]),
+    summary["parts"] = [dict(summary["parts"][0], studies=["main"]),
                            {"studies": ["masks"], "timing_s": {"total": 60.0}, "git_commit": "0123456789abc",
                             "collections_differ_from_main": ["data/eval"]}]
     assert "2. masks on `cpu`, 1 min, commit 0123456789 (its re-made main collection differs from the main " \
            "study's in data/eval)" in render_testbed(summary)
 
 
-def test_a_run_stopped_before_finishing_a_study_is_not_counted_as_a_sitting():
-    """An interim report's last sitting is the snapshot written before its first study: when that run stopped
-    before finishing one, the continuing sitting does not list it (0 min, 0 fits); a sitting that finished studies,
-    or the last sitting of a finished report, stays."""
+def test_a_run_stopped_before_finishing_a_study_is_not_counted_as_a_part():
+    """An interim report's last part is the snapshot written before its first study: when that run stopped before
+    finishing one, the continuing part does not list it (0 min, 0 fits); a part that finished studies, or the last
+    part of a finished report, stays."""
     first, snapshot = {"studies": ["main"]}, {"studies": []}
-    assert pipeline.earlier_sittings({"sittings": [first, snapshot], "pending": ["grouping"]}) == [first]
+    assert pipeline.earlier_parts({"parts": [first, snapshot], "pending": ["grouping"]}) == [first]
     masks = {"studies": ["masks"]}
-    assert pipeline.earlier_sittings({"sittings": [first, masks], "pending": ["grouping"]}) == [first, masks]
-    assert pipeline.earlier_sittings({"sittings": [first, snapshot]}) == [first, snapshot]
-    assert pipeline.earlier_sittings({}) == []
+    assert pipeline.earlier_parts({"parts": [first, masks], "pending": ["grouping"]}) == [first, masks]
+    assert pipeline.earlier_parts({"parts": [first, snapshot]}) == [first, snapshot]
+    assert pipeline.earlier_parts({}) == []
+
+
+def test_a_report_written_with_the_old_field_name_loads_renders_and_continues(report_dir, recorded, tmp_path):
+    """Reports written before the field was named ``parts`` (the same list under `LEGACY_PARTS_KEY`) render the
+    same text, and a continued one is written back with ``parts`` only."""
+    from hf_msv.reproduction.report import LEGACY_PARTS_KEY
+
+    path = report_dir / "testbed-v2.json"
+    summary = json.loads(path.read_text())
+    legacy = {(LEGACY_PARTS_KEY if k == "parts" else k): v for k, v in summary.items()}
+    main = json.loads((report_dir / "testbed-v2-main.json").read_text())
+    assert render_testbed(legacy, main) == render_testbed(summary, main)
+    assert pipeline.earlier_parts(legacy) == summary["parts"]
+    path.write_text(json.dumps(legacy))
+    continued = pipeline.reproduce(report_dir, work_dir=tmp_path / "w", studies=["delimiters"], progress=False,
+                                   continue_report=True)
+    written = json.loads(path.read_text())
+    assert LEGACY_PARTS_KEY not in written and written["parts"][:-1] == summary["parts"]
+    assert continued["parts"][-1]["studies"] == ["delimiters"]
 
 
 def test_continue_report_flag():

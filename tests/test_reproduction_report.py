@@ -39,18 +39,18 @@ def test_render_testbed_of_the_committed_summary_is_the_committed_report(committ
 
 
 def test_committed_v2_report_is_its_summary_rendered():
-    """testbed-v2.md (written while the run went on, over several sittings) is its summary rendered."""
+    """testbed-v2.md (written while the run went on, in several parts) is its summary rendered."""
     assert render_testbed(_load("testbed-v2.json")) == (RESULTS / "testbed-v2.md").read_text()
 
 
-def test_a_resumed_run_says_its_time_is_one_sitting(committed):
-    """A run that reused artefacts timed only its own sitting, so the header must not give that as the run's time."""
+def test_a_resumed_run_says_its_time_is_its_last_runs(committed):
+    """A run that reused artefacts timed only itself, so the header must not give that as the whole report's time."""
     first = committed["timing_s"]["total"] / 60
     assert f"in {first:.1f} min, with" in render_testbed(dict(committed, reuse={"reused": [], "redone": []}))
     resumed = render_testbed(dict(committed, reuse={"reused": ["verifier msv16-terminal (same settings)"],
                                                     "redone": []}))
     assert f"in {first:.1f} min" not in resumed
-    assert "over several sittings in one work directory (the last sitting reused the earlier ones' artefacts and " \
+    assert "over several runs in one work directory (the last run reused the earlier ones' artefacts and " \
            f"took {first:.1f} min; the stage times below are its own)" in resumed
 
 
@@ -64,7 +64,7 @@ def test_report_names_studies_not_run(committed):
 
 
 def test_interim_report_is_written_with_the_studies_still_pending(committed, tmp_path):
-    """`write_summary` before a study (a run spanning sittings): the report so far, saying what is still to run."""
+    """`write_summary` before a study (a run of several hours): the report so far, saying what is still to run."""
     from hf_msv.reproduction.claims import config_of
     from hf_msv.reproduction.context import ReproductionContext
     from hf_msv.reproduction.pipeline import write_summary
@@ -238,7 +238,7 @@ def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_pa
 
 
 def test_vote_check_rows_compare_every_msv_fit_with_the_vote_of_its_setting():
-    """Issue #14: each MSV fit of an evaluation against the vote with the same classes (terminal: self-consistency,
+    """Each MSV fit of an evaluation against the vote with the same classes (terminal: self-consistency,
     streaming: latest-answer vote), within 0.005; the interval only for the primary MSV_N."""
     from hf_msv.reproduction.report import _vote_check
     from hf_msv.reproduction.summary import vote_check_rows

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_msv.reproduction.stages import train_or_reuse
+from hf_msv.reproduction.stages import ShardReuse, train_or_reuse
 from hf_msv.reproduction.reuse import KEY_FILE, ReuseLog, code_version, data_fingerprint
 from hf_msv.training import MSVTrainingConfig
 
@@ -123,8 +123,8 @@ def test_an_interrupted_collection_is_extended_by_the_next_run_not_collected_aga
     written = first.stat().st_mtime_ns
     monkeypatch.setattr(collect_module, "collect", real)
     log = ReuseLog()
-    result = collect_problems(model, tokenizer, "train", 2, out, cfg, num_samples=2, log=log)
-    assert log.summary()["redone"] == [] and (result.skipped, result.generated) == (1, 1)
+    result = collect_problems(model, tokenizer, "train", 2, out, cfg, num_samples=2, reuse=ShardReuse(log))
+    assert log.summary()["redone"] == [] and (result.already_done, result.generated) == (1, 1)
     assert first.stat().st_mtime_ns == written and len(list(out.glob("*.safetensors"))) == 2
 
 
@@ -163,7 +163,7 @@ def _write_when(gate: str, out: str) -> None:
     deadline = time.monotonic() + 60
     while not Path(gate).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    Path(out).write_text("released" if Path(gate).exists() else "timed out")
+    Path(out).write_text("opened" if Path(gate).exists() else "timed out")
 
 
 def test_training_queue_waits_for_the_tagged_fits_alone(tmp_path):
@@ -177,12 +177,12 @@ def test_training_queue_waits_for_the_tagged_fits_alone(tmp_path):
         queue.submit(_write_when, gate, slow, tag="large")
         queue.submit(_write_when, tmp_path, fast, tag="small")  # its gate (the directory) exists already
         queue.wait({"small"})
-        assert Path(fast).read_text() == "released" and not Path(slow).exists()
+        assert Path(fast).read_text() == "opened" and not Path(slow).exists()
         Path(gate).touch()
         queue.wait()
     finally:
         queue.close(cancel=True)
-    assert Path(slow).read_text() == "released"
+    assert Path(slow).read_text() == "opened"
 
 
 def test_training_queue_reraises_a_failed_fit_at_wait(splits, tmp_path):
@@ -283,20 +283,20 @@ def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypa
     before = json.loads((out / KEY_FILE).read_text())["code"]
     monkeypatch.setattr(stages, "code_version", lambda parts: "changed-code")
     log = ReuseLog()
-    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log, reuse_shards="keep")
+    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, reuse=ShardReuse(log, "keep"))
     assert result.generated == 0 and log.summary()["reused"] == [
         f"shards tmp/train (kept by --reuse-shards keep: same settings and LM, collected by code version {before})"
         .replace("tmp", tmp_path.name)] and log.summary()["redone"] == []
     old_files = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
     log = ReuseLog()
-    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=log)
+    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, reuse=ShardReuse(log))
     assert result.generated == 1 and log.summary()["redone"] == [
         f"shards {tmp_path.name}/train (changed: code; the old shards moved to train.replaced-1)"]
     # The replaced collection is kept beside the new one, byte for byte; a second replacement takes the next name.
     aside = tmp_path / "train.replaced-1"
     assert {f.name: f.read_bytes() for f in aside.iterdir() if f.is_file()} == old_files
     monkeypatch.setattr(stages, "code_version", lambda parts: "changed-again")
-    collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, log=ReuseLog())
+    collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, reuse=ShardReuse(ReuseLog()))
     assert aside.exists() and (tmp_path / "train.replaced-2" / KEY_FILE).exists()
 
 
@@ -338,7 +338,7 @@ def test_a_fit_interrupted_by_a_run_is_resumed_by_the_next_run_with_the_same_key
 
 
 def test_reuse_verifiers_keep_resumes_a_fit_interrupted_under_another_code_version(splits, tmp_path, monkeypatch):
-    """A study spans sittings; a fit cut by one and resumed by the next after a training-code change is started
+    """A study spans several runs; a fit cut by one and resumed by the next after a training-code change is started
     again under ``matching``, and resumed under ``keep`` (its key keeps the code version that began it, so a later
     ``matching`` run trains it again); a pending fit with other settings is never resumed."""
     import hf_msv.training as training

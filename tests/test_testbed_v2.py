@@ -1,9 +1,8 @@
 """Testbed v2 task generator and trace writer (hf_msv.testbed.task_v2): splits, parsing, knobs, determinism, and
-each design property the module docstring claims, checked on small samples where it could fail."""
+each design property docs/testbed.md claims, checked on small samples where it could fail."""
 
 import math
 import random
-import re
 from dataclasses import replace
 from collections import Counter
 
@@ -23,7 +22,6 @@ from hf_msv.testbed.task_v2 import (
     generate_problems,
     knobs_v2,
     make_elicitation_example,
-    make_soft_elicitation_example,
     make_trace,
     make_trace_parts,
     sample_elicited_answer,
@@ -272,29 +270,6 @@ def test_the_wording_sets_how_often_the_clause_is_taken():
     assert rate[0] > rate[1] > rate[2]  # "broken" > "old" > "red", as distractor_take says
 
 
-def test_a_chain_that_takes_the_clause_can_say_so_where_it_subtracts_it():
-    problems = [p for p in generate_problems("train", 200, seed=8) if p.meta["distractor"]]
-    rng = random.Random(5)
-    marked = Counter()
-    for p in problems:
-        pos, d, w = p.meta["distractor"]
-        mark = f" {d} {('broken', 'old', 'red')[w]}:"
-        for _ in range(4):
-            text = sample_trace(p, rng, guess_prob=0.0, reconsider_prob=0.0, say_reading_prob=1.0).capped_text
-            first_pass = text.split(" So ")[0]
-            steps = [e for e in written_equations(first_pass) if not e.checked]
-            took = sum((e.op, e.k) == ("-", d) for e in steps) > sum(o == ["-", d] for o in p.meta["ops"])
-            assert (mark in first_pass) == took, text  # named exactly where the clause is taken
-            for m in re.finditer(re.escape(mark), text):  # and right before the subtraction it causes
-                assert re.match(rf" \d+-{d}=\d+\.", text[m.end():]), text
-            marked[took] += 1
-            # the reason is not an equation: a reader parses the same steps as without it
-            assert written_equations(text) == written_equations(text.replace(mark, ""))
-        default = sample_trace(p, rng).capped_text
-        assert mark not in default  # off by default
-    assert marked[True] and marked[False]
-
-
 def test_a_wait_follows_a_wrong_step_more_often_than_a_right_one(sample):
     after = {True: [], False: []}
     for _, t in _traces(sample):
@@ -363,8 +338,8 @@ def test_written_equations_parse_steps_rechecks_and_fixes():
 
 
 def test_default_writer_stream_is_unchanged():
-    """The shipped lm-v2 was trained on the default writer's stream: a knob added off by default (``check_prob``)
-    must not draw from the generator. Hash taken at commit 61c8678, before ``check_prob`` existed."""
+    """The shipped lm-v2 was trained on the default writer's stream: this digest of it must never change (a new
+    knob, off by default, must not draw from the generator)."""
     import hashlib
     import json
 
@@ -375,78 +350,12 @@ def test_default_writer_stream_is_unchanged():
     assert hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16] == "f9aaee4bc10eeb59"
 
 
-def test_inverse_checks_follow_each_sum_and_difference_and_a_mismatch_is_rechecked_at_once(sample):
-    """``check_prob`` 1: every ``+`` / ``-`` step of a pass is followed by its inverse ``(c op' k = a')`` (none after a
-    ``*``); a check that does not come back to ``a`` is followed at once by a re-check of the step, a check that does
-    is not followed by an immediate Wait; the checks are parsed as ``inverse`` and are not counted as false steps."""
-    kn = dict(check_prob=1.0)
-    mismatches = matches = 0
-    for i, (p, _) in enumerate(_traces(sample)[:300]):
-        t = sample_trace(p, random.Random(i), **kn)
-        pieces = t.pieces
-        for j, x in enumerate(pieces[:-1]):
-            if x.kind == "step":
-                e = written_equations(x.text)[-1]
-                assert (pieces[j + 1].kind == "verify") == (e.op != "*")
-            if x.kind == "verify":
-                (e,) = written_equations(x.text)
-                step = written_equations(pieces[j - 1].text)[-1]
-                assert e.inverse and (e.a, e.k) == (step.result, step.k) and e.op != step.op
-                nxt = pieces[j + 1]
-                if e.result != step.a:
-                    mismatches += 1
-                    assert nxt.wait and nxt.kind in ("check", "fix") and f"{step.a}{step.op}{step.k}=" in nxt.text
-                else:
-                    matches += 1
-                    assert not (nxt.wait and nxt.kind in ("check", "fix") and nxt.text.startswith(
-                        f" {DELIMITER}, {step.a}{step.op}{step.k}="))
-        assert false_equations(t.text) == sum(not e.true for e in written_equations(t.text)
-                                              if not (e.checked or e.inverse))
-    assert mismatches > 20 and matches > 5 * mismatches  # most steps are right and check back
-
-
-def test_a_consistent_misconception_passes_its_own_inverse_check():
-    """The docstring's claim: 76+17 with its carry dropped is 83, and 83-17 with its borrow dropped comes back to 76,
-    while the careful inverse (66) reveals the slip."""
-    from hf_msv.testbed.task_v2 import _columns
-
-    assert _columns(76, "+", 17, frozenset({0}))[0] == 83
-    assert _columns(83, "-", 17, frozenset({0}))[0] == 76 and _columns(83, "-", 17)[0] == 66
-    eqs = written_equations(" 76+17=83. (83-17=66) Wait, 76+17=83? no, 93.")
-    assert [(e.inverse, e.checked, e.true) for e in eqs] == [(False, False, False), (True, False, True),
-                                                             (False, True, False)]
-
-
-def test_design_benchmark_reports_the_writers_slip_noticing_with_and_without_inverse_checks(capsys):
-    """``benchmarks/testbed_v2_design.py`` counts the writer's trace errors as ``testbed_quality`` counts an LM's
-    (:func:`~hf_msv.testbed.task_v2.trace_errors`): with
-    inverse checks most checks after a false step reveal it and a Wait follows a false step far more often than
-    without them."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_v2_design.py"
-    spec = importlib.util.spec_from_file_location("testbed_v2_design", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    runs = {}
-    for name, knobs in (("plain", {}), ("check", {"check_prob": 1.0, "max_trace_tokens": 320})):
-        bench.main(["--n-problems", "24", "--samples", "12", "--knobs", json.dumps(knobs)])
-        runs[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["writer_trace_errors"]
-    assert math.isnan(runs["plain"]["check_mismatch_after_false"])  # no checks written
-    assert runs["check"]["check_mismatch_after_false"] > 0.8 > 0.1 > runs["check"]["check_mismatch_after_true"]
-    assert runs["check"]["wait_after_false"] > runs["plain"]["wait_after_false"] + 0.1
-
-
 def test_trace_errors_count_each_kind_of_departure():
     p = generate_problems("evaluation", 1)[0]
     p = replace(p, meta={**p.meta, "start": 38, "ops": [["+", 20], ["+", 6], ["+", 19]], "distractor": [1, 5, 0]})
     clean = " 38+20=58. 58+6=64. 64+19=83. So 83. Wait, 58+6=64? yes.\n### Final Answer ### \\boxed{83}"
     rates = error_rates(trace_errors([clean], p))
-    for key in ("wait_after_false", "false_inverse_check", "check_mismatch_after_false", "check_mismatch_after_true",
-                "wait_after_check_mismatch", "wait_after_check_match"):
-        assert math.isnan(rates.pop(key))  # no false step written, no inverse check
+    assert math.isnan(rates.pop("wait_after_false"))  # no false step written
     assert rates == {"false_eq_plain": 0.0, "false_eq_carry": 0.0, "operand_misread": 0.0, "copy_slip": 0.0,
                      "box_differs_from_so": 0.0, "wait_after_true": 0.0}
     # 58+6 carries and is false; 60+19 is read from nowhere (copy slip); -5 is the irrelevant clause, not a misread;
@@ -461,24 +370,6 @@ def test_trace_errors_count_each_kind_of_departure():
     # steps written "a op k = c.": 58+6=65 is false and a Wait follows it at once; the three true ones are not
     # followed by one (the re-checks "a op k = c?" are not steps)
     assert (c["steps_false"], c["wait_after_false"], c["steps_true"], c["wait_after_true"]) == (1, 1, 3, 0)
-
-
-def test_trace_errors_read_inverse_checks_and_the_wait_after_them():
-    """With ``check_prob`` a step is followed by its inverse ``(c op' k = a')``: not a step of the pass (no
-    copy slip, no false equation), its own falsity and whether it came back to ``a`` counted per step kind, and a
-    Wait after the check counts as a Wait right after the step."""
-    p = generate_problems("evaluation", 1)[0]
-    p = replace(p, meta={**p.meta, "start": 38, "ops": [["+", 20], ["+", 6], ["+", 19]], "distractor": None})
-    # 58+6=54 is false (a dropped carry); its check 54-6=48 is true and reveals it, then Wait; 64+19=83 is true but
-    # its check 83-19=66 is false (a false alarm); 38+20=58 checks back to 38
-    text = (" 38+20=58. (58-20=38) 58+6=54. (54-6=48) Wait, 58+6=54? no, 64. 64+19=83. (83-19=66) So 83."
-            "\n### Final Answer ### \\boxed{83}")
-    c = trace_errors([text], p)
-    assert (c["first_pass_eqs"], c["copy_slips"], c["eqs_carry"] + c["eqs_plain"]) == (3, 0, 3)
-    assert (c["false_carry"] + c["false_plain"], c["inverse_checks"], c["false_inverse_checks"]) == (1, 3, 1)
-    assert (c["steps_false"], c["wait_after_false"], c["steps_true"], c["wait_after_true"]) == (1, 1, 2, 0)
-    assert (c["checked_false"], c["check_mismatch_false"], c["checked_true"], c["check_mismatch_true"]) == (1, 1, 2, 1)
-    assert (c["checks_mismatch"], c["wait_after_mismatch"], c["checks_match"], c["wait_after_match"]) == (2, 1, 1, 0)
 
 
 def test_answer_distribution_is_what_the_elicitation_draws_from():
@@ -504,20 +395,8 @@ def test_answer_distribution_is_what_the_elicitation_draws_from():
     assert kinds == {"derived", "stated", "hedged"}
 
 
-def test_soft_elicitation_examples_draw_as_the_plain_ones_and_give_their_answers_distribution():
-    problems = generate_problems("train", 40, seed=2)
-    a, b = random.Random(3), random.Random(3)
-    for p in problems:
-        plain = make_elicitation_example(p, a)
-        prefix, elicit, answer, dist = make_soft_elicitation_example(p, b)
-        assert (prefix, elicit, answer) == plain  # the same text and the same random draws
-        assert sum(dist.values()) == pytest.approx(1.0) and dist.get(answer, 0.0) > 0
-        assert all(k.startswith("{") and k.endswith("}") for k in dist)
-    assert a.random() == b.random()
-
-
 def test_reading_unease_is_the_clause_share_of_a_pieces_unease():
-    """``Piece.reading_unease`` (``elicitation_fidelity``'s writer-with-its-reading row): the terminal piece's unease
+    """``Piece.reading_unease`` (the writer with its clause reading's unease alone): the terminal piece's unease
     less its reading share is whole wrong steps (``self_check`` each), and the share is there exactly where the clause
     is taken at that piece."""
     rng, kn = random.Random(5), knobs_v2()

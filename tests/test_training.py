@@ -94,7 +94,7 @@ def synthetic_dirs(tmp_path, d=16):
 
 
 def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
-    """``recipe="paper"`` is the paper's literal recipe (the library default is now ``recipe="auto"``, issue #14)."""
+    """``recipe="paper"`` is the paper's literal recipe (the library default is ``recipe="auto"``)."""
     from hf_msv.training.config import default_learning_rate, resolve_plan
 
     config = MSVTrainingConfig(recipe="paper")
@@ -110,7 +110,7 @@ def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
     msv = build_verifier(MSVTrainingConfig(num_sequences=16), 16, info)
     assert isinstance(msv, MSVVerifier)
     assert (msv.config.num_attention_heads, msv.config.num_hidden_layers, msv.config.num_sequences) == (4, 1, 16)
-    assert msv.config.base_model_name_or_path == "some/lm" and msv.config.delimiters == ["Wait"]
+    assert msv.config.base_model_name_or_path == "some/lm" and msv.config.elicitation.delimiters == ("Wait",)
     groups = training._parameter_groups(msv, config, default_learning_rate(config, 16))
     assert [g["lr"] for g in groups] == [5e-5, 1e-1, 1e-3]
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in msv.parameters())
@@ -320,7 +320,7 @@ def test_max_train_problems_and_resuming_a_finished_run(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Defaults that train, the guard, and bad input (issue #14)
+# Defaults that train, the guard, and bad input
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -702,3 +702,50 @@ def test_resuming_a_state_saved_with_other_settings_fails_and_keeps_it(tmp_path,
     assert (out / STATE_FILE).read_bytes() == saved
     _, steps = _fit_counting_steps(monkeypatch, train_dir, val_dir, out, _resume_config(progress=True), resume=True)
     assert steps > 0  # progress output is not a training setting
+
+
+def test_the_guard_reference_at_n_1_is_labelled_by_what_it_computes():
+    """At N = 1 γ is always 1, so the guard's calibrated γ is a base rate cross-fitted over two halves of the
+    validation problems: one constant per half, the other half's accuracy, whose AUROC is not 0.5 when the halves'
+    accuracies differ. Its label says that, not "constant"."""
+    from hf_msv.training.guard import BASE_RATE_REFERENCE, ValidationPredictions, build_guard_report
+
+    problems = np.repeat(np.array(["a", "b", "c", "d"], dtype=object), 20)  # halves: a, c | b, d
+    labels = np.concatenate([np.ones(16), np.zeros(4), np.ones(4), np.zeros(16)] * 2)
+    preds = ValidationPredictions(logits=np.zeros(80), labels=labels, gamma=np.ones(80), problems=problems)
+    report = build_guard_report("Probe", 1, preds, None, {})
+    assert report.reference == BASE_RATE_REFERENCE and "cross-fitted" in report.reference
+    assert "constant" not in " ".join(report.summary_lines()) + " ".join(report.card_metrics())
+    assert report.self_consistency["auroc"] != pytest.approx(0.5)   # two constants, not one
+    assert build_guard_report("MSV_4", 4, preds, None, {}).reference == "calibrated self-consistency"
+
+
+def test_training_on_an_empty_directory_names_the_flag_and_what_to_give(tmp_path):
+    """``hf-msv train`` on a directory without shards: a FileNotFoundError naming the split, the flag and what to
+    give, before anything is written."""
+    from hf_msv.training import main
+
+    (tmp_path / "empty").mkdir()
+    _, val_dir = signal_dirs(tmp_path / "a")
+    with pytest.raises(FileNotFoundError, match=r"training data \(--train-dir .*empty\): .*hf-msv collect"):
+        main(["--train-dir", str(tmp_path / "empty"), "--val-dir", str(val_dir), "--output-dir",
+              str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_verifier_takes_its_elicitation_settings_from_the_shards_new_or_old():
+    """Shards that record `ElicitationSettings` and shards written with the flat keys before build the same
+    verifier config; a terminal verifier keeps the prompt and cap but no delimiters."""
+    from hf_msv.elicitation import ElicitationSettings
+
+    settings = ElicitationSettings(delimiters=("Wait", "Hmm"), prompt="Answer: \\boxed", max_answer_tokens=12)
+    new = {"lm_name_or_path": "lm", "elicitation": settings.to_dict()}
+    old = {"lm_name_or_path": "lm", "delimiters": ["Wait", "Hmm"], "every_k_tokens": None,
+           "elicitation_prompt": "Answer: \\boxed", "max_answer_tokens": 12}
+    for kind in ("msv", "probe"):
+        config = MSVTrainingConfig(kind=kind, num_sequences=1, mode="streaming", intermediate_size=16)
+        built = [training.build_verifier(config, 16, info).config.elicitation for info in (new, old)]
+        assert built[0] == built[1] == settings
+    terminal = training.build_verifier(MSVTrainingConfig(num_sequences=2, mode="terminal", intermediate_size=16),
+                                       16, new).config.elicitation
+    assert terminal.delimiters == () and terminal.prompt == "Answer: \\boxed" and terminal.mode == "terminal"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .config import EvaluateConfig
 from .early_stop import LatencyCosts
+from .report import require_report_extras
 from .study import difficulty_from_problems, evaluate_study
 from .verifiers import parse_verifier_specs
 
@@ -14,7 +15,11 @@ __all__ = ["evaluate_from_config", "main"]
 
 
 def evaluate_from_config(config: EvaluateConfig) -> dict:
-    """Run `evaluate_study` with the settings of `config`; returns its results."""
+    """Run `evaluate_study` with the settings of `config`; returns its results. Raises ModuleNotFoundError (figures
+    without matplotlib), ValueError or FileNotFoundError (bad inputs) before any work."""
+    if config.figures:
+        require_report_extras("or pass --no-figures")
+    specs = parse_verifier_specs(config.verifier)
     difficulty = None
     if config.difficulty_field:
         from ..collect import load_problems
@@ -23,7 +28,7 @@ def evaluate_from_config(config: EvaluateConfig) -> dict:
     costs = None
     if config.decode_step_s is not None or config.elicit_s is not None:
         costs = LatencyCosts(config.decode_step_s or 0.0, config.elicit_s or 0.0)
-    return evaluate_study(config.eval_dir, parse_verifier_specs(config.verifier), config.output_dir,
+    return evaluate_study(config.eval_dir, specs, config.output_dir,
                           config.num_sequences, config.val_dir, bootstrap=config.bootstrap, checker=config.checker,
                           checker_kwargs=config.checker_kwargs_dict, lm_costs=costs,
                           wv_threshold=config.wv_threshold, deepconf_window=config.deepconf_window,

@@ -1,28 +1,9 @@
-"""Replay of the paper's parallel early-stopping rule over recorded answer streams, trade-off curves, λ selection.
+"""Replay of the paper's parallel early-stopping rule over recorded answer streams (`replay`, `replay_many`), trade-off
+curves (`tradeoff_curve`), AUTC (`autc`) and the λ rules (`select_lambda_validation`, `select_lambda_ltt`).
 
-Rule (paper, "Early stopping of parallel decoding"): t* = min{t : max_{answers with end ≤ t} score ≥ λ}; output the
-answer with the highest score available at t*. If no answer ever reaches λ, decoding runs to completion and the
-output is the best *terminal* answer (the best answer overall if the group has no terminal answer), and t* is the time
-the last answer became available. Ties between equal scores go to the answer available first, then to the lower
-answer index (this is "the candidate that caused the stop"); nan scores never reach λ and are never output. The rule
-is implemented once, in `hf_msv.generation.decide_stop`, which the generation hook applies live: an `AnswerGroup`
-built from a `MSVResult`'s answers (in their order) replays to the hook's decision.
-
-Accounting at stop time t* (shared decode steps; t* = time the last answer became available when never stopped):
-
-* ``steps`` = t* (the paper's "token position" axis);
-* ``tokens`` = Σ_n min(t*, seq_len[n]): chain-of-thought tokens decoded by the N parallel sequences — a sequence that
-  ended before t* contributes only its own length. Elicitation (answer) tokens are not counted: they are a short,
-  bounded side branch (≤ 40 tokens) and are charged in latency instead;
-* ``latency`` = t*·decode_step_s + n_avail·(elicit_s + verify_s), n_avail = #answers with end ≤ t*: decoding steps
-  plus, for every answer the system saw, its elicitation and one verifier call. The paper's latency table sums these
-  same three components; answers still being elicited at t* are abandoned and not charged.
-
-AUTC: ∫_0^B acc(b) db by the trapezoid rule over the curve's points sorted by budget x (equal budgets merged by
-their best accuracy), with (0, 0) prepended ("no budget, no answer") and B = the largest budget on the curve, which is
-the full-decoding point (λ = ∞; t* never exceeds it). ``normalize=True`` divides by B:
-AUTC_norm = (1/B) ∫_0^B acc(b) db ∈ [0, 1], the mean accuracy over budgets, whose scale does not depend on N (the raw
-AUTC over summed tokens grows ∝ N; over t* it does not, but B still differs between collections).
+The rule itself is `hf_msv.generation.decide_stop`, the one the generation hook applies live. What is counted at
+the stop (token position, summed tokens, latency) and how AUTC is normalised is described in
+``docs/evaluation.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Paired comparisons of the primary MSV with each baseline: per-problem numbers and 95 % bootstrap intervals over
-problems (`hf_msv.metrics.paired_bootstrap`).
-
-Both methods are scored on the same problems and the same groups, so a resample of problems is drawn once and
-applied to both (paired). With several training seeds, a problem's number is first averaged over the seeds (the
-interval is about problems; the spread over seeds is reported separately as ± std), except for best-of-N ECE, which
-does not decompose over problems and is recomputed on each resample per seed, then averaged.
-
-Intervals (``{"estimate", "low", "high", "n_boot"}``), MSV − baseline unless said:
-
-* ``brier``: difference of the pooled Brier over answers (a problem weighs its answers);
-* ``brier_ratio``: MSV Brier ÷ baseline Brier (the "x % lower" claims: 1 − ratio);
-* ``bon_accuracy``: difference of best-of-N accuracy (a problem's value: the mean over its groups);
-* ``bon_ece``: difference of best-of-N ECE (10 bins);
-* early stopping (`fraction_interval`): budget MSV needs to reach the baseline's peak accuracy ÷ budget the
-  baseline needs, on the token-position (``steps``), ``tokens`` or ``latency`` axis, curves re-averaged over the
-  resampled problems.
+"""Paired comparisons of the primary MSV with each baseline: per-problem numbers (`problem_numbers`,
+`problem_curves`) and 95 % bootstrap intervals over problems (`metric_intervals`, `fraction_interval`; one resample
+of problems applied to both methods). The intervals and their keys are described in ``docs/evaluation.md``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""The methods an evaluation compares and their scores on the evaluation groups: the verifier-free baselines, the
-optional PRM baseline, the single-sequence verifiers and their weighted voting (+WV), the vote baselines
-(self-consistency and the streaming latest-answer vote, raw and Platt-calibrated), the stacked baseline (logistic
-regression on [vote share, Probe logit]) and the multi-sequence MSV_M (grouped when N > M).
-
-**Groups.** At N, each problem's S collected sequences are split into a fixed partition of ⌊S_min/N⌋ groups of N
-(`evaluation_groups`: `hf_msv.data.partition_sequences` with seed 0 and epoch 0; S_min = the fewest sequences any
-problem of the split has), the same for every method, setting and training seed. Every answer of a problem is
-scored once per N, and every problem weighs the same.
-
-**Fitted baselines** (per N, training seed and setting, on the validation split's groups at the same N; without a
-validation split, 2-fold cross-fitting over the evaluation problems, as for DeepConf): calibrated self-consistency
-and the calibrated latest-answer vote are Platt scaling of the vote share; the stacked baseline is a logistic
-regression on [vote share, logit of the Probe's score] (the first Probe verifier given; without one, a linear probe
-— logistic regression on standardised mean-pooled answer hidden states, `hf_msv.training.guard` — fitted on the
-validation answers, or cross-fitted on the evaluation problems).
+"""The methods an evaluation compares and their scores on the evaluation groups (`draw_scores`): the verifier-free
+baselines, the optional PRM, the single-sequence verifiers and their weighted voting (+WV), the vote baselines (raw
+and Platt-calibrated), the stacked [vote share, Probe logit] baseline and the multi-sequence MSV_M (grouped when
+N > M), on a fixed partition of each problem's sequences (`evaluation_groups`). See ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -65,7 +53,7 @@ class SplitScores:
     Attributes: ``dataset`` (hidden states, read lazily per group), ``problems`` (the records without hidden
     states, in dataset order), ``single`` ((setting, method) -> per problem `(A,)` scores over its stored answers,
     nan where not defined), ``deepconf_raw`` (per problem `(A,)` raw DeepConf confidences), ``prm_cost`` (what
-    scoring the split with the PRM took, `score_with_prm`; None without the PRM).
+    scoring the split with the PRM took, `score_with_prm`; None without the PRM), ``name`` (what errors call it).
     """
 
     dataset: ShardDataset
@@ -73,17 +61,19 @@ class SplitScores:
     single: dict = field(default_factory=dict)
     deepconf_raw: list = field(default_factory=list)
     prm_cost: dict | None = None
+    name: str = "evaluation"
 
     @property
     def info(self) -> dict:
         return self.dataset.info
 
 
-def prepare_split(dataset: ShardDataset, deepconf_window: int, deepconf_stat: str) -> SplitScores:
+def prepare_split(dataset: ShardDataset, deepconf_window: int, deepconf_stat: str,
+                  name: str = "evaluation") -> SplitScores:
     """Token Probs and raw DeepConf scores of every answer of a split (they score answers independently of the
-    group, so once for all groups and training seeds)."""
+    group, so once for all groups and training seeds); `name` ("evaluation", "validation") is what errors say."""
     problems = dataset.read_problems()
-    split = SplitScores(dataset, problems)
+    split = SplitScores(dataset, problems, name=name)
     tp = []
     for p in problems:
         s = token_prob_scores(p)
@@ -245,10 +235,13 @@ def method_label(entry: VerifierEntry, n: int) -> str:
     return entry.name if entry.num_sequences >= n or entry.single_sequence else f"{entry.name} (grouped)"
 
 
-def evaluation_groups(num_collected: int, n: int, problem_index: int) -> list[np.ndarray]:
-    """The fixed partition of one problem's sequences at N: ⌊num_collected/N⌋ `(N,)` arrays of sequence ids."""
+def evaluation_groups(num_collected: int, n: int, problem_index: int, split: str = "evaluation") -> list[np.ndarray]:
+    """The fixed partition of one problem's sequences at N: ⌊num_collected/N⌋ `(N,)` arrays of sequence ids.
+    Raises `ValueError` naming `split` when N > `num_collected`."""
     if n > num_collected:
-        raise ValueError(f"N={n} but only {num_collected} sequences were collected")
+        raise ValueError(f"N={n} but the {split} split has only {num_collected} sequences per problem: evaluate at "
+                         f"N <= {num_collected} (--num-sequences), or collect that split with --num-samples {n} "
+                         "or more")
     return [partition_sequences(num_collected, n, 0, 0, problem_index, j) for j in range(num_collected // n)]
 
 
@@ -296,7 +289,7 @@ def _feature_groups(split: SplitScores, n: int, setting: str, plan: dict):
     out = []
     for i, p in enumerate(split.problems):
         votes, probes, labels = [], [], []
-        for seqs in evaluation_groups(g_min, n, i):
+        for seqs in evaluation_groups(g_min, n, i, split.name):
             g = answer_group(p, seqs, setting)
             rows, _ = select_answers(p, seqs, setting)
             votes.append(_vote(g, p.answer_step[rows], setting))
@@ -343,7 +336,7 @@ def draw_scores(split: SplitScores, n: int, setting: str, wv_threshold: int, max
     """Every method's scores on the evaluation groups of `split` at N in one setting (report order). `val`: the
     validation split of the same training seed, on which the fitted vote baselines are fitted."""
     problems = split.problems
-    sequences = [evaluation_groups(split.dataset.num_sequences, n, i) for i in range(len(problems))]
+    sequences = [evaluation_groups(split.dataset.num_sequences, n, i, split.name) for i in range(len(problems))]
     msv_scores, offline = _msv_scores(split, n, setting, plan, sequences, max_tokens)
     fitted = _fit_vote_baselines(split, val, n, setting, plan) if n > 1 else [{}] * len(problems)
     groups, problem_of = [], []

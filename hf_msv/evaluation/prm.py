@@ -1,24 +1,7 @@
-"""The process-reward-model (PRM) baseline: a post-hoc scorer of every collected answer (``hf-msv evaluate --prm``).
-
-Protocol of Qwen2.5-Math-PRM (Zhang et al., 2025; its model card): a system/user/assistant chat whose assistant turn
-is the solution's steps, each followed by the step token ``<extra_0>``; the model returns 2-class logits per token
-and the reward of step i is softmax(logits)[1] at the i-th ``<extra_0>``. As in the paper's baseline, the chain of
-thought decoded so far is split into steps on ``"\\n\\n"`` and the (intermediate or terminal) answer is appended as
-a final step, ``The final answer is \\boxed{answer}.``; the answer's score is that last step's probability
-(``aggregate="last"``; ``"min"`` and ``"prod"`` over the steps are also offered).
-
-On shards: answer a of sequence n sees the question (``CollectedProblem.question``) and the chain of thought
-``cot_token_ids[n][:τ]`` (a terminal answer: the whole sequence) decoded with the LM's own tokenizer (special
-tokens such as EOS dropped), so shards need the CoT token ids that collection keeps since they were added; older
-shards are refused with a clear error (`require_cot_token_ids`). The score depends on the answer alone, not on its
-group, so every stored answer is scored once and both settings (terminal, streaming) read the same scores.
-
-Cost: one PRM forward per answer over question + CoT prefix + answer, i.e. about answers × mean prefix tokens
-(`score_with_prm` returns the token counts). Prefixes of one sequence are re-read for each of its answers: no
-prefix cache is shared across them.
-
-Works with any model whose forward returns (B, T, 2) logits as ``.logits`` or ``[0]``: the real PRM loaded with
-``AutoModel.from_pretrained(..., trust_remote_code=True)`` or a ``*ForTokenClassification`` with ``num_labels=2``.
+"""The process-reward-model (PRM) baseline (``hf-msv evaluate --prm``): `PRMScorer` scores every collected answer
+with the Qwen2.5-Math-PRM protocol, from the question and the chain of thought up to the answer decoded from the
+shards' CoT token ids (`answer_contexts`, `score_with_prm`). Works with any model whose forward returns (B, T, 2)
+logits. Protocol and cost: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -193,18 +176,19 @@ def require_cot_token_ids(dataset: ShardDataset, what: str = "evaluation") -> No
 
 
 def load_lm_tokenizer(info: dict, override=None):
-    """The tokenizer of the LM that sampled the shards: `override` (a tokenizer, a path or Hub id, or
-    ``"testbed"`` / ``"testbed-v1"``), else the one named in the shards' collection info (``tokenizer``, else
-    ``lm_name_or_path``)."""
+    """The tokenizer of the LM that sampled the shards: `override` (a tokenizer, a path or Hub id, or the name of a
+    registered LM, `hf_msv.registry`, e.g. ``"testbed"``), else the one named in the shards' collection info
+    (``tokenizer``, else ``lm_name_or_path``)."""
     if override is not None and not isinstance(override, str):
         return override
     from transformers import AutoTokenizer
 
-    from ..testbed.tasks import TESTBED_LM_NAMES, get_task
+    from ..registry import get_named_lm
 
     name = override or info.get("tokenizer") or info.get("lm_name_or_path")
-    if name in TESTBED_LM_NAMES:
-        name = str(get_task(name).lm_dir)
+    named = get_named_lm(name)
+    if named is not None:
+        name = str(named.path)
     if not name:
         raise ValueError("the shards' collection info names no LM tokenizer to decode the chains of thought with: "
                          "pass the LM's tokenizer (--lm-tokenizer PATH_OR_HUB_ID)")

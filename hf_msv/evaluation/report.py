@@ -11,7 +11,8 @@ import numpy as np
 from ..metrics import format_mean_std, reliability_bins, seed_stat
 from .methods import DEEPCONF, SELF_CONSISTENCY, TOKEN_PROBS
 
-__all__ = ["render_report", "write_figures", "markdown_table", "format_lambda"]
+__all__ = ["REPORT_EXTRA_HINT", "require_report_extras", "render_report", "write_figures", "markdown_table",
+           "format_lambda"]
 
 _TERMINAL_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "ECE ↓"), ("nll", "NLL ↓"),
                      ("bon_accuracy", "BoN acc ↑"), ("bon_ece", "BoN ECE ↓"), ("bon_brier", "BoN Brier ↓"))
@@ -200,6 +201,20 @@ def render_report(results: dict) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Figures
 # ----------------------------------------------------------------------------------------------------------------
+
+
+REPORT_EXTRA_HINT = 'pip install "hf-msv[report]"'
+
+
+def require_report_extras(alternative: str = "") -> None:
+    """Raise `ModuleNotFoundError` (one line naming the extra to install, then `alternative` if given) when
+    matplotlib, which draws the reports' figures, is missing; called before any work by the commands that draw
+    them."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ModuleNotFoundError(f"the report figures need matplotlib, which is not installed: {REPORT_EXTRA_HINT}"
+                                  + (f" ({alternative})" if alternative else ""), name="matplotlib")
 
 
 def _plt():

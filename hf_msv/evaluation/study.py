@@ -1,77 +1,13 @@
-"""`evaluate_study`: every baseline, metric, figure and λ rule of the paper over collected shards and trained
-verifiers, with mean ± std over training seeds and paired bootstrap intervals over problems (``hf-msv evaluate``).
+"""`evaluate_study` (``hf-msv evaluate``): every baseline, metric, figure and λ rule of the paper over collected
+shards and trained verifiers, with mean ± std over training seeds and paired bootstrap intervals over problems.
 
     from hf_msv.evaluation import evaluate_study
     results = evaluate_study("data/eval", {"Probe": "verifiers/probe", "MSV_1": "verifiers/msv1",
                                            "MSV_16": ["verifiers/msv16-seed0", "verifiers/msv16-seed1"]},
                              "reports/eval", num_sequences_list=[1, 4, 16], val_dir="data/val")
 
-Protocol
-========
-
-* **Groups and training seeds.** Each problem of the evaluation shards has S collected sequences. At each N in
-  ``num_sequences_list`` the S_min sequences (the fewest any problem has) are split into a *fixed partition* of
-  ⌊S_min/N⌋ groups of N per problem (`hf_msv.evaluation.methods.evaluation_groups`), the same for every method and
-  setting; metrics pool every group of every problem. A verifier name may map to several checkpoints, one per
-  *training seed* (``{"MSV_16": [dirA, dirB, dirC]}``, or ``--verifier MSV_16=dirA --verifier MSV_16=dirB``);
-  every number is then reported as mean ± sample std over training seeds (`hf_msv.metrics.seed_stat`; ± 0 with one
-  checkpoint; verifier-free baselines do not depend on the seed). Groups are read through
-  `hf_msv.data.ShardDataset` and packed for the verifiers by `hf_msv.data.collate_groups`: the reader and packer of
-  training.
-* **Intervals** (`hf_msv.evaluation.intervals`): the primary MSV against every baseline on the same problems and
-  groups, paired bootstrap 95 % intervals over problems (``bootstrap`` resamples) of the differences in Brier,
-  best-of-N accuracy and best-of-N ECE, of the Brier ratio, and of the early-stop budget fractions.
-* **Settings.** *Terminal*: the group's N terminal answers. *Streaming*: every answer of the group (intermediate
-  ones elicited at delimiters, and the terminal ones), in time order τ + L.
-* **Methods.** Verifier-free: Self-consistency (terminal: vote share among the N terminal answers), the
-  *latest-answer vote* (streaming: at an answer's availability time, the share of sequences whose latest available
-  answer is in its class; `hf_msv.baselines.latest_answer_vote`), both also Platt-calibrated on validation
-  ("(calibrated)"), Token Probs (geometric mean of the answer-token probabilities), DeepConf (lowest-group trace
-  confidence of the chain of thought up to the answer, Platt-scaled on the validation split). The *stacked*
-  baseline: logistic regression on [vote share, Probe logit] fitted on validation (`hf_msv.evaluation.methods`).
-  Trained single-sequence verifiers (the Probe, MSV₁; config ``num_sequences == 1`` or a
-  Probe) score every answer independently of the group. Optional *PRM* baseline (``prm``: a Qwen2.5-Math-PRM-style
-  process reward model, `hf_msv.evaluation.prm`): each answer scored from the question and the chain of thought up
-  to it, decoded from the shards' CoT token ids with the LM's tokenizer. Aggregations ``X+WV``: weighted voting
-  over the group's terminal answers (terminal setting) and streaming weighted voting with threshold R = 16 (streaming setting;
-  `hf_msv.baselines.streaming_weighted_voting`), for Token Probs, DeepConf, the PRM and every single-sequence
-  verifier.
-  Multi-sequence MSV_M: scored on the group jointly; groups of N > M sequences are split into ⌈N/M⌉ sub-groups of M
-  (`hf_msv.modeling_msv.split_into_groups`, appendix "Scaling with MSV_M"). At each N the *primary* MSV is the one
-  with M = N (else the largest M < N, grouped).
-* **Which verifier in which setting.** A verifier entry may be one checkpoint or ``{"terminal": path, "streaming":
-  path}``. The terminal setting uses a terminal-mode checkpoint when given, else the streaming checkpoint's scores
-  of the terminal answers (each seeing every answer of the group up to its end); the streaming setting needs a
-  streaming checkpoint.
-* **Metrics** (`hf_msv.metrics`): AUROC, Brier, ECE (10 bins), NLL over answers pooled over problems; best-of-N
-  accuracy, ECE and Brier over the (p†, y†) pairs of the picks among terminal answers; Brier per token position
-  (bins of τ).
-* **Early stopping** (`hf_msv.evaluation.early_stop`): the stopping rule replayed over each group's recorded answer
-  stream with λ swept over 0..1 (+∞ = full decoding); accuracy vs token position t* (``steps``: the latency of
-  parallel decoding, the paper's axis), vs latency and vs chain-of-thought tokens summed over the N sequences;
-  AUTC on each axis, normalised: AUTC_norm = (1/B) ∫_0^B acc(b) db with B the full-decoding budget on that axis,
-  a mean accuracy in [0, 1] whose scale does not depend on N. The primary MSV against the baseline with the
-  highest peak accuracy, twice: among the *single-sequence* baselines (the paper's comparison) and among *all*
-  baselines (aggregations included): budget fraction MSV needs to reach that peak, per axis, with its interval.
-  Latency = t*·decode_step_s + (answers seen)·(elicit_s + verify_s): ``decode_step_s`` and ``elicit_s`` come from
-  ``lm_costs`` (else the shard's collection info ``latency`` entry, else 0 with a warning); ``verify_s`` is
-  *measured* per verifier and N by scoring a few groups online (KV-cached MSV, one call per arrival time), i.e. the
-  streaming cost, not the offline batched one; the PRM's is its measured (batched) scoring time per answer.
-  Verifier-free methods cost 0.
-* **λ rules** (needs ``val_dir``): per N and training seed, a common accuracy target (``target_accuracy``, default
-  0.95 × the
-  best method's full-decoding validation accuracy) is met (1) *by validation*: the cheapest λ on the validation
-  curve reaching it (`select_lambda_validation`), and (2) *risk-controlled* by Learn-then-Test
-  (`select_lambda_ltt`, δ = ``ltt_delta``). Both report the accuracy, tokens and latency they achieve on the
-  evaluation split.
-
-* **By difficulty** (with ``difficulty``: problem id -> a difficulty value, e.g. the testbed's reasoning steps, or
-  any problem metadata field via `difficulty_from_problems`): per N and value, the problems, and each method's
-  Brier (terminal answers) and best-of-N accuracy, mean over training seeds.
-
-Outputs in ``output_dir``: ``{report_name}.md`` (tables, every figure referenced), ``{report_name}.json`` (every
-number, per-seed values included; NaN → null) and PNG figures (reliability diagrams, best-of-N vs N, trade-off
-curves vs tokens and latency, Brier per token position).
+The protocol (groups, training seeds, methods, metrics, early stopping, λ rules) is described in
+``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -85,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import AnswerGroup, CollectedProblem, ShardDataset
+from ..data import AnswerGroup, CollectedProblem, ShardDataset, collection_elicitation
 from ..metrics import best_of_n_metrics, best_of_n_pairs, calibration_metrics, seed_stat
 from ..utils import json_safe
 from .early_stop import (
@@ -116,7 +52,7 @@ from .methods import (
     with_verifiers,
 )
 from .prm import PRMScorer, load_lm_tokenizer, require_cot_token_ids
-from .report import render_report, write_figures
+from .report import render_report, require_report_extras, write_figures
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
 from .verifiers import VerifierEntry, load_verifier_seeds
 
@@ -194,53 +130,35 @@ def evaluate_study(
     difficulty: Mapping | None = None,
     difficulty_name: str = "difficulty",
 ) -> dict:
-    """Evaluate every baseline and verifier on the shards in `eval_dir` (protocol in the module docstring).
+    """Evaluate every baseline and verifier on the shards in `eval_dir` (protocol: ``docs/evaluation.md``); write
+    ``{report_name}.md`` / ``.json`` and figures into `output_dir`, created only once every input is checked.
 
     Args:
-        eval_dir: evaluation shards (a directory, a shard, or a list).
-        verifiers: name -> checkpoint directory (or loaded model), or name -> {"terminal": ..., "streaming": ...},
-            or name -> a list of those, one per training seed (`load_verifier_seeds`). Single-sequence verifiers
-            (Probe, MSV₁) also get a "+WV" row.
-        output_dir: where the report, JSON and figures go.
-        num_sequences_list: the N values; None: `default_num_sequences` of the samples collected (1, 4, 16, 64
-            with 64 samples per problem; 1, 4, 16 with 16).
-        bootstrap: resamples of the paired bootstrap intervals over problems (0: no intervals).
-        val_dir: validation shards: DeepConf's Platt scaling and both λ rules (skipped without it).
-        checker, checker_kwargs: re-derive equivalence classes (eval and val) with this checker; labels unchanged.
-        lm_costs: `LatencyCosts` (decode_step_s, elicit_s) or {N: LatencyCosts}; default: the shard info's
-            ``latency`` entry, else zeros (latency then only counts verifier time) with a warning.
-        wv_threshold: R of streaming weighted voting (paper: 16).
-        deepconf_window, deepconf_stat: DeepConf group window (tokens) and statistic.
-        target_accuracy, target_fraction: λ-rule target: given, or target_fraction × the best method's
-            full-decoding accuracy on validation (per N and training seed).
-        ltt_delta: LTT risk level δ. lambdas: the λ grid (must contain ∞ for AUTC's full-decoding bound).
-        cost_groups: groups scored online to measure each streaming verifier's cost per answer.
-        position_bins: bins of τ for Brier per token position.
-        max_tokens: answer tokens per packed verifier call.
-        figures: write PNG figures. title, report_name: report heading and file stem.
-        prm: the PRM baseline, a `PRMScorer` or a PRM to load with `PRMScorer.from_pretrained(prm, **prm_kwargs)`
-            (after checking that the shards keep CoT token ids). None: no PRM.
-        lm_tokenizer: decodes the chains of thought for the PRM (a tokenizer, path or Hub id); default: the LM
-            tokenizer named in the shards' collection info.
-        difficulty, difficulty_name: problem id -> difficulty value (`difficulty_from_problems`), and what the
-            value is called in the report; problems without a value are left out of the breakdown.
-    Returns the results dict also written to ``{output_dir}/{report_name}.json``.
+        eval_dir, val_dir: evaluation and validation shards (a directory, a shard, or a list); validation fits the
+            calibrated baselines and the λ rules (skipped without it).
+        verifiers: name -> checkpoint (directory or model), or name -> {"terminal": ..., "streaming": ...}, or a list
+            of those, one per training seed (`load_verifier_seeds`).
+        num_sequences_list: the N values; None: `default_num_sequences` of the samples collected.
+        lm_costs: `LatencyCosts` or {N: LatencyCosts} (default: the shards' recorded ``latency``, else zeros).
+        prm, prm_kwargs, lm_tokenizer: the PRM baseline (a `PRMScorer` or a model to load), None for none.
+        difficulty, difficulty_name: problem id -> difficulty value (`difficulty_from_problems`).
+        The other settings are `EvaluateConfig`'s fields of the same names (``hf-msv evaluate --help``).
+    Returns the results dict also written to ``{output_dir}/{report_name}.json``. Raises ValueError or
+    FileNotFoundError on bad inputs, ModuleNotFoundError for `figures` without matplotlib, before any work.
     """
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if figures:
+        require_report_extras("or pass --no-figures")
     dataset = ShardDataset(eval_dir, checker=checker, checker_kwargs=checker_kwargs)
     ns = _checked_ns(num_sequences_list, dataset.num_sequences)
-    seed_entries = load_verifier_seeds(verifiers)
     val_data = None if val_dir is None else ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs)
+    if val_data is not None:
+        _check_validation_ns(ns, val_data.num_sequences, val_dir)
+    seed_entries = load_verifier_seeds(verifiers)
     prm_scorer, lm_tok = _load_prm(prm, prm_kwargs, lm_tokenizer, dataset, val_data)
-    split, val = [prepare_split(d, deepconf_window, deepconf_stat) if d is not None else None
-                  for d in (dataset, val_data)]
-    if prm_scorer is not None:
-        for s in filter(None, (split, val)):
-            add_prm_scores(s, prm_scorer, lm_tok, progress)
-    fit_deepconf(split, val)
-    if not any(e.kind == "probe" for e in seed_entries[0]):  # the stacked baseline's Probe feature
-        add_linear_probe(split, val)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    split, val = _prepared_splits(dataset, val_data, seed_entries, deepconf_window, deepconf_stat, prm_scorer,
+                                  lm_tok, progress)
     lm_costs, cost_source = _resolve_lm_costs(lm_costs, split.info)
     edges = _position_edges(split.problems, position_bins)
     studies = [_Study(with_verifiers(split, entries, max_tokens),
@@ -251,15 +169,8 @@ def evaluate_study(
                     checker_kwargs=checker_kwargs or {}, wv_threshold=wv_threshold, deepconf_window=deepconf_window,
                     deepconf_stat=deepconf_stat, target_accuracy=target_accuracy, target_fraction=target_fraction,
                     ltt_delta=ltt_delta)
-    results: dict = {
-        "title": title,
-        "config": _study_config(eval_dir, val_dir, ns, seed_entries, settings, prm_scorer, lm_tok),
-        "data": _data_summary(split.problems, split.info, val),
-        "costs": {"source": cost_source, "lm": {}, "verifier_online_s_per_answer": {},
-                  "verifier_offline_s_per_answer": {}, "prm": _prm_cost(split, val)},
-        "methods": {}, "terminal": {}, "streaming": {}, "early_stop": {}, "lambda_selection": {},
-        "intervals": {}, "brier_by_position": {}, "by_difficulty": {}, "figures": [],
-    }
+    results = _empty_results(title, _study_config(eval_dir, val_dir, ns, seed_entries, settings, prm_scorer, lm_tok),
+                             _data_summary(split.problems, split.info, val), cost_source, _prm_cost(split, val))
     if difficulty is not None:
         results["config"]["difficulty"] = difficulty_name
     levels = None if difficulty is None else [difficulty.get(p.problem_id) for p in split.problems]
@@ -272,6 +183,32 @@ def evaluate_study(
     return results
 
 
+def _prepared_splits(dataset: ShardDataset, val_data: ShardDataset | None, seed_entries: list, deepconf_window: int,
+                     deepconf_stat: str, prm_scorer, lm_tok, progress: bool):
+    """(evaluation, validation) `SplitScores` with every score that does not depend on the verifiers: Token Probs,
+    DeepConf (Platt-scaled), the PRM's, and the stacked baseline's linear probe when no Probe is given."""
+    split = prepare_split(dataset, deepconf_window, deepconf_stat, name="evaluation")
+    val = None if val_data is None else prepare_split(val_data, deepconf_window, deepconf_stat, name="validation")
+    if prm_scorer is not None:
+        for s in filter(None, (split, val)):
+            add_prm_scores(s, prm_scorer, lm_tok, progress)
+    fit_deepconf(split, val)
+    if not any(e.kind == "probe" for e in seed_entries[0]):  # the stacked baseline's Probe feature
+        add_linear_probe(split, val)
+    return split, val
+
+
+def _empty_results(title: str, config: dict, data: dict, cost_source: str, prm_cost) -> dict:
+    """The results dict before any N is evaluated (its keys in report order)."""
+    return {
+        "title": title, "config": config, "data": data,
+        "costs": {"source": cost_source, "lm": {}, "verifier_online_s_per_answer": {},
+                  "verifier_offline_s_per_answer": {}, "prm": prm_cost},
+        "methods": {}, "terminal": {}, "streaming": {}, "early_stop": {}, "lambda_selection": {},
+        "intervals": {}, "brier_by_position": {}, "by_difficulty": {}, "figures": [],
+    }
+
+
 def _checked_ns(num_sequences_list, available: int) -> list[int]:
     """The sorted N values to evaluate, checked against `available` (the fewest sequences any problem has) before
     any verifier is loaded."""
@@ -281,6 +218,16 @@ def _checked_ns(num_sequences_list, available: int) -> list[int]:
         raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {available} sequences: "
                          f"ask for N <= {available} (e.g. --num-sequences {grid}, the default)")
     return ns
+
+
+def _check_validation_ns(ns: list[int], available: int, val_dir) -> None:
+    """Refuse, before any work, an N above the sequences per problem of the validation split (the λ rules and the
+    fitted baselines draw validation groups of N)."""
+    if ns[-1] > available:
+        fits = " ".join(str(n) for n in ns if n <= available) or "1"
+        raise ValueError(f"N={ns[-1]} requested but the validation split ({val_dir}) has only {available} sequences "
+                         f"per problem: evaluate at N <= {available} (e.g. --num-sequences {fits}), or collect the "
+                         f"validation problems with --num-samples {ns[-1]} or more")
 
 
 def _study_config(eval_dir, val_dir, ns: list[int], seed_entries: list, settings: dict, prm_scorer,
@@ -596,7 +543,7 @@ def _quiet(fn, *args, **kwargs):
 def split_statistics(problems: list[CollectedProblem]) -> dict:
     """What a report says of a collected split: problems, sequences per problem, answers (per sequence), terminal
     and all-answer accuracy, mean chain-of-thought length in tokens. Exact counts, so two collections can be
-    compared (`scripts/compare_main_collection.py`)."""
+    compared (`research/compare_main_collection.py`)."""
     correct = np.concatenate([p.answer_correct for p in problems])
     term = np.concatenate([p.answer_terminal for p in problems])
     return {"problems": len(problems), "sequences_per_problem": int(min(p.num_sequences for p in problems)),
@@ -608,6 +555,11 @@ def split_statistics(problems: list[CollectedProblem]) -> dict:
 
 
 def _data_summary(problems: list[CollectedProblem], info: dict, val: SplitScores | None) -> dict:
+    """The report's ``data`` entry: each split's `split_statistics` and the evaluation shards' collection settings."""
+    if "elicitation" in info:  # shards that record `ElicitationSettings`: the flat keys reports have always shown
+        e = collection_elicitation(info)
+        info = {"delimiters": list(e.delimiters), "every_k_tokens": e.every_k_tokens,
+                "max_answer_tokens": e.max_answer_tokens, **info}
     out = {"eval": split_statistics(problems), "collect": {k: info.get(k) for k in (
         "lm_name_or_path", "num_samples", "temperature", "max_new_tokens", "delimiters", "every_k_tokens",
         "checker", "max_answer_tokens") if k in info}}

@@ -10,15 +10,34 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_verifier", "VerifierEntry", "load_verifiers", "load_verifier_seeds", "parse_verifier_specs"]
+__all__ = ["verifier_config", "load_verifier", "VerifierEntry", "load_verifiers", "load_verifier_seeds",
+           "parse_verifier_specs"]
+
+
+def verifier_config(path) -> dict:
+    """The ``config.json`` of the verifier checkpoint directory `path`. Raises `FileNotFoundError` /
+    `NotADirectoryError` naming the path when it is not a checkpoint directory."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such verifier directory: {path}")
+    if not path.is_dir():
+        raise NotADirectoryError(f"a verifier is a directory (written by `hf-msv train`), not a file: {path}")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} holds no config.json: not a verifier checkpoint (give the --output-dir of "
+                                "`hf-msv train`)")
+    try:
+        return json.loads((path / "config.json").read_text())
+    except ValueError as error:
+        raise ValueError(f"{path / 'config.json'} is not valid JSON: {error}") from error
 
 
 def load_verifier(path_or_model):
-    """A saved MSV or Probe checkpoint (``model_type`` "msv" / "msv_probe") in eval mode; models pass through."""
+    """A saved MSV or Probe checkpoint (``model_type`` "msv" / "msv_probe") in eval mode; models pass through.
+    Raises `FileNotFoundError` / `ValueError` naming the path when it is not one."""
     if isinstance(path_or_model, torch.nn.Module):
         return path_or_model.eval()
     path = Path(path_or_model)
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    model_type = verifier_config(path).get("model_type")
     if model_type == "msv_probe":
         from ..modeling_probe import ProbeVerifier
 
@@ -101,10 +120,13 @@ def parse_verifier_specs(specs: Sequence[str]) -> dict:
     name -> [{mode: path}, ...]."""
     out: dict = {}
     for spec in specs:
-        if "=" not in spec:
+        name, path = spec.split("=", 1) if "=" in spec else ("", "")
+        if not name or not path:
             raise ValueError(f"--verifier takes NAME=PATH, got {spec!r}")
-        name, path = spec.split("=", 1)
-        mode = json.loads((Path(path) / "config.json").read_text()).get("mode", "streaming")
+        try:
+            mode = verifier_config(path).get("mode", "streaming")
+        except (OSError, ValueError) as error:
+            raise type(error)(f"--verifier {spec}: {error}") from error
         seeds = out.setdefault(name, [])
         slot = next((s for s in seeds if mode not in s), None)
         if slot is None:

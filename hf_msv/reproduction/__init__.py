@@ -6,10 +6,13 @@
 * `context` — `ReproductionContext`, the state the stages share (train per seed, evaluate or restore);
 * `studies` — one function per study, each returning its summary entry;
 * `shipped` — `train_shipped_verifier`, the package's verifier and its λ;
-* `pipeline` — `reproduce` (the studies in order, the report written before each and at the end) and `main`;
+* `pipeline` — `reproduce` (the studies in order; the report written before each and at the end, one part per
+  run) and `main`;
 * `summary` — the summary's study entries distilled from `evaluate_study` results (pure);
 * `claims` — the paper's claims tested on the summary (pure);
 * `report` — ``testbed.md`` rendered from the summary (pure).
+
+See ``docs/reproduction.md``.
 """
 
 from .claims import compute_claims
@@ -18,7 +21,7 @@ from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .context import ReproductionContext
 from .pipeline import main, parse_arguments, reproduce
 from .shipped import SHIPPED_LAMBDA_FILE, shipped_lambda, train_shipped_verifier
-from .stages import (TrainingQueue, checker_agreement, collect_problems, collect_splits, measure_lm_costs,
+from .stages import (ShardReuse, TrainingQueue, checker_agreement, collect_problems, collect_splits, measure_lm_costs,
                      train_or_reuse)
 from .studies import (checkers_study, delimiters_study, grouping_study, main_study, masks_study,
                       train_main_verifiers, training_size_study)
@@ -33,6 +36,7 @@ __all__ = [
     "ReproduceArguments",
     "training_config",
     "ReproductionContext",
+    "ShardReuse",
     "collect_problems",
     "collect_splits",
     "train_or_reuse",

@@ -1,18 +1,7 @@
-"""The paper's claims tested on the reproduction's numbers: pure functions from the summary dict to verdicts.
-
-Each claim is a dict ``{"id", "claim", "paper", "held", "sentence", "numbers"}``: ``held`` is True, False or None (not
-testable on this run), ``sentence`` starts with "Held: ", "Did not hold: " or "Not testable: " and gives the numbers
-the verdict rests on. `compute_claims` returns them in report order (C1-C5 on the main study, then one or two per
-further study that ran); ``testbed.md``'s verdicts and the README's are these.
-
-**Intervals.** When the summary carries the training-seed protocol's numbers (``intervals`` and
-``early_stop_comparisons`` of `hf_msv.evaluation.evaluate_study`), a main-study verdict is "held" only if the paired
-bootstrap 95 % interval over problems clears the target (e.g. C1: the upper end of the MSV/baseline Brier ratio
-≤ 0.80; C2: the lower end of the best-of-N gain ≥ 2 pp); the early-stop claim is stated twice, on the paper's axis
-(token position t*), against the best single-sequence baseline (the paper's sentence) and against the best of all
-baselines (aggregations included); and MSV_N's Brier is also compared with the vote baselines (calibrated
-self-consistency, the stacked [vote, Probe] regression). Summaries without intervals (older runs) get the point
-verdicts they were published with.
+"""The paper's claims tested on the reproduction's numbers (`compute_claims`): pure functions from the summary dict
+to verdicts ``{"id", "claim", "paper", "held", "sentence", "numbers"}`` (``held``: True, False, or None when not
+testable), in report order. A main-study verdict is "held" only if its paired bootstrap 95 % interval clears the
+target; summaries without intervals get point verdicts. See ``docs/reproduction.md``.
 """
 
 from __future__ import annotations

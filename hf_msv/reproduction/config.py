@@ -109,6 +109,16 @@ class ReproduceConfig:
     def max_n(self) -> int:
         return max(self.num_sequences)
 
+    def collect_config(self, num_samples: int):
+        """The `hf_msv.collect.CollectConfig` of the run's collections with `num_samples` sequences per problem (the
+        elicitation is the library's default unless a study passes its own)."""
+        from ..collect import CollectConfig
+
+        return CollectConfig(num_samples=num_samples, max_new_tokens=self.max_new_tokens,
+                             checker=self.reference_checker, prompt_template="testbed",
+                             problems_per_shard=self.problems_per_shard, problems_per_batch=self.problems_per_batch,
+                             seed=self.collect_seed, progress=False)
+
 
 @dataclass
 class ReproduceArguments:
@@ -127,8 +137,8 @@ class ReproduceArguments:
     continue_report: bool = _help(
         "continue the report already in --output-dir (e.g. the committed docs/results/testbed-v2.json): keep its "
         "main study and finished studies, run only the studies it lacks, and make only the collections and main "
-        "fits those need, in a work directory that may be new (a later sitting on a fresh machine); the settings "
-        "must be the report's", default=False)
+        "fits those need, in a work directory that may be new (e.g. on another machine); the report gains a part; "
+        "the settings must be the report's", default=False)
     training_seeds: int | None = _help("override the number of training seeds", default=None)
     reuse_shards: str = field(default="matching", metadata={
         "help": "shards of an earlier run in the work directory: reuse only those collected with the same settings "

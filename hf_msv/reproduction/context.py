@@ -14,7 +14,7 @@ from pathlib import Path
 from .config import ReproduceConfig, training_config
 from .reuse import (EVALUATION_CODE, ReuseLog, artefact_key, code_version, data_fingerprint, git_commit, reuse_key,
                     write_key)
-from .stages import TrainingQueue, collect_splits, train_or_reuse
+from .stages import ShardReuse, TrainingQueue, collect_splits, train_or_reuse
 from .summary import vote_check_rows
 
 __all__ = ["StageClock", "ReproductionContext", "checkpoint_keys", "keep_evaluation", "restore_evaluation",
@@ -42,10 +42,10 @@ class StageClock:
 @dataclass
 class ReproductionContext:
     """What a reproduction's stages share. `verifiers` (method -> mode -> [path per training seed]) and
-    `main_results` are the main study's: fits are made on first use (`main_fit`), so a sitting that continues a
+    `main_results` are the main study's: fits are made on first use (`main_fit`), so a part that continues a
     committed report trains only those its studies need; `reports` (study -> report path relative to
     `output_dir`), `counts` (verifiers trained / reused), `reuse` (every reuse decision) and `collections` (the
-    main collection's shard fingerprints, once made this sitting) are filled as stages run; `vote_checks` holds
+    main collection's shard fingerprints, once made by this run) are filled as stages run; `vote_checks` holds
     every MSV fit against the vote (`vote_check_rows`), per evaluation."""
 
     config: ReproduceConfig
@@ -65,7 +65,7 @@ class ReproductionContext:
     vote_checks: list = field(default_factory=list)
     queue: TrainingQueue = field(default_factory=TrainingQueue)
     collections: dict = field(default_factory=dict)
-    # The commit this sitting's code was loaded from: a commit made while it runs (hours) is not the code it ran.
+    # The commit this run's code was loaded from: a commit made while it runs (hours) is not the code it ran.
     git_commit: str | None = field(default_factory=git_commit)
 
     @property
@@ -76,11 +76,11 @@ class ReproductionContext:
     def main_data(self) -> Path:
         """The main collection's root, collected (or reused, or extended) on first use, its shards fingerprinted into
         `collections`. Studies call this rather than reading `data`: the delimiter study needs no main collection,
-        so a sitting that runs only it does not spend most of an hour on 2 cores making one."""
+        so a run of only that study does not spend most of an hour on 2 cores making one."""
         if not self.collections:
             cfg = self.config
             collect_splits(self.model, self.tokenizer, self.data, cfg, cfg.num_samples,
-                           (cfg.train_problems, cfg.val_problems, cfg.eval_problems), **self.collect_kwargs)
+                           (cfg.train_problems, cfg.val_problems, cfg.eval_problems), reuse=self.shard_reuse)
             # the shards alone: collect_config.json names the LM by its absolute path, which differs across checkouts
             self.collections = {f"data/{s}": data_fingerprint(sorted((self.data / s).glob("*.safetensors")))
                                 for s in ("train", "val", "eval")}
@@ -103,9 +103,9 @@ class ReproductionContext:
         return self.config.stem
 
     @property
-    def collect_kwargs(self) -> dict:
-        """What every collection of the run passes to `collect_problems` (the reuse log and policy)."""
-        return {"log": self.reuse, "reuse_shards": self.reuse_shards}
+    def shard_reuse(self) -> ShardReuse:
+        """What every collection of the run passes to `collect_problems`: the reuse log and policy."""
+        return ShardReuse(self.reuse, self.reuse_shards)
 
     def train(self, train_dir, name: str, config, val_dir=None) -> list[str]:
         """`train_or_reuse` into work_dir/verifiers/`name` (``name-seed{s}`` for training seed s ≥ 1; validation:
@@ -133,7 +133,7 @@ class ReproductionContext:
         self.queue.wait(checkpoint_paths(verifiers))  # the fits being evaluated may still be training
         kwargs = {"figures": False, "progress": False} | kwargs
         out, stem = self.output_dir / "studies" if subdir else self.output_dir, f"{self.stem}-{report_name}"
-        # A v2 run spans several sittings on 2 CPU cores, and evaluating the main study alone takes ~half an hour:
+        # Evaluating the v2 main study alone takes ~half an hour on 2 CPU cores, and a report is made in parts:
         # an evaluation is kept (results, report, figures) and reused while its inputs are unchanged.
         settings = {"verifiers": {name: checkpoint_keys(specs) for name, specs in verifiers.items()},
                     "ns": sorted(ns), "title": title, "deepconf_window": self.config.deepconf_window,

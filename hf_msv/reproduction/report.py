@@ -9,7 +9,14 @@ from ..metrics import format_mean_std
 from .config import STUDIES
 from .paper import PAPER
 
-__all__ = ["render_testbed"]
+__all__ = ["LEGACY_PARTS_KEY", "render_testbed", "report_parts"]
+
+LEGACY_PARTS_KEY = "sittings"  # what reports written before the field was named "parts" call it (still read)
+
+
+def report_parts(summary: dict) -> list[dict]:
+    """The parts a report records: one per run that wrote it (``--continue-report`` adds one), oldest first."""
+    return list(summary.get("parts", summary.get(LEGACY_PARTS_KEY)) or [])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -78,14 +85,14 @@ def _header(s: dict) -> list[str]:
         "* Verifiers: Probe and MSV_1/…/MSV_N trained per mode (terminal, streaming) with the library defaults "
         "(`recipe=\"auto\"`, what `hf-msv train` uses; `hf_msv.reproduction.training_config`).",
         *_config_changes(cfg),
-        "* LM costs measured " + ("by the sitting that ran the main study, used by every sitting" if _continued(s)
+        "* LM costs measured " + ("by the part that ran the main study, used by every part" if _continued(s)
                                   else "here") + " (s per shared decode step / per elicited answer): " + ", ".join(
             f"N={n}: {v['decode_step_s']:.2e} / {v['elicit_s']:.2e}" for n, v in s["lm_costs"].items()) + ".",
         "* Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["timing_s"].items()) + "."
         + ("" if not s.get("verifiers", {}).get("reused") else
            f" Stages resume: this run trained {s['verifiers']['trained']} verifiers and reused "
            f"{s['verifiers']['reused']} (and any shards) from an earlier run in the same work directory."),
-        *_sittings_lines(s),
+        *_parts_lines(s),
         *_reuse_lines(s),
         "* Full per-study reports: " + ", ".join(f"[{k}]({v})" for k, v in s["reports"].items()) + "."
         + (f" Not run this time: {', '.join(missing)} (`hf-msv reproduce {_continue_flag(s)}--studies ...`)."
@@ -96,48 +103,48 @@ def _header(s: dict) -> list[str]:
 
 
 def _duration(s: dict) -> str:
-    """How long the run took. A run that resumed a work directory, or continued a committed report in a later
-    sitting, only timed its own sitting: saying "in 0.0 min" of a run whose artefacts took hours in earlier
-    sittings would mislead, so such a run says so."""
+    """How long the run took. A run that resumed a work directory, or a part that continued a committed report, only
+    timed itself: saying "in 0.0 min" of a report whose artefacts took hours to make would mislead, so such a
+    report says so."""
     minutes = s["timing_s"]["total"] / 60
     if _continued(s):
-        sittings = s["sittings"]
-        ran = ", ".join(sittings[-1]["studies"]) or "no new study"
-        return (f"over {len(sittings)} sittings (each after the first continued the committed report with "
+        parts = report_parts(s)
+        ran = ", ".join(parts[-1]["studies"]) or "no new study"
+        return (f"in {len(parts)} parts (each part after the first continued the committed report with "
                 f"`--continue-report`; the last ran {ran} in {minutes:.1f} min, and the stage times below are its "
                 "own)")
     if not (s.get("reuse") or {}).get("reused"):
         return f"in {minutes:.1f} min"
-    return (f"over several sittings in one work directory (the last sitting reused the earlier ones' artefacts and "
+    return (f"over several runs in one work directory (the last run reused the earlier ones' artefacts and "
             f"took {minutes:.1f} min; the stage times below are its own)")
 
 
 def _continued(s: dict) -> bool:
-    """Whether the report was continued over several sittings (`--continue-report`)."""
-    return len(s.get("sittings") or []) > 1
+    """Whether the report was continued in several parts (`--continue-report`)."""
+    return len(report_parts(s)) > 1
 
 
 def _continue_flag(s: dict) -> str:
-    """``--continue-report `` for a report that records sittings (it can be continued), else nothing."""
-    return "--continue-report " if s.get("sittings") else ""
+    """``--continue-report `` for a report that records its parts (it can be continued), else nothing."""
+    return "--continue-report " if report_parts(s) else ""
 
 
-def _sittings_lines(s: dict) -> list[str]:
-    """Which sitting ran which studies, where, for how long (reports continued over several sittings)."""
+def _parts_lines(s: dict) -> list[str]:
+    """Which part ran which studies, where, for how long (reports continued in several parts)."""
     if not _continued(s):
         return []
-    sittings = s["sittings"]
-    # A report from before sittings were recorded counts as one sitting: the time it has is its last resumption's.
-    untimed = "" if sittings[0].get("git_commit") else (
-        " (the first sitting's time and fits are its last resumption's: it resumed one work directory several times)")
-    return ["* Sittings: " + "; ".join(
+    parts = report_parts(s)
+    # A first part recorded without a commit was a run resumed several times: its time is its last resumption's.
+    untimed = "" if parts[0].get("git_commit") else (
+        " (the first part's time and fits are its last resumption's: it resumed one work directory several times)")
+    return ["* Parts: " + "; ".join(
         f"{i}. {', '.join(x['studies']) or 'no study'} on `{x.get('device') or 'cpu'}`, "
         f"{x['timing_s']['total'] / 60:.0f} min"
         + (f", {x['verifiers'].get('trained', 0)} fits trained" if x.get("verifiers") else "")
         + (f", commit {x['git_commit'][:10]}" if x.get("git_commit") else "")
         + (" (its re-made main collection differs from the main study's in "
            + ", ".join(x["collections_differ_from_main"]) + ")" if x.get("collections_differ_from_main") else "")
-        for i, x in enumerate(sittings, 1)) + untimed + "."]
+        for i, x in enumerate(parts, 1)) + untimed + "."]
 
 
 def _interim_lines(s: dict) -> list[str]:
@@ -176,9 +183,9 @@ def _protocol_line(cfg: dict) -> str:
 
 def _reuse_lines(s: dict) -> list[str]:
     """What this run reused from the work directory and what it redid, with why (runs that record it); for a
-    report continued over sittings, each sitting's."""
+    report continued in several parts, each part's."""
     if _continued(s):
-        return [line.replace("* ", f"* Sitting {i}: ", 1) for i, x in enumerate(s["sittings"], 1)
+        return [line.replace("* ", f"* Part {i}: ", 1) for i, x in enumerate(report_parts(s), 1)
                 for line in _reuse_lines({"reuse": x.get("reuse")})]
     reuse = s.get("reuse")
     if not reuse:
@@ -409,7 +416,7 @@ def _training_size(s: dict) -> list[str]:
 
 
 def _vote_check(s: dict) -> list[str]:
-    """Every MSV fit of the run against the vote it is fed, with the same equivalence classes (issue #14)."""
+    """Every MSV fit of the run against the vote it is fed, with the same equivalence classes."""
     from .summary import VOTE_TOLERANCE
 
     rows = s.get("vote_check")

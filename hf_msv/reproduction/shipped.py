@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .config import ReproduceConfig, training_config
-from .stages import collect_splits, train_or_reuse
+from .stages import ShardReuse, collect_splits, train_or_reuse
 
 __all__ = ["train_shipped_verifier", "shipped_lambda", "SHIPPED_LAMBDA_FILE"]
 
@@ -43,7 +43,7 @@ def train_shipped_verifier(work_dir=None, destination=None, threads: int | None 
     data, task = work / "data", get_task(cfg.task)
     model, tokenizer = load_lm(task.lm_name, device=device)
     collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems),
-                   reuse_shards=reuse_shards)
+                   reuse=ShardReuse(policy=reuse_shards))
     n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
     path = train_or_reuse(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
                           training_config("msv", n, "streaming", cfg.quick), reuse=reuse_verifiers)

@@ -7,61 +7,79 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..elicitation import ElicitationSettings
 from ..utils import atomic_write_json
 from .config import ReproduceConfig
 from .reuse import (COLLECTION_CODE, KEY_FILE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint,
                     only_code_differs, reuse_key, stored_key, write_key)
 
-__all__ = ["collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code",
+__all__ = ["ShardReuse", "collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code",
            "pending_despite_code", "train_fit", "resumable", "PENDING_KEY", "TrainingQueue", "measure_lm_costs",
            "checker_agreement"]
 
 PENDING_KEY = "reuse_key.pending.json"  # the key of a fit still training (`train_fit`)
 
 
+@dataclass(frozen=True)
+class ShardReuse:
+    """How a run's collections treat shards already in the work directory: `policy` "matching" (reuse them only
+    under the same reuse key) or "keep" (reuse them whatever their key), every decision recorded in `log`."""
+
+    log: ReuseLog = field(default_factory=ReuseLog)
+    policy: str = "matching"
+
+
 def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: ReproduceConfig, num_samples: int,
-                     problem_seed: int = 0, first: int = 0, log: ReuseLog | None = None,
-                     reuse_shards: str = "matching", **kwargs):
+                     *, problem_seed: int = 0, first: int = 0, elicitation: ElicitationSettings | None = None,
+                     reuse: ShardReuse | None = None):
     """Collect testbed problems ``first..count-1`` of `split` into `out` (the first `count` are a prefix of any
     larger draw, so a bigger collection extends a smaller one); resumable, as `hf_msv.collect.collect` is.
 
-    Shards already in `out` are extended only when their reuse key (collection settings, the testbed LM's weights,
-    the collection code) matches; otherwise they are collected again, the old ones moved aside (`set_aside`), unless
-    ``reuse_shards="keep"`` (then reused and logged as kept). The count is not part of the key (a larger count
-    extends)."""
+    Args:
+        elicitation: where answers are elicited, when not at the library's default (the delimiter study's
+            delimiter-free collection); None: the default.
+        reuse: shards already in `out` are extended only when their reuse key (collection settings, the testbed
+            LM's weights, the collection code) matches; otherwise they are collected again, the old ones moved aside
+            (`set_aside`), unless its policy is "keep". The count is not part of the key (a larger count extends).
+    """
     from ..collect import collect
     from ..testbed import get_task
 
-    task = get_task(cfg.task)
+    task, reuse = get_task(cfg.task), reuse or ShardReuse()
+    where = {} if elicitation is None else {"delimiters": list(elicitation.delimiters),
+                                            "every_k_tokens": elicitation.every_k_tokens}
     settings = dict(split=split, first=first, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
                     checker=cfg.reference_checker, problems_per_shard=cfg.problems_per_shard, seed=cfg.collect_seed,
-                    problem_seed=problem_seed, **kwargs)
+                    problem_seed=problem_seed, **where)
     key = reuse_key(settings, code_version(COLLECTION_CODE), data_fingerprint(task.lm_dir))
-    log = log if log is not None else ReuseLog()
-    name = f"{out.parent.name}/{out.name}"
-    exists = out.is_dir() and any(out.glob("*.safetensors"))
-    kept = False
-    if not log.decide("shards", name, out, key, exists) and exists:
-        if reuse_shards == "keep":
-            stored = stored_key(out)
-            log.keep("shards", name, f"kept by --reuse-shards keep: same settings and LM, collected by code version "
-                                     f"{stored['code']}" if only_code_differs(stored, key)
-                     else "kept by --reuse-shards keep although its key differs or is missing")
-            kept = True
-        else:
-            log.annotate("shards", name, f"the old shards moved to {set_aside(out).name}")
+    kept = _decide_shards(out, key, reuse)
     problems = task.generate_problems(split, count, seed=problem_seed)[first:]
     if not kept:  # before collecting: an interrupted run's shards then match the next run's key and are extended
         out.mkdir(parents=True, exist_ok=True)
         write_key(out, key)
-    return collect(model, tokenizer, problems, out, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
-                   checker=cfg.reference_checker, prompt_template="testbed", problems_per_shard=cfg.problems_per_shard,
-                   problems_per_batch=cfg.problems_per_batch, seed=cfg.collect_seed, progress=False, **kwargs)
+    return collect(model, tokenizer, problems, out, cfg.collect_config(num_samples), elicitation=elicitation)
+
+
+def _decide_shards(out: Path, key: dict, reuse: ShardReuse) -> bool:
+    """Whether the shards in `out` are kept despite their key (policy "keep"); logs the decision, and moves
+    shards that are not reused aside."""
+    name = f"{out.parent.name}/{out.name}"
+    exists = out.is_dir() and any(out.glob("*.safetensors"))
+    if reuse.log.decide("shards", name, out, key, exists) or not exists:
+        return False
+    if reuse.policy == "keep":
+        stored = stored_key(out)
+        reuse.log.keep("shards", name, f"kept by --reuse-shards keep: same settings and LM, collected by code "
+                                       f"version {stored['code']}" if only_code_differs(stored, key)
+                       else "kept by --reuse-shards keep although its key differs or is missing")
+        return True
+    reuse.log.annotate("shards", name, f"the old shards moved to {set_aside(out).name}")
+    return False
 
 
 def set_aside(directory: Path) -> Path:
@@ -74,10 +92,13 @@ def set_aside(directory: Path) -> Path:
     return directory.rename(aside)
 
 
-def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, **kwargs):
-    """`sizes` = problem counts of train, validation[, evaluation], collected into root/train, root/val, root/eval."""
+def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, *,
+                   elicitation: ElicitationSettings | None = None, reuse: ShardReuse | None = None):
+    """`sizes` = problem counts of train, validation[, evaluation], collected into root/train, root/val, root/eval
+    (`elicitation`, `reuse`: as in `collect_problems`)."""
     for (split, name), count in zip((("train", "train"), ("validation", "val"), ("evaluation", "eval")), sizes):
-        collect_problems(model, tokenizer, split, count, root / name, cfg, num_samples, **kwargs)
+        collect_problems(model, tokenizer, split, count, root / name, cfg, num_samples, elicitation=elicitation,
+                         reuse=reuse)
 
 
 def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = None, log: ReuseLog | None = None,

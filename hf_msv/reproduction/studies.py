@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..elicitation import ElicitationSettings
 from .config import training_config
 from .context import ReproductionContext, seed_specs
 from .paper import CHECKER_KWARGS, MASKS
@@ -94,8 +95,9 @@ def delimiters_study(ctx: ReproductionContext) -> dict:
     MSV_N, against the main (``Wait``) study's: streaming AUTC over tokens and answers per sequence."""
     cfg, n = ctx.config, ctx.config.delimiter_n
     dk = ctx.work_dir / "data-every-k"
-    collect_splits(ctx.model, ctx.tokenizer, dk, cfg, cfg.delimiter_samples, cfg.delimiter_sizes, delimiters=[],
-                   every_k_tokens=cfg.every_k_tokens, **ctx.collect_kwargs)
+    collect_splits(ctx.model, ctx.tokenizer, dk, cfg, cfg.delimiter_samples, cfg.delimiter_sizes,
+                   elicitation=ElicitationSettings(delimiters=(), every_k_tokens=cfg.every_k_tokens),
+                   reuse=ctx.shard_reuse)
     vs = {}
     for name, kind, m in (("Probe", "probe", 1), ("MSV_1", "msv", 1), (f"MSV_{n}", "msv", n)):
         vs[name] = seed_specs({"streaming": ctx.train(dk / "train", f"everyk-{kind}{m}",
@@ -120,7 +122,7 @@ def grouping_study(ctx: ReproductionContext) -> dict:
     if cfg.grouping_problems:
         gdir = ctx.work_dir / "data-n{}".format(cfg.grouping_samples) / "eval"
         collect_problems(ctx.model, ctx.tokenizer, "evaluation", cfg.grouping_problems, gdir, cfg,
-                         cfg.grouping_samples, problem_seed=1, **ctx.collect_kwargs)
+                         cfg.grouping_samples, problem_seed=1, reuse=ctx.shard_reuse)
     else:
         gdir = ctx.main_data() / "eval"
     vs = {k: ctx.specs(k, ("streaming",)) for k in ("Probe", "MSV_1", f"MSV_{m}")}
@@ -157,7 +159,7 @@ def training_size_study(ctx: ReproductionContext) -> dict:
     more = ctx.work_dir / "data-more-train" / "train"
     if max(cfg.training_sizes) > cfg.train_problems:
         collect_problems(ctx.model, ctx.tokenizer, "train", max(cfg.training_sizes), more, cfg, cfg.num_samples,
-                         first=cfg.train_problems, **ctx.collect_kwargs)
+                         first=cfg.train_problems, reuse=ctx.shard_reuse)
     # Every size's fits are queued first, so that a size is evaluated while the larger ones still train (with
     # --train-workers the largest sizes' fits take hours on 2 cores; their evaluations no longer wait in line).
     verifiers = {k: _size_verifiers(ctx, k, more) for k in cfg.training_sizes}

@@ -11,7 +11,7 @@ import math
 __all__ = ["stat_mean", "best_method", "best_bon_baseline", "main_summary", "autc_row", "grouping_summary",
            "size_row", "VOTE_TOLERANCE", "vote_check_rows"]
 
-# How far below the vote's evaluation AUROC an MSV fit may be and still count as "at the vote" (issue #14).
+# How far below the vote's evaluation AUROC an MSV fit may be and still count as "at the vote".
 VOTE_TOLERANCE = 0.005
 # The vote each setting compares against: self-consistency on terminal answers, each sequence's latest answer when
 # streaming (what the MSV's γ feature is); both computed with the evaluation's own equivalence classes.

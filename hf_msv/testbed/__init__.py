@@ -1,22 +1,16 @@
-"""The testbed: a small synthetic reasoning LM trained by hf_msv, shipped as the embedded default.
+"""The testbed: a small synthetic reasoning LM trained by hf_msv, shipped as the default LM of the demo and tests.
 
-Nothing that can really solve math loads on a CPU-only machine without the Hub, so hf_msv ships its own *testbed*:
-a ~1M-parameter character-level ``LlamaForCausalLM`` trained from scratch (on 2 CPU cores) on synthetic multi-step
-arithmetic word problems (:mod:`hf_msv.testbed.task_v2`). Its sampled traces look like a reasoning model's (steps,
-``Wait`` re-checks that mostly confirm and sometimes fix or break the answer, a length cap that cuts long chains, a
-final ``### Final Answer ### \\boxed{}``), mix correct and wrong answers, and answer the elicitation prompt at any
-``Wait``. It is a testbed for verifiers and early stopping, **not** a math model: its numbers say nothing about real
-LMs on real benchmarks.
+A ~0.9 M-parameter character-level ``LlamaForCausalLM`` trained from scratch on CPU on synthetic arithmetic word
+problems (:mod:`.task_v2`), whose traces look like a reasoning model's (steps, ``Wait`` re-checks, a length cap, a
+boxed final answer) and mix right and wrong answers. A testbed for verifiers and early stopping, not a math model.
 
     from hf_msv.testbed import load_testbed_lm, generate_problems, format_prompt
     model, tokenizer = load_testbed_lm()
     problems = generate_problems("evaluation", 448)
 
-The default task is testbed v2 (issue #17; its LM in ``hf_msv/testbed/lm-v2``, retrained with ``python -m
-hf_msv.testbed.train_lm --no-bf16 --output-dir hf_msv/testbed/lm-v2``). The first testbed, v1
-(:mod:`hf_msv.testbed.task`, LM in ``hf_msv/testbed/lm``), stays loadable for comparison:
-``load_testbed_lm(task="v1")``, ``load_lm("testbed-v1")``, problem specs ``testbed-v1:<split>:<n>``; :mod:`.tasks`
-maps the names.
+``testbed`` (alias ``testbed-v2``) names the default LM in ``hf_msv/testbed/lm-v2``; ``testbed-v1`` the first
+testbed's (:mod:`.task`, ``hf_msv/testbed/lm``). :mod:`.tasks` maps the names, :mod:`.registration` registers them
+with :mod:`hf_msv.registry`, :mod:`.train_lm` retrains an LM. Design, statistics and limits: ``docs/testbed.md``.
 """
 
 from __future__ import annotations
@@ -66,6 +60,10 @@ def load_testbed_lm(device="cpu", dtype=None, task: str = DEFAULT_TASK):
     Plain ``AutoModelForCausalLM`` / ``AutoTokenizer`` loads of the task's LM directory (:data:`TESTBED_LM_DIR` for
     the default, ``"v2"``; :data:`TESTBED_V1_LM_DIR` for ``"v1"``; no remote code). The tokenizer prepends
     ``<bos>``, pads on the left, and encodes the delimiter ``Wait`` as a single token.
+
+    Raises:
+        ValueError: an unknown ``task``.
+        FileNotFoundError: the task's LM directory has no checkpoint (the message says how to train one).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

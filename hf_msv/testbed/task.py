@@ -1,29 +1,12 @@
-"""Synthetic multi-step arithmetic reasoning task for the testbed LM.
+"""Testbed v1: the first testbed's arithmetic word problems and noisy-solver traces, and what both tasks share.
 
-A problem is a short word problem: a start value followed by 2-4 operations (``+k``, ``-k``, ``*2``, ``*3``) whose
-intermediate values stay in ``[0, max_value]``. Its *canonical form* (start value and operation list; the wording is
-not part of it) is hashed to decide its split, so a problem can never be in two of ``train`` / ``validation`` /
-``evaluation``, whatever seed or wording generated it.
-
-Training traces mimic a reasoning model's chain of thought::
-
-    Q: Ann has 23 coins. She gets 8 more. She loses 5. They double. How many?
-    A: 23+8=21. 21-5=16. 16*2=32. So 32. Wait, 21-5=16 ok, so 32. Wait, 23+8=21 no, 31. 31-5=26. 26*2=52. So 52.
-    ### Final Answer ### \\boxed{52}
-
-Each step is computed by a *noisy solver*: steps with a carry / borrow are wrong with a fixed probability (a
-systematic "forgot the carry" error), any step can be off by one or two. After the first pass, 1-4 ``Wait``
-re-checks each recompute one step: with probability ``target_prob`` the first not yet re-checked step that has a
-carry or borrow (the risky steps, a cue in the text the LM can learn to follow), else a random one; a re-check fixes
-a wrong step with probability ``fix_prob`` and breaks a correct one with probability ``break_prob``, and a changed
-step is followed by redoing the later steps. (Targeting the first *wrong* step instead, ``target="wrong"``, makes
-better training traces but an oracle the LM cannot imitate: an LM trained that way re-checked at random and its
-answers at a ``Wait`` were as accurate as its final ones.) Every segment ends
-by restating the answer it stands at (``So 52.`` / ``ok, so 32.``), as reasoning models do before re-checking. So an
-answer at a ``Wait`` is informative but not final (later answers are more often right: the streaming signal), and
-sampled traces mix correct and wrong answers. The LM trained on these
-traces reproduces the noise (plus its own capacity errors); that is what makes it a useful testbed for verifiers, not
-a math model.
+A problem is a start value and 2-4 operations (``+k``, ``-k``, ``*2``) whose values stay in ``[0, max_value]``; its
+canonical form (start value and operations, not the wording) is hashed to its split (:func:`split_of`), so a problem
+is never in two of ``train`` / ``validation`` / ``evaluation``. :func:`generate_problems` draws problems,
+:func:`make_trace` / :func:`make_trace_parts` write a trace (steps, ``Wait`` re-checks that restate the answer, a
+boxed final answer line), :func:`make_elicitation_example` a trace cut where an answer is elicited;
+:func:`format_prompt` is the prompt of both tasks. Knobs: :class:`TaskKnobs`. How the traces are written and what the
+LM trained on them shows: ``docs/testbed.md``.
 """
 
 from __future__ import annotations
@@ -47,7 +30,6 @@ _ITEMS = ["coins", "apples", "cards", "books", "shells", "stamps", "pens", "eggs
 _ADD = ["{p} gets {k} more.", "{p} finds {k}.", "{p} buys {k}.", "Add {k}."]
 _SUB = ["{p} loses {k}.", "{p} sells {k}.", "{p} eats {k}.", "Take {k} away."]
 _MUL = {2: ["{p} doubles them.", "They double."], 3: ["{p} triples them.", "They triple."]}
-_SYM = {"+": "Add {k}.", "-": "Subtract {k}.", "*": "Multiply by {k}."}
 
 
 @dataclass(frozen=True)
@@ -61,7 +43,6 @@ class TaskKnobs:
     max_value: int = 99  # every intermediate value stays in [0, max_value]
     ops: str = "+-*"
     mul_factors: tuple = (2,)  # multipliers of "*" steps
-    templates: str = "natural"  # "natural" (word problems) or "symbolic"
     # noisy solver (training traces only)
     carry_error: float = 0.4  # P(forget the carry) on an addition that has one
     borrow_error: float = 0.75  # P(forget the borrow) on a subtraction that has one
@@ -69,15 +50,11 @@ class TaskKnobs:
     slip_error: float = 0.04  # P(off by 1 or 2) on any step
     fix_prob: float = 0.85  # P(a re-check fixes a wrong step)
     break_prob: float = 0.03  # P(a re-check breaks a correct step)
-    target: str = "carry"  # what a targeted re-check goes to: "carry" (the first unchecked step with a carry or
-    # borrow, a cue the LM can see) or "wrong" (the first wrong step: an oracle the LM cannot imitate)
-    target_prob: float = 0.8  # P(a re-check is targeted, when it has a target); else a random step
+    # P(a re-check goes to the first step not yet re-checked that has a carry or borrow, a cue the LM can see);
+    # else to a random step
+    target_prob: float = 0.8
     wait_counts: tuple = (1, 2, 3, 4)
     wait_weights: tuple = (0.25, 0.35, 0.25, 0.15)
-
-    def __post_init__(self):
-        if self.target not in ("carry", "wrong"):
-            raise ValueError(f"target must be 'carry' or 'wrong', got {self.target!r}")
 
 
 def canonical(start: int, ops: list[tuple[str, int]]) -> str:
@@ -122,8 +99,6 @@ def _sample_chain(rng: random.Random, kn: TaskKnobs) -> tuple[int, list[tuple[st
 
 
 def _question(rng: random.Random, start: int, ops: list[tuple[str, int]], kn: TaskKnobs) -> str:
-    if kn.templates == "symbolic":
-        return f"Start at {start}. " + " ".join(_SYM[o].format(k=k) for o, k in ops) + " Result?"
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
     p = _PRONOUN[name]
     parts = [f"{name} has {start} {item}."]
@@ -138,7 +113,7 @@ def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Proble
     """``n`` distinct problems of ``split`` (deterministic in ``seed`` and the knobs).
 
     Knobs (see :class:`TaskKnobs`): ``min_steps``, ``max_steps``, ``max_start``, ``max_operand``, ``max_value``,
-    ``ops``, ``templates`` (the noisy-solver knobs only matter for :func:`make_trace`).
+    ``ops``, ``mul_factors`` (the noisy-solver knobs only matter for :func:`make_trace`).
     """
     kn = TaskKnobs(**knobs)
 
@@ -247,10 +222,7 @@ def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tupl
     n_wait = rng.choices(kn.wait_counts, weights=kn.wait_weights)[0]
     checked = set()  # steps re-checked since they were last written
     for _ in range(n_wait):
-        if kn.target == "wrong":
-            targets = [j for j, (op, k) in enumerate(ops) if vals[j + 1] != apply_op(vals[j], op, k)]
-        else:
-            targets = [j for j, (op, k) in enumerate(ops) if j not in checked and _has_carry(vals[j], op, k)]
+        targets = [j for j, (op, k) in enumerate(ops) if j not in checked and _has_carry(vals[j], op, k)]
         i = targets[0] if targets and rng.random() < kn.target_prob else rng.randrange(len(ops))
         checked.add(i)
         op, k = ops[i]
@@ -314,4 +286,4 @@ def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> t
     return prefix, sep + ELICITATION_PROMPT, "{" + answer + "}"
 
 
-GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors", "templates")
+GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors")

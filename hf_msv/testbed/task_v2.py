@@ -1,120 +1,16 @@
-"""Testbed v2: an arithmetic task whose noisy-solver traces carry a per-chain correctness signal (issue #17).
+"""Testbed v2: arithmetic word problems and the noisy solver that writes their reasoning traces.
 
-Same public shape as :mod:`hf_msv.testbed.task` (``generate_problems``, ``format_prompt``, ``make_trace``,
-``make_trace_parts``, ``make_elicitation_example``, a frozen knobs dataclass) and the same split hashing
-(:func:`~hf_msv.testbed.task.split_of` of the canonical form), under its own source name ``testbed-arith-v2``.
-:func:`sample_trace` returns the whole :class:`TraceV2` (pieces, greedy elicited answers and their probabilities) for
-benchmarks and tests. A problem is a start value and 3-6 operations (``+k``/``-k`` with ``k`` up to 15, ``*2``/``*3``)
-whose values stay in ``[0, 99]``, and, in 60 % of problems, one irrelevant clause (``2 of them are red.``) that does not
-change the answer::
+A problem is a start value and 3-6 operations (``+k``/``-k``, ``*2``/``*3``) with values in ``[0, 99]``, and in
+60 % of problems one irrelevant clause (``2 of them are red.``). :func:`generate_problems` draws problems by split
+(the canonical-form hashing of :func:`hf_msv.testbed.task.split_of`, source ``testbed-arith-v2``);
+:func:`sample_trace` writes one trace (a :class:`TraceV2` of :class:`Piece` s with every piece's elicited answer and
+its probability); :func:`make_trace`, :func:`make_training_trace` and :func:`make_elicitation_example` are what
+sampling and LM training see; :func:`answer_distribution` is the elicitation rule's exact answer distribution;
+:func:`trace_errors` / :func:`error_rates` count where a trace (the writer's or an LM's) departs from its problem.
+Knobs: :class:`TaskKnobsV2` (validated by :func:`knobs_v2`).
 
-    Q: Dee has 38 shells. Times 2. Gets 17. 2 of them are red. Gives 14 away. How many?
-    A: 38*2=76. 76+17=93. 93-2=92. 92-14=78. So 78. Wait, the red ones still count. 93-14=79. Wait, 93-14=79?
-    yes. So 79. Wait, 76+17=93? yes. Wait, 38*2=76? yes. Wait, 93-14=79? yes.
-    ### Final Answer ### \\boxed{79}
-
-The operands are those of the v1 task (two-digit values, one-digit factors): an LM of the v1 recipe learns that
-arithmetic on 2 CPU cores, which it did not with three-digit values and factors up to 9 (the first v2 defaults:
-pass@1 0.088 after the same 2,800 steps, the sums wrong and the layout right). Difficulty comes from the chain's
-length, its carries and borrows, the irrelevant clause and the re-check policy instead.
-
-The default error rates are those of the trace *writer*; the LM trained on its traces adds errors of its own (false
-equations, and losing its place in the operations: ``benchmarks/testbed_quality.py --task v2``), so the writer sits
-at the top of the target band (pass@1 0.61, ``benchmarks/testbed_v2_design.py``) for the LM to land in it (0.32):
-chains of at most 6 operations, operands up to 15 and the per-carry rates below are what the 0.87 M-parameter LM
-learns in 2,800 steps (with 8 operations, operands up to 20 and the first rates it reached pass@1 0.08).
-``overthink_prob`` 0.85 gives >= 6 elicited answers per sequence (writer 7.4, LM 6.6); ``guess_prob`` 0.55 puts
-the first elicited answer of most chains on a mental guess, 19 pp below the terminal accuracy at the LM (at 0.35:
-8 pp, short of issue #17's 10).
-
-Every mechanism mirrors a documented behaviour of real reasoning LMs (none is tuned to a verifier's numbers):
-
-* **Knowable difficulty; errors from the solver's own uncertainty.** A step goes wrong by dropping a carry /
-  borrow (the systematic "forgot the carry") or by a last-digit slip; the drop rate grows with what is carried
-  (carrying 7 in ``49*9`` is harder than 1; a borrow across a zero is 4x as error-prone, the classic procedural bug
-  of Brown & Burton 1978), so a step's error probability (:func:`step_risk`) is a function of digits the LM reads,
-  and a problem's of its length and operands. Real LMs' accuracy falls with the number of steps and operand size
-  (Dziri et al. 2023, "Faith and Fate"; Mirzadeh et al. 2024, GSM-Symbolic), and their hidden states encode how
-  likely they are to be right (Kadavath et al. 2022; the paper's Probe, after Zhang et al. 2025 "Reasoning models
-  know when they're right", reaches AUROC 0.946 at N = 1 on AIME).
-* **A consistent misreading that checking does not catch.** A chain subtracts the irrelevant clause's number
-  with a probability set by its wording (``distractor_take``: "broken" 0.8, "old" 0.5, "red" 0.25); re-checks verify
-  the arithmetic, not the reading, and only rarely (``reconsider_prob``) question it, in either direction. Models
-  take relevant-looking but irrelevant clauses into account, consistently (Mirzadeh et al. 2024, GSM-NoOp), so the
-  majority is wrong on such problems while some chains are right, as self-consistency fails on hard problems while
-  coverage keeps growing (Brown et al. 2024, "Large Language Monkeys").
-* **Saying why** (``say_reading_prob``, off by default: an experiment for issue #17). A chain that takes the clause
-  names it where it subtracts it: `` 2 red: 93-2=92.``. Models that fall for GSM-NoOp's clauses say so in their
-  reasoning (Mirzadeh et al. 2024's failure examples write out the subtraction of the smaller kiwis with its reason), so
-  the misreading is in the text. Why here: the shipped LM does not hedge an answer whose chain took the clause, which
-  its writer's self-evaluation does (``benchmarks/elicitation_fidelity.py``: mean probability of the terminal answer
-  0.769 taken vs 0.765 left, the writer 0.766 vs 0.852; on ``--seed 3``'s problems it does hedge, 0.731 vs 0.778);
-  unnamed, seeing the misreading means matching a step's operand with the question's clause, named it is one word of the
-  chain. Trained with it at 1.0 (seeds 0 / 1) the LM hedges a little (0.655 / 0.670 taken vs 0.691 / 0.704 left) and its
-  screened Token-Probs is 0.680 / 0.682 (fp32 default-writer twins 0.648 / 0.626; paired +0.044 [+0.008, +0.077]),
-  short of 0.70, with a majority right more often (0.771 at seed 0): not the default (README, issue #17). With
-  ``train_lm --soft-elicitation`` too (seeds 0-3): 0.727 / 0.664 / 0.709 / 0.649; the six named seeds average 0.685
-  against 0.648 for five unnamed fp32 CPU LMs (one of them, seed 2, at 0.689), and they hedge a taken clause on their
-  own chains about half as the writer does.
-* **Strategies of different reliability.** With probability ``guess_prob`` a chain opens with a one-line mental
-  guess (``About 81.``: the whole chain "in the head", ``mental_factor`` x the per-carry error) and, unless it is
-  confident in it, then works step by step; step-by-step work is more reliable than a direct answer (Wei et al.
-  2022, chain of thought; without intermediate steps LMs fail multi-digit arithmetic: Dziri et al. 2023, hence
-  the large ``mental_factor``), and reasoning LMs often state a tentative answer early and then check it.
-* **Answers computed at elicitation, not copied.** Only a finished pass or a fix restates the answer (``So X.``);
-  a confirming re-check does not. Cut in the middle of a pass, the elicited answer is *derived*: the remaining
-  operations done mentally from the last written value, so it is less accurate and its probability spread. At a
-  stated answer the elicitation copies it, but with probability ``min(0.45, doubt + unease)`` (the chain's doubt
-  and self-evaluation, below) answers a fresh mental recomputation instead, so the elicited answer's probability
-  is the chain's confidence. The paper elicits intermediate answers at a ``Wait`` anywhere in the reasoning
-  (Sec. 3.1); early ones are less accurate than late ones, and trial answers are confident when the reasoning is
-  (Yang et al. 2025, DEER; Zhang et al. 2025).
-* **Self-evaluation at elicitation.** Asked for its answer, the chain weighs its own work: the hedge above grows by
-  ``self_check`` per step that stands wrong in the chain (a slip it did not fix: a persisting re-check or none at
-  all) and by ``self_check x (1 - distractor_take)`` when it took the irrelevant clause (an unusual reading of
-  its wording), so ``P(stated answer) = 1 - min(0.45, doubt + unease)``. LMs evaluate their own samples with
-  calibrated confidence (Kadavath et al. 2022, "Language models (mostly) know what they know"), their internal
-  states encode errors their text does not fix (Orgad et al. 2024, "LLMs know more than they show"), and
-  reasoning LMs' hidden states predict their answers' correctness (Zhang et al. 2025): a real LM's Token-Probs
-  reaches AUROC 0.90 at N = 1 on AIME (the paper), which confidence from visible step difficulty alone did not
-  give here (the writer's own answer probabilities: AUROC 0.67 without self-evaluation, 0.94 with it at 0.3).
-  A misreading of a tempting wording stays confident, as in GSM-NoOp. The shipped 0.87 M-parameter LM learns
-  little of this (it cannot tell a false equation it wrote from a true one: see ``hf_msv/testbed/lm-v2/README.md``).
-* **Waits mid-computation, after the solver's own doubt.** Right after writing a step, the solver re-checks it at
-  once with probability ``notice_prob`` when the step is wrong and ``false_alarm`` x its risk when right: an LM that
-  sampled its less likely digit has the evidence in its own distribution, and reasoning LMs' "Wait"/"hmm" cluster
-  at high-uncertainty tokens (Wang et al. 2025, "Beyond the 80/20 rule").
-* **Written verification by the inverse operation** (``check_prob``, off by default: an experiment for issue #17,
-  whose shipped LM is trained without it). Right after a ``+`` / ``-`` step the solver undoes it in writing,
-  ``76+17=93. (93-17=76)``, computing the inverse as carefully as a step; a result other than the value the step
-  started from is a mismatch a reader sees, and the solver re-checks the step at once (the immediate ``Wait`` of the
-  bullet above, now on visible evidence; a passing check confirms the step's doubt as a re-check does). A dropped
-  carry undone with a dropped borrow comes back to the start: a consistent misconception passes its own check.
-  Reasoning LMs verify intermediate results, by substitution and backward checks among them (Weng et al. 2023,
-  "Large language models are better reasoners with self-verification"; Gandhi et al. 2025, "Cognitive behaviors
-  that enable self-improving reasoners": verification is one of the four habits). Why here: the shipped 0.87 M LM
-  cannot tell a false equation it wrote from a true one (Wait after a false step 8 %, its writer 45 %), so every
-  writer mechanism conditioned on a slip is lost on it; a written inverse turns noticing into comparing two numbers.
-  With ``check_prob`` 1 the traces are longer: ``max_trace_tokens`` 320 keeps the cap and answer-count rows in
-  their bands (``benchmarks/testbed_v2_design.py``).
-* **Re-checking until confident; reflections mostly confirm.** After the pass, the chain's doubt is
-  ``1 - prod(1 - d_i)`` over its steps (``d_i``: the step's risk, x ``confirm_factor`` per confirmation,
-  ``conflict_doubt`` after a disagreement); the solver re-checks its most doubtful step while the doubt exceeds
-  ``confident_doubt``, and even when confident with probability ``overthink_prob`` (reasoning LMs over-verify easy
-  problems: Chen et al. 2024, "Do NOT think that much for 2+3=?"). A re-check of a wrong step repeats the same slip
-  with probability ``persist_prob`` (LLMs rarely self-correct their reasoning: Huang et al. 2024), else recomputes
-  at ``recheck_factor`` x the error rate; so most re-checks confirm, some fix, a few break (Kang et al. 2025,
-  "First try matters": reflections are mostly confirmatory). A fix redoes the later steps and opens a conflict, so
-  wrong chains re-check more and run longer (incorrect responses of o1-like / R1 models are longer: Chen et al.
-  2024; Wang et al. 2025, "Thoughts are all over the place"; Hassid et al. 2025, "Don't overthink it").
-* **A length cap that binds.** Sampling stops at ``max_trace_tokens`` (char-level tokens, ``Wait`` is one): the
-  paper caps outputs at 4096 tokens (App. C), where the long, unconfident chains of hard problems are cut, so "did
-  it finish" is visible and a cut chain's terminal answer is elicited mid-reasoning. Beyond the cap the re-check
-  loop also stops after ``max_rechecks`` (the solver gives up).
-
-Prompt (<= ~150 characters) + capped trace (272) + elicitation (~40) fit in ~460 positions (an LM's context:
-:meth:`hf_msv.testbed.tasks.TestbedTask.context`). ``make_trace`` returns the capped text (a cut trace has no final
-line: train on it without EOS); ``sample_trace(...).text`` is the solver's whole text.
+The writer's mechanisms, the real-LM behaviour each one mirrors and the statistics of the shipped LM trained on its
+traces: ``docs/testbed.md``.
 """
 
 from __future__ import annotations
@@ -135,7 +31,7 @@ SOURCE = "testbed-arith-v2"
 __all__ = [
     "DELIMITER", "GEN_KNOBS", "MAX_HEDGE", "SOURCE", "SPLITS", "Equation", "Piece", "TaskKnobsV2", "TraceV2",
     "answer_distribution", "carry_positions", "elicited_answer", "error_rates", "false_equations", "format_prompt",
-    "generate_problems", "knobs_v2", "make_elicitation_example", "make_soft_elicitation_example", "make_trace",
+    "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace",
     "make_trace_parts", "make_training_trace", "sample_elicited_answer", "sample_trace", "step_risk", "trace_errors",
     "trace_tokens", "written_equations",
 ]
@@ -163,13 +59,11 @@ class TaskKnobsV2:
     mental_factor: float = 5.5  # a guess or a derived answer: per-carry errors times this (capped at 0.9)
     guess_prob: float = 0.55  # P(the chain opens with a one-line mental guess)
     notice_prob: float = 0.45  # P(an immediate Wait after a wrong step)
-    check_prob: float = 0.0  # P(a written + / - step is checked at once by its inverse: " 76+17=93. (93-17=76)")
     false_alarm: float = 0.5  # P(an immediate Wait after a right step) = false_alarm * the step's risk
     recheck_factor: float = 0.3  # a re-check's error rate relative to the first computation
     persist_prob: float = 0.5  # P(a re-check of a wrong step repeats the same slip: the error is systematic)
     distractor_take: tuple = (0.8, 0.5, 0.25)  # P(a chain subtracts the irrelevant number), per wording
     reconsider_prob: float = 0.08  # P(a re-check questions the reading of the irrelevant clause instead)
-    say_reading_prob: float = 0.0  # P(a chain names the clause where it subtracts it: " 2 red: 93-2=92.")
     confirm_factor: float = 0.35  # a confirmed step's doubt is multiplied by this
     conflict_doubt: float = 0.5  # the doubt of a step whose re-check disagreed with it
     confident_doubt: float = 0.2  # re-check while the chain's doubt is above this
@@ -401,8 +295,7 @@ class Piece:
     from it: none, the answer is stated and an elicitation copies it; some, they are done mentally (derived)."""
 
     text: str
-    kind: str  # "guess", "step", "verify" (an inverse check), "so", "check" (a re-check that confirms), "fix" (one
-    # that disagrees), "reread"
+    kind: str  # "guess", "step", "so", "check" (a re-check that confirms), "fix" (one that disagrees), "reread"
     value: int
     rest: tuple
     wait: bool = False  # the piece opens a segment with the delimiter
@@ -417,8 +310,7 @@ class Piece:
 
 class Equation(NamedTuple):
     """One equation written in a v2 trace: ``a op k = result``; ``checked`` for a re-check (``a op k = result?``),
-    whose ``fix`` is the value it replaces ``result`` with (``? no, fix.``; None when it confirms); ``inverse`` for
-    a step's inverse check (``(result op' k = a')``, :attr:`TaskKnobsV2.check_prob`)."""
+    whose ``fix`` is the value it replaces ``result`` with (``? no, fix.``; None when it confirms)."""
 
     a: int
     op: str
@@ -426,29 +318,28 @@ class Equation(NamedTuple):
     result: int
     checked: bool
     fix: int | None
-    inverse: bool = False
 
     @property
     def true(self) -> bool:
         return apply_op(self.a, self.op, self.k) == self.result
 
 
-_EQUATION = re.compile(r"(\()?(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
+_EQUATION = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
 
 
 def written_equations(text: str) -> list[Equation]:
     """The equations of a v2 trace (the solver's or an LM's) in order, as a reader parses them."""
-    return [Equation(int(a), op, int(k), int(r), bool(q), int(f) if f else None, bool(c))
-            for c, a, op, k, r, q, f in _EQUATION.findall(text)]
+    return [Equation(int(a), op, int(k), int(r), bool(q), int(f) if f else None)
+            for a, op, k, r, q, f in _EQUATION.findall(text)]
 
 
 def false_equations(text: str) -> int:
-    """Written steps ``a op k = c`` (not the ``?`` re-checks nor the inverse checks) that are arithmetically false."""
-    return sum(not (e.checked or e.inverse) and not e.true for e in written_equations(text))
+    """Written steps ``a op k = c`` (not the ``?`` re-checks) that are arithmetically false."""
+    return sum(not e.checked and not e.true for e in written_equations(text))
 
 
-# a written step, its inverse check if any (check_prob), and a Wait right after them
-_STEP_THEN = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)\.(?: \(-?\d+[+-]\d+=(-?\d+)\))?\s*(Wait)?")
+# a written step and a Wait right after it
+_STEP_THEN = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)\.\s*(Wait)?")
 
 
 def trace_errors(texts: list[str], problem: Problem) -> Counter:
@@ -456,13 +347,9 @@ def trace_errors(texts: list[str], problem: Problem) -> Counter:
     ``a op k = c`` (not the ``?`` re-checks) that are false, split by whether the step has a carry / borrow
     (``false_plain`` / ``eqs_plain``, ``false_carry`` / ``eqs_carry``); equations whose ``op k`` is in neither the
     question nor its irrelevant clause (``operand_misreads``); first-pass equations that do not start from the value
-    written before (``copy_slips`` / ``first_pass_eqs``); final boxes that differ from the last ``So X.``; how often
-    a written step is followed at once by ``Wait`` (after its inverse check, if any), for false and for true steps
-    (``wait_after_false`` / ``steps_false``: does the writer notice its own slips?); and the inverse checks
-    ``(c op' k = a')`` that are false, after a false / true step those that do not come back to ``a``
-    (``check_mismatch_false`` / ``checked_false``: a slip revealed), and how often a Wait follows a check that does
-    not / does come back (``wait_after_mismatch`` / ``checks_mismatch``: a revealed slip acted on).
-    :func:`error_rates` turns them into rates."""
+    written before (``copy_slips`` / ``first_pass_eqs``); final boxes that differ from the last ``So X.``; and how
+    often a written step is followed at once by ``Wait``, for false and for true steps (``wait_after_false`` /
+    ``steps_false``: does the writer notice its own slips?). :func:`error_rates` turns them into rates."""
     ops = {(op, int(k)) for op, k in problem.meta["ops"]}
     if problem.meta.get("distractor"):
         ops.add(("-", int(problem.meta["distractor"][1])))
@@ -470,8 +357,6 @@ def trace_errors(texts: list[str], problem: Problem) -> Counter:
     for text in texts:
         prev = problem.meta["start"]
         for e in written_equations(text.split(" So ")[0]):  # the first pass
-            if e.inverse:  # checks a step; the pass goes on from its result
-                continue
             if not e.checked:
                 c["first_pass_eqs"] += 1
                 c["copy_slips"] += e.a != prev
@@ -479,24 +364,15 @@ def trace_errors(texts: list[str], problem: Problem) -> Counter:
             elif e.fix is not None:  # "Wait, a op k = r? no, x.": the pass goes on from x
                 prev = e.fix
         for e in written_equations(text):
-            if e.inverse:
-                c["inverse_checks"] += 1
-                c["false_inverse_checks"] += not e.true
-            elif not e.checked:
+            if not e.checked:
                 carry = bool(carry_positions(e.a, e.op, e.k)) if 0 <= e.a <= 999 else True
                 c["eqs_carry" if carry else "eqs_plain"] += 1
                 c["false_carry" if carry else "false_plain"] += not e.true
                 c["operand_misreads"] += (e.op, e.k) not in ops
-        for a, op, k, r, back, wait in _STEP_THEN.findall(text):
+        for a, op, k, r, wait in _STEP_THEN.findall(text):
             kind = "true" if apply_op(int(a), op, int(k)) == int(r) else "false"
             c[f"steps_{kind}"] += 1
             c[f"wait_after_{kind}"] += bool(wait)
-            if back:  # its inverse check: does it come back to the value the step started from?
-                seen = "mismatch" if int(back) != int(a) else "match"
-                c[f"checked_{kind}"] += 1
-                c[f"check_mismatch_{kind}"] += seen == "mismatch"
-                c[f"checks_{seen}"] += 1  # and is a mismatch acted on?
-                c[f"wait_after_{seen}"] += bool(wait)
         so, box = re.findall(r"So (-?\d+)\.", text), re.findall(r"\\boxed\{([^}]*)\}", text)
         if so and box:
             c["finished_with_so"] += 1
@@ -514,12 +390,7 @@ def error_rates(c: Counter) -> dict:
             "operand_misread": rate("operand_misreads", "eqs"), "copy_slip": rate("copy_slips", "first_pass_eqs"),
             "box_differs_from_so": rate("box_differs_from_so", "finished_with_so"),
             "wait_after_false": rate("wait_after_false", "steps_false"),
-            "wait_after_true": rate("wait_after_true", "steps_true"),
-            "false_inverse_check": rate("false_inverse_checks", "inverse_checks"),
-            "check_mismatch_after_false": rate("check_mismatch_false", "checked_false"),
-            "check_mismatch_after_true": rate("check_mismatch_true", "checked_true"),
-            "wait_after_check_mismatch": rate("wait_after_mismatch", "checks_mismatch"),
-            "wait_after_check_match": rate("wait_after_match", "checks_match")}
+            "wait_after_true": rate("wait_after_true", "steps_true")}
 
 
 def trace_tokens(text: str) -> int:
@@ -531,7 +402,7 @@ TARGET_MOST_DOUBTFUL = 0.8  # P(a re-check goes to the most doubtful step; else 
 
 
 class _Solver:
-    """Writes one trace as a list of pieces (see the module docstring for the policy)."""
+    """Writes one trace as a list of pieces (the policy: ``docs/testbed.md``)."""
 
     def __init__(self, problem: Problem, rng: random.Random, kn: TaskKnobsV2):
         self.rng, self.kn = rng, kn
@@ -542,8 +413,6 @@ class _Solver:
         self.doubt = [0.0] * self.n
         self.pieces: list[Piece] = []
         self.reconsidered = False
-        # drawn only when on, so the default writer's stream (the shipped LM's data) stays byte-identical
-        self.says_reading = bool(self.distractor) and kn.say_reading_prob > 0 and rng.random() < kn.say_reading_prob
 
     def add(self, text, kind, i_next, **kw):
         value = self.vals[i_next] if kind != "guess" else kw.pop("value")
@@ -569,35 +438,11 @@ class _Solver:
             self.vals[i + 1], _ = _compute(self.rng, a, op, k, self.kn, 1.0)
             risk = step_risk(a, op, k, self.kn)
             self.doubt[i] = risk
-            self.add(f"{prefix}{self.reason(i)} {a}{op}{k}={self.vals[i + 1]}.", "step", i + 1,
-                     wait=prefix.startswith(" Wait"))
+            self.add(f"{prefix} {a}{op}{k}={self.vals[i + 1]}.", "step", i + 1, wait=prefix.startswith(" Wait"))
             prefix = ""
-            # check_prob 0 draws nothing, so the default writer's stream (the shipped LM's data) stays byte-identical
-            if op != "*" and self.kn.check_prob and self.rng.random() < self.kn.check_prob:
-                noticed = self.inverse_check(i)
-            else:
-                wrong = self.vals[i + 1] != apply_op(a, op, k)
-                noticed = self.rng.random() < (self.kn.notice_prob if wrong else self.kn.false_alarm * risk)
-            if noticed:
+            wrong = self.vals[i + 1] != apply_op(a, op, k)
+            if self.rng.random() < (self.kn.notice_prob if wrong else self.kn.false_alarm * risk):
                 self.recheck(i, mid=True)
-
-    def reason(self, i: int) -> str:
-        """`` 2 red:`` before step ``i`` when it subtracts the irrelevant clause and the chain says why (else "")."""
-        if not (self.says_reading and self.taken and i == self.distractor[0]):
-            return ""
-        return f" {self.distractor[1]} {_DISTRACTORS[self.distractor[2]]}:"
-
-    def inverse_check(self, i: int) -> bool:
-        """``(c op' k = a')``: step ``i`` undone, computed carefully; True when ``a'`` is not the ``a`` written
-        before it (the mismatch a reader sees). A dropped carry undone with a dropped borrow comes back to ``a``:
-        the same misconception passes its own check."""
-        (op, k), a, c = self.ops[i], self.vals[i], self.vals[i + 1]
-        inv = "-" if op == "+" else "+"
-        back, _ = _compute(self.rng, c, inv, k, self.kn, 1.0)
-        if back == a:
-            self.doubt[i] *= self.kn.confirm_factor
-        self.add(f" ({c}{inv}{k}={back})", "verify", i + 1)
-        return back != a
 
     def recheck(self, i: int, mid: bool) -> bool:
         """Recompute step ``i`` carefully; a disagreement replaces it (a fix, or a break). True if it changed."""
@@ -727,8 +572,7 @@ def sample_elicited_answer(piece: Piece, problem: Problem, rng: random.Random, *
 def answer_distribution(piece: Piece, problem: Problem, **knobs) -> dict[str, float]:
     """The exact distribution :func:`sample_elicited_answer` draws from after ``piece``: ``{answer: probability}``.
 
-    What an LM that learnt the elicitation rule perfectly would give; training on it instead of one draw
-    (``train_lm --soft-elicitation``) teaches the same rule with less noise."""
+    What an LM that learnt the elicitation rule perfectly would give (the writer's own answer probability)."""
     kn = knobs_v2(**knobs)
     if piece.rest:
         return {str(v): p for v, p in _mental_dist(piece.value, piece.rest, kn).items()}
@@ -871,19 +715,6 @@ def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> t
     20 %: the whole capped trace (the paper's terminal elicitation: finished traces keep their own final line, cut
     ones are answered from their last complete piece); 65 %: right after a random ``Wait``; else after a random
     piece. The LM trains on ``prefix`` as trace text and on ``answer`` + EOS, never on ``elicitation`` itself."""
-    prefix, elicitation, answer, _ = _elicitation_example(problem, rng, knobs)
-    return prefix, elicitation, answer
-
-
-def make_soft_elicitation_example(problem: Problem, rng: random.Random, **knobs):
-    """:func:`make_elicitation_example` (the same draws) and the distribution its answer was drawn from:
-    ``(prefix, elicitation, answer, {answer text: probability})``, answers written as ``answer`` is (``{79}``)."""
-    prefix, elicitation, answer, piece = _elicitation_example(problem, rng, knobs)
-    dist = answer_distribution(piece, problem, **knobs)
-    return prefix, elicitation, answer, {"{" + a + "}": p for a, p in dist.items()}
-
-
-def _elicitation_example(problem: Problem, rng: random.Random, knobs: dict):
     from ..answers import ELICITATION_PROMPT
 
     t = sample_trace(problem, rng, **knobs)
@@ -898,4 +729,4 @@ def _elicitation_example(problem: Problem, rng: random.Random, knobs: dict):
         j = rng.randint(1, t.capped_pieces)
         prefix, piece = "".join(p.text for p in t.pieces[:j]), elicited_answer(t.pieces, j)
     answer = "{" + sample_elicited_answer(piece, problem, rng, **knobs) + "}"
-    return prefix, sep + ELICITATION_PROMPT, answer, piece
+    return prefix, sep + ELICITATION_PROMPT, answer

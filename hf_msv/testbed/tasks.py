@@ -1,15 +1,11 @@
 """The testbed's tasks by name, so that training, loading and evaluating a testbed LM can pick one.
 
-``"v2"`` (:mod:`hf_msv.testbed.task_v2`, issue #17) is the default everywhere: knowable difficulty, guess vs
-step-by-step, re-checks until confident, a length cap, and an LM whose states carry a per-chain signal. Its LM ships
-in ``hf_msv/testbed/lm-v2`` (trained by ``python -m hf_msv.testbed.train_lm --no-bf16 --output-dir
-hf_msv/testbed/lm-v2``) and is called ``"testbed"`` (``load_lm("testbed")``, ``--model testbed``, problem specs
-``testbed:<split>:<n>``); ``"testbed-v2"`` stays an alias. ``"v1"`` (:mod:`hf_msv.testbed.task`, the first
-testbed, whose LM ships in ``hf_msv/testbed/lm``) is kept for comparison as ``"testbed-v1"``.
-
-Both task modules have the same public shape (``generate_problems``, ``format_prompt``, ``make_training_trace``,
+``"v2"`` (:mod:`hf_msv.testbed.task_v2`) is the default: its LM ships in ``hf_msv/testbed/lm-v2`` and is called
+``"testbed"`` (``load_lm("testbed")``, ``--model testbed``, problem specs ``testbed:<split>:<n>``; ``"testbed-v2"``
+is an alias). ``"v1"`` (:mod:`hf_msv.testbed.task`, LM in ``hf_msv/testbed/lm``) is ``"testbed-v1"``. Both task
+modules have the same public shape (``generate_problems``, ``format_prompt``, ``make_training_trace``,
 ``make_elicitation_example``, ``GEN_KNOBS``); a :class:`TestbedTask` adds what differs around them: the knobs
-dataclass, where the LM lives, the name ``load_lm`` and problem specs know it by, and the LM's context.
+dataclass, where the LM lives, its name and its context.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ V1_CONTEXT = 512  # v1 traces are uncapped but short (~120 tokens on average): t
 class TestbedTask:
     """One testbed task: its module, its knobs, and the testbed LM trained on it."""
 
-    name: str  # "v1" / "v2": what train_lm --task and benchmarks/testbed_quality.py --task take
+    name: str  # "v1" / "v2": what train_lm --task takes
     lm_name: str  # what `hf_msv.collect.load_lm` and problem specs (``<lm_name>:<split>:<n>``) call it
     module: ModuleType
     knobs: Callable  # knob overrides -> the task's frozen knobs dataclass (raises on an unknown or bad knob)
@@ -56,6 +52,7 @@ class TestbedTask:
         return V1_CONTEXT if cap is None else cap + _CONTEXT_BEYOND_CAP
 
     def train_command(self) -> str:
+        """The command that trains this task's LM into its directory (what a missing-LM error tells the user)."""
         return f"python -m hf_msv.testbed.train_lm --task {self.name} --output-dir {self.lm_dir}"
 
 
@@ -64,7 +61,7 @@ TASKS = {
     "v2": TestbedTask("v2", "testbed", task_v2, task_v2.knobs_v2, _HERE / "lm-v2"),
 }
 DEFAULT_TASK = "v2"  # what "testbed" names; v1 is "testbed-v1"
-# LM names (``load_lm``, problem specs) -> task names; "testbed-v2" is what v2 was called before it became the default
+# LM names (``load_lm``, problem specs) -> task names; "testbed-v2" stays an alias of the default
 TESTBED_LM_NAMES = {t.lm_name: t.name for t in TASKS.values()} | {"testbed-v2": "v2"}
 
 

@@ -1,5 +1,6 @@
 """Training MSV verifiers and Probes on collected shards: the recipe (`MSVTrainingConfig`), the training loop
-(`train_verifier`), the guard against a verifier worse than the vote, the learning-rate sweep and ``hf-msv train``."""
+(`train_verifier`), the guard against a verifier worse than the vote, the learning-rate sweep and ``hf-msv train``.
+See ``docs/training.md``."""
 
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from .cli import TrainArguments, build_train_parser, main, run_training

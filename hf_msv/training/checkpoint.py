@@ -1,13 +1,6 @@
-"""Resuming an interrupted fit: the vote cross-validation's state, saved at each of its pooled evaluations.
-
-The cross-validation that decides whether to leave the vote (`trainer.cross_validate_vote`) is most of a fit's time
-(K fold verifiers, each on (K-1)/K of the data, before the final run), and a streaming MSV_64 fit on a CPU runs for
-hours, longer than a sitting may last. So at each pooled evaluation the folds' models, optimizers, schedulers and
-positions in their batch streams are written to ``vote_cv_state.pt`` in the output directory, with the curve so far
-and the random-number generators; once the decision is made it replaces them. ``train_verifier(..., resume=True)``
-(``hf-msv train --resume``) continues from there and trains exactly what an uninterrupted fit trains: the same
-batches in the same order, the same decision, the same weights (the final run, about a quarter of a fit, starts
-again from its seed, as it would have). The file goes when the fit ends.
+"""Resuming an interrupted fit: the vote cross-validation's state (`Batches`, `save_state`, `load_state`),
+saved to ``vote_cv_state.pt`` at each pooled evaluation so that ``train_verifier(..., resume=True)`` (``hf-msv
+train --resume``) trains exactly what an uninterrupted fit trains. See ``docs/training.md``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
-"""`MSVTrainingConfig`: every setting of a training run, and `TrainingPlan`, the concrete numbers it resolves to once
-the data is known (width of the LM's hidden states, problems and samples collected).
-
-Two recipes:
-
-* ``recipe="auto"`` (default): trains at any data size. The budget is counted in optimizer steps, not epochs (each
-  pass over the data draws fresh random N-subsets of every problem's samples, so small data sets are revisited as
-  often as needed), the body learning rate is scaled to the verifier width (``3e-4 · sqrt(128 / d)`` for terminal and
-  ``1e-4 · sqrt(128 / d)`` for streaming verifiers: chosen on the 128-wide testbed, ``8.7e-5`` / ``2.9e-5`` at a 1.5B
-  LM's d = 1536, near the paper's 5e-5), the γ MLP gets its own rate (1e-2: its input layer has fan-in 1),
-  batches hold ~256 sequences, validation runs every `eval_steps`
-  steps, the best checkpoint by validation BCE is kept and training stops when validation has not improved for
-  `early_stopping_patience` evaluations. An MSV starts at calibrated voting (`gamma_skip`: an affine skip from γ to
-  the logit, set by a Platt fit of γ on the training answers, head zeroed), so step 0 *is* self-consistency.
-  Whether to leave it, and for how many steps, is decided by `vote_folds`-fold cross-validation over the training
-  problems (held-out BCE pooled over every training problem, early-stopped together): the verifier trains past the
-  vote only if the pooled gain is more than `vote_margin_se` standard errors (clustered by problem; the
-  one-standard-error rule), then on all problems for the chosen steps, and validation stays a held-out check. On
-  96 training problems a 32-problem validation set picked residuals that fit its noise (seed-5150 data: better on
-  validation, worse on evaluation, below the vote); when nothing beats the vote the verifier *is* the vote and the
-  guard says so. ``vote_folds=0`` chooses the checkpoint on validation instead (same margin).
-* ``recipe="paper"``: the paper's literal numbers (appendix "Details on Experiments"): AdamW, constant schedule,
-  body lr 5e-5, batch 64 groups, 1 epoch on terminal / 2 on streaming data, validation after every epoch, no γ skip.
-  They assume a d = 1536 verifier and far more data than a small collection; on 96 problems they make 4 optimizer
-  steps.
-
-Any field set explicitly wins over the recipe. Setting `num_epochs` trains for that many passes and evaluates after
-each one (unless `eval_steps` is given).
+"""`MSVTrainingConfig`: every setting of a training run (recipes ``"auto"``, the default, and ``"paper"``), and
+`TrainingPlan`, the concrete numbers it resolves to once the data is known (`resolve_plan`). The recipes, the
+start at the vote and its cross-validation are described in ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -253,3 +228,4 @@ def resolve_plan(config: MSVTrainingConfig, hidden_size: int, steps_per_pass: in
                         batch_size=resolve_batch_size(config), steps_per_pass=steps_per_pass,
                         max_steps=max(1, budget), eval_steps=max(1, every), early_stopping_patience=patience,
                         by_epoch=epochs is not None)
+

@@ -1,17 +1,8 @@
-"""The guard against a silently useless checkpoint: after training, the verifier is compared on validation with
-baselines computed from the same shards and the same answers.
-
-* **Self-consistency** — γ, the vote share the verifier itself receives as an input feature, Platt-calibrated on
-  validation, cross-fitted over two halves of the validation problems so that it is scored out of sample like the
-  verifier (an in-sample fit on a few hundred answers beats any out-of-sample model by its own optimism). At N = 1,
-  γ ≡ 1 and calibrated γ is the constant base-rate predictor: the guard then asks whether a single-sequence
-  verifier (Probe, MSV_1) learned anything at all.
-* **Linear probe** — a Probe-style single-sequence score: logistic regression on the mean-pooled answer hidden states,
-  fitted on (at most `MAX_PROBE_ANSWERS` answers of) the training shards.
-
-The verdict: the verifier must not be worse than calibrated self-consistency on validation Brier, and an anchored
-verifier (`MSVTrainingConfig.gamma_skip`) must not have kept its starting point, the vote itself. Otherwise one
-warning line names the numbers and the likely causes, and ``hf-msv train --strict`` exits non-zero.
+"""The guard against a silently useless checkpoint (`build_guard_report`): after training, the verifier is compared
+on the same validation answers with calibrated self-consistency (cross-fitted over two halves of the validation
+problems; at N = 1, where γ is always 1, the cross-fitted base rate) and a linear probe on mean-pooled answer states
+(`linear_probe_scores`); also the vote cross-validation's statistics (`bce_gain`, `choose_vote_departure`) and the
+Platt anchor fitted on the training answers (`training_vote_platt`). See ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -26,10 +17,12 @@ import torch
 from ..baselines import fit_platt, platt
 from ..metrics import auroc, bce_with_logits, brier, fold_by_problem, nll
 
-__all__ = ["GuardReport", "ValidationPredictions", "bce_gain", "calibrated_self_consistency", "training_vote_platt",
-           "linear_probe_scores", "pooled_answer_states", "build_guard_report"]
+__all__ = ["BASE_RATE_REFERENCE", "GuardReport", "ValidationPredictions", "bce_gain", "calibrated_self_consistency",
+           "training_vote_platt", "linear_probe_scores", "pooled_answer_states", "build_guard_report"]
 
 MAX_PROBE_ANSWERS = 20000
+# The reference at N = 1 (γ is always 1 there): calibrated γ is then a base rate, fitted on the other half.
+BASE_RATE_REFERENCE = "the base rate cross-fitted over validation halves (each half scored at the other's accuracy)"
 
 
 @dataclass
@@ -250,8 +243,9 @@ def build_guard_report(name: str, num_sequences: int, predictions: ValidationPre
     p = 1.0 / (1.0 + np.exp(-predictions.logits.astype(np.float64)))
     ours = _scores(p, y)
     _, sc = calibrated_self_consistency(predictions.gamma, y, predictions.problems)
+    # Two constants, one per half, so its AUROC need not be 0.5: it is labelled by what it computes.
     reference = ("calibrated self-consistency" if num_sequences > 1
-                 else "the base rate (calibrated γ, which is constant at N = 1)")
+                 else BASE_RATE_REFERENCE)
     probe = _scores(probe_p, y) if probe_p is not None else None
     passed = not (ours["brier"] > sc["brier"]) or math.isnan(ours["brier"])
     warning = None

@@ -1,19 +1,11 @@
-"""Training verifiers on collected shards: MSV_N and the Probe baseline.
+"""Training verifiers on collected shards: MSV_N and the Probe baseline (`train_verifier`), with the vote
+cross-validation (`cross_validate_vote`) and the guard's comparison on validation. See ``docs/training.md``.
 
     config = MSVTrainingConfig(num_sequences=16, mode="streaming")      # recipe="auto": trains at any data size
     result = train_verifier("data/train", "data/val", "verifiers/msv16", config)
     result.best_metrics["bce"], result.guard.passed, result.verifier
 
-The recipe (`hf_msv.training.config`): AdamW with per-module learning rates (MSV body, mask-mixture weights w,
-sequence embeddings e⁽ⁿ⁾; the Probe its own), the Hugging Face ``constant_with_warmup`` schedule, gradient
-clipping, mean BCE over the answers of a batch (terminal: terminal answers only), validation BCE every `eval_steps`
-steps with the best checkpoint kept (``save_pretrained`` + model card) and early stopping. After training, the guard
-(`hf_msv.training.guard`) compares the kept checkpoint on validation with calibrated self-consistency and a linear
-probe; the numbers go to ``training_log.json``, the model card and `TrainingResult.guard`, and a verifier worse than
-the vote is reported in one warning line.
-
-Runs unchanged under ``accelerate launch``: `Accelerator` prepares model, optimizer and the training DataLoader
-(the global batch is split over processes); validation is split by index and gathered.
+Runs unchanged under ``accelerate launch`` (the global batch is split over processes; validation is gathered).
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
-from ..answers import ELICITATION_PROMPT
-from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups
+from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, collection_elicitation
 from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
 from ..metrics import bce_with_logits, fold_by_problem
 from ..modeling_probe import ProbeConfig, ProbeVerifier
@@ -83,13 +74,12 @@ def _heads_for(hidden_size: int, wanted: int | None) -> int:
 
 
 def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> PreTrainedModel:
-    """A freshly initialised MSV or Probe for hidden states of width `hidden_size` collected with `info`."""
-    streaming = config.mode == "streaming"
-    provenance = dict(base_model_name_or_path=info.get("lm_name_or_path") or None,
-                      delimiters=list(info.get("delimiters") or []) if streaming else None,
-                      every_k_tokens=info.get("every_k_tokens") if streaming else None,
-                      elicitation_prompt=info.get("elicitation_prompt", ELICITATION_PROMPT),
-                      max_answer_tokens=info.get("max_answer_tokens", 40))
+    """A freshly initialised MSV or Probe for hidden states of width `hidden_size` collected with `info` (the shard
+    info: its LM and elicitation settings go into the verifier's config)."""
+    elicitation = collection_elicitation(info).replace(mode=config.mode)
+    if config.mode == "terminal":  # a terminal verifier reads the answers at the end only
+        elicitation = replace(elicitation, delimiters=(), every_k_tokens=None)
+    provenance = dict(base_model_name_or_path=info.get("lm_name_or_path") or None, elicitation=elicitation)
     if config.kind == "probe":
         return ProbeVerifier(ProbeConfig(hidden_size=hidden_size, intermediate_size=config.probe_hidden_size,
                                          mode=config.mode, **provenance))
@@ -148,14 +138,18 @@ def load_training_data(train_dir, val_dir, config: MSVTrainingConfig) -> tuple[S
     kwargs = dict(num_sequences=config.group_size, mode=config.mode, seed=config.seed, checker=config.checker,
                   checker_kwargs=config.checker_kwargs)
     sets = {}
-    for name, paths, extra in (("training", train_dir, dict(groups_per_problem=config.groups_per_problem,
-                                                                max_problems=config.max_train_problems)),
-                               ("validation", val_dir, {})):
+    for name, flag, paths, extra in (("training", "--train-dir", train_dir,
+                                      dict(groups_per_problem=config.groups_per_problem,
+                                           max_problems=config.max_train_problems)),
+                                     ("validation", "--val-dir", val_dir, {})):
         try:
             # Validation groups: a fixed partition (epoch 0 of the seed), the same for every evaluation.
             sets[name] = ShardDataset(paths, **kwargs, **extra)
-        except (FileNotFoundError, ValueError) as error:
-            raise type(error)(f"{name} data ({paths}): {error}") from error
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{name} data ({flag} {paths}): {error}; give a directory of shards written by "
+                                    "`hf-msv collect --output-dir DIR`") from error
+        except ValueError as error:
+            raise ValueError(f"{name} data ({flag} {paths}): {error}") from error
     train_set, val_set = sets["training"], sets["validation"]
     sources = _provenance(train_set) | _provenance(val_set)
     if len({width for width, _ in sources}) > 1 or len({lm for _, lm in sources if lm}) > 1:
@@ -172,9 +166,10 @@ def _describe_data(train: ShardDataset, val: ShardDataset, config: MSVTrainingCo
     info, s, v = train.info, train.stats(), val.stats()
     sampling = (f"{info.get('num_samples', '?')} samples per problem at temperature {info.get('temperature', '?')}, "
                 f"up to {info.get('max_new_tokens', '?')} new tokens")
-    elicit = (f"answers elicited with `{info.get('elicitation_prompt', '?')}` "
-              f"(≤ {info.get('max_answer_tokens', '?')} tokens) at delimiters {info.get('delimiters')} and at the "
-              "end")
+    e = collection_elicitation(info)
+    elicit = (f"answers elicited with `{e.prompt}` (≤ {e.max_answer_tokens} tokens) at delimiters "
+              f"{list(e.delimiters)}" + (f", every {e.every_k_tokens} tokens" if e.every_k_tokens else "")
+              + " and at the end")
     classes = (f"re-derived with the `{config.checker}` checker" if config.checker
                else f"from the `{info.get('checker', '?')}` checker")
     return (f"Hidden states of `{info.get('lm_name_or_path') or 'unknown LM'}` ({sampling}; {elicit}). "

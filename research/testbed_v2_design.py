@@ -1,32 +1,20 @@
-"""Testbed v2 at the generator level: does the v2 trace writer meet issue #17's baseline targets? (CPU, < 1 min)
+"""Testbed v2's trace writer at the generator level: does it meet the testbed's targets? (CPU, < 1 min)
 
-    python benchmarks/testbed_v2_design.py                 # 200 evaluation problems x 64 traces
-    python benchmarks/testbed_v2_design.py --knobs '{"guess_prob": 0.2}'
+Backs docs/testbed.md ("The trace writer's statistics").
 
-The traces are sampled from the v2 noisy solver itself (:func:`hf_msv.testbed.task_v2.sample_trace`), a proxy for
-the LM that will imitate it: an LM trained on them reproduces this distribution plus its own capacity errors, so the
-figures here are what a perfect imitator would show, not the LM's. Everything is read from what a sampler capped at
-``max_trace_tokens`` sees: the capped text, the ``Wait``s inside it, and the answers elicitation gives there: the
-greedy (most likely) answer of the module's elicitation rule, as the collection elicits greedily (copied where the
-trace stands at a stated answer, derived mentally mid-computation).
+    python research/testbed_v2_design.py                 # 200 evaluation problems x 64 traces
+    python research/testbed_v2_design.py --knobs '{"guess_prob": 0.2}'
 
-Rows (target in brackets, as in the issue): pass@1 [0.3, 0.6]; majority-right share, maj@K [<= 0.75];
-pass@K - maj@K [>= 0.15]; elicited answers per sequence, Waits in the cap + the terminal one [>= 6]; accuracy of the
-first intermediate answer vs the terminal answer of the same traces [>= 10 pp below]; Waits per trace, wrong vs
-right [wrong higher]; cap-binding share [10-40 %]; mean trace tokens (characters, ``Wait`` one token, + EOS when
-finished) [<= 400]; visible-feature probe AUROC [>= 0.80]: a logistic regression on what a reader of the capped
-trace sees (strategy, steps and their carries as written, Waits, fixes, finished, derived terminal answer, ...)
-predicting terminal correctness, fit on half the problems and scored on the other half (a proxy for the ceiling of
-the LM Probe). Informational rows (no target): the visible probe's best-of-K accuracy vs pass@1 on the held-out
-problems (the issue's LM target: Probe best-of-64 >= pass@1 + 0.10); the same probe with an arithmetic check of
-the written equations (a reader who verifies every step), and without the three features of how the chain read the
-irrelevant clause; a Token-Probs proxy AUROC (the solver's own probability of the greedy terminal answer:
-1 - min(0.45, doubt + unease) for a stated answer, the mental path's probability for a derived one); accuracy at
-every Wait; Waits wrong vs right within problems; re-check outcomes (confirm / fix / break / re-read of the
-clause); distinct terminal answers per problem; and, in the JSON, the writer's trace errors counted as
-``testbed_quality.py`` counts an LM's (:func:`hf_msv.testbed.task_v2.trace_errors`: false equations, a Wait right
-after a false / true step, and with ``check_prob`` how often an inverse check reveals a false step).
-The last line printed is the JSON summary.
+The traces are the writer's own (:func:`hf_msv.testbed.task_v2.sample_trace`): what a perfect imitator of it would
+show, not an LM's. Everything is read from what a sampler capped at ``max_trace_tokens`` sees, with the greedy answer
+of the elicitation rule at every ``Wait``. Rows (target in brackets): pass@1 [0.3, 0.6]; majority right [<= 0.75];
+pass@K - maj@K [>= 0.15]; elicited answers per sequence [>= 6]; first intermediate vs terminal accuracy [>= 10 pp
+below]; Waits of wrong vs right traces [wrong higher]; traces at the cap [10-40 %]; mean trace tokens [<= 400];
+visible-feature probe AUROC [>= 0.80] (a logistic regression on what a reader of the capped trace sees, fit on half
+the problems, scored on the other half). Informational rows: the probe's best-of-K, the probe with an arithmetic
+check of the written equations and without the clause-reading features, the writer's own answer probabilities'
+AUROC (a Token-Probs proxy), re-check outcomes, and in the JSON the writer's trace errors counted as
+``research/testbed_quality.py`` counts an LM's. The last line printed is the JSON summary.
 """
 
 from __future__ import annotations
@@ -52,8 +40,8 @@ def visible_features(capped_text: str, finished: bool, problem, kn) -> list[floa
     probe): the first pass's steps as written, their carries and risk (a function of their digits), Waits, fixes,
     stated answers, the irrelevant clause's wording and whether the chain subtracted its number."""
     n_question_ops = len(problem.meta["ops"])
-    # the first pass as written (not its re-checks nor its inverse checks)
-    first = [e for e in written_equations(capped_text) if not (e.checked or e.inverse)][:n_question_ops]
+    # the first pass as written (not its re-checks)
+    first = [e for e in written_equations(capped_text) if not e.checked][:n_question_ops]
     dis = problem.meta.get("distractor")
     first_pass = capped_text.split(" So ")[0]
     took = bool(dis) and first_pass.count(f"-{dis[1]}=") > sum(o == ["-", dis[1]] for o in problem.meta["ops"])

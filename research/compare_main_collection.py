@@ -1,15 +1,14 @@
-"""Is a re-made main collection the data the committed main study used? Compares each split's statistics (answers,
-accuracies, mean chain-of-thought length: exact counts, `hf_msv.evaluation.split_statistics`) with the data block of
-the committed main results.
+"""Is a re-made main collection the data the committed main study used? (split statistics against the report's)
 
-Collection is deterministic on one machine; a later sitting of `hf-msv reproduce --continue-report` on another
-machine re-makes the main collection, and CPU kernels there may round differently. Its shard fingerprints then
-differ (the report says so) and this says by how much:
+Backs docs/testbed.md ("Reproducibility": collection is deterministic on one machine and nearly so across machines).
 
-    python scripts/compare_main_collection.py --work-dir outputs/reproduce-v2 --splits train val eval
+    python research/compare_main_collection.py --work-dir outputs/reproduce-v2 --splits train val eval
 
-Prints one line per split; the last line is JSON ({split: {"identical": bool, "differences": {stat: [ours,
-committed]}}}). The training split has no committed statistics (the main study reports validation and evaluation).
+Compares each split's statistics (answers, accuracies, mean chain-of-thought length: exact counts,
+`hf_msv.evaluation.split_statistics`) with the data block of the committed main results. A report continued on
+another machine (`hf-msv reproduce --continue-report`) re-makes the main collection, whose shard fingerprints may
+differ where CPU kernels round differently; this says by how much. Prints one line per split; the last line is JSON
+({split: {"identical": bool, "differences": {stat: [ours, committed]}}}).
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
-"""Why picking the single top-scored answer can lose to a vote: the checker study's random-checker result, measured.
+"""Why picking the single top-scored answer can lose to a vote: inside the class self-consistency picks.
 
-In the v2 checker study, terminal MSV_64 trained with the random checker's classes picks worse than that checker's
-self-consistency (best-of-64 0.536 vs 0.596) although its evaluation AUROC is above the vote. This script looks
-inside the class self-consistency picks (a random class mixes different answers): for each verifier it scores every
-terminal answer of the evaluation split (one group of all collected sequences per problem, the checker's classes),
-and reports, over the problems whose picked class mixes right and wrong members,
+Backs docs/testbed.md ("A top-scored pick can lose to the vote": the checker study's random-checker result).
 
-* ``within_auroc``: how well the verifier ranks right members above wrong ones inside that class (0.5: not at all);
-* ``max_member_right``: how often the class member with the highest score is right, against
-  ``first_member_right``, self-consistency's own pick (the lowest-index member of the class).
-
-A verifier can rank well on average (``within_auroc`` > 0.5) and still pick worse than the first member, when the
-scores of the (diverse) wrong answers spread more than those of the (identical) right ones: the maximum over many
-members is then often a wrong one. Logit averaging gives every member of a class the same score, so it picks by
-class only.
-
-    python scripts/within_class_picks.py --work-dir outputs/reproduce-v2 --checker random \\
+    python research/within_class_picks.py --work-dir outputs/reproduce-v2 --checker random \\
         --verifiers probe-terminal msv1-terminal msv64-terminal-nolavg msv64-terminal-nolavg-random msv64-terminal
 
-Runs on CPU in a few minutes with one thread. Prints one row per verifier; the last line is JSON.
+For each verifier it scores every terminal answer of the evaluation split (one group of all collected sequences per
+problem, the checker's classes) and reports, over the problems whose picked class mixes right and wrong members,
+``within_auroc`` (how well the verifier ranks right members above wrong ones inside that class) and
+``max_member_right`` (how often the top-scored member is right) against ``first_member_right`` (self-consistency's
+own pick). CPU, a few minutes on one thread. Prints one row per verifier; the last line is JSON.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`scripts/compare_main_collection.py`: a re-made collection against the statistics a committed main study reports."""
+"""`research/compare_main_collection.py`: a re-made collection against the statistics a committed main study reports."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hf_msv.evaluation import load_split, split_statistics
 
 from test_evaluation import write_split
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_main_collection.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "compare_main_collection.py"
 
 
 def _script():

@@ -1,43 +1,22 @@
-"""Quality of the testbed LM as a verifier testbed (CPU, a few minutes).
+"""How good a verifier testbed a testbed LM is: its sampled traces, answers and per-chain signal against targets.
 
-    python benchmarks/testbed_quality.py            # the default testbed (v2): 448 evaluation problems x 16 samples
-    python benchmarks/testbed_quality.py --quick    # 64 problems
-    python benchmarks/testbed_quality.py --model-dir DIR --quick   # another LM trained on the task
-    python benchmarks/testbed_quality.py --quick --probe           # + a Probe fit (the LM in testbed/lm-v2)
-    python benchmarks/testbed_quality.py --task v1 --quick         # the first testbed, for comparison
-    python benchmarks/testbed_quality.py --quick --probe --probe-batch 32 --device cuda   # on a GPU
-    python benchmarks/testbed_quality.py --score-only --probe-dir DIR   # score a --probe-dir brought back from one
-    python benchmarks/testbed_quality.py --compare D1,D2 --against D3   # paired AUROC difference of --probe-dirs
-    python benchmarks/testbed_quality.py --screen 96 --probe-batch 32 --probe-dir DIR   # Token-Probs, no Probe
+Backs docs/testbed.md ("The shipped LM's statistics" and "Token-Probs stays near 0.63-0.69").
 
-Measures, on held-out ``evaluation`` problems sampled at temperature 1.0 (top_k=0, top_p=1):
-pass@1, maj@16, pass@16 (a verifier can only beat voting if pass@16 > maj@16 > pass@1); the fraction of traces with
-at least one ``Wait`` and Waits per trace; elicitation at every ``Wait`` of the first ``--elicit-samples`` samples per
-problem (prefix ending at the ``Wait`` + ``### Final Answer ### \\boxed``, greedy, <= 40 tokens): the fraction with a
-closed non-empty box and their accuracy (``intermediate_acc``) vs the accuracy of the terminal answers of the same
-traces, elicited as the paper and `hf_msv.collect` do it, by appending the prompt to the finished trace
-(``terminal_acc``; the trace's own sampled box: ``terminal_sampled_acc``; how often the two agree:
-``terminal_elicit_agreement``), each terminal answer counted once per Wait of its trace; decode throughput with 64
-sequences in parallel. ``--task v2`` samples v2 problems up to v2's length cap (272 tokens, the default
-``--max-new-tokens`` there) from the LM in ``hf_msv/testbed/lm-v2`` (or ``--model-dir``); a trace cut at the cap has
-no final box (``capped_rate``: the share that ran into ``--max-new-tokens``), its terminal answer is elicited as for
-any trace. ``--probe`` adds the per-chain signal of issue #17, measured with the library as a user would
-(:func:`probe_signal`: ``hf-msv collect`` of 384 / 32 / 96 train / validation / evaluation problems, a terminal Probe
-trained with the defaults (6,144 training sequences; the paper's Probe trains on 224 x 64 = 14,336, and below a few
-thousand its N = 1 AUROC measures the Probe's training size more than the LM: 96 training problems gave the shipped
-LM 0.756, 384 gave 0.810 on the same evaluation problems), ``hf-msv evaluate`` at N = 1 and N = ``--samples``):
-``probe_auroc_n1``, ``token_probs_auroc_n1`` (with 95 % bootstrap intervals over the evaluation problems:
-:func:`auroc_intervals`), ``probe_best_of_<S>`` against ``sc_best_of_<S>`` and the evaluation pass@1
-(``probe_pass_at_1``), and the trace-level targets read back from the evaluation shards
-(:func:`shard_statistics`: elicited answers per sequence, first intermediate vs terminal accuracy, Waits of wrong vs
-right sequences, majority-right share), and where the N = 1 AUROC comes from (:func:`auroc_intervals`: a scorer that
-knows only each problem's difficulty, and the Probe's and Token-Probs' AUROC within a problem). For ``--task v2``,
-:func:`hf_msv.testbed.task_v2.trace_errors` says where the LM departs from the trace writer it imitates, counted the
-same way on the LM's traces and on the writer's own for the same problems (``lm_trace_errors`` /
-``solver_trace_errors``: false equations with and without a carry, misread operands, copy slips, final boxes that
-differ from the last ``So X.``, a Wait right after a false / true step, and with ``--knobs '{"check_prob": 1.0,
-...}'`` how often an inverse check reveals a false step). Every target of issue #17 that the run measured is printed
-as a PASS / FAIL row (``targets_passed`` of ``targets_measured``). The last line printed is the JSON summary.
+    python research/testbed_quality.py --quick                  # the default LM (v2), 64 problems x 16
+    python research/testbed_quality.py --quick --probe          # + a Probe fit and Token-Probs (~18 min, 2 cores)
+    python research/testbed_quality.py --task v1 --quick        # the first testbed, for comparison
+    python research/testbed_quality.py --model-dir DIR --quick  # another LM trained on the task
+    python research/testbed_quality.py --screen 96 --probe-batch 32 --probe-dir DIR   # Token-Probs, no Probe
+    python research/testbed_quality.py --score-only --probe-dir DIR                   # re-score a --probe-dir
+    python research/testbed_quality.py --compare D1,D2 --against D3                   # paired AUROC differences
+
+Rows, on ``evaluation`` problems sampled at temperature 1: pass@1, maj@S, pass@S; Waits per trace; accuracy of the
+answers elicited at a ``Wait`` vs the terminal ones; the share of traces cut at the cap; decode throughput; for v2,
+where the LM's traces depart from its writer's (:func:`hf_msv.testbed.task_v2.trace_errors`). ``--probe`` collects
+384 / 32 / 96 problems with ``hf-msv collect``, trains a terminal Probe with the defaults and runs ``hf-msv
+evaluate``: Probe and Token-Probs AUROC at N = 1 with bootstrap intervals, the difficulty-only bound and the AUROC
+within a problem (:func:`auroc_intervals`), Probe best-of-S, and the trace rows read back from the shards
+(:func:`shard_statistics`). Each target row is printed PASS / FAIL; the last line printed is the JSON summary.
 """
 
 from __future__ import annotations
@@ -254,7 +233,7 @@ def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int =
 
 
 def shard_statistics(eval_dir: Path) -> dict:
-    """Issue #17's trace-level targets, read from collected evaluation shards as any user's data would be: per
+    """The testbed's trace-level targets, read from collected evaluation shards as any user's data would be: per
     sequence its terminal answer, its intermediate answers (one per ``Wait``) in order and whether the length cap cut
     it; per problem the majority of the terminal answers (classes of the collection's checker)."""
     from hf_msv.data import list_shards, read_shard
@@ -320,7 +299,7 @@ def writer_comparison(chains, task, knobs: dict, seed: int) -> dict:
 
 
 def targets(res: dict) -> list[tuple[str, str, str, bool]]:
-    """Issue #17's done-when rows that ``res`` measured: (row, target, measured, passed)."""
+    """The testbed's target rows that ``res`` measured: (row, target, measured, passed)."""
     rows = []
 
     def row(name, target, keys, text, ok):
@@ -571,10 +550,10 @@ def main(argv=None):
 
 
 def print_targets(res: dict) -> dict:
-    """Print issue #17's rows that ``res`` measured (PASS / FAIL), then ``res`` as the JSON last line."""
+    """Print the target rows that ``res`` measured (PASS / FAIL), then ``res`` as the JSON last line."""
     rows = targets(res)
     if rows:
-        print(f"{'issue #17 target':<40} {'target':<16} {'measured':<24} verdict")
+        print(f"{'testbed target':<40} {'target':<16} {'measured':<24} verdict")
         for name, target, measured, ok in rows:
             print(f"{name:<40} {target:<16} {measured:<24} {'PASS' if ok else 'FAIL'}")
         res["targets_passed"], res["targets_measured"] = sum(r[3] for r in rows), len(rows)

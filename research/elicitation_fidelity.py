@@ -1,24 +1,18 @@
-"""Has a testbed v2 LM learnt its writer's elicitation rule? (issue #17's Token-Probs row; CPU, ~2 min)
+"""Has a testbed v2 LM learnt its writer's elicitation rule? (the Token-Probs ceiling; CPU, ~10 s)
 
-    python benchmarks/elicitation_fidelity.py                    # the shipped LM (hf_msv/testbed/lm-v2)
-    python benchmarks/elicitation_fidelity.py --model-dir DIR    # another v2 LM
+Backs docs/testbed.md ("Token-Probs stays near 0.63-0.69: no LM learns its writer's self-evaluation").
 
-Token-Probs scores an answer by the LM's own probability of it at elicitation. The v2 writer states how confident
-its elicitation is (:func:`hf_msv.testbed.task_v2.answer_distribution`: a stated answer hedged by the chain's doubt and
-its self-evaluation's unease, a derived one by its mental path), and an LM trained on its traces can at best learn that
-rule. This benchmark separates learning the rule from everything else: on the *writer's* traces (the LM's training
-distribution, so nothing depends on how the LM samples), it feeds each capped trace and the elicitation prompt to the
-LM and reads off the LM's probability of the writer's most likely terminal answer, beside the writer's exact one.
+    python research/elicitation_fidelity.py                    # the shipped LM (hf_msv/testbed/lm-v2)
+    python research/elicitation_fidelity.py --model-dir DIR    # another v2 LM
 
-Rows: AUROC of terminal correctness for the writer's exact probability, for the writer without its self-evaluation's
-unease (``unease`` 0: what is left when the wrong steps standing cannot be seen), for the writer with the unease of
-its clause reading alone (what the text shows: named with ``say_reading_prob``, else an operand matching the
-clause's number; the wrong steps standing left out), for the LM's probability of the
-answer and for its geometric mean over the answer's tokens (Token-Probs' score); the Spearman correlation of the LM's
-probabilities with the writer's and their mean absolute difference; on problems with an irrelevant clause, the writer's
-and the LM's mean probability for chains that took it and chains that left it (does the LM hedge a misreading as its
-writer does?). The writer is the one the LM was trained on (the ``knobs`` of its ``training_log.json``). The last
-line printed is the JSON summary.
+On the *writer's* capped traces (the LM's training distribution; nothing depends on how the LM samples) it feeds
+each trace and the elicitation prompt to the LM and reads the LM's probability of the writer's most likely terminal
+answer, beside the writer's exact one (:func:`hf_msv.testbed.task_v2.answer_distribution`). Rows: AUROC of terminal
+correctness for the writer's probability, the writer without its self-evaluation's unease, the writer with its
+clause reading's unease alone, the LM's probability and its per-token geometric mean (Token-Probs' score); the
+Spearman correlation of the LM's probabilities with the writer's; on problems with an irrelevant clause, both mean
+probabilities for chains that took it and chains that left it. The writer is the one the LM was trained on (the
+``knobs`` of its ``training_log.json``). The last line printed is the JSON summary.
 """
 
 from __future__ import annotations

@@ -1,0 +1,205 @@
+"""The research scripts behind docs/testbed.md's findings (``research/*.py``): run on a tiny LM and tiny shards.
+
+Not collected by ``make test`` (its testpaths are ``tests``); run with
+``python -m pytest -q research/tests``.
+"""
+
+import importlib.util
+import json
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from hf_msv.answers import ELICITATION_PROMPT
+from hf_msv.testbed import TASKS, task_v2
+from hf_msv.testbed.train_lm import train_testbed_lm
+
+CAP = task_v2.TaskKnobsV2().max_trace_tokens
+RESEARCH = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    """``research/<name>.py`` as a module (the research scripts are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, RESEARCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_v2_lm(tmp_path_factory):
+    """A 2-step v2 LM (d_model 32, one layer) saved by `train_testbed_lm`, and its training stats."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("lm-v2")
+    stats = train_testbed_lm(out, task="v2", steps=2, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
+                             log_every=1, log=lambda *_: None)
+    return out, stats
+
+
+def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm, monkeypatch):
+    bench = _script("testbed_quality")
+    monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=tiny_v2_lm[0]))  # the default --model-dir
+    res = bench.main(["--task", "v2", "--n-problems", "2", "--samples", "2", "--problems-per-call", "2",
+                      "--elicit-samples", "1", "--threads", "1"])
+    assert res["task"] == "v2" and res["max_new_tokens"] == CAP and res["model_dir"] == str(tiny_v2_lm[0])
+    assert res["n_problems"] == 2 and res["mean_trace_tokens"] <= CAP
+    # the LM's traces are diagnosed beside the solver's; the solver never misreads, copies wrong or re-boxes
+    solver = res["solver_trace_errors"]
+    assert set(res["lm_trace_errors"]) == set(solver)
+    assert solver["operand_misread"] == solver["copy_slip"] == 0.0
+    assert res["targets_measured"] >= 5 and 0 <= res["targets_passed"] <= res["targets_measured"]
+
+
+
+def test_shard_statistics_read_the_trace_targets_from_collected_shards(tmp_path):
+    import numpy as np
+
+    from hf_msv.data import CollectedProblem, write_shard
+
+    # three sequences: (tau, sequence, terminal, text); "1" is right
+    rows = [(4, 1, False, "1"), (5, 0, False, "2"), (6, 2, True, "2"), (8, 1, True, "2"), (9, 0, False, "1"),
+            (12, 0, True, "1")]
+    n = len(rows)
+    problem = CollectedProblem(
+        problem_id="q", gold="1", source="synthetic", question="q", hidden_states=torch.zeros(n, 4),
+        token_ids=np.zeros(n, dtype=np.int64), token_logprobs=np.zeros(n, dtype=np.float32),
+        answer_text=[r[3] for r in rows], answer_raw_text=[r[3] for r in rows],
+        answer_trigger=["eos" if r[2] else "delimiter" for r in rows], answer_sequence=[r[1] for r in rows],
+        answer_step=[0] * n, answer_tau=[r[0] for r in rows], answer_length=[1] * n,
+        answer_class=[int(r[3]) - 1 for r in rows], answer_terminal=[r[2] for r in rows],
+        answer_correct=[r[3] == "1" for r in rows], sequence_length=[13, 9, 7],
+        sequence_finish=["eos", "budget", "eos"], cot_confidence=[], cot_token_ids=[])
+    write_shard(tmp_path / "shard-r000-00000.safetensors", [problem], info={"lm_name_or_path": "synthetic"})
+    stats = _script("testbed_quality").shard_statistics(tmp_path)
+    assert stats == {
+        "shard_sequences": 3, "shard_pass_at_1": round(1 / 3, 4), "shard_maj": 0.0, "shard_pass_minus_maj": 1.0,
+        "elicited_per_sequence": 2.0, "first_intermediate_acc": 0.5, "terminal_acc_same_sequences": 0.5,
+        "waits_wrong": 0.5, "waits_right": 2.0, "shard_capped_rate": round(1 / 3, 4)}
+
+
+
+def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
+    """--probe's shards and Probe, scored again by --score-only (as for a work directory brought back from a GPU
+    machine), give the figures the --probe run computed, plus the shard rows; without --probe-dir it refuses."""
+    bench = _script("testbed_quality")
+    torch.set_num_threads(1)
+    work = tmp_path / "probe"
+    first = bench.probe_signal(TASKS["v2"], work, [4, 2, 6], samples=4, seed=0, max_new_tokens=96,
+                               problems_per_batch=6)
+    assert first["probe_problems"] == [4, 2, 6]
+    again = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "4"])
+    for key in ("probe_auroc_n1", "token_probs_auroc_n1", "probe_best_of_4", "sc_best_of_4", "probe_pass_at_1"):
+        assert again[key] == first[key] or (math.isnan(again[key]) and math.isnan(first[key])), key
+    assert again["shard_sequences"] == 24 and again["targets_measured"] >= 3
+    assert set(again["lm_trace_errors"]) == set(again["solver_trace_errors"]) >= {"wait_after_false"}
+    tempered = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "4", "--knobs",
+                           '{"notice_prob": 1.0}'])
+    assert json.dumps(tempered["lm_trace_errors"]) == json.dumps(again["lm_trace_errors"])  # the same LM chains
+    for name in ("probe", "token_probs"):  # the intervals' own pooled AUROC is the evaluation's, inside its interval
+        est, (low, high) = again[f"{name}_auroc_n1_pooled"], again[f"{name}_auroc_n1_interval"]
+        assert 0 < est < 1 and est == pytest.approx(again[f"{name}_auroc_n1"], abs=1e-4) and low <= est <= high
+    # the N = 1 AUROC's parts: the difficulty-only bound (never below chance) and each scorer's within a problem
+    low, high = again["difficulty_auroc_n1_interval"]
+    assert 0.5 <= again["difficulty_auroc_n1"] <= 1 and low <= again["difficulty_auroc_n1"] <= high
+    for name in ("probe", "token_probs"):
+        within = again[f"{name}_within_auroc"]
+        assert math.isnan(within) or 0 <= within <= 1
+    # the bootstrap resamples each problem's AUROC, computed once: its estimate is the metric's on the shards
+    from hf_msv.data import ShardDataset
+    from hf_msv.evaluation.scoring import token_prob_scores
+    from hf_msv.metrics import within_problem_auroc
+    problems = ShardDataset(work / "evaluation", mode="terminal").read_problems(True)
+    rows = [np.flatnonzero(p.answer_terminal) for p in problems]
+    expected = within_problem_auroc([token_prob_scores(p)[r] for p, r in zip(problems, rows)],
+                                    [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)])
+    assert again["token_probs_within_auroc"] == pytest.approx(expected, abs=1e-4, nan_ok=True)
+    # --compare / --against: an LM against itself (twice) differs by nothing on every resample, and each group's
+    # mean is the LM's pooled AUROC, so the problems were lined up by id
+    paired = bench.main(["--compare", str(work), "--against", f"{work},{work}"])
+    assert paired["shared_problems"] == 6
+    for name in ("probe", "token_probs"):
+        assert paired[name]["compare"] == pytest.approx(again[f"{name}_auroc_n1_pooled"], abs=1e-4)
+        assert paired[name]["against"] == paired[name]["compare"]
+        assert paired[name]["difference"] == 0 and paired[name]["interval"] == [0, 0]
+    # --screen on a copy of the evaluation shards (collection resumes: nothing sampled) reports Token-Probs and the
+    # shard rows, no Probe; such a directory is compared on Token-Probs alone
+    screen = tmp_path / "screen"
+    shutil.copytree(work / "evaluation", screen / "evaluation")
+    screened = bench.main(["--screen", "6", "--probe-dir", str(screen), "--samples", "4", "--max-new-tokens", "96",
+                           "--probe-batch", "6"])
+    assert screened["token_probs_auroc_n1"] == again["token_probs_auroc_n1_pooled"]
+    assert screened["token_probs_within_auroc"] == again["token_probs_within_auroc"]
+    assert screened["maj_at_4"] == again["shard_maj"] and screened["shard_sequences"] == 24
+    assert "probe_auroc_n1" not in screened and "probe_within_auroc" not in screened
+    assert not (screen / "probe").exists()
+    mixed = bench.main(["--compare", str(screen), "--against", str(work)])
+    assert "probe" not in mixed and mixed["token_probs"]["difference"] == 0
+    with pytest.raises(SystemExit):
+        bench.main(["--compare", str(work)])
+    with pytest.raises(SystemExit):
+        bench.main(["--score-only"])
+    with pytest.raises(ValueError, match="pass the --seed they used"):  # the shards are seed 0's problems
+        bench.main(["--score-only", "--probe-dir", str(work), "--samples", "2", "--seed", "5"])
+
+
+
+def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_traces(tiny_v2_lm, capsys):
+    """``research/elicitation_fidelity.py``: batched, right-padded scoring gives each answer the log-probabilities
+    an unpadded forward gives; the writer's self-evaluation ranks its answers better than the writer without it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bench = _script("elicitation_fidelity")
+    lm_dir, _ = tiny_v2_lm
+    model, tok = AutoModelForCausalLM.from_pretrained(lm_dir).eval(), AutoTokenizer.from_pretrained(lm_dir)
+    rows = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 6, seed=0), traces=3, seed=1)
+    batched = bench.lm_answer_logprobs(model, tok, rows, batch=4)
+    for r, lp in zip(rows[:5], batched):
+        context = [tok.bos_token_id] + tok(task_v2.format_prompt(r["problem"]) + r["text"] + ELICITATION_PROMPT,
+                                           add_special_tokens=False).input_ids
+        answer = tok("{" + r["answer"] + "}", add_special_tokens=False).input_ids
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([context + answer])).logits[0].float(), -1)
+        alone = logp[torch.arange(len(context) - 1, len(context) + len(answer) - 1), torch.tensor(answer)].numpy()
+        assert np.allclose(lp, alone, atol=1e-4)
+    bench.main(["--model-dir", str(lm_dir), "--problems", "24", "--traces", "4", "--threads", "1"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["traces"] == 96 and 0 <= out["mean_lm"] < 1 and 0 < out["mean_writer"] < 1  # an untrained LM: ~0
+    assert out["writer_auroc"] > out["writer_without_self_evaluation_auroc"] + 0.05
+    assert out["knobs"] == {} and 0 < out["clause_taken_traces"] and 0 < out["clause_left_traces"]
+
+
+
+def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_by_clause_reading(tmp_path):
+    """The benchmark's writer is the LM's (``training_log.json["knobs"]``); on problems with an irrelevant clause the
+    writer's probability is lower where the chain took it (its self-evaluation hedges the misreading)."""
+    bench = _script("elicitation_fidelity")
+    assert bench.trained_knobs(tmp_path) == {}
+    (tmp_path / "training_log.json").write_text(json.dumps({"knobs": {"self_check": 0.4}}))
+    knobs = bench.trained_knobs(tmp_path)
+    assert knobs == {"self_check": 0.4}
+    rows = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 60, seed=2), traces=6, seed=3,
+                                         knobs=knobs)
+    default = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 60, seed=2), traces=6, seed=3)
+    assert [r["text"] for r in rows] == [r["text"] for r in default]  # self_check draws nothing: the same traces
+    assert [r["writer"] for r in rows] != [r["writer"] for r in default]  # the knob reached the writer's hedge
+    taken = [r for r in rows if r["clause"] == "taken"]
+    assert taken and all(r["problem"].meta["distractor"] for r in taken)
+    writer = np.array([r["writer"] for r in rows])
+    means = bench.clause_means(rows, writer, writer)
+    assert means["clause_taken_traces"] == len(taken)
+    assert means["writer_mean_clause_taken"] < means["writer_mean_clause_left"] - 0.03
+    assert means["lm_mean_clause_taken"] == means["writer_mean_clause_taken"]
+    # the reading's share of the unease: what is left is whole wrong steps; hedging it alone lies between the two
+    for r in rows:
+        assert r["writer"] - 1e-9 <= r["writer_reading"] <= r["writer_blind"] + 1e-9
+    assert any(r["writer_reading"] < r["writer_blind"] for r in taken)
+    assert all(r["writer_reading"] == r["writer_blind"] for r in rows if r["clause"] is None)
+    right = np.array([r["right"] for r in rows])
+    assert roc_auc_score(right, [r["writer_reading"] for r in rows]) > roc_auc_score(
+        right, [r["writer_blind"] for r in rows]) + 0.05
