@@ -715,7 +715,8 @@ class MSVVerifier(MSVPreTrainedModel):
         gamma = gamma.to(device=device, dtype=torch.float32)
         vote_logits = vote_share = None
         if self.config.vote_pathway:
-            vote_logits, vote_share = self._vote(hidden_states, token_answer, every, cache, new_rows if offset else None)
+            rows = new_rows if offset else None
+            vote_logits, vote_share = self._vote(hidden_states, token_answer, every, cache, rows)
 
         readout = self._encode(hidden_states, token_answer, new, offset, cache)
         logits = self._answer_logits(readout, gamma, vote_logits, vote_share)
