@@ -16,7 +16,7 @@ from ..data import STORAGE_DTYPES
 from ..data.problems import Problem
 from ..elicitation import ElicitationSettings
 from ..utils import process_state
-from .config import CollectConfig
+from .config import CollectConfig, as_config
 from .lm import lm_info, template_name
 from .store import ShardStore, check_settings, done_problem_ids, pending_batches, write_index
 
@@ -104,6 +104,21 @@ def check_storage(config: CollectConfig) -> None:
         raise ValueError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {config.dtype!r}")
 
 
+def sampling_config(config: CollectConfig | None, elicitation: ElicitationSettings | None, overrides: dict,
+                    problems: Sequence[Problem]) -> CollectConfig:
+    """The resolved settings a sampling run (transformers or vLLM) collects `problems` with, checked before any work.
+
+    Raises:
+        ValueError: a storage dtype shards cannot hold, or duplicate problem ids.
+    """
+    config = as_config(config, elicitation, overrides).resolved()
+    check_storage(config)
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        raise ValueError("problem ids must be unique: shards and resumption key on them")
+    return config
+
+
 def recorded_settings(config: CollectConfig, elicitation: ElicitationSettings, model, tokenizer, names) -> dict:
     """Everything that changes what is collected (resuming with other values would mix two datasets): the fields
     `names` of `config`, the elicitation settings and the LM's identity."""
@@ -177,5 +192,5 @@ def collection_job(model, store: ShardStore, result: CollectResult, state):
 
 
 __all__ = ["CollectResult", "DELIMITER_ROOM", "VERDICT_COUNTS", "batch_seed", "check_storage", "collection_job",
-           "context_limit", "count_verdicts", "recorded_settings", "sequence_budget", "start_collection",
-           "verdict_counts"]
+           "context_limit", "count_verdicts", "recorded_settings", "sampling_config", "sequence_budget",
+           "start_collection", "verdict_counts"]

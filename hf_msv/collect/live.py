@@ -16,9 +16,9 @@ from transformers import LogitsProcessorList
 
 from ..data.problems import Problem
 from ..elicitation import ElicitationSettings
-from .config import CollectConfig, as_config
+from .config import CollectConfig
 from .confidence import ConfidenceRecorder
-from .job import (CollectResult, batch_seed, check_storage, collection_job, count_verdicts, recorded_settings,
+from .job import (CollectResult, batch_seed, collection_job, count_verdicts, recorded_settings, sampling_config,
                   sequence_budget, start_collection, verdict_counts)
 from .lm import prompt_builder, prompt_token_ids
 from .recording import build_record
@@ -51,12 +51,8 @@ def collect(model, tokenizer, problems: Sequence[Problem], output_dir: str | os.
         ValueError: invalid settings, duplicate problem ids, a prompt that leaves no room in the LM's context, or an
             existing collection in `output_dir` made with other settings.
     """
-    config = as_config(config, elicitation, settings).resolved()
+    config = sampling_config(config, elicitation, settings, problems)
     elicit = config.elicitation
-    check_storage(config)
-    ids = [p.id for p in problems]
-    if len(set(ids)) != len(ids):
-        raise ValueError("problem ids must be unique: shards and resumption key on them")
     build_prompt = prompt_builder(config.prompt_template, tokenizer)
     budgets = {p.id: sequence_budget(model, tokenizer, elicit, len(prompt_token_ids(build_prompt(p), tokenizer)))
                for p in problems}  # every prompt checked before any work

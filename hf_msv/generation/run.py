@@ -19,9 +19,8 @@ from .accounting import assemble_results
 from .caches import RecurrentHistory, has_recurrent_state
 from .delimiters import DelimiterMatcher
 from .forking import AnswerElicitor, Branch, LiveBranch
-from .outputs import MSVAnswer, MSVResult, answer_sort_key
+from .outputs import MSVAnswer, MSVResult
 from .scoring import ScoringQueue
-from .stopping import decide_stop
 from .tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
 
 __all__ = ["GenerationRun"]
@@ -268,21 +267,10 @@ class GenerationRun:
             self._apply_stop_rule(prompt, t)
 
     def _apply_stop_rule(self, prompt: int, t: int):
-        """Decide `prompt` once λ is reached, or once all its answers are scored (the rule: `decide_stop`)."""
+        """Decide `prompt` once λ is reached, or once all its answers are scored (`PromptGroup.apply_stop_rule`)."""
         group = self.tracker.groups[prompt]
-        # Every answer available so far, in `MSVResult.answers` order: the rule breaks ties by this order, so
-        # replaying the result offline (`hf_msv.evaluation.early_stop.replay`) reaches the same decision.
-        scored = sorted((a for a in group.answers if a.score is not None), key=answer_sort_key)
         # Terminal mode never stops: all answers arrive at the end.
-        threshold = self.threshold if self.streaming else None
-        decision = decide_stop([a.end for a in scored], [a.score for a in scored], [a.terminal for a in scored],
-                               threshold)
-        stopped = bool(decision.stopped[0])
-        if not stopped and not (group.settled and not self.queue.has_pending(prompt)):
-            return
-        index = int(decision.chosen[0])
-        group.decided, group.stop_step = True, int(decision.stop_step[0])
-        group.chosen = scored[index] if index >= 0 else None
+        stopped = group.apply_stop_rule(self.threshold if self.streaming else None, self.queue.has_pending(prompt))
         if stopped:
             # Its rows and branches leave the decoding batch; answers still decoding are abandoned (they were
             # never available).

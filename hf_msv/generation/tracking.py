@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .outputs import MSVAnswer
+from .outputs import MSVAnswer, answer_sort_key
+from .stopping import decide_stop
 
 __all__ = ["BUDGET", "EOS", "LIVE", "STOPPED", "PromptGroup", "RowTracker"]
 
@@ -51,6 +52,26 @@ class PromptGroup:
     def settled(self) -> bool:
         """Every sequence has ended and every answer is complete: nothing more will arrive."""
         return self.live == 0 and self.inflight == 0
+
+    def apply_stop_rule(self, threshold: float | None, pending: bool) -> bool | None:
+        """Decide once λ is reached, or once every answer is scored (settled and nothing `pending`): sets
+        `decided`, `stop_step`, `chosen` by `decide_stop` over the scored answers.
+
+        Returns:
+            True when λ was reached, False when decided without it, `None` while undecided.
+        """
+        # Every answer available so far, in `MSVResult.answers` order: the rule breaks ties by this order, so
+        # replaying the result offline (`hf_msv.evaluation.early_stop.replay`) reaches the same decision.
+        scored = sorted((a for a in self.answers if a.score is not None), key=answer_sort_key)
+        decision = decide_stop([a.end for a in scored], [a.score for a in scored], [a.terminal for a in scored],
+                               threshold)
+        stopped = bool(decision.stopped[0])
+        if not stopped and not (self.settled and not pending):
+            return None
+        index = int(decision.chosen[0])
+        self.decided, self.stop_step = True, int(decision.stop_step[0])
+        self.chosen = scored[index] if index >= 0 else None
+        return stopped
 
 
 class RowTracker:

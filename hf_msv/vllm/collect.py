@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..collect.config import CollectConfig, as_config
-from ..collect.job import (CollectResult, batch_seed, check_storage, collection_job, count_verdicts,
+from ..collect.config import CollectConfig
+from ..collect.job import (CollectResult, batch_seed, collection_job, count_verdicts, sampling_config,
                            start_collection, verdict_counts)
 from ..collect.live import LIVE_SETTINGS
 from ..collect.lm import prompt_builder, template_name
@@ -74,12 +74,8 @@ def collect_with_vllm(engine, problems: Sequence[Problem], output_dir: str | os.
     """
     from ..equivalence import get_checker
 
-    config = as_config(config, elicitation, settings).resolved()
+    config = sampling_config(config, elicitation, settings, problems)
     elicit = config.elicitation
-    check_storage(config)
-    ids = [p.id for p in problems]
-    if len(set(ids)) != len(ids):
-        raise ValueError("problem ids must be unique: shards and resumption key on them")
     checker = get_checker(config.checker, **(config.checker_kwargs or {}))
     controller = VLLMController(engine, tokenizer, None, elicitation=elicit, checker=checker,
                                 capture_hidden_states=True)

@@ -15,10 +15,9 @@ import torch
 
 from ..answers import extract_boxed
 from ..configuration_msv import ElicitationSettings
-from ..generation import DelimiterMatcher, MSVAnswer, MSVResult, decide_stop
+from ..generation import DelimiterMatcher, MSVAnswer, MSVResult
 from ..generation.accounting import assemble_results
 from ..generation.forking import AnswerElicitor, Branch, LiveBranch
-from ..generation.outputs import answer_sort_key
 from ..generation.scoring import ScoringQueue
 from ..generation.tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
 from . import capture
@@ -404,16 +403,8 @@ class _Run:
 
     def _apply_stop_rule(self, p: int):
         group = self.tracker.groups[p]
-        scored = sorted((a for a in group.answers if a.score is not None), key=answer_sort_key)
         threshold = self.threshold if self.streaming else None  # terminal mode never stops
-        decision = decide_stop([a.end for a in scored], [a.score for a in scored], [a.terminal for a in scored],
-                               threshold)
-        stopped = bool(decision.stopped[0])
-        if not stopped and not (group.settled and not self.queue.has_pending(p)):
-            return
-        index = int(decision.chosen[0])
-        group.decided, group.stop_step = True, int(decision.stop_step[0])
-        group.chosen = scored[index] if index >= 0 else None
+        stopped = group.apply_stop_rule(threshold, self.queue.has_pending(p))
         if stopped:
             group.stopped_early = not group.finished
             for row in self.tracker.rows_of(p):

@@ -18,7 +18,7 @@ from sklearn.metrics import roc_auc_score
 
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.testbed import TASKS, task_v2
-from hf_msv.testbed.train_lm import train_testbed_lm
+from test_testbed_v2_lm import tiny_v2_lm  # noqa: F401  (the product tests' tiny v2 LM fixture)
 
 CAP = task_v2.TaskKnobsV2().max_trace_tokens
 RESEARCH = Path(__file__).resolve().parents[1]
@@ -30,16 +30,6 @@ def _script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def tiny_v2_lm(tmp_path_factory):
-    """A 2-step v2 LM (d_model 32, one layer) saved by `train_testbed_lm`, and its training stats."""
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("lm-v2")
-    stats = train_testbed_lm(out, task="v2", steps=2, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
-                             log_every=1, log=lambda *_: None)
-    return out, stats
 
 
 def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm, monkeypatch):
