@@ -228,4 +228,3 @@ def resolve_plan(config: MSVTrainingConfig, hidden_size: int, steps_per_pass: in
                         batch_size=resolve_batch_size(config), steps_per_pass=steps_per_pass,
                         max_steps=max(1, budget), eval_steps=max(1, every), early_stopping_patience=patience,
                         by_epoch=epochs is not None)
-
