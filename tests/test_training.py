@@ -112,7 +112,11 @@ def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
     assert (msv.config.num_attention_heads, msv.config.num_hidden_layers, msv.config.num_sequences) == (4, 1, 16)
     assert msv.config.base_model_name_or_path == "some/lm" and msv.config.elicitation.delimiters == ("Wait",)
     groups = training._parameter_groups(msv, config, default_learning_rate(config, 16))
-    assert [g["lr"] for g in groups] == [5e-5, 1e-1, 1e-3]
+    # The auto recipe's vote pathway (single-chain head and its skip) trains at the Probe's rate.
+    assert [g["lr"] for g in groups] == [5e-5, 1e-1, 1e-3, 1e-3]
+    paper = build_verifier(config, 16, info)
+    assert not paper.config.vote_pathway and not paper.config.gamma_skip
+    assert [g["lr"] for g in training._parameter_groups(paper, config, 5e-5)] == [5e-5, 1e-1, 1e-3]
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in msv.parameters())
     with pytest.raises(ValueError):
         MSVTrainingConfig(kind="prm")
@@ -389,7 +393,8 @@ def test_defaults_train_a_verifier_that_beats_the_vote(tmp_path):
 
 def test_guard_warns_and_strict_fails_when_the_verifier_is_worse_than_the_vote(tmp_path, caplog, capsys):
     """A verifier that cannot have learned (1 step at a tiny learning rate) on data where γ is informative: one
-    warning line naming both Briers; ``--strict`` exits 1; without it the command exits normally."""
+    warning line naming the best baseline of the table (calibrated vote, Probe+WV, stacked) and both Briers, and
+    telling the user to use it; ``--strict`` exits 1; without it the command exits normally."""
     from hf_msv.training import main
 
     train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 16), ("val", 48)), strength=0.0)
@@ -399,12 +404,16 @@ def test_guard_warns_and_strict_fails_when_the_verifier_is_worse_than_the_vote(t
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
         result = main(argv)
     assert not result.guard.passed
-    warnings = [r.getMessage() for r in caplog.records if "worse than calibrated self-consistency" in r.getMessage()]
-    assert len(warnings) == 1 and "\n" not in warnings[0]
-    assert f"{result.guard.verifier['brier']:.4f} > {result.guard.self_consistency['brier']:.4f}" in warnings[0]
+    guard = result.guard
+    assert set(guard.rows()) >= {"MSV_8", "calibrated self-consistency", "Probe+WV", "stacked [vote, Probe]"}
+    best = guard.rows()[guard.best]
+    assert best["brier"] == min(r["brier"] for name, r in guard.rows().items() if name != "MSV_8")
+    warnings = [r.getMessage() for r in caplog.records if f"is worse than {guard.best}" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0] and f"use {guard.best}" in warnings[0]
+    assert f"{guard.verifier['brier']:.4f} > {best['brier']:.4f}" in warnings[0]
     assert "too little data" in warnings[0] and "too few steps" in warnings[0]
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2] == result.guard.warning and json.loads(lines[-1])["guard_passed"] is False
+    assert lines[-2] == guard.warning and json.loads(lines[-1])["guard_passed"] is False
     with pytest.raises(SystemExit) as exit_:
         main(argv + ["--strict"])
     assert exit_.value.code == 1
@@ -470,8 +479,8 @@ def test_anchored_training_starts_at_calibrated_vote_and_may_keep_step_0(tmp_pat
     scripted = iter([0.40, 0.50, 0.60])  # step 0, then two evaluations: step 0 stays best
     real = training.prediction_metrics
     monkeypatch.setattr(training, "prediction_metrics", lambda p: dict(real(p), bce=next(scripted)))
-    config = MSVTrainingConfig(num_sequences=8, mode="terminal", gamma_skip=True, max_steps=4, eval_steps=2,
-                               vote_folds=0, progress=False)  # validation chooses (cross-validation: its own test)
+    config = MSVTrainingConfig(num_sequences=8, mode="terminal", gamma_skip=True, vote_pathway=False, max_steps=4,
+                               eval_steps=2, vote_folds=0, progress=False)  # validation chooses (CV: its own test)
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_step == 0 and result.best_epoch == 0 and result.verifier is not None
     assert result.verifier.config.gamma_skip and result.best_metrics["bce"] == 0.40
@@ -485,9 +494,71 @@ def test_anchored_training_starts_at_calibrated_vote_and_may_keep_step_0(tmp_pat
     assert not MSVTrainingConfig(kind="probe", gamma_skip=True).anchored
 
 
-def test_defaults_keep_the_vote_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):
-    """Defaults (anchored at calibrated voting) on data whose hidden states carry nothing: no trained verifier
-    beats the step-0 vote by a standard error in cross-validation over the training problems, so the vote itself is
+def test_the_default_starts_at_calibrated_probe_wv(tmp_path, monkeypatch):
+    """Defaults: the verifier has the vote pathway, its single-chain head trained on the training chains, and the
+    step-0 verifier is exactly σ(a·share + b), `share` the weighted vote of that head's probabilities over each
+    answer's class (the evaluation's Probe+WV rule) and (a, b) the out-of-fold Platt fit in ``training_log.json``."""
+    from hf_msv.baselines import platt, weighted_voting
+
+    train_dir, val_dir = signal_dirs(tmp_path)
+    scripted = iter([0.40, 0.50, 0.60])  # step 0, then two evaluations: step 0 stays best
+    real = training.prediction_metrics
+    monkeypatch.setattr(training, "prediction_metrics", lambda p: dict(real(p), bce=next(scripted)))
+    config = MSVTrainingConfig(num_sequences=8, mode="terminal", max_steps=4, eval_steps=2, vote_folds=0,
+                               progress=False)
+    result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
+    model = result.verifier
+    assert config.uses_vote_pathway and model.config.vote_pathway and result.best_step == 0
+    anchor = json.loads((tmp_path / "out" / "training_log.json").read_text())["vote_anchor"]
+    assert anchor["epochs"] >= 1 and anchor["held_out_answers"] == anchor["answers"] > 0
+    val = ShardDataset(val_dir, num_sequences=8, mode="terminal")
+    for i in range(len(val)):
+        batch = collate_groups([val[i]], "terminal")
+        with torch.no_grad():
+            out = model(**{k: batch[k] for k in VERIFIER_INPUTS})
+        share = weighted_voting(torch.sigmoid(out.vote_logits).double().numpy(), batch["answer_class"].numpy())
+        np.testing.assert_allclose(out.probabilities.double().numpy(), platt(share, *anchor["platt"]), atol=1e-5)
+    assert anchor["platt"][0] > 0  # a larger share means more likely right
+    assert not MSVTrainingConfig(recipe="paper").uses_vote_pathway
+    assert not MSVTrainingConfig(gamma_skip=False).uses_vote_pathway
+    assert not MSVTrainingConfig(kind="probe").uses_vote_pathway
+
+
+def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
+    """The validation trade-off of a streaming verifier is in ``training_log.json``; when no λ that stops before the
+    end reaches 0.95 × full-decoding accuracy the selection says so (``reached`` false, a warning line) and reports
+    the closest trade-off that stops (a finite λ), never a silent ∞."""
+    from types import SimpleNamespace
+
+    from hf_msv.training.stopping_curve import validation_tradeoff
+
+    # One group, two chains: chain 0 answers wrong early (steps 5, 20), chain 1 right at the end (step 50), scored
+    # higher. Any λ that stops before the end stops at the wrong early answer; only full decoding is right.
+    structure = {"group": np.zeros(3, int), "end": np.array([5, 20, 50]), "klass": np.array([0, 0, 1]),
+                 "sequence": np.array([0, 0, 1]), "terminal": np.array([False, True, True])}
+    never = SimpleNamespace(logits=np.array([2.0, 2.0, 3.0]), labels=np.array([0.0, 0.0, 1.0]), structure=structure)
+    t = validation_tradeoff(never)
+    assert not t["reached"] and t["lambda"] is not None and t["full_accuracy"] == 1.0
+    assert t["tokens_at_lambda"] < t["full_tokens"]
+    # The early answer right and scored high: a λ stops there, right, with 10 of 70 tokens.
+    stops = SimpleNamespace(logits=np.array([2.0, 2.0, -1.0]), labels=np.array([1.0, 1.0, 0.0]), structure=structure)
+    t = validation_tradeoff(stops)
+    assert t["reached"] and t["accuracy_at_lambda"] == 1.0 and (t["tokens_at_lambda"], t["full_tokens"]) == (10, 70)
+
+    train_dir, val_dir = signal_dirs(tmp_path)
+    with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
+        train_verifier(train_dir, val_dir, tmp_path / "out",
+                       MSVTrainingConfig(num_sequences=8, max_steps=4, eval_steps=2, progress=False))
+    curve = json.loads((tmp_path / "out" / "training_log.json").read_text())["early_stopping"]
+    assert len(curve["lambdas"]) == len(curve["accuracy"]) == len(curve["tokens"]) == 102
+    assert curve["lambdas"][-1] is None and curve["full_tokens"] == curve["tokens"][-1]
+    warned = [r.getMessage() for r in caplog.records if "does not stop early" in r.getMessage()]
+    assert bool(warned) == (not curve["reached"])
+
+
+def test_the_vote_anchor_is_kept_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):
+    """Anchored at calibrated voting (``--vote-pathway false``) on data whose hidden states carry nothing: no trained
+    verifier beats the step-0 vote by a standard error in cross-validation over the training problems, so the vote itself is
     kept without training (its probabilities are Platt(γ) fitted on the training answers), the warning line says so
     with the numbers, ``--strict`` exits 1."""
     from hf_msv.baselines import platt
@@ -495,7 +566,8 @@ def test_defaults_keep_the_vote_when_no_trained_checkpoint_beats_it(tmp_path, ca
 
     train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 24), ("val", 16)), strength=0.0)
     argv = ["--train-dir", str(train_dir), "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"),
-            "--num-sequences", "8", "--mode", "terminal", "--max-steps", "60", "--no-progress"]
+            "--num-sequences", "8", "--mode", "terminal", "--max-steps", "60", "--vote-pathway", "false",
+            "--no-progress"]
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
         result = main(argv)
     assert result.best_step == 0 and not result.guard.passed and result.vote_cv.step == 0, result.vote_cv
@@ -639,7 +711,8 @@ def _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, stop_at=No
 
 def _resume_config(**kwargs):
     return MSVTrainingConfig(**{"num_sequences": 8, "mode": "streaming", "max_steps": 8, "eval_steps": 2,
-                                "vote_folds": 3, "vote_margin_se": 0.0, "progress": False, **kwargs})
+                                "vote_folds": 3, "vote_margin_se": 0.0, "vote_pathway": False, "progress": False,
+                                **kwargs})
 
 
 def test_an_interrupted_fit_resumes_to_the_uninterrupted_verifier(tmp_path, monkeypatch):
@@ -749,3 +822,71 @@ def test_a_verifier_takes_its_elicitation_settings_from_the_shards_new_or_old():
     terminal = training.build_verifier(MSVTrainingConfig(num_sequences=2, mode="terminal", intermediate_size=16),
                                        16, new).config.elicitation
     assert terminal.delimiters == () and terminal.prompt == "Answer: \\boxed" and terminal.mode == "terminal"
+
+
+def hard_problem(pid: str, rng, num_sequences: int = 8, d: int = 16):
+    """One terminal answer per chain; each chain is right with a per-problem probability in [0.15, 0.75] and wrong
+    chains favour one distractor (0.7), so the majority is often wrong; every chain's last state carries its
+    correctness (±1 on dimension 0) plus an offset shared by the problem, which no single-chain score removes."""
+    from hf_msv.data import CollectedProblem
+
+    p, offset, names = rng.uniform(0.15, 0.75), rng.normal() * 2.0, rng.permutation(["a", "b", "c", "d"])
+    right = rng.random(num_sequences) < p
+    klass = np.where(right, 0, np.where(rng.random(num_sequences) < 0.7, 1, rng.integers(2, 4, num_sequences)))
+    answers = [str(names[k]) for k in klass]
+    states = rng.normal(size=(num_sequences, d)).astype(np.float32)
+    states[:, 0] += np.where(right, 1.0, -1.0) + offset
+    classes = {a: i for i, a in enumerate(dict.fromkeys(answers))}
+    taus = np.sort(rng.choice(np.arange(10, 200), size=num_sequences, replace=False))
+    ones = np.ones(num_sequences, dtype=np.int64)
+    return CollectedProblem(
+        problem_id=pid, gold=str(names[0]), source="synthetic", hidden_states=torch.from_numpy(states),
+        token_ids=np.zeros(num_sequences, dtype=np.int64), token_logprobs=np.zeros(num_sequences, dtype=np.float32),
+        answer_text=answers, answer_raw_text=answers, answer_trigger=["eos"] * num_sequences,
+        answer_sequence=np.arange(num_sequences), answer_step=np.zeros(num_sequences), answer_tau=taus,
+        answer_length=ones, answer_class=[classes[a] for a in answers], answer_terminal=np.ones(num_sequences, bool),
+        answer_correct=list(right), sequence_length=taus + 1, sequence_finish=["eos"] * num_sequences)
+
+
+def test_the_default_beats_the_vote_and_probe_wv_where_the_majority_is_often_wrong(tmp_path):
+    """Defaults only, on synthetic shards where the majority is often wrong and each chain carries a noisy
+    correctness signal: on 200 held-out problems the MSV_8 picks better than the vote and than the weighted vote of
+    a Probe trained with the defaults on the same chains (Probe+WV), and its Brier is lower than calibrated Probe+WV's.
+    """
+    from hf_msv.baselines import best_of_n, fit_platt, platt, self_consistency, weighted_voting
+    from hf_msv.evaluation.scoring import score_problems
+
+    rng = np.random.default_rng(0)
+    dirs = {}
+    for split, count in (("train", 128), ("val", 32), ("test", 200)):
+        dirs[split] = tmp_path / split
+        dirs[split].mkdir()
+        write_shard(dirs[split] / "shard-r000-00000.safetensors",
+                    [hard_problem(f"{split}/{i}", rng) for i in range(count)],
+                    info={"lm_name_or_path": "synthetic-lm", "lm_num_attention_heads": 4, "checker": "exact",
+                          "num_samples": 8})
+    common = dict(mode="terminal", probe_hidden_size=64, progress=False)
+    msv = train_verifier(dirs["train"], dirs["val"], tmp_path / "msv", MSVTrainingConfig(num_sequences=8, **common))
+    probe = train_verifier(dirs["train"], dirs["val"], tmp_path / "probe", MSVTrainingConfig(kind="probe", **common))
+    assert msv.guard.passed, msv.guard
+    test = ShardDataset(dirs["test"], num_sequences=8, mode="terminal")
+    problems = test.read_problems(False)
+    msv_scores, _, _ = score_problems(msv.verifier, test)
+    probe_scores, _, _ = score_problems(probe.verifier, test)
+    val = ShardDataset(dirs["val"], num_sequences=8, mode="terminal")
+    val_probe, _, _ = score_problems(probe.verifier, val)
+    val_problems = val.read_problems(False)
+    a, b = fit_platt(np.concatenate([weighted_voting(s, p.answer_class) for s, p in zip(val_probe, val_problems)]),
+                     np.concatenate([p.answer_correct for p in val_problems]))
+    picks = {"vote": [], "Probe+WV": [], "MSV_8": []}
+    brier = {"Probe+WV": [], "MSV_8": []}
+    for p, m, s in zip(problems, msv_scores, probe_scores):
+        y = np.asarray(p.answer_correct, dtype=float)
+        wv = weighted_voting(s, p.answer_class)
+        for name, scores in (("vote", self_consistency(p.answer_class)), ("Probe+WV", wv), ("MSV_8", m)):
+            picks[name].append(y[best_of_n(scores)])
+        brier["Probe+WV"].append(np.mean((platt(wv, a, b) - y) ** 2))
+        brier["MSV_8"].append(np.mean((m - y) ** 2))
+    accuracy = {k: float(np.mean(v)) for k, v in picks.items()}
+    assert accuracy["MSV_8"] > accuracy["Probe+WV"] > accuracy["vote"], accuracy
+    assert np.mean(brier["MSV_8"]) < np.mean(brier["Probe+WV"]), {k: np.mean(v) for k, v in brier.items()}

@@ -159,7 +159,8 @@ def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = 
     * ``token_budget``: the most accurate λ whose mean budget ``x`` ≤ token_budget (ties: cheaper, then larger λ);
     * ``target_accuracy``: the cheapest λ whose validation accuracy ≥ target (ties: more accurate, then larger λ);
     * neither: the most accurate λ (ties: cheaper).
-    When nothing qualifies it warns and falls back to the cheapest λ (budget) or the most accurate λ (target).
+    When nothing qualifies it warns and falls back to the cheapest λ (budget) or, for a target, the closest
+    trade-off that stops early: the most accurate λ cheaper than full decoding (λ = ∞ only when none is).
     """
     if token_budget is not None and target_accuracy is not None:
         raise ValueError("give token_budget or target_accuracy, not both")
@@ -174,9 +175,12 @@ def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = 
     if target_accuracy is not None:
         ok = acc >= target_accuracy - 1e-12
         if not ok.any():
-            warnings.warn(f"no λ reaches accuracy {target_accuracy}; using the most accurate", RuntimeWarning,
-                          stacklevel=2)
-            return float(lam[key_acc[0]])
+            # The closest trade-off that still stops early: the most accurate λ cheaper than full decoding.
+            stops = np.isfinite(lam) & (xs < xs[np.argmax(lam)])
+            pick = [i for i in key_acc if stops[i]] or list(key_acc)
+            warnings.warn(f"no λ reaches accuracy {target_accuracy}; using the closest trade-off that stops early, "
+                          f"λ = {lam[pick[0]]} (accuracy {acc[pick[0]]:.4f})", RuntimeWarning, stacklevel=2)
+            return float(lam[pick[0]])
         key_cheap = np.lexsort((-lam, -acc, xs))
         return float(lam[[i for i in key_cheap if ok[i]][0]])
     return float(lam[key_acc[0]])

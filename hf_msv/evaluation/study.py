@@ -446,7 +446,8 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
         acc.lam_sel.setdefault(m, {}).setdefault("validation", []).append(
             {"target": target, "lambda": lam, "val_accuracy": float(vcurves[m].accuracy[vi]),
              "val_tokens": float(vcurves[m].tokens[vi]), "eval_accuracy": float(ev.accuracy[0]),
-             "eval_tokens": float(ev.tokens[0]), "eval_latency": float(ev.latency[0]), "certified": math.nan})
+             "eval_tokens": float(ev.tokens[0]), "eval_latency": float(ev.latency[0]), "certified": math.nan,
+             "reached": float(vcurves[m].accuracy.max() >= target - 1e-12)})
         ltt = select_lambda_ltt(vgroups, m, target, delta=study.ltt_delta, lambdas=study.lambdas,
                                 eval_groups=eval_groups, eval_scores=m, costs=acc.costs_for(m))
         acc.lam_sel[m].setdefault("ltt", []).append(

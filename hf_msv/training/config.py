@@ -77,6 +77,12 @@ class MSVTrainingConfig:
         "if the pooled gain beats --vote-margin-se standard errors; it then trains on all problems for the chosen "
         "steps, and validation stays a held-out check. Default: 4 with the γ skip (fewer if there are fewer "
         "training problems); 0: choose the checkpoint on validation instead."))
+    vote_pathway: bool | None = field(default=None, metadata=_help(
+        "start at the weighted vote of single-chain scores (Probe+WV) rather than the plain vote: a Probe-shaped "
+        "single-chain head, trained on the training chains first, scores every answer; its weighted vote share enters "
+        "the verifier beside γ, and the verifier starts as exactly that vote calibrated (docs/msv_vote_pathway.md). "
+        "The vote cross-validation then decides whether to train past it. Default: on (auto recipe, unless "
+        "--gamma-skip false), off (paper)."))
     attention_backend: str = field(default="chunked", metadata=_help("chunked (memory-bounded) or dense."))
     probe_hidden_size: int = field(default=1024, metadata=_help("the Probe's MLP width (paper: 1024)."))
     # -- data ------------------------------------------------------------------------------------------------------
@@ -153,10 +159,23 @@ class MSVTrainingConfig:
 
     @property
     def anchored(self) -> bool:
-        """Whether an MSV starts at calibrated voting (`gamma_skip`; the Probe never does)."""
+        """Whether an MSV starts at a calibrated vote: the weighted vote of its single-chain head
+        (`uses_vote_pathway`) or plain voting (`gamma_skip`); the Probe never does."""
         if self.kind != "msv":
             return False
+        if self.uses_vote_pathway:
+            return True
         return self.recipe == "auto" if self.gamma_skip is None else bool(self.gamma_skip)
+
+    @property
+    def uses_vote_pathway(self) -> bool:
+        """Whether an MSV has the vote pathway and starts at calibrated Probe+WV (`vote_pathway`)."""
+        if self.kind != "msv":
+            return False
+        if self.vote_pathway is not None:
+            return bool(self.vote_pathway)
+        # Switching the γ skip off asks for an unanchored start: no vote to start from either.
+        return self.recipe == "auto" and self.gamma_skip is not False
 
     def folds(self, num_problems: int) -> int:
         """Cross-validation folds that decide whether to leave the vote (`vote_folds`): 0 unless anchored; by

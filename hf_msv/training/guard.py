@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..baselines import fit_platt, platt
+from ..baselines import fit_logistic, fit_platt, logistic, logit, platt, streaming_weighted_voting, weighted_voting
 from ..metrics import auroc, bce_with_logits, brier, fold_by_problem, nll
 
 __all__ = ["BASE_RATE_REFERENCE", "GuardReport", "ValidationPredictions", "bce_gain", "calibrated_self_consistency",
@@ -28,14 +28,18 @@ BASE_RATE_REFERENCE = "the base rate cross-fitted over validation halves (each h
 @dataclass
 class ValidationPredictions:
     """What one validation pass produces, per answer (m answers of every validation group, in batch order):
-    ``logits`` (m,), ``labels`` (m,) 0/1, ``gamma`` (m,) the γ the verifier received, and ``pooled`` (m, d) the
-    mean-pooled answer hidden states (float32; `None` when not asked for)."""
+    ``logits`` (m,), ``labels`` (m,) 0/1, ``gamma`` (m,) the γ the verifier received, ``pooled`` (m, d) the
+    mean-pooled answer hidden states (float32; `None` when not asked for), ``problems`` (m,) problem ids,
+    ``single_logits`` (m,) a vote-pathway MSV's single-chain head, ``structure`` {"group", "end", "klass"} (m,)
+    each, for weighted votes."""
 
     logits: np.ndarray
     labels: np.ndarray
     gamma: np.ndarray
     pooled: np.ndarray | None = None
     problems: np.ndarray | None = None
+    single_logits: np.ndarray | None = None
+    structure: dict | None = None
 
 
 def bce_gain(reference: ValidationPredictions, candidate: ValidationPredictions) -> tuple[float, float]:
@@ -116,6 +120,39 @@ def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray,
     return p, _scores(p, labels) | {"platt": [a, b]}
 
 
+def weighted_vote_shares(p: np.ndarray, structure: dict, streaming: bool, threshold: int = 16) -> np.ndarray:
+    """(m,) the weighted vote share of each answer's class under single-chain probabilities `p` (m,), per group of
+    `structure` ({"group", "end", "klass"}): the evaluation's Probe+WV rule (streaming: causal, R = `threshold`)."""
+    out = np.zeros(len(p))
+    for g in np.unique(structure["group"]):
+        rows = np.flatnonzero(structure["group"] == g)
+        klass = structure["klass"][rows]
+        out[rows] = (streaming_weighted_voting(p[rows], klass, structure["end"][rows], threshold) if streaming
+                     else weighted_voting(p[rows], klass))
+    return out
+
+
+def _cross_fitted(features: np.ndarray, labels: np.ndarray, problems: np.ndarray) -> np.ndarray:
+    """(m,) a logistic regression of `labels` on `features` (m, F), each half of the problems scored by the fit on
+    the other half (out of sample, like the verifier's scores)."""
+    fold = fold_by_problem(problems, 2) if len(np.unique(problems)) >= 2 else np.zeros(len(labels), dtype=int)
+    out = np.empty(len(labels))
+    for k in np.unique(fold):
+        train = fold != k if (fold != k).any() else fold == k
+        out[fold == k] = logistic(features[fold == k], *fit_logistic(features[train], labels[train]))
+    return out
+
+
+def vote_baselines(predictions: ValidationPredictions, single_p: np.ndarray, streaming: bool) -> dict:
+    """{name: (m,) probabilities} of the single-chain vote baselines on the validation answers, cross-fitted over
+    validation halves: Probe+WV (the Platt-scaled weighted vote share of the single-chain scores `single_p` (m,))
+    and stacked (a logistic regression on [γ, logit of the single-chain score])."""
+    y, problems = predictions.labels, predictions.problems
+    share = weighted_vote_shares(single_p, predictions.structure, streaming)
+    return {"Probe+WV": _cross_fitted(share[:, None], y, problems),
+            "stacked [vote, Probe]": _cross_fitted(np.stack([predictions.gamma, logit(single_p)], 1), y, problems)}
+
+
 def training_vote_platt(train_set, mode: str, seed: int = 0, batch_size: int = 64) -> tuple[float, float]:
     """(a, b) of calibrated self-consistency fitted on the training split: Platt scaling of γ over the `mode`
     answers of (up to `MAX_PROBE_ANSWERS` answers of random groups of) `train_set` at its current epoch. Used to
@@ -186,9 +223,10 @@ def linear_probe_scores(train_set, val_pooled: np.ndarray, seed: int = 0) -> np.
 class GuardReport:
     """The verifier and its baselines on the same validation answers (``training_log.json["guard"]``).
 
-    ``verifier``, ``self_consistency``, ``linear_probe``: {"brier", "auroc", "nll"} (the probe's may be `None`);
-    ``base_rate``: accuracy of the validation answers; ``passed``: verifier Brier ≤ calibrated self-consistency's;
-    ``warning``: the one-line warning when not.
+    ``verifier``, ``self_consistency``, ``linear_probe`` and each of ``baselines`` (Probe+WV, stacked):
+    {"brier", "auroc", "nll"} (the probe's may be `None`); ``base_rate``: accuracy of the validation answers;
+    ``best``: the baseline with the lowest Brier; ``passed``: verifier Brier ≤ that best's; ``warning``: the
+    one-line warning when not, naming what to use instead.
     """
 
     name: str
@@ -202,75 +240,112 @@ class GuardReport:
     warning: str | None = None
     reference: str = "calibrated self-consistency"
     extra: dict = field(default_factory=dict)
+    baselines: dict = field(default_factory=dict)
+    best: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def rows(self) -> dict:
+        """{method: scores} of the verifier and every baseline, table order."""
+        rows = {self.name: self.verifier, self.reference: self.self_consistency}
+        return rows | ({"linear probe": self.linear_probe} if self.linear_probe else {}) | self.baselines
+
     def card_metrics(self) -> dict:
         """Flat rows for the model card."""
-        rows = {f"validation brier ({self.reference})": self.self_consistency["brier"],
-                f"validation auroc ({self.reference})": self.self_consistency["auroc"]}
-        if self.linear_probe:
-            rows |= {"validation brier (linear probe)": self.linear_probe["brier"],
-                     "validation auroc (linear probe)": self.linear_probe["auroc"]}
+        rows = {}
+        for method, scores in list(self.rows().items())[1:]:
+            rows |= {f"validation brier ({method})": scores["brier"], f"validation auroc ({method})": scores["auroc"]}
         if self.passed:
             verdict = "passed"
         elif self.extra.get("kept_vote"):
             verdict = "FAILED: kept the calibrated vote it started from (no trained checkpoint beat it)"
         else:
-            verdict = "FAILED: worse than " + self.reference
+            verdict = f"FAILED: worse than {self.best}"
         return rows | {"guard": verdict}
 
-    def summary_lines(self) -> list[str]:
-        """The CLI's closing lines: one comparison line, then the warning if any."""
-        def fmt(m):
-            return f"Brier {m['brier']:.4f} AUROC {m['auroc']:.3f}" if m else "n/a"
+    def add_early_stopping(self, tradeoff: dict) -> None:
+        """Record a streaming verifier's validation trade-off (`stopping_curve.validation_tradeoff`) and, when no
+        λ that stops early reaches its target, the warning that says so."""
+        self.extra["early_stopping"] = tradeoff
+        t = tradeoff
+        where = (f"λ = {t['lambda']:.2f}: validation accuracy {t['accuracy_at_lambda']:.3f} with "
+                 f"{t['tokens_at_lambda'] / max(t['full_tokens'], 1e-9):.0%} of the tokens of full decoding "
+                 f"(accuracy {t['full_accuracy']:.3f})" if t["lambda"] is not None else "λ = ∞ (never stops)")
+        if t["reached"]:
+            self.extra["early_stopping_line"] = f"early stopping on validation: {where} (target {t['target']:.3f})"
+        else:
+            self.extra["early_stopping_warning"] = (
+                f"WARNING: {self.name} does not stop early at its validation target: no λ that stops before the "
+                f"end reaches accuracy {t['target']:.3f} (0.95 × full decoding's); the closest trade-off is {where}. "
+                "The curve is in training_log.json (early_stopping); `hf-msv evaluate` compares it with the "
+                "baselines' curves.")
 
-        line = (f"validation ({self.answers} answers, accuracy {self.base_rate:.3f}): {self.name} {fmt(self.verifier)}"
-                f" | {self.reference} {fmt(self.self_consistency)} | linear probe {fmt(self.linear_probe)}")
-        return [line] + ([self.warning] if self.warning else [])
+    def summary_lines(self) -> list[str]:
+        """The CLI's closing lines: the comparison table, the early-stopping line, then the warnings if any."""
+        lines = [f"validation ({self.answers} answers, accuracy {self.base_rate:.3f}); Brier (lower is better), "
+                 "AUROC; baselines cross-fitted over validation halves:"]
+        for method, scores in self.rows().items():
+            mark = " <- best baseline" if method == self.best else ""
+            lines.append(f"  {method:<34} Brier {scores['brier']:.4f}  AUROC {scores['auroc']:.3f}{mark}")
+        extra = [self.extra[k] for k in ("early_stopping_line", "early_stopping_warning") if self.extra.get(k)]
+        return lines + extra + ([self.warning] if self.warning else [])
+
+
+def _kept_vote_warning(name: str, vote: dict, ours: dict, best: str, best_scores: dict, problems) -> str:
+    where = (f"BCE pooled over {vote['folds']}-fold cross-validation of the training problems" if vote.get("folds")
+             else "validation BCE")
+    start = vote.get("start", "the vote calibrated on the training answers")
+    return (f"WARNING: {name} kept its starting point, {start}: no trained checkpoint beat it on {where} by more "
+            f"than {vote['margin_se']:g} standard error(s) (best gain {vote['gain']:.4f} ± {vote['se']:.4f}, "
+            f"{vote.get('steps', '?')} optimizer steps). It scores like that vote (validation Brier "
+            f"{ours['brier']:.4f}; {best} {best_scores['brier']:.4f}); with {problems} training problems the data "
+            "does not show more. Collect more problems to learn more than the vote.")
 
 
 def build_guard_report(name: str, num_sequences: int, predictions: ValidationPredictions, probe_p: np.ndarray | None,
                        context: dict) -> GuardReport:
-    """Compare the verifier's validation `predictions` with calibrated γ and the linear probe `probe_p` (m,).
+    """Compare the verifier's validation `predictions` with calibrated γ, the linear probe `probe_p` (m,), and the
+    vote baselines of a single-chain scorer (`vote_baselines`: the verifier's own single-chain head when it has
+    one, else the linear probe).
 
     Args:
-        context: facts for the warning's likely causes: ``problems`` (training problems), ``steps`` (optimizer steps
-            run), ``max_steps`` (budget), ``stopped_early`` (bool), ``output_dir``.
+        context: ``problems`` (training problems), ``steps`` (optimizer steps run), ``stopped_early`` (bool),
+            ``output_dir``, ``kept_vote`` (the vote cross-validation's gain when the start was kept), ``streaming``.
     """
     y = predictions.labels.astype(np.float64)
-    p = 1.0 / (1.0 + np.exp(-predictions.logits.astype(np.float64)))
-    ours = _scores(p, y)
+    ours = _scores(1.0 / (1.0 + np.exp(-predictions.logits.astype(np.float64))), y)
     _, sc = calibrated_self_consistency(predictions.gamma, y, predictions.problems)
     # Two constants, one per half, so its AUROC need not be 0.5: it is labelled by what it computes.
-    reference = ("calibrated self-consistency" if num_sequences > 1
-                 else BASE_RATE_REFERENCE)
+    reference = "calibrated self-consistency" if num_sequences > 1 else BASE_RATE_REFERENCE
     probe = _scores(probe_p, y) if probe_p is not None else None
-    passed = not (ours["brier"] > sc["brier"]) or math.isnan(ours["brier"])
+    single = (1.0 / (1.0 + np.exp(-predictions.single_logits)) if predictions.single_logits is not None
+              else probe_p)
+    baselines = {}
+    # One chain per group (the Probe, MSV_1): the single-chain scorers it would be compared with are itself.
+    if num_sequences > 1 and single is not None and predictions.structure is not None and len(y):
+        baselines = {k: _scores(p, y) for k, p in vote_baselines(predictions, single,
+                                                                  bool(context.get("streaming"))).items()}
+    candidates = {reference: sc} | ({"linear probe": probe} if probe and num_sequences > 1 else {}) | baselines
+    best = min(candidates, key=lambda k: np.inf if math.isnan(candidates[k]["brier"]) else candidates[k]["brier"])
+    passed = not (ours["brier"] > candidates[best]["brier"]) or math.isnan(ours["brier"])
     warning = None
     vote = context.get("kept_vote")
-    if vote:
-        passed = False
-        where = (f"BCE pooled over {vote['folds']}-fold cross-validation of the training problems" if vote.get("folds")
-                 else "validation BCE")
-        warning = (f"WARNING: {name} kept its starting point, the vote calibrated on the training answers: no trained "
-                   f"checkpoint beat it on {where} by more than {vote['margin_se']:g} standard error(s) "
-                   f"(best gain {vote['gain']:.4f} ± {vote['se']:.4f}, "
-                   f"{vote.get('steps', context.get('steps', '?'))} optimizer steps). "
-                   f"It scores like self-consistency (validation Brier {ours['brier']:.4f}; {sc['brier']:.4f} for γ "
-                   f"calibrated on validation itself) and adds nothing to it; with {context.get('problems', '?')} "
-                   "training problems the data does not show more. Collect more problems to learn more than the vote.")
+    if vote and not vote.get("weighted"):
+        passed = False  # calibrated self-consistency kept: the verifier adds nothing to the plain vote
+    if vote and not passed:
+        warning = _kept_vote_warning(name, vote, ours, best, candidates[best], context.get("problems", "?"))
     elif not passed:
         steps = f"{context.get('steps', '?')} optimizer steps"
         if context.get("stopped_early"):
             steps += " (stopped early: validation stopped improving)"
-        warning = (f"WARNING: {name} is worse than {reference} on validation: Brier {ours['brier']:.4f} > "
-                   f"{sc['brier']:.4f} (AUROC {ours['auroc']:.3f} vs {sc['auroc']:.3f}); the checkpoint in "
-                   f"{context.get('output_dir', '?')} adds nothing over the vote. Likely causes: too little data "
+        warning = (f"WARNING: {name} is worse than {best} on validation: Brier {ours['brier']:.4f} > "
+                   f"{candidates[best]['brier']:.4f} (AUROC {ours['auroc']:.3f} vs {candidates[best]['auroc']:.3f}): "
+                   f"use {best} rather than the checkpoint in {context.get('output_dir', '?')} (`hf-msv evaluate` "
+                   f"reports it; generate accepts a Probe for Probe+WV). Likely causes: too little data "
                    f"({context.get('problems', '?')} training problems), too few steps ({steps}) or an unsuited "
                    f"learning rate: collect more problems, raise --max-steps or run --lr-sweep.")
     return GuardReport(name=name, num_sequences=num_sequences, answers=int(len(y)),
                        base_rate=float(y.mean()) if len(y) else math.nan, verifier=ours, self_consistency=sc,
                        linear_probe=probe, passed=passed, warning=warning, reference=reference,
-                       extra={"kept_vote": vote} if vote else {})
+                       extra={"kept_vote": vote} if vote else {}, baselines=baselines, best=best)

@@ -30,6 +30,8 @@ from .checkpoint import STATE_FILE, Batches, fingerprint, load_state, rng_state,
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
 from .guard import (GuardReport, ValidationPredictions, VoteDecision, bce_gain, build_guard_report,
                     choose_vote_departure, linear_probe_scores, pooled_answer_states, training_vote_platt)
+from .stopping_curve import validation_tradeoff
+from .vote_anchor import anchor_at_weighted_vote
 
 __all__ = ["TrainingResult", "train_verifier", "evaluate_verifier", "validation_predictions", "build_verifier",
            "load_training_data", "cross_validate_vote"]
@@ -92,7 +94,9 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
         intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
         masks=list(config.masks) if config.masks else None, mode=config.mode,
         logit_averaging=config.logit_averaging, readout=config.readout, num_sequences=config.num_sequences,
-        gamma_hidden_size=config.gamma_hidden_size, gamma_skip=config.anchored,
+        gamma_hidden_size=config.gamma_hidden_size,
+        gamma_skip=config.recipe == "auto" if config.gamma_skip is None else config.gamma_skip,
+        vote_pathway=config.uses_vote_pathway, vote_hidden_size=config.probe_hidden_size,
         attention_backend=config.attention_backend, **provenance)
     return MSVVerifier(msv_config)
 
@@ -107,8 +111,10 @@ def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | N
     """
     if config.kind == "probe":
         return [{"params": list(model.parameters()), "lr": learning_rate or config.probe_learning_rate}]
+    # The vote pathway (single-chain head and its skip) trains at the Probe's rate: at the body's width-scaled rate
+    # the head would barely move.
     groups = model.parameter_groups(learning_rate or config.learning_rate or 5e-5, config.mask_learning_rate,
-                                    config.embedding_learning_rate)
+                                    config.embedding_learning_rate, vote_lr=config.probe_learning_rate)
     if gamma_learning_rate is None:
         return groups
     gamma = [p for name, p in model.named_parameters() if name.startswith("gamma_mlp.")]
@@ -192,14 +198,17 @@ def _inputs(batch: dict) -> dict:
 @torch.no_grad()
 def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None,
                            pooled: bool = False) -> ValidationPredictions:
-    """Logits, labels and γ of every answer of every group of `dataset` (split by index over processes, gathered),
-    plus the mean-pooled answer states when `pooled` (for the guard's linear probe)."""
+    """Logits, labels, γ and group structure of every answer of every group of `dataset` (split by index over
+    processes, gathered), the single-chain head's logits of a vote-pathway MSV, and with `pooled` the mean-pooled
+    answer states (for the guard's linear probe)."""
     from accelerate.utils import gather_object
 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     was_training = model.training
     model.eval()
-    parts = {"logits": [], "labels": [], "gamma": [], "pooled": [], "problems": []}
+    keys = ("logits", "labels", "gamma", "pooled", "problems", "single_logits", "group", "end", "klass", "sequence",
+            "terminal")
+    parts = {key: [] for key in keys}
     indices = list(range(rank, len(dataset), world))
     for i in range(0, len(indices), batch_size):
         batch = collate_groups([dataset[j] for j in indices[i:i + batch_size]], mode)
@@ -210,20 +219,35 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
         parts["labels"].append(batch["labels"].float().numpy())
         parts["gamma"].append(batch["gamma"].float().numpy())
         parts["problems"].append(np.asarray(batch["problem_id"], dtype=object)[batch["answer_group"].numpy()])
+        # Groups numbered globally (dataset item index) so that groups of different batches never merge.
+        parts["group"].append(np.asarray(indices[i:i + batch_size])[batch["answer_group"].numpy()])
+        parts["end"].append(batch["answer_end"].numpy())
+        parts["klass"].append(batch["answer_class"].numpy())
+        parts["sequence"].append(batch["answer_sequence"].numpy())
+        parts["terminal"].append(batch["answer_terminal"].numpy())
+        if getattr(out, "vote_logits", None) is not None:
+            parts["single_logits"].append(out.vote_logits.float().cpu().numpy())
         if pooled:
             parts["pooled"].append(pooled_answer_states(batch["hidden_states"], batch["token_answer"],
                                                         len(batch["labels"])))
     model.train(was_training)
     local = {k: np.concatenate(v) if v else None for k, v in parts.items()}
     gathered = gather_object([local]) if world > 1 else [local]
-    cat = lambda key: (np.concatenate([g[key] for g in gathered if g[key] is not None])  # noqa: E731
-                       if any(g[key] is not None for g in gathered) else None)
+
+    def cat(key):
+        found = [g[key] for g in gathered if g[key] is not None]
+        return np.concatenate(found) if found else None
+
     empty = np.zeros(0)
-    return ValidationPredictions(logits=(cat("logits") if cat("logits") is not None else empty).astype(np.float64),
-                                 labels=(cat("labels") if cat("labels") is not None else empty).astype(np.float64),
-                                 gamma=(cat("gamma") if cat("gamma") is not None else empty).astype(np.float64),
-                                 pooled=cat("pooled") if pooled else None,
-                                 problems=cat("problems") if cat("problems") is not None else empty)
+    return ValidationPredictions(
+        logits=(cat("logits") if cat("logits") is not None else empty).astype(np.float64),
+        labels=(cat("labels") if cat("labels") is not None else empty).astype(np.float64),
+        gamma=(cat("gamma") if cat("gamma") is not None else empty).astype(np.float64),
+        pooled=cat("pooled") if pooled else None,
+        problems=cat("problems") if cat("problems") is not None else empty,
+        single_logits=cat("single_logits"),
+        structure=({k: cat(k) for k in ("group", "end", "klass", "sequence", "terminal")}
+                   if cat("group") is not None else None))
 
 
 def prediction_metrics(predictions: ValidationPredictions) -> dict:
@@ -266,10 +290,15 @@ def _optimizer_step(accelerator, model, optimizer, scheduler, batch: dict, max_g
 
 
 def _start(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset):
-    """(model, optimizer) of a fresh run on `train_set`: an anchored MSV starts at the vote calibrated on
-    `train_set`'s answers (Platt on γ), so step 0 *is* calibrated self-consistency."""
+    """(model, optimizer) of a fresh run on `train_set`. An anchored MSV starts at a vote calibrated on `train_set`
+    alone, so step 0 *is* that vote: with the vote pathway, the weighted vote of its single-chain head trained on
+    the training chains (calibrated Probe+WV, `anchor_at_weighted_vote`); without it, self-consistency (Platt on γ).
+    The vote-pathway fit is in ``model.vote_anchor``."""
     model = build_verifier(config, train_set.hidden_size, train_set.info)
-    if config.anchored:
+    if config.uses_vote_pathway:
+        model.vote_anchor = anchor_at_weighted_vote(model, train_set, config.mode, config.probe_learning_rate,
+                                                    config.seed)
+    elif config.anchored:
         model.anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
     optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
                                   betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
@@ -399,6 +428,7 @@ class _Run:
         self.vote_predictions: ValidationPredictions | None = None  # step 0 of an anchored run
         self.best_vote_gain: dict | None = None  # the best trained gain over the vote that was not significant
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
+        self.vote_anchor: dict | None = None  # how a vote-pathway verifier was anchored (`HeadFit`)
 
     def _beats_vote(self, predictions: ValidationPredictions, entry: dict) -> bool:
         """Whether a trained checkpoint may replace the step-0 verifier of an anchored run (calibrated voting): its
@@ -459,8 +489,8 @@ class _Run:
         if acc.is_main_process:
             atomic_write_json(self.output_dir / "training_log.json",
                               {"best_epoch": self.best_epoch, "best_step": self.best_step, "plan": asdict(self.plan),
-                               "vote_cv": self.decision and self.decision.to_dict(), "history": self.history,
-                               "training_data": self.training_data})
+                               "vote_cv": self.decision and self.decision.to_dict(), "vote_anchor": self.vote_anchor,
+                               "history": self.history, "training_data": self.training_data})
         acc.wait_for_everyone()
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
 
@@ -548,6 +578,7 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
         plan = replace(plan, max_steps=decision.step, early_stopping_patience=0)
         set_seed(config.seed)
     model, optimizer = _start(config, plan, train_set)
+    anchor = getattr(model, "vote_anchor", None)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process.
     scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, warmup)
@@ -557,6 +588,7 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
         atomic_write_json(output_dir / "training_config.json", asdict(config))
     run = _Run(config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan, output_dir,
                training_data, decision)
+    run.vote_anchor = anchor and anchor.to_dict()
     run.run()
     accelerator.wait_for_everyone()
     cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
@@ -573,10 +605,13 @@ def _kept_vote(run: _Run) -> dict | None:
     """For the guard: the best non-significant gain of an anchored run that kept its step-0 vote, else `None`."""
     if not run.config.anchored or run.best_step != 0:
         return None
+    start = ({"start": "the weighted vote of its single-chain head calibrated on the training answers (Probe+WV)",
+              "weighted": True} if run.config.uses_vote_pathway else {})
     if run.decision is not None:
         d = run.decision
-        return {"gain": d.gain, "se": d.se, "margin_se": d.margin_se, "folds": d.folds, "steps": d.curve[-1]["step"]}
-    return run.best_vote_gain or {"gain": math.nan, "se": math.nan, "margin_se": run.config.vote_margin_se}
+        return {"gain": d.gain, "se": d.se, "margin_se": d.margin_se, "folds": d.folds, "steps": d.curve[-1]["step"],
+                **start}
+    return (run.best_vote_gain or {"gain": math.nan, "se": math.nan, "margin_se": run.config.vote_margin_se}) | start
 
 
 def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport:
@@ -588,17 +623,22 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
     report = build_guard_report(name, config.group_size, predictions, probe_p,
                                 {"problems": train_set.num_problems, "steps": run.step, "output_dir": str(output_dir),
                                  "stopped_early": run.stopped_early,
-                                 "kept_vote": _kept_vote(run)})
+                                 "kept_vote": _kept_vote(run), "streaming": config.mode == "streaming"})
+    if config.mode == "streaming" and predictions.structure is not None and len(predictions.labels):
+        report.add_early_stopping(validation_tradeoff(predictions))
+    tradeoff = report.extra.pop("early_stopping", None)  # the curve goes to the log, not into the guard's dict
     if acc.is_main_process:
         log = {"best_epoch": run.best_epoch, "best_step": run.best_step, "steps": run.step,
                "stopped_early": run.stopped_early, "plan": asdict(run.plan), "guard": report.to_dict(),
-               "vote_cv": run.decision and run.decision.to_dict(),
+               "vote_cv": run.decision and run.decision.to_dict(), "vote_anchor": run.vote_anchor,
+               "early_stopping": tradeoff,
                "history": run.history, "training_data": run.training_data}
         atomic_write_json(output_dir / "training_log.json", log)
         card = ({f"validation {k}": v for k, v in run.best_metrics.items()} | {"step": run.best_step}
                 | report.card_metrics())
         save_verifier(best, output_dir, metrics=card, training_data=run.training_data)
-        if report.warning:
-            logger.warning(report.warning)
+        for warning in (report.warning, report.extra.get("early_stopping_warning")):
+            if warning:
+                logger.warning(warning)
     acc.wait_for_everyone()
     return report
