@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..baselines import fit_logistic, fit_platt, logistic, logit, platt, streaming_weighted_voting, weighted_voting
+from ..baselines import fit_logistic, fit_platt, logistic, logit, platt
 from ..metrics import auroc, bce_with_logits, brier, fold_by_problem, nll
 
 __all__ = ["BASE_RATE_REFERENCE", "GuardReport", "ValidationPredictions", "bce_gain", "calibrated_self_consistency",
@@ -122,14 +122,14 @@ def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray,
 
 def weighted_vote_shares(p: np.ndarray, structure: dict, streaming: bool, threshold: int = 16) -> np.ndarray:
     """(m,) the weighted vote share of each answer's class under single-chain probabilities `p` (m,), per group of
-    `structure` ({"group", "end", "klass"}): the evaluation's Probe+WV rule (streaming: causal, R = `threshold`)."""
-    out = np.zeros(len(p))
-    for g in np.unique(structure["group"]):
-        rows = np.flatnonzero(structure["group"] == g)
-        klass = structure["klass"][rows]
-        out[rows] = (streaming_weighted_voting(p[rows], klass, structure["end"][rows], threshold) if streaming
-                     else weighted_voting(p[rows], klass))
-    return out
+    `structure` ({"group", "end", "klass"}): the evaluation's Probe+WV rule (streaming: causal, R = `threshold`),
+    computed by the verifier's own `weighted_vote_share`."""
+    from ..modeling_msv import weighted_vote_share
+
+    as_long = lambda key: torch.as_tensor(structure[key], dtype=torch.long)  # noqa: E731
+    share = weighted_vote_share(torch.as_tensor(p, dtype=torch.float64), as_long("group"), as_long("end"),
+                                as_long("klass"), streaming, threshold)
+    return share.numpy()
 
 
 def _cross_fitted(features: np.ndarray, labels: np.ndarray, problems: np.ndarray) -> np.ndarray:
@@ -266,8 +266,7 @@ class GuardReport:
 
     def add_early_stopping(self, tradeoff: dict) -> None:
         """Record a streaming verifier's validation trade-off (`stopping_curve.validation_tradeoff`) and, when no
-        λ that stops early reaches its target, the warning that says so."""
-        self.extra["early_stopping"] = tradeoff
+        λ that stops early reaches its target, the warning that says so (the curve itself goes to the log)."""
         t = tradeoff
         where = (f"λ = {t['lambda']:.2f}: validation accuracy {t['accuracy_at_lambda']:.3f} with "
                  f"{t['tokens_at_lambda'] / max(t['full_tokens'], 1e-9):.0%} of the tokens of full decoding "

@@ -234,18 +234,15 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
     local = {k: np.concatenate(v) if v else None for k, v in parts.items()}
     gathered = gather_object([local]) if world > 1 else [local]
 
-    def cat(key):
+    def cat(key, default=None):
         found = [g[key] for g in gathered if g[key] is not None]
-        return np.concatenate(found) if found else None
+        return np.concatenate(found) if found else default
 
     empty = np.zeros(0)
     return ValidationPredictions(
-        logits=(cat("logits") if cat("logits") is not None else empty).astype(np.float64),
-        labels=(cat("labels") if cat("labels") is not None else empty).astype(np.float64),
-        gamma=(cat("gamma") if cat("gamma") is not None else empty).astype(np.float64),
-        pooled=cat("pooled") if pooled else None,
-        problems=cat("problems") if cat("problems") is not None else empty,
-        single_logits=cat("single_logits"),
+        logits=cat("logits", empty).astype(np.float64), labels=cat("labels", empty).astype(np.float64),
+        gamma=cat("gamma", empty).astype(np.float64), pooled=cat("pooled") if pooled else None,
+        problems=cat("problems", empty), single_logits=cat("single_logits"),
         structure=({k: cat(k) for k in ("group", "end", "klass", "sequence", "terminal")}
                    if cat("group") is not None else None))
 
@@ -290,20 +287,20 @@ def _optimizer_step(accelerator, model, optimizer, scheduler, batch: dict, max_g
 
 
 def _start(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset):
-    """(model, optimizer) of a fresh run on `train_set`. An anchored MSV starts at a vote calibrated on `train_set`
-    alone, so step 0 *is* that vote: with the vote pathway, the weighted vote of its single-chain head trained on
-    the training chains (calibrated Probe+WV, `anchor_at_weighted_vote`); without it, self-consistency (Platt on γ).
-    The vote-pathway fit is in ``model.vote_anchor``."""
+    """(model, optimizer, anchor) of a fresh run on `train_set`. An anchored MSV starts at a vote calibrated on
+    `train_set` alone, so step 0 *is* that vote: with the vote pathway, the weighted vote of its single-chain head
+    trained on the training chains (calibrated Probe+WV; `anchor` is that fit, `anchor_at_weighted_vote`); without
+    it, self-consistency (Platt on γ; `anchor` is None)."""
     model = build_verifier(config, train_set.hidden_size, train_set.info)
+    anchor = None
     if config.uses_vote_pathway:
-        model.vote_anchor = anchor_at_weighted_vote(model, train_set, config.mode, config.probe_learning_rate,
-                                                    config.seed)
+        anchor = anchor_at_weighted_vote(model, train_set, config.mode, config.probe_learning_rate, config.seed)
     elif config.anchored:
         model.anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
     optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
                                   betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
                                   weight_decay=config.weight_decay)
-    return model, optimizer
+    return model, optimizer, anchor
 
 
 def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset, accelerator,
@@ -378,7 +375,7 @@ def _fold_runs(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDa
     runs = []
     for k in range(folds):
         fit, held_out = (train_set.subset(np.flatnonzero(fold != k)), train_set.subset(np.flatnonzero(fold == k)))
-        model, optimizer = _start(config, plan, fit)
+        model, optimizer, _ = _start(config, plan, fit)
         scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
         batches = Batches(fit, batch_size, config.mode, config.seed, config.num_workers)
         runs.append((model, optimizer, scheduler, batches, held_out))
@@ -416,7 +413,8 @@ class _Run:
     """
 
     def __init__(self, config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan,
-                 output_dir: Path, training_data: str, decision: VoteDecision | None = None):
+                 output_dir: Path, training_data: str, decision: VoteDecision | None = None,
+                 vote_anchor: dict | None = None):
         self.config, self.accelerator, self.plan, self.decision = config, accelerator, plan, decision
         self.model, self.optimizer, self.scheduler, self.loader = model, optimizer, scheduler, loader
         self.train_set, self.val_set = train_set, val_set
@@ -428,7 +426,7 @@ class _Run:
         self.vote_predictions: ValidationPredictions | None = None  # step 0 of an anchored run
         self.best_vote_gain: dict | None = None  # the best trained gain over the vote that was not significant
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
-        self.vote_anchor: dict | None = None  # how a vote-pathway verifier was anchored (`HeadFit`)
+        self.vote_anchor = vote_anchor  # how a vote-pathway verifier was anchored (`HeadFit.to_dict`)
 
     def _beats_vote(self, predictions: ValidationPredictions, entry: dict) -> bool:
         """Whether a trained checkpoint may replace the step-0 verifier of an anchored run (calibrated voting): its
@@ -577,8 +575,7 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
         decision = cross_validate_vote(config, plan, train_set, accelerator, folds, state_path)
         plan = replace(plan, max_steps=decision.step, early_stopping_patience=0)
         set_seed(config.seed)
-    model, optimizer = _start(config, plan, train_set)
-    anchor = getattr(model, "vote_anchor", None)
+    model, optimizer, anchor = _start(config, plan, train_set)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process.
     scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, warmup)
@@ -587,8 +584,7 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
         output_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(output_dir / "training_config.json", asdict(config))
     run = _Run(config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan, output_dir,
-               training_data, decision)
-    run.vote_anchor = anchor and anchor.to_dict()
+               training_data, decision, anchor and anchor.to_dict())
     run.run()
     accelerator.wait_for_everyone()
     cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
@@ -624,9 +620,10 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
                                 {"problems": train_set.num_problems, "steps": run.step, "output_dir": str(output_dir),
                                  "stopped_early": run.stopped_early,
                                  "kept_vote": _kept_vote(run), "streaming": config.mode == "streaming"})
+    tradeoff = None
     if config.mode == "streaming" and predictions.structure is not None and len(predictions.labels):
-        report.add_early_stopping(validation_tradeoff(predictions))
-    tradeoff = report.extra.pop("early_stopping", None)  # the curve goes to the log, not into the guard's dict
+        tradeoff = validation_tradeoff(predictions)
+        report.add_early_stopping(tradeoff)
     if acc.is_main_process:
         log = {"best_epoch": run.best_epoch, "best_step": run.best_step, "steps": run.step,
                "stopped_early": run.stopped_early, "plan": asdict(run.plan), "guard": report.to_dict(),
