@@ -2,7 +2,9 @@
 
 CPU mode (default): the shipped testbed LM and MSV_16 at its λ, 16 evaluation problems, N = 16 and 64. Per N:
 plain vLLM CoT tokens/s; the controller's CoT tokens/s with elicitation and scoring on and no stopping; the
-elicitation and verifier share of its wall time; tokens saved and accuracy with early stopping at λ.
+elicitation and verifier share of its wall time and the tokens the engine computed for elicitation per CoT token
+(machine-independent: on a CPU the ratio follows it); tokens saved and accuracy with early stopping at λ, beside
+`hf-msv demo` on the same problems (paired intervals). Then N = 16 with answers every 64 and 128 tokens (cost only).
 GPU mode (``--gpu``): a Qwen2.5-1.5B-shaped Llama with random weights (``load_format="dummy"``, the testbed's
 vocabulary), answers every 256 tokens, a random MSV; throughput and shares only. ``--smoke`` runs the GPU mode's
 code on CPU with a tiny config. ``--quick``: 4 problems, N = 8, short chains.
@@ -48,16 +50,48 @@ def controller_run(controller, prompts, n, budget, threshold) -> tuple[dict, lis
     results = controller.generate(prompts, num_sequences=n, max_new_tokens=budget, threshold=threshold)
     seconds = time.perf_counter() - start
     tokens = sum(r.tokens_decoded for r in results)
-    timings = results[0].timings
+    timings, compute = results[0].timings, results[0].compute
+    elicited = compute["elicitation_prefill_tokens"] + compute["elicitation_answer_tokens_fed"]
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "elicitation_tokens_per_cot_token": elicited / tokens,
+            "elicitation_prefill_per_answer": compute["elicitation_prefill_tokens"] / max(1, len(
+                [a for r in results for a in r.answers])),
             "elicitation_share": timings["elicitation"] / timings["total"],
             "verifier_share": timings["verifier"] / timings["total"],
             "answers": sum(len(r.answers) for r in results)}, results
 
 
-def accuracy(results, problems, checker) -> float:
-    return sum(r.chosen is not None and checker.is_correct(r.chosen.text, p.gold)
-               for r, p in zip(results, problems)) / len(problems)
+def correct(results, problems, checker) -> list[bool]:
+    return [r.chosen is not None and checker.is_correct(r.chosen.text, p.gold) for r, p in zip(results, problems)]
+
+
+def demo_parity(n, lam, budget, problems, stop_results, full_results, checker) -> dict:
+    """`hf-msv demo` (transformers `generate` with the generation hook) on the same problems, N and λ, beside the
+    controller: accuracy with early stopping and tokens saved, and the controller's paired differences (95 %
+    bootstrap over problems; the two paths sample different chains, so the intervals carry sampling noise)."""
+    import contextlib
+    import io
+
+    import numpy as np
+
+    from hf_msv.demo import run_demo
+    from hf_msv.metrics import paired_bootstrap
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the demo's table; the last stdout line stays the JSON
+        rows = run_demo(num_problems=len(problems), num_sequences=n, threshold=lam, max_new_tokens=budget, seed=0,
+                        output_dir=tempfile.mkdtemp(prefix="msv-demo-"))
+    assert [r.problem.id for r in rows] == [p.id for p in problems]
+    vllm_ok = np.array(correct(stop_results, problems, checker), float)
+    demo_ok = np.array([bool(r.correct) for r in rows], float)
+    vllm_used = np.array([r.tokens_decoded for r in stop_results], float)
+    vllm_full = np.array([r.tokens_decoded for r in full_results], float)
+    demo_used = np.array([r.tokens_used for r in rows], float)
+    demo_full = np.array([r.tokens_full for r in rows], float)
+    saved = paired_bootstrap(1 - vllm_used / vllm_full, 1 - demo_used / demo_full)
+    accuracy = paired_bootstrap(vllm_ok, demo_ok)
+    return {"demo_accuracy_early_stop": demo_ok.mean(), "demo_tokens_saved": 1 - demo_used.sum() / demo_full.sum(),
+            "accuracy_difference": [accuracy["estimate"], accuracy["low"], accuracy["high"]],
+            "tokens_saved_difference": [saved["estimate"], saved["low"], saved["high"]]}
 
 
 def cpu_mode(quick: bool) -> dict:
@@ -73,7 +107,8 @@ def cpu_mode(quick: bool) -> dict:
     task = get_task("v2")
     problems = task.generate_problems("evaluation", 4 if quick else 16, seed=0)
     budget = 120 if quick else (task.sampling_cap() or 400)
-    llm = make_engine(lm, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=512 << 20)
+    # Room for all 16 × 64 chains and their elicitations: a smaller cache preempts and evicts cached prefixes.
+    llm = make_engine(lm, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=2 << 30)
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
     controller = VLLMController(llm, None, verifier, checker="symbolic")
     prompts = [format_prompt(p) for p in problems]
@@ -89,11 +124,26 @@ def cpu_mode(quick: bool) -> dict:
             "plain_tokens_per_s": plain["tokens_per_s"], "controller_tokens_per_s": full["tokens_per_s"],
             "throughput_ratio": full["tokens_per_s"] / plain["tokens_per_s"],
             "elicitation_share": full["elicitation_share"], "verifier_share": full["verifier_share"],
+            "elicitation_tokens_per_cot_token": full["elicitation_tokens_per_cot_token"],
+            "elicitation_prefill_per_answer": full["elicitation_prefill_per_answer"],
+            # the ratio if an elicitation token cost what a CoT token costs (CPU: cost scales with tokens)
+            "token_bound_ratio": 1 / (1 + full["elicitation_tokens_per_cot_token"]),
             "answers": full["answers"], "tokens_full": full["tokens"], "tokens_early_stop": stop["tokens"],
             "tokens_saved": 1 - stop["tokens"] / full["tokens"],
-            "accuracy_full": accuracy(full_results, problems, checker),
-            "accuracy_early_stop": accuracy(stop_results, problems, checker),
-            "seconds_early_stop": stop["seconds"], "seconds_plain": plain["seconds"]}
+            "accuracy_full": sum(correct(full_results, problems, checker)) / len(problems),
+            "accuracy_early_stop": sum(correct(stop_results, problems, checker)) / len(problems),
+            "seconds_early_stop": stop["seconds"], "seconds_plain": plain["seconds"],
+            **demo_parity(n, lam, budget, problems, stop_results, full_results, checker)}
+    if not quick:
+        # The same chains with sparser answers (every k tokens instead of at `Wait`): how the throughput ratio
+        # follows the elicitation tokens per CoT token (the verifier is not trained for these answers; cost only).
+        plain = report["n16"]["plain_tokens_per_s"]
+        for k in (64, 128):
+            sparse = VLLMController(llm, None, verifier, checker="symbolic", delimiters=(), every_k_tokens=k)
+            run, _ = controller_run(sparse, prompts, 16, budget, None)
+            report[f"n16_every_{k}"] = {"throughput_ratio": run["tokens_per_s"] / plain,
+                                        "elicitation_tokens_per_cot_token": run["elicitation_tokens_per_cot_token"],
+                                        "verifier_share": run["verifier_share"]}
     report["goals_met"] = {f"throughput_ge_0.7_n{n}": report[f"n{n}"]["throughput_ratio"] >= 0.7
                            for n in ((8,) if quick else (16, 64))}
     return report
@@ -160,6 +210,8 @@ def main():
     def rounded(value):
         if isinstance(value, dict):
             return {k: rounded(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rounded(v) for v in value]
         return round(value, 4) if isinstance(value, float) else value
 
     print(json.dumps(rounded(report)))

@@ -100,6 +100,13 @@ def test_answers_and_states_equal_a_cache_free_transformers_forward(engine, toke
         assert result.tokens_decoded == sum(map(len, result.sequences))
         assert result.chosen is None and all(a.score is None for a in result.answers)
     assert no_requests_left(engine)
+    # What the engine computed for elicitation: each answer's tokens fed once, and its prompt prefilled from the
+    # prefix cache up to the last full 32-token block of the chain.
+    answers = [a for r in collected for a in r.answers]
+    compute = collected[0].compute
+    assert compute["elicitation_answer_tokens_fed"] == sum(a.length for a in answers)
+    segments = sum(len(a.elicitation_ids) for a in answers)
+    assert segments <= compute["elicitation_prefill_tokens"] <= segments + 31 * len(answers)
 
 
 def answer_group(result):

@@ -92,7 +92,9 @@ class MSVResult:
             ``"equivalence"``. Elicitation shares the decoding forwards: it is charged the branch rows' share of
             each forward (its cost on a device where cost scales with rows) plus its own bookkeeping.
         compute: what the whole ``generate`` call computed, shared by all prompts of the batch:
-            ``"forward_calls"`` (LM forwards, prefill included) and ``"rows_computed"`` (Σ batch rows over them).
+            ``"forward_calls"`` (LM forwards, prefill included) and ``"rows_computed"`` (Σ batch rows over them);
+            from `hf_msv.vllm` also ``"elicitation_prefill_tokens"`` (elicitation prompt tokens not served from
+            the prefix cache) and ``"elicitation_answer_tokens_fed"``.
     """
 
     prompt: int

@@ -39,6 +39,7 @@ class _Elicitation:
     prompt_length: int
     kept: int
     fed_last: bool = False  # a token after the closing one arrived: the closing token has been fed
+    sampled: int = 0        # tokens the engine sampled for it (the first one comes from its prompt's last row)
 
 
 class VLLMController:
@@ -192,6 +193,9 @@ class _Run:
         self.counter = itertools.count()
         self.timings = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
         self.steps = self.rows = 0
+        # Tokens the engine computed for elicitation: prompt tokens not served from the prefix cache (the
+        # elicitation segment and the chain's tokens after its last full cached block), and answer tokens fed.
+        self.elicitation_computed = {"prefill": 0, "answers": 0}
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
@@ -222,8 +226,11 @@ class _Run:
         timings["cot"] = total - sum(self.timings.values())
         results = assemble_results(self.tracker, self.budget, self.threshold, self.c.capture_hidden_states,
                                    timings)
+        compute = {"forward_calls": self.steps, "rows_computed": self.rows,
+                   "elicitation_prefill_tokens": self.elicitation_computed["prefill"],
+                   "elicitation_answer_tokens_fed": self.elicitation_computed["answers"]}
         for result in results:
-            result.compute = {"forward_calls": self.steps, "rows_computed": self.rows}
+            result.compute = dict(compute)
         return results
 
     def _step(self):
@@ -248,8 +255,11 @@ class _Run:
                     self.clock[p], ticked = 0, ticked | {p}
                 for completion in output.outputs:
                     self._chain_tokens(p, completion)
-            elif rid in self.elicitations and self._answer_tokens(self.elicitations[rid], output):
-                completed.append(self.elicitations[rid])
+            elif rid in self.elicitations:
+                el = self.elicitations[rid]
+                self._count_computed(el, output)
+                if self._answer_tokens(el, output):
+                    completed.append(el)
         for p, value in enumerate(self.clock):
             if value >= 0 and p not in ticked:
                 self.clock[p] += 1
@@ -329,6 +339,14 @@ class _Run:
         self.timings["elicitation"] += time.perf_counter() - start
 
     # -- answers -----------------------------------------------------------------------------------------------
+
+    def _count_computed(self, el: _Elicitation, output):
+        new = len(output.outputs[0].token_ids)
+        if el.sampled == 0 and new:  # its prompt was prefilled in this step
+            self.elicitation_computed["prefill"] += el.prompt_length - (output.num_cached_tokens or 0)
+        # every sampled token but the first came from feeding the one before it
+        self.elicitation_computed["answers"] += new - (1 if el.sampled == 0 and new else 0)
+        el.sampled += new
 
     def _answer_tokens(self, el: _Elicitation, output) -> bool:
         """Consume an elicitation's new tokens; True once its closing token has been fed (its state exists)."""
