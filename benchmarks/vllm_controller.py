@@ -79,7 +79,7 @@ def demo_parity(n, lam, budget, problems, stop_results, full_results, checker) -
 
     with contextlib.redirect_stdout(io.StringIO()):  # the demo's table; the last stdout line stays the JSON
         rows = run_demo(num_problems=len(problems), num_sequences=n, threshold=lam, max_new_tokens=budget, seed=0,
-                        output_dir=tempfile.mkdtemp(prefix="msv-demo-"))
+                        figure=False)
     assert [r.problem.id for r in rows] == [p.id for p in problems]
     vllm_ok = np.array(correct(stop_results, problems, checker), float)
     demo_ok = np.array([bool(r.correct) for r in rows], float)

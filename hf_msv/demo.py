@@ -9,6 +9,7 @@ random numbers), so the comparison is exact.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from collections.abc import Sequence
@@ -46,7 +47,8 @@ class DemoConfig:
                               metadata={"help": "A local or Hub causal LM instead of the embedded testbed LM."})
     gguf_file: str | None = field(default=None, metadata={"help": "GGUF file inside --model, if it is a GGUF repo."})
     verifier: str | None = field(default=None, metadata={"help": "A local or Hub MSV verifier trained for --model."})
-    output_dir: str = field(default="outputs/demo", metadata={"help": "Where the figure goes."})
+    output_dir: str = field(default="outputs/demo", metadata={
+        "help": "Where the figure goes (drawn when matplotlib is installed: pip install \"hf-msv[report]\")."})
     device: str = field(default="auto",
                         metadata={"help": "auto (default): the GPU when there is one, else the CPU."})
 
@@ -112,8 +114,10 @@ def run_demo(
     output_dir: str | Path = "outputs/demo",
     checker: str = "symbolic",
     device: str | None = None,
+    figure: bool = True,
 ) -> list[DemoRow]:
-    """Run the demo and print a per-problem table, totals and a figure path. Returns the rows."""
+    """Run the demo and print a per-problem table and totals; with `figure`, also draw the tokens per problem into
+    `output_dir` (when matplotlib is installed, else one line says how to get it). Returns the rows."""
     task = get_task(TESTBED_VERIFIER_TASK)  # its problems; its LM too unless `model` is given
     if model is None:
         model, tokenizer, verifier = load_default(device)
@@ -154,8 +158,14 @@ def run_demo(
             stop_step=live.stop_step, tokens_used=live.tokens_decoded, tokens_full=full.tokens_decoded,
             seconds=runs["live_s"]))
     print_table(rows, num_sequences, threshold)
-    figure = save_figure(rows, Path(output_dir))
-    print(f"figure: {figure}")
+    if figure:
+        # The figure is an extra: the table above is the demo's output, so a missing extra is a note, not an error.
+        if importlib.util.find_spec("matplotlib") is None:
+            from .evaluation.report import REPORT_EXTRA_HINT
+
+            print(f"figure: not drawn, matplotlib is not installed ({REPORT_EXTRA_HINT})")
+        else:
+            print(f"figure: {save_figure(rows, Path(output_dir))}")
     return rows
 
 

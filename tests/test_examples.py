@@ -136,3 +136,19 @@ def test_every_benchmark_and_example_has_a_quick_mode():
     assert not missing, f"no --quick mode: {missing}"
     smoke = (ROOT / "scripts" / "bench_smoke.sh").read_text()
     assert 'for f in benchmarks/*.py examples/*.py' in smoke and '--quick' in smoke
+
+
+def test_demo_without_matplotlib_prints_its_table_and_says_how_to_get_the_figure(monkeypatch, tmp_path, capsys):
+    """The figure is an extra (``hf-msv[report]``): without matplotlib the demo still finishes, draws nothing and
+    names the extra in one line."""
+    import importlib.util
+
+    from hf_msv.demo import run_demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    rows = run_demo(num_problems=1, num_sequences=2, max_new_tokens=24, output_dir=tmp_path / "demo")
+    out = capsys.readouterr().out
+    assert len(rows) == 1 and "accuracy: MSV selection" in out
+    assert 'figure: not drawn, matplotlib is not installed (pip install "hf-msv[report]")' in out
+    assert not (tmp_path / "demo").exists()
