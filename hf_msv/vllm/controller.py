@@ -342,10 +342,11 @@ class _Run:
 
     def _count_computed(self, el: _Elicitation, output):
         new = len(output.outputs[0].token_ids)
-        if el.sampled == 0 and new:  # its prompt was prefilled in this step
+        first = el.sampled == 0 and new > 0  # its prompt was prefilled in this step
+        if first:
             self.elicitation_computed["prefill"] += el.prompt_length - (output.num_cached_tokens or 0)
         # every sampled token but the first came from feeding the one before it
-        self.elicitation_computed["answers"] += new - (1 if el.sampled == 0 and new else 0)
+        self.elicitation_computed["answers"] += new - first
         el.sampled += new
 
     def _answer_tokens(self, el: _Elicitation, output) -> bool:
