@@ -87,7 +87,7 @@ def test_a_later_answer_never_changes_an_earlier_share():
 
 def test_checkpoints_without_the_option_load_and_score_bit_identically(tmp_path):
     """A config without the vote keys (every checkpoint saved before they existed) builds the paper's modules, loads
-    with nothing missing or unexpected and scores bit-identically; so does the shipped testbed verifier."""
+    with nothing missing or unexpected and scores bit-identically; the shipped testbed verifier loads cleanly too."""
     from pathlib import Path
 
     assert MSVConfig().vote_pathway is False
@@ -106,7 +106,8 @@ def test_checkpoints_without_the_option_load_and_score_bit_identically(tmp_path)
     assert torch.equal(first.logits, again.logits) and again.vote_share is None
     shipped = Path(hf_msv.__file__).parent / "testbed" / "verifier"
     loaded, info = MSVVerifier.from_pretrained(shipped, output_loading_info=True)
-    assert loaded.config.vote_pathway is False and not any(info.values()), info
+    saved = json.loads((shipped / "config.json").read_text()).get("vote_pathway", False)
+    assert loaded.config.vote_pathway is saved and not any(info.values()), info
 
 
 def test_paper_preset_is_the_papers_architecture():

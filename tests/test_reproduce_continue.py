@@ -1,7 +1,7 @@
 """`hf-msv reproduce --continue-report`: a new part, in an empty work directory, continues the committed v2 report.
 
-The committed v2 report (docs/results/testbed-v2.json, its main study's results beside it) is continued in a
-temporary directory with the study functions replaced by recorders: no LM sampling, no training. What is checked is
+The committed six-study v2 report (docs/results/plain-vote-start/testbed-v2.json, its main study's results beside
+it) is continued in a temporary directory with the study functions replaced by recorders: no LM sampling, no training. What is checked is
 what the new part keeps, what it runs, what it refuses, and what the report then says.
 """
 
@@ -17,6 +17,7 @@ import pytest
 from hf_msv.reproduction import ReproduceConfig, parse_arguments, pipeline, render_testbed
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+SIX_STUDIES = RESULTS / "plain-vote-start"  # the committed v2 report with all six studies, in five parts
 
 
 @pytest.fixture
@@ -26,8 +27,8 @@ def report_dir(tmp_path) -> Path:
     parts), so that a new part has a study to run and the report reads as after its first part."""
     out = tmp_path / "results"
     out.mkdir()
-    shutil.copy(RESULTS / "testbed-v2-main.json", out / "testbed-v2-main.json")
-    s = json.loads((RESULTS / "testbed-v2.json").read_text())
+    shutil.copy(SIX_STUDIES / "testbed-v2-main.json", out / "testbed-v2-main.json")
+    s = json.loads((SIX_STUDIES / "testbed-v2.json").read_text())
     later = ("delimiters", "masks", "grouping", "training_size")
     first = ("main", "checker")  # the first part's studies, as named in reports and vote checks
     for study in later:
@@ -67,7 +68,7 @@ def test_a_new_part_keeps_the_report_and_runs_only_what_it_lacks(report_dir, rec
                                  continue_report=True)
 
     (call,) = recorded   # the delimiter study ran once; the checker study, already in the report, did not
-    assert call["main_results"] == json.loads((RESULTS / "testbed-v2-main.json").read_text())
+    assert call["main_results"] == json.loads((SIX_STUDIES / "testbed-v2-main.json").read_text())
     assert call["collections"] == {} and not (work / "data").exists()   # it needs no main collection: none made
     assert call["vote_checks"] == earlier["vote_check"]
     assert {str(n): c.decode_step_s for n, c in call["lm_costs"].items()} == {
@@ -124,7 +125,7 @@ def test_a_part_records_the_main_collection_it_made_and_where_it_differs_from_th
     # a main study from before fingerprints were recorded: nothing to compare with, nothing claimed
     assert pipeline.part_collections([{"studies": ["main"]}], {"data/eval": "x"}) == {
         "collections": {"data/eval": "x"}}
-    summary = json.loads((RESULTS / "testbed-v2.json").read_text())
+    summary = json.loads((SIX_STUDIES / "testbed-v2.json").read_text())
     summary["parts"] = [dict(summary["parts"][0], studies=["main"]),
                            {"studies": ["masks"], "timing_s": {"total": 60.0}, "git_commit": "0123456789abc",
                             "collections_differ_from_main": ["data/eval"]}]

@@ -38,9 +38,11 @@ def test_render_testbed_of_the_committed_summary_is_the_committed_report(committ
     assert render_testbed(committed) == (RESULTS / "testbed.md").read_text()   # main results are not read
 
 
-def test_committed_v2_report_is_its_summary_rendered():
-    """testbed-v2.md (written while the run went on, in several parts) is its summary rendered."""
-    assert render_testbed(_load("testbed-v2.json")) == (RESULTS / "testbed-v2.md").read_text()
+@pytest.mark.parametrize("report", ["testbed-v2", "plain-vote-start/testbed-v2"])
+def test_committed_v2_reports_are_their_summaries_rendered(report):
+    """Each committed v2 report (the six-study one was written while the run went on, in several parts) is its
+    summary rendered."""
+    assert render_testbed(_load(f"{report}.json")) == (RESULTS / f"{report}.md").read_text()
 
 
 def test_a_resumed_run_says_its_time_is_its_last_runs(committed):

@@ -193,3 +193,36 @@ def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_b
     right = np.array([r["right"] for r in rows])
     assert roc_auc_score(right, [r["writer_reading"] for r in rows]) > roc_auc_score(
         right, [r["writer_blind"] for r in rows]) + 0.05
+
+
+def _group(end, klass, correct, scores):
+    from hf_msv.data import AnswerGroup
+
+    end = np.asarray(end)
+    seq = np.arange(len(end))
+    return AnswerGroup(seq, end, np.asarray(klass), np.asarray(correct, bool), np.ones(len(end), bool), end.copy(),
+                       end - 1, {"m": np.asarray(scores, float)})
+
+
+def test_early_stop_diagnosis_counts_wrong_stops_and_the_clairvoyant_budget():
+    diag = _script("early_stop_diagnosis")
+    # group 0: a wrong answer scored 0.9 arrives at 10, the right class (two answers) at 50 and 60 and scores best;
+    # group 1: right answer at 20 scored 0.95; group 2: never right.
+    groups = [_group([10, 50, 60], [1, 0, 0], [0, 1, 1], [0.9, 0.6, 0.95]),
+              _group([20, 80], [0, 1], [1, 0], [0.95, 0.2]),
+              _group([30, 40], [1, 2], [0, 0], [0.3, 0.4])]
+    r = diag.replays(groups, "m", [0.85])
+    assert r["full_correct"].tolist() == [True, True, False]
+    assert r["stopped"][:, 0].tolist() == [True, True, False] and r["correct"][:, 0].tolist() == [False, True, False]
+    row = diag.at_budget(r, budget=100.0, lambdas=[0.85])
+    assert row["lost_by_stopping"] == pytest.approx(1 / 3)  # group 0: stopped on the wrong answer, full is right
+    assert row["accuracy_when_stopped"] == pytest.approx(0.5)
+    # to be right on 2 of 3 groups a gold-knowing stopper pays 50 (group 0) + 20 (group 1) + 30 (group 2's first)
+    assert diag.clairvoyant_steps(groups, 2 / 3) == pytest.approx((50 + 20 + 30) / 3)
+    assert diag.evidence_at(groups, 25.0)["correct_available"] == pytest.approx(1 / 3)
+    # class mean at arrival: the second right answer averages its logit with the first one's
+    cm = diag.class_mean_scores(groups[0], "m")
+    logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+    assert cm[0] == pytest.approx(0.9) and cm[2] == pytest.approx(1 / (1 + math.exp(-(logit(0.6) + logit(0.95)) / 2)))
+    costly = diag.costly_stops(groups, "m", 0.85)
+    assert costly["share_of_groups"] == pytest.approx(1 / 3) and costly["median_class_support"] == 1
