@@ -3,6 +3,9 @@
 Usage:
     python research/early_stop_diagnosis.py --work-dir outputs/reproduce-v2 [--seed 0] [--ns 16 64] [--out r.json]
 
+Scoring settings (R of streaming weighted voting, DeepConf's window and statistic) are read from the main study's
+evaluation report in the work directory, so the groups and scores are the report's.
+
 Scores the main study's evaluation groups (streaming answers) with one training seed's MSV_N and MSV_1 (for
 MSV_1+WV), replays the stop rule over the λ sweep and, at matched mean stopping positions t*, splits each method's
 groups by what full decoding would have given: how often a rule stops on a wrong answer that full decoding gets
@@ -25,18 +28,25 @@ from hf_msv.evaluation.verifiers import load_verifier_seeds
 
 
 def replays(groups, method: str, lambdas) -> dict:
-    """Per group and λ: stopped, correct, steps; plus each group's full-decoding correctness (λ above 1)."""
-    runs = [replay_many(g, g.scores[method], list(lambdas) + [2.0]) for g in groups]
-    stack = {k: np.stack([getattr(r, k) for r in runs]) for k in ("stopped", "correct", "steps")}
-    return {"stopped": stack["stopped"][:, :-1], "correct": stack["correct"][:, :-1], "steps": stack["steps"][:, :-1],
-            "full_correct": stack["correct"][:, -1], "full_steps": stack["steps"][:, -1]}
+    """Per group and λ: stopped, correct, chosen, steps; plus each group's full-decoding outcome (a λ never
+    reached)."""
+    runs = [replay_many(g, g.scores[method], list(lambdas) + [np.inf]) for g in groups]
+    stack = {k: np.stack([getattr(r, k) for r in runs]) for k in ("stopped", "correct", "chosen", "steps")}
+    return {k: v[:, :-1] for k, v in stack.items()} | {"full_correct": stack["correct"][:, -1],
+                                                        "full_steps": stack["steps"][:, -1]}
+
+
+def budget_index(r: dict, budget: float) -> int:
+    """Index of the λ whose mean t* is closest to `budget` from below (the cheapest λ when none is)."""
+    mean_steps = r["steps"].mean(0)
+    ok = np.flatnonzero(mean_steps <= budget)
+    return int(ok[np.argmax(mean_steps[ok])]) if ok.size else int(np.argmin(mean_steps))
 
 
 def at_budget(r: dict, budget: float, lambdas) -> dict:
-    """The λ whose mean t* is closest to `budget` from below, and how its groups split by full-decoding outcome."""
+    """At the λ of `budget_index`: accuracy, and how the groups split by full-decoding outcome."""
+    j = budget_index(r, budget)
     mean_steps = r["steps"].mean(0)
-    ok = np.flatnonzero(mean_steps <= budget)
-    j = ok[np.argmax(mean_steps[ok])] if ok.size else int(np.argmin(mean_steps))
     hopeless = ~r["full_correct"]
     steps, stopped = r["steps"][:, j].astype(float), r["stopped"][:, j]
     return {"lambda": float(lambdas[j]), "mean_steps": float(mean_steps[j]), "accuracy": float(r["correct"][:, j].mean()),
@@ -48,17 +58,18 @@ def at_budget(r: dict, budget: float, lambdas) -> dict:
             "lost_by_stopping": float((r["full_correct"] & ~r["correct"][:, j]).mean())}
 
 
-def costly_stops(groups, method: str, lam: float) -> dict:
-    """At one λ, the groups stopped on a wrong answer that full decoding gets right: their share, and the median
-    number of answers in the stopped answer's class (and available in all) when the rule stopped."""
+def costly_stops(groups, r: dict, j: int) -> dict:
+    """At λ index `j` of the `replays` `r` of `groups`: the groups stopped on a wrong answer that full decoding gets
+    right, their share, and the median number of answers in the stopped answer's class (and available in all)
+    when the rule stopped."""
     support, available = [], []
-    for g in groups:
-        r = replay_many(g, g.scores[method], [lam, 2.0])
-        if r.stopped[0] and not r.correct[0] and r.correct[1]:
-            seen = g.end <= r.steps[0]
-            support.append(int((seen & (g.klass == g.klass[r.chosen[0]])).sum()))
-            available.append(int(seen.sum()))
-    return {"lambda": lam, "share_of_groups": len(support) / len(groups),
+    costly = r["stopped"][:, j] & ~r["correct"][:, j] & r["full_correct"]
+    for i in np.flatnonzero(costly):
+        g, chosen = groups[i], r["chosen"][i, j]
+        seen = g.end <= r["steps"][i, j]
+        support.append(int((seen & (g.klass == g.klass[chosen])).sum()))
+        available.append(int(seen.sum()))
+    return {"share_of_groups": len(support) / len(groups),
             "median_class_support": float(np.median(support)) if support else float("nan"),
             "median_available": float(np.median(available)) if available else float("nan")}
 
@@ -102,8 +113,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     work = Path(args.work_dir)
     tail = "" if args.seed == 0 else f"-seed{args.seed}"
-    dataset = ShardDataset(work / "data" / "eval")
-    split = prepare_split(dataset, 2048, "lowest_group")
+    report = json.loads((work / "evaluations" / "testbed-v2-main" / "testbed-v2-main.json").read_text())["config"]
+    split = prepare_split(ShardDataset(work / "data" / "eval"), report["deepconf_window"], report["deepconf_stat"])
     out = {}
     for n in args.ns:
         specs = {"MSV_1": {"streaming": str(work / "verifiers" / f"msv1-streaming{tail}")},
@@ -111,7 +122,7 @@ def main(argv=None) -> dict:
         entries = load_verifier_seeds(specs)[0]
         scored = with_verifiers(split, entries, 32768)
         plan = method_plan(entries, n, "streaming", scored)
-        groups = draw_scores(scored, n, "streaming", 16, 32768, plan).groups
+        groups = draw_scores(scored, n, "streaming", report["wv_threshold"], 32768, plan).groups
         msv = f"MSV_{n}"
         for g in groups:
             g.scores[f"{msv} (class mean)"] = class_mean_scores(g, msv)
@@ -121,8 +132,8 @@ def main(argv=None) -> dict:
         full_steps = r["MSV_1+WV"]["full_steps"].mean()
         out[n] = {f"{frac:.2f} of full t*": {m: at_budget(v, frac * full_steps, DEFAULT_LAMBDAS) for m, v in r.items()}
                   for frac in (0.3, 0.4, 0.5, 0.6)}
-        half = out[n]["0.50 of full t*"]
-        out[n]["costly stops at half of full t*"] = {m: costly_stops(groups, m, half[m]["lambda"]) for m in r}
+        out[n]["costly stops at half of full t*"] = {
+            m: costly_stops(groups, v, budget_index(v, 0.5 * full_steps)) for m, v in r.items()}
         out[n]["evidence"] = {f"{frac:.2f} of full t*": evidence_at(groups, frac * full_steps)
                               for frac in (0.3, 0.5, 0.7, 1.0)}
         out[n]["t* fraction to reach MSV_1+WV's peak"] = {

@@ -224,5 +224,5 @@ def test_early_stop_diagnosis_counts_wrong_stops_and_the_clairvoyant_budget():
     cm = diag.class_mean_scores(groups[0], "m")
     logit = lambda p: math.log(p / (1 - p))  # noqa: E731
     assert cm[0] == pytest.approx(0.9) and cm[2] == pytest.approx(1 / (1 + math.exp(-(logit(0.6) + logit(0.95)) / 2)))
-    costly = diag.costly_stops(groups, "m", 0.85)
+    costly = diag.costly_stops(groups, r, 0)
     assert costly["share_of_groups"] == pytest.approx(1 / 3) and costly["median_class_support"] == 1
