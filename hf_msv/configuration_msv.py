@@ -98,6 +98,12 @@ class MSVConfig(PreTrainedConfig):
             How the answers the verifier reads were elicited (delimiters, every-k, prompt, answer cap); its `mode`
             is always this config's `mode`. Configs saved with the flat keys `delimiters`, `every_k_tokens`,
             `elicitation_prompt`, `max_answer_tokens` load into it.
+        early_stopping (`dict`, *optional*):
+            The verifier's stopping rule, fitted on validation when a streaming verifier is trained:
+            `{"stop_head": ..., "lambda": ...}` (`hf_msv.stop_rules.StopHead` and `hf_msv.lambda_rule.LambdaChoice`
+            as dicts). With it, generation stops on the stop head's statistic (the verifier's score, its answer's
+            support among the N chains, the share that has answered) and `MSVEarlyStop.from_verifier` uses the λ.
+            `None`: the raw score is the statistic, as in the paper.
 
     Example:
 
@@ -134,6 +140,7 @@ class MSVConfig(PreTrainedConfig):
     base_model_name_or_path: str | None = None
     base_model_revision: str | None = None
     elicitation: ElicitationSettings | dict | None = None
+    early_stopping: dict | None = None
 
     def __post_init__(self, **kwargs):
         self.elicitation = coerce_elicitation(self.elicitation, self.mode, kwargs)

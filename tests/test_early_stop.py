@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_msv.evaluation.early_stop import (AnswerGroup, LatencyCosts, TradeoffCurve, autc, early_stop_token_fraction,
-                               ltt_p_values, replay, replay_many, select_lambda_ltt, select_lambda_validation,
-                               tradeoff_curve)
+from hf_msv.evaluation.early_stop import (AnswerGroup, LatencyCosts, TradeoffCurve, autc, budget_accuracy,
+                                         choose_on_groups, early_stop_token_fraction, replay, replay_many,
+                                         select_lambda_ltt, select_lambda_validation, tradeoff_curve)
 
 #                 idx:  0    1    2    3    4    5
 SCORES = np.array([.3, .6, .7, .5, .9, .4])
@@ -86,18 +86,14 @@ def test_select_lambda_validation():
     c = _curve([.1, .5, .7, .7, .65], [1, 2, 3, 4, 5], lambdas=[0, .2, .4, .6, np.inf])
     assert select_lambda_validation(c) == .4                       # most accurate, cheapest
     assert select_lambda_validation(c, token_budget=2.5) == .2
-    assert select_lambda_validation(c, target_accuracy=.5) == .2
-    with pytest.warns(RuntimeWarning):
-        assert select_lambda_validation(c, target_accuracy=.9) == .4
     with pytest.warns(RuntimeWarning):
         assert select_lambda_validation(c, token_budget=.5) == 0
 
 
-def test_ltt_p_values_hand():
-    # 10 problems, 9 correct, target .7 (risk α = .3): P[Bin(10, .3) ≤ 1] = .7^10 + 10·.3·.7^9
-    assert ltt_p_values([9], 10, .7)[0] == pytest.approx(.7 ** 10 + 3 * .7 ** 9)
-    assert ltt_p_values([9], 10, .7, "hoeffding")[0] == pytest.approx(np.exp(-2 * 10 * .2 ** 2))
-    assert ltt_p_values([5], 10, .7, "hoeffding")[0] == 1.0
+def test_budget_accuracy():
+    c = _curve([.1, .5, .7, .7, .65], [1, 2, 3, 4, 10], lambdas=[0, .2, .4, .6, np.inf])
+    assert budget_accuracy(c, 0.3) == .7 and budget_accuracy(c, 0.25) == .5 and budget_accuracy(c, 0.05) == 0.0
+    assert budget_accuracy(c, 1.0) == .7
 
 
 def _synthetic_groups(rng, n_groups, n_seq=4, k=4):
@@ -115,25 +111,37 @@ def _synthetic_groups(rng, n_groups, n_seq=4, k=4):
     return groups
 
 
-def test_ltt_meets_target_on_fresh_data():
+def _paired_loss(groups, lambdas) -> np.ndarray:
+    """(Λ,) the population paired loss P(full decoding right ∧ stopped answer wrong) per λ."""
+    res = [replay_many(g, g.scores["v"], lambdas) for g in groups]
+    correct = np.stack([r.correct for r in res])
+    return (correct[:, [-1]] & ~correct).mean(0)
+
+
+def test_the_guaranteed_lambda_loses_at_most_epsilon_on_fresh_data():
+    """Learn-then-Test on the paired loss: over repeated validation draws, the chosen λ's population loss exceeds ε
+    in at most δ of them (with slack for 20 draws), and it still stops early; too few problems certify nothing."""
     rng = np.random.default_rng(1234)
-    target, delta, lambdas = 0.75, 0.1, np.r_[np.linspace(0, 1, 41), np.inf]
-    population = tradeoff_curve(_synthetic_groups(rng, 3000), "v", lambdas)   # ≈ true accuracy per λ
-    assert population.accuracy[-1] > target > population.accuracy[0]
+    epsilon, delta, lambdas = 0.05, 0.1, np.r_[np.linspace(0, 1, 41), np.inf]
+    population = _synthetic_groups(rng, 3000)
+    loss, tokens = _paired_loss(population, lambdas), tradeoff_curve(population, "v", lambdas).tokens
+    assert loss[0] > epsilon > loss[-2]
     misses, chosen = 0, []
     for _ in range(20):
-        res = select_lambda_ltt(_synthetic_groups(rng, 250), "v", target, delta, lambdas)
-        assert res.certified
+        res, _ = select_lambda_ltt(_synthetic_groups(rng, 300), "v", epsilon, delta, lambdas)
+        assert res.reached and res.rule == "guarantee"
         chosen.append(res.lam)
-        misses += population.accuracy[np.flatnonzero(lambdas == res.lam)[0]] < target
-    assert misses <= 2                                 # ≥ 1 − δ of trials meet the target on fresh data
-    assert max(chosen) < np.inf                        # and it does stop early (saves tokens)
-    val = _synthetic_groups(rng, 250)
-    res = select_lambda_ltt(val, "v", target, delta, lambdas, eval_groups=_synthetic_groups(rng, 500))
-    assert res.eval_accuracy >= target - 0.05 and res.eval_tokens < population.tokens[-1]
-    hoeff = select_lambda_ltt(val, "v", target, delta, lambdas, method="hoeffding")
-    assert hoeff.lam >= res.lam                        # Hoeffding's bound is looser than the exact binomial tail
-    assert not select_lambda_ltt(val, "v", 0.99, delta, lambdas).certified
+        misses += loss[np.flatnonzero(lambdas == res.lam)[0]] > epsilon
+    assert misses <= 3
+    assert max(chosen) < np.inf and np.mean([tokens[lambdas == c][0] for c in chosen]) < tokens[-1]
+    val = _synthetic_groups(rng, 300)
+    res, ev = select_lambda_ltt(val, "v", epsilon, delta, lambdas, eval_groups=_synthetic_groups(rng, 500))
+    full = tradeoff_curve(population, "v", [np.inf]).accuracy[0]
+    assert ev.correct.mean() >= full - epsilon - 0.05 and ev.tokens.mean() < tokens[-1]
+    small, _ = select_lambda_ltt(val[:20], "v", epsilon, delta, lambdas)
+    assert not small.reached and math.isinf(small.lam) and small.problems_needed == 45
+    target = choose_on_groups(val, "v", lambdas, target_fraction=0.9)
+    assert target.rule == "target" and target.reached and target.accuracy >= 0.9 * target.full_accuracy - 1e-12
 
 
 @settings(max_examples=40, deadline=None)

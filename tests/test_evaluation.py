@@ -166,6 +166,15 @@ def test_json_keys_methods_and_ranges(study):
         assert set(es["curves"]) == set(stream)
         assert es["msv"] == r["methods"][key]["msv"] and es["best_baseline"] in stream
         assert es["best_baseline"] != es["msv"]
+        if n > 1:  # the field's stopping rules are streaming methods, replayed with the others
+            assert {"Consensus (k of N)", "Adaptive-Consistency", "Probe stability (last 3 agree)"} <= set(stream)
+            # the streaming MSVs were trained with `train_verifier`, which saves their stop head: it is reported
+            # as its own method and is the matched-budget reference
+            assert es["msv"] + " + stop head" in stream
+            mb = es["matched_budget"]
+            assert mb["reference"] == es["msv"] + " + stop head" and set(mb["accuracy"]) == set(stream)
+            assert all(0.0 <= a <= 1.0 for accs in mb["accuracy"].values() for a in accs)
+            assert mb["full_decoding_target"]["baseline"] in stream
         lam = r["lambda_selection"][key]
         assert set(lam) == set(stream)
         for rules in lam.values():
@@ -173,6 +182,12 @@ def test_json_keys_methods_and_ranges(study):
             for rule in rules.values():
                 assert all(0.0 <= v <= 1.0 for v in rule["eval_accuracy"]["values"])
                 assert all(v > 0 for v in rule["eval_tokens"]["values"])
+                stopped = [v for v in rule["stop_rate"]["values"]]
+                assert all(0.0 <= v <= 1.0 for v in stopped)
+                for name in ("stop_accuracy", "stop_confidence", "stop_ece"):
+                    values = rule[name]["values"]
+                    assert all((v is None) == (s == 0) for v, s in zip(values, stopped)), (name, values, stopped)
+                    assert all(0.0 <= v <= 1.0 for v in values if v is not None)
         assert len(r["brier_by_position"][key]["edges"]) == 9
     assert r["costs"]["lm"]["4"] == {"decode_step_s": 0.01, "elicit_s": 0.002, "verify_s": 0.0}
     online = r["costs"]["verifier_online_s_per_answer"]["4"]

@@ -59,9 +59,8 @@ def test_main_job_prints_the_per_problem_table_and_totals(tmp_path):
 
 
 def test_demo_defaults_follow_the_shipped_verifier():
-    """The demo's default λ is the one chosen on validation for the shipped MSV_16 when it was trained
-    (`hf_msv.reproduction.shipped_lambda`, recorded beside it), and `--device auto` picks the GPU only when there is
-    one."""
+    """The demo's default λ is the one chosen on validation for the shipped MSV_16 (`fit_shipped_stopping`, recorded
+    beside it and in its config), and `--device auto` picks the GPU only when there is one."""
     import inspect
     import json
 
@@ -74,6 +73,9 @@ def test_demo_defaults_follow_the_shipped_verifier():
 
     stopping = json.loads((TESTBED_VERIFIER_DIR / SHIPPED_LAMBDA_FILE).read_text())
     assert abs(stopping["lambda"] - DEMO_THRESHOLD) < 0.005 and stopping["num_sequences"] == 16
+    from hf_msv import MSVEarlyStop, MSVVerifier
+
+    assert MSVEarlyStop.from_verifier(MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR)).threshold == DEMO_THRESHOLD
     assert inspect.signature(run_demo).parameters["threshold"].default == DEMO_THRESHOLD
     (args,) = build_parser().parse_args_into_dataclasses([])
     assert args.threshold is None and args.device == "auto"  # None: run_demo's default applies

@@ -135,14 +135,16 @@ def test_quick_reproduction(tmp_path):
     verifier = MSVVerifier.from_pretrained(shipped)
     assert (verifier.config.num_sequences, verifier.config.mode) == (8, "streaming")
     assert "validation auroc" in (shipped / "README.md").read_text()
-    # its early-stopping λ: chosen on validation by the reproduction's rule, recorded beside it and in the card
-    from hf_msv.evaluation.early_stop import DEFAULT_LAMBDAS
+    # its stopping rule: fitted on validation by the one λ function, recorded beside it, in its config and card
+    from hf_msv.lambda_rule import LAMBDAS, LambdaChoice
     from hf_msv.reproduction import SHIPPED_LAMBDA_FILE
 
     stopping = json.loads((shipped / SHIPPED_LAMBDA_FILE).read_text())
-    assert stopping["lambda"] in list(DEFAULT_LAMBDAS) and stopping["num_sequences"] == 8
-    assert 0 < stopping["target_accuracy"] <= 1 and 0 <= stopping["validation_accuracy"] <= 1
-    assert "reaches 0.95 × the best full-decoding validation accuracy" in stopping["rule"]  # evaluate_study's default
-    assert "validation λ (early stopping)" in (shipped / "README.md").read_text()
+    choice = LambdaChoice.from_dict(stopping["choice"])
+    assert choice.lam in list(LAMBDAS) and stopping["num_sequences"] == 8
+    assert choice.rule == "target" and not stopping["guarantee"]["reached"]  # the quick split certifies nothing
+    assert 0 <= choice.accuracy <= 1 and stopping["rule"] == choice.describe()
+    assert verifier.config.early_stopping["lambda"] == stopping["choice"]
+    assert "Early stopping (validation):" in (shipped / "README.md").read_text()
     assert not list(shipped.glob("*.py"))
     assert (work / "verifiers" / "msv8-streaming" / "training_log.json").exists()

@@ -23,14 +23,18 @@ from hf_msv.evaluation.config import EvaluateConfig
 from hf_msv.evaluation.early_stop import replay_many
 from hf_msv.generation import (
     MSVAnswer,
+    MSVEarlyStop,
     MSVScorer,
     ProbeScorer,
+    StopRuleScorer,
     WeightedVoteScorer,
     as_scorer,
     msv_generate,
     prepare_generation,
 )
 from hf_msv.generation.scorers import WV_THRESHOLD
+from hf_msv.lambda_rule import LambdaChoice
+from hf_msv.stop_rules import StopHead, stop_statistic
 
 from test_generation import (
     EOS,
@@ -303,3 +307,73 @@ def test_bad_scorers_are_clear_errors_before_decoding(model):
     with pytest.raises(TypeError, match="ProbeScorer needs"):
         ProbeScorer(tiny_verifier())
     assert "generate" not in vars(model)  # nothing was attached
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stopping statistics over the N chains (hf_msv.stop_rules) live equal their replay
+# ----------------------------------------------------------------------------------------------------------------
+
+HEAD = StopHead(coef=(1.0, 4.0, -1.0, -0.5, -1.0, 0.2), intercept=-1.5, num_chains=N)
+
+
+def offline_statistic(result, rule, probe) -> np.ndarray:
+    """The evaluation's statistic of `result`'s answers (`methods.draw_scores`, streaming): the rule over the
+    recorded stream, the head over the Probe's offline scores."""
+    a = result.answers
+    columns = ([x.class_id for x in a], [x.sequence for x in a], [x.step for x in a], [x.end for x in a])
+    if isinstance(rule, StopHead):
+        return rule(probe_scores(probe, a), *columns, N)
+    return stop_statistic(rule, *columns, N)
+
+
+@pytest.mark.parametrize("rule", ["consensus", "adaptive-consistency", "probe-stability", HEAD],
+                         ids=["consensus", "adaptive-consistency", "probe-stability", "stop-head"])
+def test_stop_rules_in_generate_equal_the_evaluation_replay(model, rule):
+    """Each stopping statistic computed live (`StopRuleScorer`) equals the one computed from the recorded stream,
+    and ``generate`` with each λ stops where the replay of that statistic stops, on the same answer, reporting the
+    statistic as the confidence."""
+    probe = tiny_probe()
+    full = run(model, StopRuleScorer(ProbeScorer(probe), rule), None)
+    scores = [offline_statistic(r, rule, probe) for r in full]
+    for result, s in zip(full, scores):
+        np.testing.assert_allclose(online(result), s, rtol=1e-6, atol=1e-9)
+    distinct = np.unique(np.concatenate(scores))
+    lambdas = np.r_[((distinct[1:] + distinct[:-1]) / 2)[::max(1, len(distinct) // 5)], 1.01]
+    replays = [replay_many(evaluation_group(r), s, lambdas) for r, s in zip(full, scores)]
+    stopped = set()
+    for i, lam in enumerate(lambdas):
+        for result, reference, replay in zip(run(model, StopRuleScorer(ProbeScorer(probe), rule), lam), full, replays):
+            assert key(result.chosen) == key(reference.answers[replay.chosen[i]])
+            assert result.stop_step == replay.steps[i]
+            assert replay.stopped[i] or not result.stopped_early  # λ reached at the last step is no early stop
+            assert result.confidence == pytest.approx(scores[result.prompt][replay.chosen[i]], rel=1e-6)
+            stopped.add(result.stopped_early)
+    # Three agreeing answers in a row are rare in these short scripted chains: that rule only stops at the end here
+    # (its early stops are tested on hand-built groups in test_stop_rules.py).
+    assert stopped == ({False} if rule == "probe-stability" else {True, False})
+
+
+def test_a_verifier_carrying_a_stop_head_stops_on_it(model):
+    """An MSV whose config carries ``early_stopping`` is scored through its stop head, and
+    `MSVEarlyStop.from_verifier` takes the λ chosen with it; without one it is a clear error."""
+    verifier = tiny_verifier()
+    with pytest.raises(ValueError, match="carries no early-stopping λ"):
+        MSVEarlyStop.from_verifier(verifier)
+    assert isinstance(as_scorer(verifier), MSVScorer)
+    choice = LambdaChoice(lam=0.8, rule="target", reached=True, epsilon=None, delta=None, target=0.7,
+                          num_problems=40, problems_needed=None, accuracy=0.72, tokens=50.0, loss=0.02,
+                          full_accuracy=0.74, full_tokens=80.0)
+    verifier.config.early_stopping = {"stop_head": HEAD.to_dict(), "lambda": choice.to_dict()}
+    scorer = as_scorer(verifier)
+    assert isinstance(scorer, StopRuleScorer) and scorer.rule == HEAD
+    criterion = MSVEarlyStop.from_verifier(verifier)
+    assert criterion.threshold == 0.8 and criterion.choice == choice and "λ = 0.80" in choice.describe()
+    reloaded = type(verifier.config).from_dict(verifier.config.to_dict())
+    assert reloaded.early_stopping == verifier.config.early_stopping
+
+
+def test_unknown_stop_rules_are_refused_before_decoding():
+    with pytest.raises(ValueError, match="unknown stop rule 'majority'"):
+        StopRuleScorer(tiny_probe(), "majority")
+    with pytest.raises(TypeError, match="StopHead or a rule name"):
+        StopRuleScorer(tiny_probe(), 0.5)

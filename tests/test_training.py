@@ -525,35 +525,50 @@ def test_the_default_starts_at_calibrated_probe_wv(tmp_path, monkeypatch):
 
 
 def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
-    """The validation trade-off of a streaming verifier is in ``training_log.json``; when no λ that stops before the
-    end reaches 0.95 × full-decoding accuracy the selection says so (``reached`` false, a warning line) and reports
-    the closest trade-off that stops (a finite λ), never a silent ∞."""
+    """A streaming MSV's stopping rule is fitted on validation and saved with it: the stop head and the λ in its
+    config (what `generate` and `MSVEarlyStop.from_verifier` read), the curves and both λ rules in
+    ``training_log.json``. When no λ that stops before the end reaches 0.95 × full-decoding accuracy the saved λ is
+    ∞ (never stop) and a warning says so; 32 problems certify no guarantee and the log says how many would."""
     from types import SimpleNamespace
 
-    from hf_msv.training.stopping_curve import validation_tradeoff
+    from hf_msv import MSVEarlyStop
+    from hf_msv.training.stopping_curve import fit_early_stopping
 
-    # One group, two chains: chain 0 answers wrong early (steps 5, 20), chain 1 right at the end (step 50), scored
-    # higher. Any λ that stops before the end stops at the wrong early answer; only full decoding is right.
-    structure = {"group": np.zeros(3, int), "end": np.array([5, 20, 50]), "klass": np.array([0, 0, 1]),
-                 "sequence": np.array([0, 0, 1]), "terminal": np.array([False, True, True])}
-    never = SimpleNamespace(logits=np.array([2.0, 2.0, 3.0]), labels=np.array([0.0, 0.0, 1.0]), structure=structure)
-    t = validation_tradeoff(never)
-    assert not t["reached"] and t["lambda"] is not None and t["full_accuracy"] == 1.0
-    assert t["tokens_at_lambda"] < t["full_tokens"]
-    # The early answer right and scored high: a λ stops there, right, with 10 of 70 tokens.
-    stops = SimpleNamespace(logits=np.array([2.0, 2.0, -1.0]), labels=np.array([1.0, 1.0, 0.0]), structure=structure)
-    t = validation_tradeoff(stops)
-    assert t["reached"] and t["accuracy_at_lambda"] == 1.0 and (t["tokens_at_lambda"], t["full_tokens"]) == (10, 70)
+    # 32 problems of two chains: chain 0 answers wrong early (ends 5, 20), chain 1 right at the end (50), scored
+    # higher. Any λ that stops before the end stops at a wrong early answer; only full decoding is right.
+    def predictions(logits, labels, problems=32):
+        structure = {k: np.tile(v, problems) for k, v in {
+            "end": [5, 20, 50], "klass": [0, 0, 1], "sequence": [0, 0, 1], "step": [0, 1, 0],
+            "terminal": [False, True, True]}.items()}
+        structure["group"] = np.repeat(np.arange(problems), 3)
+        return SimpleNamespace(logits=np.tile(logits, problems), labels=np.tile(labels, problems),
+                               problems=np.repeat([f"p{i}" for i in range(problems)], 3).astype(object),
+                               structure=structure)
+
+    never = fit_early_stopping(predictions([2.0, 2.0, 3.0], [0.0, 0.0, 1.0]), num_chains=2)
+    assert not never.choice.reached and np.isinf(never.choice.lam) and never.choice.full_accuracy == 1.0
+    assert not never.guarantee.reached and never.guarantee.problems_needed == 114
+    # The early answers right: the target rule stops at the first one, right, with 10 of 70 tokens.
+    stops = fit_early_stopping(predictions([2.0, 2.0, -1.0], [1.0, 1.0, 0.0]), num_chains=2)
+    assert stops.choice.reached and stops.choice.accuracy == 1.0
+    assert (stops.choice.tokens, stops.choice.full_tokens) == (10, 70)
 
     train_dir, val_dir = signal_dirs(tmp_path)
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
-        train_verifier(train_dir, val_dir, tmp_path / "out",
-                       MSVTrainingConfig(num_sequences=8, max_steps=4, eval_steps=2, progress=False))
-    curve = json.loads((tmp_path / "out" / "training_log.json").read_text())["early_stopping"]
+        result = train_verifier(train_dir, val_dir, tmp_path / "out",
+                                MSVTrainingConfig(num_sequences=8, max_steps=4, eval_steps=2, progress=False))
+    log = json.loads((tmp_path / "out" / "training_log.json").read_text())["early_stopping"]
+    curve = log["curve"]
     assert len(curve["lambdas"]) == len(curve["accuracy"]) == len(curve["tokens"]) == 102
-    assert curve["lambdas"][-1] is None and curve["full_tokens"] == curve["tokens"][-1]
+    assert curve["lambdas"][-1] is None and log["lambda"]["full_tokens"] == curve["tokens"][-1]
+    assert set(log["at_stop"]) == {"stopped", "accuracy", "confidence", "ece"} and "raw_score" in log
     warned = [r.getMessage() for r in caplog.records if "does not stop early" in r.getMessage()]
-    assert bool(warned) == (not curve["reached"])
+    assert bool(warned) == (not log["lambda"]["reached"])
+    saved = MSVVerifier.from_pretrained(tmp_path / "out")
+    assert saved.config.early_stopping == result.verifier.config.early_stopping
+    assert saved.config.early_stopping["lambda"] == log["lambda"]
+    criterion = MSVEarlyStop.from_verifier(saved)
+    assert criterion.choice.to_dict() == log["lambda"]
 
 
 def test_the_vote_anchor_is_kept_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from ..lambda_rule import DELTA, EPSILON, TARGET_FRACTION
+
 __all__ = ["EvaluateConfig"]
 
 
@@ -40,9 +42,13 @@ class EvaluateConfig:
     deepconf_stat: Literal["lowest_group", "tail", "mean"] = field(default="lowest_group", metadata={
         "help": "DeepConf statistic of the chain-of-thought prefix"})
     target_accuracy: Optional[float] = field(default=None, metadata={
-        "help": "λ-rule accuracy target (default: target_fraction × the best full-decoding validation accuracy)"})
-    target_fraction: float = field(default=0.95, metadata={"help": "see target_accuracy"})
-    ltt_delta: float = field(default=0.1, metadata={"help": "risk level δ of Learn-then-Test"})
+        "help": "the target λ rule's accuracy (default: target_fraction × the method's own full-decoding "
+                "validation accuracy)"})
+    target_fraction: float = field(default=TARGET_FRACTION, metadata={"help": "see target_accuracy"})
+    ltt_epsilon: float = field(default=EPSILON, metadata={
+        "help": "tolerance ε of the guaranteed λ rule: lose at most ε of full-decoding accuracy with probability "
+                ">= 1 - δ (Learn-then-Test over validation problems)"})
+    ltt_delta: float = field(default=DELTA, metadata={"help": "risk level δ of the guaranteed λ rule"})
     prm: Optional[str] = field(default=None, metadata={
         "help": "PRM baseline: a Qwen2.5-Math-PRM-style process reward model (path or Hub id) scoring every answer "
                 "from the question and its chain-of-thought prefix (one forward per answer; needs shards with CoT "

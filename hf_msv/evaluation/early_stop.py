@@ -1,5 +1,6 @@
 """Replay of the paper's parallel early-stopping rule over recorded answer streams (`replay`, `replay_many`), trade-off
-curves (`tradeoff_curve`), AUTC (`autc`) and the λ rules (`select_lambda_validation`, `select_lambda_ltt`).
+curves (`tradeoff_curve`), AUTC (`autc`), λ for a budget (`select_lambda_validation`) and the λ rules of
+`hf_msv.lambda_rule` on replayed groups (`choose_on_groups`, `select_lambda_ltt`).
 
 The rule itself is `hf_msv.generation.decide_stop`, the one the generation hook applies live. What is counted at
 the stop (token position, summed tokens, latency) and how AUTC is normalised is described in
@@ -17,16 +18,16 @@ import numpy as np
 
 from ..generation import decide_stop
 from ..data import AnswerGroup
+from ..lambda_rule import LAMBDAS, LambdaChoice, choose_lambda
 from ..metrics import resolve_scores
 
 __all__ = [
-    "AnswerGroup", "LatencyCosts", "StopResult", "TradeoffCurve", "LTTResult", "DEFAULT_LAMBDAS", "replay",
+    "AnswerGroup", "LatencyCosts", "StopResult", "TradeoffCurve", "DEFAULT_LAMBDAS", "replay",
     "replay_many", "tradeoff_curve", "autc", "early_stop_token_fraction", "select_lambda_validation",
-    "select_lambda_ltt", "ltt_p_values",
+    "select_lambda_ltt", "choose_on_groups", "replay_at", "BUDGET_FRACTIONS", "budget_accuracy",
 ]
 
-# 0..1 in 0.01 steps plus ∞ (never stop), so every curve contains the full-decoding point that bounds AUTC.
-DEFAULT_LAMBDAS = np.concatenate([np.linspace(0.0, 1.0, 101), [np.inf]])
+DEFAULT_LAMBDAS = LAMBDAS  # the one grid (hf_msv.lambda_rule): every curve contains the full-decoding point
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,17 @@ def autc(curve: TradeoffCurve, x: str = "tokens", normalize: bool = False) -> fl
     return area / ux[-1] if normalize and ux[-1] > 0 else area
 
 
+BUDGET_FRACTIONS = (0.3, 0.5, 0.7)  # matched budgets, fractions of full decoding's tokens
+
+
+def budget_accuracy(curve: TradeoffCurve, fraction: float, x: str = "tokens") -> float:
+    """The best accuracy on `curve` at a mean budget ``x`` ≤ `fraction` × full decoding's (the λ = ∞ point's);
+    0 when no λ is that cheap."""
+    xs = curve.x(x)
+    ok = xs <= fraction * xs[np.argmax(curve.lambdas)] + 1e-9
+    return float(curve.accuracy[ok].max()) if ok.any() else 0.0
+
+
 def _min_budget(curve: TradeoffCurve, x: str, target: float) -> float:
     ok = curve.accuracy >= target - 1e-12
     return float(curve.x(x)[ok].min()) if ok.any() else math.inf
@@ -152,18 +164,10 @@ def early_stop_token_fraction(curve_msv: TradeoffCurve, curve_baseline: Tradeoff
     return need_msv / need_base
 
 
-def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = None,
-                             target_accuracy: float | None = None, x: str = "tokens") -> float:
-    """λ picked on a validation curve (the paper: "selected via cross-validation to target an operating point").
-
-    * ``token_budget``: the most accurate λ whose mean budget ``x`` ≤ token_budget (ties: cheaper, then larger λ);
-    * ``target_accuracy``: the cheapest λ whose validation accuracy ≥ target (ties: more accurate, then larger λ);
-    * neither: the most accurate λ (ties: cheaper).
-    When nothing qualifies it warns and falls back to the cheapest λ (budget) or, for a target, the closest
-    trade-off that stops early: the most accurate λ cheaper than full decoding (λ = ∞ only when none is).
-    """
-    if token_budget is not None and target_accuracy is not None:
-        raise ValueError("give token_budget or target_accuracy, not both")
+def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = None, x: str = "tokens") -> float:
+    """λ on a curve for a budget: the most accurate λ whose mean budget ``x`` ≤ `token_budget` (ties: cheaper, then
+    larger λ; the cheapest λ, with a warning, when none fits); without a budget the most accurate λ (ties: cheaper).
+    Targets in accuracy and guarantees are `hf_msv.lambda_rule.choose_lambda`'s (`choose_on_groups`)."""
     xs, acc, lam = curve.x(x), curve.accuracy, curve.lambdas
     key_acc = np.lexsort((-lam, xs, -acc))               # most accurate, then cheapest, then largest λ
     if token_budget is not None:
@@ -172,82 +176,32 @@ def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = 
             warnings.warn(f"no λ fits the budget {token_budget}; using the cheapest", RuntimeWarning, stacklevel=2)
             return float(lam[np.lexsort((-lam, -acc, xs))[0]])
         return float(lam[[i for i in key_acc if ok[i]][0]])
-    if target_accuracy is not None:
-        ok = acc >= target_accuracy - 1e-12
-        if not ok.any():
-            # The closest trade-off that still stops early: the most accurate λ cheaper than full decoding.
-            stops = np.isfinite(lam) & (xs < xs[np.argmax(lam)])
-            pick = [i for i in key_acc if stops[i]] or list(key_acc)
-            warnings.warn(f"no λ reaches accuracy {target_accuracy}; using the closest trade-off that stops early, "
-                          f"λ = {lam[pick[0]]} (accuracy {acc[pick[0]]:.4f})", RuntimeWarning, stacklevel=2)
-            return float(lam[pick[0]])
-        key_cheap = np.lexsort((-lam, -acc, xs))
-        return float(lam[[i for i in key_cheap if ok[i]][0]])
     return float(lam[key_acc[0]])
 
 
-def ltt_p_values(n_correct: np.ndarray, n: int, target_accuracy: float, method: str = "binomial") -> np.ndarray:
-    """p-values for H0(λ): accuracy(λ) < target, from `n_correct` (Λ,) correct outputs out of `n` groups.
-
-    With risk α = 1 − target and k errors: binomial tail p = P[Bin(n, α) ≤ k] (exact); Hoeffding
-    p = exp(−2n·(α − k/n)₊²). Both are valid (super-uniform) under any risk > α since the tail shrinks as risk grows.
-    """
-    from scipy.stats import binom
-
-    alpha = 1.0 - target_accuracy
-    k = n - np.asarray(n_correct, dtype=np.int64)
-    if method == "binomial":
-        return binom.cdf(k, n, alpha)
-    if method == "hoeffding":
-        return np.exp(-2.0 * n * np.maximum(alpha - k / n, 0.0) ** 2)
-    raise ValueError(f"unknown p-value method {method!r}")
-
-
-@dataclass(frozen=True)
-class LTTResult:
-    """Risk-controlled λ. ``certified`` is False when even the first (largest) λ is not rejected; then ``lam`` = ∞
-    (full decoding) and nothing is guaranteed. Eval fields are nan without an evaluation split."""
-
-    lam: float
-    certified: bool
-    lambdas: np.ndarray      # (Λ,) tested order, high -> low
-    p_values: np.ndarray     # (Λ,)
-    val_accuracy: float
-    val_tokens: float
-    eval_accuracy: float = math.nan
-    eval_tokens: float = math.nan
-    eval_latency: float = math.nan
-
-
-def select_lambda_ltt(val_groups: Sequence[AnswerGroup], val_scores: str | Sequence[np.ndarray],
-                      target_accuracy: float, delta: float = 0.1, lambdas=DEFAULT_LAMBDAS, method: str = "binomial",
-                      eval_groups: Sequence[AnswerGroup] | None = None,
+def select_lambda_ltt(val_groups: Sequence[AnswerGroup], val_scores: str | Sequence[np.ndarray], epsilon: float,
+                      delta: float = 0.1, lambdas=DEFAULT_LAMBDAS, eval_groups: Sequence[AnswerGroup] | None = None,
                       eval_scores: str | Sequence[np.ndarray] | None = None,
-                      costs: LatencyCosts | None = None) -> LTTResult:
-    """Learn-then-Test (Angelopoulos et al., 2021) with fixed-sequence testing: the cheapest λ whose accuracy is
-    ≥ `target_accuracy` with probability ≥ 1 − `delta` over the draw of the validation problems.
+                      costs: LatencyCosts | None = None) -> tuple[LambdaChoice, StopResult | None]:
+    """The λ that loses at most `epsilon` of full-decoding accuracy with probability ≥ 1 − `delta`
+    (`hf_msv.lambda_rule.choose_lambda`'s guarantee, over the validation groups' problems), and its replay on
+    `eval_groups` when given (a `StopResult` per group stacked, else None)."""
+    choice = choose_on_groups(val_groups, val_scores, lambdas, costs, epsilon=epsilon, delta=delta)
+    return choice, None if eval_groups is None else replay_at(eval_groups, eval_scores or val_scores, choice.lam,
+                                                               costs)
 
-    λs are tested from high to low (high λ stops later, so it is the likeliest to meet the target; stopping time and
-    tokens are non-decreasing in λ) at level δ each, stopping at the first non-rejection; the family-wise error is
-    ≤ δ without a multiplicity correction. Among rejected λ the last (lowest) one is the cheapest. Accuracy here is
-    per problem (the output answer is correct), i.e. a {0,1} loss. Optionally replays the chosen λ on an
-    evaluation split.
-    """
-    lam = np.sort(np.unique(np.asarray(lambdas, dtype=np.float64)))[::-1]
-    res = _replay_all(val_groups, val_scores, lam, costs)
-    n_correct = np.sum([r.correct for r in res], axis=0)
-    p = ltt_p_values(n_correct, len(res), target_accuracy, method)
-    rejected = np.cumprod(p <= delta).astype(bool)       # fixed sequence: stop at the first failure
-    certified = bool(rejected.any())
-    i = int(np.flatnonzero(rejected)[-1]) if certified else 0
-    chosen = float(lam[i]) if certified else math.inf
-    hit = np.flatnonzero(lam == chosen)                   # λ = ∞ is usually in the grid; replay it otherwise
-    vc = _curve(res, lam) if hit.size else tradeoff_curve(val_groups, val_scores, [chosen], costs)
-    vi = int(hit[0]) if hit.size else 0
-    out = dict(lam=chosen, certified=certified, lambdas=lam, p_values=p,
-               val_accuracy=float(vc.accuracy[vi]), val_tokens=float(vc.tokens[vi]))
-    if eval_groups is not None:
-        ev = tradeoff_curve(eval_groups, eval_scores if eval_scores is not None else val_scores, [chosen], costs)
-        out |= dict(eval_accuracy=float(ev.accuracy[0]), eval_tokens=float(ev.tokens[0]),
-                    eval_latency=float(ev.latency[0]))
-    return LTTResult(**out)
+
+def choose_on_groups(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray], lambdas=DEFAULT_LAMBDAS,
+                     costs: LatencyCosts | None = None, **rule) -> LambdaChoice:
+    """`choose_lambda` over the replay of `groups` (problems from ``problem_id``; a group without one is its own
+    problem); `rule`: its keyword arguments."""
+    res = _replay_all(groups, scores, lambdas, costs)
+    return choose_lambda(lambdas, np.stack([r.correct for r in res]), np.stack([r.tokens for r in res]),
+                         [g.problem_id or f"group {i}" for i, g in enumerate(groups)], **rule)
+
+
+def replay_at(groups: Sequence[AnswerGroup], scores, lam: float, costs: LatencyCosts | None = None) -> StopResult:
+    """One λ replayed on every group: a `StopResult` whose fields are (G,) arrays, one entry per group."""
+    res = _replay_all(groups, scores, [lam], costs)
+    return StopResult(*(np.concatenate([getattr(r, f) for r in res]) for f in StopResult.__dataclass_fields__))
+

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..metrics import bootstrap_interval, ece, paired_bootstrap
-from .early_stop import LatencyCosts, TradeoffCurve, early_stop_token_fraction, replay_many
+from .early_stop import LatencyCosts, TradeoffCurve, budget_accuracy, early_stop_token_fraction, replay_many
 
 __all__ = ["AXES", "ProblemNumbers", "ProblemCurves", "problem_numbers", "problem_curves", "metric_intervals",
            "fraction_interval"]
@@ -127,4 +127,33 @@ def fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves], axis:
             warnings.simplefilter("ignore")
             return early_stop_token_fraction(m.curve(idx), b.curve(idx), axis)
 
+    return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)
+
+
+def budget_interval(msv: list[ProblemCurves], base: list[ProblemCurves], fraction: float, n_boot: int = 1000,
+                    seed: int = 0) -> dict:
+    """Paired interval of the accuracy difference at a matched budget (`budget_accuracy` at `fraction` of full
+    decoding's tokens, each method's own full decoding), curves averaged over training seeds."""
+    m, b = _seed_mean(msv), _seed_mean(base)
+    return bootstrap_interval(lambda idx: budget_accuracy(m.curve(idx), fraction) - budget_accuracy(b.curve(idx),
+                                                                                                     fraction),
+                              m.correct.shape[0], n_boot=n_boot, seed=seed)
+
+
+def target_fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000,
+                             seed: int = 0) -> dict:
+    """Paired interval of the budget fraction on `axis` MSV needs to reach the baseline's *full-decoding* accuracy
+    (÷ full decoding's budget, the same for every method on the same groups; ∞ when it never does); with
+    ``n_boot=0`` the estimate alone."""
+    m, b = _seed_mean(msv), _seed_mean(base)
+
+    def frac(idx):
+        mc, bc = m.curve(idx), b.curve(idx)
+        xs, target = mc.x(axis), bc.accuracy[np.argmax(bc.lambdas)]
+        ok = mc.accuracy >= target - 1e-12
+        full = xs[np.argmax(mc.lambdas)]
+        return float(xs[ok].min() / full) if ok.any() and full > 0 else math.inf
+
+    if not n_boot:
+        return {"estimate": frac(np.arange(m.correct.shape[0])), "low": None, "high": None, "n_boot": 0}
     return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)

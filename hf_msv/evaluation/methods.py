@@ -25,19 +25,26 @@ from ..baselines import (
 )
 from ..data import MODES, AnswerGroup, CollectedProblem, ShardDataset, answer_group, partition_sequences, select_answers
 from ..metrics import fold_by_problem
+from ..stop_rules import StopHead, stop_statistic
 from .prm import PRMScorer, score_with_prm
 from .scoring import deepconf_scores, score_problems, token_prob_scores
 from .verifiers import VerifierEntry
 
 __all__ = ["SETTINGS", "TOKEN_PROBS", "DEEPCONF", "PRM", "SELF_CONSISTENCY", "CALIBRATED_SC", "LATEST_VOTE",
-           "CALIBRATED_LATEST_VOTE", "STACKED", "LINEAR_PROBE", "VOTE_BASELINES", "SplitScores", "Draw",
-           "prepare_split", "with_verifiers", "add_prm_scores", "add_linear_probe", "fit_deepconf", "primary_msv",
+           "CALIBRATED_LATEST_VOTE", "STACKED", "LINEAR_PROBE", "VOTE_BASELINES", "STOP_RULE_METHODS",
+           "STOP_HEAD_SUFFIX", "SplitScores", "Draw", "prepare_split", "with_verifiers", "add_prm_scores", "add_linear_probe", "fit_deepconf", "primary_msv",
            "method_plan", "method_label", "evaluation_groups", "draw_scores"]
 
 SETTINGS = MODES  # ("terminal", "streaming"): which answers of a group are scored
 TOKEN_PROBS, DEEPCONF, PRM, SELF_CONSISTENCY = "Token Probs", "DeepConf", "PRM", "Self-consistency"
 CALIBRATED_SC, LATEST_VOTE = "Self-consistency (calibrated)", "Latest-answer vote"
 CALIBRATED_LATEST_VOTE, STACKED = "Latest-answer vote (calibrated)", "Stacked (vote + Probe)"
+CONSENSUS, ADAPTIVE_CONSISTENCY = "Consensus (k of N)", "Adaptive-Consistency"
+PROBE_STABILITY = "Probe stability (last 3 agree)"
+# The field's training-free stopping rules (streaming only): their statistic over the N chains, by rule name.
+STOP_RULE_METHODS = {CONSENSUS: "consensus", ADAPTIVE_CONSISTENCY: "adaptive-consistency",
+                     PROBE_STABILITY: "probe-stability"}
+STOP_HEAD_SUFFIX = " + stop head"  # an MSV read through the stop head it was trained with
 LINEAR_PROBE = "linear probe"  # the stacked baseline's Probe feature when no Probe checkpoint is given (not a row)
 # Aggregations over the group's votes (no per-answer scorer of their own), by setting; with STACKED and the +WV rows
 # these are the baselines that are not single-sequence.
@@ -357,7 +364,22 @@ def draw_scores(split: SplitScores, n: int, setting: str, wv_threshold: int, max
                             streaming_weighted_voting(base[m], g.klass, g.end, R=wv_threshold))
             for label, scores in msv_scores.items():
                 sc[label] = scores[i][rows]
+            if setting == "streaming" and n > 1:
+                sc |= _stop_rule_scores(g, p.answer_step[rows], n, {m: sc[m] for m in msv_scores}, plan)
             groups.append(AnswerGroup(g.sequence, g.end, g.klass, g.correct, g.is_terminal, g.seq_len, g.start,
                                       {k: np.clip(v, 0.0, 1.0) for k, v in sc.items()}, g.problem_id))
             problem_of.append(i)
     return Draw(groups, np.asarray(problem_of, dtype=np.int64), offline)
+
+
+def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan: dict) -> dict:
+    """The field's stopping rules' statistics on a streaming group, and each MSV's stop-head statistic where the
+    verifier carries one (``config.early_stopping``): what `StopRuleScorer` computes live."""
+    columns = (g.klass, g.sequence, step, g.end)
+    out = {name: stop_statistic(rule, *columns, n) for name, rule in STOP_RULE_METHODS.items()}
+    for e in plan["msv"]:
+        head = (getattr(e.model_for("streaming")[0].config, "early_stopping", None) or {}).get("stop_head")
+        label = method_label(e, n)
+        if head and label in msv:
+            out[label + STOP_HEAD_SUFFIX] = StopHead.from_dict(head)(msv[label], *columns, n)
+    return out

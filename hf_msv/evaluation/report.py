@@ -76,6 +76,11 @@ def _format_interval(iv: dict | None, digits: int = 3) -> str:
     return f"{f(iv['estimate'])} [{f(iv['low'])}, {f(iv['high'])}]"
 
 
+def _format_estimate(iv: dict) -> str:
+    """An interval's estimate, with its bounds when it was bootstrapped."""
+    return _format_interval(iv, 2) if iv.get("low") is not None else _format_interval(iv, 2).split(" [")[0]
+
+
 _COMPARISON_NAMES = {"single_sequence": "the best single-sequence baseline (the paper's comparison)",
                      "all": "the best of all baselines (aggregations included)"}
 
@@ -100,6 +105,25 @@ def _early_stop_line(es: dict) -> list[str]:
                             "latency fraction", "token fraction"], rows),
             "", "(< 1: the MSV matches the baseline's peak with less; ∞: it never does; 95 % interval over problems "
                 "in brackets)", ""]
+
+
+def _matched_budget_lines(es: dict) -> list[str]:
+    mb = es.get("matched_budget")
+    if not mb:
+        return []
+    ref, fractions, intervals = mb["reference"], mb["fractions"], mb.get("intervals", {})
+    rows = [[m] + [f"{a:.3f}" + (f" ({_format_interval(intervals[m][i], 3)})" if m in intervals else "")
+                   for i, a in enumerate(acc)] for m, acc in mb["accuracy"].items()]
+    out = [f"Matched budgets: accuracy at a mean token budget of {' / '.join(f'{f:.0%}' for f in fractions)} of "
+           f"full decoding (the best λ of each curve within it); in brackets {ref} − the method, 95 % paired "
+           "interval over problems:", "",
+           markdown_table(["method"] + [f"{f:.0%} of tokens" for f in fractions], rows), ""]
+    target = mb.get("full_decoding_target")
+    if target:
+        out += [f"{ref} reaches the full-decoding accuracy of the most accurate baseline ({target['baseline']}, "
+                f"{target['accuracy']:.3f}) at {_format_estimate(target['steps'])} of full decoding's t* and "
+                f"{_format_estimate(target['tokens'])} of its tokens (95 % interval over problems).", ""]
+    return out
 
 
 def _interval_table(results: dict, setting: str, n) -> list[str]:
@@ -127,6 +151,7 @@ def _setting_sections(results: dict) -> list[str]:
             out += _interval_table(results, setting, n)
             if setting == "streaming":
                 out += _early_stop_line(results["early_stop"].get(str(n), {}))
+                out += _matched_budget_lines(results["early_stop"].get(str(n), {}))
     return out
 
 
@@ -135,6 +160,8 @@ def _lambda_section(results: dict) -> list[str]:
     if not lam:
         return []
     cfg = results["config"]
+    if "ltt_epsilon" in cfg:
+        return _lambda_rules_section(lam, cfg)
     target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the best full-decoding validation accuracy"
     out = ["## λ selection (validation rule and risk-controlled LTT)", "",
            f"Target accuracy per N and training seed: {target}; "
@@ -152,6 +179,32 @@ def _lambda_section(results: dict) -> list[str]:
                 for m, rules in lam[str(n)].items() for rule, r in rules.items()]
         header = ["method", "rule", "target", "λ", "val acc", "eval acc", "eval tokens", "eval latency (s)",
                   "reached / certified (rate)"]
+        out += [f"### N = {n}", "", markdown_table(header, rows), ""]
+    return out
+
+
+def _lambda_rules_section(lam: dict, cfg: dict) -> list[str]:
+    """The λ rules of `hf_msv.lambda_rule.choose_lambda`, chosen on validation and applied to evaluation, with the
+    confidence reported at the stop against the accuracy at the stop."""
+    target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the method's own full-decoding accuracy"
+    out = ["## λ selection: chosen on validation, applied to evaluation", "",
+           f"Target rule (`validation`): the cheapest λ whose validation accuracy reaches {target}. Guarantee "
+           f"(`ltt`): the cheapest λ that loses at most ε = {cfg['ltt_epsilon']} of full-decoding accuracy with "
+           f"probability ≥ {1 - cfg['ltt_delta']:g} (Learn-then-Test on the paired loss over validation problems, "
+           "fixed-sequence from the largest λ); `certified` is the rate of training seeds for which a λ that stops "
+           "early was certified, else λ = ∞. Accuracy and tokens on the evaluation split; at the stop: over the "
+           "evaluation groups that stopped early, their share, accuracy, mean reported confidence and ECE.", ""]
+    fmt = lambda stat, digits=3: format_mean_std(stat or None, digits)  # noqa: E731
+    for n in cfg["num_sequences_list"]:
+        if str(n) not in lam:
+            continue
+        rows = [[m, rule, format_lambda(r["lambda"]), fmt(r["val_accuracy"]), fmt(r["eval_accuracy"]),
+                 fmt(r["eval_tokens"], 1), fmt(r["stop_rate"], 2), fmt(r["stop_accuracy"]),
+                 fmt(r["stop_confidence"]), fmt(r["stop_ece"]),
+                 fmt(r["reached"], 2) if rule == "validation" else fmt(r["certified"], 2)]
+                for m, rules in lam[str(n)].items() for rule, r in rules.items()]
+        header = ["method", "rule", "λ", "val acc", "eval acc", "eval tokens", "stopped", "acc at stop",
+                  "confidence at stop", "ECE at stop", "reached / certified (rate)"]
         out += [f"### N = {n}", "", markdown_table(header, rows), ""]
     return out
 

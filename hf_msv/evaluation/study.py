@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data import AnswerGroup, CollectedProblem, ShardDataset, collection_elicitation
-from ..metrics import best_of_n_metrics, best_of_n_pairs, calibration_metrics, seed_stat
+from ..lambda_rule import DELTA, EPSILON, TARGET_FRACTION
+from ..metrics import best_of_n_metrics, best_of_n_pairs, calibration_metrics, ece, seed_stat
 from ..utils import json_safe
 from .early_stop import (
     DEFAULT_LAMBDAS,
@@ -30,15 +31,19 @@ from .early_stop import (
     TradeoffCurve,
     autc,
     early_stop_token_fraction,
-    select_lambda_ltt,
-    select_lambda_validation,
+    BUDGET_FRACTIONS,
+    budget_accuracy,
+    choose_on_groups,
+    replay_at,
     tradeoff_curve,
 )
-from .intervals import AXES, fraction_interval, metric_intervals, problem_curves, problem_numbers
+from .intervals import (AXES, budget_interval, fraction_interval, metric_intervals, problem_curves, problem_numbers,
+                        target_fraction_interval)
 from .methods import (
     PRM,
     SETTINGS,
     STACKED,
+    STOP_HEAD_SUFFIX,
     VOTE_BASELINES,
     SplitScores,
     add_linear_probe,
@@ -72,6 +77,7 @@ class _Study:
     lambdas: Sequence[float]
     target_accuracy: float | None
     target_fraction: float
+    ltt_epsilon: float
     ltt_delta: float
     cost_groups: int
     edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -114,8 +120,9 @@ def evaluate_study(
     deepconf_window: int = 2048,
     deepconf_stat: str = "lowest_group",
     target_accuracy: float | None = None,
-    target_fraction: float = 0.95,
-    ltt_delta: float = 0.1,
+    target_fraction: float = TARGET_FRACTION,
+    ltt_epsilon: float = EPSILON,
+    ltt_delta: float = DELTA,
     lambdas=DEFAULT_LAMBDAS,
     cost_groups: int = 4,
     position_bins: int = 8,
@@ -163,12 +170,13 @@ def evaluate_study(
     edges = _position_edges(split.problems, position_bins)
     studies = [_Study(with_verifiers(split, entries, max_tokens),
                       None if val is None else with_verifiers(val, entries, max_tokens), entries, wv_threshold,
-                      max_tokens, lambdas, target_accuracy, target_fraction, ltt_delta, cost_groups, edges, bootstrap)
+                      max_tokens, lambdas, target_accuracy, target_fraction, ltt_epsilon, ltt_delta, cost_groups,
+                      edges, bootstrap)
                for entries in seed_entries]
     settings = dict(bootstrap=bootstrap, checker=None if checker is None else str(checker),
                     checker_kwargs=checker_kwargs or {}, wv_threshold=wv_threshold, deepconf_window=deepconf_window,
                     deepconf_stat=deepconf_stat, target_accuracy=target_accuracy, target_fraction=target_fraction,
-                    ltt_delta=ltt_delta)
+                    ltt_epsilon=ltt_epsilon, ltt_delta=ltt_delta)
     results = _empty_results(title, _study_config(eval_dir, val_dir, ns, seed_entries, settings, prm_scorer, lm_tok),
                              _data_summary(split.problems, split.info, val), cost_source, _prm_cost(split, val))
     if difficulty is not None:
@@ -428,32 +436,35 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
 
 
 def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: list[AnswerGroup]) -> None:
-    """Both λ rules of every streaming method on the validation groups at N (same training seed), applied to
-    `eval_groups`."""
+    """Both λ rules of `hf_msv.lambda_rule.choose_lambda` for every streaming method, chosen on the validation
+    groups at N (same training seed) and applied to `eval_groups`: the target rule (``"validation"``) and the
+    guarantee (``"ltt"``), with the stop-time calibration on the evaluation split."""
     vgroups = draw_scores(study.val, n, "streaming", study.wv_threshold, study.max_tokens,
                           dict(acc.plans[seed]["streaming"]), study.val).groups
-    methods = _methods_in(eval_groups)
-    vcurves = {m: tradeoff_curve(vgroups, m, study.lambdas, acc.costs_for(m)) for m in methods}
-    if study.target_accuracy is None:
-        full = max(float(c.accuracy[np.argmax(c.lambdas)]) for c in vcurves.values())
-        target = study.target_fraction * full
-    else:
-        target = float(study.target_accuracy)
-    for m in methods:
-        lam = _quiet(select_lambda_validation, vcurves[m], target_accuracy=target)
-        ev = tradeoff_curve(eval_groups, m, [lam], acc.costs_for(m))
-        vi = int(np.flatnonzero(vcurves[m].lambdas == lam)[0]) if np.any(vcurves[m].lambdas == lam) else -1
-        acc.lam_sel.setdefault(m, {}).setdefault("validation", []).append(
-            {"target": target, "lambda": lam, "val_accuracy": float(vcurves[m].accuracy[vi]),
-             "val_tokens": float(vcurves[m].tokens[vi]), "eval_accuracy": float(ev.accuracy[0]),
-             "eval_tokens": float(ev.tokens[0]), "eval_latency": float(ev.latency[0]), "certified": math.nan,
-             "reached": float(vcurves[m].accuracy.max() >= target - 1e-12)})
-        ltt = select_lambda_ltt(vgroups, m, target, delta=study.ltt_delta, lambdas=study.lambdas,
-                                eval_groups=eval_groups, eval_scores=m, costs=acc.costs_for(m))
-        acc.lam_sel[m].setdefault("ltt", []).append(
-            {"target": target, "lambda": ltt.lam, "val_accuracy": ltt.val_accuracy, "val_tokens": ltt.val_tokens,
-             "eval_accuracy": ltt.eval_accuracy, "eval_tokens": ltt.eval_tokens, "eval_latency": ltt.eval_latency,
-             "certified": float(ltt.certified)})
+    rules = {"validation": {"target_fraction": study.target_fraction, "target_accuracy": study.target_accuracy},
+             "ltt": {"epsilon": study.ltt_epsilon, "delta": study.ltt_delta}}
+    for m in _methods_in(eval_groups):
+        costs = acc.costs_for(m)
+        for rule, kwargs in rules.items():
+            choice = choose_on_groups(vgroups, m, study.lambdas, costs, **kwargs)
+            ev = replay_at(eval_groups, m, choice.lam, costs)
+            acc.lam_sel.setdefault(m, {}).setdefault(rule, []).append(_rule_record(choice, ev, eval_groups, m))
+
+
+def _rule_record(choice, ev, groups: list[AnswerGroup], method: str) -> dict:
+    """One λ rule's outcome: its choice on validation, then on evaluation the accuracy, tokens and latency at the
+    chosen λ and, over the groups that stopped, accuracy, mean confidence (the chosen answer's score) and ECE."""
+    confidence = np.array([g.scores[method][c] if c >= 0 else 0.0 for g, c in zip(groups, ev.chosen)])
+    hit = ev.stopped
+    return {"target": math.nan if choice.target is None else choice.target, "lambda": choice.lam,
+            "val_accuracy": choice.accuracy, "val_tokens": choice.tokens, "eval_accuracy": float(ev.correct.mean()),
+            "eval_tokens": float(ev.tokens.mean()), "eval_latency": float(ev.latency.mean()),
+            "certified": float(choice.reached) if choice.rule == "guarantee" else math.nan,
+            "reached": float(choice.reached), "problems_needed": choice.problems_needed or math.nan,
+            "stop_rate": float(hit.mean()),
+            "stop_accuracy": float(ev.correct[hit].mean()) if hit.any() else math.nan,
+            "stop_confidence": float(confidence[hit].mean()) if hit.any() else math.nan,
+            "stop_ece": ece(confidence[hit], ev.correct[hit]) if hit.any() else math.nan}
 
 
 def _by_difficulty(acc: _PerN, levels: list) -> dict:
@@ -592,6 +603,29 @@ def _comparison(acc: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dic
     return out
 
 
+def _matched_budget(acc: _PerN, mean: dict, msv: str, baselines: list[str], n_boot: int) -> dict:
+    """Accuracy of every streaming method at 30 / 50 / 70 % of full decoding's tokens (`budget_accuracy`), and
+    paired intervals over problems of the reference (the MSV through its stop head when it has one, else the
+    MSV) minus each other method; and the fraction of full decoding's t* and tokens the reference needs to reach
+    the full-decoding accuracy of the most accurate of `baselines` (a target that is not the maximum of a noisy
+    curve)."""
+    reference = msv + STOP_HEAD_SUFFIX if msv + STOP_HEAD_SUFFIX in mean else msv
+    out = {"fractions": list(BUDGET_FRACTIONS), "reference": reference,
+           "accuracy": {m: [budget_accuracy(c, f) for f in BUDGET_FRACTIONS] for m, c in mean.items()}}
+    ref = acc.problem_curves[reference]
+    if n_boot:
+        out["intervals"] = {m: [budget_interval(ref, pc, f, n_boot) for f in BUDGET_FRACTIONS]
+                            for m, pc in acc.problem_curves.items() if m != reference}
+    pool = [m for m in baselines if m in mean and m != reference]
+    if pool:
+        best = max(pool, key=lambda m: float(mean[m].accuracy[np.argmax(mean[m].lambdas)]))
+        out["full_decoding_target"] = {
+            "baseline": best, "accuracy": float(mean[best].accuracy[np.argmax(mean[best].lambdas)]),
+            **{axis: target_fraction_interval(ref, acc.problem_curves[best], axis, n_boot) for axis in
+               ("steps", "tokens")}}
+    return out
+
+
 def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], single: Sequence[str],
                         n_boot: int) -> dict:
     """Seed-mean curves, and how the primary MSV compares with the baseline of highest peak accuracy, among the
@@ -603,12 +637,15 @@ def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], singl
     if msv is None or msv not in curves:
         return out
     mean = {m: _mean_curve(c) for m, c in curves.items()}
-    pools = {"single_sequence": list(single), "all": [m for m in curves if m != msv and m not in multi]}
+    # An MSV read through its stop head is the MSV itself, never a baseline.
+    pools = {"single_sequence": list(single), "all": [m for m in curves if m != msv and m not in multi
+                                                      and not m.endswith(STOP_HEAD_SUFFIX)]}
     comps = {}
     for name, pool in pools.items():
         best = _best_peak(mean, pool, "steps")
         if best is not None:
             comps[name] = _comparison(acc, mean, msv, best, n_boot)
+    out["matched_budget"] = _matched_budget(acc, mean, msv, pools["all"], n_boot)
     if "all" not in comps:
         return out
     best = _best_peak(mean, pools["all"], "tokens")

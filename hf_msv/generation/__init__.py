@@ -18,7 +18,7 @@ from .delimiters import DelimiterMatch, DelimiterMatcher
 from .lockstep import lockstep_sample
 from .outputs import MSVAnswer, MSVResult
 from .hook import MSVSession, msv_generate, prepare_generation, resolve_elicitation
-from .scorers import AnswerScorer, MSVScorer, ProbeScorer, WeightedVoteScorer, as_scorer
+from .scorers import AnswerScorer, MSVScorer, ProbeScorer, StopRuleScorer, WeightedVoteScorer, as_scorer
 from .stopping import MSVEarlyStop, StopDecision, decide_stop
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "MSVScorer",
     "MSVSession",
     "ProbeScorer",
+    "StopRuleScorer",
     "RecurrentHistory",
     "StopDecision",
     "WeightedVoteScorer",

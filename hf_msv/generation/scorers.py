@@ -4,6 +4,8 @@
 * `ProbeScorer` — a `ProbeVerifier` scoring each answer alone.
 * `WeightedVoteScorer` — a single-chain scorer (Probe, or MSV_1) whose scores are weighted-voted over a prompt's N
   sequences: the evaluation's "Probe+WV" / "MSV_1+WV", computed causally and online.
+* `StopRuleScorer` — any of these, or a training-free rule, read through a stopping statistic over the prompt's N
+  chains (`hf_msv.stop_rules`: the verifier's `StopHead`, k-of-N consensus, Adaptive-Consistency, probe stability).
 * `as_scorer` — what `prepare_generation` accepts (a verifier or a scorer), as a scorer.
 
 A scorer is a factory of per-call streams (`AnswerScorer.begin`); a stream holds one call's state. Design and the
@@ -20,10 +22,11 @@ import torch
 
 from ..modeling_msv import MSVCache, MSVVerifier
 from ..modeling_probe import ProbeVerifier
+from ..stop_rules import StopHead, stop_statistic
 from .outputs import MSVAnswer
 
-__all__ = ["WV_THRESHOLD", "AnswerScorer", "MSVScorer", "ProbeScorer", "ScoringStream", "WeightedVoteScorer",
-           "as_scorer"]
+__all__ = ["WV_THRESHOLD", "AnswerScorer", "MSVScorer", "ProbeScorer", "ScoringStream", "StopRuleScorer",
+           "WeightedVoteScorer", "as_scorer"]
 
 # R of streaming weighted voting: the evaluation's default (`EvaluateConfig.wv_threshold`), so that the weighted
 # vote `generate` stops with is the "Probe+WV" the evaluation reports.
@@ -226,15 +229,71 @@ class _VoteStream:
         return mass @ score / total if total > 0 else np.zeros(len(new))
 
 
+class StopRuleScorer:
+    """Scores each answer with a stopping statistic over its prompt's N chains (`hf_msv.stop_rules`), computed
+    causally when the answer becomes available, so that the stop rule (`decide_stop`) fires on the statistic and
+    `MSVResult.confidence` is its value at the stop. The evaluation's replay computes the same statistic from the
+    recorded answers.
+
+    Args:
+        base: the verifier or scorer whose scores the rule reads (`as_scorer` of it); for a training-free rule its
+            scores are not read, but its config still sets the elicitation settings.
+        rule: a `StopHead` (read with the base's scores), or a key of `hf_msv.stop_rules.STOP_RULES`
+            (``"consensus"``, ``"adaptive-consistency"``, ``"probe-stability"``).
+
+    Raises:
+        ValueError: an unknown rule name.
+    """
+
+    def __init__(self, base, rule: StopHead | str):
+        if isinstance(rule, str):
+            stop_statistic(rule, [], [], [], [], 1)  # an unknown name fails here, before any decoding
+        elif not isinstance(rule, StopHead):
+            raise TypeError(f"rule must be a StopHead or a rule name, got {type(rule).__name__}")
+        self.base = as_scorer(base)
+        self.config = self.base.config
+        self.rule = rule
+
+    def begin(self, num_sequences: int, streaming: bool) -> _RuleStream:
+        return _RuleStream(self.base.begin(num_sequences, streaming), self.rule, num_sequences)
+
+
+class _RuleStream:
+    """Per prompt, the (class, sequence, step, end, base score) of the answers scored so far."""
+
+    def __init__(self, base: ScoringStream, rule: StopHead | str, num_sequences: int):
+        self.base, self.rule, self.N = base, rule, num_sequences
+        self.seen: dict[int, list[tuple[int, int, int, int, float]]] = {}
+
+    def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
+        base = self.base.score(ready)
+        out = [0.0] * len(ready)
+        for prompt in dict.fromkeys(a.prompt for a in ready):
+            index = [i for i, a in enumerate(ready) if a.prompt == prompt]
+            seen = self.seen.setdefault(prompt, [])
+            seen += [(ready[i].class_id, ready[i].sequence, ready[i].step, ready[i].end, base[i]) for i in index]
+            klass, sequence, step, end, score = (np.asarray(x) for x in zip(*seen))
+            new = np.arange(len(seen) - len(index), len(seen))  # only the arrivals: earlier values do not change
+            if isinstance(self.rule, StopHead):
+                stat = self.rule(score.astype(np.float64), klass, sequence, step, end, self.N, only=new)
+            else:
+                stat = stop_statistic(self.rule, klass, sequence, step, end, self.N, only=new)
+            for i, v in zip(index, stat[new].tolist()):
+                out[i] = v
+        return out
+
+
 def as_scorer(verifier) -> AnswerScorer:
-    """The scorer of what `prepare_generation` was given: an `MSVVerifier` → `MSVScorer`, a `ProbeVerifier` →
+    """The scorer of what `prepare_generation` was given: an `MSVVerifier` → `MSVScorer` (read through its stop head,
+    `StopRuleScorer`, when ``config.early_stopping`` has one), a `ProbeVerifier` →
     `WeightedVoteScorer` (Probe+WV, R = `WV_THRESHOLD`), an `AnswerScorer` as it is.
 
     Raises:
         TypeError: anything else.
     """
     if isinstance(verifier, MSVVerifier):
-        return MSVScorer(verifier)
+        head = (verifier.config.early_stopping or {}).get("stop_head")
+        return StopRuleScorer(MSVScorer(verifier), StopHead.from_dict(head)) if head else MSVScorer(verifier)
     if isinstance(verifier, ProbeVerifier):
         return WeightedVoteScorer(verifier)
     if isinstance(verifier, AnswerScorer) and not isinstance(verifier, type):

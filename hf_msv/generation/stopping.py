@@ -21,6 +21,7 @@ therefore replays to the same decision.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,7 +122,29 @@ class MSVEarlyStop(StoppingCriteria):
 
     def __init__(self, threshold: float | None = None):
         self.threshold = threshold
+        self.choice = None
         self.run = None
+
+    @classmethod
+    def from_verifier(cls, verifier) -> MSVEarlyStop:
+        """The criterion at the λ chosen with `verifier` on validation (``config.early_stopping["lambda"]``,
+        written by ``hf-msv train``; `hf_msv.lambda_rule.choose_lambda`). ``.choice`` holds that choice (its rule,
+        guarantee and validation figures; ``.choice.describe()`` says it in one line).
+
+        Raises:
+            ValueError: the verifier carries no early-stopping λ (a terminal verifier, or one saved without it).
+        """
+        from ..lambda_rule import LambdaChoice
+
+        stored = (getattr(verifier.config, "early_stopping", None) or {}).get("lambda")
+        if stored is None:
+            raise ValueError(
+                f"{type(verifier).__name__} carries no early-stopping λ (config.early_stopping): a streaming MSV "
+                "trained with `hf-msv train` has one; otherwise pass MSVEarlyStop(threshold) chosen on validation.")
+        choice = LambdaChoice.from_dict(stored)
+        criterion = cls(None if math.isinf(choice.lam) else choice.lam)
+        criterion.choice = choice
+        return criterion
 
     def bind(self, run):
         """Attach the `GenerationRun` of the current ``generate`` call (`None` detaches)."""

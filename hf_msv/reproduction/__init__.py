@@ -20,7 +20,7 @@ from .config import STUDIES, ReproduceArguments, ReproduceConfig, training_confi
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .context import ReproductionContext
 from .pipeline import main, parse_arguments, reproduce
-from .shipped import SHIPPED_LAMBDA_FILE, shipped_lambda, train_shipped_verifier
+from .shipped import SHIPPED_EPSILON, SHIPPED_LAMBDA_FILE, fit_shipped_stopping, train_shipped_verifier
 from .stages import (ShardReuse, TrainingQueue, checker_agreement, collect_problems, collect_splits, measure_lm_costs,
                      train_or_reuse)
 from .studies import (checkers_study, delimiters_study, grouping_study, main_study, masks_study,
@@ -44,7 +44,8 @@ __all__ = [
     "measure_lm_costs",
     "checker_agreement",
     "train_main_verifiers",
-    "shipped_lambda",
+    "fit_shipped_stopping",
+    "SHIPPED_EPSILON",
     "SHIPPED_LAMBDA_FILE",
     "main_study",
     "checkers_study",

@@ -4,25 +4,31 @@ reproduction's shards, saved with its model card and the early-stopping λ chose
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from ..lambda_rule import DELTA
 from .config import ReproduceConfig, training_config
 from .stages import ShardReuse, collect_splits, train_or_reuse
 
-__all__ = ["train_shipped_verifier", "shipped_lambda", "SHIPPED_LAMBDA_FILE"]
+__all__ = ["train_shipped_verifier", "fit_shipped_stopping", "SHIPPED_EPSILON", "SHIPPED_LAMBDA_FILE"]
+
+SHIPPED_EPSILON = 0.01  # the shipped verifier's tolerance: lose at most 1 pp of full-decoding accuracy (δ = 0.1)
+SHIPPED_LAMBDA_FILE = "early_stopping.json"  # beside the shipped verifier: the λ the demo uses, and how it was chosen
 
 
 def train_shipped_verifier(work_dir=None, destination=None, threads: int | None = None,
                            config: ReproduceConfig | None = None, device=None,
-                           reuse_shards: str = "matching", reuse_verifiers: str = "matching") -> Path:
+                           reuse_shards: str = "matching", reuse_verifiers: str = "matching",
+                           epsilon: float = SHIPPED_EPSILON) -> Path:
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
     ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples) in `work_dir` (default: the full
-    reproduction's, ``ReproduceConfig.default_work_dir``). Saves weights, config, model card and the early-stopping λ
-    chosen on validation (`shipped_lambda`, in `SHIPPED_LAMBDA_FILE`) to `destination` (default: the package's, for
-    `TESTBED_VERIFIER_TASK` only). `reuse_shards` and `reuse_verifiers` as in `reproduce`."""
+    reproduction's, ``ReproduceConfig.default_work_dir``). Saves weights, config, model card and the stopping rule
+    fitted on validation (`fit_shipped_stopping`, also in `SHIPPED_LAMBDA_FILE`) to `destination` (default: the
+    package's, for `TESTBED_VERIFIER_TASK` only). `reuse_shards` and `reuse_verifiers` as in `reproduce`."""
     import torch
 
     from ..collect import load_lm
@@ -50,8 +56,6 @@ def train_shipped_verifier(work_dir=None, destination=None, threads: int | None 
     log = json.loads((path / "training_log.json").read_text())
     best = log["history"][log["best_epoch"]]  # `best_epoch` indexes the validation history (0 = before training)
     metrics = {k.replace("val_", "validation "): v for k, v in best.items() if k.startswith("val_")}
-    stopping = shipped_lambda(data / "val", path, n, cfg, work / "shipped-lambda")
-    metrics["validation λ (early stopping)"] = stopping["lambda"]
     destination = Path(destination or TESTBED_VERIFIER_DIR)
     shutil.rmtree(destination, ignore_errors=True)
     verifier = MSVVerifier.from_pretrained(path)
@@ -62,33 +66,34 @@ def train_shipped_verifier(work_dir=None, destination=None, threads: int | None 
     save_verifier(verifier, destination, metrics=metrics | {"step": best.get("step", best["epoch"])},
                   training_data=training_data + " Reproduce with `scripts/train_shipped_verifier.sh`.",
                   repo_id="hf-msv/msv16-testbed")
-    (destination / SHIPPED_LAMBDA_FILE).write_text(json.dumps(stopping, indent=2) + "\n")
-    for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
-        stale.unlink()
+    fit_shipped_stopping(data / "val", destination, epsilon)
     return destination
 
 
-SHIPPED_LAMBDA_FILE = "early_stopping.json"  # beside the shipped verifier: the λ the demo uses, and how it was chosen
+def fit_shipped_stopping(val_dir, destination=None, epsilon: float = SHIPPED_EPSILON, delta: float = DELTA) -> dict:
+    """Fit the stopping rule of the verifier saved in `destination` (default: the package's) on the validation
+    shards `val_dir` (`hf_msv.training.fit_stopping_rule`: the stop head and the λ of `hf_msv.lambda_rule`, the
+    guaranteed one when the split certifies `epsilon` at `delta`, else the target rule's), store it in its config
+    and in `SHIPPED_LAMBDA_FILE`, and add the λ to its card. Returns what the file holds."""
+    from ..modeling_msv import MSVVerifier
+    from ..testbed import TESTBED_VERIFIER_DIR
+    from ..training import fit_stopping_rule
 
-
-def shipped_lambda(val_dir: Path, verifier_dir: Path, n: int, cfg: ReproduceConfig, output_dir: Path) -> dict:
-    """The early-stopping λ of the streaming MSV_n in `verifier_dir`, chosen on the validation shards by the
-    reproduction's validation rule (`hf_msv.evaluation.select_lambda_validation`: the cheapest λ whose validation
-    accuracy reaches `evaluate_study`'s target fraction × the best full-decoding validation accuracy of any method at
-    N = n). The evaluation split is the validation split itself: only the validation curves matter here."""
-    from ..evaluation import evaluate_study
-    from ..evaluation.early_stop import LatencyCosts
-
-    name = f"MSV_{n}"
-    # The rule is on tokens, so latency is not needed: zero LM costs, given explicitly (no "no costs" warning).
-    res = evaluate_study(val_dir, {name: {"streaming": str(verifier_dir)}}, output_dir, [n], val_dir, bootstrap=0,
-                         deepconf_window=cfg.deepconf_window, figures=False, progress=False,
-                         report_name="lambda", lm_costs=LatencyCosts())
-    rule = res["lambda_selection"][str(n)][name]["validation"]
-    first = {k: v["values"][0] for k, v in rule.items()}  # one training seed: its values
-    lam = round(first["lambda"], 6)  # the grid's value, without float noise
-    return {"lambda": lam, "num_sequences": n, "target_accuracy": first["target"],
-            "validation_accuracy": first["val_accuracy"], "validation_tokens": first["val_tokens"],
-            "rule": f"cheapest λ whose validation accuracy reaches {res['config']['target_fraction']} × the best "
-                    "full-decoding validation accuracy (hf_msv.evaluation.select_lambda_validation)",
-            "validation_problems": cfg.val_problems}
+    destination = Path(destination or TESTBED_VERIFIER_DIR)
+    verifier = MSVVerifier.from_pretrained(destination)
+    fit = fit_stopping_rule(verifier, val_dir, epsilon=epsilon, delta=delta)
+    verifier.config.save_pretrained(destination)
+    for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
+        stale.unlink()
+    choice = fit.choice
+    stopping = {"lambda": None if math.isinf(choice.lam) else round(choice.lam, 6),
+                "num_sequences": verifier.config.num_sequences, "rule": choice.describe(),
+                "validation_problems": choice.num_problems, "choice": choice.to_dict(),
+                "guarantee": fit.guarantee.to_dict(), "target": fit.target.to_dict(),
+                "at_stop": fit.replay.at_stop(choice.lam), "stop_head": fit.head.to_dict()}
+    (destination / SHIPPED_LAMBDA_FILE).write_text(json.dumps(stopping, indent=2) + "\n")
+    card = (destination / "README.md").read_text()
+    line = f"- Early stopping (validation): {choice.describe()}."
+    card = "\n".join(x for x in card.splitlines() if not x.startswith("- Early stopping (validation):"))
+    (destination / "README.md").write_text(card.rstrip() + "\n\n" + line + "\n")
+    return stopping

@@ -7,7 +7,9 @@ from .cli import TrainArguments, build_train_parser, main, run_training
 from .config import RECIPES, MSVTrainingConfig, TrainingPlan, resolve_plan
 from .guard import GuardReport, calibrated_self_consistency, linear_probe_scores
 from .sweep import sweep_learning_rates
-from .trainer import TrainingResult, build_verifier, evaluate_verifier, load_training_data, train_verifier
+from .stopping_curve import EarlyStoppingFit, fit_early_stopping
+from .trainer import (TrainingResult, build_verifier, evaluate_verifier, fit_stopping_rule, load_training_data,
+                      train_verifier)
 
 __all__ = [
     "MSVTrainingConfig",
@@ -17,6 +19,9 @@ __all__ = [
     "TrainingResult",
     "train_verifier",
     "evaluate_verifier",
+    "fit_stopping_rule",
+    "fit_early_stopping",
+    "EarlyStoppingFit",
     "build_verifier",
     "load_training_data",
     "GuardReport",

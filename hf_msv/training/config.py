@@ -9,6 +9,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from ..lambda_rule import DELTA, EPSILON
+
 __all__ = ["MSVTrainingConfig", "TrainingPlan", "RECIPES", "resolve_batch_size", "resolve_plan",
            "default_learning_rate"]
 
@@ -128,6 +130,12 @@ class MSVTrainingConfig:
     seed: int = field(default=0, metadata=_help("model init, group draws and shuffling."))
     mixed_precision: str = field(default="no", metadata=_help("accelerate's no / bf16 / fp16."))
     eval_batch_size: int = field(default=64, metadata=_help("groups per validation forward."))
+    # -- early stopping (streaming MSV) ----------------------------------------------------------------------------
+    stop_epsilon: float = field(default=EPSILON, metadata=_help(
+        "early-stopping tolerance ε: the λ saved with a streaming MSV loses at most ε of full-decoding accuracy "
+        "with probability >= 1 - δ (Learn-then-Test over validation problems); when validation is too small to "
+        "certify it, the cheapest λ reaching 0.95 x full-decoding accuracy is saved and the log says so."))
+    stop_delta: float = field(default=DELTA, metadata=_help("early-stopping risk level δ (see --stop-epsilon)."))
     log_every: int = field(default=10, metadata=_help("steps between progress-bar loss updates."))
     progress: bool = field(default=True, metadata=_help("show a progress bar (main process)."))
 
@@ -142,6 +150,9 @@ class MSVTrainingConfig:
             raise ValueError("num_sequences and batch_size must be positive")
         if self.vote_folds is not None and (self.vote_folds < 0 or self.vote_folds == 1):
             raise ValueError(f"vote_folds must be 0 (off) or at least 2, got {self.vote_folds}")
+        if not (0 < self.stop_epsilon < 1 and 0 < self.stop_delta < 1):
+            raise ValueError(f"stop_epsilon and stop_delta must lie in (0, 1), got {self.stop_epsilon}, "
+                             f"{self.stop_delta}")
         if isinstance(self.checker_kwargs, str):  # from the command line: a JSON object
             self.checker_kwargs = json.loads(self.checker_kwargs) if self.checker_kwargs.strip() else {}
         if self.checker_kwargs is None:

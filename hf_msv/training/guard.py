@@ -264,21 +264,23 @@ class GuardReport:
             verdict = f"FAILED: worse than {self.best}"
         return rows | {"guard": verdict}
 
-    def add_early_stopping(self, tradeoff: dict) -> None:
-        """Record a streaming verifier's validation trade-off (`stopping_curve.validation_tradeoff`) and, when no
-        λ that stops early reaches its target, the warning that says so (the curve itself goes to the log)."""
-        t = tradeoff
-        where = (f"λ = {t['lambda']:.2f}: validation accuracy {t['accuracy_at_lambda']:.3f} with "
-                 f"{t['tokens_at_lambda'] / max(t['full_tokens'], 1e-9):.0%} of the tokens of full decoding "
-                 f"(accuracy {t['full_accuracy']:.3f})" if t["lambda"] is not None else "λ = ∞ (never stops)")
-        if t["reached"]:
-            self.extra["early_stopping_line"] = f"early stopping on validation: {where} (target {t['target']:.3f})"
+    def add_early_stopping(self, stopping) -> None:
+        """Record a streaming MSV's stopping rule (`stopping_curve.EarlyStoppingFit`): the λ saved with it and the
+        guarantee behind it, the stop-time calibration on validation, and a warning when no λ that stops early
+        reaches its target (the curves go to the log)."""
+        choice, at_stop = stopping.choice, stopping.replay.at_stop(stopping.choice.lam)
+        line = f"early stopping on validation: {choice.describe()}"
+        if at_stop["stopped"] > 0:
+            line += (f"; at the stop ({at_stop['stopped']:.0%} of groups) accuracy {at_stop['accuracy']:.3f}, mean "
+                     f"confidence {at_stop['confidence']:.3f}")
+        if not stopping.guarantee.reached:
+            line += f"; the guarantee: {stopping.guarantee.describe()}"
+        if choice.reached:
+            self.extra["early_stopping_line"] = line
         else:
             self.extra["early_stopping_warning"] = (
-                f"WARNING: {self.name} does not stop early at its validation target: no λ that stops before the "
-                f"end reaches accuracy {t['target']:.3f} (0.95 × full decoding's); the closest trade-off is {where}. "
-                "The curve is in training_log.json (early_stopping); `hf-msv evaluate` compares it with the "
-                "baselines' curves.")
+                f"WARNING: {self.name} does not stop early at its validation target: {line}. The curve is in "
+                "training_log.json (early_stopping); `hf-msv evaluate` compares it with the baselines' curves.")
 
     def summary_lines(self) -> list[str]:
         """The CLI's closing lines: the comparison table, the early-stopping line, then the warnings if any."""

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
 from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, collection_elicitation
 from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
+from ..lambda_rule import DELTA, EPSILON
 from ..metrics import bce_with_logits, fold_by_problem
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
@@ -30,7 +31,7 @@ from .checkpoint import STATE_FILE, Batches, fingerprint, load_state, rng_state,
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
 from .guard import (GuardReport, ValidationPredictions, VoteDecision, bce_gain, build_guard_report,
                     choose_vote_departure, linear_probe_scores, pooled_answer_states, training_vote_platt)
-from .stopping_curve import validation_tradeoff
+from .stopping_curve import fit_early_stopping
 from .vote_anchor import anchor_at_weighted_vote
 
 __all__ = ["TrainingResult", "train_verifier", "evaluate_verifier", "validation_predictions", "build_verifier",
@@ -207,7 +208,7 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
     was_training = model.training
     model.eval()
     keys = ("logits", "labels", "gamma", "pooled", "problems", "single_logits", "group", "end", "klass", "sequence",
-            "terminal")
+            "step", "terminal")
     parts = {key: [] for key in keys}
     indices = list(range(rank, len(dataset), world))
     for i in range(0, len(indices), batch_size):
@@ -224,6 +225,7 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
         parts["end"].append(batch["answer_end"].numpy())
         parts["klass"].append(batch["answer_class"].numpy())
         parts["sequence"].append(batch["answer_sequence"].numpy())
+        parts["step"].append(batch["answer_step"].numpy())
         parts["terminal"].append(batch["answer_terminal"].numpy())
         if getattr(out, "vote_logits", None) is not None:
             parts["single_logits"].append(out.vote_logits.float().cpu().numpy())
@@ -243,8 +245,26 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
         logits=cat("logits", empty).astype(np.float64), labels=cat("labels", empty).astype(np.float64),
         gamma=cat("gamma", empty).astype(np.float64), pooled=cat("pooled") if pooled else None,
         problems=cat("problems", empty), single_logits=cat("single_logits"),
-        structure=({k: cat(k) for k in ("group", "end", "klass", "sequence", "terminal")}
+        structure=({k: cat(k) for k in ("group", "end", "klass", "sequence", "step", "terminal")}
                    if cat("group") is not None else None))
+
+
+def fit_stopping_rule(verifier, val_dir, epsilon: float = EPSILON, delta: float = DELTA, batch_size: int = 64):
+    """Fit a trained streaming MSV's stopping rule on the validation shards in `val_dir` (groups of the verifier's
+    N) and store it in ``verifier.config.early_stopping`` (what ``hf-msv train`` does after training; save the
+    verifier to keep it). Returns the `stopping_curve.EarlyStoppingFit`.
+
+    Raises:
+        ValueError: a terminal verifier (its answers all arrive at the end: nothing to stop early).
+    """
+    if verifier.config.mode != "streaming":
+        raise ValueError("early stopping needs a streaming verifier; this one was trained on terminal answers")
+    n = verifier.config.num_sequences
+    predictions = validation_predictions(verifier, ShardDataset(val_dir, num_sequences=n, mode="streaming"),
+                                         "streaming", batch_size)
+    fit = fit_early_stopping(predictions, n, epsilon, delta)
+    verifier.config.early_stopping = fit.config_entry()
+    return fit
 
 
 def prediction_metrics(predictions: ValidationPredictions) -> dict:
@@ -620,19 +640,23 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
                                 {"problems": train_set.num_problems, "steps": run.step, "output_dir": str(output_dir),
                                  "stopped_early": run.stopped_early,
                                  "kept_vote": _kept_vote(run), "streaming": config.mode == "streaming"})
-    tradeoff = None
-    if config.mode == "streaming" and predictions.structure is not None and len(predictions.labels):
-        tradeoff = validation_tradeoff(predictions)
-        report.add_early_stopping(tradeoff)
+    stopping = None
+    if (config.kind == "msv" and config.mode == "streaming" and predictions.structure is not None
+            and len(predictions.labels)):
+        stopping = fit_early_stopping(predictions, config.group_size, config.stop_epsilon, config.stop_delta)
+        best.config.early_stopping = stopping.config_entry()
+        report.add_early_stopping(stopping)
     if acc.is_main_process:
         log = {"best_epoch": run.best_epoch, "best_step": run.best_step, "steps": run.step,
                "stopped_early": run.stopped_early, "plan": asdict(run.plan), "guard": report.to_dict(),
                "vote_cv": run.decision and run.decision.to_dict(), "vote_anchor": run.vote_anchor,
-               "early_stopping": tradeoff,
+               "early_stopping": stopping and stopping.to_dict(),
                "history": run.history, "training_data": run.training_data}
         atomic_write_json(output_dir / "training_log.json", log)
         card = ({f"validation {k}": v for k, v in run.best_metrics.items()} | {"step": run.best_step}
                 | report.card_metrics())
+        if stopping is not None:  # the λ generation uses (MSVEarlyStop.from_verifier), and what backs it
+            card |= {"early-stopping λ (validation)": stopping.choice.describe()}
         save_verifier(best, output_dir, metrics=card, training_data=run.training_data)
         for warning in (report.warning, report.extra.get("early_stopping_warning")):
             if warning:

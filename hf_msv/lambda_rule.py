@@ -1,0 +1,175 @@
+"""Choosing the early-stopping threshold λ on validation, once for training, evaluation and the shipped verifier.
+
+Two rules over the same per-group replay outcomes (`choose_lambda`):
+
+* **guarantee** (`epsilon` given): Learn-then-Test (Angelopoulos et al., 2021) on the paired loss
+  ℓ_g(λ) = 1[full decoding is right ∧ the stopped answer is wrong], averaged per problem. λ is certified when
+  H0: E[ℓ(λ)] > ε is rejected at level δ (binomial p-value for 0/1 losses, Hoeffding–Bentkus otherwise), testing
+  from the largest λ down and stopping at the first non-rejection (fixed-sequence: no multiplicity correction).
+  The cheapest certified λ then loses at most ε of full decoding's accuracy with probability ≥ 1 − δ over the
+  draw of the validation problems. With no observed loss the first test needs (1 − ε)ⁿ ≤ δ, i.e.
+  n ≥ log δ / log(1 − ε) problems (`problems_needed`); below that nothing is certified and λ = ∞.
+* **target** (no `epsilon`): the cheapest λ whose validation accuracy reaches `target_fraction` × full decoding's
+  (ties: more accurate, then larger λ); λ = ∞ with ``reached=False`` when none that stops early does.
+
+λ = ∞ never stops (full decoding); it must be in the grid. See ``docs/early_stopping.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["DELTA", "EPSILON", "LAMBDAS", "TARGET_FRACTION", "LambdaChoice", "choose_lambda", "ltt_p_value", "problems_needed"]
+
+# 0..1 in 0.01 steps plus ∞ (never stop), so every curve contains the full-decoding point.
+LAMBDAS = np.concatenate([np.round(np.linspace(0.0, 1.0, 101), 2), [np.inf]])
+TARGET_FRACTION = 0.95  # the plain rule's default target: 0.95 × full-decoding accuracy
+EPSILON, DELTA = 0.02, 0.1  # the guarantee's default tolerance and risk: lose ≤ 2 pp with probability ≥ 0.9
+
+
+@dataclass(frozen=True)
+class LambdaChoice:
+    """The λ chosen on validation and the evidence behind it.
+
+    Attributes:
+        lam: the threshold (∞: never stop).
+        rule: "guarantee" or "target".
+        reached: guarantee: some λ < ∞ was certified; target: some λ that stops early reaches the target.
+        epsilon, delta: the guarantee's tolerance and risk (None for the target rule).
+        target: the accuracy target (target rule; None otherwise).
+        num_problems: validation problems the choice rests on.
+        problems_needed: problems that certify ε at δ when no loss is observed (guarantee rule).
+        accuracy, tokens, loss: validation accuracy, mean tokens per group and paired loss at `lam`.
+        full_accuracy, full_tokens: the same at full decoding.
+    """
+
+    lam: float
+    rule: str
+    reached: bool
+    epsilon: float | None
+    delta: float | None
+    target: float | None
+    num_problems: int
+    problems_needed: int | None
+    accuracy: float
+    tokens: float
+    loss: float
+    full_accuracy: float
+    full_tokens: float
+
+    @property
+    def token_fraction(self) -> float:
+        return self.tokens / self.full_tokens if self.full_tokens > 0 else math.nan
+
+    def to_dict(self) -> dict:
+        """JSON-ready (λ = ∞ as None)."""
+        return asdict(self) | {"lam": None if math.isinf(self.lam) else self.lam}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LambdaChoice:
+        return cls(**(d | {"lam": math.inf if d["lam"] is None else float(d["lam"])}))
+
+    def describe(self) -> str:
+        """One line for logs, cards and the demo."""
+        where = "λ = ∞ (never stops)" if math.isinf(self.lam) else f"λ = {self.lam:.2f}"
+        if self.rule == "guarantee":
+            if not self.reached:
+                return (f"{where}: {self.num_problems} validation problems certify no early stop for ε = "
+                        f"{self.epsilon:g} at δ = {self.delta:g} (needs ≥ {self.problems_needed} problems)")
+            return (f"{where}: loses at most {self.epsilon:g} of full-decoding accuracy with probability ≥ "
+                    f"{1 - self.delta:g} (Learn-then-Test, {self.num_problems} validation problems); validation "
+                    f"accuracy {self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the "
+                    "tokens")
+        status = "reached" if self.reached else "not reached by any λ that stops early"
+        return (f"{where}: cheapest λ with validation accuracy ≥ {self.target:.3f} ({status}); accuracy "
+                f"{self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the tokens")
+
+
+def problems_needed(epsilon: float, delta: float) -> int:
+    """The fewest problems with which a λ without observed loss is certified: (1 − ε)ⁿ ≤ δ."""
+    return int(math.ceil(math.log(delta) / math.log1p(-epsilon)))
+
+
+def ltt_p_value(losses: np.ndarray, epsilon: float) -> float:
+    """p-value of H0: E[loss] > ε from (n,) per-problem losses in [0, 1]: the exact binomial tail
+    P[Bin(n, ε) ≤ Σ loss] when every loss is 0 or 1, else Hoeffding–Bentkus (Bates et al., 2021)."""
+    from scipy.stats import binom
+
+    losses = np.asarray(losses, dtype=np.float64)
+    n, total = losses.size, float(losses.sum())
+    if np.all((losses == 0) | (losses == 1)):
+        return float(binom.cdf(round(total), n, epsilon))
+    mean = total / n
+    if mean >= epsilon:
+        return 1.0
+    h1 = mean * math.log(mean / epsilon) + (1 - mean) * math.log((1 - mean) / (1 - epsilon)) if mean > 0 else \
+        -math.log1p(-epsilon)
+    hoeffding = math.exp(-n * h1)
+    bentkus = math.e * float(binom.cdf(math.ceil(n * mean), n, epsilon))
+    return min(hoeffding, bentkus, 1.0)
+
+
+def choose_lambda(lambdas, correct, tokens, problem_of=None, *, epsilon: float | None = None, delta: float = DELTA,
+                  target_fraction: float = TARGET_FRACTION, target_accuracy: float | None = None) -> LambdaChoice:
+    """Pick λ from per-group replay outcomes on validation (module docstring for the two rules).
+
+    Args:
+        lambdas: (Λ,) the grid; must contain ∞.
+        correct: (G, Λ) bool, the stopped answer is right.
+        tokens: (G, Λ) tokens decoded by the group's chains at the stop.
+        problem_of: (G,) the problem of each group (default: one group per problem); the guarantee is over
+            problems, so groups of one problem are averaged.
+        epsilon: the guarantee's tolerance in accuracy (0 < ε < 1); None selects the target rule.
+        delta: the guarantee's risk level.
+        target_fraction: the target rule's fraction of full-decoding accuracy.
+        target_accuracy: an absolute accuracy target instead (overrides `target_fraction`).
+
+    Returns:
+        A `LambdaChoice`.
+    """
+    lam = np.asarray(lambdas, dtype=np.float64).reshape(-1)
+    correct = np.asarray(correct, dtype=bool).reshape(-1, lam.size)
+    tokens = np.asarray(tokens, dtype=np.float64).reshape(-1, lam.size)
+    if not np.isinf(lam).any():
+        raise ValueError("the λ grid needs ∞ (full decoding): the rules measure against it")
+    if epsilon is not None and not (0 < epsilon < 1 and 0 < delta < 1):
+        raise ValueError(f"need 0 < epsilon < 1 and 0 < delta < 1, got epsilon={epsilon}, delta={delta}")
+    if not len(correct):
+        raise ValueError("no validation groups to choose λ on")
+    problem_of = np.arange(len(correct)) if problem_of is None else np.asarray(problem_of).reshape(-1)
+    _, problem = np.unique(problem_of, return_inverse=True)
+    full = int(np.flatnonzero(np.isinf(lam))[0])
+    accuracy, mean_tokens = correct.mean(0), tokens.mean(0)
+    loss = correct[:, [full]] & ~correct                                     # (G, Λ) paired loss
+    per_problem = np.stack([np.bincount(problem, weights=loss[:, j]) / np.bincount(problem)
+                            for j in range(lam.size)], 1)                     # (P, Λ)
+    common = dict(num_problems=int(per_problem.shape[0]), full_accuracy=float(accuracy[full]),
+                  full_tokens=float(mean_tokens[full]), epsilon=epsilon, delta=delta if epsilon else None)
+    if epsilon is not None:
+        pick, reached = _certified(lam, per_problem, epsilon, delta)
+        reached = bool(reached and mean_tokens[pick] < mean_tokens[full])  # a λ that never stops saves nothing
+        return LambdaChoice(lam=float(lam[pick]), rule="guarantee", reached=reached, target=None,
+                            problems_needed=problems_needed(epsilon, delta), accuracy=float(accuracy[pick]),
+                            tokens=float(mean_tokens[pick]), loss=float(loss[:, pick].mean()), **common)
+    target = float(target_accuracy) if target_accuracy is not None else target_fraction * float(accuracy[full])
+    early = np.isfinite(lam) & (mean_tokens < mean_tokens[full])
+    ok = np.flatnonzero(early & (accuracy >= target - 1e-12))
+    pick = int(min(ok, key=lambda i: (mean_tokens[i], -accuracy[i], -lam[i]))) if ok.size else full
+    return LambdaChoice(lam=float(lam[pick]), rule="target", reached=bool(ok.size), target=target,
+                        problems_needed=None, accuracy=float(accuracy[pick]), tokens=float(mean_tokens[pick]),
+                        loss=float(loss[:, pick].mean()), **common)
+
+
+def _certified(lam: np.ndarray, per_problem: np.ndarray, epsilon: float, delta: float) -> tuple[int, bool]:
+    """Fixed-sequence testing from the largest finite λ down: (index of the cheapest certified λ, or of ∞; any)."""
+    pick, reached = int(np.flatnonzero(np.isinf(lam))[0]), False
+    for j in np.argsort(-np.where(np.isinf(lam), -np.inf, lam), kind="stable"):
+        if np.isinf(lam[j]):
+            break
+        if ltt_p_value(per_problem[:, j], epsilon) > delta:
+            break
+        pick, reached = int(j), True
+    return pick, reached

@@ -1,0 +1,225 @@
+"""Stopping statistics over a prompt's N chains: what the one stopping rule (`hf_msv.generation.decide_stop`: stop at
+the first time the best available statistic reaches λ) is fed besides a verifier's raw score.
+
+Every statistic is causal and per answer: answer a's value is computed at its availability time end_a from the
+answers available by then (end_b ≤ end_a), so the same numbers come out live in ``generate``, on vLLM and in the
+offline replay. Each counts *every* chain of the prompt, so a lone early answer cannot look like a consensus:
+
+* `consensus_share` — k-of-N consensus (ESC / Adaptive-Consistency style): the share of the N chains whose latest
+  answer is in a's class; chains that have not answered count against. λ = k / N stops when k chains agree.
+* `adaptive_consistency` — Adaptive-Consistency's Beta stopping criterion (Aggarwal et al., 2023) over the chains'
+  latest answers: P(p > ½) under p ~ Beta(v₁ + 1, v₂ + 1), v₁ the chains backing a's class, v₂ the runner-up's.
+* `probe_stability` — Dynasor-CoT style (Fu et al., 2024): the share of the N chains whose last ``window`` probed
+  answers all are a's class (a chain whose probes still change does not count).
+* `StopHead` — the verifier's stopping statistic, per class: a logistic regression of "a's class is correct" on
+  the class's mean and best verifier logits, its support among the N chains, the share of chains that have
+  answered and the runner-up class's mean logit and support (`stop_features`), fitted on validation answers and
+  refitted on leader events. Its output is what `MSVResult.confidence` reports at the stop. Design and
+  measurements: ``docs/early_stopping.md``.
+
+Every function takes ``only`` (indices of the answers whose values are needed; default all): other entries may be
+left at 0, so a live caller computes just the answers that arrived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .baselines import fit_logistic, logistic, logit
+
+__all__ = ["FEATURES", "STOP_RULES", "StopHead", "adaptive_consistency", "chain_support", "consensus_share",
+           "fit_stop_head", "leader_events", "probe_stability", "stop_features", "stop_statistic"]
+
+
+def chain_support(klass, sequence, step, end, window: int = 1, only=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per answer a, at its time end_a: how many chains stand by a's class, and how many have answered.
+
+    A chain stands by a class when its last `window` available answers (largest steps among end_b ≤ end_a) all
+    belong to it; with ``window=1`` that is its latest answer.
+
+    Args:
+        klass, sequence, step, end: (A,) ints: equivalence class, chain, answer step within its chain, end time.
+        window: how many of a chain's latest answers must agree (≥ 1).
+
+    Returns:
+        (support (A,), answered (A,)) ints.
+    """
+    support, answered, _ = _chain_counts(klass, sequence, step, end, window, only)
+    return support, answered
+
+
+def _arrival_times(end: np.ndarray, only) -> np.ndarray:
+    return np.unique(end if only is None else end[np.asarray(only, dtype=np.int64)])
+
+
+def _chain_counts(klass, sequence, step, end, window: int, only=None) -> tuple[np.ndarray, ...]:
+    """`chain_support` plus (A,) the runner-up: the most chains standing by one class other than a's."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    klass, sequence, step, end = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (klass, sequence, step, end))
+    support, answered, runner_up = (np.zeros(klass.size, np.int64) for _ in range(3))
+    by_chain = np.lexsort((np.arange(klass.size), step, sequence))  # chain-major, then step: runs of one chain
+    for t in _arrival_times(end, only):
+        avail = by_chain[end[by_chain] <= t]
+        chains, first, length = np.unique(sequence[avail], return_index=True, return_counts=True)
+        run = np.repeat(np.arange(chains.size), length)
+        tail = np.arange(avail.size) >= np.repeat(first + length - window, length)  # the run's last `window`
+        low = np.full(chains.size, np.iinfo(np.int64).max)
+        high = np.full(chains.size, np.iinfo(np.int64).min)
+        np.minimum.at(low, run[tail], klass[avail][tail])
+        np.maximum.at(high, run[tail], klass[avail][tail])
+        held, count = np.unique(low[(length >= window) & (low == high)], return_counts=True)  # steady chains' classes
+        now = np.flatnonzero(end == t)
+        mine = (held[None, :] == klass[now, None]) * count[None, :]            # (now, classes)
+        support[now] = mine.sum(1)
+        others = np.where(held[None, :] == klass[now, None], 0, count[None, :])
+        runner_up[now] = others.max(1) if held.size else 0
+        answered[now] = chains.size
+    return support, answered, runner_up
+
+
+def consensus_share(klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
+    """(A,) share of the `num_chains` chains whose latest answer at end_a is in a's class (silent chains count
+    against: the denominator is N, not the chains that have answered)."""
+    support, _ = chain_support(klass, sequence, step, end, only=only)
+    return support / float(num_chains)
+
+
+def probe_stability(klass, sequence, step, end, num_chains: int, window: int = 3, only=None) -> np.ndarray:
+    """(A,) share of the `num_chains` chains whose last `window` answers at end_a all are a's class."""
+    support, _ = chain_support(klass, sequence, step, end, window, only)
+    return support / float(num_chains)
+
+
+def adaptive_consistency(klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
+    """(A,) Adaptive-Consistency's Beta criterion for a's class against the runner-up, over the chains' latest
+    answers at end_a: P(p > ½), p ~ Beta(v₁ + 1, v₂ + 1). `num_chains` is unused (the criterion counts the chains
+    that have answered, as the paper's sequential sampler does) and accepted for a uniform signature."""
+    from scipy.stats import beta
+
+    support, _, runner_up = _chain_counts(klass, sequence, step, end, 1, only)
+    return beta.sf(0.5, support + 1, runner_up + 1)
+
+
+STOP_RULES = {"consensus": consensus_share, "adaptive-consistency": adaptive_consistency,
+              "probe-stability": probe_stability}
+
+
+def stop_statistic(rule: str, klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
+    """(A,) statistic of the training-free rule named `rule` (a key of `STOP_RULES`)."""
+    if rule not in STOP_RULES:
+        raise ValueError(f"unknown stop rule {rule!r}; choose one of {sorted(STOP_RULES)}")
+    return STOP_RULES[rule](klass, sequence, step, end, num_chains, only=only)
+
+
+FEATURES = ("mean logit of the class's latest answers", "class support ÷ N", "answered ÷ N",
+            "runner-up's mean logit", "runner-up's support ÷ N", "best logit of the class")
+_NO_RUNNER_UP = -8.0  # the runner-up's mean logit when no other class has a chain (σ(−8) ≈ 3e-4)
+
+
+def stop_features(scores, klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
+    """(A, 6) features of the stop head for answer a's *class* at end_a (`FEATURES`), over the N chains' latest
+    answers: the class's mean verifier logit over the chains standing by it (every supporting chain counted, so one
+    chain's upward noise moves it by 1/k), its support ÷ N, the share of chains that have answered, the same two of
+    the runner-up (the other class of highest mean logit), and the best logit among the class's available answers.
+
+    A class's features change only when an answer arrives, so each arriving answer carries its class's current
+    value and `decide_stop` over these per-answer values fires at the first arrival at which some class reaches λ.
+    """
+    z = logit(np.asarray(scores, dtype=np.float64).reshape(-1))
+    klass, sequence, step, end = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (klass, sequence, step, end))
+    out = np.zeros((klass.size, len(FEATURES)))
+    by_chain = np.lexsort((np.arange(klass.size), step, sequence))
+    wanted = np.zeros(klass.size, bool)
+    wanted[slice(None) if only is None else np.asarray(only, dtype=np.int64)] = True
+    for t in _arrival_times(end, only):
+        avail = by_chain[end[by_chain] <= t]
+        latest = avail[np.r_[sequence[avail][1:] != sequence[avail][:-1], True]]  # each chain's latest answer
+        classes, inverse, support = np.unique(klass[latest], return_inverse=True, return_counts=True)
+        mean = np.bincount(inverse, weights=z[latest]) / support
+        for a in np.flatnonzero((end == t) & wanted):
+            mine = classes == klass[a]
+            other = np.flatnonzero(~mine)
+            ru = other[np.argmax(mean[other])] if other.size else None
+            out[a] = (mean[mine][0] if mine.any() else z[a], support[mine].sum() / num_chains,
+                      latest.size / num_chains, _NO_RUNNER_UP if ru is None else mean[ru],
+                      0.0 if ru is None else support[ru] / num_chains, z[avail[klass[avail] == klass[a]]].max())
+    return out
+
+
+@dataclass(frozen=True)
+class StopHead:
+    """The verifier's stopping statistic σ(coef · `stop_features` + intercept).
+
+    Args:
+        coef: one weight per `FEATURES` entry.
+        intercept: the bias.
+        num_chains: N of the validation groups it was fitted on.
+    """
+
+    coef: tuple[float, ...]
+    intercept: float
+    num_chains: int
+
+    def __call__(self, scores, klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
+        """(A,) stopping statistic of a group's answers (same arguments as `stop_features`)."""
+        x = stop_features(scores, klass, sequence, step, end, num_chains or self.num_chains, only)
+        return self.predict(x)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """(m,) statistic of (m, F) `stop_features` rows."""
+        return logistic(features, self.coef, self.intercept)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"coef": list(self.coef)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StopHead:
+        return cls(coef=tuple(float(c) for c in d["coef"]), intercept=float(d["intercept"]),
+                   num_chains=int(d["num_chains"]))
+
+
+def fit_stop_head(features: np.ndarray, labels: np.ndarray, group: np.ndarray, end: np.ndarray, num_chains: int,
+                  rounds: int = 2) -> StopHead:
+    """Fit a `StopHead` on validation answers: (m, F) `stop_features` rows, 0/1 `labels`, and each answer's
+    `group` and `end` (m,).
+
+    The stop fires on the leading class, so after a first fit on every answer the head is refitted `rounds` times
+    on the *leader events* alone: per group and arrival time, the available answer the current head ranks first.
+    Its output is then calibrated for the answer a stop would output, not for the average answer (measured in
+    ``docs/early_stopping.md``).
+    """
+    x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
+    head = StopHead(*_fit(x, y), num_chains=int(num_chains))
+    for _ in range(rounds):
+        rows = leader_events(head.predict(x), group, end)
+        head = StopHead(*_fit(x[rows], y[rows]), num_chains=int(num_chains))
+    return head
+
+
+def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Indices of the answers that lead their group at each of its arrival times: the available answer (end ≤ t)
+    of highest `stat` (ties: the earliest), one per (group, distinct end t)."""
+    stat, group, end = np.asarray(stat), np.asarray(group), np.asarray(end)
+    rows = []
+    for g in np.unique(group):
+        members = np.flatnonzero(group == g)
+        order = members[np.lexsort((members, end[members]))]              # arrival order
+        best = order[_running_argmax(stat[order])]
+        last = np.r_[end[order][1:] != end[order][:-1], True]              # last arrival of each end time
+        rows.append(best[last])
+    return np.concatenate(rows) if rows else np.zeros(0, np.int64)
+
+
+def _running_argmax(values: np.ndarray) -> np.ndarray:
+    """(n,) index of the first maximum of values[:i+1]."""
+    run = np.maximum.accumulate(values)
+    is_new = np.r_[True, values[1:] > run[:-1]]
+    return np.maximum.accumulate(np.where(is_new, np.arange(values.size), 0))
+
+
+def _fit(x: np.ndarray, y: np.ndarray) -> tuple[tuple[float, ...], float]:
+    coef, intercept = fit_logistic(x, y)
+    return tuple(float(c) for c in coef), float(intercept)

@@ -1,0 +1,121 @@
+"""The field's stopping statistics and the stop head (hf_msv.stop_rules) on hand-built answer streams."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_msv.baselines import latest_answer_vote
+from hf_msv.stop_rules import (StopHead, adaptive_consistency, chain_support, consensus_share, fit_stop_head,
+                               leader_events, probe_stability, stop_features, stop_statistic)
+
+# Four chains. Chain 0 answers 7, 7, 7; chain 1 answers 3 then 7; chain 2 answers 7 once, late; chain 3 is silent.
+#          idx:  0  1  2  3  4  5
+KLASS = np.array([7, 3, 7, 7, 7, 3])
+SEQUENCE = np.array([0, 1, 0, 1, 0, 2])
+STEP = np.array([0, 0, 1, 1, 2, 0])
+END = np.array([5, 6, 9, 12, 14, 20])
+COLUMNS = (KLASS, SEQUENCE, STEP, END)
+
+
+def test_chain_support_counts_each_chains_latest_answer_and_silent_chains():
+    support, answered = chain_support(*COLUMNS)
+    np.testing.assert_array_equal(support, [1, 1, 1, 2, 2, 1])
+    np.testing.assert_array_equal(answered, [1, 2, 2, 2, 2, 3])
+    # The latest-answer vote divides by the chains that have answered; consensus by all four.
+    np.testing.assert_allclose(support / answered, latest_answer_vote(KLASS, SEQUENCE, STEP, END))
+    np.testing.assert_allclose(consensus_share(*COLUMNS, num_chains=4), support / 4)
+
+
+def test_a_lone_early_answer_is_no_consensus():
+    """The latest-answer vote gives the first answer share 1; consensus over N = 4 chains gives it 1/4."""
+    assert latest_answer_vote(KLASS, SEQUENCE, STEP, END)[0] == 1.0
+    assert consensus_share(*COLUMNS, num_chains=4)[0] == 0.25
+
+
+def test_probe_stability_needs_the_last_window_answers_to_agree():
+    # window 2: chain 0 is steady on 7 from its second answer; chain 1 ([3, 7]) never is.
+    np.testing.assert_allclose(probe_stability(*COLUMNS, num_chains=4, window=2), [0, 0, .25, .25, .25, 0])
+    np.testing.assert_allclose(probe_stability(*COLUMNS, num_chains=4, window=3), [0, 0, 0, 0, .25, 0])
+    with pytest.raises(ValueError, match="window"):
+        chain_support(*COLUMNS, window=0)
+
+
+def test_adaptive_consistency_is_the_beta_criterion_against_the_runner_up():
+    from scipy.stats import beta
+
+    got = adaptive_consistency(*COLUMNS)
+    # idx 3: class 7 backed by chains 0 and 1 (2), runner-up none (0); idx 5: class 3 by chain 2 (1) vs 7 (2).
+    assert got[3] == pytest.approx(beta.sf(0.5, 3, 1))
+    assert got[5] == pytest.approx(beta.sf(0.5, 2, 3))
+    assert got[1] == pytest.approx(0.5)                     # 3 vs 7, one chain each
+
+
+def test_stop_statistic_names_and_errors():
+    np.testing.assert_allclose(stop_statistic("consensus", *COLUMNS, 4), consensus_share(*COLUMNS, num_chains=4))
+    with pytest.raises(ValueError, match="unknown stop rule"):
+        stop_statistic("vote", *COLUMNS, 4)
+
+
+def test_the_stop_head_learns_to_distrust_a_high_score_without_support():
+    """Synthetic validation groups whose correctness depends on support, not on the (noisy, high) score: the fitted
+    head puts weight on support, so a lone high-scored answer gets less than a supported one."""
+    rng = np.random.default_rng(0)
+    m = 4000
+    support = rng.integers(1, 17, m) / 16
+    score = rng.uniform(0.7, 1.0, m)
+    y = rng.random(m) < 0.1 + 0.85 * support
+    z = np.log(score / (1 - score))
+    x = np.stack([z, support, np.ones(m), np.full(m, -8.0), np.zeros(m), z], 1)
+    head = fit_stop_head(x, y, group=np.arange(m) // 8, end=np.arange(m) % 8, num_chains=16)
+    assert head.coef[1] > 2
+    lone, backed = head.predict(np.array([[np.log(99), 1 / 16, 1, -8, 0, np.log(99)],
+                                          [np.log(3), 12 / 16, 1, -8, 0, np.log(3)]]))
+    assert lone < backed
+    assert StopHead.from_dict(head.to_dict()) == head
+    x = stop_features(np.full(6, 0.9), *COLUMNS, num_chains=4)
+    np.testing.assert_allclose(head(np.full(6, 0.9), *COLUMNS, num_chains=4), head.predict(x))
+
+
+def test_stop_features_by_hand():
+    scores = np.array([0.5, 0.9, 0.8, 0.6, 0.7, 0.99])
+    z = np.log(scores / (1 - scores))
+    x = stop_features(scores, *COLUMNS, num_chains=4)
+    # idx 3 (end 12): chains 0 and 1 both stand by 7 (latest answers 2 and 3); no runner-up.
+    np.testing.assert_allclose(x[3], [(z[2] + z[3]) / 2, 2 / 4, 2 / 4, -8.0, 0.0, max(z[[0, 2, 3]])])
+    # idx 5 (end 20): class 3 held by chain 2 alone; runner-up 7 held by chains 0 and 1 (answers 4 and 3).
+    np.testing.assert_allclose(x[5], [z[5], 1 / 4, 3 / 4, (z[4] + z[3]) / 2, 2 / 4, max(z[[1, 5]])])
+
+
+def test_leader_events_are_the_best_available_answer_at_each_arrival():
+    stat = np.array([0.3, 0.9, 0.5, 0.95, 0.1])
+    group = np.array([0, 0, 0, 0, 1])
+    end = np.array([1, 2, 2, 5, 1])
+    np.testing.assert_array_equal(leader_events(stat, group, end), [0, 1, 3, 4])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_statistics_are_causal(seed):
+    """An answer's statistic depends only on the answers available by its end: dropping every later answer leaves
+    it unchanged (what lets generate compute it live)."""
+    rng = np.random.default_rng(seed)
+    a = int(rng.integers(1, 25))
+    sequence = rng.integers(0, 5, a)
+    step = np.array([np.sum(sequence[:i] == sequence[i]) for i in range(a)])
+    end = np.array([10 * s + int(rng.integers(0, 9)) for s in step]) + rng.integers(0, 3, a)
+    klass = rng.integers(0, 3, a)
+    cut = np.median(end)
+    keep = end <= cut
+    late = np.flatnonzero(~keep)
+    for rule in ("consensus", "adaptive-consistency", "probe-stability"):
+        full = stop_statistic(rule, klass, sequence, step, end, 5)
+        part = stop_statistic(rule, klass[keep], sequence[keep], step[keep], end[keep], 5)
+        np.testing.assert_allclose(full[keep], part)
+        # `only` (what generate computes for the answers that just arrived) gives the same values for them
+        np.testing.assert_allclose(stop_statistic(rule, klass, sequence, step, end, 5, only=late)[late], full[late])
+    scores = rng.uniform(0.01, 0.99, a)
+    x = stop_features(scores, klass, sequence, step, end, 5)
+    np.testing.assert_allclose(x[keep], stop_features(scores[keep], klass[keep], sequence[keep], step[keep],
+                                                      end[keep], 5))
+    np.testing.assert_allclose(stop_features(scores, klass, sequence, step, end, 5, only=late)[late], x[late])
