@@ -169,17 +169,25 @@ def _lambda_section(results: dict) -> list[str]:
            "Accuracy / tokens / latency achieved on the evaluation split. Last column: for the validation rule, the "
            "rate of seeds whose chosen λ reached the target on validation (when none does, the rule takes the most "
            "accurate λ that still stops early, never a silent ∞); for LTT, the rate certified.", ""]
-    fmt = lambda stat, digits=3: format_mean_std(stat or None, digits)  # noqa: E731
+    header = ["method", "rule", "target", "λ", "val acc", "eval acc", "eval tokens", "eval latency (s)",
+              "reached / certified (rate)"]
+    return out + _lambda_tables(lam, cfg, header, lambda m, rule, r: [
+        m, rule, _fmt(r["target"]), format_lambda(r["lambda"]), _fmt(r["val_accuracy"]), _fmt(r["eval_accuracy"]),
+        _fmt(r["eval_tokens"], 1), _fmt(r["eval_latency"], 3),
+        _fmt(r.get("reached"), 2) if rule == "validation" else _fmt(r["certified"], 2)])
+
+
+def _fmt(stat, digits: int = 3) -> str:
+    return format_mean_std(stat or None, digits)
+
+
+def _lambda_tables(lam: dict, cfg: dict, header: list[str], row) -> list[str]:
+    """One table per N of the λ rules' records, a row per (method, rule) from `row(method, rule, record)`."""
+    out = []
     for n in cfg["num_sequences_list"]:
-        if str(n) not in lam:
-            continue
-        rows = [[m, rule, fmt(r["target"]), format_lambda(r["lambda"]), fmt(r["val_accuracy"]),
-                 fmt(r["eval_accuracy"]), fmt(r["eval_tokens"], 1), fmt(r["eval_latency"], 3),
-                 fmt(r.get("reached"), 2) if rule == "validation" else fmt(r["certified"], 2)]
-                for m, rules in lam[str(n)].items() for rule, r in rules.items()]
-        header = ["method", "rule", "target", "λ", "val acc", "eval acc", "eval tokens", "eval latency (s)",
-                  "reached / certified (rate)"]
-        out += [f"### N = {n}", "", markdown_table(header, rows), ""]
+        if str(n) in lam:
+            rows = [row(m, rule, r) for m, rules in lam[str(n)].items() for rule, r in rules.items()]
+            out += [f"### N = {n}", "", markdown_table(header, rows), ""]
     return out
 
 
@@ -194,19 +202,12 @@ def _lambda_rules_section(lam: dict, cfg: dict) -> list[str]:
            "fixed-sequence from the largest λ); `certified` is the rate of training seeds for which a λ that stops "
            "early was certified, else λ = ∞. Accuracy and tokens on the evaluation split; at the stop: over the "
            "evaluation groups that stopped early, their share, accuracy, mean reported confidence and ECE.", ""]
-    fmt = lambda stat, digits=3: format_mean_std(stat or None, digits)  # noqa: E731
-    for n in cfg["num_sequences_list"]:
-        if str(n) not in lam:
-            continue
-        rows = [[m, rule, format_lambda(r["lambda"]), fmt(r["val_accuracy"]), fmt(r["eval_accuracy"]),
-                 fmt(r["eval_tokens"], 1), fmt(r["stop_rate"], 2), fmt(r["stop_accuracy"]),
-                 fmt(r["stop_confidence"]), fmt(r["stop_ece"]),
-                 fmt(r["reached"], 2) if rule == "validation" else fmt(r["certified"], 2)]
-                for m, rules in lam[str(n)].items() for rule, r in rules.items()]
-        header = ["method", "rule", "λ", "val acc", "eval acc", "eval tokens", "stopped", "acc at stop",
-                  "confidence at stop", "ECE at stop", "reached / certified (rate)"]
-        out += [f"### N = {n}", "", markdown_table(header, rows), ""]
-    return out
+    header = ["method", "rule", "λ", "val acc", "eval acc", "eval tokens", "stopped", "acc at stop",
+              "confidence at stop", "ECE at stop", "reached / certified (rate)"]
+    return out + _lambda_tables(lam, cfg, header, lambda m, rule, r: [
+        m, rule, format_lambda(r["lambda"]), _fmt(r["val_accuracy"]), _fmt(r["eval_accuracy"]),
+        _fmt(r["eval_tokens"], 1), _fmt(r["stop_rate"], 2), _fmt(r["stop_accuracy"]), _fmt(r["stop_confidence"]),
+        _fmt(r["stop_ece"]), _fmt(r["reached"], 2) if rule == "validation" else _fmt(r["certified"], 2)])
 
 
 def _difficulty_section(results: dict) -> list[str]:

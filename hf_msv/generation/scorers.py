@@ -186,13 +186,14 @@ class WeightedVoteScorer:
         return _VoteStream(self.base.begin(num_sequences, streaming), streaming, self.wv_threshold)
 
 
-class _VoteStream:
-    """Per prompt, the (end, class, base score, terminal) of the answers scored so far; each new answer's vote
-    reads only these and the answers arriving with it."""
+class _PromptHistory:
+    """A stream that scores each new answer from its prompt's answers scored so far (and those arriving with it):
+    per prompt, it keeps every answer with its base score and hands the subclass `_prompt_scores` the history's
+    columns and the indices of the new rows."""
 
-    def __init__(self, base: ScoringStream, streaming: bool, wv_threshold: int):
-        self.base, self.streaming, self.R = base, streaming, wv_threshold
-        self.seen: dict[int, list[tuple[int, int, float, bool]]] = {}
+    def __init__(self, base: ScoringStream):
+        self.base = base
+        self.seen: dict[int, list[tuple[MSVAnswer, float]]] = {}
 
     def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
         base = self.base.score(ready)
@@ -200,17 +201,32 @@ class _VoteStream:
         for prompt in dict.fromkeys(a.prompt for a in ready):
             index = [i for i, a in enumerate(ready) if a.prompt == prompt]
             seen = self.seen.setdefault(prompt, [])
-            seen += [(ready[i].end, ready[i].class_id, base[i], ready[i].terminal) for i in index]
-            end, klass, score, terminal = (np.asarray(x) for x in zip(*seen))
-            score = score.astype(np.float64)
-            new = np.arange(len(seen) - len(index), len(seen))
-            if self.streaming:
-                votes = self._stream(end, klass, score, new)
-            else:
-                votes = self._terminal(klass, score, terminal.astype(bool), new)
-            for i, v in zip(index, votes.tolist()):
+            seen += [(ready[i], base[i]) for i in index]
+            answers = [a for a, _ in seen]
+            columns = {name: np.asarray([getattr(a, name) for a in answers])
+                       for name in ("end", "class_id", "sequence", "step", "terminal")}
+            columns["score"] = np.asarray([s for _, s in seen], dtype=np.float64)
+            values = self._prompt_scores(columns, np.arange(len(seen) - len(index), len(seen)))
+            for i, v in zip(index, np.asarray(values).tolist()):
                 out[i] = v
         return out
+
+    def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _VoteStream(_PromptHistory):
+    """Each new answer's weighted vote over its prompt's answers available by its end."""
+
+    def __init__(self, base: ScoringStream, streaming: bool, wv_threshold: int):
+        super().__init__(base)
+        self.streaming, self.R = streaming, wv_threshold
+
+    def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
+        end, klass, score = columns["end"], columns["class_id"], columns["score"]
+        if self.streaming:
+            return self._stream(end, klass, score, new)
+        return self._terminal(klass, score, columns["terminal"].astype(bool), new)
 
     def _stream(self, end, klass, score, new) -> np.ndarray:
         """`streaming_weighted_voting` for the rows `new` only (same arithmetic, so the same numbers)."""
@@ -258,29 +274,19 @@ class StopRuleScorer:
         return _RuleStream(self.base.begin(num_sequences, streaming), self.rule, num_sequences)
 
 
-class _RuleStream:
-    """Per prompt, the (class, sequence, step, end, base score) of the answers scored so far."""
+class _RuleStream(_PromptHistory):
+    """Each new answer's stopping statistic over its prompt's N chains; earlier answers' values do not change, so
+    only the arrivals are computed (``only``)."""
 
     def __init__(self, base: ScoringStream, rule: StopHead | str, num_sequences: int):
-        self.base, self.rule, self.N = base, rule, num_sequences
-        self.seen: dict[int, list[tuple[int, int, int, int, float]]] = {}
+        super().__init__(base)
+        self.rule, self.N = rule, num_sequences
 
-    def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
-        base = self.base.score(ready)
-        out = [0.0] * len(ready)
-        for prompt in dict.fromkeys(a.prompt for a in ready):
-            index = [i for i, a in enumerate(ready) if a.prompt == prompt]
-            seen = self.seen.setdefault(prompt, [])
-            seen += [(ready[i].class_id, ready[i].sequence, ready[i].step, ready[i].end, base[i]) for i in index]
-            klass, sequence, step, end, score = (np.asarray(x) for x in zip(*seen))
-            new = np.arange(len(seen) - len(index), len(seen))  # only the arrivals: earlier values do not change
-            if isinstance(self.rule, StopHead):
-                stat = self.rule(score.astype(np.float64), klass, sequence, step, end, self.N, only=new)
-            else:
-                stat = stop_statistic(self.rule, klass, sequence, step, end, self.N, only=new)
-            for i, v in zip(index, stat[new].tolist()):
-                out[i] = v
-        return out
+    def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
+        chains = tuple(columns[k] for k in ("class_id", "sequence", "step", "end"))
+        if isinstance(self.rule, StopHead):
+            return self.rule(columns["score"], *chains, self.N, only=new)[new]
+        return stop_statistic(self.rule, *chains, self.N, only=new)[new]
 
 
 def as_scorer(verifier) -> AnswerScorer:
