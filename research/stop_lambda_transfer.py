@@ -5,6 +5,8 @@ For one streaming MSV, one validation and one evaluation split (groups of the ve
 target rule, the guarantee at ε = 2 pp and 1 pp), the λ is chosen two ways and applied on the evaluation split:
 
 * in-sample (the default of `fit_early_stopping`): the head fitted on all of validation, λ chosen on its statistic;
+* cross-fitted: λ chosen on the out-of-fold statistic of two heads fitted on halves, then applied with the head
+  fitted on all of validation;
 * split (Learn-then-Test's learning / calibration split): the head fitted on half the validation problems, λ chosen
   on the other half, for two random halvings.
 
@@ -58,10 +60,17 @@ def main():
         x, y, structure, _ = subset(val, xv, rows)
         return fit_stop_head(x, y, structure["group"], structure["end"], n)
 
-    def choose(head, rows, rule):
+    def choose(head, rows, rule, stat=None):
         x, y, structure, problems = subset(val, xv, rows)
-        r = replay_groups(head.predict(x), y, structure, problems)
+        r = replay_groups(head.predict(x) if stat is None else stat[rows], y, structure, problems)
         return choose_lambda(LAMBDAS, r.correct, r.tokens, r.problem, **rule).lam
+
+    def cross_fitted() -> np.ndarray:
+        stat = np.zeros(problem.size)
+        for k in (0, 1):
+            held = problem % 2 == k
+            stat[held] = fit(~held).predict(xv[held])
+        return stat
 
     def apply(head, lam) -> str:
         r = replay_groups(head.predict(xe), ev.labels, ev.structure, ev.problems)
@@ -76,6 +85,7 @@ def main():
     for name, rule in RULES.items():
         head = fit(everything)
         print(f"{name:20s} in-sample | {apply(head, choose(head, everything, rule))}")
+        print(f"{name:20s} cross-fit | {apply(head, choose(head, everything, rule, cross_fitted()))}")
         for seed in (0, 1):
             half = np.random.default_rng(seed).permutation(problem.max() + 1)[problem] % 2 == 0
             head = fit(half)
