@@ -159,9 +159,9 @@ def run_demo(
             stop_step=live.stop_step, tokens_used=live.tokens_decoded, tokens_full=full.tokens_decoded,
             seconds=runs["live_s"]))
     print_table(rows, num_sequences, threshold)
-    stored = (getattr(verifier.config, "early_stopping", None) or {}).get("lambda")
-    if stored is not None:
-        print(f"the verifier's stopping rule, chosen on validation: {LambdaChoice.from_dict(stored).describe()}")
+    choice = LambdaChoice.of(verifier.config)
+    if choice is not None:
+        print(f"the verifier's stopping rule, chosen on validation: {choice.describe()}")
     if figure:
         # The figure is an extra: the table above is the demo's output, so a missing extra is a note, not an error.
         if importlib.util.find_spec("matplotlib") is None:

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["DELTA", "EPSILON", "LAMBDAS", "TARGET_FRACTION", "LambdaChoice", "choose_lambda", "ltt_p_value", "problems_needed"]
+__all__ = ["DELTA", "EPSILON", "LAMBDAS", "TARGET_FRACTION", "LambdaChoice", "choose_lambda", "ltt_p_value",
+           "problems_needed"]
 
 # 0..1 in 0.01 steps plus ∞ (never stop), so every curve contains the full-decoding point.
 LAMBDAS = np.concatenate([np.round(np.linspace(0.0, 1.0, 101), 2), [np.inf]])
@@ -71,6 +72,12 @@ class LambdaChoice:
     @classmethod
     def from_dict(cls, d: dict) -> LambdaChoice:
         return cls(**(d | {"lam": math.inf if d["lam"] is None else float(d["lam"])}))
+
+    @classmethod
+    def of(cls, config) -> LambdaChoice | None:
+        """The λ choice a verifier's config carries (``config.early_stopping["lambda"]``), else None."""
+        stored = (getattr(config, "early_stopping", None) or {}).get("lambda")
+        return None if stored is None else cls.from_dict(stored)
 
     def describe(self) -> str:
         """One line for logs, cards and the demo."""

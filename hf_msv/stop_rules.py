@@ -180,6 +180,12 @@ class StopHead:
         return cls(coef=tuple(float(c) for c in d["coef"]), intercept=float(d["intercept"]),
                    num_chains=int(d["num_chains"]))
 
+    @classmethod
+    def of(cls, config) -> StopHead | None:
+        """The stop head a verifier's config carries (``config.early_stopping["stop_head"]``), else None."""
+        stored = (getattr(config, "early_stopping", None) or {}).get("stop_head")
+        return None if stored is None else cls.from_dict(stored)
+
 
 def fit_stop_head(features: np.ndarray, labels: np.ndarray, group: np.ndarray, end: np.ndarray, num_chains: int,
                   rounds: int = 2) -> StopHead:

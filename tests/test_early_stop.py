@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_msv.evaluation.early_stop import (AnswerGroup, LatencyCosts, TradeoffCurve, autc, budget_accuracy,
-                                         choose_on_groups, early_stop_token_fraction, replay, replay_many,
-                                         select_lambda_ltt, select_lambda_validation, tradeoff_curve)
+                                         choose_on_groups, early_stop_token_fraction, replay, replay_at,
+                                         replay_many, select_lambda_validation, tradeoff_curve)
 
 #                 idx:  0    1    2    3    4    5
 SCORES = np.array([.3, .6, .7, .5, .9, .4])
@@ -128,17 +128,18 @@ def test_the_guaranteed_lambda_loses_at_most_epsilon_on_fresh_data():
     assert loss[0] > epsilon > loss[-2]
     misses, chosen = 0, []
     for _ in range(20):
-        res, _ = select_lambda_ltt(_synthetic_groups(rng, 300), "v", epsilon, delta, lambdas)
+        res = choose_on_groups(_synthetic_groups(rng, 300), "v", lambdas, epsilon=epsilon, delta=delta)
         assert res.reached and res.rule == "guarantee"
         chosen.append(res.lam)
         misses += loss[np.flatnonzero(lambdas == res.lam)[0]] > epsilon
     assert misses <= 3
     assert max(chosen) < np.inf and np.mean([tokens[lambdas == c][0] for c in chosen]) < tokens[-1]
     val = _synthetic_groups(rng, 300)
-    res, ev = select_lambda_ltt(val, "v", epsilon, delta, lambdas, eval_groups=_synthetic_groups(rng, 500))
+    res = choose_on_groups(val, "v", lambdas, epsilon=epsilon, delta=delta)
+    ev = replay_at(_synthetic_groups(rng, 500), "v", res.lam)
     full = tradeoff_curve(population, "v", [np.inf]).accuracy[0]
     assert ev.correct.mean() >= full - epsilon - 0.05 and ev.tokens.mean() < tokens[-1]
-    small, _ = select_lambda_ltt(val[:20], "v", epsilon, delta, lambdas)
+    small = choose_on_groups(val[:20], "v", lambdas, epsilon=epsilon, delta=delta)
     assert not small.reached and math.isinf(small.lam) and small.problems_needed == 45
     target = choose_on_groups(val, "v", lambdas, target_fraction=0.9)
     assert target.rule == "target" and target.reached and target.accuracy >= 0.9 * target.full_accuracy - 1e-12

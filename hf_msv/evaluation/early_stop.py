@@ -1,6 +1,6 @@
 """Replay of the paper's parallel early-stopping rule over recorded answer streams (`replay`, `replay_many`), trade-off
 curves (`tradeoff_curve`), AUTC (`autc`), λ for a budget (`select_lambda_validation`) and the λ rules of
-`hf_msv.lambda_rule` on replayed groups (`choose_on_groups`, `select_lambda_ltt`).
+`hf_msv.lambda_rule` on replayed groups (`choose_on_groups`, applied with `replay_at`).
 
 The rule itself is `hf_msv.generation.decide_stop`, the one the generation hook applies live. What is counted at
 the stop (token position, summed tokens, latency) and how AUTC is normalised is described in
@@ -24,7 +24,7 @@ from ..metrics import resolve_scores
 __all__ = [
     "AnswerGroup", "LatencyCosts", "StopResult", "TradeoffCurve", "DEFAULT_LAMBDAS", "replay",
     "replay_many", "tradeoff_curve", "autc", "early_stop_token_fraction", "select_lambda_validation",
-    "select_lambda_ltt", "choose_on_groups", "replay_at", "BUDGET_FRACTIONS", "budget_accuracy",
+    "choose_on_groups", "replay_at", "BUDGET_FRACTIONS", "budget_accuracy",
 ]
 
 DEFAULT_LAMBDAS = LAMBDAS  # the one grid (hf_msv.lambda_rule): every curve contains the full-decoding point
@@ -177,18 +177,6 @@ def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = 
             return float(lam[np.lexsort((-lam, -acc, xs))[0]])
         return float(lam[[i for i in key_acc if ok[i]][0]])
     return float(lam[key_acc[0]])
-
-
-def select_lambda_ltt(val_groups: Sequence[AnswerGroup], val_scores: str | Sequence[np.ndarray], epsilon: float,
-                      delta: float = 0.1, lambdas=DEFAULT_LAMBDAS, eval_groups: Sequence[AnswerGroup] | None = None,
-                      eval_scores: str | Sequence[np.ndarray] | None = None,
-                      costs: LatencyCosts | None = None) -> tuple[LambdaChoice, StopResult | None]:
-    """The λ that loses at most `epsilon` of full-decoding accuracy with probability ≥ 1 − `delta`
-    (`hf_msv.lambda_rule.choose_lambda`'s guarantee, over the validation groups' problems), and its replay on
-    `eval_groups` when given (a `StopResult` per group stacked, else None)."""
-    choice = choose_on_groups(val_groups, val_scores, lambdas, costs, epsilon=epsilon, delta=delta)
-    return choice, None if eval_groups is None else replay_at(eval_groups, eval_scores or val_scores, choice.lam,
-                                                               costs)
 
 
 def choose_on_groups(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray], lambdas=DEFAULT_LAMBDAS,

@@ -143,8 +143,7 @@ def budget_interval(msv: list[ProblemCurves], base: list[ProblemCurves], fractio
 def target_fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000,
                              seed: int = 0) -> dict:
     """Paired interval of the budget fraction on `axis` MSV needs to reach the baseline's *full-decoding* accuracy
-    (÷ full decoding's budget, the same for every method on the same groups; ∞ when it never does); with
-    ``n_boot=0`` the estimate alone."""
+    (÷ full decoding's budget, the same for every method on the same groups; ∞ when it never does)."""
     m, b = _seed_mean(msv), _seed_mean(base)
 
     def frac(idx):
@@ -154,6 +153,4 @@ def target_fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves]
         full = xs[np.argmax(mc.lambdas)]
         return float(xs[ok].min() / full) if ok.any() and full > 0 else math.inf
 
-    if not n_boot:
-        return {"estimate": frac(np.arange(m.correct.shape[0])), "low": None, "high": None, "n_boot": 0}
     return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)

@@ -32,7 +32,8 @@ from .verifiers import VerifierEntry
 
 __all__ = ["SETTINGS", "TOKEN_PROBS", "DEEPCONF", "PRM", "SELF_CONSISTENCY", "CALIBRATED_SC", "LATEST_VOTE",
            "CALIBRATED_LATEST_VOTE", "STACKED", "LINEAR_PROBE", "VOTE_BASELINES", "STOP_RULE_METHODS",
-           "STOP_HEAD_SUFFIX", "SplitScores", "Draw", "prepare_split", "with_verifiers", "add_prm_scores", "add_linear_probe", "fit_deepconf", "primary_msv",
+           "STOP_HEAD_SUFFIX", "SplitScores", "Draw", "prepare_split", "with_verifiers", "add_prm_scores",
+           "add_linear_probe", "fit_deepconf", "primary_msv",
            "method_plan", "method_label", "evaluation_groups", "draw_scores"]
 
 SETTINGS = MODES  # ("terminal", "streaming"): which answers of a group are scored
@@ -378,8 +379,8 @@ def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan:
     columns = (g.klass, g.sequence, step, g.end)
     out = {name: stop_statistic(rule, *columns, n) for name, rule in STOP_RULE_METHODS.items()}
     for e in plan["msv"]:
-        head = (getattr(e.model_for("streaming")[0].config, "early_stopping", None) or {}).get("stop_head")
+        head = StopHead.of(e.model_for("streaming")[0].config)
         label = method_label(e, n)
         if head and label in msv:
-            out[label + STOP_HEAD_SUFFIX] = StopHead.from_dict(head)(msv[label], *columns, n)
+            out[label + STOP_HEAD_SUFFIX] = head(msv[label], *columns, n)
     return out

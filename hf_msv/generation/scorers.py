@@ -298,8 +298,8 @@ def as_scorer(verifier) -> AnswerScorer:
         TypeError: anything else.
     """
     if isinstance(verifier, MSVVerifier):
-        head = (verifier.config.early_stopping or {}).get("stop_head")
-        return StopRuleScorer(MSVScorer(verifier), StopHead.from_dict(head)) if head else MSVScorer(verifier)
+        head = StopHead.of(verifier.config)
+        return StopRuleScorer(MSVScorer(verifier), head) if head else MSVScorer(verifier)
     if isinstance(verifier, ProbeVerifier):
         return WeightedVoteScorer(verifier)
     if isinstance(verifier, AnswerScorer) and not isinstance(verifier, type):

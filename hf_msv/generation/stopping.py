@@ -136,12 +136,11 @@ class MSVEarlyStop(StoppingCriteria):
         """
         from ..lambda_rule import LambdaChoice
 
-        stored = (getattr(verifier.config, "early_stopping", None) or {}).get("lambda")
-        if stored is None:
+        choice = LambdaChoice.of(verifier.config)
+        if choice is None:
             raise ValueError(
                 f"{type(verifier).__name__} carries no early-stopping λ (config.early_stopping): a streaming MSV "
                 "trained with `hf-msv train` has one; otherwise pass MSVEarlyStop(threshold) chosen on validation.")
-        choice = LambdaChoice.from_dict(stored)
         criterion = cls(None if math.isinf(choice.lam) else choice.lam)
         criterion.choice = choice
         return criterion

@@ -18,7 +18,8 @@ from ..lambda_rule import DELTA, EPSILON, LAMBDAS, TARGET_FRACTION, LambdaChoice
 from ..metrics import ece
 from ..stop_rules import FEATURES, StopHead, fit_stop_head, stop_features
 
-__all__ = ["EarlyStoppingFit", "GroupReplay", "fit_early_stopping", "group_rows", "replay_groups", "stop_head_features"]
+__all__ = ["EarlyStoppingFit", "GroupReplay", "fit_early_stopping", "group_rows", "replay_groups",
+           "stop_head_features"]
 
 @dataclass(frozen=True)
 class GroupReplay:
