@@ -4,7 +4,7 @@ VENV := .venv/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-floor test-vllm lint-imports bench-smoke reproduce
+.PHONY: setup lint demo test test-slow test-floor test-vllm lint-imports bench-smoke reproduce
 
 setup:
 	@bash scripts/setup.sh
@@ -12,7 +12,7 @@ setup:
 demo: setup
 	$(VENV)/hf-msv demo
 
-test: setup
+test: setup lint
 	$(VENV)/lint-imports
 	$(VENV)/python -m pytest -q -x --timeout=600
 
@@ -27,6 +27,11 @@ test-floor: setup
 test-vllm: setup
 	bash scripts/setup_vllm.sh
 	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -x --timeout=1200 tests/test_vllm.py
+
+# Code style (ruff: lint and format, pyproject.toml's [tool.ruff]).
+lint: setup
+	$(VENV)/ruff check
+	$(VENV)/ruff format --check
 
 # The layer contracts of pyproject.toml's [tool.importlinter].
 lint-imports: setup

@@ -3,8 +3,15 @@
 import torch
 
 
-def synthetic_stream(num_sequences: int, answers_per_sequence: int, answer_tokens: int, hidden_size: int,
-                     num_classes: int = 8, seed: int = 0, dtype=torch.float32):
+def synthetic_stream(
+    num_sequences: int,
+    answers_per_sequence: int,
+    answer_tokens: int,
+    hidden_size: int,
+    num_classes: int = 8,
+    seed: int = 0,
+    dtype=torch.float32,
+):
     """One group of N sequences, each eliciting `answers_per_sequence` answers of `answer_tokens` tokens at
     random delimiter times. Returns the packed verifier inputs, answers sorted by end time."""
     g = torch.Generator().manual_seed(seed)
@@ -30,8 +37,8 @@ def select_answers(inputs: dict, start: int, stop: int) -> dict:
     """Answers [start, stop) of a stream built by `synthetic_stream` (tokens are contiguous, in answer order)."""
     tokens_per_answer = int((inputs["token_answer"] == 0).sum())
     out = {k: v[start:stop] for k, v in inputs.items() if k.startswith("answer_")}
-    out["hidden_states"] = inputs["hidden_states"][start * tokens_per_answer: stop * tokens_per_answer]
-    out["token_answer"] = inputs["token_answer"][start * tokens_per_answer: stop * tokens_per_answer] - start
+    out["hidden_states"] = inputs["hidden_states"][start * tokens_per_answer : stop * tokens_per_answer]
+    out["token_answer"] = inputs["token_answer"][start * tokens_per_answer : stop * tokens_per_answer] - start
     return out
 
 

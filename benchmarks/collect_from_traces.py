@@ -33,8 +33,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_msv.collect import (CollectConfig, collect, collect_from_traces, load_lm, load_problems, traces_from_shards,
-                            write_traces)
+from hf_msv.collect import (
+    CollectConfig,
+    collect,
+    collect_from_traces,
+    load_lm,
+    load_problems,
+    traces_from_shards,
+    write_traces,
+)
 from hf_msv.collect.reencode import TraceReencoder
 from hf_msv.data import list_shards, read_shard
 
@@ -55,11 +62,16 @@ def mismatches(live: dict, mine: dict) -> tuple[int, float]:
             continue
         for i in range(a.num_answers):
             sa, sb = a.answer_token_start[i], b.answer_token_start[i]
-            same = (a.answer_text[i] == b.answer_text[i] and a.answer_tau[i] == b.answer_tau[i]
-                    and a.answer_end[i] == b.answer_end[i]
-                    and a.answer_class[i] == b.answer_class[i] and a.answer_correct[i] == b.answer_correct[i]
-                    and np.array_equal(a.token_ids[sa:sa + a.answer_length[i]],
-                                       b.token_ids[sb:sb + b.answer_length[i]]))
+            same = (
+                a.answer_text[i] == b.answer_text[i]
+                and a.answer_tau[i] == b.answer_tau[i]
+                and a.answer_end[i] == b.answer_end[i]
+                and a.answer_class[i] == b.answer_class[i]
+                and a.answer_correct[i] == b.answer_correct[i]
+                and np.array_equal(
+                    a.token_ids[sa : sa + a.answer_length[i]], b.token_ids[sb : sb + b.answer_length[i]]
+                )
+            )
             bad += not same
         if a.hidden_states.shape == b.hidden_states.shape:
             diff = max(diff, (a.hidden_states.float() - b.hidden_states.float()).abs().max().item())
@@ -80,9 +92,17 @@ def main():
     torch.set_num_threads(1)
     model, tokenizer = load_lm(LM, device="cpu")
     problems = load_problems(f"{LM}:evaluation:{args.problems}:{args.seed}")
-    config = CollectConfig(model=LM, num_samples=args.num_samples, max_new_tokens=args.max_new_tokens,
-                           delimiters=["Wait"], checker="exact", problems_per_shard=args.problems, seed=args.seed,
-                           progress=False, overwrite=True).resolved()
+    config = CollectConfig(
+        model=LM,
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        delimiters=["Wait"],
+        checker="exact",
+        problems_per_shard=args.problems,
+        seed=args.seed,
+        progress=False,
+        overwrite=True,
+    ).resolved()
     work = Path(tempfile.mkdtemp(prefix="bench_traces_"))
     try:
         live_s, re_s = [], []
@@ -109,20 +129,43 @@ def main():
         bad, diff = mismatches(problems_by_id(work / "live"), problems_by_id(work / "re"))
         samples = args.problems * args.num_samples
         live_rate, re_rate = samples / min(live_s), samples / min(re_s)
-        print(f"{LM} LM, {args.problems} problems x {args.num_samples} samples (up to {config.max_new_tokens} "
-              "tokens), 1 thread")
-        print(f"live collection: {min(live_s):.2f} s ({live_rate:.1f} samples/s, {live.tokens} CoT tokens, "
-              f"{live.answers} answers)")
+        print(
+            f"{LM} LM, {args.problems} problems x {args.num_samples} samples (up to {config.max_new_tokens} "
+            "tokens), 1 thread"
+        )
+        print(
+            f"live collection: {min(live_s):.2f} s ({live_rate:.1f} samples/s, {live.tokens} CoT tokens, "
+            f"{live.answers} answers)"
+        )
         print(f"re-encoding:     {min(re_s):.2f} s ({re_rate:.1f} samples/s, {forwards[-1]} LM forwards)")
-        print(f"speedup {re_rate / live_rate:.2f}x; answer mismatches {bad} of {live.answers}; "
-              f"max stored hidden-state difference {diff:.3g}")
-        print(json.dumps({"lm": LM, "problems": args.problems, "num_samples": args.num_samples,
-                          "max_new_tokens": config.max_new_tokens, "cut_sequences": live.cut_sequences,
-                          "threads": 1, "cot_tokens": live.tokens, "answers": live.answers,
-                          "answer_tokens": live.answer_tokens, "live_s": min(live_s), "reencode_s": min(re_s),
-                          "live_samples_per_s": live_rate, "reencode_samples_per_s": re_rate,
-                          "speedup": re_rate / live_rate, "answer_mismatches": bad, "max_hidden_diff": diff,
-                          "reencode_forwards": forwards[-1], "reencode_answers": mine.answers}))
+        print(
+            f"speedup {re_rate / live_rate:.2f}x; answer mismatches {bad} of {live.answers}; "
+            f"max stored hidden-state difference {diff:.3g}"
+        )
+        print(
+            json.dumps(
+                {
+                    "lm": LM,
+                    "problems": args.problems,
+                    "num_samples": args.num_samples,
+                    "max_new_tokens": config.max_new_tokens,
+                    "cut_sequences": live.cut_sequences,
+                    "threads": 1,
+                    "cot_tokens": live.tokens,
+                    "answers": live.answers,
+                    "answer_tokens": live.answer_tokens,
+                    "live_s": min(live_s),
+                    "reencode_s": min(re_s),
+                    "live_samples_per_s": live_rate,
+                    "reencode_samples_per_s": re_rate,
+                    "speedup": re_rate / live_rate,
+                    "answer_mismatches": bad,
+                    "max_hidden_diff": diff,
+                    "reencode_forwards": forwards[-1],
+                    "reencode_answers": mine.answers,
+                }
+            )
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

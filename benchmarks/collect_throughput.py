@@ -49,17 +49,36 @@ def load(args):
 
     from hf_msv.data.problems import Problem
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", "Wait", "\\boxed"] + ["\n"] +
-                                        [chr(c) for c in range(32, 127)])}
+    vocab = {
+        t: i
+        for i, t in enumerate(
+            ["<pad>", "<bos>", "<eos>", "<unk>", "Wait", "\\boxed"] + ["\n"] + [chr(c) for c in range(32, 127)]
+        )
+    }
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"Wait|\\boxed|[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                                     pad_token="<pad>", unk_token="<unk>", padding_side="left")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=len(vocab), hidden_size=192, intermediate_size=576, num_hidden_layers=4, num_attention_heads=6,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=len(vocab),
+            hidden_size=192,
+            intermediate_size=576,
+            num_hidden_layers=4,
+            num_attention_heads=6,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    ).eval()
     problems = [Problem(id=f"r/{i}", question=f"Q: {i} plus {i}?", gold=str(2 * i)) for i in range(args.problems)]
     return "random", model, tokenizer, problems, lambda p: f"Q: {p.question}\nA:"
 
@@ -69,16 +88,24 @@ def plain_generate(model, tokenizer, prompts, args) -> tuple[int, float]:
     eos = tokenizer.eos_token_id
     tokens, start = 0, time.perf_counter()
     for i in range(0, len(prompts), args.problems_per_batch):
-        inputs = tokenizer(prompts[i:i + args.problems_per_batch], return_tensors="pt", padding=True)
+        inputs = tokenizer(prompts[i : i + args.problems_per_batch], return_tensors="pt", padding=True)
         torch.manual_seed(i)
-        out = model.generate(**inputs, do_sample=True, num_return_sequences=args.num_samples,
-                             max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-                             pad_token_id=tokenizer.pad_token_id)
-        generated = out[:, inputs["input_ids"].shape[1]:]
+        out = model.generate(
+            **inputs,
+            do_sample=True,
+            num_return_sequences=args.num_samples,
+            max_new_tokens=args.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        generated = out[:, inputs["input_ids"].shape[1] :]
         is_eos = generated == eos
         ended = is_eos.any(1)
-        lengths = torch.where(ended, is_eos.int().argmax(1) + 1, torch.full_like(ended, generated.shape[1],
-                                                                                 dtype=torch.long))
+        lengths = torch.where(
+            ended, is_eos.int().argmax(1) + 1, torch.full_like(ended, generated.shape[1], dtype=torch.long)
+        )
         tokens += int(lengths.sum())
     return tokens, time.perf_counter() - start
 
@@ -87,8 +114,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--num-samples", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="default: the testbed task's length cap (320 for the random LM)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default: the testbed task's length cap (320 for the random LM)",
+    )
     parser.add_argument("--problems-per-batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
@@ -117,10 +148,20 @@ def main():
             best_generate = (tokens, seconds)
         out = tempfile.mkdtemp(prefix="collect_bench_")
         try:
-            result = collect(model, tokenizer, problems, out, num_samples=args.num_samples,
-                             max_new_tokens=args.max_new_tokens, checker="exact" if lm == "random" else "symbolic",
-                             prompt_template=fmt, problems_per_batch=args.problems_per_batch,
-                             problems_per_shard=8, seed=args.seed, progress=False)
+            result = collect(
+                model,
+                tokenizer,
+                problems,
+                out,
+                num_samples=args.num_samples,
+                max_new_tokens=args.max_new_tokens,
+                checker="exact" if lm == "random" else "symbolic",
+                prompt_template=fmt,
+                problems_per_batch=args.problems_per_batch,
+                problems_per_shard=8,
+                seed=args.seed,
+                progress=False,
+            )
             from hf_msv.data import ShardDataset
 
             last = ShardDataset(out).stats()
@@ -144,8 +185,10 @@ def main():
         "generate_tokens_per_s": round(generate_tps, 1),
         "ratio": round(best_collect.tokens_per_s / generate_tps, 3),
     }
-    print(f"collect {report['collect_tokens_per_s']} tok/s vs generate {report['generate_tokens_per_s']} tok/s "
-          f"({report['answers_per_sequence']} answers/sequence)")
+    print(
+        f"collect {report['collect_tokens_per_s']} tok/s vs generate {report['generate_tokens_per_s']} tok/s "
+        f"({report['answers_per_sequence']} answers/sequence)"
+    )
     print(json.dumps(report))
 
 

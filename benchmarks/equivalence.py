@@ -27,27 +27,68 @@ import random
 import statistics
 import time
 
-from hf_msv.equivalence import Verdict, assign_classes, get_checker
 from hf_msv.data.problems import load_benchmark
+from hf_msv.equivalence import Verdict, assign_classes, get_checker
 
 # Equal under Math-Verify's reading, so not counted as false: an assignment chain is its last value, 0^0 = 1.
 EQUAL_READINGS = {frozenset(p) for p in [("x=" * 200 + "1", "1"), ("0^0", "1"), ("x=" * 200 + "1", "0^0")]}
 
 GROUP_ANSWERS = [  # one problem's answers: several spellings of the same values, a few wrong ones, no answer
-    "\\frac{1}{2}", "0.5", "\\dfrac{1}{2}", "\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}",
-    "1", "2\\sqrt{2}", "\\sqrt{8}", "(1, 2)", None,
+    "\\frac{1}{2}",
+    "0.5",
+    "\\dfrac{1}{2}",
+    "\\frac{\\sqrt{2}}{2}",
+    "\\frac{1}{\\sqrt{2}}",
+    "1",
+    "2\\sqrt{2}",
+    "\\sqrt{8}",
+    "(1, 2)",
+    None,
 ]
 
 
 def hostile_answers() -> list[str]:
     return [
-        "{" * 500, "}" * 500, "\\frac{1}{2", "\\frac}{", "\\left( 1, 2", "\\boxed{\\boxed{",
-        "9" * 10**6, "x+" * 300_000 + "1",
-        "9^{9^{9^{9}}}", "9^{9^{9}}", "10^{10^{10}}", "2^{2^{2^{2^{2}}}}", "9^9^9^9", "100000!", "(10^{10})!",
-        "\\frac{1}{" * 200 + "2" + "}" * 200, "(" * 400 + "1" + ")" * 400, "\\sqrt{" * 300 + "2" + "}" * 300,
-        "1\x00", "\x1b[31m5", "\x7f\x08", "\u202e5", "５", "½", "\u200b1", "🙂", "\ud800", "1\udfff2",
-        "\\begin{pmatrix}" + "1&" * 200 + "1\\end{pmatrix}", "\\int_0^\\infty e^{-x^{2}}\\,dx",
-        "x=" * 200 + "1", "\\\\" * 500, "$" * 100, "", " ", "\\", "NaN", "\\infty-\\infty", "0^0", "1/0",
+        "{" * 500,
+        "}" * 500,
+        "\\frac{1}{2",
+        "\\frac}{",
+        "\\left( 1, 2",
+        "\\boxed{\\boxed{",
+        "9" * 10**6,
+        "x+" * 300_000 + "1",
+        "9^{9^{9^{9}}}",
+        "9^{9^{9}}",
+        "10^{10^{10}}",
+        "2^{2^{2^{2^{2}}}}",
+        "9^9^9^9",
+        "100000!",
+        "(10^{10})!",
+        "\\frac{1}{" * 200 + "2" + "}" * 200,
+        "(" * 400 + "1" + ")" * 400,
+        "\\sqrt{" * 300 + "2" + "}" * 300,
+        "1\x00",
+        "\x1b[31m5",
+        "\x7f\x08",
+        "\u202e5",
+        "５",
+        "½",
+        "\u200b1",
+        "🙂",
+        "\ud800",
+        "1\udfff2",
+        "\\begin{pmatrix}" + "1&" * 200 + "1\\end{pmatrix}",
+        "\\int_0^\\infty e^{-x^{2}}\\,dx",
+        "x=" * 200 + "1",
+        "\\\\" * 500,
+        "$" * 100,
+        "",
+        " ",
+        "\\",
+        "NaN",
+        "\\infty-\\infty",
+        "0^0",
+        "1/0",
     ]
 
 
@@ -59,8 +100,12 @@ def timed(fn, *args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="CPU seconds per check, the retry gets 3x (default 2.0; 0.5 with --quick)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="CPU seconds per check, the retry gets 3x (default 2.0; 0.5 with --quick)",
+    )
     parser.add_argument("--quick", action="store_true", help="14 hostile inputs, one warm repeat, timeout 0.5 s")
     args = parser.parse_args()
     if args.timeout is None:
@@ -76,8 +121,10 @@ def main() -> None:
     group = rng.choices(GROUP_ANSWERS, weights=[20, 10, 5, 6, 4, 6, 4, 3, 3, 3], k=64)
     classes, cold = timed(assign_classes, group, checker)
     warm = statistics.median(timed(assign_classes, group, checker)[1] for _ in range(1 if args.quick else 5))
-    print(f"group of 64 answers, {len(set(group))} distinct strings, {max(classes) + 1} classes: "
-          f"cold {cold * 1e3:.1f} ms, warm {warm * 1e3:.2f} ms")
+    print(
+        f"group of 64 answers, {len(set(group))} distinct strings, {max(classes) + 1} classes: "
+        f"cold {cold * 1e3:.1f} ms, warm {warm * 1e3:.2f} ms"
+    )
 
     try:
         distinct = list(dict.fromkeys(p.gold for p in load_benchmark("math500")))[:64]
@@ -111,27 +158,33 @@ def main() -> None:
                     false_equal += 1
                     print(f"judged equal: {h[:20]!r} vs {str(other)[:20]!r} ({call.__name__})")
                 unverifiable += verdict is Verdict.UNVERIFIABLE
-    print(f"hostile: {len(hostile)} inputs, {checks} checks, {crashes} crashes, {false_equal} judged equal to "
-          f"another answer, {unverifiable} unverifiable, slowest check {max_check_cpu:.2f} s CPU / {max_check:.2f} s "
-          f"wall (timeout {args.timeout} s CPU)")
+    print(
+        f"hostile: {len(hostile)} inputs, {checks} checks, {crashes} crashes, {false_equal} judged equal to "
+        f"another answer, {unverifiable} unverifiable, slowest check {max_check_cpu:.2f} s CPU / {max_check:.2f} s "
+        f"wall (timeout {args.timeout} s CPU)"
+    )
     stats = checker.stats
 
-    print(json.dumps({
-        "group64_ms": round(warm * 1e3, 3),
-        "group64_cold_ms": round(cold * 1e3, 1),
-        "group64_distinct_ms": round(distinct_s * 1e3, 1),
-        "hostile_inputs": len(hostile),
-        "crashes": crashes,
-        "false_equal": false_equal,
-        "max_check_cpu_s": round(max_check_cpu, 3),
-        "max_check_s": round(max_check, 3),
-        "retries": stats["retries"],
-        "timeouts": stats["timeouts"],
-        "stalled": stats["stalled"],
-        "timeout_s": args.timeout,
-        "quick": args.quick,
-        "worker_start_s": round(warmup_s, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "group64_ms": round(warm * 1e3, 3),
+                "group64_cold_ms": round(cold * 1e3, 1),
+                "group64_distinct_ms": round(distinct_s * 1e3, 1),
+                "hostile_inputs": len(hostile),
+                "crashes": crashes,
+                "false_equal": false_equal,
+                "max_check_cpu_s": round(max_check_cpu, 3),
+                "max_check_s": round(max_check, 3),
+                "retries": stats["retries"],
+                "timeouts": stats["timeouts"],
+                "stalled": stats["stalled"],
+                "timeout_s": args.timeout,
+                "quick": args.quick,
+                "worker_start_s": round(warmup_s, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

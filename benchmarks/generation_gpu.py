@@ -44,14 +44,21 @@ import pstats
 import time
 
 import torch
+
+# generation_overhead.py sits beside this file (benchmarks/ is sys.path[0] when run as a script).
+from generation_overhead import (
+    ForceDelimiters,
+    ForwardCounter,
+    ScriptedAnswers,
+    build_tokenizer,
+    lm_config,
+    paper_schedule,
+    random_lm,
+)
 from transformers import LogitsProcessorList
 
 from hf_msv import MSVConfig, MSVVerifier
 from hf_msv.generation import MSVEarlyStop, prepare_generation
-
-# generation_overhead.py sits beside this file (benchmarks/ is sys.path[0] when run as a script).
-from generation_overhead import (ForceDelimiters, ForwardCounter, ScriptedAnswers, build_tokenizer, lm_config,
-                                 paper_schedule, random_lm)
 
 VOCAB = 151_936
 
@@ -72,10 +79,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-sequences", type=int, default=64)
     parser.add_argument("--steps", type=int, default=4096)
-    parser.add_argument("--smoke", "--quick", dest="smoke", action="store_true",
-                        help="tiny shapes on the CPU (checks the script only)")
-    parser.add_argument("--profile", action="store_true",
-                        help="run only the MSV decode (after a warm-up) under cProfile and print its hottest functions")
+    parser.add_argument(
+        "--smoke", "--quick", dest="smoke", action="store_true", help="tiny shapes on the CPU (checks the script only)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run only the MSV decode (after a warm-up) under cProfile and print its hottest functions",
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and not args.smoke:
@@ -86,21 +97,38 @@ def main():
     if args.smoke:
         torch.set_num_threads(1)  # tiny matmuls: more threads only contend
     device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
-    shape = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2)
+    shape = dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2
+    )
     if args.smoke:
-        shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                     num_key_value_heads=1)
+        shape = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
+        )
     tokenizer = build_tokenizer(1000 if args.smoke else VOCAB, extra_words=("Wait",))
     model = random_lm(lm_config(len(tokenizer), **shape), dtype).to(device)
     torch.manual_seed(0)
-    verifier = MSVVerifier(MSVConfig(hidden_size=shape["hidden_size"], num_attention_heads=shape["num_attention_heads"],
-                                     num_sequences=n, mode="streaming")).to(device, dtype).eval()
+    verifier = (
+        MSVVerifier(
+            MSVConfig(
+                hidden_size=shape["hidden_size"],
+                num_attention_heads=shape["num_attention_heads"],
+                num_sequences=n,
+                mode="streaming",
+            )
+        )
+        .to(device, dtype)
+        .eval()
+    )
     inputs = tokenizer(["Question: find all real x with x^2 - 5x + 6 = 0."], return_tensors="pt").to(device)
     wait = tokenizer.convert_tokens_to_ids("Wait")
     force = ForceDelimiters(inputs["input_ids"].shape[1], wait, paper_schedule(n, steps))
-    settings = dict(do_sample=True, num_return_sequences=n, max_new_tokens=steps, min_new_tokens=steps,
-                    logits_processor=LogitsProcessorList([force]))
+    settings = dict(
+        do_sample=True,
+        num_return_sequences=n,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        logits_processor=LogitsProcessorList([force]),
+    )
 
     def plain():
         torch.manual_seed(0)
@@ -112,10 +140,16 @@ def main():
                 torch.manual_seed(0)
                 model.generate(**inputs, **settings, stopping_criteria=[MSVEarlyStop(None)])
                 return msv.pop_results()[0]
+
         return run
 
-    report = {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke: tiny shapes, not a measurement)",
-              "torch": torch.__version__, "num_sequences": n, "steps": steps, "answer_length": 12}
+    report = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (smoke: tiny shapes, not a measurement)",
+        "torch": torch.__version__,
+        "num_sequences": n,
+        "steps": steps,
+        "answer_length": 12,
+    }
 
     def record(**values):
         """Print each figure as soon as it is measured: a run cut short by a time limit still reports its phases."""
@@ -133,8 +167,9 @@ def main():
         _, warm_s, _ = timed(plain, cuda)  # warm-up (kernels, allocator)
         record(warmup_seconds=warm_s)
         _, plain_s, plain_peak = timed(plain, cuda)
-        record(plain_seconds=plain_s, plain_ms_per_step=1000 * plain_s / steps,
-               peak_memory_gib_plain=plain_peak / 2**30)
+        record(
+            plain_seconds=plain_s, plain_ms_per_step=1000 * plain_s / steps, peak_memory_gib_plain=plain_peak / 2**30
+        )
         hook, hook_s, _ = timed(hooked(mode="terminal", checker=None), cuda)
         record(hook_seconds=hook_s, hook_overhead_ratio=hook.timings["cot"] / plain_s)
         counter = ForwardCounter(model)
@@ -146,12 +181,21 @@ def main():
     finally:
         script.handle.remove()
     t = result.timings
-    record(answers=len(result.answers), msv_seconds=msv_s, cot_seconds=t["cot"], elicitation_seconds=t["elicitation"],
-           verifier_seconds=t["verifier"], equivalence_seconds=t["equivalence"],
-           elicitation_time_ratio=t["elicitation"] / t["cot"], verifier_time_ratio=t["verifier"] / t["cot"],
-           msv_over_plain=msv_s / plain_s, msv_over_hook=msv_s / hook_s, forward_calls=counter.calls,
-           forwards_per_cot_step=counter.calls / steps,
-           peak_memory_gib_msv=msv_peak / 2**30)
+    record(
+        answers=len(result.answers),
+        msv_seconds=msv_s,
+        cot_seconds=t["cot"],
+        elicitation_seconds=t["elicitation"],
+        verifier_seconds=t["verifier"],
+        equivalence_seconds=t["equivalence"],
+        elicitation_time_ratio=t["elicitation"] / t["cot"],
+        verifier_time_ratio=t["verifier"] / t["cot"],
+        msv_over_plain=msv_s / plain_s,
+        msv_over_hook=msv_s / hook_s,
+        forward_calls=counter.calls,
+        forwards_per_cot_step=counter.calls / steps,
+        peak_memory_gib_msv=msv_peak / 2**30,
+    )
     print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
 
 

@@ -31,7 +31,8 @@ CPU wall-time ratios:
 A random LM never closes its box, so every answer would run to the 40-token cap. The paper-shape runs therefore
 script the answers with a forward hook (``{`` then 10 filler tokens then ``}``: L = 12, a conservative length for
 boxed math answers). The verifier's cost at the 40-token cap is measured too, by replaying the same answer schedule
-(same N, steps, τ, order of arrival at the online cache) with 40-token answers through the verifier alone, divided by the CoT time
+(same N, steps, τ, order of arrival at the online cache) with 40-token answers through the verifier alone, divided by
+the CoT time
 of the matching run (``verifier_time_ratio_n64_cap40``).
 
 Usage::
@@ -72,8 +73,14 @@ def build_tokenizer(vocab_size: int, extra_words: tuple[str, ...] = ()) -> PreTr
     pattern = "|".join(re.escape(w) for w in words) + r"|<w\d+>|[\s\S]"
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
 
 
 def random_lm(config: Qwen2Config, dtype: torch.dtype, seed: int = 0) -> Qwen2ForCausalLM:
@@ -95,8 +102,15 @@ def random_lm(config: Qwen2Config, dtype: torch.dtype, seed: int = 0) -> Qwen2Fo
 
 
 def lm_config(vocab_size: int, **shape) -> Qwen2Config:
-    return Qwen2Config(vocab_size=vocab_size, max_position_embeddings=4096, tie_word_embeddings=True,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape)
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **shape,
+    )
 
 
 class ScriptedAnswers:
@@ -143,11 +157,17 @@ def replay_verifier(verifier, n: int, steps: int, every: int, length: int) -> fl
             states = torch.randn(len(batch) * length, verifier.config.hidden_size, generator=generator)
             states = states.to(verifier.dtype)
             start = time.perf_counter()
-            verifier(hidden_states=states, token_answer=torch.arange(len(batch)).repeat_interleave(length),
-                     answer_group=torch.zeros(len(batch), dtype=torch.long),
-                     answer_sequence=column([s for _, _, s in batch]), answer_step=column([k for k, _, _ in batch]),
-                     answer_end=column([tau + length for _, tau, _ in batch]),
-                     answer_class=torch.arange(len(batch)), past_key_values=cache, use_cache=True)
+            verifier(
+                hidden_states=states,
+                token_answer=torch.arange(len(batch)).repeat_interleave(length),
+                answer_group=torch.zeros(len(batch), dtype=torch.long),
+                answer_sequence=column([s for _, _, s in batch]),
+                answer_step=column([k for k, _, _ in batch]),
+                answer_end=column([tau + length for _, tau, _ in batch]),
+                answer_class=torch.arange(len(batch)),
+                past_key_values=cache,
+                use_cache=True,
+            )
             seconds += time.perf_counter() - start
     return seconds
 
@@ -183,25 +203,50 @@ class ForwardCounter:
 
 def tiny_scheduled_lm():
     tokenizer = build_tokenizer(160, extra_words=("Wait",))
-    model = random_lm(lm_config(len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=2, num_key_value_heads=1), torch.float32)
+    model = random_lm(
+        lm_config(
+            len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        ),
+        torch.float32,
+    )
     return model, tokenizer
 
 
-def scheduled_generate(model, tokenizer, prompts: list[str], n: int, steps: int, schedule, verifier=None,
-                       threshold=None, answer_length: int = 12):
+def scheduled_generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    n: int,
+    steps: int,
+    schedule,
+    verifier=None,
+    threshold=None,
+    answer_length: int = 12,
+):
     """One hooked ``generate`` under a forced delimiter schedule with scripted answers; returns (results, counter)."""
     inputs = tokenizer(prompts, return_tensors="pt", padding=True)
     force = ForceDelimiters(inputs["input_ids"].shape[1], tokenizer.convert_tokens_to_ids("Wait"), schedule)
     script = ScriptedAnswers(model, tokenizer, filler_tokens=answer_length - 2)
     counter = ForwardCounter(model)
     try:
-        with prepare_generation(model, tokenizer, verifier, delimiters=["Wait"],
-                                checker="exact" if verifier is not None else None) as msv:
+        with prepare_generation(
+            model, tokenizer, verifier, delimiters=["Wait"], checker="exact" if verifier is not None else None
+        ) as msv:
             torch.manual_seed(0)
-            model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=steps,
-                           min_new_tokens=steps, logits_processor=LogitsProcessorList([force]),
-                           stopping_criteria=[MSVEarlyStop(threshold)])
+            model.generate(
+                **inputs,
+                do_sample=True,
+                num_return_sequences=n,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                logits_processor=LogitsProcessorList([force]),
+                stopping_criteria=[MSVEarlyStop(threshold)],
+            )
             results = msv.pop_results()
     finally:
         script.handle.remove()
@@ -227,8 +272,9 @@ def paper_schedule_counts(n: int = 64, steps: int = 2048, answer_length: int = 1
     model, tokenizer = tiny_scheduled_lm()
     schedule = paper_schedule(n, steps, seed)
     start = time.perf_counter()
-    (result,), counter = scheduled_generate(model, tokenizer, ["Question: 17 + 25 = ?"], n, steps, schedule,
-                                            answer_length=answer_length)
+    (result,), counter = scheduled_generate(
+        model, tokenizer, ["Question: 17 + 25 = ?"], n, steps, schedule, answer_length=answer_length
+    )
     seconds = time.perf_counter() - start
     assert counter.calls == result.compute["forward_calls"]
     assert all(a.length == answer_length for a in result.answers)
@@ -237,17 +283,22 @@ def paper_schedule_counts(n: int = 64, steps: int = 2048, answer_length: int = 1
     # batch waits); the N terminal answers at the end once more.
     serial = steps + (len(delimiter_steps) + 1) * (1 + answer_length)
     figures = {
-        "schedule_n": n, "schedule_steps": steps, "schedule_answers": len(result.answers),
+        "schedule_n": n,
+        "schedule_steps": steps,
+        "schedule_answers": len(result.answers),
         "schedule_firing_steps": len(delimiter_steps),
-        "forward_calls": counter.calls, "forwards_per_cot_step": counter.calls / steps,
+        "forward_calls": counter.calls,
+        "forwards_per_cot_step": counter.calls / steps,
         "forwards_per_cot_step_serial": serial / steps,
         "schedule_rows_per_forward": counter.rows / counter.calls,
     }
-    print(f"[A: paper schedule] N={n}, {steps} steps, {len(result.answers)} answers of {answer_length} tokens "
-          f"({len(delimiter_steps)} steps with firings): {counter.calls} forwards = "
-          f"{figures['forwards_per_cot_step']:.3f} per CoT step (serial design: "
-          f"{figures['forwards_per_cot_step_serial']:.3f}); {figures['schedule_rows_per_forward']:.1f} rows per "
-          f"forward on average; {seconds:.0f}s on this CPU")
+    print(
+        f"[A: paper schedule] N={n}, {steps} steps, {len(result.answers)} answers of {answer_length} tokens "
+        f"({len(delimiter_steps)} steps with firings): {counter.calls} forwards = "
+        f"{figures['forwards_per_cot_step']:.3f} per CoT step (serial design: "
+        f"{figures['forwards_per_cot_step_serial']:.3f}); {figures['schedule_rows_per_forward']:.1f} rows per "
+        f"forward on average; {seconds:.0f}s on this CPU"
+    )
     return figures
 
 
@@ -256,8 +307,14 @@ def stopped_rows_fraction(n: int = 16, steps: int = 512, answer_length: int = 12
     call without early stopping."""
     model, tokenizer = tiny_scheduled_lm()
     torch.manual_seed(0)
-    config = MSVConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64, num_sequences=n,
-                       mode="streaming", gamma_hidden_size=8)
+    config = MSVConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_sequences=n,
+        mode="streaming",
+        gamma_hidden_size=8,
+    )
     verifier = MSVVerifier(config).eval()
     with torch.no_grad():
         verifier.head.bias.fill_(4.0)  # every score ≈ 0.98: the first available answer reaches λ = 0.5
@@ -267,16 +324,22 @@ def stopped_rows_fraction(n: int = 16, steps: int = 512, answer_length: int = 12
     prompts = [f"Question {i}: 17 + {i} = ?" for i in range(4)]
     rows = {}
     for lam in (None, 0.5):
-        results, counter = scheduled_generate(model, tokenizer, prompts, n, steps, schedule, verifier, lam,
-                                              answer_length)
+        results, counter = scheduled_generate(
+            model, tokenizer, prompts, n, steps, schedule, verifier, lam, answer_length
+        )
         rows[lam] = counter.rows
         stops = [r.stop_step if r.stopped_early else None for r in results]
     assert stops[:2] == [steps // 4] * 2 and stops[2:] == [None, None], stops
     fraction = rows[0.5] / rows[None]
-    print(f"[B: stopped prompts leave the batch] 4 prompts x N={n}, budget {steps}: prompts 0, 1 stop at step "
-          f"{steps // 4}; rows x steps {rows[0.5]} vs {rows[None]} without stopping = {fraction:.3f}")
-    return {"rows_steps_fraction_two_of_four_stopped": fraction, "rows_steps_stopped": rows[0.5],
-            "rows_steps_no_stop": rows[None]}
+    print(
+        f"[B: stopped prompts leave the batch] 4 prompts x N={n}, budget {steps}: prompts 0, 1 stop at step "
+        f"{steps // 4}; rows x steps {rows[0.5]} vs {rows[None]} without stopping = {fraction:.3f}"
+    )
+    return {
+        "rows_steps_fraction_two_of_four_stopped": fraction,
+        "rows_steps_stopped": rows[0.5],
+        "rows_steps_no_stop": rows[None],
+    }
 
 
 class TimedEarlyStop(MSVEarlyStop):
@@ -296,8 +359,17 @@ class TimedEarlyStop(MSVEarlyStop):
 
 def hook_overhead(steps: int, repeats: int, n: int = 16) -> dict:
     tokenizer = build_tokenizer(128)
-    model = random_lm(lm_config(len(tokenizer), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                                num_attention_heads=4, num_key_value_heads=2), torch.float32)
+    model = random_lm(
+        lm_config(
+            len(tokenizer),
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        ),
+        torch.float32,
+    )
     inputs = tokenizer(["Question: what is 17 + 25? Answer:"], return_tensors="pt")
     # min_new_tokens keeps EOS away, so both runs decode exactly `steps` tokens per sequence.
     settings = dict(do_sample=True, num_return_sequences=n, max_new_tokens=steps, min_new_tokens=steps)
@@ -332,61 +404,92 @@ def hook_overhead(steps: int, repeats: int, n: int = 16) -> dict:
         total_times.append(timings["total"])
     # Best of R: the machine is shared, and interference only ever adds time.
     plain_s, cot_s, total_s = (min(x) for x in (plain_times, cot_times, total_times))
-    print(f"[hook] N={n}, {steps} steps, best of {repeats}: plain {plain_s:.2f}s, hooked CoT {cot_s:.2f}s "
-          f"(x{cot_s / plain_s:.3f}), hooked total incl. {n} terminal answers {total_s:.2f}s; time inside the "
-          f"criterion per call of generate {min(bookkeeping):.3f}s (x{1 + min(bookkeeping) / plain_s:.3f})")
-    return {"hook_overhead_ratio": cot_s / plain_s, "hook_total_ratio_with_terminal_answers": total_s / plain_s,
-            "hook_criterion_overhead_ratio": 1 + min(bookkeeping) / plain_s, "hook_plain_seconds": plain_s}
+    print(
+        f"[hook] N={n}, {steps} steps, best of {repeats}: plain {plain_s:.2f}s, hooked CoT {cot_s:.2f}s "
+        f"(x{cot_s / plain_s:.3f}), hooked total incl. {n} terminal answers {total_s:.2f}s; time inside the "
+        f"criterion per call of generate {min(bookkeeping):.3f}s (x{1 + min(bookkeeping) / plain_s:.3f})"
+    )
+    return {
+        "hook_overhead_ratio": cot_s / plain_s,
+        "hook_total_ratio_with_terminal_answers": total_s / plain_s,
+        "hook_criterion_overhead_ratio": 1 + min(bookkeeping) / plain_s,
+        "hook_plain_seconds": plain_s,
+    }
 
 
 def paper_shape(model, tokenizer, n: int, steps: int, every: int = 64, answer_length: int = 12) -> dict:
-    config = MSVConfig(hidden_size=model.config.hidden_size, num_attention_heads=model.config.num_attention_heads,
-                       num_sequences=n, mode="streaming")
+    config = MSVConfig(
+        hidden_size=model.config.hidden_size,
+        num_attention_heads=model.config.num_attention_heads,
+        num_sequences=n,
+        mode="streaming",
+    )
     torch.manual_seed(0)
     verifier = MSVVerifier(config).to(model.dtype).eval()
     inputs = tokenizer(["Question: find all real x with x^2 - 5x + 6 = 0."], return_tensors="pt")
     script = ScriptedAnswers(model, tokenizer, filler_tokens=answer_length - 2)
     try:
-        with prepare_generation(model, tokenizer, verifier, delimiters=[], every_k_tokens=every, checker="exact",
-                                max_answer_tokens=40) as msv:
+        with prepare_generation(
+            model, tokenizer, verifier, delimiters=[], every_k_tokens=every, checker="exact", max_answer_tokens=40
+        ) as msv:
             torch.manual_seed(0)
-            model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=steps,
-                           min_new_tokens=steps, stopping_criteria=[MSVEarlyStop(1.5)])
+            model.generate(
+                **inputs,
+                do_sample=True,
+                num_return_sequences=n,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                stopping_criteria=[MSVEarlyStop(1.5)],
+            )
             (result,) = msv.pop_results()
     finally:
         script.handle.remove()
     assert all(a.length == answer_length for a in result.answers)
     t = result.timings
     figures = {
-        "cot_seconds": t["cot"], "elicitation_seconds": t["elicitation"], "verifier_seconds": t["verifier"],
-        "equivalence_seconds": t["equivalence"], "cot_tokens": result.tokens_decoded,
-        "elicitation_tokens": result.elicitation_tokens, "answer_tokens": result.answer_tokens,
+        "cot_seconds": t["cot"],
+        "elicitation_seconds": t["elicitation"],
+        "verifier_seconds": t["verifier"],
+        "equivalence_seconds": t["equivalence"],
+        "cot_tokens": result.tokens_decoded,
+        "elicitation_tokens": result.elicitation_tokens,
+        "answer_tokens": result.answer_tokens,
         "answers": len(result.answers),
     }
     figures["verifier_time_ratio"] = t["verifier"] / t["cot"]
     figures["elicitation_time_ratio"] = t["elicitation"] / t["cot"]
     figures["elicitation_token_ratio"] = result.elicitation_tokens / result.tokens_decoded
     figures["elicitation_answer_token_ratio"] = result.answer_tokens / result.tokens_decoded
-    print(f"[paper shape] N={n}, {steps} steps, answers every {every} tokens: {len(result.answers)} answers; "
-          f"CoT {t['cot']:.1f}s ({result.tokens_decoded} tokens, {t['cot'] / steps:.2f}s/step), "
-          f"elicitation {t['elicitation']:.1f}s ({result.elicitation_tokens} tokens, "
-          f"{result.answer_tokens} of them answer tokens), verifier {t['verifier']:.3f}s, "
-          f"equivalence {t['equivalence']:.3f}s")
+    print(
+        f"[paper shape] N={n}, {steps} steps, answers every {every} tokens: {len(result.answers)} answers; "
+        f"CoT {t['cot']:.1f}s ({result.tokens_decoded} tokens, {t['cot'] / steps:.2f}s/step), "
+        f"elicitation {t['elicitation']:.1f}s ({result.elicitation_tokens} tokens, "
+        f"{result.answer_tokens} of them answer tokens), verifier {t['verifier']:.3f}s, "
+        f"equivalence {t['equivalence']:.3f}s"
+    )
     replay = replay_verifier(verifier, n, steps, every, answer_length)
     figures["verifier_time_ratio_cap40"] = replay_verifier(verifier, n, steps, every, 40) / t["cot"]
-    print(f"    verifier replay of the same schedule: {replay:.3f}s (in generation {t['verifier']:.3f}s); with "
-          f"40-token answers verifier/CoT would be {figures['verifier_time_ratio_cap40']:.4f}")
-    print(f"    verifier/CoT {figures['verifier_time_ratio']:.4f}; elicitation/CoT time "
-          f"{figures['elicitation_time_ratio']:.3f} vs tokens {figures['elicitation_token_ratio']:.3f} "
-          f"(answer tokens only {figures['elicitation_answer_token_ratio']:.3f})")
+    print(
+        f"    verifier replay of the same schedule: {replay:.3f}s (in generation {t['verifier']:.3f}s); with "
+        f"40-token answers verifier/CoT would be {figures['verifier_time_ratio_cap40']:.4f}"
+    )
+    print(
+        f"    verifier/CoT {figures['verifier_time_ratio']:.4f}; elicitation/CoT time "
+        f"{figures['elicitation_time_ratio']:.3f} vs tokens {figures['elicitation_token_ratio']:.3f} "
+        f"(answer tokens only {figures['elicitation_answer_token_ratio']:.3f})"
+    )
     return figures
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: N = 8 and 320 steps for A, 32 steps "
-                        "for the hook, a small LM (width 256, 4 layers) instead of the paper's shape for 2-3; the "
-                        "counts (A, B) hold, the ratios are not the paper shape's")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: N = 8 and 320 steps for A, 32 steps "
+        "for the hook, a small LM (width 256, 4 layers) instead of the paper's shape for 2-3; the "
+        "counts (A, B) hold, the ratios are not the paper shape's",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--steps", type=int, default=None, help="decode steps (default: 192, quick: 128)")
     parser.add_argument("--counts-only", action="store_true", help="only the machine-independent counts (A, B)")
@@ -409,33 +512,39 @@ def main():
 
     tokenizer = build_tokenizer(1000)
     start = time.perf_counter()
-    shape = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2)
+    shape = dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2
+    )
     if args.quick:
-        shape = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                     num_key_value_heads=2)
+        shape = dict(
+            hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+        )
     model = random_lm(lm_config(len(tokenizer), **shape), torch.bfloat16)
-    print(f"{'small' if args.quick else 'paper-shape'} LM: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B "
-          f"parameters, bf16, built in {time.perf_counter() - start:.0f}s")
+    print(
+        f"{'small' if args.quick else 'paper-shape'} LM: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B "
+        f"parameters, bf16, built in {time.perf_counter() - start:.0f}s"
+    )
     runs = {n: paper_shape(model, tokenizer, n, steps) for n in (16, 64)}
 
-    report.update({
-        "elicitation_time_ratio": runs[16]["elicitation_time_ratio"],
-        "elicitation_token_ratio": runs[16]["elicitation_token_ratio"],
-        "elicitation_answer_token_ratio": runs[16]["elicitation_answer_token_ratio"],
-        "elicitation_time_ratio_n64": runs[64]["elicitation_time_ratio"],
-        "elicitation_token_ratio_n64": runs[64]["elicitation_token_ratio"],
-        "verifier_time_ratio_n16": runs[16]["verifier_time_ratio"],
-        "verifier_time_ratio_n64": runs[64]["verifier_time_ratio"],
-        "verifier_time_ratio_n16_cap40": runs[16]["verifier_time_ratio_cap40"],
-        "verifier_time_ratio_n64_cap40": runs[64]["verifier_time_ratio_cap40"],
-        "answer_length": 12,
-        "cot_seconds_per_step_n16": runs[16]["cot_seconds"] / steps,
-        "cot_seconds_per_step_n64": runs[64]["cot_seconds"] / steps,
-        "decode_steps": steps,
-        "every_k_tokens": 64,
-        "quick": args.quick,
-    })
+    report.update(
+        {
+            "elicitation_time_ratio": runs[16]["elicitation_time_ratio"],
+            "elicitation_token_ratio": runs[16]["elicitation_token_ratio"],
+            "elicitation_answer_token_ratio": runs[16]["elicitation_answer_token_ratio"],
+            "elicitation_time_ratio_n64": runs[64]["elicitation_time_ratio"],
+            "elicitation_token_ratio_n64": runs[64]["elicitation_token_ratio"],
+            "verifier_time_ratio_n16": runs[16]["verifier_time_ratio"],
+            "verifier_time_ratio_n64": runs[64]["verifier_time_ratio"],
+            "verifier_time_ratio_n16_cap40": runs[16]["verifier_time_ratio_cap40"],
+            "verifier_time_ratio_n64_cap40": runs[64]["verifier_time_ratio_cap40"],
+            "answer_length": 12,
+            "cot_seconds_per_step_n16": runs[16]["cot_seconds"] / steps,
+            "cot_seconds_per_step_n64": runs[64]["cot_seconds"] / steps,
+            "decode_steps": steps,
+            "every_k_tokens": 64,
+            "quick": args.quick,
+        }
+    )
     report["goals_met"] |= {
         "hook_overhead_le_1.10": report["hook_overhead_ratio"] <= 1.10,
         "elicitation_time_le_1.2x_tokens": report["elicitation_time_ratio"] <= 1.2 * report["elicitation_token_ratio"],

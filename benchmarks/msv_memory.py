@@ -12,8 +12,8 @@ import resource
 import time
 
 import torch
-
 from _streams import synthetic_stream
+
 from hf_msv import MSVConfig, MSVVerifier
 
 
@@ -31,10 +31,21 @@ def main():
         args.sequences, args.answers_per_sequence, args.answer_tokens, args.hidden_size, args.heads = 4, 4, 8, 64, 4
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    verifier = MSVVerifier(MSVConfig(hidden_size=args.hidden_size, num_attention_heads=args.heads,
-                                     num_sequences=args.sequences, mode="streaming")).to(dtype).train()
-    stream = synthetic_stream(args.sequences, args.answers_per_sequence, args.answer_tokens, args.hidden_size,
-                              dtype=dtype)
+    verifier = (
+        MSVVerifier(
+            MSVConfig(
+                hidden_size=args.hidden_size,
+                num_attention_heads=args.heads,
+                num_sequences=args.sequences,
+                mode="streaming",
+            )
+        )
+        .to(dtype)
+        .train()
+    )
+    stream = synthetic_stream(
+        args.sequences, args.answers_per_sequence, args.answer_tokens, args.hidden_size, dtype=dtype
+    )
     labels = torch.randint(0, 2, (len(stream["answer_end"]),)).float()
     tokens = len(stream["token_answer"])
     dense_gib = args.heads * tokens**2 * 4 / 2**30
@@ -45,10 +56,21 @@ def main():
     seconds = time.perf_counter() - t0
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in verifier.parameters())
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
-    print(f"{tokens} answer tokens, d={args.hidden_size}, {args.dtype}: forward+backward {seconds:.0f} s, "
-          f"peak RSS {peak_gib:.2f} GiB (one dense fp32 score tensor would need {dense_gib:.0f} GiB)")
-    print(json.dumps({"tokens": tokens, "hidden_size": args.hidden_size, "dtype": args.dtype,
-                      "peak_rss_gib": round(peak_gib, 2), "seconds": round(seconds, 1)}))
+    print(
+        f"{tokens} answer tokens, d={args.hidden_size}, {args.dtype}: forward+backward {seconds:.0f} s, "
+        f"peak RSS {peak_gib:.2f} GiB (one dense fp32 score tensor would need {dense_gib:.0f} GiB)"
+    )
+    print(
+        json.dumps(
+            {
+                "tokens": tokens,
+                "hidden_size": args.hidden_size,
+                "dtype": args.dtype,
+                "peak_rss_gib": round(peak_gib, 2),
+                "seconds": round(seconds, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import json
 import time
 
 import torch
-
 from _streams import arrival_batches, select_answers, synthetic_stream
+
 from hf_msv import MSVCache, MSVConfig, MSVVerifier
 
 
@@ -30,13 +30,19 @@ def main():
         args.sequences, args.answers_per_sequence, args.answer_tokens, args.hidden_size, args.heads = 8, 4, 8, 64, 4
         args.timed_answers = 4
     torch.manual_seed(0)
-    verifier = MSVVerifier(MSVConfig(hidden_size=args.hidden_size, num_attention_heads=args.heads,
-                                     num_sequences=args.sequences, mode="streaming")).eval()
+    verifier = MSVVerifier(
+        MSVConfig(
+            hidden_size=args.hidden_size,
+            num_attention_heads=args.heads,
+            num_sequences=args.sequences,
+            mode="streaming",
+        )
+    ).eval()
     stream = synthetic_stream(args.sequences, args.answers_per_sequence, args.answer_tokens, args.hidden_size)
     num_answers = len(stream["answer_end"])
     batches = list(arrival_batches(stream, 64))
     units = list(arrival_batches(stream, 1))  # one answer at a time, unless several end at the same step
-    timed = units[-args.timed_answers:]
+    timed = units[-args.timed_answers :]
     warm = timed[0][0]
 
     with torch.no_grad():
@@ -44,13 +50,15 @@ def main():
         for start, stop in batches:  # fill the cache in arrival order, ~64 answers at a time
             stop = min(stop, warm)
             if start < stop:
-                online.append(verifier(**select_answers(stream, start, stop), past_key_values=cache,
-                                       use_cache=True).logits)
+                online.append(
+                    verifier(**select_answers(stream, start, stop), past_key_values=cache, use_cache=True).logits
+                )
         times = []
         for start, stop in timed:  # then time single arrivals against the full cache
             t0 = time.perf_counter()
-            online.append(verifier(**select_answers(stream, start, stop), past_key_values=cache,
-                                   use_cache=True).logits)
+            online.append(
+                verifier(**select_answers(stream, start, stop), past_key_values=cache, use_cache=True).logits
+            )
             times.append((time.perf_counter() - t0) / (stop - start))
         online = torch.cat(online)
         t0 = time.perf_counter()
@@ -59,14 +67,19 @@ def main():
 
     online_ms = 1000 * sorted(times)[len(times) // 2]
     result = {
-        "sequences": args.sequences, "hidden_size": args.hidden_size, "cached_tokens": cache.num_tokens,
-        "online_ms_per_answer": round(online_ms, 2), "offline_ms_per_answer": round(1000 * offline_s, 1),
+        "sequences": args.sequences,
+        "hidden_size": args.hidden_size,
+        "cached_tokens": cache.num_tokens,
+        "online_ms_per_answer": round(online_ms, 2),
+        "offline_ms_per_answer": round(1000 * offline_s, 1),
         "speedup": round(1000 * offline_s / online_ms, 1),
         "max_abs_diff": float((online - offline).abs().max()),
     }
-    print(f"cache of {cache.num_tokens} answer tokens ({num_answers} answers, N={args.sequences}, "
-          f"d={args.hidden_size}): online {online_ms:.1f} ms/answer (median of {len(times)}), "
-          f"offline recompute {offline_s * 1000:.0f} ms/answer")
+    print(
+        f"cache of {cache.num_tokens} answer tokens ({num_answers} answers, N={args.sequences}, "
+        f"d={args.hidden_size}): online {online_ms:.1f} ms/answer (median of {len(times)}), "
+        f"offline recompute {offline_s * 1000:.0f} ms/answer"
+    )
     print(json.dumps(result))
 
 

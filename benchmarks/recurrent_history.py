@@ -40,12 +40,16 @@ PAPER = Path(__file__).resolve().parents[1] / ".." / "shared" / "paper" / "msv_p
 def recurrent_models() -> dict[str, tuple[transformers.PretrainedConfig, int]]:
     """Per model: a 2-layer config with the real per-layer shapes, and the real number of recurrent layers."""
     lfm2 = transformers.Lfm2Config(hidden_size=2048, num_hidden_layers=2, layer_types=["conv", "full_attention"])
-    qwen3_next = transformers.Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-                                              num_experts=2, num_experts_per_tok=1)
+    qwen3_next = transformers.Qwen3NextConfig(
+        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], num_experts=2, num_experts_per_tok=1
+    )
     falcon_h1 = transformers.FalconH1Config(num_hidden_layers=2)
     real = transformers.Qwen3NextConfig().layer_types.count("linear_attention")
-    return {"lfm2_1.2b": (lfm2, 10), "qwen3_next_80b_a3b": (qwen3_next, real),
-            "falcon_h1_defaults": (falcon_h1, transformers.FalconH1Config().num_hidden_layers)}
+    return {
+        "lfm2_1.2b": (lfm2, 10),
+        "qwen3_next_80b_a3b": (qwen3_next, real),
+        "falcon_h1_defaults": (falcon_h1, transformers.FalconH1Config().num_hidden_layers),
+    }
 
 
 def bytes_per_saved_row(config, layers: int) -> int:
@@ -74,16 +78,21 @@ def save_statistics(tokenizer, ids: list[int], delimiter: str) -> dict:
     window = matcher.window
     saves = held = 0
     for i in range(len(ids)):
-        if not matcher.could_start(ids[max(0, i + 1 - window):i + 1]):
+        if not matcher.could_start(ids[max(0, i + 1 - window) : i + 1]):
             continue
         saves, held, j = saves + 1, held + 1, i + 1
-        while j < len(ids) and matcher.could_start(ids[max(0, j + 1 - window):j + 1], back=j - i + 1):
+        while j < len(ids) and matcher.could_start(ids[max(0, j + 1 - window) : j + 1], back=j - i + 1):
             held, j = held + 1, j + 1
-    found = [matcher.match(ids[max(0, i + 1 - window):i + 1]) for i in range(len(ids))
-             if matcher.could_complete(ids[i])]
+    found = [
+        matcher.match(ids[max(0, i + 1 - window) : i + 1]) for i in range(len(ids)) if matcher.could_complete(ids[i])
+    ]
     found = [m for m in found if m is not None]
-    return {"save_rate": saves / len(ids), "mean_steps_held": held / max(saves, 1), "occurrences": len(found),
-            "multi_token_share": sum(m.num_tokens > 1 for m in found) / max(len(found), 1)}
+    return {
+        "save_rate": saves / len(ids),
+        "mean_steps_held": held / max(saves, 1),
+        "occurrences": len(found),
+        "multi_token_share": sum(m.num_tokens > 1 for m in found) / max(len(found), 1),
+    }
 
 
 def main():
@@ -104,12 +113,15 @@ def main():
         for delimiter in ("Wait", "\n\n"):
             stats = save_statistics(tokenizer, ids, delimiter)
             stats["expected_bytes_held_n64"] = {
-                name: 64 * stats["save_rate"] * stats["mean_steps_held"] * size for name, size in sizes.items()}
+                name: 64 * stats["save_rate"] * stats["mean_steps_held"] * size for name, size in sizes.items()
+            }
             report[repr(delimiter)] = stats
             held = ", ".join(f"{n} {b / 2**20:.1f} MiB" for n, b in stats["expected_bytes_held_n64"].items())
-            print(f"{delimiter!r:>8}: {len(ids)} tokens, save rate {stats['save_rate']:.4f}, held "
-                  f"{stats['mean_steps_held']:.2f} steps, {stats['occurrences']} occurrences "
-                  f"({stats['multi_token_share']:.0%} multi-token); expected held at N=64: {held}")
+            print(
+                f"{delimiter!r:>8}: {len(ids)} tokens, save rate {stats['save_rate']:.4f}, held "
+                f"{stats['mean_steps_held']:.2f} steps, {stats['occurrences']} occurrences "
+                f"({stats['multi_token_share']:.0%} multi-token); expected held at N=64: {held}"
+            )
     print(json.dumps(report))
 
 

@@ -39,10 +39,17 @@ def main():
     parser.add_argument("--num-sequences", type=int, default=64)
     parser.add_argument("--modes", nargs="+", default=["terminal", "streaming"])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=None,
-                        help="cap the budget (a partial measurement: report seconds per step and extrapolate)")
-    parser.add_argument("--quick", action="store_true", help="terminal MSV_4 on 6 / 4 synthetic problems, at most 4 "
-                        "steps (checks the script, not a measurement)")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="cap the budget (a partial measurement: report seconds per step and extrapolate)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="terminal MSV_4 on 6 / 4 synthetic problems, at most 4 steps (checks the script, not a measurement)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.problems, args.val_problems, args.num_sequences, args.max_steps = 6, 4, 4, 4
@@ -52,8 +59,11 @@ def main():
     from hf_msv.training import MSVTrainingConfig, train_verifier
 
     root = Path(tempfile.mkdtemp(prefix="train_defaults_"))
-    report = {"threads": args.threads, "num_sequences": args.num_sequences, "data": "real" if args.train_dir else
-              "synthetic"}
+    report = {
+        "threads": args.threads,
+        "num_sequences": args.num_sequences,
+        "data": "real" if args.train_dir else "synthetic",
+    }
     try:
         train_dir, val_dir = args.train_dir, args.val_dir
         if not train_dir:
@@ -65,18 +75,32 @@ def main():
             write_split(val_dir, args.val_problems, d, heads, 64, 2.3, 1)
         for mode in args.modes:
             start = time.perf_counter()
-            result = train_verifier(train_dir, val_dir, root / f"msv-{mode}",
-                                    MSVTrainingConfig(num_sequences=args.num_sequences, mode=mode,
-                                                      max_steps=args.max_steps, progress=False))
+            result = train_verifier(
+                train_dir,
+                val_dir,
+                root / f"msv-{mode}",
+                MSVTrainingConfig(
+                    num_sequences=args.num_sequences, mode=mode, max_steps=args.max_steps, progress=False
+                ),
+            )
             seconds = time.perf_counter() - start
             log = json.loads((root / f"msv-{mode}" / "training_log.json").read_text())
-            report[mode] = {"seconds": round(seconds, 1), "steps": log["steps"], "max_steps": result.plan.max_steps,
-                            "seconds_per_step": round(seconds / max(1, log["steps"]), 3),
-                            "eval_steps": result.plan.eval_steps, "stopped_early": log["stopped_early"],
-                            "best_step": result.best_step, "val_brier": result.guard.verifier["brier"],
-                            "val_brier_self_consistency": result.guard.self_consistency["brier"]}
-            print(f"MSV_{args.num_sequences} {mode}: {seconds:.0f} s, {log['steps']} steps "
-                  f"(budget {result.plan.max_steps}, stopped early: {log['stopped_early']})", flush=True)
+            report[mode] = {
+                "seconds": round(seconds, 1),
+                "steps": log["steps"],
+                "max_steps": result.plan.max_steps,
+                "seconds_per_step": round(seconds / max(1, log["steps"]), 3),
+                "eval_steps": result.plan.eval_steps,
+                "stopped_early": log["stopped_early"],
+                "best_step": result.best_step,
+                "val_brier": result.guard.verifier["brier"],
+                "val_brier_self_consistency": result.guard.self_consistency["brier"],
+            }
+            print(
+                f"MSV_{args.num_sequences} {mode}: {seconds:.0f} s, {log['steps']} steps "
+                f"(budget {result.plan.max_steps}, stopped early: {log['stopped_early']})",
+                flush=True,
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(report))

@@ -53,12 +53,24 @@ def synthetic_problem(pid: str, rng: np.random.Generator, d: int, sequences: int
     t = sum(lengths)
     seq_len = [max(r[0] for r in rows if r[1] == n) + 1 for n in range(sequences)]
     return CollectedProblem(
-        problem_id=pid, gold="0", hidden_states=torch.randn(t, d), token_ids=np.zeros(t),
-        token_logprobs=np.zeros(t, dtype=np.float32), answer_text=texts, answer_raw_text=texts,
-        answer_trigger=["eos" if r[3] else "delimiter" for r in rows], answer_sequence=[r[1] for r in rows],
-        answer_step=[r[2] for r in rows], answer_tau=[r[0] for r in rows], answer_length=lengths,
-        answer_class=[int(x) for x in texts], answer_terminal=[r[3] for r in rows],
-        answer_correct=[x == "0" for x in texts], sequence_length=seq_len, sequence_finish=["eos"] * sequences)
+        problem_id=pid,
+        gold="0",
+        hidden_states=torch.randn(t, d),
+        token_ids=np.zeros(t),
+        token_logprobs=np.zeros(t, dtype=np.float32),
+        answer_text=texts,
+        answer_raw_text=texts,
+        answer_trigger=["eos" if r[3] else "delimiter" for r in rows],
+        answer_sequence=[r[1] for r in rows],
+        answer_step=[r[2] for r in rows],
+        answer_tau=[r[0] for r in rows],
+        answer_length=lengths,
+        answer_class=[int(x) for x in texts],
+        answer_terminal=[r[3] for r in rows],
+        answer_correct=[x == "0" for x in texts],
+        sequence_length=seq_len,
+        sequence_finish=["eos"] * sequences,
+    )
 
 
 def write_split(directory: Path, count: int, d: int, heads: int, sequences: int, waits: float, seed: int):
@@ -68,8 +80,11 @@ def write_split(directory: Path, count: int, d: int, heads: int, sequences: int,
     rng = np.random.default_rng(seed)
     problems = [synthetic_problem(f"{directory.name}/{i}", rng, d, sequences, waits) for i in range(count)]
     for s in range(0, count, 16):
-        write_shard(directory / f"shard-r000-{s // 16:05d}.safetensors", problems[s:s + 16],
-                    info={"lm_name_or_path": "testbed-shaped", "lm_num_attention_heads": heads, "checker": "exact"})
+        write_shard(
+            directory / f"shard-r000-{s // 16:05d}.safetensors",
+            problems[s : s + 16],
+            info={"lm_name_or_path": "testbed-shaped", "lm_num_attention_heads": heads, "checker": "exact"},
+        )
 
 
 def read_rate(directory: Path, preload: bool) -> float:
@@ -114,21 +129,33 @@ def main():
         report["answers_per_sequence"] = round(stats["answers"] / stats["sequences"], 3)
         for name, preload in (("memory_mapped", False), ("preloaded", True)):
             report[f"read_groups_per_s_{name}"] = round(read_rate(root / "train", preload), 1)
-        report["read_speedup_preloaded"] = round(report["read_groups_per_s_preloaded"]
-                                                 / report["read_groups_per_s_memory_mapped"], 2)
-        print(f"reading MSV_16 streaming groups: {report['read_groups_per_s_memory_mapped']} / s memory-mapped, "
-              f"{report['read_groups_per_s_preloaded']} / s preloaded")
+        report["read_speedup_preloaded"] = round(
+            report["read_groups_per_s_preloaded"] / report["read_groups_per_s_memory_mapped"], 2
+        )
+        print(
+            f"reading MSV_16 streaming groups: {report['read_groups_per_s_memory_mapped']} / s memory-mapped, "
+            f"{report['read_groups_per_s_preloaded']} / s preloaded"
+        )
         for n in (16, 64):
-            config = MSVTrainingConfig(kind="msv", num_sequences=n, mode="streaming", num_epochs=1,
-                                       max_steps=args.max_steps, num_workers=args.num_workers, progress=False,
-                                       eval_steps=args.max_steps,  # --quick: validate at its last step
-                                       vote_folds=0)  # the whole budget: on random labels the vote CV keeps 0 steps
+            config = MSVTrainingConfig(
+                kind="msv",
+                num_sequences=n,
+                mode="streaming",
+                num_epochs=1,
+                max_steps=args.max_steps,
+                num_workers=args.num_workers,
+                progress=False,
+                eval_steps=args.max_steps,  # --quick: validate at its last step
+                vote_folds=0,
+            )  # the whole budget: on random labels the vote CV keeps 0 steps
             result = train_verifier(root / "train", root / "val", root / f"msv{n}", config)
             epoch = result.history[1]
             report[f"msv{n}_groups_per_s"] = round(epoch["train_groups_per_s"], 2)
             report[f"msv{n}_steps"] = epoch["step"]
-            print(f"MSV_{n} streaming: {epoch['train_groups']} groups in {epoch['train_seconds']:.1f} s "
-                  f"= {epoch['train_groups_per_s']:.2f} groups/s")
+            print(
+                f"MSV_{n} streaming: {epoch['train_groups']} groups in {epoch['train_seconds']:.1f} s "
+                f"= {epoch['train_groups_per_s']:.2f} groups/s"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(report))

@@ -38,10 +38,24 @@ def run(queue_workers: int, threads: int, root: Path, fits: int, max_steps: int)
     start = time.perf_counter()
     try:
         for seed in range(fits):
-            config = MSVTrainingConfig(kind="msv", num_sequences=16, mode="streaming", max_steps=max_steps,
-                                       eval_steps=max_steps, vote_folds=0, progress=False, seed=seed)
-            train_or_reuse(root / "train", root / "val", root / f"w{queue_workers}" / f"fit{seed}", config,
-                           code="benchmark", queue=queue)
+            config = MSVTrainingConfig(
+                kind="msv",
+                num_sequences=16,
+                mode="streaming",
+                max_steps=max_steps,
+                eval_steps=max_steps,
+                vote_folds=0,
+                progress=False,
+                seed=seed,
+            )
+            train_or_reuse(
+                root / "train",
+                root / "val",
+                root / f"w{queue_workers}" / f"fit{seed}",
+                config,
+                code="benchmark",
+                queue=queue,
+            )
         queue.wait()
     finally:
         queue.close()
@@ -69,9 +83,19 @@ def main():
         print(f"{args.threads} workers x 1 thread: {args.fits} fits in {many:.1f} s", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps({"threads": args.threads, "fits": args.fits, "max_steps": args.max_steps,
-                      "hidden_size": d, "one_worker_seconds": round(one, 2),
-                      "workers_seconds": round(many, 2), "speedup": round(one / many, 3)}))
+    print(
+        json.dumps(
+            {
+                "threads": args.threads,
+                "fits": args.fits,
+                "max_steps": args.max_steps,
+                "hidden_size": d,
+                "one_worker_seconds": round(one, 2),
+                "workers_seconds": round(many, 2),
+                "speedup": round(one / many, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -53,11 +53,16 @@ def controller_run(controller, prompts, n, budget, threshold) -> tuple[dict, lis
     timings, compute = results[0].timings, results[0].compute
     elicited = compute["elicitation_prefill_tokens"] + compute["elicitation_answer_tokens_fed"]
     answers = sum(len(r.answers) for r in results)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "elicitation_tokens_per_cot_token": elicited / tokens,
-            "elicitation_prefill_per_answer": compute["elicitation_prefill_tokens"] / max(1, answers),
-            "elicitation_share": timings["elicitation"] / timings["total"],
-            "verifier_share": timings["verifier"] / timings["total"], "answers": answers}, results
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "elicitation_tokens_per_cot_token": elicited / tokens,
+        "elicitation_prefill_per_answer": compute["elicitation_prefill_tokens"] / max(1, answers),
+        "elicitation_share": timings["elicitation"] / timings["total"],
+        "verifier_share": timings["verifier"] / timings["total"],
+        "answers": answers,
+    }, results
 
 
 def correct(results, problems, checker) -> list[bool]:
@@ -74,12 +79,15 @@ def demo_parity(n, lam, budget, problems, stop_results, full_results, checker) -
 
     import numpy as np
 
-    from hf_msv.demo import run_demo
+    from hf_msv.demo import DemoConfig, run_demo
     from hf_msv.metrics import paired_bootstrap
 
     with contextlib.redirect_stdout(io.StringIO()):  # the demo's table; the last stdout line stays the JSON
-        rows = run_demo(num_problems=len(problems), num_sequences=n, threshold=lam, max_new_tokens=budget, seed=0,
-                        figure=False)
+        rows = run_demo(
+            DemoConfig(
+                problems=len(problems), num_sequences=n, threshold=lam, max_new_tokens=budget, seed=0, figure=False
+            )
+        )
     assert [r.problem.id for r in rows] == [p.id for p in problems]
     vllm_ok = np.array(correct(stop_results, problems, checker), float)
     demo_ok = np.array([bool(r.correct) for r in rows], float)
@@ -89,9 +97,12 @@ def demo_parity(n, lam, budget, problems, stop_results, full_results, checker) -
     demo_full = np.array([r.tokens_full for r in rows], float)
     saved = paired_bootstrap(1 - vllm_used / vllm_full, 1 - demo_used / demo_full)
     accuracy = paired_bootstrap(vllm_ok, demo_ok)
-    return {"demo_accuracy_early_stop": demo_ok.mean(), "demo_tokens_saved": 1 - demo_used.sum() / demo_full.sum(),
-            "accuracy_difference": [accuracy["estimate"], accuracy["low"], accuracy["high"]],
-            "tokens_saved_per_problem_difference": [saved["estimate"], saved["low"], saved["high"]]}
+    return {
+        "demo_accuracy_early_stop": demo_ok.mean(),
+        "demo_tokens_saved": 1 - demo_used.sum() / demo_full.sum(),
+        "accuracy_difference": [accuracy["estimate"], accuracy["low"], accuracy["high"]],
+        "tokens_saved_per_problem_difference": [saved["estimate"], saved["low"], saved["high"]],
+    }
 
 
 def cpu_mode(quick: bool) -> dict:
@@ -116,24 +127,30 @@ def cpu_mode(quick: bool) -> dict:
     checker = get_checker("symbolic")
     controller.generate(prompts[:1], num_sequences=2, max_new_tokens=16)  # warm-up (first-use compilation)
     report = {"mode": "cpu", "lambda": lam, "problems": len(problems), "max_new_tokens": budget}
-    for n in ((8,) if quick else (16, 64)):
+    for n in (8,) if quick else (16, 64):
         plain = plain_vllm(llm, ids, n, budget)
         full, full_results = controller_run(controller, prompts, n, budget, None)
         stop, stop_results = controller_run(controller, prompts, n, budget, lam)
         report[f"n{n}"] = {
-            "plain_tokens_per_s": plain["tokens_per_s"], "controller_tokens_per_s": full["tokens_per_s"],
+            "plain_tokens_per_s": plain["tokens_per_s"],
+            "controller_tokens_per_s": full["tokens_per_s"],
             "throughput_ratio": full["tokens_per_s"] / plain["tokens_per_s"],
-            "elicitation_share": full["elicitation_share"], "verifier_share": full["verifier_share"],
+            "elicitation_share": full["elicitation_share"],
+            "verifier_share": full["verifier_share"],
             "elicitation_tokens_per_cot_token": full["elicitation_tokens_per_cot_token"],
             "elicitation_prefill_per_answer": full["elicitation_prefill_per_answer"],
             # the ratio if an elicitation token cost what a CoT token costs (CPU: cost scales with tokens)
             "token_bound_ratio": 1 / (1 + full["elicitation_tokens_per_cot_token"]),
-            "answers": full["answers"], "tokens_full": full["tokens"], "tokens_early_stop": stop["tokens"],
+            "answers": full["answers"],
+            "tokens_full": full["tokens"],
+            "tokens_early_stop": stop["tokens"],
             "tokens_saved": 1 - stop["tokens"] / full["tokens"],
             "accuracy_full": sum(correct(full_results, problems, checker)) / len(problems),
             "accuracy_early_stop": sum(correct(stop_results, problems, checker)) / len(problems),
-            "seconds_early_stop": stop["seconds"], "seconds_plain": plain["seconds"],
-            **demo_parity(n, lam, budget, problems, stop_results, full_results, checker)}
+            "seconds_early_stop": stop["seconds"],
+            "seconds_plain": plain["seconds"],
+            **demo_parity(n, lam, budget, problems, stop_results, full_results, checker),
+        }
     if not quick:
         # The same chains with sparser answers (every k tokens instead of at `Wait`): how the throughput ratio
         # follows the elicitation tokens per CoT token (the verifier is not trained for these answers; cost only).
@@ -141,11 +158,14 @@ def cpu_mode(quick: bool) -> dict:
         for k in (64, 128):
             sparse = VLLMController(llm, None, verifier, checker="symbolic", delimiters=(), every_k_tokens=k)
             run, _ = controller_run(sparse, prompts, 16, budget, None)
-            report[f"n16_every_{k}"] = {"throughput_ratio": run["tokens_per_s"] / plain,
-                                        "elicitation_tokens_per_cot_token": run["elicitation_tokens_per_cot_token"],
-                                        "verifier_share": run["verifier_share"]}
-    report["goals_met"] = {f"throughput_ge_0.7_n{n}": report[f"n{n}"]["throughput_ratio"] >= 0.7
-                           for n in ((8,) if quick else (16, 64))}
+            report[f"n16_every_{k}"] = {
+                "throughput_ratio": run["tokens_per_s"] / plain,
+                "elicitation_tokens_per_cot_token": run["elicitation_tokens_per_cot_token"],
+                "verifier_share": run["verifier_share"],
+            }
+    report["goals_met"] = {
+        f"throughput_ge_0.7_n{n}": report[f"n{n}"]["throughput_ratio"] >= 0.7 for n in ((8,) if quick else (16, 64))
+    }
     return report
 
 
@@ -159,42 +179,70 @@ def gpu_mode(smoke: bool) -> dict:
     from hf_msv.vllm import VLLMController
 
     tokenizer = AutoTokenizer.from_pretrained(Path(hf_msv.testbed.__file__).parent / "lm-v2")
-    shape = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1) if smoke else
-             dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                  num_key_value_heads=2))
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4608, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=0, tie_word_embeddings=True, **shape)
+    shape = (
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+        if smoke
+        else dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+        )
+    )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4608,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+        **shape,
+    )
     directory = Path(tempfile.mkdtemp(prefix="msv-vllm-"))
     config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    device_options = (dict(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20) if smoke else
-                      dict(dtype="bfloat16", gpu_memory_utilization=0.85))
+    device_options = (
+        dict(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20)
+        if smoke
+        else dict(dtype="bfloat16", gpu_memory_utilization=0.85)
+    )
     llm = make_engine(directory, load_format="dummy", **device_options)
     n_values, budget, problems = ((4,), 96, 2) if smoke else ((16, 64), 4096 - 128, 16)
     every_k = 32 if smoke else 256
     torch.manual_seed(0)
     elicitation = ElicitationSettings(delimiters=(), every_k_tokens=every_k)
     heads = {} if not smoke else dict(num_attention_heads=2, intermediate_size=128, gamma_hidden_size=8)
-    verifier = MSVVerifier(MSVConfig(hidden_size=config.hidden_size, num_sequences=16, elicitation=elicitation,
-                                     **heads))
+    verifier = MSVVerifier(
+        MSVConfig(hidden_size=config.hidden_size, num_sequences=16, elicitation=elicitation, **heads)
+    )
     verifier = verifier.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     controller = VLLMController(llm, tokenizer, verifier, checker="exact")
     prompts = [f"Q: {i}+{i}*3=?\nA:" for i in range(problems)]
     ids = [controller.encode(p) for p in prompts]
     controller.generate(prompts[:1], num_sequences=2, max_new_tokens=16)  # warm-up
-    report = {"mode": "smoke" if smoke else "gpu", "model_shape": shape, "every_k_tokens": every_k,
-              "max_new_tokens": budget, "problems": problems}
+    report = {
+        "mode": "smoke" if smoke else "gpu",
+        "model_shape": shape,
+        "every_k_tokens": every_k,
+        "max_new_tokens": budget,
+        "problems": problems,
+    }
     for n in n_values:
         plain = plain_vllm(llm, ids, n, budget)
         full, _ = controller_run(controller, prompts, n, budget, None)
-        report[f"n{n}"] = {"plain_tokens_per_s": plain["tokens_per_s"], "controller_tokens_per_s": full["tokens_per_s"],
-                           "throughput_ratio": full["tokens_per_s"] / plain["tokens_per_s"],
-                           "elicitation_verifier_share": full["elicitation_share"] + full["verifier_share"],
-                           "answers": full["answers"]}
+        report[f"n{n}"] = {
+            "plain_tokens_per_s": plain["tokens_per_s"],
+            "controller_tokens_per_s": full["tokens_per_s"],
+            "throughput_ratio": full["tokens_per_s"] / plain["tokens_per_s"],
+            "elicitation_verifier_share": full["elicitation_share"] + full["verifier_share"],
+            "answers": full["answers"],
+        }
     last = report[f"n{n_values[-1]}"]
-    report["goals_met"] = {"throughput_ge_0.85": last["throughput_ratio"] >= 0.85,
-                           "elicitation_verifier_le_5pct": last["elicitation_verifier_share"] <= 0.05}
+    report["goals_met"] = {
+        "throughput_ge_0.85": last["throughput_ratio"] >= 0.85,
+        "elicitation_verifier_le_5pct": last["elicitation_verifier_share"] <= 0.05,
+    }
     return report
 
 

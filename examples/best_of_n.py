@@ -30,11 +30,20 @@ task = get_task(TESTBED_VERIFIER_TASK)
 checker = get_checker("symbolic")
 for problem in task.generate_problems("evaluation", args.problems, seed=2):
     torch.manual_seed(0)
-    result = msv_generate(model, tokenizer, [format_prompt(problem)], verifier=verifier, threshold=None,
-                          num_sequences=args.num_sequences, max_new_tokens=task.sampling_cap() or 400,
-                          generate_kwargs={"temperature": 1.0, "top_k": 0})[0]
+    result = msv_generate(
+        model,
+        tokenizer,
+        [format_prompt(problem)],
+        verifier=verifier,
+        threshold=None,
+        num_sequences=args.num_sequences,
+        max_new_tokens=task.sampling_cap() or 400,
+        generate_kwargs={"temperature": 1.0, "top_k": 0},
+    )[0]
     finals = [a for a in result.answers if a.terminal]
     vote = Counter(a.text for a in finals if a.text is not None).most_common(1)
-    print(f"{problem.id}: gold {problem.gold} | MSV best-of-{args.num_sequences}: {result.chosen.text} "
-          f"(p={result.confidence:.2f}, correct={checker.is_correct(result.chosen.text, problem.gold)}) | "
-          f"majority vote: {vote[0][0] if vote else None}")
+    print(
+        f"{problem.id}: gold {problem.gold} | MSV best-of-{args.num_sequences}: {result.chosen.text} "
+        f"(p={result.confidence:.2f}, correct={checker.is_correct(result.chosen.text, problem.gold)}) | "
+        f"majority vote: {vote[0][0] if vote else None}"
+    )

@@ -33,13 +33,22 @@ inputs = tokenizer([format_prompt(problem)], return_tensors="pt")
 
 msv = prepare_generation(model, tokenizer, verifier, delimiters=["Wait"])
 torch.manual_seed(0)
-model.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, num_return_sequences=args.num_sequences,
-               max_new_tokens=max_new_tokens, stopping_criteria=[MSVEarlyStop(args.threshold)])
+model.generate(
+    **inputs,
+    do_sample=True,
+    temperature=1.0,
+    top_k=0,
+    num_return_sequences=args.num_sequences,
+    max_new_tokens=max_new_tokens,
+    stopping_criteria=[MSVEarlyStop(args.threshold)],
+)
 result = msv.pop_results()[0]
 msv.detach()
 
 print(problem.question)
 print(f"gold {problem.gold}; chosen {result.chosen.text} with confidence {result.confidence:.3f}")
-print(f"stopped early: {result.stopped_early} at step {result.stop_step}; {len(result.answers)} answers elicited; "
-      f"{result.tokens_decoded} chain-of-thought tokens of a {result.token_budget} budget")
+print(
+    f"stopped early: {result.stopped_early} at step {result.stop_step}; {len(result.answers)} answers elicited; "
+    f"{result.tokens_decoded} chain-of-thought tokens of a {result.token_budget} budget"
+)
 print("time split:", {k: round(v, 3) for k, v in result.timings.items()})

@@ -27,8 +27,17 @@ def show_upload(self, *, repo_id, folder_path, **kwargs):
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="the same run (it is quick already)")
 parser.parse_args()
-verifier = MSVVerifier(MSVConfig(hidden_size=256, num_attention_heads=4, num_sequences=16,
-                                 base_model_name_or_path="your-org/your-reasoning-lm", delimiters=["Wait"]))
-with mock.patch.object(HfApi, "create_repo", lambda self, repo_id, **kw: mock.Mock(repo_id=repo_id)), \
-        mock.patch.object(HfApi, "upload_folder", show_upload):
+verifier = MSVVerifier(
+    MSVConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        num_sequences=16,
+        base_model_name_or_path="your-org/your-reasoning-lm",
+        delimiters=["Wait"],
+    )
+)
+with (
+    mock.patch.object(HfApi, "create_repo", lambda self, repo_id, **kw: mock.Mock(repo_id=repo_id)),
+    mock.patch.object(HfApi, "upload_folder", show_upload),
+):
     print("auto_map sent:", verifier.push_to_hub("your-name/msv16-demo", metrics={"brier": 0.05}))

@@ -45,10 +45,18 @@ def write_vllm_traces(path, problems, outputs, sampling: dict, eos_token_id: int
                 if len(logprobs) < len(ids):  # no log-probs for an appended EOS: the line would be malformed
                     logprobs = None
             completions.append(Completion(token_ids=ids, finish_reason=c.finish_reason, logprobs=logprobs))
-        traces.append(Trace(id=problem.id, question=problem.question, gold=problem.gold, completions=completions,
-                            prompt_token_ids=list(out.prompt_token_ids), source=problem.source,
-                            gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []],
-                            sampling=dict(sampling, engine="vllm")))
+        traces.append(
+            Trace(
+                id=problem.id,
+                question=problem.question,
+                gold=problem.gold,
+                completions=completions,
+                prompt_token_ids=list(out.prompt_token_ids),
+                source=problem.source,
+                gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []],
+                sampling=dict(sampling, engine="vllm"),
+            )
+        )
     return write_traces(path, traces)
 
 
@@ -59,12 +67,17 @@ def sample(model: str, problems, n: int, max_tokens: int, temperature: float, lo
 
     llm = LLM(model=model, seed=seed)
     tokenizer = llm.get_tokenizer()
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p.question}], tokenize=False,
-                                             add_generation_prompt=True) for p in problems]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p.question}], tokenize=False, add_generation_prompt=True
+        )
+        for p in problems
+    ]
     # Like hf_msv's own chat prompts: the template already holds the special tokens.
     inputs = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
-    params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_tokens,
-                            logprobs=logprobs, seed=seed)
+    params = SamplingParams(
+        n=n, temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_tokens, logprobs=logprobs, seed=seed
+    )
     return llm.generate(inputs, params), tokenizer.eos_token_id
 
 
@@ -84,14 +97,25 @@ def sample_quick(problems, n: int, max_tokens: int, seed: int):
     for problem in problems:
         prompt = tok(format_prompt(problem))["input_ids"]
         torch.manual_seed(seed)
-        out = model.generate(torch.tensor([prompt]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             num_return_sequences=n, max_new_tokens=max_tokens, pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            torch.tensor([prompt]),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_return_sequences=n,
+            max_new_tokens=max_tokens,
+            pad_token_id=tok.pad_token_id,
+        )
         completions = []
-        for row in out[:, len(prompt):].tolist():
+        for row in out[:, len(prompt) :].tolist():
             ids = row[: row.index(tok.eos_token_id) + 1] if tok.eos_token_id in row else row
             ended = bool(ids) and ids[-1] == tok.eos_token_id
-            completions.append(SimpleNamespace(token_ids=ids, finish_reason="stop" if ended else "length",
-                                               stop_reason=None, logprobs=None))
+            completions.append(
+                SimpleNamespace(
+                    token_ids=ids, finish_reason="stop" if ended else "length", stop_reason=None, logprobs=None
+                )
+            )
         outputs.append(SimpleNamespace(prompt_token_ids=prompt, outputs=completions))
     return outputs, tok.eos_token_id, model, tok
 
@@ -109,8 +133,17 @@ def quick(output: str | None) -> None:
     outputs, eos_token_id, model, tok = sample_quick(problems, n=2, max_tokens=272, seed=0)
     path = write_vllm_traces(output or work / "traces.jsonl", problems, outputs, {"temperature": 1.0}, eos_token_id)
     result = collect_from_traces(model, tok, path, work / "shards", overwrite=True)
-    print(json.dumps({"problems": len(problems), "traces": str(path), "shards": str(work / "shards"),
-                      "tokens": result.tokens, "seconds": round(time.perf_counter() - start, 1)}))
+    print(
+        json.dumps(
+            {
+                "problems": len(problems),
+                "traces": str(path),
+                "shards": str(work / "shards"),
+                "tokens": result.tokens,
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        )
+    )
 
 
 def main():
@@ -122,10 +155,15 @@ def main():
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--logprobs", type=int, default=None, help="top-k log-probs per token (DeepConf: 20)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None, help="the trace file (default: traces.jsonl; --quick: a temporary "
-                        "directory)")
-    parser.add_argument("--quick", action="store_true", help="no vLLM, no GPU: 2 testbed problems x 2 samples by "
-                        "transformers, written and re-encoded as steps 1-2 would")
+    parser.add_argument(
+        "--output", default=None, help="the trace file (default: traces.jsonl; --quick: a temporary directory)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="no vLLM, no GPU: 2 testbed problems x 2 samples by "
+        "transformers, written and re-encoded as steps 1-2 would",
+    )
     args = parser.parse_args()
     if args.quick:
         return quick(args.output)
@@ -134,14 +172,17 @@ def main():
     args.output = args.output or "traces.jsonl"
     problems = load_problems(args.problems)
     start = time.perf_counter()
-    outputs, eos_token_id = sample(args.model, problems, args.num_samples, args.max_tokens, args.temperature, args.logprobs,
-                     args.seed)
+    outputs, eos_token_id = sample(
+        args.model, problems, args.num_samples, args.max_tokens, args.temperature, args.logprobs, args.seed
+    )
     seconds = time.perf_counter() - start
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     sampling = dict(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed, model=args.model)
     path = write_vllm_traces(args.output, problems, outputs, sampling, eos_token_id)
-    print(f"{len(problems)} problems x {args.num_samples} samples, {tokens} tokens in {seconds:.1f} s "
-          f"({tokens / seconds:.0f} tokens/s) -> {path}")
+    print(
+        f"{len(problems)} problems x {args.num_samples} samples, {tokens} tokens in {seconds:.1f} s "
+        f"({tokens / seconds:.0f} tokens/s) -> {path}"
+    )
 
 
 if __name__ == "__main__":

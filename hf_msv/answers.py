@@ -18,7 +18,8 @@ def find_box_end(continuation: str) -> int | None:
     """Index just past the brace that closes the box opened at the start of ``continuation``.
 
     ``continuation`` is the text generated right after ``\\boxed``: optional whitespace, then ``{``. Nested braces
-    (``\\frac{a}{b}``) are balanced; escaped braces ``\\{``, ``\\}`` (and any other ``\\x`` pair) are skipped. One pass,
+    (``\\frac{a}{b}``) are balanced; escaped braces ``\\{``, ``\\}`` (and any other ``\\x`` pair) are skipped. One
+    pass,
     O(len(continuation)).
 
     Returns:

@@ -7,10 +7,13 @@ All functions score the answers of ONE group (one problem, N sequences); arrays 
 * `token_prob_score` — geometric mean of the answer-token probabilities (Token-Probs).
 * `token_confidence`, `deepconf_confidence`, `deepconf_streaming` — DeepConf's trace confidence
   (Fu et al., 2025, "Deep Think with Confidence", arXiv:2508.15260); `fit_platt`/`platt` map it to [0, 1].
-* `latest_answer_vote` — the streaming vote over each sequence's *latest available* answer (γ without a verifier).
+* `latest_answer_vote` — the streaming vote over each sequence's *latest available* answer (γ without a verifier),
+  from `chain_support`: per answer, how many chains stand by its class and how many have answered (the counts the
+  stopping rules of `hf_msv.stop_rules` read too).
 * `fit_logistic` / `logistic` — logistic regression on a few features: calibrated self-consistency (Platt on the
   vote share) and the stacked baseline (vote share and a Probe logit).
 * `best_of_n` — argmax selection with deterministic ties.
+* `WV_THRESHOLD` — the default R of streaming weighted voting, for every caller.
 """
 
 from __future__ import annotations
@@ -20,9 +23,24 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
-    "best_of_n", "self_consistency", "weighted_voting", "streaming_weighted_voting", "token_prob_score",
-    "token_confidence", "deepconf_confidence", "deepconf_streaming", "fit_platt", "platt", "latest_answer_vote",
-    "fit_logistic", "logistic", "logit",
+    "WV_THRESHOLD",
+    "best_of_n",
+    "self_consistency",
+    "weighted_voting",
+    "streaming_weighted_voting",
+    "token_prob_score",
+    "token_confidence",
+    "deepconf_confidence",
+    "deepconf_streaming",
+    "fit_platt",
+    "platt",
+    "latest_answer_vote",
+    "fit_logistic",
+    "logistic",
+    "logit",
+    "arrival_times",
+    "chain_counts",
+    "chain_support",
 ]
 
 
@@ -57,37 +75,61 @@ def self_consistency(klass, is_terminal=None) -> np.ndarray:
     return votes[inv] / n if n else np.zeros(inv.shape)
 
 
-def weighted_voting(scores, klass, mask=None) -> np.ndarray:
-    """(A,) WV probability: class mass Σ_{b ~ a} p_b normalised over classes, Σ over answers in `mask` (all if None).
+WV_THRESHOLD = 16
+"""R of streaming weighted voting: an answer's class share is used only once more than R answers are available at
+its end (`streaming_weighted_voting`). The default of the evaluation, the weighted-vote scorer and the MSV's vote
+pathway alike."""
+
+
+def weighted_voting(scores, klass, mask=None, rows=None) -> np.ndarray:
+    """WV probability: class mass Σ_{b ~ a} p_b normalised over classes, Σ over answers in `mask` (all if None).
 
     Best-of-N on these is weighted best-of-N (the class with the largest summed probability). If every score is 0
     the classes carry no mass and all answers get 0.
+
+    Args:
+        scores, klass: `(A,)` per-answer probabilities and class ids of one group.
+        mask: `(A,)` bool, the answers that vote (e.g. the terminal ones); `None`: all.
+        rows: indices of the answers to return (online scoring of new answers); `None`: all.
+
+    Returns:
+        `(A,)` float (or `(len(rows),)`).
     """
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     inv, c = _inverse(klass)
     m = np.ones(s.shape, bool) if mask is None else np.asarray(mask, bool).reshape(-1)
     mass = np.bincount(inv[m], weights=s[m], minlength=c)
     total = mass.sum()
-    return mass[inv] / total if total > 0 else np.zeros(s.shape)
+    out = mass[inv] / total if total > 0 else np.zeros(s.shape)
+    return out if rows is None else out[np.asarray(rows, dtype=int)]
 
 
-def streaming_weighted_voting(scores, klass, end, R: int = 16) -> np.ndarray:
-    """(A,) streaming WV: for answer a, aggregate over the answers available when a is (end_b ≤ end_a, a included).
+def streaming_weighted_voting(scores, klass, end, R: int = WV_THRESHOLD, rows=None) -> np.ndarray:
+    """Streaming WV: for answer a, aggregate over the answers available when a is (end_b ≤ end_a, a included).
 
     Only when more than R candidates are available (count > R) is WV applied; otherwise a keeps its own score,
     because normalising over a handful of early candidates gives, e.g., the very first answer probability 1.
     "Before time τ" in the paper is read as availability at a's own availability time τ+L, the same causal rule
-    the MSV masks and γ use. Costs O(A²) memory, fine for A ≲ 10⁴.
+    the MSV masks and γ use. Costs O(A²) memory (O(len(rows)·A) with `rows`), fine for A ≲ 10⁴.
+
+    Args:
+        scores, klass, end: `(A,)` per-answer probabilities, class ids and availability times of one group.
+        R: the availability count above which the vote applies.
+        rows: indices of the answers to return (online scoring of new answers); `None`: all.
+
+    Returns:
+        `(A,)` float (or `(len(rows),)`).
     """
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     e = np.asarray(end).reshape(-1)
     inv, _ = _inverse(klass)
-    avail = e[None, :] <= e[:, None]                     # (A, A): row a sees column b
-    same = avail & (inv[None, :] == inv[:, None])
+    at = np.arange(len(s)) if rows is None else np.asarray(rows, dtype=int)
+    avail = e[None, :] <= e[at, None]  # (rows, A): row a sees column b
+    same = avail & (inv[None, :] == inv[at, None])
     num, den = same @ s, avail @ s
     with np.errstate(invalid="ignore", divide="ignore"):
         wv = np.where(den > 0, num / den, 0.0)
-    return np.where(avail.sum(1) > R, wv, s)
+    return np.where(avail.sum(1) > R, wv, s[at])
 
 
 def token_prob_score(token_logprobs, token_answer, num_answers: int | None = None) -> np.ndarray:
@@ -116,11 +158,12 @@ def token_confidence(topk_logprobs) -> np.ndarray:
 
 def _window_means(conf: np.ndarray, window: int) -> np.ndarray:
     cs = np.concatenate([[0.0], np.cumsum(conf)])
-    return (cs[window:] - cs[:-window]) / window          # (T - window + 1,) means of conf[i:i+window]
+    return (cs[window:] - cs[:-window]) / window  # (T - window + 1,) means of conf[i:i+window]
 
 
-def deepconf_confidence(topk_logprobs, window: int = 2048, stat: str = "lowest_group",
-                        bottom_frac: float = 0.1) -> float:
+def deepconf_confidence(
+    topk_logprobs, window: int = 2048, stat: str = "lowest_group", bottom_frac: float = 0.1
+) -> float:
     """DeepConf trace confidence (raw, ≥ 0) of one chain of thought from its (T, k) top-k log-probs.
 
     Group confidences C_G are means of `token_confidence` over sliding windows of `window` tokens (DeepConf: 2048,
@@ -143,8 +186,9 @@ def deepconf_confidence(topk_logprobs, window: int = 2048, stat: str = "lowest_g
     return float(np.sort(g)[: max(1, int(np.ceil(bottom_frac * g.size)))].mean())
 
 
-def deepconf_streaming(token_conf: Sequence[np.ndarray], sequence, start, window: int = 2048,
-                       stat: str = "lowest_group") -> np.ndarray:
+def deepconf_streaming(
+    token_conf: Sequence[np.ndarray], sequence, start, window: int = 2048, stat: str = "lowest_group"
+) -> np.ndarray:
     """(A,) raw DeepConf confidence of each answer's CoT prefix: sequence n's tokens [0, τ) when the answer fired.
 
     Args:
@@ -185,7 +229,7 @@ def fit_platt(raw, labels) -> tuple[float, float]:
 
     x = np.asarray(raw, dtype=np.float64).reshape(-1, 1)
     y = np.asarray(labels, dtype=bool).reshape(-1)
-    if y.all() or not y.any():                      # one class: constant probability at the base rate (clipped)
+    if y.all() or not y.any():  # one class: constant probability at the base rate (clipped)
         q = np.clip(y.mean(), 1e-3, 1 - 1e-3)
         return 0.0, float(np.log(q / (1 - q)))
     lr = LogisticRegression(C=1e6, max_iter=1000).fit(x, y)
@@ -204,26 +248,62 @@ def latest_answer_vote(klass, sequence, step, end) -> np.ndarray:
     Each sequence votes once, with the answer it currently stands by, so superseded answers do not count (unlike
     `streaming_weighted_voting`, which pools every earlier answer). This is the agreement feature γ that
     `hf_msv.modeling_msv.compute_gamma` feeds the MSV (same tie rule: within a sequence the largest step wins), here
-    as a baseline. In a group of terminal answers only, it is self-consistency's vote share. O(A²).
+    as a baseline: `chain_support` over the chains that have answered. In a group of terminal answers only, it is
+    self-consistency's vote share.
 
     Args: all (A,): equivalence class, sequence index, answer step within its sequence, end time τ + L.
     """
-    inv, _ = _inverse(klass)
-    seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
-    k = np.asarray(step, dtype=np.int64).reshape(-1)
-    e = np.asarray(end, dtype=np.int64).reshape(-1)
-    if inv.size == 0:
-        return np.zeros(0)
-    avail = e[None, :] <= e[:, None]                       # (A, A): at a's time (row) answer b (column) is out
-    order = np.argsort(seq, kind="stable")
-    seqs, first, col_slot = np.unique(seq[order], return_index=True, return_inverse=True)
-    slot = np.empty_like(seq)
-    slot[order] = col_slot                                  # (A,) column of each answer's sequence in `latest`
-    key = np.where(avail, k[None, :], -1)[:, order]         # (A, A) steps of the available answers, by sequence
-    latest = np.maximum.reduceat(key, first, axis=1)        # (A, S'): latest available step per sequence (-1: none)
-    is_latest = avail & (k[None, :] == latest[:, slot])     # (A, A): b is its sequence's latest answer at a's time
-    agree = (is_latest & (inv[None, :] == inv[:, None])).sum(1)
-    return agree / np.maximum((latest >= 0).sum(1), 1)
+    support, answered = chain_support(klass, sequence, step, end)
+    return support / np.maximum(answered, 1)
+
+
+def chain_support(klass, sequence, step, end, window: int = 1, only=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per answer a, at its time end_a: how many chains stand by a's class, and how many have answered.
+
+    A chain stands by a class when its last `window` available answers (largest steps among end_b ≤ end_a) all
+    belong to it; with ``window=1`` that is its latest answer.
+
+    Args:
+        klass, sequence, step, end: (A,) ints: equivalence class, chain, answer step within its chain, end time.
+        window: how many of a chain's latest answers must agree (≥ 1).
+        only: indices of the answers whose values are needed (the others may be left at 0); `None`: all.
+
+    Returns:
+        (support (A,), answered (A,)) ints.
+    """
+    support, answered, _ = chain_counts(klass, sequence, step, end, window, only)
+    return support, answered
+
+
+def arrival_times(end: np.ndarray, only=None) -> np.ndarray:
+    """The distinct availability times of the answers `only` (all if `None`), ascending."""
+    return np.unique(end if only is None else end[np.asarray(only, dtype=np.int64)])
+
+
+def chain_counts(klass, sequence, step, end, window: int, only=None) -> tuple[np.ndarray, ...]:
+    """`chain_support` plus (A,) the runner-up: the most chains standing by one class other than a's."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    klass, sequence, step, end = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (klass, sequence, step, end))
+    support, answered, runner_up = (np.zeros(klass.size, np.int64) for _ in range(3))
+    by_chain = np.lexsort((np.arange(klass.size), step, sequence))  # chain-major, then step: runs of one chain
+    for t in arrival_times(end, only):
+        avail = by_chain[end[by_chain] <= t]
+        chains, first, length = np.unique(sequence[avail], return_index=True, return_counts=True)
+        run = np.repeat(np.arange(chains.size), length)
+        tail = np.arange(avail.size) >= np.repeat(first + length - window, length)  # the run's last `window`
+        low = np.full(chains.size, np.iinfo(np.int64).max)
+        high = np.full(chains.size, np.iinfo(np.int64).min)
+        np.minimum.at(low, run[tail], klass[avail][tail])
+        np.maximum.at(high, run[tail], klass[avail][tail])
+        held, count = np.unique(low[(length >= window) & (low == high)], return_counts=True)  # steady chains' classes
+        now = np.flatnonzero(end == t)
+        mine = (held[None, :] == klass[now, None]) * count[None, :]  # (now, classes)
+        support[now] = mine.sum(1)
+        others = np.where(held[None, :] == klass[now, None], 0, count[None, :])
+        runner_up[now] = others.max(1) if held.size else 0
+        answered[now] = chains.size
+    return support, answered, runner_up
 
 
 def logit(p, eps: float = 1e-6) -> np.ndarray:

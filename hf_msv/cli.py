@@ -4,7 +4,17 @@
     hf-msv collect --help             # the flags of hf_msv.collect.CollectConfig
     hf-msv --debug train ...          # a user error shows its traceback (also HF_MSV_DEBUG=1)
 
-User errors (missing or wrong-kind paths, bad flags, bad data) end as one line on stderr and exit code 2.
+Exit codes and what reaches stderr:
+
+* 0: done (also after ``--help``).
+* 2, one line ``hf-msv <command>: error: <what is wrong>``: a user error. That is an `hf_msv.errors.UserError`
+  (every input check raises one: missing or wrong-kind paths, bad flag values, bad file contents, an unsupported
+  model), an exception raised ``from`` one (a caller that adds context), an `OSError` the system raised on a path
+  given on the command line (a file where ``--work-dir`` should be), a flag argparse refuses (unknown ones
+  included), or ``sys.exit("text")``. ``--debug`` (or ``HF_MSV_DEBUG=1``) raises it instead, traceback included.
+* 130: interrupted (Ctrl-C); a command's own ``sys.exit(n)`` keeps its code.
+* Anything else is an internal error, a bug to report: it is not caught, so Python prints its traceback and exits
+  with code 1 (a `ValueError` or `OSError` that no input check raised is one of these).
 """
 
 from __future__ import annotations
@@ -27,20 +37,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 """Command -> (module whose ``main(argv)`` runs it, one line of help)."""
 
-USER_ERRORS = (UserError, OSError, ValueError)
-"""Exceptions a command reports as a user error (one line, exit code 2) unless ``--debug`` is given: a bad path or
-file (`OSError`: FileNotFoundError, NotADirectoryError, a checkpoint transformers cannot read, ...), a value an input
-check refused (`ValueError`), or `UserError`."""
+USER_ERRORS = (UserError,)
+"""Exceptions a command reports as a user error (one line, exit code 2) unless ``--debug`` is given: `UserError`,
+which every input check raises (its kinds, `hf_msv.errors`, are also `FileNotFoundError`, `NotADirectoryError`,
+`NotImplementedError`; `UserError` itself is a `ValueError`). `is_user_error` adds the exceptions raised from one and
+the system's `OSError` on a path from the command line; everything else is an internal error and keeps its
+traceback."""
 
 EXIT_USER_ERROR = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: ``--help``, ``--debug`` and the list of commands (each command parses its own flags)."""
-    parser = argparse.ArgumentParser(prog="hf-msv", description="Multi-Sequence Verifiers: sample, verify, stop early.",
-                                     epilog="`hf-msv <command> --help` lists the flags of one command.")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of a user error (also: HF_MSV_DEBUG=1); before or after the command")
+    parser = argparse.ArgumentParser(
+        prog="hf-msv",
+        description="Multi-Sequence Verifiers: sample, verify, stop early.",
+        epilog="`hf-msv <command> --help` lists the flags of one command.",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of a user error (also: HF_MSV_DEBUG=1); before or after the command",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -62,6 +80,31 @@ def error_line(error: BaseException) -> str:
     return " ".join(message.split())
 
 
+def is_user_error(error: BaseException, argv: Sequence[str] = ()) -> bool:
+    """Whether `error` is reported as a user error: a `USER_ERRORS` instance, an exception raised ``from`` one (its
+    ``__cause__`` chain; an error merely raised while handling one is not), or an `OSError` the system raised on a
+    path given in `argv` (``--flag PATH``, ``--flag=PATH``, ``NAME=PATH``)."""
+    seen = set()
+    cause = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, USER_ERRORS):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    if isinstance(error, OSError) and error.filename is not None and argv:
+        given = {_path_key(part) for arg in argv for part in (arg, *arg.split("=")[1:]) if part}
+        return any(
+            _path_key(name) in given
+            for name in (error.filename, error.filename2)
+            if isinstance(name, (str, bytes, os.PathLike))
+        )
+    return False
+
+
+def _path_key(name) -> str:
+    return os.path.normpath(os.path.abspath(os.path.expanduser(os.fsdecode(name))))
+
+
 class _ArgumentError(UserError):
     """A flag argparse refused (raised instead of its usage text and exit)."""
 
@@ -72,13 +115,38 @@ def _raise_argument_error(self: argparse.ArgumentParser, message: str):
 
 @contextlib.contextmanager
 def _flag_errors_raise() -> Iterator[None]:
-    """Within: every argparse parser raises `_ArgumentError` where it would print its usage and exit 2."""
+    """Within: every argparse parser raises `_ArgumentError` where it would print its usage and exit 2, and so does
+    `transformers.HfArgumentParser` for flags it does not know (once `transformers` is imported: see
+    `_unknown_flags_raise`)."""
     original = argparse.ArgumentParser.error
     argparse.ArgumentParser.error = _raise_argument_error
     try:
         yield
     finally:
         argparse.ArgumentParser.error = original
+
+
+@contextlib.contextmanager
+def _unknown_flags_raise() -> Iterator[None]:
+    """Within: ``HfArgumentParser.parse_args_into_dataclasses`` raises `_ArgumentError` naming the flags it did not
+    use (argparse's "unrecognized arguments"), where it raises a plain `ValueError`. Imports transformers."""
+    from transformers import HfArgumentParser
+
+    original = HfArgumentParser.parse_args_into_dataclasses
+
+    def parse(self, args=None, return_remaining_strings=False, *rest, **kwargs):
+        if return_remaining_strings:
+            return original(self, args, True, *rest, **kwargs)
+        *outputs, remaining = original(self, args, True, *rest, **kwargs)
+        if remaining:
+            raise _ArgumentError(f"unrecognized arguments: {' '.join(remaining)}")
+        return (*outputs,)
+
+    HfArgumentParser.parse_args_into_dataclasses = parse
+    try:
+        yield
+    finally:
+        HfArgumentParser.parse_args_into_dataclasses = original
 
 
 def _split_debug(argv: list[str]) -> tuple[list[str], bool]:
@@ -97,18 +165,20 @@ def _fail(command: str, message: str) -> None:
 
 def command_module(command: str, argv: list[str]) -> str:
     """The module that runs `command`: ``collect --engine vllm`` goes to `hf_msv.vllm.cli`."""
-    if command == "collect" and any(a == "--engine=vllm" or (a == "--engine" and argv[i + 1:i + 2] == ["vllm"])
-                                    for i, a in enumerate(argv)):
+    if command == "collect" and any(
+        a == "--engine=vllm" or (a == "--engine" and argv[i + 1 : i + 2] == ["vllm"]) for i, a in enumerate(argv)
+    ):
         return "hf_msv.vllm.cli"
     return COMMANDS[command][0]
 
 
 def run_command(command: str, argv: list[str], debug: bool = False):
-    """Run ``command``'s ``main(argv)``; a user error (`USER_ERRORS`, a flag argparse refused, ``sys.exit("text")``)
-    ends as one line on stderr and `SystemExit` (2), unless ``debug``.
+    """Run ``command``'s ``main(argv)``; a user error (`is_user_error`, a flag argparse refused,
+    ``sys.exit("text")``) ends as one line on stderr and `SystemExit` (2), unless ``debug``.
 
     Raises:
         SystemExit: 2 for a user error; the command's own exit code otherwise.
+        Exception: an internal error (anything else), as raised, traceback included.
     """
     try:
         with _flag_errors_raise():
@@ -116,13 +186,14 @@ def run_command(command: str, argv: list[str], debug: bool = False):
             from . import register_auto_classes
 
             register_auto_classes()  # `hf-msv` defers it (it imports torch) until a command runs
-            return module.main(argv)
+            with _unknown_flags_raise():
+                return module.main(argv)
     except _ArgumentError as e:
         if debug:
             raise
         _fail(command, f"{error_line(e)} (`hf-msv {command} --help` lists the flags)")
-    except USER_ERRORS as e:
-        if debug:
+    except Exception as e:
+        if debug or not is_user_error(e, argv):
             raise
         _fail(command, error_line(e))
     except SystemExit as e:
@@ -141,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     Raises:
         SystemExit: 0 after ``--help``; 2 for a user error or an unknown command; the command's own exit code.
+        Exception: an internal error, uncaught (`run_command`).
     """
     argv, debug = _split_debug(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] not in COMMANDS:

@@ -1,13 +1,15 @@
 """MSV verifier configuration.
 
-This file imports only `transformers` (and `huggingface_hub`, which transformers depends on) so that a verifier
-pushed to the Hub loads with ``trust_remote_code=True`` for users who do not have hf_msv installed.
+This file imports only `transformers` (and `huggingface_hub` and numpy, which transformers depends on) and two
+hf_msv modules that import nothing else (`elicitation`, `baselines`), so that a verifier pushed to the Hub carries
+them as remote code and loads with ``trust_remote_code=True`` for users who do not have hf_msv installed.
 """
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from .baselines import WV_THRESHOLD
 from .elicitation import ElicitationSettings
 
 MASK_NAMES = ("full", "within_sequence", "equivalence", "within_answer")
@@ -70,7 +72,7 @@ class MSVConfig(PreTrainedConfig):
             Hidden width of the per-answer head (the Probe's, so a trained Probe can be loaded into it).
         vote_hidden_act (`str`, defaults to `"relu"`):
             Activation of the per-answer head (the Probe's).
-        vote_threshold (`int`, defaults to 16):
+        vote_threshold (`int`, defaults to 16, `hf_msv.baselines.WV_THRESHOLD`):
             R of streaming weighted voting: an answer's share is the weighted vote only once more than R answers
             are available at its end, else its own probability (`hf_msv.baselines.streaming_weighted_voting`).
             Ignored in terminal mode.
@@ -129,7 +131,7 @@ class MSVConfig(PreTrainedConfig):
     vote_pathway: bool = False
     vote_hidden_size: int = 1024
     vote_hidden_act: str = "relu"
-    vote_threshold: int = 16
+    vote_threshold: int = WV_THRESHOLD
     vote_loss_weight: float | int = 1.0
     hidden_act: str = "gelu"
     layer_norm_eps: float = 1e-5
@@ -163,8 +165,13 @@ class MSVConfig(PreTrainedConfig):
         """The paper's architecture: one Multi-Mask Transformer Block, the four masks, γ through an MLP only (no γ
         skip, no vote pathway), logit averaging in terminal mode. `kwargs` set the other fields (width, heads, N,
         mode, ...); an architecture field of the preset given with another value is a `ValueError`."""
-        preset = {"num_hidden_layers": 1, "masks": list(MASK_NAMES), "readout": "last", "gamma_skip": False,
-                  "vote_pathway": False}
+        preset = {
+            "num_hidden_layers": 1,
+            "masks": list(MASK_NAMES),
+            "readout": "last",
+            "gamma_skip": False,
+            "vote_pathway": False,
+        }
         clash = sorted(k for k in preset if k in kwargs and kwargs[k] != preset[k])
         if clash:
             raise ValueError(f"MSVConfig.paper_preset fixes {clash}; build MSVConfig(...) directly to change them.")
@@ -203,8 +210,10 @@ class MSVConfig(PreTrainedConfig):
         if self.num_sequences < 1 or self.num_hidden_layers < 1:
             raise ValueError("num_sequences and num_hidden_layers must be at least 1.")
         if self.vote_hidden_size < 1 or self.vote_threshold < 0 or self.vote_loss_weight < 0:
-            raise ValueError(f"vote_hidden_size must be at least 1, vote_threshold and vote_loss_weight at least 0, "
-                             f"got {self.vote_hidden_size}, {self.vote_threshold}, {self.vote_loss_weight}.")
+            raise ValueError(
+                f"vote_hidden_size must be at least 1, vote_threshold and vote_loss_weight at least 0, "
+                f"got {self.vote_hidden_size}, {self.vote_threshold}, {self.vote_loss_weight}."
+            )
         if self.vote_hidden_act not in ACT2FN:
             raise ValueError(f"Unknown vote_hidden_act {self.vote_hidden_act!r}; valid values are {sorted(ACT2FN)}.")
 

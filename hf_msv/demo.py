@@ -10,7 +10,6 @@ random numbers), so the comparison is exact.
 from __future__ import annotations
 
 import importlib.util
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,12 +19,12 @@ import torch
 from tqdm.auto import tqdm
 
 from .collect import load_lm
+from .data.problems import Problem
 from .equivalence import get_checker
-from .errors import check_checkpoint_dir
+from .errors import MissingPathError, UserError, check_checkpoint_dir
 from .generation import msv_generate
 from .lambda_rule import LambdaChoice
 from .modeling_msv import MSVVerifier
-from .data.problems import Problem
 from .testbed import TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt, get_task
 
 
@@ -34,24 +33,42 @@ class DemoConfig:
     """The options of ``hf-msv demo`` (flags built from these fields by `transformers.HfArgumentParser`)."""
 
     problems: int = field(default=12, metadata={"help": "Testbed evaluation problems to run."})
-    question: str | None = field(default=None,
-                                 metadata={"help": "Your own question instead (no gold answer, so no grading)."})
+    question: str | None = field(
+        default=None, metadata={"help": "Your own question instead (no gold answer, so no grading)."}
+    )
     num_sequences: int = field(default=16, metadata={"help": "N parallel samples per problem.", "aliases": ["-n"]})
     threshold: float | None = field(
-        default=None, metadata={"help": "λ: stop once the best answer's score reaches it (default: the testbed's, "
-                                        "chosen on validation)."})
-    max_new_tokens: int | None = field(default=None, metadata={
-        "help": "Tokens per sample at most (default: 400, or the embedded testbed LM's length cap where its task "
-                "has one: v2's LM was trained on traces cut at 272)."})
+        default=None,
+        metadata={
+            "help": "λ: stop once the best answer's score reaches it (default: the testbed's, chosen on validation)."
+        },
+    )
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per sample at most (default: 400, or the embedded testbed LM's length cap where its task "
+            "has one: v2's LM was trained on traces cut at 272)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed of the problems and of sampling."})
-    model: str | None = field(default=None,
-                              metadata={"help": "A local or Hub causal LM instead of the embedded testbed LM."})
+    model: str | None = field(
+        default=None, metadata={"help": "A local or Hub causal LM instead of the embedded testbed LM."}
+    )
     gguf_file: str | None = field(default=None, metadata={"help": "GGUF file inside --model, if it is a GGUF repo."})
     verifier: str | None = field(default=None, metadata={"help": "A local or Hub MSV verifier trained for --model."})
-    output_dir: str = field(default="outputs/demo", metadata={
-        "help": "Where the figure goes (drawn when matplotlib is installed: pip install \"hf-msv[report]\")."})
-    device: str = field(default="auto",
-                        metadata={"help": "auto (default): the GPU when there is one, else the CPU."})
+    output_dir: str = field(
+        default="outputs/demo",
+        metadata={"help": 'Where the figure goes (drawn when matplotlib is installed: pip install "hf-msv[report]").'},
+    )
+    device: str = field(default="auto", metadata={"help": "auto (default): the GPU when there is one, else the CPU."})
+    figure: bool = field(
+        default=True, metadata={"help": "draw the tokens per problem into --output-dir (--no-figure: the table only)."}
+    )
+
+    @property
+    def resolved_threshold(self) -> float:
+        """λ of the run: `threshold`, else `DEMO_THRESHOLD` (the shipped MSV's, chosen on validation)."""
+        return DEMO_THRESHOLD if self.threshold is None else self.threshold
 
 
 @dataclass
@@ -79,8 +96,9 @@ def load_default(device: str | None = None):
     """The embedded default: the shipped MSV, the testbed LM it was trained on (`TESTBED_VERIFIER_TASK`'s) and its
     tokenizer, on `device`: ``(model, tokenizer, verifier)``."""
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
-        raise FileNotFoundError(f"no shipped verifier at {TESTBED_VERIFIER_DIR}; "
-                                "train one with `scripts/train_shipped_verifier.sh`.")
+        raise MissingPathError(
+            f"no shipped verifier at {TESTBED_VERIFIER_DIR}; train one with `scripts/train_shipped_verifier.sh`."
+        )
     return load_custom(get_task(TESTBED_VERIFIER_TASK).lm_name, TESTBED_VERIFIER_DIR, device=device)
 
 
@@ -102,74 +120,102 @@ def _first_sample_answer(result) -> str | None:
     return terminal[-1].text if terminal else None
 
 
-def run_demo(
-    num_problems: int = 12,
-    question: str | None = None,
-    num_sequences: int = 16,
-    threshold: float = DEMO_THRESHOLD,
-    max_new_tokens: int | None = None,
-    seed: int = 0,
-    model=None,
-    tokenizer=None,
-    verifier=None,
-    output_dir: str | Path = "outputs/demo",
-    checker: str = "symbolic",
-    device: str | None = None,
-    figure: bool = True,
-) -> list[DemoRow]:
-    """Run the demo and print a per-problem table and totals; with `figure`, also draw the tokens per problem into
-    `output_dir` (when matplotlib is installed, else one line says how to get it). Returns the rows."""
-    task = get_task(TESTBED_VERIFIER_TASK)  # its problems; its LM too unless `model` is given
-    if model is None:
-        model, tokenizer, verifier = load_default(device)
-        to_prompt = format_prompt
-        max_new_tokens = max_new_tokens or task.sampling_cap()  # a capped task's LM was trained to be cut there
-    elif getattr(tokenizer, "chat_template", None):
-        def to_prompt(problem):
-            return [{"role": "user", "content": problem.question}]
-    else:
-        def to_prompt(problem):
-            return problem.question
-    max_new_tokens = max_new_tokens or 400
+def _prompt_format(tokenizer):
+    """How a problem becomes a prompt for a user's LM: its chat template when it has one, else the bare question."""
+    if getattr(tokenizer, "chat_template", None):
+        return lambda problem: [{"role": "user", "content": problem.question}]
+    return lambda problem: problem.question
 
-    if question is not None:
-        problems = [Problem(id="user/0", question=question, gold="", source="user")]
+
+def _load(config: DemoConfig) -> tuple:
+    """``(model, tokenizer, verifier, to_prompt, max_new_tokens)`` of a demo run: the embedded default (the testbed
+    prompt, and its LM's length cap where it has one), or the user's `model` + `verifier`."""
+    if config.model or config.verifier:
+        if not (config.model and config.verifier):
+            raise UserError("--model and --verifier go together (the verifier must be trained for the LM)")
+        model, tokenizer, verifier = load_custom(config.model, config.verifier, config.gguf_file, config.device)
+        return model, tokenizer, verifier, _prompt_format(tokenizer), config.max_new_tokens or 400
+    model, tokenizer, verifier = load_default(config.device)
+    # a capped task's LM was trained on traces cut at the cap
+    cap = get_task(TESTBED_VERIFIER_TASK).sampling_cap()
+    return model, tokenizer, verifier, format_prompt, config.max_new_tokens or cap or 400
+
+
+def _run_problem(problem: Problem, prompt, models: tuple, config: DemoConfig, max_new_tokens: int, grade) -> DemoRow:
+    """Decode `problem` twice with the same seed, live with MSV early stopping at λ and to the end, and grade both
+    (`models`: ``(model, tokenizer, verifier)``)."""
+    model, tokenizer, verifier = models
+    runs = {}
+    for name, lam in (("live", config.resolved_threshold), ("full", None)):
+        torch.manual_seed(config.seed)
+        start = time.perf_counter()
+        runs[name] = msv_generate(
+            model,
+            tokenizer,
+            [prompt],
+            verifier=verifier,
+            threshold=lam,
+            num_sequences=config.num_sequences,
+            max_new_tokens=max_new_tokens,
+            generate_kwargs={"temperature": 1.0, "top_k": 0, "top_p": 1.0},
+        )[0]
+        runs[name + "_s"] = time.perf_counter() - start
+    live, full = runs["live"], runs["full"]
+    chosen = live.chosen.text if live.chosen is not None else None
+    first = _first_sample_answer(full)
+    known = bool(problem.gold)
+    return DemoRow(
+        problem=problem,
+        chosen=chosen,
+        confidence=live.confidence,
+        correct=grade.is_correct(chosen, problem.gold) if known else None,
+        first_sample=first,
+        first_sample_correct=grade.is_correct(first, problem.gold) if known else None,
+        stop_step=live.stop_step,
+        tokens_used=live.tokens_decoded,
+        tokens_full=full.tokens_decoded,
+        seconds=runs["live_s"],
+    )
+
+
+def run_demo(config: DemoConfig | None = None) -> list[DemoRow]:
+    """Run the demo and print a per-problem table and totals; with ``config.figure``, also draw the tokens per
+    problem into ``config.output_dir`` (when matplotlib is installed, else one line says how to get it).
+
+    Args:
+        config: the run (`DemoConfig`; default: the embedded testbed LM and shipped MSV on 12 problems). Answers are
+            graded with the ``symbolic`` checker.
+
+    Returns:
+        One `DemoRow` per problem.
+
+    Raises:
+        UserError: ``model`` without ``verifier`` or the reverse, or a local LM or verifier path that is not a
+            checkpoint directory (checked before anything loads).
+    """
+    config = config or DemoConfig()
+    model, tokenizer, verifier, to_prompt, max_new_tokens = _load(config)
+    if config.question is not None:
+        problems = [Problem(id="user/0", question=config.question, gold="", source="user")]
     else:
-        problems = task.generate_problems("evaluation", num_problems, seed=seed)
-    grade = get_checker(checker)
-    rows = []
-    for problem in tqdm(problems, desc="problems", unit="problem"):
-        prompt = to_prompt(problem)
-        runs = {}
-        for name, lam in (("live", threshold), ("full", None)):
-            torch.manual_seed(seed)
-            start = time.perf_counter()
-            runs[name] = msv_generate(model, tokenizer, [prompt], verifier=verifier, threshold=lam,
-                                      num_sequences=num_sequences, max_new_tokens=max_new_tokens,
-                                      generate_kwargs={"temperature": 1.0, "top_k": 0, "top_p": 1.0})[0]
-            runs[name + "_s"] = time.perf_counter() - start
-        live, full = runs["live"], runs["full"]
-        chosen = live.chosen.text if live.chosen is not None else None
-        first = _first_sample_answer(full)
-        known = bool(problem.gold)
-        rows.append(DemoRow(
-            problem=problem, chosen=chosen, confidence=live.confidence,
-            correct=grade.is_correct(chosen, problem.gold) if known else None,
-            first_sample=first, first_sample_correct=grade.is_correct(first, problem.gold) if known else None,
-            stop_step=live.stop_step, tokens_used=live.tokens_decoded, tokens_full=full.tokens_decoded,
-            seconds=runs["live_s"]))
-    print_table(rows, num_sequences, threshold)
+        problems = get_task(TESTBED_VERIFIER_TASK).generate_problems("evaluation", config.problems, seed=config.seed)
+    grade = get_checker("symbolic")
+    rows = [
+        _run_problem(problem, to_prompt(problem), (model, tokenizer, verifier), config, max_new_tokens, grade)
+        for problem in tqdm(problems, desc="problems", unit="problem")
+    ]
+    print_table(rows, config.num_sequences, config.resolved_threshold)
     choice = LambdaChoice.of(verifier.config)
     if choice is not None:
         print(f"the verifier's stopping rule, chosen on validation: {choice.describe()}")
-    if figure:
+    if config.figure:
         # The figure is an extra: the table above is the demo's output, so a missing extra is a note, not an error.
         if importlib.util.find_spec("matplotlib") is None:
             from .evaluation.report import REPORT_EXTRA_HINT
 
             print(f"figure: not drawn, matplotlib is not installed ({REPORT_EXTRA_HINT})")
         else:
-            print(f"figure: {save_figure(rows, Path(output_dir))}")
+            print(f"figure: {save_figure(rows, Path(config.output_dir))}")
     return rows
 
 
@@ -179,16 +225,20 @@ def _mark(value: bool | None) -> str:
 
 def print_table(rows: list[DemoRow], num_sequences: int, threshold: float) -> None:
     print(f"\nMSV early stopping, N={num_sequences} parallel samples, λ={threshold}")
-    header = f"{'problem':<30} {'gold':>8} {'chosen':>8} {'conf':>5} {'ok':>4} {'1st':>6} {'ok':>4} " \
-             f"{'tokens':>13} {'saved':>6} {'time':>6}"
+    header = (
+        f"{'problem':<30} {'gold':>8} {'chosen':>8} {'conf':>5} {'ok':>4} {'1st':>6} {'ok':>4} "
+        f"{'tokens':>13} {'saved':>6} {'time':>6}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
         conf = f"{r.confidence:.2f}" if r.confidence is not None else "-"
         saved = 1 - r.tokens_used / max(r.tokens_full, 1)
-        print(f"{r.problem.id:<30} {r.problem.gold or '?':>8} {str(r.chosen):>8} {conf:>5} {_mark(r.correct):>4} "
-              f"{str(r.first_sample):>6} {_mark(r.first_sample_correct):>4} "
-              f"{r.tokens_used:>6}/{r.tokens_full:<6} {saved:>6.0%} {r.seconds:>5.1f}s")
+        print(
+            f"{r.problem.id:<30} {r.problem.gold or '?':>8} {str(r.chosen):>8} {conf:>5} {_mark(r.correct):>4} "
+            f"{str(r.first_sample):>6} {_mark(r.first_sample_correct):>4} "
+            f"{r.tokens_used:>6}/{r.tokens_full:<6} {saved:>6.0%} {r.seconds:>5.1f}s"
+        )
     graded = [r for r in rows if r.correct is not None]
     used, full = sum(r.tokens_used for r in rows), sum(r.tokens_full for r in rows)
     print("-" * len(header))
@@ -196,8 +246,10 @@ def print_table(rows: list[DemoRow], num_sequences: int, threshold: float) -> No
         msv_acc = sum(r.correct for r in graded) / len(graded)
         first_acc = sum(bool(r.first_sample_correct) for r in graded) / len(graded)
         print(f"accuracy: MSV selection {msv_acc:.0%} vs first sample {first_acc:.0%} ({len(graded)} problems)")
-    print(f"tokens: {used} with early stopping vs {full} full decoding ({1 - used / max(full, 1):.0%} saved); "
-          f"time {sum(r.seconds for r in rows):.1f}s")
+    print(
+        f"tokens: {used} with early stopping vs {full} full decoding ({1 - used / max(full, 1):.0%} saved); "
+        f"time {sum(r.seconds for r in rows):.1f}s"
+    )
 
 
 def save_figure(rows: list[DemoRow], output_dir: Path) -> Path:
@@ -210,8 +262,13 @@ def save_figure(rows: list[DemoRow], output_dir: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 3.2))
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r.tokens_full for r in rows], width=0.4, label="full decoding", color="#bbb")
-    ax.bar([i + 0.2 for i in x], [r.tokens_used for r in rows], width=0.4, label="MSV early stop",
-           color=["#2a7" if r.correct else "#c44" if r.correct is False else "#57a" for r in rows])
+    ax.bar(
+        [i + 0.2 for i in x],
+        [r.tokens_used for r in rows],
+        width=0.4,
+        label="MSV early stop",
+        color=["#2a7" if r.correct else "#c44" if r.correct is False else "#57a" for r in rows],
+    )
     for i, r in enumerate(rows):
         if r.confidence is not None:
             ax.annotate(f"{r.confidence:.2f}", (i + 0.2, r.tokens_used), ha="center", va="bottom", fontsize=8)
@@ -236,15 +293,7 @@ def build_parser():
 def main(argv: Sequence[str] | None = None) -> list[DemoRow]:
     """``hf-msv demo``: run `run_demo` with the flags of `DemoConfig`."""
     (config,) = build_parser().parse_args_into_dataclasses(argv)
-    model = tokenizer = verifier = None
-    if config.model or config.verifier:
-        if not (config.model and config.verifier):
-            sys.exit("--model and --verifier go together (the verifier must match the LM).")
-        model, tokenizer, verifier = load_custom(config.model, config.verifier, config.gguf_file, config.device)
-    threshold = {} if config.threshold is None else {"threshold": config.threshold}  # None: run_demo's default
-    return run_demo(num_problems=config.problems, question=config.question, num_sequences=config.num_sequences,
-                    max_new_tokens=config.max_new_tokens, seed=config.seed, model=model, tokenizer=tokenizer,
-                    verifier=verifier, output_dir=config.output_dir, device=config.device, **threshold)
+    return run_demo(config)
 
 
 __all__ = ["DEMO_THRESHOLD", "DemoConfig", "DemoRow", "load_custom", "load_default", "main", "run_demo"]

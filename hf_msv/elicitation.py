@@ -20,8 +20,13 @@ DEFAULT_DELIMITERS = ("Wait",)
 MODES = ("streaming", "terminal")
 
 # Keys under which configs saved before `ElicitationSettings` stored its fields flat.
-_LEGACY_KEYS = {"delimiters": "delimiters", "every_k_tokens": "every_k_tokens", "elicitation_prompt": "prompt",
-                "max_answer_tokens": "max_answer_tokens", "keep_delimiter": "keep_delimiter"}
+_LEGACY_KEYS = {
+    "delimiters": "delimiters",
+    "every_k_tokens": "every_k_tokens",
+    "elicitation_prompt": "prompt",
+    "max_answer_tokens": "max_answer_tokens",
+    "keep_delimiter": "keep_delimiter",
+}
 
 
 @dataclass(frozen=True)
@@ -92,4 +97,52 @@ class ElicitationSettings:
         return found
 
 
-__all__ = ["DEFAULT_DELIMITERS", "ELICITATION_PROMPT", "MAX_ANSWER_TOKENS", "ElicitationSettings"]
+# `prepare_generation`'s keyword for `ElicitationSettings.prompt` (the collection's flag name).
+_ALIASES = {"elicitation_prompt": "prompt"}
+
+
+def resolve_elicitation(
+    verifier_config=None, elicitation: ElicitationSettings | dict | None = None, **overrides
+) -> ElicitationSettings:
+    """The elicitation settings of a run, on every engine (``generate``, vLLM, trace re-encoding).
+
+    The base is `elicitation`, else the verifier's (``verifier_config.elicitation``), else the defaults; each
+    non-`None` override then replaces its field and nothing else, as `dataclasses.replace` and
+    ``GenerationConfig.update`` do: ``every_k_tokens=40`` elicits every 40 tokens *and* at the base's delimiters;
+    add ``delimiters=()`` for the delimiter-free schedule.
+
+    Args:
+        verifier_config: the config of the verifier that will score the answers (`MSVConfig`, `ProbeConfig`), or
+            `None`.
+        elicitation: `ElicitationSettings`, its `to_dict` form, or `None`.
+        **overrides: `ElicitationSettings` fields (``elicitation_prompt`` is accepted for ``prompt``).
+
+    Returns:
+        The `ElicitationSettings`.
+
+    Raises:
+        ValueError: an unknown field, invalid settings, or a mode other than the verifier's.
+    """
+    overrides = {_ALIASES.get(name, name): value for name, value in overrides.items()}
+    valid = {f.name for f in fields(ElicitationSettings)}
+    unknown = sorted(set(overrides) - valid)
+    if unknown:
+        raise ValueError(f"unknown elicitation settings {unknown}; valid: {sorted(valid | set(_ALIASES))}")
+    if isinstance(elicitation, dict):
+        elicitation = ElicitationSettings.from_dict(elicitation)
+    if elicitation is None:
+        elicitation = getattr(verifier_config, "elicitation", None) or ElicitationSettings()
+    settings = elicitation.replace(**overrides)
+    mode = getattr(verifier_config, "mode", settings.mode)
+    if mode != settings.mode:
+        raise ValueError(f"the verifier was built for {mode!r} answers but mode={settings.mode!r}.")
+    return settings
+
+
+__all__ = [
+    "DEFAULT_DELIMITERS",
+    "ELICITATION_PROMPT",
+    "MAX_ANSWER_TOKENS",
+    "ElicitationSettings",
+    "resolve_elicitation",
+]

@@ -1,7 +1,16 @@
-"""User errors: `UserError`, and `check_checkpoint_dir` (a local checkpoint path that is not one says so).
+"""User errors: `UserError` and its kinds, and `check_checkpoint_dir` (a local path that is no checkpoint says so).
 
-``hf-msv`` reports these, like other `OSError` and `ValueError` from input checks, as one line on stderr with exit
-code 2 (``--debug`` shows the traceback). Bottom layer: standard library only.
+Every input check a user can trigger (a flag, a path, a file's content, a model that hf_msv does not support) raises
+a `UserError`, which ``hf-msv`` reports as one line on stderr with exit code 2 (``--debug`` shows the traceback).
+Any other exception is an internal error and keeps its traceback. The kinds also derive from the built-in exception
+that says what went wrong, so callers can catch them either way:
+
+    UserError(ValueError)                                     a bad flag value, file content or mix of settings
+    ├── MissingPathError(FileNotFoundError, UserError)        no such file or directory, or it lacks a file it needs
+    ├── NotADirectoryPathError(NotADirectoryError, UserError) a file where a directory is needed
+    └── UnsupportedError(UserError, NotImplementedError)      a model, cache or setting hf_msv does not support
+
+Bottom layer: standard library only.
 """
 
 from __future__ import annotations
@@ -11,8 +20,23 @@ import os
 from pathlib import Path
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """A user mistake with a message that says what is wrong and what to do instead."""
+
+
+class MissingPathError(FileNotFoundError, UserError):
+    """A path the user gave does not exist, or lacks a file it must hold.
+
+    Takes `FileNotFoundError`'s arguments: ``(errno.ENOENT, reason, path)``, or one message.
+    """
+
+
+class NotADirectoryPathError(NotADirectoryError, UserError):
+    """A path the user gave is a file where a directory is needed (``(errno.ENOTDIR, reason, path)``)."""
+
+
+class UnsupportedError(UserError, NotImplementedError):
+    """A model, cache or setting that hf_msv does not support: the message names it, why, and what works instead."""
 
 
 def looks_like_path(name: str) -> bool:
@@ -21,8 +45,12 @@ def looks_like_path(name: str) -> bool:
     name = str(name)
     if os.path.exists(os.path.expanduser(name)):
         return True
-    return (name.startswith((".", "~", "/", os.sep)) or os.path.isabs(name) or name.count("/") > 1
-            or (os.sep != "/" and os.sep in name))
+    return (
+        name.startswith((".", "~", "/", os.sep))
+        or os.path.isabs(name)
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
 
 
 def check_checkpoint_dir(name: str | os.PathLike, what: str, required: str | None = "config.json") -> Path | None:
@@ -37,21 +65,32 @@ def check_checkpoint_dir(name: str | os.PathLike, what: str, required: str | Non
         The directory (``~`` expanded), or ``None`` when ``name`` is not a local path (`looks_like_path`).
 
     Raises:
-        FileNotFoundError: no such directory, or it lacks ``required``.
-        NotADirectoryError: ``name`` is a file.
+        MissingPathError: no such directory, or it lacks ``required`` (a `FileNotFoundError`).
+        NotADirectoryPathError: ``name`` is a file (a `NotADirectoryError`).
     """
     if not looks_like_path(str(name)):
         return None
     path = Path(os.path.expanduser(str(name)))
     if not path.exists():
-        raise FileNotFoundError(errno.ENOENT, f"No such {what} directory", str(path))
+        raise MissingPathError(errno.ENOENT, f"No such {what} directory", str(path))
     if not path.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, f"Not a directory; the {what} must be a checkpoint directory",
-                                 str(path))
+        raise NotADirectoryPathError(
+            errno.ENOTDIR, f"Not a directory; the {what} must be a checkpoint directory", str(path)
+        )
     if required is not None and not (path / required).is_file():
-        raise FileNotFoundError(errno.ENOENT, f"No {required} in the {what} directory (not a checkpoint written by "
-                                "save_pretrained)", str(path))
+        raise MissingPathError(
+            errno.ENOENT,
+            f"No {required} in the {what} directory (not a checkpoint written by save_pretrained)",
+            str(path),
+        )
     return path
 
 
-__all__ = ["UserError", "check_checkpoint_dir", "looks_like_path"]
+__all__ = [
+    "MissingPathError",
+    "NotADirectoryPathError",
+    "UnsupportedError",
+    "UserError",
+    "check_checkpoint_dir",
+    "looks_like_path",
+]

@@ -26,8 +26,10 @@ PROBE_TEMPLATE = resources.files("hf_msv") / "templates" / "probe_card.md"
 def _metrics_table(metrics: dict[str, float] | None) -> str:
     if not metrics:
         return "Not measured yet."
-    rows = "\n".join(f"| {name} | {value:.4f} |" if isinstance(value, float) else f"| {name} | {value} |"
-                     for name, value in metrics.items())
+    rows = "\n".join(
+        f"| {name} | {value:.4f} |" if isinstance(value, float) else f"| {name} | {value} |"
+        for name, value in metrics.items()
+    )
     return "| metric | value |\n|---|---|\n" + rows
 
 
@@ -37,11 +39,21 @@ def _from_template(template, card_data: ModelCardData, **fields) -> ModelCard:
 
 
 def _probe_card(config, metrics: dict | None, training_data: str | None) -> ModelCard:
-    card_data = ModelCardData(library_name="transformers", base_model=config.base_model_name_or_path,
-                              tags=["hf_msv", "verifier", "probe"], license="apache-2.0")
-    return _from_template(PROBE_TEMPLATE, card_data, base_model=config.base_model_name_or_path,
-                          intermediate_size=config.intermediate_size, mode=config.mode,
-                          training_data=training_data or "Not recorded.", metrics_table=_metrics_table(metrics))
+    card_data = ModelCardData(
+        library_name="transformers",
+        base_model=config.base_model_name_or_path,
+        tags=["hf_msv", "verifier", "probe"],
+        license="apache-2.0",
+    )
+    return _from_template(
+        PROBE_TEMPLATE,
+        card_data,
+        base_model=config.base_model_name_or_path,
+        intermediate_size=config.intermediate_size,
+        mode=config.mode,
+        training_data=training_data or "Not recorded.",
+        metrics_table=_metrics_table(metrics),
+    )
 
 
 def build_model_card(
@@ -85,8 +97,8 @@ def build_model_card(
         hidden_size=config.hidden_size,
         readout=config.readout,
         logit_averaging=config.logit_averaging,
-        delimiters=", ".join(f"`{d!r}`" for d in elicitation.delimiters) or
-        (f"every {elicitation.every_k_tokens} tokens" if elicitation.every_k_tokens else "none (terminal answers)"),
+        delimiters=", ".join(f"`{d!r}`" for d in elicitation.delimiters)
+        or (f"every {elicitation.every_k_tokens} tokens" if elicitation.every_k_tokens else "none (terminal answers)"),
         elicitation_prompt=elicitation.prompt,
         max_answer_tokens=elicitation.max_answer_tokens,
         training_data=training_data or "Not recorded.",
@@ -118,8 +130,9 @@ def push_verifier_to_hub(
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     with tempfile.TemporaryDirectory() as folder:
         save_verifier(verifier, folder, metrics, training_data, repo_id)
-        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message,
-                                 revision=revision, create_pr=create_pr)
+        return api.upload_folder(
+            repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=revision, create_pr=create_pr
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -127,8 +140,10 @@ def push_verifier_to_hub(
 # ----------------------------------------------------------------------------------------------------------------
 
 EXAMPLE_BASE_MODEL = "your-org/your-reasoning-lm"
-_EXAMPLE_TRAINING_DATA = ("Example card: rendered by `hf_msv.hub.write_model_cards` from the package template for an "
-                          "untrained verifier; `hf-msv train` fills this section and the metrics.")
+_EXAMPLE_TRAINING_DATA = (
+    "Example card: rendered by `hf_msv.hub.write_model_cards` from the package template for an "
+    "untrained verifier; `hf-msv train` fills this section and the metrics."
+)
 
 
 def example_model_cards() -> dict[str, str]:
@@ -136,19 +151,28 @@ def example_model_cards() -> dict[str, str]:
     from .configuration_msv import MSVConfig
     from .modeling_probe import ProbeConfig
 
-    msv = MSVConfig(hidden_size=1536, num_attention_heads=12, num_sequences=16, mode="streaming",
-                    base_model_name_or_path=EXAMPLE_BASE_MODEL)
+    msv = MSVConfig(
+        hidden_size=1536,
+        num_attention_heads=12,
+        num_sequences=16,
+        mode="streaming",
+        base_model_name_or_path=EXAMPLE_BASE_MODEL,
+    )
     probe = ProbeConfig(hidden_size=1536, mode="streaming", base_model_name_or_path=EXAMPLE_BASE_MODEL)
-    return {"msv-example.md": str(build_model_card(msv, "your-name/msv16-streaming",
-                                                   training_data=_EXAMPLE_TRAINING_DATA)),
-            "probe-example.md": str(build_model_card(probe, "your-name/probe-streaming",
-                                                     training_data=_EXAMPLE_TRAINING_DATA))}
+    return {
+        "msv-example.md": str(
+            build_model_card(msv, "your-name/msv16-streaming", training_data=_EXAMPLE_TRAINING_DATA)
+        ),
+        "probe-example.md": str(
+            build_model_card(probe, "your-name/probe-streaming", training_data=_EXAMPLE_TRAINING_DATA)
+        ),
+    }
 
 
 def write_model_cards(directory: str | os.PathLike = "model_cards") -> list[Path]:
     """(Re)write `example_model_cards` into `directory`; ``tests/test_hub.py`` checks the committed ones are current.
 
-        python -c "from hf_msv.hub import write_model_cards; write_model_cards()"   # from the repository root
+    python -c "from hf_msv.hub import write_model_cards; write_model_cards()"   # from the repository root
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,18 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["DELTA", "EPSILON", "LAMBDAS", "TARGET_FRACTION", "LambdaChoice", "choose_lambda", "ltt_p_value",
-           "problems_needed"]
+from .errors import UserError
+
+__all__ = [
+    "DELTA",
+    "EPSILON",
+    "LAMBDAS",
+    "TARGET_FRACTION",
+    "LambdaChoice",
+    "choose_lambda",
+    "ltt_p_value",
+    "problems_needed",
+]
 
 # 0..1 in 0.01 steps plus ∞ (never stop), so every curve contains the full-decoding point.
 LAMBDAS = np.concatenate([np.round(np.linspace(0.0, 1.0, 101), 2), [np.inf]])
@@ -84,15 +94,21 @@ class LambdaChoice:
         where = "λ = ∞ (never stops)" if math.isinf(self.lam) else f"λ = {self.lam:.2f}"
         if self.rule == "guarantee":
             if not self.reached:
-                return (f"{where}: {self.num_problems} validation problems certify no early stop for ε = "
-                        f"{self.epsilon:g} at δ = {self.delta:g} (needs ≥ {self.problems_needed} problems)")
-            return (f"{where}: loses at most {self.epsilon:g} of full-decoding accuracy with probability ≥ "
-                    f"{1 - self.delta:g} (Learn-then-Test, {self.num_problems} validation problems); validation "
-                    f"accuracy {self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the "
-                    "tokens")
+                return (
+                    f"{where}: {self.num_problems} validation problems certify no early stop for ε = "
+                    f"{self.epsilon:g} at δ = {self.delta:g} (needs ≥ {self.problems_needed} problems)"
+                )
+            return (
+                f"{where}: loses at most {self.epsilon:g} of full-decoding accuracy with probability ≥ "
+                f"{1 - self.delta:g} (Learn-then-Test, {self.num_problems} validation problems); validation "
+                f"accuracy {self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the "
+                "tokens"
+            )
         status = "reached" if self.reached else "not reached by any λ that stops early"
-        return (f"{where}: cheapest λ with validation accuracy ≥ {self.target:.3f} ({status}); accuracy "
-                f"{self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the tokens")
+        return (
+            f"{where}: cheapest λ with validation accuracy ≥ {self.target:.3f} ({status}); accuracy "
+            f"{self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the tokens"
+        )
 
 
 def problems_needed(epsilon: float, delta: float) -> int:
@@ -112,15 +128,27 @@ def ltt_p_value(losses: np.ndarray, epsilon: float) -> float:
     mean = total / n
     if mean >= epsilon:
         return 1.0
-    h1 = mean * math.log(mean / epsilon) + (1 - mean) * math.log((1 - mean) / (1 - epsilon)) if mean > 0 else \
-        -math.log1p(-epsilon)
+    h1 = (
+        mean * math.log(mean / epsilon) + (1 - mean) * math.log((1 - mean) / (1 - epsilon))
+        if mean > 0
+        else -math.log1p(-epsilon)
+    )
     hoeffding = math.exp(-n * h1)
     bentkus = math.e * float(binom.cdf(math.ceil(n * mean), n, epsilon))
     return min(hoeffding, bentkus, 1.0)
 
 
-def choose_lambda(lambdas, correct, tokens, problem_of=None, *, epsilon: float | None = None, delta: float = DELTA,
-                  target_fraction: float = TARGET_FRACTION, target_accuracy: float | None = None) -> LambdaChoice:
+def choose_lambda(
+    lambdas,
+    correct,
+    tokens,
+    problem_of=None,
+    *,
+    epsilon: float | None = None,
+    delta: float = DELTA,
+    target_fraction: float = TARGET_FRACTION,
+    target_accuracy: float | None = None,
+) -> LambdaChoice:
     """Pick λ from per-group replay outcomes on validation (module docstring for the two rules).
 
     Args:
@@ -143,31 +171,53 @@ def choose_lambda(lambdas, correct, tokens, problem_of=None, *, epsilon: float |
     if not np.isinf(lam).any():
         raise ValueError("the λ grid needs ∞ (full decoding): the rules measure against it")
     if epsilon is not None and not (0 < epsilon < 1 and 0 < delta < 1):
-        raise ValueError(f"need 0 < epsilon < 1 and 0 < delta < 1, got epsilon={epsilon}, delta={delta}")
+        raise UserError(f"need 0 < epsilon < 1 and 0 < delta < 1, got epsilon={epsilon}, delta={delta}")
     if not len(correct):
-        raise ValueError("no validation groups to choose λ on")
+        raise UserError("no validation groups to choose λ on")
     problem_of = np.arange(len(correct)) if problem_of is None else np.asarray(problem_of).reshape(-1)
     _, problem = np.unique(problem_of, return_inverse=True)
     full = int(np.flatnonzero(np.isinf(lam))[0])
     accuracy, mean_tokens = correct.mean(0), tokens.mean(0)
-    loss = correct[:, [full]] & ~correct                                     # (G, Λ) paired loss
-    per_problem = np.stack([np.bincount(problem, weights=loss[:, j]) / np.bincount(problem)
-                            for j in range(lam.size)], 1)                     # (P, Λ)
-    common = dict(num_problems=int(per_problem.shape[0]), full_accuracy=float(accuracy[full]),
-                  full_tokens=float(mean_tokens[full]), epsilon=epsilon, delta=delta if epsilon else None)
+    loss = correct[:, [full]] & ~correct  # (G, Λ) paired loss
+    per_problem = np.stack(
+        [np.bincount(problem, weights=loss[:, j]) / np.bincount(problem) for j in range(lam.size)], 1
+    )  # (P, Λ)
+    common = dict(
+        num_problems=int(per_problem.shape[0]),
+        full_accuracy=float(accuracy[full]),
+        full_tokens=float(mean_tokens[full]),
+        epsilon=epsilon,
+        delta=delta if epsilon else None,
+    )
     if epsilon is not None:
         pick, reached = _certified(lam, per_problem, epsilon, delta)
         reached = bool(reached and mean_tokens[pick] < mean_tokens[full])  # a λ that never stops saves nothing
-        return LambdaChoice(lam=float(lam[pick]), rule="guarantee", reached=reached, target=None,
-                            problems_needed=problems_needed(epsilon, delta), accuracy=float(accuracy[pick]),
-                            tokens=float(mean_tokens[pick]), loss=float(loss[:, pick].mean()), **common)
+        return LambdaChoice(
+            lam=float(lam[pick]),
+            rule="guarantee",
+            reached=reached,
+            target=None,
+            problems_needed=problems_needed(epsilon, delta),
+            accuracy=float(accuracy[pick]),
+            tokens=float(mean_tokens[pick]),
+            loss=float(loss[:, pick].mean()),
+            **common,
+        )
     target = float(target_accuracy) if target_accuracy is not None else target_fraction * float(accuracy[full])
     early = np.isfinite(lam) & (mean_tokens < mean_tokens[full])
     ok = np.flatnonzero(early & (accuracy >= target - 1e-12))
     pick = int(min(ok, key=lambda i: (mean_tokens[i], -accuracy[i], -lam[i]))) if ok.size else full
-    return LambdaChoice(lam=float(lam[pick]), rule="target", reached=bool(ok.size), target=target,
-                        problems_needed=None, accuracy=float(accuracy[pick]), tokens=float(mean_tokens[pick]),
-                        loss=float(loss[:, pick].mean()), **common)
+    return LambdaChoice(
+        lam=float(lam[pick]),
+        rule="target",
+        reached=bool(ok.size),
+        target=target,
+        problems_needed=None,
+        accuracy=float(accuracy[pick]),
+        tokens=float(mean_tokens[pick]),
+        loss=float(loss[:, pick].mean()),
+        **common,
+    )
 
 
 def _certified(lam: np.ndarray, per_problem: np.ndarray, epsilon: float, delta: float) -> tuple[int, bool]:

@@ -23,10 +23,26 @@ if TYPE_CHECKING:  # annotations only: the groups are read by attribute
     from .data.groups import AnswerGroup
 
 __all__ = [
-    "resolve_scores", "auroc", "brier", "nll", "ece", "reliability_bins", "calibration_metrics",
-    "best_of_n_pairs", "best_of_n_accuracy", "best_of_n_metrics", "mean_std", "seed_stat", "format_mean_std",
-    "bootstrap_interval", "paired_bootstrap", "bce_with_logits", "fold_by_problem", "difficulty_scores",
-    "per_problem_auroc", "within_problem_auroc",
+    "resolve_scores",
+    "auroc",
+    "brier",
+    "nll",
+    "ece",
+    "reliability_bins",
+    "calibration_metrics",
+    "best_of_n_pairs",
+    "best_of_n_accuracy",
+    "best_of_n_metrics",
+    "mean_std",
+    "seed_stat",
+    "format_mean_std",
+    "bootstrap_interval",
+    "paired_bootstrap",
+    "bce_with_logits",
+    "fold_by_problem",
+    "difficulty_scores",
+    "per_problem_auroc",
+    "within_problem_auroc",
 ]
 
 
@@ -65,8 +81,12 @@ def auroc(p, y) -> float:
     p = np.asarray(p, dtype=np.float64).reshape(-1)
     y = np.asarray(y).astype(bool).reshape(-1)
     if y.size == 0 or y.all() or not y.any():
-        warnings.warn(f"AUROC is undefined: all {y.size} labels are {'positive' if y.all() and y.size else 'negative'}"
-                      " (need both classes); returning nan", UndefinedMetricWarning, stacklevel=2)
+        warnings.warn(
+            f"AUROC is undefined: all {y.size} labels are {'positive' if y.all() and y.size else 'negative'}"
+            " (need both classes); returning nan",
+            UndefinedMetricWarning,
+            stacklevel=2,
+        )
         return math.nan
     return float(roc_auc_score(y, p))
 
@@ -108,8 +128,15 @@ def per_problem_auroc(scores: Sequence, labels: Sequence) -> np.ndarray:
     a problem whose answers are all right or all wrong (nothing to rank)."""
     from sklearn.metrics import roc_auc_score
 
-    return np.array([roc_auc_score(np.asarray(y).astype(bool), np.asarray(p, dtype=np.float64))
-                     if 0 < np.sum(y) < len(y) else math.nan for p, y in zip(scores, labels)], dtype=np.float64)
+    return np.array(
+        [
+            roc_auc_score(np.asarray(y).astype(bool), np.asarray(p, dtype=np.float64))
+            if 0 < np.sum(y) < len(y)
+            else math.nan
+            for p, y in zip(scores, labels)
+        ],
+        dtype=np.float64,
+    )
 
 
 def within_problem_auroc(scores: Sequence, labels: Sequence) -> float:
@@ -163,8 +190,9 @@ def calibration_metrics(p, y, n_bins: int = 10) -> dict[str, float]:
     return {"auroc": auroc(p, y), "brier": brier(p, y), "ece": ece(p, y, n_bins), "nll": nll(p, y)}
 
 
-def best_of_n_pairs(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray],
-                    terminal_only: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def best_of_n_pairs(
+    groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray], terminal_only: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """(p† (Q,), y† (Q,)): per group, the score and correctness of the verifier's best-of-N pick.
 
     The pick is `hf_msv.baselines.best_of_n` over the group's terminal answers (all answers when
@@ -186,8 +214,9 @@ def best_of_n_accuracy(groups: Sequence[AnswerGroup], scores: str | Sequence[np.
     return float(y.mean()) if y.size else math.nan
 
 
-def best_of_n_metrics(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray],
-                      n_bins: int = 10) -> dict[str, float]:
+def best_of_n_metrics(
+    groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray], n_bins: int = 10
+) -> dict[str, float]:
     """{"accuracy", "ece", "brier"} of best-of-N over terminal answers: ECE and Brier on the (p†, y†) pairs."""
     p, y = best_of_n_pairs(groups, scores)
     return {"accuracy": float(y.mean()) if y.size else math.nan, "ece": ece(p, y, n_bins), "brier": brier(p, y)}
@@ -231,8 +260,9 @@ def format_mean_std(values, digits: int = 3) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
-def bootstrap_interval(statistic, num_problems: int, n_boot: int = 2000, confidence: float = 0.95,
-                       seed: int = 0) -> dict:
+def bootstrap_interval(
+    statistic, num_problems: int, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> dict:
     """Percentile bootstrap over problems: ``{"estimate", "low", "high", "n_boot"}`` of ``statistic(idx)``.
 
     ``statistic`` maps an index array (P,) of problems (drawn with replacement; ``arange(P)`` for the estimate) to a
@@ -250,13 +280,17 @@ def bootstrap_interval(statistic, num_problems: int, n_boot: int = 2000, confide
     draws = np.where(np.isnan(draws), np.inf, draws)
     alpha = (1 - confidence) / 2
     # order statistics, no interpolation (which would subtract ∞ from ∞); the interval is the slightly wider one
-    low, high = ((np.quantile(draws, alpha, method="lower"), np.quantile(draws, 1 - alpha, method="higher"))
-                 if n_boot else (math.nan, math.nan))
+    low, high = (
+        (np.quantile(draws, alpha, method="lower"), np.quantile(draws, 1 - alpha, method="higher"))
+        if n_boot
+        else (math.nan, math.nan)
+    )
     return {"estimate": est, "low": float(low), "high": float(high), "n_boot": int(n_boot)}
 
 
-def paired_bootstrap(a, b, weights=None, statistic: str = "difference", n_boot: int = 2000,
-                     confidence: float = 0.95, seed: int = 0) -> dict:
+def paired_bootstrap(
+    a, b, weights=None, statistic: str = "difference", n_boot: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> dict:
     """Paired bootstrap interval over problems of method A against method B (`bootstrap_interval`).
 
     Args:

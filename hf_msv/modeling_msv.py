@@ -16,14 +16,15 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from safetensors import SafetensorError
+from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
+from .baselines import WV_THRESHOLD
 from .configuration_msv import MSVConfig
 
 # Rows of the (5, T) token-metadata tensor. One stacked tensor keeps slicing and concatenation in one op.
@@ -150,7 +151,7 @@ def weighted_vote_share(
     answer_end: torch.Tensor,
     answer_class: torch.Tensor,
     streaming: bool,
-    threshold: int = 0,
+    threshold: int = WV_THRESHOLD,
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Weighted voting (WV) of per-answer probabilities, the evaluation's Probe+WV rule, differentiable.
@@ -171,13 +172,17 @@ def weighted_vote_share(
     available = members >= 0
     if streaming:
         available &= answer_end[safe] <= answer_end[rows, None]
-    mass = torch.where(available, probabilities[safe], torch.zeros((), dtype=probabilities.dtype,
-                                                                   device=probabilities.device))
+    mass = torch.where(
+        available, probabilities[safe], torch.zeros((), dtype=probabilities.dtype, device=probabilities.device)
+    )
     same = answer_class[safe] == answer_class[rows, None]
     total = mass.sum(1)
     # Divide only where there is mass, so an all-zero group has a finite gradient.
-    share = torch.where(total > 0, (mass * same).sum(1) / torch.where(total > 0, total, torch.ones_like(total)),
-                        torch.zeros_like(total))
+    share = torch.where(
+        total > 0,
+        (mass * same).sum(1) / torch.where(total > 0, total, torch.ones_like(total)),
+        torch.zeros_like(total),
+    )
     if streaming:
         share = torch.where(available.sum(1) > threshold, share, probabilities[rows])
     return share
@@ -217,8 +222,12 @@ def build_masks(mask_names: list[str], q_meta: torch.Tensor, k_meta: torch.Tenso
     allowed = same(GROUP)
     if streaming:
         allowed = allowed & (q_meta[END, :, None] >= k_meta[END, None, :])
-    by_name = {"full": lambda: allowed, "within_sequence": lambda: allowed & same(SEQUENCE),
-               "equivalence": lambda: allowed & same(CLASS), "within_answer": lambda: allowed & same(ANSWER)}
+    by_name = {
+        "full": lambda: allowed,
+        "within_sequence": lambda: allowed & same(SEQUENCE),
+        "equivalence": lambda: allowed & same(CLASS),
+        "within_answer": lambda: allowed & same(ANSWER),
+    }
     return torch.stack([by_name[name]() for name in mask_names])
 
 
@@ -368,8 +377,9 @@ class MSVAttention(nn.Module):
             if query_rows is not None:
                 rows = query_rows.tolist()
                 key_lo, key_hi = [key_lo[r] for r in rows], [key_hi[r] for r in rows]
-            out = chunked_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming,
-                                               key_lo, key_hi, self.budget)
+            out = chunked_multi_mask_attention(
+                q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming, key_lo, key_hi, self.budget
+            )
         return self.dropout(self.o_proj(out.transpose(0, 1).reshape(q_in.shape)))
 
 
@@ -481,8 +491,9 @@ class MSVCache:
         """Make the staged tokens and their answers part of the cache."""
         self.num_tokens += self._pending
         self._pending = 0
-        self.answers = answers if not self.answers else {
-            name: torch.cat([self.answers[name], answers[name]]) for name in answers}
+        self.answers = (
+            answers if not self.answers else {name: torch.cat([self.answers[name], answers[name]]) for name in answers}
+        )
 
     def rollback(self):
         self._pending = 0
@@ -595,8 +606,10 @@ class MSVVerifier(MSVPreTrainedModel):
         theirs = (probe.config.hidden_size, probe.config.intermediate_size, probe.config.hidden_act)
         ours = (self.config.hidden_size, self.config.vote_hidden_size, self.config.vote_hidden_act)
         if theirs != ours:
-            raise ValueError(f"the Probe has (hidden_size, intermediate_size, hidden_act) = {theirs}, but this "
-                             f"verifier's vote head has (hidden_size, vote_hidden_size, vote_hidden_act) = {ours}.")
+            raise ValueError(
+                f"the Probe has (hidden_size, intermediate_size, hidden_act) = {theirs}, but this "
+                f"verifier's vote head has (hidden_size, vote_hidden_size, vote_hidden_act) = {ours}."
+            )
         for name in ("up", "head"):
             getattr(self.vote_head, name).load_state_dict(getattr(probe, name).state_dict())
 
@@ -607,7 +620,8 @@ class MSVVerifier(MSVPreTrainedModel):
         except SafetensorError as error:
             raise OSError(
                 f"The verifier weights in {pretrained_model_name_or_path!r} are truncated or corrupt "
-                f"(safetensors: {error}). Re-download or re-save the checkpoint.") from error
+                f"(safetensors: {error}). Re-download or re-save the checkpoint."
+            ) from error
 
     hub_uploader = None
     """Set by ``import hf_msv`` to `hf_msv.hub.push_verifier_to_hub`; `None` where the model is remote code."""
@@ -619,17 +633,28 @@ class MSVVerifier(MSVPreTrainedModel):
             return super().push_to_hub(repo_id, **kwargs)
         return type(self).hub_uploader(self, repo_id, **kwargs)
 
-    def parameter_groups(self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3,
-                         vote_lr: float = 1e-3) -> list[dict]:
+    def parameter_groups(
+        self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3, vote_lr: float = 1e-3
+    ) -> list[dict]:
         """The paper's per-module learning rates: mask-mixture weights w, sequence embeddings e⁽ⁿ⁾, the rest; with
         `config.vote_pathway` a fourth group, the single-chain head and the vote skip, at `vote_lr` (the Probe's)."""
         groups = {"mask": [], "embedding": [], "body": [], "vote": []}
         for name, param in self.named_parameters():
-            key = ("mask" if name.endswith("mask_logits") else "embedding" if name.startswith("sequence_") else
-                   "vote" if name.startswith(("vote_head.", "vote_skip_")) else "body")
+            key = (
+                "mask"
+                if name.endswith("mask_logits")
+                else "embedding"
+                if name.startswith("sequence_")
+                else "vote"
+                if name.startswith(("vote_head.", "vote_skip_"))
+                else "body"
+            )
             groups[key].append(param)
-        out = [{"params": groups["body"], "lr": lr}, {"params": groups["mask"], "lr": mask_lr},
-               {"params": groups["embedding"], "lr": embedding_lr}]
+        out = [
+            {"params": groups["body"], "lr": lr},
+            {"params": groups["mask"], "lr": mask_lr},
+            {"params": groups["embedding"], "lr": embedding_lr},
+        ]
         return out + [{"params": groups["vote"], "lr": vote_lr}] if groups["vote"] else out
 
     # transformers' generic output flags: accepted (callers pass them to any model) and meaningless here.
@@ -650,13 +675,15 @@ class MSVVerifier(MSVPreTrainedModel):
             raise ValueError(
                 f"hidden_states must have shape (T, {self.config.hidden_size}) but has {tuple(hidden_states.shape)}; "
                 f"this verifier expects the base LM's width (config.hidden_size={self.config.hidden_size}, "
-                f"base_model_name_or_path={self.config.base_model_name_or_path!r}).")
+                f"base_model_name_or_path={self.config.base_model_name_or_path!r})."
+            )
         if token_answer.shape != hidden_states.shape[:1]:
             raise ValueError("token_answer must have one entry per token of hidden_states.")
         if num_answers and int(answer_sequence.max()) >= self.config.num_sequences:
             raise ValueError(
                 f"sequence id {int(answer_sequence.max())} exceeds this verifier's {self.config.num_sequences} "
-                "sequence embeddings; split larger groups with hf_msv.split_into_groups (MSV_M grouping).")
+                "sequence embeddings; split larger groups with hf_msv.split_into_groups (MSV_M grouping)."
+            )
         if len(token_answer) and (int(token_answer.min()) < 0 or int(token_answer.max()) >= num_answers):
             raise ValueError(f"token_answer must index answers in [0, {num_answers}).")
         if num_answers and torch.bincount(token_answer, minlength=num_answers).min() == 0:
@@ -700,18 +727,31 @@ class MSVVerifier(MSVPreTrainedModel):
         num_answers = len(answer_group)
         answer_group, answer_sequence, answer_step, answer_end, answer_class, token_answer = (
             t.to(device=device, dtype=torch.long)
-            for t in (answer_group, answer_sequence, answer_step, answer_end, answer_class, token_answer))
+            for t in (answer_group, answer_sequence, answer_step, answer_end, answer_class, token_answer)
+        )
         cache = self._resolve_cache(cache, past_key_values, use_cache, kwargs)
         self._check_inputs(hidden_states, token_answer, answer_sequence, num_answers, cache)
         streaming = self.config.streaming
         offset = cache.num_answers if cache is not None else 0
-        new = {"group": answer_group, "sequence": answer_sequence, "step": answer_step, "end": answer_end,
-               "class": answer_class}
+        new = {
+            "group": answer_group,
+            "sequence": answer_sequence,
+            "step": answer_step,
+            "end": answer_end,
+            "class": answer_class,
+        }
         every = _with_cached_answers(new, cache)
         new_rows = torch.arange(offset, offset + num_answers, device=device)
         if gamma is None:
-            gamma = compute_gamma(every["group"], every["sequence"], every["step"], every["end"], every["class"],
-                                  streaming, rows=new_rows if offset else None)
+            gamma = compute_gamma(
+                every["group"],
+                every["sequence"],
+                every["step"],
+                every["end"],
+                every["class"],
+                streaming,
+                rows=new_rows if offset else None,
+            )
         gamma = gamma.to(device=device, dtype=torch.float32)
         vote_logits = vote_share = None
         if self.config.vote_pathway:
@@ -723,8 +763,9 @@ class MSVVerifier(MSVPreTrainedModel):
         raw_logits = logits
         if self.config.logit_averaging and num_answers:
             all_logits = torch.cat([cache.answers["raw_logit"], logits]) if offset else logits
-            logits = average_logits(all_logits, every["group"], every["end"], every["class"], streaming,
-                                    rows=new_rows if offset else None)
+            logits = average_logits(
+                all_logits, every["group"], every["end"], every["class"], streaming, rows=new_rows if offset else None
+            )
         if cache is not None:
             vote = {"vote_logit": vote_logits.detach()} if vote_logits is not None else {}
             cache.commit({**new, "raw_logit": raw_logits.detach(), **vote})
@@ -737,9 +778,17 @@ class MSVVerifier(MSVPreTrainedModel):
             if vote_logits is not None and self.config.vote_loss_weight:
                 # Keeps the single-chain head a calibrated single-chain scorer, so its weighted vote is Probe+WV's.
                 loss = loss + self.config.vote_loss_weight * F.binary_cross_entropy_with_logits(
-                    vote_logits[keep], labels[keep])
-        return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits), gamma=gamma, cache=cache,
-                         vote_logits=vote_logits, vote_share=vote_share)
+                    vote_logits[keep], labels[keep]
+                )
+        return MSVOutput(
+            loss=loss,
+            logits=logits,
+            probabilities=torch.sigmoid(logits),
+            gamma=gamma,
+            cache=cache,
+            vote_logits=vote_logits,
+            vote_share=vote_share,
+        )
 
     def _answer_logits(self, readout, gamma, vote_logits, vote_share) -> torch.Tensor:
         """Per-answer logits before logit averaging, `(A,)` float32, from the readout `(A, d)` and the features."""
@@ -764,13 +813,21 @@ class MSVVerifier(MSVPreTrainedModel):
         num_answers = len(every["group"]) - (cache.num_answers if cache is not None else 0)
         positions = torch.arange(len(token_answer), device=token_answer.device)
         last = torch.full((num_answers,), -1, dtype=torch.long, device=token_answer.device).scatter_reduce(
-            0, token_answer, positions, reduce="amax")
+            0, token_answer, positions, reduce="amax"
+        )
         own = self.vote_head(hidden_states.to(device=token_answer.device, dtype=self.dtype)[last]).float()
         probabilities = torch.sigmoid(own)
         if rows is not None:
             probabilities = torch.cat([torch.sigmoid(cache.answers["vote_logit"]), probabilities])
-        share = weighted_vote_share(probabilities, every["group"], every["end"], every["class"], self.config.streaming,
-                                    self.config.vote_threshold, rows=rows)
+        share = weighted_vote_share(
+            probabilities,
+            every["group"],
+            every["end"],
+            every["class"],
+            self.config.streaming,
+            self.config.vote_threshold,
+            rows=rows,
+        )
         return own, share
 
     def _encode(self, hidden_states, token_answer, new: dict, offset: int, cache) -> torch.Tensor:
@@ -782,7 +839,8 @@ class MSVVerifier(MSVPreTrainedModel):
         # output of that block is read), which cuts its attention and MLP by ~L×.
         positions = torch.arange(len(order), device=device)
         last = torch.full((num_answers,), -1, dtype=torch.long, device=device).scatter_reduce(
-            0, token_answer, positions, reduce="amax")  # each answer's last token, in the caller's order
+            0, token_answer, positions, reduce="amax"
+        )  # each answer's last token, in the caller's order
         last_rows, answer_of_row = torch.sort(torch.argsort(order)[last])  # the same tokens, in sorted order
         try:
             for i, layer in enumerate(self.layers):
@@ -812,9 +870,11 @@ def _with_cached_answers(new: dict, cache) -> dict:
         cached_end = old["end"][old["group"] == g]
         # Strict: answers that end together see each other, so they must arrive in the same call.
         if len(cached_end) and new["end"][new["group"] == g].min() <= cached_end.max():
-            raise ValueError(f"online scoring needs answers in end-time order, but group {g} has a new "
-                             f"answer ending no later than an already cached one ({int(cached_end.max())}); "
-                             "score answers that end at the same time in one call.")
+            raise ValueError(
+                f"online scoring needs answers in end-time order, but group {g} has a new "
+                f"answer ending no later than an already cached one ({int(cached_end.max())}); "
+                "score answers that end at the same time in one call."
+            )
     return {k: torch.cat([old[k], v]) for k, v in new.items()}
 
 
@@ -849,8 +909,19 @@ def check_compatible(verifier: MSVVerifier, model) -> None:
         raise ValueError(
             f"The verifier reads hidden states of width {verifier.config.hidden_size} (trained on "
             f"{verifier.config.base_model_name_or_path!r}) but the LM {model.config.name_or_path!r} has hidden size "
-            f"{lm_width}.")
+            f"{lm_width}."
+        )
 
 
-__all__ = ["MSVVerifier", "MSVPreTrainedModel", "MSVOutput", "MSVCache", "compute_gamma", "average_logits",
-           "weighted_vote_share", "split_into_groups", "build_masks", "check_compatible"]
+__all__ = [
+    "MSVVerifier",
+    "MSVPreTrainedModel",
+    "MSVOutput",
+    "MSVCache",
+    "compute_gamma",
+    "average_logits",
+    "weighted_vote_share",
+    "split_into_groups",
+    "build_masks",
+    "check_compatible",
+]

@@ -78,9 +78,14 @@ class ProbeVerifier(PreTrainedModel):
         self.head = nn.Linear(config.intermediate_size, 1)
         self.post_init()
 
-    def forward(self, hidden_states: torch.Tensor, token_answer: torch.LongTensor,
-                answer_group: torch.LongTensor | None = None, labels: torch.Tensor | None = None,
-                **kwargs) -> MSVOutput:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        token_answer: torch.LongTensor,
+        answer_group: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ) -> MSVOutput:
         r"""
         Args:
             hidden_states (`(T, d)`): packed answer-token hidden states.
@@ -90,11 +95,15 @@ class ProbeVerifier(PreTrainedModel):
         """
         device = self.head.weight.device
         token_answer = token_answer.to(device=device, dtype=torch.long)
-        num_answers = len(answer_group) if answer_group is not None else (
-            int(token_answer.max()) + 1 if len(token_answer) else 0)
+        num_answers = (
+            len(answer_group)
+            if answer_group is not None
+            else (int(token_answer.max()) + 1 if len(token_answer) else 0)
+        )
         positions = torch.arange(len(token_answer), device=device)
         last = torch.full((num_answers,), -1, dtype=torch.long, device=device).scatter_reduce(
-            0, token_answer, positions, reduce="amax")
+            0, token_answer, positions, reduce="amax"
+        )
         h = hidden_states.to(device=device, dtype=self.dtype)[last]
         logits = self.head(self.dropout(self.act(self.up(h)))).squeeze(-1).float()
         loss = None

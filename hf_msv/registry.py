@@ -2,7 +2,7 @@
 
 Any package can register one, directly with `register_lm` or through an entry point in the group ``hf_msv.lms``
 (a callable run once, on the first lookup, that calls `register_lm`). hf_msv's own testbed registers ``testbed``
-and ``testbed-v1`` that way, so collection and evaluation never import it.
+(alias ``testbed-v2``) that way, so collection and evaluation never import it.
 """
 
 from __future__ import annotations

@@ -27,57 +27,22 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .baselines import fit_logistic, logistic, logit
+from .baselines import arrival_times, chain_counts, chain_support, fit_logistic, logistic, logit
+from .errors import UserError
 
-__all__ = ["FEATURES", "STOP_RULES", "StopHead", "adaptive_consistency", "chain_support", "consensus_share",
-           "fit_stop_head", "leader_events", "probe_stability", "stop_features", "stop_statistic"]
-
-
-def chain_support(klass, sequence, step, end, window: int = 1, only=None) -> tuple[np.ndarray, np.ndarray]:
-    """Per answer a, at its time end_a: how many chains stand by a's class, and how many have answered.
-
-    A chain stands by a class when its last `window` available answers (largest steps among end_b ≤ end_a) all
-    belong to it; with ``window=1`` that is its latest answer.
-
-    Args:
-        klass, sequence, step, end: (A,) ints: equivalence class, chain, answer step within its chain, end time.
-        window: how many of a chain's latest answers must agree (≥ 1).
-
-    Returns:
-        (support (A,), answered (A,)) ints.
-    """
-    support, answered, _ = _chain_counts(klass, sequence, step, end, window, only)
-    return support, answered
-
-
-def _arrival_times(end: np.ndarray, only) -> np.ndarray:
-    return np.unique(end if only is None else end[np.asarray(only, dtype=np.int64)])
-
-
-def _chain_counts(klass, sequence, step, end, window: int, only=None) -> tuple[np.ndarray, ...]:
-    """`chain_support` plus (A,) the runner-up: the most chains standing by one class other than a's."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    klass, sequence, step, end = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (klass, sequence, step, end))
-    support, answered, runner_up = (np.zeros(klass.size, np.int64) for _ in range(3))
-    by_chain = np.lexsort((np.arange(klass.size), step, sequence))  # chain-major, then step: runs of one chain
-    for t in _arrival_times(end, only):
-        avail = by_chain[end[by_chain] <= t]
-        chains, first, length = np.unique(sequence[avail], return_index=True, return_counts=True)
-        run = np.repeat(np.arange(chains.size), length)
-        tail = np.arange(avail.size) >= np.repeat(first + length - window, length)  # the run's last `window`
-        low = np.full(chains.size, np.iinfo(np.int64).max)
-        high = np.full(chains.size, np.iinfo(np.int64).min)
-        np.minimum.at(low, run[tail], klass[avail][tail])
-        np.maximum.at(high, run[tail], klass[avail][tail])
-        held, count = np.unique(low[(length >= window) & (low == high)], return_counts=True)  # steady chains' classes
-        now = np.flatnonzero(end == t)
-        mine = (held[None, :] == klass[now, None]) * count[None, :]            # (now, classes)
-        support[now] = mine.sum(1)
-        others = np.where(held[None, :] == klass[now, None], 0, count[None, :])
-        runner_up[now] = others.max(1) if held.size else 0
-        answered[now] = chains.size
-    return support, answered, runner_up
+__all__ = [
+    "FEATURES",
+    "STOP_RULES",
+    "StopHead",
+    "adaptive_consistency",
+    "chain_support",
+    "consensus_share",
+    "fit_stop_head",
+    "leader_events",
+    "probe_stability",
+    "stop_features",
+    "stop_statistic",
+]
 
 
 def consensus_share(klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
@@ -99,23 +64,32 @@ def adaptive_consistency(klass, sequence, step, end, num_chains: int | None = No
     that have answered, as the paper's sequential sampler does) and accepted for a uniform signature."""
     from scipy.stats import beta
 
-    support, _, runner_up = _chain_counts(klass, sequence, step, end, 1, only)
+    support, _, runner_up = chain_counts(klass, sequence, step, end, 1, only)
     return beta.sf(0.5, support + 1, runner_up + 1)
 
 
-STOP_RULES = {"consensus": consensus_share, "adaptive-consistency": adaptive_consistency,
-              "probe-stability": probe_stability}
+STOP_RULES = {
+    "consensus": consensus_share,
+    "adaptive-consistency": adaptive_consistency,
+    "probe-stability": probe_stability,
+}
 
 
 def stop_statistic(rule: str, klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
     """(A,) statistic of the training-free rule named `rule` (a key of `STOP_RULES`)."""
     if rule not in STOP_RULES:
-        raise ValueError(f"unknown stop rule {rule!r}; choose one of {sorted(STOP_RULES)}")
+        raise UserError(f"unknown stop rule {rule!r}; choose one of {sorted(STOP_RULES)}")
     return STOP_RULES[rule](klass, sequence, step, end, num_chains, only=only)
 
 
-FEATURES = ("mean logit of the class's latest answers", "class support ÷ N", "answered ÷ N",
-            "runner-up's mean logit", "runner-up's support ÷ N", "best logit of the class")
+FEATURES = (
+    "mean logit of the class's latest answers",
+    "class support ÷ N",
+    "answered ÷ N",
+    "runner-up's mean logit",
+    "runner-up's support ÷ N",
+    "best logit of the class",
+)
 _NO_RUNNER_UP = -8.0  # the runner-up's mean logit when no other class has a chain (σ(−8) ≈ 3e-4)
 
 
@@ -134,7 +108,7 @@ def stop_features(scores, klass, sequence, step, end, num_chains: int, only=None
     by_chain = np.lexsort((np.arange(klass.size), step, sequence))
     wanted = np.zeros(klass.size, bool)
     wanted[slice(None) if only is None else np.asarray(only, dtype=np.int64)] = True
-    for t in _arrival_times(end, only):
+    for t in arrival_times(end, only):
         avail = by_chain[end[by_chain] <= t]
         latest = avail[np.r_[sequence[avail][1:] != sequence[avail][:-1], True]]  # each chain's latest answer
         classes, inverse, support = np.unique(klass[latest], return_inverse=True, return_counts=True)
@@ -143,9 +117,14 @@ def stop_features(scores, klass, sequence, step, end, num_chains: int, only=None
             mine = classes == klass[a]
             other = np.flatnonzero(~mine)
             ru = other[np.argmax(mean[other])] if other.size else None
-            out[a] = (mean[mine][0] if mine.any() else z[a], support[mine].sum() / num_chains,
-                      latest.size / num_chains, _NO_RUNNER_UP if ru is None else mean[ru],
-                      0.0 if ru is None else support[ru] / num_chains, z[avail[klass[avail] == klass[a]]].max())
+            out[a] = (
+                mean[mine][0] if mine.any() else z[a],
+                support[mine].sum() / num_chains,
+                latest.size / num_chains,
+                _NO_RUNNER_UP if ru is None else mean[ru],
+                0.0 if ru is None else support[ru] / num_chains,
+                z[avail[klass[avail] == klass[a]]].max(),
+            )
     return out
 
 
@@ -177,8 +156,9 @@ class StopHead:
 
     @classmethod
     def from_dict(cls, d: dict) -> StopHead:
-        return cls(coef=tuple(float(c) for c in d["coef"]), intercept=float(d["intercept"]),
-                   num_chains=int(d["num_chains"]))
+        return cls(
+            coef=tuple(float(c) for c in d["coef"]), intercept=float(d["intercept"]), num_chains=int(d["num_chains"])
+        )
 
     @classmethod
     def of(cls, config) -> StopHead | None:
@@ -187,8 +167,9 @@ class StopHead:
         return None if stored is None else cls.from_dict(stored)
 
 
-def fit_stop_head(features: np.ndarray, labels: np.ndarray, group: np.ndarray, end: np.ndarray, num_chains: int,
-                  rounds: int = 2) -> StopHead:
+def fit_stop_head(
+    features: np.ndarray, labels: np.ndarray, group: np.ndarray, end: np.ndarray, num_chains: int, rounds: int = 2
+) -> StopHead:
     """Fit a `StopHead` on validation answers: (m, F) `stop_features` rows, 0/1 `labels`, and each answer's
     `group` and `end` (m,).
 
@@ -212,9 +193,9 @@ def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray) -> np.nd
     rows = []
     for g in np.unique(group):
         members = np.flatnonzero(group == g)
-        order = members[np.lexsort((members, end[members]))]              # arrival order
+        order = members[np.lexsort((members, end[members]))]  # arrival order
         best = order[_running_argmax(stat[order])]
-        last = np.r_[end[order][1:] != end[order][:-1], True]              # last arrival of each end time
+        last = np.r_[end[order][1:] != end[order][:-1], True]  # last arrival of each end time
         rows.append(best[last])
     return np.concatenate(rows) if rows else np.zeros(0, np.int64)
 

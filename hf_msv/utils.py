@@ -10,8 +10,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["fsync_dir", "tmp_name", "commit_file", "atomic_write_json", "json_safe", "cpu_processes",
-           "process_state", "resolve_device"]
+__all__ = [
+    "fsync_dir",
+    "tmp_name",
+    "commit_file",
+    "atomic_write_json",
+    "json_safe",
+    "cpu_processes",
+    "process_state",
+    "resolve_device",
+]
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

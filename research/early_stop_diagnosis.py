@@ -23,6 +23,7 @@ import numpy as np
 
 from hf_msv.data import AnswerGroup, ShardDataset
 from hf_msv.evaluation.early_stop import DEFAULT_LAMBDAS, early_stop_token_fraction, replay_many, tradeoff_curve
+from hf_msv.evaluation.config import MethodConfig
 from hf_msv.evaluation.methods import draw_scores, method_plan, prepare_split, with_verifiers
 from hf_msv.evaluation.verifiers import load_verifier_seeds
 
@@ -114,15 +115,16 @@ def main(argv=None) -> dict:
     work = Path(args.work_dir)
     tail = "" if args.seed == 0 else f"-seed{args.seed}"
     report = json.loads((work / "evaluations" / "testbed-v2-main" / "testbed-v2-main.json").read_text())["config"]
-    split = prepare_split(ShardDataset(work / "data" / "eval"), report["deepconf_window"], report["deepconf_stat"])
+    method_config = MethodConfig(report["wv_threshold"], report["deepconf_window"], report["deepconf_stat"])
+    split = prepare_split(ShardDataset(work / "data" / "eval"), method_config)
     out = {}
     for n in args.ns:
         specs = {"MSV_1": {"streaming": str(work / "verifiers" / f"msv1-streaming{tail}")},
                  f"MSV_{n}": {"streaming": str(work / "verifiers" / f"msv{n}-streaming{tail}")}}
         entries = load_verifier_seeds(specs)[0]
-        scored = with_verifiers(split, entries, 32768)
+        scored = with_verifiers(split, entries)
         plan = method_plan(entries, n, "streaming", scored)
-        groups = draw_scores(scored, n, "streaming", report["wv_threshold"], 32768, plan).groups
+        groups = draw_scores(scored, n, "streaming", plan, method_config).groups
         msv = f"MSV_{n}"
         for g in groups:
             g.scores[f"{msv} (class mean)"] = class_mean_scores(g, msv)

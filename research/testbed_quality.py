@@ -4,7 +4,7 @@ Backs docs/testbed.md ("The shipped LM's statistics" and "Token-Probs stays near
 
     python research/testbed_quality.py --quick                  # the default LM (v2), 64 problems x 16
     python research/testbed_quality.py --quick --probe          # + a Probe fit and Token-Probs (~18 min, 2 cores)
-    python research/testbed_quality.py --task v1 --quick        # the first testbed, for comparison
+    python -m research.testbed_v1 quality --quick               # the first testbed, for comparison
     python research/testbed_quality.py --model-dir DIR --quick  # another LM trained on the task
     python research/testbed_quality.py --screen 96 --probe-batch 32 --probe-dir DIR   # Token-Probs, no Probe
     python research/testbed_quality.py --score-only --probe-dir DIR                   # re-score a --probe-dir
@@ -344,8 +344,8 @@ def targets(res: dict) -> list[tuple[str, str, str, bool]]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=sorted(TASKS), default=DEFAULT_TASK,
-                    help="v2: the default testbed; v1: the first testbed (kept for comparison)")
-    ap.add_argument("--model-dir", default=None, help="default: the task's LM (hf_msv/testbed/lm, lm-v2)")
+                    help="v2: the testbed; v1: the first testbed, once research/testbed_v1 registered it")
+    ap.add_argument("--model-dir", default=None, help="default: the task's LM (v2: hf_msv/testbed/lm-v2)")
     ap.add_argument("--quick", action="store_true", help="64 problems instead of 448")
     ap.add_argument("--n-problems", type=int, default=None)
     ap.add_argument("--samples", type=int, default=16)

@@ -28,9 +28,8 @@ from collections import Counter
 
 import numpy as np
 
-from hf_msv.testbed.task import apply_op
 from hf_msv.testbed.task_v2 import (
-    carry_positions, error_rates, false_equations, generate_problems, knobs_v2, sample_trace, step_risk,
+    apply_op, carry_positions, error_rates, false_equations, generate_problems, knobs_v2, sample_trace, step_risk,
     trace_errors, trace_tokens, written_equations,
 )
 

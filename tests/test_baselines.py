@@ -1,33 +1,42 @@
 import numpy as np
 import pytest
 
-from hf_msv.baselines import (best_of_n, deepconf_confidence, deepconf_streaming, fit_platt, platt,
-                              self_consistency, streaming_weighted_voting, token_confidence, token_prob_score,
-                              weighted_voting)
+from hf_msv.baselines import (
+    best_of_n,
+    deepconf_confidence,
+    deepconf_streaming,
+    fit_platt,
+    platt,
+    self_consistency,
+    streaming_weighted_voting,
+    token_confidence,
+    token_prob_score,
+    weighted_voting,
+)
 
 
 def test_best_of_n_ties_mask_nan():
-    assert best_of_n([.3, .9, .9, .1]) == 1
-    assert best_of_n([.3, .9, .9, .1], mask=[1, 0, 0, 1]) == 0
-    assert best_of_n([np.nan, .2]) == 1
-    assert best_of_n([.5], mask=[False]) == -1
+    assert best_of_n([0.3, 0.9, 0.9, 0.1]) == 1
+    assert best_of_n([0.3, 0.9, 0.9, 0.1], mask=[1, 0, 0, 1]) == 0
+    assert best_of_n([np.nan, 0.2]) == 1
+    assert best_of_n([0.5], mask=[False]) == -1
 
 
 def test_self_consistency():
-    assert self_consistency([7, 3, 7, 7]).tolist() == [.75, .25, .75, .75]
+    assert self_consistency([7, 3, 7, 7]).tolist() == [0.75, 0.25, 0.75, 0.75]
     # an intermediate answer of class 3 gets class 3's share of the 2 terminal answers
-    assert self_consistency([3, 3, 5], is_terminal=[0, 1, 1]).tolist() == [.5, .5, .5]
+    assert self_consistency([3, 3, 5], is_terminal=[0, 1, 1]).tolist() == [0.5, 0.5, 0.5]
 
 
 def test_weighted_voting_terminal():
     # classes: A = {.8, .2} (mass 1.0), B = {.5} (.5), C = {.5} (.5); total 2.0
-    wv = weighted_voting([.8, .2, .5, .5], [0, 0, 1, 2])
-    np.testing.assert_allclose(wv, [.5, .5, .25, .25])
+    wv = weighted_voting([0.8, 0.2, 0.5, 0.5], [0, 0, 1, 2])
+    np.testing.assert_allclose(wv, [0.5, 0.5, 0.25, 0.25])
     assert weighted_voting([0, 0], [0, 1]).tolist() == [0, 0]
 
 
 def test_streaming_weighted_voting_r_threshold():
-    scores = np.array([.6, .2, .4, .9, .1])
+    scores = np.array([0.6, 0.2, 0.4, 0.9, 0.1])
     klass = np.array([0, 1, 0, 1, 0])
     end = np.array([1, 2, 2, 5, 7])
     # available counts: 1, 3, 3, 4, 5
@@ -35,25 +44,26 @@ def test_streaming_weighted_voting_r_threshold():
     #   t=2 (idx 1, 2): mass class0 = .6+.4 = 1.0, class1 = .2 -> idx1 = .2/1.2, idx2 = 1/1.2
     #   t=5 (idx 3): class1 = .2+.9 = 1.1 of 2.1;  t=7 (idx 4): class0 = 1.1 of 2.2
     got = streaming_weighted_voting(scores, klass, end, R=2)
-    np.testing.assert_allclose(got, [.6, .2 / 1.2, 1 / 1.2, 1.1 / 2.1, 1.1 / 2.2])
-    got = streaming_weighted_voting(scores, klass, end, R=3)        # only 4 and 5 available exceed 3
-    np.testing.assert_allclose(got, [.6, .2, .4, 1.1 / 2.1, 1.1 / 2.2])
-    np.testing.assert_allclose(streaming_weighted_voting(scores, klass, end), scores)   # R=16: untouched
+    np.testing.assert_allclose(got, [0.6, 0.2 / 1.2, 1 / 1.2, 1.1 / 2.1, 1.1 / 2.2])
+    got = streaming_weighted_voting(scores, klass, end, R=3)  # only 4 and 5 available exceed 3
+    np.testing.assert_allclose(got, [0.6, 0.2, 0.4, 1.1 / 2.1, 1.1 / 2.2])
+    np.testing.assert_allclose(streaming_weighted_voting(scores, klass, end), scores)  # R=16: untouched
     # R=0 with everything available at once is terminal WV
-    np.testing.assert_allclose(streaming_weighted_voting(scores, klass, np.zeros(5), R=0),
-                               weighted_voting(scores, klass))
+    np.testing.assert_allclose(
+        streaming_weighted_voting(scores, klass, np.zeros(5), R=0), weighted_voting(scores, klass)
+    )
 
 
 def test_token_prob_score_geometric_mean():
-    lp = np.log([.5, .8, .9, .1])
+    lp = np.log([0.5, 0.8, 0.9, 0.1])
     got = token_prob_score(lp, [0, 0, 1, 2])
-    np.testing.assert_allclose(got, [np.sqrt(.4), .9, .1])
+    np.testing.assert_allclose(got, [np.sqrt(0.4), 0.9, 0.1])
     assert np.isnan(token_prob_score(lp, [0, 0, 1, 1], num_answers=3)[2])
 
 
 def test_deepconf_definitions():
     # token confidence = -mean of top-k log-probs
-    topk = np.log(np.array([[.9, .05], [.5, .5], [.99, .001], [.6, .3]]))
+    topk = np.log(np.array([[0.9, 0.05], [0.5, 0.5], [0.99, 0.001], [0.6, 0.3]]))
     c = token_confidence(topk)
     np.testing.assert_allclose(c, -topk.mean(1))
     # window 2: group means of (c0,c1), (c1,c2), (c2,c3)
@@ -62,7 +72,7 @@ def test_deepconf_definitions():
     assert deepconf_confidence(topk, window=2, stat="tail") == pytest.approx((c[2] + c[3]) / 2)
     assert deepconf_confidence(topk, window=2, stat="mean") == pytest.approx(c.mean())
     assert deepconf_confidence(topk, window=2, stat="bottom10") == pytest.approx(g.min())
-    assert deepconf_confidence(topk, window=10) == pytest.approx(c.mean())   # shorter than a window: one group
+    assert deepconf_confidence(topk, window=10) == pytest.approx(c.mean())  # shorter than a window: one group
     # streaming: answer at τ sees tokens [0, τ)
     got = deepconf_streaming([c], sequence=[0, 0, 0, 0], start=[0, 1, 3, 4], window=2)
     np.testing.assert_allclose(got, [0.0, c[0], g[:2].min(), g.min()])
@@ -73,16 +83,17 @@ def test_deepconf_definitions():
 def test_platt_fit_is_monotone_probability():
     rng = np.random.default_rng(0)
     raw = rng.normal(size=400)
-    y = rng.random(400) < 1 / (1 + np.exp(-(2 * raw - .5)))
+    y = rng.random(400) < 1 / (1 + np.exp(-(2 * raw - 0.5)))
     a, b = fit_platt(raw, y)
     assert a > 0
     p = platt(raw, a, b)
     assert np.all((p > 0) & (p < 1))
-    assert abs(p.mean() - y.mean()) < 0.02   # logistic regression matches the base rate
+    assert abs(p.mean() - y.mean()) < 0.02  # logistic regression matches the base rate
 
 
 def test_latest_answer_vote_uses_each_sequences_latest_available_answer():
     from hf_msv.baselines import latest_answer_vote
+
     # sequence 0 answers class 0 (available at 5), then class 1 (at 20); sequence 1 class 1 (at 10);
     # sequence 2 class 0 (at 30). Sequence 0's first answer stops counting once its second is available.
     klass, seq, step, end = [0, 1, 1, 0], [0, 1, 0, 2], [0, 0, 1, 0], [5, 10, 20, 30]
@@ -122,7 +133,7 @@ def test_calibrated_self_consistency_beats_raw_brier_on_miscalibrated_votes():
 
     rng = np.random.default_rng(0)
     share = rng.uniform(0.05, 1.0, 4000)
-    y = rng.random(4000) < share ** 2
+    y = rng.random(4000) < share**2
     fit, test = slice(0, 2000), slice(2000, None)
     a, b = fit_platt(share[fit], y[fit])
     calibrated = platt(share[test], a, b)
@@ -147,5 +158,5 @@ def test_stacked_baseline_fits_and_scores():
     for one in (vote, probe):
         a, b = fit_platt(one[:3000], y[:3000])
         assert brier(p, y[3000:]) < brier(platt(one[3000:], a, b), y[3000:])
-    coef0, icpt0 = fit_logistic(features[:10], np.ones(10))   # one class: the base rate, no weights
+    coef0, icpt0 = fit_logistic(features[:10], np.ones(10))  # one class: the base rate, no weights
     assert (coef0 == 0).all() and logistic(features[:2], coef0, icpt0) == pytest.approx(0.999)

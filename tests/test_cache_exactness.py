@@ -19,10 +19,21 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.generation import (
+    BOS,
+    EOS,
+    HIDDEN,
+    ID,
+    PAD,
+    TOK,
+    ScriptedAnswers,
+    V,
+    generate,
+    prompts,
+    recompute_answer,
+    tiny_verifier,
+)
 from hf_msv.generation import prepare_generation
-
-from test_generation import BOS, EOS, HIDDEN, ID, PAD, TOK, V, ScriptedAnswers, generate, prompts, recompute_answer
-from test_generation import tiny_verifier
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -37,19 +48,35 @@ ORDERS = [("sliding", "full"), ("full", "sliding"), ("sliding", "sliding"), ("sl
 def windowed_model(family: str, window: int, order: tuple[str, ...]):
     """A tiny LM whose layers follow `order` ("sliding": a sliding-window layer for Gemma-2 and Qwen2, a chunked one
     for Llama 4); weights larger than the default init, so that a wrong context shows in the hidden states."""
-    common = dict(vocab_size=V, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, hidden_size=HIDDEN,
-                  intermediate_size=64, num_hidden_layers=len(order), num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=8, initializer_range=0.2)
+    common = dict(
+        vocab_size=V,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=len(order),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        initializer_range=0.2,
+    )
     layer_types = [f"{kind}_attention" for kind in order]
     if family == "gemma2":
         config = transformers.Gemma2Config(sliding_window=window, layer_types=layer_types, **common)
     elif family == "qwen2":
-        config = transformers.Qwen2Config(use_sliding_window=True, sliding_window=window, max_window_layers=0,
-                                          layer_types=layer_types, **common)
+        config = transformers.Qwen2Config(
+            use_sliding_window=True, sliding_window=window, max_window_layers=0, layer_types=layer_types, **common
+        )
     else:  # Llama 4: layers with RoPE use chunked attention, the others (no_rope_layers = 0) full attention
         config = transformers.Llama4TextConfig(
-            attention_chunk_size=window, no_rope_layers=[int(kind == "sliding") for kind in order],
-            intermediate_size_mlp=64, num_local_experts=1, num_experts_per_tok=1, **common)
+            attention_chunk_size=window,
+            no_rope_layers=[int(kind == "sliding") for kind in order],
+            intermediate_size_mlp=64,
+            num_local_experts=1,
+            num_experts_per_tok=1,
+            **common,
+        )
     torch.manual_seed(0)
     attention = "eager" if family == "gemma2" else "sdpa"  # Gemma-2 has no SDPA path
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
@@ -60,8 +87,11 @@ def windowed_model(family: str, window: int, order: tuple[str, ...]):
 @st.composite
 def scenarios(draw):
     """A model, prompts, N, and a schedule of forced chain-of-thought tokens: split delimiters, sometimes an EOS."""
-    model = (draw(st.sampled_from(["gemma2", "qwen2", "llama4"])), draw(st.sampled_from(WINDOWS)),
-             draw(st.sampled_from(ORDERS)))
+    model = (
+        draw(st.sampled_from(["gemma2", "qwen2", "llama4"])),
+        draw(st.sampled_from(WINDOWS)),
+        draw(st.sampled_from(ORDERS)),
+    )
     texts = draw(st.sampled_from(PROMPTS))
     n = draw(st.integers(2, 3))
     schedule, expected = {}, {}
@@ -89,8 +119,12 @@ def assert_exact(model, inputs, results):
             torch.testing.assert_close(answer.hidden_states, hidden, atol=1e-4, rtol=1e-4)
 
 
-PROPERTY = settings(max_examples=12, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @PROPERTY
@@ -100,13 +134,24 @@ def test_branches_exact_and_sampling_unperturbed(scenario):
     model = windowed_model(*model_key)
     inputs = prompts(texts)
     plain = generate(model, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule, criteria=False)
-    with prepare_generation(model, TOK, delimiters=["Wait"], every_k_tokens=every_k, checker=None,
-                            max_answer_tokens=5, capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model,
+        TOK,
+        delimiters=["Wait"],
+        every_k_tokens=every_k,
+        checker=None,
+        max_answer_tokens=5,
+        capture_hidden_states=True,
+    ) as msv:
         hooked = generate(model, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule)
         results = msv.pop_results()
     assert torch.equal(plain, hooked)
-    fired = {(r.prompt, a.sequence, a.tau): a.tau - a.cot_tokens
-             for r in results for a in r.answers if a.trigger == "delimiter"}
+    fired = {
+        (r.prompt, a.sequence, a.tau): a.tau - a.cot_tokens
+        for r in results
+        for a in r.answers
+        if a.trigger == "delimiter"
+    }
     assert fired == expected
     assert_exact(model, inputs, results)
 
@@ -120,8 +165,16 @@ def test_early_stopping_keeps_sampling_and_answers_exact(scenario, threshold):
     model = windowed_model(*model_key)
     inputs = prompts(texts)
     plain = generate(model, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule, criteria=False)
-    with prepare_generation(model, TOK, tiny_verifier(), delimiters=["Wait"], every_k_tokens=every_k,
-                            checker="exact", max_answer_tokens=5, capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model,
+        TOK,
+        tiny_verifier(),
+        delimiters=["Wait"],
+        every_k_tokens=every_k,
+        checker="exact",
+        max_answer_tokens=5,
+        capture_hidden_states=True,
+    ) as msv:
         hooked = generate(model, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule, threshold=threshold)
         results = msv.pop_results()
     start = inputs["input_ids"].shape[1]

@@ -60,7 +60,7 @@ def _set_mean(stat: dict, value: float) -> None:
 
 
 def test_claims_recomputed_from_the_committed_summary_equal_the_committed_ones(committed):
-    claims = json.loads(json.dumps(compute_claims(committed)))   # through JSON, as the summary was written
+    claims = json.loads(json.dumps(compute_claims(committed)))  # through JSON, as the summary was written
     assert claims == committed["claims"]
     # the config stored in the summary is the one the claims were computed with
     explicit = json.loads(json.dumps(compute_claims(committed, config_of(committed))))
@@ -80,8 +80,14 @@ def test_every_claim_has_a_verdict_sentence(committed):
 
 
 def test_make_claim_verdicts():
-    assert make_claim("x", "t", "p", True, "s.", a=1) == {"id": "x", "claim": "t", "paper": "p", "held": True,
-                                                         "sentence": "Held: s.", "numbers": {"a": 1}}
+    assert make_claim("x", "t", "p", True, "s.", a=1) == {
+        "id": "x",
+        "claim": "t",
+        "paper": "p",
+        "held": True,
+        "sentence": "Held: s.",
+        "numbers": {"a": 1},
+    }
     assert make_claim("x", "t", "p", False, "s.")["sentence"] == "Did not hold: s."
     assert make_claim("x", "t", "p", None, "s.")["sentence"] == "Not testable: s."
 
@@ -91,11 +97,23 @@ def test_studies_not_run_have_no_claims(summary):
     for study in ("checkers", "masks", "delimiters", "grouping", "training_size"):
         del summary[study]
     main_only = [c["id"] for c in compute_claims(summary)]
-    assert main_only == ids[:len(main_only)]
-    assert main_only == ["terminal_brier_N16", "terminal_brier_N64", "terminal_brier_vs_votes_N16",
-                         "terminal_brier_vs_votes_N64", "best_of_64", "early_stop_N16", "early_stop_all_N16",
-                         "early_stop_N64", "early_stop_all_N64", "streaming_brier_N4", "streaming_brier_N16",
-                         "streaming_brier_N64", "bon_ece_N16", "bon_ece_N64"]
+    assert main_only == ids[: len(main_only)]
+    assert main_only == [
+        "terminal_brier_N16",
+        "terminal_brier_N64",
+        "terminal_brier_vs_votes_N16",
+        "terminal_brier_vs_votes_N64",
+        "best_of_64",
+        "early_stop_N16",
+        "early_stop_all_N16",
+        "early_stop_N64",
+        "early_stop_all_N64",
+        "streaming_brier_N4",
+        "streaming_brier_N16",
+        "streaming_brier_N64",
+        "bon_ece_N16",
+        "bon_ece_N64",
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -114,7 +132,7 @@ def test_c1_terminal_brier_needs_20_percent_lower(point_summary, n):
     assert claim["held"] is False and "19% lower" in claim["sentence"]
     _set_mean(stat, 1.1 * best)
     assert "10% higher" in _claim(point_summary, f"terminal_brier_N{n}")["sentence"]
-    stat["mean"] = None   # no number: not testable
+    stat["mean"] = None  # no number: not testable
     assert _held(point_summary, f"terminal_brier_N{n}") is None
 
 
@@ -144,10 +162,10 @@ def test_c3_early_stop_needs_040_of_the_tokens(point_summary, n):
     assert _held(point_summary, f"early_stop_N{n}") is True
     r["early_stop_token_fraction"] = 0.41
     assert _held(point_summary, f"early_stop_N{n}") is False
-    r["early_stop_token_fraction"] = None     # never reaches the baseline's peak
+    r["early_stop_token_fraction"] = None  # never reaches the baseline's peak
     claim = _claim(point_summary, f"early_stop_N{n}")
     assert claim["held"] is False and "fraction ∞" in claim["sentence"]
-    r["early_stop_best_baseline"] = None      # no baseline to compare with
+    r["early_stop_best_baseline"] = None  # no baseline to compare with
     assert _held(point_summary, f"early_stop_N{n}") is None
 
 
@@ -229,13 +247,13 @@ def test_masks_every_removal_must_raise_the_brier(summary):
         if k != "MSV_16":
             _set_mean(rows[k]["brier"], full + 0.001)
     assert _held(summary, "masks") is True
-    _set_mean(rows["w/o within_answer"]["brier"], full)    # no increase
+    _set_mean(rows["w/o within_answer"]["brier"], full)  # no increase
     assert _held(summary, "masks") is False
 
 
 def test_delimiters_msv_above_probe_in_every_row(summary):
     rows = summary["delimiters"]["rows"]
-    for r in rows.values():   # the normalised AUTC over t* (in [0, 1])
+    for r in rows.values():  # the normalised AUTC over t* (in [0, 1])
         _set_mean(r["MSV_N"]["autc_steps_norm"], r["Probe"]["autc_steps_norm"]["mean"] + 0.01)
     assert _held(summary, "delimiters") is True
     r = rows["every 40 tokens"]
@@ -307,6 +325,8 @@ def test_training_size_claims_need_two_sizes(summary):
 def test_paper_targets_in_the_claims(committed):
     """The paper column quotes `PAPER` (C1 at N=16: 30 % lower than the best single-sequence verifier)."""
     c1 = _claim(committed, "terminal_brier_N16")
-    assert c1["paper"] == (f"AIME: MSV_N {PAPER['terminal']['16']['MSV_N']['brier']} vs best single-sequence "
-                           f"{PAPER['terminal']['1']['MSV_1']['brier']} (30% lower)")
+    assert c1["paper"] == (
+        f"AIME: MSV_N {PAPER['terminal']['16']['MSV_N']['brier']} vs best single-sequence "
+        f"{PAPER['terminal']['1']['MSV_1']['brier']} (30% lower)"
+    )
     assert _claim(committed, "early_stop_N64")["paper"] == PAPER["early_stop"]["token_fraction_statement"]

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.shards import write_dataset
 from hf_msv.cli import error_line, main
 from hf_msv.errors import UserError, check_checkpoint_dir, looks_like_path
-
-from test_shards import write_dataset
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +28,17 @@ def paths(tmp_path_factory):
     (root / "bad.jsonl").write_text("{not json\n")
     (root / "bad_report").mkdir()
     (root / "bad_report" / "testbed-v2-quick.json").write_text("{not json")
-    return {"missing": str(root / "no" / "such" / "dir"), "file": str(root / "a_file.txt"),
-            "empty": str(root / "empty"), "shards": str(root / "shards"), "bad_shards": str(root / "bad_shards"),
-            "bad_config": str(root / "bad_config"), "bad_jsonl": str(root / "bad.jsonl"),
-            "bad_report": str(root / "bad_report"), "out": str(root / "out")}
+    return {
+        "missing": str(root / "no" / "such" / "dir"),
+        "file": str(root / "a_file.txt"),
+        "empty": str(root / "empty"),
+        "shards": str(root / "shards"),
+        "bad_shards": str(root / "bad_shards"),
+        "bad_config": str(root / "bad_config"),
+        "bad_jsonl": str(root / "bad.jsonl"),
+        "bad_report": str(root / "bad_report"),
+        "out": str(root / "out"),
+    }
 
 
 # (command, kind of bad input) -> (argv with {placeholders} for `paths`, what the message must name)
@@ -43,32 +49,50 @@ CASES = {
     ("demo", "bad flag value"): ("demo --num_sequences many", "--num_sequences"),
     ("demo", "flag missing its partner"): ("demo --model {empty}", "--verifier"),
     ("demo", "bad data"): ("demo --model {bad_config} --verifier {bad_config}", "{bad_config}"),
-    ("collect", "missing dir"): ("collect --model {missing} --problems testbed:validation:2 --output_dir {out}",
-                                 "{missing}"),
-    ("collect", "file for a dir"): ("collect --model {file} --problems testbed:validation:2 --output_dir {out}",
-                                    "{file}"),
-    ("collect", "empty dir"): ("collect --model {empty} --problems testbed:validation:2 --output_dir {out}",
-                               "{empty}"),
+    ("collect", "missing dir"): (
+        "collect --model {missing} --problems testbed:validation:2 --output_dir {out}",
+        "{missing}",
+    ),
+    ("collect", "file for a dir"): (
+        "collect --model {file} --problems testbed:validation:2 --output_dir {out}",
+        "{file}",
+    ),
+    ("collect", "empty dir"): (
+        "collect --model {empty} --problems testbed:validation:2 --output_dir {out}",
+        "{empty}",
+    ),
     ("collect", "bad flag value"): ("collect --model testbed --num_samples many --output_dir {out}", "--num_samples"),
-    ("collect", "missing file"): ("collect --model testbed --problems {missing}.jsonl --output_dir {out}",
-                                  "{missing}.jsonl"),
+    ("collect", "missing file"): (
+        "collect --model testbed --problems {missing}.jsonl --output_dir {out}",
+        "{missing}.jsonl",
+    ),
     ("collect", "bad data"): ("collect --model testbed --problems {bad_jsonl} --output_dir {out}", "{bad_jsonl}"),
     ("train", "missing dir"): ("train --train_dir {missing} --val_dir {missing} --output_dir {out}", "{missing}"),
     ("train", "file for a dir"): ("train --train_dir {file} --val_dir {file} --output_dir {out}", "{file}"),
     ("train", "empty dir"): ("train --train_dir {empty} --val_dir {empty} --output_dir {out}", "{empty}"),
-    ("train", "bad flag value"): ("train --train_dir {shards} --val_dir {shards} --output_dir {out} "
-                                  "--learning_rate fast", "--learning_rate"),
-    ("train", "bad data"): ("train --train_dir {bad_shards} --val_dir {bad_shards} --output_dir {out}",
-                            "{bad_shards}"),
+    ("train", "bad flag value"): (
+        "train --train_dir {shards} --val_dir {shards} --output_dir {out} --learning_rate fast",
+        "--learning_rate",
+    ),
+    ("train", "bad data"): (
+        "train --train_dir {bad_shards} --val_dir {bad_shards} --output_dir {out}",
+        "{bad_shards}",
+    ),
     ("evaluate", "missing dir"): ("evaluate --eval_dir {missing} --output_dir {out}", "{missing}"),
     ("evaluate", "file for a dir"): ("evaluate --eval_dir {file} --output_dir {out}", "{file}"),
     ("evaluate", "empty dir"): ("evaluate --eval_dir {empty} --output_dir {out}", "{empty}"),
-    ("evaluate", "empty verifier dir"): ("evaluate --eval_dir {shards} --output_dir {out} --verifier x={empty}",
-                                         "{empty}"),
-    ("evaluate", "bad flag value"): ("evaluate --eval_dir {shards} --output_dir {out} --bootstrap lots",
-                                     "--bootstrap"),
-    ("evaluate", "N beyond the data"): ("evaluate --eval_dir {shards} --output_dir {out} --num_sequences 64",
-                                        "--num-sequences"),
+    ("evaluate", "empty verifier dir"): (
+        "evaluate --eval_dir {shards} --output_dir {out} --verifier x={empty}",
+        "{empty}",
+    ),
+    ("evaluate", "bad flag value"): (
+        "evaluate --eval_dir {shards} --output_dir {out} --bootstrap lots",
+        "--bootstrap",
+    ),
+    ("evaluate", "N beyond the data"): (
+        "evaluate --eval_dir {shards} --output_dir {out} --num_sequences 64",
+        "--num-sequences",
+    ),
     ("evaluate", "unknown flag"): ("evaluate --eval_dir {shards} --output_dir {out} --frobnicate 3", "--frobnicate"),
     ("evaluate", "bad data"): ("evaluate --eval_dir {bad_shards} --output_dir {out}", "{bad_shards}"),
     ("reproduce", "missing dir"): ("reproduce --quick --continue_report --output_dir {missing}", "{missing}"),
@@ -172,3 +196,101 @@ def test_checkpoint_dir_checks(tmp_path):
     assert check_checkpoint_dir(str(tmp_path), "LM", required=None) == tmp_path
     (tmp_path / "config.json").write_text(json.dumps({}))
     assert check_checkpoint_dir(str(tmp_path), "verifier") == tmp_path
+
+
+def _command_raising(monkeypatch, error_or_factory):
+    """Make ``hf-msv train`` raise (`error_or_factory(argv)` when callable) from inside its ``main``."""
+    import hf_msv.training
+
+    def main(argv):
+        raise error_or_factory(argv) if callable(error_or_factory) else error_or_factory
+
+    monkeypatch.setattr(hf_msv.training, "main", main)
+
+
+def _wrapped(argv):
+    try:
+        raise UserError("no shards in /data")
+    except UserError as e:
+        raise FileNotFoundError(f"training data (--train-dir /data): {e}") from e  # a caller adding context
+
+
+def _bug_while_handling(argv):
+    try:
+        raise UserError("no shards in /data")
+    except UserError:
+        raise KeyError("a bug in the handler")  # noqa: B904 (raised while handling one, not `from` it: internal)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("bug"),
+        OSError("disk trouble"),
+        KeyError("field"),
+        FileNotFoundError(2, "No such file or directory", "/internal/cache.json"),
+        _bug_while_handling,
+    ],
+)
+def test_an_internal_error_keeps_its_traceback(error, capsys, monkeypatch):
+    """Only user errors become one line: any other exception, even a ValueError or an OSError on a path the user
+    did not give, propagates as raised (Python prints its traceback and exits with code 1)."""
+    monkeypatch.delenv("HF_MSV_DEBUG", raising=False)
+    _command_raising(monkeypatch, error)
+    expected = type(error) if isinstance(error, BaseException) else KeyError
+    with pytest.raises(expected):
+        main(["train", "--output_dir", "/tmp/x"])
+    assert "error:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "error, line",
+    [
+        (UserError("bad input"), "bad input"),
+        (_wrapped, "training data (--train-dir /data): no shards in /data"),
+        (lambda argv: FileExistsError(17, "File exists", argv[1]), "not a directory (a file is in the way): {file}"),
+        (lambda argv: PermissionError(13, "Permission denied", argv[1] + "/"), "permission denied: {file}/"),
+    ],
+)
+def test_user_errors_raised_from_a_command_are_one_line(error, line, paths, capsys, monkeypatch):
+    """A `UserError`, an exception raised ``from`` one, and the system's OSError on a path given on the command
+    line end as one line and exit code 2."""
+    monkeypatch.delenv("HF_MSV_DEBUG", raising=False)
+    _command_raising(monkeypatch, error)
+    code, lines = run_cli(["train", "--work_dir", paths["file"]], capsys)
+    assert code == 2 and lines == [f"hf-msv train: error: {line.format(**paths)}"]
+
+
+def test_an_unsupported_model_is_a_user_error(capsys, monkeypatch):
+    from hf_msv.errors import UnsupportedError
+
+    monkeypatch.delenv("HF_MSV_DEBUG", raising=False)
+    _command_raising(monkeypatch, UnsupportedError("MSV generation cannot fork the decoding state of RwkvForCausalLM"))
+    code, lines = run_cli(["train"], capsys)
+    assert code == 2 and lines == [
+        "hf-msv train: error: MSV generation cannot fork the decoding state of RwkvForCausalLM"
+    ]
+
+
+def test_user_error_kinds():
+    from hf_msv.errors import MissingPathError, NotADirectoryPathError, UnsupportedError
+
+    missing = MissingPathError(2, "No such LM directory", "/x")
+    assert isinstance(missing, FileNotFoundError) and isinstance(missing, UserError) and missing.filename == "/x"
+    assert error_line(missing) == "no such LM directory: /x"
+    assert isinstance(NotADirectoryPathError(20, "Not a directory", "/f"), NotADirectoryError)
+    assert isinstance(UnsupportedError("x"), NotImplementedError) and isinstance(UserError("x"), ValueError)
+
+
+def test_an_internal_error_exits_1_with_a_traceback_in_a_real_process():
+    code = (
+        "import sys, hf_msv.training as t\n"
+        "def main(argv): raise ValueError('bug')\n"
+        "t.main = main\n"
+        "from hf_msv.cli import main as cli\n"
+        "cli(['train'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_MSV_DEBUG"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "ValueError: bug" in done.stderr
+    assert "hf-msv train: error" not in done.stderr

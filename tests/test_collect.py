@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,84 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
-from transformers import PreTrainedTokenizerFast
 
+from helpers.collect import SETTINGS, TOK, run_collect, tiny_lm, tiny_problems
+from helpers.launch import free_port
 from hf_msv.collect import ShardStore, batch_seed, collect
+from hf_msv.data import ShardDataset, list_shards, read_shard
 from hf_msv.equivalence import assign_classes, get_checker
 from hf_msv.generation import prepare_generation
-from hf_msv.data.problems import Problem
-from hf_msv.data import ShardDataset, list_shards, read_shard
-
-from tiny import CHARS, SPECIAL, word_level_tokenizer
 
 TESTS = Path(__file__).resolve().parent
-WORDS = ["\\boxed", "Wait"]
-HIDDEN = 32
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    return word_level_tokenizer(WORDS)
-
-
-TOK = make_tokenizer()
-ID = {t: TOK.convert_tokens_to_ids(t) for t in SPECIAL + WORDS + CHARS}
-
-
-class ScriptedAnswers:
-    """Forward hook: after ``\\boxed`` the LM writes ``{d}`` with d = parity of the position of ``{`` ("0" or "1"),
-    so answers vary with where the sequence branched, and whether an answer is "1" is visible in its tokens (a
-    learnable label). Positions come from ``position_ids`` (as generate and the elicitation branches pass them), so a
-    cache-free recomputation of a branch sees the same script."""
-
-    def __init__(self, model):
-        self.digits = torch.tensor([ID[str(d)] for d in range(10)])
-        model.register_forward_hook(self, with_kwargs=True)
-
-    def __call__(self, module, args, kwargs, output):
-        logits = output.logits
-        inputs = (kwargs["input_ids"] if "input_ids" in kwargs else args[0])
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            positions = torch.arange(inputs.shape[1]).expand_as(inputs)
-        inputs, positions = inputs[:, -logits.shape[1]:], positions[:, -logits.shape[1]:]
-        digit = self.digits[positions % 2]
-        target = torch.where(inputs == ID["\\boxed"], ID["{"], -1)
-        target = torch.where(inputs == ID["{"], digit, target)
-        target = torch.where(torch.isin(inputs, self.digits), ID["}"], target)
-        rows, cols = (target >= 0).nonzero(as_tuple=True)
-        logits[rows, cols, target[rows, cols]] += 1000.0
-        return output
-
-
-def tiny_lm(seed: int = 0, scripted: bool = True):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=len(TOK), hidden_size=HIDDEN, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    if scripted:
-        ScriptedAnswers(model)
-    return model
-
-
-def tiny_problems(n: int, offset: int = 0) -> list[Problem]:
-    return [Problem(id=f"tiny/{i}", question=f"Q{i}: add {i} and {i % 7}. Wait", gold=str(i % 3), source="tiny")
-            for i in range(offset, offset + n)]
-
-
-SETTINGS = dict(num_samples=2, max_new_tokens=12, delimiters=["Wait", "e"], checker="exact", prompt_template="plain",
-                problems_per_shard=3, seed=3, progress=False)
-
-
-def run_collect(output_dir, num_problems: int = 7, **overrides):
-    """The reference collection used by every test here and by the subprocess scripts."""
-    torch.set_num_threads(1)
-    settings = dict(SETTINGS, **overrides)
-    return collect(tiny_lm(), TOK, tiny_problems(num_problems), output_dir, **settings)
 
 
 def shard_bytes(directory) -> dict[str, bytes]:
@@ -127,11 +60,19 @@ def test_records_match_the_generation_hook(reference):
     for problem in tiny_problems(2):
         record = stored[problem.id]
         # The same batch, sampled directly through the hook with the batch's seed.
-        with prepare_generation(model, TOK, None, delimiters=["Wait", "e"], checker=checker,
-                                capture_hidden_states=True) as msv:
+        with prepare_generation(
+            model, TOK, None, delimiters=["Wait", "e"], checker=checker, capture_hidden_states=True
+        ) as msv:
             torch.manual_seed(batch_seed(3, [problem.id]))
-            res = msv.generate([problem.question], num_sequences=2, max_new_tokens=12, do_sample=True,
-                               temperature=1.0, top_p=1.0, top_k=0)[0]
+            res = msv.generate(
+                [problem.question],
+                num_sequences=2,
+                max_new_tokens=12,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+            )[0]
         answers = sorted(res.answers, key=lambda a: (a.tau, a.sequence, a.step))
         assert record.answer_text == [a.text for a in answers]
         assert record.answer_tau.tolist() == [a.tau for a in answers]
@@ -157,13 +98,13 @@ def test_records_match_the_generation_hook(reference):
             context = prompt + res.sequences[a.sequence][: a.cot_tokens] + a.elicitation_ids
             with torch.no_grad():  # the scripted logits: the ones generation sampled and elicited from
                 logits = model(torch.tensor([context + a.token_ids])).logits[0].float()
-            lp = torch.log_softmax(logits[len(context) - 1: -1], -1)
+            lp = torch.log_softmax(logits[len(context) - 1 : -1], -1)
             expect = lp[torch.arange(a.length), torch.tensor(a.token_ids)].numpy()
-            got = record.token_logprobs[starts[i]: starts[i] + a.length]
+            got = record.token_logprobs[starts[i] : starts[i] + a.length]
             np.testing.assert_allclose(got, expect, atol=1e-4)
         for n, seq in enumerate(res.sequences):
             with torch.no_grad():
-                logits = model(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1: -1].float()
+                logits = model(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1 : -1].float()
             conf = -torch.log_softmax(logits, -1).topk(20, -1).values.mean(-1).numpy()
             np.testing.assert_allclose(record.cot_confidence[n], conf, atol=1e-4)
     index = json.loads((out / "index.json").read_text())
@@ -195,8 +136,10 @@ class Crash(Exception):
     pass
 
 
-@pytest.mark.parametrize("stage,after", [("spooled", 2), ("spooled", 4), ("shard_written", 1),
-                                         ("manifest_written", 2), ("spool_removed", 1)])
+@pytest.mark.parametrize(
+    "stage,after",
+    [("spooled", 2), ("spooled", 4), ("shard_written", 1), ("manifest_written", 2), ("spool_removed", 1)],
+)
 def test_resume_after_injected_crash_is_identical(reference, tmp_path, monkeypatch, stage, after):
     """Kill the run right after the k-th occurrence of a commit step (mid-shard, between shard and manifest,
     between manifest and spool cleanup...), rerun the same command: same shards, byte for byte, nothing twice."""
@@ -216,26 +159,24 @@ def test_resume_after_injected_crash_is_identical(reference, tmp_path, monkeypat
     ShardDataset(tmp_path) if list_shards(tmp_path) else None
     monkeypatch.setattr(ShardStore, "on_commit", lambda self, name, **info: None)
     resumed = run_collect(tmp_path)
-    assert resumed.already_done + resumed.generated == 7 and resumed.already_done >= (after if stage == "spooled" else 3)
+    assert resumed.already_done + resumed.generated == 7 and resumed.already_done >= (
+        after if stage == "spooled" else 3
+    )
     assert shard_bytes(tmp_path) == shard_bytes(ref_dir)
     assert not list((tmp_path / "spool").iterdir())
     assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _script(tmp_path, body: str) -> Path:
     path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(TESTS)!r})
-        from test_collect import run_collect
+        from helpers.collect import run_collect
         {body}
-    """))
+    """)
+    )
     return path
 
 
@@ -282,11 +223,30 @@ def test_two_process_accelerate_collection_merges(reference, tmp_path):
     ref_dir, _ = reference
     out = tmp_path / "out"
     script = _script(tmp_path, f"run_collect({str(out)!r}, num_problems=7)")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), str(script)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--multi_gpu",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+    ]
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     names = [p.name for p in list_shards(out)]
     assert any(n.startswith("shard-r000-") for n in names) and any(n.startswith("shard-r001-") for n in names)
@@ -330,13 +290,32 @@ def test_collect_config_declares_every_collect_option_once():
     assert (resolved.prompt_template, config.progress) == ("testbed", True)
     assert resolved.max_new_tokens < 4096  # the named LM's own budget
     (config,) = build_parser().parse_args_into_dataclasses(
-        required + ["--checker-kwargs", '{"timeout": 5}', "--delimiters", "--no-progress", "--num-samples", "4",
-                    "--dtype", "float16", "--mode", "terminal", "--overwrite", "--every-k-tokens", "8",
-                    "--max-answer-tokens", "9", "--elicitation-prompt", "Answer: \\boxed"])
+        required
+        + [
+            "--checker-kwargs",
+            '{"timeout": 5}',
+            "--delimiters",
+            "--no-progress",
+            "--num-samples",
+            "4",
+            "--dtype",
+            "float16",
+            "--mode",
+            "terminal",
+            "--overwrite",
+            "--every-k-tokens",
+            "8",
+            "--max-answer-tokens",
+            "9",
+            "--elicitation-prompt",
+            "Answer: \\boxed",
+        ]
+    )
     assert config.checker_kwargs == {"timeout": 5} and config.delimiters == [] and config.progress is False
     assert (config.num_samples, config.dtype, config.mode, config.overwrite) == (4, "float16", "terminal", True)
-    assert config.elicitation == ElicitationSettings(mode="terminal", delimiters=(), every_k_tokens=8,
-                                                     max_answer_tokens=9, prompt="Answer: \\boxed")
+    assert config.elicitation == ElicitationSettings(
+        mode="terminal", delimiters=(), every_k_tokens=8, max_answer_tokens=9, prompt="Answer: \\boxed"
+    )
     with pytest.raises(SystemExit):
         build_parser().parse_args_into_dataclasses(required + ["--dtype", "float32"])
     with pytest.raises(ValueError, match="exactly one of --problems"):
@@ -364,8 +343,14 @@ def test_collect_takes_a_config_whole_like_keywords(reference, tmp_path):
     torch.set_num_threads(1)
     flat = {k: v for k, v in SETTINGS.items() if k != "delimiters"}
     config = CollectConfig(**flat)
-    collect(tiny_lm(), TOK, tiny_problems(7), tmp_path / "a", config,
-            elicitation=ElicitationSettings(delimiters=("Wait", "e")))
+    collect(
+        tiny_lm(),
+        TOK,
+        tiny_problems(7),
+        tmp_path / "a",
+        config,
+        elicitation=ElicitationSettings(delimiters=("Wait", "e")),
+    )
     assert shard_bytes(tmp_path / "a") == shard_bytes(out)
 
 
@@ -374,9 +359,32 @@ def test_collect_main_runs_from_flags(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "load_lm", lambda name, dtype: (tiny_lm(), TOK))
     monkeypatch.setattr(cli, "load_problems", lambda spec: tiny_problems(2))
-    cli.main(["--model", "tiny", "--problems", "tiny", "--output-dir", str(tmp_path), "--num-samples", "2",
-              "--max-new-tokens", "12", "--delimiters", "Wait", "e", "--checker", "exact",
-              "--prompt-template", "plain", "--problems-per-shard", "3", "--seed", "3", "--no-progress"])
+    cli.main(
+        [
+            "--model",
+            "tiny",
+            "--problems",
+            "tiny",
+            "--output-dir",
+            str(tmp_path),
+            "--num-samples",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--delimiters",
+            "Wait",
+            "e",
+            "--checker",
+            "exact",
+            "--prompt-template",
+            "plain",
+            "--problems-per-shard",
+            "3",
+            "--seed",
+            "3",
+            "--no-progress",
+        ]
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["generated"] == 2 and summary["shards_written"] == 1 and summary["checks"] > 0
     assert summary["unverifiable"] == 0
@@ -395,8 +403,14 @@ def test_collections_recorded_with_flat_elicitation_keys_resume():
     from hf_msv.data import collection_elicitation
     from hf_msv.elicitation import ElicitationSettings
 
-    old = {"mode": "streaming", "delimiters": ["Wait"], "every_k_tokens": None, "elicitation_prompt": "P \\boxed",
-           "max_answer_tokens": 40, "seed": 0}
+    old = {
+        "mode": "streaming",
+        "delimiters": ["Wait"],
+        "every_k_tokens": None,
+        "elicitation_prompt": "P \\boxed",
+        "max_answer_tokens": 40,
+        "seed": 0,
+    }
     new = {"elicitation": ElicitationSettings(prompt="P \\boxed").to_dict(), "seed": 0}
     assert _comparable(old) == _comparable(new)
     assert _comparable(old) != _comparable(dict(new, seed=1))
@@ -430,8 +444,9 @@ def test_unverifiable_verdicts_are_counted_per_shard_and_in_the_result(tmp_path,
             return Verdict.EQUAL if a == b else Verdict.UNVERIFIABLE
 
     real = equivalence.get_checker
-    monkeypatch.setattr(equivalence, "get_checker",
-                        lambda name, **kw: Undecided() if name == "undecided" else real(name, **kw))
+    monkeypatch.setattr(
+        equivalence, "get_checker", lambda name, **kw: Undecided() if name == "undecided" else real(name, **kw)
+    )
     result = run_collect(tmp_path, num_problems=4, checker="undecided")
     assert 0 < result.unverifiable <= result.checks
     infos = [read_shard(p, hidden=False)[1]["verdicts"] for p in list_shards(tmp_path)]

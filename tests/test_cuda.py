@@ -10,14 +10,19 @@ import os
 import pytest
 import torch
 
-from hf_msv import MSVVerifier, prepare_generation
+from helpers.generation import TOK, ScriptedAnswers, generate, offline_scores, online_run, prompts, tiny_model
+from hf_msv import MSVScorer, MSVVerifier, prepare_generation
 from hf_msv.collect import collect
 from hf_msv.data import ShardDataset, read_shard
-from hf_msv.testbed import (TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt, generate_problems, get_task,
-                            load_testbed_lm)
+from hf_msv.testbed import (
+    TESTBED_VERIFIER_DIR,
+    TESTBED_VERIFIER_TASK,
+    format_prompt,
+    generate_problems,
+    get_task,
+    load_testbed_lm,
+)
 from hf_msv.training import MSVTrainingConfig, evaluate_verifier, train_verifier
-
-from test_generation import TOK, ScriptedAnswers, generate, offline_scores, online_run, prompts, tiny_model
 
 # HF_MSV_TEST_DEVICE=cpu runs these checks on CPU (to debug the tests themselves without a GPU).
 DEVICE = torch.device(os.environ.get("HF_MSV_TEST_DEVICE", "cuda"))
@@ -40,9 +45,11 @@ def test_testbed_lm_and_shipped_verifier_stop_early_on_cuda():
     cpu_verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
     problems = task.generate_problems("evaluation", 4)
     torch.manual_seed(0)
-    with prepare_generation(model, tokenizer, verifier, capture_hidden_states=True) as msv:
-        results = msv.generate([format_prompt(p) for p in problems], threshold=0.6, num_sequences=16,
-                               max_new_tokens=224)
+    # The raw MSV scores (not its stop head's statistic), to compare with an offline forward.
+    with prepare_generation(model, tokenizer, MSVScorer(verifier), capture_hidden_states=True) as msv:
+        results = msv.generate(
+            [format_prompt(p) for p in problems], threshold=0.6, num_sequences=16, max_new_tokens=224
+        )
     assert len(results) == 4 and all(r.chosen is not None for r in results)
     assert any(r.stopped_early for r in results)
     for r in results:
@@ -57,12 +64,29 @@ def test_collect_and_train_on_cuda_then_evaluate_on_cpu(tmp_path):
     loads on CPU and scores the validation split as it did on the GPU."""
     model, tokenizer = load_testbed_lm(device=DEVICE)
     for split, name, count in (("train", "train", 8), ("validation", "val", 4)):
-        collect(model, tokenizer, generate_problems(split, count), tmp_path / name, num_samples=8,
-                max_new_tokens=160, prompt_template="testbed", checker="exact", progress=False)
+        collect(
+            model,
+            tokenizer,
+            generate_problems(split, count),
+            tmp_path / name,
+            num_samples=8,
+            max_new_tokens=160,
+            prompt_template="testbed",
+            checker="exact",
+            progress=False,
+        )
     problems, _ = read_shard(sorted((tmp_path / "train").glob("shard-*.safetensors"))[0])
     assert all(p.hidden_states.shape[0] == int(p.answer_length.sum()) > 0 for p in problems)
-    config = MSVTrainingConfig(kind="msv", num_sequences=4, mode="streaming", learning_rate=1e-3, batch_size=8,
-                               num_epochs=2, progress=False, seed=0)
+    config = MSVTrainingConfig(
+        kind="msv",
+        num_sequences=4,
+        mode="streaming",
+        learning_rate=1e-3,
+        batch_size=8,
+        num_epochs=2,
+        progress=False,
+        seed=0,
+    )
     if DEVICE.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     result = train_verifier(tmp_path / "train", tmp_path / "val", tmp_path / "msv", config)
@@ -80,8 +104,15 @@ def test_answer_states_leave_the_accelerator_as_answers_complete(offload):
     them on the LM's device."""
     model = tiny_model("llama").to(DEVICE)
     ScriptedAnswers(model)
-    with prepare_generation(model, TOK, delimiters=[], every_k_tokens=4, checker=None, capture_hidden_states=True,
-                            offload_hidden_states=offload) as msv:
+    with prepare_generation(
+        model,
+        TOK,
+        delimiters=[],
+        every_k_tokens=4,
+        checker=None,
+        capture_hidden_states=True,
+        offload_hidden_states=offload,
+    ) as msv:
         generate(model, prompts().to(DEVICE), n=3, max_new_tokens=12)
         answers = [a for r in msv.pop_results() for a in r.answers]
     assert len(answers) == 2 * 3 * 3

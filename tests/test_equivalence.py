@@ -274,9 +274,29 @@ def test_verdicts_under_load():
     assert (stats["retries"], stats["timeouts"], stats["unverifiable"], stats["stalled"]) == (0, 0, 0, 0)
 
 
-LABEL_BATCH = ["\\frac12", "0.5", "1/2", "2\\sqrt2", "\\sqrt8", "x+1", "1+x", "(1,2)", "(2,1)", "3", None, "0.50",
-               "\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)", "\\binom{n+1}{2}",
-               "\\frac{n(n+1)}{2}", "\\gcd(9^{9^{9}}, 6)", "90^\\circ", "90", "\\{1,2\\}", "\\{2,1\\}"]
+LABEL_BATCH = [
+    "\\frac12",
+    "0.5",
+    "1/2",
+    "2\\sqrt2",
+    "\\sqrt8",
+    "x+1",
+    "1+x",
+    "(1,2)",
+    "(2,1)",
+    "3",
+    None,
+    "0.50",
+    "\\left( 3, \\frac{\\pi}{2} \\right)",
+    "(3,\\pi/2)",
+    "\\binom{n+1}{2}",
+    "\\frac{n(n+1)}{2}",
+    "\\gcd(9^{9^{9}}, 6)",
+    "90^\\circ",
+    "90",
+    "\\{1,2\\}",
+    "\\{2,1\\}",
+]
 
 
 def _labels(checker, answers, gold):
@@ -321,8 +341,17 @@ def test_symbolic_rejects_bad_budgets(kwargs):
 
 @pytest.mark.parametrize(
     "answer, bad",
-    [("9^{9^{9^{9}}}", True), ("9^{9^{9}}", False), ("2^{2^{10}}", False), ("{" * 40, True),
-     ("\\frac{\\frac{1}{2}}{3}", False), ("a" * 1001, True), ("1\x00", True), ("\ud800", True), ("½", False)],
+    [
+        ("9^{9^{9^{9}}}", True),
+        ("9^{9^{9}}", False),
+        ("2^{2^{10}}", False),
+        ("{" * 40, True),
+        ("\\frac{\\frac{1}{2}}{3}", False),
+        ("a" * 1001, True),
+        ("1\x00", True),
+        ("\ud800", True),
+        ("½", False),
+    ],
 )
 def test_is_pathological(answer, bad):
     assert is_pathological(answer) is bad
@@ -351,8 +380,34 @@ def test_symbolic_from_processes(symbolic):
 
 
 math_token = st.sampled_from(
-    ["1", "2", "0.5", "x", "y", "+", "-", "\\cdot", "^", "\\frac{1}{2}", "\\sqrt{2}", "\\pi", "(", ")", ",", "=",
-     "\\{", "\\}", "{", "}", "\\text{cm}", " ", "\\", "$", "i", "%"]
+    [
+        "1",
+        "2",
+        "0.5",
+        "x",
+        "y",
+        "+",
+        "-",
+        "\\cdot",
+        "^",
+        "\\frac{1}{2}",
+        "\\sqrt{2}",
+        "\\pi",
+        "(",
+        ")",
+        ",",
+        "=",
+        "\\{",
+        "\\}",
+        "{",
+        "}",
+        "\\text{cm}",
+        " ",
+        "\\",
+        "$",
+        "i",
+        "%",
+    ]
 )
 math_text = st.lists(math_token, max_size=8).map("".join)
 
@@ -372,8 +427,9 @@ def test_symbolic_properties(a, b):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=40) | st.none(), st.text(max_size=40) | st.none(),
-       st.sampled_from(["exact", "jaccard", "random"]))
+@given(
+    st.text(max_size=40) | st.none(), st.text(max_size=40) | st.none(), st.sampled_from(["exact", "jaccard", "random"])
+)
 def test_cheap_checkers_symmetric_and_total(a, b, name):
     checker = get_checker(name)
     verdict = checker.compare(a, b)

@@ -11,11 +11,11 @@ import re
 import numpy as np
 import pytest
 import torch
-
-from hf_msv.baselines import self_consistency, streaming_weighted_voting, weighted_voting
-from hf_msv.evaluation.early_stop import LatencyCosts, tradeoff_curve
 from transformers import HfArgumentParser
 
+from helpers.evaluation import write_split
+from hf_msv.baselines import self_consistency, streaming_weighted_voting, weighted_voting
+from hf_msv.data import VERIFIER_INPUTS, ShardDataset, collate_groups
 from hf_msv.evaluation import (
     EvaluateConfig,
     answer_group,
@@ -32,62 +32,16 @@ from hf_msv.evaluation import (
     select_answers,
     token_prob_scores,
 )
+from hf_msv.evaluation.early_stop import LatencyCosts, tradeoff_curve
 from hf_msv.metrics import best_of_n_metrics, calibration_metrics
-from hf_msv.data import CollectedProblem, ShardDataset, collate_groups, VERIFIER_INPUTS, write_shard
 from hf_msv.training import MSVTrainingConfig, train_verifier
 
-D = 16
 NS = [1, 4, 8]
 SEEDS = 2  # training seeds of MSV_4 (the other verifiers have one checkpoint, shared by both)
 WV_R = 4
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def synth_problem(pid: str, num_sequences: int = 8, seed: int = 0, d: int = D, signal: float = 1.5):
-    """Answers "1" (correct, gold) or "2".."4" (wrong) or no answer; correctness shifts hidden dim 0 by ±signal."""
-    rng = np.random.default_rng(seed)
-    p_correct = rng.uniform(0.1, 0.9)
-    rows = []
-    for n in range(num_sequences):
-        k_count = int(rng.integers(1, 4))
-        taus = np.sort(rng.choice(np.arange(2, 80), size=k_count, replace=False))
-        for k, tau in enumerate(taus):
-            u = rng.random()
-            text = "1" if u < p_correct else (None if u > 0.95 else str(int(rng.integers(2, 5))))
-            rows.append((int(tau), n, k, k == k_count - 1, text, int(rng.integers(1, 4))))
-    rows.sort(key=lambda r: (r[0], r[1], r[2]))
-    classes, seen = [], {}
-    for r in rows:
-        classes.append(1000 + len(classes) if r[4] is None else seen.setdefault(r[4], len(seen)))
-    lengths = [r[5] for r in rows]
-    correct = np.array([r[4] == "1" for r in rows])
-    h = rng.normal(size=(sum(lengths), d)).astype(np.float32)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    for a, (s, length) in enumerate(zip(starts, lengths)):
-        h[s:s + length, 0] += signal * (1 if correct[a] else -1)
-    seq_len = [max(r[0] for r in rows if r[1] == n) for n in range(num_sequences)]
-    logp = np.log(np.clip(0.5 * rng.random(len(h)) + 0.45 * np.repeat(correct, lengths), 1e-3, 1.0))
-    return CollectedProblem(
-        problem_id=pid, gold="1", source="synthetic", hidden_states=torch.from_numpy(h),
-        token_ids=rng.integers(0, 100, size=len(h)), token_logprobs=logp.astype(np.float32),
-        answer_text=[r[4] for r in rows], answer_raw_text=[f"{{{r[4]}}}" for r in rows],
-        answer_trigger=["eos" if r[3] else "delimiter" for r in rows],
-        answer_sequence=[r[1] for r in rows], answer_step=[r[2] for r in rows], answer_tau=[r[0] for r in rows],
-        answer_length=lengths, answer_class=classes, answer_terminal=[r[3] for r in rows],
-        answer_correct=correct, sequence_length=[s + 1 for s in seq_len], sequence_finish=["eos"] * num_sequences,
-        cot_confidence=[rng.random(s + 1).astype(np.float32) + 0.5 for s in seq_len])
-
-
-def write_split(directory, count: int, seed: int, num_sequences: int = 8, per_shard: int = 8, info=None):
-    directory.mkdir(parents=True, exist_ok=True)
-    problems = [synth_problem(f"{directory.name}/{i}", num_sequences, seed * 10000 + i) for i in range(count)]
-    for s in range(0, count, per_shard):
-        write_shard(directory / f"shard-r000-{s // per_shard:05d}.safetensors", problems[s:s + per_shard],
-                    info=info or {"lm_name_or_path": "synthetic", "lm_num_attention_heads": 2, "checker": "exact",
-                                  "delimiters": ["Wait"], "num_samples": num_sequences})
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -97,26 +51,74 @@ def study(tmp_path_factory):
     val = write_split(root / "val", 10, seed=2)
     ev = write_split(root / "eval", 16, seed=3)
     verifiers: dict = {}
-    for name, kind, n, mode in [("Probe", "probe", 1, "streaming"), ("Probe", "probe", 1, "terminal"),
-                                ("MSV_1", "msv", 1, "streaming"), ("MSV_4", "msv", 4, "streaming"),
-                                ("MSV_4", "msv", 4, "terminal")]:
+    for name, kind, n, mode in [
+        ("Probe", "probe", 1, "streaming"),
+        ("Probe", "probe", 1, "terminal"),
+        ("MSV_1", "msv", 1, "streaming"),
+        ("MSV_4", "msv", 4, "streaming"),
+        ("MSV_4", "msv", 4, "terminal"),
+    ]:
         out = root / f"{name}-{mode}"
-        train_verifier(train, val, out, MSVTrainingConfig(
-            kind=kind, num_sequences=n, mode=mode, batch_size=8, num_epochs=1, learning_rate=3e-3,
-            probe_learning_rate=1e-2, intermediate_size=32, probe_hidden_size=32, progress=False))
+        train_verifier(
+            train,
+            val,
+            out,
+            MSVTrainingConfig(
+                kind=kind,
+                num_sequences=n,
+                mode=mode,
+                batch_size=8,
+                num_epochs=1,
+                learning_rate=3e-3,
+                probe_learning_rate=1e-2,
+                architecture={"intermediate_size": 32},
+                probe_hidden_size=32,
+                progress=False,
+            ),
+        )
         verifiers.setdefault(name, {})[mode] = str(out)
     seed1 = {}
-    for mode in ("streaming", "terminal"):   # a second training seed of MSV_4
+    for mode in ("streaming", "terminal"):  # a second training seed of MSV_4
         seed1[mode] = str(root / f"MSV_4-{mode}-seed1")
-        train_verifier(train, val, seed1[mode], MSVTrainingConfig(
-            kind="msv", num_sequences=4, mode=mode, batch_size=8, num_epochs=1, learning_rate=3e-3,
-            intermediate_size=32, progress=False, seed=1))
+        train_verifier(
+            train,
+            val,
+            seed1[mode],
+            MSVTrainingConfig(
+                kind="msv",
+                num_sequences=4,
+                mode=mode,
+                batch_size=8,
+                num_epochs=1,
+                learning_rate=3e-3,
+                architecture={"intermediate_size": 32},
+                progress=False,
+                seed=1,
+            ),
+        )
     out = root / "report"
-    results = evaluate_study(ev, dict(verifiers, MSV_4=[verifiers["MSV_4"], seed1]), out, NS, val_dir=val,
-                             wv_threshold=WV_R, lm_costs=LatencyCosts(0.01, 0.002), deepconf_window=8,
-                             progress=False, bootstrap=200)
-    return {"root": root, "eval": ev, "val": val, "verifiers": verifiers, "seed1": seed1, "out": out,
-            "results": results}
+    config = EvaluateConfig(
+        eval_dir=str(ev),
+        output_dir=str(out),
+        val_dir=str(val),
+        num_sequences=NS,
+        wv_threshold=WV_R,
+        deepconf_window=8,
+        progress=False,
+        bootstrap=200,
+    )
+    results = evaluate_study(
+        config, dict(verifiers, MSV_4=[verifiers["MSV_4"], seed1]), lm_costs=LatencyCosts(0.01, 0.002)
+    )
+    return {
+        "root": root,
+        "eval": ev,
+        "val": val,
+        "verifiers": verifiers,
+        "seed1": seed1,
+        "out": out,
+        "results": results,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -202,8 +204,11 @@ def test_json_keys_methods_and_ranges(study):
 
 def _groups(problems, n, setting, scores=None):
     """Every evaluation group at N (the fixed partition, problem-major), as `evaluate_study` builds them."""
-    return [answer_group(p, seqs, setting, None if scores is None else {k: v[i] for k, v in scores.items()})
-            for i, p in enumerate(problems) for seqs in evaluation_groups(8, n, i)]
+    return [
+        answer_group(p, seqs, setting, None if scores is None else {k: v[i] for k, v in scores.items()})
+        for i, p in enumerate(problems)
+        for seqs in evaluation_groups(8, n, i)
+    ]
 
 
 def _close(a, b):
@@ -220,7 +225,7 @@ def test_self_consistency_and_weighted_voting_match_baselines(study):
     probe_stream, _, _ = score_problems(probe_s, problems, mode="streaming")
     r = study["results"]
     for n in (4, 8):
-        for seed in range(SEEDS):   # the Probe is shared by both training seeds: equal values
+        for seed in range(SEEDS):  # the Probe is shared by both training seeds: equal values
             groups = _groups(problems, n, "terminal", {"probe": probe_term})
             sc = [self_consistency(g.klass, g.is_terminal) for g in groups]
             wv = [weighted_voting(g.scores["probe"], g.klass, g.is_terminal) for g in groups]
@@ -247,8 +252,11 @@ def test_early_stop_curves_match_replay(study):
     costs = LatencyCosts(0.01, 0.002)
     r = study["results"]
     groups = _groups(problems, 4, "streaming")
-    scores = [np.clip(np.nan_to_num(token_prob_scores(p), nan=0.5), 0, 1)[select_answers(p, s, "streaming")[0]]
-              for i, p in enumerate(problems) for s in evaluation_groups(8, 4, i)]
+    scores = [
+        np.clip(np.nan_to_num(token_prob_scores(p), nan=0.5), 0, 1)[select_answers(p, s, "streaming")[0]]
+        for i, p in enumerate(problems)
+        for s in evaluation_groups(8, 4, i)
+    ]
     curve = tradeoff_curve(groups, scores, costs=costs)
     got = r["early_stop"]["4"]["curves"]["Token Probs"]
     np.testing.assert_allclose(got["accuracy"], curve.accuracy)
@@ -273,8 +281,9 @@ def test_msv_scores_match_the_training_collate_path(study):
         got = scores[0][rows]
         # collate orders answers by (end, sequence, step); match them up by those keys
         keys_got = list(zip(problems[p].answer_end[rows], seq, problems[p].answer_step[rows]))
-        keys_exp = list(zip(batch["answer_end"].tolist(), batch["answer_sequence"].tolist(),
-                            batch["answer_step"].tolist()))
+        keys_exp = list(
+            zip(batch["answer_end"].tolist(), batch["answer_sequence"].tolist(), batch["answer_step"].tolist())
+        )
         order = [keys_got.index(k) for k in keys_exp]
         np.testing.assert_allclose(got[order], expected, rtol=1e-5, atol=1e-6)
 
@@ -284,9 +293,12 @@ def test_evaluation_groups_are_a_fixed_partition():
     assert len(groups) == 4 and all(len(g) == 16 for g in groups)
     assert sorted(np.concatenate(groups).tolist()) == list(range(64))
     assert all(np.array_equal(a, b) for a, b in zip(groups, evaluation_groups(64, 16, 5)))
-    assert len(evaluation_groups(10, 4, 0)) == 2   # ⌊S/N⌋ groups, the rest unused
-    with pytest.raises(ValueError, match=r"N=8 but the validation split has only 4 sequences per problem: evaluate "
-                                         r"at N <= 4 \(--num-sequences\), or collect that split with --num-samples 8"):
+    assert len(evaluation_groups(10, 4, 0)) == 2  # ⌊S/N⌋ groups, the rest unused
+    with pytest.raises(
+        ValueError,
+        match=r"N=8 but the validation split has only 4 sequences per problem: evaluate "
+        r"at N <= 4 \(--num-sequences\), or collect that split with --num-samples 8",
+    ):
         evaluation_groups(4, 8, 0, "validation")
 
 
@@ -306,25 +318,57 @@ def test_measure_verifier_cost_and_costs_from_info(study):
     assert measure_verifier_cost(model, problems, seqs, max_groups=2) > 0
     with pytest.raises(ValueError):
         measure_verifier_cost(load_verifier(study["verifiers"]["MSV_4"]["terminal"]), problems, seqs)
-    costs = lm_costs_from_info({"latency": {"decode_step_s": 0.1, "elicit_s": 0.2,
-                                            "by_num_sequences": {"16": {"decode_step_s": 0.3, "elicit_s": 0.4}}}})
+    costs = lm_costs_from_info(
+        {
+            "latency": {
+                "decode_step_s": 0.1,
+                "elicit_s": 0.2,
+                "by_num_sequences": {"16": {"decode_step_s": 0.3, "elicit_s": 0.4}},
+            }
+        }
+    )
     assert costs[None] == LatencyCosts(0.1, 0.2) and costs[16] == LatencyCosts(0.3, 0.4)
     assert lm_costs_from_info({}) is None
 
 
 def test_cli_and_checker_rederivation(study, tmp_path):
     problems_file = tmp_path / "problems.jsonl"
-    problems_file.write_text("".join(json.dumps({"id": f"eval/{i}", "question": "q", "gold": "1",
-                                                 "meta": {"level": i % 3}}) + "\n" for i in range(16)))
+    problems_file.write_text(
+        "".join(
+            json.dumps({"id": f"eval/{i}", "question": "q", "gold": "1", "meta": {"level": i % 3}}) + "\n"
+            for i in range(16)
+        )
+    )
     parser = HfArgumentParser(EvaluateConfig)
-    specs = [f"Probe={study['verifiers']['Probe']['terminal']}", f"Probe={study['verifiers']['Probe']['streaming']}",
-             f"MSV_4={study['verifiers']['MSV_4']['streaming']}"]
+    specs = [
+        f"Probe={study['verifiers']['Probe']['terminal']}",
+        f"Probe={study['verifiers']['Probe']['streaming']}",
+        f"MSV_4={study['verifiers']['MSV_4']['streaming']}",
+    ]
     assert set(parse_verifier_specs(specs)["Probe"]) == {"terminal", "streaming"}
-    (args,) = parser.parse_args_into_dataclasses([
-        "--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "cli"), "--num-sequences", "4", "--bootstrap", "20",
-        "--no-figures", "--no-progress", "--checker", "random", "--decode-step-s", "0.5",
-        "--problems", str(problems_file), "--difficulty-field", "level",
-        *sum((["--verifier", s] for s in specs), [])])
+    (args,) = parser.parse_args_into_dataclasses(
+        [
+            "--eval-dir",
+            str(study["eval"]),
+            "--output-dir",
+            str(tmp_path / "cli"),
+            "--num-sequences",
+            "4",
+            "--bootstrap",
+            "20",
+            "--no-figures",
+            "--no-progress",
+            "--checker",
+            "random",
+            "--decode-step-s",
+            "0.5",
+            "--problems",
+            str(problems_file),
+            "--difficulty-field",
+            "level",
+            *sum((["--verifier", s] for s in specs), []),
+        ]
+    )
     results = evaluate_from_config(args)
     assert results["config"]["checker"] == "random"
     # per-difficulty breakdown from a problems file's metadata: buckets partition the problems and average back
@@ -357,15 +401,22 @@ def _stored_order_scores(model, problem, sequences, mode, group_size):
     if group_size is not None and int(sequence.max()) >= group_size:
         group, sequence = split_into_groups(group, sequence, group_size)
     with torch.no_grad():
-        out = model(hidden_states=problem.hidden_states[long(token_rows)],
-                    token_answer=torch.repeat_interleave(torch.arange(len(rows)), long(lengths)),
-                    answer_group=group, answer_sequence=sequence, answer_step=long(step),
-                    answer_end=long(problem.answer_end[rows]), answer_class=long(problem.answer_class[rows]))
+        out = model(
+            hidden_states=problem.hidden_states[long(token_rows)],
+            token_answer=torch.repeat_interleave(torch.arange(len(rows)), long(lengths)),
+            answer_group=group,
+            answer_sequence=sequence,
+            answer_step=long(step),
+            answer_end=long(problem.answer_end[rows]),
+            answer_class=long(problem.answer_class[rows]),
+        )
     return rows, out.probabilities.float().numpy()
 
 
-@pytest.mark.parametrize("name,mode,n", [("MSV_4", "streaming", 4), ("MSV_4", "terminal", 4),
-                                         ("MSV_4", "streaming", 8), ("Probe", "streaming", 8)])
+@pytest.mark.parametrize(
+    "name,mode,n",
+    [("MSV_4", "streaming", 4), ("MSV_4", "terminal", 4), ("MSV_4", "streaming", 8), ("Probe", "streaming", 8)],
+)
 def test_collate_path_scores_equal_the_old_stored_order_packing(study, name, mode, n):
     """Scoring now packs with `collate_groups` (answers by end time); the old evaluation packed in stored order.
     The verifier sorts tokens itself, so the scores agree to float precision, grouped MSV_M (N > M) included, and
@@ -388,9 +439,24 @@ def test_collate_path_scores_equal_the_old_stored_order_packing(study, name, mod
 def test_main_builds_flags_from_the_config(study, tmp_path, capsys):
     from hf_msv.evaluation import main
 
-    results = main(["--eval-dir", str(study["eval"]), "--output-dir", str(tmp_path / "main"), "--num-sequences", "1",
-                    "--bootstrap", "0", "--no-figures", "--no-progress", "--verifier",
-                    f"Probe={study['verifiers']['Probe']['terminal']}", "--checker-kwargs", "{}"])
+    results = main(
+        [
+            "--eval-dir",
+            str(study["eval"]),
+            "--output-dir",
+            str(tmp_path / "main"),
+            "--num-sequences",
+            "1",
+            "--bootstrap",
+            "0",
+            "--no-figures",
+            "--no-progress",
+            "--verifier",
+            f"Probe={study['verifiers']['Probe']['terminal']}",
+            "--checker-kwargs",
+            "{}",
+        ]
+    )
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["report"].endswith("main/report.md") and (tmp_path / "main" / "report.md").exists()
     assert results["config"]["num_sequences_list"] == [1] and "Probe" in results["terminal"]["1"]
@@ -404,8 +470,16 @@ def test_n_defaults_to_the_grid_the_samples_allow_and_too_large_n_is_a_clear_err
     assert default_num_sequences(64) == [1, 4, 16, 64] and default_num_sequences(16) == [1, 4, 16]
     assert default_num_sequences(8) == [1, 4, 8] and default_num_sequences(1) == [1]
     assert default_num_sequences(300) == [1, 4, 16, 64, 256, 300]
-    flags = ["--eval-dir", str(study["eval"]), "--bootstrap", "0", "--no-figures", "--no-progress", "--verifier",
-             f"Probe={study['verifiers']['Probe']['terminal']}"]
+    flags = [
+        "--eval-dir",
+        str(study["eval"]),
+        "--bootstrap",
+        "0",
+        "--no-figures",
+        "--no-progress",
+        "--verifier",
+        f"Probe={study['verifiers']['Probe']['terminal']}",
+    ]
     results = main(flags + ["--output-dir", str(tmp_path / "default")])
     assert results["config"]["num_sequences_list"] == [1, 4, 8]  # the fixture collected 8 sequences per problem
     assert set(results["terminal"]) == {"1", "4", "8"}
@@ -422,8 +496,23 @@ def test_an_n_above_the_validation_split_names_it_and_what_to_do_before_any_work
     ev16 = write_split(tmp_path / "eval16", 3, seed=5, num_sequences=16)
     out = tmp_path / "report"
     with pytest.raises(ValueError) as error:
-        main(["--eval-dir", str(ev16), "--val-dir", str(study["val"]), "--num-sequences", "1", "16", "--bootstrap",
-              "0", "--no-figures", "--no-progress", "--output-dir", str(out)])
+        main(
+            [
+                "--eval-dir",
+                str(ev16),
+                "--val-dir",
+                str(study["val"]),
+                "--num-sequences",
+                "1",
+                "16",
+                "--bootstrap",
+                "0",
+                "--no-figures",
+                "--no-progress",
+                "--output-dir",
+                str(out),
+            ]
+        )
     message = str(error.value)
     assert f"the validation split ({study['val']}) has only 8 sequences per problem" in message
     assert "--num-sequences 1" in message and "--num-samples 16 or more" in message
@@ -440,14 +529,36 @@ def test_a_bad_verifier_is_a_clear_error_that_leaves_no_output_directory(study, 
     elif bad == "file":
         target.write_text("{}")
     spec = str(target) if bad == "no-equals" else f"x={target}"
-    expected = {"missing": (FileNotFoundError, "no such verifier directory"),
-                "empty": (FileNotFoundError, "holds no config.json: not a verifier checkpoint"),
-                "file": (NotADirectoryError, "a verifier is a directory"),
-                "no-equals": (ValueError, "--verifier takes NAME=PATH")}[bad]
+    expected = {
+        "missing": (FileNotFoundError, "no such verifier directory"),
+        "empty": (FileNotFoundError, "holds no config.json: not a verifier checkpoint"),
+        "file": (NotADirectoryError, "a verifier is a directory"),
+        "no-equals": (ValueError, "--verifier takes NAME=PATH"),
+    }[bad]
     out = tmp_path / "report"
     with pytest.raises(expected[0], match=expected[1]) as error:
         main(["--eval-dir", str(study["eval"]), "--verifier", spec, "--output-dir", str(out), "--no-progress"])
     assert str(target) in str(error.value) and not out.exists()
+
+
+def test_an_input_given_both_in_the_config_and_as_an_argument_is_refused(tmp_path):
+    """The verifiers and LM costs come either in the `EvaluateConfig` (as the command line names them) or as
+    `evaluate_study` arguments: both is an error before any work, not one of them silently ignored."""
+    out = tmp_path / "report"
+    config = EvaluateConfig(
+        eval_dir=str(tmp_path / "eval"),
+        output_dir=str(out),
+        num_sequences=4,
+        verifier=["Probe=verifiers/probe"],
+        decode_step_s=0.1,
+        figures=False,
+    )
+    assert config.num_sequences == [4]  # one N is a list of one
+    with pytest.raises(ValueError, match="verifiers both as an argument and as EvaluateConfig.verifier"):
+        evaluate_study(config, {"Probe": "verifiers/probe"})
+    with pytest.raises(ValueError, match="lm_costs both as an argument"):
+        evaluate_study(config, lm_costs=LatencyCosts(0.1, 0.0))
+    assert not out.exists()
 
 
 def test_figures_without_matplotlib_fail_first_naming_the_extra(study, tmp_path, monkeypatch):
@@ -484,7 +595,8 @@ def test_training_seeds_new_baselines_and_intervals(study):
         assert est["estimate"] == pytest.approx(term[msv]["brier"]["mean"] - term["Probe"]["brier"]["mean"])
         assert est["low"] <= est["estimate"] <= est["high"]
         assert iv["Self-consistency"]["bon_accuracy"]["estimate"] == pytest.approx(
-            term[msv]["bon_accuracy"]["mean"] - term["Self-consistency"]["bon_accuracy"]["mean"])
+            term[msv]["bon_accuracy"]["mean"] - term["Self-consistency"]["bon_accuracy"]["mean"]
+        )
         es = r["early_stop"][str(n)]["comparisons"]
         assert es["single_sequence"]["baseline"] in r["methods"][str(n)]["single_sequence"]
         assert es["all"]["baseline_peak_accuracy"] >= es["single_sequence"]["baseline_peak_accuracy"]
@@ -496,31 +608,47 @@ def test_training_seeds_new_baselines_and_intervals(study):
     # calibrated SC on the same groups is Platt-scaled SC: same ranking (AUROC) whatever the fitted slope sign
     t4 = r["terminal"]["4"]
     assert t4["Self-consistency (calibrated)"]["auroc"]["mean"] == pytest.approx(
-        t4["Self-consistency"]["auroc"]["mean"]) or t4["Self-consistency (calibrated)"]["auroc"]["mean"] == \
-        pytest.approx(1 - t4["Self-consistency"]["auroc"]["mean"])
+        t4["Self-consistency"]["auroc"]["mean"]
+    ) or t4["Self-consistency (calibrated)"]["auroc"]["mean"] == pytest.approx(
+        1 - t4["Self-consistency"]["auroc"]["mean"]
+    )
     md = (study["out"] / "report.md").read_text()
     assert "the best single-sequence baseline (the paper's comparison)" in md and "Δ Brier" in md
 
 
 def test_verifier_specs_with_training_seeds(study):
     v, s1 = study["verifiers"]["MSV_4"], study["seed1"]
-    specs = [f"MSV_4={v['terminal']}", f"MSV_4={v['streaming']}", f"MSV_4={s1['streaming']}",
-             f"MSV_4={s1['terminal']}"]
+    specs = [
+        f"MSV_4={v['terminal']}",
+        f"MSV_4={v['streaming']}",
+        f"MSV_4={s1['streaming']}",
+        f"MSV_4={s1['terminal']}",
+    ]
     assert parse_verifier_specs(specs) == {"MSV_4": [v, s1]}
     from hf_msv.evaluation import load_verifier_seeds
 
     seeds = load_verifier_seeds({"MSV_4": [v, s1], "Probe": study["verifiers"]["Probe"]})
-    assert len(seeds) == 2 and seeds[0][1] is seeds[1][1]            # the single Probe is shared
+    assert len(seeds) == 2 and seeds[0][1] is seeds[1][1]  # the single Probe is shared
     assert seeds[0][0].models["streaming"] is not seeds[1][0].models["streaming"]
     with pytest.raises(ValueError, match="same number"):
         load_verifier_seeds({"MSV_4": [v, s1], "Probe": [study["verifiers"]["Probe"]] * 3})
 
 
 def test_stacked_baseline_without_a_probe_uses_a_linear_probe(study, tmp_path):
-    res = evaluate_study(study["eval"], {"MSV_4": study["verifiers"]["MSV_4"]}, tmp_path, [4], bootstrap=0,
-                         figures=False, progress=False, lm_costs=LatencyCosts(0.01, 0.002), deepconf_window=8)
-    assert res["config"]["stacked_probe"] == "linear probe on mean-pooled answer states, fitted on eval (2-fold " \
-                                              "cross-fit)"
+    config = EvaluateConfig(
+        eval_dir=str(study["eval"]),
+        output_dir=str(tmp_path),
+        num_sequences=4,
+        bootstrap=0,
+        figures=False,
+        progress=False,
+        deepconf_window=8,
+    )
+    res = evaluate_study(config, {"MSV_4": study["verifiers"]["MSV_4"]}, lm_costs=LatencyCosts(0.01, 0.002))
+    assert (
+        res["config"]["stacked_probe"] == "linear probe on mean-pooled answer states, fitted on eval (2-fold "
+        "cross-fit)"
+    )
     for setting in ("terminal", "streaming"):
         stacked = res[setting]["4"]["Stacked (vote + Probe)"]
         assert 0 <= stacked["brier"]["mean"] <= 1 and "linear probe" not in res[setting]["4"]
@@ -538,24 +666,34 @@ def test_claims_from_an_evaluation_with_intervals(study):
 
     s = {"main": main_summary(study["results"], NS)}
     claims = {c["id"]: c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))}
-    assert {"terminal_brier_N8", "terminal_brier_vs_votes_N8", "best_of_8", "early_stop_N8", "early_stop_all_N8",
-            "streaming_brier_N4", "bon_ece_N8"} <= set(claims)
+    assert {
+        "terminal_brier_N8",
+        "terminal_brier_vs_votes_N8",
+        "best_of_8",
+        "early_stop_N8",
+        "early_stop_all_N8",
+        "streaming_brier_N4",
+        "bon_ece_N8",
+    } <= set(claims)
     assert "t*" in claims["early_stop_N8"]["sentence"] and "95 % interval" in claims["terminal_brier_N8"]["sentence"]
     r = s["main"]["8"]
     base = claims["terminal_brier_N8"]["numbers"]["best_baseline"]
     bb = claims["terminal_brier_N8"]["numbers"]["best_baseline_value"]
-    r["terminal"][r["msv"]]["brier"]["mean"] = 0.7 * bb       # the point estimate clears the target ...
+    r["terminal"][r["msv"]]["brier"]["mean"] = 0.7 * bb  # the point estimate clears the target ...
     iv = r["intervals"]["terminal"][base]["brier_ratio"]
-    iv.update(low=0.55, high=0.85)                            # ... the interval does not
-    held = lambda cid: next(c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))  # noqa: E731
-                            if c["id"] == cid)["held"]
+    iv.update(low=0.55, high=0.85)  # ... the interval does not
+    held = lambda cid: next(
+        c
+        for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))  # noqa: E731
+        if c["id"] == cid
+    )["held"]
     assert held("terminal_brier_N8") is False
     iv["high"] = 0.79
     assert held("terminal_brier_N8") is True
     comp = r["early_stop_comparisons"]["single_sequence"]["steps"]
     comp.update(fraction=0.3, interval={"estimate": 0.3, "low": 0.2, "high": 0.45})
     assert held("early_stop_N8") is False
-    comp["interval"]["high"] = None                           # ∞: MSV misses the peak in some resamples
+    comp["interval"]["high"] = None  # ∞: MSV misses the peak in some resamples
     assert held("early_stop_N8") is False
     comp["interval"]["high"] = 0.39
     assert held("early_stop_N8") is True
@@ -572,13 +710,19 @@ def test_testbed_report_renders_a_summary_of_the_training_seed_protocol(study):
     from hf_msv.utils import json_safe
 
     committed = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "testbed.json").read_text())
-    s = {k: v for k, v in committed.items() if k not in ("checkers", "masks", "delimiters", "grouping",
-                                                         "training_size")}
+    s = {
+        k: v for k, v in committed.items() if k not in ("checkers", "masks", "delimiters", "grouping", "training_size")
+    }
     config = {k: v for k, v in committed["config"].items() if k != "seeds"}
-    s |= {"studies": ["main"], "config": config | {"num_sequences": NS, "training_seeds": SEEDS},
-          "main": json_safe(main_summary(study["results"], NS)),
-          "reuse": {"reused": ["verifier probe-terminal (same settings, data and code)"],
-                    "redone": ["verifier msv4-terminal (changed: code)"]}}
+    s |= {
+        "studies": ["main"],
+        "config": config | {"num_sequences": NS, "training_seeds": SEEDS},
+        "main": json_safe(main_summary(study["results"], NS)),
+        "reuse": {
+            "reused": ["verifier probe-terminal (same settings, data and code)"],
+            "redone": ["verifier msv4-terminal (changed: code)"],
+        },
+    }
     s["claims"] = json_safe(compute_claims(s))
     text = render_testbed(s)
     assert {"early_stop_N8", "early_stop_all_N8"} <= {c["id"] for c in s["claims"]}
@@ -598,6 +742,6 @@ def test_linear_probe_cross_fit_scores_each_problem_out_of_fold():
     ys = [x[:, 0] + 0.5 * rng.normal(size=30) > 0 for x in xs]
     base = _cross_fit_linear_probe(xs, ys)
     flipped = _cross_fit_linear_probe(xs, [~ys[0]] + ys[1:])
-    np.testing.assert_allclose(flipped[0], base[0])     # problem 0 is scored by the fit on problems 1, 3, 5
-    assert not np.allclose(flipped[1], base[1])         # problem 1 by the fit on 0, 2, 4, which saw the flip
+    np.testing.assert_allclose(flipped[0], base[0])  # problem 0 is scored by the fit on problems 1, 3, 5
+    assert not np.allclose(flipped[1], base[1])  # problem 1 by the fit on 0, 2, 4, which saw the flip
     assert all(len(s) == 30 and ((s > 0) & (s < 1)).all() for s in base)

@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(args, tmp_path, timeout=600):
     env = dict(os.environ, HF_HUB_OFFLINE="1", MPLBACKEND="Agg")
-    result = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result.stdout
 
@@ -36,8 +37,22 @@ def test_best_of_n_example_compares_with_majority_vote(tmp_path):
 
 
 def test_collect_and_train_example_writes_a_loadable_verifier(tmp_path):
-    run([ROOT / "examples/collect_and_train.py", "--train-problems", "4", "--val-problems", "2", "-n", "4",
-         "--max-new-tokens", "160", "--output-dir", str(tmp_path / "recipe")], tmp_path)
+    run(
+        [
+            ROOT / "examples/collect_and_train.py",
+            "--train-problems",
+            "4",
+            "--val-problems",
+            "2",
+            "-n",
+            "4",
+            "--max-new-tokens",
+            "160",
+            "--output-dir",
+            str(tmp_path / "recipe"),
+        ],
+        tmp_path,
+    )
     from hf_msv import MSVVerifier
 
     verifier = MSVVerifier.from_pretrained(tmp_path / "recipe" / "verifier")
@@ -61,24 +76,23 @@ def test_main_job_prints_the_per_problem_table_and_totals(tmp_path):
 def test_demo_defaults_follow_the_shipped_verifier():
     """The demo's default λ is the one chosen on validation for the shipped MSV_16 (`fit_shipped_stopping`, recorded
     beside it and in its config), and `--device auto` picks the GPU only when there is one."""
-    import inspect
     import json
 
     import torch
 
-    from hf_msv.utils import resolve_device
-    from hf_msv.demo import DEMO_THRESHOLD, build_parser, run_demo
+    from hf_msv.demo import DEMO_THRESHOLD, DemoConfig, build_parser
     from hf_msv.reproduction import SHIPPED_LAMBDA_FILE
     from hf_msv.testbed import TESTBED_VERIFIER_DIR
+    from hf_msv.utils import resolve_device
 
     stopping = json.loads((TESTBED_VERIFIER_DIR / SHIPPED_LAMBDA_FILE).read_text())
     assert abs(stopping["lambda"] - DEMO_THRESHOLD) < 0.005 and stopping["num_sequences"] == 16
     from hf_msv import MSVEarlyStop, MSVVerifier
 
     assert MSVEarlyStop.from_verifier(MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR)).threshold == DEMO_THRESHOLD
-    assert inspect.signature(run_demo).parameters["threshold"].default == DEMO_THRESHOLD
     (args,) = build_parser().parse_args_into_dataclasses([])
-    assert args.threshold is None and args.device == "auto"  # None: run_demo's default applies
+    assert args.threshold is None and args.device == "auto"  # None: the shipped verifier's λ applies
+    assert args.resolved_threshold == DEMO_THRESHOLD and DemoConfig(threshold=0.5).resolved_threshold == 0.5
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
 
@@ -106,7 +120,8 @@ def test_demo_flags_keep_their_names():
     from hf_msv.demo import build_parser
 
     (config,) = build_parser().parse_args_into_dataclasses(
-        ["-n", "8", "--max-new-tokens", "50", "--gguf-file", "m.gguf", "--output-dir", "o", "--threshold", "0.7"])
+        ["-n", "8", "--max-new-tokens", "50", "--gguf-file", "m.gguf", "--output-dir", "o", "--threshold", "0.7"]
+    )
     assert (config.num_sequences, config.max_new_tokens, config.gguf_file, config.output_dir) == (8, 50, "m.gguf", "o")
     assert config.threshold == 0.7 and config.problems == 12
 
@@ -126,18 +141,22 @@ def test_every_benchmark_and_example_has_a_quick_mode():
     (an argparse option string, read from the source without running it) so that none can rot unnoticed."""
     import ast
 
-    scripts = sorted(p for d in ("benchmarks", "examples") for p in (ROOT / d).glob("*.py")
-                     if not p.name.startswith("_"))
+    scripts = sorted(
+        p for d in ("benchmarks", "examples") for p in (ROOT / d).glob("*.py") if not p.name.startswith("_")
+    )
     assert len(scripts) >= 10
     missing = []
     for path in scripts:
-        flags = {node.value for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("--")}
+        flags = {
+            node.value
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("--")
+        }
         if "--quick" not in flags:
             missing.append(path.name)
     assert not missing, f"no --quick mode: {missing}"
     smoke = (ROOT / "scripts" / "bench_smoke.sh").read_text()
-    assert 'for f in benchmarks/*.py examples/*.py' in smoke and '--quick' in smoke
+    assert "for f in benchmarks/*.py examples/*.py" in smoke and "--quick" in smoke
 
 
 def test_demo_without_matplotlib_prints_its_table_and_says_how_to_get_the_figure(monkeypatch, tmp_path, capsys):
@@ -145,12 +164,12 @@ def test_demo_without_matplotlib_prints_its_table_and_says_how_to_get_the_figure
     names the extra in one line."""
     import importlib.util
 
-    from hf_msv.demo import run_demo
+    from hf_msv.demo import DEMO_THRESHOLD, DemoConfig, run_demo
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
-    rows = run_demo(num_problems=1, num_sequences=2, max_new_tokens=24, output_dir=tmp_path / "demo")
+    rows = run_demo(DemoConfig(problems=1, num_sequences=2, max_new_tokens=24, output_dir=str(tmp_path / "demo")))
     out = capsys.readouterr().out
-    assert len(rows) == 1 and "accuracy: MSV selection" in out
+    assert len(rows) == 1 and "accuracy: MSV selection" in out and f"λ={DEMO_THRESHOLD}" in out
     assert 'figure: not drawn, matplotlib is not installed (pip install "hf-msv[report]")' in out
     assert not (tmp_path / "demo").exists()

@@ -2,7 +2,8 @@
 
 The LMs are real transformers models with random weights and a small character-level tokenizer whose vocabulary
 also holds whole-word tokens ("Wait", " Wait", "\\n\\nWait", "Wa", "it"), so a delimiter can arrive as one token,
-split over tokens or merged with what precedes it. Two test-only instruments make runs deterministic:
+split over tokens or merged with what precedes it. Two test-only instruments (tests/helpers/generation.py) make
+runs deterministic:
 
 * `ForceTokens`, a logits processor for the *sampled* chain of thought: it forbids delimiter and EOS tokens
   everywhere except where a test schedules them, so a test decides when delimiters fire and sequences end.
@@ -12,150 +13,40 @@ split over tokens or merged with what precedes it. Two test-only instruments mak
 
 from __future__ import annotations
 
-import copy
-
-
 import pytest
 import torch
-import transformers
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
+from transformers import LogitsProcessorList
 
-from hf_msv import ElicitationSettings, MSVConfig, MSVVerifier
+from helpers.generation import (
+    ARCHS,
+    EOS,
+    HIDDEN,
+    ID,
+    PAD,
+    TOK,
+    ForceTokens,
+    P,
+    ScriptedAnswers,
+    generate,
+    make_tokenizer,
+    offline_scores,
+    online_run,
+    prompts,
+    recompute_answer,
+    tiny_model,
+    tiny_verifier,
+)
+from hf_msv import ElicitationSettings
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.generation import (
     DelimiterMatcher,
     MSVEarlyStop,
-    MSVResult,
     fork_cache,
     msv_generate,
     prepare_generation,
 )
 
-from tiny import CHARS, SPECIAL, word_level_tokenizer
-
-WORDS = ["\\boxed", "###", " Final", " Answer", "\n\nWait", " Wait", "Wait", "Wa", "it", "\n\n"]
-PAD, BOS, EOS = 0, 1, 2
-
-
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    return word_level_tokenizer(WORDS)
-
-
-TOK = make_tokenizer()
-V = len(TOK)
-ID = {t: TOK.convert_tokens_to_ids(t) for t in SPECIAL + WORDS + CHARS}
-HIDDEN = 32
-
-
-def tiny_config(arch: str):
-    common = dict(vocab_size=V, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
-    decoder = dict(hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **common)
-    configs = {
-        "llama": lambda: transformers.LlamaConfig(num_key_value_heads=2, **decoder),
-        "qwen2": lambda: transformers.Qwen2Config(num_key_value_heads=2, **decoder),
-        "qwen3": lambda: transformers.Qwen3Config(num_key_value_heads=2, head_dim=8, **decoder),
-        "gpt2": lambda: transformers.GPT2Config(n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=256, **common),
-        "mistral": lambda: transformers.MistralConfig(num_key_value_heads=2, sliding_window=512, **decoder),
-        "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, **decoder),
-        "gpt_neox": lambda: transformers.GPTNeoXConfig(**decoder),
-        "gemma2": lambda: transformers.Gemma2Config(num_key_value_heads=2, head_dim=8, sliding_window=512, **decoder),
-        "opt": lambda: transformers.OPTConfig(hidden_size=HIDDEN, ffn_dim=64, num_hidden_layers=2,
-                                              num_attention_heads=4, word_embed_proj_dim=HIDDEN, **common),
-        "falcon": lambda: transformers.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                                                    **common),
-        "bloom": lambda: transformers.BloomConfig(hidden_size=HIDDEN, n_layer=2, n_head=4, **common),
-        "olmo2": lambda: transformers.Olmo2Config(num_key_value_heads=2, **decoder),
-    }
-    return configs[arch]()
-
-
-ARCHS = ["llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gpt_neox", "gemma2", "opt", "falcon", "bloom", "olmo2"]
-
-
-def tiny_model(arch: str = "llama", seed: int = 0):
-    torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
-
-
-def tiny_verifier(mode: str = "streaming", num_sequences: int = 4, bias: float | None = None, hidden=HIDDEN):
-    torch.manual_seed(123)
-    verifier = MSVVerifier(MSVConfig(hidden_size=hidden, num_attention_heads=2, intermediate_size=64,
-                                     num_sequences=num_sequences, mode=mode, gamma_hidden_size=8)).eval()
-    if bias is not None:
-        with torch.no_grad():
-            verifier.head.bias.fill_(bias)
-    return verifier
-
-
-class ForceTokens(LogitsProcessor):
-    """Sampled chain of thought under test control: `schedule[(row, step)] = token` forces a token; `banned`
-    tokens (delimiter pieces, EOS) are never sampled otherwise."""
-
-    BANNED = ("\n\nWait", " Wait", "Wait", "Wa", "W", "<eos>", "<pad>", "<bos>", "\\boxed")
-
-    def __init__(self, prompt_length: int, schedule: dict[tuple[int, int], int] | None = None):
-        self.prompt_length = prompt_length
-        self.schedule = schedule or {}
-        self.banned = [ID[t] for t in self.BANNED]
-
-    def __call__(self, input_ids, scores):
-        step = input_ids.shape[1] - self.prompt_length
-        scores = scores.clone()
-        scores[:, self.banned] = float("-inf")
-        for (row, when), token in self.schedule.items():
-            if when == step:
-                scores[row] = float("-inf")
-                scores[row, token] = 0.0
-        return scores
-
-
-class ScriptedAnswers:
-    """Forward hook: after ``\\boxed`` the LM prefers ``{``, then a digit, then ``}`` (or the digit ``1`` forever
-    with `close=False`). It edits the logits at every position from that position's input token, so a cache-free
-    recomputation of a branch sees the same script."""
-
-    def __init__(self, model, close: bool = True):
-        self.close = close
-        self.digits = torch.tensor([ID[str(d)] for d in range(10)])
-        self.handle = model.register_forward_hook(self, with_kwargs=True)
-
-    def __call__(self, module, args, kwargs, output):
-        logits = output.logits  # (batch, positions kept, vocab)
-        inputs = (kwargs["input_ids"] if "input_ids" in kwargs else args[0])[:, -logits.shape[1]:]
-        digits = self.digits.to(logits.device)
-        digit = digits[logits[..., digits].argmax(-1)] if self.close else torch.full_like(inputs, ID["1"])
-        target = torch.where(inputs == ID["\\boxed"], ID["{"], -1)
-        target = torch.where(inputs == ID["{"], digit, target)
-        target = torch.where(torch.isin(inputs, digits), ID["}"] if self.close else ID["1"], target)
-        rows, positions = (target >= 0).nonzero(as_tuple=True)
-        logits[rows, positions, target[rows, positions]] += 1000.0
-        return output
-
-
-def prompts(texts=("Hello there, solve 2+2", "Hi")):
-    return TOK(list(texts), return_tensors="pt", padding=True)
-
-
-def generate(model, inputs, n, max_new_tokens, schedule=None, threshold=None, seed=1, criteria=True):
-    torch.manual_seed(seed)
-    processors = LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)])
-    kwargs = dict(stopping_criteria=[MSVEarlyStop(threshold)]) if criteria else {}
-    return model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=max_new_tokens,
-                          logits_processor=processors, **kwargs)
-
-
-def recompute_answer(model, inputs, result: MSVResult, answer):
-    """Hidden states and greedy tokens of `answer`, recomputed without cache from its full context."""
-    prompt = inputs["input_ids"][result.prompt][inputs["attention_mask"][result.prompt].bool()].tolist()
-    context = prompt + result.sequences[answer.sequence][: answer.cot_tokens] + answer.elicitation_ids
-    with torch.no_grad():
-        out = model(torch.tensor([context + answer.token_ids]), output_hidden_states=True)
-    hidden = out.hidden_states[-1][0, len(context):]
-    greedy = out.logits[0, len(context) - 1 : -1].argmax(-1).tolist()
-    return hidden, greedy
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,8 +63,15 @@ def test_sampling_unperturbed_and_branches_exact(arch):
     torch.manual_seed(7)
     plain = model.generate(**inputs, do_sample=True, num_return_sequences=3, max_new_tokens=24)
     # "e" and "ab" fire often under random sampling, multi-character "ab" spans two tokens (drop > 0).
-    with prepare_generation(model, TOK, delimiters=["Wait", "e", "ab"], every_k_tokens=5, checker=None,
-                            max_answer_tokens=6, capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model,
+        TOK,
+        delimiters=["Wait", "e", "ab"],
+        every_k_tokens=5,
+        checker=None,
+        max_answer_tokens=6,
+        capture_hidden_states=True,
+    ) as msv:
         torch.manual_seed(7)
         hooked = model.generate(**inputs, do_sample=True, num_return_sequences=3, max_new_tokens=24)
         results = msv.pop_results()
@@ -189,8 +87,9 @@ def test_sampling_unperturbed_and_branches_exact(arch):
 
 def test_hidden_states_are_after_final_norm():
     model = tiny_model("llama")
-    with prepare_generation(model, TOK, delimiters=[], checker=None, max_answer_tokens=3,
-                            capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model, TOK, delimiters=[], checker=None, max_answer_tokens=3, capture_hidden_states=True
+    ) as msv:
         generate(model, prompts(["Hi"]), n=1, max_new_tokens=4)
         answer = msv.pop_results()[0].answers[0]
     # The LM head applied to the captured state gives the logits that chose the next answer token.
@@ -267,12 +166,14 @@ def test_keep_delimiter_and_every_k():
     model = tiny_model("qwen2")
     ScriptedAnswers(model)
     inputs = prompts(["Hi"])
-    with prepare_generation(model, TOK, delimiters=["Wait"], every_k_tokens=4, keep_delimiter=True,
-                            checker=None) as msv:
+    with prepare_generation(
+        model, TOK, delimiters=["Wait"], every_k_tokens=4, keep_delimiter=True, checker=None
+    ) as msv:
         generate(model, inputs, n=2, max_new_tokens=10, schedule={(0, 1): ID["Wait"]})
         result = msv.pop_results()[0]
-    by_sequence = {n: [(a.tau, a.trigger, a.cot_tokens, a.step) for a in result.answers if a.sequence == n]
-                   for n in range(2)}
+    by_sequence = {
+        n: [(a.tau, a.trigger, a.cot_tokens, a.step) for a in result.answers if a.sequence == n] for n in range(2)
+    }
     assert by_sequence[0] == [(1, "delimiter", 2, 0), (3, "every_k", 4, 1), (7, "every_k", 8, 2), (9, "budget", 10, 3)]
     assert by_sequence[1] == [(3, "every_k", 4, 0), (7, "every_k", 8, 1), (9, "budget", 10, 2)]
     assert [a.terminal for a in result.answers if a.sequence == 1] == [False, False, True]
@@ -300,7 +201,8 @@ def test_no_delimiter_gives_one_terminal_answer_per_sequence():
     assert len(results) == 2
     for result in results:
         assert [(a.sequence, a.tau, a.trigger, a.terminal) for a in result.answers] == [
-            (n, 8, "budget", True) for n in range(3)]
+            (n, 8, "budget", True) for n in range(3)
+        ]
         assert result.finish_reasons == ["budget"] * 3 and result.tokens_decoded == 27 == result.token_budget
         assert result.tokens_without_early_stop == 27 and result.chosen is None
     assert out.shape[0] == 6
@@ -320,8 +222,14 @@ def test_sequences_ending_at_different_steps_and_n_equals_one():
     ScriptedAnswers(model)
     verifier = tiny_verifier(num_sequences=4)
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
-        out = generate(model, prompts(["Hello there", "Hi"]), n=3, max_new_tokens=10, threshold=2.0,
-                       schedule={(0, 2): EOS, (1, 5): EOS, (3, 0): EOS, (5, 1): ID["Wait"]})
+        out = generate(
+            model,
+            prompts(["Hello there", "Hi"]),
+            n=3,
+            max_new_tokens=10,
+            threshold=2.0,
+            schedule={(0, 2): EOS, (1, 5): EOS, (3, 0): EOS, (5, 1): ID["Wait"]},
+        )
         first, second = msv.pop_results()
         # N = 1
         generate(model, prompts(["Hi"]), n=1, max_new_tokens=5, threshold=2.0)
@@ -332,7 +240,11 @@ def test_sequences_ending_at_different_steps_and_n_equals_one():
     assert [len(s) for s in first.sequences] == [3, 6, 10]
     assert out[0, -7:].tolist() == [PAD] * 7  # generate pads finished rows as usual
     assert [(a.sequence, a.tau, a.trigger) for a in second.answers] == [
-        (0, 0, "eos"), (2, 1, "delimiter"), (1, 9, "budget"), (2, 9, "budget")]
+        (0, 0, "eos"),
+        (2, 1, "delimiter"),
+        (1, 9, "budget"),
+        (2, 9, "budget"),
+    ]
     assert all(a.score is not None for r in (first, second, single) for a in r.answers)
     assert len(single.answers) == 1 and single.chosen is single.answers[0]
 
@@ -340,41 +252,6 @@ def test_sequences_ending_at_different_steps_and_n_equals_one():
 # ----------------------------------------------------------------------------------------------------------------
 # Verifier scoring and early stopping
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def offline_scores(verifier, result_list, group_size):
-    """Score every scored answer of `result_list` in one offline verifier forward (no cache)."""
-    answers = [a for r in result_list for a in r.answers if a.score is not None]
-    n_groups = -(-max(r.num_sequences for r in result_list) // group_size)
-    column = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
-    out = verifier(
-        hidden_states=torch.cat([a.hidden_states for a in answers]),
-        token_answer=torch.repeat_interleave(torch.arange(len(answers)), column([a.length for a in answers])),
-        answer_group=column([a.prompt * n_groups + a.sequence // group_size for a in answers]),
-        answer_sequence=column([a.sequence % group_size for a in answers]),
-        answer_step=column([a.step for a in answers]),
-        answer_end=column([a.end for a in answers]),
-        answer_class=column([a.class_id for a in answers]))
-    return out.probabilities, torch.tensor([a.score for a in answers])
-
-
-def online_run(n: int, group_size: int, device="cpu"):
-    """Tiny LM and verifier on `device` decode n sequences per prompt with scripted Waits and λ > 1 (nothing stops).
-    Returns (plain sampling, hooked sampling, results, a CPU copy of the verifier for the offline reference)."""
-    model = tiny_model("llama").to(device)
-    ScriptedAnswers(model)
-    verifier = tiny_verifier(num_sequences=group_size)
-    cpu_verifier = copy.deepcopy(verifier)
-    inputs = prompts().to(device)
-    schedule = {(r, s): ID["Wait"] for r in range(2 * n) for s in range(r % 3 + 1, 14, 4)}
-    torch.manual_seed(3)
-    plain = model.generate(**inputs, do_sample=True, num_return_sequences=n, max_new_tokens=14,
-                           logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)]))
-    with prepare_generation(model, TOK, verifier.to(device), delimiters=["Wait"], checker="exact",
-                            capture_hidden_states=True) as msv:
-        hooked = generate(model, inputs, n=n, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
-        results = msv.pop_results()
-    return plain, hooked, results, cpu_verifier
 
 
 @pytest.mark.parametrize("n, group_size", [(4, 4), (6, 4)])
@@ -401,9 +278,6 @@ def test_online_scores_equal_offline_forward(n, group_size):
         assert len(set(texts.values())) == len(texts)
 
 
-P = len(TOK(ELICITATION_PROMPT, add_special_tokens=False)["input_ids"])  # elicitation prompt tokens
-
-
 def test_threshold_zero_stops_a_prompt_at_its_first_answer():
     """A branch taken at τ feeds its P prompt tokens and its L = 3 answer tokens one per step alongside the main
     rows: the answer is available at τ + P + 3. A stopped prompt's rows leave the batch; the output stays padded."""
@@ -414,10 +288,9 @@ def test_threshold_zero_stops_a_prompt_at_its_first_answer():
     inputs = prompts()
     budget = 30
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
-        out = generate(model, inputs, n=2, max_new_tokens=budget, schedule={**schedule, (2, 7): EOS},
-                       threshold=0.0)
+        out = generate(model, inputs, n=2, max_new_tokens=budget, schedule={**schedule, (2, 7): EOS}, threshold=0.0)
         first, second = msv.pop_results()
-    generated = out[:, inputs["input_ids"].shape[1]:]
+    generated = out[:, inputs["input_ids"].shape[1] :]
     t0, t1 = 3 + P + 3, 6 + P + 3
     assert generated.shape == (4, t1 + 1)  # generate returns once both prompts have stopped
     # Prompt 0: answer elicited at τ=3 becomes available at t* = τ + P + L; both rows stop there.
@@ -425,7 +298,7 @@ def test_threshold_zero_stops_a_prompt_at_its_first_answer():
     assert first.finish_reasons == ["stopped", "stopped"] and first.tokens_decoded == 2 * (t0 + 1)
     assert first.tokens_without_early_stop is None
     assert first.tokens_without_early_stop_bounds == (2 * (t0 + 1), 2 * budget)
-    assert generated[:2, t0 + 1:].eq(PAD).all()  # stopped rows are padded like finished ones
+    assert generated[:2, t0 + 1 :].eq(PAD).all()  # stopped rows are padded like finished ones
     # Prompt 1 (rows 2, 3): row 2 ends at step 7, row 3 fires at step 6 and its answer stops the prompt; row 2's
     # EOS answer (available at 7 + P + 3) was still decoding and is abandoned with the prompt's rows.
     assert second.stopped_early and second.stop_step == t1 and second.chosen.tau == 6
@@ -480,11 +353,11 @@ def test_terminal_mode_scores_once_offline():
     model = tiny_model("mistral")
     ScriptedAnswers(model)
     verifier = tiny_verifier(mode="terminal", num_sequences=4)
-    with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact",
-                            capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model, TOK, verifier, delimiters=["Wait"], checker="exact", capture_hidden_states=True
+    ) as msv:
         assert msv.elicitation.mode == "terminal"
-        generate(model, prompts(), n=4, max_new_tokens=6, schedule={(0, 1): ID["Wait"], (1, 2): EOS},
-                 threshold=0.0)
+        generate(model, prompts(), n=4, max_new_tokens=6, schedule={(0, 1): ID["Wait"], (1, 2): EOS}, threshold=0.0)
         results = msv.pop_results()
     for result in results:
         assert [a.terminal for a in result.answers] == [True] * 4  # delimiters are ignored
@@ -530,17 +403,28 @@ def test_verifier_config_provides_defaults_and_detach_restores_the_model():
 def test_msv_generate_and_criterion_free_collection():
     model = tiny_model("llama")
     ScriptedAnswers(model)
-    results = msv_generate(model, TOK, ["Hello", "Hi there"], verifier=tiny_verifier(), threshold=0.0,
-                           num_sequences=2, max_new_tokens=6, checker="exact", delimiters=[],
-                           generate_kwargs={"logits_processor": LogitsProcessorList([ForceTokens(3)])})
+    results = msv_generate(
+        model,
+        TOK,
+        ["Hello", "Hi there"],
+        verifier=tiny_verifier(),
+        threshold=0.0,
+        num_sequences=2,
+        max_new_tokens=6,
+        checker="exact",
+        delimiters=[],
+        generate_kwargs={"logits_processor": LogitsProcessorList([ForceTokens(3)])},
+    )
     assert [r.prompt for r in results] == [0, 1] and all(r.chosen is not None for r in results)
     assert "generate" not in vars(model)
     # Collection: no verifier, no MSVEarlyStop passed; num_sequences is the default N.
-    with prepare_generation(model, TOK, checker=None, delimiters=[], num_sequences=3,
-                            capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model, TOK, checker=None, delimiters=[], num_sequences=3, capture_hidden_states=True
+    ) as msv:
         torch.manual_seed(0)
-        model.generate(**prompts(["Hi"]), do_sample=True, max_new_tokens=3,
-                       logits_processor=LogitsProcessorList([ForceTokens(2)]))
+        model.generate(
+            **prompts(["Hi"]), do_sample=True, max_new_tokens=3, logits_processor=LogitsProcessorList([ForceTokens(2)])
+        )
         (result,) = msv.results
     assert result.num_sequences == 3 and all(a.hidden_states.device.type == "cpu" for a in result.answers)
     assert result.elicitation_tokens == sum(len(a.elicitation_ids) + 1 + a.length for a in result.answers)
@@ -576,8 +460,16 @@ def test_hub_layout_loop_samples_like_plain_generate(monkeypatch, tmp_path):
     for custom in (None, str(root)):
         torch.manual_seed(3)
         extra = dict(custom_generate=custom, trust_remote_code=True) if custom else {}
-        outs.append(model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
-                                   logits_processor=processors, **extra))
+        outs.append(
+            model.generate(
+                **inputs,
+                do_sample=True,
+                num_return_sequences=2,
+                max_new_tokens=10,
+                logits_processor=processors,
+                **extra,
+            )
+        )
     assert torch.equal(outs[0], outs[1])
     assert outs[1][1, -6:].eq(PAD).all()  # row 1 ended at step 3 and left the batch; padded as generate pads
 
@@ -601,12 +493,19 @@ def test_row_ended_by_another_criterion_gets_its_terminal_answer():
     inputs = prompts(["Hi"])
     with prepare_generation(model, TOK, delimiters=[], checker=None, capture_hidden_states=True) as msv:
         torch.manual_seed(0)
-        model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
-                       logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1])]),
-                       stopping_criteria=[StopRow(1, inputs["input_ids"].shape[1] + 5), MSVEarlyStop(None)])
+        model.generate(
+            **inputs,
+            do_sample=True,
+            num_return_sequences=2,
+            max_new_tokens=10,
+            logits_processor=LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1])]),
+            stopping_criteria=[StopRow(1, inputs["input_ids"].shape[1] + 5), MSVEarlyStop(None)],
+        )
         (result,) = msv.pop_results()
     assert [(a.sequence, a.tau, a.trigger, a.terminal) for a in result.answers] == [
-        (1, 4, "budget", True), (0, 9, "budget", True)]
+        (1, 4, "budget", True),
+        (0, 9, "budget", True),
+    ]
     assert [len(s) for s in result.sequences] == [10, 5]
     for answer in result.answers:
         hidden, greedy = recompute_answer(model, inputs, result, answer)
@@ -619,12 +518,15 @@ def test_elicitation_settings_and_keyword_overrides():
     settings = ElicitationSettings(delimiters=("\n\n",), max_answer_tokens=9)
     with prepare_generation(model, TOK, elicitation=settings, checker=None) as msv:
         assert msv.elicitation == settings
-    # Giving where to elicit replaces both delimiters and every_k_tokens; other overrides change one field.
-    with prepare_generation(model, TOK, elicitation=settings, every_k_tokens=5, elicitation_prompt="P",
-                            checker=None) as msv:
-        assert (msv.elicitation.delimiters, msv.elicitation.every_k_tokens, msv.elicitation.prompt) == ((), 5, "P")
-        assert msv.elicitation.max_answer_tokens == 9
-    with pytest.raises(TypeError, match="bogus"):
+    # Each override replaces its field only: every_k_tokens adds to the base's delimiters.
+    with prepare_generation(
+        model, TOK, elicitation=settings, every_k_tokens=5, elicitation_prompt="P", checker=None
+    ) as msv:
+        e = msv.elicitation
+        assert (e.delimiters, e.every_k_tokens, e.prompt, e.max_answer_tokens) == (("\n\n",), 5, "P", 9)
+    with prepare_generation(model, TOK, elicitation=settings, delimiters=(), every_k_tokens=5, checker=None) as msv:
+        assert (msv.elicitation.delimiters, msv.elicitation.every_k_tokens) == ((), 5)
+    with pytest.raises(ValueError, match="bogus"):
         prepare_generation(model, TOK, checker=None, bogus=1)
     with pytest.raises(ValueError, match="every_k_tokens"):
         prepare_generation(model, TOK, checker=None, every_k_tokens=0)

@@ -48,8 +48,14 @@ def smollm():
 def random_verifier(model, num_sequences=4):
     torch.manual_seed(0)
     hidden = model.config.hidden_size
-    return MSVVerifier(MSVConfig(hidden_size=hidden, num_attention_heads=model.config.num_attention_heads,
-                                 num_sequences=num_sequences, mode="streaming")).eval()
+    return MSVVerifier(
+        MSVConfig(
+            hidden_size=hidden,
+            num_attention_heads=model.config.num_attention_heads,
+            num_sequences=num_sequences,
+            mode="streaming",
+        )
+    ).eval()
 
 
 def chat_inputs(tokenizer, n_prompts=1):
@@ -64,8 +70,9 @@ def test_smollm_paragraph_delimiter_is_exact_and_unperturbed(smollm):
     torch.manual_seed(11)
     plain = model.generate(**inputs, **settings)
     verifier = random_verifier(model)
-    with prepare_generation(model, tokenizer, verifier, delimiters=["\n\n"], checker="symbolic",
-                            capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model, tokenizer, verifier, delimiters=["\n\n"], checker="symbolic", capture_hidden_states=True
+    ) as msv:
         torch.manual_seed(11)
         hooked = model.generate(**inputs, **settings, stopping_criteria=[MSVEarlyStop(1.5)])
         (result,) = msv.pop_results()
@@ -81,17 +88,27 @@ def test_smollm_paragraph_delimiter_is_exact_and_unperturbed(smollm):
         with torch.no_grad():
             out = model(torch.tensor([context + answer.token_ids]), output_hidden_states=True)
         assert out.logits[0, len(context) - 1 : -1].argmax(-1).tolist() == answer.token_ids
-        torch.testing.assert_close(answer.hidden_states, out.hidden_states[-1][0, len(context):],
-                                   atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(
+            answer.hidden_states, out.hidden_states[-1][0, len(context) :], atol=1e-3, rtol=1e-3
+        )
     assert result.chosen is not None and result.timings["elicitation"] > 0
 
 
 def test_smollm_msv_generate_stops_early_with_chat_prompts(smollm):
     model, tokenizer = smollm
     torch.manual_seed(5)
-    results = msv_generate(model, tokenizer, [QUESTION, QUESTION[:1]], verifier=random_verifier(model),
-                           threshold=0.0, num_sequences=4, max_new_tokens=96, delimiters=["\n\n"],
-                           checker="symbolic", generate_kwargs={"top_p": 0.95})
+    results = msv_generate(
+        model,
+        tokenizer,
+        [QUESTION, QUESTION[:1]],
+        verifier=random_verifier(model),
+        threshold=0.0,
+        num_sequences=4,
+        max_new_tokens=96,
+        delimiters=["\n\n"],
+        checker="symbolic",
+        generate_kwargs={"top_p": 0.95},
+    )
     assert len(results) == 2
     for result in results:
         assert result.chosen is not None

@@ -18,33 +18,32 @@ import transformers
 from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
 
-from hf_msv.generation import (
-    DelimiterMatcher,
-    RecurrentHistory,
-    branch_cache,
-    fork_cache,
-    lockstep_sample,
-    prepare_generation,
-    recurrent_state_bytes,
-)
-from hf_msv.generation import caches
-from hf_msv.generation.caches import cache_argument, check_forkable, output_cache, widen_windows
-
-from test_generation import (
+from helpers.generation import (
     EOS,
     HIDDEN,
     ID,
     PAD,
-    P,
     TOK,
-    V,
     ForceTokens,
+    P,
     ScriptedAnswers,
+    V,
     generate,
     prompts,
     recompute_answer,
     tiny_verifier,
 )
+from hf_msv.generation import (
+    DelimiterMatcher,
+    RecurrentHistory,
+    branch_cache,
+    caches,
+    fork_cache,
+    lockstep_sample,
+    prepare_generation,
+    recurrent_state_bytes,
+)
+from hf_msv.generation.caches import cache_argument, check_forkable, output_cache, widen_windows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 # Recurrent layers are forked from transformers 5.14 on (refused before: see the version test below).
@@ -53,34 +52,79 @@ recurrent = pytest.mark.skipif(not caches._DICT_STATES, reason="recurrent cache 
 
 def hybrid_config(arch: str):
     # Weights larger than the default init, so that a recurrent state that saw the wrong tokens shows in the outputs.
-    common = dict(vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN,
-                  initializer_range=0.2)
+    common = dict(
+        vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN, initializer_range=0.2
+    )
     ssm = dict(num_hidden_layers=2, expand=2, conv_kernel=4, **common)
-    hybrid_ssm = dict(intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_conv=4,
-                      mamba_expand=2, mamba_chunk_size=16, **common)
+    hybrid_ssm = dict(
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_state=8,
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=16,
+        **common,
+    )
     configs = {
         "lfm2": lambda: transformers.Lfm2Config(
-            intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-            layer_types=["conv", "full_attention", "conv"], **common),
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            layer_types=["conv", "full_attention", "conv"],
+            **common,
+        ),
         "mamba": lambda: transformers.MambaConfig(state_size=4, **ssm),
-        "mamba2": lambda: transformers.Mamba2Config(state_size=8, num_heads=4, head_dim=16, n_groups=1,
-                                                    chunk_size=16, **ssm),
+        "mamba2": lambda: transformers.Mamba2Config(
+            state_size=8, num_heads=4, head_dim=16, n_groups=1, chunk_size=16, **ssm
+        ),
         "jamba": lambda: transformers.JambaConfig(
-            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2,
-            mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, **common),
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=2,
+            mamba_d_state=4,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            **common,
+        ),
         "falcon_mamba": lambda: transformers.FalconMambaConfig(state_size=4, **ssm),
         "bamba": lambda: transformers.BambaConfig(attn_layer_indices=[1], **hybrid_ssm),
         "falcon_h1": lambda: transformers.FalconH1Config(head_dim=8, mamba_d_ssm=64, **hybrid_ssm),
         "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
-            layer_types=["mamba", "attention"], num_local_experts=2, num_experts_per_tok=1,
-            shared_intermediate_size=64, **hybrid_ssm),
+            layer_types=["mamba", "attention"],
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            shared_intermediate_size=64,
+            **hybrid_ssm,
+        ),
         "qwen3_next": lambda: transformers.Qwen3NextConfig(
-            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-            layer_types=["linear_attention", "full_attention"], **common),
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["linear_attention", "full_attention"],
+            **common,
+        ),
     }
     return configs[arch]()
 
@@ -99,9 +143,20 @@ def hybrid_model(arch: str):
 def gemma2_window_model(window: int = 4):
     torch.manual_seed(0)
     config = transformers.Gemma2Config(
-        vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=window,
-        layer_types=["sliding_attention", "full_attention"], initializer_range=0.2)
+        vocab_size=V,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"],
+        initializer_range=0.2,
+    )
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -124,8 +179,19 @@ def cache_tensors(cache) -> list[torch.Tensor]:
 
 # Row 0: "Wa"+"it" (one consumed token to leave out); row 1: "W"+"a"+"i"+"t" (three); row 2: "\n\nWait" (its
 # "\n\n" is fed again) at the step where row 0's every-K branch and row 1's fire too, so segments differ in length.
-SCHEDULE = {(0, 3): ID["Wa"], (0, 4): ID["it"], (1, 1): ID["W"], (1, 2): ID["a"], (1, 3): ID["i"], (1, 4): ID["t"],
-            (2, 4): ID["\n\nWait"], (3, 6): ID["Wa"], (3, 7): ID["it"], (4, 2): EOS, (5, 8): ID["Wait"]}
+SCHEDULE = {
+    (0, 3): ID["Wa"],
+    (0, 4): ID["it"],
+    (1, 1): ID["W"],
+    (1, 2): ID["a"],
+    (1, 3): ID["i"],
+    (1, 4): ID["t"],
+    (2, 4): ID["\n\nWait"],
+    (3, 6): ID["Wa"],
+    (3, 7): ID["it"],
+    (4, 2): EOS,
+    (5, 8): ID["Wait"],
+}
 
 
 @pytest.mark.parametrize("arch", HYBRIDS + MORE_HYBRIDS)
@@ -138,8 +204,15 @@ def test_sampling_unperturbed_and_branches_exact(arch):
     ScriptedAnswers(model)
     inputs = prompts()
     plain = generate(model, inputs, n=3, max_new_tokens=12, schedule=SCHEDULE, criteria=False)
-    with prepare_generation(model, TOK, delimiters=["Wait"], every_k_tokens=5, checker=None,
-                            max_answer_tokens=6, capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model,
+        TOK,
+        delimiters=["Wait"],
+        every_k_tokens=5,
+        checker=None,
+        max_answer_tokens=6,
+        capture_hidden_states=True,
+    ) as msv:
         hooked = generate(model, inputs, n=3, max_new_tokens=12, schedule=SCHEDULE)
         results = msv.pop_results()
     assert torch.equal(plain, hooked)
@@ -163,11 +236,11 @@ def test_stopped_prompt_leaves_the_batch_with_its_recurrent_rows(arch):
     model = hybrid_model(arch)
     ScriptedAnswers(model)
     inputs = prompts()
-    schedule = {(0, 3): ID["Wa"], (0, 4): ID["it"], (2, 6): ID["W"], (2, 7): ID["a"], (2, 8): ID["i"],
-                (2, 9): ID["t"]}
+    schedule = {(0, 3): ID["Wa"], (0, 4): ID["it"], (2, 6): ID["W"], (2, 7): ID["a"], (2, 8): ID["i"], (2, 9): ID["t"]}
     plain = generate(model, inputs, n=2, max_new_tokens=16, schedule=schedule, criteria=False)
-    with prepare_generation(model, TOK, tiny_verifier(), delimiters=["Wait"], checker="exact",
-                            max_answer_tokens=6) as msv:
+    with prepare_generation(
+        model, TOK, tiny_verifier(), delimiters=["Wait"], checker="exact", max_answer_tokens=6
+    ) as msv:
         hooked = generate(model, inputs, n=2, max_new_tokens=16, schedule=schedule, threshold=0.0)
         results = msv.pop_results()
     # Prompt 0 stops when its answer is available (τ + P + L, L = 3 scripted tokens); prompt 1's answer (τ = 9)
@@ -176,7 +249,7 @@ def test_stopped_prompt_leaves_the_batch_with_its_recurrent_rows(arch):
     assert first.stopped_early and first.chosen.tau == 4 and first.stop_step == 4 + P + 3 < 15
     assert not second.stopped_early and second.finish_reasons == ["budget", "budget"]
     assert hooked.shape == plain.shape and torch.equal(hooked[2:], plain[2:])
-    assert hooked[:2, inputs["input_ids"].shape[1] + first.stop_step + 1:].eq(PAD).all()  # they left the batch
+    assert hooked[:2, inputs["input_ids"].shape[1] + first.stop_step + 1 :].eq(PAD).all()  # they left the batch
     answers = [(r, a) for r in results for a in r.answers]
     assert [(r.prompt, a.sequence, a.tau, a.tau - a.cot_tokens) for r, a in answers] == [(0, 0, 4, 1), (1, 0, 9, 3)]
     for result, answer in answers:
@@ -195,8 +268,16 @@ def test_decoding_loop_alone_samples_like_plain_generate(arch):
     outs = []
     for custom in (None, lockstep_sample):
         torch.manual_seed(3)
-        outs.append(model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=10,
-                                   logits_processor=processors, custom_generate=custom))
+        outs.append(
+            model.generate(
+                **inputs,
+                do_sample=True,
+                num_return_sequences=2,
+                max_new_tokens=10,
+                logits_processor=processors,
+                custom_generate=custom,
+            )
+        )
     assert torch.equal(outs[0], outs[1])
     assert outs[1][1, -6:].eq(PAD).all()
 
@@ -297,9 +378,21 @@ def minimax_model():
         pytest.skip("this transformers has no MiniMax")
     torch.manual_seed(0)
     config = transformers.MiniMaxConfig(
-        vocab_size=V, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, hidden_size=HIDDEN, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-        num_experts_per_tok=1, layer_types=["linear_attention", "full_attention"], block_size=4)
+        vocab_size=V,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        layer_types=["linear_attention", "full_attention"],
+        block_size=4,
+    )
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -309,8 +402,10 @@ def test_minimax_linear_cache_is_refused_before_decoding():
     model = minimax_model()
     forwards = []
     model.register_forward_hook(lambda *args: forwards.append(1))
-    with prepare_generation(model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=4), \
-            pytest.raises(NotImplementedError, match=r"MiniMaxCache\.linear_cache"):
+    with (
+        prepare_generation(model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=4),
+        pytest.raises(NotImplementedError, match=r"MiniMaxCache\.linear_cache"),
+    ):
         generate(model, prompts(), n=2, max_new_tokens=6)
     assert len(forwards) == 1  # the prefill
     with pytest.raises(NotImplementedError, match="MiniMaxCache"):
@@ -323,11 +418,19 @@ def test_sliding_window_shorter_than_the_context_with_split_delimiters_is_exact(
     model = gemma2_window_model(4)
     ScriptedAnswers(model)
     inputs = prompts()
-    schedule = {(0, 6): ID["Wa"], (0, 7): ID["it"], (1, 3): ID["W"], (1, 4): ID["a"], (1, 5): ID["i"],
-                (1, 6): ID["t"], (2, 2): ID["Wait"]}
+    schedule = {
+        (0, 6): ID["Wa"],
+        (0, 7): ID["it"],
+        (1, 3): ID["W"],
+        (1, 4): ID["a"],
+        (1, 5): ID["i"],
+        (1, 6): ID["t"],
+        (2, 2): ID["Wait"],
+    }
     plain = generate(model, inputs, n=2, max_new_tokens=12, schedule=schedule, criteria=False)
-    with prepare_generation(model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=6,
-                            capture_hidden_states=True) as msv:
+    with prepare_generation(
+        model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=6, capture_hidden_states=True
+    ) as msv:
         hooked = generate(model, inputs, n=2, max_new_tokens=12, schedule=schedule)
         results = msv.pop_results()
     assert torch.equal(plain, hooked)

@@ -9,12 +9,12 @@ from hf_msv.lambda_rule import LAMBDAS, LambdaChoice, choose_lambda, ltt_p_value
 
 
 def test_problems_needed_and_the_binomial_p_value():
-    assert problems_needed(0.01, 0.1) == 230           # (1 − ε)^n ≤ δ
+    assert problems_needed(0.01, 0.1) == 230  # (1 − ε)^n ≤ δ
     assert problems_needed(0.02, 0.1) == 114
-    assert ltt_p_value(np.zeros(230), 0.01) == pytest.approx(0.99 ** 230)
+    assert ltt_p_value(np.zeros(230), 0.01) == pytest.approx(0.99**230)
     # 10 problems, 1 loss, ε = .3: P[Bin(10, .3) ≤ 1] = .7^10 + 10·.3·.7^9
-    assert ltt_p_value(np.r_[1.0, np.zeros(9)], 0.3) == pytest.approx(.7 ** 10 + 3 * .7 ** 9)
-    assert ltt_p_value(np.full(10, 0.5), 0.3) == 1.0    # mean loss above ε: no evidence
+    assert ltt_p_value(np.r_[1.0, np.zeros(9)], 0.3) == pytest.approx(0.7**10 + 3 * 0.7**9)
+    assert ltt_p_value(np.full(10, 0.5), 0.3) == 1.0  # mean loss above ε: no evidence
     assert ltt_p_value(np.full(100, 0.05), 0.3) < 1e-6  # fractional losses (several groups per problem)
 
 
@@ -38,7 +38,7 @@ def test_the_guarantee_holds_over_many_validation_draws():
         lam, correct, tokens = _draw(rng, 400, risk)
         choice = choose_lambda(lam, correct, tokens, epsilon=epsilon, delta=delta)
         j = int(np.flatnonzero(lam == choice.lam)[0])
-        failures += [*risk, 0.0][j] > epsilon         # H0 is "loss > ε": only λ = .2 is a failure
+        failures += [*risk, 0.0][j] > epsilon  # H0 is "loss > ε": only λ = .2 is a failure
         early += choice.reached
     assert failures <= 0.1 * 400
     assert early >= 0.9 * 400
@@ -55,8 +55,9 @@ def test_too_few_problems_certify_nothing_and_say_how_many_would():
 def test_groups_of_one_problem_are_averaged():
     lam, correct, tokens = _draw(np.random.default_rng(2), 200, [0.0, 0.0, 0.0])
     one = choose_lambda(lam, correct, tokens, epsilon=0.02, delta=0.1)
-    twice = choose_lambda(lam, np.repeat(correct, 2, 0), np.repeat(tokens, 2, 0), np.repeat(np.arange(200), 2),
-                          epsilon=0.02, delta=0.1)
+    twice = choose_lambda(
+        lam, np.repeat(correct, 2, 0), np.repeat(tokens, 2, 0), np.repeat(np.arange(200), 2), epsilon=0.02, delta=0.1
+    )
     assert twice.num_problems == one.num_problems == 200 and twice.lam == one.lam
 
 
@@ -64,7 +65,7 @@ def test_the_target_rule_is_the_cheapest_lambda_reaching_it():
     lam = np.array([0.2, 0.5, 0.8, np.inf])
     correct = np.array([[0, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 0, 0]], bool)
     tokens = np.tile([10.0, 20.0, 30.0, 40.0], (4, 1))
-    choice = choose_lambda(lam, correct, tokens, target_fraction=0.95)   # full 0.75; target 0.7125
+    choice = choose_lambda(lam, correct, tokens, target_fraction=0.95)  # full 0.75; target 0.7125
     assert (choice.lam, choice.accuracy, choice.tokens, choice.reached) == (0.5, 0.75, 20.0, True)
     unreachable = choose_lambda(lam, correct, tokens, target_accuracy=0.99)
     assert math.isinf(unreachable.lam) and not unreachable.reached

@@ -6,11 +6,27 @@ import torch
 from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
-from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
 from hf_msv.data import AnswerGroup
-from hf_msv.metrics import (auroc, bce_with_logits, best_of_n_accuracy, best_of_n_metrics, best_of_n_pairs, brier,
-                            calibration_metrics, difficulty_scores, ece, fold_by_problem, format_mean_std, mean_std, nll,
-                            per_problem_auroc, reliability_bins, seed_stat, within_problem_auroc)
+from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
+from hf_msv.metrics import (
+    auroc,
+    bce_with_logits,
+    best_of_n_accuracy,
+    best_of_n_metrics,
+    best_of_n_pairs,
+    brier,
+    calibration_metrics,
+    difficulty_scores,
+    ece,
+    fold_by_problem,
+    format_mean_std,
+    mean_std,
+    nll,
+    per_problem_auroc,
+    reliability_bins,
+    seed_stat,
+    within_problem_auroc,
+)
 
 P = np.array([0.9, 0.8, 0.3, 0.3, 0.05, 0.65])
 Y = np.array([1, 0, 1, 0, 0, 1])
@@ -32,20 +48,21 @@ def test_auroc_one_class_is_nan_with_reason():
 def test_brier_nll_hand_and_sklearn():
     assert brier(P, Y) == pytest.approx(np.mean([0.01, 0.64, 0.49, 0.09, 0.0025, 0.1225]))
     assert brier(P, Y) == pytest.approx(brier_score_loss(Y, P))
-    hand = -np.mean([np.log(.9), np.log(.2), np.log(.3), np.log(.7), np.log(.95), np.log(.65)])
+    hand = -np.mean([np.log(0.9), np.log(0.2), np.log(0.3), np.log(0.7), np.log(0.95), np.log(0.65)])
     assert nll(P, Y) == pytest.approx(hand)
     assert nll(P, Y) == pytest.approx(log_loss(Y, P))
     assert nll([1.0, 0.0], [0, 1]) == pytest.approx(-np.log(1e-7))  # clipped, finite
 
 
 def test_ece_hand():
-    # bins: [0.9]->9 (acc 1, conf .9), [0.8]->8 (0 vs .8), [.3,.3]->3 (.5 vs .3), [.05]->0 (0 vs .05), [.65]->6 (1 vs .65)
+    # bins: [0.9]->9 (acc 1, conf .9), [0.8]->8 (0 vs .8), [.3,.3]->3 (.5 vs .3), [.05]->0 (0 vs .05), [.65]->6 (1 vs
+    # .65)
     hand = (0.1 + 0.8 + 2 * 0.2 + 0.05 + 0.35) / 6
     assert ece(P, Y) == pytest.approx(hand)
     conf, acc, count = reliability_bins(P, Y)
-    assert count.tolist() == [1, 0, 0, 2, 0, 0, 1, 0, 1, 1] and np.isnan(acc[1]) and conf[3] == pytest.approx(.3)
+    assert count.tolist() == [1, 0, 0, 2, 0, 0, 1, 0, 1, 1] and np.isnan(acc[1]) and conf[3] == pytest.approx(0.3)
     assert ece([1.0, 0.0], [1, 0]) == 0.0  # p = 1 lands in the last bin
-    assert ece(np.full(10, .7), np.r_[np.ones(7), np.zeros(3)]) == pytest.approx(0.0)
+    assert ece(np.full(10, 0.7), np.r_[np.ones(7), np.zeros(3)]) == pytest.approx(0.0)
 
 
 def test_input_validation():
@@ -57,28 +74,43 @@ def test_input_validation():
 
 def _terminal_group(scores, correct, klass=None):
     n = len(scores)
-    return AnswerGroup(sequence=np.arange(n), end=np.full(n, 10), klass=np.arange(n) if klass is None else klass,
-                       correct=correct, is_terminal=np.ones(n, bool), seq_len=np.full(n, 8),
-                       scores={"v": scores})
+    return AnswerGroup(
+        sequence=np.arange(n),
+        end=np.full(n, 10),
+        klass=np.arange(n) if klass is None else klass,
+        correct=correct,
+        is_terminal=np.ones(n, bool),
+        seq_len=np.full(n, 8),
+        scores={"v": scores},
+    )
 
 
 def test_best_of_n_pairs_accuracy_ece_brier():
-    groups = [_terminal_group([.2, .9, .9], [0, 1, 0]),   # tie .9/.9 -> lowest index 1 (correct)
-              _terminal_group([.7, .1], [0, 1]),          # picks 0 (wrong)
-              _terminal_group([.4, .6], [0, 1])]          # picks 1 (correct)
+    groups = [
+        _terminal_group([0.2, 0.9, 0.9], [0, 1, 0]),  # tie .9/.9 -> lowest index 1 (correct)
+        _terminal_group([0.7, 0.1], [0, 1]),  # picks 0 (wrong)
+        _terminal_group([0.4, 0.6], [0, 1]),
+    ]  # picks 1 (correct)
     p, y = best_of_n_pairs(groups, "v")
-    assert p.tolist() == [.9, .7, .6] and y.tolist() == [True, False, True]
+    assert p.tolist() == [0.9, 0.7, 0.6] and y.tolist() == [True, False, True]
     assert best_of_n_accuracy(groups, "v") == pytest.approx(2 / 3)
     m = best_of_n_metrics(groups, [g.scores["v"] for g in groups])
-    assert m["brier"] == pytest.approx((.01 + .49 + .16) / 3)
-    assert m["ece"] == pytest.approx((.1 + .7 + .4) / 3)
+    assert m["brier"] == pytest.approx((0.01 + 0.49 + 0.16) / 3)
+    assert m["ece"] == pytest.approx((0.1 + 0.7 + 0.4) / 3)
 
 
 def test_best_of_n_ignores_non_terminal():
-    g = AnswerGroup(sequence=[0, 0, 1], end=[3, 9, 9], klass=[0, 1, 1], correct=[1, 0, 0],
-                    is_terminal=[0, 1, 1], seq_len=[7, 7], scores={"v": [.99, .5, .4]})
+    g = AnswerGroup(
+        sequence=[0, 0, 1],
+        end=[3, 9, 9],
+        klass=[0, 1, 1],
+        correct=[1, 0, 0],
+        is_terminal=[0, 1, 1],
+        seq_len=[7, 7],
+        scores={"v": [0.99, 0.5, 0.4]},
+    )
     p, y = best_of_n_pairs([g], "v")
-    assert p[0] == .5 and not y[0]
+    assert p[0] == 0.5 and not y[0]
 
 
 def test_answer_group_validates_shapes():
@@ -149,7 +181,8 @@ def test_bce_with_logits_matches_torch_and_stays_finite():
     z = np.array([-40.0, -2.0, 0.0, 3.0, 40.0])
     y = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
     expected = torch.nn.functional.binary_cross_entropy_with_logits(
-        torch.tensor(z), torch.tensor(y), reduction="none").numpy()
+        torch.tensor(z), torch.tensor(y), reduction="none"
+    ).numpy()
     np.testing.assert_allclose(bce_with_logits(z, y), expected, rtol=1e-12)
     assert np.isfinite(bce_with_logits(z, y)).all() and bce_with_logits(z, y)[0] == pytest.approx(40.0)
 
@@ -173,8 +206,10 @@ def test_difficulty_scores_reach_the_best_auroc_of_any_per_problem_score():
     labels[2] = np.ones(3)  # an all-right problem and an all-wrong one are part of difficulty too
     labels[3] = np.zeros(6)
     y = np.concatenate(labels)
-    best = max(auroc(np.concatenate([np.full(len(l), r) for l, r in zip(labels, ranks)]), y)
-               for ranks in itertools.product(range(4), repeat=4))
+    best = max(
+        auroc(np.concatenate([np.full(len(group), r) for group, r in zip(labels, ranks)]), y)
+        for ranks in itertools.product(range(4), repeat=4)
+    )
     oracle = auroc(np.concatenate(difficulty_scores(labels)), y)
     assert oracle == pytest.approx(best)
     assert [s.tolist() for s in difficulty_scores([[1, 0, 0, 1], []])] == [[0.5] * 4, []]

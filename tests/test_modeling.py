@@ -11,11 +11,18 @@ import torch
 from transformers import AutoConfig, AutoModel, LlamaConfig, LlamaForCausalLM
 
 import hf_msv
-from hf_msv import (ElicitationSettings, MSVCache, MSVConfig, MSVVerifier, build_masks, check_compatible, compute_gamma,
-                    split_into_groups)
+from helpers.modeling import D, inputs_for, random_answers, select
+from hf_msv import (
+    ElicitationSettings,
+    MSVCache,
+    MSVConfig,
+    MSVVerifier,
+    build_masks,
+    check_compatible,
+    compute_gamma,
+    split_into_groups,
+)
 from hf_msv.modeling_msv import GROUP
-
-D = 32
 
 
 def make_verifier(seed=0, **overrides):
@@ -32,42 +39,6 @@ def set_gamma_skip(verifier, weight, bias):
         verifier.gamma_skip_bias.fill_(bias)
 
 
-def random_answers(seed=0, groups=2, sequences=4, steps=3, max_len=4, classes=3, terminal=False):
-    """Packed inputs for random groups: list of answer tuples plus the forward kwargs."""
-    g = torch.Generator().manual_seed(seed)
-    answers = []
-    for group in range(groups):
-        for n in range(sequences):
-            tau = 0
-            for k in range(1 if terminal else steps):
-                tau += int(torch.randint(1, 8, (1,), generator=g))
-                length = int(torch.randint(1, max_len + 1, (1,), generator=g))
-                answers.append(dict(group=group, sequence=n, step=k, end=tau + length, length=length,
-                                    klass=int(torch.randint(0, classes, (1,), generator=g))))
-    token_answer = torch.cat([torch.full((a["length"],), i) for i, a in enumerate(answers)])
-    hidden = torch.randn(len(token_answer), D, generator=g)
-    return answers, inputs_for(answers, hidden, token_answer)
-
-
-def inputs_for(answers, hidden, token_answer):
-    col = lambda key: torch.tensor([a[key] for a in answers], dtype=torch.long)  # noqa: E731
-    return dict(hidden_states=hidden, token_answer=token_answer, answer_group=col("group"),
-                answer_sequence=col("sequence"), answer_step=col("step"), answer_end=col("end"),
-                answer_class=col("klass"))
-
-
-def select(inputs, answer_idx):
-    """The packed inputs restricted to some answers, re-indexed."""
-    idx = torch.as_tensor(answer_idx)
-    keep = torch.isin(inputs["token_answer"], idx)
-    remap = torch.full((int(inputs["token_answer"].max()) + 1,), -1)
-    remap[idx] = torch.arange(len(idx))
-    out = {k: v[idx] for k, v in inputs.items() if k.startswith("answer_")}
-    out["hidden_states"] = inputs["hidden_states"][keep]
-    out["token_answer"] = remap[inputs["token_answer"][keep]]
-    return out
-
-
 # ---- masks -------------------------------------------------------------------------------------------------------
 
 
@@ -76,14 +47,22 @@ def hand_built_meta():
     # a1 = (seq 0, step 1, end 7, class 1, 1 token), a2 = (seq 1, step 0, end 5, class 0, 1 token).
     answer_of_token = [0, 0, 1, 2]
     seq, klass, end = [0, 0, 1], [0, 1, 0], [3, 7, 5]
-    return torch.tensor([[0] * 4, [seq[a] for a in answer_of_token], answer_of_token,
-                         [klass[a] for a in answer_of_token], [end[a] for a in answer_of_token]])
+    return torch.tensor(
+        [
+            [0] * 4,
+            [seq[a] for a in answer_of_token],
+            answer_of_token,
+            [klass[a] for a in answer_of_token],
+            [end[a] for a in answer_of_token],
+        ]
+    )
 
 
 def expand(answer_pairs):
     answer_of_token = [0, 0, 1, 2]
-    return torch.tensor([[(answer_of_token[u], answer_of_token[v]) in answer_pairs for v in range(4)]
-                         for u in range(4)])
+    return torch.tensor(
+        [[(answer_of_token[u], answer_of_token[v]) in answer_pairs for v in range(4)] for u in range(4)]
+    )
 
 
 ALL = {(a, b) for a in range(3) for b in range(3)}
@@ -113,8 +92,15 @@ def test_masks_never_cross_groups():
 
 def test_within_sequence_equals_within_answer_in_terminal_mode():
     answers, inputs = random_answers(seed=3, terminal=True)
-    meta = torch.stack([inputs["answer_group"], inputs["answer_sequence"], torch.arange(len(answers)),
-                        inputs["answer_class"], inputs["answer_end"]])[:, inputs["token_answer"]]
+    meta = torch.stack(
+        [
+            inputs["answer_group"],
+            inputs["answer_sequence"],
+            torch.arange(len(answers)),
+            inputs["answer_class"],
+            inputs["answer_end"],
+        ]
+    )[:, inputs["token_answer"]]
     ws, wa = build_masks(["within_sequence", "within_answer"], meta, meta, streaming=False)
     assert torch.equal(ws, wa)
     assert MSVConfig(mode="terminal").effective_masks == ["full", "within_sequence", "equivalence"]
@@ -131,8 +117,9 @@ def test_gamma_uses_latest_completed_answer_of_each_sequence():
     # a0 at t=2: only seq 0 done, latest is a0 itself -> 1. a1 at t=6: seq0->a1 (1), seq1->a2 (1) -> 1.
     # a2 at t=4: seq0->a0 (class 0), seq1->a2 -> 1/2. a3 at t=9: seq0->a1 (1), seq1->a2 (1), seq2->a3 (0) -> 1/3.
     assert torch.allclose(gamma, torch.tensor([1.0, 1.0, 0.5, 1 / 3]))
-    terminal = compute_gamma(group[[1, 2, 3]], seq[[1, 2, 3]], step[[1, 2, 3]], end[[1, 2, 3]], klass[[1, 2, 3]],
-                             streaming=False)
+    terminal = compute_gamma(
+        group[[1, 2, 3]], seq[[1, 2, 3]], step[[1, 2, 3]], end[[1, 2, 3]], klass[[1, 2, 3]], streaming=False
+    )
     assert torch.allclose(terminal, torch.tensor([2 / 3, 2 / 3, 1 / 3]))
 
 
@@ -194,25 +181,36 @@ def test_gamma_skip_is_off_by_default_and_old_checkpoints_load_unchanged(tmp_pat
 # ---- attention paths -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode,readout,layers,skip", [("streaming", "last", 1, False), ("terminal", "last", 1, False),
-                                                      ("streaming", "mean", 2, False), ("terminal", "mean", 2, False),
-                                                      ("streaming", "last", 1, True), ("terminal", "last", 1, True)])
+@pytest.mark.parametrize(
+    "mode,readout,layers,skip",
+    [
+        ("streaming", "last", 1, False),
+        ("terminal", "last", 1, False),
+        ("streaming", "mean", 2, False),
+        ("terminal", "mean", 2, False),
+        ("streaming", "last", 1, True),
+        ("terminal", "last", 1, True),
+    ],
+)
 def test_chunked_attention_matches_dense_reference_with_gradients(mode, readout, layers, skip):
     answers, inputs = random_answers(seed=7, groups=3, sequences=5, terminal=mode == "terminal")
     labels = torch.randint(0, 2, (len(answers),)).float()
-    dense = make_verifier(mode=mode, readout=readout, num_hidden_layers=layers, attention_backend="dense",
-                          gamma_skip=skip)
+    dense = make_verifier(
+        mode=mode, readout=readout, num_hidden_layers=layers, attention_backend="dense", gamma_skip=skip
+    )
     if skip:
         set_gamma_skip(dense, 1.5, -0.5)
     # A tiny budget forces many chunks with partial key windows.
-    fast = make_verifier(mode=mode, readout=readout, num_hidden_layers=layers, attention_chunk_elements=300,
-                         gamma_skip=skip)
+    fast = make_verifier(
+        mode=mode, readout=readout, num_hidden_layers=layers, attention_chunk_elements=300, gamma_skip=skip
+    )
     fast.load_state_dict(dense.state_dict())
     with torch.no_grad():  # non-trivial mixture weights so the mask-mixture gradient is exercised
         for model in (dense, fast):
             for layer in model.layers:
-                layer.attn.mask_logits.copy_(torch.linspace(-1, 1, layer.attn.mask_logits.numel()).view_as(
-                    layer.attn.mask_logits))
+                layer.attn.mask_logits.copy_(
+                    torch.linspace(-1, 1, layer.attn.mask_logits.numel()).view_as(layer.attn.mask_logits)
+                )
     hidden_dense = inputs["hidden_states"].clone().requires_grad_()
     hidden_fast = inputs["hidden_states"].clone().requires_grad_()
     out_dense = dense(**{**inputs, "hidden_states": hidden_dense}, labels=labels)
@@ -243,7 +241,9 @@ def test_changing_a_later_answer_never_changes_an_earlier_score():
     with torch.no_grad():
         before = verifier(**inputs).logits
         latest = int(torch.argmax(inputs["answer_end"]))
-        changed = dict(inputs, hidden_states=inputs["hidden_states"].clone(), answer_class=inputs["answer_class"].clone())
+        changed = dict(
+            inputs, hidden_states=inputs["hidden_states"].clone(), answer_class=inputs["answer_class"].clone()
+        )
         changed["hidden_states"][inputs["token_answer"] == latest] += 5.0
         changed["answer_class"][latest] = 99
         after = verifier(**changed).logits
@@ -369,7 +369,8 @@ def test_remote_code_loads_without_hf_msv_installed(tmp_path):
         "import sys; sys.modules['hf_msv'] = None\n"  # make `import hf_msv` fail in this process
         "from transformers import AutoModel\n"
         f"m = AutoModel.from_pretrained({str(tmp_path / 'model')!r}, trust_remote_code=True)\n"
-        "print(type(m).__name__, type(m).__module__)\n")
+        "print(type(m).__name__, type(m).__module__)\n"
+    )
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -396,8 +397,15 @@ def test_push_to_hub_sends_weights_config_code_and_card(tmp_path, monkeypatch):
     verifier = make_verifier(base_model_name_or_path="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
     assert verifier.push_to_hub("me/msv-test", metrics={"brier": 0.0421}) == "commit-url"
     assert sent["repo_id"] == "me/msv-test"
-    assert sent["files"] == ["README.md", "config.json", "configuration_msv.py", "elicitation.py",
-                             "model.safetensors", "modeling_msv.py"]
+    assert sent["files"] == [
+        "README.md",
+        "baselines.py",
+        "config.json",
+        "configuration_msv.py",
+        "elicitation.py",
+        "model.safetensors",
+        "modeling_msv.py",
+    ]
     assert sent["config"]["model_type"] == "msv" and sent["config"]["auto_map"]["AutoModel"].endswith("MSVVerifier")
     assert sent["config"]["elicitation"]["delimiters"] == ["Wait"] and "delimiters" not in sent["config"]
     card = sent["card"]
@@ -411,8 +419,9 @@ def test_configs_saved_with_flat_elicitation_keys_load_into_the_settings(tmp_pat
     old.update(delimiters=None, every_k_tokens=40, elicitation_prompt="Answer: \\boxed", max_answer_tokens=12)
     (tmp_path / "config.json").write_text(json.dumps(old))
     config = MSVConfig.from_pretrained(tmp_path)
-    assert config.elicitation == ElicitationSettings(delimiters=(), every_k_tokens=40, prompt="Answer: \\boxed",
-                                                     max_answer_tokens=12)
+    assert config.elicitation == ElicitationSettings(
+        delimiters=(), every_k_tokens=40, prompt="Answer: \\boxed", max_answer_tokens=12
+    )
     assert not hasattr(config, "elicitation_prompt") and "delimiters" not in config.to_dict()
     shipped = MSVConfig.from_pretrained(Path(hf_msv.__file__).parent / "testbed" / "verifier")
     assert shipped.elicitation == ElicitationSettings(delimiters=("Wait",))
@@ -422,8 +431,16 @@ def test_configs_saved_with_flat_elicitation_keys_load_into_the_settings(tmp_pat
 
 
 def test_hidden_size_mismatch_with_the_lm_is_named():
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=4))
+    lm = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        )
+    )
     with pytest.raises(ValueError, match="width 32.*hidden size 48"):
         check_compatible(make_verifier(), lm)
     answers, inputs = random_answers(seed=1)
@@ -465,8 +482,7 @@ def synthetic_groups(num_groups, n, seed):
             klass = 0 if correct else int(torch.randint(1, 4, (1,), generator=g))
             signal = (0.6 if correct else -0.6) * direction
             hidden.append(signal + torch.randn(2, D, generator=g))
-            answers.append(dict(group=group, sequence=seq, step=0, end=1, length=2, klass=klass,
-                                label=float(correct)))
+            answers.append(dict(group=group, sequence=seq, step=0, end=1, length=2, klass=klass, label=float(correct)))
     token_answer = torch.arange(len(answers)).repeat_interleave(2)
     inputs = inputs_for(answers, torch.cat(hidden), token_answer)
     return inputs, torch.tensor([a["label"] for a in answers])

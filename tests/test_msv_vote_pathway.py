@@ -10,13 +10,11 @@ import pytest
 import torch
 
 import hf_msv
+from helpers.modeling import D, inputs_for, random_answers, select
 from hf_msv import MSVCache, MSVConfig, MSVVerifier
-from hf_msv.baselines import (best_of_n, fit_platt, self_consistency, streaming_weighted_voting,
-                              weighted_voting)
+from hf_msv.baselines import best_of_n, fit_platt, self_consistency, streaming_weighted_voting, weighted_voting
 from hf_msv.modeling_msv import weighted_vote_share
 from hf_msv.modeling_probe import ProbeConfig, ProbeVerifier
-
-from test_modeling import D, inputs_for, random_answers, select
 
 VOTE = dict(vote_pathway=True, vote_hidden_size=16, vote_threshold=3)
 
@@ -112,8 +110,13 @@ def test_checkpoints_without_the_option_load_and_score_bit_identically(tmp_path)
 
 def test_paper_preset_is_the_papers_architecture():
     config = MSVConfig.paper_preset(hidden_size=D, num_attention_heads=4, mode="terminal")
-    assert (config.num_hidden_layers, config.masks, config.gamma_skip, config.vote_pathway, config.logit_averaging) == (
-        1, ["full", "within_sequence", "equivalence", "within_answer"], False, False, True)
+    assert (
+        config.num_hidden_layers,
+        config.masks,
+        config.gamma_skip,
+        config.vote_pathway,
+        config.logit_averaging,
+    ) == (1, ["full", "within_sequence", "equivalence", "within_answer"], False, False, True)
     with pytest.raises(ValueError, match="paper_preset fixes"):
         MSVConfig.paper_preset(vote_pathway=True)
 
@@ -131,7 +134,8 @@ def test_remote_code_with_the_vote_pathway_loads_without_hf_msv_installed(tmp_pa
         "from transformers import AutoModel\n"
         f"m = AutoModel.from_pretrained({str(tmp_path / 'model')!r}, trust_remote_code=True).eval()\n"
         f"torch.save(m(**torch.load({str(tmp_path / 'inputs.pt')!r})).logits.detach(), 'out.pt')\n"
-        "print(type(m).__module__)\n")
+        "print(type(m).__module__)\n"
+    )
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -170,22 +174,28 @@ def test_anchored_output_is_the_calibrated_weighted_vote_of_its_probe(mode):
     with torch.no_grad():
         p = probe(inputs["hidden_states"], inputs["token_answer"]).probabilities.numpy()
     klass, end = inputs["answer_class"].numpy(), inputs["answer_end"].numpy()
-    expected = (per_group(inputs, weighted_voting, p, klass) if terminal else
-                per_group(inputs, lambda *c: streaming_weighted_voting(*c, R=3), p, klass, end))
+    expected = (
+        per_group(inputs, weighted_voting, p, klass)
+        if terminal
+        else per_group(inputs, lambda *c: streaming_weighted_voting(*c, R=3), p, klass, end)
+    )
     np.testing.assert_allclose(torch.sigmoid(out.vote_logits).detach().numpy(), p, atol=1e-6)
     np.testing.assert_allclose(out.vote_share.detach().numpy(), expected, atol=1e-6)
     torch.testing.assert_close(out.logits, 4.0 * out.vote_share - 1.5)
     scores = out.logits.detach().numpy()
-    assert all(best_of_n(scores[inputs["answer_group"] == g]) == best_of_n(expected[inputs["answer_group"] == g])
-               for g in range(3))
+    assert all(
+        best_of_n(scores[inputs["answer_group"] == g]) == best_of_n(expected[inputs["answer_group"] == g])
+        for g in range(3)
+    )
     out.loss.backward()
     assert model.head.weight.grad.abs().sum() > 0 and model.vote_skip_weight.grad.abs().sum() > 0
 
 
 def test_share_of_a_group_without_mass_is_zero_with_finite_gradients():
     probs = torch.zeros(4, requires_grad=True)
-    share = weighted_vote_share(probs, torch.zeros(4, dtype=torch.long), torch.arange(4), torch.tensor([0, 0, 1, 1]),
-                                streaming=False)
+    share = weighted_vote_share(
+        probs, torch.zeros(4, dtype=torch.long), torch.arange(4), torch.tensor([0, 0, 1, 1]), streaming=False
+    )
     share.sum().backward()
     assert torch.equal(share.detach(), torch.zeros(4)) and torch.isfinite(probs.grad).all()
 
@@ -206,13 +216,19 @@ def hard_groups(num_groups, seed):
         names = torch.randperm(4, generator=g)
         for seq in range(N):
             correct = bool(torch.rand(1, generator=g) < p)
-            klass = 0 if correct else 1 if torch.rand(1, generator=g) < 0.7 else int(torch.randint(2, 4, (1,),
-                                                                                                     generator=g))
+            klass = (
+                0
+                if correct
+                else 1
+                if torch.rand(1, generator=g) < 0.7
+                else int(torch.randint(2, 4, (1,), generator=g))
+            )
             h = torch.randn(1, WIDTH, generator=g)
             h[0, 0] += (1.0 if correct else -1.0) + offset
             hidden.append(h)
-            answers.append(dict(group=group, sequence=seq, step=0, end=1, length=1, klass=int(names[klass]),
-                                label=float(correct)))
+            answers.append(
+                dict(group=group, sequence=seq, step=0, end=1, length=1, klass=int(names[klass]), label=float(correct))
+            )
     inputs = inputs_for(answers, torch.cat(hidden), torch.arange(len(answers)))
     return inputs, torch.tensor([a["label"] for a in answers])
 
@@ -254,10 +270,13 @@ def test_msv_with_the_vote_pathway_beats_the_vote_and_probe_weighted_voting():
     with torch.no_grad():
         msv = model.eval()(**test).probabilities.numpy()
 
-    accuracy = {name: best_of_n_accuracy(test, y_test, s) for name, s in
-                (("msv", msv), ("probe_wv", probe_wv), ("vote", vote))}
-    brier = {name: float(np.mean((s - y_test.numpy()) ** 2)) for name, s in
-             (("msv", msv), ("probe_wv", probe_wv), ("vote", vote))}
+    accuracy = {
+        name: best_of_n_accuracy(test, y_test, s) for name, s in (("msv", msv), ("probe_wv", probe_wv), ("vote", vote))
+    }
+    brier = {
+        name: float(np.mean((s - y_test.numpy()) ** 2))
+        for name, s in (("msv", msv), ("probe_wv", probe_wv), ("vote", vote))
+    }
     print(accuracy, brier)
     assert accuracy["msv"] >= max(accuracy["probe_wv"], accuracy["vote"]) + 0.03, accuracy
     assert brier["msv"] <= 0.85 * min(brier["probe_wv"], brier["vote"]), brier

@@ -10,13 +10,12 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, LlamaConfig, LlamaForTokenClassification, PreTrainedTokenizerFast
 
+from helpers.collect import SETTINGS, make_tokenizer, tiny_lm, tiny_problems
+from helpers.tokenizer import word_level_tokenizer
 from hf_msv.collect import collect
 from hf_msv.data import ShardDataset, list_shards, read_shard, write_shard
 from hf_msv.evaluation import PRMScorer, build_prm_text, load_lm_tokenizer, main, split_steps
 from hf_msv.evaluation.prm import QWEN_PRM_SYSTEM, STEP_TOKEN, answer_contexts
-
-from test_collect import SETTINGS, make_tokenizer, tiny_lm, tiny_problems  # noqa: E402  (tests/ is on sys.path)
-from tiny import word_level_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -32,9 +31,17 @@ def prm_model(tokenizer, seed: int = 0) -> LlamaForTokenClassification:
     """A tiny random PRM-shaped model: per-token 2-class logits, as Qwen2.5-Math-PRM returns. (Llama rather than
     Qwen2: a saved Qwen2 config makes AutoTokenizer rebuild the word-level test tokenizer as a byte-level one.)"""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, num_labels=2, max_position_embeddings=1024,
-                      pad_token_id=tokenizer.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=2,
+        max_position_embeddings=1024,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     return LlamaForTokenClassification(cfg).eval()
 
 
@@ -54,8 +61,12 @@ def model(tokenizer):
 
 
 def test_split_steps_appends_answer_and_drops_markers():
-    assert split_steps(COT, "5") == ["Let think.", "What is 2 + 3?", "add then 2 + 3 = 5.",
-                                     "The final answer is \\boxed{5}."]
+    assert split_steps(COT, "5") == [
+        "Let think.",
+        "What is 2 + 3?",
+        "add then 2 + 3 = 5.",
+        "The final answer is \\boxed{5}.",
+    ]
     assert split_steps(f"a{STEP_TOKEN}b", None) == ["ab", "The final answer is \\boxed{}."]
     assert split_steps("", "7") == ["The final answer is \\boxed{7}."]  # an answer elicited at τ = 0
 
@@ -153,7 +164,7 @@ def test_answer_contexts_decode_the_cot_prefix_of_each_answer(collected):
     assert len(contexts) == problem.num_answers
     for a, text in enumerate(contexts):
         seq = problem.cot_token_ids[problem.answer_sequence[a]].tolist()
-        ids = seq if problem.answer_terminal[a] else seq[:problem.answer_tau[a]]
+        ids = seq if problem.answer_terminal[a] else seq[: problem.answer_tau[a]]
         assert text == lm_tok.decode(ids, skip_special_tokens=True)
         assert "<eos>" not in text
     assert any(not t for t in problem.answer_terminal)  # streaming answers (delimiters) are among them
@@ -161,18 +172,35 @@ def test_answer_contexts_decode_the_cot_prefix_of_each_answer(collected):
 
 def test_evaluate_with_prm_scores_every_answer(collected, tmp_path):
     out = tmp_path / "report"
-    results = main(["--eval-dir", str(collected / "eval"), "--output-dir", str(out), "--num-sequences", "1", "2",
-                    "--no-figures", "--no-progress", "--prm", str(collected / "prm"),
-                    "--prm-batch-size", "3"])
+    results = main(
+        [
+            "--eval-dir",
+            str(collected / "eval"),
+            "--output-dir",
+            str(out),
+            "--num-sequences",
+            "1",
+            "2",
+            "--no-figures",
+            "--no-progress",
+            "--prm",
+            str(collected / "prm"),
+            "--prm-batch-size",
+            "3",
+        ]
+    )
     # The same answers scored directly, as the baseline defines them.
     scorer = PRMScorer.from_pretrained(str(collected / "prm"))
     lm_tok = load_lm_tokenizer({}, str(collected / "lm-tokenizer"))  # the --lm-tokenizer override path
     problems = ShardDataset(collected / "eval").read_problems()
-    expected = [scorer.score_batch([p.question] * p.num_answers, answer_contexts(p, lm_tok), p.answer_text)
-                for p in problems]
+    expected = [
+        scorer.score_batch([p.question] * p.num_answers, answer_contexts(p, lm_tok), p.answer_text) for p in problems
+    ]
     assert all(p.question.startswith("Q") for p in problems)
-    for setting, rows in (("terminal", [p.answer_terminal for p in problems]),
-                          ("streaming", [np.ones(p.num_answers, bool) for p in problems])):
+    for setting, rows in (
+        ("terminal", [p.answer_terminal for p in problems]),
+        ("streaming", [np.ones(p.num_answers, bool) for p in problems]),
+    ):
         assert {"PRM", "PRM+WV", "Token Probs", "DeepConf"} <= set(results[setting]["2"])
         s = np.concatenate([e[r] for e, r in zip(expected, rows)])
         y = np.concatenate([p.answer_correct[r] for p, r in zip(problems, rows)])
@@ -181,8 +209,11 @@ def test_evaluate_with_prm_scores_every_answer(collected, tmp_path):
         assert got == pytest.approx(np.mean((s - y) ** 2), abs=1e-6), setting
     cost = results["costs"]["prm"]["eval"]
     assert cost["answers"] == sum(p.num_answers for p in problems)
-    assert cost["tokens"] == sum(len(scorer.encode(p.question, c, a)[0]) for p in problems
-                                 for c, a in zip(answer_contexts(p, lm_tok), p.answer_text))
+    assert cost["tokens"] == sum(
+        len(scorer.encode(p.question, c, a)[0])
+        for p in problems
+        for c, a in zip(answer_contexts(p, lm_tok), p.answer_text)
+    )
     assert results["config"]["prm"]["aggregate"] == "last"
     assert results["costs"]["verifier_online_s_per_answer"]["2"]["PRM"] > 0
     report = (out / "report.md").read_text()
@@ -197,8 +228,16 @@ def test_evaluate_with_prm_refuses_shards_without_cot_token_ids(collected, tmp_p
         for p in problems:
             p.cot_token_ids = []
         write_shard(old / path.name, problems, info)
-    args = ["--eval-dir", str(old), "--output-dir", str(tmp_path / "r"), "--num-sequences", "2",
-            "--no-figures", "--no-progress"]
+    args = [
+        "--eval-dir",
+        str(old),
+        "--output-dir",
+        str(tmp_path / "r"),
+        "--num-sequences",
+        "2",
+        "--no-figures",
+        "--no-progress",
+    ]
     # checked before the PRM is loaded: a missing PRM is not what fails
     with pytest.raises(ValueError, match="predate CoT token ids.*re-collected"):
         main(args + ["--prm", str(tmp_path / "no-such-prm")])

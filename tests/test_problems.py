@@ -6,8 +6,15 @@ import re
 import pytest
 
 from hf_msv.answers import extract_last_boxed
+from hf_msv.data.problems import (
+    BENCHMARKS,
+    DATA_DIR_ENV,
+    Problem,
+    clean_latex_answer,
+    default_data_dir,
+    load_benchmark,
+)
 from hf_msv.equivalence import Verdict, get_checker
-from hf_msv.data.problems import BENCHMARKS, DATA_DIR_ENV, Problem, clean_latex_answer, default_data_dir, load_benchmark
 
 ROWS = {  # shared/data/README.md; the AIME CSV has a title line before its header and 933 problems
     "gsm8k": 1319,
@@ -148,8 +155,14 @@ def named_lm(tmp_path):
     def problems(split, n, seed=0):
         return [Problem(id=f"toy/{split}/{seed}/{i}", question=f"{i}+{seed}", gold=str(i + seed)) for i in range(n)]
 
-    lm = registry.NamedLM(name="toy-lm", path=tmp_path / "toy", prompt=lambda p: f"Q: {p.question}",
-                          max_new_tokens=123, problems=problems, missing_hint="train it with `make toy`")
+    lm = registry.NamedLM(
+        name="toy-lm",
+        path=tmp_path / "toy",
+        prompt=lambda p: f"Q: {p.question}",
+        max_new_tokens=123,
+        problems=problems,
+        missing_hint="train it with `make toy`",
+    )
     registry.register_lm(lm)
     yield lm
     registry._REGISTRY.pop("toy-lm", None)

@@ -54,8 +54,9 @@ def readme_blocks(text: str) -> list[Block]:
                 body.append(lines[i])
                 i += 1
             previous = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
-            blocks.append(Block(lang, "\n".join(body) + "\n", start + 1, section,
-                                previous.strip().startswith(SKIP_MARKER)))
+            blocks.append(
+                Block(lang, "\n".join(body) + "\n", start + 1, section, previous.strip().startswith(SKIP_MARKER))
+            )
         elif line.startswith("## "):
             section = line[3:].strip()
         i += 1
@@ -81,8 +82,7 @@ for block in blocks:
 
 def commands(code: str) -> list[list[str]]:
     """The shell commands of a bash block: continuation lines joined, comments dropped, split like the shell."""
-    return [words for line in code.replace("\\\n", " ").splitlines()
-            if (words := shlex.split(line, comments=True))]
+    return [words for line in code.replace("\\\n", " ").splitlines() if (words := shlex.split(line, comments=True))]
 
 
 def hf_msv_help(command: str) -> str:
@@ -97,8 +97,14 @@ def hf_msv_help(command: str) -> str:
 
 def env() -> dict:
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return dict(os.environ, PATH=path, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg",
-                OMP_NUM_THREADS="1")
+    return dict(
+        os.environ,
+        PATH=path,
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        MPLBACKEND="Agg",
+        OMP_NUM_THREADS="1",
+    )
 
 
 def test_readme_is_short_and_the_own_lm_recipe_comes_first():
@@ -113,12 +119,20 @@ def test_python_blocks_run_in_order_per_section(tmp_path):
     runnable = [asdict(b) for b in BLOCKS if b.lang == "python" and not b.skip]
     (tmp_path / "blocks.json").write_text(json.dumps(runnable))
     (tmp_path / "runner.py").write_text(RUNNER)
-    result = subprocess.run([sys.executable, "runner.py", "blocks.json"], cwd=tmp_path, env=env(),
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "runner.py", "blocks.json"],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "bash" and not b.skip], ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize(
+    "block", [b for b in BLOCKS if b.lang == "bash" and not b.skip], ids=lambda b: f"line{b.line}"
+)
 def test_bash_blocks_run(block, tmp_path):
     for words in commands(block.code):
         result = subprocess.run(words, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)

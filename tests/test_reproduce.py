@@ -1,6 +1,6 @@
 """The quick reproduction end to end (slow: a few minutes on 2 CPU cores; `make test-slow`).
 
-Runs ``reproduce(quick=True)`` with the shipped testbed LM: collection, LM cost measurement, training of every
+Runs ``hf-msv reproduce --quick`` with the shipped testbed LM: collection, LM cost measurement, training of every
 verifier, every study, and the report. Checks that the outputs exist and hang together, not what the numbers are
 (the quick run's data is far too small for the paper's claims).
 """
@@ -28,8 +28,9 @@ def test_quick_reproduction(tmp_path):
 
     out, work = tmp_path / "results", tmp_path / "work"
     # two fits at a time in worker processes (--train-workers): every study must wait for its own fits
-    summary = reproduce_main(["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress",
-                              "--train-workers", "2"])
+    summary = reproduce_main(
+        ["--quick", "--output-dir", str(out), "--work-dir", str(work), "--no-progress", "--train-workers", "2"]
+    )
 
     md, js = out / "testbed-v2-quick.md", out / "testbed-v2-quick.json"  # v2: the default testbed
     assert md.exists() and js.exists()
@@ -71,8 +72,17 @@ def test_quick_reproduction(tmp_path):
 
     # claims are generated, each with a verdict sentence
     ids = {c["id"] for c in summary["claims"]}
-    assert {"terminal_brier_N4", "best_of_4", "early_stop_N4", "checker_robustness", "masks", "delimiters",
-            "grouping", "training_size_probe", "training_size_msv"} <= ids
+    assert {
+        "terminal_brier_N4",
+        "best_of_4",
+        "early_stop_N4",
+        "checker_robustness",
+        "masks",
+        "delimiters",
+        "grouping",
+        "training_size_probe",
+        "training_size_msv",
+    } <= ids
     for c in summary["claims"]:
         assert re.match(r"^(Held|Did not hold|Not testable): ", c["sentence"])
         assert c["held"] in (True, False, None)
@@ -86,8 +96,18 @@ def test_quick_reproduction(tmp_path):
     assert (work / "lm_costs.json").exists()
 
     # resumable: a second run reuses the shards, verifiers and costs (no collection or training left to do)
-    summary2 = reproduce_main(["--quick", "--output-dir", str(tmp_path / "again"), "--work-dir", str(work),
-                               "--no-progress", "--studies", "main"])
+    summary2 = reproduce_main(
+        [
+            "--quick",
+            "--output-dir",
+            str(tmp_path / "again"),
+            "--work-dir",
+            str(work),
+            "--no-progress",
+            "--studies",
+            "main",
+        ]
+    )
     assert summary2["studies"] == ["main"]
     assert summary2["verifiers"]["trained"] == 0 and summary2["reuse"]["redone"] == []
     assert any(r.startswith("shards data/eval") for r in summary2["reuse"]["reused"])
@@ -109,19 +129,36 @@ def test_quick_reproduction(tmp_path):
     lacking = {k: v for k, v in summary.items() if k != "masks"}
     lacking["parts"] = [dict(x, studies=[k for k in x["studies"] if k != "masks"]) for x in summary["parts"]]
     (later / "testbed-v2-quick.json").write_text(json.dumps(lacking))
-    continued = reproduce_main(["--quick", "--output-dir", str(later), "--work-dir", str(fresh), "--no-progress",
-                                "--continue-report", "--studies", "masks", "delimiters"])
+    continued = reproduce_main(
+        [
+            "--quick",
+            "--output-dir",
+            str(later),
+            "--work-dir",
+            str(fresh),
+            "--no-progress",
+            "--continue-report",
+            "--studies",
+            "masks",
+            "delimiters",
+        ]
+    )
     made = continued["parts"][1]
-    assert made["collections"] == summary["parts"][0]["collections"]   # deterministic on one machine
+    assert made["collections"] == summary["parts"][0]["collections"]  # deterministic on one machine
     assert "collections_differ_from_main" not in made
     assert sorted(p.name for p in (fresh / "verifiers").iterdir()) == [
-        "msv4-streaming", "msv4-streaming-no-equivalence", "msv4-streaming-no-equivalence-seed1",
-        "msv4-streaming-seed1"]   # only what the mask study needs; the delimiter study was kept, not re-run
+        "msv4-streaming",
+        "msv4-streaming-no-equivalence",
+        "msv4-streaming-no-equivalence-seed1",
+        "msv4-streaming-seed1",
+    ]  # only what the mask study needs; the delimiter study was kept, not re-run
     assert set(continued["masks"]["rows"]) == {"MSV_4", "w/o equivalence"}
     for kept in ("main", "checkers", "delimiters", "grouping", "training_size"):
         assert continued[kept] == summary[kept], kept
     assert [x["studies"] for x in continued["parts"]] == [
-        ["main", "checkers", "delimiters", "grouping", "training_size"], ["masks"]]
+        ["main", "checkers", "delimiters", "grouping", "training_size"],
+        ["masks"],
+    ]
     assert "in 2 parts (each part after the first continued" in (later / "testbed-v2-quick.md").read_text()
 
     # the shipped verifier's recipe on the same shards: collection is reused, the card and weights are written

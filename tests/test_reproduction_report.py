@@ -35,7 +35,7 @@ def committed() -> dict:
 
 def test_render_testbed_of_the_committed_summary_is_the_committed_report(committed):
     assert render_testbed(committed, _load("testbed-main.json")) == (RESULTS / "testbed.md").read_text()
-    assert render_testbed(committed) == (RESULTS / "testbed.md").read_text()   # main results are not read
+    assert render_testbed(committed) == (RESULTS / "testbed.md").read_text()  # main results are not read
 
 
 @pytest.mark.parametrize("report", ["testbed-v2", "plain-vote-start/testbed-v2"])
@@ -49,11 +49,14 @@ def test_a_resumed_run_says_its_time_is_its_last_runs(committed):
     """A run that reused artefacts timed only itself, so the header must not give that as the whole report's time."""
     first = committed["timing_s"]["total"] / 60
     assert f"in {first:.1f} min, with" in render_testbed(dict(committed, reuse={"reused": [], "redone": []}))
-    resumed = render_testbed(dict(committed, reuse={"reused": ["verifier msv16-terminal (same settings)"],
-                                                    "redone": []}))
+    resumed = render_testbed(
+        dict(committed, reuse={"reused": ["verifier msv16-terminal (same settings)"], "redone": []})
+    )
     assert f"in {first:.1f} min" not in resumed
-    assert "over several runs in one work directory (the last run reused the earlier ones' artefacts and " \
-           f"took {first:.1f} min; the stage times below are its own)" in resumed
+    assert (
+        "over several runs in one work directory (the last run reused the earlier ones' artefacts and "
+        f"took {first:.1f} min; the stage times below are its own)" in resumed
+    )
 
 
 def test_report_names_studies_not_run(committed):
@@ -71,19 +74,24 @@ def test_interim_report_is_written_with_the_studies_still_pending(committed, tmp
     from hf_msv.reproduction.context import ReproductionContext
     from hf_msv.reproduction.pipeline import write_summary
 
-    done = {k: v for k, v in committed.items() if k not in ("masks", "delimiters", "grouping", "training_size",
-                                                             "claims", "timing_s", "reuse", "vote_check")}
+    done = {
+        k: v
+        for k, v in committed.items()
+        if k not in ("masks", "delimiters", "grouping", "training_size", "claims", "timing_s", "reuse", "vote_check")
+    }
     ctx = ReproductionContext(config_of(committed), tmp_path / "work", tmp_path)
     ctx.vote_checks = [row for row in committed["vote_check"] if row["study"] in ("main", "checkers")]
     written = write_summary(ctx, done, started=0.0, pending=["masks", "grouping"])
     assert json.loads((tmp_path / "testbed.json").read_text()) == written
-    assert written["pending"] == ["masks", "grouping"] and "pending" not in done   # the caller's dict is untouched
+    assert written["pending"] == ["masks", "grouping"] and "pending" not in done  # the caller's dict is untouched
     # the claims of the finished studies, as the full run computed them; none of the studies not run
     later = ("masks", "delimiters", "grouping", "training_size")
     assert written["claims"] == [c for c in committed["claims"] if not c["id"].startswith(later)]
     text = (tmp_path / "testbed.md").read_text()
-    assert "**Interim report.** Written before the masks study of a run still in progress; not run yet: masks, " \
-           "grouping." in text
+    assert (
+        "**Interim report.** Written before the masks study of a run still in progress; not run yet: masks, "
+        "grouping." in text
+    )
     assert "## 5. Robustness to the equivalence checker" in text and "## 6." not in text
     # the final report (nothing pending) has no such line
     assert "Interim report" not in render_testbed(committed)
@@ -110,8 +118,10 @@ def test_delimiter_rows_from_the_committed_studies(committed):
     d = committed["delimiters"]
     n, methods = d["n"], ("Probe", "MSV_1", f"MSV_{d['n']}")
     every_k = _load("studies/testbed-every-k.json")
-    for name, res in (("Wait", _load("testbed-main.json")), (f"every {committed['config']['every_k_tokens']} tokens",
-                                                             every_k)):
+    for name, res in (
+        ("Wait", _load("testbed-main.json")),
+        (f"every {committed['config']['every_k_tokens']} tokens", every_k),
+    ):
         expected = {k: v for k, v in d["rows"][name].items() if k != "answers_per_sequence"}
         assert _json(autc_row(res, n, methods)) == expected
         assert d["rows"][name]["answers_per_sequence"] == res["data"]["eval"]["answers_per_sequence"]
@@ -146,14 +156,49 @@ def test_command_line_defaults():
 
 
 def test_command_line_flags():
-    args = parse_arguments(["--quick", "--output-dir", "out", "--work-dir", "work", "--studies", "masks",
-                            "training_size", "--training-seeds", "3", "--threads", "2", "--device", "cpu",
-                            "--problems-per-batch", "32", "--no-progress", "--shipped-verifier",
-                            "--reuse-shards", "keep", "--train-workers", "2", "--reuse-verifiers", "keep"])
-    assert args == ReproduceArguments(output_dir="out", quick=True, work_dir="work", studies=["masks", "training_size"],
-                                      training_seeds=3, threads=2, device="cpu", problems_per_batch=32,
-                                      progress=False, shipped_verifier=True, reuse_shards="keep", train_workers=2,
-                                      reuse_verifiers="keep")
+    args = parse_arguments(
+        [
+            "--quick",
+            "--output-dir",
+            "out",
+            "--work-dir",
+            "work",
+            "--studies",
+            "masks",
+            "training_size",
+            "--training-seeds",
+            "3",
+            "--threads",
+            "2",
+            "--device",
+            "cpu",
+            "--problems-per-batch",
+            "32",
+            "--no-progress",
+            "--shipped-verifier",
+            "--reuse-shards",
+            "keep",
+            "--train-workers",
+            "2",
+            "--reuse-verifiers",
+            "keep",
+        ]
+    )
+    assert args == ReproduceArguments(
+        output_dir="out",
+        quick=True,
+        work_dir="work",
+        studies=["masks", "training_size"],
+        training_seeds=3,
+        threads=2,
+        device="cpu",
+        problems_per_batch=32,
+        progress=False,
+        shipped_verifier=True,
+        reuse_shards="keep",
+        train_workers=2,
+        reuse_verifiers="keep",
+    )
     cfg = args.reproduce_config()
     assert cfg == dataclasses.replace(ReproduceConfig.quick_config(), training_seeds=3, problems_per_batch=32)
     assert ReproduceConfig().training_seeds == 3
@@ -168,7 +213,8 @@ def test_command_line_flags():
 def test_task_flag_picks_testbed_v2_its_cap_its_work_dir_and_report_stem():
     from hf_msv.reproduction.report import _config_changes
 
-    v1 = parse_arguments(["--task", "v1"]).reproduce_config()
+    # the settings of v1's committed reports (testbed*.md) are read without v1 registered (research/testbed_v1)
+    v1 = ReproduceConfig(task="v1")
     assert (v1.task, v1.stem, v1.default_work_dir, v1.max_new_tokens) == ("v1", "testbed", "outputs/reproduce", 320)
     default = parse_arguments([]).reproduce_config()
     assert (default.task, default.stem, default.default_work_dir) == ("v2", "testbed-v2", "outputs/reproduce-v2")
@@ -199,8 +245,8 @@ def test_every_study_can_be_selected():
 def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_path):
     """The studies' wiring with training seeds: each verifier name reaches `evaluate_study` as one spec per training
     seed (training and evaluation replaced by recorders; no LM, no data)."""
-    from hf_msv.evaluation import load_verifier_seeds
     import hf_msv.evaluation as evaluation
+    from hf_msv.evaluation import load_verifier_seeds
     from hf_msv.reproduction import context, studies
     from hf_msv.reproduction.context import ReproductionContext
 
@@ -227,8 +273,14 @@ def test_every_study_passes_one_checkpoint_per_training_seed(monkeypatch, tmp_pa
     ctx.names = []
     studies.train_main_verifiers(ctx)
     assert ctx.verifiers["MSV_4"]["terminal"] == ["msv4-terminal", "msv4-terminal-seed1"]
-    for study in (studies.main_study, studies.checkers_study, studies.masks_study, studies.delimiters_study,
-                  studies.grouping_study, studies.training_size_study):
+    for study in (
+        studies.main_study,
+        studies.checkers_study,
+        studies.masks_study,
+        studies.delimiters_study,
+        studies.grouping_study,
+        studies.training_size_study,
+    ):
         with pytest.raises(Stop):
             study(ctx)
         for name, specs in ctx.evaluated.items():
@@ -246,10 +298,18 @@ def test_vote_check_rows_compare_every_msv_fit_with_the_vote_of_its_setting():
     from hf_msv.reproduction.summary import vote_check_rows
 
     stat = lambda m: {"mean": m, "std": 0.0, "values": [m]}  # noqa: E731
-    res = {"methods": {"16": {"msv": "MSV_16", "multi_sequence": ["MSV_16", "w/o full"]}},
-           "terminal": {"16": {"Self-consistency": {"auroc": stat(0.90)}, "MSV_16": {"auroc": stat(0.91)},
-                               "w/o full": {"auroc": stat(0.8949)}, "Probe": {"auroc": stat(0.6)}}},
-           "streaming": {"16": {"Latest-answer vote": {"auroc": stat(0.80)}, "MSV_16": {"auroc": stat(0.796)}}}}
+    res = {
+        "methods": {"16": {"msv": "MSV_16", "multi_sequence": ["MSV_16", "w/o full"]}},
+        "terminal": {
+            "16": {
+                "Self-consistency": {"auroc": stat(0.90)},
+                "MSV_16": {"auroc": stat(0.91)},
+                "w/o full": {"auroc": stat(0.8949)},
+                "Probe": {"auroc": stat(0.6)},
+            }
+        },
+        "streaming": {"16": {"Latest-answer vote": {"auroc": stat(0.80)}, "MSV_16": {"auroc": stat(0.796)}}},
+    }
     rows = vote_check_rows(res, "masks")
     got = {(r["setting"], r["method"]): r for r in rows}
     assert set(got) == {("terminal", "MSV_16"), ("terminal", "w/o full"), ("streaming", "MSV_16")}
@@ -281,7 +341,7 @@ def test_the_package_verifier_is_built_and_loaded_for_the_task_the_demo_pairs_it
     from hf_msv.reproduction import train_shipped_verifier
     from hf_msv.testbed import TASKS, TESTBED_VERIFIER_TASK
 
-    other = next(name for name in TASKS if name != TESTBED_VERIFIER_TASK)
+    other = next(name for name in (*TASKS, "v1") if name != TESTBED_VERIFIER_TASK)
     with pytest.raises(ValueError, match="TESTBED_VERIFIER_TASK"):
         train_shipped_verifier(tmp_path, config=ReproduceConfig(task=other))
     assert not any(tmp_path.iterdir())

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_msv.reproduction.stages import ShardReuse, train_or_reuse
+from helpers.evaluation import write_split
 from hf_msv.reproduction.reuse import KEY_FILE, ReuseLog, code_version, data_fingerprint
+from hf_msv.reproduction.stages import ShardReuse, train_or_reuse
 from hf_msv.training import MSVTrainingConfig
-
-from test_evaluation import write_split
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -25,8 +24,21 @@ def splits(tmp_path_factory):
 
 
 def _config(**kw):
-    return MSVTrainingConfig(**({"kind": "probe", "num_sequences": 1, "mode": "terminal", "max_steps": 2,
-                                 "eval_steps": 1, "batch_size": 4, "probe_hidden_size": 8, "progress": False} | kw))
+    return MSVTrainingConfig(
+        **(
+            {
+                "kind": "probe",
+                "num_sequences": 1,
+                "mode": "terminal",
+                "max_steps": 2,
+                "eval_steps": 1,
+                "batch_size": 4,
+                "probe_hidden_size": 8,
+                "progress": False,
+            }
+            | kw
+        )
+    )
 
 
 def test_reuse_invalidates_when_the_code_version_changes(splits, tmp_path):
@@ -35,26 +47,33 @@ def test_reuse_invalidates_when_the_code_version_changes(splits, tmp_path):
     train_or_reuse(train, val, out, _config(), counts, log, code="code-v1")
     assert counts == {"trained": 1} and json.loads((out / KEY_FILE).read_text())["code"] == "code-v1"
     first = (out / "training_log.json").stat().st_mtime_ns
-    train_or_reuse(train, val, out, _config(), counts, log, code="code-v1")       # same key: reused
+    train_or_reuse(train, val, out, _config(), counts, log, code="code-v1")  # same key: reused
     assert counts == {"trained": 1, "reused": 1} and (out / "training_log.json").stat().st_mtime_ns == first
-    train_or_reuse(train, val, out, _config(), counts, log, code="code-v2")       # code changed: retrained
+    train_or_reuse(train, val, out, _config(), counts, log, code="code-v2")  # code changed: retrained
     assert counts == {"trained": 2, "reused": 1}
     assert json.loads((out / KEY_FILE).read_text())["code"] == "code-v2"
     train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2")  # settings changed
     assert counts["trained"] == 3
-    (out / KEY_FILE).unlink()                                                       # made before keys existed
+    (out / KEY_FILE).unlink()  # made before keys existed
     train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2")
     assert counts["trained"] == 4
-    assert log.summary() == {"reused": ["verifier probe (same settings, data and code)"],
-                             "redone": ["verifier probe (changed: code; the old fit moved to probe.replaced-1)",
-                                        "verifier probe (changed: settings; the old fit moved to probe.replaced-2)",
-                                        "verifier probe (no reuse key (made before keys were stored); the old fit "
-                                        "moved to probe.replaced-3)"]}
+    assert log.summary() == {
+        "reused": ["verifier probe (same settings, data and code)"],
+        "redone": [
+            "verifier probe (changed: code; the old fit moved to probe.replaced-1)",
+            "verifier probe (changed: settings; the old fit moved to probe.replaced-2)",
+            "verifier probe (no reuse key (made before keys were stored); the old fit moved to probe.replaced-3)",
+        ],
+    }
     # each replaced fit is kept whole beside the new one: the first, trained by code-v1, is still loadable
     assert json.loads((tmp_path / "probe.replaced-1" / KEY_FILE).read_text())["code"] == "code-v1"
     assert (tmp_path / "probe.replaced-1" / "training_log.json").stat().st_mtime_ns == first
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["probe", "probe.replaced-1", "probe.replaced-2",
-                                                          "probe.replaced-3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "probe",
+        "probe.replaced-1",
+        "probe.replaced-2",
+        "probe.replaced-3",
+    ]
 
 
 def test_reuse_verifiers_keep_accepts_another_code_version_but_not_other_settings_or_data(splits, tmp_path):
@@ -66,7 +85,7 @@ def test_reuse_verifiers_keep_accepts_another_code_version_but_not_other_setting
     assert counts == {"trained": 1, "reused": 1} and (out / "training_log.json").stat().st_mtime_ns == first
     assert json.loads((out / KEY_FILE).read_text())["code"] == "code-v1"  # the key still names what trained it
     assert "kept by --reuse-verifiers keep" in log.summary()["reused"][0] and "code-v1" in log.summary()["reused"][0]
-    assert log.summary()["redone"] == []   # kept, so not also listed as redone (the report listed it under both)
+    assert log.summary()["redone"] == []  # kept, so not also listed as redone (the report listed it under both)
     train_or_reuse(train, val, out, _config(seed=1), counts, log, code="code-v2", reuse="keep")  # settings differ
     assert counts == {"trained": 2, "reused": 1}
     other = write_split(tmp_path / "train2", 6, seed=3)
@@ -91,11 +110,11 @@ def test_code_version_and_data_fingerprint_follow_the_files(tmp_path):
     assert v1 == code_version(("pkg", "b.py"), root=tmp_path) and len(v1) == 16
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
     assert code_version(("pkg", "b.py"), root=tmp_path) != v1
-    assert code_version() == code_version()          # the installed package's training code
+    assert code_version() == code_version()  # the installed package's training code
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "shard-0.safetensors").write_bytes(b"abc")
     f1 = data_fingerprint(tmp_path / "d")
-    (tmp_path / "d" / "reuse_key.json").write_text('{"git_commit": "x"}')   # not data: ignored
+    (tmp_path / "d" / "reuse_key.json").write_text('{"git_commit": "x"}')  # not data: ignored
     assert data_fingerprint(tmp_path / "d") == f1
     (tmp_path / "d" / "shard-0.safetensors").write_bytes(b"abd")
     assert data_fingerprint(tmp_path / "d") != f1
@@ -118,12 +137,12 @@ def test_an_interrupted_collection_is_extended_by_the_next_run_not_collected_aga
 
     monkeypatch.setattr(collect_module, "collect", stopped_after_the_first_problem)
     with pytest.raises(KeyboardInterrupt):
-        collect_problems(model, tokenizer, "train", 2, out, cfg, num_samples=2)
+        collect_problems(model, tokenizer, "train", range(2), out, cfg, num_samples=2)
     (first,) = out.glob("*.safetensors")
     written = first.stat().st_mtime_ns
     monkeypatch.setattr(collect_module, "collect", real)
     log = ReuseLog()
-    result = collect_problems(model, tokenizer, "train", 2, out, cfg, num_samples=2, reuse=ShardReuse(log))
+    result = collect_problems(model, tokenizer, "train", range(2), out, cfg, num_samples=2, reuse=ShardReuse(log))
     assert log.summary()["redone"] == [] and (result.already_done, result.generated) == (1, 1)
     assert first.stat().st_mtime_ns == written and len(list(out.glob("*.safetensors"))) == 2
 
@@ -142,8 +161,9 @@ def test_training_queue_trains_in_worker_processes_what_inline_training_trains(s
     queue = TrainingQueue(workers=2, threads=1)
     try:
         for seed in (0, 1):
-            train_or_reuse(train, val, tmp_path / "queued" / f"s{seed}", _config(seed=seed), counts, code="v",
-                           queue=queue)
+            train_or_reuse(
+                train, val, tmp_path / "queued" / f"s{seed}", _config(seed=seed), counts, code="v", queue=queue
+            )
         queue.wait()
     finally:
         queue.close()
@@ -209,15 +229,17 @@ def test_a_study_evaluates_only_after_its_queued_fits_have_finished(splits, tmp_
     train, val = splits
     seen = []
 
-    def fake_evaluate_study(eval_dir, verifiers, *args, **kwargs):
-        seen.extend((Path(p) / "training_log.json").exists() for specs in verifiers.values() for s in specs
-                    for p in s.values())
+    def fake_evaluate_study(config, verifiers, **kwargs):
+        seen.extend(
+            (Path(p) / "training_log.json").exists() for specs in verifiers.values() for s in specs for p in s.values()
+        )
         return {}
 
     monkeypatch.setattr(hf_msv.evaluation, "evaluate_study", fake_evaluate_study)
     monkeypatch.setattr("hf_msv.reproduction.context.vote_check_rows", lambda res, name: [])
-    ctx = ReproductionContext(ReproduceConfig.quick_config(), tmp_path / "work", tmp_path / "out",
-                              queue=TrainingQueue(workers=2, threads=1))
+    ctx = ReproductionContext(
+        ReproduceConfig.quick_config(), tmp_path / "work", tmp_path / "out", queue=TrainingQueue(workers=2, threads=1)
+    )
     try:
         paths = ctx.train(train, "probe", _config(), val_dir=val)
         assert len(paths) == ctx.config.training_seeds == 2
@@ -245,9 +267,9 @@ def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, 
     train, val = splits
     real, calls = hf_msv.evaluation.evaluate_study, []
 
-    def counted(*args, **kwargs):
-        calls.append(kwargs["report_name"])
-        return real(*args, **kwargs)
+    def counted(config, *args, **kwargs):
+        calls.append(config.report_name)
+        return real(config, *args, **kwargs)
 
     monkeypatch.setattr(hf_msv.evaluation, "evaluate_study", counted)
 
@@ -255,8 +277,15 @@ def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, 
         ctx = ReproductionContext(ReproduceConfig.quick_config(), tmp_path / "work", tmp_path / out)
         probe = train_or_reuse(train, val, tmp_path / "probe", _config(seed=seed), code="v")
         # every spec evaluate_study takes: {mode: path} per seed (main study), a path per seed (checker study)
-        res = ctx.evaluate(val, {"Probe": [{"terminal": str(probe)}], "Probe (path)": [str(probe)]}, [1], val,
-                           report_name="r", title="t", bootstrap=20)
+        res = ctx.evaluate(
+            val,
+            {"Probe": [{"terminal": str(probe)}], "Probe (path)": [str(probe)]},
+            [1],
+            val,
+            report_name="r",
+            title="t",
+            bootstrap=20,
+        )
         return res, ctx.reuse.summary()
 
     first, _ = run("out1")
@@ -265,7 +294,7 @@ def test_a_study_evaluation_is_kept_and_reused_until_a_verifier_changes(splits, 
     assert "evaluation testbed-v2-quick-r (same settings, data and code)" in reuse["reused"]
     report = "studies/testbed-v2-quick-r.md"
     assert (tmp_path / "out2" / report).read_text() == (tmp_path / "out1" / report).read_text()
-    run("out3", seed=1)          # the Probe retrained with another seed: its key changed, evaluated again
+    run("out3", seed=1)  # the Probe retrained with another seed: its key changed, evaluated again
     assert len(calls) == 2
 
 
@@ -279,24 +308,35 @@ def test_reuse_shards_keep_names_the_code_that_collected_them(tmp_path, monkeypa
     model, tokenizer = load_lm("testbed")
     cfg = ReproduceConfig(problems_per_shard=1, max_new_tokens=24)
     out = tmp_path / "train"
-    collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2)
+    collect_problems(model, tokenizer, "train", range(1), out, cfg, num_samples=2)
     before = json.loads((out / KEY_FILE).read_text())["code"]
     monkeypatch.setattr(stages, "code_version", lambda parts: "changed-code")
     log = ReuseLog()
-    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, reuse=ShardReuse(log, "keep"))
-    assert result.generated == 0 and log.summary()["reused"] == [
-        f"shards tmp/train (kept by --reuse-shards keep: same settings and LM, collected by code version {before})"
-        .replace("tmp", tmp_path.name)] and log.summary()["redone"] == []
+    result = collect_problems(
+        model, tokenizer, "train", range(1), out, cfg, num_samples=2, reuse=ShardReuse(log, "keep")
+    )
+    assert (
+        result.generated == 0
+        and log.summary()["reused"]
+        == [
+            (
+                "shards tmp/train (kept by --reuse-shards keep: same settings and LM, collected by code version "
+                f"{before})"
+            ).replace("tmp", tmp_path.name)
+        ]
+        and log.summary()["redone"] == []
+    )
     old_files = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
     log = ReuseLog()
-    result = collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, reuse=ShardReuse(log))
+    result = collect_problems(model, tokenizer, "train", range(1), out, cfg, num_samples=2, reuse=ShardReuse(log))
     assert result.generated == 1 and log.summary()["redone"] == [
-        f"shards {tmp_path.name}/train (changed: code; the old shards moved to train.replaced-1)"]
+        f"shards {tmp_path.name}/train (changed: code; the old shards moved to train.replaced-1)"
+    ]
     # The replaced collection is kept beside the new one, byte for byte; a second replacement takes the next name.
     aside = tmp_path / "train.replaced-1"
     assert {f.name: f.read_bytes() for f in aside.iterdir() if f.is_file()} == old_files
     monkeypatch.setattr(stages, "code_version", lambda parts: "changed-again")
-    collect_problems(model, tokenizer, "train", 1, out, cfg, num_samples=2, reuse=ShardReuse(ReuseLog()))
+    collect_problems(model, tokenizer, "train", range(1), out, cfg, num_samples=2, reuse=ShardReuse(ReuseLog()))
     assert aside.exists() and (tmp_path / "train.replaced-2" / KEY_FILE).exists()
 
 
@@ -325,15 +365,16 @@ def test_a_fit_interrupted_by_a_run_is_resumed_by_the_next_run_with_the_same_key
     train_or_reuse(train, val, out, _config(), log=log, code="v1")
     assert calls == [False, True] and (out / KEY_FILE).exists() and not (out / PENDING_KEY).exists()
     assert not resumable(out, json.loads((out / KEY_FILE).read_text())) and not list(tmp_path.glob("*.replaced-*"))
-    assert log.summary()["redone"] == ["verifier msv (absent; interrupted by an earlier run with the same key: "
-                                       "resumed from its saved state)"]
+    assert log.summary()["redone"] == [
+        "verifier msv (absent; interrupted by an earlier run with the same key: resumed from its saved state)"
+    ]
 
     monkeypatch.setattr(training, "train_verifier", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train_or_reuse(train, val, out, _config(seed=1), log=log, code="v1")   # a finished fit moved aside first
+        train_or_reuse(train, val, out, _config(seed=1), log=log, code="v1")  # a finished fit moved aside first
     (out / "stale-file").write_text("")
     monkeypatch.setattr(training, "train_verifier", lambda *a, resume=False: calls.append(resume) or real(*a))
-    train_or_reuse(train, val, out, _config(seed=2), log=log, code="v1")       # another key: started again
+    train_or_reuse(train, val, out, _config(seed=2), log=log, code="v1")  # another key: started again
     assert calls[-1] is False and not (out / "stale-file").exists() and (out / KEY_FILE).exists()
 
 
@@ -370,8 +411,10 @@ def test_reuse_verifiers_keep_resumes_a_fit_interrupted_under_another_code_versi
     assert calls[-1] is True and not (out / PENDING_KEY).exists()
     assert json.loads((out / KEY_FILE).read_text())["code"] == "v1"
     assert [p.name for p in tmp_path.glob("*.replaced-*")] == ["msv.replaced-1"]  # the resumed fit was not
-    assert log.summary()["redone"] == ["verifier msv (absent; interrupted by an earlier run of code version v1 "
-                                       "(--reuse-verifiers keep): resumed from its saved state)"]
+    assert log.summary()["redone"] == [
+        "verifier msv (absent; interrupted by an earlier run of code version v1 "
+        "(--reuse-verifiers keep): resumed from its saved state)"
+    ]
     log = ReuseLog()
     train_or_reuse(train, val, out, _config(), log=log, code="v2")  # finished, but by v1: matching trains again
     assert calls[-1] is False and json.loads((out / KEY_FILE).read_text())["code"] == "v2"

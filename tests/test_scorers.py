@@ -16,8 +16,21 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
+from helpers.generation import (
+    EOS,
+    HIDDEN,
+    ID,
+    TOK,
+    ForceTokens,
+    ScriptedAnswers,
+    generate,
+    offline_scores,
+    prompts,
+    tiny_model,
+    tiny_verifier,
+)
 from hf_msv import ProbeConfig, ProbeVerifier
-from hf_msv.baselines import streaming_weighted_voting, weighted_voting
+from hf_msv.baselines import WV_THRESHOLD, streaming_weighted_voting, weighted_voting
 from hf_msv.data import AnswerGroup
 from hf_msv.evaluation.config import EvaluateConfig
 from hf_msv.evaluation.early_stop import replay_many
@@ -32,23 +45,8 @@ from hf_msv.generation import (
     msv_generate,
     prepare_generation,
 )
-from hf_msv.generation.scorers import WV_THRESHOLD
 from hf_msv.lambda_rule import LambdaChoice
 from hf_msv.stop_rules import StopHead, stop_statistic
-
-from test_generation import (
-    EOS,
-    HIDDEN,
-    ForceTokens,
-    ID,
-    TOK,
-    ScriptedAnswers,
-    generate,
-    offline_scores,
-    prompts,
-    tiny_model,
-    tiny_verifier,
-)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -58,8 +56,7 @@ N = 6
 BUDGET = 16
 # Several delimiters per sequence at staggered steps, and two early EOS: answers of a prompt become available at
 # many different steps, so the causal vote sees growing sets of answers.
-SCHEDULE = {(r, s): ID["Wait"] for r in range(2 * N) for s in range(r % 4 + 1, BUDGET, 4)} | {(2, 9): EOS,
-                                                                                              (8, 6): EOS}
+SCHEDULE = {(r, s): ID["Wait"] for r in range(2 * N) for s in range(r % 4 + 1, BUDGET, 4)} | {(2, 9): EOS, (8, 6): EOS}
 
 
 def tiny_probe(mode: str = "streaming", hidden: int = HIDDEN, seed: int = 7) -> ProbeVerifier:
@@ -76,7 +73,7 @@ class FewAnswers(ScriptedAnswers):
 
     def __call__(self, module, args, kwargs, output):
         logits = output.logits
-        inputs = (kwargs["input_ids"] if "input_ids" in kwargs else args[0])[:, -logits.shape[1]:]
+        inputs = (kwargs["input_ids"] if "input_ids" in kwargs else args[0])[:, -logits.shape[1] :]
         digits = self.digits.to(logits.device)
         digit = digits[(logits[..., 0].float() * 50).floor().long() % 3]
         target = torch.where(inputs == ID["\\boxed"], ID["{"], -1)
@@ -97,11 +94,11 @@ def model():
 def run(model, scorer, threshold, texts=("Hello there, solve 2+2", "Hi"), mode=None):
     """One hooked ``generate`` call (seeded, scripted); the `MSVResult`s with every answer's hidden states."""
     overrides = {"mode": mode} if mode else {}
-    with prepare_generation(model, TOK, scorer, delimiters=["Wait"], checker="exact", capture_hidden_states=True,
-                            **overrides) as msv:
+    with prepare_generation(
+        model, TOK, scorer, delimiters=["Wait"], checker="exact", capture_hidden_states=True, **overrides
+    ) as msv:
         schedule = {k: v for k, v in SCHEDULE.items() if k[0] < N * len(texts)}
-        generate(model, prompts(texts), n=N, max_new_tokens=BUDGET, schedule=schedule, threshold=threshold,
-                 seed=5)
+        generate(model, prompts(texts), n=N, max_new_tokens=BUDGET, schedule=schedule, threshold=threshold, seed=5)
         return msv.pop_results()
 
 
@@ -109,17 +106,25 @@ def probe_scores(probe: ProbeVerifier, answers) -> np.ndarray:
     """The Probe's score of each answer alone, in one offline forward."""
     lengths = torch.tensor([a.length for a in answers])
     with torch.no_grad():
-        out = probe(hidden_states=torch.cat([a.hidden_states for a in answers]),
-                    token_answer=torch.repeat_interleave(torch.arange(len(answers)), lengths))
+        out = probe(
+            hidden_states=torch.cat([a.hidden_states for a in answers]),
+            token_answer=torch.repeat_interleave(torch.arange(len(answers)), lengths),
+        )
     return out.probabilities.numpy().astype(np.float64)
 
 
 def evaluation_group(result) -> AnswerGroup:
     """The recorded answer stream of `result` as the evaluation reads it."""
     a = result.answers
-    return AnswerGroup(sequence=[x.sequence for x in a], end=[x.end for x in a], klass=[x.class_id for x in a],
-                       correct=np.zeros(len(a), bool), is_terminal=[x.terminal for x in a],
-                       seq_len=[len(s) for s in result.sequences], start=[x.tau for x in a])
+    return AnswerGroup(
+        sequence=[x.sequence for x in a],
+        end=[x.end for x in a],
+        klass=[x.class_id for x in a],
+        correct=np.zeros(len(a), bool),
+        is_terminal=[x.terminal for x in a],
+        seq_len=[len(s) for s in result.sequences],
+        start=[x.tau for x in a],
+    )
 
 
 def offline_wv(result, base: np.ndarray, R: int) -> np.ndarray:
@@ -148,8 +153,9 @@ def test_streaming_probe_wv_equals_offline_streaming_weighted_voting(model, R):
         scores = online(result)
         assert not np.isnan(scores).any() and len({a.end for a in result.answers}) > 3
         assert len({a.class_id for a in result.answers}) > 1
-        np.testing.assert_allclose(scores, offline_wv(result, probe_scores(probe, result.answers), R),
-                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            scores, offline_wv(result, probe_scores(probe, result.answers), R), rtol=1e-6, atol=1e-7
+        )
         end = np.array([a.end for a in result.answers])
         counts += (end[None, :] <= end[:, None]).sum(1).tolist()
     if R == 3:  # both branches of the rule ran: own score (≤ R available) and the vote (> R)
@@ -166,8 +172,9 @@ def test_msv1_wv_equals_offline_vote_of_msv1_scores(model):
     start = 0
     for result in results:
         count = len(result.answers)
-        np.testing.assert_allclose(online(result), offline_wv(result, base[start:start + count], 4),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            online(result), offline_wv(result, base[start : start + count], 4), rtol=1e-5, atol=1e-6
+        )
         start += count
 
 
@@ -187,11 +194,25 @@ def fake_answers(rng, prompt: int, count: int) -> list[MSVAnswer]:
     out = []
     for i in range(count):
         length = int(rng.integers(1, 4))
-        out.append(MSVAnswer(text=None, raw_text="", token_ids=[0] * length, prompt=prompt, sequence=i % N,
-                             step=i // N, tau=0, length=length, end=int(rng.integers(1, 12)), trigger="delimiter",
-                             terminal=bool(rng.random() < 0.3), cot_tokens=0, elicitation_ids=[],
-                             class_id=int(rng.integers(0, 3)),
-                             hidden_states=torch.from_numpy(rng.normal(size=(length, HIDDEN)).astype(np.float32))))
+        out.append(
+            MSVAnswer(
+                text=None,
+                raw_text="",
+                token_ids=[0] * length,
+                prompt=prompt,
+                sequence=i % N,
+                step=i // N,
+                tau=0,
+                length=length,
+                end=int(rng.integers(1, 12)),
+                trigger="delimiter",
+                terminal=bool(rng.random() < 0.3),
+                cot_tokens=0,
+                elicitation_ids=[],
+                class_id=int(rng.integers(0, 3)),
+                hidden_states=torch.from_numpy(rng.normal(size=(length, HIDDEN)).astype(np.float32)),
+            )
+        )
     return out
 
 
@@ -207,15 +228,19 @@ def test_calls_holding_many_ends_and_prompts_stay_causal(streaming):
     cut = 5 if streaming else 99  # terminal mode: a prompt's answers arrive together
     online_scores = {}
     for part in (lambda a: a.end <= cut, lambda a: a.end > cut):
-        ready = sorted((a for p in answers for a in answers[p] if part(a)), key=lambda a: (a.prompt, a.end,
-                                                                                            a.sequence))
+        ready = sorted(
+            (a for p in answers for a in answers[p] if part(a)), key=lambda a: (a.prompt, a.end, a.sequence)
+        )
         if ready:
             online_scores |= {id(a): x for a, x in zip(ready, stream.score(ready))}
     for group in answers.values():
         base = probe_scores(probe, group)
         klass, end = np.array([a.class_id for a in group]), np.array([a.end for a in group])
-        expected = (streaming_weighted_voting(base, klass, end, R=R) if streaming else
-                    weighted_voting(base, klass, [a.terminal for a in group]))
+        expected = (
+            streaming_weighted_voting(base, klass, end, R=R)
+            if streaming
+            else weighted_voting(base, klass, [a.terminal for a in group])
+        )
         np.testing.assert_allclose([online_scores[id(a)] for a in group], expected, rtol=1e-6, atol=1e-7)
 
 
@@ -237,15 +262,17 @@ def test_probe_wv_early_stopping_equals_the_evaluation_replay(model):
     scores = [offline_wv(r, probe_scores(probe, r.answers), R) for r in full]
     distinct = np.unique(np.concatenate(scores))
     # λ between distinct scores (never on one: float noise could flip a tie), plus "first answer" and "never".
-    lambdas = np.r_[0.0, ((distinct[1:] + distinct[:-1]) / 2)[::max(1, len(distinct) // 6)], 1.01]
+    lambdas = np.r_[0.0, ((distinct[1:] + distinct[:-1]) / 2)[:: max(1, len(distinct) // 6)], 1.01]
     replays = [replay_many(evaluation_group(r), s, lambdas) for r, s in zip(full, scores)]
     outcomes = set()
     for i, lam in enumerate(lambdas):
-        for result, reference, replay in zip(run(model, WeightedVoteScorer(probe, wv_threshold=R), lam), full,
-                                             replays):
+        for result, reference, replay in zip(
+            run(model, WeightedVoteScorer(probe, wv_threshold=R), lam), full, replays
+        ):
             chosen = reference.answers[replay.chosen[i]]
-            assert key(result.chosen) == key(chosen) and result.chosen.score == pytest.approx(scores[
-                result.prompt][replay.chosen[i]], rel=1e-6)
+            assert key(result.chosen) == key(chosen) and result.chosen.score == pytest.approx(
+                scores[result.prompt][replay.chosen[i]], rel=1e-6
+            )
             assert result.stop_step == replay.steps[i]
             assert sum(a.end <= result.stop_step for a in result.answers) == replay.n_available[i]
             assert all((a.score is not None) == (a.end <= result.stop_step) for a in result.answers)
@@ -282,9 +309,18 @@ def test_probe_config_supplies_the_elicitation_defaults(model):
 
 def test_msv_generate_with_a_probe(model):
     probe = tiny_probe()
-    results = msv_generate(model, TOK, ["Hello", "Hi there"], verifier=probe, threshold=0.0, num_sequences=2,
-                           max_new_tokens=6, checker="exact", delimiters=[],
-                           generate_kwargs={"logits_processor": LogitsProcessorList([ForceTokens(3)])})
+    results = msv_generate(
+        model,
+        TOK,
+        ["Hello", "Hi there"],
+        verifier=probe,
+        threshold=0.0,
+        num_sequences=2,
+        max_new_tokens=6,
+        checker="exact",
+        delimiters=[],
+        generate_kwargs={"logits_processor": LogitsProcessorList([ForceTokens(3)])},
+    )
     assert [r.prompt for r in results] == [0, 1] and all(r.chosen.score is not None for r in results)
     assert "generate" not in vars(model)
 
@@ -326,8 +362,11 @@ def offline_statistic(result, rule, probe) -> np.ndarray:
     return stop_statistic(rule, *columns, N)
 
 
-@pytest.mark.parametrize("rule", ["consensus", "adaptive-consistency", "probe-stability", HEAD],
-                         ids=["consensus", "adaptive-consistency", "probe-stability", "stop-head"])
+@pytest.mark.parametrize(
+    "rule",
+    ["consensus", "adaptive-consistency", "probe-stability", HEAD],
+    ids=["consensus", "adaptive-consistency", "probe-stability", "stop-head"],
+)
 def test_stop_rules_in_generate_equal_the_evaluation_replay(model, rule):
     """Each stopping statistic computed live (`StopRuleScorer`) equals the one computed from the recorded stream,
     and ``generate`` with each λ stops where the replay of that statistic stops, on the same answer, reporting the
@@ -338,7 +377,7 @@ def test_stop_rules_in_generate_equal_the_evaluation_replay(model, rule):
     for result, s in zip(full, scores):
         np.testing.assert_allclose(online(result), s, rtol=1e-6, atol=1e-9)
     distinct = np.unique(np.concatenate(scores))
-    lambdas = np.r_[((distinct[1:] + distinct[:-1]) / 2)[::max(1, len(distinct) // 5)], 1.01]
+    lambdas = np.r_[((distinct[1:] + distinct[:-1]) / 2)[:: max(1, len(distinct) // 5)], 1.01]
     replays = [replay_many(evaluation_group(r), s, lambdas) for r, s in zip(full, scores)]
     stopped = set()
     for i, lam in enumerate(lambdas):
@@ -360,9 +399,21 @@ def test_a_verifier_carrying_a_stop_head_stops_on_it(model):
     with pytest.raises(ValueError, match="carries no early-stopping λ"):
         MSVEarlyStop.from_verifier(verifier)
     assert isinstance(as_scorer(verifier), MSVScorer)
-    choice = LambdaChoice(lam=0.8, rule="target", reached=True, epsilon=None, delta=None, target=0.7,
-                          num_problems=40, problems_needed=None, accuracy=0.72, tokens=50.0, loss=0.02,
-                          full_accuracy=0.74, full_tokens=80.0)
+    choice = LambdaChoice(
+        lam=0.8,
+        rule="target",
+        reached=True,
+        epsilon=None,
+        delta=None,
+        target=0.7,
+        num_problems=40,
+        problems_needed=None,
+        accuracy=0.72,
+        tokens=50.0,
+        loss=0.02,
+        full_accuracy=0.74,
+        full_tokens=80.0,
+    )
     verifier.config.early_stopping = {"stop_head": HEAD.to_dict(), "lambda": choice.to_dict()}
     scorer = as_scorer(verifier)
     assert isinstance(scorer, StopRuleScorer) and scorer.rule == HEAD

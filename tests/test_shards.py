@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.shards import D, make_problem, write_dataset
 from hf_msv import MSVConfig, MSVVerifier, build_masks, compute_gamma
 from hf_msv.data import (
     VERIFIER_INPUTS,
@@ -23,54 +24,7 @@ from hf_msv.data import (
 )
 from hf_msv.evaluation import deepconf_scores, token_prob_scores
 
-D = 16
-
-
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def make_problem(pid: str, num_sequences: int = 6, seed: int = 0, d: int = D, max_answers: int = 4,
-                 none_rate: float = 0.15) -> CollectedProblem:
-    """A synthetic problem shaped like collected data: each sequence has 1..max_answers answers at increasing τ
-    (the last one terminal), answers of 1..5 tokens, a few "no answer"s, classes by online assignment of texts."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for n in range(num_sequences):
-        k_count = int(rng.integers(1, max_answers + 1))
-        taus = np.sort(rng.choice(np.arange(1, 60), size=k_count, replace=False))
-        for k, tau in enumerate(taus):
-            text = None if rng.random() < none_rate else str(int(rng.integers(0, 4)))
-            rows.append((int(tau), n, k, k == k_count - 1, text, int(rng.integers(1, 6))))
-    rows.sort(key=lambda r: (r[0], r[1], r[2]))  # elicitation order
-    classes, seen = [], {}
-    for r in rows:
-        if r[4] is None:
-            classes.append(1000 + len(classes))  # "no answer": a class of its own
-        else:
-            classes.append(seen.setdefault(r[4], len(seen)))
-    lengths = [r[5] for r in rows]
-    t = sum(lengths)
-    seq_len = [max(r[0] for r in rows if r[1] == n) + 1 for n in range(num_sequences)]
-    return CollectedProblem(
-        problem_id=pid, gold="1", source="synthetic", question=f"What is {pid}?",
-        hidden_states=torch.from_numpy(rng.normal(size=(t, d)).astype(np.float32)) * 3,
-        token_ids=rng.integers(0, 100, size=t), token_logprobs=-rng.random(t).astype(np.float32),
-        answer_text=[r[4] for r in rows], answer_raw_text=[f"{{{r[4]}}}" if r[4] else "{" for r in rows],
-        answer_trigger=["eos" if r[3] else "delimiter" for r in rows],
-        answer_sequence=[r[1] for r in rows], answer_step=[r[2] for r in rows], answer_tau=[r[0] for r in rows],
-        answer_length=lengths, answer_class=classes, answer_terminal=[r[3] for r in rows],
-        answer_correct=[r[4] == "1" for r in rows], sequence_length=seq_len,
-        sequence_finish=["eos"] * num_sequences,
-        cot_confidence=[rng.random(n).astype(np.float32) for n in seq_len],
-        cot_token_ids=[rng.integers(0, 50_000, size=n) for n in seq_len])
-
-
-def write_dataset(directory, num_problems=5, per_shard=2, num_sequences=6, seed=0, d=D):
-    problems = [make_problem(f"q{i}", num_sequences, seed * 1000 + i, d) for i in range(num_problems)]
-    for s in range(0, num_problems, per_shard):
-        write_shard(directory / f"shard-r000-{s // per_shard:05d}.safetensors", problems[s:s + per_shard],
-                    info={"lm_name_or_path": "synthetic", "lm_num_attention_heads": 2, "checker": "exact"})
-    return problems
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -91,11 +45,29 @@ def test_round_trip_is_bit_exact_and_complete(tmp_path, dtype):
         assert q.hidden_states.dtype == target
         # Bit-exact: the stored bits are exactly those of the 16-bit cast.
         assert torch.equal(q.hidden_states.view(torch.int16), p.hidden_states.to(target).view(torch.int16))
-        for name in ("problem_id", "gold", "source", "question", "answer_text", "answer_raw_text",
-                     "answer_trigger", "sequence_finish"):
+        for name in (
+            "problem_id",
+            "gold",
+            "source",
+            "question",
+            "answer_text",
+            "answer_raw_text",
+            "answer_trigger",
+            "sequence_finish",
+        ):
             assert getattr(q, name) == getattr(p, name), name
-        for name in ("token_ids", "token_logprobs", "answer_sequence", "answer_step", "answer_tau", "answer_length",
-                     "answer_class", "answer_terminal", "answer_correct", "sequence_length"):
+        for name in (
+            "token_ids",
+            "token_logprobs",
+            "answer_sequence",
+            "answer_step",
+            "answer_tau",
+            "answer_length",
+            "answer_class",
+            "answer_terminal",
+            "answer_correct",
+            "sequence_length",
+        ):
             np.testing.assert_array_equal(getattr(q, name), getattr(p, name), err_msg=name)
         assert len(q.cot_confidence) == p.num_sequences
         for a, b in zip(p.cot_confidence, q.cot_confidence):
@@ -118,8 +90,9 @@ def test_problem_without_confidence_and_answer_group(tmp_path):
     for a, b in zip(q.cot_confidence, back[1].cot_confidence):  # the neighbour's slices are unaffected
         np.testing.assert_array_equal(a, b)
     # Baseline scores from the stored signals.
-    expected = np.array([np.exp(q.token_logprobs[a:a + n].mean()) for a, n in zip(q.answer_token_start,
-                                                                              q.answer_length)])
+    expected = np.array(
+        [np.exp(q.token_logprobs[a : a + n].mean()) for a, n in zip(q.answer_token_start, q.answer_length)]
+    )
     np.testing.assert_allclose(token_prob_scores(back[1]), expected, rtol=1e-6)
     assert deepconf_scores(back[1], window=4).shape == (q.num_answers,)
     group = answer_group(back[1])
@@ -146,8 +119,8 @@ def test_shards_written_before_cot_token_ids_still_read(tmp_path):
     reads with both unknown; everything else is unchanged."""
     import json
 
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     p = make_problem("old", seed=6)
     path = write_shard(tmp_path / "shard-r000-00000.safetensors", [p])
@@ -197,8 +170,7 @@ def test_availability_steps_round_trip_and_default_to_tau_plus_length(tmp_path):
     save_file(tensors, str(path), metadata=metadata)
     (old,), _ = read_shard(path, hidden=False)
     np.testing.assert_array_equal(old.answer_end, p.answer_tau + p.answer_length)
-    np.testing.assert_array_equal(ShardDataset(tmp_path).answer_columns(0).answer_end,
-                                  p.answer_tau + p.answer_length)
+    np.testing.assert_array_equal(ShardDataset(tmp_path).answer_columns(0).answer_end, p.answer_tau + p.answer_length)
 
 
 def test_failed_write_leaves_no_visible_shard(tmp_path, monkeypatch):
@@ -232,7 +204,7 @@ def test_partition_groups_cover_every_sequence_once_per_epoch(tmp_path):
 
     first = draws(0)
     for p in range(3):
-        chosen = sorted(s for g in first[3 * p:3 * p + 3] for s in g)
+        chosen = sorted(s for g in first[3 * p : 3 * p + 3] for s in g)
         assert chosen == list(range(6))
     assert draws(0) == first and draws(1) != first
     # Items carry exactly the chosen sequences' answers, renumbered in draw order, with their stored tokens.
@@ -245,8 +217,9 @@ def test_partition_groups_cover_every_sequence_once_per_epoch(tmp_path):
         np.testing.assert_array_equal(item["answer_tau"].numpy(), src.answer_tau[rows])
         mapping = {int(s): j for j, s in enumerate(chosen)}
         assert item["answer_sequence"].tolist() == [mapping[int(s)] for s in src.answer_sequence[rows]]
-        expected = torch.cat([src.hidden_states[a:a + n] for a, n in
-                              zip(src.answer_token_start[rows], src.answer_length[rows])]).bfloat16()
+        expected = torch.cat(
+            [src.hidden_states[a : a + n] for a, n in zip(src.answer_token_start[rows], src.answer_length[rows])]
+        ).bfloat16()
         assert torch.equal(item["hidden_states"], expected)
         np.testing.assert_array_equal(item["labels"].numpy(), src.answer_correct[rows].astype(np.float32))
 
@@ -323,8 +296,9 @@ def test_preloaded_hidden_states_give_the_same_items_as_memory_mapped_reads(tmp_
             assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
     assert not lazy._loaded and len(auto._loaded) == len(auto.files)  # each shard read whole, once
     sub = auto.subset([4, 1])  # cross-validation folds share what the parent has read
-    assert sub._loaded is auto._loaded and torch.equal(sub.group(0, np.arange(3))["hidden_states"],
-                                                       lazy.group(4, np.arange(3))["hidden_states"])
+    assert sub._loaded is auto._loaded and torch.equal(
+        sub.group(0, np.arange(3))["hidden_states"], lazy.group(4, np.arange(3))["hidden_states"]
+    )
     clone = pickle.loads(pickle.dumps(auto))  # a spawned DataLoader worker reloads rather than receiving a copy
     assert clone.preload and not clone._loaded and torch.equal(clone[0]["hidden_states"], auto[0]["hidden_states"])
     monkeypatch.setattr(dataset_module, "PRELOAD_BYTES", 0)
@@ -348,8 +322,9 @@ def test_checker_rederives_classes_but_keeps_labels(tmp_path):
         a, b = stored.read_problem(p).answer_class, exact.read_problem(p).answer_class
         assert len({(x, y) for x, y in zip(a, b)}) == len(set(a)) == len(set(b))
         np.testing.assert_array_equal(coin.read_problem(p).answer_correct, src.answer_correct)
-    assert any(not np.array_equal(stored.read_problem(p).answer_class, coin.read_problem(p).answer_class)
-               for p in range(2))
+    assert any(
+        not np.array_equal(stored.read_problem(p).answer_class, coin.read_problem(p).answer_class) for p in range(2)
+    )
     for i in range(len(stored)):
         assert torch.equal(stored[i]["labels"], coin[i]["labels"])
 
@@ -367,8 +342,9 @@ def reference_relations(items, mode):
         for r in range(len(item["answer_length"])):
             if mode == "terminal" and not item["answer_terminal"][r]:
                 continue
-            answers.append((g, int(item["answer_sequence"][r]), int(item["answer_class"][r]),
-                            int(item["answer_end"][r]), r))
+            answers.append(
+                (g, int(item["answer_sequence"][r]), int(item["answer_class"][r]), int(item["answer_end"][r]), r)
+            )
     return answers
 
 
@@ -397,15 +373,24 @@ def test_collate_masks_and_gamma_agree_with_the_verifier(tmp_path, mode):
     token_start = torch.cumsum(batch["answer_length"], 0) - batch["answer_length"]
     for a in range(len(group)):
         g = int(group[a])
-        cands = [r for (gg, s, c, e, r) in reference if gg == g and s == int(batch["answer_sequence"][a])
-                 and e == int(end[a]) and c == int(batch["answer_class"][a])]
+        cands = [
+            r
+            for (gg, s, c, e, r) in reference
+            if gg == g
+            and s == int(batch["answer_sequence"][a])
+            and e == int(end[a])
+            and c == int(batch["answer_class"][a])
+        ]
         assert len(cands) >= 1
-        r = cands[0] if len(cands) == 1 else next(
-            r for r in cands if int(items[g]["answer_tau"][r]) == int(batch["answer_tau"][a]))
+        r = (
+            cands[0]
+            if len(cands) == 1
+            else next(r for r in cands if int(items[g]["answer_tau"][r]) == int(batch["answer_tau"][a]))
+        )
         ident.append((g, r))
         n, s = int(batch["answer_length"][a]), int(token_start[a])
         o = int(offsets[g][r])
-        assert torch.equal(batch["hidden_states"][s:s + n], items[g]["hidden_states"][o:o + n])
+        assert torch.equal(batch["hidden_states"][s : s + n], items[g]["hidden_states"][o : o + n])
     assert len(set(ident)) == len(ident)
 
     # Masks the verifier builds from the collated metadata == the definitions on the original answers.
@@ -416,14 +401,27 @@ def test_collate_masks_and_gamma_agree_with_the_verifier(tmp_path, mode):
         for v in range(len(ta)):
             qa, ka = info[int(ta[u])], info[int(ta[v])]
             allowed = qa[0] == ka[0] and (mode == "terminal" or ka[3] <= qa[3])
-            expected = [allowed, allowed and qa[1] == ka[1], allowed and qa[2] == ka[2],
-                        allowed and (qa[0], qa[4]) == (ka[0], ka[4])]
+            expected = [
+                allowed,
+                allowed and qa[1] == ka[1],
+                allowed and qa[2] == ka[2],
+                allowed and (qa[0], qa[4]) == (ka[0], ka[4]),
+            ]
             assert masks[:, u, v].tolist() == expected
 
     # γ from collate == γ the verifier computes itself; batched scores == per-group scores.
     torch.manual_seed(0)
-    verifier = MSVVerifier(MSVConfig(hidden_size=D, num_attention_heads=2, intermediate_size=32, num_sequences=3,
-                                     mode=mode, gamma_hidden_size=8, attention_backend="dense")).eval()
+    verifier = MSVVerifier(
+        MSVConfig(
+            hidden_size=D,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_sequences=3,
+            mode=mode,
+            gamma_hidden_size=8,
+            attention_backend="dense",
+        )
+    ).eval()
     with torch.no_grad():
         given = verifier(**{k: batch[k] for k in VERIFIER_INPUTS})
         own = verifier(**{k: batch[k] for k in VERIFIER_INPUTS if k != "gamma"})
@@ -452,8 +450,14 @@ def test_collate_matches_compute_gamma_and_handles_many_groups(tmp_path):
     write_dataset(tmp_path, num_problems=4, num_sequences=6)
     ds = ShardDataset(tmp_path, num_sequences=6)
     batch = collate_groups([ds[i] for i in range(len(ds))])
-    expected = compute_gamma(batch["answer_group"], batch["answer_sequence"], batch["answer_step"],
-                             batch["answer_end"], batch["answer_class"], True)
+    expected = compute_gamma(
+        batch["answer_group"],
+        batch["answer_sequence"],
+        batch["answer_step"],
+        batch["answer_end"],
+        batch["answer_class"],
+        True,
+    )
     assert torch.equal(batch["gamma"], expected)
     assert batch["problem_id"] == ds.problem_ids
 

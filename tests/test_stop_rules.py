@@ -6,8 +6,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_msv.baselines import latest_answer_vote
-from hf_msv.stop_rules import (StopHead, adaptive_consistency, chain_support, consensus_share, fit_stop_head,
-                               leader_events, probe_stability, stop_features, stop_statistic)
+from hf_msv.stop_rules import (
+    StopHead,
+    adaptive_consistency,
+    chain_support,
+    consensus_share,
+    fit_stop_head,
+    leader_events,
+    probe_stability,
+    stop_features,
+    stop_statistic,
+)
 
 # Four chains. Chain 0 answers 7, 7, 7; chain 1 answers 3 then 7; chain 2 answers 7 once, late; chain 3 is silent.
 #          idx:  0  1  2  3  4  5
@@ -35,8 +44,8 @@ def test_a_lone_early_answer_is_no_consensus():
 
 def test_probe_stability_needs_the_last_window_answers_to_agree():
     # window 2: chain 0 is steady on 7 from its second answer; chain 1 ([3, 7]) never is.
-    np.testing.assert_allclose(probe_stability(*COLUMNS, num_chains=4, window=2), [0, 0, .25, .25, .25, 0])
-    np.testing.assert_allclose(probe_stability(*COLUMNS, num_chains=4, window=3), [0, 0, 0, 0, .25, 0])
+    np.testing.assert_allclose(probe_stability(*COLUMNS, num_chains=4, window=2), [0, 0, 0.25, 0.25, 0.25, 0])
+    np.testing.assert_allclose(probe_stability(*COLUMNS, num_chains=4, window=3), [0, 0, 0, 0, 0.25, 0])
     with pytest.raises(ValueError, match="window"):
         chain_support(*COLUMNS, window=0)
 
@@ -48,7 +57,7 @@ def test_adaptive_consistency_is_the_beta_criterion_against_the_runner_up():
     # idx 3: class 7 backed by chains 0 and 1 (2), runner-up none (0); idx 5: class 3 by chain 2 (1) vs 7 (2).
     assert got[3] == pytest.approx(beta.sf(0.5, 3, 1))
     assert got[5] == pytest.approx(beta.sf(0.5, 2, 3))
-    assert got[1] == pytest.approx(0.5)                     # 3 vs 7, one chain each
+    assert got[1] == pytest.approx(0.5)  # 3 vs 7, one chain each
 
 
 def test_stop_statistic_names_and_errors():
@@ -69,8 +78,9 @@ def test_the_stop_head_learns_to_distrust_a_high_score_without_support():
     x = np.stack([z, support, np.ones(m), np.full(m, -8.0), np.zeros(m), z], 1)
     head = fit_stop_head(x, y, group=np.arange(m) // 8, end=np.arange(m) % 8, num_chains=16)
     assert head.coef[1] > 2
-    lone, backed = head.predict(np.array([[np.log(99), 1 / 16, 1, -8, 0, np.log(99)],
-                                          [np.log(3), 12 / 16, 1, -8, 0, np.log(3)]]))
+    lone, backed = head.predict(
+        np.array([[np.log(99), 1 / 16, 1, -8, 0, np.log(99)], [np.log(3), 12 / 16, 1, -8, 0, np.log(3)]])
+    )
     assert lone < backed
     assert StopHead.from_dict(head.to_dict()) == head
     x = stop_features(np.full(6, 0.9), *COLUMNS, num_chains=4)
@@ -95,7 +105,7 @@ def test_leader_events_are_the_best_available_answer_at_each_arrival():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2 ** 32 - 1))
+@given(st.integers(0, 2**32 - 1))
 def test_statistics_are_causal(seed):
     """An answer's statistic depends only on the answers available by its end: dropping every later answer leaves
     it unchanged (what lets generate compute it live)."""
@@ -116,6 +126,7 @@ def test_statistics_are_causal(seed):
         np.testing.assert_allclose(stop_statistic(rule, klass, sequence, step, end, 5, only=late)[late], full[late])
     scores = rng.uniform(0.01, 0.99, a)
     x = stop_features(scores, klass, sequence, step, end, 5)
-    np.testing.assert_allclose(x[keep], stop_features(scores[keep], klass[keep], sequence[keep], step[keep],
-                                                      end[keep], 5))
+    np.testing.assert_allclose(
+        x[keep], stop_features(scores[keep], klass[keep], sequence[keep], step[keep], end[keep], 5)
+    )
     np.testing.assert_allclose(stop_features(scores, klass, sequence, step, end, 5, only=late)[late], x[late])

@@ -9,12 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.generation import EOS, ID, TOK, P, ScriptedAnswers, generate, prompts, tiny_model, tiny_verifier
 from hf_msv import MSVVerifier
+from hf_msv.data import AnswerGroup
 from hf_msv.evaluation.early_stop import replay, replay_many
 from hf_msv.generation import MSVResult, decide_stop, prepare_generation
-from hf_msv.data import AnswerGroup
-
-from test_generation import EOS, ID, P, TOK, ScriptedAnswers, generate, prompts, tiny_model, tiny_verifier
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -31,7 +30,7 @@ def decide(end, scores, terminal, lam):
 
 
 def test_stop_at_first_time_the_running_max_reaches_lambda():
-    end, scores, terminal = [4, 5, 8, 9, 12], [.3, .6, .7, .5, .9], [0, 0, 1, 0, 1]
+    end, scores, terminal = [4, 5, 8, 9, 12], [0.3, 0.6, 0.7, 0.5, 0.9], [0, 0, 1, 0, 1]
     assert decide(end, scores, terminal, 0.65) == (True, 8, 2, 3)
     assert decide(end, scores, terminal, 0.0) == (True, 4, 0, 1)
     # λ never reached: run to the end (t* = last availability), best terminal answer.
@@ -41,27 +40,27 @@ def test_stop_at_first_time_the_running_max_reaches_lambda():
 
 def test_output_is_the_best_available_answer_not_the_one_that_crossed():
     # Answer 1 crosses λ = .5 at t = 6, but answer 2 (available at 6 too) is better.
-    assert decide([3, 6, 6], [.2, .55, .8], [1, 1, 1], 0.5) == (True, 6, 2, 3)
+    assert decide([3, 6, 6], [0.2, 0.55, 0.8], [1, 1, 1], 0.5) == (True, 6, 2, 3)
 
 
 def test_ties_go_to_the_answer_available_first_then_the_lower_index():
     # Given in elicitation order (τ): answer 0 is elicited first but becomes available last.
     end, terminal = [9, 7, 7], [1, 1, 1]
-    assert decide(end, [.8, .8, .8], terminal, 0.8) == (True, 7, 1, 2)
-    assert decide(end, [.8, .8, .8], terminal, 0.9) == (False, 9, 1, 3)   # fallback, same tie rule
-    assert decide(end, [.8, .2, .8], terminal, 0.9) == (False, 9, 2, 3)
+    assert decide(end, [0.8, 0.8, 0.8], terminal, 0.8) == (True, 7, 1, 2)
+    assert decide(end, [0.8, 0.8, 0.8], terminal, 0.9) == (False, 9, 1, 3)  # fallback, same tie rule
+    assert decide(end, [0.8, 0.2, 0.8], terminal, 0.9) == (False, 9, 2, 3)
 
 
 def test_fallback_without_terminal_answers_and_without_scores():
-    assert decide([2, 3], [.4, .6], [0, 0], 0.9) == (False, 3, 1, 2)     # best answer overall
-    assert decide([2, 3], [.4, np.nan], [0, 1], 0.9) == (False, 3, 0, 2)  # an unscored terminal answer never wins
+    assert decide([2, 3], [0.4, 0.6], [0, 0], 0.9) == (False, 3, 1, 2)  # best answer overall
+    assert decide([2, 3], [0.4, np.nan], [0, 1], 0.9) == (False, 3, 0, 2)  # an unscored terminal answer never wins
     assert decide([2, 3], [None, None], [1, 1], 0.0) == (False, 3, -1, 2)  # nothing scored: no answer
     assert decide([], [], [], 0.5) == (False, -1, -1, 0)
 
 
 def test_unscored_answers_never_reach_lambda():
-    assert decide([2, 5], [np.nan, .7], [0, 1], 0.0) == (True, 5, 1, 2)
-    assert decide([2, 5], [np.nan, .7], [0, 1], -np.inf) == (True, 5, 1, 2)
+    assert decide([2, 5], [np.nan, 0.7], [0, 1], 0.0) == (True, 5, 1, 2)
+    assert decide([2, 5], [np.nan, 0.7], [0, 1], -np.inf) == (True, 5, 1, 2)
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,15 +71,19 @@ def test_vectorised_thresholds_and_incremental_use_agree(data):
     a = data.draw(st.integers(1, 12))
     end = np.array(data.draw(st.lists(st.integers(1, 6), min_size=a, max_size=a)))
     # Few distinct values, so that ties are frequent; nan is an answer that was never scored.
-    scores = np.array(data.draw(st.lists(st.sampled_from([.2, .5, .5, .8, np.nan]), min_size=a, max_size=a)))
+    scores = np.array(data.draw(st.lists(st.sampled_from([0.2, 0.5, 0.5, 0.8, np.nan]), min_size=a, max_size=a)))
     terminal = np.array(data.draw(st.lists(st.booleans(), min_size=a, max_size=a)))
     lambdas = np.array([0.0, 0.2, 0.5, 0.6, 0.8, 0.9, np.inf])
     full = decide_stop(end, scores, terminal, lambdas)
     for i, lam in enumerate(lambdas):
-        assert decide(end, scores, terminal, lam) == (full.stopped[i], full.stop_step[i], full.chosen[i],
-                                                      full.num_available[i])
+        assert decide(end, scores, terminal, lam) == (
+            full.stopped[i],
+            full.stop_step[i],
+            full.chosen[i],
+            full.num_available[i],
+        )
         for t in sorted(set(end)):
-            seen = np.flatnonzero(end <= t)      # the answers scored by step t, in the given order
+            seen = np.flatnonzero(end <= t)  # the answers scored by step t, in the given order
             d = decide_stop(end[seen], scores[seen], terminal[seen], lam)
             if d.stopped[0]:
                 assert full.stopped[i] and full.stop_step[i] == d.stop_step[0] == t
@@ -99,9 +102,14 @@ def answer_group(result: MSVResult) -> tuple[AnswerGroup, np.ndarray]:
     """The recorded answer stream of `result` as the evaluation sees it, with its online scores (nan: unscored)."""
     answers = result.answers
     group = AnswerGroup(
-        sequence=[a.sequence for a in answers], end=[a.end for a in answers], klass=[a.class_id for a in answers],
-        correct=np.zeros(len(answers), bool), is_terminal=[a.terminal for a in answers],
-        seq_len=[len(s) for s in result.sequences], start=[a.tau for a in answers])
+        sequence=[a.sequence for a in answers],
+        end=[a.end for a in answers],
+        klass=[a.class_id for a in answers],
+        correct=np.zeros(len(answers), bool),
+        is_terminal=[a.terminal for a in answers],
+        seq_len=[len(s) for s in result.sequences],
+        start=[a.tau for a in answers],
+    )
     scores = np.array([np.nan if a.score is None else a.score for a in answers])
     return group, scores
 
@@ -139,8 +147,7 @@ def test_tiny_lm_results_replay_to_the_same_decision():
     schedule = {(r, s): ID["Wait"] for r in range(12) for s in range(r % 4 + 1, 16, 5)}
     schedule |= {(2, 9): EOS, (7, 4): EOS}
     outcomes = set()
-    with prepare_generation(model, TOK, tiny_verifier(num_sequences=4), delimiters=["Wait"],
-                            checker="exact") as msv:
+    with prepare_generation(model, TOK, tiny_verifier(num_sequences=4), delimiters=["Wait"], checker="exact") as msv:
         for lam in (0.0, 0.3, 0.45, 0.5, 0.55, 0.6, 1.01, None):
             generate(model, prompts(), n=6, max_new_tokens=16, schedule=schedule, threshold=lam, seed=5)
             for result in msv.pop_results():

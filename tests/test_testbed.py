@@ -1,34 +1,27 @@
-"""The first testbed (v1, ``testbed-v1``): task generator, tokenizer, shipped LM, training smoke test."""
+"""The testbed package (``hf_msv.testbed``): its public names, its tokenizer, the one LM it ships, and how another
+testbed task joins it (``register_task``)."""
 
 import random
+import tomllib
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
-import torch
 
-from hf_msv.data.problems import Problem
-from hf_msv.testbed import TESTBED_V1_LM_DIR as TESTBED_LM_DIR
-from hf_msv.testbed import load_testbed_lm
-from hf_msv.testbed.task import (
-    DELIMITER,
-    ELICITATION_PROMPT,
-    SPLITS,
-    apply_op,
-    format_prompt,
-    generate_problems,
-    make_elicitation_example,
-    make_trace,
-    split_of,
-)
+import hf_msv.testbed as testbed
+from hf_msv.testbed import task_v2
 from hf_msv.testbed.tokenizer import build_tokenizer
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def _texts(n=200):
+
+def _texts(n=100):
     rng = random.Random(0)
-    for split in SPLITS:
-        for p in generate_problems(split, n, seed=3):
-            yield format_prompt(p)
-            yield make_trace(p, rng)
-            yield "".join(make_elicitation_example(p, rng))
+    for split in testbed.SPLITS:
+        for p in task_v2.generate_problems(split, n, seed=3):
+            yield task_v2.format_prompt(p)
+            yield task_v2.sample_trace(p, rng).text
+            yield "".join(task_v2.make_elicitation_example(p, rng))
 
 
 def test_tokenizer_round_trips_everything_the_generator_emits():
@@ -42,154 +35,71 @@ def test_tokenizer_round_trips_everything_the_generator_emits():
     assert chars <= set(tok.get_vocab()) | {" "}
     assert " " in tok.get_vocab()
     # the delimiter is one matchable token; encoding prepends BOS
-    wait = tok.convert_tokens_to_ids(DELIMITER)
-    ids = tok("A: 1+2=3. Wait, 1+2=3 ok.").input_ids
+    wait = tok.convert_tokens_to_ids(testbed.DELIMITER)
+    ids = tok("A: 1+2=3. Wait, 1+2=3? yes.").input_ids
     assert ids[0] == tok.bos_token_id and ids.count(wait) == 1
     assert {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id} == {1, 2, 0}
 
 
-def test_splits_are_disjoint_and_deterministic():
-    canon = {}
-    for split in SPLITS:
-        ps = generate_problems(split, 1000, seed=0)
-        assert len(ps) == 1000 and all(isinstance(p, Problem) for p in ps)
-        c = {p.meta["canonical"] for p in ps}
-        assert len(c) == 1000  # distinct within a split
-        assert all(split_of(x) == split for x in c)
-        canon[split] = c
-        # other seeds and wordings stay in the split
-        assert all(split_of(p.meta["canonical"]) == split for p in generate_problems(split, 200, seed=7))
-    assert not canon["train"] & canon["validation"]
-    assert not canon["train"] & canon["evaluation"]
-    assert not canon["validation"] & canon["evaluation"]
-    assert generate_problems("evaluation", 50, seed=1) == generate_problems("evaluation", 50, seed=1)
-    assert generate_problems("evaluation", 50, seed=1) != generate_problems("evaluation", 50, seed=2)
-    with pytest.raises(ValueError):
-        generate_problems("test", 1)
+def test_public_names_are_the_v2_tasks():
+    """Every name of ``__all__`` exists; the prompt helpers are task_v2's own (defined once, in the testbed)."""
+    assert all(hasattr(testbed, name) for name in testbed.__all__)
+    for name in (
+        "DELIMITER",
+        "ELICITATION_PROMPT",
+        "SPLITS",
+        "format_prompt",
+        "split_of",
+        "generate_problems",
+        "make_trace",
+        "make_elicitation_example",
+        "TaskKnobsV2",
+    ):
+        assert getattr(testbed, name) is getattr(task_v2, name), name
+    assert testbed.format_prompt.__module__ == testbed.split_of.__module__ == "hf_msv.testbed.task_v2"
+    assert testbed.TESTBED_LM_DIR == testbed.TESTBED_V2_LM_DIR == testbed.TASKS["v2"].lm_dir
+    assert testbed.get_task("testbed") is testbed.get_task("testbed-v2") is testbed.TASKS[testbed.DEFAULT_TASK]
 
 
-def test_gold_answers_and_knobs():
-    for p in generate_problems("train", 300, seed=0, min_steps=3, max_steps=3, max_operand=9):
-        v = p.meta["start"]
-        assert len(p.meta["ops"]) == 3
-        for op, k in p.meta["ops"]:
-            assert op != "+" and op != "-" or 1 <= k <= 9
-            v = apply_op(v, op, k)
-            assert 0 <= v <= 99
-        assert p.gold == str(v)
-    no_mul = generate_problems("train", 20, seed=0, ops="+-")
-    assert all("*" not in p.meta["canonical"] for p in no_mul)
-    with pytest.raises(TypeError):
-        generate_problems("train", 1, no_such_knob=1)
+def test_the_package_ships_one_testbed_lm_and_its_package_data_exists():
+    package = Path(testbed.__file__).resolve().parent
+    assert sorted(p.name for p in package.iterdir() if (p / "config.json").exists()) == ["lm-v2", "verifier"]
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["hf_msv"]
+    for pattern in data:
+        assert list((ROOT / "hf_msv").glob(pattern)), pattern
 
 
-def test_traces_have_waits_and_a_final_box():
-    rng = random.Random(0)
-    ps = generate_problems("train", 300, seed=0)
-    traces = [make_trace(p, rng) for p in ps]
-    assert all(t.count(ELICITATION_PROMPT + "{") == 1 and t.endswith("}") for t in traces)
-    assert sum(DELIMITER in t for t in traces) == len(traces)
-    n_right = sum(t.endswith("{" + p.gold + "}") for t, p in zip(traces, ps))
-    assert 0.3 * len(ps) < n_right < 0.9 * len(ps)  # noisy solver: a mix of correct and wrong answers
-    kinds = set()
-    for p in ps:
-        prefix, elicit, answer = make_elicitation_example(p, rng)
-        assert elicit.endswith(ELICITATION_PROMPT) and answer.startswith("{") and answer.endswith("}")
-        kinds.add("final" if ELICITATION_PROMPT in prefix else "wait" if prefix.endswith(DELIMITER) else "step")
-        if ELICITATION_PROMPT in prefix:  # after the finished trace: the answer is the trace's own
-            assert prefix.endswith(answer)
-    assert kinds == {"final", "wait", "step"}
+@pytest.fixture
+def restored_tasks(monkeypatch):
+    """The testbed tasks, LM names and named LMs as they were before the test."""
+    from hf_msv import registry
+
+    registry.named_lms()  # the entry points run now, so that they cannot re-register anything later
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    saved = [(d, dict(d)) for d in (testbed.TASKS, testbed.TESTBED_LM_NAMES)]
+    yield
+    for d, before in saved:
+        d.clear()
+        d.update(before)
 
 
-def test_segments_restate_their_answer_and_later_answers_are_better():
-    from hf_msv.testbed.task import make_trace_parts
+def test_another_task_joins_with_register_task(restored_tasks):
+    """A task registered with `register_task` is a testbed task (`get_task`, ``TASKS``) and a named LM (problem
+    specs, ``load_lm``'s missing-checkpoint hint), like the default one."""
+    from hf_msv.collect.lm import load_lm, load_problems
+    from hf_msv.testbed import registration, tasks
 
-    rng = random.Random(1)
-    first = last = 0
-    ps = generate_problems("evaluation", 300, seed=0)
-    for p in ps:
-        parts = make_trace_parts(p, rng)
-        assert parts[0][0].startswith(" ") and DELIMITER not in parts[0][0]
-        for segment, answer in parts:
-            assert segment.lower().endswith(f"so {answer}.")  # the answer a Wait-elicitation should copy
-        assert all(segment.startswith(f" {DELIMITER}, ") for segment, _ in parts[1:])
-        first += parts[0][1] == p.gold
-        last += parts[-1][1] == p.gold
-    # re-checks fix more than they break: the streaming signal the verifier should pick up
-    assert last > first + 0.15 * len(ps)
-    # re-checks that never fix nor break leave every answer of a trace as the first pass left it
-    knobs = dict(fix_prob=0.0, break_prob=0.0)
-    assert all(len({a for _, a in make_trace_parts(p, rng, **knobs)}) == 1 for p in ps)
-
-
-def test_targeted_rechecks_follow_a_cue_the_lm_can_see():
-    """A targeted re-check goes to the first step with a carry / borrow not yet re-checked (the LM sees the
-    operands, not which step is wrong)."""
-    import re
-
-    from hf_msv.testbed.task import _has_carry, make_trace_parts
-
-    rng = random.Random(2)
-    for p in generate_problems("train", 200, seed=3):
-        ops = [tuple(x) for x in p.meta["ops"]]
-        parts = make_trace_parts(p, rng, target_prob=1.0, fix_prob=0.0, break_prob=0.0)  # steps never change
-        values = [p.meta["start"]]
-        for a, b in zip(parts[0][0].split(". ")[: len(ops)], ops):
-            values.append(int(a.split("=")[1]))
-        carries = [j for j, (op, k) in enumerate(ops) if _has_carry(values[j], op, k)]
-        rechecked = [re.match(rf" {DELIMITER}, (\d+)(\D)(\d+)=", s).groups() for s, _ in parts[1:]]
-        for w, (a, op, k) in enumerate(rechecked):
-            if w < len(carries):  # the carry steps, in order, before any random re-check
-                j = carries[w]
-                assert (int(a), op, int(k)) == (values[j], *ops[j])
-
-
-@pytest.mark.skipif(not (TESTBED_LM_DIR / "config.json").exists(), reason="no shipped checkpoint")
-def test_shipped_checkpoint_loads_with_auto_classes_and_generates():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(TESTBED_LM_DIR)
-    model = AutoModelForCausalLM.from_pretrained(TESTBED_LM_DIR)
-    assert model.config.model_type == "llama"
-    assert sum(f.stat().st_size for f in TESTBED_LM_DIR.glob("*.safetensors")) <= 20 * 2**20
-    model2, tok2 = load_testbed_lm(task="v1")
-    assert not model2.training and len(tok2) == len(tok)
-    p = generate_problems("evaluation", 2, seed=0)
-    enc = tok([format_prompt(x) for x in p], return_tensors="pt", padding=True)
-    torch.manual_seed(0)
-    out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=320,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
-    assert any(ELICITATION_PROMPT + "{" in t for t in texts)
-    # elicitation right after a Wait yields a closed box
-    prefix = format_prompt(p[0]) + " 1+1=2. " + DELIMITER + ELICITATION_PROMPT
-    enc = tok(prefix, return_tensors="pt")
-    out = model.generate(**enc, do_sample=False, max_new_tokens=40, pad_token_id=tok.pad_token_id,
-                         eos_token_id=tok.eos_token_id)
-    cont = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
-    assert cont.startswith("{") and "}" in cont
-    # the paper's terminal elicitation (prompt appended to the finished trace) gives back the trace's own answer
-    finished = [(t, q) for t, q in zip(texts, p) if t.count("\\boxed{") == 1 and t.endswith("}")]
-    assert finished
-    for trace, question in finished:
-        enc = tok(format_prompt(question) + trace + ELICITATION_PROMPT, return_tensors="pt")
-        out = model.generate(**enc, do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
-        cont = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
-        assert cont.split("}")[0] + "}" == trace[trace.rindex("{"):]
-
-
-def test_training_smoke(tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hf_msv.testbed.train_lm import train_testbed_lm
-
-    stats = train_testbed_lm(tmp_path, task="v1", steps=3, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
-                             log_every=1, log=lambda *_: None)
-    assert stats["steps"] == 3 and stats["parameters"] > 0
-    model = AutoModelForCausalLM.from_pretrained(tmp_path)
-    tok = AutoTokenizer.from_pretrained(tmp_path)
-    out = model.generate(**tok(["Q: 1\nA:"], return_tensors="pt"), max_new_tokens=5, do_sample=False,
-                         pad_token_id=tok.pad_token_id)
-    assert out.shape[1] > 0
-    assert (tmp_path / "model.safetensors").exists()
+    other = replace(
+        testbed.TASKS["v2"],
+        name="v9",
+        lm_name="testbed-v9",
+        lm_dir=Path("/nonexistent/lm-v9"),
+        trainer="python -m somewhere.train",
+    )
+    registration.register_task(other, aliases=("testbed-nine",))
+    assert tasks.get_task("v9") is tasks.get_task("testbed-v9") is tasks.get_task("testbed-nine") is other
+    assert load_problems("testbed-nine:evaluation:2") == task_v2.generate_problems("evaluation", 2)
+    with pytest.raises(FileNotFoundError, match=r"python -m somewhere.train --task v9 --output-dir /nonexistent"):
+        load_lm("testbed-v9", device="cpu")
+    with pytest.raises(ValueError, match="unknown testbed task"):
+        tasks.get_task("v10")

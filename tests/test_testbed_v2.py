@@ -3,18 +3,18 @@ each design property docs/testbed.md claims, checked on small samples where it c
 
 import math
 import random
-from dataclasses import replace
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from hf_msv.answers import ELICITATION_PROMPT, extract_last_boxed
-from hf_msv.testbed.task import apply_op, split_of
 from hf_msv.testbed.task_v2 import (
     DELIMITER,
     SOURCE,
     TaskKnobsV2,
     answer_distribution,
+    apply_op,
     carry_positions,
     error_rates,
     false_equations,
@@ -26,14 +26,22 @@ from hf_msv.testbed.task_v2 import (
     make_trace_parts,
     sample_elicited_answer,
     sample_trace,
+    split_of,
     step_risk,
     trace_errors,
     trace_tokens,
     written_equations,
 )
 
-NOISELESS = dict(carry_error=0.0, borrow_error=0.0, mul_error=0.0, slip_error=0.0, distractor_take=(0.0, 0.0, 0.0),
-                 guess_prob=0.0, reconsider_prob=0.0)
+NOISELESS = dict(
+    carry_error=0.0,
+    borrow_error=0.0,
+    mul_error=0.0,
+    slip_error=0.0,
+    distractor_take=(0.0, 0.0, 0.0),
+    guess_prob=0.0,
+    reconsider_prob=0.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +58,10 @@ def _traces(sample):
 
 # ------------------------------------------------------------------------------------------------ problems / knobs
 def test_splits_are_disjoint_by_canonical_hash():
-    canon = {s: {p.meta["canonical"] for p in generate_problems(s, 150, seed=1)} for s in ("train", "validation",
-                                                                                             "evaluation")}
+    canon = {
+        s: {p.meta["canonical"] for p in generate_problems(s, 150, seed=1)}
+        for s in ("train", "validation", "evaluation")
+    }
     assert not canon["train"] & canon["validation"] and not canon["train"] & canon["evaluation"]
     assert not canon["validation"] & canon["evaluation"]
     for split, cs in canon.items():
@@ -86,11 +96,18 @@ def test_generation_is_deterministic_in_seed():
     assert len({make_trace(a[0], random.Random(s)) for s in range(8)}) > 1
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(min_steps=5, max_steps=3), "min_steps"), (dict(ops="+/"), "ops"), (dict(mul_factors=(1, 2)), "mul_factors"),
-    (dict(carry_error=1.5), "carry_error"), (dict(distractor_take=(0.5,)), "distractor_take"),
-    (dict(max_trace_tokens=4), "max_trace_tokens"), (dict(no_such_knob=1), "unknown testbed-v2 knobs"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(min_steps=5, max_steps=3), "min_steps"),
+        (dict(ops="+/"), "ops"),
+        (dict(mul_factors=(1, 2)), "mul_factors"),
+        (dict(carry_error=1.5), "carry_error"),
+        (dict(distractor_take=(0.5,)), "distractor_take"),
+        (dict(max_trace_tokens=4), "max_trace_tokens"),
+        (dict(no_such_knob=1), "unknown testbed-v2 knobs"),
+    ],
+)
 def test_knobs_are_validated(bad, match):
     with pytest.raises(ValueError, match=match):
         knobs_v2(**bad)
@@ -108,7 +125,8 @@ def test_one_digit_operands_are_a_valid_setting():
 
 def test_knobs_accept_json_lists():
     assert knobs_v2(mul_factors=[2, 3], distractor_take=[0.1, 0.2, 0.3]) == TaskKnobsV2(
-        mul_factors=(2, 3), distractor_take=(0.1, 0.2, 0.3))
+        mul_factors=(2, 3), distractor_take=(0.1, 0.2, 0.3)
+    )
 
 
 # -------------------------------------------------------------------------------------------------- arithmetic
@@ -220,8 +238,11 @@ def test_harder_problems_are_less_accurate_and_guesses_less_reliable(sample):
     long = [t.terminal.answer == p.gold for p, t in _traces(sample) if len(p.meta["ops"]) >= 6]
     assert acc(short) > acc(long)
     guesses = [t.pieces[0].answer == p.gold for p, t in _traces(sample) if t.pieces[0].kind == "guess"]
-    passes = [next(x for x in t.pieces if x.kind == "so").answer == p.gold for p, t in _traces(sample)
-              if any(x.kind == "so" for x in t.pieces) and t.pieces[0].kind != "guess"]
+    passes = [
+        next(x for x in t.pieces if x.kind == "so").answer == p.gold
+        for p, t in _traces(sample)
+        if any(x.kind == "so" for x in t.pieces) and t.pieces[0].kind != "guess"
+    ]
     assert acc(guesses) < acc(passes) - 0.1
 
 
@@ -235,8 +256,15 @@ def test_rechecks_mostly_confirm_sometimes_fix_sometimes_break(sample):
                 lhs, k = a.rsplit(op, 1)
                 true = apply_op(int(lhs), op, int(k))
                 old = int(rest.split("?")[0])
-                outcomes["confirm" if x.kind == "check" else "fix" if x.value == true else
-                         "break" if old == true else "other"] += 1
+                outcomes[
+                    "confirm"
+                    if x.kind == "check"
+                    else "fix"
+                    if x.value == true
+                    else "break"
+                    if old == true
+                    else "other"
+                ] += 1
     total = sum(outcomes.values())
     assert outcomes["confirm"] / total > 0.7
     assert outcomes["fix"] > outcomes["break"] > 0
@@ -249,9 +277,14 @@ def test_majorities_are_sometimes_wrong_and_answers_diverse(sample):
     assert sum(covered) - sum(maj_right) >= 5  # right answers the vote misses
     # the irrelevant clause is a visible cause: chains that subtract it end wrong unless they re-read (or a slip
     # happens to cancel it); problems that also subtract the same number for real are left out (ambiguous text)
-    took = [t.terminal.answer == p.gold for p, t in _traces(sample) if p.meta["distractor"] and
-            ["-", p.meta["distractor"][1]] not in p.meta["ops"] and
-            f"-{p.meta['distractor'][1]}=" in t.capped_text.split(" So ")[0] and "still count" not in t.capped_text]
+    took = [
+        t.terminal.answer == p.gold
+        for p, t in _traces(sample)
+        if p.meta["distractor"]
+        and ["-", p.meta["distractor"][1]] not in p.meta["ops"]
+        and f"-{p.meta['distractor'][1]}=" in t.capped_text.split(" So ")[0]
+        and "still count" not in t.capped_text
+    ]
     assert took and sum(took) / len(took) < 0.1
 
 
@@ -331,8 +364,12 @@ def test_self_evaluation_hedges_a_stated_answer_by_the_wrong_steps_standing(samp
 def test_written_equations_parse_steps_rechecks_and_fixes():
     eqs = written_equations(" 38*2=76. 76+17=94. Wait, 76+17=94? no, 93. 93-14=79. Wait, 93-14=79? yes. So 79.")
     assert [(e.a, e.op, e.k, e.result, e.checked, e.fix) for e in eqs] == [
-        (38, "*", 2, 76, False, None), (76, "+", 17, 94, False, None), (76, "+", 17, 94, True, 93),
-        (93, "-", 14, 79, False, None), (93, "-", 14, 79, True, None)]
+        (38, "*", 2, 76, False, None),
+        (76, "+", 17, 94, False, None),
+        (76, "+", 17, 94, True, 93),
+        (93, "-", 14, 79, False, None),
+        (93, "-", 14, 79, True, None),
+    ]
     assert [e.true for e in eqs] == [True, False, False, True, True]
     assert false_equations(" 38*2=76. 76+17=94. Wait, 76+17=94? no, 93.") == 1
 
@@ -346,7 +383,9 @@ def test_default_writer_stream_is_unchanged():
     rng, rows = random.Random(7), []
     for p in generate_problems("train", 40, seed=5):
         t = sample_trace(p, rng)
-        rows.append([t.text, [(x.answer, round(x.answer_prob, 9)) for x in t.pieces], make_elicitation_example(p, rng)])
+        rows.append(
+            [t.text, [(x.answer, round(x.answer_prob, 9)) for x in t.pieces], make_elicitation_example(p, rng)]
+        )
     assert hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16] == "f9aaee4bc10eeb59"
 
 
@@ -356,12 +395,20 @@ def test_trace_errors_count_each_kind_of_departure():
     clean = " 38+20=58. 58+6=64. 64+19=83. So 83. Wait, 58+6=64? yes.\n### Final Answer ### \\boxed{83}"
     rates = error_rates(trace_errors([clean], p))
     assert math.isnan(rates.pop("wait_after_false"))  # no false step written
-    assert rates == {"false_eq_plain": 0.0, "false_eq_carry": 0.0, "operand_misread": 0.0, "copy_slip": 0.0,
-                     "box_differs_from_so": 0.0, "wait_after_true": 0.0}
+    assert rates == {
+        "false_eq_plain": 0.0,
+        "false_eq_carry": 0.0,
+        "operand_misread": 0.0,
+        "copy_slip": 0.0,
+        "box_differs_from_so": 0.0,
+        "wait_after_true": 0.0,
+    }
     # 58+6 carries and is false; 60+19 is read from nowhere (copy slip); -5 is the irrelevant clause, not a misread;
     # 38+21 is a misread operand; the box disagrees with the last "So"
-    bad = (" 38+21=59. 59-5=54. 58+6=65. Wait, 58+6=65? no, 64. 60+19=79. So 79. Wait, 38+21=59? yes."
-           "\n### Final Answer ### \\boxed{80}")
+    bad = (
+        " 38+21=59. 59-5=54. 58+6=65. Wait, 58+6=65? no, 64. 60+19=79. So 79. Wait, 38+21=59? yes."
+        "\n### Final Answer ### \\boxed{80}"
+    )
     c = trace_errors([bad], p)
     assert (c["eqs_plain"], c["false_plain"], c["eqs_carry"], c["false_carry"]) == (3, 0, 1, 1)
     assert c["operand_misreads"] == 1 and c["first_pass_eqs"] == 4
@@ -407,7 +454,7 @@ def test_reading_unease_is_the_clause_share_of_a_pieces_unease():
             share = t.terminal.reading_unease
             steps = (t.terminal.unease - share) / kn.self_check
             assert steps > -1e-9 and abs(steps - round(steps)) < 1e-9
-            seen.add((share > 0, any(q.kind == "reread" for q in t.pieces[t.capped_pieces:])))
+            seen.add((share > 0, any(q.kind == "reread" for q in t.pieces[t.capped_pieces :])))
             if not p.meta.get("distractor"):
                 assert share == 0.0
     assert (True, False) in seen and (False, False) in seen

@@ -1,22 +1,19 @@
 """Testbed v2 wired in: the v2 LM training stream, a tiny v2 training run, ``load_lm("testbed-v2")`` and
-``testbed-v2:`` problem specs; v1 stays what it was."""
+``testbed-v2:`` problem specs, and the shipped v2 LM."""
 
-import hashlib
 import json
 import math
-import shutil
 from dataclasses import asdict, replace
 
-import numpy as np
 import pytest
 import torch
-from sklearn.metrics import roc_auc_score
 
+from helpers.testbed import tiny_v2_lm  # noqa: F401  (a module-scoped fixture, requested by name)
 from hf_msv.answers import ELICITATION_PROMPT, extract_last_boxed
 from hf_msv.collect.lm import load_lm, load_problems
 from hf_msv.testbed import TASKS, load_testbed_lm, task_v2
 from hf_msv.testbed.tokenizer import build_tokenizer
-from hf_msv.testbed.train_lm import TraceStream, train_testbed_lm
+from hf_msv.testbed.train_lm import TraceStream
 
 TOK = build_tokenizer()
 CAP = task_v2.TaskKnobsV2().max_trace_tokens
@@ -56,7 +53,7 @@ def test_v2_trace_examples_end_with_eos_only_when_the_trace_finished_within_the_
         if trace[-1] == TOK.eos_token_id:  # finished: one final answer line, within the cap
             text = TOK.decode(trace[:-1])
             assert len(trace) - 1 <= CAP and text.count(ELICITATION_PROMPT) == 1
-            assert text[text.index(ELICITATION_PROMPT):].endswith("}")
+            assert text[text.index(ELICITATION_PROMPT) :].endswith("}")
             kinds.add("finished")
         else:  # cut by the cap: exactly cap tokens, and no EOS for the LM to learn where the cap cut it
             assert len(trace) == CAP and TOK.eos_token_id not in trace
@@ -82,28 +79,12 @@ def test_v2_elicitation_examples_mask_the_question_and_the_elicitation_prompt():
         assert all(labels[i] == ids[i] for i in range(n_prompt, end) if i not in masked)  # the prefix is learnt
 
 
-def test_v1_stream_is_unchanged():
-    """The v1 examples are byte-identical to those before v2 was wired in (hash taken at commit 02f9449)."""
-    stream = TraceStream(TOK, seed=0, elicit_frac=0.25, pool=500, task="v1")
-    ex = [stream.example() for _ in range(64)]
-    ids, lab, _ = stream.batch(8)
-    digest = hashlib.sha256(json.dumps([[e[:2] for e in ex], ids.tolist(), lab.tolist()]).encode()).hexdigest()[:16]
-    assert digest == "01003e4574ae3263"
-    assert TASKS["v1"].context() == 512 and TASKS["v2"].context() == 560
+def test_the_context_is_the_cap_and_room_for_the_prompt_and_an_elicited_answer():
+    assert TASKS["v2"].context() == 560
     assert TASKS["v2"].context({"max_trace_tokens": 400}) == 688  # the context follows the cap
 
 
-@pytest.fixture(scope="module")
-def tiny_v2_lm(tmp_path_factory):
-    """A 2-step v2 LM (d_model 32, one layer) saved by `train_testbed_lm`, and its training stats."""
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("lm-v2")
-    stats = train_testbed_lm(out, task="v2", steps=2, batch_size=4, d_model=32, n_layers=1, n_heads=2, warmup=1,
-                             log_every=1, log=lambda *_: None)
-    return out, stats
-
-
-def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monkeypatch):
+def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monkeypatch):  # noqa: F811
     from hf_msv.collect.config import CollectConfig
     from hf_msv.evaluation.prm import load_lm_tokenizer
 
@@ -116,8 +97,9 @@ def test_tiny_v2_training_run_saves_a_checkpoint_load_lm_loads(tiny_v2_lm, monke
     assert not model.training and model.config.max_position_embeddings == 560
     assert tok.convert_tokens_to_ids("Wait") == TOK.convert_tokens_to_ids("Wait")
     prompt = task_v2.format_prompt(load_problems("testbed-v2:evaluation:1")[0])
-    out = model.generate(**tok([prompt], return_tensors="pt"), max_new_tokens=4, do_sample=False,
-                         pad_token_id=tok.pad_token_id)
+    out = model.generate(
+        **tok([prompt], return_tensors="pt"), max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id
+    )
     assert out.shape[1] == len(tok(prompt).input_ids) + 4
     # the rest of the pipeline knows the name: the collection's prompt, the PRM's tokenizer
     config = CollectConfig(model="testbed-v2", output_dir="x", problems="testbed-v2:train:2")
@@ -140,10 +122,9 @@ def test_problem_specs_pick_the_task():
     assert v2 == task_v2.generate_problems("validation", 5, seed=3)
     assert {p.source for p in v2} == {task_v2.SOURCE}
     assert load_problems("testbed-v2:evaluation:3") == task_v2.generate_problems("evaluation", 3, seed=0)
-    # "testbed" names the default testbed, v2; v1 stays reachable as "testbed-v1"
+    # "testbed" names the default testbed, v2
     assert load_problems("testbed:validation:5:3") == v2
-    assert {p.source for p in load_problems("testbed-v1:evaluation:3")} == {"testbed-arith"}
-    with pytest.raises(ValueError, match=r"<named LM>:<split>:<n>.*'testbed', 'testbed-v1'"):
+    with pytest.raises(ValueError, match=r"<named LM>:<split>:<n>.*'testbed', 'testbed-v2'"):
         load_problems("testbed-v3:evaluation:3")
     with pytest.raises(ValueError, match=r"testbed-v2:<split>:<n>"):
         load_problems("testbed-v2:evaluation")
@@ -158,8 +139,6 @@ def test_task_generators_validate_every_knob_but_draw_with_the_generator_ones():
     assert all(len(p.meta["ops"]) == 2 for p in v2.generate_problems("train", 5, min_steps=2, max_steps=2))
     with pytest.raises(ValueError, match="unknown testbed-v2 knobs"):
         v2.generate_problems("train", 5, carry_eror=0.1)
-    with pytest.raises(TypeError):
-        TASKS["v1"].generate_problems("train", 5, carry_eror=0.1)
 
 
 def test_collect_caps_a_testbed_v2_lm_at_its_task_cap_by_default(tmp_path):
@@ -172,7 +151,7 @@ def test_collect_caps_a_testbed_v2_lm_at_its_task_cap_by_default(tmp_path):
         return config.resolved().max_new_tokens
 
     assert budget("testbed-v2") == budget("testbed") == CAP == TASKS["v2"].sampling_cap()
-    assert budget("testbed-v1") == 4096 and budget("some/hub-model") == 4096
+    assert budget("some/hub-model") == 4096
     assert budget("testbed-v2", max_new_tokens=100) == 100
 
 
@@ -190,7 +169,7 @@ def test_the_shipped_v2_lm_was_trained_on_the_task_defaults_and_solves_some_prob
     torch.manual_seed(0)
     with torch.no_grad():
         out = model.generate(**enc, do_sample=True, top_k=0, max_new_tokens=CAP, pad_token_id=tok.pad_token_id)
-    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     boxes = [extract_last_boxed(t) for t in texts]
     golds = [p.gold for p in problems for _ in range(4)]
     assert sum(b is not None for b in boxes) >= 16  # most finish within the cap

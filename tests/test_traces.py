@@ -14,16 +14,26 @@ import pytest
 import torch
 import transformers
 
-from hf_msv.collect import (Completion, Trace, TraceError, TraceReencoder, collect, collect_from_traces, load_lm,
-                            read_traces, sequence_budget, traces_from_results, traces_from_shards, write_traces)
-from hf_msv.elicitation import ElicitationSettings
-from hf_msv.collect.reencode import encode_trace, eos_token_ids, plan_branches
+from helpers.tokenizer import word_level_tokenizer
+from hf_msv.collect import (
+    Completion,
+    Trace,
+    TraceError,
+    TraceReencoder,
+    collect,
+    collect_from_traces,
+    load_lm,
+    read_traces,
+    sequence_budget,
+    traces_from_results,
+    traces_from_shards,
+    write_traces,
+)
+from hf_msv.collect.reencode import encode_trace, plan_branches
 from hf_msv.data import list_shards, read_shard
-from hf_msv.generation import DelimiterMatcher, prepare_generation
-from hf_msv.generation.forking import AnswerElicitor
+from hf_msv.elicitation import ElicitationSettings
+from hf_msv.generation import ElicitationPolicy, eos_token_ids, prepare_generation
 from hf_msv.testbed import format_prompt, generate_problems
-
-from tiny import word_level_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_LIMIT = lambda prompt_length: None  # noqa: E731  (a context without a limit)
@@ -36,8 +46,14 @@ def tiny_lm(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     common = dict(vocab_size=len(TOK), bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "llama":
-        config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, **common)
+        config = transformers.LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            **common,
+        )
     else:
         config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **common)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -56,21 +72,45 @@ def live_results(model, tok, prompts, *, n, max_new_tokens, seed=0, **elicitatio
     return results, [tok(p)["input_ids"] if isinstance(p, str) else None for p in prompts]
 
 
-def reencode(model, tok, traces, build_prompt, *, delimiters, every_k=None, keep_delimiter=False,
-             max_answer_tokens=40, **budgets):
-    elicitor = AnswerElicitor(tok, "### Final Answer ### \\boxed", max_answer_tokens, keep_delimiter)
-    matcher = DelimiterMatcher(tok, delimiters) if delimiters else None
-    reencoder = TraceReencoder(model, tok, elicitor, matcher=matcher, every_k_tokens=every_k, streaming=True,
-                               **budgets)
-    encoded = [encode_trace(t, tok, build_prompt, eos_ids=eos_token_ids(model), budget=NO_LIMIT) for t in traces]
+def reencode(
+    model,
+    tok,
+    traces,
+    build_prompt,
+    *,
+    delimiters,
+    every_k=None,
+    keep_delimiter=False,
+    max_answer_tokens=40,
+    **budgets,
+):
+    settings = ElicitationSettings(
+        delimiters=tuple(delimiters or ()),
+        every_k_tokens=every_k,
+        max_answer_tokens=max_answer_tokens,
+        keep_delimiter=keep_delimiter,
+    )
+    eos_ids = eos_token_ids(model.generation_config)
+    reencoder = TraceReencoder(model, tok, ElicitationPolicy(tok, settings, eos_ids), **budgets)
+    encoded = [encode_trace(t, tok, build_prompt, eos_ids=eos_ids, budget=NO_LIMIT) for t in traces]
     answers, confidence = reencoder.answers(encoded)
     return answers, confidence, reencoder
 
 
 def assert_same_answers(results, answers, atol):
     key = lambda a: (a.tau, a.sequence, a.step)  # noqa: E731
-    fields = ("tau", "end", "sequence", "step", "trigger", "terminal", "cot_tokens", "elicitation_ids", "token_ids",
-              "text")
+    fields = (
+        "tau",
+        "end",
+        "sequence",
+        "step",
+        "trigger",
+        "terminal",
+        "cot_tokens",
+        "elicitation_ids",
+        "token_ids",
+        "text",
+    )
     for result, mine in zip(results, answers, strict=True):
         live, got = sorted(result.answers, key=key), sorted(mine, key=key)
         assert [[getattr(a, f) for f in fields] for a in got] == [[getattr(a, f) for f in fields] for a in live]
@@ -87,8 +127,9 @@ def assert_same_answers(results, answers, atol):
 def test_testbed_reencoding_equals_live_generation(testbed):
     model, tok = testbed
     problems = generate_problems("validation", 2, seed=5)
-    results, prompts = live_results(model, tok, [format_prompt(p) for p in problems], n=4, max_new_tokens=250,
-                                    delimiters=["Wait"])
+    results, prompts = live_results(
+        model, tok, [format_prompt(p) for p in problems], n=4, max_new_tokens=250, delimiters=["Wait"]
+    )
     traces = traces_from_results(problems, results, prompts)
     assert any(a.trigger == "delimiter" for r in results for a in r.answers)
     # Tight budgets: several prefill groups and chunks, many elicitation batches; the answers are the same.
@@ -98,23 +139,45 @@ def test_testbed_reencoding_equals_live_generation(testbed):
     assert reencoder.forwards > 10
 
 
-@pytest.mark.parametrize("arch, delimiters, every_k, keep", [
-    ("llama", ["e", "Wait"], None, False),  # "e" inside the "\\boxed" token: a prefix is re-fed
-    ("gpt2", ["e", "Wait"], None, True),
-    ("llama", [], 7, False),
-])
+@pytest.mark.parametrize(
+    "arch, delimiters, every_k, keep",
+    [
+        ("llama", ["e", "Wait"], None, False),  # "e" inside the "\\boxed" token: a prefix is re-fed
+        ("gpt2", ["e", "Wait"], None, True),
+        ("llama", [], 7, False),
+    ],
+)
 def test_tiny_lm_reencoding_equals_live_generation(arch, delimiters, every_k, keep):
     model = tiny_lm(arch)
     prompts = ["Q1: add 1 and 1.", "Q22: twice 11"]
-    problems = [SimpleNamespace(id=f"p{i}", question=q, gold="2", source="tiny", meta={}) for i, q in
-                enumerate(prompts)]
-    results, prompt_ids = live_results(model, TOK, prompts, n=3, max_new_tokens=40, delimiters=delimiters,
-                                       every_k_tokens=every_k, keep_delimiter=keep, max_answer_tokens=8)
+    problems = [
+        SimpleNamespace(id=f"p{i}", question=q, gold="2", source="tiny", meta={}) for i, q in enumerate(prompts)
+    ]
+    results, prompt_ids = live_results(
+        model,
+        TOK,
+        prompts,
+        n=3,
+        max_new_tokens=40,
+        delimiters=delimiters,
+        every_k_tokens=every_k,
+        keep_delimiter=keep,
+        max_answer_tokens=8,
+    )
     finishes = {f for r in results for f in r.finish_reasons}
     traces = traces_from_results(problems, results, prompt_ids)
-    answers, confidence, _ = reencode(model, TOK, traces, None, delimiters=delimiters, every_k=every_k,
-                                      keep_delimiter=keep, max_answer_tokens=8, max_batch_tokens=120,
-                                      chunk_tokens=16)
+    answers, confidence, _ = reencode(
+        model,
+        TOK,
+        traces,
+        None,
+        delimiters=delimiters,
+        every_k=every_k,
+        keep_delimiter=keep,
+        max_answer_tokens=8,
+        max_batch_tokens=120,
+        chunk_tokens=16,
+    )
     assert_same_answers(results, answers, atol=1e-5)
     assert "budget" in finishes
     if delimiters and not keep:
@@ -125,22 +188,22 @@ def test_tiny_lm_reencoding_equals_live_generation(arch, delimiters, every_k, ke
 
 def test_plan_follows_live_rules_at_the_budget_end():
     """A delimiter completed by the last budget token is the terminal answer (no extra budget answer)."""
-    elicitor = AnswerElicitor(TOK, "### Final Answer ### \\boxed", 5, False)
-    matcher = DelimiterMatcher(TOK, ["Wait"])
+    policy = ElicitationPolicy(TOK, ElicitationSettings(delimiters=("Wait",), max_answer_tokens=5), eos_ids={2})
+    elicitor = policy.elicitor
     ids = TOK("ab Wait cd Wait", add_special_tokens=False)["input_ids"]
-    plan = plan_branches(ids, 0, eos_ids={2}, elicitor=elicitor, matcher=matcher, every_k_tokens=None,
-                         streaming=True)
+    plan = plan_branches(ids, 0, policy)
     assert [(p.trigger, p.tau, p.terminal, p.kept) for p in plan] == [
-        ("delimiter", 3, False, 3), ("delimiter", 8, True, 8)]
-    plan = plan_branches(ids[:5] + [2], 0, eos_ids={2}, elicitor=elicitor, matcher=matcher, every_k_tokens=None,
-                         streaming=True)
-    assert [(p.trigger, p.tau, p.terminal, p.kept) for p in plan] == [("delimiter", 3, False, 3),
-                                                                       ("eos", 5, True, 5)]
+        ("delimiter", 3, False, 3),
+        ("delimiter", 8, True, 8),
+    ]
+    plan = plan_branches(ids[:5] + [2], 0, policy)
+    assert [(p.trigger, p.tau, p.terminal, p.kept) for p in plan] == [("delimiter", 3, False, 3), ("eos", 5, True, 5)]
     # P, the segment fed live before the answer: the elicitation prompt, plus the newest token when it is kept.
-    plan = plan_branches(ids[:5], 0, eos_ids={2}, elicitor=elicitor, matcher=matcher, every_k_tokens=None,
-                         streaming=True)
+    plan = plan_branches(ids[:5], 0, policy)
     assert [(p.trigger, p.tau, p.terminal, p.kept, p.fed - len(elicitor.prompt_ids)) for p in plan] == [
-        ("delimiter", 3, False, 3, 0), ("budget", 4, True, 5, 1)]
+        ("delimiter", 3, False, 3, 0),
+        ("budget", 4, True, 5, 1),
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -148,10 +211,17 @@ def test_plan_follows_live_rules_at_the_budget_end():
 # ----------------------------------------------------------------------------------------------------------------
 
 TIGHT = ElicitationSettings(max_answer_tokens=600)  # leaves no room in the testbed LM's context
-LIVE = dict(num_samples=4, max_new_tokens=200, delimiters=["Wait"], checker="exact", prompt_template="testbed",
-            problems_per_shard=2, seed=7, progress=False)
-REENCODE = dict(delimiters=["Wait"], checker="exact", prompt_template="testbed", problems_per_shard=2,
-                progress=False)
+LIVE = dict(
+    num_samples=4,
+    max_new_tokens=200,
+    delimiters=["Wait"],
+    checker="exact",
+    prompt_template="testbed",
+    problems_per_shard=2,
+    seed=7,
+    progress=False,
+)
+REENCODE = dict(delimiters=["Wait"], checker="exact", prompt_template="testbed", problems_per_shard=2, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -178,11 +248,24 @@ def test_collect_from_traces_writes_the_live_shards(testbed, live_collection, tm
     assert sorted(live) == sorted(mine)
     for pid, a in live.items():
         b = mine[pid]
-        for name in ("answer_sequence", "answer_step", "answer_tau", "answer_end", "answer_length", "answer_class",
-                     "answer_terminal", "answer_correct", "token_ids", "sequence_length"):
+        for name in (
+            "answer_sequence",
+            "answer_step",
+            "answer_tau",
+            "answer_end",
+            "answer_length",
+            "answer_class",
+            "answer_terminal",
+            "answer_correct",
+            "token_ids",
+            "sequence_length",
+        ):
             np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
-        assert (b.answer_text, b.answer_trigger, b.sequence_finish) == (a.answer_text, a.answer_trigger,
-                                                                         a.sequence_finish)
+        assert (b.answer_text, b.answer_trigger, b.sequence_finish) == (
+            a.answer_text,
+            a.answer_trigger,
+            a.sequence_finish,
+        )
         assert [c.tolist() for c in b.cot_token_ids] == [c.tolist() for c in a.cot_token_ids]
         assert b.question == a.question
         # bf16 storage: states computed within 1e-5 may round to neighbouring bf16 values.
@@ -223,8 +306,13 @@ def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp
 
     # Two processes (as under accelerate launch) take every other trace and together write the same problems.
     for rank in (0, 1):
-        state = SimpleNamespace(process_index=rank, num_processes=2, is_main_process=rank == 0,
-                                is_local_main_process=rank == 0, wait_for_everyone=lambda: None)
+        state = SimpleNamespace(
+            process_index=rank,
+            num_processes=2,
+            is_main_process=rank == 0,
+            is_local_main_process=rank == 0,
+            wait_for_everyone=lambda: None,
+        )
         monkeypatch.setattr(job, "process_state", lambda: state)
         result = collect_from_traces(model, tok, path, tmp_path / "split", **REENCODE)
         assert result.problems == (2 if rank == 0 else 1)
@@ -247,8 +335,12 @@ def test_text_traces_reencode_like_token_ids_and_bad_round_trips_are_reported(te
         completions = []
         for c in t.completions:
             eos = c.token_ids[-1] == 2
-            completions.append(Completion(text=tok.decode(c.token_ids[:-1] if eos else c.token_ids),
-                                          finish_reason="stop" if eos else "length"))
+            completions.append(
+                Completion(
+                    text=tok.decode(c.token_ids[:-1] if eos else c.token_ids),
+                    finish_reason="stop" if eos else "length",
+                )
+            )
         texts.append(Trace(t.id, t.question, t.gold, completions))
     encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT) for t in texts]
     reference = [encode_trace(t, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT) for t in file.traces]
@@ -274,23 +366,32 @@ def test_bad_lines_raise_naming_the_line_or_are_skipped_and_counted(testbed, liv
     model, tok = testbed
     _, path = live_collection
     good = path.read_bytes().splitlines()
-    lines = [good[0],
-             b'{"id": "a", "question": "q"}',                                     # 2: missing fields
-             b'{"id": "b", "question": "q\xff", "gold": "1", "completions": ["x"]}',  # 3: not UTF-8
-             json.dumps({"id": "c", "question": "q", "gold": "1", "completions": ["x"]}).encode(),  # 4: N = 1
-             json.dumps({"id": "d", "question": "q", "gold": "1",
-                         "completions": ["", "a", "b", "c"]}).encode(),           # 5: empty completion
-             json.dumps({"id": "e", "question": "q", "gold": "1",
-                         "completions": [{"token_ids": [5] * 900}] * 4}).encode(),  # 6: good, cut at the context
-             b"not json",                                                         # 7
-             good[1], good[2]]
+    lines = [
+        good[0],
+        b'{"id": "a", "question": "q"}',  # 2: missing fields
+        b'{"id": "b", "question": "q\xff", "gold": "1", "completions": ["x"]}',  # 3: not UTF-8
+        json.dumps({"id": "c", "question": "q", "gold": "1", "completions": ["x"]}).encode(),  # 4: N = 1
+        json.dumps(
+            {"id": "d", "question": "q", "gold": "1", "completions": ["", "a", "b", "c"]}
+        ).encode(),  # 5: empty completion
+        json.dumps(
+            {"id": "e", "question": "q", "gold": "1", "completions": [{"token_ids": [5] * 900}] * 4}
+        ).encode(),  # 6: good, cut at the context
+        b"not json",  # 7
+        good[1],
+        good[2],
+    ]
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"\n".join(lines) + b"\n")
     with pytest.raises(TraceError, match="trace line 2: missing field"):
         collect_from_traces(model, tok, bad, tmp_path / "out", **REENCODE)
     assert not (tmp_path / "out").exists()  # checked before anything is written
-    for line, reason in [(3, "not UTF-8"), (4, "1 completions, but N = 4"), (5, "completion 0 is empty"),
-                         (7, "not JSON")]:
+    for line, reason in [
+        (3, "not UTF-8"),
+        (4, "1 completions, but N = 4"),
+        (5, "completion 0 is empty"),
+        (7, "not JSON"),
+    ]:
         one = tmp_path / f"one{line}.jsonl"
         one.write_bytes(b"\n".join([good[0]] + [b""] * (line - 2) + [lines[line - 1]]))  # blank lines count
         with pytest.raises(TraceError, match=f"trace line {line}: {reason}"):
@@ -312,8 +413,23 @@ def test_cli_collect_traces(testbed, live_collection, tmp_path, monkeypatch, cap
 
     _, path = live_collection
     monkeypatch.setattr(cli, "load_lm", lambda name, dtype: testbed)
-    cli.main(["--model", "testbed", "--traces", str(path), "--output-dir", str(tmp_path / "cli"), "--checker",
-              "exact", "--delimiters", "Wait", "--confidence", "none", "--no-progress"])
+    cli.main(
+        [
+            "--model",
+            "testbed",
+            "--traces",
+            str(path),
+            "--output-dir",
+            str(tmp_path / "cli"),
+            "--checker",
+            "exact",
+            "--delimiters",
+            "Wait",
+            "--confidence",
+            "none",
+            "--no-progress",
+        ]
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["generated"] == 3 and summary["shards_written"] == 1 and summary["skipped_lines"] == 0
     problems, info = read_shard(list_shards(tmp_path / "cli")[0])
@@ -322,8 +438,20 @@ def test_cli_collect_traces(testbed, live_collection, tmp_path, monkeypatch, cap
     # a broken line skipped: counted in the summary, with a warning
     broken = tmp_path / "broken.jsonl"
     broken.write_bytes(path.read_bytes() + b"not json\n")
-    cli.main(["--model", "testbed", "--traces", str(broken), "--output-dir", str(tmp_path / "skip"), "--checker",
-              "exact", "--skip-bad-lines", "--no-progress"])
+    cli.main(
+        [
+            "--model",
+            "testbed",
+            "--traces",
+            str(broken),
+            "--output-dir",
+            str(tmp_path / "skip"),
+            "--checker",
+            "exact",
+            "--skip-bad-lines",
+            "--no-progress",
+        ]
+    )
     out = capsys.readouterr()
     assert json.loads(out.out.strip().splitlines()[-1])["skipped_lines"] == 1
     assert "warning: skipped 1 bad line(s)" in out.err
@@ -348,17 +476,30 @@ def test_vllm_example_writer_on_hf_msv_samples(testbed, tmp_path):
     model, tok = testbed
     problems = generate_problems("validation", 2, seed=9)
     # Up to the testbed's length cap, where its LM ends most traces with EOS.
-    results, prompts = live_results(model, tok, [format_prompt(p) for p in problems], n=3, max_new_tokens=272,
-                                    delimiters=["Wait"])
+    results, prompts = live_results(
+        model, tok, [format_prompt(p) for p in problems], n=3, max_new_tokens=272, delimiters=["Wait"]
+    )
     # Half of the EOS-ended completions without their EOS id, as an engine may return them.
-    outputs = [SimpleNamespace(prompt_token_ids=prompt, outputs=[
-        SimpleNamespace(token_ids=seq[:-1] if f == "eos" and n % 2 else seq, finish_reason="stop" if f == "eos"
-                        else "length", stop_reason=None, logprobs=None)
-        for n, (seq, f) in enumerate(zip(r.sequences, r.finish_reasons))]) for prompt, r in zip(prompts, results)]
+    outputs = [
+        SimpleNamespace(
+            prompt_token_ids=prompt,
+            outputs=[
+                SimpleNamespace(
+                    token_ids=seq[:-1] if f == "eos" and n % 2 else seq,
+                    finish_reason="stop" if f == "eos" else "length",
+                    stop_reason=None,
+                    logprobs=None,
+                )
+                for n, (seq, f) in enumerate(zip(r.sequences, r.finish_reasons))
+            ],
+        )
+        for prompt, r in zip(prompts, results)
+    ]
     assert any(f == "eos" for r in results for f in r.finish_reasons[1::2])
     example = _vllm_example()
-    path = example.write_vllm_traces(tmp_path / "vllm.jsonl", problems, outputs, {"temperature": 1.0},
-                                     eos_token_id=tok.eos_token_id)
+    path = example.write_vllm_traces(
+        tmp_path / "vllm.jsonl", problems, outputs, {"temperature": 1.0}, eos_token_id=tok.eos_token_id
+    )
     traces = read_traces(path).traces
     assert traces[0].sampling == {"temperature": 1.0, "engine": "vllm"}
     answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"])
@@ -386,8 +527,9 @@ def test_budgets_bound_prefill_and_elicitation_batches(testbed, live_collection,
     monkeypatch.setattr(TraceReencoder, "elicit", spy_elicit)
     hook = model.register_forward_pre_hook(spy_forward, with_kwargs=True)
     budget, chunk = 900, 120
-    answers, _, _ = reencode(model, tok, traces, format_prompt, delimiters=["Wait"], max_batch_tokens=budget,
-                             chunk_tokens=chunk)
+    answers, _, _ = reencode(
+        model, tok, traces, format_prompt, delimiters=["Wait"], max_batch_tokens=budget, chunk_tokens=chunk
+    )
     hook.remove()
     encoded = [encode_trace(t, tok, format_prompt, eos_ids={2}, budget=NO_LIMIT) for t in traces]
     longest = max(len(e.prompt_ids) + len(s) for e in encoded for s in e.sequences)
@@ -432,8 +574,21 @@ def test_collect_config_carries_every_trace_option():
     from hf_msv.collect.config import build_parser
 
     (config,) = build_parser().parse_args_into_dataclasses(
-        ["--model", "testbed", "--traces", "t.jsonl", "--output-dir", "out", "--skip-bad-lines", "--confidence",
-         "trace", "--max-batch-tokens", "4096", "--keep-delimiter"])
+        [
+            "--model",
+            "testbed",
+            "--traces",
+            "t.jsonl",
+            "--output-dir",
+            "out",
+            "--skip-bad-lines",
+            "--confidence",
+            "trace",
+            "--max-batch-tokens",
+            "4096",
+            "--keep-delimiter",
+        ]
+    )
     config.check_command_line()
     assert config.resolved().prompt_template == "testbed" and config.elicitation.keep_delimiter
     assert (config.skip_bad_lines, config.confidence, config.max_batch_tokens) == (True, "trace", 4096)
@@ -468,16 +623,25 @@ def test_live_collection_samples_up_to_the_context_and_reencoding_cuts_there(tes
                 c.token_ids = c.token_ids + c.token_ids[:50]  # past the context: cut where live stopped
                 extended += 1
     assert extended == live.cut_sequences
-    again = collect_from_traces(model, tok, traces, tmp_path / "re", elicitation=ROOMY,
-                                **{k: v for k, v in REENCODE.items() if k != "delimiters"})
+    again = collect_from_traces(
+        model,
+        tok,
+        traces,
+        tmp_path / "re",
+        elicitation=ROOMY,
+        **{k: v for k, v in REENCODE.items() if k != "delimiters"},
+    )
     assert again.cut_sequences == extended and again.answers == live.answers
     mine = problems_by_id(tmp_path / "re")
     for pid, a in shards.items():
         b = mine[pid]
         for name in ("answer_tau", "answer_end", "answer_class", "answer_correct", "token_ids", "sequence_length"):
             np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
-        assert (b.answer_text, b.answer_trigger, b.sequence_finish) == (a.answer_text, a.answer_trigger,
-                                                                         a.sequence_finish)
+        assert (b.answer_text, b.answer_trigger, b.sequence_finish) == (
+            a.answer_text,
+            a.answer_trigger,
+            a.sequence_finish,
+        )
     with pytest.raises(ValueError, match="leaves no room"):  # refused before any work
         collect(model, tok, problems, tmp_path / "none", elicitation=TIGHT, **settings)
     assert not (tmp_path / "none").exists()
@@ -491,10 +655,10 @@ def test_chat_prompts_are_rebuilt_with_the_sampling_template():
     chat_tok.chat_template = template
     model = tiny_lm("llama", seed=1)
     messages = [[{"role": "user", "content": "add 2 and 3"}]]
-    results, _ = live_results(model, chat_tok, messages, n=2, max_new_tokens=20, delimiters=["e"],
-                              max_answer_tokens=6)
-    live_prompt = chat_tok(chat_tok.apply_chat_template(messages[0], tokenize=False, add_generation_prompt=True),
-                           add_special_tokens=False)["input_ids"]
+    results, _ = live_results(model, chat_tok, messages, n=2, max_new_tokens=20, delimiters=["e"], max_answer_tokens=6)
+    live_prompt = chat_tok(
+        chat_tok.apply_chat_template(messages[0], tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )["input_ids"]
     problem = SimpleNamespace(id="c", question="add 2 and 3", gold="5", source="", meta={})
     trace = traces_from_results([problem], results, [live_prompt])[0]
     trace.prompt_token_ids, trace.messages = None, messages[0]

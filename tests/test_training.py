@@ -14,19 +14,20 @@ import pytest
 import torch
 
 import hf_msv.training.trainer as training
+from helpers.collect import TOK, tiny_lm
+from helpers.launch import free_port
+from helpers.shards import make_problem
 from hf_msv import MSVVerifier
 from hf_msv.data import VERIFIER_INPUTS, ShardDataset, collate_groups, write_shard
 from hf_msv.training import (
     MSVTrainingConfig,
     ProbeConfig,
     ProbeVerifier,
-    build_train_parser,
     build_verifier,
+    parse_train_args,
     train_verifier,
 )
 
-from test_collect import _free_port, tiny_lm, TOK  # noqa: E402  (tests/ is on sys.path under pytest)
-from test_shards import make_problem
 
 def _testbed_lm_dir():
     """The shipped testbed LM, or a checkpoint named by ``$HF_MSV_TESTBED_LM`` (e.g. one still training)."""
@@ -49,10 +50,24 @@ def collect_tiny(out, split: str, n: int):
     from hf_msv.data.problems import Problem
 
     # " ok" * (i % 4) varies the prompt length, hence the parity that decides the scripted digit.
-    problems = [Problem(id=f"{split}/{i}", question=f"Q{i}: add {i} and {i % 7}." + " ok" * (i % 4) + " Wait e",
-                        gold="1") for i in range(n)]
-    collect(tiny_lm(), TOK, problems, out, num_samples=4, max_new_tokens=10, delimiters=["Wait", "e"],
-            checker="exact", prompt_template="plain", problems_per_shard=8, seed=1, progress=False)
+    problems = [
+        Problem(id=f"{split}/{i}", question=f"Q{i}: add {i} and {i % 7}." + " ok" * (i % 4) + " Wait e", gold="1")
+        for i in range(n)
+    ]
+    collect(
+        tiny_lm(),
+        TOK,
+        problems,
+        out,
+        num_samples=4,
+        max_new_tokens=10,
+        delimiters=["Wait", "e"],
+        checker="exact",
+        prompt_template="plain",
+        problems_per_shard=8,
+        seed=1,
+        progress=False,
+    )
     return out
 
 
@@ -65,9 +80,20 @@ def collect_testbed(out, split: str, n: int):
 
     model = AutoModelForCausalLM.from_pretrained(TESTBED_LM).eval()
     tokenizer = AutoTokenizer.from_pretrained(TESTBED_LM)
-    collect(model, tokenizer, generate_problems(split, n, seed=0), out, num_samples=8, max_new_tokens=200,
-            checker="symbolic", prompt_template="testbed", problems_per_shard=16, problems_per_batch=4, seed=1,
-            progress=False)
+    collect(
+        model,
+        tokenizer,
+        generate_problems(split, n, seed=0),
+        out,
+        num_samples=8,
+        max_new_tokens=200,
+        checker="symbolic",
+        prompt_template="testbed",
+        problems_per_shard=16,
+        problems_per_batch=4,
+        seed=1,
+        progress=False,
+    )
     return out
 
 
@@ -80,11 +106,21 @@ def collected(tmp_path_factory):
 def synthetic_dirs(tmp_path, d=16):
     for split, count in (("train", 6), ("val", 3)):
         (tmp_path / split).mkdir()
-        problems = [make_problem(f"{split}/{i}", num_sequences=4, seed=i + (100 if split == "val" else 0), d=d)
-                    for i in range(count)]
-        write_shard(tmp_path / split / "shard-r000-00000.safetensors", problems,
-                    info={"lm_name_or_path": "synthetic-lm", "lm_num_attention_heads": 4, "checker": "exact",
-                          "delimiters": ["Wait"], "num_samples": 4})
+        problems = [
+            make_problem(f"{split}/{i}", num_sequences=4, seed=i + (100 if split == "val" else 0), d=d)
+            for i in range(count)
+        ]
+        write_shard(
+            tmp_path / split / "shard-r000-00000.safetensors",
+            problems,
+            info={
+                "lm_name_or_path": "synthetic-lm",
+                "lm_num_attention_heads": 4,
+                "checker": "exact",
+                "delimiters": ["Wait"],
+                "num_samples": 4,
+            },
+        )
     return tmp_path / "train", tmp_path / "val"
 
 
@@ -99,9 +135,13 @@ def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
 
     config = MSVTrainingConfig(recipe="paper")
     plan = resolve_plan(config, 1536, steps_per_pass=10)
-    assert (plan.learning_rate, config.mask_learning_rate, config.embedding_learning_rate,
-            config.probe_learning_rate) == (5e-5, 1e-1, 1e-3, 1e-3)
-    assert (plan.batch_size, config.max_grad_norm, config.warmup_ratio, config.num_hidden_layers) == (64, 1.0, 0.0, 1)
+    assert (
+        plan.learning_rate,
+        config.mask_learning_rate,
+        config.embedding_learning_rate,
+        config.probe_learning_rate,
+    ) == (5e-5, 1e-1, 1e-3, 1e-3)
+    assert (plan.batch_size, config.max_grad_norm, config.warmup_ratio, config.architecture) == (64, 1.0, 0.0, {})
     assert MSVTrainingConfig(recipe="paper", mode="terminal").epochs == 1
     assert MSVTrainingConfig(recipe="paper", mode="streaming").epochs == 2
     assert plan.max_steps == 20 and plan.eval_steps == 10 and plan.early_stopping_patience == 0
@@ -130,7 +170,7 @@ def test_auto_recipe_budgets_steps_and_scales_the_learning_rate_to_the_width():
     from hf_msv.training.config import resolve_plan
 
     config = MSVTrainingConfig(num_sequences=16, mode="terminal")
-    small = resolve_plan(config, 128, steps_per_pass=6)     # 96 problems x 16 samples, N = 16, 16 groups a step
+    small = resolve_plan(config, 128, steps_per_pass=6)  # 96 problems x 16 samples, N = 16, 16 groups a step
     large = resolve_plan(config, 128, steps_per_pass=500)
     assert small.max_steps == 300 and large.max_steps == 2000 and small.batch_size == 16
     assert small.early_stopping_patience == 5 and not small.by_epoch and 10 <= small.eval_steps <= 100
@@ -141,8 +181,13 @@ def test_auto_recipe_budgets_steps_and_scales_the_learning_rate_to_the_width():
     assert resolve_plan(MSVTrainingConfig(num_sequences=1), 128, 6).batch_size == 64
     # Explicit settings win; --num-epochs validates once per epoch and does not stop early.
     epochs = resolve_plan(MSVTrainingConfig(num_epochs=3, learning_rate=1e-4, batch_size=8), 128, 7)
-    assert (epochs.max_steps, epochs.eval_steps, epochs.early_stopping_patience, epochs.learning_rate,
-            epochs.batch_size) == (21, 7, 0, 1e-4, 8)
+    assert (
+        epochs.max_steps,
+        epochs.eval_steps,
+        epochs.early_stopping_patience,
+        epochs.learning_rate,
+        epochs.batch_size,
+    ) == (21, 7, 0, 1e-4, 8)
 
 
 def test_probe_saves_and_loads(tmp_path):
@@ -163,20 +208,175 @@ def test_probe_saves_and_loads(tmp_path):
 
 
 def test_cli_arguments_map_to_the_config():
-    parser = build_train_parser()
-    _, config = parser.parse_args_into_dataclasses(
-        ["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--kind", "probe",
-         "--num-sequences", "4", "--mode", "terminal", "--masks", "full", "equivalence",
-         "--checker", "random", "--checker-kwargs", '{"seed": 3}', "--no-progress",
-         "--num-epochs", "3", "--learning-rate", "1e-4"])
-    assert (config.kind, config.num_sequences, config.mode, config.masks, config.checker) == (
-        "probe", 4, "terminal", ["full", "equivalence"], "random")
+    _, config = parse_train_args(
+        [
+            "--train-dir",
+            "a",
+            "--val-dir",
+            "b",
+            "--output-dir",
+            "c",
+            "--kind",
+            "probe",
+            "--num-sequences",
+            "4",
+            "--mode",
+            "terminal",
+            "--masks",
+            "full",
+            "equivalence",
+            "--checker",
+            "random",
+            "--checker-kwargs",
+            '{"seed": 3}',
+            "--no-progress",
+            "--num-epochs",
+            "3",
+            "--learning-rate",
+            "1e-4",
+        ]
+    )
+    assert (config.kind, config.num_sequences, config.mode, config.architecture, config.checker) == (
+        "probe",
+        4,
+        "terminal",
+        {"masks": ["full", "equivalence"]},
+        "random",
+    )
     assert config.checker_kwargs == {"seed": 3} and not config.progress and config.epochs == 3
     assert config.learning_rate == 1e-4 and config.mask_learning_rate == 1e-1
     assert config.max_train_problems is None
-    _, config = parser.parse_args_into_dataclasses(
-        ["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--max-train-problems", "56"])
-    assert config.max_train_problems == 56
+    _, config = parse_train_args(
+        ["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--max-train-problems", "56"]
+    )
+    assert config.max_train_problems == 56 and config.architecture == {}
+
+
+def test_the_architecture_is_msvconfigs_and_its_flags_keep_their_names():
+    """`MSVTrainingConfig.architecture` holds MSVConfig keyword arguments: every MSVConfig field the run does not set
+    itself is a flag of its own (the architecture flags of ``hf-msv train`` keep their names), a flag wins over the
+    same key of ``--architecture``, and the verifier is built with them."""
+    from hf_msv.configuration_msv import MSVConfig
+    from hf_msv.training.config import RUN_SET_FIELDS, architecture_fields
+
+    assert set(architecture_fields()) | set(RUN_SET_FIELDS) == set(MSVConfig.__annotations__)
+    _, config = parse_train_args(
+        [
+            "--train-dir",
+            "a",
+            "--val-dir",
+            "b",
+            "--output-dir",
+            "c",
+            "--num-hidden-layers",
+            "2",
+            "--num-attention-heads",
+            "2",
+            "--intermediate-size",
+            "24",
+            "--readout",
+            "mean",
+            "--logit-averaging",
+            "true",
+            "--gamma-hidden-size",
+            "8",
+            "--attention-backend",
+            "dense",
+            "--layer-norm-eps",
+            "1e-6",
+            "--architecture",
+            '{"num_hidden_layers": 3, "vote_threshold": 5}',
+            "--gamma-skip",
+            "false",
+        ]
+    )
+    assert config.architecture == {
+        "num_hidden_layers": 2,
+        "vote_threshold": 5,
+        "num_attention_heads": 2,
+        "intermediate_size": 24,
+        "readout": "mean",
+        "logit_averaging": True,
+        "gamma_hidden_size": 8,
+        "attention_backend": "dense",
+        "layer_norm_eps": 1e-6,
+    }
+    built = build_verifier(config, 16, {"lm_num_attention_heads": 4}).config
+    assert (
+        built.num_hidden_layers,
+        built.num_attention_heads,
+        built.intermediate_size,
+        built.readout,
+        built.vote_threshold,
+        built.layer_norm_eps,
+        built.gamma_skip,
+        built.vote_pathway,
+    ) == (2, 2, 24, "mean", 5, 1e-6, False, False)
+    for bad in ({"hidden_size": 8}, {"mode": "terminal"}, {"num_layers": 2}):
+        with pytest.raises(ValueError, match="not MSVConfig fields a training run takes"):
+            MSVTrainingConfig(architecture=bad)
+    with pytest.raises(ValueError, match="architecture"):
+        parse_train_args(["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--architecture", "[2]"])
+
+
+def test_the_recorded_settings_keep_their_flat_form():
+    """``training_config.json``, reuse keys and resume states record the architecture beside the other settings,
+    with the keys earlier versions of the package recorded always present: the records they wrote still match."""
+    import dataclasses
+
+    settings = MSVTrainingConfig(architecture={"masks": ["full"], "vote_threshold": 3}).to_dict()
+    assert "architecture" not in settings and settings["masks"] == ["full"] and settings["vote_threshold"] == 3
+    defaults = MSVTrainingConfig().to_dict()
+    assert {
+        k: defaults[k]
+        for k in (
+            "masks",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "readout",
+            "logit_averaging",
+            "gamma_hidden_size",
+            "attention_backend",
+        )
+    } == {
+        "masks": None,
+        "num_hidden_layers": 1,
+        "num_attention_heads": None,
+        "intermediate_size": None,
+        "readout": "last",
+        "logit_averaging": None,
+        "gamma_hidden_size": 64,
+        "attention_backend": "chunked",
+    }
+    fields = {f.name for f in dataclasses.fields(MSVTrainingConfig)} - {"architecture"}
+    assert set(defaults) == fields | {
+        "masks",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "readout",
+        "logit_averaging",
+        "gamma_hidden_size",
+        "attention_backend",
+    }
+
+
+def test_the_gamma_skip_default_is_decided_once():
+    """Unset, the γ skip is on under the auto recipe and off under the paper's; the vote pathway and the anchored
+    start follow it, and the verifier gets what `uses_gamma_skip` says."""
+    info = {"lm_num_attention_heads": 4}
+    for recipe, gamma_skip, expected in (
+        ("auto", None, True),
+        ("paper", None, False),
+        ("paper", True, True),
+        ("auto", False, False),
+    ):
+        config = MSVTrainingConfig(recipe=recipe, gamma_skip=gamma_skip, architecture={"intermediate_size": 16})
+        assert config.uses_gamma_skip is expected and config.anchored is (expected or config.uses_vote_pathway)
+        assert config.uses_vote_pathway is (recipe == "auto" and expected)
+        assert build_verifier(config, 16, info).config.gamma_skip is expected
+    assert not MSVTrainingConfig(kind="probe").uses_gamma_skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -188,8 +388,9 @@ def test_cli_arguments_map_to_the_config():
 def test_training_lowers_validation_bce(collected, tmp_path, kind, mode, lr):
     """Tiny random LM data (fast); the testbed LM's data is the slow test below."""
     train_dir, val_dir = collected
-    config = MSVTrainingConfig(kind=kind, num_sequences=4, mode=mode, learning_rate=lr, batch_size=8,
-                               num_epochs=4, progress=False, seed=0)
+    config = MSVTrainingConfig(
+        kind=kind, num_sequences=4, mode=mode, learning_rate=lr, batch_size=8, num_epochs=4, progress=False, seed=0
+    )
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     before, best = result.history[0]["val_bce"], result.best_metrics["bce"]
     assert best < before - 0.02, result.history
@@ -208,7 +409,7 @@ def test_training_lowers_validation_bce(collected, tmp_path, kind, mode, lr):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(TESTBED_LM is None, reason="no testbed LM checkpoint (hf_msv/testbed/lm or $HF_MSV_TESTBED_LM)")
+@pytest.mark.skipif(TESTBED_LM is None, reason="no testbed LM checkpoint (hf_msv/testbed/lm-v2 or $HF_MSV_TESTBED_LM)")
 def test_training_lowers_validation_bce_on_testbed_data(tmp_path):
     """Collect 128 training and 32 validation problems x 8 samples from the testbed LM (~1.5 min on 2 cores), then
     train MSV_4 (streaming) and the Probe (terminal): validation BCE drops, below the entropy of the base rate (what
@@ -222,8 +423,16 @@ def test_training_lowers_validation_bce_on_testbed_data(tmp_path):
     for kind, mode in (("msv", "streaming"), ("probe", "terminal")):
         # 128 problems x 8 samples make only 16 steps an epoch: train for 12 (best epoch kept)
         # gamma_skip=False: from a random start (the anchored default starts at the vote, see the tests below)
-        config = MSVTrainingConfig(kind=kind, num_sequences=4, mode=mode, learning_rate=1e-3, batch_size=16,
-                                   num_epochs=12, gamma_skip=False, progress=False)
+        config = MSVTrainingConfig(
+            kind=kind,
+            num_sequences=4,
+            mode=mode,
+            learning_rate=1e-3,
+            batch_size=16,
+            num_epochs=12,
+            gamma_skip=False,
+            progress=False,
+        )
         result = train_verifier(train_dir, val_dir, tmp_path / kind, config)
         acc = result.history[0]["val_accuracy"]
         entropy = -(acc * math.log(acc) + (1 - acc) * math.log(1 - acc))
@@ -244,8 +453,15 @@ def test_best_checkpoint_is_kept_not_the_last(tmp_path, monkeypatch):
 
     monkeypatch.setattr(training, "validation_predictions", fake)
     monkeypatch.setattr(training, "prediction_metrics", lambda predictions: {"bce": next(scripted)})
-    config = MSVTrainingConfig(num_sequences=2, mode="streaming", batch_size=4, num_epochs=3,
-                               learning_rate=1e-3, gamma_skip=False, progress=False)
+    config = MSVTrainingConfig(
+        num_sequences=2,
+        mode="streaming",
+        batch_size=4,
+        num_epochs=3,
+        learning_rate=1e-3,
+        gamma_skip=False,
+        progress=False,
+    )
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_epoch == 1 and result.best_metrics["bce"] == 0.50
     saved = MSVVerifier.from_pretrained(tmp_path / "out").state_dict()
@@ -255,18 +471,28 @@ def test_best_checkpoint_is_kept_not_the_last(tmp_path, monkeypatch):
 
 def test_weak_checker_rederives_classes_for_training(tmp_path):
     train_dir, val_dir = synthetic_dirs(tmp_path)
-    config = MSVTrainingConfig(num_sequences=4, mode="terminal", checker="random",
-                               checker_kwargs={"probability": 0.5, "seed": 0}, batch_size=4, num_epochs=1,
-                               gamma_skip=False, progress=False)  # one epoch, kept: the trained checkpoint is used
+    config = MSVTrainingConfig(
+        num_sequences=4,
+        mode="terminal",
+        checker="random",
+        checker_kwargs={"probability": 0.5, "seed": 0},
+        batch_size=4,
+        num_epochs=1,
+        gamma_skip=False,
+        progress=False,
+    )  # one epoch, kept: the trained checkpoint is used
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_epoch == 1
     assert "re-derived with the `random` checker" in (tmp_path / "out" / "README.md").read_text()
     # The verifier sees the weak checker's classes; the labels stay the gold ones.
     strong = ShardDataset(train_dir, num_sequences=4, mode="terminal")
-    weak = ShardDataset(train_dir, num_sequences=4, mode="terminal", checker="random",
-                        checker_kwargs={"probability": 0.5, "seed": 0})
-    a, b = collate_groups([strong[i] for i in range(6)], "terminal"), collate_groups([weak[i] for i in range(6)],
-                                                                                        "terminal")
+    weak = ShardDataset(
+        train_dir, num_sequences=4, mode="terminal", checker="random", checker_kwargs={"probability": 0.5, "seed": 0}
+    )
+    a, b = (
+        collate_groups([strong[i] for i in range(6)], "terminal"),
+        collate_groups([weak[i] for i in range(6)], "terminal"),
+    )
     assert torch.equal(a["labels"], b["labels"]) and not torch.equal(a["answer_class"], b["answer_class"])
     out = result.verifier(**{k: b[k] for k in VERIFIER_INPUTS})
     assert torch.isfinite(out.loss)
@@ -277,16 +503,49 @@ def test_two_process_accelerate_training(tmp_path):
     """``accelerate launch`` with 2 CPU processes runs the CLI entry; the global batch is split over processes,
     validation covers every answer once, and the main process saves the checkpoint."""
     train_dir, val_dir = synthetic_dirs(tmp_path)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), "-m", "hf_msv.training", "--train-dir", str(train_dir),
-           "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"), "--num-sequences", "2",
-           "--batch-size", "4", "--num-epochs", "2", "--learning-rate", "1e-3", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--multi_gpu",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "hf_msv.training",
+        "--train-dir",
+        str(train_dir),
+        "--val-dir",
+        str(val_dir),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--num-sequences",
+        "2",
+        "--batch-size",
+        "4",
+        "--num-epochs",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--no-progress",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
     # With the default cross-validated vote decision: every process runs the folds itself and reaches the same
     # length, so the prepared (synchronised) run that follows does not hang.
-    done = subprocess.run(cmd[:-1] + ["--output-dir", str(tmp_path / "cv"), "--no-progress"], capture_output=True,
-                          text=True, timeout=600, env=env)
+    done = subprocess.run(
+        cmd[:-1] + ["--output-dir", str(tmp_path / "cv"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     cv_log = json.loads((tmp_path / "cv" / "training_log.json").read_text())
     assert cv_log["vote_cv"]["folds"] == 4 and cv_log["steps"] == cv_log["vote_cv"]["step"]
@@ -309,17 +568,18 @@ def test_max_train_problems_and_resuming_a_finished_run(tmp_path):
     from hf_msv.reproduction import train_or_reuse as _train
 
     train_dir, val_dir = synthetic_dirs(tmp_path)
-    config = MSVTrainingConfig(kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False,
-                               max_train_problems=4)
+    config = MSVTrainingConfig(
+        kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False, max_train_problems=4
+    )
     out = _train(train_dir, val_dir, tmp_path / "probe", config)
     log = json.loads((out / "training_log.json").read_text())
     assert "Training: 4 problems" in log["training_data"]
     full = MSVTrainingConfig(kind="probe", mode="terminal", max_steps=1, num_epochs=1, progress=False)
-    out = _train(train_dir, val_dir, tmp_path / "probe", full)   # a changed setting: trained again
+    out = _train(train_dir, val_dir, tmp_path / "probe", full)  # a changed setting: trained again
     assert "Training: 6 problems" in json.loads((out / "training_log.json").read_text())["training_data"]
     weights = out / "model.safetensors"
     before = weights.stat().st_mtime_ns
-    _train(train_dir, val_dir, tmp_path / "probe", full)          # the same key: reused
+    _train(train_dir, val_dir, tmp_path / "probe", full)  # the same key: reused
     assert weights.stat().st_mtime_ns == before
 
 
@@ -348,13 +608,25 @@ def signal_problem(pid: str, rng, num_sequences: int = 8, d: int = 16, strength:
     classes = {a: i for i, a in enumerate(dict.fromkeys(answers))}
     taus = np.sort(rng.choice(np.arange(10, 200), size=num_sequences, replace=False))
     return CollectedProblem(
-        problem_id=pid, gold=correct, source="synthetic", hidden_states=torch.from_numpy(states),
-        token_ids=np.zeros(t, dtype=np.int64), token_logprobs=np.zeros(t, dtype=np.float32), answer_text=answers,
-        answer_raw_text=answers, answer_trigger=["eos"] * num_sequences, answer_sequence=np.arange(num_sequences),
-        answer_step=np.zeros(num_sequences), answer_tau=taus, answer_length=lengths,
-        answer_class=[classes[a] for a in answers], answer_terminal=np.ones(num_sequences, bool),
-        answer_correct=[a == correct for a in answers], sequence_length=taus + 1,
-        sequence_finish=["eos"] * num_sequences)
+        problem_id=pid,
+        gold=correct,
+        source="synthetic",
+        hidden_states=torch.from_numpy(states),
+        token_ids=np.zeros(t, dtype=np.int64),
+        token_logprobs=np.zeros(t, dtype=np.float32),
+        answer_text=answers,
+        answer_raw_text=answers,
+        answer_trigger=["eos"] * num_sequences,
+        answer_sequence=np.arange(num_sequences),
+        answer_step=np.zeros(num_sequences),
+        answer_tau=taus,
+        answer_length=lengths,
+        answer_class=[classes[a] for a in answers],
+        answer_terminal=np.ones(num_sequences, bool),
+        answer_correct=[a == correct for a in answers],
+        sequence_length=taus + 1,
+        sequence_finish=["eos"] * num_sequences,
+    )
 
 
 def signal_dirs(root, sizes=(("train", 64), ("val", 24)), lm="synthetic-lm", d=16, seed=0, **kwargs):
@@ -362,9 +634,11 @@ def signal_dirs(root, sizes=(("train", 64), ("val", 24)), lm="synthetic-lm", d=1
     dirs = []
     for split, count in sizes:
         (root / split).mkdir(parents=True, exist_ok=True)
-        write_shard(root / split / "shard-r000-00000.safetensors",
-                    [signal_problem(f"{split}/{i}", rng, d=d, **kwargs) for i in range(count)],
-                    info={"lm_name_or_path": lm, "lm_num_attention_heads": 4, "checker": "exact", "num_samples": 8})
+        write_shard(
+            root / split / "shard-r000-00000.safetensors",
+            [signal_problem(f"{split}/{i}", rng, d=d, **kwargs) for i in range(count)],
+            info={"lm_name_or_path": lm, "lm_num_attention_heads": 4, "checker": "exact", "num_samples": 8},
+        )
         dirs.append(root / split)
     return dirs
 
@@ -373,8 +647,9 @@ def test_defaults_train_a_verifier_that_beats_the_vote(tmp_path):
     """Defaults only (auto recipe) on 64 small synthetic problems: the MSV beats calibrated γ (self-consistency)
     and the guard says so in the log, the card and the result."""
     train_dir, val_dir = signal_dirs(tmp_path)
-    result = train_verifier(train_dir, val_dir, tmp_path / "out",
-                            MSVTrainingConfig(num_sequences=8, mode="terminal", progress=False))
+    result = train_verifier(
+        train_dir, val_dir, tmp_path / "out", MSVTrainingConfig(num_sequences=8, mode="terminal", progress=False)
+    )
     guard = result.guard
     assert guard.passed and guard.warning is None, guard
     assert guard.verifier["brier"] < guard.self_consistency["brier"] - 0.02, guard
@@ -398,9 +673,29 @@ def test_guard_warns_and_strict_fails_when_the_verifier_is_worse_than_the_vote(t
     from hf_msv.training import main
 
     train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 16), ("val", 48)), strength=0.0)
-    argv = ["--train-dir", str(train_dir), "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"),
-            "--num-sequences", "8", "--mode", "terminal", "--max-steps", "1", "--learning-rate", "1e-9",
-            "--mask-learning-rate", "0", "--embedding-learning-rate", "0", "--gamma-skip", "false", "--no-progress"]
+    argv = [
+        "--train-dir",
+        str(train_dir),
+        "--val-dir",
+        str(val_dir),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--num-sequences",
+        "8",
+        "--mode",
+        "terminal",
+        "--max-steps",
+        "1",
+        "--learning-rate",
+        "1e-9",
+        "--mask-learning-rate",
+        "0",
+        "--embedding-learning-rate",
+        "0",
+        "--gamma-skip",
+        "false",
+        "--no-progress",
+    ]
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
         result = main(argv)
     assert not result.guard.passed
@@ -430,7 +725,7 @@ def test_bad_input_fails_before_training(tmp_path, monkeypatch):
     for val in (other_lm, wider):
         with pytest.raises(ValueError, match="different LMs or widths"):
             train_verifier(train_dir, val, tmp_path / "out", config)
-    with pytest.raises(ValueError, match="different LMs or widths"):   # mixed shards inside one split
+    with pytest.raises(ValueError, match="different LMs or widths"):  # mixed shards inside one split
         train_verifier([train_dir, other_lm], val_dir, tmp_path / "out", config)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="validation data"):
@@ -443,11 +738,29 @@ def test_bad_input_fails_before_training(tmp_path, monkeypatch):
 
 
 def test_cli_main_parses_into_the_dataclasses():
-    from hf_msv.training import TrainArguments, build_train_parser
+    from hf_msv.training import TrainArguments
 
-    args, config = build_train_parser().parse_args_into_dataclasses(
-        ["--train-dir", "a", "--val-dir", "b", "--output-dir", "c", "--recipe", "paper", "--strict", "--lr-sweep",
-         "--lr-sweep-values", "1e-4", "3e-4", "--checker", "jaccard", "--checker-kwargs", '{"threshold": 0.8}'])
+    args, config = parse_train_args(
+        [
+            "--train-dir",
+            "a",
+            "--val-dir",
+            "b",
+            "--output-dir",
+            "c",
+            "--recipe",
+            "paper",
+            "--strict",
+            "--lr-sweep",
+            "--lr-sweep-values",
+            "1e-4",
+            "3e-4",
+            "--checker",
+            "jaccard",
+            "--checker-kwargs",
+            '{"threshold": 0.8}',
+        ]
+    )
     assert isinstance(args, TrainArguments) and args.strict and args.lr_sweep and args.lr_sweep_values == [1e-4, 3e-4]
     assert config.recipe == "paper" and config.checker_kwargs == {"threshold": 0.8} and config.epochs == 2
     for f in __import__("dataclasses").fields(MSVTrainingConfig):
@@ -458,9 +771,13 @@ def test_lr_sweep_keeps_the_best_validation_brier(tmp_path, capsys):
     from hf_msv.training import sweep_learning_rates
 
     train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 16), ("val", 8)))
-    result = sweep_learning_rates(train_dir, val_dir, tmp_path / "out",
-                                  MSVTrainingConfig(num_sequences=8, mode="terminal", max_steps=4, eval_steps=2,
-                                                    progress=False), learning_rates=[1e-9, 3e-3])
+    result = sweep_learning_rates(
+        train_dir,
+        val_dir,
+        tmp_path / "out",
+        MSVTrainingConfig(num_sequences=8, mode="terminal", max_steps=4, eval_steps=2, progress=False),
+        learning_rates=[1e-9, 3e-3],
+    )
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
     rows = log["lr_sweep"]
     assert [r["learning_rate"] for r in rows] == [1e-9, 3e-3]
@@ -479,8 +796,16 @@ def test_anchored_training_starts_at_calibrated_vote_and_may_keep_step_0(tmp_pat
     scripted = iter([0.40, 0.50, 0.60])  # step 0, then two evaluations: step 0 stays best
     real = training.prediction_metrics
     monkeypatch.setattr(training, "prediction_metrics", lambda p: dict(real(p), bce=next(scripted)))
-    config = MSVTrainingConfig(num_sequences=8, mode="terminal", gamma_skip=True, vote_pathway=False, max_steps=4,
-                               eval_steps=2, vote_folds=0, progress=False)  # validation chooses (CV: its own test)
+    config = MSVTrainingConfig(
+        num_sequences=8,
+        mode="terminal",
+        gamma_skip=True,
+        vote_pathway=False,
+        max_steps=4,
+        eval_steps=2,
+        vote_folds=0,
+        progress=False,
+    )  # validation chooses (CV: its own test)
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     assert result.best_step == 0 and result.best_epoch == 0 and result.verifier is not None
     assert result.verifier.config.gamma_skip and result.best_metrics["bce"] == 0.40
@@ -504,8 +829,9 @@ def test_the_default_starts_at_calibrated_probe_wv(tmp_path, monkeypatch):
     scripted = iter([0.40, 0.50, 0.60])  # step 0, then two evaluations: step 0 stays best
     real = training.prediction_metrics
     monkeypatch.setattr(training, "prediction_metrics", lambda p: dict(real(p), bce=next(scripted)))
-    config = MSVTrainingConfig(num_sequences=8, mode="terminal", max_steps=4, eval_steps=2, vote_folds=0,
-                               progress=False)
+    config = MSVTrainingConfig(
+        num_sequences=8, mode="terminal", max_steps=4, eval_steps=2, vote_folds=0, progress=False
+    )
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     model = result.verifier
     assert config.uses_vote_pathway and model.config.vote_pathway and result.best_step == 0
@@ -537,13 +863,23 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
     # 32 problems of two chains: chain 0 answers wrong early (ends 5, 20), chain 1 right at the end (50), scored
     # higher. Any λ that stops before the end stops at a wrong early answer; only full decoding is right.
     def predictions(logits, labels, problems=32):
-        structure = {k: np.tile(v, problems) for k, v in {
-            "end": [5, 20, 50], "klass": [0, 0, 1], "sequence": [0, 0, 1], "step": [0, 1, 0],
-            "terminal": [False, True, True]}.items()}
+        structure = {
+            k: np.tile(v, problems)
+            for k, v in {
+                "end": [5, 20, 50],
+                "klass": [0, 0, 1],
+                "sequence": [0, 0, 1],
+                "step": [0, 1, 0],
+                "terminal": [False, True, True],
+            }.items()
+        }
         structure["group"] = np.repeat(np.arange(problems), 3)
-        return SimpleNamespace(logits=np.tile(logits, problems), labels=np.tile(labels, problems),
-                               problems=np.repeat([f"p{i}" for i in range(problems)], 3).astype(object),
-                               structure=structure)
+        return SimpleNamespace(
+            logits=np.tile(logits, problems),
+            labels=np.tile(labels, problems),
+            problems=np.repeat([f"p{i}" for i in range(problems)], 3).astype(object),
+            structure=structure,
+        )
 
     never = fit_early_stopping(predictions([2.0, 2.0, 3.0], [0.0, 0.0, 1.0]), num_chains=2)
     assert not never.choice.reached and np.isinf(never.choice.lam) and never.choice.full_accuracy == 1.0
@@ -555,8 +891,12 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
 
     train_dir, val_dir = signal_dirs(tmp_path)
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
-        result = train_verifier(train_dir, val_dir, tmp_path / "out",
-                                MSVTrainingConfig(num_sequences=8, max_steps=4, eval_steps=2, progress=False))
+        result = train_verifier(
+            train_dir,
+            val_dir,
+            tmp_path / "out",
+            MSVTrainingConfig(num_sequences=8, max_steps=4, eval_steps=2, progress=False),
+        )
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())["early_stopping"]
     curve = log["curve"]
     assert len(curve["lambdas"]) == len(curve["accuracy"]) == len(curve["tokens"]) == 102
@@ -573,16 +913,31 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
 
 def test_the_vote_anchor_is_kept_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):
     """Anchored at calibrated voting (``--vote-pathway false``) on data whose hidden states carry nothing: no trained
-    verifier beats the step-0 vote by a standard error in cross-validation over the training problems, so the vote itself is
+    verifier beats the step-0 vote by a standard error in cross-validation over the training problems, so the vote
+    itself is
     kept without training (its probabilities are Platt(γ) fitted on the training answers), the warning line says so
     with the numbers, ``--strict`` exits 1."""
     from hf_msv.baselines import platt
     from hf_msv.training import main
 
     train_dir, val_dir = signal_dirs(tmp_path, sizes=(("train", 24), ("val", 16)), strength=0.0)
-    argv = ["--train-dir", str(train_dir), "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out"),
-            "--num-sequences", "8", "--mode", "terminal", "--max-steps", "60", "--vote-pathway", "false",
-            "--no-progress"]
+    argv = [
+        "--train-dir",
+        str(train_dir),
+        "--val-dir",
+        str(val_dir),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--num-sequences",
+        "8",
+        "--mode",
+        "terminal",
+        "--max-steps",
+        "60",
+        "--vote-pathway",
+        "false",
+        "--no-progress",
+    ]
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
         result = main(argv)
     assert result.best_step == 0 and not result.guard.passed and result.vote_cv.step == 0, result.vote_cv
@@ -660,12 +1015,14 @@ def test_cross_validation_pools_every_training_problem_once_and_fixes_the_length
 
     def choose(steps, predictions, margin_se, folds):
         seen["problems"], seen["steps"] = [p.problems for p in predictions], steps
-        return guard.VoteDecision(folds, steps[2], 0.1, 0.01, margin_se, real_choose(steps, predictions, margin_se,
-                                                                                      folds).curve)
+        return guard.VoteDecision(
+            folds, steps[2], 0.1, 0.01, margin_se, real_choose(steps, predictions, margin_se, folds).curve
+        )
 
     monkeypatch.setattr(training, "choose_vote_departure", choose)
-    config = MSVTrainingConfig(num_sequences=8, mode="terminal", max_steps=6, eval_steps=2, vote_folds=3,
-                               progress=False)
+    config = MSVTrainingConfig(
+        num_sequences=8, mode="terminal", max_steps=6, eval_steps=2, vote_folds=3, progress=False
+    )
     result = train_verifier(train_dir, val_dir, tmp_path / "out", config)
     train = ShardDataset(train_dir, num_sequences=8, mode="terminal")
     for problems in seen["problems"]:  # terminal: 8 answers per problem, every problem once
@@ -725,9 +1082,19 @@ def _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, stop_at=No
 
 
 def _resume_config(**kwargs):
-    return MSVTrainingConfig(**{"num_sequences": 8, "mode": "streaming", "max_steps": 8, "eval_steps": 2,
-                                "vote_folds": 3, "vote_margin_se": 0.0, "vote_pathway": False, "progress": False,
-                                **kwargs})
+    return MSVTrainingConfig(
+        **{
+            "num_sequences": 8,
+            "mode": "streaming",
+            "max_steps": 8,
+            "eval_steps": 2,
+            "vote_folds": 3,
+            "vote_margin_se": 0.0,
+            "vote_pathway": False,
+            "progress": False,
+            **kwargs,
+        }
+    )
 
 
 def test_an_interrupted_fit_resumes_to_the_uninterrupted_verifier(tmp_path, monkeypatch):
@@ -804,7 +1171,7 @@ def test_the_guard_reference_at_n_1_is_labelled_by_what_it_computes():
     report = build_guard_report("Probe", 1, preds, None, {})
     assert report.reference == BASE_RATE_REFERENCE and "cross-fitted" in report.reference
     assert "constant" not in " ".join(report.summary_lines()) + " ".join(report.card_metrics())
-    assert report.self_consistency["auroc"] != pytest.approx(0.5)   # two constants, not one
+    assert report.self_consistency["auroc"] != pytest.approx(0.5)  # two constants, not one
     assert build_guard_report("MSV_4", 4, preds, None, {}).reference == "calibrated self-consistency"
 
 
@@ -816,8 +1183,9 @@ def test_training_on_an_empty_directory_names_the_flag_and_what_to_give(tmp_path
     (tmp_path / "empty").mkdir()
     _, val_dir = signal_dirs(tmp_path / "a")
     with pytest.raises(FileNotFoundError, match=r"training data \(--train-dir .*empty\): .*hf-msv collect"):
-        main(["--train-dir", str(tmp_path / "empty"), "--val-dir", str(val_dir), "--output-dir",
-              str(tmp_path / "out")])
+        main(
+            ["--train-dir", str(tmp_path / "empty"), "--val-dir", str(val_dir), "--output-dir", str(tmp_path / "out")]
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -828,14 +1196,22 @@ def test_a_verifier_takes_its_elicitation_settings_from_the_shards_new_or_old():
 
     settings = ElicitationSettings(delimiters=("Wait", "Hmm"), prompt="Answer: \\boxed", max_answer_tokens=12)
     new = {"lm_name_or_path": "lm", "elicitation": settings.to_dict()}
-    old = {"lm_name_or_path": "lm", "delimiters": ["Wait", "Hmm"], "every_k_tokens": None,
-           "elicitation_prompt": "Answer: \\boxed", "max_answer_tokens": 12}
+    old = {
+        "lm_name_or_path": "lm",
+        "delimiters": ["Wait", "Hmm"],
+        "every_k_tokens": None,
+        "elicitation_prompt": "Answer: \\boxed",
+        "max_answer_tokens": 12,
+    }
     for kind in ("msv", "probe"):
-        config = MSVTrainingConfig(kind=kind, num_sequences=1, mode="streaming", intermediate_size=16)
+        config = MSVTrainingConfig(
+            kind=kind, num_sequences=1, mode="streaming", architecture={"intermediate_size": 16}
+        )
         built = [training.build_verifier(config, 16, info).config.elicitation for info in (new, old)]
         assert built[0] == built[1] == settings
-    terminal = training.build_verifier(MSVTrainingConfig(num_sequences=2, mode="terminal", intermediate_size=16),
-                                       16, new).config.elicitation
+    terminal = training.build_verifier(
+        MSVTrainingConfig(num_sequences=2, mode="terminal", architecture={"intermediate_size": 16}), 16, new
+    ).config.elicitation
     assert terminal.delimiters == () and terminal.prompt == "Answer: \\boxed" and terminal.mode == "terminal"
 
 
@@ -855,12 +1231,25 @@ def hard_problem(pid: str, rng, num_sequences: int = 8, d: int = 16):
     taus = np.sort(rng.choice(np.arange(10, 200), size=num_sequences, replace=False))
     ones = np.ones(num_sequences, dtype=np.int64)
     return CollectedProblem(
-        problem_id=pid, gold=str(names[0]), source="synthetic", hidden_states=torch.from_numpy(states),
-        token_ids=np.zeros(num_sequences, dtype=np.int64), token_logprobs=np.zeros(num_sequences, dtype=np.float32),
-        answer_text=answers, answer_raw_text=answers, answer_trigger=["eos"] * num_sequences,
-        answer_sequence=np.arange(num_sequences), answer_step=np.zeros(num_sequences), answer_tau=taus,
-        answer_length=ones, answer_class=[classes[a] for a in answers], answer_terminal=np.ones(num_sequences, bool),
-        answer_correct=list(right), sequence_length=taus + 1, sequence_finish=["eos"] * num_sequences)
+        problem_id=pid,
+        gold=str(names[0]),
+        source="synthetic",
+        hidden_states=torch.from_numpy(states),
+        token_ids=np.zeros(num_sequences, dtype=np.int64),
+        token_logprobs=np.zeros(num_sequences, dtype=np.float32),
+        answer_text=answers,
+        answer_raw_text=answers,
+        answer_trigger=["eos"] * num_sequences,
+        answer_sequence=np.arange(num_sequences),
+        answer_step=np.zeros(num_sequences),
+        answer_tau=taus,
+        answer_length=ones,
+        answer_class=[classes[a] for a in answers],
+        answer_terminal=np.ones(num_sequences, bool),
+        answer_correct=list(right),
+        sequence_length=taus + 1,
+        sequence_finish=["eos"] * num_sequences,
+    )
 
 
 def test_the_default_beats_the_vote_and_probe_wv_where_the_majority_is_often_wrong(tmp_path):
@@ -876,10 +1265,16 @@ def test_the_default_beats_the_vote_and_probe_wv_where_the_majority_is_often_wro
     for split, count in (("train", 128), ("val", 32), ("test", 200)):
         dirs[split] = tmp_path / split
         dirs[split].mkdir()
-        write_shard(dirs[split] / "shard-r000-00000.safetensors",
-                    [hard_problem(f"{split}/{i}", rng) for i in range(count)],
-                    info={"lm_name_or_path": "synthetic-lm", "lm_num_attention_heads": 4, "checker": "exact",
-                          "num_samples": 8})
+        write_shard(
+            dirs[split] / "shard-r000-00000.safetensors",
+            [hard_problem(f"{split}/{i}", rng) for i in range(count)],
+            info={
+                "lm_name_or_path": "synthetic-lm",
+                "lm_num_attention_heads": 4,
+                "checker": "exact",
+                "num_samples": 8,
+            },
+        )
     common = dict(mode="terminal", probe_hidden_size=64, progress=False)
     msv = train_verifier(dirs["train"], dirs["val"], tmp_path / "msv", MSVTrainingConfig(num_sequences=8, **common))
     probe = train_verifier(dirs["train"], dirs["val"], tmp_path / "probe", MSVTrainingConfig(kind="probe", **common))
@@ -891,8 +1286,10 @@ def test_the_default_beats_the_vote_and_probe_wv_where_the_majority_is_often_wro
     val = ShardDataset(dirs["val"], num_sequences=8, mode="terminal")
     val_probe, _, _ = score_problems(probe.verifier, val)
     val_problems = val.read_problems(False)
-    a, b = fit_platt(np.concatenate([weighted_voting(s, p.answer_class) for s, p in zip(val_probe, val_problems)]),
-                     np.concatenate([p.answer_correct for p in val_problems]))
+    a, b = fit_platt(
+        np.concatenate([weighted_voting(s, p.answer_class) for s, p in zip(val_probe, val_problems)]),
+        np.concatenate([p.answer_correct for p in val_problems]),
+    )
     picks = {"vote": [], "Probe+WV": [], "MSV_8": []}
     brier = {"Probe+WV": [], "MSV_8": []}
     for p, m, s in zip(problems, msv_scores, probe_scores):

@@ -25,8 +25,13 @@ from hf_msv.evaluation.early_stop import replay  # noqa: E402
 from hf_msv.modeling_msv import MSVVerifier  # noqa: E402
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt  # noqa: E402
 from hf_msv.testbed.tasks import get_task  # noqa: E402
-from hf_msv.vllm import CaptureError, VLLMController, collect_with_vllm, vllm_generate  # noqa: E402
-from hf_msv.vllm import capture  # noqa: E402
+from hf_msv.vllm import (  # noqa: E402
+    CaptureError,
+    VLLMController,
+    capture,  # noqa: E402
+    collect_with_vllm,
+    vllm_generate,
+)
 
 LM_DIR = Path(hf_msv.testbed.__file__).parent / "lm-v2"
 LAMBDA = json.loads((TESTBED_VERIFIER_DIR / "early_stopping.json").read_text())["lambda"]
@@ -34,8 +39,16 @@ LAMBDA = json.loads((TESTBED_VERIFIER_DIR / "early_stopping.json").read_text())[
 
 def make_engine(path, seed=0):
     # block_size 32: the smallest the CPU backend takes, so chains share most of their prefix with elicitations.
-    return vllm.LLM(model=str(path), block_size=32, enforce_eager=True, dtype="float32", seed=seed,
-                    enable_prefix_caching=True, kv_cache_memory_bytes=64 << 20, max_num_seqs=128)
+    return vllm.LLM(
+        model=str(path),
+        block_size=32,
+        enforce_eager=True,
+        dtype="float32",
+        seed=seed,
+        enable_prefix_caching=True,
+        kv_cache_memory_bytes=64 << 20,
+        max_num_seqs=128,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +82,11 @@ def assert_equal_to_cache_free_forward(model, prompt_ids, results, tol=1e-4):
     checked = 0
     for result, ids in zip(results, prompt_ids):
         for a in result.answers:
-            context = ids + result.sequences[a.sequence][:a.cot_tokens] + a.elicitation_ids + a.token_ids
+            context = ids + result.sequences[a.sequence][: a.cot_tokens] + a.elicitation_ids + a.token_ids
             with torch.no_grad():
                 out = model(torch.tensor([context]), output_hidden_states=True)
             L = a.length
-            logits = out.logits[0, -L - 1:-1].float()
+            logits = out.logits[0, -L - 1 : -1].float()
             assert logits.argmax(-1).tolist() == a.token_ids
             logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(a.token_ids)[:, None]).squeeze(1)
             assert torch.allclose(logprobs, torch.tensor(a.token_logprobs), atol=tol)
@@ -94,8 +107,9 @@ def test_answers_and_states_equal_a_cache_free_transformers_forward(engine, toke
             terminal = [a for a in result.answers if a.sequence == n and a.terminal]
             assert len(terminal) == 1  # one terminal answer per sequence
             assert (reason == "eos") == (seq[-1] == tokenizer.eos_token_id) and len(seq) <= 180
-            assert [a.step for a in result.answers if a.sequence == n] == list(range(len(
-                [a for a in result.answers if a.sequence == n])))
+            assert [a.step for a in result.answers if a.sequence == n] == list(
+                range(len([a for a in result.answers if a.sequence == n]))
+            )
         assert all(a.end > a.tau + a.length for a in result.answers)  # available after its tokens were fed
         assert result.tokens_decoded == sum(map(len, result.sequences))
         assert result.chosen is None and all(a.score is None for a in result.answers)
@@ -112,9 +126,14 @@ def test_answers_and_states_equal_a_cache_free_transformers_forward(engine, toke
 def answer_group(result):
     answers = result.answers
     group = AnswerGroup(
-        sequence=[a.sequence for a in answers], end=[a.end for a in answers], klass=[a.class_id for a in answers],
-        correct=np.zeros(len(answers), bool), is_terminal=[a.terminal for a in answers],
-        seq_len=[len(s) for s in result.sequences], start=[a.tau for a in answers])
+        sequence=[a.sequence for a in answers],
+        end=[a.end for a in answers],
+        klass=[a.class_id for a in answers],
+        correct=np.zeros(len(answers), bool),
+        is_terminal=[a.terminal for a in answers],
+        seq_len=[len(s) for s in result.sequences],
+        start=[a.tau for a in answers],
+    )
     return group, np.array([np.nan if a.score is None else a.score for a in answers])
 
 
@@ -123,8 +142,9 @@ def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engin
     controller = VLLMController(engine, tokenizer, verifier, checker="symbolic")
     stopped = 0
     for lam in (LAMBDA, 0.5):
-        results = controller.generate([format_prompt(p) for p in problems], num_sequences=8, max_new_tokens=200,
-                                      threshold=lam)
+        results = controller.generate(
+            [format_prompt(p) for p in problems], num_sequences=8, max_new_tokens=200, threshold=lam
+        )
         assert no_requests_left(engine)  # stopped prompts' n = 8 children and their elicitations were aborted
         for result in results:
             group, scores = answer_group(result)
@@ -147,8 +167,15 @@ def test_shards_have_the_live_format_and_equal_the_reencoded_tokens(engine, toke
     from hf_msv.collect.traces import traces_from_shards
     from hf_msv.data import read_shard
 
-    settings = dict(num_samples=3, max_new_tokens=120, checker="exact", prompt_template="testbed", seed=0,
-                    problems_per_shard=2, progress=False)
+    settings = dict(
+        num_samples=3,
+        max_new_tokens=120,
+        checker="exact",
+        prompt_template="testbed",
+        seed=0,
+        problems_per_shard=2,
+        progress=False,
+    )
     result = collect_with_vllm(engine, problems[:2], tmp_path / "vllm", **settings)
     assert result.generated == 2 and len(result.shards) == 1 and no_requests_left(engine)
     assert read_shard(result.shards[0])[1]["seeded_batches"] is False  # CPU backend: the engine's generator
@@ -165,12 +192,30 @@ def test_shards_have_the_live_format_and_equal_the_reencoded_tokens(engine, toke
         assert record.hidden_states.shape == (int(record.answer_length.sum()), model.config.hidden_size)
         assert record.num_answers > 0 and len(record.cot_token_ids) == 3
     # The same tokens re-encoded by transformers (`collect_from_traces`) give the same answers and states.
-    reencoded = collect_from_traces(model, tokenizer, traces_from_shards(tmp_path / "vllm"), tmp_path / "re",
-                                    checker="exact", prompt_template="testbed", problems_per_shard=2, progress=False)
+    reencoded = collect_from_traces(
+        model,
+        tokenizer,
+        traces_from_shards(tmp_path / "vllm"),
+        tmp_path / "re",
+        checker="exact",
+        prompt_template="testbed",
+        problems_per_shard=2,
+        progress=False,
+    )
     again_ids, _ = read_shard(reencoded.shards[0])
     for a, b in zip(ours, again_ids):
-        for column in ("answer_tau", "answer_sequence", "answer_step", "answer_trigger", "answer_terminal",
-                       "answer_text", "answer_length", "answer_class", "answer_correct", "token_ids"):
+        for column in (
+            "answer_tau",
+            "answer_sequence",
+            "answer_step",
+            "answer_trigger",
+            "answer_terminal",
+            "answer_text",
+            "answer_length",
+            "answer_class",
+            "answer_correct",
+            "token_ids",
+        ):
             assert list(getattr(a, column)) == list(getattr(b, column)), column
         assert (a.hidden_states.float() - b.hidden_states.float()).abs().max().item() <= 0.05  # bf16 storage
     # Resuming with the same settings does nothing; other settings are refused before sampling.
@@ -216,11 +261,26 @@ def test_bad_input_is_refused_before_sampling(engine, tokenizer, monkeypatch):
 def test_collect_command_line_splits_engine_options():
     from hf_msv.vllm.cli import engine_arguments, split_arguments
 
-    flags, options = split_arguments(["--engine", "vllm", "--model", "testbed", "--vllm-arg", "block_size=64",
-                                      "--vllm-arg=dtype=float32", "--num-samples", "4"])
+    flags, options = split_arguments(
+        [
+            "--engine",
+            "vllm",
+            "--model",
+            "testbed",
+            "--vllm-arg",
+            "block_size=64",
+            "--vllm-arg=dtype=float32",
+            "--num-samples",
+            "4",
+        ]
+    )
     assert flags == ["--model", "testbed", "--num-samples", "4"]
-    assert engine_arguments(options) == {"enable_prefix_caching": True, "block_size": 64, "async_scheduling": False,
-                                         "dtype": "float32"}
+    assert engine_arguments(options) == {
+        "enable_prefix_caching": True,
+        "block_size": 64,
+        "async_scheduling": False,
+        "dtype": "float32",
+    }
     with pytest.raises(ValueError, match="--engine vllm"):
         split_arguments(["--engine", "transformers"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
@@ -234,12 +294,35 @@ def test_collect_command_line_runs_end_to_end(tmp_path):
 
     from hf_msv.data import list_shards
 
-    argv = ["--engine", "vllm", "--model", "testbed", "--problems", "testbed:evaluation:2", "--output-dir",
-            str(tmp_path), "--num-samples", "2", "--max-new-tokens", "60", "--checker", "exact", "--no-progress",
-            "--vllm-arg", f"kv_cache_memory_bytes={64 << 20}", "--vllm-arg", "enforce_eager=true"]
+    argv = [
+        "--engine",
+        "vllm",
+        "--model",
+        "testbed",
+        "--problems",
+        "testbed:evaluation:2",
+        "--output-dir",
+        str(tmp_path),
+        "--num-samples",
+        "2",
+        "--max-new-tokens",
+        "60",
+        "--checker",
+        "exact",
+        "--no-progress",
+        "--vllm-arg",
+        f"kv_cache_memory_bytes={64 << 20}",
+        "--vllm-arg",
+        "enforce_eager=true",
+    ]
     code = f"from hf_msv.vllm.cli import main; main({argv!r})"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["generated"] == 2 and summary["answers"] > 0 and len(list_shards(tmp_path)) == 1
@@ -247,16 +330,33 @@ def test_collect_command_line_runs_end_to_end(tmp_path):
 
 def test_a_random_llama_with_grouped_heads_every_k_tokens(tmp_path, tokenizer):
     """Another architecture variant (grouped KV heads, untied embeddings, random weights), answers every K tokens."""
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     llm = make_engine(tmp_path, seed=3)  # last in the file: a second in-process engine owns the process state
-    controller = VLLMController(llm, tokenizer, checker="exact", capture_hidden_states=True, delimiters=(),
-                                every_k_tokens=16, max_answer_tokens=6)
+    controller = VLLMController(
+        llm,
+        tokenizer,
+        checker="exact",
+        capture_hidden_states=True,
+        delimiters=(),
+        every_k_tokens=16,
+        max_answer_tokens=6,
+    )
     results = controller.generate(["Q: 1+2=?\nA:"], num_sequences=3, max_new_tokens=40)
     ids = [tokenizer("Q: 1+2=?\nA:")["input_ids"]]
     assert assert_equal_to_cache_free_forward(model, ids, results) >= 3

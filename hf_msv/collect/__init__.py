@@ -13,8 +13,16 @@ from .live import collect
 from .lm import load_lm, load_problems
 from .reencode import TraceReencoder
 from .store import ShardStore, done_problem_ids, write_index
-from .traces import (Completion, Trace, TraceError, TraceFile, read_traces, traces_from_results,
-                     traces_from_shards, write_traces)
+from .traces import (
+    Completion,
+    Trace,
+    TraceError,
+    TraceFile,
+    read_traces,
+    traces_from_results,
+    traces_from_shards,
+    write_traces,
+)
 
 __all__ = [
     "CollectConfig",

@@ -7,9 +7,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from ..errors import UserError
 from .config import CollectConfig, build_parser
 from .job import CollectResult
 from .lm import load_lm, load_problems
+
 
 def collect_from_config(config: CollectConfig) -> CollectResult:
     """Load the LM and the problems `config` names and run `collect` with its settings (or, with ``traces``,
@@ -21,7 +23,7 @@ def collect_from_config(config: CollectConfig) -> CollectResult:
     """
     config.check_command_line()
     if config.engine == "vllm":
-        raise ValueError("--engine vllm runs through `hf-msv collect` (hf_msv.vllm.cli)")
+        raise UserError("--engine vllm runs through `hf-msv collect` (hf_msv.vllm.cli)")
     config = config.resolved()
     if config.traces is not None:
         from .from_traces import collect_from_traces
@@ -53,11 +55,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(e))
     result = collect_from_config(config)
     if result.skipped_lines:
-        print(f"warning: skipped {result.skipped_lines} bad line(s) of {config.traces} (listed in the shard info, "
-              "bad_lines)", file=sys.stderr)
+        print(
+            f"warning: skipped {result.skipped_lines} bad line(s) of {config.traces} (listed in the shard info, "
+            "bad_lines)",
+            file=sys.stderr,
+        )
     if result.unverifiable:
-        print(f"warning: {result.unverifiable} of {result.checks} equivalence checks were unverifiable (counted as "
-              "different answers; per shard in its info, verdicts)", file=sys.stderr)
+        print(
+            f"warning: {result.unverifiable} of {result.checks} equivalence checks were unverifiable (counted as "
+            "different answers; per shard in its info, verdicts)",
+            file=sys.stderr,
+        )
     print(json.dumps(summary(result)))
 
 

@@ -12,13 +12,19 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from ..elicitation import ElicitationSettings
+from ..errors import UserError
 from .lm import DEFAULT_MAX_NEW_TOKENS, default_max_new_tokens, resolve_prompt_template
 
 _ELICIT = ElicitationSettings()  # the defaults, declared in hf_msv.elicitation
 # Flat flags of `ElicitationSettings` fields (flag name -> field name).
-ELICITATION_FLAGS = {"mode": "mode", "delimiters": "delimiters", "every_k_tokens": "every_k_tokens",
-                     "elicitation_prompt": "prompt", "max_answer_tokens": "max_answer_tokens",
-                     "keep_delimiter": "keep_delimiter"}
+ELICITATION_FLAGS = {
+    "mode": "mode",
+    "delimiters": "delimiters",
+    "every_k_tokens": "every_k_tokens",
+    "elicitation_prompt": "prompt",
+    "max_answer_tokens": "max_answer_tokens",
+    "keep_delimiter": "keep_delimiter",
+}
 # Options that choose the LM, the problems or the trace file, and where shards go (not collection settings).
 SOURCE_FIELDS = ("model", "problems", "traces", "output_dir", "model_dtype")
 # Options of sampling, which a trace file has fixed already.
@@ -38,65 +44,125 @@ class CollectConfig:
     fields are flat flags of one `ElicitationSettings` (`elicitation`).
     """
 
-    model: str | None = field(default=None, metadata={
-        "help": "LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed). Required on the command line."})
-    output_dir: str | None = field(default=None, metadata={
-        "help": "Where shards go; rerunning with the same settings resumes. Required on the command line."})
-    problems: str | None = field(default=None, metadata={
-        "help": "problems.jsonl ({id, question, gold} per line) | <benchmark>[:<n>] (files in $HF_MSV_DATA_DIR) | "
-                "<named LM>:<split>:<n>[:<seed>] (sample them; or give --traces)"})
-    traces: str | None = field(default=None, metadata={
-        "help": "Re-encode this trace file (JSON lines, docs/collection.md) instead of sampling: same shards, no "
-                "sampling flags."})
-    engine: Literal["transformers", "vllm"] = field(default="transformers", metadata={
-        "help": "Sample with transformers, or with a vLLM engine (hf_msv.vllm, docs/vllm.md; engine options as "
-                "--vllm-arg KEY=VALUE, repeatable)."})
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed). Required on the command line."
+        },
+    )
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where shards go; rerunning with the same settings resumes. Required on the command line."},
+    )
+    problems: str | None = field(
+        default=None,
+        metadata={
+            "help": "problems.jsonl ({id, question, gold} per line) | <benchmark>[:<n>] (files in $HF_MSV_DATA_DIR) | "
+            "<named LM>:<split>:<n>[:<seed>] (sample them; or give --traces)"
+        },
+    )
+    traces: str | None = field(
+        default=None,
+        metadata={
+            "help": "Re-encode this trace file (JSON lines, docs/collection.md) instead of sampling: same shards, no "
+            "sampling flags."
+        },
+    )
+    engine: Literal["transformers", "vllm"] = field(
+        default="transformers",
+        metadata={
+            "help": "Sample with transformers, or with a vLLM engine (hf_msv.vllm, docs/vllm.md; engine options as "
+            "--vllm-arg KEY=VALUE, repeatable)."
+        },
+    )
     num_samples: int = field(default=16, metadata={"help": "N sequences sampled per problem (the paper: 64)."})
-    max_new_tokens: int | None = field(default=None, metadata={
-        "help": f"Chain-of-thought tokens per sequence at most (default: a named LM's budget, else "
-                f"{DEFAULT_MAX_NEW_TOKENS}; never more than the LM's context leaves room for)."})
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": f"Chain-of-thought tokens per sequence at most (default: a named LM's budget, else "
+            f"{DEFAULT_MAX_NEW_TOKENS}; never more than the LM's context leaves room for)."
+        },
+    )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the paper: 1)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off, as in the paper)."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off, as in the paper)."})
-    mode: Literal["streaming", "terminal"] = field(default=_ELICIT.mode, metadata={
-        "help": "streaming: answers at every delimiter and at the end (terminal ones flagged); terminal: only at "
-                "the end."})
-    delimiters: list[str] | None = field(default=None, metadata={
-        "help": f"Where streaming answers are elicited (default: {' '.join(_ELICIT.delimiters)}; the flag alone: "
-                "none)."})
-    every_k_tokens: int | None = field(default=_ELICIT.every_k_tokens, metadata={
-        "help": "Also elicit an answer every k chain-of-thought tokens."})
-    elicitation_prompt: str = field(default=_ELICIT.prompt, metadata={
-        "help": "Appended to a sequence to elicit its current answer."})
-    max_answer_tokens: int = field(default=_ELICIT.max_answer_tokens, metadata={
-        "help": "An answer whose box is still open after this many tokens is no answer."})
-    keep_delimiter: bool = field(default=_ELICIT.keep_delimiter, metadata={
-        "help": "Keep the delimiter in the branch context (default: branch just before it)."})
-    checker: str = field(default="symbolic", metadata={
-        "help": "Equivalence checker for classes and labels: symbolic | exact | jaccard | embedding | random"})
-    checker_kwargs: dict | str | None = field(default=None, metadata={
-        "help": 'JSON dict for get_checker, e.g. \'{"timeout": 5}\'.'})
-    prompt_template: str = field(default="auto", metadata={
-        "help": 'auto | chat | plain | a named LM\'s prompt format (e.g. testbed) | a string containing "{question}" '
-                "(auto with a named LM: its prompt format)."})
+    mode: Literal["streaming", "terminal"] = field(
+        default=_ELICIT.mode,
+        metadata={
+            "help": "streaming: answers at every delimiter and at the end (terminal ones flagged); terminal: only at "
+            "the end."
+        },
+    )
+    delimiters: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": f"Where streaming answers are elicited (default: {' '.join(_ELICIT.delimiters)}; the flag alone: "
+            "none)."
+        },
+    )
+    every_k_tokens: int | None = field(
+        default=_ELICIT.every_k_tokens, metadata={"help": "Also elicit an answer every k chain-of-thought tokens."}
+    )
+    elicitation_prompt: str = field(
+        default=_ELICIT.prompt, metadata={"help": "Appended to a sequence to elicit its current answer."}
+    )
+    max_answer_tokens: int = field(
+        default=_ELICIT.max_answer_tokens,
+        metadata={"help": "An answer whose box is still open after this many tokens is no answer."},
+    )
+    keep_delimiter: bool = field(
+        default=_ELICIT.keep_delimiter,
+        metadata={"help": "Keep the delimiter in the branch context (default: branch just before it)."},
+    )
+    checker: str = field(
+        default="symbolic",
+        metadata={
+            "help": "Equivalence checker for classes and labels: symbolic | exact | jaccard | embedding | random"
+        },
+    )
+    checker_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "JSON dict for get_checker, e.g. '{\"timeout\": 5}'."}
+    )
+    prompt_template: str = field(
+        default="auto",
+        metadata={
+            "help": "auto | chat | plain | a named LM's prompt format (e.g. testbed) | a string containing "
+            '"{question}" '
+            "(auto with a named LM: its prompt format)."
+        },
+    )
     problems_per_shard: int = field(default=16, metadata={"help": "Problems per shard file."})
-    problems_per_batch: int = field(default=1, metadata={
-        "help": "Prompts per generate call (batch rows = this x N); the unit of resumption."})
+    problems_per_batch: int = field(
+        default=1, metadata={"help": "Prompts per generate call (batch rows = this x N); the unit of resumption."}
+    )
     seed: int = field(default=0, metadata={"help": "Base seed; each batch is seeded from it and its problem ids."})
-    dtype: Literal["bfloat16", "float16"] = field(default="bfloat16",
-                                                  metadata={"help": "Storage dtype of hidden states."})
+    dtype: Literal["bfloat16", "float16"] = field(
+        default="bfloat16", metadata={"help": "Storage dtype of hidden states."}
+    )
     model_dtype: str = field(default="auto", metadata={"help": "dtype to load the LM in (auto, bfloat16, float32)."})
     confidence_top_k: int = field(default=20, metadata={"help": "k of DeepConf's token confidence."})
-    skip_bad_lines: bool = field(default=False, metadata={
-        "help": "--traces: skip bad lines (counted in the summary and the shard info, with a warning) instead of "
-                "stopping at the first."})
-    chat_template: str | None = field(default=None, metadata={
-        "help": "--traces: the chat template used at sampling time (default: the tokenizer's)."})
-    confidence: Literal["model", "trace", "none"] = field(default="model", metadata={
-        "help": "--traces: DeepConf confidences recomputed by the LM, read from the trace's logprobs, or none "
-                "(marked missing)."})
-    max_batch_tokens: int = field(default=32768, metadata={
-        "help": "--traces: KV-cache budget (tokens) of a prefill group and of an elicitation batch."})
+    skip_bad_lines: bool = field(
+        default=False,
+        metadata={
+            "help": "--traces: skip bad lines (counted in the summary and the shard info, with a warning) instead of "
+            "stopping at the first."
+        },
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "--traces: the chat template used at sampling time (default: the tokenizer's)."},
+    )
+    confidence: Literal["model", "trace", "none"] = field(
+        default="model",
+        metadata={
+            "help": "--traces: DeepConf confidences recomputed by the LM, read from the trace's logprobs, or none "
+            "(marked missing)."
+        },
+    )
+    max_batch_tokens: int = field(
+        default=32768,
+        metadata={"help": "--traces: KV-cache budget (tokens) of a prefill group and of an elicitation batch."},
+    )
     chunk_tokens: int = field(default=2048, metadata={"help": "--traces: positions per prefill forward."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar (--no-progress: none)."})
     overwrite: bool = field(default=False, metadata={"help": "Delete an existing collection in output_dir first."})
@@ -106,19 +172,30 @@ class CollectConfig:
             try:
                 self.checker_kwargs = json.loads(self.checker_kwargs)
             except json.JSONDecodeError as e:
-                raise ValueError(f"--checker-kwargs must be a JSON object: {e}") from None
+                raise UserError(f"--checker-kwargs must be a JSON object: {e}") from None
         if not isinstance(self.checker_kwargs, (dict, type(None))):
-            raise ValueError(f"checker_kwargs must be a JSON object, got {self.checker_kwargs!r}")
-        positive = ("num_samples", "problems_per_shard", "problems_per_batch", "max_batch_tokens", "chunk_tokens",
-                    "confidence_top_k")
+            raise UserError(f"checker_kwargs must be a JSON object, got {self.checker_kwargs!r}")
+        positive = (
+            "num_samples",
+            "problems_per_shard",
+            "problems_per_batch",
+            "max_batch_tokens",
+            "chunk_tokens",
+            "confidence_top_k",
+        )
         bad = [name for name in positive if getattr(self, name) < 1]
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             bad.append("max_new_tokens")
         if bad:
-            raise ValueError(f"{bad} must be positive")
+            raise UserError(f"{bad} must be positive")
         if self.confidence not in CONFIDENCE_SOURCES:
-            raise ValueError(f"confidence must be one of {list(CONFIDENCE_SOURCES)}, got {self.confidence!r}")
-        self.elicitation  # invalid elicitation settings fail here, before any work
+            raise UserError(f"confidence must be one of {list(CONFIDENCE_SOURCES)}, got {self.confidence!r}")
+        try:
+            self.elicitation  # invalid elicitation settings fail here, before any work
+        except ValueError as error:  # ElicitationSettings' checks (stdlib-only remote code: plain ValueError)
+            if isinstance(error, UserError):
+                raise
+            raise UserError(str(error)) from error
 
     @property
     def elicitation(self) -> ElicitationSettings:
@@ -146,8 +223,10 @@ class CollectConfig:
         """A copy with the `model`-dependent defaults filled in: ``max_new_tokens`` (a named LM's budget, else
         4096) and ``prompt_template="auto"`` of a named LM (its prompt format's name)."""
         return dataclasses.replace(
-            self, prompt_template=resolve_prompt_template(self.prompt_template, self.model),
-            max_new_tokens=self.max_new_tokens or default_max_new_tokens(self.model))
+            self,
+            prompt_template=resolve_prompt_template(self.prompt_template, self.model),
+            max_new_tokens=self.max_new_tokens or default_max_new_tokens(self.model),
+        )
 
     def check_command_line(self) -> None:
         """What the command line needs beyond the field types.
@@ -158,16 +237,16 @@ class CollectConfig:
         """
         missing = [f"--{name.replace('_', '-')}" for name in ("model", "output_dir") if not getattr(self, name)]
         if missing:
-            raise ValueError(f"{' and '.join(missing)} required")
+            raise UserError(f"{' and '.join(missing)} required")
         if (self.problems is None) == (self.traces is None):
-            raise ValueError("give exactly one of --problems (sample) and --traces (re-encode a trace file)")
+            raise UserError("give exactly one of --problems (sample) and --traces (re-encode a trace file)")
         if self.traces is not None and self.engine != "transformers":
-            raise ValueError("--traces re-encodes with transformers: --engine does not apply")
+            raise UserError("--traces re-encodes with transformers: --engine does not apply")
         if self.traces is not None:
             defaults = CollectConfig()
             changed = [name for name in SAMPLING_FIELDS if getattr(self, name) != getattr(defaults, name)]
             if changed:
-                raise ValueError(f"--traces re-encodes what was sampled already: {changed} do not apply")
+                raise UserError(f"--traces re-encodes what was sampled already: {changed} do not apply")
 
 
 def as_config(config: CollectConfig | None, elicitation: ElicitationSettings | None, overrides: dict) -> CollectConfig:

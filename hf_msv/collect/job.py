@@ -15,6 +15,7 @@ from pathlib import Path
 from ..data import STORAGE_DTYPES
 from ..data.problems import Problem
 from ..elicitation import ElicitationSettings
+from ..errors import UserError
 from ..utils import process_state
 from .config import CollectConfig, as_config
 from .lm import lm_info, template_name
@@ -93,19 +94,22 @@ def sequence_budget(model, tokenizer, elicitation: ElicitationSettings, prompt_l
     prompt_ids = tokenizer(elicitation.prompt, add_special_tokens=False)["input_ids"]
     budget = limit - prompt_length - len(prompt_ids) - elicitation.max_answer_tokens - DELIMITER_ROOM
     if budget < 1:
-        raise ValueError(f"a {prompt_length}-token prompt leaves no room in the LM's {limit}-position context for a "
-                         f"chain of thought and a {elicitation.max_answer_tokens}-token answer")
+        raise UserError(
+            f"a {prompt_length}-token prompt leaves no room in the LM's {limit}-position context for a "
+            f"chain of thought and a {elicitation.max_answer_tokens}-token answer"
+        )
     return budget
 
 
 def check_storage(config: CollectConfig) -> None:
     """Raises `ValueError` for a storage dtype shards cannot hold."""
     if config.dtype not in STORAGE_DTYPES:
-        raise ValueError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {config.dtype!r}")
+        raise UserError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {config.dtype!r}")
 
 
-def sampling_config(config: CollectConfig | None, elicitation: ElicitationSettings | None, overrides: dict,
-                    problems: Sequence[Problem]) -> CollectConfig:
+def sampling_config(
+    config: CollectConfig | None, elicitation: ElicitationSettings | None, overrides: dict, problems: Sequence[Problem]
+) -> CollectConfig:
     """The resolved settings a sampling run (transformers or vLLM) collects `problems` with, checked before any work.
 
     Raises:
@@ -115,7 +119,7 @@ def sampling_config(config: CollectConfig | None, elicitation: ElicitationSettin
     check_storage(config)
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):
-        raise ValueError("problem ids must be unique: shards and resumption key on them")
+        raise UserError("problem ids must be unique: shards and resumption key on them")
     return config
 
 
@@ -123,8 +127,11 @@ def recorded_settings(config: CollectConfig, elicitation: ElicitationSettings, m
     """Everything that changes what is collected (resuming with other values would mix two datasets): the fields
     `names` of `config`, the elicitation settings and the LM's identity."""
     settings = {name: getattr(config, name) for name in names}
-    settings.update(elicitation=elicitation.to_dict(), checker_kwargs=dict(config.checker_kwargs or {}),
-                    prompt_template=template_name(config.prompt_template))
+    settings.update(
+        elicitation=elicitation.to_dict(),
+        checker_kwargs=dict(config.checker_kwargs or {}),
+        prompt_template=template_name(config.prompt_template),
+    )
     return dict(settings, **lm_info(model, tokenizer))
 
 
@@ -167,8 +174,12 @@ def start_collection(output_dir, settings: dict, info: dict, problems: Sequence[
     mine = list(problems[rank::world])
     todo = pending_batches(mine, settings["problems_per_batch"], done_problem_ids(root))
     done = len(mine) - sum(len(left) for _, _, left in todo)
-    return state, store, todo, CollectResult(str(root), rank, world, problems=len(mine), already_done=done,
-                                             generated=0)
+    return (
+        state,
+        store,
+        todo,
+        CollectResult(str(root), rank, world, problems=len(mine), already_done=done, generated=0),
+    )
 
 
 @contextlib.contextmanager
@@ -191,6 +202,18 @@ def collection_job(model, store: ShardStore, result: CollectResult, state):
         write_index(store.root)
 
 
-__all__ = ["CollectResult", "DELIMITER_ROOM", "VERDICT_COUNTS", "batch_seed", "check_storage", "collection_job",
-           "context_limit", "count_verdicts", "recorded_settings", "sampling_config", "sequence_budget",
-           "start_collection", "verdict_counts"]
+__all__ = [
+    "CollectResult",
+    "DELIMITER_ROOM",
+    "VERDICT_COUNTS",
+    "batch_seed",
+    "check_storage",
+    "collection_job",
+    "context_limit",
+    "count_verdicts",
+    "recorded_settings",
+    "sampling_config",
+    "sequence_budget",
+    "start_collection",
+    "verdict_counts",
+]

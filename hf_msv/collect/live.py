@@ -16,22 +16,51 @@ from transformers import LogitsProcessorList
 
 from ..data.problems import Problem
 from ..elicitation import ElicitationSettings
-from .config import CollectConfig
 from .confidence import ConfidenceRecorder
-from .job import (CollectResult, batch_seed, collection_job, count_verdicts, recorded_settings, sampling_config,
-                  sequence_budget, start_collection, verdict_counts)
+from .config import CollectConfig
+from .job import (
+    CollectResult,
+    batch_seed,
+    collection_job,
+    count_verdicts,
+    recorded_settings,
+    sampling_config,
+    sequence_budget,
+    start_collection,
+    verdict_counts,
+)
 from .lm import prompt_builder, prompt_token_ids
 from .recording import build_record
 from .store import ShardStore
 
 # The `CollectConfig` fields recorded in a live collection's settings (with the elicitation and the LM).
-LIVE_SETTINGS = ("num_samples", "max_new_tokens", "temperature", "top_p", "top_k", "checker", "checker_kwargs",
-                 "prompt_template", "problems_per_shard", "problems_per_batch", "seed", "dtype", "confidence_top_k")
+LIVE_SETTINGS = (
+    "num_samples",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "checker",
+    "checker_kwargs",
+    "prompt_template",
+    "problems_per_shard",
+    "problems_per_batch",
+    "seed",
+    "dtype",
+    "confidence_top_k",
+)
 
 
-def collect(model, tokenizer, problems: Sequence[Problem], output_dir: str | os.PathLike,
-            config: CollectConfig | None = None, *, elicitation: ElicitationSettings | None = None,
-            **settings) -> CollectResult:
+def collect(
+    model,
+    tokenizer,
+    problems: Sequence[Problem],
+    output_dir: str | os.PathLike,
+    config: CollectConfig | None = None,
+    *,
+    elicitation: ElicitationSettings | None = None,
+    **settings,
+) -> CollectResult:
     """Sample ``num_samples`` chains of thought per problem, elicit answers and write hidden-state shards.
 
     Args:
@@ -54,8 +83,10 @@ def collect(model, tokenizer, problems: Sequence[Problem], output_dir: str | os.
     config = sampling_config(config, elicitation, settings, problems)
     elicit = config.elicitation
     build_prompt = prompt_builder(config.prompt_template, tokenizer)
-    budgets = {p.id: sequence_budget(model, tokenizer, elicit, len(prompt_token_ids(build_prompt(p), tokenizer)))
-               for p in problems}  # every prompt checked before any work
+    budgets = {
+        p.id: sequence_budget(model, tokenizer, elicit, len(prompt_token_ids(build_prompt(p), tokenizer)))
+        for p in problems
+    }  # every prompt checked before any work
     recorded = recorded_settings(config, elicit, model, tokenizer, LIVE_SETTINGS)
     info = dict(recorded, format_version="1", token_logprobs_source="generation")
     state, store, todo, result = start_collection(output_dir, recorded, info, problems, overwrite=config.overwrite)
@@ -64,10 +95,20 @@ def collect(model, tokenizer, problems: Sequence[Problem], output_dir: str | os.
 
     checker = get_checker(config.checker, **(config.checker_kwargs or {}))
     with collection_job(model, store, result, state) as start:
-        with prepare_generation(model, tokenizer, None, elicitation=elicit, checker=checker,
-                                capture_hidden_states=True) as msv:
-            _sample_batches(msv, model, todo, store, result, config, build_prompt, budgets, checker,
-                            progress=config.progress and state.is_local_main_process, start=start)
+        with prepare_generation(
+            model, tokenizer, None, elicitation=elicit, checker=checker, capture_hidden_states=True
+        ) as msv:
+            _sample_batches(
+                msv,
+                todo,
+                store,
+                result,
+                config,
+                build_prompt,
+                budgets,
+                progress=config.progress and state.is_local_main_process,
+                start=start,
+            )
     return result
 
 
@@ -78,15 +119,22 @@ def _batch_budget(config: CollectConfig, budgets: dict, batch) -> int:
     return min([config.max_new_tokens] + room)
 
 
-def _sample_batch(msv, model, batch, left, config: CollectConfig, build_prompt, checker, max_new_tokens: int,
-                  result: CollectResult) -> list:
+def _sample_batch(
+    msv, model, batch, left, config: CollectConfig, build_prompt, checker, max_new_tokens: int, result: CollectResult
+) -> list:
     """Sample one batch and return the records of its problems in `left`, counted in `result`."""
     torch.manual_seed(batch_seed(config.seed, [p.id for p in batch]))
     recorder = ConfidenceRecorder(config.confidence_top_k)
-    results = msv.generate([build_prompt(p) for p in batch], num_sequences=config.num_samples,
-                               max_new_tokens=max_new_tokens, do_sample=True, temperature=config.temperature,
-                               top_p=config.top_p, top_k=config.top_k,
-                               logits_processor=LogitsProcessorList([recorder]))
+    results = msv.generate(
+        [build_prompt(p) for p in batch],
+        num_sequences=config.num_samples,
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        logits_processor=LogitsProcessorList([recorder]),
+    )
     table = recorder.table()
     left_ids = {p.id for p in left}
     records = []
@@ -95,31 +143,57 @@ def _sample_batch(msv, model, batch, left, config: CollectConfig, build_prompt, 
             continue  # done by another process of an earlier run with another world size
         rows = range(i * config.num_samples, (i + 1) * config.num_samples)
         confidence = [table[:n, row] if table.size else np.zeros(0) for n, row in zip(map(len, res.sequences), rows)]
-        record = build_record(problem, res.answers, res.sequences, res.finish_reasons, confidence, checker,
-                              model.config.get_text_config().hidden_size)
+        record = build_record(
+            problem,
+            res.answers,
+            res.sequences,
+            res.finish_reasons,
+            confidence,
+            checker,
+            model.config.get_text_config().hidden_size,
+        )
         records.append(record)
         result.tokens += int(record.sequence_length.sum())
         result.answer_tokens += int(record.answer_length.sum())
         result.answers += record.num_answers
         if max_new_tokens < config.max_new_tokens:
-            result.cut_sequences += sum(len(s) == max_new_tokens and f == "budget"
-                                        for s, f in zip(res.sequences, res.finish_reasons))
+            result.cut_sequences += sum(
+                len(s) == max_new_tokens and f == "budget" for s, f in zip(res.sequences, res.finish_reasons)
+            )
     return records
 
 
-def _sample_batches(msv, model, todo, store: ShardStore, result: CollectResult, config: CollectConfig,
-                    build_prompt, budgets: dict, checker, *, progress: bool, start: float) -> None:
-    """Sample every pending batch, commit its records to `store` with its verdict counts, and count it in
-    `result` (tokens per second on the bar are measured from `start`)."""
+def _sample_batches(
+    msv,
+    todo,
+    store: ShardStore,
+    result: CollectResult,
+    config: CollectConfig,
+    build_prompt,
+    budgets: dict,
+    *,
+    progress: bool,
+    start: float,
+) -> None:
+    """Sample every pending batch with the session `msv` (its LM and checker), commit its records to `store` with
+    its verdict counts, and count it in `result` (tokens per second on the bar are measured from `start`)."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=result.problems, initial=result.already_done, unit="problem", dynamic_ncols=True,
-               desc=f"collect[{result.rank}]", disable=not progress)
+    model, checker = msv.model, msv.checker
+    bar = tqdm(
+        total=result.problems,
+        initial=result.already_done,
+        unit="problem",
+        dynamic_ncols=True,
+        desc=f"collect[{result.rank}]",
+        disable=not progress,
+    )
     try:
         for b, batch, left in todo:
             before = verdict_counts(checker)
-            records = _sample_batch(msv, model, batch, left, config, build_prompt, checker,
-                                    _batch_budget(config, budgets, batch), result)
+            records = _sample_batch(
+                msv, model, batch, left, config, build_prompt, checker, _batch_budget(config, budgets, batch), result
+            )
             store.add_batch(b, records, count_verdicts(result, before, checker))
             result.generated += len(records)
             bar.update(len(records))

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..data.problems import BENCHMARKS, DATA_DIR_ENV, Problem, load_benchmark
-from ..errors import check_checkpoint_dir
+from ..errors import MissingPathError, UserError, check_checkpoint_dir
 from ..registry import get_named_lm, named_lms
 from ..utils import resolve_device
 
@@ -30,22 +30,31 @@ def _jsonl_problems(path: Path) -> list[Problem]:
             continue
         try:
             row = json.loads(line)
-            problems.append(Problem(id=str(row["id"]), question=row["question"], gold=str(row["gold"]),
-                                    source=row.get("source", path.stem), meta=row.get("meta", {})))
+            problems.append(
+                Problem(
+                    id=str(row["id"]),
+                    question=row["question"],
+                    gold=str(row["gold"]),
+                    source=row.get("source", path.stem),
+                    meta=row.get("meta", {}),
+                )
+            )
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{path} line {number}: expected a JSON object with \"id\", \"question\" and \"gold\" "
-                             f"({type(e).__name__}: {e})") from None
+            raise UserError(
+                f'{path} line {number}: expected a JSON object with "id", "question" and "gold" '
+                f"({type(e).__name__}: {e})"
+            ) from None
     if not problems:
-        raise ValueError(f"{path} holds no problem")
+        raise UserError(f"{path} holds no problem")
     return problems
 
 
 def _named_problems(spec: str, parts: list[str]) -> list[Problem]:
     lm = get_named_lm(parts[0])
     if lm.problems is None:
-        raise ValueError(f"the named LM {parts[0]!r} has no problem generator; use a benchmark or a .jsonl file")
+        raise UserError(f"the named LM {parts[0]!r} has no problem generator; use a benchmark or a .jsonl file")
     if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts[2:]):
-        raise ValueError(f"problem spec {spec!r}: use {parts[0]}:<split>:<n>[:<seed>]")
+        raise UserError(f"problem spec {spec!r}: use {parts[0]}:<split>:<n>[:<seed>]")
     return lm.problems(parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0)
 
 
@@ -66,20 +75,25 @@ def load_problems(spec: str) -> list[Problem]:
         return _named_problems(spec, parts)
     if parts[0] in BENCHMARKS:
         if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-            raise ValueError(f"problem spec {spec!r}: use {parts[0]}[:<n>]")
+            raise UserError(f"problem spec {spec!r}: use {parts[0]}[:<n>]")
         try:
             problems = load_benchmark(parts[0])
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"{e} Or give --problems your own .jsonl file with one "
-                                    '{"id": ..., "question": ..., "gold": ...} object per line.') from None
+            raise MissingPathError(
+                f"{e} Or give --problems your own .jsonl file with one "
+                '{"id": ..., "question": ..., "gold": ...} object per line.'
+            ) from None
         return problems[: int(parts[1])] if len(parts) > 1 else problems
     path = Path(spec)
     if path.is_file():
         return _jsonl_problems(path)
     named = [n for n in named_lms()]
-    raise ValueError(f"unknown problem spec {spec!r} (no such file): use a .jsonl file of "
-                     '{"id", "question", "gold"} lines, one of ' f"{sorted(BENCHMARKS)}[:<n>] (files in "
-                     f"${DATA_DIR_ENV}), or <named LM>:<split>:<n>[:<seed>] with a named LM of {named}")
+    raise UserError(
+        f"unknown problem spec {spec!r} (no such file): use a .jsonl file of "
+        '{"id", "question", "gold"} lines, one of '
+        f"{sorted(BENCHMARKS)}[:<n>] (files in "
+        f"${DATA_DIR_ENV}), or <named LM>:<split>:<n>[:<seed>] with a named LM of {named}"
+    )
 
 
 def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
@@ -96,9 +110,11 @@ def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None =
         ``(model, tokenizer)``.
 
     Raises:
-        FileNotFoundError: a named LM whose directory holds no checkpoint (the message says how to make one), or a
-            local path (`hf_msv.errors.looks_like_path`) that is not a directory or has no ``config.json``.
-        NotADirectoryError: a local path that is a file.
+        MissingPathError: (a `FileNotFoundError`) a named LM whose directory holds no checkpoint (the message says
+            how to make one), or a local path (`hf_msv.errors.looks_like_path`) that is not a directory or has no
+            ``config.json``.
+        NotADirectoryPathError: (a `NotADirectoryError`) a local path that is a file.
+        UserError: a checkpoint transformers cannot find or read (its `OSError` or `ValueError` as the cause).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -106,16 +122,24 @@ def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None =
     path = name
     if named is not None:
         if not (Path(named.path) / "config.json").is_file():
-            raise FileNotFoundError(f"no checkpoint of the named LM {name!r} at {named.path}"
-                                    + (f"; {named.missing_hint}" if named.missing_hint else ""))
+            raise MissingPathError(
+                f"no checkpoint of the named LM {name!r} at {named.path}"
+                + (f"; {named.missing_hint}" if named.missing_hint else "")
+            )
         path = str(named.path)
     else:  # a local path that is not a checkpoint: say so, not transformers' "Repo id must be in the form ..."
         check_checkpoint_dir(name, "LM", required=None if gguf_file else "config.json")
     device = resolve_device(device)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
-                                                 **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), **kwargs
+        )
+    except (OSError, ValueError) as error:  # transformers' words for a checkpoint it cannot read or find
+        if isinstance(error, UserError):
+            raise
+        raise UserError(f"cannot load the LM {name!r}: {error}") from error
     return model.to(device).eval(), tokenizer
 
 
@@ -159,8 +183,10 @@ def prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:
     if named is not None and named.prompt is not None:
         return named.prompt
     if not isinstance(template, str) or "{question}" not in template:
-        raise ValueError(f"prompt_template must be one of {list(PROMPT_TEMPLATES)}, a named LM's name, or a string "
-                         f"containing '{{question}}', got {template!r}")
+        raise UserError(
+            f"prompt_template must be one of {list(PROMPT_TEMPLATES)}, a named LM's name, or a string "
+            f"containing '{{question}}', got {template!r}"
+        )
     # str.replace, not str.format: templates often contain LaTeX braces such as \boxed{}.
     return lambda p: template.replace("{question}", p.question)
 
@@ -170,8 +196,9 @@ def prompt_token_ids(prompt: str | list, tokenizer, chat_template: str | None = 
     (`chat_template`, default the tokenizer's; generation prompt added) without extra special tokens, text with the
     tokenizer's special tokens."""
     if isinstance(prompt, (list, tuple)):
-        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True,
-                                             chat_template=chat_template)
+        text = tokenizer.apply_chat_template(
+            list(prompt), tokenize=False, add_generation_prompt=True, chat_template=chat_template
+        )
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
@@ -186,13 +213,15 @@ def template_name(template) -> str:
 def lm_info(model, tokenizer) -> dict:
     """What identifies the LM a collection was sampled from (stored in its settings, so resuming checks it)."""
     config = model.config.get_text_config()
-    return {"lm_name_or_path": getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", ""),
-            "lm_model_type": getattr(model.config, "model_type", None),
-            "lm_hidden_size": config.hidden_size,
-            "lm_num_attention_heads": getattr(config, "num_attention_heads", None),
-            "lm_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "lm_weights_fingerprint": weights_fingerprint(model),
-            "tokenizer": getattr(tokenizer, "name_or_path", "")}
+    return {
+        "lm_name_or_path": getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", ""),
+        "lm_model_type": getattr(model.config, "model_type", None),
+        "lm_hidden_size": config.hidden_size,
+        "lm_num_attention_heads": getattr(config, "num_attention_heads", None),
+        "lm_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "lm_weights_fingerprint": weights_fingerprint(model),
+        "tokenizer": getattr(tokenizer, "name_or_path", ""),
+    }
 
 
 def weights_fingerprint(model) -> str:
@@ -205,5 +234,15 @@ def weights_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "default_max_new_tokens", "lm_info", "load_lm", "load_problems", "prompt_builder",
-           "prompt_token_ids", "resolve_prompt_template", "template_name", "weights_fingerprint"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "default_max_new_tokens",
+    "lm_info",
+    "load_lm",
+    "load_problems",
+    "prompt_builder",
+    "prompt_token_ids",
+    "resolve_prompt_template",
+    "template_name",
+    "weights_fingerprint",
+]

@@ -19,8 +19,15 @@ def is_correct(checker, text: str | None, problem: Problem) -> bool:
     return text is not None and any(checker.is_correct(text, str(g)) for g in golds)
 
 
-def build_record(problem: Problem, answers: Sequence, sequences: Sequence[Sequence[int]], finish: Sequence[str],
-                 confidence: Sequence[np.ndarray], checker, hidden_size: int) -> CollectedProblem:
+def build_record(
+    problem: Problem,
+    answers: Sequence,
+    sequences: Sequence[Sequence[int]],
+    finish: Sequence[str],
+    confidence: Sequence[np.ndarray],
+    checker,
+    hidden_size: int,
+) -> CollectedProblem:
     """The shard record of one problem.
 
     Args:

@@ -17,24 +17,13 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..answers import extract_boxed
 from ..data.problems import Problem
-from ..generation import DelimiterMatcher, MSVAnswer
+from ..generation import ElicitationPolicy, MSVAnswer
 from ..generation.caches import cache_argument
-from ..generation.forking import AnswerElicitor, Branch
+from ..generation.forking import Branch
 from .lm import prompt_token_ids
 from .traces import FINISH_EOS, Trace, TraceError
 
-__all__ = ["BranchPoint", "BufferedLayer", "EncodedTrace", "TraceReencoder", "encode_trace", "eos_token_ids",
-           "plan_branches"]
-
-
-def eos_token_ids(model) -> set[int]:
-    """The LM's EOS ids as ``generate`` reads them (its generation config), which end live sequences and answers."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    if torch.is_tensor(eos):
-        return set(eos.flatten().tolist())
-    return {eos} if isinstance(eos, int) else set(eos)
+__all__ = ["BranchPoint", "BufferedLayer", "EncodedTrace", "TraceReencoder", "encode_trace", "plan_branches"]
 
 
 @dataclass
@@ -55,8 +44,11 @@ def _render_prompt(trace: Trace, tokenizer, build_prompt, chat_template) -> list
     """The prompt tokens as live collection's ``MSVSession.generate`` makes them (or as the trace gives them)."""
     if trace.prompt_token_ids is not None:
         return list(trace.prompt_token_ids)
-    prompt = trace.messages if trace.messages is not None else (
-        trace.prompt if trace.prompt is not None else build_prompt(trace.problem()))
+    prompt = (
+        trace.messages
+        if trace.messages is not None
+        else (trace.prompt if trace.prompt is not None else build_prompt(trace.problem()))
+    )
     return prompt_token_ids(prompt, tokenizer, chat_template)
 
 
@@ -69,9 +61,12 @@ def _completion_ids(c, i: int, line: int, tokenizer, eos_ids: set[int]) -> list[
         back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if back != c.text:
             at = next((j for j, (a, b) in enumerate(zip(back, c.text)) if a != b), min(len(back), len(c.text)))
-            raise TraceError(line, f"completion {i} does not survive the tokenizer round trip (first difference "
-                                   f"at character {at}: {c.text[at:at + 20]!r} became {back[at:at + 20]!r}); "
-                                   "give token_ids instead")
+            raise TraceError(
+                line,
+                f"completion {i} does not survive the tokenizer round trip (first difference "
+                f"at character {at}: {c.text[at : at + 20]!r} became {back[at : at + 20]!r}); "
+                "give token_ids instead",
+            )
         if c.finish_reason in FINISH_EOS and eos_ids:
             ids.append(min(eos_ids))
     early = [j for j, t in enumerate(ids[:-1]) if t in eos_ids]
@@ -90,8 +85,16 @@ def _trace_confidence(c, i: int, line: int, ids: list[int], top_k: int | None) -
     return np.array([-np.mean(sorted(row, reverse=True)[:top_k]) for row in c.logprobs], dtype=np.float32)
 
 
-def encode_trace(trace: Trace, tokenizer, build_prompt, *, eos_ids: set[int], budget: Callable[[int], int | None],
-                 chat_template: str | None = None, confidence_top_k: int | None = None) -> EncodedTrace:
+def encode_trace(
+    trace: Trace,
+    tokenizer,
+    build_prompt,
+    *,
+    eos_ids: set[int],
+    budget: Callable[[int], int | None],
+    chat_template: str | None = None,
+    confidence_top_k: int | None = None,
+) -> EncodedTrace:
     """Tokenise one trace, check it and apply the context rule.
 
     Args:
@@ -130,8 +133,9 @@ def encode_trace(trace: Trace, tokenizer, build_prompt, *, eos_ids: set[int], bu
         sequences.append(ids)
         finish.append("eos" if ids[-1] in eos_ids else "budget")
         confidence.append(conf)
-    return EncodedTrace(trace.problem(), prompt, sequences, finish,
-                        confidence if confidence_top_k is not None else None, cut)
+    return EncodedTrace(
+        trace.problem(), prompt, sequences, finish, confidence if confidence_top_k is not None else None, cut
+    )
 
 
 @dataclass
@@ -156,38 +160,41 @@ class BranchPoint:
     prefix_ids: list[int] = field(default_factory=list)
 
 
-def plan_branches(sequence: Sequence[int], n: int, *, eos_ids: set[int], elicitor: AnswerElicitor,
-                  matcher: DelimiterMatcher | None, every_k_tokens: int | None, streaming: bool) -> list[BranchPoint]:
+def plan_branches(sequence: Sequence[int], n: int, policy: ElicitationPolicy) -> list[BranchPoint]:
     """The answers live generation elicits for sequence `n` whose generated tokens are `sequence` (EOS included if
-    it ended so): the per-token rules of `GenerationRun` (``docs/collection.md``), without the LM."""
+    it ended so): `ElicitationPolicy`'s rule, as `GenerationRun` applies it (``docs/collection.md``), without the
+    LM."""
     points: list[BranchPoint] = []
     history: list[int] = []
+    previous: Branch | None = None
 
     def add(branch: Branch, kept: int) -> None:
-        fed = len(elicitor.start(branch, history).segment)
-        points.append(BranchPoint(n, len(points), branch.tau, branch.trigger, kept, fed,
-                                  terminal=branch.trigger in ("eos", "budget"), prefix_ids=list(branch.prefix_ids)))
+        fed = len(policy.elicitor.start(branch, history).segment)
+        points.append(
+            BranchPoint(
+                n,
+                len(points),
+                branch.tau,
+                branch.trigger,
+                kept,
+                fed,
+                terminal=branch.trigger in ("eos", "budget"),
+                prefix_ids=list(branch.prefix_ids),
+            )
+        )
 
     for t, token in enumerate(sequence):
         history.append(token)
-        branch = None
-        if token in eos_ids:
-            branch = Branch(n, "eos", t)
-        elif streaming:
-            if matcher is not None and matcher.could_complete(token):
-                found = matcher.match(history)
-                if found is not None:
-                    branch = elicitor.delimiter_branch(n, t, found)
-            if branch is None and every_k_tokens and len(history) % every_k_tokens == 0:
-                branch = Branch(n, "every_k", t, feed_newest=True)
+        branch = policy.fire(n, history, t)
         if branch is not None:
             add(branch, len(history) - (0 if branch.feed_newest else 1) - branch.drop)  # GenerationRun._complete
-    last = len(sequence) - 1
-    if sequence[-1] not in eos_ids:  # ended by the budget (GenerationRun._end_budget_rows)
-        if points and points[-1].tau == last:
+            previous = branch
+    if sequence[-1] not in policy.eos_ids:  # ended by the budget (GenerationRun._end_budget_rows)
+        branch = policy.at_budget(n, len(sequence) - 1, previous)
+        if branch is None:
             points[-1].terminal = True
         else:
-            add(Branch(n, "budget", last, feed_newest=True), len(sequence))
+            add(branch, len(sequence))
     return points
 
 
@@ -231,9 +238,9 @@ class BufferedLayer(DynamicLayer):
         length, new = self.keys.shape[-2], key_states.shape[-2]
         if self.keys is not self._view or length + new > self._keys.shape[-2]:  # gathered, or full
             self._move(self.keys, self.values, max(2 * (length + new), self.capacity))
-        self._keys[:, :, length:length + new] = key_states
-        self._values[:, :, length:length + new] = value_states
-        self.keys, self.values = self._keys[:, :, :length + new], self._values[:, :, :length + new]
+        self._keys[:, :, length : length + new] = key_states
+        self._values[:, :, length : length + new] = value_states
+        self.keys, self.values = self._keys[:, :, : length + new], self._values[:, :, : length + new]
         self._view = self.keys
         return self.keys, self.values
 
@@ -268,21 +275,26 @@ class TraceReencoder:
 
     Args:
         model, tokenizer: the LM (eval mode) and its tokenizer.
-        elicitor: the `AnswerElicitor` (elicitation prompt, answer cap, keep_delimiter).
-        matcher, every_k_tokens, streaming: where answers are elicited, as in `prepare_generation`.
+        policy: where and how answers are elicited (`ElicitationPolicy`, with the LM's EOS ids).
         max_batch_tokens: KV budget of a prefill group and of an elicitation batch, in tokens.
         chunk_tokens: positions per prefill forward (rows × columns).
         confidence_top_k: k of DeepConf's confidence, or `None` not to compute it from the prefill.
     """
 
-    def __init__(self, model, tokenizer, elicitor: AnswerElicitor, *, matcher: DelimiterMatcher | None,
-                 every_k_tokens: int | None, streaming: bool, max_batch_tokens: int = 32768,
-                 chunk_tokens: int = 2048, confidence_top_k: int | None = 20):
-        self.model, self.tokenizer, self.elicitor = model, tokenizer, elicitor
-        self.matcher, self.every_k_tokens, self.streaming = matcher, every_k_tokens, streaming
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        policy: ElicitationPolicy,
+        *,
+        max_batch_tokens: int = 32768,
+        chunk_tokens: int = 2048,
+        confidence_top_k: int | None = 20,
+    ):
+        self.model, self.tokenizer, self.policy = model, tokenizer, policy
+        self.elicitor, self.eos_ids = policy.elicitor, policy.eos_ids
         self.max_batch_tokens, self.chunk_tokens = max_batch_tokens, chunk_tokens
         self.confidence_top_k = confidence_top_k
-        self.eos_ids = eos_token_ids(model)
         self.device = next(model.parameters()).device
         self.cache_argument = cache_argument(model)  # read once: a signature lookup per forward would be waste
         self.forwards = 0  # LM forward calls (prefill chunks and elicitation steps), for benchmarks
@@ -292,9 +304,7 @@ class TraceReencoder:
         """Per trace, its `MSVAnswer`s (classes unassigned) and per sequence its `(len,)` model confidences (empty
         arrays when `confidence_top_k` is `None`)."""
         rows = [(p, n) for p, tr in enumerate(traces) for n in range(len(tr.sequences))]
-        plans = {(p, n): plan_branches(traces[p].sequences[n], n, eos_ids=self.eos_ids, elicitor=self.elicitor,
-                                       matcher=self.matcher, every_k_tokens=self.every_k_tokens,
-                                       streaming=self.streaming) for p, n in rows}
+        plans = {(p, n): plan_branches(traces[p].sequences[n], n, self.policy) for p, n in rows}
         work = _Work(traces, plans, answers=[[] for _ in traces])
         confidence = [[np.zeros(0, dtype=np.float32)] * len(tr.sequences) for tr in traces]
         rows.sort(key=lambda r: -work.length(r))  # similar lengths share a prefill group: little padding
@@ -331,9 +341,14 @@ class TraceReencoder:
         for start in range(0, width, step):
             stop = min(width, start + step)
             positions = torch.arange(start, stop, device=self.device).expand(len(group), -1)
-            out = self.model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], position_ids=positions,
-                             **{self.cache_argument: cache}, use_cache=True,
-                             **({} if self.confidence_top_k else {"logits_to_keep": 1}))
+            out = self.model(
+                input_ids=ids[:, start:stop],
+                attention_mask=mask[:, :stop],
+                position_ids=positions,
+                **{self.cache_argument: cache},
+                use_cache=True,
+                **({} if self.confidence_top_k else {"logits_to_keep": 1}),
+            )
             self.forwards += 1
             if self.confidence_top_k:
                 logprobs = torch.log_softmax(out.logits.float(), dim=-1)
@@ -345,16 +360,20 @@ class TraceReencoder:
                 while todo[i] and prompt + todo[i][0].kept <= stop:  # its context is in the cache now
                     point = todo[i].pop(0)
                     context = prompt + point.kept
-                    kv = [(layer.keys[i, :, :context].clone(), layer.values[i, :, :context].clone())
-                          for layer in cache.layers]
+                    kv = [
+                        (layer.keys[i, :, :context].clone(), layer.values[i, :, :context].clone())
+                        for layer in cache.layers
+                    ]
                     self._enqueue(_Pending(p, point, context, kv), work)
         del cache
         if not parts:
             return [np.zeros(0, dtype=np.float32)] * len(group)
         conf = torch.cat(parts, dim=1).numpy()
         # Logits at position i are the distribution of token i + 1: generated token t is at prompt + t.
-        return [conf[i, len(work.traces[p].prompt_ids) - 1:][:len(work.traces[p].sequences[n])]
-                for i, (p, n) in enumerate(group)]
+        return [
+            conf[i, len(work.traces[p].prompt_ids) - 1 :][: len(work.traces[p].sequences[n])]
+            for i, (p, n) in enumerate(group)
+        ]
 
     def _enqueue(self, item: _Pending, work: _Work) -> None:
         """Queue a branch, first eliciting the queue if the padded batch would exceed `max_batch_tokens`."""
@@ -368,8 +387,12 @@ class TraceReencoder:
         `(n, width)`."""
         n, width = len(queue), max(q.context for q in queue)
         # Room for the widest elicitation segment and the answer: the answer tokens are written in place.
-        room = (max(len(q.point.prefix_ids) for q in queue) + len(self.elicitor.prompt_ids)
-                + self.elicitor.max_answer_tokens + 1)
+        room = (
+            max(len(q.point.prefix_ids) for q in queue)
+            + len(self.elicitor.prompt_ids)
+            + self.elicitor.max_answer_tokens
+            + 1
+        )
         layers = []
         for layer in range(len(queue[0].kv)):
             k0, v0 = queue[0].kv[layer]
@@ -377,11 +400,11 @@ class TraceReencoder:
             keys = k0.new_zeros(n, k0.shape[0], width + room, k0.shape[-1])
             values = v0.new_zeros(n, v0.shape[0], width + room, v0.shape[-1])
             for i, q in enumerate(queue):
-                keys[i, :, width - q.context:width], values[i, :, width - q.context:width] = q.kv[layer]
+                keys[i, :, width - q.context : width], values[i, :, width - q.context : width] = q.kv[layer]
             layers.append(BufferedLayer.from_states(keys, values, width, width + room))
         mask = torch.zeros(n, width, dtype=torch.long, device=self.device)
         for i, q in enumerate(queue):
-            mask[i, width - q.context:] = 1
+            mask[i, width - q.context :] = 1
         cache = DynamicCache()
         cache.layers = layers
         return cache, mask
@@ -398,15 +421,29 @@ class TraceReencoder:
         elicited = self.elicit(cache, mask, position, segments)
         for item, (ids, hidden, logprobs) in zip(items, elicited):
             point, raw = item.point, self.elicitor.decode(ids)
-            work.answers[item.problem].append(MSVAnswer(
-                text=extract_boxed(raw), raw_text=raw, token_ids=ids, prompt=item.problem, sequence=point.sequence,
-                step=point.step, tau=point.tau, length=len(ids), end=point.tau + point.fed + len(ids),
-                trigger=point.trigger, terminal=point.terminal, cot_tokens=point.kept,
-                elicitation_ids=point.prefix_ids + self.elicitor.prompt_ids, hidden_states=hidden.cpu(),
-                token_logprobs=logprobs))
+            work.answers[item.problem].append(
+                MSVAnswer(
+                    text=extract_boxed(raw),
+                    raw_text=raw,
+                    token_ids=ids,
+                    prompt=item.problem,
+                    sequence=point.sequence,
+                    step=point.step,
+                    tau=point.tau,
+                    length=len(ids),
+                    end=point.tau + point.fed + len(ids),
+                    trigger=point.trigger,
+                    terminal=point.terminal,
+                    cot_tokens=point.kept,
+                    elicitation_ids=point.prefix_ids + self.elicitor.prompt_ids,
+                    hidden_states=hidden.cpu(),
+                    token_logprobs=logprobs,
+                )
+            )
 
-    def elicit(self, cache: DynamicCache, mask: torch.Tensor, position: torch.Tensor,
-               segments: list[list[int]]) -> list[tuple[list[int], torch.Tensor, list[float]]]:
+    def elicit(
+        self, cache: DynamicCache, mask: torch.Tensor, position: torch.Tensor, segments: list[list[int]]
+    ) -> list[tuple[list[int], torch.Tensor, list[float]]]:
         """Greedy answers of a batch of contexts: each row is fed its segment, then its answer tokens until
         `AnswerElicitor.ends_answer` (the live rule); every answer token is fed, the closing one included, for its
         hidden state.
@@ -454,9 +491,15 @@ class TraceReencoder:
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, hidden: bool):
         self.forwards += 1
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          **{self.cache_argument: cache}, use_cache=True, logits_to_keep=1,
-                          output_hidden_states=hidden)
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **{self.cache_argument: cache},
+            use_cache=True,
+            logits_to_keep=1,
+            output_hidden_states=hidden,
+        )
 
 
 def _check_layers(cache) -> None:
@@ -464,4 +507,5 @@ def _check_layers(cache) -> None:
         if type(layer) is not DynamicLayer:
             raise NotImplementedError(
                 f"re-encoding cuts each branch's context out of a full-attention cache; this LM's cache has a "
-                f"{type(layer).__name__} (sliding-window or other layers are not supported)")
+                f"{type(layer).__name__} (sliding-window or other layers are not supported)"
+            )

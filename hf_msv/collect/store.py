@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..data import SHARD_GLOB, CollectedProblem, collection_elicitation, read_shard, read_shard_info, write_shard
 from ..elicitation import ElicitationSettings
+from ..errors import UserError
 from ..utils import atomic_write_json, fsync_dir
 
 CONFIG_FILE = "collect_config.json"
@@ -83,8 +84,11 @@ class ShardStore:
                 tmp.unlink(missing_ok=True)
         in_shards = {pid for shard in self.root.glob(SHARD_GLOB) for pid in read_shard_info(shard)["problem_id"]}
         # Orphans: spool files of ranks that no longer exist (the run restarted with fewer processes).
-        orphans = [p for p in self._spools() if (r := int(_SPOOL_RE.search(p.name).group(1))) >= self.world
-                   and r % self.world == self.rank]
+        orphans = [
+            p
+            for p in self._spools()
+            if (r := int(_SPOOL_RE.search(p.name).group(1))) >= self.world and r % self.world == self.rank
+        ]
         for spool in self._spools(self.rank) + orphans:
             if set(read_shard_info(spool)["problem_id"]) <= in_shards:  # packed, then killed before deleting
                 spool.unlink()
@@ -141,8 +145,10 @@ class ShardStore:
     def write_manifest(self) -> None:
         """``index-r{rank}.json``: this rank's shards and their problems (atomic replace)."""
         shards = dict(sorted(self.manifest.items()))
-        atomic_write_json(self.root / f"index-r{self.rank:03d}.json",
-                          {"rank": self.rank, "shards": shards, "problems": sum(map(len, shards.values()))})
+        atomic_write_json(
+            self.root / f"index-r{self.rank:03d}.json",
+            {"rank": self.rank, "shards": shards, "problems": sum(map(len, shards.values()))},
+        )
 
 
 def _comparable(settings: dict) -> dict:
@@ -173,10 +179,15 @@ def check_settings(root: Path, settings: dict, is_main: bool, overwrite: bool, s
     state.wait_for_everyone()
     existing, requested = _comparable(json.loads(path.read_text())), _comparable(settings)
     if existing != requested:
-        diff = {k: (existing.get(k), requested.get(k)) for k in set(existing) | set(requested)
-                if existing.get(k) != requested.get(k)}
-        raise ValueError(f"{root} holds a collection with other settings (existing, requested): {diff}. Use a new "
-                         "output_dir, the same settings to resume, or overwrite=True to start over.")
+        diff = {
+            k: (existing.get(k), requested.get(k))
+            for k in set(existing) | set(requested)
+            if existing.get(k) != requested.get(k)
+        }
+        raise UserError(
+            f"{root} holds a collection with other settings (existing, requested): {diff}. Use a new "
+            "output_dir, the same settings to resume, or overwrite=True to start over."
+        )
 
 
 def pending_batches(mine: list, problems_per_batch: int, done: set[str]) -> list[tuple]:
@@ -184,7 +195,7 @@ def pending_batches(mine: list, problems_per_batch: int, done: set[str]) -> list
 
     Batches are cut from this process's whole share, done or not, so a batch (and its seed) is the same in every run.
     """
-    batches = [mine[i:i + problems_per_batch] for i in range(0, len(mine), problems_per_batch)]
+    batches = [mine[i : i + problems_per_batch] for i in range(0, len(mine), problems_per_batch)]
     todo = [(b, batch, [p for p in batch if p.id not in done]) for b, batch in enumerate(batches)]
     return [(b, batch, left) for b, batch, left in todo if left]
 
@@ -205,5 +216,12 @@ def write_index(output_dir: str | os.PathLike) -> dict:
     return index
 
 
-__all__ = ["CONFIG_FILE", "INDEX_FILE", "ShardStore", "check_settings", "done_problem_ids", "pending_batches",
-           "write_index"]
+__all__ = [
+    "CONFIG_FILE",
+    "INDEX_FILE",
+    "ShardStore",
+    "check_settings",
+    "done_problem_ids",
+    "pending_batches",
+    "write_index",
+]

@@ -15,17 +15,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data.problems import Problem
+from ..errors import UserError
 from ..utils import commit_file, tmp_name
 
-__all__ = ["Completion", "Trace", "TraceError", "TraceFile", "read_traces", "traces_from_results", "traces_from_shards",
-           "write_traces"]
+__all__ = [
+    "Completion",
+    "Trace",
+    "TraceError",
+    "TraceFile",
+    "read_traces",
+    "traces_from_results",
+    "traces_from_shards",
+    "write_traces",
+]
 
 FINISH_EOS = ("eos", "stop")
 FINISH_BUDGET = ("length", "budget")
 
 
-class TraceError(ValueError):
-    """A bad trace line; ``line`` is its 1-based line number in the file (0 when not read from a file)."""
+class TraceError(UserError):
+    """A bad trace line (a `UserError`, so a `ValueError`); ``line`` is its 1-based line number in the file (0 when
+    not read from a file)."""
 
     def __init__(self, line: int, reason: str):
         super().__init__(f"trace line {line}: {reason}")
@@ -52,7 +62,8 @@ class Completion:
 
 @dataclass
 class Trace:
-    """One line of a trace file: a problem, how it was prompted and its N completions (format: ``docs/collection.md``)."""
+    """One line of a trace file: a problem, how it was prompted and its N completions (format: "
+    "``docs/collection.md``)."""
 
     id: str
     question: str
@@ -68,12 +79,21 @@ class Trace:
 
     def problem(self) -> Problem:
         """The `Problem` graded by the collection checker (gold alternatives in ``meta`` as live collection reads)."""
-        return Problem(id=self.id, question=self.question, gold=self.gold, source=self.source,
-                       meta={"gold_alternatives": list(self.gold_alternatives)})
+        return Problem(
+            id=self.id,
+            question=self.question,
+            gold=self.gold,
+            source=self.source,
+            meta={"gold_alternatives": list(self.gold_alternatives)},
+        )
 
     def to_json(self) -> dict:
-        out = {"id": self.id, "question": self.question, "gold": self.gold,
-               "completions": [c.to_json() for c in self.completions]}
+        out = {
+            "id": self.id,
+            "question": self.question,
+            "gold": self.gold,
+            "completions": [c.to_json() for c in self.completions],
+        }
         for name in ("prompt_token_ids", "messages", "prompt"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -101,8 +121,9 @@ class TraceFile:
 
 
 def _int_list(value, what: str, line: int) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                              for t in value):
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
         raise TraceError(line, f"{what} must be a list of non-negative integers")
     return value
 
@@ -125,11 +146,14 @@ def _completion(raw, i: int, line: int) -> Completion:
         raise TraceError(line, f"completion {i} needs 'token_ids' or a 'text' string")
     finish = raw.get("finish_reason")
     if finish is not None and finish not in FINISH_EOS + FINISH_BUDGET:
-        raise TraceError(line, f"completion {i} finish_reason must be one of {FINISH_EOS + FINISH_BUDGET} or absent, "
-                               f"got {finish!r}")
+        raise TraceError(
+            line, f"completion {i} finish_reason must be one of {FINISH_EOS + FINISH_BUDGET} or absent, got {finish!r}"
+        )
     logprobs = raw.get("logprobs")
-    if logprobs is not None and not (isinstance(logprobs, list) and all(
-            isinstance(row, list) and row and all(isinstance(x, (int, float)) for x in row) for row in logprobs)):
+    if logprobs is not None and not (
+        isinstance(logprobs, list)
+        and all(isinstance(row, list) and row and all(isinstance(x, (int, float)) for x in row) for row in logprobs)
+    ):
         raise TraceError(line, f"completion {i} logprobs must be one non-empty list of numbers per token")
     if logprobs is not None and ids is not None and len(logprobs) != len(ids):
         raise TraceError(line, f"completion {i} has {len(ids)} tokens but {len(logprobs)} logprob lists")
@@ -168,11 +192,19 @@ def parse_trace(raw: bytes | str, line: int = 0) -> Trace:
     sampling = obj.get("sampling") or {}
     if not isinstance(sampling, dict):
         raise TraceError(line, "sampling must be an object")
-    return Trace(id=str(obj["id"]), question=obj["question"], gold=str(obj["gold"]),
-                 completions=[_completion(c, i, line) for i, c in enumerate(obj["completions"])],
-                 prompt_token_ids=prompt_ids, messages=messages, prompt=obj.get("prompt"),
-                 gold_alternatives=[str(g) for g in alternatives], source=str(obj.get("source") or ""),
-                 sampling=sampling, line=line)
+    return Trace(
+        id=str(obj["id"]),
+        question=obj["question"],
+        gold=str(obj["gold"]),
+        completions=[_completion(c, i, line) for i, c in enumerate(obj["completions"])],
+        prompt_token_ids=prompt_ids,
+        messages=messages,
+        prompt=obj.get("prompt"),
+        gold_alternatives=[str(g) for g in alternatives],
+        source=str(obj.get("source") or ""),
+        sampling=sampling,
+        line=line,
+    )
 
 
 def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_samples: int | None = None) -> TraceFile:
@@ -191,8 +223,9 @@ def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_sampl
             trace = parse_trace(raw, number)
             n = num_samples if num_samples is not None else (len(traces[0].completions) if traces else None)
             if n is not None and len(trace.completions) != n:
-                raise TraceError(number, f"{len(trace.completions)} completions, but N = {n} (every problem needs "
-                                         "the same number)")
+                raise TraceError(
+                    number, f"{len(trace.completions)} completions, but N = {n} (every problem needs the same number)"
+                )
             if trace.id in seen:
                 raise TraceError(number, f"duplicate problem id {trace.id!r}")
         except TraceError as e:
@@ -203,7 +236,7 @@ def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_sampl
         seen.add(trace.id)
         traces.append(trace)
     if not traces:
-        raise ValueError(f"{path} holds no usable trace ({len(bad)} bad lines)")
+        raise UserError(f"{path} holds no usable trace ({len(bad)} bad lines)")
     return TraceFile(traces, bad, hashlib.sha256(data).hexdigest()[:16])
 
 
@@ -220,17 +253,32 @@ def write_traces(path: str | os.PathLike, traces: Iterable[Trace]) -> Path:
     return path
 
 
-def traces_from_results(problems: Sequence[Problem], results: Sequence, prompt_token_ids: Sequence[Sequence[int]],
-                        sampling: dict | None = None) -> list[Trace]:
+def traces_from_results(
+    problems: Sequence[Problem],
+    results: Sequence,
+    prompt_token_ids: Sequence[Sequence[int]],
+    sampling: dict | None = None,
+) -> list[Trace]:
     """Traces of `MSVResult`s (one per problem, in order): each sequence's sampled token ids, EOS included, and the
     prompt tokens it was sampled from (`prompt_token_ids`, one list per problem, without padding)."""
     traces = []
     for problem, result, prompt in zip(problems, results, prompt_token_ids, strict=True):
-        completions = [Completion(token_ids=list(seq), finish_reason="stop" if finish == "eos" else "length")
-                       for seq, finish in zip(result.sequences, result.finish_reasons)]
-        traces.append(Trace(id=problem.id, question=problem.question, gold=problem.gold, completions=completions,
-                            prompt_token_ids=list(prompt), source=problem.source, sampling=dict(sampling or {}),
-                            gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []]))
+        completions = [
+            Completion(token_ids=list(seq), finish_reason="stop" if finish == "eos" else "length")
+            for seq, finish in zip(result.sequences, result.finish_reasons)
+        ]
+        traces.append(
+            Trace(
+                id=problem.id,
+                question=problem.question,
+                gold=problem.gold,
+                completions=completions,
+                prompt_token_ids=list(prompt),
+                source=problem.source,
+                sampling=dict(sampling or {}),
+                gold_alternatives=[str(g) for g in problem.meta.get("gold_alternatives") or []],
+            )
+        )
     return traces
 
 
@@ -246,10 +294,22 @@ def traces_from_shards(directory: str | os.PathLike) -> list[Trace]:
         sampling = {k: info[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens", "seed") if k in info}
         for p in problems:
             if not p.cot_token_ids or not p.question:
-                raise ValueError(f"{path} does not keep the chain-of-thought token ids and questions (written before "
-                                 "shards kept them): re-encode from the original traces instead")
-            completions = [Completion(token_ids=ids.tolist(), finish_reason="stop" if finish == "eos" else "length")
-                           for ids, finish in zip(p.cot_token_ids, p.sequence_finish)]
-            traces.append(Trace(id=p.problem_id, question=p.question, gold=p.gold, completions=completions,
-                                source=p.source, sampling=dict(sampling, engine="hf_msv")))
+                raise UserError(
+                    f"{path} does not keep the chain-of-thought token ids and questions (written before "
+                    "shards kept them): re-encode from the original traces instead"
+                )
+            completions = [
+                Completion(token_ids=ids.tolist(), finish_reason="stop" if finish == "eos" else "length")
+                for ids, finish in zip(p.cot_token_ids, p.sequence_finish)
+            ]
+            traces.append(
+                Trace(
+                    id=p.problem_id,
+                    question=p.question,
+                    gold=p.gold,
+                    completions=completions,
+                    source=p.source,
+                    sampling=dict(sampling, engine="hf_msv"),
+                )
+            )
     return traces

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from ..errors import MissingPathError, UserError
 from .groups import MODES, AnswerColumns, answer_group, partition_sequences, read_group
 from .records import CollectedProblem
 from .shards import SHARD_GLOB, ShardIndex, list_shards
@@ -60,14 +61,23 @@ class ShardDataset(torch.utils.data.Dataset):
     of items with `collate_groups`. `group` reads any fixed group the same way (evaluation draws).
     """
 
-    def __init__(self, paths, num_sequences: int | None = None, mode: str = "streaming",
-                 groups_per_problem: int | None = None, seed: int = 0, checker=None,
-                 checker_kwargs: dict | None = None, max_problems: int | None = None, preload: bool | None = None):
+    def __init__(
+        self,
+        paths,
+        num_sequences: int | None = None,
+        mode: str = "streaming",
+        groups_per_problem: int | None = None,
+        seed: int = 0,
+        checker=None,
+        checker_kwargs: dict | None = None,
+        max_problems: int | None = None,
+        preload: bool | None = None,
+    ):
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise UserError(f"mode must be one of {MODES}, got {mode!r}")
         self.files = list_shards(paths)
         if not self.files:
-            raise FileNotFoundError(f"no shards ({SHARD_GLOB}) found in {paths}")
+            raise MissingPathError(f"no shards ({SHARD_GLOB}) found in {paths}")
         self.mode = mode
         self.seed = seed
         self.epoch = 0
@@ -78,22 +88,26 @@ class ShardDataset(torch.utils.data.Dataset):
         for s, index in enumerate(self.shards):
             for i, pid in enumerate(index.problem_ids):
                 if pid in seen:
-                    raise ValueError(f"problem {pid!r} appears in both {seen[pid]} and {index.path}")
+                    raise UserError(f"problem {pid!r} appears in both {seen[pid]} and {index.path}")
                 seen[pid] = index.path
                 self._where.append((s, i))
         if max_problems is not None:
             if max_problems < 1 or max_problems > len(self._where):
-                raise ValueError(f"max_problems={max_problems}, but the shards hold {len(self._where)} problems")
+                raise UserError(f"max_problems={max_problems}, but the shards hold {len(self._where)} problems")
             self._where = self._where[:max_problems]
         self._num_seq = np.array([int(self.shards[s].seq_hi[i] - self.shards[s].seq_lo[i]) for s, i in self._where])
         collected = int(self._num_seq.min()) if len(self._num_seq) else 0
         self.num_sequences = num_sequences or collected
         if self.num_sequences > collected:
-            raise ValueError(f"num_sequences={self.num_sequences} but some problems have only {collected} "
-                             "sequences collected")
+            raise UserError(
+                f"num_sequences={self.num_sequences} but some problems have only {collected} sequences collected"
+            )
         self.groups_per_problem = groups_per_problem
-        per_problem = (self._num_seq // self.num_sequences if groups_per_problem is None
-                       else np.full(len(self._where), groups_per_problem))
+        per_problem = (
+            self._num_seq // self.num_sequences
+            if groups_per_problem is None
+            else np.full(len(self._where), groups_per_problem)
+        )
         self._offsets = np.concatenate([[0], np.cumsum(per_problem)]).astype(np.int64)
         self._classes: list[np.ndarray] | None = None
         if checker is not None:
@@ -139,7 +153,7 @@ class ShardDataset(torch.utils.data.Dataset):
         classes = []
         for s, i in self._where:
             index = self.shards[s]
-            texts = index.strings["answer_text"][index.answer_lo[i]:index.answer_hi[i]]
+            texts = index.strings["answer_text"][index.answer_lo[i] : index.answer_hi[i]]
             classes.append(np.asarray(assign_classes(texts, checker), dtype=np.int64))
         return classes
 
@@ -160,14 +174,19 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def stats(self) -> dict:
         """Counts for reports: problems, sequences, answers, terminal answers and their accuracy."""
-        rows = [(self.shards[s], slice(self.shards[s].answer_lo[i], self.shards[s].answer_hi[i]))
-                for s, i in self._where]
+        rows = [
+            (self.shards[s], slice(self.shards[s].answer_lo[i], self.shards[s].answer_hi[i])) for s, i in self._where
+        ]
         correct = np.concatenate([index.arrays["answer_correct"][r] for index, r in rows])
         terminal = np.concatenate([index.arrays["answer_terminal"][r] for index, r in rows])
-        return {"problems": self.num_problems, "sequences": int(self._num_seq.sum()), "answers": int(len(correct)),
-                "terminal_answers": int(terminal.sum()),
-                "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
-                "terminal_accuracy": float(correct[terminal].mean()) if terminal.any() else math.nan}
+        return {
+            "problems": self.num_problems,
+            "sequences": int(self._num_seq.sum()),
+            "answers": int(len(correct)),
+            "terminal_answers": int(terminal.sum()),
+            "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
+            "terminal_accuracy": float(correct[terminal].mean()) if terminal.any() else math.nan,
+        }
 
     def read_problem(self, p: int, hidden: bool = False) -> CollectedProblem:
         """Everything stored for problem `p` (hidden states only when asked), e.g. for baselines and metrics."""
@@ -234,8 +253,9 @@ class ShardDataset(torch.utils.data.Dataset):
         """(problem index, the N chosen sequence ids in draw order) of an item at the current epoch."""
         p = int(np.searchsorted(self._offsets, item, side="right") - 1)
         j = item - int(self._offsets[p])
-        return p, partition_sequences(int(self._num_seq[p]), self.num_sequences, self.seed, self.epoch, p, j,
-                                      self.groups_per_problem)
+        return p, partition_sequences(
+            int(self._num_seq[p]), self.num_sequences, self.seed, self.epoch, p, j, self.groups_per_problem
+        )
 
     def __getitem__(self, item: int) -> dict:
         if not 0 <= item < len(self):
@@ -243,8 +263,9 @@ class ShardDataset(torch.utils.data.Dataset):
         return self.group(*self.sequences_of(item))
 
 
-def load_split(paths, checker=None, checker_kwargs: dict | None = None,
-               hidden: bool = True) -> tuple[list[CollectedProblem], dict]:
+def load_split(
+    paths, checker=None, checker_kwargs: dict | None = None, hidden: bool = True
+) -> tuple[list[CollectedProblem], dict]:
     """Every problem of the shards under `paths` (hidden states kept in their 16-bit dtype) and the collection info,
     read through `ShardDataset` (``checker`` re-derives equivalence classes as there; labels stay stored)."""
     dataset = ShardDataset(paths, checker=checker, checker_kwargs=checker_kwargs)
@@ -255,8 +276,17 @@ def load_split(paths, checker=None, checker_kwargs: dict | None = None,
 # Collate
 # ----------------------------------------------------------------------------------------------------------------
 
-VERIFIER_INPUTS = ("hidden_states", "token_answer", "answer_group", "answer_sequence", "answer_step", "answer_end",
-                   "answer_class", "gamma", "labels")
+VERIFIER_INPUTS = (
+    "hidden_states",
+    "token_answer",
+    "answer_group",
+    "answer_sequence",
+    "answer_step",
+    "answer_end",
+    "answer_class",
+    "gamma",
+    "labels",
+)
 """Keys of a `collate_groups` batch that the verifier's forward takes."""
 
 
@@ -286,8 +316,11 @@ def collate_groups(groups: Sequence[dict], mode: str = "streaming", gamma: bool 
     carried = ("answer_end", "answer_class", "labels", "answer_tau", "answer_length", "answer_terminal")
     if groups and all("answer_index" in g for g in groups):
         carried += ("answer_index",)
-    hidden, token_answer, columns = [], [], {k: [] for k in ("answer_group", "answer_sequence", "answer_step")
-                                             + carried}
+    hidden, token_answer, columns = (
+        [],
+        [],
+        {k: [] for k in ("answer_group", "answer_sequence", "answer_step") + carried},
+    )
     num_answers = 0
     for g, group in enumerate(groups):
         keep = torch.ones(len(group["answer_length"]), dtype=torch.bool)
@@ -318,8 +351,17 @@ def collate_groups(groups: Sequence[dict], mode: str = "streaming", gamma: bool 
     batch = {k: torch.cat(v) if v else torch.zeros(0, dtype=torch.long) for k, v in columns.items()}
     batch["hidden_states"] = torch.cat(hidden) if hidden else torch.zeros(0, 0)
     batch["token_answer"] = torch.cat(token_answer) if token_answer else torch.zeros(0, dtype=torch.long)
-    batch["gamma"] = compute_gamma(batch["answer_group"], batch["answer_sequence"], batch["answer_step"],
-                                   batch["answer_end"], batch["answer_class"], mode == "streaming") if (
-        gamma and num_answers) else None
+    batch["gamma"] = (
+        compute_gamma(
+            batch["answer_group"],
+            batch["answer_sequence"],
+            batch["answer_step"],
+            batch["answer_end"],
+            batch["answer_class"],
+            mode == "streaming",
+        )
+        if (gamma and num_answers)
+        else None
+    )
     batch["problem_id"] = [g["problem_id"] for g in groups]
     return batch

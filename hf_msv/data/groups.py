@@ -18,11 +18,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import UserError
+
 MODES = ("terminal", "streaming")
 
-__all__ = ["MODES", "AnswerGroup", "AnswerColumns", "draw_sequences", "partition_sequences", "select_answers",
-           "read_group", "answer_group"]
-
+__all__ = [
+    "MODES",
+    "AnswerGroup",
+    "AnswerColumns",
+    "draw_sequences",
+    "partition_sequences",
+    "select_answers",
+    "read_group",
+    "answer_group",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,16 +71,20 @@ class AnswerGroup:
         object.__setattr__(self, "seq_len", np.asarray(self.seq_len, dtype=np.int64).reshape(-1))
         if self.start is not None:
             object.__setattr__(self, "start", np.asarray(self.start, dtype=np.int64).reshape(-1))
-        object.__setattr__(self, "scores", {k: np.asarray(v, dtype=np.float64).reshape(-1)
-                                            for k, v in self.scores.items()})
+        object.__setattr__(
+            self, "scores", {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in self.scores.items()}
+        )
         a = self.sequence.shape[0]
-        arrays = {n: getattr(self, n) for n in (*conv, "start")} | {f"scores[{k!r}]": v for k, v in self.scores.items()}
+        arrays = {n: getattr(self, n) for n in (*conv, "start")} | {
+            f"scores[{k!r}]": v for k, v in self.scores.items()
+        }
         bad = [n for n, v in arrays.items() if v is not None and v.shape != (a,)]
         if bad:
             raise ValueError(f"AnswerGroup arrays must all have shape ({a},); mismatched: {bad}")
         if a and self.sequence.max() >= self.seq_len.shape[0]:
-            raise ValueError(f"sequence ids go up to {self.sequence.max()} but seq_len has {self.seq_len.shape[0]} "
-                             "entries")
+            raise ValueError(
+                f"sequence ids go up to {self.sequence.max()} but seq_len has {self.seq_len.shape[0]} entries"
+            )
 
     @property
     def num_answers(self) -> int:
@@ -112,18 +125,25 @@ def draw_sequences(num_collected: int, num_sequences: int, seed: int, problem_in
     """`(N,)` sequence ids (in draw order) of one problem's evaluation group for one seed: a fixed random subset,
     the same for every method and setting."""
     if num_sequences > num_collected:
-        raise ValueError(f"N={num_sequences} but only {num_collected} sequences were collected")
+        raise UserError(f"N={num_sequences} but only {num_collected} sequences were collected")
     return np.random.default_rng([seed, problem_index]).permutation(num_collected)[:num_sequences]
 
 
-def partition_sequences(num_collected: int, num_sequences: int, seed: int, epoch: int, problem_index: int,
-                        group_index: int, groups_per_problem: int | None = None) -> np.ndarray:
+def partition_sequences(
+    num_collected: int,
+    num_sequences: int,
+    seed: int,
+    epoch: int,
+    problem_index: int,
+    group_index: int,
+    groups_per_problem: int | None = None,
+) -> np.ndarray:
     """`(N,)` sequence ids of a training group: group j of the epoch's random partition of the S sequences into
     ⌊S/N⌋ groups, or (``groups_per_problem`` set) the j-th independent random subset."""
     n = num_sequences
     if groups_per_problem is None:
         perm = np.random.default_rng([seed, epoch, problem_index]).permutation(num_collected)
-        return perm[group_index * n:(group_index + 1) * n]
+        return perm[group_index * n : (group_index + 1) * n]
     return np.random.default_rng([seed, epoch, problem_index, group_index]).permutation(num_collected)[:n]
 
 
@@ -200,8 +220,9 @@ def read_group(answers, hidden, sequences, mode: str) -> dict:
     }
 
 
-def answer_group(answers, sequences=None, mode: str = "streaming",
-                 scores: Mapping[str, np.ndarray] | None = None) -> AnswerGroup:
+def answer_group(
+    answers, sequences=None, mode: str = "streaming", scores: Mapping[str, np.ndarray] | None = None
+) -> AnswerGroup:
     """The `AnswerGroup` of one problem's group.
 
     Args:
@@ -217,8 +238,14 @@ def answer_group(answers, sequences=None, mode: str = "streaming",
     term = answers.answer_terminal[rows]
     seq_len = np.zeros(len(sequences), dtype=np.int64)
     seq_len[seq[term]] = answers.answer_tau[rows][term]  # chain-of-thought tokens = τ of the terminal answer
-    return AnswerGroup(sequence=seq, end=answers.answer_end[rows], klass=answers.answer_class[rows],
-                       correct=answers.answer_correct[rows], is_terminal=term, seq_len=seq_len,
-                       start=answers.answer_tau[rows],
-                       scores={k: np.asarray(v)[rows] for k, v in (scores or {}).items()},
-                       problem_id=answers.problem_id)
+    return AnswerGroup(
+        sequence=seq,
+        end=answers.answer_end[rows],
+        klass=answers.answer_class[rows],
+        correct=answers.answer_correct[rows],
+        is_terminal=term,
+        seq_len=seq_len,
+        start=answers.answer_tau[rows],
+        scores={k: np.asarray(v)[rows] for k, v in (scores or {}).items()},
+        problem_id=answers.problem_id,
+    )

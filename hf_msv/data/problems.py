@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..answers import extract_last_boxed
+from ..errors import MissingPathError, UserError
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,10 @@ def default_data_dir() -> Path:
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         return Path(env)
-    candidates = [Path.cwd() / ".." / "shared" / "data", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"]
+    candidates = [
+        Path.cwd() / ".." / "shared" / "data",
+        Path(__file__).resolve().parents[1] / ".." / "shared" / "data",
+    ]
     for candidate in candidates:
         if candidate.is_dir():
             return candidate.resolve()
@@ -178,13 +182,13 @@ def load_benchmark(name: str, path: str | os.PathLike | None = None) -> list[Pro
         path: the file (or a directory holding it); default: its file name in `default_data_dir`.
     """
     if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; choose one of {sorted(BENCHMARKS)}")
+        raise UserError(f"unknown benchmark {name!r}; choose one of {sorted(BENCHMARKS)}")
     filename, parser = BENCHMARKS[name]
     file = Path(path) if path is not None else default_data_dir() / filename
     if file.is_dir():
         file = file / filename
     if not file.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"benchmark file {str(file)!r} for {name!r} not found; set ${DATA_DIR_ENV} to the directory holding "
             f"{filename} (default: ../shared/data relative to the working directory or the repository root)."
         )

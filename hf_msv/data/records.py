@@ -60,8 +60,15 @@ class CollectedProblem:
     answer_end: np.ndarray | None = None
 
     def __post_init__(self):
-        for name in ("answer_sequence", "answer_step", "answer_tau", "answer_length", "answer_class",
-                     "sequence_length", "token_ids"):
+        for name in (
+            "answer_sequence",
+            "answer_step",
+            "answer_tau",
+            "answer_length",
+            "answer_class",
+            "sequence_length",
+            "token_ids",
+        ):
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64).reshape(-1))
         for name in ("answer_terminal", "answer_correct"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=bool).reshape(-1))

@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..elicitation import ElicitationSettings
+from ..errors import MissingPathError, UserError
 from ..utils import commit_file, tmp_name
 from .records import CollectedProblem
 
@@ -35,8 +36,18 @@ ANSWER_INT_COLUMNS = ("sequence", "step", "tau", "class", "length")
 ANSWER_BOOL_COLUMNS = ("terminal", "correct")
 
 __all__ = [
-    "FORMAT", "VERSION", "SHARD_GLOB", "STORAGE_DTYPES", "ANSWER_INT_COLUMNS", "ANSWER_BOOL_COLUMNS", "ShardIndex",
-    "write_shard", "read_shard", "read_shard_info", "list_shards", "collection_elicitation",
+    "FORMAT",
+    "VERSION",
+    "SHARD_GLOB",
+    "STORAGE_DTYPES",
+    "ANSWER_INT_COLUMNS",
+    "ANSWER_BOOL_COLUMNS",
+    "ShardIndex",
+    "write_shard",
+    "read_shard",
+    "read_shard_info",
+    "list_shards",
+    "collection_elicitation",
 ]
 
 
@@ -45,8 +56,12 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], info: dict | None = None,
-                dtype: str | torch.dtype = "bfloat16") -> Path:
+def write_shard(
+    path: str | os.PathLike,
+    problems: Sequence[CollectedProblem],
+    info: dict | None = None,
+    dtype: str | torch.dtype = "bfloat16",
+) -> Path:
     """Write `problems` to one shard at `path`, atomically. Hidden states are cast to `dtype` (16-bit).
 
     Args:
@@ -71,10 +86,12 @@ def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], i
     sequence_problem = [np.full(p.num_sequences, i) for i, p in enumerate(problems)]
     lengths = np.concatenate([p.answer_length for p in problems])
     # A problem without confidences stores empty arrays; lengths come back from consecutive starts.
-    conf_lengths = np.array([len(c) for p in problems for c in (p.cot_confidence or [()] * p.num_sequences)],
-                            dtype=np.int64)
-    token_lengths = np.concatenate([p.sequence_length if p.cot_token_ids else np.zeros(p.num_sequences, np.int64)
-                                    for p in problems])
+    conf_lengths = np.array(
+        [len(c) for p in problems for c in (p.cot_confidence or [()] * p.num_sequences)], dtype=np.int64
+    )
+    token_lengths = np.concatenate(
+        [p.sequence_length if p.cot_token_ids else np.zeros(p.num_sequences, np.int64) for p in problems]
+    )
     tensors = {
         "hidden_states": torch.cat([p.hidden_states.detach().to("cpu", dtype) for p in problems]).contiguous(),
         "token_ids": cat([p.token_ids for p in problems], np.int32),
@@ -84,10 +101,12 @@ def write_shard(path: str | os.PathLike, problems: Sequence[CollectedProblem], i
         "sequence_problem": cat(sequence_problem, np.int32),
         "sequence_length": cat([p.sequence_length for p in problems], np.int32),
         "sequence_confidence_start": torch.from_numpy(
-            np.concatenate([[0], np.cumsum(conf_lengths)[:-1]]).astype(np.int64)),
+            np.concatenate([[0], np.cumsum(conf_lengths)[:-1]]).astype(np.int64)
+        ),
         "cot_confidence": cat([c for p in problems for c in p.cot_confidence] or [np.zeros(0)], np.float32),
         "sequence_cot_token_start": torch.from_numpy(
-            np.concatenate([[0], np.cumsum(token_lengths)[:-1]]).astype(np.int64)),
+            np.concatenate([[0], np.cumsum(token_lengths)[:-1]]).astype(np.int64)
+        ),
         "cot_token_ids": cat([c for p in problems for c in p.cot_token_ids] or [np.zeros(0)], np.int32),
     }
     tensors["answer_end"] = cat([p.answer_end for p in problems], np.int32)
@@ -121,7 +140,7 @@ def _metadata(handle, path) -> dict:
     raw = (handle.metadata() or {}).get(METADATA_KEY)
     meta = json.loads(raw) if raw else {}
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an hf_msv shard")
+        raise UserError(f"{path} is not an hf_msv shard")
     return meta
 
 
@@ -138,12 +157,16 @@ class ShardIndex:
         try:
             handle = safe_open(str(path), framework="pt")
         except Exception as e:  # safetensors' own error type: the file is not safetensors (or is truncated)
-            raise ValueError(f"{path} is not a readable shard file ({e}); shards are written by "
-                             "`hf-msv collect`") from e
+            raise UserError(
+                f"{path} is not a readable shard file ({e}); shards are written by `hf-msv collect`"
+            ) from e
         with handle as f:
             meta = _metadata(f, path)
-            self.arrays = {name: f.get_tensor(name).numpy() for name in f.keys()
-                           if name not in ("hidden_states", "token_ids", "token_logprobs") + COT_TENSORS}
+            self.arrays = {
+                name: f.get_tensor(name).numpy()
+                for name in f.keys()
+                if name not in ("hidden_states", "token_ids", "token_logprobs") + COT_TENSORS
+            }
             self.hidden_shape = tuple(f.get_slice("hidden_states").get_shape())
             self.hidden_dtype = str(f.get_slice("hidden_states").get_dtype())
         self.strings = {k: v for k, v in meta.items() if k not in ("format", "version")}
@@ -182,12 +205,11 @@ class ShardIndex:
     def _cot_starts(self, handle, i: int, name: str) -> np.ndarray | None:
         """`(S_i + 1,)` bounds of problem i's sequences in the CoT tensor `name` (``cot_confidence`` or
         ``cot_token_ids``); None when unknown (no entries, or a shard written before the tensor existed)."""
-        start_name = {"cot_confidence": "sequence_confidence_start",
-                      "cot_token_ids": "sequence_cot_token_start"}[name]
+        start_name = {"cot_confidence": "sequence_confidence_start", "cot_token_ids": "sequence_cot_token_start"}[name]
         if start_name not in self.arrays:
             return None
         s0, s1 = self.seq_lo[i], self.seq_hi[i]
-        starts = np.append(self.arrays[start_name], handle.get_slice(name).get_shape()[0])[s0:s1 + 1]
+        starts = np.append(self.arrays[start_name], handle.get_slice(name).get_shape()[0])[s0 : s1 + 1]
         return None if starts[0] == starts[-1] else starts
 
     def cot_arrays(self, handle, i: int, name: str) -> list[np.ndarray]:
@@ -197,7 +219,7 @@ class ShardIndex:
         if starts is None:
             return []
         tensor = handle.get_slice(name)
-        return [tensor[int(a):int(b)].numpy() for a, b in zip(starts[:-1], starts[1:])]
+        return [tensor[int(a) : int(b)].numpy() for a, b in zip(starts[:-1], starts[1:])]
 
     def has_cot(self, handle, i: int, name: str) -> bool:
         """Whether problem i's CoT tensor `name` is known, without reading it."""
@@ -266,5 +288,5 @@ def list_shards(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
         elif p.is_file():
             found.append(p)
         else:
-            raise FileNotFoundError(f"no shard file or directory at {p}")
+            raise MissingPathError(f"no shard file or directory at {p}")
     return found

@@ -8,14 +8,15 @@
     checker.stats                           # {"checks": 5, "unverifiable": 0, ...}
 
 Modules: `base` (`Verdict`, `answer_key`, `EquivalenceChecker`, `EquivalenceClasses`), `simple` (exact, Jaccard,
-random, embedding), `symbolic` (`SymbolicChecker`, `is_pathological`), `pool` (its worker processes), `worker` (the
-program they run), `registry` (`get_checker`, `CHECKERS`). Design and time bounds: ``docs/equivalence.md``.
+random, embedding), `symbolic` (`SymbolicChecker`, `MathVerifyOptions`, `is_pathological`), `pool` (its worker
+processes), `worker` (the program they run), `registry` (`get_checker`, `CHECKERS`). Design and time bounds:
+``docs/equivalence.md``.
 """
 
 from .base import STAT_KEYS, EquivalenceChecker, EquivalenceClasses, Verdict, answer_key, assign_classes
 from .registry import CHECKERS, get_checker
 from .simple import EmbeddingChecker, ExactChecker, JaccardChecker, RandomChecker
-from .symbolic import SymbolicChecker, is_pathological
+from .symbolic import MathVerifyOptions, SymbolicChecker, is_pathological
 
 __all__ = [
     "CHECKERS",
@@ -24,6 +25,7 @@ __all__ = [
     "EquivalenceClasses",
     "ExactChecker",
     "JaccardChecker",
+    "MathVerifyOptions",
     "RandomChecker",
     "STAT_KEYS",
     "SymbolicChecker",

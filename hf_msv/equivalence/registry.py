@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import UserError
 from .base import EquivalenceChecker
 from .simple import EmbeddingChecker, ExactChecker, JaccardChecker, RandomChecker
 from .symbolic import SymbolicChecker
@@ -22,7 +23,7 @@ def get_checker(name: str, **kwargs) -> EquivalenceChecker:
     ``probability=`` and ``seed=`` for random).
     """
     if name not in CHECKERS:
-        raise ValueError(f"unknown equivalence checker {name!r}; choose one of {sorted(CHECKERS)}")
+        raise UserError(f"unknown equivalence checker {name!r}; choose one of {sorted(CHECKERS)}")
     return CHECKERS[name](**kwargs)
 
 

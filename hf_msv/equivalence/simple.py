@@ -8,6 +8,7 @@ import re
 import threading
 from typing import Iterable
 
+from ..errors import UserError
 from .base import EquivalenceChecker, Verdict, answer_key
 
 
@@ -35,7 +36,7 @@ class JaccardChecker(EquivalenceChecker):
 
     def __init__(self, threshold: float = 0.8, unit: str = "token"):
         if unit not in ("token", "char"):
-            raise ValueError(f"unit must be 'token' or 'char', got {unit!r}")
+            raise UserError(f"unit must be 'token' or 'char', got {unit!r}")
         self.threshold = threshold
         self.unit = unit
 
@@ -70,7 +71,6 @@ class RandomChecker(EquivalenceChecker):
         h = hashlib.blake2b(f"{self.seed}\0{x}\0{y}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
         u = int.from_bytes(h, "big") / 2.0**64
         return Verdict.EQUAL if u < self.probability else Verdict.NOT_EQUAL
-
 
 
 # --------------------------------------------------------------------------------------------------- embedding

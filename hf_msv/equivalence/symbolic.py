@@ -1,7 +1,8 @@
 """The symbolic checker: Math-Verify with in-process fast paths, caches and a CPU-time bound per check.
 
-`SymbolicChecker` and `is_pathological` (the answers it refuses before parsing). The order of decisions, the time
-bounds and what is cached: ``docs/equivalence.md``.
+`SymbolicChecker`, `MathVerifyOptions` (what it passes to ``math_verify.verify``) and `is_pathological` (the
+answers it refuses before parsing). The order of decisions, the time bounds and what is cached:
+``docs/equivalence.md``.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import decimal
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from decimal import Decimal
 from fractions import Fraction
 
+from ..errors import UserError
 from .base import EquivalenceChecker, Verdict, answer_key
 from .pool import TaskResult, WorkerPool, get_pool
 
@@ -126,6 +128,24 @@ class _Attempt:
     timed_out: bool = False  # a task's CPU timeout decided the verdict
 
 
+@dataclass(frozen=True)
+class MathVerifyOptions:
+    """The options a `SymbolicChecker` passes to ``math_verify.verify`` (every check, in both directions).
+
+    Args:
+        float_rounding: decimal places floats are rounded to.
+        numeric_precision: decimal places numeric comparisons consider.
+        strict: strict mode: variables matter, and sets are not comparable with tuples (non-strict: variables are
+            matched by position, sets compare with tuples).
+        allow_set_relation_comp: let a set compare with a relation (``1 < x < 2`` against ``(1, 2)``).
+    """
+
+    float_rounding: int = 6
+    numeric_precision: int = 15
+    strict: bool = True
+    allow_set_relation_comp: bool = False
+
+
 class SymbolicChecker(EquivalenceChecker):
     """Math-Verify (`parse` + `verify`, answers wrapped in ``$…$``) with fast paths, caches and CPU-time bounds.
 
@@ -142,7 +162,8 @@ class SymbolicChecker(EquivalenceChecker):
         max_length: longer answers are UNVERIFIABLE (unless identical after normalisation).
         max_workers: worker processes (shared by checkers with the same ``max_workers`` and ``memory_limit_mb``).
         memory_limit_mb: address space a worker may add before its allocations fail (Linux); ``None``: no limit.
-        float_rounding, numeric_precision, strict, allow_set_relation_comp: passed to ``math_verify.verify``.
+        verify_options: what ``math_verify.verify`` is passed (`MathVerifyOptions`, or its fields as a dict: the
+            form a JSON ``checker_kwargs`` takes, e.g. ``{"verify_options": {"strict": false}}``).
         cache_size: verdicts (and probes) kept before the cache is cleared.
         fast_paths: ``False`` sends every pair to ``verify`` (to test that the fast paths agree with Math-Verify).
 
@@ -161,31 +182,25 @@ class SymbolicChecker(EquivalenceChecker):
         max_length: int = 1000,
         max_workers: int | None = None,
         memory_limit_mb: int | None = 2048,
-        float_rounding: int = 6,
-        numeric_precision: int = 15,
-        strict: bool = True,
-        allow_set_relation_comp: bool = False,
+        verify_options: MathVerifyOptions | dict | None = None,
         cache_size: int = 1 << 20,
         fast_paths: bool = True,
     ):
         if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 CPU seconds, got {timeout!r}")
+            raise UserError(f"timeout must be > 0 CPU seconds, got {timeout!r}")
         if retry_timeout is not None and not retry_timeout >= timeout:
-            raise ValueError(f"retry_timeout ({retry_timeout!r}) must be at least timeout ({timeout!r})")
+            raise UserError(f"retry_timeout ({retry_timeout!r}) must be at least timeout ({timeout!r})")
         if wall_limit is not None and not wall_limit > 0:
-            raise ValueError(f"wall_limit must be > 0 seconds, got {wall_limit!r}")
+            raise UserError(f"wall_limit must be > 0 seconds, got {wall_limit!r}")
         self.timeout = timeout
         self.retry_timeout = 3 * timeout if retry_timeout is None else retry_timeout
         self.wall_limit = wall_limit
         self.max_length = max_length
         self.max_workers = max_workers or max(1, min(4, os.cpu_count() or 1))
         self.memory_limit_mb = memory_limit_mb
-        self.verify_options = dict(
-            float_rounding=float_rounding,
-            numeric_precision=numeric_precision,
-            strict=strict,
-            allow_set_relation_comp=allow_set_relation_comp,
-        )
+        if not isinstance(verify_options, MathVerifyOptions):
+            verify_options = MathVerifyOptions(**(verify_options or {}))
+        self.verify_options = asdict(verify_options)  # the keywords of `verify`, as the workers receive them
         self.cache_size = cache_size
         self.fast_paths = fast_paths
         self._cache: dict[tuple, Verdict] = {}
@@ -200,8 +215,11 @@ class SymbolicChecker(EquivalenceChecker):
         result = self._pool().run(task, attempt.budget, wall)
         attempt.budget -= result.cpu_s
         attempt.lost |= result.status in ("stalled", "failed")
-        self._add_stats(worker_cpu_s=result.cpu_s, stalled=int(result.status == "stalled"),
-                        worker_failures=int(result.status == "failed"))
+        self._add_stats(
+            worker_cpu_s=result.cpu_s,
+            stalled=int(result.status == "stalled"),
+            worker_failures=int(result.status == "failed"),
+        )
         return result
 
     def _out_of_time(self, result: TaskResult, attempt: _Attempt, had: float) -> bool:

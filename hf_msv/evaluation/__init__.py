@@ -9,7 +9,7 @@ figures), `config` + `cli` (``hf-msv evaluate``). See ``docs/evaluation.md``.
 
 from ..data import answer_group, draw_sequences, load_split, select_answers
 from .cli import evaluate_from_config, main
-from .config import EvaluateConfig
+from .config import EvaluateConfig, MethodConfig
 from .intervals import ProblemCurves, ProblemNumbers, fraction_interval, metric_intervals
 from .methods import SETTINGS, evaluation_groups
 from .prm import PRMScorer, build_prm_text, load_lm_tokenizer, score_with_prm, split_steps
@@ -21,6 +21,7 @@ from .verifiers import VerifierEntry, load_verifier, load_verifier_seeds, load_v
 __all__ = [
     "SETTINGS",
     "EvaluateConfig",
+    "MethodConfig",
     "default_num_sequences",
     "VerifierEntry",
     "load_verifier",

@@ -16,15 +16,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..generation import decide_stop
 from ..data import AnswerGroup
+from ..generation import decide_stop
 from ..lambda_rule import LAMBDAS, LambdaChoice, choose_lambda
 from ..metrics import resolve_scores
 
 __all__ = [
-    "AnswerGroup", "LatencyCosts", "StopResult", "TradeoffCurve", "DEFAULT_LAMBDAS", "replay",
-    "replay_many", "tradeoff_curve", "autc", "early_stop_token_fraction", "select_lambda_validation",
-    "choose_on_groups", "replay_at", "BUDGET_FRACTIONS", "budget_accuracy",
+    "AnswerGroup",
+    "LatencyCosts",
+    "StopResult",
+    "TradeoffCurve",
+    "DEFAULT_LAMBDAS",
+    "replay",
+    "replay_many",
+    "tradeoff_curve",
+    "autc",
+    "early_stop_token_fraction",
+    "select_lambda_validation",
+    "choose_on_groups",
+    "replay_at",
+    "BUDGET_FRACTIONS",
+    "budget_accuracy",
 ]
 
 DEFAULT_LAMBDAS = LAMBDAS  # the one grid (hf_msv.lambda_rule): every curve contains the full-decoding point
@@ -43,13 +55,13 @@ class LatencyCosts:
 class StopResult:
     """Per-λ replay outcome of one group; every field has shape (Λ,)."""
 
-    chosen: np.ndarray       # int, answer index output
-    correct: np.ndarray      # bool
-    stopped: np.ndarray      # bool, λ was reached (False: ran to completion, best terminal answer)
-    steps: np.ndarray        # int, t*
-    tokens: np.ndarray       # int, Σ_n min(t*, seq_len[n])
+    chosen: np.ndarray  # int, answer index output
+    correct: np.ndarray  # bool
+    stopped: np.ndarray  # bool, λ was reached (False: ran to completion, best terminal answer)
+    steps: np.ndarray  # int, t*
+    tokens: np.ndarray  # int, Σ_n min(t*, seq_len[n])
     n_available: np.ndarray  # int, answers with end ≤ t*
-    latency: np.ndarray      # float seconds
+    latency: np.ndarray  # float seconds
 
 
 @dataclass(frozen=True)
@@ -87,8 +99,15 @@ def replay_many(group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: Late
     tokens = np.minimum(steps[:, None], group.seq_len[None, :]).sum(1)
     latency = steps * costs.decode_step_s + n_avail * (costs.elicit_s + costs.verify_s)
     correct = np.where(d.chosen >= 0, group.correct[np.maximum(d.chosen, 0)], False)
-    return StopResult(chosen=d.chosen, correct=correct, stopped=d.stopped, steps=steps, tokens=tokens,
-                      n_available=n_avail, latency=latency.astype(np.float64))
+    return StopResult(
+        chosen=d.chosen,
+        correct=correct,
+        stopped=d.stopped,
+        steps=steps,
+        tokens=tokens,
+        n_available=n_avail,
+        latency=latency.astype(np.float64),
+    )
 
 
 def replay(group: AnswerGroup, scores, lam: float, costs: LatencyCosts | None = None) -> dict:
@@ -105,12 +124,22 @@ def _curve(results: list[StopResult], lambdas) -> TradeoffCurve:
     def mean(name):
         return np.mean([getattr(r, name) for r in results], axis=0).astype(np.float64)
 
-    return TradeoffCurve(np.asarray(lambdas, np.float64).reshape(-1), mean("correct"), mean("tokens"), mean("steps"),
-                         mean("latency"), mean("stopped"))
+    return TradeoffCurve(
+        np.asarray(lambdas, np.float64).reshape(-1),
+        mean("correct"),
+        mean("tokens"),
+        mean("steps"),
+        mean("latency"),
+        mean("stopped"),
+    )
 
 
-def tradeoff_curve(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray], lambdas=DEFAULT_LAMBDAS,
-                   costs: LatencyCosts | None = None) -> TradeoffCurve:
+def tradeoff_curve(
+    groups: Sequence[AnswerGroup],
+    scores: str | Sequence[np.ndarray],
+    lambdas=DEFAULT_LAMBDAS,
+    costs: LatencyCosts | None = None,
+) -> TradeoffCurve:
     """Accuracy / mean tokens / mean steps / mean latency per λ over `groups` (scores: verifier name or arrays)."""
     if not groups:
         raise ValueError("no groups")
@@ -154,12 +183,19 @@ def early_stop_token_fraction(curve_msv: TradeoffCurve, curve_baseline: Tradeoff
     need_base = _min_budget(curve_baseline, x, peak)
     need_msv = _min_budget(curve_msv, x, peak)
     if math.isinf(need_msv):
-        warnings.warn(f"MSV never reaches the baseline's peak accuracy {peak:.4f} (its best is "
-                      f"{curve_msv.accuracy.max():.4f}); token fraction is inf", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"MSV never reaches the baseline's peak accuracy {peak:.4f} (its best is "
+            f"{curve_msv.accuracy.max():.4f}); token fraction is inf",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return math.inf
     if need_base <= 0:
-        warnings.warn("the baseline reaches its peak with zero budget; token fraction is undefined (nan)",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "the baseline reaches its peak with zero budget; token fraction is undefined (nan)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return math.nan
     return need_msv / need_base
 
@@ -169,7 +205,7 @@ def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = 
     larger λ; the cheapest λ, with a warning, when none fits); without a budget the most accurate λ (ties: cheaper).
     Targets in accuracy and guarantees are `hf_msv.lambda_rule.choose_lambda`'s (`choose_on_groups`)."""
     xs, acc, lam = curve.x(x), curve.accuracy, curve.lambdas
-    key_acc = np.lexsort((-lam, xs, -acc))               # most accurate, then cheapest, then largest λ
+    key_acc = np.lexsort((-lam, xs, -acc))  # most accurate, then cheapest, then largest λ
     if token_budget is not None:
         ok = xs <= token_budget
         if not ok.any():
@@ -179,17 +215,26 @@ def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = 
     return float(lam[key_acc[0]])
 
 
-def choose_on_groups(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray], lambdas=DEFAULT_LAMBDAS,
-                     costs: LatencyCosts | None = None, **rule) -> LambdaChoice:
+def choose_on_groups(
+    groups: Sequence[AnswerGroup],
+    scores: str | Sequence[np.ndarray],
+    lambdas=DEFAULT_LAMBDAS,
+    costs: LatencyCosts | None = None,
+    **rule,
+) -> LambdaChoice:
     """`choose_lambda` over the replay of `groups` (problems from ``problem_id``; a group without one is its own
     problem); `rule`: its keyword arguments."""
     res = _replay_all(groups, scores, lambdas, costs)
-    return choose_lambda(lambdas, np.stack([r.correct for r in res]), np.stack([r.tokens for r in res]),
-                         [g.problem_id or f"group {i}" for i, g in enumerate(groups)], **rule)
+    return choose_lambda(
+        lambdas,
+        np.stack([r.correct for r in res]),
+        np.stack([r.tokens for r in res]),
+        [g.problem_id or f"group {i}" for i, g in enumerate(groups)],
+        **rule,
+    )
 
 
 def replay_at(groups: Sequence[AnswerGroup], scores, lam: float, costs: LatencyCosts | None = None) -> StopResult:
     """One λ replayed on every group: a `StopResult` whose fields are (G,) arrays, one entry per group."""
     res = _replay_all(groups, scores, [lam], costs)
     return StopResult(*(np.concatenate([getattr(r, f) for r in res]) for f in StopResult.__dataclass_fields__))
-

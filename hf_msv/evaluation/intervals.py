@@ -14,8 +14,15 @@ import numpy as np
 from ..metrics import bootstrap_interval, ece, paired_bootstrap
 from .early_stop import LatencyCosts, TradeoffCurve, budget_accuracy, early_stop_token_fraction, replay_many
 
-__all__ = ["AXES", "ProblemNumbers", "ProblemCurves", "problem_numbers", "problem_curves", "metric_intervals",
-           "fraction_interval"]
+__all__ = [
+    "AXES",
+    "ProblemNumbers",
+    "ProblemCurves",
+    "problem_numbers",
+    "problem_curves",
+    "metric_intervals",
+    "fraction_interval",
+]
 
 AXES = ("steps", "tokens", "latency")  # token position t* (the paper's axis), summed tokens, latency
 
@@ -50,8 +57,14 @@ class ProblemCurves:
         """The trade-off curve over problems `idx` (all when None; repeats allowed, for the bootstrap)."""
         sel = slice(None) if idx is None else idx
         mean = lambda a: a[sel].mean(axis=0)  # noqa: E731
-        return TradeoffCurve(self.lambdas, mean(self.correct), mean(self.tokens), mean(self.steps),
-                             mean(self.latency), mean(self.stopped))
+        return TradeoffCurve(
+            self.lambdas,
+            mean(self.correct),
+            mean(self.tokens),
+            mean(self.steps),
+            mean(self.latency),
+            mean(self.stopped),
+        )
 
 
 def _per_problem(values: np.ndarray, problem_of: np.ndarray, num_problems: int) -> np.ndarray:
@@ -72,22 +85,35 @@ def problem_numbers(groups, problem_of: np.ndarray, num_problems: int, method: s
     bp = np.array([g.scores[method][i] if i >= 0 else math.nan for g, i in zip(groups, picks)])
     by = np.array([bool(g.correct[i]) if i >= 0 else False for g, i in zip(groups, picks)])
     per = len(groups) // max(num_problems, 1)
-    return ProblemNumbers(np.bincount(problem_of, sq, num_problems), np.bincount(problem_of, cnt, num_problems),
-                          bp.reshape(num_problems, per), by.reshape(num_problems, per))
+    return ProblemNumbers(
+        np.bincount(problem_of, sq, num_problems),
+        np.bincount(problem_of, cnt, num_problems),
+        bp.reshape(num_problems, per),
+        by.reshape(num_problems, per),
+    )
 
 
-def problem_curves(groups, problem_of: np.ndarray, num_problems: int, method: str, lambdas,
-                   costs: LatencyCosts | None) -> ProblemCurves:
+def problem_curves(
+    groups, problem_of: np.ndarray, num_problems: int, method: str, lambdas, costs: LatencyCosts | None
+) -> ProblemCurves:
     """Replay the stopping rule on every group (`replay_many`) and average per problem."""
     res = [replay_many(g, g.scores[method], lambdas, costs) for g in groups]
-    stack = lambda name: _per_problem(np.array([getattr(r, name) for r in res], dtype=np.float64),  # noqa: E731
-                                      problem_of, num_problems)
-    return ProblemCurves(np.asarray(lambdas, np.float64).reshape(-1), stack("correct"), stack("steps"),
-                         stack("tokens"), stack("latency"), stack("stopped"))
+    stack = lambda name: _per_problem(
+        np.array([getattr(r, name) for r in res], dtype=np.float64),  # noqa: E731
+        problem_of,
+        num_problems,
+    )
+    return ProblemCurves(
+        np.asarray(lambdas, np.float64).reshape(-1),
+        stack("correct"),
+        stack("steps"),
+        stack("tokens"),
+        stack("latency"),
+        stack("stopped"),
+    )
 
 
-def metric_intervals(msv: list[ProblemNumbers], base: list[ProblemNumbers], n_boot: int = 1000,
-                     seed: int = 0) -> dict:
+def metric_intervals(msv: list[ProblemNumbers], base: list[ProblemNumbers], n_boot: int = 1000, seed: int = 0) -> dict:
     """Paired intervals of MSV against one baseline (module docstring); lists are per training seed."""
     count = msv[0].count
     sq_m = np.mean([x.sq_err for x in msv], axis=0) / np.maximum(count, 1)
@@ -98,25 +124,35 @@ def metric_intervals(msv: list[ProblemNumbers], base: list[ProblemNumbers], n_bo
     def ece_diff(idx):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return float(np.mean([ece(np.nan_to_num(m.bon_p[idx].ravel()), m.bon_y[idx].ravel())
-                                  - ece(np.nan_to_num(b.bon_p[idx].ravel()), b.bon_y[idx].ravel())
-                                  for m, b in zip(msv, base)]))
+            return float(
+                np.mean(
+                    [
+                        ece(np.nan_to_num(m.bon_p[idx].ravel()), m.bon_y[idx].ravel())
+                        - ece(np.nan_to_num(b.bon_p[idx].ravel()), b.bon_y[idx].ravel())
+                        for m, b in zip(msv, base)
+                    ]
+                )
+            )
 
     kw = dict(n_boot=n_boot, seed=seed)
-    return {"brier": paired_bootstrap(sq_m, sq_b, count, **kw),
-            "brier_ratio": paired_bootstrap(sq_m, sq_b, count, statistic="ratio", **kw),
-            "bon_accuracy": paired_bootstrap(acc_m, acc_b, **kw),
-            "bon_ece": bootstrap_interval(ece_diff, len(count), **kw)}
+    return {
+        "brier": paired_bootstrap(sq_m, sq_b, count, **kw),
+        "brier_ratio": paired_bootstrap(sq_m, sq_b, count, statistic="ratio", **kw),
+        "bon_accuracy": paired_bootstrap(acc_m, acc_b, **kw),
+        "bon_ece": bootstrap_interval(ece_diff, len(count), **kw),
+    }
 
 
 def _seed_mean(curves: list[ProblemCurves]) -> ProblemCurves:
     mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0)  # noqa: E731
-    return ProblemCurves(curves[0].lambdas, mean("correct"), mean("steps"), mean("tokens"), mean("latency"),
-                         mean("stopped"))
+    return ProblemCurves(
+        curves[0].lambdas, mean("correct"), mean("steps"), mean("tokens"), mean("latency"), mean("stopped")
+    )
 
 
-def fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000,
-                      seed: int = 0) -> dict:
+def fraction_interval(
+    msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000, seed: int = 0
+) -> dict:
     """Paired interval of the early-stop budget fraction on `axis` (`early_stop_token_fraction`: < 1 means MSV
     reaches the baseline's peak accuracy with less); curves averaged over training seeds, then over the resampled
     problems. A resample where MSV never reaches the peak counts as ∞."""
@@ -130,18 +166,23 @@ def fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves], axis:
     return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)
 
 
-def budget_interval(msv: list[ProblemCurves], base: list[ProblemCurves], fraction: float, n_boot: int = 1000,
-                    seed: int = 0) -> dict:
+def budget_interval(
+    msv: list[ProblemCurves], base: list[ProblemCurves], fraction: float, n_boot: int = 1000, seed: int = 0
+) -> dict:
     """Paired interval of the accuracy difference at a matched budget (`budget_accuracy` at `fraction` of full
     decoding's tokens, each method's own full decoding), curves averaged over training seeds."""
     m, b = _seed_mean(msv), _seed_mean(base)
-    return bootstrap_interval(lambda idx: budget_accuracy(m.curve(idx), fraction) - budget_accuracy(b.curve(idx),
-                                                                                                     fraction),
-                              m.correct.shape[0], n_boot=n_boot, seed=seed)
+    return bootstrap_interval(
+        lambda idx: budget_accuracy(m.curve(idx), fraction) - budget_accuracy(b.curve(idx), fraction),
+        m.correct.shape[0],
+        n_boot=n_boot,
+        seed=seed,
+    )
 
 
-def target_fraction_interval(msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000,
-                             seed: int = 0) -> dict:
+def target_fraction_interval(
+    msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000, seed: int = 0
+) -> dict:
     """Paired interval of the budget fraction on `axis` MSV needs to reach the baseline's *full-decoding* accuracy
     (÷ full decoding's budget, the same for every method on the same groups; ∞ when it never does)."""
     m, b = _seed_mean(msv), _seed_mean(base)

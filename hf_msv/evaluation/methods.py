@@ -23,18 +23,50 @@ from ..baselines import (
     streaming_weighted_voting,
     weighted_voting,
 )
-from ..data import MODES, AnswerGroup, CollectedProblem, ShardDataset, answer_group, partition_sequences, select_answers
+from ..data import (
+    MODES,
+    AnswerGroup,
+    CollectedProblem,
+    ShardDataset,
+    answer_group,
+    partition_sequences,
+    select_answers,
+)
+from ..errors import UserError
 from ..metrics import fold_by_problem
 from ..stop_rules import StopHead, stop_statistic
+from .config import MethodConfig
 from .prm import PRMScorer, score_with_prm
 from .scoring import deepconf_scores, score_problems, token_prob_scores
 from .verifiers import VerifierEntry
 
-__all__ = ["SETTINGS", "TOKEN_PROBS", "DEEPCONF", "PRM", "SELF_CONSISTENCY", "CALIBRATED_SC", "LATEST_VOTE",
-           "CALIBRATED_LATEST_VOTE", "STACKED", "LINEAR_PROBE", "VOTE_BASELINES", "STOP_RULE_METHODS",
-           "STOP_HEAD_SUFFIX", "SplitScores", "Draw", "prepare_split", "with_verifiers", "add_prm_scores",
-           "add_linear_probe", "fit_deepconf", "primary_msv",
-           "method_plan", "method_label", "evaluation_groups", "draw_scores"]
+__all__ = [
+    "SETTINGS",
+    "TOKEN_PROBS",
+    "DEEPCONF",
+    "PRM",
+    "SELF_CONSISTENCY",
+    "CALIBRATED_SC",
+    "LATEST_VOTE",
+    "CALIBRATED_LATEST_VOTE",
+    "STACKED",
+    "LINEAR_PROBE",
+    "VOTE_BASELINES",
+    "STOP_RULE_METHODS",
+    "STOP_HEAD_SUFFIX",
+    "SplitScores",
+    "Draw",
+    "prepare_split",
+    "with_verifiers",
+    "add_prm_scores",
+    "add_linear_probe",
+    "fit_deepconf",
+    "primary_msv",
+    "method_plan",
+    "method_label",
+    "evaluation_groups",
+    "draw_scores",
+]
 
 SETTINGS = MODES  # ("terminal", "streaming"): which answers of a group are scored
 TOKEN_PROBS, DEEPCONF, PRM, SELF_CONSISTENCY = "Token Probs", "DeepConf", "PRM", "Self-consistency"
@@ -43,8 +75,11 @@ CALIBRATED_LATEST_VOTE, STACKED = "Latest-answer vote (calibrated)", "Stacked (v
 CONSENSUS, ADAPTIVE_CONSISTENCY = "Consensus (k of N)", "Adaptive-Consistency"
 PROBE_STABILITY = "Probe stability (last 3 agree)"
 # The field's training-free stopping rules (streaming only): their statistic over the N chains, by rule name.
-STOP_RULE_METHODS = {CONSENSUS: "consensus", ADAPTIVE_CONSISTENCY: "adaptive-consistency",
-                     PROBE_STABILITY: "probe-stability"}
+STOP_RULE_METHODS = {
+    CONSENSUS: "consensus",
+    ADAPTIVE_CONSISTENCY: "adaptive-consistency",
+    PROBE_STABILITY: "probe-stability",
+}
 STOP_HEAD_SUFFIX = " + stop head"  # an MSV read through the stop head it was trained with
 LINEAR_PROBE = "linear probe"  # the stacked baseline's Probe feature when no Probe checkpoint is given (not a row)
 # Aggregations over the group's votes (no per-answer scorer of their own), by setting; with STACKED and the +WV rows
@@ -76,24 +111,32 @@ class SplitScores:
         return self.dataset.info
 
 
-def prepare_split(dataset: ShardDataset, deepconf_window: int, deepconf_stat: str,
-                  name: str = "evaluation") -> SplitScores:
+def prepare_split(dataset: ShardDataset, method_config: MethodConfig, name: str = "evaluation") -> SplitScores:
     """Token Probs and raw DeepConf scores of every answer of a split (they score answers independently of the
-    group, so once for all groups and training seeds); `name` ("evaluation", "validation") is what errors say."""
+    group, so once for all groups and training seeds).
+
+    Args:
+        dataset: the split's shards.
+        method_config: the DeepConf window and statistic.
+        name: what errors call the split ("evaluation", "validation").
+    Returns: the split's `SplitScores`, without verifier scores.
+    """
     problems = dataset.read_problems()
     split = SplitScores(dataset, problems, name=name)
     tp = []
     for p in problems:
         s = token_prob_scores(p)
         tp.append(np.where(np.isnan(s), _NO_ANSWER_TOKEN_PROB, np.clip(s, 0.0, 1.0)))
-    split.deepconf_raw = [deepconf_scores(p, deepconf_window, deepconf_stat) if p.cot_confidence else
-                          np.zeros(p.num_answers) for p in problems]
+    window, stat = method_config.deepconf_window, method_config.deepconf_stat
+    split.deepconf_raw = [
+        deepconf_scores(p, window, stat) if p.cot_confidence else np.zeros(p.num_answers) for p in problems
+    ]
     for setting in SETTINGS:
         split.single[(setting, TOKEN_PROBS)] = tp
     return split
 
 
-def with_verifiers(split: SplitScores, entries: list[VerifierEntry], max_tokens: int) -> SplitScores:
+def with_verifiers(split: SplitScores, entries: list[VerifierEntry]) -> SplitScores:
     """A copy of `split` (sharing its dataset and records) with every single-sequence verifier of `entries` (one
     training seed's checkpoints) scored on every answer, per setting."""
     out = replace(split, single=dict(split.single))
@@ -101,8 +144,7 @@ def with_verifiers(split: SplitScores, entries: list[VerifierEntry], max_tokens:
         for e in entries:
             model, mode = e.model_for(setting) if e.single_sequence else (None, None)
             if model is not None:
-                out.single[(setting, e.name)] = score_problems(model, split.dataset, mode=mode,
-                                                               max_tokens=max_tokens)[0]
+                out.single[(setting, e.name)] = score_problems(model, split.dataset, mode=mode)[0]
     return out
 
 
@@ -181,11 +223,18 @@ def add_prm_scores(split: SplitScores, scorer: PRMScorer, lm_tokenizer, progress
 def fit_deepconf(split: SplitScores, val: SplitScores | None) -> None:
     """Platt-scale the raw DeepConf confidences per setting: on validation when given, else 2-fold cross-fitting
     over the evaluation problems (each half calibrated on the other)."""
+
     def pairs(s: SplitScores, idx, setting):
-        raw = [s.deepconf_raw[i][s.problems[i].answer_terminal] if setting == "terminal" else s.deepconf_raw[i]
-               for i in idx]
-        lab = [s.problems[i].answer_correct[s.problems[i].answer_terminal] if setting == "terminal"
-               else s.problems[i].answer_correct for i in idx]
+        raw = [
+            s.deepconf_raw[i][s.problems[i].answer_terminal] if setting == "terminal" else s.deepconf_raw[i]
+            for i in idx
+        ]
+        lab = [
+            s.problems[i].answer_correct[s.problems[i].answer_terminal]
+            if setting == "terminal"
+            else s.problems[i].answer_correct
+            for i in idx
+        ]
         return np.concatenate(raw) if raw else np.zeros(0), np.concatenate(lab) if lab else np.zeros(0, bool)
 
     for setting in SETTINGS:
@@ -224,18 +273,31 @@ def method_plan(entries: list[VerifierEntry], n: int, setting: str, split: Split
     base = [m for m in _BASELINES if m in base] + [m for m in base if m not in _BASELINES]
     wv = {f"{m}+WV": m for m in base} if n > 1 else {}
     primary, grouped = primary_msv(entries, n)
-    msv = [e for e in entries if not e.single_sequence and e.model_for(setting)[0] is not None
-           and (e.num_sequences == n or (e is primary and grouped))]
+    msv = [
+        e
+        for e in entries
+        if not e.single_sequence
+        and e.model_for(setting)[0] is not None
+        and (e.num_sequences == n or (e is primary and grouped))
+    ]
     if primary is not None and not any(e is primary for e in msv):
         primary = None
     if primary is None and n == 1:  # at N = 1 the single-sequence MSV_1 is MSV_N
-        primary = next((e for e in entries if e.kind == "msv" and e.num_sequences == 1
-                        and e.model_for(setting)[0] is not None), None)
+        primary = next(
+            (e for e in entries if e.kind == "msv" and e.num_sequences == 1 and e.model_for(setting)[0] is not None),
+            None,
+        )
     probe = next((e.name for e in entries if e.kind == "probe" and (setting, e.name) in split.single), None)
     if probe is None and (setting, LINEAR_PROBE) in split.single:
         probe = LINEAR_PROBE
-    return {"base": base, "wv": wv, "msv": msv, "primary": primary, "grouped": grouped and primary is not None,
-            "probe": probe}
+    return {
+        "base": base,
+        "wv": wv,
+        "msv": msv,
+        "primary": primary,
+        "grouped": grouped and primary is not None,
+        "probe": probe,
+    }
 
 
 def method_label(entry: VerifierEntry, n: int) -> str:
@@ -247,9 +309,11 @@ def evaluation_groups(num_collected: int, n: int, problem_index: int, split: str
     """The fixed partition of one problem's sequences at N: ⌊num_collected/N⌋ `(N,)` arrays of sequence ids.
     Raises `ValueError` naming `split` when N > `num_collected`."""
     if n > num_collected:
-        raise ValueError(f"N={n} but the {split} split has only {num_collected} sequences per problem: evaluate at "
-                         f"N <= {num_collected} (--num-sequences), or collect that split with --num-samples {n} "
-                         "or more")
+        raise UserError(
+            f"N={n} but the {split} split has only {num_collected} sequences per problem: evaluate at "
+            f"N <= {num_collected} (--num-sequences), or collect that split with --num-samples {n} "
+            "or more"
+        )
     return [partition_sequences(num_collected, n, 0, 0, problem_index, j) for j in range(num_collected // n)]
 
 
@@ -272,7 +336,7 @@ def _vote(g: AnswerGroup, step: np.ndarray, setting: str) -> np.ndarray:
     return latest_answer_vote(g.klass, g.sequence, step, g.end)
 
 
-def _msv_scores(split: SplitScores, n: int, setting: str, plan: dict, sequences: list, max_tokens: int):
+def _msv_scores(split: SplitScores, n: int, setting: str, plan: dict, sequences: list):
     """Per MSV label, per problem `(A,)` scores of its partition's groups (each answer once), and the offline
     seconds per answer."""
     scores, offline = {}, {}
@@ -281,8 +345,7 @@ def _msv_scores(split: SplitScores, n: int, setting: str, plan: dict, sequences:
         merged = [np.full(p.num_answers, np.nan) for p in split.problems]
         seconds = count = 0
         for j in range(len(sequences[0])):
-            got, sec, cnt = score_problems(model, split.dataset, [s[j] for s in sequences], mode=mode,
-                                           max_tokens=max_tokens)
+            got, sec, cnt = score_problems(model, split.dataset, [s[j] for s in sequences], mode=mode)
             seconds, count = seconds + sec, count + cnt
             for i, x in enumerate(got):
                 merged[i] = np.where(np.isnan(x), merged[i], x)
@@ -339,13 +402,22 @@ def _fit_vote_baselines(split: SplitScores, val: SplitScores | None, n: int, set
     return out
 
 
-def draw_scores(split: SplitScores, n: int, setting: str, wv_threshold: int, max_tokens: int, plan: dict,
-                val: SplitScores | None = None) -> Draw:
-    """Every method's scores on the evaluation groups of `split` at N in one setting (report order). `val`: the
-    validation split of the same training seed, on which the fitted vote baselines are fitted."""
+def draw_scores(
+    split: SplitScores, n: int, setting: str, plan: dict, method_config: MethodConfig, val: SplitScores | None = None
+) -> Draw:
+    """Every method's scores on the evaluation groups of `split` at N in one setting (report order).
+
+    Args:
+        split: the split with its verifiers' scores (`with_verifiers`).
+        n, setting: the group size N and the setting ("terminal", "streaming").
+        plan: the setting's methods at N (`method_plan`).
+        method_config: how the methods score (R of streaming weighted voting).
+        val: the validation split of the same training seed, on which the fitted vote baselines are fitted.
+    Returns: the groups with every method's scores (`Draw`).
+    """
     problems = split.problems
     sequences = [evaluation_groups(split.dataset.num_sequences, n, i, split.name) for i in range(len(problems))]
-    msv_scores, offline = _msv_scores(split, n, setting, plan, sequences, max_tokens)
+    msv_scores, offline = _msv_scores(split, n, setting, plan, sequences)
     fitted = _fit_vote_baselines(split, val, n, setting, plan) if n > 1 else [{}] * len(problems)
     groups, problem_of = [], []
     for i, p in enumerate(problems):
@@ -361,14 +433,28 @@ def draw_scores(split: SplitScores, n: int, setting: str, wv_threshold: int, max
                 sc |= {m: f(vote, probe) for m, f in fitted[i].items()}
             sc |= base
             for name, m in plan["wv"].items():
-                sc[name] = (weighted_voting(base[m], g.klass, g.is_terminal) if setting == "terminal" else
-                            streaming_weighted_voting(base[m], g.klass, g.end, R=wv_threshold))
+                sc[name] = (
+                    weighted_voting(base[m], g.klass, g.is_terminal)
+                    if setting == "terminal"
+                    else streaming_weighted_voting(base[m], g.klass, g.end, R=method_config.wv_threshold)
+                )
             for label, scores in msv_scores.items():
                 sc[label] = scores[i][rows]
             if setting == "streaming" and n > 1:
                 sc |= _stop_rule_scores(g, p.answer_step[rows], n, {m: sc[m] for m in msv_scores}, plan)
-            groups.append(AnswerGroup(g.sequence, g.end, g.klass, g.correct, g.is_terminal, g.seq_len, g.start,
-                                      {k: np.clip(v, 0.0, 1.0) for k, v in sc.items()}, g.problem_id))
+            groups.append(
+                AnswerGroup(
+                    g.sequence,
+                    g.end,
+                    g.klass,
+                    g.correct,
+                    g.is_terminal,
+                    g.seq_len,
+                    g.start,
+                    {k: np.clip(v, 0.0, 1.0) for k, v in sc.items()},
+                    g.problem_id,
+                )
+            )
             problem_of.append(i)
     return Draw(groups, np.asarray(problem_of, dtype=np.int64), offline)
 

@@ -11,19 +11,45 @@ import numpy as np
 from ..metrics import format_mean_std, reliability_bins, seed_stat
 from .methods import DEEPCONF, SELF_CONSISTENCY, TOKEN_PROBS
 
-__all__ = ["REPORT_EXTRA_HINT", "require_report_extras", "render_report", "write_figures", "markdown_table",
-           "format_lambda"]
+__all__ = [
+    "REPORT_EXTRA_HINT",
+    "require_report_extras",
+    "render_report",
+    "write_figures",
+    "markdown_table",
+    "format_lambda",
+]
 
-_TERMINAL_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "ECE ↓"), ("nll", "NLL ↓"),
-                     ("bon_accuracy", "BoN acc ↑"), ("bon_ece", "BoN ECE ↓"), ("bon_brier", "BoN Brier ↓"))
-_STREAMING_COLUMNS = (("auroc", "AUROC ↑"), ("brier", "Brier ↓"), ("ece", "ECE ↓"), ("nll", "NLL ↓"),
-                      ("full_accuracy", "acc (full) ↑"), ("peak_accuracy", "peak acc ↑"),
-                      ("autc_steps_norm", "AUTC t* (norm) ↑"), ("autc_latency_norm", "AUTC latency (norm) ↑"),
-                      ("autc_tokens_norm", "AUTC tokens (norm) ↑"))
+_TERMINAL_COLUMNS = (
+    ("auroc", "AUROC ↑"),
+    ("brier", "Brier ↓"),
+    ("ece", "ECE ↓"),
+    ("nll", "NLL ↓"),
+    ("bon_accuracy", "BoN acc ↑"),
+    ("bon_ece", "BoN ECE ↓"),
+    ("bon_brier", "BoN Brier ↓"),
+)
+_STREAMING_COLUMNS = (
+    ("auroc", "AUROC ↑"),
+    ("brier", "Brier ↓"),
+    ("ece", "ECE ↓"),
+    ("nll", "NLL ↓"),
+    ("full_accuracy", "acc (full) ↑"),
+    ("peak_accuracy", "peak acc ↑"),
+    ("autc_steps_norm", "AUTC t* (norm) ↑"),
+    ("autc_latency_norm", "AUTC latency (norm) ↑"),
+    ("autc_tokens_norm", "AUTC tokens (norm) ↑"),
+)
 # MSV − baseline intervals shown per setting: (key, header, digits)
-_INTERVAL_COLUMNS = {"terminal": (("brier", "Δ Brier", 4), ("brier_ratio", "Brier ratio", 3),
-                                  ("bon_accuracy", "Δ BoN acc", 3), ("bon_ece", "Δ BoN ECE", 3)),
-                     "streaming": (("brier", "Δ Brier", 4), ("brier_ratio", "Brier ratio", 3))}
+_INTERVAL_COLUMNS = {
+    "terminal": (
+        ("brier", "Δ Brier", 4),
+        ("brier_ratio", "Brier ratio", 3),
+        ("bon_accuracy", "Δ BoN acc", 3),
+        ("bon_ece", "Δ BoN ECE", 3),
+    ),
+    "streaming": (("brier", "Δ Brier", 4), ("brier_ratio", "Brier ratio", 3)),
+}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -52,24 +78,30 @@ def _data_section(results: dict) -> list[str]:
     d = results["data"]
     e = d["eval"]
     cfg = results["config"]
-    return [f"Evaluation: {e['problems']} problems × {e['sequences_per_problem']} sequences, {e['answers']} answers "
-            f"({e['answers_per_sequence']:.2f} per sequence), terminal accuracy {e['terminal_accuracy']:.3f}, "
-            f"mean chain of thought {e['mean_sequence_tokens']:.1f} tokens."
-            + (f" Validation: {d['val']['problems']} problems." if "val" in d else " No validation split."), "",
-            f"Collection: `{json.dumps(d.get('collect', {}))}`", "",
-            f"N ∈ {cfg['num_sequences_list']}; groups: {cfg['groups']}; mean ± std over {cfg['training_seeds']} "
-            "training seed(s) (verifier checkpoints; ± 0.000 with one). Intervals: paired bootstrap 95 % over "
-            f"problems ({cfg['bootstrap']} resamples). Equivalence classes: "
-            + (f"re-derived with `{cfg['checker']}`." if cfg['checker'] else
-               "as collected.") + f" DeepConf: {cfg['deepconf_calibration']}. Calibrated vote baselines: "
-            f"{cfg['vote_calibration']}; stacked baseline's Probe feature: {cfg['stacked_probe']}.", "",
-            "AUTC (norm) on an axis x ∈ {t* (token position), latency, tokens summed over the N sequences}: "
-            "(1/B) ∫_0^B acc(b) db, B = the full-decoding budget on x: a mean accuracy in [0, 1], whose scale does "
-            "not depend on N.", ""]
+    return [
+        f"Evaluation: {e['problems']} problems × {e['sequences_per_problem']} sequences, {e['answers']} answers "
+        f"({e['answers_per_sequence']:.2f} per sequence), terminal accuracy {e['terminal_accuracy']:.3f}, "
+        f"mean chain of thought {e['mean_sequence_tokens']:.1f} tokens."
+        + (f" Validation: {d['val']['problems']} problems." if "val" in d else " No validation split."),
+        "",
+        f"Collection: `{json.dumps(d.get('collect', {}))}`",
+        "",
+        f"N ∈ {cfg['num_sequences_list']}; groups: {cfg['groups']}; mean ± std over {cfg['training_seeds']} "
+        "training seed(s) (verifier checkpoints; ± 0.000 with one). Intervals: paired bootstrap 95 % over "
+        f"problems ({cfg['bootstrap']} resamples). Equivalence classes: "
+        + (f"re-derived with `{cfg['checker']}`." if cfg["checker"] else "as collected.")
+        + f" DeepConf: {cfg['deepconf_calibration']}. Calibrated vote baselines: "
+        f"{cfg['vote_calibration']}; stacked baseline's Probe feature: {cfg['stacked_probe']}.",
+        "",
+        "AUTC (norm) on an axis x ∈ {t* (token position), latency, tokens summed over the N sequences}: "
+        "(1/B) ∫_0^B acc(b) db, B = the full-decoding budget on x: a mean accuracy in [0, 1], whose scale does "
+        "not depend on N.",
+        "",
+    ]
 
 
 def _format_interval(iv: dict | None, digits: int = 3) -> str:
-    """"est [low, high]" of a bootstrap interval ("—" when missing; ∞ for an unbounded end)."""
+    """ "est [low, high]" of a bootstrap interval ("—" when missing; ∞ for an unbounded end)."""
     if not iv or iv.get("estimate") is None:
         return "—"
     f = lambda x: "∞" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x:.{digits}f}"  # noqa: E731
@@ -81,8 +113,10 @@ def _format_estimate(iv: dict) -> str:
     return _format_interval(iv, 2) if iv.get("low") is not None else _format_interval(iv, 2).split(" [")[0]
 
 
-_COMPARISON_NAMES = {"single_sequence": "the best single-sequence baseline (the paper's comparison)",
-                     "all": "the best of all baselines (aggregations included)"}
+_COMPARISON_NAMES = {
+    "single_sequence": "the best single-sequence baseline (the paper's comparison)",
+    "all": "the best of all baselines (aggregations included)",
+}
 
 
 def _fraction_cell(entry: dict) -> str:
@@ -95,16 +129,36 @@ def _fraction_cell(entry: dict) -> str:
 def _early_stop_line(es: dict) -> list[str]:
     if "comparisons" not in es:
         return []
-    rows = [[_COMPARISON_NAMES.get(name, name), f"{c['baseline']} ({c['baseline_peak_accuracy']:.3f})",
-             f"{c['msv_peak_accuracy']:.3f}"] + [_fraction_cell(c[a]) for a in ("steps", "latency", "tokens")]
-            for name, c in es["comparisons"].items()]
-    return ["Early stopping: fraction of the baseline's budget the primary MSV needs to reach the baseline's peak "
-            "accuracy, on the token position t* (the latency of parallel decoding, the paper's axis), on measured "
-            "latency and on chain-of-thought tokens summed over the N sequences:", "",
-            markdown_table(["compared with", "baseline (peak acc)", f"{es['msv']} peak acc", "t* fraction",
-                            "latency fraction", "token fraction"], rows),
-            "", "(< 1: the MSV matches the baseline's peak with less; ∞: it never does; 95 % interval over problems "
-                "in brackets)", ""]
+    rows = [
+        [
+            _COMPARISON_NAMES.get(name, name),
+            f"{c['baseline']} ({c['baseline_peak_accuracy']:.3f})",
+            f"{c['msv_peak_accuracy']:.3f}",
+        ]
+        + [_fraction_cell(c[a]) for a in ("steps", "latency", "tokens")]
+        for name, c in es["comparisons"].items()
+    ]
+    return [
+        "Early stopping: fraction of the baseline's budget the primary MSV needs to reach the baseline's peak "
+        "accuracy, on the token position t* (the latency of parallel decoding, the paper's axis), on measured "
+        "latency and on chain-of-thought tokens summed over the N sequences:",
+        "",
+        markdown_table(
+            [
+                "compared with",
+                "baseline (peak acc)",
+                f"{es['msv']} peak acc",
+                "t* fraction",
+                "latency fraction",
+                "token fraction",
+            ],
+            rows,
+        ),
+        "",
+        "(< 1: the MSV matches the baseline's peak with less; ∞: it never does; 95 % interval over problems "
+        "in brackets)",
+        "",
+    ]
 
 
 def _matched_budget_lines(es: dict) -> list[str]:
@@ -112,17 +166,30 @@ def _matched_budget_lines(es: dict) -> list[str]:
     if not mb:
         return []
     ref, fractions, intervals = mb["reference"], mb["fractions"], mb.get("intervals", {})
-    rows = [[m] + [f"{a:.3f}" + (f" ({_format_interval(intervals[m][i], 3)})" if m in intervals else "")
-                   for i, a in enumerate(acc)] for m, acc in mb["accuracy"].items()]
-    out = [f"Matched budgets: accuracy at a mean token budget of {' / '.join(f'{f:.0%}' for f in fractions)} of "
-           f"full decoding (the best λ of each curve within it); in brackets {ref} − the method, 95 % paired "
-           "interval over problems:", "",
-           markdown_table(["method"] + [f"{f:.0%} of tokens" for f in fractions], rows), ""]
+    rows = [
+        [m]
+        + [
+            f"{a:.3f}" + (f" ({_format_interval(intervals[m][i], 3)})" if m in intervals else "")
+            for i, a in enumerate(acc)
+        ]
+        for m, acc in mb["accuracy"].items()
+    ]
+    out = [
+        f"Matched budgets: accuracy at a mean token budget of {' / '.join(f'{f:.0%}' for f in fractions)} of "
+        f"full decoding (the best λ of each curve within it); in brackets {ref} − the method, 95 % paired "
+        "interval over problems:",
+        "",
+        markdown_table(["method"] + [f"{f:.0%} of tokens" for f in fractions], rows),
+        "",
+    ]
     target = mb.get("full_decoding_target")
     if target:
-        out += [f"{ref} reaches the full-decoding accuracy of the most accurate baseline ({target['baseline']}, "
-                f"{target['accuracy']:.3f}) at {_format_estimate(target['steps'])} of full decoding's t* and "
-                f"{_format_estimate(target['tokens'])} of its tokens (95 % interval over problems).", ""]
+        out += [
+            f"{ref} reaches the full-decoding accuracy of the most accurate baseline ({target['baseline']}, "
+            f"{target['accuracy']:.3f}) at {_format_estimate(target['steps'])} of full decoding's t* and "
+            f"{_format_estimate(target['tokens'])} of its tokens (95 % interval over problems).",
+            "",
+        ]
     return out
 
 
@@ -133,20 +200,27 @@ def _interval_table(results: dict, setting: str, n) -> list[str]:
     cols = _INTERVAL_COLUMNS[setting]
     msv = results["methods"][str(n)]["msv"]
     rows = [[m] + [_format_interval(r.get(k), d) for k, _, d in cols] for m, r in iv.items()]
-    return [f"{msv} − each baseline (ratio: {msv} ÷ baseline), estimate [95 % interval over problems]:", "",
-            markdown_table(["baseline"] + [h for _, h, _ in cols], rows), ""]
+    return [
+        f"{msv} − each baseline (ratio: {msv} ÷ baseline), estimate [95 % interval over problems]:",
+        "",
+        markdown_table(["baseline"] + [h for _, h, _ in cols], rows),
+        "",
+    ]
 
 
 def _setting_sections(results: dict) -> list[str]:
     out = []
     for setting, heading, columns in (
-            ("terminal", "Terminal answers: calibration and best-of-N", _TERMINAL_COLUMNS),
-            ("streaming", "Streaming answers: calibration and early stopping", _STREAMING_COLUMNS)):
+        ("terminal", "Terminal answers: calibration and best-of-N", _TERMINAL_COLUMNS),
+        ("streaming", "Streaming answers: calibration and early stopping", _STREAMING_COLUMNS),
+    ):
         out += [f"## {heading}", ""]
         for n in results["config"]["num_sequences_list"]:
             msv = results["methods"][str(n)]["msv"]
-            rows = [[f"**{m}**" if m == msv else m] + [format_mean_std(r.get(k) or None) for k, _ in columns]
-                    for m, r in results[setting][str(n)].items()]
+            rows = [
+                [f"**{m}**" if m == msv else m] + [format_mean_std(r.get(k) or None) for k, _ in columns]
+                for m, r in results[setting][str(n)].items()
+            ]
             out += [f"### N = {n}", "", markdown_table(["method"] + [c for _, c in columns], rows), ""]
             out += _interval_table(results, setting, n)
             if setting == "streaming":
@@ -163,18 +237,43 @@ def _lambda_section(results: dict) -> list[str]:
     if "ltt_epsilon" in cfg:
         return _lambda_rules_section(lam, cfg)
     target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the best full-decoding validation accuracy"
-    out = ["## λ selection (validation rule and risk-controlled LTT)", "",
-           f"Target accuracy per N and training seed: {target}; "
-           f"LTT with δ = {cfg['ltt_delta']} (binomial p-values, fixed-sequence testing). "
-           "Accuracy / tokens / latency achieved on the evaluation split. Last column: for the validation rule, the "
-           "rate of seeds whose chosen λ reached the target on validation (when none does, the rule takes the most "
-           "accurate λ that still stops early, never a silent ∞); for LTT, the rate certified.", ""]
-    header = ["method", "rule", "target", "λ", "val acc", "eval acc", "eval tokens", "eval latency (s)",
-              "reached / certified (rate)"]
-    return out + _lambda_tables(lam, cfg, header, lambda m, rule, r: [
-        m, rule, _fmt(r["target"]), format_lambda(r["lambda"]), _fmt(r["val_accuracy"]), _fmt(r["eval_accuracy"]),
-        _fmt(r["eval_tokens"], 1), _fmt(r["eval_latency"], 3),
-        _fmt(r.get("reached"), 2) if rule == "validation" else _fmt(r["certified"], 2)])
+    out = [
+        "## λ selection (validation rule and risk-controlled LTT)",
+        "",
+        f"Target accuracy per N and training seed: {target}; "
+        f"LTT with δ = {cfg['ltt_delta']} (binomial p-values, fixed-sequence testing). "
+        "Accuracy / tokens / latency achieved on the evaluation split. Last column: for the validation rule, the "
+        "rate of seeds whose chosen λ reached the target on validation (when none does, the rule takes the most "
+        "accurate λ that still stops early, never a silent ∞); for LTT, the rate certified.",
+        "",
+    ]
+    header = [
+        "method",
+        "rule",
+        "target",
+        "λ",
+        "val acc",
+        "eval acc",
+        "eval tokens",
+        "eval latency (s)",
+        "reached / certified (rate)",
+    ]
+    return out + _lambda_tables(
+        lam,
+        cfg,
+        header,
+        lambda m, rule, r: [
+            m,
+            rule,
+            _fmt(r["target"]),
+            format_lambda(r["lambda"]),
+            _fmt(r["val_accuracy"]),
+            _fmt(r["eval_accuracy"]),
+            _fmt(r["eval_tokens"], 1),
+            _fmt(r["eval_latency"], 3),
+            _fmt(r.get("reached"), 2) if rule == "validation" else _fmt(r["certified"], 2),
+        ],
+    )
 
 
 def _fmt(stat, digits: int = 3) -> str:
@@ -195,19 +294,48 @@ def _lambda_rules_section(lam: dict, cfg: dict) -> list[str]:
     """The λ rules of `hf_msv.lambda_rule.choose_lambda`, chosen on validation and applied to evaluation, with the
     confidence reported at the stop against the accuracy at the stop."""
     target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the method's own full-decoding accuracy"
-    out = ["## λ selection: chosen on validation, applied to evaluation", "",
-           f"Target rule (`validation`): the cheapest λ whose validation accuracy reaches {target}. Guarantee "
-           f"(`ltt`): the cheapest λ that loses at most ε = {cfg['ltt_epsilon']} of full-decoding accuracy with "
-           f"probability ≥ {1 - cfg['ltt_delta']:g} (Learn-then-Test on the paired loss over validation problems, "
-           "fixed-sequence from the largest λ); `certified` is the rate of training seeds for which a λ that stops "
-           "early was certified, else λ = ∞. Accuracy and tokens on the evaluation split; at the stop: over the "
-           "evaluation groups that stopped early, their share, accuracy, mean reported confidence and ECE.", ""]
-    header = ["method", "rule", "λ", "val acc", "eval acc", "eval tokens", "stopped", "acc at stop",
-              "confidence at stop", "ECE at stop", "reached / certified (rate)"]
-    return out + _lambda_tables(lam, cfg, header, lambda m, rule, r: [
-        m, rule, format_lambda(r["lambda"]), _fmt(r["val_accuracy"]), _fmt(r["eval_accuracy"]),
-        _fmt(r["eval_tokens"], 1), _fmt(r["stop_rate"], 2), _fmt(r["stop_accuracy"]), _fmt(r["stop_confidence"]),
-        _fmt(r["stop_ece"]), _fmt(r["reached"], 2) if rule == "validation" else _fmt(r["certified"], 2)])
+    out = [
+        "## λ selection: chosen on validation, applied to evaluation",
+        "",
+        f"Target rule (`validation`): the cheapest λ whose validation accuracy reaches {target}. Guarantee "
+        f"(`ltt`): the cheapest λ that loses at most ε = {cfg['ltt_epsilon']} of full-decoding accuracy with "
+        f"probability ≥ {1 - cfg['ltt_delta']:g} (Learn-then-Test on the paired loss over validation problems, "
+        "fixed-sequence from the largest λ); `certified` is the rate of training seeds for which a λ that stops "
+        "early was certified, else λ = ∞. Accuracy and tokens on the evaluation split; at the stop: over the "
+        "evaluation groups that stopped early, their share, accuracy, mean reported confidence and ECE.",
+        "",
+    ]
+    header = [
+        "method",
+        "rule",
+        "λ",
+        "val acc",
+        "eval acc",
+        "eval tokens",
+        "stopped",
+        "acc at stop",
+        "confidence at stop",
+        "ECE at stop",
+        "reached / certified (rate)",
+    ]
+    return out + _lambda_tables(
+        lam,
+        cfg,
+        header,
+        lambda m, rule, r: [
+            m,
+            rule,
+            format_lambda(r["lambda"]),
+            _fmt(r["val_accuracy"]),
+            _fmt(r["eval_accuracy"]),
+            _fmt(r["eval_tokens"], 1),
+            _fmt(r["stop_rate"], 2),
+            _fmt(r["stop_accuracy"]),
+            _fmt(r["stop_confidence"]),
+            _fmt(r["stop_ece"]),
+            _fmt(r["reached"], 2) if rule == "validation" else _fmt(r["certified"], 2),
+        ],
+    )
 
 
 def _difficulty_section(results: dict) -> list[str]:
@@ -215,32 +343,57 @@ def _difficulty_section(results: dict) -> list[str]:
     if not by:
         return []
     name = results["config"].get("difficulty", "difficulty")
-    out = [f"## By {name}", "", f"Terminal answers, per value of {name}: best-of-N accuracy / Brier (mean over "
-                                "training seeds).", ""]
+    out = [
+        f"## By {name}",
+        "",
+        f"Terminal answers, per value of {name}: best-of-N accuracy / Brier (mean over training seeds).",
+        "",
+    ]
     for n, levels in by.items():
         values = list(levels)
         methods = [m for m in levels[values[0]] if m != "problems"]
-        rows = [[m] + [f"{levels[v][m]['bon_accuracy']:.3f} / {levels[v][m]['brier']:.4f}" for v in values]
-                for m in methods]
-        out += [f"### N = {n}", "", markdown_table(["method"] + [f"{name} = {v} ({levels[v]['problems']} problems)"
-                                                                 for v in values], rows), ""]
+        rows = [
+            [m] + [f"{levels[v][m]['bon_accuracy']:.3f} / {levels[v][m]['brier']:.4f}" for v in values]
+            for m in methods
+        ]
+        out += [
+            f"### N = {n}",
+            "",
+            markdown_table(["method"] + [f"{name} = {v} ({levels[v]['problems']} problems)" for v in values], rows),
+            "",
+        ]
     return out
 
 
 def _costs_section(results: dict) -> list[str]:
     c = results["costs"]
-    out = ["## Costs", "", f"LM costs ({c['source']}): " + ", ".join(
-        f"N={n}: decode step {v['decode_step_s']:.2e} s, elicitation {v['elicit_s']:.2e} s/answer"
-        for n, v in c["lm"].items()) + ".", "",
-        "Verifier cost measured online (s per answer): " + "; ".join(
-            f"N={n}: " + ", ".join(f"{m} {s:.2e}" for m, s in v.items()) for n, v in
-            c["verifier_online_s_per_answer"].items()) + ".", ""]
+    out = [
+        "## Costs",
+        "",
+        f"LM costs ({c['source']}): "
+        + ", ".join(
+            f"N={n}: decode step {v['decode_step_s']:.2e} s, elicitation {v['elicit_s']:.2e} s/answer"
+            for n, v in c["lm"].items()
+        )
+        + ".",
+        "",
+        "Verifier cost measured online (s per answer): "
+        + "; ".join(
+            f"N={n}: " + ", ".join(f"{m} {s:.2e}" for m, s in v.items())
+            for n, v in c["verifier_online_s_per_answer"].items()
+        )
+        + ".",
+        "",
+    ]
     prm = c.get("prm") or {}
     if "eval" in prm:
         e, cfg = prm["eval"], results["config"]["prm"]
-        out += [f"PRM (`{cfg['model']}`, aggregate {cfg['aggregate']}): one forward per answer over question + "
-                f"chain-of-thought prefix + answer; evaluation split: {e['answers']} answers, {e['tokens']} tokens "
-                f"({e['tokens_per_answer']:.1f} per answer), {e['seconds_per_answer']:.2e} s per answer.", ""]
+        out += [
+            f"PRM (`{cfg['model']}`, aggregate {cfg['aggregate']}): one forward per answer over question + "
+            f"chain-of-thought prefix + answer; evaluation split: {e['answers']} answers, {e['tokens']} tokens "
+            f"({e['tokens_per_answer']:.1f} per answer), {e['seconds_per_answer']:.2e} s per answer.",
+            "",
+        ]
     return out
 
 
@@ -270,8 +423,11 @@ def require_report_extras(alternative: str = "") -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise ModuleNotFoundError(f"the report figures need matplotlib, which is not installed: {REPORT_EXTRA_HINT}"
-                                  + (f" ({alternative})" if alternative else ""), name="matplotlib")
+        raise ModuleNotFoundError(
+            f"the report figures need matplotlib, which is not installed: {REPORT_EXTRA_HINT}"
+            + (f" ({alternative})" if alternative else ""),
+            name="matplotlib",
+        )
 
 
 def _plt():
@@ -286,8 +442,11 @@ def _plt():
 def _key_methods(methods: list[str], msv: str | None, limit: int = 6) -> list[str]:
     """Methods worth a panel: the primary MSV, trained single-sequence verifiers and their +WV, then the rest."""
     free = (SELF_CONSISTENCY, TOKEN_PROBS, DEEPCONF, f"{TOKEN_PROBS}+WV", f"{DEEPCONF}+WV")
-    order = ([msv] if msv in methods else []) + [m for m in methods if m != msv and m not in free] + \
-        [m for m in free if m in methods]
+    order = (
+        ([msv] if msv in methods else [])
+        + [m for m in methods if m != msv and m not in free]
+        + [m for m in free if m in methods]
+    )
     return order[:limit]
 
 
@@ -341,8 +500,11 @@ def _reliability_figures(plt, save, results: dict, reliability: dict) -> None:
                 ax.set_xlabel("confidence", fontsize=7)
                 ax.tick_params(labelsize=6)
             axes[0][0].set_ylabel("accuracy", fontsize=7)
-            save(fig, f"reliability_{kind}_N{n}",
-                 f"Reliability diagrams (10 bins) on {caption}, N={n}, all seeds pooled.")
+            save(
+                fig,
+                f"reliability_{kind}_N{n}",
+                f"Reliability diagrams (10 bins) on {caption}, N={n}, all seeds pooled.",
+            )
 
 
 def _best_of_n_figure(plt, save, results: dict) -> None:
@@ -365,8 +527,11 @@ def _best_of_n_figure(plt, save, results: dict) -> None:
             es.append(r["bon_accuracy"]["std"] or 0.0)
         if xs:
             ax.errorbar(xs, ys, yerr=es, marker="o", ms=3, capsize=2, label=m)
-    msv_pts = [(n, results["terminal"][str(n)][results["methods"][str(n)]["msv"]]["bon_accuracy"]["mean"])
-               for n in ns if results["methods"][str(n)]["msv"] in results["terminal"][str(n)]]
+    msv_pts = [
+        (n, results["terminal"][str(n)][results["methods"][str(n)]["msv"]]["bon_accuracy"]["mean"])
+        for n in ns
+        if results["methods"][str(n)]["msv"] in results["terminal"][str(n)]
+    ]
     if msv_pts:
         ax.plot(*zip(*msv_pts), "k-", lw=2.5, alpha=0.5, label="MSV_N")
     ax.set_xscale("log", base=2)
@@ -394,18 +559,25 @@ def _tradeoff_figures(plt, save, results: dict, curves: dict) -> None:
         for ax in axes:
             ax.set_ylabel("accuracy")
         axes[1].legend(fontsize=6)
-        save(fig, f"tradeoff_N{n}", f"Early stopping, N={n}: accuracy vs tokens (left) and vs latency (right) as λ "
-             "sweeps 0..1 (+ full decoding), mean over seeds.")
+        save(
+            fig,
+            f"tradeoff_N{n}",
+            f"Early stopping, N={n}: accuracy vs tokens (left) and vs latency (right) as λ "
+            "sweeps 0..1 (+ full decoding), mean over seeds.",
+        )
         bp = results["brier_by_position"][str(n)]
         edges = np.asarray([np.inf if e is None else e for e in bp["edges"]], dtype=float)
-        mids = [(edges[i] + (edges[i + 1] if np.isfinite(edges[i + 1]) else edges[i] + (edges[i] - edges[i - 1])))
-                / 2 for i in range(len(edges) - 1)]
+        mids = [
+            (edges[i] + (edges[i + 1] if np.isfinite(edges[i + 1]) else edges[i] + (edges[i] - edges[i - 1]))) / 2
+            for i in range(len(edges) - 1)
+        ]
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for m, v in bp.items():
             if m == "edges":
                 continue
-            ax.plot(mids, [np.nan if x is None else x for x in v], marker="o", ms=3,
-                    lw=2.2 if m == msv else 1, label=m)
+            ax.plot(
+                mids, [np.nan if x is None else x for x in v], marker="o", ms=3, lw=2.2 if m == msv else 1, label=m
+            )
         ax.set_xlabel("token position τ")
         ax.set_ylabel("Brier")
         ax.legend(fontsize=6)

@@ -19,8 +19,15 @@ from ..baselines import deepconf_streaming, token_prob_score
 from ..data import CollectedProblem, ShardDataset, collate_groups, read_group
 from .early_stop import LatencyCosts
 
-__all__ = ["score_problems", "measure_verifier_cost", "token_prob_scores", "deepconf_scores",
-           "lm_costs_from_info", "lm_cost_for"]
+__all__ = [
+    "score_problems",
+    "measure_verifier_cost",
+    "token_prob_scores",
+    "deepconf_scores",
+    "lm_costs_from_info",
+    "lm_cost_for",
+]
+
 
 def _columns(problems: ShardDataset | Sequence[CollectedProblem], i: int):
     """Answer columns of problem i (`AnswerColumns` or the `CollectedProblem` itself)."""
@@ -54,16 +61,26 @@ def _forward(model, items: list[dict], mode: str, group_size: int | None) -> tup
     answer_group, sequence = batch["answer_group"], batch["answer_sequence"]
     if group_size is not None and len(sequence) and int(sequence.max()) >= group_size:
         answer_group, sequence = split_into_groups(answer_group, sequence, group_size)
-    out = model(hidden_states=batch["hidden_states"], token_answer=batch["token_answer"], answer_group=answer_group,
-                answer_sequence=sequence, answer_step=batch["answer_step"], answer_end=batch["answer_end"],
-                answer_class=batch["answer_class"])
+    out = model(
+        hidden_states=batch["hidden_states"],
+        token_answer=batch["token_answer"],
+        answer_group=answer_group,
+        answer_sequence=sequence,
+        answer_step=batch["answer_step"],
+        answer_end=batch["answer_end"],
+        answer_class=batch["answer_class"],
+    )
     return out.probabilities.float().cpu().numpy().astype(np.float64), batch
 
 
 @torch.no_grad()
-def score_problems(model, problems: ShardDataset | Sequence[CollectedProblem],
-                   sequences: Sequence[np.ndarray] | None = None, mode: str | None = None,
-                   max_tokens: int = 32768) -> tuple[list[np.ndarray], float, int]:
+def score_problems(
+    model,
+    problems: ShardDataset | Sequence[CollectedProblem],
+    sequences: Sequence[np.ndarray] | None = None,
+    mode: str | None = None,
+    max_tokens: int = 32768,
+) -> tuple[list[np.ndarray], float, int]:
     """Score each problem's group with `model` (offline, packed): ``(scores, seconds, answers scored)``.
 
     Args:
@@ -97,8 +114,7 @@ def score_problems(model, problems: ShardDataset | Sequence[CollectedProblem],
         pending, where, tokens = [], [], 0
 
     for i in range(len(out)):
-        seqs = (np.arange(_columns(problems, i).num_sequences) if sequences is None
-                else np.asarray(sequences[i]))
+        seqs = np.arange(_columns(problems, i).num_sequences) if sequences is None else np.asarray(sequences[i])
         item = _read(problems, i, seqs, mode)
         if not len(item["answer_index"]):
             continue
@@ -112,8 +128,13 @@ def score_problems(model, problems: ShardDataset | Sequence[CollectedProblem],
 
 
 @torch.no_grad()
-def measure_verifier_cost(model, problems: ShardDataset | Sequence[CollectedProblem],
-                          sequences: Sequence[np.ndarray], max_groups: int = 4, repeats: int = 1) -> float:
+def measure_verifier_cost(
+    model,
+    problems: ShardDataset | Sequence[CollectedProblem],
+    sequences: Sequence[np.ndarray],
+    max_groups: int = 4,
+    repeats: int = 1,
+) -> float:
     """Seconds per answer of scoring groups *online*, as during streaming decoding: per group, one verifier call per
     distinct arrival time τ + L with the answers that arrived (a streaming MSV with its KV cache, `MSVCache`; the
     Probe statelessly). Measured on the first `max_groups` groups; the best of `repeats` runs (least disturbed).
@@ -161,10 +182,15 @@ def _arrival_calls(item: dict, group_size: int | None):
         idx = order[end[order] == t]
         tok = np.concatenate([np.arange(starts[a], starts[a] + lengths[a]) for a in idx])
         index = torch.from_numpy(idx)
-        yield dict(hidden_states=item["hidden_states"][torch.from_numpy(tok)],
-                   token_answer=torch.repeat_interleave(torch.arange(len(idx)), item["answer_length"][index]),
-                   answer_group=sub[index], answer_sequence=seq[index], answer_step=item["answer_step"][index],
-                   answer_end=item["answer_end"][index], answer_class=item["answer_class"][index])
+        yield dict(
+            hidden_states=item["hidden_states"][torch.from_numpy(tok)],
+            token_answer=torch.repeat_interleave(torch.arange(len(idx)), item["answer_length"][index]),
+            answer_group=sub[index],
+            answer_sequence=seq[index],
+            answer_step=item["answer_step"][index],
+            answer_end=item["answer_end"][index],
+            answer_class=item["answer_class"][index],
+        )
 
 
 def token_prob_scores(problem: CollectedProblem) -> np.ndarray:

@@ -1,10 +1,11 @@
 """`evaluate_study` (``hf-msv evaluate``): every baseline, metric, figure and λ rule of the paper over collected
 shards and trained verifiers, with mean ± std over training seeds and paired bootstrap intervals over problems.
 
-    from hf_msv.evaluation import evaluate_study
-    results = evaluate_study("data/eval", {"Probe": "verifiers/probe", "MSV_1": "verifiers/msv1",
-                                           "MSV_16": ["verifiers/msv16-seed0", "verifiers/msv16-seed1"]},
-                             "reports/eval", num_sequences_list=[1, 4, 16], val_dir="data/val")
+    from hf_msv.evaluation import EvaluateConfig, evaluate_study
+    config = EvaluateConfig(eval_dir="data/eval", output_dir="reports/eval", val_dir="data/val",
+                            num_sequences=[1, 4, 16])
+    results = evaluate_study(config, {"Probe": "verifiers/probe", "MSV_1": "verifiers/msv1",
+                                      "MSV_16": ["verifiers/msv16-seed0", "verifiers/msv16-seed1"]})
 
 The protocol (groups, training seeds, methods, metrics, early stopping, λ rules) is described in
 ``docs/evaluation.md``.
@@ -22,23 +23,30 @@ from pathlib import Path
 import numpy as np
 
 from ..data import AnswerGroup, CollectedProblem, ShardDataset, collection_elicitation
-from ..lambda_rule import DELTA, EPSILON, TARGET_FRACTION
+from ..errors import UserError
 from ..metrics import best_of_n_metrics, best_of_n_pairs, calibration_metrics, ece, seed_stat
 from ..utils import json_safe
+from .config import EvaluateConfig
 from .early_stop import (
+    BUDGET_FRACTIONS,
     DEFAULT_LAMBDAS,
     LatencyCosts,
     TradeoffCurve,
     autc,
-    early_stop_token_fraction,
-    BUDGET_FRACTIONS,
     budget_accuracy,
     choose_on_groups,
+    early_stop_token_fraction,
     replay_at,
-    tradeoff_curve,
 )
-from .intervals import (AXES, budget_interval, fraction_interval, metric_intervals, problem_curves, problem_numbers,
-                        target_fraction_interval)
+from .intervals import (
+    AXES,
+    budget_interval,
+    fraction_interval,
+    metric_intervals,
+    problem_curves,
+    problem_numbers,
+    target_fraction_interval,
+)
 from .methods import (
     PRM,
     SETTINGS,
@@ -59,29 +67,25 @@ from .methods import (
 from .prm import PRMScorer, load_lm_tokenizer, require_cot_token_ids
 from .report import render_report, require_report_extras, write_figures
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
-from .verifiers import VerifierEntry, load_verifier_seeds
+from .verifiers import VerifierEntry, load_verifier_seeds, parse_verifier_specs
 
 __all__ = ["default_num_sequences", "difficulty_from_problems", "evaluate_study", "split_statistics"]
+
+# Fixed by the protocol (``docs/evaluation.md``), not settings: groups timed per N for the online verifier cost,
+# and token-position bins of the Brier-by-position breakdown.
+_COST_GROUPS, _POSITION_BINS = 4, 8
 
 
 @dataclass
 class _Study:
-    """What every N of one training seed shares: the splits (scored by that seed's verifiers), verifiers and
-    protocol settings."""
+    """What every N of one training seed shares: the settings, the splits (scored by that seed's verifiers), its
+    verifiers and the token-position bin edges."""
 
+    config: EvaluateConfig
     split: SplitScores
     val: SplitScores | None
     entries: list[VerifierEntry]
-    wv_threshold: int
-    max_tokens: int
-    lambdas: Sequence[float]
-    target_accuracy: float | None
-    target_fraction: float
-    ltt_epsilon: float
-    ltt_delta: float
-    cost_groups: int
-    edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    n_boot: int = 1000
+    edges: np.ndarray
 
 
 @dataclass
@@ -106,100 +110,126 @@ class _PerN:
 
 
 def evaluate_study(
-    eval_dir,
-    verifiers: Mapping,
-    output_dir,
-    num_sequences_list: Sequence[int] | None = None,
-    val_dir=None,
+    config: EvaluateConfig,
+    verifiers: Mapping | None = None,
     *,
-    bootstrap: int = 1000,
-    checker=None,
-    checker_kwargs: dict | None = None,
     lm_costs: LatencyCosts | Mapping | None = None,
-    wv_threshold: int = 16,
-    deepconf_window: int = 2048,
-    deepconf_stat: str = "lowest_group",
-    target_accuracy: float | None = None,
-    target_fraction: float = TARGET_FRACTION,
-    ltt_epsilon: float = EPSILON,
-    ltt_delta: float = DELTA,
-    lambdas=DEFAULT_LAMBDAS,
-    cost_groups: int = 4,
-    position_bins: int = 8,
-    max_tokens: int = 32768,
-    figures: bool = True,
-    title: str = "MSV evaluation",
-    report_name: str = "report",
-    progress: bool = True,
-    prm: PRMScorer | str | None = None,
-    prm_kwargs: dict | None = None,
-    lm_tokenizer=None,
     difficulty: Mapping | None = None,
     difficulty_name: str = "difficulty",
 ) -> dict:
-    """Evaluate every baseline and verifier on the shards in `eval_dir` (protocol: ``docs/evaluation.md``); write
-    ``{report_name}.md`` / ``.json`` and figures into `output_dir`, created only once every input is checked.
+    """Evaluate every baseline and verifier on the shards of ``config.eval_dir`` (protocol: ``docs/evaluation.md``);
+    write ``{report_name}.md`` / ``.json`` and figures into ``config.output_dir``, created only once every input is
+    checked.
 
     Args:
-        eval_dir, val_dir: evaluation and validation shards (a directory, a shard, or a list); validation fits the
-            calibrated baselines and the λ rules (skipped without it).
+        config: the settings, one field per ``hf-msv evaluate`` flag: the shards (``eval_dir``; ``val_dir`` fits the
+            calibrated baselines and the λ rules, skipped without it), the N values (``num_sequences``; None:
+            `default_num_sequences` of the samples collected), the baselines, the λ rules and the report.
         verifiers: name -> checkpoint (directory or model), or name -> {"terminal": ..., "streaming": ...}, or a list
-            of those, one per training seed (`load_verifier_seeds`).
-        num_sequences_list: the N values; None: `default_num_sequences` of the samples collected.
-        lm_costs: `LatencyCosts` or {N: LatencyCosts} (default: the shards' recorded ``latency``, else zeros).
-        prm, prm_kwargs, lm_tokenizer: the PRM baseline (a `PRMScorer` or a model to load), None for none.
-        difficulty, difficulty_name: problem id -> difficulty value (`difficulty_from_problems`).
-        The other settings are `EvaluateConfig`'s fields of the same names (``hf-msv evaluate --help``).
-    Returns the results dict also written to ``{output_dir}/{report_name}.json``. Raises ValueError or
-    FileNotFoundError on bad inputs, ModuleNotFoundError for `figures` without matplotlib, before any work.
+            of those, one per training seed (`load_verifier_seeds`); None: the ``config.verifier`` NAME=PATH specs.
+        lm_costs: `LatencyCosts` or {N: LatencyCosts}; None: ``config.decode_step_s`` / ``config.elicit_s`` when
+            set, else the shards' recorded ``latency``, else zeros.
+        difficulty: problem id -> difficulty value (`difficulty_from_problems`), reported as `difficulty_name`;
+            None: ``config.difficulty_field`` of ``config.problems`` when set.
+    Returns:
+        The results dict also written to ``{output_dir}/{report_name}.json``.
+    Raises:
+        ValueError or FileNotFoundError on bad inputs (an input given both in `config` and as an argument among
+        them), ModuleNotFoundError for figures without matplotlib: before any work.
     """
-    if figures:
+    if config.figures:
         require_report_extras("or pass --no-figures")
-    dataset = ShardDataset(eval_dir, checker=checker, checker_kwargs=checker_kwargs)
-    ns = _checked_ns(num_sequences_list, dataset.num_sequences)
-    val_data = None if val_dir is None else ShardDataset(val_dir, checker=checker, checker_kwargs=checker_kwargs)
+    verifiers, lm_costs, difficulty, difficulty_name = _resolve_inputs(
+        config, verifiers, lm_costs, difficulty, difficulty_name
+    )
+    dataset = ShardDataset(config.eval_dir, checker=config.checker, checker_kwargs=config.checker_kwargs_dict)
+    ns = _checked_ns(config.num_sequences, dataset.num_sequences)
+    val_data = (
+        None
+        if config.val_dir is None
+        else ShardDataset(config.val_dir, checker=config.checker, checker_kwargs=config.checker_kwargs_dict)
+    )
     if val_data is not None:
-        _check_validation_ns(ns, val_data.num_sequences, val_dir)
+        _check_validation_ns(ns, val_data.num_sequences, config.val_dir)
     seed_entries = load_verifier_seeds(verifiers)
-    prm_scorer, lm_tok = _load_prm(prm, prm_kwargs, lm_tokenizer, dataset, val_data)
-    output_dir = Path(output_dir)
+    prm_scorer, lm_tok = _load_prm(config, dataset, val_data)
+    output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    split, val = _prepared_splits(dataset, val_data, seed_entries, deepconf_window, deepconf_stat, prm_scorer,
-                                  lm_tok, progress)
+    split, val = _prepared_splits(dataset, val_data, seed_entries, config, prm_scorer, lm_tok)
     lm_costs, cost_source = _resolve_lm_costs(lm_costs, split.info)
-    edges = _position_edges(split.problems, position_bins)
-    studies = [_Study(with_verifiers(split, entries, max_tokens),
-                      None if val is None else with_verifiers(val, entries, max_tokens), entries, wv_threshold,
-                      max_tokens, lambdas, target_accuracy, target_fraction, ltt_epsilon, ltt_delta, cost_groups,
-                      edges, bootstrap)
-               for entries in seed_entries]
-    settings = dict(bootstrap=bootstrap, checker=None if checker is None else str(checker),
-                    checker_kwargs=checker_kwargs or {}, wv_threshold=wv_threshold, deepconf_window=deepconf_window,
-                    deepconf_stat=deepconf_stat, target_accuracy=target_accuracy, target_fraction=target_fraction,
-                    ltt_epsilon=ltt_epsilon, ltt_delta=ltt_delta)
-    results = _empty_results(title, _study_config(eval_dir, val_dir, ns, seed_entries, settings, prm_scorer, lm_tok),
-                             _data_summary(split.problems, split.info, val), cost_source, _prm_cost(split, val))
+    edges = _position_edges(split.problems, _POSITION_BINS)
+    studies = [
+        _Study(
+            config,
+            with_verifiers(split, entries),
+            None if val is None else with_verifiers(val, entries),
+            entries,
+            edges,
+        )
+        for entries in seed_entries
+    ]
+    results = _empty_results(
+        config.title,
+        _study_config(config, ns, seed_entries, prm_scorer, lm_tok),
+        _data_summary(split.problems, split.info, val),
+        cost_source,
+        _prm_cost(split, val),
+    )
     if difficulty is not None:
         results["config"]["difficulty"] = difficulty_name
     levels = None if difficulty is None else [difficulty.get(p.problem_id) for p in split.problems]
-    reliability, curves = _evaluate_every_n(results, studies, ns, lm_costs, levels, progress)
-    if figures:
-        results["figures"] = write_figures(results, reliability, curves, output_dir, report_name)
+    reliability, curves = _evaluate_every_n(results, studies, ns, lm_costs, levels)
+    if config.figures:
+        results["figures"] = write_figures(results, reliability, curves, output_dir, config.report_name)
     results = json_safe(results)
-    (output_dir / f"{report_name}.json").write_text(json.dumps(results, indent=1))
-    (output_dir / f"{report_name}.md").write_text(render_report(results))
+    (output_dir / f"{config.report_name}.json").write_text(json.dumps(results, indent=1))
+    (output_dir / f"{config.report_name}.md").write_text(render_report(results))
     return results
 
 
-def _prepared_splits(dataset: ShardDataset, val_data: ShardDataset | None, seed_entries: list, deepconf_window: int,
-                     deepconf_stat: str, prm_scorer, lm_tok, progress: bool):
+def _resolve_inputs(config: EvaluateConfig, verifiers, lm_costs, difficulty, difficulty_name: str):
+    """(verifiers, LM costs, difficulty, its name): each given as an argument, else as `config` names it (the way
+    ``hf-msv evaluate`` takes it). An input given both ways is refused rather than one silently ignored."""
+    from_config = {
+        "verifiers": bool(config.verifier),
+        "lm_costs": config.decode_step_s is not None or config.elicit_s is not None,
+        "difficulty": bool(config.difficulty_field),
+    }
+    fields = {"verifiers": "verifier", "lm_costs": "decode_step_s / elicit_s", "difficulty": "difficulty_field"}
+    given = {"verifiers": verifiers, "lm_costs": lm_costs, "difficulty": difficulty}
+    for name in given:
+        if from_config[name] and given[name] is not None:
+            raise UserError(
+                f"evaluate_study got {name} both as an argument and as EvaluateConfig.{fields[name]}: "
+                "give them one way"
+            )
+    if verifiers is None:
+        verifiers = parse_verifier_specs(config.verifier)
+    if from_config["lm_costs"]:
+        lm_costs = LatencyCosts(config.decode_step_s or 0.0, config.elicit_s or 0.0)
+    if from_config["difficulty"]:
+        from ..collect import load_problems
+
+        difficulty = difficulty_from_problems(load_problems(config.problems), config.difficulty_field)
+        difficulty_name = config.difficulty_field
+    return verifiers, lm_costs, difficulty, difficulty_name
+
+
+def _prepared_splits(
+    dataset: ShardDataset,
+    val_data: ShardDataset | None,
+    seed_entries: list,
+    config: EvaluateConfig,
+    prm_scorer,
+    lm_tok,
+):
     """(evaluation, validation) `SplitScores` with every score that does not depend on the verifiers: Token Probs,
     DeepConf (Platt-scaled), the PRM's, and the stacked baseline's linear probe when no Probe is given."""
-    split = prepare_split(dataset, deepconf_window, deepconf_stat, name="evaluation")
-    val = None if val_data is None else prepare_split(val_data, deepconf_window, deepconf_stat, name="validation")
+    split = prepare_split(dataset, config.method_config, name="evaluation")
+    val = None if val_data is None else prepare_split(val_data, config.method_config, name="validation")
     if prm_scorer is not None:
         for s in filter(None, (split, val)):
-            add_prm_scores(s, prm_scorer, lm_tok, progress)
+            add_prm_scores(s, prm_scorer, lm_tok, config.progress)
     fit_deepconf(split, val)
     if not any(e.kind == "probe" for e in seed_entries[0]):  # the stacked baseline's Probe feature
         add_linear_probe(split, val)
@@ -209,11 +239,25 @@ def _prepared_splits(dataset: ShardDataset, val_data: ShardDataset | None, seed_
 def _empty_results(title: str, config: dict, data: dict, cost_source: str, prm_cost) -> dict:
     """The results dict before any N is evaluated (its keys in report order)."""
     return {
-        "title": title, "config": config, "data": data,
-        "costs": {"source": cost_source, "lm": {}, "verifier_online_s_per_answer": {},
-                  "verifier_offline_s_per_answer": {}, "prm": prm_cost},
-        "methods": {}, "terminal": {}, "streaming": {}, "early_stop": {}, "lambda_selection": {},
-        "intervals": {}, "brier_by_position": {}, "by_difficulty": {}, "figures": [],
+        "title": title,
+        "config": config,
+        "data": data,
+        "costs": {
+            "source": cost_source,
+            "lm": {},
+            "verifier_online_s_per_answer": {},
+            "verifier_offline_s_per_answer": {},
+            "prm": prm_cost,
+        },
+        "methods": {},
+        "terminal": {},
+        "streaming": {},
+        "early_stop": {},
+        "lambda_selection": {},
+        "intervals": {},
+        "brier_by_position": {},
+        "by_difficulty": {},
+        "figures": [],
     }
 
 
@@ -223,8 +267,10 @@ def _checked_ns(num_sequences_list, available: int) -> list[int]:
     ns = sorted({int(n) for n in (num_sequences_list or default_num_sequences(available))})
     if ns[-1] > available:
         grid = " ".join(map(str, default_num_sequences(available)))
-        raise ValueError(f"N={ns[-1]} requested but some evaluation problems have only {available} sequences: "
-                         f"ask for N <= {available} (e.g. --num-sequences {grid}, the default)")
+        raise UserError(
+            f"N={ns[-1]} requested but some evaluation problems have only {available} sequences: "
+            f"ask for N <= {available} (e.g. --num-sequences {grid}, the default)"
+        )
     return ns
 
 
@@ -233,46 +279,73 @@ def _check_validation_ns(ns: list[int], available: int, val_dir) -> None:
     fitted baselines draw validation groups of N)."""
     if ns[-1] > available:
         fits = " ".join(str(n) for n in ns if n <= available) or "1"
-        raise ValueError(f"N={ns[-1]} requested but the validation split ({val_dir}) has only {available} sequences "
-                         f"per problem: evaluate at N <= {available} (e.g. --num-sequences {fits}), or collect the "
-                         f"validation problems with --num-samples {ns[-1]} or more")
+        raise UserError(
+            f"N={ns[-1]} requested but the validation split ({val_dir}) has only {available} sequences "
+            f"per problem: evaluate at N <= {available} (e.g. --num-sequences {fits}), or collect the "
+            f"validation problems with --num-samples {ns[-1]} or more"
+        )
 
 
-def _study_config(eval_dir, val_dir, ns: list[int], seed_entries: list, settings: dict, prm_scorer,
-                  lm_tok) -> dict:
-    """The report's ``config`` entry: inputs, verifiers, the protocol `settings` and how each calibrated baseline
-    was fitted."""
-    entries, has_val = seed_entries[0], val_dir is not None
+def _study_config(config: EvaluateConfig, ns: list[int], seed_entries: list, prm_scorer, lm_tok) -> dict:
+    """The report's ``config`` entry: inputs, verifiers, the protocol settings of `config` and how each calibrated
+    baseline was fitted."""
+    entries, has_val = seed_entries[0], config.val_dir is not None
     probe = next((e.name for e in entries if e.kind == "probe"), None)
     return {
-        "eval_dir": str(eval_dir), "val_dir": None if val_dir is None else str(val_dir),
-        "verifiers": {e.name: {"kind": e.kind, "num_sequences": e.num_sequences, "modes": sorted(e.models)}
-                      for e in entries},
-        "num_sequences_list": ns, "training_seeds": len(seed_entries),
+        "eval_dir": str(config.eval_dir),
+        "val_dir": None if config.val_dir is None else str(config.val_dir),
+        "verifiers": {
+            e.name: {"kind": e.kind, "num_sequences": e.num_sequences, "modes": sorted(e.models)} for e in entries
+        },
+        "num_sequences_list": ns,
+        "training_seeds": len(seed_entries),
         "groups": "fixed partition of the collected sequences into ⌊S/N⌋ groups of N per problem",
-        **settings,
+        "bootstrap": config.bootstrap,
+        "checker": None if config.checker is None else str(config.checker),
+        "checker_kwargs": config.checker_kwargs_dict or {},
+        "wv_threshold": config.wv_threshold,
+        "deepconf_window": config.deepconf_window,
+        "deepconf_stat": config.deepconf_stat,
+        "target_accuracy": config.target_accuracy,
+        "target_fraction": config.target_fraction,
+        "ltt_epsilon": config.ltt_epsilon,
+        "ltt_delta": config.ltt_delta,
         "deepconf_calibration": "platt on validation" if has_val else "platt, 2-fold cross-fit on eval",
         "vote_calibration": "fitted on validation" if has_val else "2-fold cross-fit on eval",
-        "stacked_probe": probe or ("linear probe on mean-pooled answer states, fitted on "
-                                   + ("validation (its validation scores 2-fold cross-fit)" if has_val
-                                      else "eval (2-fold cross-fit)")),
-        "prm": None if prm_scorer is None else {
-            "model": prm_scorer.name, "aggregate": prm_scorer.aggregate,
-            "step_separator": prm_scorer.step_separator, "lm_tokenizer": getattr(lm_tok, "name_or_path", "")},
+        "stacked_probe": probe
+        or (
+            "linear probe on mean-pooled answer states, fitted on "
+            + ("validation (its validation scores 2-fold cross-fit)" if has_val else "eval (2-fold cross-fit)")
+        ),
+        "prm": None
+        if prm_scorer is None
+        else {
+            "model": prm_scorer.name,
+            "aggregate": prm_scorer.aggregate,
+            "step_separator": prm_scorer.step_separator,
+            "lm_tokenizer": getattr(lm_tok, "name_or_path", ""),
+        },
     }
 
 
-def _evaluate_every_n(results: dict, studies: list[_Study], ns: list[int], lm_costs, levels, progress: bool):
+def _evaluate_every_n(results: dict, studies: list[_Study], ns: list[int], lm_costs, levels):
     """Evaluate every training seed's study at each N into `results`; returns what the figures need:
     (N -> method -> pooled reliability pairs, str(N) -> method -> mean trade-off curve)."""
     from tqdm.auto import tqdm
 
     reliability, curves = {}, {}
-    bar = tqdm(total=len(ns) * len(studies), desc="evaluate", unit="seed", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=len(ns) * len(studies),
+        desc="evaluate",
+        unit="seed",
+        disable=not studies[0].config.progress,
+        dynamic_ncols=True,
+    )
     for n in ns:
-        acc = _PerN(lm_cost_for(lm_costs, n), [{s: method_plan(st.entries, n, s, st.split) for s in SETTINGS}
-                                                for st in studies])
+        acc = _PerN(
+            lm_cost_for(lm_costs, n),
+            [{s: method_plan(st.entries, n, s, st.split) for s in SETTINGS} for st in studies],
+        )
         acc.verify_s = _online_costs(studies[0], n, acc.plans[0])
         prm_cost = studies[0].split.prm_cost  # measured once, when the PRM scored the split
         if prm_cost:
@@ -280,7 +353,7 @@ def _evaluate_every_n(results: dict, studies: list[_Study], ns: list[int], lm_co
         for seed, study in enumerate(studies):
             _evaluate_draw(study, n, seed, acc)
             bar.update(1)
-        _summarise_n(results, n, acc, studies[0].edges, studies[0].n_boot)
+        _summarise_n(results, n, acc, studies[0].edges, studies[0].config.bootstrap)
         if levels is not None:
             results["by_difficulty"][str(n)] = _by_difficulty(acc, levels)
         reliability[n] = acc.reliability
@@ -292,21 +365,20 @@ def _evaluate_every_n(results: dict, studies: list[_Study], ns: list[int], lm_co
 def default_num_sequences(available: int) -> list[int]:
     """The N values evaluated by default: the paper's grid 1, 4, 16, 64, 256, ... up to `available` (the fewest
     sequences any problem has), and `available` itself when it is not on the grid (best-of-all-collected)."""
-    ns = [4 ** k for k in range(16) if 4 ** k <= available]
+    ns = [4**k for k in range(16) if 4**k <= available]
     return ns + ([available] if available not in ns else [])
 
 
-def _load_prm(prm, prm_kwargs: dict | None, lm_tokenizer, dataset: ShardDataset, val: ShardDataset | None):
-    """(PRMScorer, LM tokenizer) of the PRM baseline, or (None, None) without one. The shards are checked for CoT
-    token ids first, so old shards fail before a large PRM is loaded."""
-    if prm is None:
+def _load_prm(config: EvaluateConfig, dataset: ShardDataset, val: ShardDataset | None):
+    """(PRMScorer, LM tokenizer) of the PRM baseline of ``config.prm``, or (None, None) without one. The shards are
+    checked for CoT token ids first, so old shards fail before a large PRM is loaded."""
+    if config.prm is None:
         return None, None
     require_cot_token_ids(dataset, "evaluation")
     if val is not None:
         require_cot_token_ids(val, "validation")
-    lm_tok = load_lm_tokenizer(dataset.info, lm_tokenizer)
-    scorer = prm if isinstance(prm, PRMScorer) else PRMScorer.from_pretrained(prm, **(prm_kwargs or {}))
-    return scorer, lm_tok
+    lm_tok = load_lm_tokenizer(dataset.info, config.lm_tokenizer)
+    return PRMScorer.from_pretrained(config.prm, **config.prm_kwargs), lm_tok
 
 
 def _prm_cost(split: SplitScores, val: SplitScores | None) -> dict | None:
@@ -327,8 +399,11 @@ def _resolve_lm_costs(lm_costs, info: dict) -> tuple[dict, str]:
         lm_costs = lm_costs_from_info(info)
         cost_source = "shard collection info" if lm_costs else "none (zeros)"
         if not lm_costs:
-            warnings.warn("no LM decode/elicitation costs given or recorded in the shards: latency counts verifier "
-                          "time only", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "no LM decode/elicitation costs given or recorded in the shards: latency counts verifier time only",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     else:
         cost_source = "argument"
     if isinstance(lm_costs, LatencyCosts):
@@ -346,8 +421,9 @@ def _online_costs(study: _Study, n: int, plans: dict) -> dict[str, float]:
         model, _ = e.model_for("streaming")
         if model is None or (not e.single_sequence and not any(e is x for x in plans["streaming"]["msv"])):
             continue
-        verify_s[method_label(e, n)] = measure_verifier_cost(model, study.split.dataset, seqs0,
-                                                             max_groups=study.cost_groups, repeats=2)
+        verify_s[method_label(e, n)] = measure_verifier_cost(
+            model, study.split.dataset, seqs0, max_groups=_COST_GROUPS, repeats=2
+        )
     return verify_s
 
 
@@ -355,8 +431,7 @@ def _evaluate_draw(study: _Study, n: int, seed: int, acc: _PerN) -> None:
     """Every method's metrics on the evaluation groups at N with training seed `seed`'s verifiers, both settings,
     into `acc` (and the λ rules with validation)."""
     for setting in SETTINGS:
-        draw = draw_scores(study.split, n, setting, study.wv_threshold, study.max_tokens, acc.plans[seed][setting],
-                           study.val)
+        draw = draw_scores(study.split, n, setting, acc.plans[seed][setting], study.config.method_config, study.val)
         groups, num_problems = draw.groups, len(study.split.problems)
         acc.offline.update(draw.offline)
         for method in _methods_in(groups):
@@ -365,7 +440,8 @@ def _evaluate_draw(study: _Study, n: int, seed: int, acc: _PerN) -> None:
             bon = _quiet(best_of_n_metrics, groups, method)
             row |= {f"bon_{k}": v for k, v in bon.items()}
             acc.numbers[setting].setdefault(method, []).append(
-                problem_numbers(groups, draw.problem_of, num_problems, method))
+                problem_numbers(groups, draw.problem_of, num_problems, method)
+            )
             if setting == "streaming":
                 row |= _streaming_metrics(study, draw, method, acc)
             for k, v in row.items():
@@ -383,16 +459,22 @@ def _streaming_metrics(study: _Study, draw, method: str, acc: _PerN) -> dict:
     """Early-stopping metrics of one method on one training seed's groups (its per-problem curves, trade-off curve
     and Brier by position are kept in `acc`)."""
     acc.positions.setdefault(method, []).append(_brier_by_position(draw.groups, method, study.edges))
-    pc = problem_curves(draw.groups, draw.problem_of, len(study.split.problems), method, study.lambdas,
-                        acc.costs_for(method))
+    pc = problem_curves(
+        draw.groups, draw.problem_of, len(study.split.problems), method, DEFAULT_LAMBDAS, acc.costs_for(method)
+    )
     acc.problem_curves.setdefault(method, []).append(pc)
     c = pc.curve()
     acc.curves.setdefault(method, []).append(c)
     full = int(np.argmax(c.lambdas))
-    return {**{f"autc_{x}": autc(c, x) for x in AXES}, **{f"autc_{x}_norm": autc(c, x, True) for x in AXES},
-            "full_accuracy": float(c.accuracy[full]), "peak_accuracy": float(c.accuracy.max()),
-            "full_tokens": float(c.tokens.max()), "full_steps": float(c.steps.max()),
-            "full_latency": float(c.latency.max())}
+    return {
+        **{f"autc_{x}": autc(c, x) for x in AXES},
+        **{f"autc_{x}_norm": autc(c, x, True) for x in AXES},
+        "full_accuracy": float(c.accuracy[full]),
+        "peak_accuracy": float(c.accuracy.max()),
+        "full_tokens": float(c.tokens.max()),
+        "full_steps": float(c.steps.max()),
+        "full_latency": float(c.latency.max()),
+    }
 
 
 def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: int) -> None:
@@ -407,27 +489,39 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
     multi = sorted({method_label(e, n) for s in SETTINGS for e in plans[s]["msv"]})
     single = [m for m in plans["terminal"]["base"] if m != msv]
     results["methods"][key] = {
-        "terminal": list(acc.per_seed["terminal"]), "streaming": list(acc.per_seed["streaming"]),
-        "msv": msv, "grouped": bool(plans["streaming"]["grouped"] or plans["terminal"]["grouped"]),
-        "single_sequence": list(plans["terminal"]["base"]), "multi_sequence": multi,
-        "aggregations": [m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s]["wv"])
-                         if m in acc.per_seed[s]],
+        "terminal": list(acc.per_seed["terminal"]),
+        "streaming": list(acc.per_seed["streaming"]),
+        "msv": msv,
+        "grouped": bool(plans["streaming"]["grouped"] or plans["terminal"]["grouped"]),
+        "single_sequence": list(plans["terminal"]["base"]),
+        "multi_sequence": multi,
+        "aggregations": [
+            m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s]["wv"]) if m in acc.per_seed[s]
+        ],
     }
     for s in SETTINGS:
         results[s][key] = {m: {k: seed_stat(v) for k, v in d.items()} for m, d in acc.per_seed[s].items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # empty bins stay nan
         results["brier_by_position"][key] = {
-            "edges": edges.tolist(), **{m: np.nanmean(np.asarray(v, dtype=float), axis=0).tolist()
-                                        for m, v in acc.positions.items()}}
+            "edges": edges.tolist(),
+            **{m: np.nanmean(np.asarray(v, dtype=float), axis=0).tolist() for m, v in acc.positions.items()},
+        }
     results["early_stop"][key] = _early_stop_summary(acc, msv, multi, single, n_boot)
     if n_boot and msv is not None:
         results["intervals"][key] = {
-            s: {m: metric_intervals(acc.numbers[s][msv], nums, n_boot) for m, nums in acc.numbers[s].items()
-                if m != msv and m not in multi} for s in SETTINGS if msv in acc.numbers[s]}
+            s: {
+                m: metric_intervals(acc.numbers[s][msv], nums, n_boot)
+                for m, nums in acc.numbers[s].items()
+                if m != msv and m not in multi
+            }
+            for s in SETTINGS
+            if msv in acc.numbers[s]
+        }
     if acc.lam_sel:
-        results["lambda_selection"][key] = {m: {rule: _summarise_rule(vals) for rule, vals in d.items()}
-                                            for m, d in acc.lam_sel.items()}
+        results["lambda_selection"][key] = {
+            m: {rule: _summarise_rule(vals) for rule, vals in d.items()} for m, d in acc.lam_sel.items()
+        }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -439,14 +533,13 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
     """Both λ rules of `hf_msv.lambda_rule.choose_lambda` for every streaming method, chosen on the validation
     groups at N (same training seed) and applied to `eval_groups`: the target rule (``"validation"``) and the
     guarantee (``"ltt"``), with the stop-time calibration on the evaluation split."""
-    vgroups = draw_scores(study.val, n, "streaming", study.wv_threshold, study.max_tokens,
-                          dict(acc.plans[seed]["streaming"]), study.val).groups
-    rules = {"validation": {"target_fraction": study.target_fraction, "target_accuracy": study.target_accuracy},
-             "ltt": {"epsilon": study.ltt_epsilon, "delta": study.ltt_delta}}
+    vgroups = draw_scores(
+        study.val, n, "streaming", dict(acc.plans[seed]["streaming"]), study.config.method_config, study.val
+    ).groups
     for m in _methods_in(eval_groups):
         costs = acc.costs_for(m)
-        for rule, kwargs in rules.items():
-            choice = choose_on_groups(vgroups, m, study.lambdas, costs, **kwargs)
+        for rule, kwargs in study.config.lambda_rules.items():
+            choice = choose_on_groups(vgroups, m, DEFAULT_LAMBDAS, costs, **kwargs)
             ev = replay_at(eval_groups, m, choice.lam, costs)
             acc.lam_sel.setdefault(m, {}).setdefault(rule, []).append(_rule_record(choice, ev, eval_groups, m))
 
@@ -456,15 +549,22 @@ def _rule_record(choice, ev, groups: list[AnswerGroup], method: str) -> dict:
     chosen λ and, over the groups that stopped, accuracy, mean confidence (the chosen answer's score) and ECE."""
     confidence = np.array([g.scores[method][c] if c >= 0 else 0.0 for g, c in zip(groups, ev.chosen)])
     hit = ev.stopped
-    return {"target": math.nan if choice.target is None else choice.target, "lambda": choice.lam,
-            "val_accuracy": choice.accuracy, "val_tokens": choice.tokens, "eval_accuracy": float(ev.correct.mean()),
-            "eval_tokens": float(ev.tokens.mean()), "eval_latency": float(ev.latency.mean()),
-            "certified": float(choice.reached) if choice.rule == "guarantee" else math.nan,
-            "reached": float(choice.reached), "problems_needed": choice.problems_needed or math.nan,
-            "stop_rate": float(hit.mean()),
-            "stop_accuracy": float(ev.correct[hit].mean()) if hit.any() else math.nan,
-            "stop_confidence": float(confidence[hit].mean()) if hit.any() else math.nan,
-            "stop_ece": ece(confidence[hit], ev.correct[hit]) if hit.any() else math.nan}
+    return {
+        "target": math.nan if choice.target is None else choice.target,
+        "lambda": choice.lam,
+        "val_accuracy": choice.accuracy,
+        "val_tokens": choice.tokens,
+        "eval_accuracy": float(ev.correct.mean()),
+        "eval_tokens": float(ev.tokens.mean()),
+        "eval_latency": float(ev.latency.mean()),
+        "certified": float(choice.reached) if choice.rule == "guarantee" else math.nan,
+        "reached": float(choice.reached),
+        "problems_needed": choice.problems_needed or math.nan,
+        "stop_rate": float(hit.mean()),
+        "stop_accuracy": float(ev.correct[hit].mean()) if hit.any() else math.nan,
+        "stop_confidence": float(confidence[hit].mean()) if hit.any() else math.nan,
+        "stop_ece": ece(confidence[hit], ev.correct[hit]) if hit.any() else math.nan,
+    }
 
 
 def _by_difficulty(acc: _PerN, levels: list) -> dict:
@@ -491,7 +591,7 @@ def difficulty_from_problems(problems, field_name: str) -> dict:
             v = p.meta[field_name]
             out[p.id] = len(v) if isinstance(v, (list, tuple)) else v
     if not out:
-        raise ValueError(f"no problem has the metadata field {field_name!r}")
+        raise UserError(f"no problem has the metadata field {field_name!r}")
     return out
 
 
@@ -535,15 +635,21 @@ def _brier_by_position(groups: list[AnswerGroup], method: str, edges: np.ndarray
 def _curve_dict(curves: list[TradeoffCurve]) -> dict:
     mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0).tolist()  # noqa: E731
     lam = curves[0].lambdas
-    return {"lambdas": [None if math.isinf(x) else float(x) for x in lam], "accuracy": mean("accuracy"),
-            "tokens": mean("tokens"), "steps": mean("steps"), "latency": mean("latency"),
-            "stop_rate": mean("stop_rate")}
+    return {
+        "lambdas": [None if math.isinf(x) else float(x) for x in lam],
+        "accuracy": mean("accuracy"),
+        "tokens": mean("tokens"),
+        "steps": mean("steps"),
+        "latency": mean("latency"),
+        "stop_rate": mean("stop_rate"),
+    }
 
 
 def _mean_curve(curves: list[TradeoffCurve]) -> TradeoffCurve:
     mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0)  # noqa: E731
-    return TradeoffCurve(curves[0].lambdas, mean("accuracy"), mean("tokens"), mean("steps"), mean("latency"),
-                         mean("stop_rate"))
+    return TradeoffCurve(
+        curves[0].lambdas, mean("accuracy"), mean("tokens"), mean("steps"), mean("latency"), mean("stop_rate")
+    )
 
 
 def _quiet(fn, *args, **kwargs):
@@ -558,23 +664,44 @@ def split_statistics(problems: list[CollectedProblem]) -> dict:
     compared (`research/compare_main_collection.py`)."""
     correct = np.concatenate([p.answer_correct for p in problems])
     term = np.concatenate([p.answer_terminal for p in problems])
-    return {"problems": len(problems), "sequences_per_problem": int(min(p.num_sequences for p in problems)),
-            "answers": int(len(correct)), "answers_per_sequence": float(len(correct) / sum(
-                p.num_sequences for p in problems)),
-            "terminal_accuracy": float(correct[term].mean()) if term.any() else math.nan,
-            "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
-            "mean_sequence_tokens": float(np.mean(np.concatenate([p.sequence_length for p in problems])))}
+    return {
+        "problems": len(problems),
+        "sequences_per_problem": int(min(p.num_sequences for p in problems)),
+        "answers": int(len(correct)),
+        "answers_per_sequence": float(len(correct) / sum(p.num_sequences for p in problems)),
+        "terminal_accuracy": float(correct[term].mean()) if term.any() else math.nan,
+        "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
+        "mean_sequence_tokens": float(np.mean(np.concatenate([p.sequence_length for p in problems]))),
+    }
 
 
 def _data_summary(problems: list[CollectedProblem], info: dict, val: SplitScores | None) -> dict:
     """The report's ``data`` entry: each split's `split_statistics` and the evaluation shards' collection settings."""
     if "elicitation" in info:  # shards that record `ElicitationSettings`: the flat keys reports have always shown
         e = collection_elicitation(info)
-        info = {"delimiters": list(e.delimiters), "every_k_tokens": e.every_k_tokens,
-                "max_answer_tokens": e.max_answer_tokens, **info}
-    out = {"eval": split_statistics(problems), "collect": {k: info.get(k) for k in (
-        "lm_name_or_path", "num_samples", "temperature", "max_new_tokens", "delimiters", "every_k_tokens",
-        "checker", "max_answer_tokens") if k in info}}
+        info = {
+            "delimiters": list(e.delimiters),
+            "every_k_tokens": e.every_k_tokens,
+            "max_answer_tokens": e.max_answer_tokens,
+            **info,
+        }
+    out = {
+        "eval": split_statistics(problems),
+        "collect": {
+            k: info.get(k)
+            for k in (
+                "lm_name_or_path",
+                "num_samples",
+                "temperature",
+                "max_new_tokens",
+                "delimiters",
+                "every_k_tokens",
+                "checker",
+                "max_answer_tokens",
+            )
+            if k in info
+        },
+    }
     if val is not None:
         out["val"] = split_statistics(val.problems)
     return out
@@ -585,21 +712,30 @@ def _best_peak(mean: dict, names: list[str], axis: str) -> str | None:
     names = [m for m in names if m in mean]
     if not names:
         return None
-    return max(names, key=lambda m: (round(float(mean[m].accuracy.max()), 12),
-                                     -float(mean[m].x(axis)[np.argmax(mean[m].accuracy)])))
+    return max(
+        names,
+        key=lambda m: (round(float(mean[m].accuracy.max()), 12), -float(mean[m].x(axis)[np.argmax(mean[m].accuracy)])),
+    )
 
 
 def _comparison(acc: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dict:
     """MSV against one baseline on every axis: budget fraction to reach its peak (seed-mean curves), per training
     seed, and its paired bootstrap interval over problems."""
-    out = {"baseline": best, "baseline_peak_accuracy": float(mean[best].accuracy.max()),
-           "msv_peak_accuracy": float(mean[msv].accuracy.max())}
+    out = {
+        "baseline": best,
+        "baseline_peak_accuracy": float(mean[best].accuracy.max()),
+        "msv_peak_accuracy": float(mean[msv].accuracy.max()),
+    }
     for axis in AXES:
-        out[axis] = {"fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best], axis),
-                     "per_seed": [_quiet(early_stop_token_fraction, a, b, axis)
-                                  for a, b in zip(acc.curves[msv], acc.curves[best])],
-                     "interval": fraction_interval(acc.problem_curves[msv], acc.problem_curves[best], axis, n_boot)
-                     if n_boot else None}
+        out[axis] = {
+            "fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best], axis),
+            "per_seed": [
+                _quiet(early_stop_token_fraction, a, b, axis) for a, b in zip(acc.curves[msv], acc.curves[best])
+            ],
+            "interval": fraction_interval(acc.problem_curves[msv], acc.problem_curves[best], axis, n_boot)
+            if n_boot
+            else None,
+        }
     return out
 
 
@@ -610,24 +746,33 @@ def _matched_budget(acc: _PerN, mean: dict, msv: str, baselines: list[str], n_bo
     the full-decoding accuracy of the most accurate of `baselines` (a target that is not the maximum of a noisy
     curve)."""
     reference = msv + STOP_HEAD_SUFFIX if msv + STOP_HEAD_SUFFIX in mean else msv
-    out = {"fractions": list(BUDGET_FRACTIONS), "reference": reference,
-           "accuracy": {m: [budget_accuracy(c, f) for f in BUDGET_FRACTIONS] for m, c in mean.items()}}
+    out = {
+        "fractions": list(BUDGET_FRACTIONS),
+        "reference": reference,
+        "accuracy": {m: [budget_accuracy(c, f) for f in BUDGET_FRACTIONS] for m, c in mean.items()},
+    }
     ref = acc.problem_curves[reference]
     if n_boot:
-        out["intervals"] = {m: [budget_interval(ref, pc, f, n_boot) for f in BUDGET_FRACTIONS]
-                            for m, pc in acc.problem_curves.items() if m != reference}
+        out["intervals"] = {
+            m: [budget_interval(ref, pc, f, n_boot) for f in BUDGET_FRACTIONS]
+            for m, pc in acc.problem_curves.items()
+            if m != reference
+        }
     pool = [m for m in baselines if m in mean and m != reference]
     if pool:
         best = max(pool, key=lambda m: float(mean[m].accuracy[np.argmax(mean[m].lambdas)]))
         out["full_decoding_target"] = {
-            "baseline": best, "accuracy": float(mean[best].accuracy[np.argmax(mean[best].lambdas)]),
-            **{axis: target_fraction_interval(ref, acc.problem_curves[best], axis, n_boot) for axis in
-               ("steps", "tokens")}}
+            "baseline": best,
+            "accuracy": float(mean[best].accuracy[np.argmax(mean[best].lambdas)]),
+            **{
+                axis: target_fraction_interval(ref, acc.problem_curves[best], axis, n_boot)
+                for axis in ("steps", "tokens")
+            },
+        }
     return out
 
 
-def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], single: Sequence[str],
-                        n_boot: int) -> dict:
+def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], single: Sequence[str], n_boot: int) -> dict:
     """Seed-mean curves, and how the primary MSV compares with the baseline of highest peak accuracy, among the
     single-sequence baselines (the paper's comparison) and among all of them (every method but the
     multi-sequence MSVs). The top-level ``best_baseline`` / ``token_fraction`` / ``latency_fraction`` keys are the
@@ -638,8 +783,10 @@ def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], singl
         return out
     mean = {m: _mean_curve(c) for m, c in curves.items()}
     # An MSV read through its stop head is the MSV itself, never a baseline.
-    pools = {"single_sequence": list(single), "all": [m for m in curves if m != msv and m not in multi
-                                                      and not m.endswith(STOP_HEAD_SUFFIX)]}
+    pools = {
+        "single_sequence": list(single),
+        "all": [m for m in curves if m != msv and m not in multi and not m.endswith(STOP_HEAD_SUFFIX)],
+    }
     comps = {}
     for name, pool in pools.items():
         best = _best_peak(mean, pool, "steps")
@@ -649,14 +796,19 @@ def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], singl
     if "all" not in comps:
         return out
     best = _best_peak(mean, pools["all"], "tokens")
-    out |= {"msv": msv, "best_baseline": best,
-            "best_baseline_peak_accuracy": float(mean[best].accuracy.max()),
-            "msv_peak_accuracy": float(mean[msv].accuracy.max()),
-            "token_fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best]),
-            "token_fraction_per_seed": [_quiet(early_stop_token_fraction, a, b)
-                                        for a, b in zip(curves[msv], curves[best])],
-            "latency_fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best], "latency"),
-            "latency_fraction_per_seed": [_quiet(early_stop_token_fraction, a, b, "latency")
-                                          for a, b in zip(curves[msv], curves[best])],
-            "comparisons": comps}
+    out |= {
+        "msv": msv,
+        "best_baseline": best,
+        "best_baseline_peak_accuracy": float(mean[best].accuracy.max()),
+        "msv_peak_accuracy": float(mean[msv].accuracy.max()),
+        "token_fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best]),
+        "token_fraction_per_seed": [
+            _quiet(early_stop_token_fraction, a, b) for a, b in zip(curves[msv], curves[best])
+        ],
+        "latency_fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best], "latency"),
+        "latency_fraction_per_seed": [
+            _quiet(early_stop_token_fraction, a, b, "latency") for a, b in zip(curves[msv], curves[best])
+        ],
+        "comparisons": comps,
+    }
     return out

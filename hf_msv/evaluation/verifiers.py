@@ -10,8 +10,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["verifier_config", "load_verifier", "VerifierEntry", "load_verifiers", "load_verifier_seeds",
-           "parse_verifier_specs"]
+from ..errors import MissingPathError, NotADirectoryPathError, UserError
+
+__all__ = [
+    "verifier_config",
+    "load_verifier",
+    "VerifierEntry",
+    "load_verifiers",
+    "load_verifier_seeds",
+    "parse_verifier_specs",
+]
 
 
 def verifier_config(path) -> dict:
@@ -19,16 +27,17 @@ def verifier_config(path) -> dict:
     `NotADirectoryError` naming the path when it is not a checkpoint directory."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no such verifier directory: {path}")
+        raise MissingPathError(f"no such verifier directory: {path}")
     if not path.is_dir():
-        raise NotADirectoryError(f"a verifier is a directory (written by `hf-msv train`), not a file: {path}")
+        raise NotADirectoryPathError(f"a verifier is a directory (written by `hf-msv train`), not a file: {path}")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} holds no config.json: not a verifier checkpoint (give the --output-dir of "
-                                "`hf-msv train`)")
+        raise MissingPathError(
+            f"{path} holds no config.json: not a verifier checkpoint (give the --output-dir of `hf-msv train`)"
+        )
     try:
         return json.loads((path / "config.json").read_text())
     except ValueError as error:
-        raise ValueError(f"{path / 'config.json'} is not valid JSON: {error}") from error
+        raise UserError(f"{path / 'config.json'} is not valid JSON: {error}") from error
 
 
 def load_verifier(path_or_model):
@@ -46,7 +55,7 @@ def load_verifier(path_or_model):
         from ..modeling_msv import MSVVerifier
 
         return MSVVerifier.from_pretrained(path).eval()
-    raise ValueError(f"{path} holds a {model_type!r} model, not an MSV or Probe verifier")
+    raise UserError(f"{path} holds a {model_type!r} model, not an MSV or Probe verifier")
 
 
 @dataclass(eq=False)
@@ -82,13 +91,13 @@ def load_verifiers(verifiers: Mapping) -> list[VerifierEntry]:
             model = load_verifier(target)
             mode = model.config.mode
             if declared is not None and declared != mode:
-                raise ValueError(f"verifier {name!r}: the {declared!r} checkpoint was trained in {mode!r} mode")
+                raise UserError(f"verifier {name!r}: the {declared!r} checkpoint was trained in {mode!r} mode")
             if mode in entry.models:
-                raise ValueError(f"verifier {name!r} has two {mode} checkpoints")
+                raise UserError(f"verifier {name!r} has two {mode} checkpoints")
             kind = "probe" if model.config.model_type == "msv_probe" else "msv"
             m = 1 if kind == "probe" else int(model.config.num_sequences)
             if entry.models and (kind, m) != (entry.kind, entry.num_sequences):
-                raise ValueError(f"verifier {name!r} mixes checkpoints of different kinds or sizes")
+                raise UserError(f"verifier {name!r} mixes checkpoints of different kinds or sizes")
             entry.models[mode], entry.kind, entry.num_sequences = model, kind, m
         out.append(entry)
     return out
@@ -104,10 +113,12 @@ def load_verifier_seeds(verifiers: Mapping) -> list[list[VerifierEntry]]:
     per_name = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in verifiers.items()}
     counts = {len(v) for v in per_name.values() if len(v) > 1}
     if len(counts) > 1:
-        raise ValueError(f"every verifier with several training seeds needs the same number of them, got "
-                         f"{ {k: len(v) for k, v in per_name.items()} }")
+        raise UserError(
+            f"every verifier with several training seeds needs the same number of them, got "
+            f"{ {k: len(v) for k, v in per_name.items()} }"
+        )
     if any(len(v) == 0 for v in per_name.values()):
-        raise ValueError("a verifier name without a checkpoint")
+        raise UserError("a verifier name without a checkpoint")
     r = counts.pop() if counts else 1
     loaded = {k: [load_verifiers({k: spec})[0] for spec in v] for k, v in per_name.items()}
     return [[v[s] if len(v) > 1 else v[0] for v in loaded.values()] for s in range(r)]
@@ -122,7 +133,7 @@ def parse_verifier_specs(specs: Sequence[str]) -> dict:
     for spec in specs:
         name, path = spec.split("=", 1) if "=" in spec else ("", "")
         if not name or not path:
-            raise ValueError(f"--verifier takes NAME=PATH, got {spec!r}")
+            raise UserError(f"--verifier takes NAME=PATH, got {spec!r}")
         try:
             mode = verifier_config(path).get("mode", "streaming")
         except (OSError, ValueError) as error:

@@ -13,11 +13,13 @@ The verifier may also be a `ProbeVerifier` (scored as the evaluation's Probe+WV)
 How the decoding loop works, its timing, the supported caches and its limits: ``docs/generation.md``.
 """
 
+from ..elicitation import resolve_elicitation
 from .caches import RecurrentHistory, branch_cache, check_forkable, fork_cache, recurrent_state_bytes
 from .delimiters import DelimiterMatch, DelimiterMatcher
+from .hook import MSVSession, msv_generate, prepare_generation
 from .lockstep import lockstep_sample
 from .outputs import MSVAnswer, MSVResult
-from .hook import MSVSession, msv_generate, prepare_generation, resolve_elicitation
+from .policy import ElicitationPolicy, eos_token_ids
 from .scorers import AnswerScorer, MSVScorer, ProbeScorer, StopRuleScorer, WeightedVoteScorer, as_scorer
 from .stopping import MSVEarlyStop, StopDecision, decide_stop
 
@@ -25,6 +27,7 @@ __all__ = [
     "AnswerScorer",
     "DelimiterMatch",
     "DelimiterMatcher",
+    "ElicitationPolicy",
     "MSVAnswer",
     "MSVEarlyStop",
     "MSVResult",
@@ -39,6 +42,7 @@ __all__ = [
     "branch_cache",
     "check_forkable",
     "decide_stop",
+    "eos_token_ids",
     "fork_cache",
     "lockstep_sample",
     "msv_generate",

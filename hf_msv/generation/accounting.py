@@ -16,8 +16,9 @@ from .tracking import STOPPED, RowTracker
 __all__ = ["assemble_results"]
 
 
-def assemble_results(tracker: RowTracker, budget: int, threshold: float | None, keep_hidden_states: bool,
-                     timings: dict[str, float]) -> list[MSVResult]:
+def assemble_results(
+    tracker: RowTracker, budget: int, threshold: float | None, keep_hidden_states: bool, timings: dict[str, float]
+) -> list[MSVResult]:
     """One `MSVResult` per prompt, in prompt order.
 
     Args:
@@ -38,14 +39,24 @@ def assemble_results(tracker: RowTracker, budget: int, threshold: float | None, 
                 answer.hidden_states = None
         # Without a verifier nothing is decided: report the step at which the last sequence ended.
         stop_step = group.stop_step if group.stop_step is not None else tracker.last_step(p)
-        results.append(MSVResult(
-            prompt=p, answers=sorted(group.answers, key=answer_sort_key), chosen=group.chosen,
-            confidence=group.chosen.score if group.chosen is not None else None,
-            stopped_early=group.stopped_early, stop_step=stop_step, threshold=threshold,
-            sequences=[list(tracker.history[r]) for r in rows], finish_reasons=[tracker.status[r] for r in rows],
-            tokens_decoded=decoded, token_budget=tracker.N * budget,
-            tokens_without_early_stop=None if group.stopped_early else decoded,
-            tokens_without_early_stop_bounds=(decoded, upper),
-            elicitation_tokens=sum(tracker.elicitation_tokens[r] for r in rows),
-            answer_tokens=sum(a.length for a in group.answers), timings=timings))
+        results.append(
+            MSVResult(
+                prompt=p,
+                answers=sorted(group.answers, key=answer_sort_key),
+                chosen=group.chosen,
+                confidence=group.chosen.score if group.chosen is not None else None,
+                stopped_early=group.stopped_early,
+                stop_step=stop_step,
+                threshold=threshold,
+                sequences=[list(tracker.history[r]) for r in rows],
+                finish_reasons=[tracker.status[r] for r in rows],
+                tokens_decoded=decoded,
+                token_budget=tracker.N * budget,
+                tokens_without_early_stop=None if group.stopped_early else decoded,
+                tokens_without_early_stop_bounds=(decoded, upper),
+                elicitation_tokens=sum(tracker.elicitation_tokens[r] for r in rows),
+                answer_tokens=sum(a.length for a in group.answers),
+                timings=timings,
+            )
+        )
     return results

@@ -1,7 +1,9 @@
 """Copying batch rows of a transformers `Cache` into branch rows, and what a branch needs to leave tokens out.
 
-`fork_cache` copies rows (every layer type of the table in ``docs/caches.md``; anything else is refused with a
-`NotImplementedError` naming the cache class, layer or attribute, see `check_forkable`). `branch_cache` builds the
+`fork_cache` copies rows (every layer type of the table in ``docs/caches.md``; anything else is refused with an
+`UnsupportedError`, a `NotImplementedError`, naming the cache class, layer or attribute, see `check_forkable`).
+`check_decodable` (before the prefill) and `check_prefilled` (after it) refuse an LM that keeps its decoding state
+anywhere but a cache the loop can fork: a model kwarg, a ``state`` argument, its own modules. `branch_cache` builds the
 rows of branches that leave out their last d consumed tokens: on attention layers the row's cached tokens move d
 slots later (the caller masks the d slots that wrap to the front), on recurrent layers the row starts from the state
 `RecurrentHistory` saved before those tokens. `widen_windows` makes sliding-window and chunked layers keep the
@@ -30,14 +32,19 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 
+from ..errors import UnsupportedError
+
 __all__ = [
     "RecurrentHistory",
     "attention_length",
     "branch_cache",
     "cache_argument",
+    "check_decodable",
     "check_forkable",
+    "check_prefilled",
     "fork_cache",
     "has_recurrent_state",
+    "module_state",
     "output_cache",
     "recurrent_state_bytes",
     "widen_windows",
@@ -56,15 +63,27 @@ def _optional(*names: str) -> tuple[type, ...]:
 
 # Exact classes only: a subclass (a quantized layer, a model's own layer) may hold state that these do not gather.
 _KV_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer, *_optional("DummyLayer"))
-_RECURRENT_LAYERS = (LinearAttentionLayer, LinearAttentionAndFullAttentionLayer,
-                     *_optional("LinearAttentionAndSlidingWindowAttentionLayer"))
+_RECURRENT_LAYERS = (
+    LinearAttentionLayer,
+    LinearAttentionAndFullAttentionLayer,
+    *_optional("LinearAttentionAndSlidingWindowAttentionLayer"),
+)
 
 
 # Where a supported cache and its layers may hold tensors. A tensor anywhere else is state that a row copy would not
 # gather (MiniMaxCache.linear_cache, an attribute a model adds), so the cache is refused rather than half-forked.
 _CACHE_STATE = frozenset({"layers"})
-_LAYER_STATE = frozenset({"keys", "values", "indexer_keys", "indexer_position_ids", "conv_states", "recurrent_states",
-                          "_sliding_window_tensor"})  # the last one is the window size, a 0-d tensor without rows
+_LAYER_STATE = frozenset(
+    {
+        "keys",
+        "values",
+        "indexer_keys",
+        "indexer_position_ids",
+        "conv_states",
+        "recurrent_states",
+        "_sliding_window_tensor",
+    }
+)  # the last one is the window size, a 0-d tensor without rows
 
 
 def _holds_tensor(value, depth: int = 0) -> bool:
@@ -83,58 +102,73 @@ def _holds_tensor(value, depth: int = 0) -> bool:
 def _alternative(name: str, generic: str) -> str:
     """What `name` (a cache or layer class) would need, or what to use instead."""
     if "Static" in name:
-        return ("a dynamic cache (leave cache_implementation unset); a static layer would need its preallocated "
-                "tensors gathered by row and a write position per row")
+        return (
+            "a dynamic cache (leave cache_implementation unset); a static layer would need its preallocated "
+            "tensors gathered by row and a write position per row"
+        )
     if "Quantized" in name:
         return "a dynamic cache (no cache_implementation='quantized'), or its quantized tensors gathered by row"
     return generic
 
 
-def check_forkable(cache: Cache) -> None:
-    """Raise `NotImplementedError` naming what keeps `fork_cache` from copying rows of `cache` exactly.
+def check_forkable(cache: Cache, owner: str | None = None) -> None:
+    """Raise `UnsupportedError` naming what keeps `fork_cache` from copying rows of `cache` exactly.
 
     The whole object is inspected: offloading, every attribute of the cache that holds tensors (not only
     ``cache.layers``), the cache class (transformers' `DynamicCache` only), and each layer's class and tensor
     attributes. Supported and refused types, with their messages: ``docs/caches.md``.
 
+    Args:
+        cache: the cache to check.
+        owner: the LM's class name, named in the messages (``"MiniMaxForCausalLM"``).
+
     Raises:
-        NotImplementedError: naming the cache class, the attribute (``MiniMaxCache.linear_cache``) or the layer class.
+        UnsupportedError: (a `NotImplementedError`) naming the cache class, the attribute
+            (``MiniMaxCache.linear_cache``) or the layer class.
     """
     kind = type(cache).__name__
+    of = f" (the cache of {owner})" if owner else ""
     if getattr(cache, "offloading", False):
-        raise NotImplementedError("MSV generation cannot fork an offloaded cache: it would need each layer fetched "
-                                  "back to the accelerator before the gather (use a cache without offloading).")
+        raise UnsupportedError(
+            f"MSV generation cannot fork an offloaded cache{of}: it would need each layer fetched "
+            "back to the accelerator before the gather (use a cache without offloading)."
+        )
     for name, value in vars(cache).items():
         if name not in _CACHE_STATE and _holds_tensor(value):
-            raise NotImplementedError(
-                f"MSV generation cannot fork {kind}: {kind}.{name} holds per-row state outside cache.layers that "
-                f"hf_msv.generation.caches does not know how to copy by row (supported caches: docs/caches.md).")
+            raise UnsupportedError(
+                f"MSV generation cannot fork {kind}{of}: {kind}.{name} holds per-row state outside cache.layers "
+                f"that hf_msv.generation.caches does not know how to copy by row (supported caches: docs/caches.md)."
+            )
     for layer in getattr(cache, "layers", ()):
-        _check_layer(layer)
+        _check_layer(layer, of)
     if type(cache) is not DynamicCache:
         need = _alternative(kind, "its own row copy added to hf_msv.generation.caches")
-        raise NotImplementedError(
-            f"MSV generation cannot fork {kind}: it forks transformers' DynamicCache only (a model-specific or "
+        raise UnsupportedError(
+            f"MSV generation cannot fork {kind}{of}: it forks transformers' DynamicCache only (a model-specific or "
             f"other cache class may keep or read state that a row copy does not reproduce); it would need {need} "
-            f"(supported caches: docs/caches.md).")
+            f"(supported caches: docs/caches.md)."
+        )
 
 
-def _check_layer(layer) -> None:
+def _check_layer(layer, of: str = "") -> None:
     kind = type(layer)
     name = kind.__name__
     if kind in _RECURRENT_LAYERS and not _DICT_STATES:
-        raise NotImplementedError(
-            f"MSV generation forks {name} cache layers with transformers >= 5.14.0 (where conv and recurrent states "
-            f"are per-state dicts); this is transformers {transformers.__version__}.")
+        raise UnsupportedError(
+            f"MSV generation forks {name} cache layers{of} with transformers >= 5.14.0 (where conv and recurrent "
+            f"states are per-state dicts); this is transformers {transformers.__version__}."
+        )
     if kind not in _KV_LAYERS and kind not in _RECURRENT_LAYERS:
-        need = _alternative(name, "a row gather of every tensor it holds (its reorder_cache) added to "
-                                  "hf_msv.generation.caches")
-        raise NotImplementedError(f"MSV generation cannot fork a {name} cache layer: it would need {need}.")
+        need = _alternative(
+            name, "a row gather of every tensor it holds (its reorder_cache) added to hf_msv.generation.caches"
+        )
+        raise UnsupportedError(f"MSV generation cannot fork a {name} cache layer{of}: it would need {need}.")
     for attribute, value in vars(layer).items():
         if attribute not in _LAYER_STATE and _holds_tensor(value):
-            raise NotImplementedError(
-                f"MSV generation cannot fork a {name} cache layer holding a tensor in {name}.{attribute}: "
-                f"hf_msv.generation.caches does not know how to copy it by row (supported layers: docs/caches.md).")
+            raise UnsupportedError(
+                f"MSV generation cannot fork a {name} cache layer{of} holding a tensor in {name}.{attribute}: "
+                f"hf_msv.generation.caches does not know how to copy it by row (supported layers: docs/caches.md)."
+            )
 
 
 # What an LM's forward calls its cache: transformers >= 5.24 takes (and returns) it as `cache` on every model, before
@@ -156,6 +190,205 @@ def output_cache(outputs) -> Cache | None:
         if cache is not None:
             return cache
     return None
+
+
+# What the user can do about an LM whose decoding state the loop cannot fork (the end of every such refusal).
+_INSTEAD = (
+    "Use an LM whose decoding state transformers keeps in a DynamicCache (the supported models and layers: "
+    "docs/caches.md), or give this state a row copy in hf_msv.generation.caches; plain generate (without "
+    "prepare_generation) still samples this LM, without MSV answers."
+)
+# Forward arguments that carry decoding state under a name other than a cache's (RWKV's `state`, Transformer-XL's
+# `mems`, `*_state(s)`); flags and inputs that merely end that way are not state.
+_STATE_ARGUMENTS = ("state", "states", "mems", "memory")
+_NOT_STATE = ("output_", "return_", "encoder_", "image_", "vision_", "audio_", "video_", "pixel_")
+# Model outputs that are no decoding state.
+_NOT_STATE_OUTPUTS = frozenset({"loss", "logits", "hidden_states", "attentions", "last_hidden_state"})
+
+
+def _refusal(owner: str, cause: str) -> UnsupportedError:
+    return UnsupportedError(f"MSV generation cannot fork the decoding state of {owner}: {cause}. {_INSTEAD}")
+
+
+def _is_state_name(name: str) -> bool:
+    """Whether an argument or output named `name` (not a cache's name) is named like decoding state."""
+    return (
+        name not in _CACHE_NAMES
+        and not name.startswith(_NOT_STATE)
+        and name != "hidden_states"
+        and (name in _STATE_ARGUMENTS or name.endswith(("_state", "_states")))
+    )
+
+
+def _state_arguments(model) -> list[str]:
+    """The forward's arguments, other than a cache argument, named like decoding state (`state`, `*_states`)."""
+    return [name for name in inspect.signature(model.forward).parameters if _is_state_name(name)]
+
+
+def _module_cache_setup(model) -> str | None:
+    """The model class that defines ``_setup_cache`` (per-row state written onto its own modules), if one does."""
+    for cls in type(model).__mro__:
+        if "_setup_cache" in vars(cls) and not cls.__module__.startswith(
+            ("transformers.modeling_utils", "transformers.generation")
+        ):
+            return cls.__name__
+    return None
+
+
+def module_state(model) -> dict[str, torch.Tensor]:
+    """Tensors that the modules of `model` hold as plain attributes (neither parameters nor buffers), by dotted name.
+
+    Snapshot it before a forward and compare with `check_prefilled`: a forward that (re)assigns per-row tensors
+    there keeps decoding state outside any cache (RecurrentGemma's ``rg_lru.recurrent_states``).
+    """
+    return {
+        f"{prefix}.{attribute}" if prefix else attribute: value
+        for prefix, module in model.named_modules()
+        for attribute, value in vars(module).items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def check_decodable(model, model_kwargs: dict | None = None, use_cache: bool | None = True) -> None:
+    """Refuse, before any forward, an LM whose decoding state the lockstep loop could not fork per answer branch.
+
+    The loop feeds each forward ``input_ids``, the 2D ``attention_mask``, ``position_ids`` and one cache under the
+    forward's cache argument (`cache_argument`), and forks that cache's rows (`check_forkable`). Refused, naming the
+    LM class and where its state is:
+
+    * ``use_cache=False``: there is no cache to fork;
+    * a forward that takes no cache argument but a state one (RWKV's ``state``): state outside any `Cache`;
+    * a model kwarg that holds state under another name than a cache argument (a `Cache`, a container or object of
+      tensors, or a tensor under a state-named argument): the loop would neither pass it on nor copy it;
+    * the cache ``generate`` prepared, when `check_forkable` refuses it, or an object that is no `Cache`;
+    * a model class with its own ``_setup_cache`` (RecurrentGemma): it writes per-row state onto its modules;
+    * an attention mask that is not 2D.
+
+    State that only the prefill reveals (tensors a forward writes onto modules, a state output) is refused by
+    `check_prefilled`, still before any decoding step.
+
+    Args:
+        model: the LM.
+        model_kwargs: the model kwargs ``generate`` hands the decoding loop (default: none).
+        use_cache: ``generate``'s ``use_cache``.
+
+    Raises:
+        UnsupportedError: (a `NotImplementedError`) naming the LM class, the argument, kwarg or class holding the
+            state, why it cannot be forked, and what to use instead.
+    """
+    owner = type(model).__name__
+    model_kwargs = model_kwargs or {}
+    if use_cache is False or model_kwargs.get("use_cache") is False:
+        raise UnsupportedError(
+            f"MSV generation needs the cache of the decoding loop, which {owner}.generate was "
+            "called without: call generate with use_cache=True (the default), so each answer "
+            "branch can start from a copy of its sequence's cache."
+        )
+    parameters = inspect.signature(model.forward).parameters
+    states = _state_arguments(model)
+    if states and not any(name in parameters for name in _CACHE_NAMES):
+        raise _refusal(
+            owner,
+            f"its forward takes no cache ({', '.join(_CACHE_NAMES)}) but carries its state in "
+            f"its {' and '.join(f'`{s}`' for s in states)} argument, tensors outside any "
+            "transformers Cache that the decoding loop can neither pass on nor copy per answer "
+            "branch",
+        )
+    for key, value in model_kwargs.items():
+        if value is None:
+            continue
+        if key in _CACHE_NAMES:
+            if isinstance(value, Cache):
+                check_forkable(value, owner)
+            elif _holds_tensor(value):
+                raise _refusal(
+                    owner,
+                    f"generate passes it a {type(value).__name__} as `{key}`, not a transformers "
+                    "Cache, so hf_msv.generation.caches cannot copy its rows per answer branch",
+                )
+        elif (
+            isinstance(value, Cache)
+            or (key in states and _holds_tensor(value))
+            or (not isinstance(value, torch.Tensor) and _holds_tensor(value))
+        ):
+            raise _refusal(
+                owner,
+                f"generate carries its state in the model kwarg `{key}` ({type(value).__name__}), "
+                f"not in the forward's cache argument `{cache_argument(model)}`, so the decoding "
+                "loop would neither pass it on to later forwards nor copy it per answer branch",
+            )
+    defined_by = _module_cache_setup(model)
+    if defined_by is not None:
+        raise _refusal(
+            owner,
+            f"it keeps per-row recurrent state on its own modules ({defined_by}._setup_cache "
+            "writes it there), outside the cache generate passes to its forward, so every answer "
+            "branch would read and overwrite the state of the sequence it forked from",
+        )
+    mask = model_kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() != 2:
+        raise UnsupportedError(
+            f"MSV generation needs a 2D attention mask (batch, tokens); {owner}.generate was "
+            f"given a {mask.dim()}D one: pass a 2D attention_mask, or none."
+        )
+
+
+def check_prefilled(model, outputs, before: dict[str, torch.Tensor], batch: int) -> Cache:
+    """The cache the prefill returned, or a refusal naming the LM class and where it keeps its decoding state.
+
+    Args:
+        model: the LM, right after the prefill.
+        outputs: the prefill's output.
+        before: `module_state` of the LM before the prefill.
+        batch: rows of the prefill (module state is looked for only when there are several).
+
+    Raises:
+        UnsupportedError: the prefill wrote per-row tensors onto the LM's modules (not parameters or buffers), it
+            returned its state under another name than a cache's (instead of a cache, or beside one under a state
+            name), it returned no cache, or `check_forkable` refuses the cache it returned; always before any
+            decoding step.
+    """
+    owner = type(model).__name__
+    # Tensors (re)assigned by the prefill with a row per batch row; with one row, a (1, ...) constant such as a
+    # remote-code rotary table looks the same, so a one-row batch is not checked here.
+    written = [
+        name
+        for name, tensor in module_state(model).items()
+        if batch > 1 and before.get(name) is not tensor and tensor.dim() > 0 and tensor.shape[0] == batch
+    ]
+    if written:
+        shown = ", ".join(written[:3]) + (f" and {len(written) - 3} more" if len(written) > 3 else "")
+        raise _refusal(
+            owner,
+            f"its forward keeps per-row recurrent state on its own modules (the prefill wrote "
+            f"{shown}), outside the cache generate passes to it, so every answer branch would "
+            "read and overwrite the state of the sequence it forked from",
+        )
+    cache = output_cache(outputs)
+    keys = list(outputs.keys()) if hasattr(outputs, "keys") else []
+    beside = [k for k in keys if _is_state_name(k) and _holds_tensor(outputs[k])]
+    if cache is not None and beside:
+        raise _refusal(
+            owner,
+            f"its forward returns state as {' and '.join(f'`{k}`' for k in beside)} beside its "
+            "cache, which the decoding loop can neither pass on nor copy per answer branch",
+        )
+    if cache is None:
+        other = [k for k in keys if k not in _NOT_STATE_OUTPUTS and _holds_tensor(outputs[k])]
+        if other:
+            raise _refusal(
+                owner,
+                f"its forward returns its state as {' and '.join(f'`{k}`' for k in other)}, not "
+                f"as a transformers Cache under {', '.join(_CACHE_NAMES)}, so the decoding loop "
+                "can neither pass it on nor copy it per answer branch",
+            )
+        raise _refusal(
+            owner,
+            f"its forward returned no cache ({', '.join(_CACHE_NAMES)}) with use_cache=True, so "
+            "there is nothing an answer branch could start from",
+        )
+    check_forkable(cache, owner)
+    return cache
 
 
 def _is_recurrent(layer) -> bool:
@@ -256,7 +489,8 @@ class RecurrentHistory:
         if horizon < 1:
             raise ValueError(f"horizon must be at least 1, got {horizon}.")
         self.horizon = horizon
-        # (key, step) -> per layer index, the layer's conv and recurrent states of that row: (kind, state_idx) -> tensor
+        # (key, step) -> per layer index, the layer's conv and recurrent states of that row: (kind, state_idx) ->
+        # tensor
         self._saves: dict[tuple[Hashable, int], dict[int, dict[tuple[str, int], torch.Tensor]]] = {}
 
     def save(self, cache: Cache, rows: Sequence[int], step: int, keys: Sequence[Hashable] | None = None) -> None:
@@ -264,9 +498,15 @@ class RecurrentHistory:
         rows = [int(r) for r in rows]
         for row, key in zip(rows, rows if keys is None else keys):
             self._saves[key, step] = {
-                index: {(kind, i): s[row].clone() for kind, states in _named_states(layer)
-                        for i, s in states.items() if s is not None}
-                for index, layer in enumerate(cache.layers) if _is_recurrent(layer)}
+                index: {
+                    (kind, i): s[row].clone()
+                    for kind, states in _named_states(layer)
+                    for i, s in states.items()
+                    if s is not None
+                }
+                for index, layer in enumerate(cache.layers)
+                if _is_recurrent(layer)
+            }
 
     def steps(self, key: Hashable) -> list[int]:
         """The steps at which `key`'s states are saved."""
@@ -291,7 +531,8 @@ class RecurrentHistory:
         if (key, step) not in self._saves:
             raise RuntimeError(
                 f"no recurrent state saved for sequence {key!r} before step {step}: a branch of a recurrent model "
-                f"can only drop tokens whose first one was saved (DelimiterMatcher.could_start).")
+                f"can only drop tokens whose first one was saved (DelimiterMatcher.could_start)."
+            )
         for index, saved in self._saves[key, step].items():
             states = dict(_named_states(fork.layers[index]))
             for (kind, i), state in saved.items():
@@ -323,8 +564,9 @@ def widen_windows(cache: Cache, margin: int) -> None:
             _fill_window(layer)
             window = getattr(layer, "_sliding_window_tensor", None)
             if isinstance(window, torch.Tensor):
-                layer._sliding_window_tensor = torch.tensor(layer.sliding_window, dtype=window.dtype,
-                                                            device=window.device)
+                layer._sliding_window_tensor = torch.tensor(
+                    layer.sliding_window, dtype=window.dtype, device=window.device
+                )
 
 
 def _fill_window(layer: DynamicSlidingWindowLayer) -> None:
@@ -333,8 +575,10 @@ def _fill_window(layer: DynamicSlidingWindowLayer) -> None:
         return
     missing = min(layer.cumulative_length, layer.sliding_window - 1) - layer.keys.shape[-2]
     if missing > 0:
-        layer.keys, layer.values = (torch.cat([t.new_zeros(*t.shape[:-2], missing, t.shape[-1]), t], dim=-2)
-                                    for t in (layer.keys, layer.values))
+        layer.keys, layer.values = (
+            torch.cat([t.new_zeros(*t.shape[:-2], missing, t.shape[-1]), t], dim=-2)
+            for t in (layer.keys, layer.values)
+        )
 
 
 # Attention tensors with a token axis, as (attribute, batch axis, token axis counted from the end).
@@ -357,8 +601,14 @@ def _shift_rows(source, layer, shifts: dict[int, int]) -> None:
         setattr(layer, name, tensor)
 
 
-def branch_cache(cache: Cache, rows: Sequence[int], drops: Sequence[int], step: int,
-                 history: RecurrentHistory | None = None, keys: Sequence[Hashable] | None = None) -> Cache:
+def branch_cache(
+    cache: Cache,
+    rows: Sequence[int],
+    drops: Sequence[int],
+    step: int,
+    history: RecurrentHistory | None = None,
+    keys: Sequence[Hashable] | None = None,
+) -> Cache:
     """The cache of branches off `rows` of `cache` at `step`, branch i leaving out its last `drops[i]` tokens.
 
     On attention layers, branch i's cached tokens move ``drops[i]`` slots later along the token axis, so the dropped

@@ -68,9 +68,7 @@ class DelimiterMatcher:
         self.window = max(len(d) for d in self.delimiters) + 4
         last_chars = {d[-1] for d in self.delimiters}
         texts = vocabulary_texts(tokenizer)
-        self._candidate = [
-            (not text) or ("\ufffd" in text) or any(c in text for c in last_chars) for text in texts
-        ]
+        self._candidate = [(not text) or ("\ufffd" in text) or any(c in text for c in last_chars) for text in texts]
         # A token can start an occurrence that completes later only if its text ends with a proper prefix of a
         # delimiter, so it ends with one of these characters (or its text is only known in context).
         prefix_ends = {d[m - 1] for d in self.delimiters for m in range(1, len(d))}
@@ -98,8 +96,9 @@ class DelimiterMatcher:
         begin, end = len(self._decode(window[:j])), len(self._decode(window[: j + 1]))
         if end <= begin or "\ufffd" in full[begin:]:
             return True
-        return any(full.endswith(d[:m]) and begin <= len(full) - m < end
-                   for d in self.delimiters for m in range(1, len(d)))
+        return any(
+            full.endswith(d[:m]) and begin <= len(full) - m < end for d in self.delimiters for m in range(1, len(d))
+        )
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

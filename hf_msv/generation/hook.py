@@ -7,26 +7,23 @@ An `MSVSession` replaces ``model.generate`` (as an instance attribute, removed b
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import time
 import warnings
 from collections.abc import Iterable, Sequence
 
-import torch
 from transformers import StoppingCriteriaList
 
-from ..elicitation import ElicitationSettings
+from ..elicitation import ElicitationSettings, resolve_elicitation
 from ..modeling_msv import check_compatible
-from .delimiters import DelimiterMatcher
-from .forking import AnswerElicitor
 from .lockstep import lockstep_sample
 from .outputs import MSVResult
+from .policy import ElicitationPolicy, eos_token_ids
 from .run import GenerationRun
 from .scorers import as_scorer
 from .stopping import MSVEarlyStop
 
-__all__ = ["MSVSession", "msv_generate", "prepare_generation", "resolve_elicitation"]
+__all__ = ["MSVSession", "msv_generate", "prepare_generation"]
 
 
 class MSVSession:
@@ -39,16 +36,25 @@ class MSVSession:
         scorer: the `AnswerScorer` made of ``verifier`` (`scorers.as_scorer`; `None` without verifier).
     """
 
-    def __init__(self, model, tokenizer, verifier=None, *, elicitation: ElicitationSettings | None = None,
-                 checker="symbolic", num_sequences: int | None = None, capture_hidden_states: bool = False,
-                 offload_hidden_states: bool = True, **overrides):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        verifier=None,
+        *,
+        elicitation: ElicitationSettings | None = None,
+        checker="symbolic",
+        num_sequences: int | None = None,
+        capture_hidden_states: bool = False,
+        offload_hidden_states: bool = True,
+        **overrides,
+    ):
         if getattr(model.config, "is_encoder_decoder", False):
             raise NotImplementedError("MSV generation supports decoder-only LMs.")
         scorer = as_scorer(verifier) if verifier is not None else None
         if scorer is not None:
             check_compatible(scorer, model)
-        self.elicitation = resolve_elicitation(scorer.config if scorer is not None else None, elicitation,
-                                               **overrides)
+        self.elicitation = resolve_elicitation(scorer.config if scorer is not None else None, elicitation, **overrides)
         if verifier is not None and checker is None:
             raise ValueError("a verifier needs equivalence classes: pass a checker (e.g. 'symbolic').")
 
@@ -61,11 +67,9 @@ class MSVSession:
 
             checker = get_checker(checker)
         self.checker = checker
-        e = self.elicitation
-        self.elicitor = AnswerElicitor(tokenizer, e.prompt, e.max_answer_tokens, e.keep_delimiter)
+        self.policy = ElicitationPolicy(tokenizer, self.elicitation)
+        self.elicitor, self.matcher = self.policy.elicitor, self.policy.matcher
         self.prompt_ids, self.pad_token_id = self.elicitor.prompt_ids, self.elicitor.pad_token_id
-        streaming = e.mode == "streaming"
-        self.matcher = DelimiterMatcher(tokenizer, list(e.delimiters)) if e.delimiters and streaming else None
         self.results: list[MSVResult] = []
         self._run: GenerationRun | None = None
         self._attach()
@@ -75,8 +79,7 @@ class MSVSession:
     def _attach(self):
         model = self.model
         if "generate" in vars(model):
-            raise RuntimeError("this model already has an MSVSession (or a patched generate); "
-                               "detach it first.")
+            raise RuntimeError("this model already has an MSVSession (or a patched generate); detach it first.")
         self._attached = True
         self._original_generate = model.generate
 
@@ -110,8 +113,10 @@ class MSVSession:
 
     def _generate(self, *args, **kwargs):
         if kwargs.get("custom_generate") is not None:
-            raise ValueError("MSV generation decodes with its own loop (custom_generate=lockstep_sample); "
-                             "detach the MSVSession to use another custom_generate.")
+            raise ValueError(
+                "MSV generation decodes with its own loop (custom_generate=lockstep_sample); "
+                "detach the MSVSession to use another custom_generate."
+            )
         criteria = list(kwargs.pop("stopping_criteria", None) or [])
         config, eos_ids = self._effective_config(kwargs)
         ours = [c for c in criteria if isinstance(c, MSVEarlyStop)]
@@ -125,21 +130,28 @@ class MSVSession:
         if threshold is not None and self.verifier is None:
             raise ValueError("MSVEarlyStop(threshold) needs a verifier: pass verifier=... to prepare_generation.")
         run = GenerationRun(
-            self.elicitor, matcher=self.matcher, every_k_tokens=self.elicitation.every_k_tokens,
-            streaming=self.elicitation.mode == "streaming", verifier=self.scorer, new_classes=self._classes_factory(),
-            keep_hidden_states=self.capture_hidden_states, offload_hidden_states=self.offload_hidden_states,
+            self.policy.with_eos(eos_ids),
+            self.scorer,
+            new_classes=self._classes_factory(),
+            keep_hidden_states=self.capture_hidden_states,
+            offload_hidden_states=self.offload_hidden_states,
             num_sequences=config.num_return_sequences or 1,
-            eos_ids=eos_ids, max_new_tokens=config.max_new_tokens, max_length=config.max_length,
-            threshold=threshold)
+            max_new_tokens=config.max_new_tokens,
+            max_length=config.max_length,
+            threshold=threshold,
+        )
         if self.model.training:
-            warnings.warn("MSV generation with a model in training mode: call model.eval() (dropout would make "
-                          "answers random).", stacklevel=2)
+            warnings.warn(
+                "MSV generation with a model in training mode: call model.eval() (dropout would make answers random).",
+                stacklevel=2,
+            )
         criterion.bind(run)
         self._run = run
         start = time.perf_counter()
         try:
-            output = self._original_generate(*args, stopping_criteria=StoppingCriteriaList(criteria),
-                                             custom_generate=lockstep_sample, **kwargs)
+            output = self._original_generate(
+                *args, stopping_criteria=StoppingCriteriaList(criteria), custom_generate=lockstep_sample, **kwargs
+            )
             results = run.finalize()
         finally:
             criterion.bind(None)
@@ -156,21 +168,18 @@ class MSVSession:
         """The generation config as ``generate`` will build it (N, EOS ids, token budget), and its EOS id set.
         Sets ``num_return_sequences`` in `kwargs` from the default N when the call gives none."""
         config = copy.deepcopy(kwargs.get("generation_config") or self.model.generation_config)
-        if "num_return_sequences" not in kwargs and self.num_sequences is not None and (
-                kwargs.get("generation_config") is None):
+        if (
+            "num_return_sequences" not in kwargs
+            and self.num_sequences is not None
+            and (kwargs.get("generation_config") is None)
+        ):
             kwargs["num_return_sequences"] = self.num_sequences
         config.update(**{k: v for k, v in kwargs.items() if k != "generation_config" and hasattr(config, k)})
         if (config.num_beams or 1) > 1 or kwargs.get("assistant_model") is not None:
-            raise NotImplementedError("MSV generation supports sampling and greedy search, not beam search or "
-                                      "assisted decoding.")
-        eos = config.eos_token_id
-        if eos is None:
-            eos_ids = set()
-        elif torch.is_tensor(eos):
-            eos_ids = set(eos.flatten().tolist())
-        else:
-            eos_ids = {eos} if isinstance(eos, int) else set(eos)
-        return config, eos_ids
+            raise NotImplementedError(
+                "MSV generation supports sampling and greedy search, not beam search or assisted decoding."
+            )
+        return config, eos_token_ids(config)
 
     def _classes_factory(self):
         """A factory of one prompt's `EquivalenceClasses` under the checker (`None` without checker)."""
@@ -182,9 +191,16 @@ class MSVSession:
 
     # -- convenience -------------------------------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[str | list[dict]], *, threshold: float | None = None,
-                 num_sequences: int | None = None, max_new_tokens: int = 4096, do_sample: bool = True,
-                 **generate_kwargs) -> list[MSVResult]:
+    def generate(
+        self,
+        prompts: Sequence[str | list[dict]],
+        *,
+        threshold: float | None = None,
+        num_sequences: int | None = None,
+        max_new_tokens: int = 4096,
+        do_sample: bool = True,
+        **generate_kwargs,
+    ) -> list[MSVResult]:
         """Tokenise `prompts` (strings, or chat messages formatted with the tokenizer's chat template), sample
         `num_sequences` per prompt with early stopping at `threshold`, and return one `MSVResult` per prompt."""
         tokenizer = self.tokenizer
@@ -207,41 +223,31 @@ class MSVSession:
             generate_kwargs.setdefault("pad_token_id", tokenizer.eos_token_id)
         n = num_sequences or self.num_sequences or 1
         before = len(self.results)
-        self.model.generate(**inputs, do_sample=do_sample, num_return_sequences=n, max_new_tokens=max_new_tokens,
-                            stopping_criteria=[MSVEarlyStop(threshold)], **generate_kwargs)
+        self.model.generate(
+            **inputs,
+            do_sample=do_sample,
+            num_return_sequences=n,
+            max_new_tokens=max_new_tokens,
+            stopping_criteria=[MSVEarlyStop(threshold)],
+            **generate_kwargs,
+        )
         results = self.results[before:]
         del self.results[before:]
         return results
 
 
-def resolve_elicitation(verifier_config=None, elicitation: ElicitationSettings | None = None,
-                        **overrides) -> ElicitationSettings:
-    """The elicitation settings of a run: `elicitation`, else the verifier's (``config.elicitation``), else the
-    defaults, with the keyword `overrides` (`ElicitationSettings` field names, or ``elicitation_prompt`` for
-    ``prompt``) applied. Giving ``delimiters`` or ``every_k_tokens`` replaces both (``every_k_tokens=40`` alone elicits
-    every 40 tokens and at no delimiter).
-
-    Raises:
-        ValueError: an unknown override, invalid settings, or a mode other than the verifier's.
-    """
-    if "elicitation_prompt" in overrides:
-        overrides["prompt"] = overrides.pop("elicitation_prompt")
-    unknown = sorted(set(overrides) - set(ElicitationSettings.__dataclass_fields__))
-    if unknown:
-        raise TypeError(f"unknown elicitation argument(s) {unknown}")
-    base = elicitation or (verifier_config.elicitation if verifier_config is not None else ElicitationSettings())
-    if overrides.get("delimiters") is not None or overrides.get("every_k_tokens") is not None:
-        base = dataclasses.replace(base, delimiters=overrides.pop("delimiters", None) or (),
-                                   every_k_tokens=overrides.pop("every_k_tokens", None))
-    settings = base.replace(**overrides)
-    if verifier_config is not None and verifier_config.mode != settings.mode:
-        raise ValueError(f"the verifier was built for {verifier_config.mode!r} answers but mode={settings.mode!r}.")
-    return settings
-
-
-def prepare_generation(model, tokenizer, verifier=None, *, elicitation: ElicitationSettings | None = None,
-                       checker="symbolic", num_sequences: int | None = None, capture_hidden_states: bool = False,
-                       offload_hidden_states: bool = True, **elicitation_overrides) -> MSVSession:
+def prepare_generation(
+    model,
+    tokenizer,
+    verifier=None,
+    *,
+    elicitation: ElicitationSettings | None = None,
+    checker="symbolic",
+    num_sequences: int | None = None,
+    capture_hidden_states: bool = False,
+    offload_hidden_states: bool = True,
+    **elicitation_overrides,
+) -> MSVSession:
     """Attach MSV elicitation and scoring to `model`, so that ``model.generate(...,
     stopping_criteria=[MSVEarlyStop(λ)])`` elicits, scores and stops early.
 
@@ -261,8 +267,8 @@ def prepare_generation(model, tokenizer, verifier=None, *, elicitation: Elicitat
         offload_hidden_states: move each answer's states to CPU as soon as the answer completes (pinned memory,
             non-blocking, on CUDA); `False` keeps them on the LM's device.
         **elicitation_overrides: `ElicitationSettings` fields to change (``mode``, ``delimiters``,
-            ``every_k_tokens``, ``prompt`` or ``elicitation_prompt``, ``max_answer_tokens``, ``keep_delimiter``);
-            see `resolve_elicitation`.
+            ``every_k_tokens``, ``prompt`` or ``elicitation_prompt``, ``max_answer_tokens``, ``keep_delimiter``),
+            each replacing its field only (`hf_msv.elicitation.resolve_elicitation`).
 
     Returns:
         The `MSVSession`; read ``msv.results`` / ``msv.pop_results()`` after ``generate``, and call
@@ -273,14 +279,32 @@ def prepare_generation(model, tokenizer, verifier=None, *, elicitation: Elicitat
             from the LM's.
         TypeError: a `verifier` that is none of the above.
     """
-    return MSVSession(model, tokenizer, verifier, elicitation=elicitation, checker=checker,
-                      num_sequences=num_sequences, capture_hidden_states=capture_hidden_states,
-                      offload_hidden_states=offload_hidden_states, **elicitation_overrides)
+    return MSVSession(
+        model,
+        tokenizer,
+        verifier,
+        elicitation=elicitation,
+        checker=checker,
+        num_sequences=num_sequences,
+        capture_hidden_states=capture_hidden_states,
+        offload_hidden_states=offload_hidden_states,
+        **elicitation_overrides,
+    )
 
 
-def msv_generate(model, tokenizer, prompts: Iterable[str | list[dict]], *, verifier=None,
-                 threshold: float | None = None, num_sequences: int = 16, max_new_tokens: int = 4096,
-                 do_sample: bool = True, generate_kwargs: dict | None = None, **prepare_kwargs) -> list[MSVResult]:
+def msv_generate(
+    model,
+    tokenizer,
+    prompts: Iterable[str | list[dict]],
+    *,
+    verifier=None,
+    threshold: float | None = None,
+    num_sequences: int = 16,
+    max_new_tokens: int = 4096,
+    do_sample: bool = True,
+    generate_kwargs: dict | None = None,
+    **prepare_kwargs,
+) -> list[MSVResult]:
     """Sample `num_sequences` chains of thought per prompt with MSV early stopping; one `MSVResult` per prompt.
 
     Args:
@@ -290,6 +314,11 @@ def msv_generate(model, tokenizer, prompts: Iterable[str | list[dict]], *, verif
         **prepare_kwargs: any argument of `prepare_generation` (elicitation, delimiters, mode, checker, ...).
     """
     with prepare_generation(model, tokenizer, verifier, **prepare_kwargs) as msv:
-        return msv.generate(list(prompts), threshold=threshold, num_sequences=num_sequences,
-                                max_new_tokens=max_new_tokens, do_sample=do_sample, **(generate_kwargs or {}))
-
+        return msv.generate(
+            list(prompts),
+            threshold=threshold,
+            num_sequences=num_sequences,
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            **(generate_kwargs or {}),
+        )

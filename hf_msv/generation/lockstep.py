@@ -4,8 +4,10 @@ chain of thought, installed through ``generate(custom_generate=...)``.
 `DecodingBatch` holds the rows of one forward: main rows (``generate``'s rows, sampled exactly as ``_sample``
 samples them, so with early stopping off the tokens equal a plain ``generate`` with the same seed) and branch rows
 (`forking.LiveBranch`, greedy). Each step regroups the batch with one gather (`caches.branch_cache`): finished rows
-and completed or undecided branches leave, fired rows are copied in. The cache is checked before the prefill and
-after it (`caches.check_forkable`), so an unsupported cache is refused before any decoding.
+and completed or undecided branches leave, fired rows are copied in. The LM and its cache are checked before the
+prefill (`caches.check_decodable`) and after it (`caches.check_prefilled`), so an LM whose decoding state cannot be
+forked (a model kwarg, a ``state`` argument, state on its modules, an unsupported cache) is refused, by class name
+and cause, before any decoding step.
 
 The loop, the transformers internals it relies on (tested with transformers 5.12-5.24) and what it does not support
 (``synced_gpus``; ``return_dict_in_generate`` outputs other than ``sequences``): ``docs/generation.md``; why a branch
@@ -19,16 +21,18 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..errors import UnsupportedError
 from .caches import (
     RecurrentHistory,
     attention_length,
     branch_cache,
     cache_argument,
-    check_forkable,
+    check_decodable,
+    check_prefilled,
     fork_cache,
+    module_state,
     output_cache,
     widen_windows,
 )
@@ -54,8 +58,9 @@ class DecodingBatch:
         margin: the most consumed tokens a branch may leave out (`caches.widen_windows` was applied with it).
     """
 
-    def __init__(self, cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model,
-                 margin: int = 0):
+    def __init__(
+        self, cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model, margin: int = 0
+    ):
         self.attends = attention_length(cache) is not None
         self.margin = margin
         self.windowed = any(getattr(layer, "is_sliding", False) for layer in cache.layers)
@@ -77,8 +82,9 @@ class DecodingBatch:
     def branches(self) -> list[LiveBranch]:
         return [m for m in self.members if not isinstance(m, int)]
 
-    def regroup(self, keep: list[int], forks: list[tuple[int, LiveBranch]], t: int,
-                history: RecurrentHistory | None = None):
+    def regroup(
+        self, keep: list[int], forks: list[tuple[int, LiveBranch]], t: int, history: RecurrentHistory | None = None
+    ):
         """Keep the batch rows `keep` (in order) and append a copy of row `source` for each ``(source, branch)``
         fired at step `t`.
 
@@ -92,11 +98,14 @@ class DecodingBatch:
             return
         drops = [0] * len(keep) + [live.branch.drop for _, live in forks]
         if self.windowed and max(drops, default=0) > self.margin:
-            raise RuntimeError(f"a branch leaves out {max(drops)} tokens but the sliding-window / chunked layers "
-                               f"keep only {self.margin} extra (caches.widen_windows).")
+            raise RuntimeError(
+                f"a branch leaves out {max(drops)} tokens but the sliding-window / chunked layers "
+                f"keep only {self.margin} extra (caches.widen_windows)."
+            )
         if any(drops) and self.mask is None and self.attends:
-            self.mask = torch.ones(len(self.members), attention_length(self.cache), dtype=torch.long,
-                                   device=self.position.device)
+            self.mask = torch.ones(
+                len(self.members), attention_length(self.cache), dtype=torch.long, device=self.position.device
+            )
         rows = torch.tensor(index, dtype=torch.long, device=self.position.device)
         keys = [None] * len(keep) + [live.branch.row for _, live in forks]  # the history's keys: generate rows
         self.cache = branch_cache(self.cache, rows, drops, t, history, keys)  # one gather (+ restored states)
@@ -116,8 +125,12 @@ class DecodingBatch:
         (logits `(rows, 1, V)`, and ``hidden_states`` when `hidden`)."""
         if self.mask is not None:
             self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.members), 1)], dim=1)
-        kwargs = {"input_ids": tokens[:, None], "attention_mask": self.mask, self.cache_argument: self.cache,
-                  "use_cache": True}
+        kwargs = {
+            "input_ids": tokens[:, None],
+            "attention_mask": self.mask,
+            self.cache_argument: self.cache,
+            "use_cache": True,
+        }
         if self.accepts_position_ids:
             kwargs["position_ids"] = self.position[:, None]
         if self.accepts_logits_to_keep:
@@ -144,15 +157,10 @@ def _drop_margin(run) -> int:
     return run.matcher.window - 1
 
 
-def _start_batch(model, outputs, model_kwargs: dict, batch: int, device, margin: int) -> DecodingBatch:
-    """The decoding batch after the prefill: every row a main row, positions continuing ``generate``'s."""
-    cache = output_cache(outputs)
-    if cache is None:
-        raise RuntimeError("MSV generation needs the cache of the decoding loop: call generate with use_cache=True "
-                           "(the LM's forward must take it as cache, past_key_values or cache_params).")
+def _start_batch(model, cache, model_kwargs: dict, batch: int, device, margin: int) -> DecodingBatch:
+    """The decoding batch after the prefill (`cache`: the one it returned, `caches.check_prefilled`): every row a
+    main row, positions continuing ``generate``'s."""
     mask = model_kwargs.get("attention_mask")
-    if mask is not None and mask.dim() != 2:
-        raise NotImplementedError("MSV generation needs a 2D attention mask (dynamic cache).")
     positions = model_kwargs.get("position_ids")
     if positions is not None and positions.dim() == 2:
         position = (positions[:, -1] + 1).expand(batch).clone()
@@ -163,8 +171,9 @@ def _start_batch(model, outputs, model_kwargs: dict, batch: int, device, margin:
     # A shallow fork: the loop owns its cache and layer objects, and unsupported caches fail before any decoding.
     cache = fork_cache(cache, torch.arange(batch))
     widen_windows(cache, margin)
-    return DecodingBatch(cache, None if mask is None else mask.long(), position.to(device), list(range(batch)),
-                         model, margin)
+    return DecodingBatch(
+        cache, None if mask is None else mask.long(), position.to(device), list(range(batch)), model, margin
+    )
 
 
 def _sample_tokens(scores: torch.Tensor, active: torch.Tensor, pad: int, do_sample: bool) -> torch.Tensor:
@@ -184,30 +193,44 @@ def _sample_tokens(scores: torch.Tensor, active: torch.Tensor, pad: int, do_samp
 
 
 @torch.no_grad()
-def lockstep_sample(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
-                    synced_gpus: bool = False, streamer=None, **model_kwargs):
+def lockstep_sample(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    **model_kwargs,
+):
     """``generate``'s sampling / greedy loop with MSV branches in the decoding batch (module docstring).
 
     Args: as ``GenerationMixin._sample``. Returns `(B, prompt + T)` token ids (or a ``GenerateDecoderOnlyOutput``
     holding them when ``return_dict_in_generate``).
 
     Raises:
-        NotImplementedError: ``synced_gpus``, or a cache that cannot be forked exactly (`caches.check_forkable`),
-            before the prefill when ``generate`` prepared the cache, after it otherwise; never mid-decoding.
+        UnsupportedError: (a `NotImplementedError`) ``synced_gpus``, ``use_cache=False``, or an LM whose decoding
+            state cannot be forked exactly, naming its class and where the state is (`caches.check_decodable`,
+            `caches.check_forkable`): before the prefill when the model kwargs, the forward's signature or the
+            model class show it, after it (`caches.check_prefilled`) otherwise; never mid-decoding.
     """
     if synced_gpus:
-        raise NotImplementedError("MSV generation does not support synced_gpus.")
+        raise UnsupportedError(
+            f"MSV generation does not support synced_gpus ({type(model).__name__}.generate was "
+            "called with it): load the LM whole on each process and call generate without it."
+        )
     run = _bound_run(stopping_criteria)
     pad_tensor = generation_config._pad_token_tensor
     pad = int(pad_tensor) if pad_tensor is not None else 0
     B, device = input_ids.shape[0], input_ids.device
     unfinished = torch.ones(B, dtype=torch.bool, device=device)
 
-    for value in model_kwargs.values():
-        if isinstance(value, Cache):  # the cache generate prepared: refuse it before the prefill costs anything
-            check_forkable(value)
+    # The LM, its model kwargs and the cache generate prepared: refused before the prefill costs anything.
+    check_decodable(model, model_kwargs, generation_config.use_cache)
+    before = module_state(model)
     outputs = model._prefill(input_ids, generation_config, model_kwargs)
-    batch = _start_batch(model, outputs, model_kwargs, B, device, _drop_margin(run))
+    cache = check_prefilled(model, outputs, before, B)  # what only the prefill shows; still before any decoding
+    batch = _start_batch(model, cache, model_kwargs, B, device, _drop_margin(run))
     batch.forwards, batch.rows_computed = 1, B
     if run is not None:
         run.bind_cache(batch.cache)
@@ -278,7 +301,8 @@ def _regroup(batch: DecodingBatch, run, keep_main: list[int], forks: list, t: in
             branches += 1
             if not m.complete and run.wants(m):
                 keep.append(i)
-    batch.regroup(keep, [(position[live.branch.row], live) for live in forks], t,
-                  run.history if run is not None else None)
+    batch.regroup(
+        keep, [(position[live.branch.row], live) for live in forks], t, run.history if run is not None else None
+    )
     if forks or len(keep) - len(keep_main) < branches:  # the gather is elicitation's: a branch came or went
         run.timings["elicitation"] += time.perf_counter() - started

@@ -17,9 +17,9 @@ import torch
 from ..answers import extract_boxed
 from .accounting import assemble_results
 from .caches import RecurrentHistory, has_recurrent_state
-from .delimiters import DelimiterMatcher
-from .forking import AnswerElicitor, Branch, LiveBranch
+from .forking import Branch, LiveBranch
 from .outputs import MSVAnswer, MSVResult
+from .policy import ElicitationPolicy
 from .scoring import ScoringQueue
 from .tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
 
@@ -31,30 +31,36 @@ class GenerationRun:
     `step` per sampled token) and by the decoding loop (`lockstep.lockstep_sample`) for the branches.
 
     Args:
-        elicitor: the `MSVSession`'s `AnswerElicitor`.
-        matcher: text-delimiter matcher (`None`: no text delimiters).
-        every_k_tokens: also elicit after every K generated tokens (`None`: never).
-        streaming: elicit at delimiters and score answers when they become available (else only terminal answers,
-            scored at the end).
+        policy: where answers are elicited (`policy.ElicitationPolicy`, with the call's EOS ids).
         verifier: the `AnswerScorer` (or a verifier, see `scorers.as_scorer`), or `None` to only collect answers.
         new_classes: factory of one prompt's `EquivalenceClasses` (`None`: no class assignment).
         keep_hidden_states: keep every answer's `(L, d)` hidden states in the results.
         offload_hidden_states: move each answer's hidden states to CPU when it completes (pinned, non-blocking
             on CUDA), so accelerator memory holds only the live answers' states.
         num_sequences: N, rows per prompt.
-        eos_ids: end-of-sequence token ids of the call.
         max_new_tokens, max_length: the call's token budget (max_new_tokens wins when set).
         threshold: λ (`None`: never stop).
     """
 
-    def __init__(self, elicitor: AnswerElicitor, *, matcher: DelimiterMatcher | None, every_k_tokens: int | None,
-                 streaming: bool, verifier, new_classes: Callable[[], object] | None, keep_hidden_states: bool,
-                 offload_hidden_states: bool, num_sequences: int, eos_ids: set[int], max_new_tokens: int | None,
-                 max_length: int | None, threshold: float | None):
-        self.elicitor, self.matcher, self.every_k_tokens = elicitor, matcher, every_k_tokens
-        self.streaming, self.verifier, self.new_classes = streaming, verifier, new_classes
+    def __init__(
+        self,
+        policy: ElicitationPolicy,
+        verifier=None,
+        *,
+        new_classes: Callable[[], object] | None,
+        keep_hidden_states: bool,
+        offload_hidden_states: bool,
+        num_sequences: int,
+        max_new_tokens: int | None,
+        max_length: int | None,
+        threshold: float | None,
+    ):
+        self.policy = policy
+        self.elicitor, self.matcher, self.streaming = policy.elicitor, policy.matcher, policy.streaming
+        self.eos_ids = policy.eos_ids
+        self.verifier, self.new_classes = verifier, new_classes
         self.keep_hidden_states, self.offload = keep_hidden_states, offload_hidden_states
-        self.N, self.eos_ids = num_sequences, eos_ids
+        self.N = num_sequences
         self.max_new_tokens, self.max_length = max_new_tokens, max_length
         self.threshold = threshold
         self.timings = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
@@ -72,8 +78,11 @@ class GenerationRun:
     def _start(self, input_ids: torch.LongTensor):
         self.tracker = RowTracker(input_ids.shape[0], self.N, self.new_classes)
         self.prompt_length = input_ids.shape[1] - 1
-        self.budget = (self.max_new_tokens if self.max_new_tokens is not None
-                       else max(0, (self.max_length or 0) - self.prompt_length))
+        self.budget = (
+            self.max_new_tokens
+            if self.max_new_tokens is not None
+            else max(0, (self.max_length or 0) - self.prompt_length)
+        )
         if self.verifier is not None:
             self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
@@ -91,27 +100,19 @@ class GenerationRun:
         return self.done
 
     def _fired_branches(self, newest: list[int], t: int) -> list[Branch]:
-        """Append each live row's newest token and return the rows that fire: EOS, a delimiter, or every K."""
-        tracker, matcher, every_k = self.tracker, self.matcher, self.every_k_tokens
+        """Append each live row's newest token and return the rows that fire (`ElicitationPolicy.fire`)."""
+        tracker = self.tracker
         branches = []
         for row, token in enumerate(newest):
             if tracker.status[row] != LIVE:
                 continue
             history = tracker.history[row]
             history.append(token)
-            if token in self.eos_ids:
+            branch = self.policy.fire(row, history, t)
+            if branch is not None and branch.trigger == "eos":
                 tracker.end_row(row, t, EOS)
-                branches.append(Branch(row, "eos", t))
-            elif self.streaming:
-                branch = None
-                if matcher is not None and matcher.could_complete(token):
-                    found = matcher.match(history)
-                    if found is not None:
-                        branch = self.elicitor.delimiter_branch(row, t, found)
-                if branch is None and every_k and len(history) % every_k == 0:
-                    branch = Branch(row, "every_k", t, feed_newest=True)
-                if branch is not None:
-                    branches.append(branch)
+            if branch is not None:
+                branches.append(branch)
         return branches
 
     def _fork(self, branch: Branch):
@@ -166,12 +167,9 @@ class GenerationRun:
                 continue
             tracker.end_row(row, t, BUDGET)
             previous = self.last_fired.get(row)
-            if previous is not None and previous.branch.tau == t:
-                # A delimiter fired at the very last token: that answer already sees the whole sequence (up to the
-                # delimiter), so it is the terminal answer; eliciting again would duplicate it.
-                previous.branch.terminal = True
-            else:
-                self._fork(Branch(row, "budget", t, feed_newest=True))
+            branch = self.policy.at_budget(row, t, previous.branch if previous is not None else None)
+            if branch is not None:
+                self._fork(branch)
 
     def wants(self, live: LiveBranch) -> bool:
         """Whether a branch is still worth decoding: its prompt has not been decided."""
@@ -212,8 +210,9 @@ class GenerationRun:
         if self.tracker is None:  # generate produced no token
             return []
         self._score_due(self.last_step)
-        results = assemble_results(self.tracker, self.budget, self.threshold, self.keep_hidden_states,
-                                   dict(self.timings))
+        results = assemble_results(
+            self.tracker, self.budget, self.threshold, self.keep_hidden_states, dict(self.timings)
+        )
         if self.offload and torch.cuda.is_available():
             torch.cuda.synchronize()  # the non-blocking copies to pinned memory have landed
         for result in results:
@@ -230,11 +229,22 @@ class GenerationRun:
         group.inflight -= 1
         kept = b.tau + 1 - (0 if b.feed_newest else 1) - b.drop
         answer = MSVAnswer(
-            text=extract_boxed(self.elicitor.decode(ids)), raw_text=self.elicitor.decode(ids), token_ids=list(ids),
-            prompt=row // self.N, sequence=row % self.N, step=tracker.num_answers[row], tau=b.tau, length=len(ids),
-            end=t, trigger=b.trigger, terminal=b.terminal or b.trigger in ("eos", "budget"), cot_tokens=kept,
-            elicitation_ids=b.prefix_ids + self.elicitor.prompt_ids, hidden_states=self._store(live.hidden),
-            token_logprobs=list(live.token_logprobs))
+            text=extract_boxed(self.elicitor.decode(ids)),
+            raw_text=self.elicitor.decode(ids),
+            token_ids=list(ids),
+            prompt=row // self.N,
+            sequence=row % self.N,
+            step=tracker.num_answers[row],
+            tau=b.tau,
+            length=len(ids),
+            end=t,
+            trigger=b.trigger,
+            terminal=b.terminal or b.trigger in ("eos", "budget"),
+            cot_tokens=kept,
+            elicitation_ids=b.prefix_ids + self.elicitor.prompt_ids,
+            hidden_states=self._store(live.hidden),
+            token_logprobs=list(live.token_logprobs),
+        )
         tracker.record_answer(row, answer, len(live.segment))
         start = time.perf_counter()
         if group.classes is not None:
@@ -279,5 +289,5 @@ class GenerationRun:
                 for row in self.tracker.rows_of(prompt):
                     if self.tracker.status[row] == LIVE:
                         self.tracker.end_row(row, t, STOPPED)
-                self.done[prompt * self.N:(prompt + 1) * self.N] = True
+                self.done[prompt * self.N : (prompt + 1) * self.N] = True
             self.queue.discard(prompt)

@@ -20,17 +20,21 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from ..baselines import WV_THRESHOLD, streaming_weighted_voting, weighted_voting
 from ..modeling_msv import MSVCache, MSVVerifier
 from ..modeling_probe import ProbeVerifier
 from ..stop_rules import StopHead, stop_statistic
 from .outputs import MSVAnswer
 
-__all__ = ["WV_THRESHOLD", "AnswerScorer", "MSVScorer", "ProbeScorer", "ScoringStream", "StopRuleScorer",
-           "WeightedVoteScorer", "as_scorer"]
-
-# R of streaming weighted voting: the evaluation's default (`EvaluateConfig.wv_threshold`), so that the weighted
-# vote `generate` stops with is the "Probe+WV" the evaluation reports.
-WV_THRESHOLD = 16
+__all__ = [
+    "AnswerScorer",
+    "MSVScorer",
+    "ProbeScorer",
+    "ScoringStream",
+    "StopRuleScorer",
+    "WeightedVoteScorer",
+    "as_scorer",
+]
 
 
 class ScoringStream(Protocol):
@@ -104,7 +108,8 @@ class _MSVStream:
 
         M = self.M
         out = self.verifier(
-            hidden_states=hidden, token_answer=token_answer,
+            hidden_states=hidden,
+            token_answer=token_answer,
             answer_group=column([a.prompt * self.subgroups + a.sequence // M for a in ready]),
             answer_sequence=column([a.sequence % M for a in ready]),
             answer_step=column([a.step for a in ready]),
@@ -139,8 +144,11 @@ class ProbeScorer:
     def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
         device = self.probe.head.weight.device
         hidden, token_answer = _packed(ready, device)
-        out = self.probe(hidden_states=hidden, token_answer=token_answer,
-                         answer_group=torch.zeros(len(ready), dtype=torch.long, device=device))
+        out = self.probe(
+            hidden_states=hidden,
+            token_answer=token_answer,
+            answer_group=torch.zeros(len(ready), dtype=torch.long, device=device),
+        )
         return out.probabilities.tolist()
 
 
@@ -174,10 +182,13 @@ class WeightedVoteScorer:
         if isinstance(base, MSVScorer) and base.config.num_sequences != 1:
             raise ValueError(
                 "weighted voting aggregates single-chain scores: the MSV reads "
-                f"{base.config.num_sequences} sequences at once (use MSVScorer, or an MSV_1 with num_sequences=1).")
+                f"{base.config.num_sequences} sequences at once (use MSVScorer, or an MSV_1 with num_sequences=1)."
+            )
         if not isinstance(base, (ProbeScorer, MSVScorer)):
-            raise TypeError("WeightedVoteScorer needs a ProbeVerifier or an MSVVerifier with num_sequences=1 "
-                            f"(or a ProbeScorer / MSVScorer of one), got {type(base).__name__}.")
+            raise TypeError(
+                "WeightedVoteScorer needs a ProbeVerifier or an MSVVerifier with num_sequences=1 "
+                f"(or a ProbeScorer / MSVScorer of one), got {type(base).__name__}."
+            )
         self.base = base
         self.config = base.config
         self.wv_threshold = int(wv_threshold)
@@ -203,8 +214,10 @@ class _PromptHistory:
             seen = self.seen.setdefault(prompt, [])
             seen += [(ready[i], base[i]) for i in index]
             answers = [a for a, _ in seen]
-            columns = {name: np.asarray([getattr(a, name) for a in answers])
-                       for name in ("end", "class_id", "sequence", "step", "terminal")}
+            columns = {
+                name: np.asarray([getattr(a, name) for a in answers])
+                for name in ("end", "class_id", "sequence", "step", "terminal")
+            }
             columns["score"] = np.asarray([s for _, s in seen], dtype=np.float64)
             values = self._prompt_scores(columns, np.arange(len(seen) - len(index), len(seen)))
             for i, v in zip(index, np.asarray(values).tolist()):
@@ -225,24 +238,8 @@ class _VoteStream(_PromptHistory):
     def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
         end, klass, score = columns["end"], columns["class_id"], columns["score"]
         if self.streaming:
-            return self._stream(end, klass, score, new)
-        return self._terminal(klass, score, columns["terminal"].astype(bool), new)
-
-    def _stream(self, end, klass, score, new) -> np.ndarray:
-        """`streaming_weighted_voting` for the rows `new` only (same arithmetic, so the same numbers)."""
-        avail = end[None, :] <= end[new, None]                    # (new, seen): row a sees column b
-        same = avail & (klass[None, :] == klass[new, None])
-        num, den = same @ score, avail @ score
-        with np.errstate(invalid="ignore", divide="ignore"):
-            wv = np.where(den > 0, num / den, 0.0)
-        return np.where(avail.sum(1) > self.R, wv, score[new])
-
-    @staticmethod
-    def _terminal(klass, score, terminal, new) -> np.ndarray:
-        """`weighted_voting` over the prompt's terminal answers, for the rows `new`."""
-        mass = (klass[None, :] == klass[new, None]) & terminal[None, :]
-        total = score[terminal].sum()
-        return mass @ score / total if total > 0 else np.zeros(len(new))
+            return streaming_weighted_voting(score, klass, end, R=self.R, rows=new)
+        return weighted_voting(score, klass, mask=columns["terminal"].astype(bool), rows=new)
 
 
 class StopRuleScorer:
@@ -304,5 +301,7 @@ def as_scorer(verifier) -> AnswerScorer:
         return WeightedVoteScorer(verifier)
     if isinstance(verifier, AnswerScorer) and not isinstance(verifier, type):
         return verifier
-    raise TypeError("verifier must be an MSVVerifier, a ProbeVerifier (scored with weighted voting) or a scorer "
-                    f"(MSVScorer, WeightedVoteScorer, ProbeScorer), got {type(verifier).__name__}.")
+    raise TypeError(
+        "verifier must be an MSVVerifier, a ProbeVerifier (scored with weighted voting) or a scorer "
+        f"(MSVScorer, WeightedVoteScorer, ProbeScorer), got {type(verifier).__name__}."
+    )

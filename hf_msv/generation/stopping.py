@@ -69,32 +69,41 @@ def decide_stop(end, scores, is_terminal, thresholds) -> StopDecision:
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     terminal = np.asarray(is_terminal, dtype=bool).reshape(-1)
     if not end.size == s.size == terminal.size:
-        raise ValueError(f"end, scores and is_terminal need one entry per answer, got {end.size}, {s.size} and "
-                         f"{terminal.size}")
+        raise ValueError(
+            f"end, scores and is_terminal need one entry per answer, got {end.size}, {s.size} and {terminal.size}"
+        )
     n_lam = lam.size
     if s.size == 0:
-        return StopDecision(np.zeros(n_lam, bool), np.full(n_lam, -1, np.int64), np.full(n_lam, -1, np.int64),
-                            np.zeros(n_lam, np.int64))
+        return StopDecision(
+            np.zeros(n_lam, bool),
+            np.full(n_lam, -1, np.int64),
+            np.full(n_lam, -1, np.int64),
+            np.zeros(n_lam, np.int64),
+        )
     scored = ~np.isnan(s)
     s = np.where(scored, s, -np.inf)
     # nan λ never stops; any real λ, even -inf, needs a real score (-inf stands for "no score" below).
     lam = np.where(np.isnan(lam), np.inf, np.maximum(lam, -np.finfo(np.float64).max))
 
-    order = np.lexsort((np.arange(s.size), end))          # arrival order: by end, then answer index
+    order = np.lexsort((np.arange(s.size), end))  # arrival order: by end, then answer index
     e, so = end[order], s[order]
     run_max = np.maximum.accumulate(so)
     # Running argmax that moves only on a strictly larger score, so ties stay with the earliest arrival.
     is_new = np.concatenate([[True], so[1:] > run_max[:-1]])
     run_arg = order[np.maximum.accumulate(np.where(is_new, np.arange(so.size), 0))]
-    last = np.concatenate([e[1:] != e[:-1], [True]])      # the last arrival of each distinct end time
+    last = np.concatenate([e[1:] != e[:-1], [True]])  # the last arrival of each distinct end time
     b_end, b_max, b_arg = e[last], run_max[last], run_arg[last]
     b_count = np.flatnonzero(last) + 1
-    j = np.searchsorted(b_max, lam, side="left")          # first time the running max reaches λ (b_max is sorted)
+    j = np.searchsorted(b_max, lam, side="left")  # first time the running max reaches λ (b_max is sorted)
     stopped = j < b_end.size
     jj = np.where(stopped, j, b_end.size - 1)
     chosen = np.where(stopped, b_arg[jj], _best(order, so, (terminal & scored)[order], scored[order]))
-    return StopDecision(stopped=stopped, stop_step=b_end[jj], chosen=chosen.astype(np.int64),
-                        num_available=b_count[jj].astype(np.int64))
+    return StopDecision(
+        stopped=stopped,
+        stop_step=b_end[jj],
+        chosen=chosen.astype(np.int64),
+        num_available=b_count[jj].astype(np.int64),
+    )
 
 
 def _best(order: np.ndarray, so: np.ndarray, terminal: np.ndarray, scored: np.ndarray) -> int:
@@ -140,7 +149,8 @@ class MSVEarlyStop(StoppingCriteria):
         if choice is None:
             raise ValueError(
                 f"{type(verifier).__name__} carries no early-stopping λ (config.early_stopping): a streaming MSV "
-                "trained with `hf-msv train` has one; otherwise pass MSVEarlyStop(threshold) chosen on validation.")
+                "trained with `hf-msv train` has one; otherwise pass MSVEarlyStop(threshold) chosen on validation."
+            )
         criterion = cls(None if math.isinf(choice.lam) else choice.lam)
         criterion.choice = choice
         return criterion
@@ -153,5 +163,6 @@ class MSVEarlyStop(StoppingCriteria):
         if self.run is None:
             raise RuntimeError(
                 "MSVEarlyStop is not attached to a model: call "
-                "`hf_msv.prepare_generation(model, tokenizer, ...)` before `model.generate(...)`.")
+                "`hf_msv.prepare_generation(model, tokenizer, ...)` before `model.generate(...)`."
+            )
         return self.run.step(input_ids)

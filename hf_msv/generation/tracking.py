@@ -63,8 +63,9 @@ class PromptGroup:
         # Every answer available so far, in `MSVResult.answers` order: the rule breaks ties by this order, so
         # replaying the result offline (`hf_msv.evaluation.early_stop.replay`) reaches the same decision.
         scored = sorted((a for a in self.answers if a.score is not None), key=answer_sort_key)
-        decision = decide_stop([a.end for a in scored], [a.score for a in scored], [a.terminal for a in scored],
-                               threshold)
+        decision = decide_stop(
+            [a.end for a in scored], [a.score for a in scored], [a.terminal for a in scored], threshold
+        )
         stopped = bool(decision.stopped[0])
         if not stopped and not (self.settled and not pending):
             return None
@@ -88,12 +89,14 @@ class RowTracker:
             raise ValueError(f"batch of {num_rows} rows is not a multiple of num_return_sequences={num_sequences}.")
         self.N = num_sequences
         self.status = [LIVE] * num_rows
-        self.end_step = [-1] * num_rows                      # step of the row's last generated token
+        self.end_step = [-1] * num_rows  # step of the row's last generated token
         self.history: list[list[int]] = [[] for _ in range(num_rows)]
         self.num_answers = [0] * num_rows
         self.elicitation_tokens = [0] * num_rows
-        self.groups = [PromptGroup(classes=new_classes() if new_classes else None, live=num_sequences)
-                       for _ in range(num_rows // num_sequences)]
+        self.groups = [
+            PromptGroup(classes=new_classes() if new_classes else None, live=num_sequences)
+            for _ in range(num_rows // num_sequences)
+        ]
 
     def rows_of(self, prompt: int) -> range:
         return range(prompt * self.N, (prompt + 1) * self.N)

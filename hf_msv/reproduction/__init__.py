@@ -17,15 +17,29 @@ See ``docs/reproduction.md``.
 
 from .claims import compute_claims
 from .config import STUDIES, ReproduceArguments, ReproduceConfig, training_config
-from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .context import ReproductionContext
+from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .pipeline import main, parse_arguments, reproduce
-from .shipped import SHIPPED_EPSILON, SHIPPED_LAMBDA_FILE, fit_shipped_stopping, train_shipped_verifier
-from .stages import (ShardReuse, TrainingQueue, checker_agreement, collect_problems, collect_splits, measure_lm_costs,
-                     train_or_reuse)
-from .studies import (checkers_study, delimiters_study, grouping_study, main_study, masks_study,
-                      train_main_verifiers, training_size_study)
 from .report import render_testbed
+from .shipped import SHIPPED_EPSILON, SHIPPED_LAMBDA_FILE, fit_shipped_stopping, train_shipped_verifier
+from .stages import (
+    ShardReuse,
+    TrainingQueue,
+    checker_agreement,
+    collect_problems,
+    collect_splits,
+    measure_lm_costs,
+    train_or_reuse,
+)
+from .studies import (
+    checkers_study,
+    delimiters_study,
+    grouping_study,
+    main_study,
+    masks_study,
+    train_main_verifiers,
+    training_size_study,
+)
 
 __all__ = [
     "PAPER",

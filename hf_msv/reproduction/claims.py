@@ -13,9 +13,19 @@ from .config import ReproduceConfig
 from .paper import PAPER
 from .summary import best_bon_baseline, best_method, stat_mean
 
-__all__ = ["SINGLE_SEQUENCE", "VOTE_BASELINES", "compute_claims", "config_of", "make_claim", "main_claims",
-           "checker_claims",
-           "mask_claims", "delimiter_claims", "grouping_claims", "training_size_claims"]
+__all__ = [
+    "SINGLE_SEQUENCE",
+    "VOTE_BASELINES",
+    "compute_claims",
+    "config_of",
+    "make_claim",
+    "main_claims",
+    "checker_claims",
+    "mask_claims",
+    "delimiter_claims",
+    "grouping_claims",
+    "training_size_claims",
+]
 
 # The single-sequence verifiers (and trace-confidence baselines) MSV_N must beat on calibration (C1, C4).
 SINGLE_SEQUENCE = ("Token Probs", "DeepConf", "Probe", "MSV_1")
@@ -35,7 +45,7 @@ def _end(iv: dict, which: str) -> float:
 
 
 def _ci(iv: dict, scale: float = 1.0, digits: int = 3, transform=None) -> str:
-    """"[low, high]" of an interval, scaled or transformed (e.g. ratio -> reduction, which swaps the ends)."""
+    """ "[low, high]" of an interval, scaled or transformed (e.g. ratio -> reduction, which swaps the ends)."""
     lo, hi = _end(iv, "low") * scale, _end(iv, "high") * scale
     if transform is not None:
         lo, hi = sorted((transform(lo), transform(hi)))
@@ -46,8 +56,14 @@ def _ci(iv: dict, scale: float = 1.0, digits: int = 3, transform=None) -> str:
 def make_claim(cid: str, text: str, paper: str, held: bool | None, sentence: str, **numbers) -> dict:
     """One claim; `sentence` is prefixed with the verdict `held` stands for."""
     verdict = "Held" if held else ("Not testable" if held is None else "Did not hold")
-    return {"id": cid, "claim": text, "paper": paper, "held": held, "sentence": f"{verdict}: {sentence}",
-            "numbers": numbers}
+    return {
+        "id": cid,
+        "claim": text,
+        "paper": paper,
+        "held": held,
+        "sentence": f"{verdict}: {sentence}",
+        "numbers": numbers,
+    }
 
 
 def _headline_ns(ns: list[int]) -> list[int]:
@@ -67,16 +83,26 @@ def _terminal_brier(main: dict, n: int) -> dict:
     iv = _interval(r, "terminal", base, "brier_ratio")
     held = None if math.isnan(red) else bool(red >= 0.20 if iv is None else _end(iv, "high") <= 0.80)
     return make_claim(
-        f"terminal_brier_N{n}", f"MSV_{n} terminal Brier ≥ 20 % lower than the best single-sequence baseline",
+        f"terminal_brier_N{n}",
+        f"MSV_{n} terminal Brier ≥ 20 % lower than the best single-sequence baseline",
         f"AIME: MSV_N {paper} vs best single-sequence {paper_best} ({1 - paper / paper_best:.0%} lower)"
-        if paper else "—", held,
+        if paper
+        else "—",
+        held,
         f"at N={n}, {msv} Brier {ours:.4f} vs {base} {bb:.4f} ("
         + (f"{red:.0%} lower" if red >= 0 else f"{-red:.0%} higher")
-        + ("; needed ≥ 20 % lower)." if iv is None else
-           f"; 95 % interval of the reduction {_ci(iv, transform=lambda x: 1 - x, digits=2)}, needed ≥ 0.20 "
-           "throughout)."),
-        msv=ours, best_baseline=base, best_baseline_value=bb, reduction=red,
-        **({} if iv is None else {"interval": iv}))
+        + (
+            "; needed ≥ 20 % lower)."
+            if iv is None
+            else f"; 95 % interval of the reduction {_ci(iv, transform=lambda x: 1 - x, digits=2)}, needed ≥ 0.20 "
+            "throughout)."
+        ),
+        msv=ours,
+        best_baseline=base,
+        best_baseline_value=bb,
+        reduction=red,
+        **({} if iv is None else {"interval": iv}),
+    )
 
 
 def _brier_vs_votes(main: dict, n: int) -> list[dict]:
@@ -89,15 +115,23 @@ def _brier_vs_votes(main: dict, n: int) -> list[dict]:
     if not rows or msv not in term:
         return []
     ours = stat_mean(term[msv]["brier"])
-    return [make_claim(
-        f"terminal_brier_vs_votes_N{n}", f"MSV_{n} terminal Brier below calibrated self-consistency's and the "
-                                         "stacked [vote, Probe] baseline's",
-        "— (not in the paper: the recalibrated vote is what MSV_N's Brier gain could be)",
-        bool(all(_end(iv, "high") < 0 for iv in rows.values())),
-        f"at N={n}, {msv} Brier {ours:.4f}; " + "; ".join(
-            f"vs {b} {stat_mean(term[b]['brier']):.4f} (difference {iv['estimate']:+.4f}, 95 % interval "
-            f"{_ci(iv, digits=4)})" for b, iv in rows.items()) + " (needed: every interval below 0).",
-        msv=ours, intervals=rows)]
+    return [
+        make_claim(
+            f"terminal_brier_vs_votes_N{n}",
+            f"MSV_{n} terminal Brier below calibrated self-consistency's and the stacked [vote, Probe] baseline's",
+            "— (not in the paper: the recalibrated vote is what MSV_N's Brier gain could be)",
+            bool(all(_end(iv, "high") < 0 for iv in rows.values())),
+            f"at N={n}, {msv} Brier {ours:.4f}; "
+            + "; ".join(
+                f"vs {b} {stat_mean(term[b]['brier']):.4f} (difference {iv['estimate']:+.4f}, 95 % interval "
+                f"{_ci(iv, digits=4)})"
+                for b, iv in rows.items()
+            )
+            + " (needed: every interval below 0).",
+            msv=ours,
+            intervals=rows,
+        )
+    ]
 
 
 def _best_of_n(main: dict, n: int) -> dict:
@@ -111,14 +145,20 @@ def _best_of_n(main: dict, n: int) -> dict:
     iv = _interval(r, "terminal", base, "bon_accuracy")
     held = None if math.isnan(gain) else bool(gain >= 0.02 if iv is None else _end(iv, "low") >= 0.02)
     return make_claim(
-        f"best_of_{n}", f"{msv} best-of-{n} accuracy ≥ best baseline + 2 pp",
+        f"best_of_{n}",
+        f"{msv} best-of-{n} accuracy ≥ best baseline + 2 pp",
         f"AIME: MSV_N {pb.get('MSV_N')} vs best baseline {max(v for k, v in pb.items() if k != 'MSV_N'):.4f}"
-        if pb else "—", held,
+        if pb
+        else "—",
+        held,
         f"{msv} best-of-{n} {ours:.3f} vs {base} {bb:.3f} ({100 * gain:+.1f} pp; "
-        + ("needed ≥ +2 pp)." if iv is None else
-           f"95 % interval {_ci(iv, 100, 1)} pp, needed ≥ +2 pp throughout)."),
-        msv=ours, best_baseline=base, best_baseline_value=bb, gain=gain,
-        **({} if iv is None else {"interval": iv}))
+        + ("needed ≥ +2 pp)." if iv is None else f"95 % interval {_ci(iv, 100, 1)} pp, needed ≥ +2 pp throughout)."),
+        msv=ours,
+        best_baseline=base,
+        best_baseline_value=bb,
+        gain=gain,
+        **({} if iv is None else {"interval": iv}),
+    )
 
 
 def _early_stop(main: dict, n: int) -> dict:
@@ -127,17 +167,23 @@ def _early_stop(main: dict, n: int) -> dict:
     tf = r["early_stop_token_fraction"]
     held = None if tf is None and r["early_stop_best_baseline"] is None else (tf is not None and tf <= 0.40)
     return make_claim(
-        f"early_stop_N{n}", f"{r['msv']} reaches the best baseline's peak accuracy with ≤ 0.40 of its tokens",
-        PAPER["early_stop"]["token_fraction_statement"], held,
-        f"at N={n}, {r['msv']} needs " + (f"{tf:.2f}× the tokens" if tf is not None else
-                                          "— (never reaches the peak; fraction ∞)")
+        f"early_stop_N{n}",
+        f"{r['msv']} reaches the best baseline's peak accuracy with ≤ 0.40 of its tokens",
+        PAPER["early_stop"]["token_fraction_statement"],
+        held,
+        f"at N={n}, {r['msv']} needs "
+        + (f"{tf:.2f}× the tokens" if tf is not None else "— (never reaches the peak; fraction ∞)")
         + f" of {r['early_stop_best_baseline']} to reach its peak accuracy "
-          f"{(r['early_stop_best_baseline_peak_accuracy'] or math.nan):.3f} (needed ≤ 0.40).",
-        fraction=tf, best_baseline=r["early_stop_best_baseline"])
+        f"{(r['early_stop_best_baseline_peak_accuracy'] or math.nan):.3f} (needed ≤ 0.40).",
+        fraction=tf,
+        best_baseline=r["early_stop_best_baseline"],
+    )
 
 
-_EARLY_STOP_POOLS = (("single_sequence", "", "the best single-sequence baseline's"),
-                     ("all", "_all", "the best baseline's (aggregations included)"))
+_EARLY_STOP_POOLS = (
+    ("single_sequence", "", "the best single-sequence baseline's"),
+    ("all", "_all", "the best baseline's (aggregations included)"),
+)
 
 
 def _early_stop_twice(main: dict, n: int) -> list[dict]:
@@ -153,20 +199,37 @@ def _early_stop_twice(main: dict, n: int) -> list[dict]:
         text = f"{r['msv']} reaches {whose} peak accuracy with ≤ 0.40 of its token position t*"
         c = comps.get(pool)
         if c is None:
-            out.append(make_claim(f"early_stop{suffix}_N{n}", text, PAPER["early_stop"]["token_fraction_statement"],
-                                  None, f"at N={n}, no such baseline was evaluated."))
+            out.append(
+                make_claim(
+                    f"early_stop{suffix}_N{n}",
+                    text,
+                    PAPER["early_stop"]["token_fraction_statement"],
+                    None,
+                    f"at N={n}, no such baseline was evaluated.",
+                )
+            )
             continue
         f, iv = c["steps"]["fraction"], c["steps"]["interval"]
         held = bool(_end(iv, "high") <= 0.40) if iv else (f is not None and f <= 0.40)
         fmt = lambda x: "∞" if x is None else f"{x:.2f}"  # noqa: E731
-        out.append(make_claim(
-            f"early_stop{suffix}_N{n}", text, PAPER["early_stop"]["token_fraction_statement"], held,
-            f"at N={n}, {r['msv']} needs {fmt(f)}× the token position t* of {c['baseline']} to reach its peak "
-            f"accuracy {c['baseline_peak_accuracy']:.3f}" + (f" (95 % interval {_ci(iv, digits=2)})" if iv else "")
-            + f"; {fmt(c['latency']['fraction'])}× its latency, {fmt(c['tokens']['fraction'])}× its summed tokens "
-              "(needed: t* fraction ≤ 0.40" + (" throughout the interval)." if iv else ")."),
-            fraction=f, interval=iv, best_baseline=c["baseline"], latency_fraction=c["latency"]["fraction"],
-            token_fraction=c["tokens"]["fraction"]))
+        out.append(
+            make_claim(
+                f"early_stop{suffix}_N{n}",
+                text,
+                PAPER["early_stop"]["token_fraction_statement"],
+                held,
+                f"at N={n}, {r['msv']} needs {fmt(f)}× the token position t* of {c['baseline']} to reach its peak "
+                f"accuracy {c['baseline_peak_accuracy']:.3f}"
+                + (f" (95 % interval {_ci(iv, digits=2)})" if iv else "")
+                + f"; {fmt(c['latency']['fraction'])}× its latency, {fmt(c['tokens']['fraction'])}× its summed tokens "
+                "(needed: t* fraction ≤ 0.40" + (" throughout the interval)." if iv else ")."),
+                fraction=f,
+                interval=iv,
+                best_baseline=c["baseline"],
+                latency_fraction=c["latency"]["fraction"],
+                token_fraction=c["tokens"]["fraction"],
+            )
+        )
     return out
 
 
@@ -181,12 +244,19 @@ def _streaming_brier(main: dict, n: int) -> dict:
     iv = _interval(r, "streaming", base, "brier")
     held = None if math.isnan(ours) or base is None else bool(ours < bb if iv is None else _end(iv, "high") < 0)
     return make_claim(
-        f"streaming_brier_N{n}", f"{msv} streaming Brier below every single-sequence baseline (and its WV)",
+        f"streaming_brier_N{n}",
+        f"{msv} streaming Brier below every single-sequence baseline (and its WV)",
         f"AIME: MSV_N {pa}, best baseline {min(v['brier'] for k, v in PAPER['streaming']['1'].items())}"
-        if pa else "—", held,
+        if pa
+        else "—",
+        held,
         f"at N={n}, {msv} streaming Brier {ours:.4f} vs best baseline {base} {bb:.4f}"
         + ("." if iv is None else f" (difference 95 % interval {_ci(iv, digits=4)}, needed below 0)."),
-        msv=ours, best_baseline=base, best_baseline_value=bb, **({} if iv is None else {"interval": iv}))
+        msv=ours,
+        best_baseline=base,
+        best_baseline_value=bb,
+        **({} if iv is None else {"interval": iv}),
+    )
 
 
 def _bon_ece(main: dict, n: int) -> dict:
@@ -199,12 +269,19 @@ def _bon_ece(main: dict, n: int) -> dict:
     iv = _interval(r, "terminal", base, "bon_ece")
     held = None if math.isnan(ours) or base is None else bool(ours < bb if iv is None else _end(iv, "high") < 0)
     return make_claim(
-        f"bon_ece_N{n}", f"{msv} best-of-{n} confidence better calibrated (ECE) than every baseline's",
-        f"AIME: MSV_N ECE {pc['MSV_N']['ece']} vs best baseline "
-        f"{min(v['ece'] for k, v in pc.items() if k != 'MSV_N')}" if pc else "—", held,
+        f"bon_ece_N{n}",
+        f"{msv} best-of-{n} confidence better calibrated (ECE) than every baseline's",
+        f"AIME: MSV_N ECE {pc['MSV_N']['ece']} vs best baseline {min(v['ece'] for k, v in pc.items() if k != 'MSV_N')}"
+        if pc
+        else "—",
+        held,
         f"at N={n}, best-of-{n} ECE {ours:.3f} for {msv} vs {bb:.3f} for {base}"
         + ("." if iv is None else f" (difference 95 % interval {_ci(iv)}, needed below 0)."),
-        msv=ours, best_baseline=base, best_baseline_value=bb, **({} if iv is None else {"interval": iv}))
+        msv=ours,
+        best_baseline=base,
+        best_baseline_value=bb,
+        **({} if iv is None else {"interval": iv}),
+    )
 
 
 def main_claims(s: dict, config: ReproduceConfig) -> list[dict]:
@@ -228,32 +305,56 @@ def checker_claims(s: dict) -> list[dict]:
     ref = rows.get("reference", {})
     key = f"MSV_{n} (trained with checker)"
     drops = {c: stat_mean(ref.get(key)) - stat_mean(r.get(key)) for c, r in rows.items() if c != "reference"}
-    wv_drops = {c: stat_mean(ref.get("Probe+WV")) - stat_mean(r.get("Probe+WV"))
-                for c, r in rows.items() if c != "reference"}
+    wv_drops = {
+        c: stat_mean(ref.get("Probe+WV")) - stat_mean(r.get("Probe+WV")) for c, r in rows.items() if c != "reference"
+    }
     worst = max(drops, key=lambda c: drops[c]) if drops else None
     held = None if not drops else bool(all(d <= 0.012 for d in drops.values()))
-    claims = [make_claim(
-        "checker_robustness", f"MSV_{n} trained with a weak checker loses ≤ 1.2 pp of best-of-{n} accuracy",
-        "Omni-MATH: ≤ 0.4 pp (embedding), ≤ 1.2 pp (random); Probe+WV loses 2.0 / 7.5 pp", held,
-        (f"largest drop {100 * drops[worst]:+.1f} pp ({worst}); Probe+WV drops "
-         + ", ".join(f"{c} {100 * v:+.1f} pp" for c, v in wv_drops.items()) + "."), drops=drops,
-        probe_wv_drops=wv_drops) if drops else make_claim("checker_robustness", "—", "—", None, "no weak checker")]
+    claims = [
+        make_claim(
+            "checker_robustness",
+            f"MSV_{n} trained with a weak checker loses ≤ 1.2 pp of best-of-{n} accuracy",
+            "Omni-MATH: ≤ 0.4 pp (embedding), ≤ 1.2 pp (random); Probe+WV loses 2.0 / 7.5 pp",
+            held,
+            (
+                f"largest drop {100 * drops[worst]:+.1f} pp ({worst}); Probe+WV drops "
+                + ", ".join(f"{c} {100 * v:+.1f} pp" for c, v in wv_drops.items())
+                + "."
+            ),
+            drops=drops,
+            probe_wv_drops=wv_drops,
+        )
+        if drops
+        else make_claim("checker_robustness", "—", "—", None, "no weak checker")
+    ]
     mn = s["main"].get(str(n), {})
     if key in ref and mn.get("msv") in mn.get("terminal", {}):
         with_avg, without = stat_mean(mn["terminal"][mn["msv"]]["bon_accuracy"]), stat_mean(ref[key])
         base, bb = best_bon_baseline(mn["terminal"], mn["msv"])
-        claims.append(make_claim(
-            "best_of_logit_averaging", f"Logit averaging over equivalent answers raises MSV_{n}'s best-of-{n}",
-            "Omni-MATH: MSV_64 0.356 with vs 0.348 without", bool(with_avg > without),
-            f"MSV_{n} best-of-{n} {with_avg:.3f} with averaging (main) vs {without:.3f} without (checker study, "
-            f"reference checker); without it MSV_{n} is {100 * (without - bb):+.1f} pp over {base} {bb:.3f}.",
-            with_averaging=with_avg, without_averaging=without, gain_without=without - bb))
+        claims.append(
+            make_claim(
+                "best_of_logit_averaging",
+                f"Logit averaging over equivalent answers raises MSV_{n}'s best-of-{n}",
+                "Omni-MATH: MSV_64 0.356 with vs 0.348 without",
+                bool(with_avg > without),
+                f"MSV_{n} best-of-{n} {with_avg:.3f} with averaging (main) vs {without:.3f} without (checker study, "
+                f"reference checker); without it MSV_{n} is {100 * (without - bb):+.1f} pp over {base} {bb:.3f}.",
+                with_averaging=with_avg,
+                without_averaging=without,
+                gain_without=without - bb,
+            )
+        )
     if "random" in drops:
-        claims.append(make_claim(
-            "checker_random_vs_wv", "With the random checker MSV degrades less than Probe+WV",
-            "Omni-MATH: MSV_64 −1.2 pp vs Probe+WV −7.5 pp", bool(drops["random"] < wv_drops["random"]),
-            f"random checker: MSV_{n} {100 * drops['random']:+.1f} pp vs Probe+WV "
-            f"{100 * wv_drops['random']:+.1f} pp (drop relative to the reference checker)."))
+        claims.append(
+            make_claim(
+                "checker_random_vs_wv",
+                "With the random checker MSV degrades less than Probe+WV",
+                "Omni-MATH: MSV_64 −1.2 pp vs Probe+WV −7.5 pp",
+                bool(drops["random"] < wv_drops["random"]),
+                f"random checker: MSV_{n} {100 * drops['random']:+.1f} pp vs Probe+WV "
+                f"{100 * wv_drops['random']:+.1f} pp (drop relative to the reference checker).",
+            )
+        )
     return claims
 
 
@@ -263,12 +364,16 @@ def mask_claims(s: dict) -> list[dict]:
     rows = s["masks"]["rows"]
     full = stat_mean(rows.get(f"MSV_{n}", {}).get("brier"))
     ups = {k: stat_mean(v["brier"]) - full for k, v in rows.items() if k != f"MSV_{n}"}
-    return [make_claim(
-        "masks", "Every attention mask contributes: removing any one raises the streaming Brier",
-        "AIME MSV_16: 0.038 → 0.040 / 0.045 / 0.048 / 0.050 (w/o full / equiv. / within-seq / within-ans)",
-        None if not ups else bool(all(v > 0 for v in ups.values())),
-        f"MSV_{n} Brier {full:.4f}; " + ", ".join(f"{k} {v:+.4f}" for k, v in ups.items()) + ".",
-        brier_increase=ups)]
+    return [
+        make_claim(
+            "masks",
+            "Every attention mask contributes: removing any one raises the streaming Brier",
+            "AIME MSV_16: 0.038 → 0.040 / 0.045 / 0.048 / 0.050 (w/o full / equiv. / within-seq / within-ans)",
+            None if not ups else bool(all(v > 0 for v in ups.values())),
+            f"MSV_{n} Brier {full:.4f}; " + ", ".join(f"{k} {v:+.4f}" for k, v in ups.items()) + ".",
+            brier_increase=ups,
+        )
+    ]
 
 
 def delimiter_claims(s: dict) -> list[dict]:
@@ -276,17 +381,26 @@ def delimiter_claims(s: dict) -> list[dict]:
     rows = s["delimiters"]["rows"]
     compared = {d: r for d, r in rows.items() if "MSV_N" in r and "Probe" in r}
     # the normalised AUTC over t* (the paper's axis) when every row has it; older runs: raw AUTC over summed tokens
-    key = "autc_steps_norm" if compared and all("autc_steps_norm" in r["MSV_N"] for r in compared.values()) \
+    key = (
+        "autc_steps_norm"
+        if compared and all("autc_steps_norm" in r["MSV_N"] for r in compared.values())
         else "autc_tokens"
+    )
     ok = {d: stat_mean(r["MSV_N"][key]) > stat_mean(r["Probe"][key]) for d, r in compared.items()}
     digits = 3 if key == "autc_steps_norm" else 1
-    return [make_claim(
-        "delimiters", f"MSV_{s['delimiters']['n']} has a larger AUTC than the Probe for every delimiter",
-        "AIME N=16: holds for Wait, Alternatively, But and every 200 tokens",
-        None if not ok else bool(all(ok.values())),
-        "; ".join(f"{d}: MSV_N {stat_mean(r['MSV_N'][key]):.{digits}f} vs Probe "
-                  f"{stat_mean(r['Probe'][key]):.{digits}f}" for d, r in compared.items())
-        + (" (normalised AUTC over t*)." if key == "autc_steps_norm" else " (AUTC, accuracy × tokens)."))]
+    return [
+        make_claim(
+            "delimiters",
+            f"MSV_{s['delimiters']['n']} has a larger AUTC than the Probe for every delimiter",
+            "AIME N=16: holds for Wait, Alternatively, But and every 200 tokens",
+            None if not ok else bool(all(ok.values())),
+            "; ".join(
+                f"{d}: MSV_N {stat_mean(r['MSV_N'][key]):.{digits}f} vs Probe {stat_mean(r['Probe'][key]):.{digits}f}"
+                for d, r in compared.items()
+            )
+            + (" (normalised AUTC over t*)." if key == "autc_steps_norm" else " (AUTC, accuracy × tokens)."),
+        )
+    ]
 
 
 def grouping_claims(s: dict) -> list[dict]:
@@ -301,19 +415,32 @@ def grouping_claims(s: dict) -> list[dict]:
         bb = max(base, key=lambda m: stat_mean(autc_l[m])) if base else None
         res[k] = (msv, stat_mean(autc_l.get(msv)), bb, stat_mean(autc_l.get(bb)) if bb else math.nan)
     held = None if not res else bool(all(v[1] >= v[3] for v in res.values()))
-    claims = [make_claim(
-        "grouping", f"MSV_{g['m']} (grouped) matches or beats the best baseline's accuracy-latency AUTC at "
-                    f"N > {g['m']}", PAPER["grouping"]["statement"], held,
-        "; ".join(f"N={k}: {v[0]} {v[1]:.3f} vs {v[2]} {v[3]:.3f}" for k, v in res.items())
-        + " (normalised AUTC over latency)." if res else "no N above M evaluated.")]
+    claims = [
+        make_claim(
+            "grouping",
+            f"MSV_{g['m']} (grouped) matches or beats the best baseline's accuracy-latency AUTC at N > {g['m']}",
+            PAPER["grouping"]["statement"],
+            held,
+            "; ".join(f"N={k}: {v[0]} {v[1]:.3f} vs {v[2]} {v[3]:.3f}" for k, v in res.items())
+            + " (normalised AUTC over latency)."
+            if res
+            else "no N above M evaluated.",
+        )
+    ]
     costs = {k: g["per_n"][k]["verifier_online_s_per_answer"].get(g["per_n"][k]["msv"]) for k in g["per_n"]}
     ks = sorted((int(k) for k in costs if costs[k]), key=int)
     if len(ks) >= 2:
         ratio = costs[str(ks[-1])] / costs[str(ks[0])]
-        claims.append(make_claim(
-            "grouping_linear", "With grouping the MSV cost per answer stays flat as N grows (linear total)",
-            "latency of MSV_64 scales linearly in N", bool(ratio <= 2.0),
-            f"MSV cost per answer at N={ks[-1]} is {ratio:.2f}× that at N={ks[0]} (needed ≤ 2×).", ratio=ratio))
+        claims.append(
+            make_claim(
+                "grouping_linear",
+                "With grouping the MSV cost per answer stays flat as N grows (linear total)",
+                "latency of MSV_64 scales linearly in N",
+                bool(ratio <= 2.0),
+                f"MSV cost per answer at N={ks[-1]} is {ratio:.2f}× that at N={ks[0]} (needed ≤ 2×).",
+                ratio=ratio,
+            )
+        )
     return claims
 
 
@@ -331,22 +458,34 @@ def training_size_claims(s: dict, config: ReproduceConfig) -> list[dict]:
     pt = PAPER["training_size"]["Probe"]
     r = per[top_k]
     tf = r["early_stop_token_fraction"]
-    return [make_claim(
-        "training_size_probe", f"The Probe's terminal Brier plateaus beyond {base_k} problems "
-                               f"({top_k} lower it by < 5 %)",
-        "AIME: " + " / ".join(f"{v}" for v in pt.values()) + f" at {' / '.join(pt)} problems",
-        bool(b1 > 0.95 * b0),
-        f"Probe Brier {b0:.4f} with {base_k} problems, {b1:.4f} with {top_k} ({1 - b1 / b0:+.0%} lower).",
-        brier=b0, brier_more=b1), make_claim(
-        "training_size_msv", f"With {top_k} training problems MSV_{ts['n']} meets the best-of-N (+2 pp) and "
-                             "early-stop (≤ 0.40) targets",
-        "— (not in the paper: tests whether the testbed's gaps are a lack of training data)",
-        bool(r["bon_gain"] >= 0.02 and tf is not None and tf <= 0.40),
-        "; ".join(f"{k} problems: best-of-{ts['n']} {100 * v['bon_gain']:+.1f} pp vs "
-                  f"{v['bon_best_baseline']}, token fraction "
-                  + ("∞" if v["early_stop_token_fraction"] is None else f"{v['early_stop_token_fraction']:.2f}")
-                  + f" vs {v['early_stop_best_baseline']}" for k, v in per.items()) + ".",
-        gain=r["bon_gain"], fraction=tf)]
+    return [
+        make_claim(
+            "training_size_probe",
+            f"The Probe's terminal Brier plateaus beyond {base_k} problems ({top_k} lower it by < 5 %)",
+            "AIME: " + " / ".join(f"{v}" for v in pt.values()) + f" at {' / '.join(pt)} problems",
+            bool(b1 > 0.95 * b0),
+            f"Probe Brier {b0:.4f} with {base_k} problems, {b1:.4f} with {top_k} ({1 - b1 / b0:+.0%} lower).",
+            brier=b0,
+            brier_more=b1,
+        ),
+        make_claim(
+            "training_size_msv",
+            f"With {top_k} training problems MSV_{ts['n']} meets the best-of-N (+2 pp) and "
+            "early-stop (≤ 0.40) targets",
+            "— (not in the paper: tests whether the testbed's gaps are a lack of training data)",
+            bool(r["bon_gain"] >= 0.02 and tf is not None and tf <= 0.40),
+            "; ".join(
+                f"{k} problems: best-of-{ts['n']} {100 * v['bon_gain']:+.1f} pp vs "
+                f"{v['bon_best_baseline']}, token fraction "
+                + ("∞" if v["early_stop_token_fraction"] is None else f"{v['early_stop_token_fraction']:.2f}")
+                + f" vs {v['early_stop_best_baseline']}"
+                for k, v in per.items()
+            )
+            + ".",
+            gain=r["bon_gain"],
+            fraction=tf,
+        ),
+    ]
 
 
 def config_of(summary: dict) -> ReproduceConfig:

@@ -6,13 +6,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..errors import UserError
 from ..testbed.tasks import DEFAULT_TASK, TASKS
 from .paper import MASKS
 
-__all__ = ["STUDIES", "ReproduceConfig", "ReproduceArguments", "training_config"]
+__all__ = ["REPORTED_TASK_CAPS", "STUDIES", "ReproduceConfig", "ReproduceArguments", "training_config"]
 
 # Every study of the reproduction, in the order they run and are reported ("main" first: the others build on it).
 STUDIES = ("main", "checkers", "masks", "delimiters", "grouping", "training_size")
+# Tasks whose committed reports the package reads and renders without the task being registered, and their length
+# caps (None: uncapped): v1, the first testbed (docs/results/testbed*.md; `python -m research.testbed_v1 reproduce`
+# registers it and runs it).
+REPORTED_TASK_CAPS = {"v1": None}
+
+
+def _sampling_cap(task: str) -> int | None:
+    """`task`'s length cap: a registered task's (`hf_msv.testbed.get_task`, a ValueError for an unknown task), else
+    its `REPORTED_TASK_CAPS` entry, so that a committed report's settings are read without its task."""
+    from ..testbed import get_task
+
+    if task not in TASKS and task in REPORTED_TASK_CAPS:
+        return REPORTED_TASK_CAPS[task]
+    return get_task(task).sampling_cap()
 
 
 def _help(text: str, **kwargs):
@@ -23,20 +38,28 @@ def _help(text: str, **kwargs):
 class ReproduceConfig:
     """Sizes and settings of a reproduction (defaults: the paper's sizes; `quick_config`: a smoke run)."""
 
-    task: str = _help("testbed task and LM: v2 (the default testbed, hf_msv/testbed/lm-v2; reports testbed-v2*.md) "
-                      "or v1 (the first testbed, hf_msv/testbed/lm; reports testbed*.md)", default=DEFAULT_TASK)
+    task: str = _help(
+        "testbed task and LM: v2 (the testbed, hf_msv/testbed/lm-v2; reports testbed-v2*.md) or a "
+        "registered one (v1: the first testbed, research/testbed_v1; reports testbed*.md)",
+        default=DEFAULT_TASK,
+    )
     train_problems: int = _help("training problems of the main collection", default=224)
     val_problems: int = _help("validation problems (early stopping of training, λ rules, Platt scaling)", default=64)
     eval_problems: int = _help("evaluation problems", default=448)
     num_samples: int = _help("sequences sampled per problem", default=64)
     num_sequences: tuple = _help("the N of the main study (MSV_N and baselines on N-subsets)", default=(1, 4, 16, 64))
-    training_seeds: int = _help("verifiers trained per (method, N, mode), each with its own seed; tables report mean "
-                                "± std over them", default=3)
-    max_new_tokens: int | None = _help("chain-of-thought token budget per sequence (default: 320, or the task's "
-                                       "length cap: v2 272, which a smaller budget may cut, never exceed)",
-                                       default=None)
-    reference_checker: str = _help("equivalence checker whose classes and correctness are the reference",
-                                   default="symbolic")
+    training_seeds: int = _help(
+        "verifiers trained per (method, N, mode), each with its own seed; tables report mean ± std over them",
+        default=3,
+    )
+    max_new_tokens: int | None = _help(
+        "chain-of-thought token budget per sequence (default: 320, or the task's "
+        "length cap: v2 272, which a smaller budget may cut, never exceed)",
+        default=None,
+    )
+    reference_checker: str = _help(
+        "equivalence checker whose classes and correctness are the reference", default="symbolic"
+    )
     # On 2 CPU cores one problem's 64 samples already fill the cores, and problems sampled together wait for the
     # longest trace: 8 v2 train problems × 64 samples took 16 s a problem one at a time, 26 s in batches of 4.
     problems_per_batch: int = _help("problems sampled together (1 suits 2 CPU cores; 32 a GPU)", default=1)
@@ -45,49 +68,73 @@ class ReproduceConfig:
     # DeepConf's 2048 is ~half of a 4k-token trace; testbed traces are ~100 tokens
     deepconf_window: int = _help("DeepConf's sliding window of token confidences", default=32)
     studies: tuple = _help("studies to run (see STUDIES)", default=STUDIES)
-    checkers: tuple = _help("weak checkers of the checker-robustness study (see CHECKER_KWARGS)",
-                            default=("exact", "jaccard", "embedding", "random"))
+    checkers: tuple = _help(
+        "weak checkers of the checker-robustness study (see CHECKER_KWARGS)",
+        default=("exact", "jaccard", "embedding", "random"),
+    )
     mask_ablations: tuple = _help("masks removed one at a time in the mask ablation", default=MASKS)
     mask_n: int = _help("N of the mask ablation (streaming MSV_N)", default=16)
     # about the testbed's mean distance between "Wait"s
     every_k_tokens: int = _help("elicitation interval of the delimiter-free collection", default=40)
-    delimiter_sizes: tuple = _help("train / validation / evaluation problems of the every-K collection",
-                                   default=(112, 32, 224))
+    delimiter_sizes: tuple = _help(
+        "train / validation / evaluation problems of the every-K collection", default=(112, 32, 224)
+    )
     delimiter_samples: int = _help("sequences per problem of the every-K collection", default=16)
     delimiter_n: int = _help("N of the delimiter study", default=16)
-    grouping_problems: int = _help("evaluation problems of the large-N collection (0: reuse the main evaluation "
-                                   "split)", default=32)
+    grouping_problems: int = _help(
+        "evaluation problems of the large-N collection (0: reuse the main evaluation split)", default=32
+    )
     grouping_samples: int = _help("sequences per problem of the large-N collection", default=256)
     grouping_ns: tuple = _help("the N of the grouping study", default=(64, 128, 256))
     grouping_m: int = _help("group size M of the grouped MSV_M", default=64)
-    training_sizes: tuple = _help("training problems of the training-set-size study (nested prefixes; those beyond "
-                                  "train_problems are collected in addition)", default=(56, 112, 224, 448))
+    training_sizes: tuple = _help(
+        "training problems of the training-set-size study (nested prefixes; those beyond "
+        "train_problems are collected in addition)",
+        default=(56, 112, 224, 448),
+    )
     cost_problems: int = _help("problems the LM's decode / elicitation costs are timed on", default=2)
     quick: bool = _help("a smoke run's configuration (file stem testbed-quick, 2-epoch training)", default=False)
 
     @classmethod
     def quick_config(cls, task: str = DEFAULT_TASK) -> "ReproduceConfig":
-        return cls(task=task, train_problems=16, val_problems=8, eval_problems=16, num_samples=8,
-                   num_sequences=(1, 4), training_seeds=2, checkers=("random",), mask_ablations=("equivalence",),
-                   mask_n=4,
-                   delimiter_sizes=(12, 6, 12), delimiter_samples=4, delimiter_n=4, grouping_problems=0,
-                   grouping_samples=8, grouping_ns=(4, 8), grouping_m=4, training_sizes=(8, 16, 24),
-                   cost_problems=1, problems_per_batch=4, quick=True)  # 8 samples: batch problems to fill the cores
+        return cls(
+            task=task,
+            train_problems=16,
+            val_problems=8,
+            eval_problems=16,
+            num_samples=8,
+            num_sequences=(1, 4),
+            training_seeds=2,
+            checkers=("random",),
+            mask_ablations=("equivalence",),
+            mask_n=4,
+            delimiter_sizes=(12, 6, 12),
+            delimiter_samples=4,
+            delimiter_n=4,
+            grouping_problems=0,
+            grouping_samples=8,
+            grouping_ns=(4, 8),
+            grouping_m=4,
+            training_sizes=(8, 16, 24),
+            cost_problems=1,
+            problems_per_batch=4,
+            quick=True,
+        )  # 8 samples: batch problems to fill the cores
 
     def __post_init__(self):
-        from ..testbed import get_task
-
         if self.training_seeds < 1:
-            raise ValueError(f"training_seeds must be ≥ 1, got {self.training_seeds}")
+            raise UserError(f"training_seeds must be ≥ 1, got {self.training_seeds}")
         # v2's LM is trained on traces cut at the cap and has no positions far beyond it (its context is cap + 288)
-        cap = get_task(self.task).sampling_cap()
+        cap = _sampling_cap(self.task)
         if self.max_new_tokens is None:
             self.max_new_tokens = cap or 320
         elif cap is not None and self.max_new_tokens > cap:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} is beyond testbed {self.task}'s length cap {cap}: "
-                             f"its LM was trained on traces cut there (give at most {cap}, or leave it unset)")
+            raise UserError(
+                f"max_new_tokens={self.max_new_tokens} is beyond testbed {self.task}'s length cap {cap}: "
+                f"its LM was trained on traces cut there (give at most {cap}, or leave it unset)"
+            )
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+            raise UserError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
 
     @property
     def _suffix(self) -> str:
@@ -114,10 +161,16 @@ class ReproduceConfig:
         elicitation is the library's default unless a study passes its own)."""
         from ..collect import CollectConfig
 
-        return CollectConfig(num_samples=num_samples, max_new_tokens=self.max_new_tokens,
-                             checker=self.reference_checker, prompt_template="testbed",
-                             problems_per_shard=self.problems_per_shard, problems_per_batch=self.problems_per_batch,
-                             seed=self.collect_seed, progress=False)
+        return CollectConfig(
+            num_samples=num_samples,
+            max_new_tokens=self.max_new_tokens,
+            checker=self.reference_checker,
+            prompt_template="testbed",
+            problems_per_shard=self.problems_per_shard,
+            problems_per_batch=self.problems_per_batch,
+            seed=self.collect_seed,
+            progress=False,
+        )
 
 
 @dataclass
@@ -125,41 +178,66 @@ class ReproduceArguments:
     """The ``hf-msv reproduce`` run options (sizes come from `ReproduceConfig`: the paper's, or `--quick`'s)."""
 
     output_dir: str = _help("where testbed.md / testbed.json go", default="docs/results")
-    task: str = field(default=DEFAULT_TASK, metadata={
-        "help": "testbed task: v2 (the default testbed, LM in hf_msv/testbed/lm-v2) or v1 (the first testbed, kept "
-                "for comparison; LM in hf_msv/testbed/lm)",
-        "choices": sorted(TASKS)})
+    task: str = field(
+        default=DEFAULT_TASK,
+        metadata={
+            "help": "testbed task: v2 (the testbed, LM in hf_msv/testbed/lm-v2) or a registered one (the first "
+            "testbed, "
+            "v1, with `python -m research.testbed_v1 reproduce`)",
+            "choices": TASKS,
+        },
+    )  # the mapping itself: a task registered after this import is a choice too
     quick: bool = _help("a few-minute smoke run (few problems, N in {1, 4})", default=False)
     work_dir: str | None = _help("shards and verifiers (default outputs/reproduce[-v2][-quick])", default=None)
-    studies: list[str] | None = field(default=None, metadata={
-        "help": "studies to run (default: all; main always runs, unless --continue-report)",
-        "choices": list(STUDIES)})
+    studies: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "studies to run (default: all; main always runs, unless --continue-report)",
+            "choices": list(STUDIES),
+        },
+    )
     continue_report: bool = _help(
         "continue the report already in --output-dir (e.g. the committed docs/results/testbed-v2.json): keep its "
         "main study and finished studies, run only the studies it lacks, and make only the collections and main "
         "fits those need, in a work directory that may be new (e.g. on another machine); the report gains a part; "
-        "the settings must be the report's", default=False)
+        "the settings must be the report's",
+        default=False,
+    )
     training_seeds: int | None = _help("override the number of training seeds", default=None)
-    reuse_shards: str = field(default="matching", metadata={
-        "help": "shards of an earlier run in the work directory: reuse only those collected with the same settings "
-                "and collection code (matching; others are collected again), or reuse them whatever their key "
-                "(keep: re-evaluate old collections with new training / evaluation code; the report says so)",
-        "choices": ["matching", "keep"]})
-    reuse_verifiers: str = field(default="matching", metadata={
-        "help": "finished verifier fits in the work directory: reuse only those trained with the same settings, "
-                "data and training code (matching), or also those whose training code differs while settings and "
-                "data match (keep: after a code change shown not to change training; the report lists each; a fit "
-                "interrupted under other code is resumed from its saved state)",
-        "choices": ["matching", "keep"]})
+    reuse_shards: str = field(
+        default="matching",
+        metadata={
+            "help": "shards of an earlier run in the work directory: reuse only those collected with the same "
+            "settings "
+            "and collection code (matching; others are collected again), or reuse them whatever their key "
+            "(keep: re-evaluate old collections with new training / evaluation code; the report says so)",
+            "choices": ["matching", "keep"],
+        },
+    )
+    reuse_verifiers: str = field(
+        default="matching",
+        metadata={
+            "help": "finished verifier fits in the work directory: reuse only those trained with the same settings, "
+            "data and training code (matching), or also those whose training code differs while settings and "
+            "data match (keep: after a code change shown not to change training; the report lists each; a fit "
+            "interrupted under other code is resumed from its saved state)",
+            "choices": ["matching", "keep"],
+        },
+    )
     threads: int | None = _help("torch threads", default=None)
-    train_workers: int = _help("verifiers trained at once, each in its own process with threads / train_workers "
-                               "torch threads (2 on 2 CPU cores: ~1.4x faster training than 1)", default=1)
+    train_workers: int = _help(
+        "verifiers trained at once, each in its own process with threads / train_workers "
+        "torch threads (2 on 2 CPU cores: ~1.4x faster training than 1)",
+        default=1,
+    )
     device: str | None = _help("where the LM samples (default: the GPU when there is one)", default=None)
-    problems_per_batch: int | None = _help("problems sampled together (default 1, right for 2 CPU cores; 32 suits "
-                                           "a GPU)", default=None)
+    problems_per_batch: int | None = _help(
+        "problems sampled together (default 1, right for 2 CPU cores; 32 suits a GPU)", default=None
+    )
     progress: bool = _help("log each stage as it starts and ends (--no-progress: quiet)", default=True)
-    shipped_verifier: bool = _help("only (re)build hf_msv/testbed/verifier from the train/validation shards",
-                                   default=False)
+    shipped_verifier: bool = _help(
+        "only (re)build hf_msv/testbed/verifier from the train/validation shards", default=False
+    )
 
     def reproduce_config(self) -> ReproduceConfig:
         """The run's `ReproduceConfig`: the paper's sizes (or the quick ones) with the overrides given."""
@@ -174,7 +252,8 @@ class ReproduceArguments:
 def training_config(kind: str, n: int, mode: str, quick: bool = False, **overrides):
     """The `MSVTrainingConfig` of a Probe or an MSV_n in the reproduction: the library defaults (``recipe="auto"``,
     what ``hf-msv train`` uses), so users and the reproduction train the same way. `quick` caps the step budget for
-    the smoke run; `overrides` are the studies' deliberate changes (masks, checker, no logit averaging, ...)."""
+    the smoke run; `overrides` are the studies' deliberate changes (the checker; masks or no logit averaging as
+    ``architecture={...}``, ...)."""
     from ..training import MSVTrainingConfig
 
     cfg = dict(kind=kind, num_sequences=1 if kind == "probe" else n, mode=mode, progress=False)

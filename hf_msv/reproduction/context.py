@@ -12,13 +12,27 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .config import ReproduceConfig, training_config
-from .reuse import (EVALUATION_CODE, ReuseLog, artefact_key, code_version, data_fingerprint, git_commit, reuse_key,
-                    write_key)
+from .reuse import (
+    EVALUATION_CODE,
+    ReuseLog,
+    artefact_key,
+    code_version,
+    data_fingerprint,
+    git_commit,
+    reuse_key,
+    write_key,
+)
 from .stages import ShardReuse, TrainingQueue, collect_splits, train_or_reuse
 from .summary import vote_check_rows
 
-__all__ = ["StageClock", "ReproductionContext", "checkpoint_keys", "keep_evaluation", "restore_evaluation",
-           "seed_specs"]
+__all__ = [
+    "StageClock",
+    "ReproductionContext",
+    "checkpoint_keys",
+    "keep_evaluation",
+    "restore_evaluation",
+    "seed_specs",
+]
 
 
 class StageClock:
@@ -79,11 +93,20 @@ class ReproductionContext:
         so a run of only that study does not spend most of an hour on 2 cores making one."""
         if not self.collections:
             cfg = self.config
-            collect_splits(self.model, self.tokenizer, self.data, cfg, cfg.num_samples,
-                           (cfg.train_problems, cfg.val_problems, cfg.eval_problems), reuse=self.shard_reuse)
+            collect_splits(
+                self.model,
+                self.tokenizer,
+                self.data,
+                cfg,
+                cfg.num_samples,
+                (cfg.train_problems, cfg.val_problems, cfg.eval_problems),
+                reuse=self.shard_reuse,
+            )
             # the shards alone: collect_config.json names the LM by its absolute path, which differs across checkouts
-            self.collections = {f"data/{s}": data_fingerprint(sorted((self.data / s).glob("*.safetensors")))
-                                for s in ("train", "val", "eval")}
+            self.collections = {
+                f"data/{s}": data_fingerprint(sorted((self.data / s).glob("*.safetensors")))
+                for s in ("train", "val", "eval")
+            }
         return self.data
 
     def main_fit(self, method: str, mode: str) -> list[str]:
@@ -93,8 +116,9 @@ class ReproductionContext:
         if mode not in fits:
             kind, n = ("probe", 1) if method == "Probe" else ("msv", int(method.removeprefix("MSV_")))
             name = f"probe-{mode}" if kind == "probe" else f"msv{n}-{mode}"
-            fits[mode] = self.train(self.main_data() / "train", name,
-                                    training_config(kind, n, mode, self.config.quick))
+            fits[mode] = self.train(
+                self.main_data() / "train", name, training_config(kind, n, mode, self.config.quick)
+            )
         return fits[mode]
 
     @property
@@ -113,40 +137,78 @@ class ReproductionContext:
         paths = []
         for seed in range(self.config.training_seeds):
             out = self.work_dir / "verifiers" / (name if seed == 0 else f"{name}-seed{seed}")
-            paths.append(str(train_or_reuse(train_dir, val_dir or self.main_data() / "val", out,
-                                            replace(config, seed=seed),
-                                            counts=self.counts, log=self.reuse, queue=self.queue,
-                                            reuse=self.reuse_verifiers)))
+            paths.append(
+                str(
+                    train_or_reuse(
+                        train_dir,
+                        val_dir or self.main_data() / "val",
+                        out,
+                        replace(config, seed=seed),
+                        counts=self.counts,
+                        log=self.reuse,
+                        queue=self.queue,
+                        reuse=self.reuse_verifiers,
+                    )
+                )
+            )
         return paths
 
     def specs(self, name: str, modes=("terminal", "streaming")) -> list[dict]:
         """One main-study verifier's checkpoints for `evaluate_study`: [{mode: path} per training seed]."""
         return seed_specs({m: self.main_fit(name, m) for m in modes})
 
-    def evaluate(self, eval_dir, verifiers: dict, ns, val_dir=None, *, report_name: str, title: str,
-                 subdir: bool = True, **kwargs) -> dict:
+    def evaluate(
+        self,
+        eval_dir,
+        verifiers: dict,
+        ns,
+        val_dir=None,
+        *,
+        report_name: str,
+        title: str,
+        subdir: bool = True,
+        **kwargs,
+    ) -> dict:
         """`evaluate_study` with the run's LM costs and DeepConf window; the report goes to output_dir/studies
         (`subdir`) or output_dir, and is recorded in `reports` by the caller;
         every MSV fit of it is checked against the vote into `vote_checks`."""
-        from ..evaluation import evaluate_study
+        from ..evaluation import EvaluateConfig, evaluate_study
 
         self.queue.wait(checkpoint_paths(verifiers))  # the fits being evaluated may still be training
         kwargs = {"figures": False, "progress": False} | kwargs
         out, stem = self.output_dir / "studies" if subdir else self.output_dir, f"{self.stem}-{report_name}"
         # Evaluating the v2 main study alone takes ~half an hour on 2 CPU cores, and a report is made in parts:
         # an evaluation is kept (results, report, figures) and reused while its inputs are unchanged.
-        settings = {"verifiers": {name: checkpoint_keys(specs) for name, specs in verifiers.items()},
-                    "ns": sorted(ns), "title": title, "deepconf_window": self.config.deepconf_window,
-                    "lm_costs": {str(n): asdict(c) for n, c in self.lm_costs.items()},
-                    "validation": val_dir is not None, **{k: v for k, v in kwargs.items() if k != "progress"}}
-        key = reuse_key(settings, code_version(EVALUATION_CODE),
-                        data_fingerprint(*[d for d in (eval_dir, val_dir) if d is not None]))
+        settings = {
+            "verifiers": {name: checkpoint_keys(specs) for name, specs in verifiers.items()},
+            "ns": sorted(ns),
+            "title": title,
+            "deepconf_window": self.config.deepconf_window,
+            "lm_costs": {str(n): asdict(c) for n, c in self.lm_costs.items()},
+            "validation": val_dir is not None,
+            **{k: v for k, v in kwargs.items() if k != "progress"},
+        }
+        key = reuse_key(
+            settings,
+            code_version(EVALUATION_CODE),
+            data_fingerprint(*[d for d in (eval_dir, val_dir) if d is not None]),
+        )
         kept = self.work_dir / "evaluations" / stem
         if self.reuse.decide("evaluation", stem, kept, key, (kept / f"{stem}.json").exists()):
             res = restore_evaluation(kept, out, stem)
         else:
-            res = evaluate_study(eval_dir, verifiers, out, ns, val_dir, lm_costs=self.lm_costs,
-                                 deepconf_window=self.config.deepconf_window, title=title, report_name=stem, **kwargs)
+            inputs = {k: v for k, v in kwargs.items() if k in ("difficulty", "difficulty_name")}  # not settings
+            config = EvaluateConfig(
+                eval_dir=str(eval_dir),
+                output_dir=str(out),
+                num_sequences=list(ns),
+                val_dir=None if val_dir is None else str(val_dir),
+                deepconf_window=self.config.deepconf_window,
+                title=title,
+                report_name=stem,
+                **{k: v for k, v in kwargs.items() if k not in inputs},
+            )
+            res = evaluate_study(config, verifiers, lm_costs=self.lm_costs, **inputs)
             keep_evaluation(out, stem, kept, key)
         self.vote_checks += vote_check_rows(res, report_name)
         return res

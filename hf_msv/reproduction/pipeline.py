@@ -1,14 +1,14 @@
-"""``hf-msv reproduce``: the paper's experiments re-run end to end on the testbed, with the paper's numbers beside ours.
+"""``hf-msv reproduce``: the paper's experiments re-run end to end on the testbed, with the paper's numbers beside
+ours.
 
-    from hf_msv.reproduction import reproduce
-    summary = reproduce("docs/results")              # the paper's sizes (hours on CPU; see docs/reproduction.md)
-    summary = reproduce("/tmp/quick", quick=True)    # a few minutes: few problems, N in {1, 4}, 2 training seeds
+    from hf_msv.reproduction import ReproduceArguments, reproduce
+    summary = reproduce(ReproduceArguments(output_dir="docs/results"))  # the paper's sizes (hours on CPU)
+    summary = reproduce(ReproduceArguments(output_dir="/tmp/quick", quick=True))  # minutes: N in {1, 4}, 2 seeds
 
 `reproduce` runs the studies in order (collect, measure the LM's costs, train, evaluate, report), every stage
 resumable in one work directory; a report is written in parts, each part continuing the committed report
 (``--continue-report``). The protocol, the stages and the report's parts are described in ``docs/reproduction.md``.
 """
-
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ..errors import MissingPathError, UserError
 from .claims import compute_claims
 from .config import STUDIES, ReproduceArguments, ReproduceConfig
 from .context import ReproductionContext, StageClock
@@ -26,52 +27,66 @@ from .shipped import train_shipped_verifier
 from .stages import TrainingQueue, measure_lm_costs
 from .studies import STUDY_STAGES, main_study, train_main_verifiers
 
-__all__ = ["reproduce", "write_summary", "load_report_to_continue", "continued_summary", "earlier_parts",
-           "part_collections", "report_parts", "parse_arguments", "main"]
+__all__ = [
+    "reproduce",
+    "write_summary",
+    "load_report_to_continue",
+    "continued_summary",
+    "earlier_parts",
+    "part_collections",
+    "report_parts",
+    "parse_arguments",
+    "main",
+]
 
 
-def reproduce(output_dir="docs/results", quick: bool = False, work_dir=None, config: ReproduceConfig | None = None,
-              studies=None, threads: int | None = None, progress: bool = True, device=None,
-              reuse_shards: str = "matching", train_workers: int = 1, reuse_verifiers: str = "matching",
-              continue_report: bool = False) -> dict:
+def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | None = None) -> dict:
     """Run the testbed reproduction (``docs/reproduction.md``) and write ``testbed.md`` / ``testbed.json`` (quick:
-    ``testbed-quick.*``) plus figures and per-study reports into `output_dir`. Returns the summary dict.
+    ``testbed-quick.*``) plus figures and per-study reports into ``args.output_dir``.
 
     Args:
-        work_dir: shards, verifiers and caches, reused across runs (default `ReproduceConfig.default_work_dir`).
-        config: sizes and settings (default: the paper's sizes on the default testbed, or the quick ones).
-        studies: subset of ``config.studies`` to run ("main" is always run: the others build on it).
-        threads: torch threads (default: all cores). device: where the LM samples (default: the GPU if any).
-        reuse_shards, reuse_verifiers: "matching" (reuse only under the same reuse key) or "keep" (also shards
-            whatever their key, and fits whose training code alone differs); see `ReproduceArguments`.
-        continue_report: continue the report already in `output_dir` (`load_report_to_continue`): only the
-            `studies` it lacks run, with only the collections and main fits they need; the report gains a part.
-        train_workers: verifier fits run at once (`TrainingQueue`), each with ``threads // train_workers`` threads.
-            Above 1, call `reproduce` from under ``if __name__ == "__main__":`` in a script (the workers are
-            spawned, and a spawned process imports the main module; ``hf-msv reproduce`` needs nothing).
+        args: the run options, those of ``hf-msv reproduce`` (`ReproduceArguments`: output and work directories,
+            studies, threads, device, reuse policies, ``continue_report``, ``train_workers``; default: its
+            defaults). "main" always runs (the other studies build on it). With ``continue_report``, the report
+            already in ``output_dir`` is continued (`load_report_to_continue`): only the studies it lacks run, with
+            only the collections and main fits they need; the report gains a part. With ``train_workers`` above 1,
+            call `reproduce` from under ``if __name__ == "__main__":`` in a script (the fit workers are spawned, and
+            a spawned process imports the main module; ``hf-msv reproduce`` needs nothing).
+        config: sizes and settings (default: ``args.reproduce_config()``, the paper's sizes on ``args.task`` or,
+            with ``args.quick``, the quick ones, with its overrides).
+
+    Returns:
+        The summary dict, as written to ``testbed.json``.
     """
     import torch
 
     from ..evaluation.report import require_report_extras
 
+    args = args or ReproduceArguments()
     require_report_extras()  # the main and grouping studies draw figures: fail before hours of work, not after
-    if train_workers < 1:
-        raise ValueError(f"train_workers must be ≥ 1, got {train_workers}")
-    for name, policy in (("reuse_shards", reuse_shards), ("reuse_verifiers", reuse_verifiers)):
+    if args.train_workers < 1:
+        raise UserError(f"train_workers must be ≥ 1, got {args.train_workers}")
+    for name, policy in (("reuse_shards", args.reuse_shards), ("reuse_verifiers", args.reuse_verifiers)):
         if policy not in ("matching", "keep"):
-            raise ValueError(f"{name} must be 'matching' or 'keep', got {policy!r}")
-    cfg = config or (ReproduceConfig.quick_config() if quick else ReproduceConfig())
-    studies = tuple(dict.fromkeys(("main",) + tuple(studies or cfg.studies)))
-    if threads:
-        torch.set_num_threads(threads)
-    log = print if progress else (lambda *a, **k: None)
-    queue = TrainingQueue(train_workers, (threads or torch.get_num_threads()) // train_workers)
-    ctx = ReproductionContext(cfg, Path(work_dir or cfg.default_work_dir),
-                              Path(output_dir), clock=StageClock(log), reuse_shards=reuse_shards,
-                              reuse_verifiers=reuse_verifiers, queue=queue)
-    earlier = load_report_to_continue(ctx) if continue_report else None  # a clear error before any work
+            raise UserError(f"{name} must be 'matching' or 'keep', got {policy!r}")
+    cfg = config or args.reproduce_config()
+    studies = tuple(dict.fromkeys(("main",) + tuple(args.studies or cfg.studies)))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    log = print if args.progress else (lambda *a, **k: None)
+    queue = TrainingQueue(args.train_workers, (args.threads or torch.get_num_threads()) // args.train_workers)
+    ctx = ReproductionContext(
+        cfg,
+        Path(args.work_dir or cfg.default_work_dir),
+        Path(args.output_dir),
+        clock=StageClock(log),
+        reuse_shards=args.reuse_shards,
+        reuse_verifiers=args.reuse_verifiers,
+        queue=queue,
+    )
+    earlier = load_report_to_continue(ctx) if args.continue_report else None  # a clear error before any work
     try:
-        summary = _run_studies(ctx, studies, device, progress, log, earlier)
+        summary = _run_studies(ctx, studies, args.device, args.progress, log, earlier)
     except BaseException:
         queue.close(cancel=True)  # fits not yet started are dropped; an interrupted run resumes from the rest
         raise
@@ -90,8 +105,15 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
     started = time.perf_counter()
     ctx.model, ctx.tokenizer = load_lm(get_task(ctx.config.task).lm_name, device=device)
     if earlier is None:
-        summary = {"config": asdict(ctx.config), "studies": list(studies), "paper": PAPER, "reports": ctx.reports,
-                   "verifiers": ctx.counts, "device": str(ctx.model.device), "parts": []}
+        summary = {
+            "config": asdict(ctx.config),
+            "studies": list(studies),
+            "paper": PAPER,
+            "reports": ctx.reports,
+            "verifiers": ctx.counts,
+            "device": str(ctx.model.device),
+            "parts": [],
+        }
         _main_stages(ctx, summary, studies, progress)
     else:
         summary = continued_summary(ctx, earlier, studies)
@@ -117,9 +139,14 @@ def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progre
         ctx.main_data()
     with ctx.clock("lm costs"):
         ns_cost = sorted(set(cfg.num_sequences) | (set(cfg.grouping_ns) if "grouping" in studies else set()))
-        ctx.lm_costs = measure_lm_costs(ctx.model, ctx.tokenizer,
-                                        get_task(cfg.task).generate_problems("evaluation", cfg.cost_problems, seed=99),
-                                        ns_cost, cfg.max_new_tokens, cache=ctx.work_dir / "lm_costs.json")
+        ctx.lm_costs = measure_lm_costs(
+            ctx.model,
+            ctx.tokenizer,
+            get_task(cfg.task).generate_problems("evaluation", cfg.cost_problems, seed=99),
+            ns_cost,
+            cfg.max_new_tokens,
+            cache=ctx.work_dir / "lm_costs.json",
+        )
     summary["lm_costs"] = {str(n): asdict(c) for n, c in ctx.lm_costs.items()}
     with ctx.clock("train main"):
         train_main_verifiers(ctx)
@@ -128,31 +155,34 @@ def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progre
 
 
 def load_report_to_continue(ctx: ReproductionContext) -> dict:
-    """The summary in ``output_dir/{stem}.json`` that `reproduce(continue_report=True)` continues, checked: it must
+    """The summary in ``output_dir/{stem}.json`` that `reproduce` continues (``continue_report``), checked: it must
     exist, hold a finished main study whose results file is beside it, and have been made with this run's settings
     (the studies of one report compare with each other, so they share data sizes, seeds and N)."""
     from ..utils import json_safe
 
     path = ctx.output_dir / f"{ctx.stem}.json"
     if not path.exists():
-        raise FileNotFoundError(f"--continue-report: no report {path} to continue (run without it to start one)")
+        raise MissingPathError(f"--continue-report: no report {path} to continue (run without it to start one)")
     try:
         earlier = json.loads(path.read_text())
     except ValueError as e:  # not JSON, or not UTF-8
-        raise ValueError(f"--continue-report: {path} is not a JSON report ({e}); move it away or give another "
-                         "--output-dir") from None
+        raise UserError(
+            f"--continue-report: {path} is not a JSON report ({e}); move it away or give another --output-dir"
+        ) from None
     if not isinstance(earlier, dict) or "config" not in earlier:
-        raise ValueError(f"--continue-report: {path} is not a report of hf-msv reproduce (it has no config)")
+        raise UserError(f"--continue-report: {path} is not a report of hf-msv reproduce (it has no config)")
     if LEGACY_PARTS_KEY in earlier:
         earlier.setdefault("parts", earlier.pop(LEGACY_PARTS_KEY))
     mine = json_safe(asdict(ctx.config))
     differ = sorted(k for k in mine.keys() | earlier["config"].keys() if mine.get(k) != earlier["config"].get(k))
     if differ:
-        raise ValueError(f"--continue-report: {path} was made with other settings ({', '.join(differ)}); continue it "
-                         "with the same flags, or write a new report elsewhere with --output-dir")
+        raise UserError(
+            f"--continue-report: {path} was made with other settings ({', '.join(differ)}); continue it "
+            "with the same flags, or write a new report elsewhere with --output-dir"
+        )
     main_json = _main_results_path(ctx, earlier)
     if "main" not in earlier or not main_json.exists():
-        raise FileNotFoundError(f"--continue-report: {path} has no finished main study ({main_json} is missing)")
+        raise MissingPathError(f"--continue-report: {path} has no finished main study ({main_json} is missing)")
     return earlier
 
 
@@ -173,14 +203,27 @@ def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -
     ctx.reports.update(earlier["reports"])
     ctx.vote_checks[:] = earlier.get("vote_check", [])
     finished = [k for k in STUDIES if k in earlier]
-    parts = earlier_parts(earlier) or [{"studies": finished, "device": earlier.get("device"),
-                                        "timing_s": earlier["timing_s"], "verifiers": earlier.get("verifiers"),
-                                        "reuse": earlier.get("reuse")}]
+    parts = earlier_parts(earlier) or [
+        {
+            "studies": finished,
+            "device": earlier.get("device"),
+            "timing_s": earlier["timing_s"],
+            "verifiers": earlier.get("verifiers"),
+            "reuse": earlier.get("reuse"),
+        }
+    ]
     keep = {k: earlier[k] for k in ("lm_costs", *finished) if k in earlier}
     # "studies": what the report holds or this part runs (the report names the others as not run)
-    return {"config": earlier["config"], "studies": [k for k in STUDIES if k in earlier or k in studies],
-            "paper": PAPER, "reports": ctx.reports, "verifiers": ctx.counts, "device": str(ctx.model.device),
-            "parts": parts, **keep}
+    return {
+        "config": earlier["config"],
+        "studies": [k for k in STUDIES if k in earlier or k in studies],
+        "paper": PAPER,
+        "reports": ctx.reports,
+        "verifiers": ctx.counts,
+        "device": str(ctx.model.device),
+        "parts": parts,
+        **keep,
+    }
 
 
 def earlier_parts(earlier: dict) -> list[dict]:
@@ -205,9 +248,18 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
     before = report_parts(summary)
     done.pop(LEGACY_PARTS_KEY, None)
     ran = [k for k in STUDIES if k in summary and not any(k in x["studies"] for x in before)]
-    done["parts"] = [*before, {"studies": ran, "device": summary.get("device"), "timing_s": timing,
-                               "verifiers": dict(ctx.counts), "reuse": done["reuse"], "git_commit": ctx.git_commit,
-                               **part_collections(before, ctx.collections)}]
+    done["parts"] = [
+        *before,
+        {
+            "studies": ran,
+            "device": summary.get("device"),
+            "timing_s": timing,
+            "verifiers": dict(ctx.counts),
+            "reuse": done["reuse"],
+            "git_commit": ctx.git_commit,
+            **part_collections(before, ctx.collections),
+        },
+    ]
     if pending:
         done["pending"] = list(pending)
     done["claims"] = compute_claims(done, ctx.config)
@@ -250,13 +302,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_arguments(argv)
     cfg = args.reproduce_config()
     if args.shipped_verifier:
-        return {"shipped_verifier": str(train_shipped_verifier(args.work_dir, threads=args.threads, config=cfg,
-                                                               device=args.device, reuse_shards=args.reuse_shards,
-                                                               reuse_verifiers=args.reuse_verifiers))}
-    return reproduce(args.output_dir, quick=args.quick, work_dir=args.work_dir, config=cfg, studies=args.studies,
-                     threads=args.threads, progress=args.progress, device=args.device, reuse_shards=args.reuse_shards,
-                     train_workers=args.train_workers, reuse_verifiers=args.reuse_verifiers,
-                     continue_report=args.continue_report)
+        return {
+            "shipped_verifier": str(
+                train_shipped_verifier(
+                    args.work_dir,
+                    threads=args.threads,
+                    config=cfg,
+                    device=args.device,
+                    reuse_shards=args.reuse_shards,
+                    reuse_verifiers=args.reuse_verifiers,
+                )
+            )
+        }
+    return reproduce(args, cfg)
 
 
 if __name__ == "__main__":

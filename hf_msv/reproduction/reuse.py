@@ -23,20 +23,55 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["TRAINING_CODE", "COLLECTION_CODE", "EVALUATION_CODE", "KEY_FILE", "code_version", "git_commit",
-           "data_fingerprint", "reuse_key", "stored_key", "artefact_key", "write_key", "only_code_differs",
-           "ReuseLog"]
+__all__ = [
+    "TRAINING_CODE",
+    "COLLECTION_CODE",
+    "EVALUATION_CODE",
+    "KEY_FILE",
+    "code_version",
+    "git_commit",
+    "data_fingerprint",
+    "reuse_key",
+    "stored_key",
+    "artefact_key",
+    "write_key",
+    "only_code_differs",
+    "ReuseLog",
+]
 
 KEY_FILE = "reuse_key.json"
 _PACKAGE = Path(__file__).resolve().parents[1]
 # Source (relative to the package) whose changes change a trained verifier / a collection.
-TRAINING_CODE = ("training", "data", "equivalence", "modeling_msv.py", "modeling_probe.py", "configuration_msv.py",
-                 "baselines.py", "metrics.py", "utils.py", "reproduction/config.py")
+TRAINING_CODE = (
+    "training",
+    "data",
+    "equivalence",
+    "modeling_msv.py",
+    "modeling_probe.py",
+    "configuration_msv.py",
+    "baselines.py",
+    "metrics.py",
+    "utils.py",
+    "reproduction/config.py",
+)
 COLLECTION_CODE = ("collect", "generation", "data", "equivalence", "answers.py", "testbed", "utils.py")
 # Everything `evaluate_study` runs: its package, the verifiers it loads, the baselines, metrics and data it reads.
-EVALUATION_CODE = ("evaluation", "baselines.py", "metrics.py", "data", "equivalence", "generation", "training",
-                   "modeling_msv.py", "modeling_probe.py", "configuration_msv.py", "answers.py", "collect", "testbed",
-                   "utils.py")
+EVALUATION_CODE = (
+    "evaluation",
+    "baselines.py",
+    "metrics.py",
+    "data",
+    "equivalence",
+    "generation",
+    "training",
+    "modeling_msv.py",
+    "modeling_probe.py",
+    "configuration_msv.py",
+    "answers.py",
+    "collect",
+    "testbed",
+    "utils.py",
+)
 
 
 def code_version(parts=TRAINING_CODE, root: Path | None = None) -> str:
@@ -57,8 +92,9 @@ def code_version(parts=TRAINING_CODE, root: Path | None = None) -> str:
 def git_commit() -> str | None:
     """The commit of the git checkout holding the package (None outside one, or without git)."""
     try:
-        out = subprocess.run(["git", "-C", str(_PACKAGE), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(_PACKAGE), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -79,10 +115,9 @@ def data_fingerprint(*dirs) -> str:
     spool or the reuse key, which change without the data changing)."""
     h = hashlib.sha256()
     for d in dirs:
-        for one in (d if isinstance(d, (list, tuple)) else [d]):
+        for one in d if isinstance(d, (list, tuple)) else [d]:
             one = Path(one)
-            files = sorted([*one.glob("*.safetensors"), *one.glob("collect_config.json")]) if one.is_dir() \
-                else [one]
+            files = sorted([*one.glob("*.safetensors"), *one.glob("collect_config.json")]) if one.is_dir() else [one]
             for f in files:
                 st = f.stat()
                 h.update(f.name.encode() + b"\0" + _file_digest(str(f), st.st_size, st.st_mtime_ns).encode())
@@ -159,5 +194,7 @@ class ReuseLog:
     def summary(self) -> dict:
         """{"reused": [...], "redone": [...]} of "kind name (why)" strings, for the report."""
         fmt = lambda e: f"{e['kind']} {e['name']} ({e['why']})"  # noqa: E731
-        return {"reused": [fmt(e) for e in self.entries if e["reused"]],
-                "redone": [fmt(e) for e in self.entries if not e["reused"] and e["why"] != "absent"]}
+        return {
+            "reused": [fmt(e) for e in self.entries if e["reused"]],
+            "redone": [fmt(e) for e in self.entries if not e["reused"] and e["why"] != "absent"],
+        }

@@ -9,6 +9,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from ..errors import UserError
 from ..lambda_rule import DELTA
 from .config import ReproduceConfig, training_config
 from .stages import ShardReuse, collect_splits, train_or_reuse
@@ -19,10 +20,16 @@ SHIPPED_EPSILON = 0.01  # the shipped verifier's tolerance: lose at most 1 pp of
 SHIPPED_LAMBDA_FILE = "early_stopping.json"  # beside the shipped verifier: the λ the demo uses, and how it was chosen
 
 
-def train_shipped_verifier(work_dir=None, destination=None, threads: int | None = None,
-                           config: ReproduceConfig | None = None, device=None,
-                           reuse_shards: str = "matching", reuse_verifiers: str = "matching",
-                           epsilon: float = SHIPPED_EPSILON) -> Path:
+def train_shipped_verifier(
+    work_dir=None,
+    destination=None,
+    threads: int | None = None,
+    config: ReproduceConfig | None = None,
+    device=None,
+    reuse_shards: str = "matching",
+    reuse_verifiers: str = "matching",
+    epsilon: float = SHIPPED_EPSILON,
+) -> Path:
     """The MSV shipped in ``hf_msv/testbed/verifier``: a streaming MSV_16 trained with `training_config` on the
     reproduction's train / validation shards (collected first when missing; shared with `reproduce`, whose
     ``msv16-streaming`` it is; MSV_8 on the quick configuration's 8 samples) in `work_dir` (default: the full
@@ -43,16 +50,30 @@ def train_shipped_verifier(work_dir=None, destination=None, threads: int | None 
     cfg = config or ReproduceConfig(task=TESTBED_VERIFIER_TASK)
     work = Path(work_dir or replace(cfg, quick=False).default_work_dir)  # the full run's shards, even quick
     if destination is None and cfg.task != TESTBED_VERIFIER_TASK:
-        raise ValueError(f"the package's verifier is paired with testbed {TESTBED_VERIFIER_TASK}'s LM "
-                         f"(hf_msv.testbed.TESTBED_VERIFIER_TASK); a testbed {cfg.task} verifier needs a destination, "
-                         f"or that constant set to {cfg.task!r} first")
+        raise UserError(
+            f"the package's verifier is paired with testbed {TESTBED_VERIFIER_TASK}'s LM "
+            f"(hf_msv.testbed.TESTBED_VERIFIER_TASK); a testbed {cfg.task} verifier needs a destination, "
+            f"or that constant set to {cfg.task!r} first"
+        )
     data, task = work / "data", get_task(cfg.task)
     model, tokenizer = load_lm(task.lm_name, device=device)
-    collect_splits(model, tokenizer, data, cfg, cfg.num_samples, (cfg.train_problems, cfg.val_problems),
-                   reuse=ShardReuse(policy=reuse_shards))
+    collect_splits(
+        model,
+        tokenizer,
+        data,
+        cfg,
+        cfg.num_samples,
+        (cfg.train_problems, cfg.val_problems),
+        reuse=ShardReuse(policy=reuse_shards),
+    )
     n = min(16, cfg.num_samples)  # 16 at the paper's sizes; the quick collection has fewer samples
-    path = train_or_reuse(data / "train", data / "val", work / "verifiers" / f"msv{n}-streaming",
-                          training_config("msv", n, "streaming", cfg.quick), reuse=reuse_verifiers)
+    path = train_or_reuse(
+        data / "train",
+        data / "val",
+        work / "verifiers" / f"msv{n}-streaming",
+        training_config("msv", n, "streaming", cfg.quick),
+        reuse=reuse_verifiers,
+    )
     log = json.loads((path / "training_log.json").read_text())
     best = log["history"][log["best_epoch"]]  # `best_epoch` indexes the validation history (0 = before training)
     metrics = {k.replace("val_", "validation "): v for k, v in best.items() if k.startswith("val_")}
@@ -63,9 +84,13 @@ def train_shipped_verifier(work_dir=None, destination=None, threads: int | None 
     lm = f"hf_msv/testbed/{task.lm_dir.name}"
     verifier.config.base_model_name_or_path = f"hf_msv-{task.lm_name} ({lm})"
     training_data = log["training_data"].replace(f"`{local}`", f"the hf_msv {task.lm_name} LM (`{lm}`)")
-    save_verifier(verifier, destination, metrics=metrics | {"step": best.get("step", best["epoch"])},
-                  training_data=training_data + " Reproduce with `scripts/train_shipped_verifier.sh`.",
-                  repo_id="hf-msv/msv16-testbed")
+    save_verifier(
+        verifier,
+        destination,
+        metrics=metrics | {"step": best.get("step", best["epoch"])},
+        training_data=training_data + " Reproduce with `scripts/train_shipped_verifier.sh`.",
+        repo_id="hf-msv/msv16-testbed",
+    )
     fit_shipped_stopping(data / "val", destination, epsilon)
     return destination
 
@@ -86,11 +111,17 @@ def fit_shipped_stopping(val_dir, destination=None, epsilon: float = SHIPPED_EPS
     for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
         stale.unlink()
     choice = fit.choice
-    stopping = {"lambda": None if math.isinf(choice.lam) else round(choice.lam, 6),
-                "num_sequences": verifier.config.num_sequences, "rule": choice.describe(),
-                "validation_problems": choice.num_problems, "choice": choice.to_dict(),
-                "guarantee": fit.guarantee.to_dict(), "target": fit.target.to_dict(),
-                "at_stop": fit.replay.at_stop(choice.lam), "stop_head": fit.head.to_dict()}
+    stopping = {
+        "lambda": None if math.isinf(choice.lam) else round(choice.lam, 6),
+        "num_sequences": verifier.config.num_sequences,
+        "rule": choice.describe(),
+        "validation_problems": choice.num_problems,
+        "choice": choice.to_dict(),
+        "guarantee": fit.guarantee.to_dict(),
+        "target": fit.target.to_dict(),
+        "at_stop": fit.replay.at_stop(choice.lam),
+        "stop_head": fit.head.to_dict(),
+    }
     (destination / SHIPPED_LAMBDA_FILE).write_text(json.dumps(stopping, indent=2) + "\n")
     card = (destination / "README.md").read_text()
     line = f"- Early stopping (validation): {choice.describe()}."

@@ -15,12 +15,34 @@ import numpy as np
 from ..elicitation import ElicitationSettings
 from ..utils import atomic_write_json
 from .config import ReproduceConfig
-from .reuse import (COLLECTION_CODE, KEY_FILE, TRAINING_CODE, ReuseLog, code_version, data_fingerprint,
-                    only_code_differs, reuse_key, stored_key, write_key)
+from .reuse import (
+    COLLECTION_CODE,
+    KEY_FILE,
+    TRAINING_CODE,
+    ReuseLog,
+    code_version,
+    data_fingerprint,
+    only_code_differs,
+    reuse_key,
+    stored_key,
+    write_key,
+)
 
-__all__ = ["ShardReuse", "collect_problems", "set_aside", "collect_splits", "train_or_reuse", "kept_despite_code",
-           "pending_despite_code", "train_fit", "resumable", "PENDING_KEY", "TrainingQueue", "measure_lm_costs",
-           "checker_agreement"]
+__all__ = [
+    "ShardReuse",
+    "collect_problems",
+    "set_aside",
+    "collect_splits",
+    "train_or_reuse",
+    "kept_despite_code",
+    "pending_despite_code",
+    "train_fit",
+    "resumable",
+    "PENDING_KEY",
+    "TrainingQueue",
+    "measure_lm_costs",
+    "checker_agreement",
+]
 
 PENDING_KEY = "reuse_key.pending.json"  # the key of a fit still training (`train_fit`)
 
@@ -34,13 +56,25 @@ class ShardReuse:
     policy: str = "matching"
 
 
-def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: ReproduceConfig, num_samples: int,
-                     *, problem_seed: int = 0, first: int = 0, elicitation: ElicitationSettings | None = None,
-                     reuse: ShardReuse | None = None):
-    """Collect testbed problems ``first..count-1`` of `split` into `out` (the first `count` are a prefix of any
-    larger draw, so a bigger collection extends a smaller one); resumable, as `hf_msv.collect.collect` is.
+def collect_problems(
+    model,
+    tokenizer,
+    split: str,
+    problems: range,
+    out: Path,
+    cfg: ReproduceConfig,
+    num_samples: int,
+    *,
+    problem_seed: int = 0,
+    elicitation: ElicitationSettings | None = None,
+    reuse: ShardReuse | None = None,
+):
+    """Collect the testbed problems `problems` of `split` into `out`; resumable, as `hf_msv.collect.collect` is.
 
     Args:
+        problems: indices into the seeded draw of `split` (seed `problem_seed`): ``range(count)``, or
+            ``range(first, count)`` for the problems beyond the first `first` (the first `count` of a draw are a
+            prefix of any larger draw, so a bigger collection extends a smaller one).
         elicitation: where answers are elicited, when not at the library's default (the delimiter study's
             delimiter-free collection); None: the default.
         reuse: shards already in `out` are extended only when their reuse key (collection settings, the testbed
@@ -51,18 +85,29 @@ def collect_problems(model, tokenizer, split: str, count: int, out: Path, cfg: R
     from ..testbed import get_task
 
     task, reuse = get_task(cfg.task), reuse or ShardReuse()
-    where = {} if elicitation is None else {"delimiters": list(elicitation.delimiters),
-                                            "every_k_tokens": elicitation.every_k_tokens}
-    settings = dict(split=split, first=first, num_samples=num_samples, max_new_tokens=cfg.max_new_tokens,
-                    checker=cfg.reference_checker, problems_per_shard=cfg.problems_per_shard, seed=cfg.collect_seed,
-                    problem_seed=problem_seed, **where)
+    where = (
+        {}
+        if elicitation is None
+        else {"delimiters": list(elicitation.delimiters), "every_k_tokens": elicitation.every_k_tokens}
+    )
+    settings = dict(
+        split=split,
+        first=problems.start,
+        num_samples=num_samples,
+        max_new_tokens=cfg.max_new_tokens,
+        checker=cfg.reference_checker,
+        problems_per_shard=cfg.problems_per_shard,
+        seed=cfg.collect_seed,
+        problem_seed=problem_seed,
+        **where,
+    )
     key = reuse_key(settings, code_version(COLLECTION_CODE), data_fingerprint(task.lm_dir))
     kept = _decide_shards(out, key, reuse)
-    problems = task.generate_problems(split, count, seed=problem_seed)[first:]
+    drawn = task.generate_problems(split, problems.stop, seed=problem_seed)[problems.start :]
     if not kept:  # before collecting: an interrupted run's shards then match the next run's key and are extended
         out.mkdir(parents=True, exist_ok=True)
         write_key(out, key)
-    return collect(model, tokenizer, problems, out, cfg.collect_config(num_samples), elicitation=elicitation)
+    return collect(model, tokenizer, drawn, out, cfg.collect_config(num_samples), elicitation=elicitation)
 
 
 def _decide_shards(out: Path, key: dict, reuse: ShardReuse) -> bool:
@@ -74,9 +119,13 @@ def _decide_shards(out: Path, key: dict, reuse: ShardReuse) -> bool:
         return False
     if reuse.policy == "keep":
         stored = stored_key(out)
-        reuse.log.keep("shards", name, f"kept by --reuse-shards keep: same settings and LM, collected by code "
-                                       f"version {stored['code']}" if only_code_differs(stored, key)
-                       else "kept by --reuse-shards keep although its key differs or is missing")
+        reuse.log.keep(
+            "shards",
+            name,
+            f"kept by --reuse-shards keep: same settings and LM, collected by code version {stored['code']}"
+            if only_code_differs(stored, key)
+            else "kept by --reuse-shards keep although its key differs or is missing",
+        )
         return True
     reuse.log.annotate("shards", name, f"the old shards moved to {set_aside(out).name}")
     return False
@@ -92,17 +141,36 @@ def set_aside(directory: Path) -> Path:
     return directory.rename(aside)
 
 
-def collect_splits(model, tokenizer, root: Path, cfg: ReproduceConfig, num_samples: int, sizes, *,
-                   elicitation: ElicitationSettings | None = None, reuse: ShardReuse | None = None):
+def collect_splits(
+    model,
+    tokenizer,
+    root: Path,
+    cfg: ReproduceConfig,
+    num_samples: int,
+    sizes,
+    *,
+    elicitation: ElicitationSettings | None = None,
+    reuse: ShardReuse | None = None,
+):
     """`sizes` = problem counts of train, validation[, evaluation], collected into root/train, root/val, root/eval
     (`elicitation`, `reuse`: as in `collect_problems`)."""
     for (split, name), count in zip((("train", "train"), ("validation", "val"), ("evaluation", "eval")), sizes):
-        collect_problems(model, tokenizer, split, count, root / name, cfg, num_samples, elicitation=elicitation,
-                         reuse=reuse)
+        collect_problems(
+            model, tokenizer, split, range(count), root / name, cfg, num_samples, elicitation=elicitation, reuse=reuse
+        )
 
 
-def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = None, log: ReuseLog | None = None,
-                   code: str | None = None, queue: "TrainingQueue | None" = None, reuse: str = "matching") -> Path:
+def train_or_reuse(
+    train_dir,
+    val_dir,
+    out: Path,
+    config,
+    counts: dict | None = None,
+    log: ReuseLog | None = None,
+    code: str | None = None,
+    queue: "TrainingQueue | None" = None,
+    reuse: str = "matching",
+) -> Path:
     """Train unless `out` holds a finished run with the same reuse key: the training config, the fingerprint of the
     training and validation shards, and the training code's version (`code`, default
     ``code_version(TRAINING_CODE)``); with ``reuse="keep"`` a finished run whose config and data match is reused
@@ -111,22 +179,26 @@ def train_or_reuse(train_dir, val_dir, out: Path, config, counts: dict | None = 
     With a `queue` the fit is handed to it (it may still be running when this returns: `TrainingQueue.wait`). A
     finished fit that is not reused is moved aside (`set_aside`) before the new one trains."""
     out = Path(out)
-    key = reuse_key(asdict(config), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
+    key = reuse_key(config.to_dict(), code or code_version(TRAINING_CODE), data_fingerprint(train_dir, val_dir))
     resume, begun = resumable(out, key), None
     if not resume and reuse == "keep" and (begun := pending_despite_code(out, key)) is not None:
         key, resume = begun, True  # finished under the key it was begun with: a later matching run retrains it
     finished = not resume and (out / "training_log.json").exists() and (out / "config.json").exists()
     log = log if log is not None else ReuseLog()
     if log.decide("verifier", out.name, out, key, finished) or (
-            reuse == "keep" and finished and kept_despite_code(out, key, log)):
+        reuse == "keep" and finished and kept_despite_code(out, key, log)
+    ):
         if counts is not None:
             counts["reused"] = counts.get("reused", 0) + 1
         return out
     if finished:  # a fit can take hours: the replaced one is kept for the user, never deleted by a run
         log.annotate("verifier", out.name, f"the old fit moved to {set_aside(out).name}")
     elif resume:
-        why = ("interrupted by an earlier run with the same key" if begun is None else
-               f"interrupted by an earlier run of code version {begun['code']} (--reuse-verifiers keep)")
+        why = (
+            "interrupted by an earlier run with the same key"
+            if begun is None
+            else f"interrupted by an earlier run of code version {begun['code']} (--reuse-verifiers keep)"
+        )
         log.annotate("verifier", out.name, f"{why}: resumed from its saved state")
     (queue or TrainingQueue()).submit(train_fit, train_dir, val_dir, out, config, key, tag=str(out))
     if counts is not None:
@@ -141,8 +213,12 @@ def kept_despite_code(out: Path, key: dict, log: ReuseLog) -> bool:
     stored = stored_key(out)
     if not only_code_differs(stored, key):
         return False
-    log.keep("verifier", out.name, f"kept by --reuse-verifiers keep: same settings and data, trained by code "
-                                   f"version {stored.get('code')} (commit {str(stored.get('git_commit'))[:10]})")
+    log.keep(
+        "verifier",
+        out.name,
+        f"kept by --reuse-verifiers keep: same settings and data, trained by code "
+        f"version {stored.get('code')} (commit {str(stored.get('git_commit'))[:10]})",
+    )
     return True
 
 
@@ -217,8 +293,12 @@ class TrainingQueue:
             from concurrent.futures import ProcessPoolExecutor
 
             # spawn: a forked copy of a process holding torch's thread pools (and maybe CUDA) is unsafe
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_set_threads, initargs=(self.threads,))
+            self._executor = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_set_threads,
+                initargs=(self.threads,),
+            )
         self._pending.append((tag, self._executor.submit(fn, *args)))
 
     def wait(self, tags=None) -> None:
@@ -240,8 +320,9 @@ class TrainingQueue:
         self._pending = []
 
 
-def measure_lm_costs(model, tokenizer, problems, num_sequences, max_new_tokens: int, cache: Path | None = None,
-                     delimiters=("Wait",)) -> dict:
+def measure_lm_costs(
+    model, tokenizer, problems, num_sequences, max_new_tokens: int, cache: Path | None = None, delimiters=("Wait",)
+) -> dict:
     """Wall-clock LM costs on this machine, per N: seconds per shared decode step of N parallel sequences
     (``timings["cot"]`` ÷ decode steps) and per elicited answer (``timings["elicitation"]`` ÷ answers), from
     `hf_msv.generation.msv_generate` (no verifier) on `problems`, best of the problems."""
@@ -257,8 +338,15 @@ def measure_lm_costs(model, tokenizer, problems, num_sequences, max_new_tokens: 
     for n in num_sequences:
         best = None
         for p in problems:
-            res = msv_generate(model, tokenizer, [format_prompt(p)], num_sequences=n, max_new_tokens=max_new_tokens,
-                               delimiters=list(delimiters), checker="exact")[0]
+            res = msv_generate(
+                model,
+                tokenizer,
+                [format_prompt(p)],
+                num_sequences=n,
+                max_new_tokens=max_new_tokens,
+                delimiters=list(delimiters),
+                checker="exact",
+            )[0]
             steps = max(len(s) for s in res.sequences)
             c = LatencyCosts(res.timings["cot"] / max(steps, 1), res.timings["elicitation"] / max(len(res.answers), 1))
             best = c if best is None or c.decode_step_s < best.decode_step_s else best

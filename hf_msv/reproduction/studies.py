@@ -12,8 +12,16 @@ from .paper import CHECKER_KWARGS, MASKS
 from .stages import checker_agreement, collect_problems, collect_splits
 from .summary import autc_row, grouping_summary, main_summary, size_row
 
-__all__ = ["train_main_verifiers", "main_study", "checkers_study", "masks_study", "delimiters_study",
-           "grouping_study", "training_size_study", "STUDY_STAGES"]
+__all__ = [
+    "train_main_verifiers",
+    "main_study",
+    "checkers_study",
+    "masks_study",
+    "delimiters_study",
+    "grouping_study",
+    "training_size_study",
+    "STUDY_STAGES",
+]
 
 
 def train_main_verifiers(ctx: ReproductionContext) -> dict:
@@ -34,10 +42,19 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
 
     steps = difficulty_from_problems(get_task(cfg.task).generate_problems("evaluation", cfg.eval_problems), "ops")
     data = ctx.main_data()
-    ctx.main_results = ctx.evaluate(data / "eval", {k: ctx.specs(k) for k in ctx.verifiers}, cfg.num_sequences,
-                                    data / "val", difficulty=steps, difficulty_name="reasoning steps",
-                                    title="Testbed reproduction: main study", report_name="main", subdir=False,
-                                    figures=True, progress=progress)
+    ctx.main_results = ctx.evaluate(
+        data / "eval",
+        {k: ctx.specs(k) for k in ctx.verifiers},
+        cfg.num_sequences,
+        data / "val",
+        difficulty=steps,
+        difficulty_name="reasoning steps",
+        title="Testbed reproduction: main study",
+        report_name="main",
+        subdir=False,
+        figures=True,
+        progress=progress,
+    )
     ctx.reports["main"] = f"{ctx.stem}-main.md"
     return main_summary(ctx.main_results, cfg.num_sequences)
 
@@ -49,28 +66,57 @@ def checkers_study(ctx: ReproductionContext) -> dict:
 
     cfg, data, n = ctx.config, ctx.main_data(), ctx.config.max_n
     ref_problems, _ = load_split(data / "eval", hidden=False)
-    trained = {"reference": ctx.train(data / "train", f"msv{n}-terminal-nolavg",
-                                      training_config("msv", n, "terminal", cfg.quick, logit_averaging=False))}
+    no_averaging = {"architecture": {"logit_averaging": False}}
+    trained = {
+        "reference": ctx.train(
+            data / "train", f"msv{n}-terminal-nolavg", training_config("msv", n, "terminal", cfg.quick, **no_averaging)
+        )
+    }
     for c in cfg.checkers:
-        trained[c] = ctx.train(data / "train", f"msv{n}-terminal-nolavg-{c}",
-                               training_config("msv", n, "terminal", cfg.quick, logit_averaging=False, checker=c,
-                                               checker_kwargs=CHECKER_KWARGS[c]))
+        trained[c] = ctx.train(
+            data / "train",
+            f"msv{n}-terminal-nolavg-{c}",
+            training_config(
+                "msv", n, "terminal", cfg.quick, **no_averaging, checker=c, checker_kwargs=CHECKER_KWARGS[c]
+            ),
+        )
     rows = {}
     for c in ("reference",) + tuple(cfg.checkers):
-        vs = {f"MSV_{n} (reference-trained)": ctx.main_fit(f"MSV_{n}", "terminal"),
-              f"MSV_{n} (trained with checker)": trained[c],
-              "Probe": ctx.main_fit("Probe", "terminal"), "MSV_1": ctx.main_fit("MSV_1", "terminal")}
+        vs = {
+            f"MSV_{n} (reference-trained)": ctx.main_fit(f"MSV_{n}", "terminal"),
+            f"MSV_{n} (trained with checker)": trained[c],
+            "Probe": ctx.main_fit("Probe", "terminal"),
+            "MSV_1": ctx.main_fit("MSV_1", "terminal"),
+        }
         # name -> [path per training seed]
         checker = None if c == "reference" else c
-        res = ctx.evaluate(data / "eval", vs, [n], checker=checker, checker_kwargs=CHECKER_KWARGS.get(c),
-                           title=f"Checker robustness: {c}", report_name=f"checker-{c}")
-        weak = ref_problems if checker is None else load_split(data / "eval", checker, CHECKER_KWARGS[c],
-                                                               hidden=False)[0]
+        res = ctx.evaluate(
+            data / "eval",
+            vs,
+            [n],
+            checker=checker,
+            checker_kwargs=CHECKER_KWARGS.get(c),
+            title=f"Checker robustness: {c}",
+            report_name=f"checker-{c}",
+        )
+        weak = (
+            ref_problems if checker is None else load_split(data / "eval", checker, CHECKER_KWARGS[c], hidden=False)[0]
+        )
         term = res["terminal"][str(n)]
-        rows[c] = {"agreement": checker_agreement(ref_problems, weak),
-                   **{m: term[m]["bon_accuracy"] for m in ("Self-consistency", "Probe+WV", "MSV_1+WV",
-                                                           f"MSV_{n} (reference-trained)",
-                                                           f"MSV_{n} (trained with checker)") if m in term}}
+        rows[c] = {
+            "agreement": checker_agreement(ref_problems, weak),
+            **{
+                m: term[m]["bon_accuracy"]
+                for m in (
+                    "Self-consistency",
+                    "Probe+WV",
+                    "MSV_1+WV",
+                    f"MSV_{n} (reference-trained)",
+                    f"MSV_{n} (trained with checker)",
+                )
+                if m in term
+            },
+        }
         ctx.reports[f"checker-{c}"] = f"studies/{ctx.stem}-checker-{c}.md"
     return {"n": n, "rows": rows}
 
@@ -81,8 +127,11 @@ def masks_study(ctx: ReproductionContext) -> dict:
     vs = {f"MSV_{n}": ctx.main_fit(f"MSV_{n}", "streaming")}
     for m in cfg.mask_ablations:
         masks = [x for x in MASKS if x != m]
-        vs[f"w/o {m}"] = ctx.train(data / "train", f"msv{n}-streaming-no-{m}",
-                                   training_config("msv", n, "streaming", cfg.quick, masks=masks))
+        vs[f"w/o {m}"] = ctx.train(
+            data / "train",
+            f"msv{n}-streaming-no-{m}",
+            training_config("msv", n, "streaming", cfg.quick, architecture={"masks": masks}),
+        )
     vs = {k: seed_specs({"streaming": v}) for k, v in vs.items()}
     res = ctx.evaluate(data / "eval", vs, [n], title="Mask ablation", report_name="masks")
     stream = res["streaming"][str(n)]
@@ -95,16 +144,36 @@ def delimiters_study(ctx: ReproductionContext) -> dict:
     MSV_N, against the main (``Wait``) study's: streaming AUTC over tokens and answers per sequence."""
     cfg, n = ctx.config, ctx.config.delimiter_n
     dk = ctx.work_dir / "data-every-k"
-    collect_splits(ctx.model, ctx.tokenizer, dk, cfg, cfg.delimiter_samples, cfg.delimiter_sizes,
-                   elicitation=ElicitationSettings(delimiters=(), every_k_tokens=cfg.every_k_tokens),
-                   reuse=ctx.shard_reuse)
+    collect_splits(
+        ctx.model,
+        ctx.tokenizer,
+        dk,
+        cfg,
+        cfg.delimiter_samples,
+        cfg.delimiter_sizes,
+        elicitation=ElicitationSettings(delimiters=(), every_k_tokens=cfg.every_k_tokens),
+        reuse=ctx.shard_reuse,
+    )
     vs = {}
     for name, kind, m in (("Probe", "probe", 1), ("MSV_1", "msv", 1), (f"MSV_{n}", "msv", n)):
-        vs[name] = seed_specs({"streaming": ctx.train(dk / "train", f"everyk-{kind}{m}",
-                                                      training_config(kind, m, "streaming", cfg.quick),
-                                                      val_dir=dk / "val")})
-    res = ctx.evaluate(dk / "eval", vs, [n], dk / "val", report_name="every-k",
-                       title=f"Delimiter-free elicitation every {cfg.every_k_tokens} tokens")
+        vs[name] = seed_specs(
+            {
+                "streaming": ctx.train(
+                    dk / "train",
+                    f"everyk-{kind}{m}",
+                    training_config(kind, m, "streaming", cfg.quick),
+                    val_dir=dk / "val",
+                )
+            }
+        )
+    res = ctx.evaluate(
+        dk / "eval",
+        vs,
+        [n],
+        dk / "val",
+        report_name="every-k",
+        title=f"Delimiter-free elicitation every {cfg.every_k_tokens} tokens",
+    )
     every_k = f"every {cfg.every_k_tokens} tokens"
     methods = ("Probe", "MSV_1", f"MSV_{n}")
     rows = {"Wait": autc_row(ctx.main_results, n, methods), every_k: autc_row(res, n, methods)}
@@ -121,13 +190,29 @@ def grouping_study(ctx: ReproductionContext) -> dict:
     cfg, m = ctx.config, ctx.config.grouping_m
     if cfg.grouping_problems:
         gdir = ctx.work_dir / "data-n{}".format(cfg.grouping_samples) / "eval"
-        collect_problems(ctx.model, ctx.tokenizer, "evaluation", cfg.grouping_problems, gdir, cfg,
-                         cfg.grouping_samples, problem_seed=1, reuse=ctx.shard_reuse)
+        collect_problems(
+            ctx.model,
+            ctx.tokenizer,
+            "evaluation",
+            range(cfg.grouping_problems),
+            gdir,
+            cfg,
+            cfg.grouping_samples,
+            problem_seed=1,
+            reuse=ctx.shard_reuse,
+        )
     else:
         gdir = ctx.main_data() / "eval"
     vs = {k: ctx.specs(k, ("streaming",)) for k in ("Probe", "MSV_1", f"MSV_{m}")}
-    res = ctx.evaluate(gdir, vs, list(cfg.grouping_ns), title=f"Grouping with MSV_{m} for large N",
-                       report_name="grouping", subdir=False, figures=True)
+    res = ctx.evaluate(
+        gdir,
+        vs,
+        list(cfg.grouping_ns),
+        title=f"Grouping with MSV_{m} for large N",
+        report_name="grouping",
+        subdir=False,
+        figures=True,
+    )
     ctx.reports["grouping"] = f"{ctx.stem}-grouping.md"
     return grouping_summary(res, cfg.grouping_ns, m)
 
@@ -139,7 +224,7 @@ def _size_verifiers(ctx: ReproductionContext, k: int, more: Path) -> dict:
     vs = {}  # name -> mode -> [path per training seed]
     for name, kind, m in (("Probe", "probe", 1), (f"MSV_{n}", "msv", n)):
         for mode in ("terminal", "streaming"):
-            if k == cfg.train_problems:   # the main study's verifiers
+            if k == cfg.train_problems:  # the main study's verifiers
                 vs.setdefault(name, {})[mode] = ctx.main_fit(name, mode)
                 continue
             bigger = k > cfg.train_problems
@@ -147,8 +232,10 @@ def _size_verifiers(ctx: ReproductionContext, k: int, more: Path) -> dict:
             # No limit when `k` is everything the directories hold (so the stored config names no prefix).
             limit = None if k == (max(cfg.training_sizes) if bigger else cfg.train_problems) else k
             vs.setdefault(name, {})[mode] = ctx.train(
-                train_dirs, f"size{k}-{kind}{m}-{mode}", training_config(kind, m, mode, cfg.quick,
-                                                                         max_train_problems=limit))
+                train_dirs,
+                f"size{k}-{kind}{m}-{mode}",
+                training_config(kind, m, mode, cfg.quick, max_train_problems=limit),
+            )
     return {k: seed_specs(v) for k, v in vs.items()}
 
 
@@ -158,21 +245,38 @@ def training_size_study(ctx: ReproductionContext) -> dict:
     cfg, n = ctx.config, ctx.config.max_n
     more = ctx.work_dir / "data-more-train" / "train"
     if max(cfg.training_sizes) > cfg.train_problems:
-        collect_problems(ctx.model, ctx.tokenizer, "train", max(cfg.training_sizes), more, cfg, cfg.num_samples,
-                         first=cfg.train_problems, reuse=ctx.shard_reuse)
+        collect_problems(
+            ctx.model,
+            ctx.tokenizer,
+            "train",
+            range(cfg.train_problems, max(cfg.training_sizes)),
+            more,
+            cfg,
+            cfg.num_samples,
+            reuse=ctx.shard_reuse,
+        )
     # Every size's fits are queued first, so that a size is evaluated while the larger ones still train (with
     # --train-workers the largest sizes' fits take hours on 2 cores; their evaluations no longer wait in line).
     verifiers = {k: _size_verifiers(ctx, k, more) for k in cfg.training_sizes}
     per_size = {}
     for k in cfg.training_sizes:
-        res = ctx.evaluate(ctx.main_data() / "eval", verifiers[k], [n],
-                           title=f"Training-set size: {k} problems", report_name=f"size-{k}")
+        res = ctx.evaluate(
+            ctx.main_data() / "eval",
+            verifiers[k],
+            [n],
+            title=f"Training-set size: {k} problems",
+            report_name=f"size-{k}",
+        )
         per_size[str(k)] = size_row(res, n)
         ctx.reports[f"size-{k}"] = f"studies/{ctx.stem}-size-{k}.md"
     return {"n": n, "per_size": per_size}
 
 
 # Each optional study: its function and the name its stage time is logged under.
-STUDY_STAGES = {"checkers": (checkers_study, "checkers"), "masks": (masks_study, "masks"),
-                "delimiters": (delimiters_study, "delimiters"), "grouping": (grouping_study, "grouping"),
-                "training_size": (training_size_study, "training size")}
+STUDY_STAGES = {
+    "checkers": (checkers_study, "checkers"),
+    "masks": (masks_study, "masks"),
+    "delimiters": (delimiters_study, "delimiters"),
+    "grouping": (grouping_study, "grouping"),
+    "training_size": (training_size_study, "training size"),
+}

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["stat_mean", "best_method", "best_bon_baseline", "main_summary", "autc_row", "grouping_summary",
-           "size_row", "VOTE_TOLERANCE", "vote_check_rows"]
+__all__ = [
+    "stat_mean",
+    "best_method",
+    "best_bon_baseline",
+    "main_summary",
+    "autc_row",
+    "grouping_summary",
+    "size_row",
+    "VOTE_TOLERANCE",
+    "vote_check_rows",
+]
 
 # How far below the vote's evaluation AUROC an MSV fit may be and still count as "at the vote".
 VOTE_TOLERANCE = 0.005
@@ -47,11 +56,27 @@ def main_summary(res: dict, num_sequences) -> dict:
         out[k] = {
             "msv": msv,
             "multi_sequence": res["methods"][k]["multi_sequence"],
-            "terminal": {m: {x: r[x] for x in ("brier", "auroc", "ece", "nll", "bon_accuracy", "bon_ece",
-                                               "bon_brier")} for m, r in term.items()},
-            "streaming": {m: {x: r[x] for x in ("auroc", "brier", "ece", "nll", "autc_tokens", "autc_tokens_norm",
-                                                "autc_latency_norm", "full_accuracy", "peak_accuracy")}
-                          for m, r in stream.items()},
+            "terminal": {
+                m: {x: r[x] for x in ("brier", "auroc", "ece", "nll", "bon_accuracy", "bon_ece", "bon_brier")}
+                for m, r in term.items()
+            },
+            "streaming": {
+                m: {
+                    x: r[x]
+                    for x in (
+                        "auroc",
+                        "brier",
+                        "ece",
+                        "nll",
+                        "autc_tokens",
+                        "autc_tokens_norm",
+                        "autc_latency_norm",
+                        "full_accuracy",
+                        "peak_accuracy",
+                    )
+                }
+                for m, r in stream.items()
+            },
             "early_stop_token_fraction": es.get("token_fraction"),
             "early_stop_token_fraction_per_seed": es.get("token_fraction_per_seed"),
             "early_stop_latency_fraction": es.get("latency_fraction"),
@@ -70,8 +95,9 @@ def main_summary(res: dict, num_sequences) -> dict:
             out[k]["by_difficulty"] = res["by_difficulty"][k]
         if "comparisons" in es:
             out[k]["early_stop_comparisons"] = es["comparisons"]
-            out[k]["streaming"] = {m: {x: r[x] for x in (*out[k]["streaming"][m], "autc_steps_norm")}
-                                   for m, r in stream.items()}
+            out[k]["streaming"] = {
+                m: {x: r[x] for x in (*out[k]["streaming"][m], "autc_steps_norm")} for m, r in stream.items()
+            }
     out["data"] = res["data"]
     out["figures"] = res["figures"]
     return out
@@ -81,10 +107,12 @@ def autc_row(res: dict, n: int, methods) -> dict:
     """Streaming AUTC over tokens (raw and normalised) and over t* (normalised, when the results have it) of
     `methods` at `n`; the multi-sequence MSV is "MSV_N"."""
     stream = res["streaming"][str(n)]
-    keys = ("autc_tokens", "autc_tokens_norm", "autc_steps_norm")   # t* only in results of the seed protocol
-    return {("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {k: stream[m][k] for k in keys
-                                                                        if k in stream[m]}
-            for m in methods if m in stream}
+    keys = ("autc_tokens", "autc_tokens_norm", "autc_steps_norm")  # t* only in results of the seed protocol
+    return {
+        ("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {k: stream[m][k] for k in keys if k in stream[m]}
+        for m in methods
+        if m in stream
+    }
 
 
 def grouping_summary(res: dict, grouping_ns, grouping_m: int) -> dict:
@@ -102,8 +130,9 @@ def grouping_summary(res: dict, grouping_ns, grouping_m: int) -> dict:
             "peak_accuracy": {m: stream[m]["peak_accuracy"] for m in stream},
             "verifier_online_s_per_answer": res["costs"]["verifier_online_s_per_answer"].get(k, {}),
             "full_latency": {m: stream[m]["full_latency"] for m in stream},
-            "early_stop": {x: res["early_stop"][k].get(x) for x in ("best_baseline", "token_fraction",
-                                                                    "latency_fraction")},
+            "early_stop": {
+                x: res["early_stop"][k].get(x) for x in ("best_baseline", "token_fraction", "latency_fraction")
+            },
         }
     out["figures"] = [f for f in res["figures"] if "tradeoff" in f["file"]]
     return out
@@ -116,14 +145,24 @@ def size_row(res: dict, n: int) -> dict:
     term, stream, es = res["terminal"][k], res["streaming"][k], res["early_stop"].get(k, {})
     msv = res["methods"][k]["msv"]
     base, bb = best_bon_baseline(term, msv)
-    return {"msv": msv,
-            "terminal": {m: {x: term[m][x] for x in ("brier", "auroc", "bon_accuracy")}
-                         for m in ("Probe", msv, "Self-consistency", "Probe+WV") if m in term},
-            "streaming": {m: {x: stream[m][x] for x in ("brier", "auroc", "peak_accuracy")}
-                          for m in ("Probe", msv, "Probe+WV") if m in stream},
-            "bon_best_baseline": base, "bon_best_baseline_value": bb,
-            "bon_gain": stat_mean(term[msv]["bon_accuracy"]) - bb if msv in term else math.nan,
-            "early_stop_best_baseline": es.get("best_baseline"), "early_stop_token_fraction": es.get("token_fraction")}
+    return {
+        "msv": msv,
+        "terminal": {
+            m: {x: term[m][x] for x in ("brier", "auroc", "bon_accuracy")}
+            for m in ("Probe", msv, "Self-consistency", "Probe+WV")
+            if m in term
+        },
+        "streaming": {
+            m: {x: stream[m][x] for x in ("brier", "auroc", "peak_accuracy")}
+            for m in ("Probe", msv, "Probe+WV")
+            if m in stream
+        },
+        "bon_best_baseline": base,
+        "bon_best_baseline_value": bb,
+        "bon_gain": stat_mean(term[msv]["bon_accuracy"]) - bb if msv in term else math.nan,
+        "early_stop_best_baseline": es.get("best_baseline"),
+        "early_stop_token_fraction": es.get("token_fraction"),
+    }
 
 
 def vote_check_rows(res: dict, study: str) -> list[dict]:
@@ -141,7 +180,17 @@ def vote_check_rows(res: dict, study: str) -> list[dict]:
                 if m not in per:
                     continue
                 a = stat_mean(per[m]["auroc"])
-                rows.append({"study": study, "n": int(k), "setting": setting, "method": m, "vote": vote,
-                             "auroc": per[m]["auroc"], "vote_auroc": v, "difference": a - v,
-                             "at_vote": bool(a - v >= -VOTE_TOLERANCE)})
+                rows.append(
+                    {
+                        "study": study,
+                        "n": int(k),
+                        "setting": setting,
+                        "method": m,
+                        "vote": vote,
+                        "auroc": per[m]["auroc"],
+                        "vote_auroc": v,
+                        "difference": a - v,
+                        "at_vote": bool(a - v >= -VOTE_TOLERANCE),
+                    }
+                )
     return rows

@@ -8,21 +8,31 @@ boxed final answer) and mix right and wrong answers. A testbed for verifiers and
     model, tokenizer = load_testbed_lm()
     problems = generate_problems("evaluation", 448)
 
-``testbed`` (alias ``testbed-v2``) names the default LM in ``hf_msv/testbed/lm-v2``; ``testbed-v1`` the first
-testbed's (:mod:`.task`, ``hf_msv/testbed/lm``). :mod:`.tasks` maps the names, :mod:`.registration` registers them
-with :mod:`hf_msv.registry`, :mod:`.train_lm` retrains an LM. Design, statistics and limits: ``docs/testbed.md``.
+``testbed`` (alias ``testbed-v2``) names the LM in ``hf_msv/testbed/lm-v2``. :mod:`.tasks` maps the names,
+:mod:`.registration` registers them with :mod:`hf_msv.registry` (its ``register_task`` adds another task, as
+``research/testbed_v1`` does for the first testbed), :mod:`.train_lm` retrains an LM. Design, statistics and limits:
+``docs/testbed.md``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .task import DELIMITER, ELICITATION_PROMPT, SPLITS, TaskKnobs, format_prompt, split_of
-from .task_v2 import TaskKnobsV2, generate_problems, make_elicitation_example, make_trace
+from ..errors import MissingPathError
+from .task_v2 import (
+    DELIMITER,
+    ELICITATION_PROMPT,
+    SPLITS,
+    TaskKnobsV2,
+    format_prompt,
+    generate_problems,
+    make_elicitation_example,
+    make_trace,
+    split_of,
+)
 from .tasks import DEFAULT_TASK, TASKS, TESTBED_LM_NAMES, get_task
 
 TESTBED_LM_DIR = TASKS[DEFAULT_TASK].lm_dir  # the default testbed LM (v2)
-TESTBED_V1_LM_DIR = TASKS["v1"].lm_dir
 TESTBED_V2_LM_DIR = TASKS["v2"].lm_dir
 # The streaming MSV_16 shipped in the package (`hf_msv.reproduction.train_shipped_verifier`) and the task of the LM
 # it was trained on (the default testbed's), so the demo and the examples that use it load that task's LM and
@@ -38,11 +48,9 @@ __all__ = [
     "TASKS",
     "TESTBED_LM_DIR",
     "TESTBED_LM_NAMES",
-    "TESTBED_V1_LM_DIR",
     "TESTBED_V2_LM_DIR",
     "TESTBED_VERIFIER_DIR",
     "TESTBED_VERIFIER_TASK",
-    "TaskKnobs",
     "TaskKnobsV2",
     "format_prompt",
     "generate_problems",
@@ -58,8 +66,8 @@ def load_testbed_lm(device="cpu", dtype=None, task: str = DEFAULT_TASK):
     """The testbed LM of ``task`` and its tokenizer: ``(model, tokenizer)``, model in eval mode on ``device``.
 
     Plain ``AutoModelForCausalLM`` / ``AutoTokenizer`` loads of the task's LM directory (:data:`TESTBED_LM_DIR` for
-    the default, ``"v2"``; :data:`TESTBED_V1_LM_DIR` for ``"v1"``; no remote code). The tokenizer prepends
-    ``<bos>``, pads on the left, and encodes the delimiter ``Wait`` as a single token.
+    the default, ``"v2"``; a registered task's own; no remote code). The tokenizer prepends ``<bos>``, pads on the
+    left, and encodes the delimiter ``Wait`` as a single token.
 
     Raises:
         ValueError: an unknown ``task``.
@@ -69,7 +77,7 @@ def load_testbed_lm(device="cpu", dtype=None, task: str = DEFAULT_TASK):
 
     t = get_task(task)
     if not (t.lm_dir / "config.json").exists():
-        raise FileNotFoundError(f"no testbed {t.name} checkpoint at {t.lm_dir}; train it with `{t.train_command()}`")
+        raise MissingPathError(f"no testbed {t.name} checkpoint at {t.lm_dir}; train it with `{t.train_command()}`")
     tokenizer = AutoTokenizer.from_pretrained(t.lm_dir)
     kwargs = {"dtype": dtype} if dtype is not None else {}
     model = AutoModelForCausalLM.from_pretrained(t.lm_dir, **kwargs).to(device).eval()

@@ -2,7 +2,8 @@
 
 A problem is a start value and 3-6 operations (``+k``/``-k``, ``*2``/``*3``) with values in ``[0, 99]``, and in
 60 % of problems one irrelevant clause (``2 of them are red.``). :func:`generate_problems` draws problems by split
-(the canonical-form hashing of :func:`hf_msv.testbed.task.split_of`, source ``testbed-arith-v2``);
+(:func:`split_of` hashes a problem's canonical form to its split, so no problem is in two splits; source
+``testbed-arith-v2``); :func:`format_prompt` is the prompt an LM is conditioned on;
 :func:`sample_trace` writes one trace (a :class:`TraceV2` of :class:`Piece` s with every piece's elicited answer and
 its probability); :func:`make_trace`, :func:`make_training_trace` and :func:`make_elicitation_example` are what
 sampling and LM training see; :func:`answer_distribution` is the elicitation rule's exact answer distribution;
@@ -15,6 +16,7 @@ traces: ``docs/testbed.md``.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import random
@@ -23,20 +25,62 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
+from ..answers import ELICITATION_PROMPT
 from ..data.problems import Problem
-from .task import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_distinct, final_answer_line,
-                   format_prompt)
+from ..errors import UserError
 
 SOURCE = "testbed-arith-v2"
 __all__ = [
-    "DELIMITER", "GEN_KNOBS", "MAX_HEDGE", "SOURCE", "SPLITS", "Equation", "Piece", "TaskKnobsV2", "TraceV2",
-    "answer_distribution", "carry_positions", "elicited_answer", "error_rates", "false_equations", "format_prompt",
-    "generate_problems", "knobs_v2", "make_elicitation_example", "make_trace",
-    "make_trace_parts", "make_training_trace", "sample_elicited_answer", "sample_trace", "step_risk", "trace_errors",
-    "trace_tokens", "written_equations",
+    "DELIMITER",
+    "ELICITATION_PROMPT",
+    "GEN_KNOBS",
+    "MAX_HEDGE",
+    "SOURCE",
+    "SPLITS",
+    "Equation",
+    "Piece",
+    "TaskKnobsV2",
+    "TraceV2",
+    "answer_distribution",
+    "apply_chain",
+    "apply_op",
+    "canonical",
+    "carry_positions",
+    "draw_distinct",
+    "elicited_answer",
+    "error_rates",
+    "false_equations",
+    "final_answer_line",
+    "format_prompt",
+    "generate_problems",
+    "knobs_v2",
+    "make_elicitation_example",
+    "make_trace",
+    "make_trace_parts",
+    "make_training_trace",
+    "sample_elicited_answer",
+    "sample_trace",
+    "split_of",
+    "step_risk",
+    "trace_errors",
+    "trace_tokens",
+    "written_equations",
 ]
-# The knobs of the problem generator (the others only shape traces), as in task.GEN_KNOBS
-GEN_KNOBS = ("min_steps", "max_steps", "max_start", "max_operand", "max_value", "ops", "mul_factors", "distractor_prob")
+DELIMITER = "Wait"
+SPLITS = ("train", "validation", "evaluation")
+# Buckets of the canonical hash (0-99) owned by each split.
+_SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "evaluation": range(90, 100)}
+# The knobs of the problem generator (the others only shape traces)
+GEN_KNOBS = (
+    "min_steps",
+    "max_steps",
+    "max_start",
+    "max_operand",
+    "max_value",
+    "ops",
+    "mul_factors",
+    "distractor_prob",
+)
 
 
 @dataclass(frozen=True)
@@ -74,36 +118,91 @@ class TaskKnobsV2:
 
     def __post_init__(self):
         if not 1 <= self.min_steps <= self.max_steps:
-            raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+            raise UserError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
         if not self.ops or set(self.ops) - set("+-*"):
-            raise ValueError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
+            raise UserError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
         if len(self.distractor_take) != len(_DISTRACTORS) or not all(0 <= p <= 1 for p in self.distractor_take):
-            raise ValueError(f"distractor_take needs {len(_DISTRACTORS)} probabilities, got {self.distractor_take!r}")
+            raise UserError(f"distractor_take needs {len(_DISTRACTORS)} probabilities, got {self.distractor_take!r}")
         if not (self.mul_factors and all(isinstance(f, int) and 2 <= f <= 9 for f in self.mul_factors)):
-            raise ValueError(f"mul_factors must be single digits in 2..9, got {self.mul_factors!r}")
+            raise UserError(f"mul_factors must be single digits in 2..9, got {self.mul_factors!r}")
         if not 10 <= self.max_start <= self.max_value or self.max_operand < 1:
-            raise ValueError("need 10 <= max_start <= max_value and max_operand >= 1")
+            raise UserError("need 10 <= max_start <= max_value and max_operand >= 1")
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name.endswith(("_error", "_prob", "_alarm", "_factor", "_doubt")) and f.name != "mental_factor":
                 if not 0.0 <= v <= 1.0:
-                    raise ValueError(f"{f.name} must be a probability in [0, 1], got {v!r}")
+                    raise UserError(f"{f.name} must be a probability in [0, 1], got {v!r}")
         if self.mental_factor < 1.0 or self.max_rechecks < 0 or self.max_trace_tokens < 32:
-            raise ValueError("need mental_factor >= 1, max_rechecks >= 0, max_trace_tokens >= 32")
+            raise UserError("need mental_factor >= 1, max_rechecks >= 0, max_trace_tokens >= 32")
 
 
 def knobs_v2(**knobs) -> TaskKnobsV2:
     """:class:`TaskKnobsV2` from keyword overrides; an unknown name is a ValueError listing the valid ones."""
     unknown = set(knobs) - {f.name for f in fields(TaskKnobsV2)}
     if unknown:
-        raise ValueError(f"unknown testbed-v2 knobs {sorted(unknown)}; valid: {[f.name for f in fields(TaskKnobsV2)]}")
+        raise UserError(f"unknown testbed-v2 knobs {sorted(unknown)}; valid: {[f.name for f in fields(TaskKnobsV2)]}")
     for name in ("mul_factors", "distractor_take"):  # JSON gives lists
         if name in knobs:
             knobs[name] = tuple(knobs[name])
     return TaskKnobsV2(**knobs)
 
 
-# ------------------------------------------------------------------------------------------------------ problems
+# ------------------------------------------------------------------------------------ splits, problems, prompt
+def canonical(start: int, ops: list[tuple[str, int]]) -> str:
+    """A chain's canonical form: the start value and the operations, not the wording (``"38*2+17"``)."""
+    return f"{start}" + "".join(f"{o}{k}" for o, k in ops)
+
+
+def split_of(canon: str) -> str:
+    """The split that owns a canonical problem (stable across Python runs and seeds)."""
+    bucket = int.from_bytes(hashlib.sha256(canon.encode()).digest()[:4], "big") % 100
+    for name, rng in _SPLIT_BUCKETS.items():
+        if bucket in rng:
+            return name
+    raise AssertionError(bucket)
+
+
+def apply_op(a: int, op: str, k: int) -> int:
+    return a + k if op == "+" else a - k if op == "-" else a * k
+
+
+def apply_chain(start: int, ops: list[tuple[str, int]]) -> int:
+    """The value after applying every ``(op, k)`` of `ops` to `start` (a problem's gold answer)."""
+    for op, k in ops:
+        start = apply_op(start, op, k)
+    return start
+
+
+def draw_distinct(split: str, n: int, rng: random.Random, sample, build, knobs: dict) -> list[Problem]:
+    """`n` problems of `split` with distinct canonical forms, by rejection: ``sample(rng) -> (canonical, item)``
+    draws a candidate, kept when its canonical form is new and hashes to `split` (`split_of`); ``build(item,
+    canonical, index) -> Problem`` makes the kept one (it may draw from `rng` too: the wording). Raises after
+    ``200 n + 10,000`` draws (knobs too narrow for `n` distinct problems)."""
+    if split not in SPLITS:
+        raise UserError(f"split must be one of {SPLITS}, got {split!r}")
+    out, seen, tries = [], set(), 0
+    while len(out) < n:
+        tries += 1
+        if tries > 200 * n + 10_000:
+            raise RuntimeError(f"could not generate {n} distinct {split} problems with {knobs}")
+        canon, item = sample(rng)
+        if canon in seen or split_of(canon) != split:
+            continue
+        seen.add(canon)
+        out.append(build(item, canon, len(out)))
+    return out
+
+
+def format_prompt(problem: Problem) -> str:
+    """The text the LM is conditioned on (the tokenizer adds BOS); the trace continues right after it."""
+    return f"Q: {problem.question}\nA:"
+
+
+def final_answer_line(answer: str) -> str:
+    """The line that ends a finished trace: the elicitation prompt and the boxed answer."""
+    return f"\n{ELICITATION_PROMPT}{{{answer}}}"
+
+
 def _sample_chain(rng: random.Random, kn: TaskKnobsV2) -> tuple[int, list[tuple[str, int]]]:
     v = start = rng.randint(10, kn.max_start)
     ops = []
@@ -139,8 +238,11 @@ def _sample_distractor(rng: random.Random, start: int, ops: list[tuple[str, int]
 _DISTRACTORS = ["broken", "old", "red"]  # how tempting it is to subtract them: see TaskKnobsV2.distractor_take
 _NAMES = ["Ann", "Bob", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy"]
 _ITEMS = ["pens", "cards", "coins", "beads", "stamps", "shells"]
-_WORDS = {"+": ["Gets {k}.", "Finds {k}.", "Buys {k}."], "-": ["Loses {k}.", "Sells {k}.", "Gives {k} away."],
-          "*": ["Times {k}."]}
+_WORDS = {
+    "+": ["Gets {k}.", "Finds {k}.", "Buys {k}."],
+    "-": ["Loses {k}.", "Sells {k}.", "Gives {k} away."],
+    "*": ["Times {k}."],
+}
 
 
 def _question(rng: random.Random, start: int, ops: list[tuple[str, int]], distractor) -> str:
@@ -165,10 +267,20 @@ def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Proble
 
     def build(item, canon, i):
         start, ops, distractor = item
-        meta = {"canonical": canon, "start": start, "ops": [list(x) for x in ops], "distractor": distractor,
-                "split": split}
-        return Problem(id=f"{SOURCE}/{split}/{seed}/{i}", question=_question(rng, start, ops, distractor),
-                       gold=str(apply_chain(start, ops)), source=SOURCE, meta=meta)
+        meta = {
+            "canonical": canon,
+            "start": start,
+            "ops": [list(x) for x in ops],
+            "distractor": distractor,
+            "split": split,
+        }
+        return Problem(
+            id=f"{SOURCE}/{split}/{seed}/{i}",
+            question=_question(rng, start, ops, distractor),
+            gold=str(apply_chain(start, ops)),
+            source=SOURCE,
+            meta=meta,
+        )
 
     rng = random.Random(f"{SOURCE}/{split}/{seed}")
     return draw_distinct(split, n, rng, sample, build, knobs)
@@ -329,8 +441,10 @@ _EQUATION = re.compile(r"(-?\d+)([+*-])(\d+)=(-?\d+)(\?)?(?: no, (-?\d+))?")
 
 def written_equations(text: str) -> list[Equation]:
     """The equations of a v2 trace (the solver's or an LM's) in order, as a reader parses them."""
-    return [Equation(int(a), op, int(k), int(r), bool(q), int(f) if f else None)
-            for a, op, k, r, q, f in _EQUATION.findall(text)]
+    return [
+        Equation(int(a), op, int(k), int(r), bool(q), int(f) if f else None)
+        for a, op, k, r, q, f in _EQUATION.findall(text)
+    ]
 
 
 def false_equations(text: str) -> int:
@@ -382,15 +496,20 @@ def trace_errors(texts: list[str], problem: Problem) -> Counter:
 
 def error_rates(c: Counter) -> dict:
     """:func:`trace_errors`' counts as rates (nan where nothing was counted)."""
+
     def rate(num, den):
         return round(c[num] / c[den], 4) if c[den] else float("nan")
 
     c = Counter(c, eqs=c["eqs_plain"] + c["eqs_carry"])
-    return {"false_eq_plain": rate("false_plain", "eqs_plain"), "false_eq_carry": rate("false_carry", "eqs_carry"),
-            "operand_misread": rate("operand_misreads", "eqs"), "copy_slip": rate("copy_slips", "first_pass_eqs"),
-            "box_differs_from_so": rate("box_differs_from_so", "finished_with_so"),
-            "wait_after_false": rate("wait_after_false", "steps_false"),
-            "wait_after_true": rate("wait_after_true", "steps_true")}
+    return {
+        "false_eq_plain": rate("false_plain", "eqs_plain"),
+        "false_eq_carry": rate("false_carry", "eqs_carry"),
+        "operand_misread": rate("operand_misreads", "eqs"),
+        "copy_slip": rate("copy_slips", "first_pass_eqs"),
+        "box_differs_from_so": rate("box_differs_from_so", "finished_with_so"),
+        "wait_after_false": rate("wait_after_false", "steps_false"),
+        "wait_after_true": rate("wait_after_true", "steps_true"),
+    }
 
 
 def trace_tokens(text: str) -> int:
@@ -534,7 +653,7 @@ def _readings(problem: Problem, kn: TaskKnobsV2) -> list[tuple[float, list[tuple
     if not d:
         return [(1.0, ops)]
     take = kn.distractor_take[d[2]]
-    return [(take, ops[: d[0]] + [("-", d[1])] + ops[d[0]:]), (1.0 - take, ops)]
+    return [(take, ops[: d[0]] + [("-", d[1])] + ops[d[0] :]), (1.0 - take, ops)]
 
 
 MAX_HEDGE = 0.45  # an elicited stated answer stays the most likely one, however doubtful the chain
@@ -696,9 +815,9 @@ def make_training_trace(problem: Problem, rng: random.Random, **knobs) -> tuple[
 
 
 def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tuple[str, str]]:
-    """The uncapped trace as ``(segment, answer)`` pairs, as in :func:`hf_msv.testbed.task.make_trace_parts`: each
-    segment after the first opens with the delimiter; ``answer`` is the greedy answer an elicitation at the end of
-    the segment (so: at the next ``Wait``) gives, copied or derived by the elicitation rule."""
+    """The uncapped trace as ``(segment, answer)`` pairs: each segment after the first opens with the delimiter;
+    ``answer`` is the greedy answer an elicitation at the end of the segment (so: at the next ``Wait``) gives,
+    copied or derived by the elicitation rule."""
     parts: list[list] = []
     for p in sample_trace(problem, rng, **knobs).pieces:
         if p.wait or not parts:
@@ -715,8 +834,6 @@ def make_elicitation_example(problem: Problem, rng: random.Random, **knobs) -> t
     20 %: the whole capped trace (the paper's terminal elicitation: finished traces keep their own final line, cut
     ones are answered from their last complete piece); 65 %: right after a random ``Wait``; else after a random
     piece. The LM trains on ``prefix`` as trace text and on ``answer`` + EOS, never on ``elicitation`` itself."""
-    from ..answers import ELICITATION_PROMPT
-
     t = sample_trace(problem, rng, **knobs)
     sep, where = rng.choice(["", "", " ", "\n"]), rng.random()
     if where < 0.2:

@@ -1,45 +1,79 @@
 """Train a testbed reasoning LM from scratch (CPU by default): a plain ``LlamaForCausalLM`` + the char-level tokenizer.
 
-    python -m hf_msv.testbed.train_lm --no-bf16 --threads 2 --output-dir hf_msv/testbed/lm-v2   # the default LM
-    python -m hf_msv.testbed.train_lm --task v1 --threads 2 --output-dir hf_msv/testbed/lm      # testbed v1's
+    python -m hf_msv.testbed.train_lm --no-bf16 --threads 2 --output-dir hf_msv/testbed/lm-v2   # the shipped LM
 
 :func:`train_testbed_lm` trains on :class:`TraceStream` (an endless seeded stream of ``train``-split traces, a
 fraction ``elicit_frac`` of them cut where answers are elicited) and writes the model, the tokenizer and
-``training_log.json`` (every setting and task knob of the run). Recipe, timings and how the shipped LMs were made:
-``docs/testbed.md``.
+``training_log.json`` (every setting and task knob of the run). ``--task`` picks a task of
+:data:`~hf_msv.testbed.tasks.TASKS` (``python -m research.testbed_v1 train-lm`` adds the first testbed's). Recipe,
+timings and how the shipped LM was made: ``docs/testbed.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..answers import extract_last_boxed
-from .task import format_prompt  # v1's and v2's prompt (task_v2 re-exports it)
 from .tasks import DEFAULT_TASK, TASKS, TestbedTask, get_task
 from .tokenizer import build_tokenizer
 
-DEFAULTS = dict(  # the shipped checkpoint: hf_msv/testbed/lm/training_log.json records the exact run
-    steps=2800,
-    seed=0,
-    batch_size=32,
-    lr=2e-3,
-    warmup=80,
-    weight_decay=0.05,
-    d_model=128,
-    n_layers=4,
-    n_heads=4,
-    ffn_mult=3,
-    elicit_frac=0.25,
-)
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class LMTrainingConfig:
+    """Every setting of a testbed LM's training run (`train_testbed_lm`); ``python -m hf_msv.testbed.train_lm``
+    builds its flags from these fields (`transformers.HfArgumentParser`: ``--batch-size`` or ``--batch_size``).
+    The defaults are the shipped LM's recipe (hf_msv/testbed/lm-v2/training_log.json records the exact run)."""
+
+    output_dir: str = _help("where the model, the tokenizer and training_log.json go")
+    task: str = field(
+        default=DEFAULT_TASK,
+        metadata={
+            "help": "v2: the testbed (its LM in hf_msv/testbed/lm-v2, where load_lm('testbed') looks), or a "
+            "registered "
+            "task",
+            "choices": TASKS,
+        },
+    )  # the mapping itself: a task registered after this import is a choice too
+    steps: int = _help("optimizer steps", default=2800)
+    seed: int = _help("seed of the model's initialisation and of the trace stream", default=0)
+    batch_size: int = _help("examples per step", default=32)
+    lr: float = _help("peak learning rate (linear warm-up, then a cosine decay to 5 %% of it)", default=2e-3)
+    warmup: int = _help("warm-up steps", default=80)
+    weight_decay: float = _help("AdamW weight decay (matrices only)", default=0.05)
+    d_model: int = _help("hidden size", default=128)
+    n_layers: int = _help("decoder layers", default=4)
+    n_heads: int = _help("attention heads", default=4)
+    ffn_mult: int = _help("MLP width as a multiple of d_model", default=3)
+    elicit_frac: float = _help("fraction of the examples cut where an answer is elicited", default=0.25)
+    knobs: dict | str | None = _help("the task's knob overrides, a JSON object (v2: TaskKnobsV2)", default=None)
+    bf16: bool = _help(
+        "bf16 autocast (the v2 LM ships trained without it, --no-bf16; CPUs without native bf16 are "
+        "~8x slower with it)",
+        default=True,
+    )
+    eval_every: int = _help("every so many steps, sample accuracy on 64 validation problems (0: never)", default=0)
+    save_every: int = _help("also save <output-dir>/checkpoints/step-N every so many steps (0: never)", default=0)
+    log_every: int = _help("steps between logged history records", default=50)
+    threads: int | None = _help("torch threads (default: torch's)", default=None)
+    device: str = _help(
+        "cpu (the shipped LM) or e.g. cuda (the same recipe, a numerically different LM)", default="cpu"
+    )
+
+    def __post_init__(self):
+        if isinstance(self.knobs, str):  # from the command line: a JSON object
+            self.knobs = json.loads(self.knobs) if self.knobs.strip() else {}
+        self.knobs = dict(self.knobs or {})
 
 
 def build_model(vocab_size: int, tokenizer, d_model: int, n_layers: int, n_heads: int, ffn_mult: int, max_len=512):
@@ -69,8 +103,15 @@ class TraceStream:
     prompt and the answer + EOS; the loss skips the question and the elicitation prompt (``-100`` labels). A trace cut
     at the length cap gets no EOS, so the LM learns to keep going at the cap."""
 
-    def __init__(self, tokenizer, seed: int, elicit_frac: float, knobs: dict | None = None, pool: int = 20000,
-                 task: str | TestbedTask = DEFAULT_TASK):
+    def __init__(
+        self,
+        tokenizer,
+        seed: int,
+        elicit_frac: float,
+        knobs: dict | None = None,
+        pool: int = 20000,
+        task: str | TestbedTask = DEFAULT_TASK,
+    ):
         self.tok = tokenizer
         self.task = get_task(task) if isinstance(task, str) else task
         self.knobs = dict(knobs or {})
@@ -85,7 +126,7 @@ class TraceStream:
     def example(self) -> tuple[list[int], list[int]]:
         """``(ids, labels)`` of one example, BOS first; labels are ``-100`` where the loss skips a position."""
         p = self.rng.choice(self.problems)
-        prompt = [self.tok.bos_token_id] + self._ids(format_prompt(p))
+        prompt = [self.tok.bos_token_id] + self._ids(self.task.module.format_prompt(p))
         if self.rng.random() < self.elicit_frac:
             prefix, elicit, answer = self.task.module.make_elicitation_example(p, self.rng, **self.knobs)
             a, b, c = self._ids(prefix), self._ids(elicit), self._ids(answer) + [self.tok.eos_token_id]
@@ -107,21 +148,27 @@ class TraceStream:
         ids = torch.full((n, L), self.tok.pad_token_id, dtype=torch.long)
         lab = torch.full((n, L), -100, dtype=torch.long)
         att = torch.zeros((n, L), dtype=torch.long)
-        for r, (i, l) in enumerate(exs):
-            ids[r, : len(i)] = torch.tensor(i)
-            lab[r, : len(l)] = torch.tensor(l)
-            att[r, : len(i)] = 1
+        for r, (inputs, labels) in enumerate(exs):
+            ids[r, : len(inputs)] = torch.tensor(inputs)
+            lab[r, : len(labels)] = torch.tensor(labels)
+            att[r, : len(inputs)] = 1
         return ids, lab, att
 
 
 @torch.no_grad()
-def _sample_accuracy(model, tokenizer, problems, max_new_tokens: int) -> float:
+def _sample_accuracy(model, tokenizer, problems, max_new_tokens: int, format_prompt) -> float:
     model.eval()
     enc = tokenizer([format_prompt(p) for p in problems], return_tensors="pt", padding=True).to(model.device)
     with torch.autocast(model.device.type, dtype=torch.bfloat16):
         out = model.generate(
-            **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
         )
     texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     model.train()
@@ -149,8 +196,12 @@ def _adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices only (not on norms and biases)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
 
 
 def _train_step(model, opt, batch, device, bf16: bool) -> float:
@@ -167,65 +218,44 @@ def _train_step(model, opt, batch, device, bf16: bool) -> float:
     return loss.item()
 
 
-def _train_loop(model, opt, stream, tok, task, knobs, *, steps, lr, warmup, batch_size, seed, bf16, device,
-                eval_every, save_every, log_every, output_dir: Path, log) -> tuple[list[dict], float]:
+def _train_loop(model, opt, stream, tok, task: TestbedTask, config: LMTrainingConfig, log) -> tuple[list[dict], float]:
     """The step loop of :func:`train_testbed_lm`; returns ``(history, final smoothed loss)``."""
-    # v2 samples up to its cap, as collection does; v1 traces are short (~120 tokens)
+    c, knobs, device = config, config.knobs, torch.device(config.device)
+    # a capped task samples up to its cap, as collection does; an uncapped one writes short traces
     eval_tokens = task.sampling_cap(knobs) or 200
     history, t0, ema = [], time.time(), None
     model.train()
-    for step in range(steps):
-        rate = learning_rate(step, lr, warmup, steps)
+    for step in range(c.steps):
+        rate = learning_rate(step, c.lr, c.warmup, c.steps)
         for g in opt.param_groups:
             g["lr"] = rate
-        loss = _train_step(model, opt, stream.batch(batch_size), device, bf16)
+        loss = _train_step(model, opt, stream.batch(c.batch_size), device, c.bf16)
         ema = loss if ema is None else 0.95 * ema + 0.05 * loss
-        if (step + 1) % log_every == 0 or step + 1 == steps:
+        if (step + 1) % c.log_every == 0 or step + 1 == c.steps:
             rec = {"step": step + 1, "loss": round(ema, 4), "lr": rate, "elapsed_s": round(time.time() - t0, 1)}
-            if eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
+            if c.eval_every and ((step + 1) % c.eval_every == 0 or step + 1 == c.steps):
                 rec["val_acc_t1"] = _sample_accuracy(
-                    model, tok, task.generate_problems("validation", 64, seed=seed, **knobs), eval_tokens
+                    model,
+                    tok,
+                    task.generate_problems("validation", 64, seed=c.seed, **knobs),
+                    eval_tokens,
+                    task.module.format_prompt,
                 )
             history.append(rec)
             log(json.dumps(rec))
-        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
-            _save(model, tok, output_dir / "checkpoints" / f"step-{step + 1}")
+        if c.save_every and (step + 1) % c.save_every == 0 and step + 1 < c.steps:
+            _save(model, tok, Path(c.output_dir) / "checkpoints" / f"step-{step + 1}")
     return history, ema
 
 
-def train_testbed_lm(
-    output_dir: str | os.PathLike,
-    steps: int = DEFAULTS["steps"],
-    seed: int = DEFAULTS["seed"],
-    batch_size: int = DEFAULTS["batch_size"],
-    lr: float = DEFAULTS["lr"],
-    warmup: int = DEFAULTS["warmup"],
-    weight_decay: float = DEFAULTS["weight_decay"],
-    d_model: int = DEFAULTS["d_model"],
-    n_layers: int = DEFAULTS["n_layers"],
-    n_heads: int = DEFAULTS["n_heads"],
-    ffn_mult: int = DEFAULTS["ffn_mult"],
-    elicit_frac: float = DEFAULTS["elicit_frac"],
-    knobs: dict | None = None,
-    task: str = DEFAULT_TASK,
-    bf16: bool = True,
-    eval_every: int = 0,
-    save_every: int = 0,
-    log_every: int = 50,
-    num_threads: int | None = None,
-    device: str | torch.device = "cpu",
-    log=print,
-):
-    """Train the testbed LM from scratch and save model + tokenizer (safetensors) to ``output_dir``.
+def train_testbed_lm(config: LMTrainingConfig, log=print) -> dict:
+    """Train the testbed LM from scratch and save model + tokenizer (safetensors) to ``config.output_dir``.
 
     Args:
-        output_dir: where the model, the tokenizer and ``training_log.json`` go.
-        task: ``"v2"`` (the default testbed; ``knobs`` are :class:`~hf_msv.testbed.task_v2.TaskKnobsV2` overrides)
-            or ``"v1"`` (:class:`~hf_msv.testbed.task.TaskKnobs`).
-        bf16: bf16 autocast (the v2 LM ships trained without it; CPUs without native bf16 are ~8x slower with it).
-        eval_every: every so many steps, sample accuracy on 64 validation problems (0: never).
-        save_every: also save ``output_dir/checkpoints/step-N`` every so many steps (0: never).
-        device: ``"cpu"`` (the shipped LMs) or e.g. ``"cuda"`` (the same recipe, a numerically different LM).
+        config: the run (`LMTrainingConfig`): ``task`` is ``"v2"`` (the testbed; ``knobs`` are
+            :class:`~hf_msv.testbed.task_v2.TaskKnobsV2` overrides) or a task registered with
+            :func:`~hf_msv.testbed.registration.register_task` (its own knobs).
+        log: called with each progress line.
 
     Returns:
         The training stats written to ``training_log.json`` (settings, task knobs, parameters, wall time, final loss,
@@ -234,63 +264,69 @@ def train_testbed_lm(
     Raises:
         ValueError: an unknown task or an unknown or invalid knob, before anything is built.
     """
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    torch.manual_seed(seed)
-    random.seed(seed)
-    knobs = dict(knobs or {})
-    task = get_task(task)
-    task.knobs(**knobs)  # validate
+    c = config
+    if c.threads:
+        torch.set_num_threads(c.threads)
+    torch.manual_seed(c.seed)
+    random.seed(c.seed)
+    task = get_task(c.task)
+    task.knobs(**c.knobs)  # validate
     tok = build_tokenizer()
-    device = torch.device(device)
-    context = task.context(knobs)
-    model = build_model(len(tok), tok, d_model, n_layers, n_heads, ffn_mult, max_len=context).to(device)
+    context = task.context(c.knobs)
+    model = build_model(len(tok), tok, c.d_model, c.n_layers, c.n_heads, c.ffn_mult, max_len=context)
+    model.to(torch.device(c.device))
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"testbed {task.name} LM: {n_params / 1e6:.2f}M parameters, {steps} steps, batch {batch_size}, bf16={bf16}")
-    stream = TraceStream(tok, seed, elicit_frac, knobs, task=task)
-    opt = _adamw(model, lr, weight_decay)
+    log(
+        f"testbed {task.name} LM: {n_params / 1e6:.2f}M parameters, {c.steps} steps, batch {c.batch_size}, "
+        f"bf16={c.bf16}"
+    )
+    stream = TraceStream(tok, c.seed, c.elicit_frac, c.knobs, task=task)
     t0 = time.time()
-    history, ema = _train_loop(model, opt, stream, tok, task, knobs, steps=steps, lr=lr, warmup=warmup,
-                               batch_size=batch_size, seed=seed, bf16=bf16, device=device, eval_every=eval_every,
-                               save_every=save_every, log_every=log_every, output_dir=Path(output_dir), log=log)
+    history, ema = _train_loop(model, _adamw(model, c.lr, c.weight_decay), stream, tok, task, c, log)
     wall = time.time() - t0
-    out = Path(output_dir)
+    out = Path(c.output_dir)
     _save(model, tok, out)
     stats = {
-        "task": task.name, "context": context,
-        "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "d_model": d_model, "n_layers": n_layers,
-        "n_heads": n_heads, "ffn_mult": ffn_mult, "elicit_frac": elicit_frac, "knobs": knobs,
-        "task_knobs": asdict(task.knobs(**knobs)),  # every knob, defaults included: the data this LM was trained on
-        "bf16": bf16,
-        "parameters": n_params, "wall_time_s": round(wall, 1), "final_loss": round(ema, 4),
-        "torch_threads": torch.get_num_threads(), "device": device.type, "history": history,
+        "task": task.name,
+        "context": context,
+        **{
+            k: getattr(c, k)
+            for k in (
+                "steps",
+                "seed",
+                "batch_size",
+                "lr",
+                "d_model",
+                "n_layers",
+                "n_heads",
+                "ffn_mult",
+                "elicit_frac",
+                "knobs",
+            )
+        },
+        "task_knobs": asdict(task.knobs(**c.knobs)),  # every knob, defaults included: the data this LM was trained on
+        "bf16": c.bf16,
+        "parameters": n_params,
+        "wall_time_s": round(wall, 1),
+        "final_loss": round(ema, 4),
+        "torch_threads": torch.get_num_threads(),
+        "device": torch.device(c.device).type,
+        "history": history,
     }
     (out / "training_log.json").write_text(json.dumps(stats, indent=1))
     return stats
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--output-dir", required=True)
-    ap.add_argument("--task", choices=sorted(TASKS), default=DEFAULT_TASK,
-                    help="v2: the default testbed (its LM in hf_msv/testbed/lm-v2, where load_lm('testbed') looks); "
-                    "v1: the first testbed (hf_msv/testbed/lm, load_lm('testbed-v1'))")
-    for k, v in DEFAULTS.items():
-        ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
-    ap.add_argument("--knobs", default="{}", help="JSON dict of TaskKnobs (v1) / TaskKnobsV2 (v2) overrides")
-    ap.add_argument("--no-bf16", action="store_true")
-    ap.add_argument("--eval-every", type=int, default=0, help="sample-accuracy check on 64 validation problems")
-    ap.add_argument("--save-every", type=int, default=0, help="also save <output-dir>/checkpoints/step-N")
-    ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--device", default="cpu", help="the shipped checkpoint is trained on cpu")
-    a = ap.parse_args(argv)
-    kw = {k: getattr(a, k) for k in DEFAULTS}
-    stats = train_testbed_lm(
-        a.output_dir, knobs=json.loads(a.knobs), task=a.task, bf16=not a.no_bf16, eval_every=a.eval_every,
-        save_every=a.save_every, log_every=a.log_every, num_threads=a.threads, device=a.device, **kw,
-    )
+def main(argv=None) -> dict:
+    """``python -m hf_msv.testbed.train_lm``: `train_testbed_lm` with the flags of `LMTrainingConfig`; prints the
+    stats (less the history) as one JSON line and returns them."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(LMTrainingConfig, description=__doc__.split("\n\n")[0])
+    (config,) = parser.parse_args_into_dataclasses(argv)
+    stats = train_testbed_lm(config)
     print(json.dumps({k: v for k, v in stats.items() if k != "history"}))
+    return stats
 
 
 if __name__ == "__main__":

@@ -3,13 +3,19 @@
 See ``docs/training.md``."""
 
 from ..modeling_probe import ProbeConfig, ProbeVerifier
-from .cli import TrainArguments, build_train_parser, main, run_training
-from .config import RECIPES, MSVTrainingConfig, TrainingPlan, resolve_plan
+from .cli import TrainArguments, architecture_arguments, build_train_parser, main, parse_train_args, run_training
+from .config import RECIPES, MSVTrainingConfig, TrainingPlan, architecture_fields, resolve_plan
 from .guard import GuardReport, calibrated_self_consistency, linear_probe_scores
-from .sweep import sweep_learning_rates
 from .stopping_curve import EarlyStoppingFit, fit_early_stopping
-from .trainer import (TrainingResult, build_verifier, evaluate_verifier, fit_stopping_rule, load_training_data,
-                      train_verifier)
+from .sweep import sweep_learning_rates
+from .trainer import (
+    TrainingResult,
+    build_verifier,
+    evaluate_verifier,
+    fit_stopping_rule,
+    load_training_data,
+    train_verifier,
+)
 
 __all__ = [
     "MSVTrainingConfig",
@@ -31,7 +37,10 @@ __all__ = [
     "ProbeConfig",
     "ProbeVerifier",
     "TrainArguments",
+    "architecture_arguments",
+    "architecture_fields",
     "build_train_parser",
+    "parse_train_args",
     "run_training",
     "main",
 ]

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..data import ShardDataset, collate_groups
+from ..errors import UserError
 from ..utils import commit_file, tmp_name
 
 __all__ = ["STATE_FILE", "Batches", "fingerprint", "save_state", "load_state", "rng_state", "set_rng_state"]
@@ -34,8 +35,13 @@ class Batches:
     def __init__(self, dataset: ShardDataset, batch_size: int, mode: str, seed: int, num_workers: int = 0):
         self.dataset = dataset
         self.loader = torch.utils.data.DataLoader(
-            dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
-            collate_fn=partial(collate_groups, mode=mode), generator=torch.Generator().manual_seed(seed))
+            dataset,
+            batch_size=batch_size,
+            shuffle=True,
+            num_workers=num_workers,
+            collate_fn=partial(collate_groups, mode=mode),
+            generator=torch.Generator().manual_seed(seed),
+        )
         self.passes, self.taken, self._pass_start, self._it = 0, 0, None, None
 
     def __iter__(self):
@@ -77,7 +83,7 @@ class Batches:
 def fingerprint(config, plan, folds: int, train_set: ShardDataset) -> dict:
     """What a saved state must have been made with to be resumed: the training settings, the plan, the folds and
     the training problems."""
-    settings = {k: v for k, v in asdict(config).items() if k not in _NOT_TRAINING}
+    settings = {k: v for k, v in config.to_dict().items() if k not in _NOT_TRAINING}
     return {"config": settings, "plan": asdict(plan), "folds": folds, "problems": list(train_set.problem_ids)}
 
 
@@ -112,9 +118,14 @@ def load_state(path: Path, expected: dict) -> dict | None:
     saved = state["fingerprint"]
     differ = [k for k in expected if saved.get(k) != expected[k]]
     if "config" in differ:
-        differ[differ.index("config")] = "config (" + ", ".join(
-            k for k in expected["config"] if saved["config"].get(k) != expected["config"][k]) + ")"
+        differ[differ.index("config")] = (
+            "config ("
+            + ", ".join(k for k in expected["config"] if saved["config"].get(k) != expected["config"][k])
+            + ")"
+        )
     if differ:
-        raise ValueError(f"{path} was saved by a fit with other {', '.join(differ)}: cannot resume it; train "
-                         f"into another output directory, or without resume to start this one again")
+        raise UserError(
+            f"{path} was saved by a fit with other {', '.join(differ)}: cannot resume it; train "
+            f"into another output directory, or without resume to start this one again"
+        )
     return state

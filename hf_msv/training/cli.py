@@ -1,10 +1,11 @@
-"""``hf-msv train``: flags built with `transformers.HfArgumentParser` from `TrainArguments` and `MSVTrainingConfig`
-(each option declared once, with its help text).
+"""``hf-msv train``: flags built with `transformers.HfArgumentParser` from `TrainArguments`, `MSVTrainingConfig` and
+the MSV architecture fields of `MSVConfig` (`architecture_arguments`; each option declared once, with its help text).
 
     hf-msv train --train-dir data/train --val-dir data/val --output-dir verifiers/msv16 --num-sequences 16
     hf-msv train ... --recipe paper          # the paper's literal numbers
     hf-msv train ... --lr-sweep --strict     # sweep the learning rate; exit 1 if the verifier is worse than the vote
     hf-msv train ... --resume                # continue a fit that was interrupted in --output-dir
+    hf-msv train ... --num-hidden-layers 2 --masks full equivalence   # MSVConfig fields: config.architecture
 
 The last lines printed: the validation comparison with calibrated self-consistency and a linear probe, the warning
 when the verifier is worse than the vote, and one JSON line (``output_dir``, ``best_step``, ``best_metrics``,
@@ -13,17 +14,33 @@ when the verifier is worse than the vote, and one JSON line (``output_dir``, ``b
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
+import re
 import sys
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import asdict, dataclass, field, make_dataclass, replace
 
 from transformers import HfArgumentParser
 
-from .config import MSVTrainingConfig
+from ..errors import UserError
+from .config import MSVTrainingConfig, architecture_fields
 from .trainer import TrainingResult, train_verifier
 
-__all__ = ["TrainArguments", "build_train_parser", "run_training", "main"]
+__all__ = [
+    "TrainArguments",
+    "architecture_arguments",
+    "build_train_parser",
+    "parse_train_args",
+    "run_training",
+    "main",
+]
+
+# What an architecture flag left unset means when it is not MSVConfig's default.
+_UNSET = {"num_attention_heads": "the base LM's, recorded at collection (the largest divisor of the width below it)"}
 
 
 @dataclass
@@ -33,21 +50,89 @@ class TrainArguments:
     train_dir: str = field(metadata={"help": "directory of training shards (from hf-msv collect)"})
     val_dir: str = field(metadata={"help": "directory of validation shards (checkpoint selection, the guard)"})
     output_dir: str = field(metadata={"help": "where the verifier, its model card and training_log.json go"})
-    strict: bool = field(default=False, metadata={
-        "help": "exit with status 1 when the verifier is worse than calibrated self-consistency on validation Brier"})
-    resume: bool = field(default=False, metadata={
-        "help": "continue a fit interrupted in --output-dir from its last saved cross-validation state (the same "
-                "verifier as an uninterrupted fit); from the start when none was saved"})
-    lr_sweep: bool = field(default=False, metadata={
-        "help": "train once per learning rate (the recipe's ÷3, ×1, ×3, or --lr-sweep-values) and keep the run "
-                "with the best validation Brier"})
-    lr_sweep_values: list[float] | None = field(default=None, metadata={
-        "help": "learning rates for --lr-sweep (MSV body, or the Probe's)"})
+    strict: bool = field(
+        default=False,
+        metadata={
+            "help": "exit with status 1 when the verifier is worse than calibrated self-consistency on validation "
+            "Brier"
+        },
+    )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "continue a fit interrupted in --output-dir from its last saved cross-validation state (the same "
+            "verifier as an uninterrupted fit); from the start when none was saved"
+        },
+    )
+    lr_sweep: bool = field(
+        default=False,
+        metadata={
+            "help": "train once per learning rate (the recipe's ÷3, ×1, ×3, or --lr-sweep-values) and keep the run "
+            "with the best validation Brier"
+        },
+    )
+    lr_sweep_values: list[float] | None = field(
+        default=None, metadata={"help": "learning rates for --lr-sweep (MSV body, or the Probe's)"}
+    )
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """``{name: text}`` of the ``Args:`` entries of a transformers-style docstring (``name (`type`, ...):``, then
+    the text indented below it)."""
+    docs, name = {}, None
+    for line in inspect.cleandoc(cls.__doc__ or "").splitlines():
+        entry = re.fullmatch(r" {4}(\w+) \(.*\):", line)
+        if entry:
+            name = entry.group(1)
+            docs[name] = []
+        elif name and line.startswith(" " * 8):
+            docs[name].append(line.strip())
+        elif line.strip():
+            name = None  # the next section ("Example:")
+    return {k: " ".join(v) for k, v in docs.items()}
+
+
+def _flag_type(annotation) -> type:
+    """The one type a flag parses for a field annotated `annotation`: without None, float for ``float | int``."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return float if float in args else args[0]
+
+
+@functools.lru_cache(maxsize=None)
+def architecture_arguments() -> type:
+    """A dataclass of one ``hf-msv train`` flag per `architecture_fields` entry (``--num-hidden-layers``,
+    ``--masks``, ...), each `None` unless given, its help `MSVConfig`'s docstring; `parse_train_args` puts the
+    given ones into `MSVTrainingConfig.architecture`. Made from `MSVConfig`: a field added there is a flag here."""
+    from ..configuration_msv import MSVConfig
+
+    docs, specs = _field_docs(MSVConfig), []
+    for name, declared in architecture_fields().items():
+        unset = _UNSET.get(name) or (None if declared.default is None else repr(declared.default))  # None: in docs
+        text = (docs.get(name, name) + (f" Unset: {unset}." if unset else "")).replace("%", "%%")
+        specs.append((name, _flag_type(declared.type) | None, field(default=None, metadata={"help": text})))
+    arguments = make_dataclass("MSVArchitectureArguments", specs)
+    arguments._argument_group_name = "MSV architecture (MSVConfig fields, into --architecture; a flag wins)"
+    return arguments
 
 
 def build_train_parser() -> HfArgumentParser:
-    return HfArgumentParser((TrainArguments, MSVTrainingConfig), prog="hf-msv train",
-                            description="Train an MSV_N or a Probe on collected shards.")
+    """The ``hf-msv train`` parser: one flag per field of `TrainArguments`, `MSVTrainingConfig` and
+    `architecture_arguments` (`parse_train_args` parses with it)."""
+    return HfArgumentParser(
+        (TrainArguments, MSVTrainingConfig, architecture_arguments()),
+        prog="hf-msv train",
+        description="Train an MSV_N or a Probe on collected shards.",
+    )
+
+
+def parse_train_args(argv: list[str] | None = None) -> tuple[TrainArguments, MSVTrainingConfig]:
+    """``hf-msv train``'s flags parsed into its `TrainArguments` and `MSVTrainingConfig`, the MSV architecture flags
+    given put into ``config.architecture`` (over the same keys of ``--architecture``)."""
+    args, config, architecture = build_train_parser().parse_args_into_dataclasses(argv)
+    given = {k: v for k, v in asdict(architecture).items() if v is not None}
+    return args, replace(config, architecture=config.architecture | given)
 
 
 def _is_main() -> bool:
@@ -57,21 +142,36 @@ def _is_main() -> bool:
 def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingResult:
     """Train (or sweep), print the closing lines, and exit 1 under ``--strict`` when the guard failed."""
     if args.lr_sweep and args.resume:
-        raise ValueError("--resume continues one fit; --lr-sweep runs several: use one or the other")
+        raise UserError("--resume continues one fit; --lr-sweep runs several: use one or the other")
     if args.lr_sweep:
         from .sweep import sweep_learning_rates
 
-        result = sweep_learning_rates(args.train_dir, args.val_dir, args.output_dir, config, args.lr_sweep_values,
-                                      log=lambda line: print(line, file=sys.stderr, flush=True))
+        result = sweep_learning_rates(
+            args.train_dir,
+            args.val_dir,
+            args.output_dir,
+            config,
+            args.lr_sweep_values,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
     else:
         result = train_verifier(args.train_dir, args.val_dir, args.output_dir, config, resume=args.resume)
     guard = result.guard
     if _is_main():
         for line in guard.summary_lines() if guard else ["no checkpoint was saved (no training step ran)"]:
             print(line, flush=True)
-        print(json.dumps({"output_dir": result.output_dir, "best_step": result.best_step,
-                          "best_epoch": result.best_epoch, "best_metrics": result.best_metrics,
-                          "guard_passed": bool(guard and guard.passed)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "output_dir": result.output_dir,
+                    "best_step": result.best_step,
+                    "best_epoch": result.best_epoch,
+                    "best_metrics": result.best_metrics,
+                    "guard_passed": bool(guard and guard.passed),
+                }
+            ),
+            flush=True,
+        )
     if args.strict and not (guard and guard.passed):
         raise SystemExit(1)
     return result
@@ -79,5 +179,4 @@ def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingRes
 
 def main(argv: list[str] | None = None) -> TrainingResult:
     """``hf-msv train`` / ``python -m hf_msv.training``."""
-    args, config = build_train_parser().parse_args_into_dataclasses(argv)
-    return run_training(args, config)
+    return run_training(*parse_train_args(argv))

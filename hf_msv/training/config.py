@@ -1,18 +1,29 @@
-"""`MSVTrainingConfig`: every setting of a training run (recipes ``"auto"``, the default, and ``"paper"``), and
-`TrainingPlan`, the concrete numbers it resolves to once the data is known (`resolve_plan`). The recipes, the
-start at the vote and its cross-validation are described in ``docs/training.md``.
+"""`MSVTrainingConfig`: every setting of a training run (recipes ``"auto"``, the default, and ``"paper"``; the
+MSV's architecture as `MSVConfig` keyword arguments, `architecture_fields`), and `TrainingPlan`, the concrete
+numbers it resolves to once the data is known (`resolve_plan`). The recipes, the start at the vote and its
+cross-validation are described in ``docs/training.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 
+from ..errors import UserError
 from ..lambda_rule import DELTA, EPSILON
 
-__all__ = ["MSVTrainingConfig", "TrainingPlan", "RECIPES", "resolve_batch_size", "resolve_plan",
-           "default_learning_rate"]
+__all__ = [
+    "MSVTrainingConfig",
+    "TrainingPlan",
+    "RECIPES",
+    "RUN_SET_FIELDS",
+    "architecture_fields",
+    "resolve_batch_size",
+    "resolve_plan",
+    "default_learning_rate",
+]
 
 RECIPES = ("auto", "paper")
 
@@ -23,10 +34,46 @@ REFERENCE_WIDTH = 128
 REFERENCE_LR = {"terminal": 3e-4, "streaming": 1e-4}
 GAMMA_LR = 1e-2
 SEQUENCES_PER_BATCH = 256
-PASSES = 20            # default step budget: 20 passes over the training sequences ...
-MIN_STEPS, MAX_STEPS = 300, 2000   # ... but at least 300 and at most 2000 optimizer steps
-EVALUATIONS = 20       # validation runs per budget (at least every 10 and at most every 100 steps)
+PASSES = 20  # default step budget: 20 passes over the training sequences ...
+MIN_STEPS, MAX_STEPS = 300, 2000  # ... but at least 300 and at most 2000 optimizer steps
+EVALUATIONS = 20  # validation runs per budget (at least every 10 and at most every 100 steps)
 DEFAULT_VOTE_FOLDS = 4  # cross-validation folds over the training problems that decide whether to leave the vote
+# `MSVConfig` fields a training run sets itself, from the data (width, provenance, elicitation), the fields of the
+# same names (mode, N, the γ skip and the vote pathway: how training starts), `probe_hidden_size` (the vote
+# pathway's head is Probe-shaped) and validation (the stopping rule); `architecture` may set every other field.
+RUN_SET_FIELDS = (
+    "hidden_size",
+    "mode",
+    "num_sequences",
+    "gamma_skip",
+    "vote_pathway",
+    "vote_hidden_size",
+    "base_model_name_or_path",
+    "base_model_revision",
+    "elicitation",
+    "early_stopping",
+)
+# The architecture keys every training config records at the top level of its settings (`to_dict`), set or not, as
+# earlier versions of the package did: the reuse keys and resume states they wrote still match.
+RECORDED_ARCHITECTURE = (
+    "masks",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "readout",
+    "logit_averaging",
+    "gamma_hidden_size",
+    "attention_backend",
+)
+
+
+def architecture_fields() -> dict[str, dataclasses.Field]:
+    """The `MSVConfig` fields `MSVTrainingConfig.architecture` may set, by name: all of its own fields but
+    `RUN_SET_FIELDS`. ``hf-msv train`` makes one flag of each (`hf_msv.training.cli.architecture_arguments`)."""
+    from ..configuration_msv import MSVConfig
+
+    own = MSVConfig.__annotations__
+    return {f.name: f for f in dataclasses.fields(MSVConfig) if f.name in own and f.name not in RUN_SET_FIELDS}
 
 
 def _help(text: str) -> dict:
@@ -38,127 +85,212 @@ class MSVTrainingConfig:
     """Everything that defines a training run (saved as ``training_config.json`` next to the checkpoint).
 
     Fields left at `None` are filled in by the `recipe` from the data (see `resolve_plan`); any field set explicitly
-    wins. Every field is also an ``hf-msv train`` flag (``--learning-rate``, ``--recipe paper``, ...).
+    wins. Every field is also an ``hf-msv train`` flag (``--learning-rate``, ``--recipe paper``, ...), and so is
+    every key `architecture` may hold (``--num-hidden-layers 2``: `hf_msv.training.cli.architecture_arguments`).
+
+    The MSV's architecture is `MSVConfig`'s, declared there once: `architecture` holds the keyword arguments this
+    run gives it (``MSVTrainingConfig(architecture={"num_hidden_layers": 2})``), `build_verifier` adds the rest.
     """
 
-    recipe: str = field(default="auto", metadata=_help(
-        "auto: budget in optimizer steps, width-scaled learning rates, best checkpoint by validation BCE, early "
-        "stopping (trains at any data size). paper: the paper's literal numbers (lr 5e-5, batch 64 groups, 1 epoch "
-        "terminal / 2 streaming), which assume a 1536-wide verifier and much more data."))
+    recipe: str = field(
+        default="auto",
+        metadata=_help(
+            "auto: budget in optimizer steps, width-scaled learning rates, best checkpoint by validation BCE, early "
+            "stopping (trains at any data size). paper: the paper's literal numbers (lr 5e-5, batch 64 groups, 1 "
+            "epoch "
+            "terminal / 2 streaming), which assume a 1536-wide verifier and much more data."
+        ),
+    )
     # -- model -----------------------------------------------------------------------------------------------------
     kind: str = field(default="msv", metadata=_help("msv (MSV_N) or probe (the single-answer Probe baseline)."))
-    num_sequences: int = field(default=16, metadata=_help(
-        "N, sequences per training group (paper: 1, 4, 16, 64); must not exceed the samples collected per problem. "
-        "The Probe always uses 1."))
-    mode: str = field(default="streaming", metadata=_help(
-        "terminal (terminal answers only) or streaming (every elicited answer, causal masks)."))
-    masks: list[str] | None = field(default=None, metadata=_help(
-        "attention masks of the Multi-Mask block (default: all four: full equivalence within_sequence "
-        "within_answer)."))
-    num_hidden_layers: int = field(default=1, metadata=_help("Multi-Mask Transformer blocks (paper: 1)."))
-    num_attention_heads: int | None = field(default=None, metadata=_help(
-        "attention heads (default: the base LM's, recorded at collection)."))
-    intermediate_size: int | None = field(default=None, metadata=_help("MLP width of the block (default: 4·d)."))
-    readout: str = field(default="last", metadata=_help("answer readout: last token (paper) or mean."))
-    logit_averaging: bool | None = field(default=None, metadata=_help(
-        "average logits over equivalence classes (default: on for terminal, off for streaming verifiers)."))
-    gamma_hidden_size: int = field(default=64, metadata=_help("hidden width of the MLP that embeds γ."))
-    gamma_skip: bool | None = field(default=None, metadata=_help(
-        "start at calibrated voting: an affine skip w·γ + b on each answer's logit, initialised from a Platt fit of "
-        "γ on the training answers, with the head zeroed, so the step-0 verifier is calibrated self-consistency "
-        "and training learns a residual on it; step 0 is validated and kept unless a trained checkpoint beats it "
-        "(see --vote-margin-se). Default: on (auto recipe), off (paper recipe)."))
-    vote_margin_se: float = field(default=1.0, metadata=_help(
-        "with the γ skip, the verifier leaves the step-0 vote only if its BCE is lower by more than this many "
-        "standard errors (clustered by problem; the one-standard-error rule), pooled over the cross-validation "
-        "folds (--vote-folds) or, with --vote-folds 0, on validation. 0: any improvement."))
-    vote_folds: int | None = field(default=None, metadata=_help(
-        "with the γ skip, decide whether and for how many steps to train past the vote by K-fold cross-validation "
-        "over the training problems: K verifiers train in lockstep on K-1 folds each, their held-out BCE is pooled "
-        "over every training problem, training stops when it stops improving, and the verifier leaves the vote only "
-        "if the pooled gain beats --vote-margin-se standard errors; it then trains on all problems for the chosen "
-        "steps, and validation stays a held-out check. Default: 4 with the γ skip (fewer if there are fewer "
-        "training problems); 0: choose the checkpoint on validation instead."))
-    vote_pathway: bool | None = field(default=None, metadata=_help(
-        "start at the weighted vote of single-chain scores (Probe+WV) rather than the plain vote: a Probe-shaped "
-        "single-chain head, trained on the training chains first, scores every answer; its weighted vote share enters "
-        "the verifier beside γ, and the verifier starts as exactly that vote calibrated (docs/msv_vote_pathway.md). "
-        "The vote cross-validation then decides whether to train past it. Default: on (auto recipe, unless "
-        "--gamma-skip false), off (paper)."))
-    attention_backend: str = field(default="chunked", metadata=_help("chunked (memory-bounded) or dense."))
-    probe_hidden_size: int = field(default=1024, metadata=_help("the Probe's MLP width (paper: 1024)."))
+    num_sequences: int = field(
+        default=16,
+        metadata=_help(
+            "N, sequences per training group (paper: 1, 4, 16, 64); must not exceed the samples collected per "
+            "problem. "
+            "The Probe always uses 1."
+        ),
+    )
+    mode: str = field(
+        default="streaming",
+        metadata=_help("terminal (terminal answers only) or streaming (every elicited answer, causal masks)."),
+    )
+    architecture: dict | str | None = field(
+        default=None,
+        metadata=_help(
+            "the MSV's architecture: MSVConfig keyword arguments, a JSON object (e.g. '{\"num_hidden_layers\": 2, "
+            '"masks": ["full", "equivalence"]}\'). Each key is also a flag of its own (--num-hidden-layers 2, '
+            "--masks full equivalence, ...: the MSV architecture flags below), which wins over the JSON. Unset: "
+            "MSVConfig's defaults (one Multi-Mask block, the four masks, an MLP of 4·d), with the base LM's attention "
+            "heads (recorded at collection). The width, N and mode come from the data and --num-sequences / --mode, "
+            "the γ skip and the vote pathway from --gamma-skip / --vote-pathway."
+        ),
+    )
+    gamma_skip: bool | None = field(
+        default=None,
+        metadata=_help(
+            "start at calibrated voting: an affine skip w·γ + b on each answer's logit, initialised from a Platt fit "
+            "of "
+            "γ on the training answers, with the head zeroed, so the step-0 verifier is calibrated self-consistency "
+            "and training learns a residual on it; step 0 is validated and kept unless a trained checkpoint beats it "
+            "(see --vote-margin-se). Default: on (auto recipe), off (paper recipe)."
+        ),
+    )
+    vote_margin_se: float = field(
+        default=1.0,
+        metadata=_help(
+            "with the γ skip, the verifier leaves the step-0 vote only if its BCE is lower by more than this many "
+            "standard errors (clustered by problem; the one-standard-error rule), pooled over the cross-validation "
+            "folds (--vote-folds) or, with --vote-folds 0, on validation. 0: any improvement."
+        ),
+    )
+    vote_folds: int | None = field(
+        default=None,
+        metadata=_help(
+            "with the γ skip, decide whether and for how many steps to train past the vote by K-fold cross-validation "
+            "over the training problems: K verifiers train in lockstep on K-1 folds each, their held-out BCE is "
+            "pooled "
+            "over every training problem, training stops when it stops improving, and the verifier leaves the vote "
+            "only "
+            "if the pooled gain beats --vote-margin-se standard errors; it then trains on all problems for the chosen "
+            "steps, and validation stays a held-out check. Default: 4 with the γ skip (fewer if there are fewer "
+            "training problems); 0: choose the checkpoint on validation instead."
+        ),
+    )
+    vote_pathway: bool | None = field(
+        default=None,
+        metadata=_help(
+            "start at the weighted vote of single-chain scores (Probe+WV) rather than the plain vote: a Probe-shaped "
+            "single-chain head, trained on the training chains first, scores every answer; its weighted vote share "
+            "enters "
+            "the verifier beside γ, and the verifier starts as exactly that vote calibrated "
+            "(docs/msv_vote_pathway.md). "
+            "The vote cross-validation then decides whether to train past it. Default: on (auto recipe, unless "
+            "--gamma-skip false), off (paper)."
+        ),
+    )
+    probe_hidden_size: int = field(
+        default=1024,
+        metadata=_help("the Probe's MLP width (paper: 1024), and that of the vote pathway's single-chain head."),
+    )
     # -- data ------------------------------------------------------------------------------------------------------
-    groups_per_problem: int | None = field(default=None, metadata=_help(
-        "groups per problem per pass: default partitions each problem's S samples into ⌊S/N⌋ random N-subsets "
-        "(every sample once per pass, new subsets every pass); k draws k independent random N-subsets."))
-    max_train_problems: int | None = field(default=None, metadata=_help(
-        "train on the first k problems of the training shards (shard order); validation is never truncated."))
-    checker: str | None = field(default=None, metadata=_help(
-        "re-derive equivalence classes with this checker (symbolic, exact, jaccard, embedding, random) for "
-        "training AND validation; labels stay the collection's. Default: the collection's classes."))
-    checker_kwargs: dict | str | None = field(default=None, metadata=_help(
-        'keyword arguments of the checker, a JSON object (e.g. \'{"threshold": 0.85}\').'))
+    groups_per_problem: int | None = field(
+        default=None,
+        metadata=_help(
+            "groups per problem per pass: default partitions each problem's S samples into ⌊S/N⌋ random N-subsets "
+            "(every sample once per pass, new subsets every pass); k draws k independent random N-subsets."
+        ),
+    )
+    max_train_problems: int | None = field(
+        default=None,
+        metadata=_help(
+            "train on the first k problems of the training shards (shard order); validation is never truncated."
+        ),
+    )
+    checker: str | None = field(
+        default=None,
+        metadata=_help(
+            "re-derive equivalence classes with this checker (symbolic, exact, jaccard, embedding, random) for "
+            "training AND validation; labels stay the collection's. Default: the collection's classes."
+        ),
+    )
+    checker_kwargs: dict | str | None = field(
+        default=None, metadata=_help("keyword arguments of the checker, a JSON object (e.g. '{\"threshold\": 0.85}').")
+    )
     num_workers: int = field(default=0, metadata=_help("DataLoader workers (reading, collate and γ run there)."))
     # -- optimisation ----------------------------------------------------------------------------------------------
-    learning_rate: float | None = field(default=None, metadata=_help(
-        "MSV body learning rate (auto: 3e-4·sqrt(128/d) terminal, 1e-4·sqrt(128/d) streaming; paper: 5e-5)."))
+    learning_rate: float | None = field(
+        default=None,
+        metadata=_help(
+            "MSV body learning rate (auto: 3e-4·sqrt(128/d) terminal, 1e-4·sqrt(128/d) streaming; paper: 5e-5)."
+        ),
+    )
     mask_learning_rate: float = field(default=1e-1, metadata=_help("learning rate of the mask-mixture weights w."))
-    embedding_learning_rate: float = field(default=1e-3, metadata=_help(
-        "learning rate of the sequence embeddings e⁽ⁿ⁾."))
-    gamma_learning_rate: float | None = field(default=None, metadata=_help(
-        "learning rate of the γ MLP (input fan-in 1, so not width-scaled; auto: 1e-2; paper: the body's)."))
+    embedding_learning_rate: float = field(
+        default=1e-3, metadata=_help("learning rate of the sequence embeddings e⁽ⁿ⁾.")
+    )
+    gamma_learning_rate: float | None = field(
+        default=None,
+        metadata=_help(
+            "learning rate of the γ MLP (input fan-in 1, so not width-scaled; auto: 1e-2; paper: the body's)."
+        ),
+    )
     probe_learning_rate: float = field(default=1e-3, metadata=_help("the Probe's learning rate (paper: 1e-3)."))
     weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
     adam_beta1: float = field(default=0.9, metadata=_help("AdamW β1."))
     adam_beta2: float = field(default=0.999, metadata=_help("AdamW β2."))
     adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW ε."))
-    warmup_ratio: float = field(default=0.0, metadata=_help(
-        "fraction of the steps with linear warmup (constant learning rate afterwards; HF default 0)."))
+    warmup_ratio: float = field(
+        default=0.0,
+        metadata=_help("fraction of the steps with linear warmup (constant learning rate afterwards; HF default 0)."),
+    )
     max_grad_norm: float = field(default=1.0, metadata=_help("gradient clipping norm."))
-    batch_size: int | None = field(default=None, metadata=_help(
-        "global groups per optimizer step (auto: 256 // N sequences' worth, 4..64 groups; paper: 64)."))
-    num_epochs: int | None = field(default=None, metadata=_help(
-        "train for this many passes over the data, validating after each (paper recipe: 1 terminal / 2 "
-        "streaming). Default (auto): a step budget, see --max-steps."))
-    max_steps: int | None = field(default=None, metadata=_help(
-        "optimizer-step budget (auto: 20 passes over the training sequences, clamped to 300..2000 steps); with "
-        "--num-epochs, a cap."))
-    eval_steps: int | None = field(default=None, metadata=_help(
-        "validate every this many steps (auto: budget / 20, 10..100; with --num-epochs: every epoch)."))
-    early_stopping_patience: int | None = field(default=None, metadata=_help(
-        "stop when validation BCE has not improved for this many evaluations (auto: 5; paper: never; 0 = never)."))
+    batch_size: int | None = field(
+        default=None,
+        metadata=_help("global groups per optimizer step (auto: 256 // N sequences' worth, 4..64 groups; paper: 64)."),
+    )
+    num_epochs: int | None = field(
+        default=None,
+        metadata=_help(
+            "train for this many passes over the data, validating after each (paper recipe: 1 terminal / 2 "
+            "streaming). Default (auto): a step budget, see --max-steps."
+        ),
+    )
+    max_steps: int | None = field(
+        default=None,
+        metadata=_help(
+            "optimizer-step budget (auto: 20 passes over the training sequences, clamped to 300..2000 steps); with "
+            "--num-epochs, a cap."
+        ),
+    )
+    eval_steps: int | None = field(
+        default=None,
+        metadata=_help("validate every this many steps (auto: budget / 20, 10..100; with --num-epochs: every epoch)."),
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata=_help(
+            "stop when validation BCE has not improved for this many evaluations (auto: 5; paper: never; 0 = never)."
+        ),
+    )
     seed: int = field(default=0, metadata=_help("model init, group draws and shuffling."))
     mixed_precision: str = field(default="no", metadata=_help("accelerate's no / bf16 / fp16."))
     eval_batch_size: int = field(default=64, metadata=_help("groups per validation forward."))
     # -- early stopping (streaming MSV) ----------------------------------------------------------------------------
-    stop_epsilon: float = field(default=EPSILON, metadata=_help(
-        "early-stopping tolerance ε: the λ saved with a streaming MSV loses at most ε of full-decoding accuracy "
-        "with probability >= 1 - δ (Learn-then-Test over validation problems); when validation is too small to "
-        "certify it, the cheapest λ reaching 0.95 x full-decoding accuracy is saved and the log says so."))
+    stop_epsilon: float = field(
+        default=EPSILON,
+        metadata=_help(
+            "early-stopping tolerance ε: the λ saved with a streaming MSV loses at most ε of full-decoding accuracy "
+            "with probability >= 1 - δ (Learn-then-Test over validation problems); when validation is too small to "
+            "certify it, the cheapest λ reaching 0.95 x full-decoding accuracy is saved and the log says so."
+        ),
+    )
     stop_delta: float = field(default=DELTA, metadata=_help("early-stopping risk level δ (see --stop-epsilon)."))
     log_every: int = field(default=10, metadata=_help("steps between progress-bar loss updates."))
     progress: bool = field(default=True, metadata=_help("show a progress bar (main process)."))
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
-            raise ValueError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
+            raise UserError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
         if self.kind not in ("msv", "probe"):
-            raise ValueError(f"kind must be 'msv' or 'probe', got {self.kind!r}")
+            raise UserError(f"kind must be 'msv' or 'probe', got {self.kind!r}")
         if self.mode not in ("terminal", "streaming"):
-            raise ValueError(f"mode must be 'terminal' or 'streaming', got {self.mode!r}")
+            raise UserError(f"mode must be 'terminal' or 'streaming', got {self.mode!r}")
         if self.num_sequences < 1 or (self.batch_size is not None and self.batch_size < 1):
-            raise ValueError("num_sequences and batch_size must be positive")
+            raise UserError("num_sequences and batch_size must be positive")
         if self.vote_folds is not None and (self.vote_folds < 0 or self.vote_folds == 1):
-            raise ValueError(f"vote_folds must be 0 (off) or at least 2, got {self.vote_folds}")
+            raise UserError(f"vote_folds must be 0 (off) or at least 2, got {self.vote_folds}")
         if not (0 < self.stop_epsilon < 1 and 0 < self.stop_delta < 1):
-            raise ValueError(f"stop_epsilon and stop_delta must lie in (0, 1), got {self.stop_epsilon}, "
-                             f"{self.stop_delta}")
+            raise UserError(
+                f"stop_epsilon and stop_delta must lie in (0, 1), got {self.stop_epsilon}, {self.stop_delta}"
+            )
         if isinstance(self.checker_kwargs, str):  # from the command line: a JSON object
             self.checker_kwargs = json.loads(self.checker_kwargs) if self.checker_kwargs.strip() else {}
         if self.checker_kwargs is None:
             self.checker_kwargs = {}
         if not isinstance(self.checker_kwargs, dict):
-            raise ValueError(f"checker_kwargs must be a JSON object, got {self.checker_kwargs!r}")
+            raise UserError(f"checker_kwargs must be a JSON object, got {self.checker_kwargs!r}")
+        self.architecture = _architecture(self.architecture)
 
     @property
     def epochs(self) -> int | None:
@@ -169,24 +301,40 @@ class MSVTrainingConfig:
         return (1 if self.mode == "terminal" else 2) if self.recipe == "paper" else None
 
     @property
-    def anchored(self) -> bool:
-        """Whether an MSV starts at a calibrated vote: the weighted vote of its single-chain head
-        (`uses_vote_pathway`) or plain voting (`gamma_skip`); the Probe never does."""
+    def uses_gamma_skip(self) -> bool:
+        """Whether an MSV has the γ skip (`gamma_skip`; unset: on under the auto recipe, off under the paper's). The
+        one place that default is decided: the verifier's `MSVConfig.gamma_skip`, the vote pathway's default and
+        `anchored` follow it. The Probe never has it."""
         if self.kind != "msv":
             return False
-        if self.uses_vote_pathway:
-            return True
         return self.recipe == "auto" if self.gamma_skip is None else bool(self.gamma_skip)
 
     @property
+    def anchored(self) -> bool:
+        """Whether an MSV starts at a calibrated vote: the weighted vote of its single-chain head
+        (`uses_vote_pathway`) or plain voting (`uses_gamma_skip`); the Probe never does."""
+        return self.uses_vote_pathway or self.uses_gamma_skip
+
+    @property
     def uses_vote_pathway(self) -> bool:
-        """Whether an MSV has the vote pathway and starts at calibrated Probe+WV (`vote_pathway`)."""
+        """Whether an MSV has the vote pathway and starts at calibrated Probe+WV (`vote_pathway`; unset: under the
+        auto recipe, with the γ skip)."""
         if self.kind != "msv":
             return False
         if self.vote_pathway is not None:
             return bool(self.vote_pathway)
         # Switching the γ skip off asks for an unanchored start: no vote to start from either.
-        return self.recipe == "auto" and self.gamma_skip is not False
+        return self.recipe == "auto" and self.uses_gamma_skip
+
+    def to_dict(self) -> dict:
+        """The run's settings as ``training_config.json`` records them and reuse keys and resume states compare
+        them: every field, with the architecture's keys beside the others rather than nested
+        (`RECORDED_ARCHITECTURE` always: unset ones at MSVConfig's defaults, the attention heads at None, the base
+        LM's)."""
+        settings = dataclasses.asdict(self)
+        declared = architecture_fields()
+        recorded = {name: declared[name].default for name in RECORDED_ARCHITECTURE} | {"num_attention_heads": None}
+        return {k: v for k, v in settings.items() if k != "architecture"} | recorded | settings["architecture"]
 
     def folds(self, num_problems: int) -> int:
         """Cross-validation folds that decide whether to leave the vote (`vote_folds`): 0 unless anchored; by
@@ -200,6 +348,31 @@ class MSVTrainingConfig:
     def group_size(self) -> int:
         """Sequences per training group: N for MSV, 1 for the Probe (it scores answers one by one)."""
         return 1 if self.kind == "probe" else self.num_sequences
+
+
+def _architecture(value) -> dict:
+    """`MSVTrainingConfig.architecture` checked: a dict (or its JSON, as the command line gives it) of
+    `architecture_fields` only."""
+    if isinstance(value, str):  # from the command line: a JSON object
+        value = json.loads(value) if value.strip() else {}
+    if not isinstance(value, (dict, type(None))):
+        raise UserError(f"architecture must be a JSON object of MSVConfig fields, got {value!r}")
+    value = dict(value or {})
+    allowed = architecture_fields()
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        set_by_run = [k for k in unknown if k in RUN_SET_FIELDS]
+        raise UserError(
+            f"architecture: {unknown} are not MSVConfig fields a training run takes"
+            + (
+                f" ({set_by_run}: set from the data or by the training fields of the same names, "
+                "vote_hidden_size by probe_hidden_size)"
+                if set_by_run
+                else ""
+            )
+            + f"; the architecture fields are {sorted(allowed)}"
+        )
+    return value
 
 
 @dataclass
@@ -254,7 +427,13 @@ def resolve_plan(config: MSVTrainingConfig, hidden_size: int, steps_per_pass: in
     gamma_lr = config.gamma_learning_rate
     if gamma_lr is None and config.recipe == "auto":
         gamma_lr = GAMMA_LR
-    return TrainingPlan(learning_rate=default_learning_rate(config, hidden_size), gamma_learning_rate=gamma_lr,
-                        batch_size=resolve_batch_size(config), steps_per_pass=steps_per_pass,
-                        max_steps=max(1, budget), eval_steps=max(1, every), early_stopping_patience=patience,
-                        by_epoch=epochs is not None)
+    return TrainingPlan(
+        learning_rate=default_learning_rate(config, hidden_size),
+        gamma_learning_rate=gamma_lr,
+        batch_size=resolve_batch_size(config),
+        steps_per_pass=steps_per_pass,
+        max_steps=max(1, budget),
+        eval_steps=max(1, every),
+        early_stopping_patience=patience,
+        by_epoch=epochs is not None,
+    )

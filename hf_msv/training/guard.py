@@ -14,11 +14,21 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..baselines import fit_logistic, fit_platt, logistic, logit, platt
+from ..baselines import WV_THRESHOLD, fit_logistic, fit_platt, logistic, logit, platt
+from ..errors import UserError
 from ..metrics import auroc, bce_with_logits, brier, fold_by_problem, nll
 
-__all__ = ["BASE_RATE_REFERENCE", "GuardReport", "ValidationPredictions", "bce_gain", "calibrated_self_consistency",
-           "training_vote_platt", "linear_probe_scores", "pooled_answer_states", "build_guard_report"]
+__all__ = [
+    "BASE_RATE_REFERENCE",
+    "GuardReport",
+    "ValidationPredictions",
+    "bce_gain",
+    "calibrated_self_consistency",
+    "training_vote_platt",
+    "linear_probe_scores",
+    "pooled_answer_states",
+    "build_guard_report",
+]
 
 MAX_PROBE_ANSWERS = 20000
 # The reference at N = 1 (γ is always 1 there): calibrated γ is then a base rate, fitted on the other half.
@@ -77,8 +87,9 @@ class VoteDecision:
         return asdict(self)
 
 
-def choose_vote_departure(steps: list[int], predictions: list[ValidationPredictions], margin_se: float,
-                          folds: int) -> VoteDecision:
+def choose_vote_departure(
+    steps: list[int], predictions: list[ValidationPredictions], margin_se: float, folds: int
+) -> VoteDecision:
     """The evaluated step whose predictions gain the most BCE over step 0's (``steps[0] == 0``: the vote), chosen
     only if that gain exceeds `margin_se` standard errors clustered by problem (`bce_gain`); else step 0.
 
@@ -88,8 +99,14 @@ def choose_vote_departure(steps: list[int], predictions: list[ValidationPredicti
     vote, curve = predictions[0], []
     for step, candidate in zip(steps, predictions):
         gain, se = bce_gain(vote, candidate) if step else (0.0, 0.0)
-        curve.append({"step": int(step), "bce": float(np.mean(bce_with_logits(candidate.logits, candidate.labels))),
-                      "gain": gain, "se": se})
+        curve.append(
+            {
+                "step": int(step),
+                "bce": float(np.mean(bce_with_logits(candidate.logits, candidate.labels))),
+                "gain": gain,
+                "se": se,
+            }
+        )
     best = max(curve[1:], key=lambda entry: entry["gain"], default=None)
     if best is None:
         return VoteDecision(folds, 0, math.nan, math.nan, margin_se, curve)
@@ -103,8 +120,9 @@ def _scores(p: np.ndarray, y: np.ndarray) -> dict:
         return {"brier": brier(p, y), "auroc": auroc(p, y), "nll": nll(p, y)}
 
 
-def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray,
-                                problems: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+def calibrated_self_consistency(
+    gamma: np.ndarray, labels: np.ndarray, problems: np.ndarray | None = None
+) -> tuple[np.ndarray, dict]:
     """(probabilities (m,), {"brier", "auroc", "nll", "platt": [a, b]}) of γ Platt-scaled on these labels.
 
     With `problems` (m,) (two or more distinct), the probabilities are cross-fitted: the answers of every other
@@ -120,15 +138,21 @@ def calibrated_self_consistency(gamma: np.ndarray, labels: np.ndarray,
     return p, _scores(p, labels) | {"platt": [a, b]}
 
 
-def weighted_vote_shares(p: np.ndarray, structure: dict, streaming: bool, threshold: int = 16) -> np.ndarray:
+def weighted_vote_shares(p: np.ndarray, structure: dict, streaming: bool, threshold: int = WV_THRESHOLD) -> np.ndarray:
     """(m,) the weighted vote share of each answer's class under single-chain probabilities `p` (m,), per group of
     `structure` ({"group", "end", "klass"}): the evaluation's Probe+WV rule (streaming: causal, R = `threshold`),
     computed by the verifier's own `weighted_vote_share`."""
     from ..modeling_msv import weighted_vote_share
 
     as_long = lambda key: torch.as_tensor(structure[key], dtype=torch.long)  # noqa: E731
-    share = weighted_vote_share(torch.as_tensor(p, dtype=torch.float64), as_long("group"), as_long("end"),
-                                as_long("klass"), streaming, threshold)
+    share = weighted_vote_share(
+        torch.as_tensor(p, dtype=torch.float64),
+        as_long("group"),
+        as_long("end"),
+        as_long("klass"),
+        streaming,
+        threshold,
+    )
     return share.numpy()
 
 
@@ -149,8 +173,10 @@ def vote_baselines(predictions: ValidationPredictions, single_p: np.ndarray, str
     and stacked (a logistic regression on [γ, logit of the single-chain score])."""
     y, problems = predictions.labels, predictions.problems
     share = weighted_vote_shares(single_p, predictions.structure, streaming)
-    return {"Probe+WV": _cross_fitted(share[:, None], y, problems),
-            "stacked [vote, Probe]": _cross_fitted(np.stack([predictions.gamma, logit(single_p)], 1), y, problems)}
+    return {
+        "Probe+WV": _cross_fitted(share[:, None], y, problems),
+        "stacked [vote, Probe]": _cross_fitted(np.stack([predictions.gamma, logit(single_p)], 1), y, problems),
+    }
 
 
 def training_vote_platt(train_set, mode: str, seed: int = 0, batch_size: int = 64) -> tuple[float, float]:
@@ -162,7 +188,7 @@ def training_vote_platt(train_set, mode: str, seed: int = 0, batch_size: int = 6
     gammas, labels, count = [], [], 0
     order = np.random.default_rng(seed).permutation(len(train_set)).tolist()
     for start in range(0, len(order), batch_size):
-        batch = collate_groups([train_set[i] for i in order[start:start + batch_size]], mode)
+        batch = collate_groups([train_set[i] for i in order[start : start + batch_size]], mode)
         if batch["gamma"] is None:
             continue
         gammas.append(batch["gamma"].double().numpy())
@@ -171,7 +197,7 @@ def training_vote_platt(train_set, mode: str, seed: int = 0, batch_size: int = 6
         if count >= MAX_PROBE_ANSWERS:
             break
     if not gammas:
-        raise ValueError(f"the training data has no {mode} answers")
+        raise UserError(f"the training data has no {mode} answers")
     _, fit = calibrated_self_consistency(np.concatenate(gammas), np.concatenate(labels))
     return tuple(fit["platt"])
 
@@ -271,8 +297,10 @@ class GuardReport:
         choice, at_stop = stopping.choice, stopping.replay.at_stop(stopping.choice.lam)
         line = f"early stopping on validation: {choice.describe()}"
         if at_stop["stopped"] > 0:
-            line += (f"; at the stop ({at_stop['stopped']:.0%} of groups) accuracy {at_stop['accuracy']:.3f}, mean "
-                     f"confidence {at_stop['confidence']:.3f}")
+            line += (
+                f"; at the stop ({at_stop['stopped']:.0%} of groups) accuracy {at_stop['accuracy']:.3f}, mean "
+                f"confidence {at_stop['confidence']:.3f}"
+            )
         if not stopping.guarantee.reached:
             line += f"; the guarantee: {stopping.guarantee.describe()}"
         if choice.reached:
@@ -280,12 +308,15 @@ class GuardReport:
         else:
             self.extra["early_stopping_warning"] = (
                 f"WARNING: {self.name} does not stop early at its validation target: {line}. The curve is in "
-                "training_log.json (early_stopping); `hf-msv evaluate` compares it with the baselines' curves.")
+                "training_log.json (early_stopping); `hf-msv evaluate` compares it with the baselines' curves."
+            )
 
     def summary_lines(self) -> list[str]:
         """The CLI's closing lines: the comparison table, the early-stopping line, then the warnings if any."""
-        lines = [f"validation ({self.answers} answers, accuracy {self.base_rate:.3f}); Brier (lower is better), "
-                 "AUROC; baselines cross-fitted over validation halves:"]
+        lines = [
+            f"validation ({self.answers} answers, accuracy {self.base_rate:.3f}); Brier (lower is better), "
+            "AUROC; baselines cross-fitted over validation halves:"
+        ]
         for method, scores in self.rows().items():
             mark = " <- best baseline" if method == self.best else ""
             lines.append(f"  {method:<34} Brier {scores['brier']:.4f}  AUROC {scores['auroc']:.3f}{mark}")
@@ -294,18 +325,24 @@ class GuardReport:
 
 
 def _kept_vote_warning(name: str, vote: dict, ours: dict, best: str, best_scores: dict, problems) -> str:
-    where = (f"BCE pooled over {vote['folds']}-fold cross-validation of the training problems" if vote.get("folds")
-             else "validation BCE")
+    where = (
+        f"BCE pooled over {vote['folds']}-fold cross-validation of the training problems"
+        if vote.get("folds")
+        else "validation BCE"
+    )
     start = vote.get("start", "the vote calibrated on the training answers")
-    return (f"WARNING: {name} kept its starting point, {start}: no trained checkpoint beat it on {where} by more "
-            f"than {vote['margin_se']:g} standard error(s) (best gain {vote['gain']:.4f} ± {vote['se']:.4f}, "
-            f"{vote.get('steps', '?')} optimizer steps). It scores like that vote (validation Brier "
-            f"{ours['brier']:.4f}; {best} {best_scores['brier']:.4f}); with {problems} training problems the data "
-            "does not show more. Collect more problems to learn more than the vote.")
+    return (
+        f"WARNING: {name} kept its starting point, {start}: no trained checkpoint beat it on {where} by more "
+        f"than {vote['margin_se']:g} standard error(s) (best gain {vote['gain']:.4f} ± {vote['se']:.4f}, "
+        f"{vote.get('steps', '?')} optimizer steps). It scores like that vote (validation Brier "
+        f"{ours['brier']:.4f}; {best} {best_scores['brier']:.4f}); with {problems} training problems the data "
+        "does not show more. Collect more problems to learn more than the vote."
+    )
 
 
-def build_guard_report(name: str, num_sequences: int, predictions: ValidationPredictions, probe_p: np.ndarray | None,
-                       context: dict) -> GuardReport:
+def build_guard_report(
+    name: str, num_sequences: int, predictions: ValidationPredictions, probe_p: np.ndarray | None, context: dict
+) -> GuardReport:
     """Compare the verifier's validation `predictions` with calibrated γ, the linear probe `probe_p` (m,), and the
     vote baselines of a single-chain scorer (`vote_baselines`: the verifier's own single-chain head when it has
     one, else the linear probe).
@@ -320,13 +357,13 @@ def build_guard_report(name: str, num_sequences: int, predictions: ValidationPre
     # Two constants, one per half, so its AUROC need not be 0.5: it is labelled by what it computes.
     reference = "calibrated self-consistency" if num_sequences > 1 else BASE_RATE_REFERENCE
     probe = _scores(probe_p, y) if probe_p is not None else None
-    single = (1.0 / (1.0 + np.exp(-predictions.single_logits)) if predictions.single_logits is not None
-              else probe_p)
+    single = 1.0 / (1.0 + np.exp(-predictions.single_logits)) if predictions.single_logits is not None else probe_p
     baselines = {}
     # One chain per group (the Probe, MSV_1): the single-chain scorers it would be compared with are itself.
     if num_sequences > 1 and single is not None and predictions.structure is not None and len(y):
-        baselines = {k: _scores(p, y) for k, p in vote_baselines(predictions, single,
-                                                                  bool(context.get("streaming"))).items()}
+        baselines = {
+            k: _scores(p, y) for k, p in vote_baselines(predictions, single, bool(context.get("streaming"))).items()
+        }
     candidates = {reference: sc} | ({"linear probe": probe} if probe and num_sequences > 1 else {}) | baselines
     best = min(candidates, key=lambda k: np.inf if math.isnan(candidates[k]["brier"]) else candidates[k]["brier"])
     passed = not (ours["brier"] > candidates[best]["brier"]) or math.isnan(ours["brier"])
@@ -340,13 +377,26 @@ def build_guard_report(name: str, num_sequences: int, predictions: ValidationPre
         steps = f"{context.get('steps', '?')} optimizer steps"
         if context.get("stopped_early"):
             steps += " (stopped early: validation stopped improving)"
-        warning = (f"WARNING: {name} is worse than {best} on validation: Brier {ours['brier']:.4f} > "
-                   f"{candidates[best]['brier']:.4f} (AUROC {ours['auroc']:.3f} vs {candidates[best]['auroc']:.3f}): "
-                   f"use {best} rather than the checkpoint in {context.get('output_dir', '?')} (`hf-msv evaluate` "
-                   f"reports it; generate accepts a Probe for Probe+WV). Likely causes: too little data "
-                   f"({context.get('problems', '?')} training problems), too few steps ({steps}) or an unsuited "
-                   f"learning rate: collect more problems, raise --max-steps or run --lr-sweep.")
-    return GuardReport(name=name, num_sequences=num_sequences, answers=int(len(y)),
-                       base_rate=float(y.mean()) if len(y) else math.nan, verifier=ours, self_consistency=sc,
-                       linear_probe=probe, passed=passed, warning=warning, reference=reference,
-                       extra={"kept_vote": vote} if vote else {}, baselines=baselines, best=best)
+        warning = (
+            f"WARNING: {name} is worse than {best} on validation: Brier {ours['brier']:.4f} > "
+            f"{candidates[best]['brier']:.4f} (AUROC {ours['auroc']:.3f} vs {candidates[best]['auroc']:.3f}): "
+            f"use {best} rather than the checkpoint in {context.get('output_dir', '?')} (`hf-msv evaluate` "
+            f"reports it; generate accepts a Probe for Probe+WV). Likely causes: too little data "
+            f"({context.get('problems', '?')} training problems), too few steps ({steps}) or an unsuited "
+            f"learning rate: collect more problems, raise --max-steps or run --lr-sweep."
+        )
+    return GuardReport(
+        name=name,
+        num_sequences=num_sequences,
+        answers=int(len(y)),
+        base_rate=float(y.mean()) if len(y) else math.nan,
+        verifier=ours,
+        self_consistency=sc,
+        linear_probe=probe,
+        passed=passed,
+        warning=warning,
+        reference=reference,
+        extra={"kept_vote": vote} if vote else {},
+        baselines=baselines,
+        best=best,
+    )

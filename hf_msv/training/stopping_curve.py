@@ -18,8 +18,15 @@ from ..lambda_rule import DELTA, EPSILON, LAMBDAS, TARGET_FRACTION, LambdaChoice
 from ..metrics import ece
 from ..stop_rules import FEATURES, StopHead, fit_stop_head, stop_features
 
-__all__ = ["EarlyStoppingFit", "GroupReplay", "fit_early_stopping", "group_rows", "replay_groups",
-           "stop_head_features"]
+__all__ = [
+    "EarlyStoppingFit",
+    "GroupReplay",
+    "fit_early_stopping",
+    "group_rows",
+    "replay_groups",
+    "stop_head_features",
+]
+
 
 @dataclass(frozen=True)
 class GroupReplay:
@@ -34,17 +41,23 @@ class GroupReplay:
 
     def curve(self) -> dict:
         """{"lambdas", "accuracy", "tokens"} as lists (λ = ∞ as None)."""
-        return {"lambdas": [None if math.isinf(x) else float(x) for x in LAMBDAS],
-                "accuracy": self.correct.mean(0).tolist(), "tokens": self.tokens.mean(0).tolist()}
+        return {
+            "lambdas": [None if math.isinf(x) else float(x) for x in LAMBDAS],
+            "accuracy": self.correct.mean(0).tolist(),
+            "tokens": self.tokens.mean(0).tolist(),
+        }
 
     def at_stop(self, lam: float) -> dict:
         """Stop-time calibration at `lam`: over the groups that stopped, accuracy, mean confidence and ECE."""
         j = int(np.flatnonzero(LAMBDAS == lam)[0]) if np.isfinite(lam) else LAMBDAS.size - 1
         hit = self.stopped[:, j]
         conf, right = self.confidence[hit, j], self.correct[hit, j]
-        return {"stopped": float(hit.mean()), "accuracy": float(right.mean()) if hit.any() else math.nan,
-                "confidence": float(conf.mean()) if hit.any() else math.nan,
-                "ece": ece(conf, right) if hit.any() else math.nan}
+        return {
+            "stopped": float(hit.mean()),
+            "accuracy": float(right.mean()) if hit.any() else math.nan,
+            "confidence": float(conf.mean()) if hit.any() else math.nan,
+            "ece": ece(conf, right) if hit.any() else math.nan,
+        }
 
 
 @dataclass(frozen=True)
@@ -67,11 +80,19 @@ class EarlyStoppingFit:
     def to_dict(self) -> dict:
         """``training_log.json["early_stopping"]``."""
         raw_target = _target_choice(self.raw)
-        return {"stop_head": self.head.to_dict(), "lambda": self.choice.to_dict(),
-                "guarantee": self.guarantee.to_dict(), "target": self.target.to_dict(),
-                "at_stop": self.replay.at_stop(self.choice.lam), "curve": self.replay.curve(),
-                "raw_score": {"target": raw_target.to_dict(), "at_stop": self.raw.at_stop(raw_target.lam),
-                              "curve": self.raw.curve()}}
+        return {
+            "stop_head": self.head.to_dict(),
+            "lambda": self.choice.to_dict(),
+            "guarantee": self.guarantee.to_dict(),
+            "target": self.target.to_dict(),
+            "at_stop": self.replay.at_stop(self.choice.lam),
+            "curve": self.replay.curve(),
+            "raw_score": {
+                "target": raw_target.to_dict(),
+                "at_stop": self.raw.at_stop(raw_target.lam),
+                "curve": self.raw.curve(),
+            },
+        }
 
 
 def group_rows(structure: dict) -> list[np.ndarray]:
@@ -93,16 +114,23 @@ def replay_groups(stats: np.ndarray, labels: np.ndarray, structure: dict, proble
         stopped.append(d.stopped)
         confidence.append(stats[rows][chosen])
         problem.append(problems[rows[0]])
-    return GroupReplay(*(np.asarray(x) for x in (correct, tokens, stopped, confidence)),
-                       problem=np.asarray(problem, dtype=object))
+    return GroupReplay(
+        *(np.asarray(x) for x in (correct, tokens, stopped, confidence)), problem=np.asarray(problem, dtype=object)
+    )
 
 
 def stop_head_features(p: np.ndarray, structure: dict, num_chains: int) -> np.ndarray:
     """(m, F) `hf_msv.stop_rules.stop_features` of every validation answer, computed within its group."""
     x = np.zeros((p.size, len(FEATURES)))
     for rows in group_rows(structure):
-        x[rows] = stop_features(p[rows], structure["klass"][rows], structure["sequence"][rows],
-                                structure["step"][rows], structure["end"][rows], num_chains)
+        x[rows] = stop_features(
+            p[rows],
+            structure["klass"][rows],
+            structure["sequence"][rows],
+            structure["step"][rows],
+            structure["end"][rows],
+            num_chains,
+        )
     return x
 
 
@@ -110,8 +138,13 @@ def _target_choice(replay: GroupReplay, target_fraction: float = TARGET_FRACTION
     return choose_lambda(LAMBDAS, replay.correct, replay.tokens, replay.problem, target_fraction=target_fraction)
 
 
-def fit_early_stopping(predictions, num_chains: int, epsilon: float = EPSILON, delta: float = DELTA,
-                       target_fraction: float = TARGET_FRACTION) -> EarlyStoppingFit:
+def fit_early_stopping(
+    predictions,
+    num_chains: int,
+    epsilon: float = EPSILON,
+    delta: float = DELTA,
+    target_fraction: float = TARGET_FRACTION,
+) -> EarlyStoppingFit:
     """Fit the stop head on the validation `predictions` (streaming, with ``structure``) and choose λ on its
     statistic over the same groups.
 
@@ -132,6 +165,11 @@ def fit_early_stopping(predictions, num_chains: int, epsilon: float = EPSILON, d
     replay = replay_groups(head.predict(x), labels, structure, predictions.problems)
     guarantee = choose_lambda(LAMBDAS, replay.correct, replay.tokens, replay.problem, epsilon=epsilon, delta=delta)
     target = _target_choice(replay, target_fraction)
-    return EarlyStoppingFit(head=head, choice=guarantee if guarantee.reached else target, guarantee=guarantee,
-                            target=target, replay=replay,
-                            raw=replay_groups(p, labels, structure, predictions.problems))
+    return EarlyStoppingFit(
+        head=head,
+        choice=guarantee if guarantee.reached else target,
+        guarantee=guarantee,
+        target=target,
+        replay=replay,
+        raw=replay_groups(p, labels, structure, predictions.problems),
+    )

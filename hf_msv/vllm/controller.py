@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from ..answers import extract_boxed
-from ..configuration_msv import ElicitationSettings
-from ..generation import DelimiterMatcher, MSVAnswer, MSVResult
+from ..elicitation import ElicitationSettings, resolve_elicitation
+from ..generation import ElicitationPolicy, MSVAnswer, MSVResult, eos_token_ids
 from ..generation.accounting import assemble_results
-from ..generation.forking import AnswerElicitor, Branch, LiveBranch
+from ..generation.forking import Branch, LiveBranch
 from ..generation.scoring import ScoringQueue
 from ..generation.tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
 from . import capture
-from .settings import check_delimiters, resolve_elicitation
+from .settings import check_delimiters
 
 __all__ = ["VLLMController", "vllm_generate"]
 
@@ -39,7 +39,7 @@ class _Elicitation:
     prompt_length: int
     kept: int
     fed_last: bool = False  # a token after the closing one arrived: the closing token has been fed
-    sampled: int = 0        # tokens the engine sampled for it (the first one comes from its prompt's last row)
+    sampled: int = 0  # tokens the engine sampled for it (the first one comes from its prompt's last row)
 
 
 class VLLMController:
@@ -63,16 +63,29 @@ class VLLMController:
         ValueError: a verifier of another width, a delimiter the tokenizer cannot express, bad settings.
     """
 
-    def __init__(self, engine, tokenizer=None, verifier=None, *, elicitation: ElicitationSettings | None = None,
-                 checker="symbolic", capture_hidden_states: bool = False, **overrides):
+    def __init__(
+        self,
+        engine,
+        tokenizer=None,
+        verifier=None,
+        *,
+        elicitation: ElicitationSettings | None = None,
+        checker="symbolic",
+        capture_hidden_states: bool = False,
+        **overrides,
+    ):
         self.engine = getattr(engine, "llm_engine", engine)
         model_config = self.engine.model_config
         if verifier is not None and verifier.config.hidden_size != model_config.get_hidden_size():
-            raise ValueError(f"the verifier reads hidden states of width {verifier.config.hidden_size} but the "
-                             f"engine's LM {model_config.model!r} has hidden size {model_config.get_hidden_size()}.")
+            raise ValueError(
+                f"the verifier reads hidden states of width {verifier.config.hidden_size} but the "
+                f"engine's LM {model_config.model!r} has hidden size {model_config.get_hidden_size()}."
+            )
         if verifier is not None and checker is None:
             raise ValueError("a verifier needs equivalence classes: pass a checker (e.g. 'symbolic').")
-        self.settings = resolve_elicitation(verifier, elicitation, **overrides)
+        self.settings = resolve_elicitation(
+            verifier.config if verifier is not None else None, elicitation, **overrides
+        )
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -81,25 +94,31 @@ class VLLMController:
         self.model_name = capture.install(self.engine)
         self.tokenizer, self.verifier = tokenizer, verifier
         self.capture_hidden_states = capture_hidden_states
-        s = self.settings
-        self.elicitor = AnswerElicitor(tokenizer, s.prompt, s.max_answer_tokens, s.keep_delimiter)
-        streaming = s.mode == "streaming"
-        self.matcher = DelimiterMatcher(tokenizer, s.delimiters) if s.delimiters and streaming else None
+        # vLLM stops a chain at the tokenizer's EOS and at the model's generation EOS ids alike.
+        self.policy = ElicitationPolicy(
+            tokenizer, self.settings, eos_token_ids(getattr(model_config, "hf_config", None), tokenizer)
+        )
+        self.elicitor, self.matcher, self.eos_ids = self.policy.elicitor, self.policy.matcher, self.policy.eos_ids
         if isinstance(checker, str):
             from ..equivalence import get_checker
 
             checker = get_checker(checker)
         self.checker = checker
-        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        generation_eos = getattr(model_config, "hf_config", None)
-        extra = getattr(generation_eos, "eos_token_id", None)
-        self.eos_ids = eos | ({extra} if isinstance(extra, int) else set(extra or ()))
 
     # -- entry -------------------------------------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[str | list[dict] | list[int]], *, num_sequences: int = 16,
-                 max_new_tokens: int = 4096, threshold: float | None = None, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> list[MSVResult]:
+    def generate(
+        self,
+        prompts: Sequence[str | list[dict] | list[int]],
+        *,
+        num_sequences: int = 16,
+        max_new_tokens: int = 4096,
+        threshold: float | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+    ) -> list[MSVResult]:
         """Sample `num_sequences` chains per prompt with early stopping at `threshold`; one `MSVResult` per prompt.
 
         Args:
@@ -118,8 +137,10 @@ class VLLMController:
         if num_sequences < 1 or max_new_tokens < 1:
             raise ValueError("num_sequences and max_new_tokens must be at least 1.")
         if seed is not None and not self.supports_seeds:
-            raise ValueError("per-request seeds crash vLLM's CPU backend with chunked prefill ('CPU Generator does "
-                             "not use offset'): pass seed=None, or start the engine with enable_chunked_prefill=False.")
+            raise ValueError(
+                "per-request seeds crash vLLM's CPU backend with chunked prefill ('CPU Generator does "
+                "not use offset'): pass seed=None, or start the engine with enable_chunked_prefill=False."
+            )
         ids = [self.encode(p) for p in prompts]
         self._check_lengths(ids, max_new_tokens)
         run = _Run(self, ids, num_sequences, max_new_tokens, threshold)
@@ -146,14 +167,15 @@ class VLLMController:
     def room(self, prompt_ids: list[int]) -> int:
         """The most chain-of-thought tokens a prompt may get so that every elicitation (re-fed delimiter text,
         elicitation prompt, answer and the token that feeds its last one) fits the engine's ``max_model_len``."""
-        extra = len(self.elicitor.prompt_ids) + (self.matcher.window if self.matcher else 0)
-        return self.engine.model_config.max_model_len - len(prompt_ids) - extra - self.settings.max_answer_tokens - 1
+        return self.engine.model_config.max_model_len - len(prompt_ids) - self.policy.extra_tokens - 1
 
     def _check_lengths(self, ids: list[list[int]], max_new_tokens: int):
         room = min((self.room(p) for p in ids), default=max_new_tokens)
         if room < max_new_tokens:
-            raise ValueError(f"max_new_tokens={max_new_tokens} with these prompts and the elicitation exceeds the "
-                             f"engine's max_model_len={self.engine.model_config.max_model_len}: use at most {room}.")
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} with these prompts and the elicitation exceeds the "
+                f"engine's max_model_len={self.engine.model_config.max_model_len}: use at most {room}."
+            )
 
     def new_classes(self):
         """A factory of one prompt's `EquivalenceClasses` (`None` without checker)."""
@@ -164,32 +186,51 @@ class VLLMController:
         return functools.partial(EquivalenceClasses, self.checker)
 
 
-def vllm_generate(engine, prompts, *, verifier=None, tokenizer=None, threshold: float | None = None,
-                  num_sequences: int = 16, max_new_tokens: int = 4096, sampling: dict | None = None,
-                  **controller_kwargs) -> list[MSVResult]:
+def vllm_generate(
+    engine,
+    prompts,
+    *,
+    verifier=None,
+    tokenizer=None,
+    threshold: float | None = None,
+    num_sequences: int = 16,
+    max_new_tokens: int = 4096,
+    sampling: dict | None = None,
+    **controller_kwargs,
+) -> list[MSVResult]:
     """One call: a `VLLMController` on `engine` (`controller_kwargs`: its arguments) generating `prompts`
     (`sampling`: temperature, top_p, top_k, seed). Returns one `MSVResult` per prompt."""
     controller = VLLMController(engine, tokenizer, verifier, **controller_kwargs)
-    return controller.generate(prompts, num_sequences=num_sequences, max_new_tokens=max_new_tokens,
-                               threshold=threshold, **(sampling or {}))
+    return controller.generate(
+        prompts, num_sequences=num_sequences, max_new_tokens=max_new_tokens, threshold=threshold, **(sampling or {})
+    )
 
 
 class _Run:
     """One `VLLMController.generate` call: requests in flight, row bookkeeping, scoring and the stopping rule."""
 
-    def __init__(self, controller: VLLMController, prompts: list[list[int]], num_sequences: int, budget: int,
-                 threshold: float | None):
+    def __init__(
+        self,
+        controller: VLLMController,
+        prompts: list[list[int]],
+        num_sequences: int,
+        budget: int,
+        threshold: float | None,
+    ):
         self.c, self.engine, self.prompts = controller, controller.engine, prompts
         self.N, self.budget, self.threshold = num_sequences, budget, threshold
         self.streaming = controller.settings.mode == "streaming"
         self.tracker = RowTracker(len(prompts) * num_sequences, num_sequences, controller.new_classes())
-        self.queue = (ScoringQueue(controller.verifier, num_sequences, self.streaming,
-                                   controller.capture_hidden_states) if controller.verifier is not None else None)
+        self.queue = (
+            ScoringQueue(controller.verifier, num_sequences, self.streaming, controller.capture_hidden_states)
+            if controller.verifier is not None
+            else None
+        )
         self.run_id = next(_RUN_IDS)
-        self.clock = [-1] * len(prompts)           # per prompt: engine steps since its first token
+        self.clock = [-1] * len(prompts)  # per prompt: engine steps since its first token
         self.elicitations: dict[str, _Elicitation] = {}
         self.last_fired: dict[int, _Elicitation] = {}
-        self.pending: set[str] = set()              # our external request ids not finished in the engine
+        self.pending: set[str] = set()  # our external request ids not finished in the engine
         self.counter = itertools.count()
         self.timings = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
         self.steps = self.rows = 0
@@ -205,8 +246,13 @@ class _Run:
 
         start = time.perf_counter()
         seed = sampling.pop("seed", None)
-        params = SamplingParams(n=self.N, max_tokens=self.budget, output_kind=RequestOutputKind.DELTA,
-                                detokenize=False, **{k: v for k, v in sampling.items() if v is not None})
+        params = SamplingParams(
+            n=self.N,
+            max_tokens=self.budget,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            **{k: v for k, v in sampling.items() if v is not None},
+        )
         for p, ids in enumerate(self.prompts):
             rid = f"{_COT_PREFIX}{self.run_id}:{p}"
             if seed is not None:  # vLLM seeds child i with seed + i: one stream per chain of the call
@@ -224,11 +270,13 @@ class _Run:
         total = time.perf_counter() - start
         timings = dict(self.timings, total=total)
         timings["cot"] = total - sum(self.timings.values())
-        results = assemble_results(self.tracker, self.budget, self.threshold, self.c.capture_hidden_states,
-                                   timings)
-        compute = {"forward_calls": self.steps, "rows_computed": self.rows,
-                   "elicitation_prefill_tokens": self.elicitation_computed["prefill"],
-                   "elicitation_answer_tokens_fed": self.elicitation_computed["answers"]}
+        results = assemble_results(self.tracker, self.budget, self.threshold, self.c.capture_hidden_states, timings)
+        compute = {
+            "forward_calls": self.steps,
+            "rows_computed": self.rows,
+            "elicitation_prefill_tokens": self.elicitation_computed["prefill"],
+            "elicitation_answer_tokens_fed": self.elicitation_computed["answers"],
+        }
         for result in results:
             result.compute = dict(compute)
         return results
@@ -278,11 +326,11 @@ class _Run:
         for token in completion.token_ids:
             history.append(token)
             t = len(history) - 1
-            if token in self.c.eos_ids:
+            branch = self.c.policy.fire(row, history, t)
+            if branch is not None and branch.trigger == "eos":
                 tracker.end_row(row, t, EOS)
-                self._fork(Branch(row, "eos", t), p)
+                self._fork(branch, p)
                 return
-            branch = self._fired(row, history, t)
             if branch is not None:
                 self._fork(branch, p)
         if completion.finish_reason == "stop":  # a stop token outside the tokenizer's EOS ids
@@ -291,28 +339,14 @@ class _Run:
         elif completion.finish_reason is not None:
             self._end_budget_row(row, p)
 
-    def _fired(self, row: int, history: list[int], t: int) -> Branch | None:
-        if not self.streaming:
-            return None
-        c, token = self.c, history[-1]
-        if c.matcher is not None and c.matcher.could_complete(token):
-            found = c.matcher.match(history)
-            if found is not None:
-                return c.elicitor.delimiter_branch(row, t, found)
-        k = c.settings.every_k_tokens
-        if k and len(history) % k == 0:
-            return Branch(row, "every_k", t, feed_newest=True)
-        return None
-
     def _end_budget_row(self, row: int, p: int):
         """The engine ended a row without EOS (its budget, or ``max_model_len``): its terminal answer."""
         t = len(self.tracker.history[row]) - 1
         self.tracker.end_row(row, t, BUDGET)
         previous = self.last_fired.get(row)
-        if previous is not None and previous.live.branch.tau == t:
-            previous.live.branch.terminal = True  # a delimiter at the last token already sees the whole sequence
-        else:
-            self._fork(Branch(row, "budget", t, feed_newest=True), p)
+        branch = self.c.policy.at_budget(row, t, previous.live.branch if previous is not None else None)
+        if branch is not None:
+            self._fork(branch, p)
 
     def _fork(self, branch: Branch, p: int):
         """Send the elicitation request of `branch`: the chain's kept tokens, the segment, a greedy answer."""
@@ -326,9 +360,15 @@ class _Run:
         kept = branch.tau + 1 - (0 if branch.feed_newest else 1) - branch.drop
         live = LiveBranch(branch, list(branch.prefix_ids) + list(self.c.elicitor.prompt_ids))
         ids = self.prompts[p] + history[:kept] + live.segment
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=self.c.settings.max_answer_tokens + 1,
-                                ignore_eos=True, logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            n=1,
+            temperature=0.0,
+            max_tokens=self.c.settings.max_answer_tokens + 1,
+            ignore_eos=True,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         rid = f"{capture.REQUEST_PREFIX}{self.run_id}:{next(self.counter)}"
         internal = self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
         el = _Elicitation(live, p, internal, len(ids), kept)
@@ -390,11 +430,22 @@ class _Run:
         row, group = b.row, tracker.groups[el.prompt]
         text = self.c.elicitor.decode(ids)
         answer = MSVAnswer(
-            text=extract_boxed(text), raw_text=text, token_ids=list(ids), prompt=el.prompt, sequence=row % self.N,
-            step=tracker.num_answers[row], tau=b.tau, length=len(ids), end=max(self.clock[el.prompt], 0),
-            trigger=b.trigger, terminal=b.terminal or b.trigger in ("eos", "budget"), cot_tokens=el.kept,
+            text=extract_boxed(text),
+            raw_text=text,
+            token_ids=list(ids),
+            prompt=el.prompt,
+            sequence=row % self.N,
+            step=tracker.num_answers[row],
+            tau=b.tau,
+            length=len(ids),
+            end=max(self.clock[el.prompt], 0),
+            trigger=b.trigger,
+            terminal=b.terminal or b.trigger in ("eos", "budget"),
+            cot_tokens=el.kept,
             elicitation_ids=list(b.prefix_ids) + list(self.c.elicitor.prompt_ids),
-            hidden_states=torch.stack(el.live.hidden), token_logprobs=list(el.live.token_logprobs))
+            hidden_states=torch.stack(el.live.hidden),
+            token_logprobs=list(el.live.token_logprobs),
+        )
         tracker.record_answer(row, answer, len(el.live.segment))
         start = time.perf_counter()
         if group.classes is not None:
@@ -429,8 +480,9 @@ class _Run:
             for row in self.tracker.rows_of(p):
                 if self.tracker.status[row] == LIVE:
                     self.tracker.end_row(row, len(self.tracker.history[row]) - 1, STOPPED)
-            self._abort([f"{_COT_PREFIX}{self.run_id}:{p}"] +
-                        [rid for rid, el in self.elicitations.items() if el.prompt == p])
+            self._abort(
+                [f"{_COT_PREFIX}{self.run_id}:{p}"] + [rid for rid, el in self.elicitations.items() if el.prompt == p]
+            )
             self.queue.discard(p)
 
     def _abort(self, rids: list[str]):
@@ -439,8 +491,11 @@ class _Run:
         if live:
             self.engine.abort_request(live)
         self.pending.difference_update(rids)
-        dropped = [self.elicitations.pop(rid) for rid in rids
-                   if rid in self.elicitations and rid.startswith(capture.REQUEST_PREFIX) and self._dropped(rid)]
+        dropped = [
+            self.elicitations.pop(rid)
+            for rid in rids
+            if rid in self.elicitations and rid.startswith(capture.REQUEST_PREFIX) and self._dropped(rid)
+        ]
         if dropped:
             capture.discard(self.engine, [el.internal_id for el in dropped])
 

@@ -1,6 +1,7 @@
-"""The research tests reuse the product tests' helpers (``tests/test_evaluation.write_split``)."""
+"""The research tests reuse the product tests' helpers (``tests/helpers``, e.g. ``helpers.evaluation.write_split``)."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `import research.testbed_v1`

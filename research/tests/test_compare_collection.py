@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hf_msv.evaluation import load_split, split_statistics
 
-from test_evaluation import write_split
+from helpers.evaluation import write_split
 
 SCRIPT = Path(__file__).resolve().parents[1] / "compare_main_collection.py"
 

@@ -18,7 +18,7 @@ from sklearn.metrics import roc_auc_score
 
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.testbed import TASKS, task_v2
-from test_testbed_v2_lm import tiny_v2_lm  # noqa: F401  (the product tests' tiny v2 LM fixture)
+from helpers.testbed import tiny_v2_lm  # noqa: F401  (the product tests' tiny v2 LM fixture)
 
 CAP = task_v2.TaskKnobsV2().max_trace_tokens
 RESEARCH = Path(__file__).resolve().parents[1]

@@ -32,9 +32,12 @@ _CITATION = """@misc{msv, title={Multi-Sequence Verifiers}}"""
 class MsvCalibration(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("float64"),
-                                        "references": datasets.Value("int32")}),
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {"predictions": datasets.Value("float64"), "references": datasets.Value("int32")}
+            ),
         )
 
     def _compute(self, predictions, references, n_bins: int = 10):

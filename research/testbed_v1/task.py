@@ -1,28 +1,30 @@
-"""Testbed v1: the first testbed's arithmetic word problems and noisy-solver traces, and what both tasks share.
+"""Testbed v1: the first testbed's arithmetic word problems and noisy-solver traces.
 
 A problem is a start value and 2-4 operations (``+k``, ``-k``, ``*2``) whose values stay in ``[0, max_value]``; its
-canonical form (start value and operations, not the wording) is hashed to its split (:func:`split_of`), so a problem
-is never in two of ``train`` / ``validation`` / ``evaluation``. :func:`generate_problems` draws problems,
-:func:`make_trace` / :func:`make_trace_parts` write a trace (steps, ``Wait`` re-checks that restate the answer, a
-boxed final answer line), :func:`make_elicitation_example` a trace cut where an answer is elicited;
-:func:`format_prompt` is the prompt of both tasks. Knobs: :class:`TaskKnobs`. How the traces are written and what the
-LM trained on them shows: ``docs/testbed.md``.
+canonical form (start value and operations, not the wording) is hashed to its split by v2's
+:func:`~hf_msv.testbed.task_v2.split_of`, so a problem is never in two of ``train`` / ``validation`` / ``evaluation``.
+:func:`generate_problems` draws problems, :func:`make_trace` / :func:`make_trace_parts` write a trace (steps, ``Wait``
+re-checks that restate the answer, a boxed final answer line), :func:`make_elicitation_example` a trace cut where an
+answer is elicited; the prompt is v2's (:func:`~hf_msv.testbed.task_v2.format_prompt`). Knobs: :class:`TaskKnobs`.
+What the LM trained on these traces shows: ``docs/testbed.md`` ("Testbed v1, for comparison").
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 
-from ..answers import ELICITATION_PROMPT
-from ..data.problems import Problem
+from hf_msv.answers import ELICITATION_PROMPT
+from hf_msv.data.problems import Problem
+from hf_msv.testbed.task_v2 import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_distinct,
+                                    final_answer_line, format_prompt, split_of)
 
-DELIMITER = "Wait"
 SOURCE = "testbed-arith"
-SPLITS = ("train", "validation", "evaluation")
-# Buckets of the canonical hash (0-99) owned by each split.
-_SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "evaluation": range(90, 100)}
+__all__ = [
+    "DELIMITER", "ELICITATION_PROMPT", "GEN_KNOBS", "SOURCE", "SPLITS", "TaskKnobs", "apply_op", "format_prompt",
+    "generate_problems", "make_elicitation_example", "make_trace", "make_trace_parts", "make_training_trace",
+    "split_of",
+]
 
 _NAMES = ["Ann", "Bob", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kim", "Lu", "Max", "Ned", "Oli", "Pam"]
 _PRONOUN = {n: ("She" if n in {"Ann", "Dee", "Fay", "Ivy", "Kim", "Lu", "Pam"} else "He") for n in _NAMES}
@@ -55,23 +57,6 @@ class TaskKnobs:
     target_prob: float = 0.8
     wait_counts: tuple = (1, 2, 3, 4)
     wait_weights: tuple = (0.25, 0.35, 0.25, 0.15)
-
-
-def canonical(start: int, ops: list[tuple[str, int]]) -> str:
-    return f"{start}" + "".join(f"{o}{k}" for o, k in ops)
-
-
-def split_of(canon: str) -> str:
-    """The split that owns a canonical problem (stable across Python runs and seeds)."""
-    bucket = int.from_bytes(hashlib.sha256(canon.encode()).digest()[:4], "big") % 100
-    for name, rng in _SPLIT_BUCKETS.items():
-        if bucket in rng:
-            return name
-    raise AssertionError(bucket)
-
-
-def apply_op(a: int, op: str, k: int) -> int:
-    return a + k if op == "+" else a - k if op == "-" else a * k
 
 
 def _sample_chain(rng: random.Random, kn: TaskKnobs) -> tuple[int, list[tuple[str, int]]]:
@@ -129,38 +114,6 @@ def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Proble
 
     rng = random.Random(f"{split}/{seed}")
     return draw_distinct(split, n, rng, sample, build, knobs)
-
-
-def apply_chain(start: int, ops: list[tuple[str, int]]) -> int:
-    """The value after applying every ``(op, k)`` of `ops` to `start` (a problem's gold answer)."""
-    for op, k in ops:
-        start = apply_op(start, op, k)
-    return start
-
-
-def draw_distinct(split: str, n: int, rng: random.Random, sample, build, knobs: dict) -> list[Problem]:
-    """`n` problems of `split` with distinct canonical forms, by rejection: ``sample(rng) -> (canonical, item)``
-    draws a candidate, kept when its canonical form is new and hashes to `split` (`split_of`); ``build(item,
-    canonical, index) -> Problem`` makes the kept one (it may draw from `rng` too: the wording). Raises after
-    ``200 n + 10,000`` draws (knobs too narrow for `n` distinct problems)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    out, seen, tries = [], set(), 0
-    while len(out) < n:
-        tries += 1
-        if tries > 200 * n + 10_000:
-            raise RuntimeError(f"could not generate {n} distinct {split} problems with {knobs}")
-        canon, item = sample(rng)
-        if canon in seen or split_of(canon) != split:
-            continue
-        seen.add(canon)
-        out.append(build(item, canon, len(out)))
-    return out
-
-
-def format_prompt(problem: Problem) -> str:
-    """The text the LM is conditioned on (the tokenizer adds BOS); the trace continues right after it."""
-    return f"Q: {problem.question}\nA:"
 
 
 # ----------------------------------------------------------------------------------------------------------- traces
@@ -244,10 +197,6 @@ def make_trace_parts(problem: Problem, rng: random.Random, **knobs) -> list[tupl
         seg += f" So {vals[-1]}."
         parts.append((seg, str(vals[-1])))
     return parts
-
-
-def final_answer_line(answer: str) -> str:
-    return f"\n{ELICITATION_PROMPT}{{{answer}}}"
 
 
 def make_trace(problem: Problem, rng: random.Random, **knobs) -> str:

@@ -1,4 +1,4 @@
-"""Tiny building blocks for tests: no downloads, built in milliseconds."""
+"""Tiny tokenizers for tests, no downloads, built in milliseconds: characters plus chosen whole-word tokens."""
 
 import re
 
@@ -16,5 +16,12 @@ def word_level_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     pattern = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r"|[\s\S]"
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left", clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
