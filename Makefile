@@ -28,10 +28,11 @@ test-vllm: setup
 	bash scripts/setup_vllm.sh
 	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -x --timeout=1200 tests/test_vllm.py
 
-# Code style (ruff: lint and format, pyproject.toml's [tool.ruff]).
+# Code style (ruff: lint and format, pyproject.toml's [tool.ruff]) and types of the core ([tool.basedpyright]).
 lint: setup
 	$(VENV)/ruff check
 	$(VENV)/ruff format --check
+	$(VENV)/basedpyright
 
 # The layer contracts of pyproject.toml's [tool.importlinter].
 lint-imports: setup

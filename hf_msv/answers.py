@@ -22,6 +22,9 @@ def find_box_end(continuation: str) -> int | None:
     pass,
     O(len(continuation)).
 
+    Args:
+        continuation: the text generated after ``\\boxed``.
+
     Returns:
         The end index (``continuation[:end]`` is the whole box), or ``None`` if there is no opening brace or the box
         is not closed yet.
@@ -51,7 +54,11 @@ def find_box_end(continuation: str) -> int | None:
 def extract_boxed(continuation: str) -> str | None:
     """Content of the box opened at the start of ``continuation`` (see `find_box_end`), stripped.
 
-    Returns ``None`` for an unclosed or empty box, or no box at all: the explicit "no answer".
+    Args:
+        continuation: the text generated after ``\\boxed``.
+
+    Returns:
+        The stripped content, or ``None`` for an unclosed or empty box, or no box at all: the explicit "no answer".
     """
     end = find_box_end(continuation)
     if end is None:
@@ -65,6 +72,12 @@ def extract_last_boxed(text: str) -> str | None:
 
     A single pass matches every brace pair (escape-aware, as in `find_box_end`), so the whole search is O(len(text))
     however many ``\\boxed`` occurrences are unclosed.
+
+    Args:
+        text: a full solution.
+
+    Returns:
+        The stripped content of the last closed, non-empty box, or ``None``.
     """
     starts = [m.end() for m in _BOXED_RE.finditer(text)]
     if not starts:
@@ -106,6 +119,12 @@ def normalize_answer(answer: str) -> str:
     Strips surrounding ``$``, LaTeX spacing commands, ``\\left``/``\\right``, ``\\dfrac``/``\\tfrac`` (-> ``\\frac``),
     insignificant whitespace and a trailing period. Two answers with the same normal form are the same answer for
     every checker.
+
+    Args:
+        answer: an extracted answer.
+
+    Returns:
+        Its normal form.
     """
     s = answer.strip()
     if len(s) >= 2 and s[0] == "$" and s[-1] == "$":

@@ -49,6 +49,13 @@ def best_of_n(scores, mask=None) -> int:
 
     Ties go to the lowest answer index (np.argmax keeps the first maximum), so picks are reproducible;
     nan scores never win.
+
+    Args:
+        scores: (A,) per-answer scores.
+        mask: (A,) bool, the candidate answers; `None`: all.
+
+    Returns:
+        The index (int) of the pick, or -1.
     """
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     s = np.where(np.isnan(s), -np.inf, s)
@@ -67,6 +74,13 @@ def self_consistency(klass, is_terminal=None) -> np.ndarray:
     """(A,) vote fraction: s = Σ_m 1[a ~ a^(m)] / N over the N terminal answers (`is_terminal` (A,); all if None).
 
     Non-terminal answers get the vote fraction of their class among the terminal answers too.
+
+    Args:
+        klass: (A,) equivalence-class ids of one group.
+        is_terminal: (A,) bool, the answers that vote; `None`: all.
+
+    Returns:
+        (A,) float vote fractions (all 0 when no answer votes).
     """
     inv, c = _inverse(klass)
     term = np.ones(inv.shape, bool) if is_terminal is None else np.asarray(is_terminal, bool).reshape(-1)
@@ -139,6 +153,9 @@ def token_prob_score(token_logprobs, token_answer, num_answers: int | None = Non
         token_logprobs: (T,) log-probability of each answer token under the LM, answers packed.
         token_answer: (T,) answer index in [0, A) of each token.
         num_answers: A (default max(token_answer) + 1). Answers without tokens get nan.
+
+    Returns:
+        (A,) float64 scores.
     """
     lp = np.asarray(token_logprobs, dtype=np.float64).reshape(-1)
     ta = np.asarray(token_answer, dtype=np.int64).reshape(-1)
@@ -152,6 +169,12 @@ def token_confidence(topk_logprobs) -> np.ndarray:
     """(T,) DeepConf token confidence C_i = −(1/k) Σ_{j≤k} log P_i(j) from (T, k) top-k log-probs of the CoT.
 
     High when the model is sure: the top-1 log-prob is ≈ 0 but the other k−1 are very negative.
+
+    Args:
+        topk_logprobs: (T, k) top-k log-probabilities of each CoT token.
+
+    Returns:
+        (T,) float64 token confidences.
     """
     return -np.asarray(topk_logprobs, dtype=np.float64).mean(axis=-1)
 
@@ -170,6 +193,18 @@ def deepconf_confidence(
     k = 20); a trace shorter than one window is one group. ``stat``:
     "lowest_group" (default; DeepConf's C_least = min_G C_G), "bottom10" (mean of the lowest `bottom_frac` of group
     confidences), "tail" (mean over the last `window` tokens), "mean" (mean token confidence). Empty trace -> 0.
+
+    Args:
+        topk_logprobs: (T, k) top-k log-probabilities of the chain's tokens.
+        window: group size in tokens.
+        stat: one of the statistics above.
+        bottom_frac: fraction of groups averaged by "bottom10".
+
+    Returns:
+        The trace confidence (float).
+
+    Raises:
+        ValueError: if `stat` is unknown.
     """
     if stat not in ("lowest_group", "bottom10", "tail", "mean"):
         raise ValueError(f"unknown DeepConf statistic {stat!r}")
@@ -194,7 +229,14 @@ def deepconf_streaming(
     Args:
         token_conf: per sequence n, (T_n,) `token_confidence` of its chain of thought.
         sequence, start: (A,) sequence index and τ of each answer.
+        window: group size in tokens.
         stat: "lowest_group", "tail" or "mean" (prefix versions of `deepconf_confidence`). Empty prefix -> 0.
+
+    Returns:
+        (A,) float64 confidences.
+
+    Raises:
+        ValueError: if `stat` is unknown.
     """
     seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
     tau = np.asarray(start, dtype=np.int64).reshape(-1)
@@ -224,7 +266,15 @@ def deepconf_streaming(
 
 
 def fit_platt(raw, labels) -> tuple[float, float]:
-    """(a, b) of Platt scaling σ(a·raw + b) fitted by logistic regression on validation (raw (m,), labels (m,))."""
+    """(a, b) of Platt scaling σ(a·raw + b) fitted by logistic regression on validation (raw (m,), labels (m,)).
+
+    Args:
+        raw: (m,) raw confidences.
+        labels: (m,) 0/1 correctness.
+
+    Returns:
+        ``(a, b)`` floats; with one class only, a = 0 and b the logit of the (clipped) base rate.
+    """
     from sklearn.linear_model import LogisticRegression
 
     x = np.asarray(raw, dtype=np.float64).reshape(-1, 1)
@@ -237,7 +287,15 @@ def fit_platt(raw, labels) -> tuple[float, float]:
 
 
 def platt(raw, a: float, b: float) -> np.ndarray:
-    """σ(a·raw + b): map raw confidences (e.g. DeepConf C_least) to probabilities in (0, 1)."""
+    """σ(a·raw + b): map raw confidences (e.g. DeepConf C_least) to probabilities in (0, 1).
+
+    Args:
+        raw: raw confidences, any shape.
+        a, b: the Platt parameters (`fit_platt`).
+
+    Returns:
+        Probabilities of the shape of `raw`.
+    """
     return 1.0 / (1.0 + np.exp(-(a * np.asarray(raw, dtype=np.float64) + b)))
 
 
@@ -251,7 +309,14 @@ def latest_answer_vote(klass, sequence, step, end) -> np.ndarray:
     as a baseline: `chain_support` over the chains that have answered. In a group of terminal answers only, it is
     self-consistency's vote share.
 
-    Args: all (A,): equivalence class, sequence index, answer step within its sequence, end time τ + L.
+    Args:
+        klass: (A,) equivalence-class ids.
+        sequence: (A,) sequence index of each answer.
+        step: (A,) answer step within its sequence.
+        end: (A,) end time τ + L.
+
+    Returns:
+        (A,) float vote shares.
     """
     support, answered = chain_support(klass, sequence, step, end)
     return support / np.maximum(answered, 1)
@@ -276,12 +341,30 @@ def chain_support(klass, sequence, step, end, window: int = 1, only=None) -> tup
 
 
 def arrival_times(end: np.ndarray, only=None) -> np.ndarray:
-    """The distinct availability times of the answers `only` (all if `None`), ascending."""
+    """The distinct availability times of the answers `only` (all if `None`), ascending.
+
+    Args:
+        end: (A,) end times of the answers.
+        only: indices of the answers to consider; `None`: all.
+
+    Returns:
+        The sorted distinct times (1-D array).
+    """
     return np.unique(end if only is None else end[np.asarray(only, dtype=np.int64)])
 
 
 def chain_counts(klass, sequence, step, end, window: int, only=None) -> tuple[np.ndarray, ...]:
-    """`chain_support` plus (A,) the runner-up: the most chains standing by one class other than a's."""
+    """`chain_support` plus (A,) the runner-up: the most chains standing by one class other than a's.
+
+    Args:
+        klass, sequence, step, end, window, only: as `chain_support`.
+
+    Returns:
+        ``(support, answered, runner_up)``, each an (A,) int64 array.
+
+    Raises:
+        ValueError: if `window` < 1.
+    """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     klass, sequence, step, end = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (klass, sequence, step, end))
@@ -307,7 +390,15 @@ def chain_counts(klass, sequence, step, end, window: int, only=None) -> tuple[np
 
 
 def logit(p, eps: float = 1e-6) -> np.ndarray:
-    """log(p / (1 − p)) of probabilities clipped to [eps, 1 − eps]."""
+    """log(p / (1 − p)) of probabilities clipped to [eps, 1 − eps].
+
+    Args:
+        p: probabilities, any shape.
+        eps: clipping bound.
+
+    Returns:
+        Logits of the shape of `p`.
+    """
     q = np.clip(np.asarray(p, dtype=np.float64), eps, 1 - eps)
     return np.log(q) - np.log1p(-q)
 
@@ -315,7 +406,15 @@ def logit(p, eps: float = 1e-6) -> np.ndarray:
 def fit_logistic(features, labels) -> tuple[np.ndarray, float]:
     """(coef (F,), intercept) of an (almost) unregularised logistic regression of 0/1 `labels` (m,) on
     `features` (m, F): Platt scaling when F = 1, the stacked baseline when F = 2. One class only: zero weights and
-    the base rate (clipped) as intercept."""
+    the base rate (clipped) as intercept.
+
+    Args:
+        features: (m, F) features (a 1-D array is one feature).
+        labels: (m,) 0/1 labels.
+
+    Returns:
+        ``(coef, intercept)``: (F,) float64 weights and a float.
+    """
     from sklearn.linear_model import LogisticRegression
 
     x = np.asarray(features, dtype=np.float64)
@@ -329,7 +428,16 @@ def fit_logistic(features, labels) -> tuple[np.ndarray, float]:
 
 
 def logistic(features, coef, intercept: float) -> np.ndarray:
-    """(m,) σ(features @ coef + intercept) of `features` (m, F)."""
+    """(m,) σ(features @ coef + intercept) of `features` (m, F).
+
+    Args:
+        features: (m, F) features (a 1-D array is one feature).
+        coef: (F,) weights.
+        intercept: the bias.
+
+    Returns:
+        (m,) probabilities.
+    """
     x = np.asarray(features, dtype=np.float64)
     x = x.reshape(len(x), -1)
     return 1.0 / (1.0 + np.exp(-(x @ np.asarray(coef, dtype=np.float64) + intercept)))

@@ -164,7 +164,18 @@ class MSVConfig(PreTrainedConfig):
     def paper_preset(cls, **kwargs) -> "MSVConfig":
         """The paper's architecture: one Multi-Mask Transformer Block, the four masks, γ through an MLP only (no γ
         skip, no vote pathway), logit averaging in terminal mode. `kwargs` set the other fields (width, heads, N,
-        mode, ...); an architecture field of the preset given with another value is a `ValueError`."""
+        mode, ...); an architecture field of the preset given with another value is a `ValueError`.
+
+        Args:
+            **kwargs: any other `MSVConfig` field.
+
+        Returns:
+            The `MSVConfig`.
+
+        Raises:
+            ValueError: if `kwargs` sets a preset field (``num_hidden_layers``, ``masks``, ``readout``,
+                ``gamma_skip``, ``vote_pathway``) to another value.
+        """
         preset = {
             "num_hidden_layers": 1,
             "masks": list(MASK_NAMES),
@@ -180,9 +191,10 @@ class MSVConfig(PreTrainedConfig):
     @property
     def effective_masks(self) -> list[str]:
         """The masks actually computed: `masks` minus `within_answer` when it duplicates `within_sequence`."""
-        if self.mode == "terminal" and "within_sequence" in self.masks and "within_answer" in self.masks:
-            return [m for m in self.masks if m != "within_answer"]
-        return list(self.masks)
+        masks = list(self.masks or ())  # a list from __post_init__ on
+        if self.mode == "terminal" and "within_sequence" in masks and "within_answer" in masks:
+            return [m for m in masks if m != "within_answer"]
+        return masks
 
     @property
     def streaming(self) -> bool:
@@ -195,10 +207,11 @@ class MSVConfig(PreTrainedConfig):
                 f"hidden_size ({self.hidden_size}) is not a multiple of num_attention_heads "
                 f"({self.num_attention_heads})."
             )
-        unknown = [m for m in self.masks if m not in MASK_NAMES]
+        masks = list(self.masks or ())
+        unknown = [m for m in masks if m not in MASK_NAMES]
         if unknown:
             raise ValueError(f"Unknown MSV mask name(s) {unknown}; valid names are {list(MASK_NAMES)}.")
-        if not self.masks or len(set(self.masks)) != len(self.masks):
+        if not masks or len(set(masks)) != len(masks):
             raise ValueError(f"masks must be a non-empty list without repeats, got {self.masks}.")
         for name, value, allowed in (
             ("mode", self.mode, MODES),
@@ -230,9 +243,9 @@ def coerce_elicitation(value, mode: str, kwargs: dict) -> ElicitationSettings:
     return settings.replace(mode=mode)
 
 
-def elicitation_to_json(settings: ElicitationSettings) -> dict:
+def elicitation_to_json(settings: ElicitationSettings | dict | None) -> dict:
     """The settings as stored in config.json: without the mode, which the config holds."""
-    out = settings.to_dict() if isinstance(settings, ElicitationSettings) else dict(settings)
+    out = settings.to_dict() if isinstance(settings, ElicitationSettings) else dict(settings or {})
     out.pop("mode", None)
     return out
 

@@ -42,6 +42,10 @@ class ElicitationSettings:
         prompt: appended to a branch to elicit its answer; the LM continues with ``{answer}``.
         max_answer_tokens: cap on answer tokens; a box still open after this many is "no answer".
         keep_delimiter: keep the delimiter in the branch context instead of branching just before it.
+
+    Raises:
+        ValueError: for an unknown mode, an empty or non-string delimiter, ``every_k_tokens`` or
+            ``max_answer_tokens`` below 1, or an empty prompt.
     """
 
     mode: str = "streaming"
@@ -66,7 +70,14 @@ class ElicitationSettings:
             raise ValueError("the elicitation prompt must not be empty")
 
     def replace(self, **overrides) -> ElicitationSettings:
-        """A copy with the given fields changed; ``None`` values are ignored (keyword overrides left unset)."""
+        """A copy with the given fields changed; ``None`` values are ignored (keyword overrides left unset).
+
+        Args:
+            **overrides: field names and their new values.
+
+        Returns:
+            The new `ElicitationSettings`.
+        """
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def to_dict(self) -> dict:
@@ -77,7 +88,17 @@ class ElicitationSettings:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> ElicitationSettings:
-        """Settings from `to_dict` output; unknown keys are an error, missing ones take the defaults."""
+        """Settings from `to_dict` output; unknown keys are an error, missing ones take the defaults.
+
+        Args:
+            data: the fields as a dict, or `None` (the defaults).
+
+        Returns:
+            The `ElicitationSettings`.
+
+        Raises:
+            ValueError: for an unknown key or an invalid value.
+        """
         data = dict(data or {})
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
@@ -89,7 +110,14 @@ class ElicitationSettings:
     def pop_legacy(cls, kwargs: dict) -> dict:
         """Remove and return, renamed, the flat elicitation keys of configs and shards saved before these settings
         existed (``elicitation_prompt`` → ``prompt``; ``delimiters: null`` meant the default, or none next to
-        ``every_k_tokens``)."""
+        ``every_k_tokens``).
+
+        Args:
+            kwargs: a config's or shard's keyword dict; the legacy keys are removed from it in place.
+
+        Returns:
+            The found values under their `ElicitationSettings` field names.
+        """
         found = {new: kwargs.pop(old) for old, new in _LEGACY_KEYS.items() if old in kwargs}
         found = {k: v for k, v in found.items() if v is not None or k in ("delimiters", "every_k_tokens")}
         if found.get("delimiters", ()) is None:  # "not recorded": the default, unless every k tokens replaced it
@@ -128,11 +156,10 @@ def resolve_elicitation(
     unknown = sorted(set(overrides) - valid)
     if unknown:
         raise ValueError(f"unknown elicitation settings {unknown}; valid: {sorted(valid | set(_ALIASES))}")
-    if isinstance(elicitation, dict):
-        elicitation = ElicitationSettings.from_dict(elicitation)
     if elicitation is None:
         elicitation = getattr(verifier_config, "elicitation", None) or ElicitationSettings()
-    settings = elicitation.replace(**overrides)
+    base = elicitation if isinstance(elicitation, ElicitationSettings) else ElicitationSettings.from_dict(elicitation)
+    settings = base.replace(**overrides)
     mode = getattr(verifier_config, "mode", settings.mode)
     if mode != settings.mode:
         raise ValueError(f"the verifier was built for {mode!r} answers but mode={settings.mode!r}.")

@@ -69,6 +69,9 @@ def build_model_card(
         repo_id: where the card will live (the MSV card's title and loading snippet use it).
         metrics: name -> value rows of the card's metrics table (floats shown with 4 decimals).
         training_data: a sentence or two on what the verifier was trained on.
+
+    Returns:
+        The rendered `ModelCard` (the Probe template for a ``msv_probe`` config, else the MSV one).
     """
     config = getattr(verifier, "config", verifier)
     if config.model_type == "msv_probe":
@@ -107,7 +110,15 @@ def build_model_card(
 
 
 def save_verifier(verifier, save_directory: str | os.PathLike, metrics=None, training_data=None, repo_id=None):
-    """`save_pretrained` (safetensors) plus README.md from `build_model_card` (an MSV or a Probe verifier)."""
+    """`save_pretrained` (safetensors) plus README.md from `build_model_card` (an MSV or a Probe verifier).
+
+    Args:
+        verifier: an `MSVVerifier` or a `ProbeVerifier`.
+        save_directory: where to write the files.
+        metrics: the card's metrics table (`build_model_card`).
+        training_data: the card's training-data sentence.
+        repo_id: the card's repo id; default the directory's name.
+    """
     verifier.save_pretrained(save_directory)
     card = build_model_card(verifier, repo_id or os.path.basename(os.fspath(save_directory)), metrics, training_data)
     card.save(os.path.join(save_directory, "README.md"))
@@ -125,7 +136,21 @@ def push_verifier_to_hub(
     revision: str | None = None,
     create_pr: bool = False,
 ):
-    """Create `repo_id` if needed and upload the verifier's files and card in one commit."""
+    """Create `repo_id` if needed and upload the verifier's files and card in one commit.
+
+    Args:
+        verifier: an `MSVVerifier` or a `ProbeVerifier`.
+        repo_id: the Hub repository (created if missing).
+        metrics, training_data: the card's metrics table and training-data sentence (`build_model_card`).
+        commit_message: the commit's message.
+        private: visibility of a newly created repository (`None`: the Hub's default).
+        token: the Hub token (`None`: the cached login).
+        revision: the branch to commit to.
+        create_pr: open a pull request instead of committing to the branch.
+
+    Returns:
+        What `HfApi.upload_folder` returns (the commit's info).
+    """
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     with tempfile.TemporaryDirectory() as folder:
@@ -173,6 +198,12 @@ def write_model_cards(directory: str | os.PathLike = "model_cards") -> list[Path
     """(Re)write `example_model_cards` into `directory`; ``tests/test_hub.py`` checks the committed ones are current.
 
     python -c "from hf_msv.hub import write_model_cards; write_model_cards()"   # from the repository root
+
+    Args:
+        directory: the target directory (created if missing).
+
+    Returns:
+        The paths written.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ EPSILON, DELTA = 0.02, 0.1  # the guarantee's default tolerance and risk: lose �
 class LambdaChoice:
     """The λ chosen on validation and the evidence behind it.
 
-    Attributes:
+    Args:
         lam: the threshold (∞: never stop).
         rule: "guarantee" or "target".
         reached: guarantee: some λ < ∞ was certified; target: some λ that stops early reaches the target.
@@ -81,11 +81,28 @@ class LambdaChoice:
 
     @classmethod
     def from_dict(cls, d: dict) -> LambdaChoice:
-        return cls(**(d | {"lam": math.inf if d["lam"] is None else float(d["lam"])}))
+        """The choice written by `to_dict`.
+
+        Args:
+            d: a dict of the fields (``lam`` None for ∞).
+
+        Returns:
+            The `LambdaChoice`.
+        """
+        fields = dict(d)
+        fields["lam"] = math.inf if d["lam"] is None else float(d["lam"])
+        return cls(**fields)
 
     @classmethod
     def of(cls, config) -> LambdaChoice | None:
-        """The λ choice a verifier's config carries (``config.early_stopping["lambda"]``), else None."""
+        """The λ choice a verifier's config carries (``config.early_stopping["lambda"]``), else None.
+
+        Args:
+            config: a verifier config (any object; a missing ``early_stopping`` means no choice).
+
+        Returns:
+            The `LambdaChoice`, or None.
+        """
         stored = (getattr(config, "early_stopping", None) or {}).get("lambda")
         return None if stored is None else cls.from_dict(stored)
 
@@ -100,7 +117,7 @@ class LambdaChoice:
                 )
             return (
                 f"{where}: loses at most {self.epsilon:g} of full-decoding accuracy with probability ≥ "
-                f"{1 - self.delta:g} (Learn-then-Test, {self.num_problems} validation problems); validation "
+                f"{1 - (self.delta or 0.0):g} (Learn-then-Test, {self.num_problems} validation problems); validation "
                 f"accuracy {self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the "
                 "tokens"
             )
@@ -112,13 +129,29 @@ class LambdaChoice:
 
 
 def problems_needed(epsilon: float, delta: float) -> int:
-    """The fewest problems with which a λ without observed loss is certified: (1 − ε)ⁿ ≤ δ."""
+    """The fewest problems with which a λ without observed loss is certified: (1 − ε)ⁿ ≤ δ.
+
+    Args:
+        epsilon: the tolerance ε in (0, 1).
+        delta: the risk δ in (0, 1).
+
+    Returns:
+        The number of problems n (int).
+    """
     return int(math.ceil(math.log(delta) / math.log1p(-epsilon)))
 
 
 def ltt_p_value(losses: np.ndarray, epsilon: float) -> float:
     """p-value of H0: E[loss] > ε from (n,) per-problem losses in [0, 1]: the exact binomial tail
-    P[Bin(n, ε) ≤ Σ loss] when every loss is 0 or 1, else Hoeffding–Bentkus (Bates et al., 2021)."""
+    P[Bin(n, ε) ≤ Σ loss] when every loss is 0 or 1, else Hoeffding–Bentkus (Bates et al., 2021).
+
+    Args:
+        losses: (n,) per-problem losses in [0, 1].
+        epsilon: the tolerance ε.
+
+    Returns:
+        The p-value (float).
+    """
     from scipy.stats import binom
 
     losses = np.asarray(losses, dtype=np.float64)
@@ -164,6 +197,10 @@ def choose_lambda(
 
     Returns:
         A `LambdaChoice`.
+
+    Raises:
+        ValueError: if `lambdas` does not contain ∞.
+        UserError: if `epsilon` or `delta` is outside (0, 1) (guarantee rule), or there are no groups.
     """
     lam = np.asarray(lambdas, dtype=np.float64).reshape(-1)
     correct = np.asarray(correct, dtype=bool).reshape(-1, lam.size)
@@ -182,42 +219,33 @@ def choose_lambda(
     per_problem = np.stack(
         [np.bincount(problem, weights=loss[:, j]) / np.bincount(problem) for j in range(lam.size)], 1
     )  # (P, Λ)
-    common = dict(
-        num_problems=int(per_problem.shape[0]),
-        full_accuracy=float(accuracy[full]),
-        full_tokens=float(mean_tokens[full]),
-        epsilon=epsilon,
-        delta=delta if epsilon else None,
-    )
-    if epsilon is not None:
-        pick, reached = _certified(lam, per_problem, epsilon, delta)
-        reached = bool(reached and mean_tokens[pick] < mean_tokens[full])  # a λ that never stops saves nothing
+
+    def choice(pick: int, rule: str, reached: bool, target: float | None, needed: int | None) -> LambdaChoice:
         return LambdaChoice(
             lam=float(lam[pick]),
-            rule="guarantee",
+            rule=rule,
             reached=reached,
-            target=None,
-            problems_needed=problems_needed(epsilon, delta),
+            epsilon=epsilon,
+            delta=delta if epsilon else None,
+            target=target,
+            num_problems=int(per_problem.shape[0]),
+            problems_needed=needed,
             accuracy=float(accuracy[pick]),
             tokens=float(mean_tokens[pick]),
             loss=float(loss[:, pick].mean()),
-            **common,
+            full_accuracy=float(accuracy[full]),
+            full_tokens=float(mean_tokens[full]),
         )
+
+    if epsilon is not None:
+        pick, reached = _certified(lam, per_problem, epsilon, delta)
+        reached = bool(reached and mean_tokens[pick] < mean_tokens[full])  # a λ that never stops saves nothing
+        return choice(pick, "guarantee", reached, None, problems_needed(epsilon, delta))
     target = float(target_accuracy) if target_accuracy is not None else target_fraction * float(accuracy[full])
     early = np.isfinite(lam) & (mean_tokens < mean_tokens[full])
     ok = np.flatnonzero(early & (accuracy >= target - 1e-12))
     pick = int(min(ok, key=lambda i: (mean_tokens[i], -accuracy[i], -lam[i]))) if ok.size else full
-    return LambdaChoice(
-        lam=float(lam[pick]),
-        rule="target",
-        reached=bool(ok.size),
-        target=target,
-        problems_needed=None,
-        accuracy=float(accuracy[pick]),
-        tokens=float(mean_tokens[pick]),
-        loss=float(loss[:, pick].mean()),
-        **common,
-    )
+    return choice(pick, "target", bool(ok.size), target, None)
 
 
 def _certified(lam: np.ndarray, per_problem: np.ndarray, epsilon: float, delta: float) -> tuple[int, bool]:

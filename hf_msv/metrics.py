@@ -47,7 +47,18 @@ __all__ = [
 
 
 def resolve_scores(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Per-group (A,) score arrays: ``scores`` is a verifier name looked up in ``group.scores`` or the arrays."""
+    """Per-group (A,) score arrays: ``scores`` is a verifier name looked up in ``group.scores`` or the arrays.
+
+    Args:
+        groups: the answer groups.
+        scores: a verifier name (a key of each ``group.scores``) or one (A,) score array per group.
+
+    Returns:
+        One float64 (A,) array per group.
+
+    Raises:
+        ValueError: if the arrays are not one (A,) array per group.
+    """
     if isinstance(scores, str):
         return [g.scores[scores] for g in groups]
     out = [np.asarray(s, dtype=np.float64).reshape(-1) for s in scores]
@@ -73,6 +84,13 @@ def auroc(p, y) -> float:
 
     Undefined when only one class is present: returns nan and warns (UndefinedMetricWarning) saying so, because a
     0.5 or 1.0 there would silently bias means over datasets where a verifier sees only correct answers.
+
+    Args:
+        p: (m,) scores.
+        y: (m,) 0/1 labels.
+
+    Returns:
+        The AUROC (float), nan when only one class is present.
     """
     # scikit-learn is imported on first use: it takes about a second, which `hf-msv --help` should not pay
     from sklearn.exceptions import UndefinedMetricWarning
@@ -92,21 +110,48 @@ def auroc(p, y) -> float:
 
 
 def brier(p, y) -> float:
-    """Brier score (1/m) Σ (p_i - y_i)^2 over (m,) probabilities and 0/1 labels."""
+    """Brier score (1/m) Σ (p_i - y_i)^2 over (m,) probabilities and 0/1 labels.
+
+    Args:
+        p: (m,) probabilities in [0, 1].
+        y: (m,) 0/1 labels.
+
+    Returns:
+        The Brier score (float; nan when m = 0).
+
+    Raises:
+        ValueError: if the shapes differ, a probability lies outside [0, 1] or is nan, or a label is not 0/1.
+    """
     p, y = _py(p, y)
     return float(np.mean((p - y) ** 2)) if p.size else math.nan
 
 
 def bce_with_logits(z, y) -> np.ndarray:
     """Per-answer binary cross-entropy (m,) of 0/1 labels under logits (m,), computed stably from the logits
-    (``log(1 + e^z) - y z``): a sigmoid first would saturate and turn a confident mistake into ``inf``."""
+    (``log(1 + e^z) - y z``): a sigmoid first would saturate and turn a confident mistake into ``inf``.
+
+    Args:
+        z: (m,) logits.
+        y: (m,) 0/1 labels.
+
+    Returns:
+        (m,) float64 array of per-answer losses.
+    """
     z, y = np.asarray(z, dtype=np.float64), np.asarray(y, dtype=np.float64)
     return np.logaddexp(0.0, z) - y * z
 
 
 def fold_by_problem(problems, folds: int = 2) -> np.ndarray:
     """The fold (m,) in ``0..folds-1`` of each item, by its problem: problems in order of first appearance are dealt
-    round-robin, so every answer of a problem lands in one fold (answers of a problem are not independent)."""
+    round-robin, so every answer of a problem lands in one fold (answers of a problem are not independent).
+
+    Args:
+        problems: (m,) problem id of each item.
+        folds: number of folds.
+
+    Returns:
+        (m,) int64 array of fold indices.
+    """
     problems = np.asarray(problems, dtype=object)
     _, first, inverse = np.unique(problems, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
@@ -119,13 +164,28 @@ def difficulty_scores(labels: Sequence) -> list[np.ndarray]:
 
     Pooled, their AUROC is the most that any scorer giving all answers of a problem one score can reach (telling easy
     problems from hard ones and nothing else): ranking problems by accuracy orders every pair of problems the best
-    way, and pairs within a problem tie. A verifier above it tells right from wrong answers of the same problem."""
+    way, and pairs within a problem tie. A verifier above it tells right from wrong answers of the same problem.
+
+    Args:
+        labels: one (m_i,) 0/1 label array per problem.
+
+    Returns:
+        One (m_i,) array per problem, filled with that problem's accuracy (nan for an empty problem).
+    """
     return [np.full(len(y), np.mean(y) if len(y) else math.nan) for y in labels]
 
 
 def per_problem_auroc(scores: Sequence, labels: Sequence) -> np.ndarray:
     """(P,) AUROC among each problem's answers: `scores[i]` and 0/1 `labels[i]` are problem i's (m_i,) arrays; nan for
-    a problem whose answers are all right or all wrong (nothing to rank)."""
+    a problem whose answers are all right or all wrong (nothing to rank).
+
+    Args:
+        scores: one (m_i,) score array per problem.
+        labels: one (m_i,) 0/1 label array per problem.
+
+    Returns:
+        (P,) float64 array of per-problem AUROCs.
+    """
     from sklearn.metrics import roc_auc_score
 
     return np.array(
@@ -143,7 +203,15 @@ def within_problem_auroc(scores: Sequence, labels: Sequence) -> float:
     """Mean over problems of the AUROC among one problem's answers (problems with right and wrong answers only):
     whether a scorer tells a problem's right answers from its wrong ones, which no difficulty estimate can (nan
     when no problem has both classes). A bootstrap over problems can resample :func:`per_problem_auroc` instead of
-    calling this per resample: the mean of the resampled defined values is the same number."""
+    calling this per resample: the mean of the resampled defined values is the same number.
+
+    Args:
+        scores: one (m_i,) score array per problem.
+        labels: one (m_i,) 0/1 label array per problem.
+
+    Returns:
+        The mean per-problem AUROC (float).
+    """
     values = per_problem_auroc(scores, labels)
     values = values[~np.isnan(values)]
     return float(np.mean(values)) if values.size else math.nan
@@ -154,6 +222,17 @@ def nll(p, y, eps: float = 1e-7) -> float:
 
     A float32 sigmoid saturates to exactly 0 or 1; clipping keeps one confidently wrong answer finite (−log 1e-7 ≈ 16)
     instead of making the whole mean infinite.
+
+    Args:
+        p: (m,) probabilities in [0, 1].
+        y: (m,) 0/1 labels.
+        eps: clipping bound.
+
+    Returns:
+        The mean NLL (float; nan when m = 0).
+
+    Raises:
+        ValueError: if the shapes differ, a probability lies outside [0, 1] or is nan, or a label is not 0/1.
     """
     p, y = _py(p, y)
     p = np.clip(p, eps, 1 - eps)
@@ -165,6 +244,17 @@ def reliability_bins(p, y, n_bins: int = 10) -> tuple[np.ndarray, np.ndarray, np
 
     Bin j holds p in [j/J, (j+1)/J), with p = 1 in the last bin. Here the "confidence" is the predicted probability of
     correctness itself (a binary verifier), as in the paper. Empty bins have nan conf/acc and count 0.
+
+    Args:
+        p: (m,) probabilities in [0, 1].
+        y: (m,) 0/1 labels.
+        n_bins: number of bins J.
+
+    Returns:
+        ``(conf, acc, count)``, each of shape (J,): mean probability, accuracy and size of each bin.
+
+    Raises:
+        ValueError: if the shapes differ, a probability lies outside [0, 1] or is nan, or a label is not 0/1.
     """
     p, y = _py(p, y)
     idx = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)
@@ -176,7 +266,19 @@ def reliability_bins(p, y, n_bins: int = 10) -> tuple[np.ndarray, np.ndarray, np
 
 
 def ece(p, y, n_bins: int = 10) -> float:
-    """ECE = Σ_j |B_j|/m · |acc(B_j) − conf(B_j)| with J = `n_bins` equal-width bins (paper: J = 10)."""
+    """ECE = Σ_j |B_j|/m · |acc(B_j) − conf(B_j)| with J = `n_bins` equal-width bins (paper: J = 10).
+
+    Args:
+        p: (m,) probabilities in [0, 1].
+        y: (m,) 0/1 labels.
+        n_bins: number of bins J.
+
+    Returns:
+        The ECE (float; nan when m = 0).
+
+    Raises:
+        ValueError: as `reliability_bins`.
+    """
     conf, acc, count = reliability_bins(p, y, n_bins)
     m = count.sum()
     if m == 0:
@@ -186,7 +288,19 @@ def ece(p, y, n_bins: int = 10) -> float:
 
 
 def calibration_metrics(p, y, n_bins: int = 10) -> dict[str, float]:
-    """{"auroc", "brier", "ece", "nll"} of (m,) probabilities against (m,) 0/1 labels."""
+    """{"auroc", "brier", "ece", "nll"} of (m,) probabilities against (m,) 0/1 labels.
+
+    Args:
+        p: (m,) probabilities in [0, 1].
+        y: (m,) 0/1 labels.
+        n_bins: number of ECE bins.
+
+    Returns:
+        A dict of the four floats.
+
+    Raises:
+        ValueError: as `brier` / `nll`.
+    """
     return {"auroc": auroc(p, y), "brier": brier(p, y), "ece": ece(p, y, n_bins), "nll": nll(p, y)}
 
 
@@ -197,6 +311,17 @@ def best_of_n_pairs(
 
     The pick is `hf_msv.baselines.best_of_n` over the group's terminal answers (all answers when
     ``terminal_only=False``): highest score, ties to the lowest answer index.
+
+    Args:
+        groups: Q answer groups.
+        scores: a verifier name (a key of ``group.scores``) or one (A,) score array per group.
+        terminal_only: pick among terminal answers only.
+
+    Returns:
+        ``(p, y)``: (Q,) float64 scores and (Q,) bool correctness of the picks.
+
+    Raises:
+        ValueError: if a group has no candidate answer, or `scores` is not one (A,) array per group.
     """
     ps, ys = [], []
     for g, s in zip(groups, resolve_scores(groups, scores)):
@@ -209,7 +334,18 @@ def best_of_n_pairs(
 
 
 def best_of_n_accuracy(groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray]) -> float:
-    """Fraction of groups whose best-of-N pick (terminal answers) is correct: (1/|Q|) Σ_q y†_q."""
+    """Fraction of groups whose best-of-N pick (terminal answers) is correct: (1/|Q|) Σ_q y†_q.
+
+    Args:
+        groups: Q answer groups.
+        scores: a verifier name (a key of ``group.scores``) or one (A,) score array per group.
+
+    Returns:
+        The accuracy (float; nan when there is no group).
+
+    Raises:
+        ValueError: as `best_of_n_pairs`.
+    """
     _, y = best_of_n_pairs(groups, scores)
     return float(y.mean()) if y.size else math.nan
 
@@ -217,13 +353,33 @@ def best_of_n_accuracy(groups: Sequence[AnswerGroup], scores: str | Sequence[np.
 def best_of_n_metrics(
     groups: Sequence[AnswerGroup], scores: str | Sequence[np.ndarray], n_bins: int = 10
 ) -> dict[str, float]:
-    """{"accuracy", "ece", "brier"} of best-of-N over terminal answers: ECE and Brier on the (p†, y†) pairs."""
+    """{"accuracy", "ece", "brier"} of best-of-N over terminal answers: ECE and Brier on the (p†, y†) pairs.
+
+    Args:
+        groups: Q answer groups.
+        scores: a verifier name (a key of ``group.scores``) or one (A,) score array per group.
+        n_bins: number of ECE bins.
+
+    Returns:
+        A dict of the three floats.
+
+    Raises:
+        ValueError: as `best_of_n_pairs`.
+    """
     p, y = best_of_n_pairs(groups, scores)
     return {"accuracy": float(y.mean()) if y.size else math.nan, "ece": ece(p, y, n_bins), "brier": brier(p, y)}
 
 
 def mean_std(values, ddof: int = 1) -> tuple[float, float]:
-    """(mean, std) over seeds, ignoring nan; sample std (ddof=1) as for "mean ± std over five seeds"; std 0 for one."""
+    """(mean, std) over seeds, ignoring nan; sample std (ddof=1) as for "mean ± std over five seeds"; std 0 for one.
+
+    Args:
+        values: per-seed values (flattened).
+        ddof: delta degrees of freedom of the std.
+
+    Returns:
+        ``(mean, std)`` floats; both nan when no value is finite.
+    """
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     v = v[~np.isnan(v)]
     if v.size == 0:
@@ -233,7 +389,14 @@ def mean_std(values, ddof: int = 1) -> tuple[float, float]:
 
 def seed_stat(values) -> dict:
     """``{"mean", "std", "values"}`` of per-seed values (`mean_std`; nan ignored, silently), as results JSON stores
-    every number."""
+    every number.
+
+    Args:
+        values: per-seed values.
+
+    Returns:
+        ``{"mean": float, "std": float, "values": list[float]}``.
+    """
     v = [float(x) for x in values]
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -247,6 +410,13 @@ def format_mean_std(values, digits: int = 3) -> str:
     ``values`` is a list of per-seed values (`mean_std` of them), a `seed_stat` dict (``{"mean", "std"}``, e.g. read
     back from results JSON: "—" when missing or its mean is null, a null std counts as 0), a single number (no
     "±"; "—" when nan) or None ("—").
+
+    Args:
+        values: as above.
+        digits: decimals of mean and std.
+
+    Returns:
+        The formatted string.
     """
     if values is None:
         return "—"
@@ -269,6 +439,19 @@ def bootstrap_interval(
     float; a comparison of two methods computes both on the *same* resampled problems, which makes it paired.
     Non-finite resamples (e.g. a fraction that is ∞ when one method never reaches a target) count as +∞ in the
     percentiles, so an interval may be unbounded above.
+
+    Args:
+        statistic: callable from a (P,) int index array to a float.
+        num_problems: P.
+        n_boot: number of resamples (0: the interval is nan).
+        confidence: the interval's coverage, in (0, 1).
+        seed: seed of the resampling generator.
+
+    Returns:
+        ``{"estimate", "low", "high", "n_boot"}``.
+
+    Raises:
+        ValueError: if `num_problems` < 1 or `confidence` is not in (0, 1).
     """
     if num_problems < 1:
         raise ValueError("the bootstrap needs at least one problem")
@@ -299,7 +482,13 @@ def paired_bootstrap(
         weights: (P,) per-problem weights (e.g. answers per problem, so the mean is the pooled mean over answers);
             default 1.
         statistic: "difference" (mean_A − mean_B) or "ratio" (mean_A / mean_B), means weighted by `weights`.
-    Returns ``{"estimate", "low", "high", "n_boot"}``; e.g. A's Brier is lower at 95 % when ``high < 0``.
+        n_boot, confidence, seed: as `bootstrap_interval`.
+
+    Returns:
+        ``{"estimate", "low", "high", "n_boot"}``; e.g. A's Brier is lower at 95 % when ``high < 0``.
+
+    Raises:
+        ValueError: if `a`, `b` and `weights` differ in shape, or `statistic` is unknown.
     """
     a = np.asarray(a, dtype=np.float64).reshape(-1)
     b = np.asarray(b, dtype=np.float64).reshape(-1)

@@ -13,7 +13,9 @@ This file imports only torch and transformers so that it can travel to the Hub a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from safetensors import SafetensorError
@@ -22,7 +24,7 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.utils import ModelOutput
+from transformers.utils.generic import ModelOutput
 
 from .baselines import WV_THRESHOLD
 from .configuration_msv import MSVConfig
@@ -46,15 +48,15 @@ class MSVOutput(ModelOutput):
             of the single-chain probabilities over each answer's class (`weighted_vote_share`).
     """
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    probabilities: torch.FloatTensor | None = None
-    gamma: torch.FloatTensor | None = None
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    probabilities: torch.Tensor | None = None
+    gamma: torch.Tensor | None = None
     # `cache`, the name transformers >= 5.24 gives every ModelOutput's cache (its ModelOutput turns a
     # `past_key_values` field or key into `cache`, so a field by the old name silently stayed None there).
     cache: "MSVCache | None" = None
-    vote_logits: torch.FloatTensor | None = None
-    vote_share: torch.FloatTensor | None = None
+    vote_logits: torch.Tensor | None = None
+    vote_share: torch.Tensor | None = None
 
     @property
     def past_key_values(self) -> "MSVCache | None":
@@ -99,8 +101,14 @@ def compute_gamma(
     For answer a: among the sequences S that have completed an answer by a's end time (terminal: all sequences),
     the fraction whose latest completed answer (largest step) is equivalent to a.
 
-    Args: all `(A,)` long tensors; `rows` optionally restricts the computation to some answers (online scoring).
-    Returns: `(len(rows),)` float tensor (or `(A,)`).
+    Args:
+        answer_group, answer_sequence, answer_step, answer_end, answer_class (`(A,)` long): group, sequence, step,
+            end time and equivalence class of each answer.
+        streaming: count only the answers completed by a's end time (else all).
+        rows (`(R,)` long, *optional*): restricts the computation to some answers (online scoring).
+
+    Returns:
+        `(len(rows),)` float tensor (or `(A,)`).
     """
     if len(answer_group) == 0:
         return torch.zeros(0, device=answer_group.device)
@@ -131,7 +139,15 @@ def average_logits(
     """Eq. 1 of the paper: average each answer's logit over its equivalence class in its group.
 
     Streaming averages only over equivalent answers that ended no later (the paper's causal ablation).
-    Returns `(len(rows),)` (or `(A,)`).
+
+    Args:
+        logits (`(A,)` float): per-answer logits.
+        answer_group, answer_end, answer_class (`(A,)` long): group, end time and equivalence class of each answer.
+        streaming: average causally (over answers that ended no later).
+        rows (`(R,)` long, *optional*): restricts the output to some answers (online scoring).
+
+    Returns:
+        `(len(rows),)` float tensor (or `(A,)`).
     """
     if len(logits) == 0:
         return logits
@@ -161,8 +177,15 @@ def weighted_vote_share(
     more than `threshold` answers are available, else its own probability, as
     `hf_msv.baselines.streaming_weighted_voting`). A group without probability mass gives 0.
 
-    Args: `probabilities (A,)` float in [0, 1]; the rest `(A,)` long; `rows` restricts the output (online scoring).
-    Returns: `(len(rows),)` float (or `(A,)`).
+    Args:
+        probabilities (`(A,)` float): per-answer probabilities in [0, 1].
+        answer_group, answer_end, answer_class (`(A,)` long): group, end time and equivalence class of each answer.
+        streaming: vote causally over the answers available to each answer.
+        threshold: R, the availability count above which the streaming vote applies.
+        rows (`(R,)` long, *optional*): restricts the output to some answers (online scoring).
+
+    Returns:
+        `(len(rows),)` float tensor (or `(A,)`).
     """
     if len(probabilities) == 0:
         return probabilities
@@ -194,7 +217,15 @@ def split_into_groups(
     """Partition each group's sequences into sub-groups of `group_size` (appendix "Scaling with MSV_M").
 
     Sequence n of group g goes to sub-group `g * ceil(S / M) + n // M` as sequence `n % M`, so an MSV_M scores
-    N > M samples with O(M·N) instead of O(N²) attention. Returns `(new_group, new_sequence)`.
+    N > M samples with O(M·N) instead of O(N²) attention.
+
+    Args:
+        answer_group (`(A,)` long): group of each answer.
+        answer_sequence (`(A,)` long): sequence index n of each answer within its group.
+        group_size: M, the sequences per sub-group.
+
+    Returns:
+        `(new_group, new_sequence)`, two `(A,)` long tensors.
     """
     per_group = -(-(int(answer_sequence.max()) + 1) // group_size) if len(answer_sequence) else 1
     return answer_group * per_group + answer_sequence // group_size, answer_sequence % group_size
@@ -415,7 +446,8 @@ class MSVBlock(nn.Module):
         self.layer_idx = layer_idx
         self.attn = MSVAttention(config)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = MSVMLP(config.hidden_size, config.intermediate_size, config.hidden_size, config.hidden_act)
+        intermediate = config.intermediate_size or 4 * config.hidden_size  # set by MSVConfig.__post_init__
+        self.mlp = MSVMLP(config.hidden_size, intermediate, config.hidden_size, config.hidden_act)
 
     def forward(self, x, meta, key_lo, key_hi, cache=None, query_rows=None):
         """`(T, d)` → `(T, d)`, or `(Q, d)` for the rows in `query_rows`."""
@@ -438,8 +470,8 @@ class MSVCache:
     """
 
     def __init__(self):
-        self._keys: list[torch.Tensor] = []
-        self._values: list[torch.Tensor] = []
+        self._keys: list[torch.Tensor | None] = []  # per layer; None until the layer's first update
+        self._values: list[torch.Tensor | None] = []
         self._meta: torch.Tensor | None = None  # (5, capacity)
         self.num_tokens = 0
         self._pending = 0
@@ -452,6 +484,8 @@ class MSVCache:
     @property
     def token_meta(self) -> torch.Tensor:
         """`(5, T_acc + new)` metadata of cached and pending tokens."""
+        if self._meta is None:
+            return torch.zeros((5, 0), dtype=torch.long)
         return self._meta[:, : self.num_tokens + self._pending]
 
     def __len__(self) -> int:
@@ -470,25 +504,42 @@ class MSVCache:
         return grown
 
     def begin(self, token_meta: torch.Tensor):
-        """Stage the metadata of new tokens `(5, T_new)` before the blocks run."""
+        """Stage the metadata of new tokens `(5, T_new)` before the blocks run.
+
+        Args:
+            token_meta (`(5, T_new)` long): group, sequence, answer, class and end of each new token.
+        """
         self._pending = token_meta.shape[1]
         self._meta = self._grow(self._meta, self.num_tokens + self._pending, 1, token_meta)
         self._meta[:, self.num_tokens : self.num_tokens + self._pending] = token_meta
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
-        """Append new keys/values `(H, T_new, D)` of one block; return all `(H, T_acc + T_new, D)`."""
+        """Append new keys/values `(H, T_new, D)` of one block; return all `(H, T_acc + T_new, D)`.
+
+        Args:
+            layer_idx: the block's index.
+            k, v (`(H, T_new, D)`): the new tokens' keys and values.
+
+        Returns:
+            `(keys, values)` of all tokens, each `(H, T_acc + T_new, D)`.
+        """
         if layer_idx == len(self._keys):
             self._keys.append(None)
             self._values.append(None)
         end = self.num_tokens + k.shape[1]
-        self._keys[layer_idx] = self._grow(self._keys[layer_idx], end, 1, k)
-        self._values[layer_idx] = self._grow(self._values[layer_idx], end, 1, v)
-        self._keys[layer_idx][:, self.num_tokens : end] = k
-        self._values[layer_idx][:, self.num_tokens : end] = v
-        return self._keys[layer_idx][:, :end], self._values[layer_idx][:, :end]
+        keys = self._keys[layer_idx] = self._grow(self._keys[layer_idx], end, 1, k)
+        values = self._values[layer_idx] = self._grow(self._values[layer_idx], end, 1, v)
+        keys[:, self.num_tokens : end] = k
+        values[:, self.num_tokens : end] = v
+        return keys[:, :end], values[:, :end]
 
     def commit(self, answers: dict[str, torch.Tensor]):
-        """Make the staged tokens and their answers part of the cache."""
+        """Make the staged tokens and their answers part of the cache.
+
+        Args:
+            answers: the new answers' `(A_new,)` tensors by name (group, sequence, step, end, class, raw_logit),
+                appended to `self.answers`.
+        """
         self.num_tokens += self._pending
         self._pending = 0
         self.answers = (
@@ -515,14 +566,11 @@ class MSVPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, MSVAttention):
             init.zeros_(module.mask_logits)  # start from a uniform mixture of masks
-        if getattr(module, "gamma_skip_weight", None) is not None:
-            # Neutral until training anchors them (`MSVVerifier.anchor_to_vote`).
-            init.zeros_(module.gamma_skip_weight)
-            init.zeros_(module.gamma_skip_bias)
-        if getattr(module, "vote_skip_weight", None) is not None:
-            # Neutral until training anchors them (`MSVVerifier.anchor_to_weighted_vote`).
-            init.zeros_(module.vote_skip_weight)
-            init.zeros_(module.vote_skip_bias)
+        # The skips are neutral until training anchors them (`anchor_to_vote`, `anchor_to_weighted_vote`).
+        for name in ("gamma_skip_weight", "gamma_skip_bias", "vote_skip_weight", "vote_skip_bias"):
+            parameter = getattr(module, name, None)
+            if isinstance(parameter, torch.Tensor):
+                init.zeros_(parameter)
 
 
 class MSVVerifier(MSVPreTrainedModel):
@@ -531,6 +579,9 @@ class MSVVerifier(MSVPreTrainedModel):
     equivalence classes in terminal mode). With `config.vote_pathway`, a single-chain head scores each answer on its
     own, the weighted vote of those scores (its class's share) and the answer's own probability enter the head
     beside γ, and `w_share·share + w_own·own_logit + b` is added to the logit (docs/msv_vote_pathway.md).
+
+    Args:
+        config (`MSVConfig`): the architecture; weights are initialised as `post_init` does.
 
     Example:
 
@@ -567,6 +618,13 @@ class MSVVerifier(MSVPreTrainedModel):
         and zeroes the head, so the rest of the model starts as a residual on top of the vote: the verifier cannot
         start below the vote it is fed, and validation at step 0 scores calibrated voting. Needs
         `config.gamma_skip`.
+
+        Args:
+            weight: the γ skip's weight.
+            bias: the γ skip's bias.
+
+        Raises:
+            ValueError: without `config.gamma_skip`.
         """
         if not self.config.gamma_skip:
             raise ValueError("anchor_to_vote needs a verifier built with config.gamma_skip=True.")
@@ -584,6 +642,13 @@ class MSVVerifier(MSVPreTrainedModel):
         head, so the rest of the model is a residual on top of the weighted vote; the single-chain head is kept (load
         a trained Probe into it first with `load_vote_head_from_probe`). Best-of-N on the result picks the weighted
         vote's answer whenever `weight > 0`. Needs `config.vote_pathway`; raises `ValueError` otherwise.
+
+        Args:
+            weight: the vote skip's weight on the class share.
+            bias: the vote skip's bias.
+
+        Raises:
+            ValueError: without `config.vote_pathway`.
         """
         if not self.config.vote_pathway:
             raise ValueError("anchor_to_weighted_vote needs a verifier built with config.vote_pathway=True.")
@@ -599,8 +664,13 @@ class MSVVerifier(MSVPreTrainedModel):
     def load_vote_head_from_probe(self, probe) -> None:
         """Copy a trained `ProbeVerifier`'s weights into the single-chain head of the vote pathway.
 
-        Raises `ValueError` without `config.vote_pathway` or when the Probe's width, hidden size or activation
-        differ from `hidden_size`, `vote_hidden_size`, `vote_hidden_act`."""
+        Args:
+            probe (`ProbeVerifier`): the trained Probe.
+
+        Raises:
+            ValueError: without `config.vote_pathway` or when the Probe's width, hidden size or activation differ
+                from `hidden_size`, `vote_hidden_size`, `vote_hidden_act`.
+        """
         if not self.config.vote_pathway:
             raise ValueError("load_vote_head_from_probe needs a verifier built with config.vote_pathway=True.")
         theirs = (probe.config.hidden_size, probe.config.intermediate_size, probe.config.hidden_act)
@@ -615,6 +685,18 @@ class MSVVerifier(MSVPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with a clear error for truncated or corrupt weights.
+
+        Args:
+            pretrained_model_name_or_path: a local directory or Hub repo id.
+            *args, **kwargs: passed to `PreTrainedModel.from_pretrained`.
+
+        Returns:
+            The loaded `MSVVerifier`.
+
+        Raises:
+            OSError: if the safetensors weights cannot be read.
+        """
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as error:
@@ -623,21 +705,40 @@ class MSVVerifier(MSVPreTrainedModel):
                 f"(safetensors: {error}). Re-download or re-save the checkpoint."
             ) from error
 
-    hub_uploader = None
+    hub_uploader: ClassVar[Callable[..., Any] | None] = None
     """Set by ``import hf_msv`` to `hf_msv.hub.push_verifier_to_hub`; `None` where the model is remote code."""
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload weights, config, remote code and a model card (`hf_msv.hub.push_verifier_to_hub` once hf_msv is
-        imported; transformers' own upload where the verifier was loaded as remote code)."""
-        if type(self).hub_uploader is None:
-            return super().push_to_hub(repo_id, **kwargs)
-        return type(self).hub_uploader(self, repo_id, **kwargs)
+        imported; transformers' own upload where the verifier was loaded as remote code).
+
+        Args:
+            repo_id: the Hub repository.
+            **kwargs: passed to the uploader.
+
+        Returns:
+            What the uploader returns.
+        """
+        uploader = type(self).hub_uploader
+        if uploader is None:
+            return super().push_to_hub(repo_id, **kwargs)  # pyright: ignore[reportArgumentType]  (wrapped method)
+        return uploader(self, repo_id, **kwargs)
 
     def parameter_groups(
         self, lr: float = 5e-5, mask_lr: float = 1e-1, embedding_lr: float = 1e-3, vote_lr: float = 1e-3
     ) -> list[dict]:
         """The paper's per-module learning rates: mask-mixture weights w, sequence embeddings e⁽ⁿ⁾, the rest; with
-        `config.vote_pathway` a fourth group, the single-chain head and the vote skip, at `vote_lr` (the Probe's)."""
+        `config.vote_pathway` a fourth group, the single-chain head and the vote skip, at `vote_lr` (the Probe's).
+
+        Args:
+            lr: learning rate of the rest of the model.
+            mask_lr: learning rate of the mask-mixture weights.
+            embedding_lr: learning rate of the sequence embeddings.
+            vote_lr: learning rate of the vote pathway's parameters.
+
+        Returns:
+            Optimizer parameter groups (``{"params", "lr"}`` dicts).
+        """
         groups = {"mask": [], "embedding": [], "body": [], "vote": []}
         for name, param in self.named_parameters():
             key = (
@@ -694,12 +795,12 @@ class MSVVerifier(MSVPreTrainedModel):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        token_answer: torch.LongTensor,
-        answer_group: torch.LongTensor,
-        answer_sequence: torch.LongTensor,
-        answer_step: torch.LongTensor,
-        answer_end: torch.LongTensor,
-        answer_class: torch.LongTensor,
+        token_answer: torch.Tensor,
+        answer_group: torch.Tensor,
+        answer_sequence: torch.Tensor,
+        answer_step: torch.Tensor,
+        answer_end: torch.Tensor,
+        answer_class: torch.Tensor,
         gamma: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         past_key_values: MSVCache | None = None,
@@ -722,6 +823,10 @@ class MSVVerifier(MSVPreTrainedModel):
             kwargs: only transformers' generic output flags (`return_dict`, `output_attentions`,
                 `output_hidden_states`), which change nothing here; anything else is a `TypeError`, so that a
                 misspelt argument (a cache among them) cannot be dropped silently.
+
+        Returns:
+            `MSVOutput`: ``logits``, ``probabilities`` and ``gamma`` of shape `(A,)`, ``loss`` with `labels`, the
+            cache when one is used, and ``vote_logits`` with `config.vote_pathway`.
         """
         device = self.head.weight.device
         num_answers = len(answer_group)
@@ -762,7 +867,7 @@ class MSVVerifier(MSVPreTrainedModel):
         logits = self._answer_logits(readout, gamma, vote_logits, vote_share)
         raw_logits = logits
         if self.config.logit_averaging and num_answers:
-            all_logits = torch.cat([cache.answers["raw_logit"], logits]) if offset else logits
+            all_logits = torch.cat([cache.answers["raw_logit"], logits]) if offset and cache is not None else logits
             logits = average_logits(
                 all_logits, every["group"], every["end"], every["class"], streaming, rows=new_rows if offset else None
             )
@@ -817,7 +922,7 @@ class MSVVerifier(MSVPreTrainedModel):
         )
         own = self.vote_head(hidden_states.to(device=token_answer.device, dtype=self.dtype)[last]).float()
         probabilities = torch.sigmoid(own)
-        if rows is not None:
+        if rows is not None and cache is not None:  # online: the cached answers vote too
             probabilities = torch.cat([torch.sigmoid(cache.answers["vote_logit"]), probabilities])
         share = weighted_vote_share(
             probabilities,
@@ -902,8 +1007,16 @@ def _sorted_tokens(new: dict, token_answer, offset: int, cache, streaming: bool)
     return meta, order, key_lo, key_hi
 
 
-def check_compatible(verifier: MSVVerifier, model) -> None:
-    """Raise a clear error if `verifier` cannot read `model`'s hidden states."""
+def check_compatible(verifier, model) -> None:
+    """Raise a clear error if `verifier` cannot read `model`'s hidden states.
+
+    Args:
+        verifier: the `MSVVerifier`, or anything with ``config.hidden_size`` (a scorer).
+        model: the LM whose hidden states it will read.
+
+    Raises:
+        ValueError: if the LM's hidden size differs from the verifier's.
+    """
     lm_width = model.config.get_text_config().hidden_size
     if lm_width != verifier.config.hidden_size:
         raise ValueError(

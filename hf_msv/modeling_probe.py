@@ -63,6 +63,9 @@ class ProbeVerifier(PreTrainedModel):
     evaluation and generation code treat both alike::
 
         out = probe(hidden_states, token_answer, labels=labels)   # out.logits, out.probabilities: (A,)
+
+    Args:
+        config (`ProbeConfig`): the architecture; weights are initialised as `post_init` does.
     """
 
     config: ProbeConfig
@@ -81,8 +84,8 @@ class ProbeVerifier(PreTrainedModel):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        token_answer: torch.LongTensor,
-        answer_group: torch.LongTensor | None = None,
+        token_answer: torch.Tensor,
+        answer_group: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         **kwargs,
     ) -> MSVOutput:
@@ -92,6 +95,10 @@ class ProbeVerifier(PreTrainedModel):
             token_answer (`(T,)` long): answer index of each token; an answer's last token is its highest row.
             answer_group (`(A,)`, *optional*): only used for the number of answers A (default: max index + 1).
             labels (`(A,)` float, *optional*): 1 correct, 0 wrong, negative ignored; gives the mean BCE loss.
+            **kwargs: other answer metadata (accepted and ignored).
+
+        Returns:
+            `MSVOutput` with `logits` and `probabilities` of shape `(A,)` and, with `labels`, `loss`.
         """
         device = self.head.weight.device
         token_answer = token_answer.to(device=device, dtype=torch.long)

@@ -43,7 +43,11 @@ _entry_points_loaded = False
 
 
 def register_lm(lm: NamedLM) -> None:
-    """Make `lm` known under its name and aliases (a later registration of a name replaces the earlier one)."""
+    """Make `lm` known under its name and aliases (a later registration of a name replaces the earlier one).
+
+    Args:
+        lm: the `NamedLM` to register.
+    """
     for name in (lm.name, *lm.aliases):
         _REGISTRY[name] = lm
 
@@ -58,7 +62,14 @@ def _load_entry_points() -> None:
 
 
 def get_named_lm(name) -> NamedLM | None:
-    """The LM registered as `name`, or `None` (also for anything that is not a string)."""
+    """The LM registered as `name`, or `None` (also for anything that is not a string).
+
+    Args:
+        name: a registered name or alias (entry points are loaded on the first miss).
+
+    Returns:
+        The `NamedLM`, or `None`.
+    """
     if not isinstance(name, str):
         return None
     if name not in _REGISTRY:

@@ -47,13 +47,38 @@ __all__ = [
 
 def consensus_share(klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
     """(A,) share of the `num_chains` chains whose latest answer at end_a is in a's class (silent chains count
-    against: the denominator is N, not the chains that have answered)."""
+    against: the denominator is N, not the chains that have answered).
+
+    Args:
+        klass: (A,) equivalence-class ids of one group's answers.
+        sequence: (A,) chain index of each answer.
+        step: (A,) answer step within its chain.
+        end: (A,) end time τ + L of each answer.
+        num_chains: N.
+        only: indices of the answers whose values are needed (the others may be left at 0); `None`: all.
+
+    Returns:
+        (A,) float shares.
+    """
     support, _ = chain_support(klass, sequence, step, end, only=only)
     return support / float(num_chains)
 
 
 def probe_stability(klass, sequence, step, end, num_chains: int, window: int = 3, only=None) -> np.ndarray:
-    """(A,) share of the `num_chains` chains whose last `window` answers at end_a all are a's class."""
+    """(A,) share of the `num_chains` chains whose last `window` answers at end_a all are a's class.
+
+    Args:
+        klass: (A,) equivalence-class ids of one group's answers.
+        sequence: (A,) chain index of each answer.
+        step: (A,) answer step within its chain.
+        end: (A,) end time τ + L of each answer.
+        num_chains: N.
+        window: how many of a chain's latest answers must agree.
+        only: indices of the answers whose values are needed (the others may be left at 0); `None`: all.
+
+    Returns:
+        (A,) float shares.
+    """
     support, _ = chain_support(klass, sequence, step, end, window, only)
     return support / float(num_chains)
 
@@ -61,7 +86,19 @@ def probe_stability(klass, sequence, step, end, num_chains: int, window: int = 3
 def adaptive_consistency(klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
     """(A,) Adaptive-Consistency's Beta criterion for a's class against the runner-up, over the chains' latest
     answers at end_a: P(p > ½), p ~ Beta(v₁ + 1, v₂ + 1). `num_chains` is unused (the criterion counts the chains
-    that have answered, as the paper's sequential sampler does) and accepted for a uniform signature."""
+    that have answered, as the paper's sequential sampler does) and accepted for a uniform signature.
+
+    Args:
+        klass: (A,) equivalence-class ids of one group's answers.
+        sequence: (A,) chain index of each answer.
+        step: (A,) answer step within its chain.
+        end: (A,) end time τ + L of each answer.
+        num_chains: unused.
+        only: indices of the answers whose values are needed; `None`: all.
+
+    Returns:
+        (A,) float probabilities.
+    """
     from scipy.stats import beta
 
     support, _, runner_up = chain_counts(klass, sequence, step, end, 1, only)
@@ -76,7 +113,18 @@ STOP_RULES = {
 
 
 def stop_statistic(rule: str, klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
-    """(A,) statistic of the training-free rule named `rule` (a key of `STOP_RULES`)."""
+    """(A,) statistic of the training-free rule named `rule` (a key of `STOP_RULES`).
+
+    Args:
+        rule: a key of `STOP_RULES`.
+        klass, sequence, step, end, num_chains, only: as `consensus_share`.
+
+    Returns:
+        (A,) float statistic.
+
+    Raises:
+        UserError: if `rule` is unknown.
+    """
     if rule not in STOP_RULES:
         raise UserError(f"unknown stop rule {rule!r}; choose one of {sorted(STOP_RULES)}")
     return STOP_RULES[rule](klass, sequence, step, end, num_chains, only=only)
@@ -101,6 +149,18 @@ def stop_features(scores, klass, sequence, step, end, num_chains: int, only=None
 
     A class's features change only when an answer arrives, so each arriving answer carries its class's current
     value and `decide_stop` over these per-answer values fires at the first arrival at which some class reaches λ.
+
+    Args:
+        scores: (A,) verifier probabilities of the answers.
+        klass: (A,) equivalence-class ids of one group's answers.
+        sequence: (A,) chain index of each answer.
+        step: (A,) answer step within its chain.
+        end: (A,) end time τ + L of each answer.
+        num_chains: N.
+        only: indices of the answers whose rows are needed (the others stay 0); `None`: all.
+
+    Returns:
+        (A, 6) float64 features.
     """
     z = logit(np.asarray(scores, dtype=np.float64).reshape(-1))
     klass, sequence, step, end = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (klass, sequence, step, end))
@@ -143,12 +203,27 @@ class StopHead:
     num_chains: int
 
     def __call__(self, scores, klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
-        """(A,) stopping statistic of a group's answers (same arguments as `stop_features`)."""
+        """(A,) stopping statistic of a group's answers (same arguments as `stop_features`).
+
+        Args:
+            scores, klass, sequence, step, end, only: as `stop_features`.
+            num_chains: N; `None`: the head's own `num_chains`.
+
+        Returns:
+            (A,) float probabilities.
+        """
         x = stop_features(scores, klass, sequence, step, end, num_chains or self.num_chains, only)
         return self.predict(x)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
-        """(m,) statistic of (m, F) `stop_features` rows."""
+        """(m,) statistic of (m, F) `stop_features` rows.
+
+        Args:
+            features: (m, F) rows of `stop_features`.
+
+        Returns:
+            (m,) float probabilities.
+        """
         return logistic(features, self.coef, self.intercept)
 
     def to_dict(self) -> dict:
@@ -156,13 +231,28 @@ class StopHead:
 
     @classmethod
     def from_dict(cls, d: dict) -> StopHead:
+        """The head written by `to_dict`.
+
+        Args:
+            d: a dict with ``coef``, ``intercept`` and ``num_chains``.
+
+        Returns:
+            The `StopHead`.
+        """
         return cls(
             coef=tuple(float(c) for c in d["coef"]), intercept=float(d["intercept"]), num_chains=int(d["num_chains"])
         )
 
     @classmethod
     def of(cls, config) -> StopHead | None:
-        """The stop head a verifier's config carries (``config.early_stopping["stop_head"]``), else None."""
+        """The stop head a verifier's config carries (``config.early_stopping["stop_head"]``), else None.
+
+        Args:
+            config: a verifier config (any object; a missing ``early_stopping`` means no head).
+
+        Returns:
+            The `StopHead`, or None.
+        """
         stored = (getattr(config, "early_stopping", None) or {}).get("stop_head")
         return None if stored is None else cls.from_dict(stored)
 
@@ -177,6 +267,17 @@ def fit_stop_head(
     on the *leader events* alone: per group and arrival time, the available answer the current head ranks first.
     Its output is then calibrated for the answer a stop would output, not for the average answer (measured in
     ``docs/early_stopping.md``).
+
+    Args:
+        features: (m, F) `stop_features` rows.
+        labels: (m,) 0/1 correctness (values > 0.5 count as correct).
+        group: (m,) group id of each answer.
+        end: (m,) end time of each answer.
+        num_chains: N of the groups.
+        rounds: refits on the leader events.
+
+    Returns:
+        The fitted `StopHead`.
     """
     x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
     head = StopHead(*_fit(x, y), num_chains=int(num_chains))
@@ -188,7 +289,16 @@ def fit_stop_head(
 
 def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Indices of the answers that lead their group at each of its arrival times: the available answer (end ≤ t)
-    of highest `stat` (ties: the earliest), one per (group, distinct end t)."""
+    of highest `stat` (ties: the earliest), one per (group, distinct end t).
+
+    Args:
+        stat: (m,) statistic of each answer.
+        group: (m,) group id of each answer.
+        end: (m,) end time of each answer.
+
+    Returns:
+        1-D int array of answer indices.
+    """
     stat, group, end = np.asarray(stat), np.asarray(group), np.asarray(end)
     rows = []
     for g in np.unique(group):

@@ -100,4 +100,7 @@ def process_state():
 
 def resolve_device(device=None) -> torch.device:
     """``None`` / ``"auto"``: this process's accelerate device (the GPU when there is one, else the CPU)."""
-    return process_state().device if device in (None, "auto") else torch.device(device)
+    if device not in (None, "auto"):
+        return torch.device(device)
+    state_device = process_state().device
+    return state_device if isinstance(state_device, torch.device) else torch.device("cpu")

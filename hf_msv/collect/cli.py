@@ -17,9 +17,16 @@ def collect_from_config(config: CollectConfig) -> CollectResult:
     """Load the LM and the problems `config` names and run `collect` with its settings (or, with ``traces``,
     `collect_from_traces` on that trace file).
 
+    Args:
+        config: the collection's settings.
+
+    Returns:
+        The `CollectResult` of this process.
+
     Raises:
         ValueError: what `CollectConfig.check_command_line`, `load_problems`, `collect` or `collect_from_traces`
-            refuse. FileNotFoundError: a missing LM, benchmark file or trace file.
+            refuse, or ``engine="vllm"`` (which runs through ``hf-msv collect``).
+        FileNotFoundError: a missing LM, benchmark file or trace file.
     """
     config.check_command_line()
     if config.engine == "vllm":
@@ -46,7 +53,11 @@ def summary(result: CollectResult) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``hf-msv collect``: flags from `CollectConfig`; prints this process's `CollectResult` as one JSON line, after
-    a warning on stderr for skipped trace lines or unverifiable equivalence verdicts."""
+    a warning on stderr for skipped trace lines or unverifiable equivalence verdicts.
+
+    Args:
+        argv: the command-line arguments; `None`: ``sys.argv[1:]``.
+    """
     parser = build_parser()
     (config,) = parser.parse_args_into_dataclasses(argv)
     try:

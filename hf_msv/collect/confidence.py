@@ -21,6 +21,15 @@ class ConfidenceRecorder(LogitsProcessor):
         self.steps: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Record the step's token confidences (the `LogitsProcessor` interface).
+
+        Args:
+            input_ids (`(rows, seq_len)` long): the sequences so far (unused).
+            scores (`(rows, vocab)` float): the step's logits.
+
+        Returns:
+            `scores`, unchanged.
+        """
         logprobs = torch.log_softmax(scores.float(), dim=-1)
         k = min(self.top_k, logprobs.shape[-1])
         # Stays on the device: one host transfer per generate call, not a synchronisation per decode step.

@@ -42,6 +42,51 @@ class CollectConfig:
     ``hf-msv collect`` builds its flags from these fields (`transformers.HfArgumentParser`: ``--num-samples`` and
     ``--num_samples`` alike); from Python, pass it as ``config=`` or give its fields as keywords. The elicitation
     fields are flat flags of one `ElicitationSettings` (`elicitation`).
+
+    Args:
+        model: LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed). Required on the command line.
+        output_dir: Where shards go; rerunning with the same settings resumes. Required on the command line.
+        problems: problems.jsonl ({id, question, gold} per line) | <benchmark>[:<n>] (files in $HF_MSV_DATA_DIR) |
+            <named LM>:<split>:<n>[:<seed>] (sample them; or give --traces)
+        traces: Re-encode this trace file (JSON lines, docs/collection.md) instead of sampling: same shards, no
+            sampling flags.
+        engine: Sample with transformers, or with a vLLM engine (hf_msv.vllm, docs/vllm.md; engine options as
+            --vllm-arg KEY=VALUE, repeatable).
+        num_samples: N sequences sampled per problem (the paper: 64).
+        max_new_tokens: Chain-of-thought tokens per sequence at most (default: a named LM's budget, else 4096; never
+            more than the LM's context leaves room for).
+        temperature: Sampling temperature (the paper: 1).
+        top_p: Nucleus sampling (1: off, as in the paper).
+        top_k: Top-k sampling (0: off, as in the paper).
+        mode: streaming: answers at every delimiter and at the end (terminal ones flagged); terminal: only at the end.
+        delimiters: Where streaming answers are elicited (default: Wait; the flag alone: none).
+        every_k_tokens: Also elicit an answer every k chain-of-thought tokens.
+        elicitation_prompt: Appended to a sequence to elicit its current answer.
+        max_answer_tokens: An answer whose box is still open after this many tokens is no answer.
+        keep_delimiter: Keep the delimiter in the branch context (default: branch just before it).
+        checker: Equivalence checker for classes and labels: symbolic | exact | jaccard | embedding | random
+        checker_kwargs: JSON dict for get_checker, e.g. '{"timeout": 5}'.
+        prompt_template: auto | chat | plain | a named LM's prompt format (e.g. testbed) | a string containing
+            "{question}" (auto with a named LM: its prompt format).
+        problems_per_shard: Problems per shard file.
+        problems_per_batch: Prompts per generate call (batch rows = this x N); the unit of resumption.
+        seed: Base seed; each batch is seeded from it and its problem ids.
+        dtype: Storage dtype of hidden states.
+        model_dtype: dtype to load the LM in (auto, bfloat16, float32).
+        confidence_top_k: k of DeepConf's token confidence.
+        skip_bad_lines: --traces: skip bad lines (counted in the summary and the shard info, with a warning) instead of
+            stopping at the first.
+        chat_template: --traces: the chat template used at sampling time (default: the tokenizer's).
+        confidence: --traces: DeepConf confidences recomputed by the LM, read from the trace's logprobs, or none
+            (marked missing).
+        max_batch_tokens: --traces: KV-cache budget (tokens) of a prefill group and of an elicitation batch.
+        chunk_tokens: --traces: positions per prefill forward.
+        progress: Show a progress bar (--no-progress: none).
+        overwrite: Delete an existing collection in output_dir first.
+
+    Raises:
+        UserError: ``checker_kwargs`` that is not a JSON object, a count or budget below 1, an unknown
+            ``confidence`` source, or invalid elicitation settings.
     """
 
     model: str | None = field(
@@ -207,6 +252,13 @@ class CollectConfig:
 
     def replace(self, elicitation: ElicitationSettings | None = None, **changes) -> CollectConfig:
         """A copy with `changes` (field names) applied, then `elicitation`'s fields, if given, over the flat flags.
+
+        Args:
+            elicitation: settings whose fields replace the flat elicitation flags.
+            **changes: field names and their new values.
+
+        Returns:
+            The new `CollectConfig` (validated again).
 
         Raises:
             TypeError: a name that is not a field.

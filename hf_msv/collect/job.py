@@ -70,7 +70,15 @@ class CollectResult:
 
 
 def batch_seed(seed: int, ids: Sequence[str]) -> int:
-    """The seed of the batch of problems ``ids``: a batch samples the same tokens in every run and on every rank."""
+    """The seed of the batch of problems ``ids``: a batch samples the same tokens in every run and on every rank.
+
+    Args:
+        seed: the collection's base seed.
+        ids: the batch's problem ids, in order.
+
+    Returns:
+        A seed in [0, 2**63 - 1).
+    """
     digest = hashlib.sha256(f"{seed}\x00{'|'.join(ids)}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % (2**63 - 1)
 
@@ -84,6 +92,15 @@ def sequence_budget(model, tokenizer, elicitation: ElicitationSettings, prompt_l
     """The context rule shared by live collection and re-encoding: the most chain-of-thought tokens a sequence of a
     `prompt_length`-token prompt may have so that every elicitation (re-fed delimiter text, elicitation prompt,
     ``max_answer_tokens`` answer tokens) stays inside the LM's context; `None` without a known context.
+
+    Args:
+        model: the LM (its ``max_position_embeddings`` is the context).
+        tokenizer: its tokenizer (to measure the elicitation prompt).
+        elicitation: the elicitation settings.
+        prompt_length: the prompt's token count.
+
+    Returns:
+        The token budget, or `None`.
 
     Raises:
         ValueError: the prompt leaves no room for a single token and an answer.

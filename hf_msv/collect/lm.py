@@ -66,6 +66,9 @@ def load_problems(spec: str) -> list[Problem]:
             ``testbed:train:64``), ``<benchmark>[:<n>]`` (a name of `hf_msv.data.BENCHMARKS`, its first n
             problems, read from ``$HF_MSV_DATA_DIR``), or a ``.jsonl`` file of ``{"id", "question", "gold"}`` lines.
 
+    Returns:
+        The `Problem`s.
+
     Raises:
         ValueError: an unknown or malformed spec, or a malformed ``.jsonl`` line.
         FileNotFoundError: a benchmark whose file is not in the data directory.

@@ -302,7 +302,14 @@ class TraceReencoder:
     @torch.no_grad()
     def answers(self, traces: Sequence[EncodedTrace]) -> tuple[list[list[MSVAnswer]], list[list[np.ndarray]]]:
         """Per trace, its `MSVAnswer`s (classes unassigned) and per sequence its `(len,)` model confidences (empty
-        arrays when `confidence_top_k` is `None`)."""
+        arrays when `confidence_top_k` is `None`).
+
+        Args:
+            traces: the encoded traces of one batch.
+
+        Returns:
+            ``(answers, confidence)``: per trace its list of `MSVAnswer`s, and per trace one array per sequence.
+        """
         rows = [(p, n) for p, tr in enumerate(traces) for n in range(len(tr.sequences))]
         plans = {(p, n): plan_branches(traces[p].sequences[n], n, self.policy) for p, n in rows}
         work = _Work(traces, plans, answers=[[] for _ in traces])

@@ -55,7 +55,12 @@ class ShardStore:
 
     def on_commit(self, stage: str, **info) -> None:
         """Called after each durable step (``"spooled"``, ``"shard_written"``, ``"manifest_written"``,
-        ``"spool_removed"``). A no-op: tests replace it to inject crashes at exact points of the protocol."""
+        ``"spool_removed"``). A no-op: tests replace it to inject crashes at exact points of the protocol.
+
+        Args:
+            stage: the step just made durable.
+            **info: details of the step (e.g. the file written).
+        """
 
     # -- names ----------------------------------------------------------------------------------------------
 
@@ -201,14 +206,28 @@ def pending_batches(mine: list, problems_per_batch: int, done: set[str]) -> list
 
 
 def done_problem_ids(output_dir: str | os.PathLike) -> set[str]:
-    """Ids of every problem already committed in `output_dir` (shards and pending spool files of all ranks)."""
+    """Ids of every problem already committed in `output_dir` (shards and pending spool files of all ranks).
+
+    Args:
+        output_dir: the collection directory.
+
+    Returns:
+        The set of problem ids.
+    """
     root = Path(output_dir)
     files = list(root.glob(SHARD_GLOB)) + list((root / "spool").glob("spool-r*-b*.safetensors"))
     return {pid for f in files for pid in read_shard_info(f)["problem_id"]}
 
 
 def write_index(output_dir: str | os.PathLike) -> dict:
-    """Merge every shard into ``index.json`` (shard → problem ids, totals). Run by the main process at the end."""
+    """Merge every shard into ``index.json`` (shard → problem ids, totals). Run by the main process at the end.
+
+    Args:
+        output_dir: the collection directory.
+
+    Returns:
+        The index written: ``{"shards", "problems", "format"}``.
+    """
     root = Path(output_dir)
     shards = {p.name: read_shard_info(p)["problem_id"] for p in sorted(root.glob(SHARD_GLOB))}
     index = {"shards": shards, "problems": sum(map(len, shards.values())), "format": "hf_msv.shard"}

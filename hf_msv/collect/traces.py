@@ -35,7 +35,12 @@ FINISH_BUDGET = ("length", "budget")
 
 class TraceError(UserError):
     """A bad trace line (a `UserError`, so a `ValueError`); ``line`` is its 1-based line number in the file (0 when
-    not read from a file)."""
+    not read from a file).
+
+    Args:
+        line: the 1-based line number (0: not read from a file).
+        reason: what is wrong with the line.
+    """
 
     def __init__(self, line: int, reason: str):
         super().__init__(f"trace line {line}: {reason}")
@@ -44,7 +49,14 @@ class TraceError(UserError):
 
 @dataclass
 class Completion:
-    """One sampled chain of thought: `token_ids` (preferred) or `text`, how it ended, optional top-k log-probs."""
+    """One sampled chain of thought: `token_ids` (preferred) or `text`, how it ended, optional top-k log-probs.
+
+    Args:
+        token_ids: the generated token ids, EOS last if it ended with one.
+        text: the generated text (re-tokenised), when there are no `token_ids`.
+        finish_reason: how it ended (``"stop"`` / ``"eos"``, or ``"length"`` / ``"budget"``).
+        logprobs: one list of top-k log-probabilities per generated token.
+    """
 
     token_ids: list[int] | None = None
     text: str | None = None
@@ -63,7 +75,21 @@ class Completion:
 @dataclass
 class Trace:
     """One line of a trace file: a problem, how it was prompted and its N completions (format: "
-    "``docs/collection.md``)."""
+    "``docs/collection.md``).
+
+    Args:
+        id: the problem id.
+        question: the problem text.
+        gold: the reference answer.
+        completions: the N `Completion`s.
+        prompt_token_ids: the prompt exactly as sampled (preferred over `messages` and `prompt`).
+        messages: chat messages, rendered with the chat template.
+        prompt: prompt text, tokenised with special tokens.
+        gold_alternatives: other answers also graded correct.
+        source: the problem's source (e.g. a benchmark name).
+        sampling: the sampling settings, kept in the shard info.
+        line: the 1-based line number in the file (0: not read from a file).
+    """
 
     id: str
     question: str
@@ -109,7 +135,13 @@ class Trace:
 @dataclass
 class TraceFile:
     """What `read_traces` returns: the good traces, the skipped lines ``[(line, reason)]`` and a fingerprint of the
-    file's content (sha256 of its bytes), which resuming a re-encoding checks."""
+    file's content (sha256 of its bytes), which resuming a re-encoding checks.
+
+    Args:
+        traces: the good `Trace`s, in file order.
+        bad_lines: ``(line, reason)`` of each skipped line.
+        fingerprint: the content fingerprint.
+    """
 
     traces: list[Trace]
     bad_lines: list[tuple[int, str]]
@@ -211,8 +243,15 @@ def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_sampl
     """Read and validate a trace file (format: ``docs/collection.md``).
 
     Args:
+        path: the trace file.
         skip_bad_lines: skip bad lines and list them in `TraceFile.bad_lines` instead of raising `TraceError`.
         num_samples: the N every line must have (default: the first good line's).
+
+    Returns:
+        The `TraceFile`.
+
+    Raises:
+        TraceError: the first bad line, unless `skip_bad_lines`.
     """
     data = Path(path).read_bytes()
     traces, bad, seen = [], [], set()
@@ -242,7 +281,15 @@ def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_sampl
 
 def write_traces(path: str | os.PathLike, traces: Iterable[Trace]) -> Path:
     """Write `traces` as a trace file, atomically (the format `read_traces` reads and `collect_from_traces`
-    re-encodes); used by ``examples/sample_with_vllm.py`` and by the exports from hf_msv's own collections."""
+    re-encodes); used by ``examples/sample_with_vllm.py`` and by the exports from hf_msv's own collections.
+
+    Args:
+        path: the trace file (its directory is created if missing).
+        traces: the `Trace`s, one line each.
+
+    Returns:
+        `path` as a `Path`.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_name(path)
@@ -260,7 +307,17 @@ def traces_from_results(
     sampling: dict | None = None,
 ) -> list[Trace]:
     """Traces of `MSVResult`s (one per problem, in order): each sequence's sampled token ids, EOS included, and the
-    prompt tokens it was sampled from (`prompt_token_ids`, one list per problem, without padding)."""
+    prompt tokens it was sampled from (`prompt_token_ids`, one list per problem, without padding).
+
+    Args:
+        problems: the `Problem`s.
+        results: one `MSVResult` per problem.
+        prompt_token_ids: one prompt token list per problem.
+        sampling: the sampling settings to record in each trace.
+
+    Returns:
+        One `Trace` per problem.
+    """
     traces = []
     for problem, result, prompt in zip(problems, results, prompt_token_ids, strict=True):
         completions = [
@@ -285,7 +342,17 @@ def traces_from_results(
 def traces_from_shards(directory: str | os.PathLike) -> list[Trace]:
     """Traces of a collection's shards (which keep each sequence's chain-of-thought token ids): no prompt, so
     re-encoding rebuilds it from the question with the collection's ``prompt_template``; sampling settings from the
-    shard info. Gold alternatives are not in shards: labels re-graded from these traces use the gold answer only."""
+    shard info. Gold alternatives are not in shards: labels re-graded from these traces use the gold answer only.
+
+    Args:
+        directory: the collection's output directory (or shard files).
+
+    Returns:
+        One `Trace` per problem, in shard order.
+
+    Raises:
+        UserError: if a shard keeps no chain-of-thought token ids or questions.
+    """
     from ..data import list_shards, read_shard
 
     traces = []

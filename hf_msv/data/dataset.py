@@ -138,7 +138,14 @@ class ShardDataset(torch.utils.data.Dataset):
         return [self.shards[s].problem_ids[i] for s, i in self._where]
 
     def answer_columns(self, p: int) -> AnswerColumns:
-        """Problem p's answer columns (classes re-derived when a checker was given), from the in-memory index."""
+        """Problem p's answer columns (classes re-derived when a checker was given), from the in-memory index.
+
+        Args:
+            p: the problem's index in this dataset.
+
+        Returns:
+            Its `AnswerColumns`.
+        """
         s, i = self._where[p]
         index = self.shards[s]
         columns = index.answer_columns(i)
@@ -159,7 +166,17 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def subset(self, problems: Sequence[int]) -> ShardDataset:
         """This dataset restricted to the problems at indices `problems` (in that order), sharing its shard index
-        (no re-reading): cross-validation folds. Problems are renumbered, so group draws differ from the parent's."""
+        (no re-reading): cross-validation folds. Problems are renumbered, so group draws differ from the parent's.
+
+        Args:
+            problems: problem indices in [0, num_problems).
+
+        Returns:
+            The new `ShardDataset`.
+
+        Raises:
+            ValueError: if `problems` is empty or an index is out of range.
+        """
         keep = [int(p) for p in problems]
         if not keep or min(keep) < 0 or max(keep) >= self.num_problems:
             raise ValueError(f"a subset needs problem indices in [0, {self.num_problems}), got {len(keep)} indices")
@@ -189,7 +206,15 @@ class ShardDataset(torch.utils.data.Dataset):
         }
 
     def read_problem(self, p: int, hidden: bool = False) -> CollectedProblem:
-        """Everything stored for problem `p` (hidden states only when asked), e.g. for baselines and metrics."""
+        """Everything stored for problem `p` (hidden states only when asked), e.g. for baselines and metrics.
+
+        Args:
+            p: the problem's index in this dataset.
+            hidden: also read its hidden states.
+
+        Returns:
+            The `CollectedProblem`.
+        """
         s, i = self._where[p]
         problem = self.shards[s].read_problem(self._handle(s), i, hidden)
         if self._classes is not None:
@@ -198,12 +223,26 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def has_cot_token_ids(self, p: int) -> bool:
         """Whether problem `p`'s chain-of-thought token ids are stored (shards written before hf_msv kept them, or
-        collections from traces without them, have none), without reading them."""
+        collections from traces without them, have none), without reading them.
+
+        Args:
+            p: the problem's index in this dataset.
+
+        Returns:
+            Whether they are stored.
+        """
         s, i = self._where[p]
         return self.shards[s].has_cot(self._handle(s), i, "cot_token_ids")
 
     def read_problems(self, hidden: bool = False) -> list[CollectedProblem]:
-        """`read_problem` of every problem, in order."""
+        """`read_problem` of every problem, in order.
+
+        Args:
+            hidden: also read the hidden states.
+
+        Returns:
+            One `CollectedProblem` per problem.
+        """
         return [self.read_problem(p, hidden) for p in range(self.num_problems)]
 
     def answer_groups(self) -> list:
@@ -212,14 +251,27 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def group(self, p: int, sequences, mode: str | None = None) -> dict:
         """The item of problem `p`'s group of `sequences` (`(N,)` ids in draw order) in `mode` (default: the
-        dataset's): a fixed group, e.g. an evaluation draw (`hf_msv.data.draw_sequences`). See `read_group`."""
+        dataset's): a fixed group, e.g. an evaluation draw (`hf_msv.data.draw_sequences`). See `read_group`.
+
+        Args:
+            p: the problem's index in this dataset.
+            sequences: `(N,)` sequence ids in draw order.
+            mode: "streaming" or "terminal"; `None`: the dataset's.
+
+        Returns:
+            The group's item, as `read_group` returns it.
+        """
         s, _ = self._where[p]
         return read_group(self.answer_columns(p), self._hidden(s), sequences, mode or self.mode)
 
     # -- torch Dataset -----------------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Redraw the groups: the sequences of item i depend only on (seed, epoch, i)."""
+        """Redraw the groups: the sequences of item i depend only on (seed, epoch, i).
+
+        Args:
+            epoch: the epoch number.
+        """
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
@@ -250,7 +302,14 @@ class ShardDataset(torch.utils.data.Dataset):
         return handle
 
     def sequences_of(self, item: int) -> tuple[int, np.ndarray]:
-        """(problem index, the N chosen sequence ids in draw order) of an item at the current epoch."""
+        """(problem index, the N chosen sequence ids in draw order) of an item at the current epoch.
+
+        Args:
+            item: the item index in [0, len(self)).
+
+        Returns:
+            ``(p, sequences)``: the problem index and an `(N,)` int array.
+        """
         p = int(np.searchsorted(self._offsets, item, side="right") - 1)
         j = item - int(self._offsets[p])
         return p, partition_sequences(
@@ -267,7 +326,17 @@ def load_split(
     paths, checker=None, checker_kwargs: dict | None = None, hidden: bool = True
 ) -> tuple[list[CollectedProblem], dict]:
     """Every problem of the shards under `paths` (hidden states kept in their 16-bit dtype) and the collection info,
-    read through `ShardDataset` (``checker`` re-derives equivalence classes as there; labels stay stored)."""
+    read through `ShardDataset` (``checker`` re-derives equivalence classes as there; labels stay stored).
+
+    Args:
+        paths: shard files or directories.
+        checker: an equivalence checker name or object; `None`: the stored classes.
+        checker_kwargs: constructor arguments for a named checker.
+        hidden: also read the hidden states.
+
+    Returns:
+        ``(problems, info)``: the `CollectedProblem`s and the collection info dict.
+    """
     dataset = ShardDataset(paths, checker=checker, checker_kwargs=checker_kwargs)
     return dataset.read_problems(hidden), dataset.info
 

@@ -102,6 +102,19 @@ class AnswerColumns:
 
     ``answer_token_start`` addresses the rows of the hidden states the group is read from (a whole shard for
     `ShardDataset`, the problem's own tensor for a `CollectedProblem`).
+
+    Args:
+        problem_id: the problem's id.
+        num_sequences: S, the sequences collected for the problem.
+        answer_sequence: sequence id of each answer.
+        answer_step: answer step within its sequence.
+        answer_tau: τ, the position in the sequence at which the answer was elicited.
+        answer_length: L, the answer's token count.
+        answer_class: equivalence-class id.
+        answer_terminal: bool, the sequence's final answer.
+        answer_correct: bool, graded correct.
+        answer_token_start: first hidden-state row of the answer.
+        answer_end: availability time τ + L; `None`: computed from `answer_tau` and `answer_length`.
     """
 
     problem_id: str
@@ -123,7 +136,20 @@ class AnswerColumns:
 
 def draw_sequences(num_collected: int, num_sequences: int, seed: int, problem_index: int) -> np.ndarray:
     """`(N,)` sequence ids (in draw order) of one problem's evaluation group for one seed: a fixed random subset,
-    the same for every method and setting."""
+    the same for every method and setting.
+
+    Args:
+        num_collected: S, the sequences collected for the problem.
+        num_sequences: N.
+        seed: the evaluation seed.
+        problem_index: the problem's index.
+
+    Returns:
+        `(N,)` int array.
+
+    Raises:
+        UserError: if N > S.
+    """
     if num_sequences > num_collected:
         raise UserError(f"N={num_sequences} but only {num_collected} sequences were collected")
     return np.random.default_rng([seed, problem_index]).permutation(num_collected)[:num_sequences]
@@ -139,7 +165,20 @@ def partition_sequences(
     groups_per_problem: int | None = None,
 ) -> np.ndarray:
     """`(N,)` sequence ids of a training group: group j of the epoch's random partition of the S sequences into
-    ⌊S/N⌋ groups, or (``groups_per_problem`` set) the j-th independent random subset."""
+    ⌊S/N⌋ groups, or (``groups_per_problem`` set) the j-th independent random subset.
+
+    Args:
+        num_collected: S, the sequences collected for the problem.
+        num_sequences: N.
+        seed: the training seed.
+        epoch: the epoch.
+        problem_index: the problem's index.
+        group_index: j.
+        groups_per_problem: `None` for the partition, else draw independent subsets.
+
+    Returns:
+        `(N,)` int array.
+    """
     n = num_sequences
     if groups_per_problem is None:
         perm = np.random.default_rng([seed, epoch, problem_index]).permutation(num_collected)
@@ -155,6 +194,12 @@ def select_answers(answers, sequences, mode: str) -> tuple[np.ndarray, np.ndarra
         answers: a `CollectedProblem` or `AnswerColumns`.
         sequences: `(N,)` sequence ids of the group.
         mode: "terminal" keeps only the sequences' terminal answers; "streaming" keeps all.
+
+    Returns:
+        ``(rows, sequence)``, two `(A_g,)` int arrays.
+
+    Raises:
+        ValueError: an unknown `mode`.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -231,6 +276,9 @@ def answer_group(
             sequence ids stay the stored ones).
         mode: "terminal" or "streaming" (which answers the group holds).
         scores: name -> `(A,)` scores over the problem's *stored* answers; the group keeps its answers' entries.
+
+    Returns:
+        The `AnswerGroup`.
     """
     if sequences is None:
         sequences = np.arange(int(answers.num_sequences))

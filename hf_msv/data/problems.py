@@ -180,6 +180,13 @@ def load_benchmark(name: str, path: str | os.PathLike | None = None) -> list[Pro
     Args:
         name: a key of `BENCHMARKS`.
         path: the file (or a directory holding it); default: its file name in `default_data_dir`.
+
+    Returns:
+        The benchmark's `Problem`s.
+
+    Raises:
+        UserError: an unknown benchmark.
+        MissingPathError: the benchmark file is not there.
     """
     if name not in BENCHMARKS:
         raise UserError(f"unknown benchmark {name!r}; choose one of {sorted(BENCHMARKS)}")

@@ -147,9 +147,19 @@ def _metadata(handle, path) -> dict:
 class ShardIndex:
     """The small (non-hidden-state) contents of one shard, loaded once: answer/sequence arrays and strings.
 
-    Attributes: ``arrays`` (every tensor but the token-level ones, as numpy), ``strings`` (the string metadata),
-    ``info`` (the ``collect`` settings), ``hidden_shape``, ``hidden_dtype``; problem i's answers are rows
-    ``answer_lo[i]:answer_hi[i]`` and its sequences ``seq_lo[i]:seq_hi[i]``.
+    Problem i's answers are rows ``answer_lo[i]:answer_hi[i]`` and its sequences ``seq_lo[i]:seq_hi[i]``.
+
+    Args:
+        path: the shard file.
+
+    Raises:
+        UserError: if the file is not a readable hf_msv shard.
+
+    Attributes:
+        arrays: every tensor but the token-level ones, as numpy.
+        strings: the string metadata.
+        info: the ``collect`` settings.
+        hidden_shape, hidden_dtype: shape and dtype of the stored hidden states.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -184,7 +194,14 @@ class ShardIndex:
         return self.strings["problem_id"]
 
     def token_range(self, i: int) -> tuple[int, int]:
-        """Rows ``[start, stop)`` of problem i's answer tokens in the shard."""
+        """Rows ``[start, stop)`` of problem i's answer tokens in the shard.
+
+        Args:
+            i: the problem's index in the shard.
+
+        Returns:
+            ``(start, stop)`` ints (``(0, 0)`` for a problem without answers).
+        """
         lo, hi = self.answer_lo[i], self.answer_hi[i]
         if lo == hi:
             return 0, 0
@@ -193,7 +210,14 @@ class ShardIndex:
 
     def answer_columns(self, i: int) -> dict[str, np.ndarray]:
         """Problem i's `(A,)` answer columns by attribute name (``answer_sequence``, ...,
-        ``answer_token_start``, which addresses rows of the whole shard)."""
+        ``answer_token_start``, which addresses rows of the whole shard).
+
+        Args:
+            i: the problem's index in the shard.
+
+        Returns:
+            A dict of `(A,)` arrays (``answer_end`` `None` in shards written before it was stored).
+        """
         lo, hi = self.answer_lo[i], self.answer_hi[i]
         names = ANSWER_INT_COLUMNS + ANSWER_BOOL_COLUMNS + ("token_start",)
         return {f"answer_{n}": self.arrays[f"answer_{n}"][lo:hi] for n in names} | {"answer_end": self._end(lo, hi)}
@@ -214,7 +238,16 @@ class ShardIndex:
 
     def cot_arrays(self, handle, i: int, name: str) -> list[np.ndarray]:
         """Problem i's per-sequence slices of the CoT tensor `name` read through an open `safe_open` handle;
-        ``[]`` when unknown."""
+        ``[]`` when unknown.
+
+        Args:
+            handle: an open `safe_open` handle of this shard.
+            i: the problem's index in the shard.
+            name: ``"cot_confidence"`` or ``"cot_token_ids"``.
+
+        Returns:
+            One array per sequence.
+        """
         starts = self._cot_starts(handle, i, name)
         if starts is None:
             return []
@@ -222,11 +255,29 @@ class ShardIndex:
         return [tensor[int(a) : int(b)].numpy() for a, b in zip(starts[:-1], starts[1:])]
 
     def has_cot(self, handle, i: int, name: str) -> bool:
-        """Whether problem i's CoT tensor `name` is known, without reading it."""
+        """Whether problem i's CoT tensor `name` is known, without reading it.
+
+        Args:
+            handle: an open `safe_open` handle of this shard.
+            i: the problem's index in the shard.
+            name: ``"cot_confidence"`` or ``"cot_token_ids"``.
+
+        Returns:
+            Whether it is stored.
+        """
         return self._cot_starts(handle, i, name) is not None
 
     def read_problem(self, handle, i: int, hidden: bool) -> CollectedProblem:
-        """Problem i read through an open `safe_open` handle of this shard (hidden states only when asked)."""
+        """Problem i read through an open `safe_open` handle of this shard (hidden states only when asked).
+
+        Args:
+            handle: an open `safe_open` handle of this shard.
+            i: the problem's index in the shard.
+            hidden: also read its hidden states.
+
+        Returns:
+            The `CollectedProblem`.
+        """
         a0, a1 = self.answer_lo[i], self.answer_hi[i]
         s0, s1 = self.seq_lo[i], self.seq_hi[i]
         t0, t1 = self.token_range(i)
@@ -252,14 +303,35 @@ class ShardIndex:
 
 
 def read_shard_info(path: str | os.PathLike) -> dict:
-    """The ``collect`` settings and problem ids of a shard, without reading any tensor data."""
+    """The ``collect`` settings and problem ids of a shard, without reading any tensor data.
+
+    Args:
+        path: the shard file.
+
+    Returns:
+        ``{"collect": dict, "problem_id": list[str]}``.
+
+    Raises:
+        UserError: if the file is not an hf_msv shard.
+    """
     with safe_open(str(path), framework="pt") as f:
         meta = _metadata(f, path)
     return {"collect": meta.get("collect", {}), "problem_id": meta["problem_id"]}
 
 
 def read_shard(path: str | os.PathLike, hidden: bool = True) -> tuple[list[CollectedProblem], dict]:
-    """All problems of one shard (hidden states in their stored 16-bit dtype) and its ``collect`` settings."""
+    """All problems of one shard (hidden states in their stored 16-bit dtype) and its ``collect`` settings.
+
+    Args:
+        path: the shard file.
+        hidden: also read the hidden states.
+
+    Returns:
+        ``(problems, info)``: the `CollectedProblem`s and the ``collect`` settings dict.
+
+    Raises:
+        UserError: if the file is not a readable hf_msv shard.
+    """
     index = ShardIndex(path)
     with safe_open(str(path), framework="pt") as handle:
         problems = [index.read_problem(handle, i, hidden) for i in range(len(index.problem_ids))]
@@ -269,7 +341,14 @@ def read_shard(path: str | os.PathLike, hidden: bool = True) -> tuple[list[Colle
 def collection_elicitation(info: dict) -> ElicitationSettings:
     """The elicitation settings of a shard's ``collect`` info (or a collection's ``collect_config.json``): its
     ``elicitation`` entry, or the flat keys (``mode``, ``delimiters``, ``elicitation_prompt``, ...) of shards written
-    before that entry existed."""
+    before that entry existed.
+
+    Args:
+        info: the ``collect`` info dict.
+
+    Returns:
+        The `ElicitationSettings`.
+    """
     if "elicitation" in info:
         return ElicitationSettings.from_dict(info["elicitation"])
     found = ElicitationSettings.pop_legacy(dict(info))
@@ -277,7 +356,17 @@ def collection_elicitation(info: dict) -> ElicitationSettings:
 
 
 def list_shards(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    """Shard files under directories (``shard-*.safetensors``, sorted) or given directly."""
+    """Shard files under directories (``shard-*.safetensors``, sorted) or given directly.
+
+    Args:
+        paths: a shard file or directory, or several.
+
+    Returns:
+        The shard files, in the order given (each directory's sorted).
+
+    Raises:
+        MissingPathError: if a path is neither a file nor a directory.
+    """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     found: list[Path] = []

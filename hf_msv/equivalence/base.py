@@ -59,7 +59,14 @@ class EquivalenceChecker:
     name = "base"
 
     def compare(self, a: str | None, b: str | None) -> Verdict:
-        """Symmetric verdict on two answers; never raises (an internal error gives ``UNVERIFIABLE``)."""
+        """Symmetric verdict on two answers; never raises (an internal error gives ``UNVERIFIABLE``).
+
+        Args:
+            a, b: the answers (``None``: no answer).
+
+        Returns:
+            The `Verdict`.
+        """
         return self._counted(self._compare_safely(a, b))
 
     def _compare_safely(self, a: str | None, b: str | None) -> Verdict:
@@ -103,15 +110,37 @@ class EquivalenceChecker:
         return verdict
 
     def equivalent(self, a: str | None, b: str | None) -> bool:
-        """``compare(a, b) is Verdict.EQUAL``: symmetric, unverifiable counts as different, never raises."""
+        """``compare(a, b) is Verdict.EQUAL``: symmetric, unverifiable counts as different, never raises.
+
+        Args:
+            a, b: the answers (``None``: no answer).
+
+        Returns:
+            Whether they are equal.
+        """
         return self.compare(a, b) is Verdict.EQUAL
 
     def is_correct(self, pred: str | None, gold: str) -> bool:
-        """Whether ``pred`` is graded correct against ``gold``. Labels in the paper always use ``symbolic``."""
+        """Whether ``pred`` is graded correct against ``gold``. Labels in the paper always use ``symbolic``.
+
+        Args:
+            pred: the predicted answer (``None``: no answer, never correct).
+            gold: the reference answer.
+
+        Returns:
+            Whether `pred` is correct.
+        """
         return pred is not None and self.equivalent(pred, gold)
 
     def key(self, answer: str) -> str:
-        """Normal form under which two answers are the same answer (see `answer_key`)."""
+        """Normal form under which two answers are the same answer (see `answer_key`).
+
+        Args:
+            answer: an answer string.
+
+        Returns:
+            Its normal form.
+        """
         return answer_key(answer)
 
     def _compare(self, a: str, b: str) -> Verdict:
@@ -131,6 +160,9 @@ class EquivalenceClasses:
     makes online and offline assignment identical when answers are added in arrival order, which the verifier's KV
     cache relies on. ``None`` (no answer, also an empty one) always opens a class of its own. Not thread-safe: one
     instance per group.
+
+    Args:
+        checker: the `EquivalenceChecker` that compares an answer with the class representatives.
     """
 
     def __init__(self, checker: EquivalenceChecker):
@@ -140,7 +172,14 @@ class EquivalenceClasses:
         self._by_key: dict[str, int] = {}
 
     def add(self, answer: str | None) -> int:
-        """Class id of ``answer`` (existing or new)."""
+        """Class id of ``answer`` (existing or new).
+
+        Args:
+            answer: the next answer of the group (``None``: no answer).
+
+        Returns:
+            Its class id (int, 0-based, in creation order).
+        """
         key = None if answer is None else self.checker.key(str(answer))
         if not key:  # no answer: a class of its own
             cls = self._new(None)
@@ -169,7 +208,15 @@ class EquivalenceClasses:
 
 
 def assign_classes(answers: Iterable[str | None], checker: EquivalenceChecker) -> list[int]:
-    """Class ids of ``answers`` added in order to a fresh `EquivalenceClasses` (the offline assignment)."""
+    """Class ids of ``answers`` added in order to a fresh `EquivalenceClasses` (the offline assignment).
+
+    Args:
+        answers: one group's answers in arrival order (``None``: no answer).
+        checker: the `EquivalenceChecker` to compare them with.
+
+    Returns:
+        One class id per answer.
+    """
     classes = EquivalenceClasses(checker)
     return [classes.add(a) for a in answers]
 

@@ -21,6 +21,16 @@ def get_checker(name: str, **kwargs) -> EquivalenceChecker:
 
     ``kwargs`` go to its constructor (e.g. ``timeout=`` for symbolic, ``threshold=`` for jaccard / embedding,
     ``probability=`` and ``seed=`` for random).
+
+    Args:
+        name: a key of `CHECKERS`.
+        **kwargs: the checker's constructor arguments.
+
+    Returns:
+        The `EquivalenceChecker`.
+
+    Raises:
+        UserError: for an unknown `name`.
     """
     if name not in CHECKERS:
         raise UserError(f"unknown equivalence checker {name!r}; choose one of {sorted(CHECKERS)}")

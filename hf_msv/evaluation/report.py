@@ -1,15 +1,28 @@
-"""The evaluation report: markdown tables and PNG figures of an `evaluate_study` results dict."""
+"""The evaluation report: markdown tables and PNG figures of `evaluate_study` results (a `StudyResults`, or the
+results dict it reads from)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from ..metrics import format_mean_std, reliability_bins, seed_stat
 from .methods import DEEPCONF, SELF_CONSISTENCY, TOKEN_PROBS
+from .results import (
+    EarlyStopComparison,
+    EarlyStopSummary,
+    Figure,
+    Interval,
+    LambdaRuleRecord,
+    SeedStat,
+    StudyConfig,
+    StudyResults,
+    as_study_results,
+)
 
 __all__ = [
     "REPORT_EXTRA_HINT",
@@ -64,9 +77,17 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_lambda(stat: dict | None) -> str:
-    """λ over seeds: mean ± std of the finite ones, and how many seeds chose ∞ (never stop)."""
-    values = [math.inf if v is None else v for v in (stat or {}).get("values", [])]
+def format_lambda(stat: SeedStat | Mapping | None) -> str:
+    """λ over seeds: mean ± std of the finite ones, and how many seeds chose ∞ (never stop).
+
+    Args:
+        stat: the λ's seed statistic (a `SeedStat` or its dict), None when missing.
+
+    Returns:
+        The formatted cell.
+    """
+    stored = stat.values if isinstance(stat, SeedStat) else (stat or {}).get("values", [])
+    values = [math.inf if v is None else v for v in stored]
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return "∞" if values else "—"
@@ -74,10 +95,10 @@ def format_lambda(stat: dict | None) -> str:
     return text + (f" (∞ ×{len(values) - len(finite)})" if len(finite) < len(values) else "")
 
 
-def _data_section(results: dict) -> list[str]:
-    d = results["data"]
+def _data_section(results: StudyResults) -> list[str]:
+    d = results.data
     e = d["eval"]
-    cfg = results["config"]
+    cfg = results.config
     return [
         f"Evaluation: {e['problems']} problems × {e['sequences_per_problem']} sequences, {e['answers']} answers "
         f"({e['answers_per_sequence']:.2f} per sequence), terminal accuracy {e['terminal_accuracy']:.3f}, "
@@ -86,12 +107,12 @@ def _data_section(results: dict) -> list[str]:
         "",
         f"Collection: `{json.dumps(d.get('collect', {}))}`",
         "",
-        f"N ∈ {cfg['num_sequences_list']}; groups: {cfg['groups']}; mean ± std over {cfg['training_seeds']} "
+        f"N ∈ {cfg.num_sequences_list}; groups: {cfg.groups}; mean ± std over {cfg.training_seeds} "
         "training seed(s) (verifier checkpoints; ± 0.000 with one). Intervals: paired bootstrap 95 % over "
-        f"problems ({cfg['bootstrap']} resamples). Equivalence classes: "
-        + (f"re-derived with `{cfg['checker']}`." if cfg["checker"] else "as collected.")
-        + f" DeepConf: {cfg['deepconf_calibration']}. Calibrated vote baselines: "
-        f"{cfg['vote_calibration']}; stacked baseline's Probe feature: {cfg['stacked_probe']}.",
+        f"problems ({cfg.bootstrap} resamples). Equivalence classes: "
+        + (f"re-derived with `{cfg.checker}`." if cfg.checker else "as collected.")
+        + f" DeepConf: {cfg.deepconf_calibration}. Calibrated vote baselines: "
+        f"{cfg.vote_calibration}; stacked baseline's Probe feature: {cfg.stacked_probe}.",
         "",
         "AUTC (norm) on an axis x ∈ {t* (token position), latency, tokens summed over the N sequences}: "
         "(1/B) ∫_0^B acc(b) db, B = the full-decoding budget on x: a mean accuracy in [0, 1], whose scale does "
@@ -100,17 +121,17 @@ def _data_section(results: dict) -> list[str]:
     ]
 
 
-def _format_interval(iv: dict | None, digits: int = 3) -> str:
+def _format_interval(iv: Interval | None, digits: int = 3) -> str:
     """ "est [low, high]" of a bootstrap interval ("—" when missing; ∞ for an unbounded end)."""
-    if not iv or iv.get("estimate") is None:
+    if iv is None or iv.estimate is None:
         return "—"
     f = lambda x: "∞" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x:.{digits}f}"  # noqa: E731
-    return f"{f(iv['estimate'])} [{f(iv['low'])}, {f(iv['high'])}]"
+    return f"{f(iv.estimate)} [{f(iv.low)}, {f(iv.high)}]"
 
 
-def _format_estimate(iv: dict) -> str:
+def _format_estimate(iv: Interval) -> str:
     """An interval's estimate, with its bounds when it was bootstrapped."""
-    return _format_interval(iv, 2) if iv.get("low") is not None else _format_interval(iv, 2).split(" [")[0]
+    return _format_interval(iv, 2) if iv.bootstrapped else _format_interval(iv, 2).split(" [")[0]
 
 
 _COMPARISON_NAMES = {
@@ -119,24 +140,25 @@ _COMPARISON_NAMES = {
 }
 
 
-def _fraction_cell(entry: dict) -> str:
+def _fraction_cell(comparison: EarlyStopComparison, axis: str) -> str:
     """An early-stop fraction with its interval; null (JSON) reads as ∞: MSV never reaches the peak."""
     f = lambda x: "∞" if x is None or math.isinf(x) else f"{x:.2f}"  # noqa: E731
-    iv = entry.get("interval")
-    return f(entry["fraction"]) + (f" [{f(iv['low'])}, {f(iv['high'])}]" if iv else "")
+    entry = comparison.axes[axis]
+    iv = entry.interval
+    return f(entry.fraction) + (f" [{f(iv.low)}, {f(iv.high)}]" if iv else "")
 
 
-def _early_stop_line(es: dict) -> list[str]:
-    if "comparisons" not in es:
+def _early_stop_line(es: EarlyStopSummary) -> list[str]:
+    if es.comparisons is None:
         return []
     rows = [
         [
             _COMPARISON_NAMES.get(name, name),
-            f"{c['baseline']} ({c['baseline_peak_accuracy']:.3f})",
-            f"{c['msv_peak_accuracy']:.3f}",
+            f"{c.baseline} ({c.baseline_peak_accuracy:.3f})",
+            f"{c.msv_peak_accuracy:.3f}",
         ]
-        + [_fraction_cell(c[a]) for a in ("steps", "latency", "tokens")]
-        for name, c in es["comparisons"].items()
+        + [_fraction_cell(c, a) for a in ("steps", "latency", "tokens")]
+        for name, c in es.comparisons.items()
     ]
     return [
         "Early stopping: fraction of the baseline's budget the primary MSV needs to reach the baseline's peak "
@@ -147,7 +169,7 @@ def _early_stop_line(es: dict) -> list[str]:
             [
                 "compared with",
                 "baseline (peak acc)",
-                f"{es['msv']} peak acc",
+                f"{es.msv} peak acc",
                 "t* fraction",
                 "latency fraction",
                 "token fraction",
@@ -161,18 +183,18 @@ def _early_stop_line(es: dict) -> list[str]:
     ]
 
 
-def _matched_budget_lines(es: dict) -> list[str]:
-    mb = es.get("matched_budget")
-    if not mb:
+def _matched_budget_lines(es: EarlyStopSummary) -> list[str]:
+    mb = es.matched_budget
+    if mb is None:
         return []
-    ref, fractions, intervals = mb["reference"], mb["fractions"], mb.get("intervals", {})
+    ref, fractions, intervals = mb.reference, mb.fractions, mb.intervals or {}
     rows = [
         [m]
         + [
             f"{a:.3f}" + (f" ({_format_interval(intervals[m][i], 3)})" if m in intervals else "")
             for i, a in enumerate(acc)
         ]
-        for m, acc in mb["accuracy"].items()
+        for m, acc in mb.accuracy.items()
     ]
     out = [
         f"Matched budgets: accuracy at a mean token budget of {' / '.join(f'{f:.0%}' for f in fractions)} of "
@@ -182,23 +204,23 @@ def _matched_budget_lines(es: dict) -> list[str]:
         markdown_table(["method"] + [f"{f:.0%} of tokens" for f in fractions], rows),
         "",
     ]
-    target = mb.get("full_decoding_target")
+    target = mb.full_decoding_target
     if target:
         out += [
-            f"{ref} reaches the full-decoding accuracy of the most accurate baseline ({target['baseline']}, "
-            f"{target['accuracy']:.3f}) at {_format_estimate(target['steps'])} of full decoding's t* and "
-            f"{_format_estimate(target['tokens'])} of its tokens (95 % interval over problems).",
+            f"{ref} reaches the full-decoding accuracy of the most accurate baseline ({target.baseline}, "
+            f"{target.accuracy:.3f}) at {_format_estimate(target.steps)} of full decoding's t* and "
+            f"{_format_estimate(target.tokens)} of its tokens (95 % interval over problems).",
             "",
         ]
     return out
 
 
-def _interval_table(results: dict, setting: str, n) -> list[str]:
-    iv = (results.get("intervals") or {}).get(str(n), {}).get(setting)
+def _interval_table(results: StudyResults, setting: str, n) -> list[str]:
+    iv = results.intervals.get(str(n), {}).get(setting)
     if not iv:
         return []
     cols = _INTERVAL_COLUMNS[setting]
-    msv = results["methods"][str(n)]["msv"]
+    msv = results.msv(n)
     rows = [[m] + [_format_interval(r.get(k), d) for k, _, d in cols] for m, r in iv.items()]
     return [
         f"{msv} − each baseline (ratio: {msv} ÷ baseline), estimate [95 % interval over problems]:",
@@ -208,40 +230,46 @@ def _interval_table(results: dict, setting: str, n) -> list[str]:
     ]
 
 
-def _setting_sections(results: dict) -> list[str]:
+def _seed_cell(stat: SeedStat | None, digits: int = 3) -> str:
+    """ "mean ± std" of a seed statistic ("—" when missing or undefined)."""
+    return format_mean_std(None if stat is None else stat.to_dict(), digits)
+
+
+def _setting_sections(results: StudyResults) -> list[str]:
     out = []
     for setting, heading, columns in (
         ("terminal", "Terminal answers: calibration and best-of-N", _TERMINAL_COLUMNS),
         ("streaming", "Streaming answers: calibration and early stopping", _STREAMING_COLUMNS),
     ):
         out += [f"## {heading}", ""]
-        for n in results["config"]["num_sequences_list"]:
-            msv = results["methods"][str(n)]["msv"]
+        for n in results.num_sequences:
+            msv = results.msv(n)
             rows = [
-                [f"**{m}**" if m == msv else m] + [format_mean_std(r.get(k) or None) for k, _ in columns]
-                for m, r in results[setting][str(n)].items()
+                [f"**{m}**" if m == msv else m] + [_seed_cell(r.stat(k)) for k, _ in columns]
+                for m, r in results.setting(setting)[str(n)].items()
             ]
             out += [f"### N = {n}", "", markdown_table(["method"] + [c for _, c in columns], rows), ""]
             out += _interval_table(results, setting, n)
             if setting == "streaming":
-                out += _early_stop_line(results["early_stop"].get(str(n), {}))
-                out += _matched_budget_lines(results["early_stop"].get(str(n), {}))
+                es = results.early_stop.get(str(n)) or EarlyStopSummary(curves={})
+                out += _early_stop_line(es)
+                out += _matched_budget_lines(es)
     return out
 
 
-def _lambda_section(results: dict) -> list[str]:
-    lam = results.get("lambda_selection") or {}
+def _lambda_section(results: StudyResults) -> list[str]:
+    lam = results.lambda_selection
     if not lam:
         return []
-    cfg = results["config"]
-    if "ltt_epsilon" in cfg:
+    cfg = results.config
+    if cfg.has("ltt_epsilon"):
         return _lambda_rules_section(lam, cfg)
-    target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the best full-decoding validation accuracy"
+    target = cfg.target_accuracy or str(cfg.target_fraction) + " × the best full-decoding validation accuracy"
     out = [
         "## λ selection (validation rule and risk-controlled LTT)",
         "",
         f"Target accuracy per N and training seed: {target}; "
-        f"LTT with δ = {cfg['ltt_delta']} (binomial p-values, fixed-sequence testing). "
+        f"LTT with δ = {cfg.ltt_delta} (binomial p-values, fixed-sequence testing). "
         "Accuracy / tokens / latency achieved on the evaluation split. Last column: for the validation rule, the "
         "rate of seeds whose chosen λ reached the target on validation (when none does, the rule takes the most "
         "accurate λ that still stops early, never a silent ∞); for LTT, the rate certified.",
@@ -265,41 +293,43 @@ def _lambda_section(results: dict) -> list[str]:
         lambda m, rule, r: [
             m,
             rule,
-            _fmt(r["target"]),
-            format_lambda(r["lambda"]),
-            _fmt(r["val_accuracy"]),
-            _fmt(r["eval_accuracy"]),
-            _fmt(r["eval_tokens"], 1),
-            _fmt(r["eval_latency"], 3),
-            _fmt(r.get("reached"), 2) if rule == "validation" else _fmt(r["certified"], 2),
+            _fmt(r.get("target")),
+            format_lambda(r.lam),
+            _fmt(r.get("val_accuracy")),
+            _fmt(r.get("eval_accuracy")),
+            _fmt(r.get("eval_tokens"), 1),
+            _fmt(r.get("eval_latency"), 3),
+            _fmt(r.get("reached"), 2) if rule == "validation" else _fmt(r.get("certified"), 2),
         ],
     )
 
 
-def _fmt(stat, digits: int = 3) -> str:
-    return format_mean_std(stat or None, digits)
+def _fmt(stat: SeedStat | None, digits: int = 3) -> str:
+    return _seed_cell(stat, digits)
 
 
-def _lambda_tables(lam: dict, cfg: dict, header: list[str], row) -> list[str]:
+def _lambda_tables(
+    lam: dict[str, dict[str, dict[str, LambdaRuleRecord]]], cfg: StudyConfig, header: list[str], row
+) -> list[str]:
     """One table per N of the λ rules' records, a row per (method, rule) from `row(method, rule, record)`."""
     out = []
-    for n in cfg["num_sequences_list"]:
+    for n in cfg.num_sequences_list:
         if str(n) in lam:
             rows = [row(m, rule, r) for m, rules in lam[str(n)].items() for rule, r in rules.items()]
             out += [f"### N = {n}", "", markdown_table(header, rows), ""]
     return out
 
 
-def _lambda_rules_section(lam: dict, cfg: dict) -> list[str]:
+def _lambda_rules_section(lam: dict[str, dict[str, dict[str, LambdaRuleRecord]]], cfg: StudyConfig) -> list[str]:
     """The λ rules of `hf_msv.lambda_rule.choose_lambda`, chosen on validation and applied to evaluation, with the
     confidence reported at the stop against the accuracy at the stop."""
-    target = cfg["target_accuracy"] or str(cfg["target_fraction"]) + " × the method's own full-decoding accuracy"
+    target = cfg.target_accuracy or str(cfg.target_fraction) + " × the method's own full-decoding accuracy"
     out = [
         "## λ selection: chosen on validation, applied to evaluation",
         "",
         f"Target rule (`validation`): the cheapest λ whose validation accuracy reaches {target}. Guarantee "
-        f"(`ltt`): the cheapest λ that loses at most ε = {cfg['ltt_epsilon']} of full-decoding accuracy with "
-        f"probability ≥ {1 - cfg['ltt_delta']:g} (Learn-then-Test on the paired loss over validation problems, "
+        f"(`ltt`): the cheapest λ that loses at most ε = {cfg.ltt_epsilon} of full-decoding accuracy with "
+        f"probability ≥ {1 - cfg.ltt_delta:g} (Learn-then-Test on the paired loss over validation problems, "
         "fixed-sequence from the largest λ); `certified` is the rate of training seeds for which a λ that stops "
         "early was certified, else λ = ∞. Accuracy and tokens on the evaluation split; at the stop: over the "
         "evaluation groups that stopped early, their share, accuracy, mean reported confidence and ECE.",
@@ -325,24 +355,24 @@ def _lambda_rules_section(lam: dict, cfg: dict) -> list[str]:
         lambda m, rule, r: [
             m,
             rule,
-            format_lambda(r["lambda"]),
-            _fmt(r["val_accuracy"]),
-            _fmt(r["eval_accuracy"]),
-            _fmt(r["eval_tokens"], 1),
-            _fmt(r["stop_rate"], 2),
-            _fmt(r["stop_accuracy"]),
-            _fmt(r["stop_confidence"]),
-            _fmt(r["stop_ece"]),
-            _fmt(r["reached"], 2) if rule == "validation" else _fmt(r["certified"], 2),
+            format_lambda(r.lam),
+            _fmt(r.get("val_accuracy")),
+            _fmt(r.get("eval_accuracy")),
+            _fmt(r.get("eval_tokens"), 1),
+            _fmt(r.get("stop_rate"), 2),
+            _fmt(r.get("stop_accuracy")),
+            _fmt(r.get("stop_confidence")),
+            _fmt(r.get("stop_ece")),
+            _fmt(r.get("reached"), 2) if rule == "validation" else _fmt(r.get("certified"), 2),
         ],
     )
 
 
-def _difficulty_section(results: dict) -> list[str]:
-    by = results.get("by_difficulty") or {}
+def _difficulty_section(results: StudyResults) -> list[str]:
+    by = results.by_difficulty
     if not by:
         return []
-    name = results["config"].get("difficulty", "difficulty")
+    name = results.config.difficulty if results.config.has("difficulty") else "difficulty"
     out = [
         f"## By {name}",
         "",
@@ -365,29 +395,29 @@ def _difficulty_section(results: dict) -> list[str]:
     return out
 
 
-def _costs_section(results: dict) -> list[str]:
-    c = results["costs"]
+def _costs_section(results: StudyResults) -> list[str]:
+    c = results.costs
     out = [
         "## Costs",
         "",
-        f"LM costs ({c['source']}): "
+        f"LM costs ({c.source}): "
         + ", ".join(
             f"N={n}: decode step {v['decode_step_s']:.2e} s, elicitation {v['elicit_s']:.2e} s/answer"
-            for n, v in c["lm"].items()
+            for n, v in c.lm.items()
         )
         + ".",
         "",
         "Verifier cost measured online (s per answer): "
         + "; ".join(
             f"N={n}: " + ", ".join(f"{m} {s:.2e}" for m, s in v.items())
-            for n, v in c["verifier_online_s_per_answer"].items()
+            for n, v in c.verifier_online_s_per_answer.items()
         )
         + ".",
         "",
     ]
-    prm = c.get("prm") or {}
+    prm = c.prm or {}
     if "eval" in prm:
-        e, cfg = prm["eval"], results["config"]["prm"]
+        e, cfg = prm["eval"], results.config.prm
         out += [
             f"PRM (`{cfg['model']}`, aggregate {cfg['aggregate']}): one forward per answer over question + "
             f"chain-of-thought prefix + answer; evaluation split: {e['answers']} answers, {e['tokens']} tokens "
@@ -397,14 +427,22 @@ def _costs_section(results: dict) -> list[str]:
     return out
 
 
-def render_report(results: dict) -> str:
-    """The markdown report of an `evaluate_study` results dict (as returned, or read back from its JSON)."""
-    out = [f"# {results['title']}", ""] + _data_section(results) + _setting_sections(results)
+def render_report(results: StudyResults | Mapping) -> str:
+    """The markdown report of `evaluate_study` results.
+
+    Args:
+        results: a `StudyResults`, or the results dict (as returned, or read back from its JSON).
+
+    Returns:
+        The markdown.
+    """
+    results = as_study_results(results)
+    out = [f"# {results.title}", ""] + _data_section(results) + _setting_sections(results)
     out += _lambda_section(results) + _difficulty_section(results) + _costs_section(results)
-    if results.get("figures"):
+    if results.figures:
         out += ["## Figures", ""]
-        for f in results["figures"]:
-            out += [f"![{f['caption']}]({f['file']})", "", f"*{f['caption']}*", ""]
+        for f in results.figures:
+            out += [f"![{f.caption}]({f.file})", "", f"*{f.caption}*", ""]
     return "\n".join(out)
 
 
@@ -450,14 +488,23 @@ def _key_methods(methods: list[str], msv: str | None, limit: int = 6) -> list[st
     return order[:limit]
 
 
-def write_figures(results: dict, reliability: dict, curves: dict, output_dir: Path, stem: str) -> list[dict]:
-    """Write the PNG figures of a study to ``{output_dir}/{stem}_*.png``; returns ``[{"file", "caption"}]``.
+def write_figures(
+    results: StudyResults | Mapping, reliability: dict, curves: dict, output_dir: Path, stem: str
+) -> list[dict]:
+    """Write the PNG figures of a study to ``{output_dir}/{stem}_*.png``.
 
     Args:
+        results: the study's results so far (a `StudyResults` or its dict; figures not yet listed).
         reliability: N -> method -> [answer p, answer y, best-of-N p, best-of-N y], each a list of per-seed arrays
             (terminal setting).
         curves: str(N) -> method -> seed-mean `TradeoffCurve`.
+        output_dir: where the PNGs go.
+        stem: the file names' prefix (the report's name).
+
+    Returns:
+        ``[{"file", "caption"}]``, one per figure written (`Figure` dicts, for the results' ``figures``).
     """
+    results = as_study_results(results)
     plt = _plt()
     figs = []
 
@@ -466,7 +513,7 @@ def write_figures(results: dict, reliability: dict, curves: dict, output_dir: Pa
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
-        figs.append({"file": path.name, "caption": caption})
+        figs.append(Figure(path.name, caption).to_dict())
 
     _reliability_figures(plt, save, results, reliability)
     _best_of_n_figure(plt, save, results)
@@ -474,11 +521,11 @@ def write_figures(results: dict, reliability: dict, curves: dict, output_dir: Pa
     return figs
 
 
-def _reliability_figures(plt, save, results: dict, reliability: dict) -> None:
+def _reliability_figures(plt, save, results: StudyResults, reliability: dict) -> None:
     """Reliability diagrams (terminal answers; best-of-N picks) at the largest N and each N > 1 with an MSV."""
-    ns = results["config"]["num_sequences_list"]
+    ns = results.num_sequences
     for n in ns:
-        msv = results["methods"][str(n)]["msv"]
+        msv = results.msv(n)
         if n != ns[-1] and msv is None:
             continue
         for kind, idx, caption in (("answers", (0, 1), "terminal answers"), ("bon", (2, 3), "best-of-N picks")):
@@ -507,30 +554,31 @@ def _reliability_figures(plt, save, results: dict, reliability: dict) -> None:
             )
 
 
-def _best_of_n_figure(plt, save, results: dict) -> None:
+def _best_of_n_figure(plt, save, results: StudyResults) -> None:
     """Best-of-N accuracy vs N, every method, and the MSV_N line."""
-    ns = results["config"]["num_sequences_list"]
+    ns = results.num_sequences
     if not ns:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
     methods = []
     for n in ns:
-        methods += [m for m in results["terminal"][str(n)] if m not in methods]
+        methods += [m for m in results.terminal[str(n)] if m not in methods]
     for m in methods:
         xs, ys, es = [], [], []
         for n in ns:
-            r = results["terminal"][str(n)].get(m)
+            r = results.terminal[str(n)].get(m)
             if r is None:
                 continue
+            bon = r.metrics["bon_accuracy"]
             xs.append(n)
-            ys.append(r["bon_accuracy"]["mean"])
-            es.append(r["bon_accuracy"]["std"] or 0.0)
+            ys.append(bon.mean)
+            es.append(bon.std or 0.0)
         if xs:
             ax.errorbar(xs, ys, yerr=es, marker="o", ms=3, capsize=2, label=m)
     msv_pts = [
-        (n, results["terminal"][str(n)][results["methods"][str(n)]["msv"]]["bon_accuracy"]["mean"])
+        (n, results.terminal[str(n)][results.msv(n)].mean("bon_accuracy"))
         for n in ns
-        if results["methods"][str(n)]["msv"] in results["terminal"][str(n)]
+        if results.msv(n) in results.terminal[str(n)]
     ]
     if msv_pts:
         ax.plot(*zip(*msv_pts), "k-", lw=2.5, alpha=0.5, label="MSV_N")
@@ -541,13 +589,13 @@ def _best_of_n_figure(plt, save, results: dict) -> None:
     save(fig, "best_of_n", "Best-of-N accuracy vs N (terminal answers), mean ± std over seeds.")
 
 
-def _tradeoff_figures(plt, save, results: dict, curves: dict) -> None:
+def _tradeoff_figures(plt, save, results: StudyResults, curves: dict) -> None:
     """Per N: accuracy vs tokens and vs latency as λ sweeps, and Brier per token position."""
-    for n in results["config"]["num_sequences_list"]:
+    for n in results.num_sequences:
         cs = curves.get(str(n), {})
         if not cs:
             continue
-        msv = results["methods"][str(n)]["msv"]
+        msv = results.msv(n)
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
         for m, c in cs.items():
             style = dict(lw=2.2, color="k") if m == msv else dict(lw=1)
@@ -565,7 +613,7 @@ def _tradeoff_figures(plt, save, results: dict, curves: dict) -> None:
             f"Early stopping, N={n}: accuracy vs tokens (left) and vs latency (right) as λ "
             "sweeps 0..1 (+ full decoding), mean over seeds.",
         )
-        bp = results["brier_by_position"][str(n)]
+        bp = results.brier_by_position[str(n)]
         edges = np.asarray([np.inf if e is None else e for e in bp["edges"]], dtype=float)
         mids = [
             (edges[i] + (edges[i + 1] if np.isfinite(edges[i + 1]) else edges[i] + (edges[i] - edges[i - 1]))) / 2

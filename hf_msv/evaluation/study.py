@@ -66,6 +66,7 @@ from .methods import (
 )
 from .prm import PRMScorer, load_lm_tokenizer, require_cot_token_ids
 from .report import render_report, require_report_extras, write_figures
+from .results import MethodRoster, StudyConfig, StudyResults
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
 from .verifiers import VerifierEntry, load_verifier_seeds, parse_verifier_specs
 
@@ -132,7 +133,8 @@ def evaluate_study(
         difficulty: problem id -> difficulty value (`difficulty_from_problems`), reported as `difficulty_name`;
             None: ``config.difficulty_field`` of ``config.problems`` when set.
     Returns:
-        The results dict also written to ``{output_dir}/{report_name}.json``.
+        The results dict also written to ``{output_dir}/{report_name}.json``; `StudyResults.from_dict` reads it
+        (or the JSON) into typed sections.
     Raises:
         ValueError or FileNotFoundError on bad inputs (an input given both in `config` and as an argument among
         them), ModuleNotFoundError for figures without matplotlib: before any work.
@@ -181,9 +183,12 @@ def evaluate_study(
     reliability, curves = _evaluate_every_n(results, studies, ns, lm_costs, levels)
     if config.figures:
         results["figures"] = write_figures(results, reliability, curves, output_dir, config.report_name)
-    results = json_safe(results)
+    # Through the typed model before anything is written, so a section built with a key the readers do not know
+    # fails here rather than when a report is rendered.
+    typed = StudyResults.from_dict(json_safe(results))
+    results = typed.to_dict()
     (output_dir / f"{config.report_name}.json").write_text(json.dumps(results, indent=1))
-    (output_dir / f"{config.report_name}.md").write_text(render_report(results))
+    (output_dir / f"{config.report_name}.md").write_text(render_report(typed))
     return results
 
 
@@ -291,33 +296,33 @@ def _study_config(config: EvaluateConfig, ns: list[int], seed_entries: list, prm
     baseline was fitted."""
     entries, has_val = seed_entries[0], config.val_dir is not None
     probe = next((e.name for e in entries if e.kind == "probe"), None)
-    return {
-        "eval_dir": str(config.eval_dir),
-        "val_dir": None if config.val_dir is None else str(config.val_dir),
-        "verifiers": {
+    return StudyConfig(
+        eval_dir=str(config.eval_dir),
+        val_dir=None if config.val_dir is None else str(config.val_dir),
+        verifiers={
             e.name: {"kind": e.kind, "num_sequences": e.num_sequences, "modes": sorted(e.models)} for e in entries
         },
-        "num_sequences_list": ns,
-        "training_seeds": len(seed_entries),
-        "groups": "fixed partition of the collected sequences into ⌊S/N⌋ groups of N per problem",
-        "bootstrap": config.bootstrap,
-        "checker": None if config.checker is None else str(config.checker),
-        "checker_kwargs": config.checker_kwargs_dict or {},
-        "wv_threshold": config.wv_threshold,
-        "deepconf_window": config.deepconf_window,
-        "deepconf_stat": config.deepconf_stat,
-        "target_accuracy": config.target_accuracy,
-        "target_fraction": config.target_fraction,
-        "ltt_epsilon": config.ltt_epsilon,
-        "ltt_delta": config.ltt_delta,
-        "deepconf_calibration": "platt on validation" if has_val else "platt, 2-fold cross-fit on eval",
-        "vote_calibration": "fitted on validation" if has_val else "2-fold cross-fit on eval",
-        "stacked_probe": probe
+        num_sequences_list=ns,
+        training_seeds=len(seed_entries),
+        groups="fixed partition of the collected sequences into ⌊S/N⌋ groups of N per problem",
+        bootstrap=config.bootstrap,
+        checker=None if config.checker is None else str(config.checker),
+        checker_kwargs=config.checker_kwargs_dict or {},
+        wv_threshold=config.wv_threshold,
+        deepconf_window=config.deepconf_window,
+        deepconf_stat=config.deepconf_stat,
+        target_accuracy=config.target_accuracy,
+        target_fraction=config.target_fraction,
+        ltt_epsilon=config.ltt_epsilon,
+        ltt_delta=config.ltt_delta,
+        deepconf_calibration="platt on validation" if has_val else "platt, 2-fold cross-fit on eval",
+        vote_calibration="fitted on validation" if has_val else "2-fold cross-fit on eval",
+        stacked_probe=probe
         or (
             "linear probe on mean-pooled answer states, fitted on "
             + ("validation (its validation scores 2-fold cross-fit)" if has_val else "eval (2-fold cross-fit)")
         ),
-        "prm": None
+        prm=None
         if prm_scorer is None
         else {
             "model": prm_scorer.name,
@@ -325,7 +330,7 @@ def _study_config(config: EvaluateConfig, ns: list[int], seed_entries: list, prm
             "step_separator": prm_scorer.step_separator,
             "lm_tokenizer": getattr(lm_tok, "name_or_path", ""),
         },
-    }
+    ).to_dict()
 
 
 def _evaluate_every_n(results: dict, studies: list[_Study], ns: list[int], lm_costs, levels):
@@ -488,17 +493,17 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
     msv = None if primary is None else method_label(primary, n)
     multi = sorted({method_label(e, n) for s in SETTINGS for e in plans[s]["msv"]})
     single = [m for m in plans["terminal"]["base"] if m != msv]
-    results["methods"][key] = {
-        "terminal": list(acc.per_seed["terminal"]),
-        "streaming": list(acc.per_seed["streaming"]),
-        "msv": msv,
-        "grouped": bool(plans["streaming"]["grouped"] or plans["terminal"]["grouped"]),
-        "single_sequence": list(plans["terminal"]["base"]),
-        "multi_sequence": multi,
-        "aggregations": [
+    results["methods"][key] = MethodRoster(
+        terminal=list(acc.per_seed["terminal"]),
+        streaming=list(acc.per_seed["streaming"]),
+        msv=msv,
+        grouped=bool(plans["streaming"]["grouped"] or plans["terminal"]["grouped"]),
+        single_sequence=list(plans["terminal"]["base"]),
+        multi_sequence=multi,
+        aggregations=[
             m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s]["wv"]) if m in acc.per_seed[s]
         ],
-    }
+    ).to_dict()
     for s in SETTINGS:
         results[s][key] = {m: {k: seed_stat(v) for k, v in d.items()} for m, d in acc.per_seed[s].items()}
     with warnings.catch_warnings():

@@ -418,7 +418,7 @@ def _batch_size(cache: Cache) -> int | None:
 def _kv_tensors(layer) -> list[torch.Tensor]:
     """The key and value tensors of a layer, `(batch, heads, tokens, head_dim)` each; none before any token."""
     if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.get_seq_length() > 0:
-        return [layer.keys, layer.values]
+        return [t for t in (layer.keys, layer.values) if t is not None]
     return []
 
 
@@ -467,7 +467,14 @@ def _fork_layer(layer, rows: torch.Tensor, identity: bool):
 
 
 def recurrent_state_bytes(cache: Cache) -> int:
-    """Bytes of one batch row's recurrent states (conv + recurrent, all layers): the cost of one saved row."""
+    """Bytes of one batch row's recurrent states (conv + recurrent, all layers): the cost of one saved row.
+
+    Args:
+        cache: a transformers `Cache` (layers without recurrent states count 0).
+
+    Returns:
+        The size in bytes (int).
+    """
     return sum(t[0].numel() * t.element_size() for layer in cache.layers for t in _recurrent_tensors(layer))
 
 
@@ -483,6 +490,9 @@ class RecurrentHistory:
 
     Args:
         horizon: the largest number of consumed tokens a branch may drop; `forget` drops saves older than that.
+
+    Raises:
+        ValueError: if `horizon` < 1.
     """
 
     def __init__(self, horizon: int):
@@ -494,7 +504,14 @@ class RecurrentHistory:
         self._saves: dict[tuple[Hashable, int], dict[int, dict[tuple[str, int], torch.Tensor]]] = {}
 
     def save(self, cache: Cache, rows: Sequence[int], step: int, keys: Sequence[Hashable] | None = None) -> None:
-        """Copy the recurrent states of batch `rows` of `cache` as their states before the token of `step`."""
+        """Copy the recurrent states of batch `rows` of `cache` as their states before the token of `step`.
+
+        Args:
+            cache: the live cache.
+            rows: the batch rows to save.
+            step: the step whose token has not been fed yet.
+            keys: one key per row; `None`: the row indices.
+        """
         rows = [int(r) for r in rows]
         for row, key in zip(rows, rows if keys is None else keys):
             self._saves[key, step] = {
@@ -509,15 +526,31 @@ class RecurrentHistory:
             }
 
     def steps(self, key: Hashable) -> list[int]:
-        """The steps at which `key`'s states are saved."""
+        """The steps at which `key`'s states are saved.
+
+        Args:
+            key: the sequence's key.
+
+        Returns:
+            The steps, in save order.
+        """
         return [step for k, step in self._saves if k == key]
 
     def discard(self, key: Hashable, step: int) -> None:
-        """Drop the save of `key` at `step` (no branch will need it)."""
+        """Drop the save of `key` at `step` (no branch will need it).
+
+        Args:
+            key: the sequence's key.
+            step: the save's step (a missing save is ignored).
+        """
         self._saves.pop((key, step), None)
 
     def forget(self, step: int) -> None:
-        """Drop the saves no branch at `step` or later can need (older than ``step - horizon``)."""
+        """Drop the saves no branch at `step` or later can need (older than ``step - horizon``).
+
+        Args:
+            step: the current step.
+        """
         for old in [saved for saved in self._saves if saved[1] < step - self.horizon]:
             del self._saves[old]
 
@@ -527,7 +560,17 @@ class RecurrentHistory:
         return sum(t.nbytes for layers in self._saves.values() for states in layers.values() for t in states.values())
 
     def restore(self, fork: Cache, row: int, key: Hashable, step: int) -> None:
-        """Write the state saved for `key` at `step` into batch `row` of `fork` (a cache from `fork_cache`)."""
+        """Write the state saved for `key` at `step` into batch `row` of `fork` (a cache from `fork_cache`).
+
+        Args:
+            fork: the forked cache, written in place.
+            row: the batch row of `fork`.
+            key: the sequence's key.
+            step: the save's step.
+
+        Raises:
+            RuntimeError: if nothing was saved for `key` at `step`.
+        """
         if (key, step) not in self._saves:
             raise RuntimeError(
                 f"no recurrent state saved for sequence {key!r} before step {step}: a branch of a recurrent model "
@@ -536,7 +579,9 @@ class RecurrentHistory:
         for index, saved in self._saves[key, step].items():
             states = dict(_named_states(fork.layers[index]))
             for (kind, i), state in saved.items():
-                states[kind][i][row] = state  # the fork's own tensor (gathered by fork_cache)
+                target = states[kind][i]  # the fork's own tensor (gathered by fork_cache)
+                assert target is not None, "a state was saved for a layer that holds none"
+                target[row] = state
 
 
 def _named_states(layer) -> list[tuple[str, dict[int, torch.Tensor | None]]]:
@@ -571,13 +616,13 @@ def widen_windows(cache: Cache, margin: int) -> None:
 
 def _fill_window(layer: DynamicSlidingWindowLayer) -> None:
     """Zero slots before the stored tokens, up to the length `get_mask_sizes` reports for the widened window."""
-    if not layer.is_initialized or layer.keys is None or layer.keys.dim() < 2:
+    keys, values = layer.keys, layer.values
+    if not layer.is_initialized or keys is None or values is None or keys.dim() < 2:
         return
-    missing = min(layer.cumulative_length, layer.sliding_window - 1) - layer.keys.shape[-2]
+    missing = min(layer.cumulative_length, layer.sliding_window - 1) - keys.shape[-2]
     if missing > 0:
         layer.keys, layer.values = (
-            torch.cat([t.new_zeros(*t.shape[:-2], missing, t.shape[-1]), t], dim=-2)
-            for t in (layer.keys, layer.values)
+            torch.cat([t.new_zeros(*t.shape[:-2], missing, t.shape[-1]), t], dim=-2) for t in (keys, values)
         )
 
 
@@ -603,7 +648,7 @@ def _shift_rows(source, layer, shifts: dict[int, int]) -> None:
 
 def branch_cache(
     cache: Cache,
-    rows: Sequence[int],
+    rows: Sequence[int] | torch.Tensor,
     drops: Sequence[int],
     step: int,
     history: RecurrentHistory | None = None,

@@ -33,15 +33,16 @@ _VOCABULARY_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def vocabulary_texts(tokenizer) -> list[str]:
     """The text of each token id decoded on its own (special tokens kept), computed once per tokenizer."""
     try:
-        size, texts = _VOCABULARY_TEXTS.get(tokenizer, (None, None))
+        cached = _VOCABULARY_TEXTS.get(tokenizer)
     except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: no cache
-        size, texts = None, None
-    if size != len(tokenizer):
-        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
-        try:
-            _VOCABULARY_TEXTS[tokenizer] = (len(tokenizer), texts)
-        except TypeError:
-            pass
+        cached = None
+    if cached is not None and cached[0] == len(tokenizer):
+        return cached[1]
+    texts: list[str] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    try:
+        _VOCABULARY_TEXTS[tokenizer] = (len(tokenizer), texts)
+    except TypeError:
+        pass
     return texts
 
 
@@ -56,6 +57,13 @@ class DelimiterMatcher:
     Decoding every row at every step would dominate the per-step cost, so a per-vocabulary table first rules out
     tokens that cannot complete an occurrence: the newest token must contain the delimiter's last character (or be
     a token whose text is only known in context, such as a partial UTF-8 byte).
+
+    Args:
+        tokenizer: the LM's tokenizer.
+        delimiters: the text delimiters, e.g. ``["Wait"]``.
+
+    Raises:
+        ValueError: if a delimiter is empty.
     """
 
     def __init__(self, tokenizer, delimiters: Sequence[str]):
@@ -75,7 +83,14 @@ class DelimiterMatcher:
         self._start_candidate = [(not text) or ("\ufffd" in text) or text[-1] in prefix_ends for text in texts]
 
     def could_complete(self, token_id: int) -> bool:
-        """Cheap pre-filter: whether `token_id` can be the last token of an occurrence."""
+        """Cheap pre-filter: whether `token_id` can be the last token of an occurrence.
+
+        Args:
+            token_id: the newest token (ids beyond the vocabulary table are always candidates).
+
+        Returns:
+            Whether an occurrence may end at it.
+        """
         return token_id >= len(self._candidate) or self._candidate[token_id]
 
     def could_start(self, generated: Sequence[int], back: int = 1) -> bool:
@@ -85,6 +100,13 @@ class DelimiterMatcher:
         text from that token on is only known in context, e.g. a partial UTF-8 byte). A recurrent model's branch
         must start before such a token, so the `MSVSession` saves its state then and keeps it while this holds
         (`caches.RecurrentHistory`).
+
+        Args:
+            generated: the chain's generated token ids so far.
+            back: which token from the end (1: the newest).
+
+        Returns:
+            Whether such an occurrence may still complete.
         """
         if not generated or back > min(len(generated), self.window - 1):
             return False  # an occurrence spans at most `window` tokens
@@ -109,6 +131,9 @@ class DelimiterMatcher:
         Args:
             generated: the generated token ids of one sequence (prompt excluded, so a delimiter that starts in
                 the prompt does not count).
+
+        Returns:
+            The `DelimiterMatch`, or `None` when no occurrence ends in the last token.
         """
         if not generated:
             return None

@@ -29,6 +29,19 @@ __all__ = ["MSVSession", "msv_generate", "prepare_generation"]
 class MSVSession:
     """Hooks attached to one LM by `prepare_generation` (arguments documented there).
 
+    Args:
+        model, tokenizer, verifier: the LM, its tokenizer and what scores the answers (`None`: no scoring).
+        elicitation: the base `ElicitationSettings` (`resolve_elicitation`).
+        checker: an equivalence checker name or object; required with a verifier.
+        num_sequences: N used when ``generate`` is called without ``num_return_sequences``.
+        capture_hidden_states: keep every answer's hidden states in the results.
+        offload_hidden_states: move each answer's states to CPU as soon as it completes.
+        **overrides: `ElicitationSettings` fields to change.
+
+    Raises:
+        NotImplementedError: for an encoder-decoder LM.
+        ValueError: if a verifier is given with ``checker=None``, or it cannot read the LM's hidden states.
+
     Attributes:
         results: `MSVResult`s of the ``generate`` calls since the last `pop_results` (one per prompt, in order).
         elicitor: the `AnswerElicitor`: how fired rows become branches and when an answer ends.
@@ -202,7 +215,22 @@ class MSVSession:
         **generate_kwargs,
     ) -> list[MSVResult]:
         """Tokenise `prompts` (strings, or chat messages formatted with the tokenizer's chat template), sample
-        `num_sequences` per prompt with early stopping at `threshold`, and return one `MSVResult` per prompt."""
+        `num_sequences` per prompt with early stopping at `threshold`, and return one `MSVResult` per prompt.
+
+        Args:
+            prompts: strings (used as they are) or chat message lists, not both.
+            threshold: λ for `MSVEarlyStop` (`None`: never stop).
+            num_sequences: N per prompt; default the session's, else 1.
+            max_new_tokens: the sampling budget per sequence.
+            do_sample: sample (else greedy).
+            **generate_kwargs: extra arguments for ``model.generate``.
+
+        Returns:
+            One `MSVResult` per prompt, in order.
+
+        Raises:
+            ValueError: if `prompts` mixes strings and chat message lists.
+        """
         tokenizer = self.tokenizer
         chat = [isinstance(p, (list, tuple)) for p in prompts]
         if any(chat) and not all(chat):
@@ -312,6 +340,9 @@ def msv_generate(
         threshold: λ for `MSVEarlyStop` (`None`: never stop).
         generate_kwargs: extra arguments for ``model.generate`` (temperature, top_p, ...).
         **prepare_kwargs: any argument of `prepare_generation` (elicitation, delimiters, mode, checker, ...).
+
+    Returns:
+        One `MSVResult` per prompt, in order.
     """
     with prepare_generation(model, tokenizer, verifier, **prepare_kwargs) as msv:
         return msv.generate(

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
+from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import UnsupportedError
@@ -59,7 +60,7 @@ class DecodingBatch:
     """
 
     def __init__(
-        self, cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model, margin: int = 0
+        self, cache: Cache, mask: torch.Tensor | None, position: torch.Tensor, members: list, model, margin: int = 0
     ):
         self.attends = attention_length(cache) is not None
         self.margin = margin
@@ -104,7 +105,7 @@ class DecodingBatch:
             )
         if any(drops) and self.mask is None and self.attends:
             self.mask = torch.ones(
-                len(self.members), attention_length(self.cache), dtype=torch.long, device=self.position.device
+                len(self.members), attention_length(self.cache) or 0, dtype=torch.long, device=self.position.device
             )
         rows = torch.tensor(index, dtype=torch.long, device=self.position.device)
         keys = [None] * len(keep) + [live.branch.row for _, live in forks]  # the history's keys: generate rows
@@ -138,7 +139,10 @@ class DecodingBatch:
         if hidden:
             kwargs["output_hidden_states"] = True
         out = self.model(**kwargs, return_dict=True)
-        self.cache = output_cache(out)
+        cache = output_cache(out)
+        if cache is None:  # check_prefilled saw the prefill return one: every step must
+            raise RuntimeError(f"{type(self.model).__name__} returned no cache from a decoding step")
+        self.cache = cache
         self.position = self.position + 1
         self.forwards += 1
         self.rows_computed += len(self.members)
@@ -195,7 +199,7 @@ def _sample_tokens(scores: torch.Tensor, active: torch.Tensor, pad: int, do_samp
 @torch.no_grad()
 def lockstep_sample(
     model,
-    input_ids: torch.LongTensor,
+    input_ids: torch.Tensor,
     logits_processor,
     stopping_criteria,
     generation_config,
@@ -262,14 +266,15 @@ def lockstep_sample(
     while batch.members:  # the tail: branches still decoding after the last main row ended
         t += 1
         _forward(batch, run, input_ids.new_zeros(0), t)
-        run.tail_step(t)
+        if run is not None:
+            run.tail_step(t)
         _regroup(batch, run, [], [], t)
     if streamer is not None:
         streamer.end()
     if run is not None:
         run.count_forwards(batch.forwards, batch.rows_computed)
     if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=input_ids)
+        return GenerateDecoderOnlyOutput(sequences=cast(torch.LongTensor, input_ids))
     return input_ids
 
 
@@ -304,5 +309,7 @@ def _regroup(batch: DecodingBatch, run, keep_main: list[int], forks: list, t: in
     batch.regroup(
         keep, [(position[live.branch.row], live) for live in forks], t, run.history if run is not None else None
     )
-    if forks or len(keep) - len(keep_main) < branches:  # the gather is elicitation's: a branch came or went
+    if run is not None and (
+        forks or len(keep) - len(keep_main) < branches
+    ):  # elicitation's gather: a branch came or went
         run.timings["elicitation"] += time.perf_counter() - started

@@ -35,6 +35,7 @@ def eos_token_ids(config, tokenizer=None) -> set[int]:
         The set of ids (empty when neither names one).
     """
     eos = getattr(config, "eos_token_id", None)
+    ids: set[int]
     if torch.is_tensor(eos):
         ids = set(eos.flatten().tolist())
     elif isinstance(eos, int):
@@ -69,7 +70,14 @@ class ElicitationPolicy:
 
     def with_eos(self, eos_ids: Iterable[int]) -> ElicitationPolicy:
         """The same policy for another EOS set (a ``generate`` call may pass its own ``eos_token_id``); the
-        tokenizer tables are shared, not rebuilt."""
+        tokenizer tables are shared, not rebuilt.
+
+        Args:
+            eos_ids: the EOS token ids.
+
+        Returns:
+            A shallow copy of this policy with those EOS ids.
+        """
         policy = copy.copy(self)
         policy.eos_ids = set(eos_ids)
         return policy

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from .outputs import MSVAnswer, MSVResult
 from .policy import ElicitationPolicy
 from .scoring import ScoringQueue
 from .tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
+
+if TYPE_CHECKING:
+    from ..equivalence import EquivalenceClasses
 
 __all__ = ["GenerationRun"]
 
@@ -47,7 +51,7 @@ class GenerationRun:
         policy: ElicitationPolicy,
         verifier=None,
         *,
-        new_classes: Callable[[], object] | None,
+        new_classes: Callable[[], EquivalenceClasses] | None,
         keep_hidden_states: bool,
         offload_hidden_states: bool,
         num_sequences: int,
@@ -63,11 +67,11 @@ class GenerationRun:
         self.N = num_sequences
         self.max_new_tokens, self.max_length = max_new_tokens, max_length
         self.threshold = threshold
-        self.timings = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
+        self.timings: dict[str, float] = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
         self.compute: dict[str, int] = {}
-        self.prompt_length: int | None = None
+        self.prompt_length = 0  # set at the first step
         self.last_step = -1
-        self.tracker: RowTracker | None = None
+        self._tracker: RowTracker | None = None  # made at the first step, when the batch's rows are known
         self.queue: ScoringQueue | None = None
         self.forks: list[LiveBranch] = []
         self.last_fired: dict[int, LiveBranch] = {}
@@ -75,8 +79,20 @@ class GenerationRun:
 
     # -- per step (called by MSVEarlyStop) -------------------------------------------------------------------
 
+    @property
+    def started(self) -> bool:
+        """Whether the first step has run (``generate`` may produce no token at all)."""
+        return self._tracker is not None
+
+    @property
+    def tracker(self) -> RowTracker:
+        """The row and group bookkeeping (`tracking.RowTracker`), from the first step on."""
+        if self._tracker is None:
+            raise RuntimeError("GenerationRun.tracker is made at the first step")
+        return self._tracker
+
     def _start(self, input_ids: torch.LongTensor):
-        self.tracker = RowTracker(input_ids.shape[0], self.N, self.new_classes)
+        self._tracker = RowTracker(input_ids.shape[0], self.N, self.new_classes)
         self.prompt_length = input_ids.shape[1] - 1
         self.budget = (
             self.max_new_tokens
@@ -87,10 +103,10 @@ class GenerationRun:
             self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
-    def step(self, input_ids: torch.LongTensor) -> torch.BoolTensor:
+    def step(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """Called by `MSVEarlyStop` right after token t has been sampled for every row; returns the rows to stop.
         Rows that fire become pending forks (`take_forks`)."""
-        if self.tracker is None:
+        if not self.started:
             self._start(input_ids)
         t = input_ids.shape[1] - self.prompt_length - 1
         self.last_step = t
@@ -135,6 +151,7 @@ class GenerationRun:
         where one may start. `rows` maps each ``generate`` row still decoding to its batch row."""
         start = time.perf_counter()
         tracker, matcher, history = self.tracker, self.matcher, self.history
+        assert matcher is not None and history is not None, "update_history runs only after bind_cache made one"
         starts = []
         for row, status in enumerate(tracker.status):
             live = status == LIVE and row in rows
@@ -152,7 +169,7 @@ class GenerationRun:
         """The branches that fired at step t (for the loop to fork into its batch), with the terminal answers of
         the rows ``generate`` ended for another reason than EOS or our rule (the budget, another criterion);
         `unfinished` is ``generate``'s per-row flag after step t."""
-        if self.tracker is not None:
+        if self.started:
             self._end_budget_rows(t, unfinished)
         forks, self.forks = self.forks, []
         for live in forks:
@@ -183,9 +200,11 @@ class GenerationRun:
         chosen = logits.argmax(-1)
         logprobs = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1).tolist()
         chosen = chosen.tolist()
-        states = out.hidden_states[-1][n_main:, -1] if out.hidden_states is not None else None  # after final norm
+        # After the final norm; the loop asks for hidden states only when a branch is answering.
+        states = out.hidden_states[-1][n_main:, -1] if out.hidden_states is not None else None
         for i, live in enumerate(branches):
             if live.answering:
+                assert states is not None, "a branch answered in a forward without hidden states"
                 live.hidden.append(states[i])
             else:
                 live.fed += 1
@@ -207,7 +226,7 @@ class GenerationRun:
 
     def finalize(self) -> list[MSVResult]:
         """After the decoding loop: the last scores and the results."""
-        if self.tracker is None:  # generate produced no token
+        if not self.started:  # generate produced no token
             return []
         self._score_due(self.last_step)
         results = assemble_results(
@@ -269,18 +288,19 @@ class GenerationRun:
 
     def _score_due(self, t: int):
         """Score what has become available by step t and apply the stopping rule to the prompts that got scores."""
-        if self.queue is None:
+        queue = self.queue
+        if queue is None:
             return
-        due = self.queue.pop_due(t, [group.settled for group in self.tracker.groups])
-        self.timings["verifier"] = self.queue.seconds
+        due = queue.pop_due(t, [group.settled for group in self.tracker.groups])
+        self.timings["verifier"] = queue.seconds
         for prompt in sorted(due):
-            self._apply_stop_rule(prompt, t)
+            self._apply_stop_rule(prompt, t, queue)
 
-    def _apply_stop_rule(self, prompt: int, t: int):
+    def _apply_stop_rule(self, prompt: int, t: int, queue: ScoringQueue):
         """Decide `prompt` once λ is reached, or once all its answers are scored (`PromptGroup.apply_stop_rule`)."""
         group = self.tracker.groups[prompt]
         # Terminal mode never stops: all answers arrive at the end.
-        stopped = group.apply_stop_rule(self.threshold if self.streaming else None, self.queue.has_pending(prompt))
+        stopped = group.apply_stop_rule(self.threshold if self.streaming else None, queue.has_pending(prompt))
         if stopped:
             # Its rows and branches leave the decoding batch; answers still decoding are abandoned (they were
             # never available).
@@ -290,4 +310,4 @@ class GenerationRun:
                     if self.tracker.status[row] == LIVE:
                         self.tracker.end_row(row, t, STOPPED)
                 self.done[prompt * self.N : (prompt + 1) * self.N] = True
-            self.queue.discard(prompt)
+            queue.discard(prompt)

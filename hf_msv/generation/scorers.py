@@ -15,7 +15,7 @@ equality with the evaluation's replay: ``docs/generation.md``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ class ScoringStream(Protocol):
         Every answer of a prompt with an end ≤ the largest end in `ready` is either in `ready` or was in an
         earlier call (the `ScoringQueue` releases answers in end order); in terminal mode a prompt's answers all
         come in one call."""
+        ...
 
 
 @runtime_checkable
@@ -57,17 +58,35 @@ class AnswerScorer(Protocol):
             and the default elicitation settings read it.
     """
 
-    config: object
+    @property
+    def config(self) -> Any:
+        """The verifier's config."""
+        ...
 
     def begin(self, num_sequences: int, streaming: bool) -> ScoringStream:
         """A fresh stream for one call with N = `num_sequences` per prompt (`streaming`: answers arrive as they
-        become available, else a prompt's terminal answers arrive together)."""
+        become available, else a prompt's terminal answers arrive together).
+
+        Args:
+            num_sequences: N, the sequences sampled per prompt.
+            streaming: whether answers arrive as they become available.
+
+        Returns:
+            The `ScoringStream` of the call.
+        """
+        ...
+
+
+def _states(answer: MSVAnswer) -> torch.Tensor:
+    if answer.hidden_states is None:  # the session keeps every answer's states until it is scored
+        raise RuntimeError(f"answer {answer.prompt}/{answer.sequence}/{answer.step} reached the scorer without states")
+    return answer.hidden_states
 
 
 def _packed(ready: Sequence[MSVAnswer], device) -> tuple[torch.Tensor, torch.Tensor]:
     """`(Σ L, d)` answer states on `device` and the `(Σ L,)` token → answer index."""
     lengths = torch.tensor([a.length for a in ready])
-    hidden = torch.cat([a.hidden_states for a in ready]).to(device, non_blocking=True)
+    hidden = torch.cat([_states(a) for a in ready]).to(device, non_blocking=True)
     return hidden, torch.repeat_interleave(torch.arange(len(ready)), lengths).to(device)
 
 
@@ -89,6 +108,15 @@ class MSVScorer:
         self.config = verifier.config
 
     def begin(self, num_sequences: int, streaming: bool) -> _MSVStream:
+        """A fresh stream for one call (`AnswerScorer.begin`), with a new `MSVCache` in streaming mode.
+
+        Args:
+            num_sequences: N, the sequences sampled per prompt.
+            streaming: whether answers arrive as they become available.
+
+        Returns:
+            The call's `ScoringStream`.
+        """
         return _MSVStream(self.verifier, num_sequences, MSVCache() if streaming else None)
 
 
@@ -138,10 +166,27 @@ class ProbeScorer:
         self.config = probe.config
 
     def begin(self, num_sequences: int, streaming: bool) -> ProbeScorer:
+        """The scorer itself, which keeps no state (`AnswerScorer.begin`).
+
+        Args:
+            num_sequences: N (unused).
+            streaming: unused.
+
+        Returns:
+            This `ProbeScorer`.
+        """
         return self  # stateless: each answer is scored alone
 
     @torch.no_grad()
     def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
+        """P(correct) of each answer in `ready`, each from its own hidden states.
+
+        Args:
+            ready: answers with their hidden states.
+
+        Returns:
+            One probability per answer, in order.
+        """
         device = self.probe.head.weight.device
         hidden, token_answer = _packed(ready, device)
         out = self.probe(
@@ -194,6 +239,15 @@ class WeightedVoteScorer:
         self.wv_threshold = int(wv_threshold)
 
     def begin(self, num_sequences: int, streaming: bool) -> _VoteStream:
+        """A fresh stream for one call (`AnswerScorer.begin`) voting over the base's scores.
+
+        Args:
+            num_sequences: N, the sequences sampled per prompt.
+            streaming: whether answers arrive as they become available.
+
+        Returns:
+            The call's `ScoringStream`.
+        """
         return _VoteStream(self.base.begin(num_sequences, streaming), streaming, self.wv_threshold)
 
 
@@ -256,6 +310,7 @@ class StopRuleScorer:
 
     Raises:
         ValueError: an unknown rule name.
+        TypeError: a `rule` that is neither a `StopHead` nor a string.
     """
 
     def __init__(self, base, rule: StopHead | str):
@@ -268,6 +323,15 @@ class StopRuleScorer:
         self.rule = rule
 
     def begin(self, num_sequences: int, streaming: bool) -> _RuleStream:
+        """A fresh stream for one call (`AnswerScorer.begin`) computing the rule over N chains.
+
+        Args:
+            num_sequences: N, the sequences sampled per prompt.
+            streaming: whether answers arrive as they become available.
+
+        Returns:
+            The call's `ScoringStream`.
+        """
         return _RuleStream(self.base.begin(num_sequences, streaming), self.rule, num_sequences)
 
 
@@ -280,16 +344,22 @@ class _RuleStream(_PromptHistory):
         self.rule, self.N = rule, num_sequences
 
     def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
-        chains = tuple(columns[k] for k in ("class_id", "sequence", "step", "end"))
+        klass, sequence, step, end = (columns[k] for k in ("class_id", "sequence", "step", "end"))
         if isinstance(self.rule, StopHead):
-            return self.rule(columns["score"], *chains, self.N, only=new)[new]
-        return stop_statistic(self.rule, *chains, self.N, only=new)[new]
+            return self.rule(columns["score"], klass, sequence, step, end, self.N, only=new)[new]
+        return stop_statistic(self.rule, klass, sequence, step, end, self.N, only=new)[new]
 
 
 def as_scorer(verifier) -> AnswerScorer:
     """The scorer of what `prepare_generation` was given: an `MSVVerifier` → `MSVScorer` (read through its stop head,
     `StopRuleScorer`, when ``config.early_stopping`` has one), a `ProbeVerifier` →
     `WeightedVoteScorer` (Probe+WV, R = `WV_THRESHOLD`), an `AnswerScorer` as it is.
+
+    Args:
+        verifier: an `MSVVerifier`, a `ProbeVerifier` or an `AnswerScorer`.
+
+    Returns:
+        The `AnswerScorer`.
 
     Raises:
         TypeError: anything else.

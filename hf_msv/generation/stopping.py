@@ -140,6 +140,12 @@ class MSVEarlyStop(StoppingCriteria):
         written by ``hf-msv train``; `hf_msv.lambda_rule.choose_lambda`). ``.choice`` holds that choice (its rule,
         guarantee and validation figures; ``.choice.describe()`` says it in one line).
 
+        Args:
+            verifier: an `MSVVerifier` (or anything with a ``config``) saved with an early-stopping λ.
+
+        Returns:
+            The `MSVEarlyStop` (threshold `None` when the chosen λ is ∞).
+
         Raises:
             ValueError: the verifier carries no early-stopping λ (a terminal verifier, or one saved without it).
         """
@@ -156,10 +162,27 @@ class MSVEarlyStop(StoppingCriteria):
         return criterion
 
     def bind(self, run):
-        """Attach the `GenerationRun` of the current ``generate`` call (`None` detaches)."""
+        """Attach the `GenerationRun` of the current ``generate`` call (`None` detaches).
+
+        Args:
+            run: the `GenerationRun`, or `None`.
+        """
         self.run = run
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None, **kwargs):
+        """One decoding step of the attached run (the `StoppingCriteria` interface).
+
+        Args:
+            input_ids (`(batch, seq_len)` long): the sequences so far.
+            scores: the step's scores (unused).
+            **kwargs: unused.
+
+        Returns:
+            `(batch,)` bool tensor, True for every row of a prompt that has stopped.
+
+        Raises:
+            RuntimeError: if no `prepare_generation` session is attached.
+        """
         if self.run is None:
             raise RuntimeError(
                 "MSVEarlyStop is not attached to a model: call "

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .outputs import MSVAnswer, answer_sort_key
 from .stopping import decide_stop
+
+if TYPE_CHECKING:
+    from ..equivalence import EquivalenceClasses
 
 __all__ = ["BUDGET", "EOS", "LIVE", "STOPPED", "PromptGroup", "RowTracker"]
 
@@ -34,7 +38,7 @@ class PromptGroup:
         chosen: the output answer once decided.
     """
 
-    classes: object | None
+    classes: EquivalenceClasses | None
     answers: list[MSVAnswer] = field(default_factory=list)
     live: int = 0
     inflight: int = 0
@@ -84,7 +88,7 @@ class RowTracker:
         new_classes: factory of a prompt's equivalence classes (`None`: no class assignment).
     """
 
-    def __init__(self, num_rows: int, num_sequences: int, new_classes: Callable[[], object] | None):
+    def __init__(self, num_rows: int, num_sequences: int, new_classes: Callable[[], EquivalenceClasses] | None):
         if num_rows % num_sequences:
             raise ValueError(f"batch of {num_rows} rows is not a multiple of num_return_sequences={num_sequences}.")
         self.N = num_sequences

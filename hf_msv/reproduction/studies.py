@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..elicitation import ElicitationSettings
+from ..evaluation.results import as_study_results
 from .config import training_config
 from .context import ReproductionContext, seed_specs
 from .paper import CHECKER_KWARGS, MASKS
@@ -102,11 +103,11 @@ def checkers_study(ctx: ReproductionContext) -> dict:
         weak = (
             ref_problems if checker is None else load_split(data / "eval", checker, CHECKER_KWARGS[c], hidden=False)[0]
         )
-        term = res["terminal"][str(n)]
+        term = as_study_results(res).terminal[str(n)]
         rows[c] = {
             "agreement": checker_agreement(ref_problems, weak),
             **{
-                m: term[m]["bon_accuracy"]
+                m: term[m].metrics["bon_accuracy"].to_dict()
                 for m in (
                     "Self-consistency",
                     "Probe+WV",
@@ -134,9 +135,12 @@ def masks_study(ctx: ReproductionContext) -> dict:
         )
     vs = {k: seed_specs({"streaming": v}) for k, v in vs.items()}
     res = ctx.evaluate(data / "eval", vs, [n], title="Mask ablation", report_name="masks")
-    stream = res["streaming"][str(n)]
+    stream = as_study_results(res).streaming[str(n)]
     ctx.reports["masks"] = f"studies/{ctx.stem}-masks.md"
-    return {"n": n, "rows": {k: {m: stream[k][m] for m in ("brier", "auroc", "nll")} for k in vs if k in stream}}
+    return {
+        "n": n,
+        "rows": {k: {m: stream[k].metrics[m].to_dict() for m in ("brier", "auroc", "nll")} for k in vs if k in stream},
+    }
 
 
 def delimiters_study(ctx: ReproductionContext) -> dict:
@@ -177,9 +181,9 @@ def delimiters_study(ctx: ReproductionContext) -> dict:
     every_k = f"every {cfg.every_k_tokens} tokens"
     methods = ("Probe", "MSV_1", f"MSV_{n}")
     rows = {"Wait": autc_row(ctx.main_results, n, methods), every_k: autc_row(res, n, methods)}
-    wait = ctx.main_results["data"]["eval"]
+    wait = as_study_results(ctx.main_results).data["eval"]
     rows["Wait"]["answers_per_sequence"] = wait["answers_per_sequence"]
-    rows[every_k]["answers_per_sequence"] = res["data"]["eval"]["answers_per_sequence"]
+    rows[every_k]["answers_per_sequence"] = as_study_results(res).data["eval"]["answers_per_sequence"]
     ctx.reports["delimiters"] = f"studies/{ctx.stem}-every-k.md"
     return {"n": n, "rows": rows, "mean_sequence_tokens": wait["mean_sequence_tokens"]}
 

@@ -1,12 +1,17 @@
 """The reproduction's summary entries, distilled from `hf_msv.evaluation.evaluate_study` results (pure functions).
 
-A results dict holds, per N (as a string), ``terminal`` / ``streaming`` metrics per method, each a seed statistic
-``{"mean", "std", "values"}``; these functions keep the numbers the claims and ``testbed.md`` use.
+Results hold, per N (as a string), ``terminal`` / ``streaming`` metrics per method, each a seed statistic
+``{"mean", "std", "values"}``; these functions keep the numbers the claims and ``testbed.md`` use. They read the
+results as a `hf_msv.evaluation.results.StudyResults` (a results dict, e.g. loaded JSON, is read into one first),
+and return plain JSON dicts: the summary is written to disk and read back as it is.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+
+from ..evaluation.results import MethodMetrics, StudyResults, as_study_results
 
 __all__ = [
     "stat_mean",
@@ -45,25 +50,41 @@ def best_bon_baseline(terminal: dict, msv: str) -> tuple[str | None, float]:
     return best_method(terminal, [m for m in terminal if m != msv], "bon_accuracy", lower=False)
 
 
-def main_summary(res: dict, num_sequences) -> dict:
+def _stats(r: MethodMetrics, names) -> dict:
+    """{name: seed statistic dict} of `names` (each required: a missing metric is a KeyError)."""
+    return {x: r.metrics[x].to_dict() for x in names}
+
+
+def main_summary(res: StudyResults | Mapping, num_sequences) -> dict:
     """Per N: MSV_N and every baseline's terminal Brier / AUROC / best-of-N accuracy (and ECE/Brier of best-of-N),
-    streaming AUROC / Brier, and the early-stop token fraction."""
+    streaming AUROC / Brier, and the early-stop token fraction.
+
+    Args:
+        res: the main study's results (a `StudyResults` or its dict).
+        num_sequences: the N values to summarise.
+
+    Returns:
+        str(N) -> that N's summary, plus the study's ``data`` and ``figures``.
+    """
+    res = as_study_results(res)
     out = {}
     for n in num_sequences:
         k = str(n)
-        msv = res["methods"][k]["msv"]
-        term, stream, es = res["terminal"][k], res["streaming"][k], res["early_stop"].get(k, {})
+        roster = res.methods[k]
+        msv = roster.msv
+        term, stream, es = res.terminal[k], res.streaming[k], res.early_stop.get(k)
+        lam = res.lambda_selection.get(k, {})
         out[k] = {
             "msv": msv,
-            "multi_sequence": res["methods"][k]["multi_sequence"],
+            "multi_sequence": list(roster.multi_sequence),
             "terminal": {
-                m: {x: r[x] for x in ("brier", "auroc", "ece", "nll", "bon_accuracy", "bon_ece", "bon_brier")}
+                m: _stats(r, ("brier", "auroc", "ece", "nll", "bon_accuracy", "bon_ece", "bon_brier"))
                 for m, r in term.items()
             },
             "streaming": {
-                m: {
-                    x: r[x]
-                    for x in (
+                m: _stats(
+                    r,
+                    (
                         "auroc",
                         "brier",
                         "ece",
@@ -73,95 +94,128 @@ def main_summary(res: dict, num_sequences) -> dict:
                         "autc_latency_norm",
                         "full_accuracy",
                         "peak_accuracy",
-                    )
-                }
+                    ),
+                )
                 for m, r in stream.items()
             },
-            "early_stop_token_fraction": es.get("token_fraction"),
-            "early_stop_token_fraction_per_seed": es.get("token_fraction_per_seed"),
-            "early_stop_latency_fraction": es.get("latency_fraction"),
-            "early_stop_best_baseline": es.get("best_baseline"),
-            "early_stop_best_baseline_peak_accuracy": es.get("best_baseline_peak_accuracy"),
-            "early_stop_msv_peak_accuracy": es.get("msv_peak_accuracy"),
-            "lambda_selection": res.get("lambda_selection", {}).get(k, {}),
-            "verifier_online_s_per_answer": res["costs"]["verifier_online_s_per_answer"].get(k, {}),
-            "lm_costs": res["costs"]["lm"].get(k),
+            "early_stop_token_fraction": None if es is None else es.token_fraction,
+            "early_stop_token_fraction_per_seed": None if es is None else es.token_fraction_per_seed,
+            "early_stop_latency_fraction": None if es is None else es.latency_fraction,
+            "early_stop_best_baseline": None if es is None else es.best_baseline,
+            "early_stop_best_baseline_peak_accuracy": None if es is None else es.best_baseline_peak_accuracy,
+            "early_stop_msv_peak_accuracy": None if es is None else es.msv_peak_accuracy,
+            "lambda_selection": {m: {rule: r.to_dict() for rule, r in rules.items()} for m, rules in lam.items()},
+            "verifier_online_s_per_answer": res.costs.verifier_online_s_per_answer.get(k, {}),
+            "lm_costs": res.costs.lm.get(k),
         }
         # results of the training-seed protocol (older results have neither): intervals over problems of MSV_N −
         # each baseline, and the early-stop comparisons on every axis against the single-sequence / all baselines
-        if res.get("intervals", {}).get(k):
-            out[k]["intervals"] = res["intervals"][k]
-        if res.get("by_difficulty", {}).get(k):
-            out[k]["by_difficulty"] = res["by_difficulty"][k]
-        if "comparisons" in es:
-            out[k]["early_stop_comparisons"] = es["comparisons"]
+        if res.intervals.get(k):
+            out[k]["intervals"] = res.intervals_dict(k)
+        if res.by_difficulty.get(k):
+            out[k]["by_difficulty"] = res.by_difficulty[k]
+        if es is not None and es.comparisons is not None:
+            out[k]["early_stop_comparisons"] = {name: c.to_dict() for name, c in es.comparisons.items()}
             out[k]["streaming"] = {
-                m: {x: r[x] for x in (*out[k]["streaming"][m], "autc_steps_norm")} for m, r in stream.items()
+                m: _stats(r, (*out[k]["streaming"][m], "autc_steps_norm")) for m, r in stream.items()
             }
-    out["data"] = res["data"]
-    out["figures"] = res["figures"]
+    out["data"] = res.data
+    out["figures"] = [f.to_dict() for f in res.figures]
     return out
 
 
-def autc_row(res: dict, n: int, methods) -> dict:
+def autc_row(res: StudyResults | Mapping, n: int, methods) -> dict:
     """Streaming AUTC over tokens (raw and normalised) and over t* (normalised, when the results have it) of
-    `methods` at `n`; the multi-sequence MSV is "MSV_N"."""
-    stream = res["streaming"][str(n)]
+    `methods` at `n`; the multi-sequence MSV is "MSV_N".
+
+    Args:
+        res: a study's results (a `StudyResults` or its dict).
+        n: N.
+        methods: the methods wanted (those evaluated are kept).
+
+    Returns:
+        method -> {AUTC name: seed statistic dict}.
+    """
+    stream = as_study_results(res).streaming[str(n)]
     keys = ("autc_tokens", "autc_tokens_norm", "autc_steps_norm")  # t* only in results of the seed protocol
     return {
-        ("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): {k: stream[m][k] for k in keys if k in stream[m]}
+        ("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): _stats(
+            stream[m], [k for k in keys if k in stream[m]]
+        )
         for m in methods
         if m in stream
     }
 
 
-def grouping_summary(res: dict, grouping_ns, grouping_m: int) -> dict:
+def grouping_summary(res: StudyResults | Mapping, grouping_ns, grouping_m: int) -> dict:
     """Per N of the grouping study: each method's accuracy-latency / accuracy-token AUTC, peak accuracy, verifier
-    cost and full-budget latency, and the early-stop comparison; plus the trade-off figures."""
+    cost and full-budget latency, and the early-stop comparison; plus the trade-off figures.
+
+    Args:
+        res: the grouping study's results (a `StudyResults` or its dict).
+        grouping_ns: the N values of the study.
+        grouping_m: the group size M.
+
+    Returns:
+        ``{"m", "per_n": {str(N): ...}, "figures"}``.
+    """
+    res = as_study_results(res)
     out = {"m": grouping_m, "per_n": {}}
     for n in grouping_ns:
         k = str(n)
-        stream = res["streaming"][k]
-        msv = res["methods"][k]["msv"]
+        stream = res.streaming[k]
+        es = res.early_stop[k]
+        per_metric = lambda name: {m: r.metrics[name].to_dict() for m, r in stream.items()}  # noqa: E731
         out["per_n"][k] = {
-            "msv": msv,
-            "autc_latency_norm": {m: stream[m]["autc_latency_norm"] for m in stream},
-            "autc_tokens_norm": {m: stream[m]["autc_tokens_norm"] for m in stream},
-            "peak_accuracy": {m: stream[m]["peak_accuracy"] for m in stream},
-            "verifier_online_s_per_answer": res["costs"]["verifier_online_s_per_answer"].get(k, {}),
-            "full_latency": {m: stream[m]["full_latency"] for m in stream},
+            "msv": res.msv(k),
+            "autc_latency_norm": per_metric("autc_latency_norm"),
+            "autc_tokens_norm": per_metric("autc_tokens_norm"),
+            "peak_accuracy": per_metric("peak_accuracy"),
+            "verifier_online_s_per_answer": res.costs.verifier_online_s_per_answer.get(k, {}),
+            "full_latency": per_metric("full_latency"),
             "early_stop": {
-                x: res["early_stop"][k].get(x) for x in ("best_baseline", "token_fraction", "latency_fraction")
+                "best_baseline": es.best_baseline,
+                "token_fraction": es.token_fraction,
+                "latency_fraction": es.latency_fraction,
             },
         }
-    out["figures"] = [f for f in res["figures"] if "tradeoff" in f["file"]]
+    out["figures"] = [f.to_dict() for f in res.figures if "tradeoff" in f.file]
     return out
 
 
-def size_row(res: dict, n: int) -> dict:
+def size_row(res: StudyResults | Mapping, n: int) -> dict:
     """One training-set size: the Probe's and MSV_n's calibration, best-of-n against the best baseline (the C2
-    gap) and MSV_n's early-stop token fraction (C3)."""
+    gap) and MSV_n's early-stop token fraction (C3).
+
+    Args:
+        res: the study's results at that size (a `StudyResults` or its dict).
+        n: N.
+
+    Returns:
+        The row.
+    """
+    res = as_study_results(res)
     k = str(n)
-    term, stream, es = res["terminal"][k], res["streaming"][k], res["early_stop"].get(k, {})
-    msv = res["methods"][k]["msv"]
-    base, bb = best_bon_baseline(term, msv)
+    term, stream, es = res.terminal[k], res.streaming[k], res.early_stop.get(k)
+    msv = res.msv(k)
+    base, bb = best_bon_baseline({m: r.to_dict() for m, r in term.items()}, msv)
     return {
         "msv": msv,
         "terminal": {
-            m: {x: term[m][x] for x in ("brier", "auroc", "bon_accuracy")}
+            m: _stats(term[m], ("brier", "auroc", "bon_accuracy"))
             for m in ("Probe", msv, "Self-consistency", "Probe+WV")
             if m in term
         },
         "streaming": {
-            m: {x: stream[m][x] for x in ("brier", "auroc", "peak_accuracy")}
+            m: _stats(stream[m], ("brier", "auroc", "peak_accuracy"))
             for m in ("Probe", msv, "Probe+WV")
             if m in stream
         },
         "bon_best_baseline": base,
         "bon_best_baseline_value": bb,
-        "bon_gain": stat_mean(term[msv]["bon_accuracy"]) - bb if msv in term else math.nan,
-        "early_stop_best_baseline": es.get("best_baseline"),
-        "early_stop_token_fraction": es.get("token_fraction"),
+        "bon_gain": stat_mean(term[msv].metrics["bon_accuracy"].to_dict()) - bb if msv in term else math.nan,
+        "early_stop_best_baseline": None if es is None else es.best_baseline,
+        "early_stop_token_fraction": None if es is None else es.token_fraction,
     }
 
 

@@ -45,7 +45,17 @@ _UNSET = {"num_attention_heads": "the base LM's, recorded at collection (the lar
 
 @dataclass
 class TrainArguments:
-    """Where the data is and what the command does besides training (the recipe is `MSVTrainingConfig`)."""
+    """Where the data is and what the command does besides training (the recipe is `MSVTrainingConfig`).
+
+    Args:
+        train_dir: directory of training shards (from ``hf-msv collect``).
+        val_dir: directory of validation shards (checkpoint selection, the guard).
+        output_dir: where the verifier, its model card and ``training_log.json`` go.
+        strict: exit with status 1 when the verifier is worse than calibrated self-consistency on validation Brier.
+        resume: continue a fit interrupted in `output_dir` from its last saved cross-validation state.
+        lr_sweep: train once per learning rate and keep the run with the best validation Brier.
+        lr_sweep_values: the learning rates of the sweep; `None`: the recipe's ÷3, ×1, ×3.
+    """
 
     train_dir: str = field(metadata={"help": "directory of training shards (from hf-msv collect)"})
     val_dir: str = field(metadata={"help": "directory of validation shards (checkpoint selection, the guard)"})
@@ -129,7 +139,14 @@ def build_train_parser() -> HfArgumentParser:
 
 def parse_train_args(argv: list[str] | None = None) -> tuple[TrainArguments, MSVTrainingConfig]:
     """``hf-msv train``'s flags parsed into its `TrainArguments` and `MSVTrainingConfig`, the MSV architecture flags
-    given put into ``config.architecture`` (over the same keys of ``--architecture``)."""
+    given put into ``config.architecture`` (over the same keys of ``--architecture``).
+
+    Args:
+        argv: the command-line arguments; `None`: ``sys.argv[1:]``.
+
+    Returns:
+        ``(args, config)``.
+    """
     args, config, architecture = build_train_parser().parse_args_into_dataclasses(argv)
     given = {k: v for k, v in asdict(architecture).items() if v is not None}
     return args, replace(config, architecture=config.architecture | given)
@@ -140,7 +157,19 @@ def _is_main() -> bool:
 
 
 def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingResult:
-    """Train (or sweep), print the closing lines, and exit 1 under ``--strict`` when the guard failed."""
+    """Train (or sweep), print the closing lines, and exit 1 under ``--strict`` when the guard failed.
+
+    Args:
+        args: the command's `TrainArguments`.
+        config: the recipe.
+
+    Returns:
+        The `TrainingResult` (of the best run, when sweeping).
+
+    Raises:
+        UserError: ``resume`` together with ``lr_sweep``.
+        SystemExit: under ``strict`` when the guard failed.
+    """
     if args.lr_sweep and args.resume:
         raise UserError("--resume continues one fit; --lr-sweep runs several: use one or the other")
     if args.lr_sweep:
@@ -178,5 +207,12 @@ def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingRes
 
 
 def main(argv: list[str] | None = None) -> TrainingResult:
-    """``hf-msv train`` / ``python -m hf_msv.training``."""
+    """``hf-msv train`` / ``python -m hf_msv.training``.
+
+    Args:
+        argv: the command-line arguments; `None`: ``sys.argv[1:]``.
+
+    Returns:
+        The `TrainingResult`.
+    """
     return run_training(*parse_train_args(argv))

@@ -90,6 +90,57 @@ class MSVTrainingConfig:
 
     The MSV's architecture is `MSVConfig`'s, declared there once: `architecture` holds the keyword arguments this
     run gives it (``MSVTrainingConfig(architecture={"num_hidden_layers": 2})``), `build_verifier` adds the rest.
+
+    The flags' help (``hf-msv train --help``) says more about each field.
+
+    Args:
+        recipe: ``"auto"`` (step budget, width-scaled learning rates, best checkpoint by validation BCE, early
+            stopping) or ``"paper"`` (the paper's literal numbers).
+        kind: ``"msv"`` (MSV_N) or ``"probe"`` (the single-answer Probe baseline).
+        num_sequences: N, sequences per training group (at most the samples collected per problem; the Probe: 1).
+        mode: ``"terminal"`` (terminal answers only) or ``"streaming"`` (every elicited answer, causal masks).
+        architecture: `MSVConfig` keyword arguments of the MSV (a dict or a JSON object); `None`: its defaults.
+        gamma_skip: start at calibrated voting (an affine γ skip fitted on the training answers, head zeroed);
+            default: on (auto recipe), off (paper recipe).
+        vote_margin_se: standard errors by which a trained checkpoint's BCE must beat the step-0 vote (0: any gain).
+        vote_folds: K of the cross-validation that decides whether and how long to train past the vote; 0: choose
+            on validation; default: 4 with the γ skip.
+        vote_pathway: start at the weighted vote of a single-chain head's scores (docs/msv_vote_pathway.md);
+            default: on (auto recipe, unless ``gamma_skip=False``), off (paper).
+        probe_hidden_size: MLP width of the Probe and of the vote pathway's single-chain head.
+        groups_per_problem: `None`: partition each problem's S samples into ⌊S/N⌋ groups per pass; k: k independent
+            random N-subsets.
+        max_train_problems: train on the first k training problems only (validation is never truncated).
+        checker: re-derive equivalence classes with this checker for training and validation; `None`: the
+            collection's classes.
+        checker_kwargs: the checker's keyword arguments (a dict or a JSON object).
+        num_workers: DataLoader workers.
+        learning_rate: MSV body learning rate; `None`: the recipe's.
+        mask_learning_rate: learning rate of the mask-mixture weights w.
+        embedding_learning_rate: learning rate of the sequence embeddings e⁽ⁿ⁾.
+        gamma_learning_rate: learning rate of the γ MLP; `None`: the recipe's.
+        probe_learning_rate: the Probe's learning rate.
+        weight_decay, adam_beta1, adam_beta2, adam_epsilon: AdamW's settings.
+        warmup_ratio: fraction of the steps with linear warmup.
+        max_grad_norm: gradient clipping norm.
+        batch_size: global groups per optimizer step; `None`: the recipe's.
+        num_epochs: train for this many passes, validating after each; `None`: the recipe's (auto: a step budget).
+        max_steps: optimizer-step budget (with `num_epochs`, a cap); `None`: the recipe's.
+        eval_steps: validate every this many steps; `None`: the recipe's.
+        early_stopping_patience: evaluations without validation improvement before stopping (0: never); `None`: the
+            recipe's.
+        seed: seed of model init, group draws and shuffling.
+        mixed_precision: accelerate's ``"no"``, ``"bf16"`` or ``"fp16"``.
+        eval_batch_size: groups per validation forward.
+        stop_epsilon: tolerance ε of the λ saved with a streaming MSV (Learn-then-Test on validation).
+        stop_delta: risk level δ of that λ.
+        log_every: steps between progress-bar loss updates.
+        progress: show a progress bar (main process).
+
+    Raises:
+        UserError: an unknown recipe, kind or mode, a non-positive `num_sequences` or `batch_size`, `vote_folds` of
+            1 or below 0, `stop_epsilon` or `stop_delta` outside (0, 1), `checker_kwargs` that is not an object, or
+            `architecture` keys that are not architecture fields of `MSVConfig`.
     """
 
     recipe: str = field(
@@ -338,7 +389,14 @@ class MSVTrainingConfig:
 
     def folds(self, num_problems: int) -> int:
         """Cross-validation folds that decide whether to leave the vote (`vote_folds`): 0 unless anchored; by
-        default 4, at most one per training problem."""
+        default 4, at most one per training problem.
+
+        Args:
+            num_problems: the number of training problems.
+
+        Returns:
+            The number of folds (0: no cross-validation).
+        """
         if not self.anchored:
             return 0
         folds = DEFAULT_VOTE_FOLDS if self.vote_folds is None else self.vote_folds
@@ -377,7 +435,18 @@ def _architecture(value) -> dict:
 
 @dataclass
 class TrainingPlan:
-    """The concrete numbers of a run (``training_log.json["plan"]``): what `resolve_plan` made of the config."""
+    """The concrete numbers of a run (``training_log.json["plan"]``): what `resolve_plan` made of the config.
+
+    Args:
+        learning_rate: the body learning rate (the Probe's for a Probe).
+        gamma_learning_rate: the γ MLP's learning rate (`None`: the body's).
+        batch_size: global groups per optimizer step.
+        steps_per_pass: optimizer steps of one pass over the training data.
+        max_steps: the optimizer-step budget.
+        eval_steps: steps between validations.
+        early_stopping_patience: evaluations without improvement before stopping (0: never).
+        by_epoch: whether the run trains by epochs (else by a step budget).
+    """
 
     learning_rate: float
     gamma_learning_rate: float | None
@@ -411,7 +480,16 @@ def resolve_batch_size(config: MSVTrainingConfig) -> int:
 
 def resolve_plan(config: MSVTrainingConfig, hidden_size: int, steps_per_pass: int) -> TrainingPlan:
     """Fill in the recipe's numbers for data of width `hidden_size` whose one pass takes `steps_per_pass` optimizer
-    steps (``len(DataLoader)`` at `resolve_batch_size`)."""
+    steps (``len(DataLoader)`` at `resolve_batch_size`).
+
+    Args:
+        config: the run's config.
+        hidden_size: the width d of the hidden states.
+        steps_per_pass: optimizer steps of one pass over the training data.
+
+    Returns:
+        The `TrainingPlan`.
+    """
     epochs = config.epochs
     if epochs is not None:
         budget = steps_per_pass * epochs

@@ -128,6 +128,14 @@ def calibrated_self_consistency(
     With `problems` (m,) (two or more distinct), the probabilities are cross-fitted: the answers of every other
     problem (in order of first appearance, `fold_by_problem`) are scaled by the fit on the rest, so the scores are
     out of sample like the verifier's; ``platt`` is then the fit on all answers (what a user would apply to new data).
+
+    Args:
+        gamma: (m,) agreement feature γ of each answer.
+        labels: (m,) 0/1 correctness.
+        problems: (m,) problem id of each answer; `None`: no cross-fitting.
+
+    Returns:
+        ``(probabilities, metrics)``: an (m,) array and the dict above.
     """
     a, b = fit_platt(gamma, labels)
     p = platt(gamma, a, b)
@@ -230,7 +238,16 @@ def _training_features(train_set, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def linear_probe_scores(train_set, val_pooled: np.ndarray, seed: int = 0) -> np.ndarray | None:
     """P(correct) of the validation answers `val_pooled (m, d)` under a logistic regression on standardised
-    mean-pooled states fitted on `train_set` (a `ShardDataset`); `None` if the training labels have one class."""
+    mean-pooled states fitted on `train_set` (a `ShardDataset`); `None` if the training labels have one class.
+
+    Args:
+        train_set: the training `ShardDataset`.
+        val_pooled: (m, d) mean-pooled hidden states of the validation answers.
+        seed: seed of the training answers' draw.
+
+    Returns:
+        (m,) probabilities, or `None`.
+    """
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -253,6 +270,19 @@ class GuardReport:
     {"brier", "auroc", "nll"} (the probe's may be `None`); ``base_rate``: accuracy of the validation answers;
     ``best``: the baseline with the lowest Brier; ``passed``: verifier Brier ≤ that best's; ``warning``: the
     one-line warning when not, naming what to use instead.
+
+    Args:
+        name: the verifier's name in the report.
+        num_sequences: N of the validation groups.
+        answers: the number of validation answers.
+        base_rate: their accuracy.
+        verifier, self_consistency, linear_probe: the scores above.
+        passed: whether the verifier beat the best baseline.
+        warning: the warning line, or `None`.
+        reference: the name of the vote row (calibrated self-consistency, or the base rate for N = 1).
+        extra: further notes (the kept vote, early-stopping lines).
+        baselines: the other baselines' scores by name.
+        best: the name of the best baseline.
     """
 
     name: str
@@ -293,7 +323,11 @@ class GuardReport:
     def add_early_stopping(self, stopping) -> None:
         """Record a streaming MSV's stopping rule (`stopping_curve.EarlyStoppingFit`): the λ saved with it and the
         guarantee behind it, the stop-time calibration on validation, and a warning when no λ that stops early
-        reaches its target (the curves go to the log)."""
+        reaches its target (the curves go to the log).
+
+        Args:
+            stopping: the `EarlyStoppingFit`; its lines go into `extra`.
+        """
         choice, at_stop = stopping.choice, stopping.replay.at_stop(stopping.choice.lam)
         line = f"early stopping on validation: {choice.describe()}"
         if at_stop["stopped"] > 0:

@@ -64,7 +64,16 @@ class GroupReplay:
 class EarlyStoppingFit:
     """What `fit_early_stopping` found: the `head` (fitted on the validation answers), the deployed `choice`
     (the guarantee's λ when it certifies one, else the target rule's), both rules' choices, and the replays of
-    the head and of the raw score on validation."""
+    the head and of the raw score on validation.
+
+    Args:
+        head: the fitted `StopHead`.
+        choice: the deployed `LambdaChoice`.
+        guarantee: the guarantee rule's choice.
+        target: the target rule's choice.
+        replay: the head's `GroupReplay` on validation.
+        raw: the raw score's `GroupReplay` on validation.
+    """
 
     head: StopHead
     choice: LambdaChoice
@@ -157,6 +166,9 @@ def fit_early_stopping(
         num_chains: N of the validation groups.
         epsilon, delta: the guarantee's tolerance and risk (`choose_lambda`).
         target_fraction: the plain rule's target, × full-decoding accuracy.
+
+    Returns:
+        The `EarlyStoppingFit`.
     """
     structure, labels = predictions.structure, predictions.labels
     p = 1.0 / (1.0 + np.exp(-predictions.logits))

@@ -44,8 +44,12 @@ def sweep_learning_rates(
     lowest validation Brier in `output_dir`, and return its `TrainingResult` (``verifier`` loaded from there).
 
     Args:
+        train_dir, val_dir, output_dir, config: as `train_verifier`.
         learning_rates: the rates to try; default the recipe's rate × `SWEEP_FACTORS`.
         log: progress lines (one before and one after each run).
+
+    Returns:
+        The best run's `TrainingResult`.
     """
     config = config or MSVTrainingConfig()
     train_set, _ = load_training_data(train_dir, val_dir, config)  # input errors before the first run

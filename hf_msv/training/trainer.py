@@ -66,6 +66,17 @@ class TrainingResult:
     calibrated voting (`MSVTrainingConfig.gamma_skip`), else nothing saved), ``best_step`` its optimizer step;
     ``guard`` the comparison with the baselines on validation; ``plan`` the concrete numbers the recipe chose (with
     ``vote_cv``, the length cross-validation chose: `cross_validate_vote`).
+
+    Args:
+        output_dir: where the checkpoint was saved.
+        best_epoch: index in `history` of the kept checkpoint.
+        best_metrics: its validation metrics.
+        history: one metrics dict per validation.
+        verifier: the best model, loaded.
+        best_step: its optimizer step.
+        guard: the `GuardReport`.
+        plan: the `TrainingPlan`.
+        vote_cv: the vote cross-validation's decision, if any.
     """
 
     output_dir: str
@@ -97,7 +108,16 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
     """A freshly initialised MSV or Probe for hidden states of width `hidden_size` collected with `info` (the shard
     info: its LM and elicitation settings go into the verifier's config). An MSV's `MSVConfig` is
     ``config.architecture`` plus what the run sets (`RUN_SET_FIELDS`); its attention heads, unless the architecture
-    sets them, are the base LM's (the largest divisor of the width below them)."""
+    sets them, are the base LM's (the largest divisor of the width below them).
+
+    Args:
+        config: the run's config.
+        hidden_size: the width d of the hidden states.
+        info: the shard info of the training data.
+
+    Returns:
+        The new `MSVVerifier` or `ProbeVerifier`.
+    """
     elicitation = collection_elicitation(info).replace(mode=config.mode)
     if config.mode == "terminal":  # a terminal verifier reads the answers at the end only
         elicitation = replace(elicitation, delimiters=(), every_k_tokens=None)
@@ -166,8 +186,20 @@ def _provenance(dataset: ShardDataset) -> set[tuple]:
 
 def load_training_data(train_dir, val_dir, config: MSVTrainingConfig) -> tuple[ShardDataset, ShardDataset]:
     """The training and validation `ShardDataset` of a run, checked: one LM and one width across every shard of
-    both, a known checker, N within the samples collected, and validation answers to measure. Raises `ValueError`
-    (or `FileNotFoundError`) with the reason before any training starts."""
+    both, a known checker, N within the samples collected, and validation answers to measure.
+
+    Args:
+        train_dir: the training shards (a directory or files).
+        val_dir: the validation shards.
+        config: the run's config.
+
+    Returns:
+        ``(train_set, val_set)``.
+
+    Raises:
+        ValueError: with the reason, before any training starts.
+        FileNotFoundError: missing shards.
+    """
     if config.checker is not None:
         from ..equivalence import get_checker
 
@@ -327,7 +359,17 @@ def validation_predictions(
 def fit_stopping_rule(verifier, val_dir, epsilon: float = EPSILON, delta: float = DELTA, batch_size: int = 64):
     """Fit a trained streaming MSV's stopping rule on the validation shards in `val_dir` (groups of the verifier's
     N) and store it in ``verifier.config.early_stopping`` (what ``hf-msv train`` does after training; save the
-    verifier to keep it). Returns the `stopping_curve.EarlyStoppingFit`.
+    verifier to keep it).
+
+    Args:
+        verifier: a trained streaming `MSVVerifier`; its config is updated in place.
+        val_dir: the validation shards.
+        epsilon: the guarantee's tolerance ε.
+        delta: the guarantee's risk δ.
+        batch_size: groups per validation forward.
+
+    Returns:
+        The `stopping_curve.EarlyStoppingFit`.
 
     Raises:
         ValueError: a terminal verifier (its answers all arrive at the end: nothing to stop early).
@@ -361,7 +403,18 @@ def prediction_metrics(predictions: ValidationPredictions) -> dict:
 
 
 def evaluate_verifier(model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None) -> dict:
-    """Validation metrics of `model` on every group of `dataset` (see `prediction_metrics`)."""
+    """Validation metrics of `model` on every group of `dataset` (see `prediction_metrics`).
+
+    Args:
+        model: an `MSVVerifier` or `ProbeVerifier`.
+        dataset: the validation `ShardDataset`.
+        mode: ``"streaming"`` or ``"terminal"``.
+        batch_size: groups per forward.
+        accelerator: an `accelerate.Accelerator` to spread the groups over processes; `None`: this process.
+
+    Returns:
+        The metrics dict of `prediction_metrics`.
+    """
     return prediction_metrics(validation_predictions(model, dataset, mode, batch_size, accelerator))
 
 
@@ -725,6 +778,19 @@ def train_verifier(
     with other settings is a ValueError before any training. Without it, a state left there is discarded.
 
     Works in one process or under ``accelerate launch`` (any number of processes; CPU or GPU).
+
+    Args:
+        train_dir: the training shards (a directory or files).
+        val_dir: the validation shards.
+        output_dir: where the checkpoint and logs go.
+        config: the run's `MSVTrainingConfig`; `None`: the defaults.
+        resume: continue an interrupted fit in `output_dir`.
+
+    Returns:
+        The `TrainingResult`.
+
+    Raises:
+        ValueError: bad inputs (`load_training_data`), or a saved state of other settings with `resume`.
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed

@@ -129,6 +129,9 @@ class VLLMController:
                 engine's global generator), so a call samples the same chains whatever else the engine runs; not
                 on the CPU backend with chunked prefill (`supports_seeds`).
 
+        Returns:
+            One `MSVResult` per prompt, in order.
+
         Raises:
             ValueError: bad arguments, or prompts too long for the engine's ``max_model_len`` with this budget.
         """
@@ -155,7 +158,14 @@ class VLLMController:
         return not (cpu and getattr(config.scheduler_config, "enable_chunked_prefill", False))
 
     def encode(self, prompt) -> list[int]:
-        """Token ids of a prompt: a string (with special tokens), chat messages (chat template) or token ids."""
+        """Token ids of a prompt: a string (with special tokens), chat messages (chat template) or token ids.
+
+        Args:
+            prompt: a string, a list of chat message dicts, or a list of token ids (returned as they are).
+
+        Returns:
+            The prompt's token ids.
+        """
         tokenizer = self.tokenizer
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
@@ -166,7 +176,14 @@ class VLLMController:
 
     def room(self, prompt_ids: list[int]) -> int:
         """The most chain-of-thought tokens a prompt may get so that every elicitation (re-fed delimiter text,
-        elicitation prompt, answer and the token that feeds its last one) fits the engine's ``max_model_len``."""
+        elicitation prompt, answer and the token that feeds its last one) fits the engine's ``max_model_len``.
+
+        Args:
+            prompt_ids: the prompt's token ids.
+
+        Returns:
+            The token budget (may be below 1 for a long prompt).
+        """
         return self.engine.model_config.max_model_len - len(prompt_ids) - self.policy.extra_tokens - 1
 
     def _check_lengths(self, ids: list[list[int]], max_new_tokens: int):
@@ -199,7 +216,26 @@ def vllm_generate(
     **controller_kwargs,
 ) -> list[MSVResult]:
     """One call: a `VLLMController` on `engine` (`controller_kwargs`: its arguments) generating `prompts`
-    (`sampling`: temperature, top_p, top_k, seed). Returns one `MSVResult` per prompt."""
+    (`sampling`: temperature, top_p, top_k, seed).
+
+    Args:
+        engine: the vLLM engine.
+        prompts: strings, chat message lists or token id lists.
+        verifier: what scores the answers (as in `prepare_generation`); `None`: no scoring.
+        tokenizer: the LM's tokenizer; `None`: loaded from the engine's tokenizer path.
+        threshold: λ of the stopping rule (`None`: never stop).
+        num_sequences: N per prompt.
+        max_new_tokens: chain-of-thought tokens per sequence at most.
+        sampling: sampling settings (temperature, top_p, top_k, seed).
+        **controller_kwargs: other `VLLMController` arguments.
+
+    Returns:
+        One `MSVResult` per prompt.
+
+    Raises:
+        ValueError: what `VLLMController` and its ``generate`` refuse (e.g. `max_new_tokens` beyond the engine's
+            ``max_model_len``).
+    """
     controller = VLLMController(engine, tokenizer, verifier, **controller_kwargs)
     return controller.generate(
         prompts, num_sequences=num_sequences, max_new_tokens=max_new_tokens, threshold=threshold, **(sampling or {})
