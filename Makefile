@@ -32,7 +32,7 @@ test-vllm: setup
 lint: setup
 	$(VENV)/ruff check
 	$(VENV)/ruff format --check
-	$(VENV)/basedpyright
+	$(VENV)/basedpyright --project pyproject.toml
 
 # The layer contracts of pyproject.toml's [tool.importlinter].
 lint-imports: setup
