@@ -116,9 +116,9 @@ def screen_lm(task, work_dir: Path, n_problems: int, samples: int, seed: int, ma
 def probe_scores(work_dir: Path, samples: int) -> dict:
     """:func:`probe_signal`'s figures from its work directory (the Probe trained, the shards collected): evaluation
     at N = 1 and N = ``samples``. Separate so that shards and Probe brought back from another machine can be scored."""
-    from hf_msv.evaluation import EvaluateConfig, evaluate_from_config
+    from hf_msv.evaluation import EvaluateConfig, evaluate_study
 
-    evaluate_from_config(EvaluateConfig(eval_dir=str(work_dir / "evaluation"), val_dir=str(work_dir / "validation"),
+    evaluate_study(EvaluateConfig(eval_dir=str(work_dir / "evaluation"), val_dir=str(work_dir / "validation"),
                                         output_dir=str(work_dir / "report"), verifier=[f"Probe={work_dir / 'probe'}"],
                                         num_sequences=[1, samples], figures=False, progress=False))
     report = json.loads((work_dir / "report" / "report.json").read_text())

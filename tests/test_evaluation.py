@@ -20,7 +20,6 @@ from hf_msv.evaluation import (
     EvaluateConfig,
     answer_group,
     draw_sequences,
-    evaluate_from_config,
     evaluate_study,
     evaluation_groups,
     lm_costs_from_info,
@@ -369,7 +368,7 @@ def test_cli_and_checker_rederivation(study, tmp_path):
             *sum((["--verifier", s] for s in specs), []),
         ]
     )
-    results = evaluate_from_config(args)
+    results = evaluate_study(args)
     assert results["config"]["checker"] == "random"
     # per-difficulty breakdown from a problems file's metadata: buckets partition the problems and average back
     by = results["by_difficulty"]["4"]

@@ -9,7 +9,7 @@ dataclasses: `StudyResults`), `report` (markdown and figures), `config` + `cli` 
 """
 
 from ..data import answer_group, draw_sequences, load_split, select_answers
-from .cli import evaluate_from_config, main
+from .cli import main
 from .config import EvaluateConfig, MethodConfig
 from .intervals import ProblemCurves, ProblemNumbers, fraction_interval, metric_intervals
 from .methods import SETTINGS, evaluation_groups
@@ -73,7 +73,6 @@ __all__ = [
     "LambdaRuleRecord",
     "split_statistics",
     "difficulty_from_problems",
-    "evaluate_from_config",
     "render_report",
     "write_figures",
     "markdown_table",

@@ -8,15 +8,7 @@ from pathlib import Path
 from .config import EvaluateConfig
 from .study import evaluate_study
 
-__all__ = ["evaluate_from_config", "main"]
-
-
-def evaluate_from_config(config: EvaluateConfig) -> dict:
-    """``hf-msv evaluate``'s run: `evaluate_study` with every input named in `config` (the ``--verifier`` specs, the
-    ``--decode-step-s`` / ``--elicit-s`` LM costs, the ``--problems`` for ``--difficulty-field``); returns its results.
-    Raises ModuleNotFoundError (figures without matplotlib), ValueError or FileNotFoundError (bad inputs) before any
-    work."""
-    return evaluate_study(config)
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -28,7 +20,7 @@ def main(argv: list[str] | None = None) -> dict:
         description="Baselines, metrics, figures and λ rules over collected shards and trained verifiers.",
     )
     (config,) = parser.parse_args_into_dataclasses(argv)
-    results = evaluate_from_config(config)
+    results = evaluate_study(config)  # every input named in the config: verifier specs, costs, problems
     out = Path(config.output_dir)
     print(
         json.dumps({"report": str(out / f"{config.report_name}.md"), "json": str(out / f"{config.report_name}.json")})
