@@ -9,6 +9,7 @@ random numbers), so the comparison is exact.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 from collections.abc import Sequence
@@ -18,7 +19,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .arguments import parse_command_args
 from .collect import load_lm
+from .collect.lm import ModelArguments
 from .data.problems import Problem
 from .equivalence import get_checker
 from .errors import MissingPathError, UserError, check_checkpoint_dir
@@ -29,9 +32,13 @@ from .testbed import TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt,
 
 
 @dataclass
-class DemoConfig:
-    """The options of ``hf-msv demo`` (flags built from these fields by `transformers.HfArgumentParser`)."""
+class DemoConfig(ModelArguments):
+    """The options of ``hf-msv demo`` (flags built from these fields by `transformers.HfArgumentParser`); the LM's
+    are those of `ModelArguments` (``--model``, ``--revision``, ``--trust-remote-code``, ``--device-map``, ...)."""
 
+    model: str | None = field(
+        default=None, metadata={"help": "A local or Hub causal LM instead of the embedded testbed LM."}
+    )
     problems: int = field(default=12, metadata={"help": "Testbed evaluation problems to run."})
     question: str | None = field(
         default=None, metadata={"help": "Your own question instead (no gold answer, so no grading)."}
@@ -51,10 +58,6 @@ class DemoConfig:
         },
     )
     seed: int = field(default=0, metadata={"help": "Seed of the problems and of sampling."})
-    model: str | None = field(
-        default=None, metadata={"help": "A local or Hub causal LM instead of the embedded testbed LM."}
-    )
-    gguf_file: str | None = field(default=None, metadata={"help": "GGUF file inside --model, if it is a GGUF repo."})
     verifier: str | None = field(default=None, metadata={"help": "A local or Hub MSV verifier trained for --model."})
     output_dir: str = field(
         default="outputs/demo",
@@ -92,26 +95,33 @@ class DemoRow:
 DEMO_THRESHOLD = 0.93
 
 
-def load_default(device: str | None = None):
+def load_default(device: str | None = None, model_args: ModelArguments | None = None):
     """The embedded default: the shipped MSV, the testbed LM it was trained on (`TESTBED_VERIFIER_TASK`'s) and its
-    tokenizer, on `device`: ``(model, tokenizer, verifier)``."""
+    tokenizer, on `device` (loaded as `model_args` say, its ``model`` replaced): ``(model, tokenizer, verifier)``."""
     if not (TESTBED_VERIFIER_DIR / "config.json").exists():
         raise MissingPathError(
             f"no shipped verifier at {TESTBED_VERIFIER_DIR}; train one with `scripts/train_shipped_verifier.sh`."
         )
-    return load_custom(get_task(TESTBED_VERIFIER_TASK).lm_name, TESTBED_VERIFIER_DIR, device=device)
+    name = get_task(TESTBED_VERIFIER_TASK).lm_name
+    model_args = ModelArguments(model=name) if model_args is None else dataclasses.replace(model_args, model=name)
+    return load_custom(model_args, TESTBED_VERIFIER_DIR, device=device)
 
 
-def load_custom(model_name: str, verifier_name: str, gguf_file: str | None = None, device: str | None = None):
-    """Any local or Hub LM (``"testbed"``: the embedded one) + its verifier, both on `device` (the Hub needs
-    network; here only local directories work).
+def load_custom(
+    model_name: ModelArguments | str, verifier_name: str, gguf_file: str | None = None, device: str | None = None
+):
+    """Any local or Hub LM (``"testbed"``: the embedded one; a `ModelArguments` says how to load it, else
+    `gguf_file` alone) + its verifier, on `device` (the verifier on the LM's; the Hub needs network; here only local
+    directories work).
 
     Raises:
         FileNotFoundError, NotADirectoryError: a local verifier or LM path that is not a checkpoint directory (checked
             before anything loads).
     """
     check_checkpoint_dir(verifier_name, "verifier")
-    model, tokenizer = load_lm(model_name, device=device, gguf_file=gguf_file)
+    if not isinstance(model_name, ModelArguments):
+        model_name = ModelArguments(model=model_name, gguf_file=gguf_file)
+    model, tokenizer = load_lm(model_name, device)
     return model, tokenizer, MSVVerifier.from_pretrained(verifier_name).to(model.device).eval()
 
 
@@ -133,9 +143,11 @@ def _load(config: DemoConfig) -> tuple:
     if config.model or config.verifier:
         if not (config.model and config.verifier):
             raise UserError("--model and --verifier go together (the verifier must be trained for the LM)")
-        model, tokenizer, verifier = load_custom(config.model, config.verifier, config.gguf_file, config.device)
+        model, tokenizer, verifier = load_custom(
+            ModelArguments.from_fields(config), config.verifier, device=config.device
+        )
         return model, tokenizer, verifier, _prompt_format(tokenizer), config.max_new_tokens or 400
-    model, tokenizer, verifier = load_default(config.device)
+    model, tokenizer, verifier = load_default(config.device, ModelArguments.from_fields(config))
     # a capped task's LM was trained on traces cut at the cap
     cap = get_task(TESTBED_VERIFIER_TASK).sampling_cap()
     return model, tokenizer, verifier, format_prompt, config.max_new_tokens or cap or 400
@@ -291,8 +303,8 @@ def build_parser():
 
 
 def main(argv: Sequence[str] | None = None) -> list[DemoRow]:
-    """``hf-msv demo``: run `run_demo` with the flags of `DemoConfig`."""
-    (config,) = build_parser().parse_args_into_dataclasses(argv)
+    """``hf-msv demo``: run `run_demo` with the flags of `DemoConfig` (and ``--config FILE``, ``--log-level``)."""
+    (config,) = parse_command_args(build_parser(), argv)
     return run_demo(config)
 
 

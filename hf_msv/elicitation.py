@@ -42,10 +42,14 @@ class ElicitationSettings:
         prompt: appended to a branch to elicit its answer; the LM continues with ``{answer}``.
         max_answer_tokens: cap on answer tokens; a box still open after this many is "no answer".
         keep_delimiter: keep the delimiter in the branch context instead of branching just before it.
+        min_gap_tokens: space a chain's answers: a delimiter or every-K step elicits only when at least this many
+            chain tokens have passed since the chain's previous elicitation (EOS and the budget end always do), so
+            an engine pays for at most one answer per that many tokens; ``None``: no spacing. A verifier is trained
+            on one schedule: collect with the spacing it will run under.
 
     Raises:
-        ValueError: for an unknown mode, an empty or non-string delimiter, ``every_k_tokens`` or
-            ``max_answer_tokens`` below 1, or an empty prompt.
+        ValueError: for an unknown mode, an empty or non-string delimiter, ``every_k_tokens``,
+            ``max_answer_tokens`` or ``min_gap_tokens`` below 1, or an empty prompt.
     """
 
     mode: str = "streaming"
@@ -54,6 +58,7 @@ class ElicitationSettings:
     prompt: str = ELICITATION_PROMPT
     max_answer_tokens: int = MAX_ANSWER_TOKENS
     keep_delimiter: bool = False
+    min_gap_tokens: int | None = None
 
     def __post_init__(self):
         delimiters = (self.delimiters,) if isinstance(self.delimiters, str) else tuple(self.delimiters or ())
@@ -64,6 +69,8 @@ class ElicitationSettings:
             raise ValueError(f"delimiters must be non-empty strings, got {list(delimiters)}")
         if self.every_k_tokens is not None and self.every_k_tokens < 1:
             raise ValueError(f"every_k_tokens must be at least 1, got {self.every_k_tokens}")
+        if self.min_gap_tokens is not None and self.min_gap_tokens < 1:
+            raise ValueError(f"min_gap_tokens must be at least 1, got {self.min_gap_tokens}")
         if self.max_answer_tokens < 1:
             raise ValueError(f"max_answer_tokens must be at least 1, got {self.max_answer_tokens}")
         if not self.prompt:
@@ -81,9 +88,12 @@ class ElicitationSettings:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def to_dict(self) -> dict:
-        """JSON-ready fields (delimiters as a list)."""
+        """JSON-ready fields (delimiters as a list; ``min_gap_tokens`` only when set, so that configs and shards of
+        unspaced schedules read the same in versions without it)."""
         out = asdict(self)
         out["delimiters"] = list(self.delimiters)
+        if out["min_gap_tokens"] is None:
+            del out["min_gap_tokens"]
         return out
 
     @classmethod

@@ -349,9 +349,11 @@ class _ChunkedMultiMaskAttention(torch.autograd.Function):
         return dq, dk, dv, dalpha.to(alpha.dtype), None, None, None, None, None
 
 
-def chunked_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, mask_names, streaming, key_lo, key_hi, budget):
-    """Memory-bounded multi-mask attention. `key_lo/key_hi` (lists of ints, one per query, non-decreasing) bound
-    the keys each query may need; masks inside the window are rebuilt per chunk from the metadata."""
+def chunked_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, mask_names, streaming, key_window, budget):
+    """Memory-bounded multi-mask attention. `key_window` is `(key_lo, key_hi)`: lists of ints, one per query,
+    non-decreasing, that bound the keys each query may need; masks inside the window are rebuilt per chunk from the
+    metadata, in chunks of at most `budget` score elements."""
+    key_lo, key_hi = key_window
     chunks = _plan_chunks(key_lo, key_hi, q.shape[0], budget)
     return _ChunkedMultiMaskAttention.apply(q, k, v, alpha, q_meta, k_meta, chunks, mask_names, streaming)
 
@@ -409,7 +411,7 @@ class MSVAttention(nn.Module):
                 rows = query_rows.tolist()
                 key_lo, key_hi = [key_lo[r] for r in rows], [key_hi[r] for r in rows]
             out = chunked_multi_mask_attention(
-                q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming, key_lo, key_hi, self.budget
+                q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming, (key_lo, key_hi), self.budget
             )
         return self.dropout(self.o_proj(out.transpose(0, 1).reshape(q_in.shape)))
 
@@ -709,15 +711,18 @@ class MSVVerifier(MSVPreTrainedModel):
     """Set by ``import hf_msv`` to `hf_msv.hub.push_verifier_to_hub`; `None` where the model is remote code."""
 
     def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload weights, config, remote code and a model card (`hf_msv.hub.push_verifier_to_hub` once hf_msv is
-        imported; transformers' own upload where the verifier was loaded as remote code).
+        """Upload weights, config, remote code, the checkpoint's evidence files and its model card
+        (`hf_msv.hub.push_verifier_to_hub` once hf_msv is imported; transformers' own upload where the verifier was
+        loaded as remote code).
 
         Args:
             repo_id: the Hub repository.
-            **kwargs: passed to the uploader.
+            **kwargs: `PreTrainedModel.push_to_hub`'s (``commit_message``, ``commit_description``, ``private``,
+                ``token``, ``revision``, ``create_pr``, ``max_shard_size``, ``tags``), plus the card's ``metrics``
+                and ``training_data`` (`hf_msv.hub.push_verifier_to_hub`).
 
         Returns:
-            What the uploader returns.
+            What the uploader returns (the commit's info).
         """
         uploader = type(self).hub_uploader
         if uploader is None:

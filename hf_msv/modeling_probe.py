@@ -5,6 +5,8 @@ Imports only torch and transformers, like `modeling_msv`, so it is registered wi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
@@ -14,7 +16,7 @@ from transformers.activations import ACT2FN
 
 from .configuration_msv import coerce_elicitation, elicitation_to_json
 from .elicitation import ElicitationSettings
-from .modeling_msv import MSVOutput
+from .modeling_msv import MSVOutput, MSVVerifier
 
 
 @strict
@@ -120,5 +122,29 @@ class ProbeVerifier(PreTrainedModel):
             loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
         return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits))
 
+    def push_to_hub(self, repo_id: str, **kwargs) -> Any:
+        """Upload weights, config, remote code, evidence files and the Probe's card, like `MSVVerifier.push_to_hub`
+        (one uploader for both verifiers: ``import hf_msv`` sets `MSVVerifier.hub_uploader`; transformers' own
+        upload where the Probe was loaded as remote code).
+
+        Args:
+            repo_id: the Hub repository.
+            **kwargs: `PreTrainedModel.push_to_hub`'s (``commit_message``, ``commit_description``, ``private``,
+                ``token``, ``revision``, ``create_pr``, ``max_shard_size``, ``tags``), plus the card's ``metrics``
+                and ``training_data``.
+
+        Returns:
+            What the uploader returns (the commit's info).
+        """
+        uploader = MSVVerifier.hub_uploader
+        if uploader is None:
+            return super().push_to_hub(repo_id, **kwargs)  # pyright: ignore[reportArgumentType]  (wrapped method)
+        return uploader(self, repo_id, **kwargs)
+
+
+# Saved Probes carry this file (and what it imports) and an ``auto_map``, so that
+# ``AutoModel.from_pretrained(repo, trust_remote_code=True)`` loads them without hf_msv, as MSVVerifier's do.
+ProbeConfig.register_for_auto_class()
+ProbeVerifier.register_for_auto_class("AutoModel")
 
 __all__ = ["ProbeConfig", "ProbeVerifier"]

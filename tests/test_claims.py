@@ -70,6 +70,13 @@ def test_claims_recomputed_from_the_committed_summary_equal_the_committed_ones(c
     assert config_of(committed) == ReproduceConfig(task="v1", training_sizes=(112, 224), problems_per_batch=4)
 
 
+@pytest.mark.parametrize("report", ["testbed-v2", "plain-vote-start/testbed-v2"])
+def test_claims_recomputed_from_each_committed_v2_summary_equal_its_claims(report):
+    """The v2 summaries (one of them written in several parts) recompute to the claims they record."""
+    summary = json.loads((RESULTS / f"{report}.json").read_text())
+    assert json.loads(json.dumps(compute_claims(summary))) == summary["claims"]
+
+
 def test_every_claim_has_a_verdict_sentence(committed):
     claims = compute_claims(committed)
     assert len({c["id"] for c in claims}) == len(claims)

@@ -358,7 +358,7 @@ def test_collect_main_runs_from_flags(tmp_path, monkeypatch, capsys):
     import hf_msv.collect.cli as cli
 
     monkeypatch.setattr(cli, "load_lm", lambda name, dtype: (tiny_lm(), TOK))
-    monkeypatch.setattr(cli, "load_problems", lambda spec: tiny_problems(2))
+    monkeypatch.setattr(cli, "load_problems", lambda spec, columns=None: tiny_problems(2))
     cli.main(
         [
             "--model",
@@ -453,3 +453,21 @@ def test_unverifiable_verdicts_are_counted_per_shard_and_in_the_result(tmp_path,
     assert len(infos) == 2
     assert sum(i["unverifiable"] for i in infos) == result.unverifiable
     assert sum(i["checks"] for i in infos) == result.checks
+
+
+def test_spaced_answers_are_collected_and_recorded(tmp_path):
+    """``min_gap_tokens`` thins a chain's non-terminal answers to one per that many tokens and is recorded with the
+    collection (an unspaced collection records nothing new)."""
+    plain, spaced = tmp_path / "plain", tmp_path / "spaced"
+    run_collect(plain, num_problems=3, delimiters=[], every_k_tokens=2)
+    run_collect(spaced, num_problems=3, delimiters=[], every_k_tokens=2, min_gap_tokens=5)
+    assert "min_gap_tokens" not in json.loads((plain / "collect_config.json").read_text())["elicitation"]
+    assert json.loads((spaced / "collect_config.json").read_text())["elicitation"]["min_gap_tokens"] == 5
+    fewer = 0
+    for pid, p in problems_by_id(spaced).items():
+        q = problems_by_id(plain)[pid]
+        for n in range(2):
+            steps = sorted(p.answer_tau[(p.answer_sequence == n) & ~p.answer_terminal].tolist())
+            assert all(later - earlier >= 5 for earlier, later in zip(steps, steps[1:]))
+        fewer += len(q.answer_tau) - len(p.answer_tau)
+    assert fewer > 0

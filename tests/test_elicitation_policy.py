@@ -62,10 +62,10 @@ def points(items) -> list[tuple[int, int, str, bool]]:
     return sorted((a.sequence, a.tau, a.trigger, a.terminal) for a in items)
 
 
-def live_generate():
+def live_generate(settings=SETTINGS):
     model = tiny_model("llama")
     ScriptedAnswers(model)
-    with prepare_generation(model, TOK, elicitation=SETTINGS, checker=None) as msv:
+    with prepare_generation(model, TOK, elicitation=settings, checker=None) as msv:
         generate(model, prompts(["Hi"]), n=4, max_new_tokens=BUDGET, schedule=SCHEDULE)
         return msv.pop_results()[0], model
 
@@ -131,3 +131,27 @@ def test_three_engines_branch_at_the_same_points(monkeypatch):
     assert reencoded(sequences, policy) == live
     assert vllm_chains(sequences, policy, monkeypatch) == live
     assert vllm_chains(sequences, policy, monkeypatch, chunk=1) == live
+
+
+def test_spaced_answers_branch_at_the_same_points(monkeypatch):
+    spaced = SETTINGS.replace(min_gap_tokens=4)
+    result, model = live_generate(spaced)
+    live = points(result.answers)
+    # Spacing skips the every-K step right after row 0's delimiter and row 1's delimiter at the last token (which
+    # then gets a budget answer); EOS and a step 5 tokens after the last answer still fire.
+    assert (
+        (0, 3, "delimiter", False) in live and not any(p[:2] == (0, 4) for p in live) and (0, 9, "eos", True) in live
+    )
+    assert (1, 9, "every_k", False) in live and (1, BUDGET - 1, "budget", True) in live
+    for row in range(4):
+        steps = [tau for sequence, tau, trigger, _ in live if sequence == row and trigger not in ("eos", "budget")]
+        assert all(later - earlier >= 4 for earlier, later in zip(steps, steps[1:]))
+
+    policy = ElicitationPolicy(TOK, spaced, eos_token_ids(model.generation_config))
+    sequences = [list(s) for s in result.sequences]
+    assert reencoded(sequences, policy) == live
+    assert vllm_chains(sequences, policy, monkeypatch) == live
+    assert vllm_chains(sequences, policy, monkeypatch, chunk=1) == live
+    assert "min_gap_tokens" not in SETTINGS.to_dict() and ElicitationSettings.from_dict(spaced.to_dict()) == spaced
+    with pytest.raises(ValueError, match="min_gap_tokens"):
+        ElicitationSettings(min_gap_tokens=0)

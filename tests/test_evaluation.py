@@ -196,6 +196,34 @@ def test_json_keys_methods_and_ranges(study):
     assert set(r["costs"]["verifier_online_s_per_answer"]["8"]) == {"Probe", "MSV_1", "MSV_4 (grouped)"}
 
 
+def test_stop_time_reliability_pools_the_stops_of_every_seed(study):
+    results = study["results"]
+    markdown = (study["out"] / "report.md").read_text()
+    assert any(f["file"].startswith("report_stop_reliability_N") for f in results["figures"])
+    checked = 0
+    for key, per_method in results["stop_reliability"].items():
+        reference = results["methods"][key]["msv"] + (" + stop head" if int(key) > 1 else "")
+        assert reference in per_method and f"Reliability at the stop, {reference}, N = {key}" in markdown
+        for method, rules in per_method.items():
+            for rule, bins in rules.items():
+                record = results["lambda_selection"][key][method][rule]
+                rates = np.array(record["stop_rate"]["values"], dtype=float)
+                counts = np.array(bins["count"])
+                if not counts.size:
+                    assert not rates.any()
+                    continue
+                assert all(c > 0 for c in counts) and all(0 <= a <= 1 for a in bins["accuracy"])
+                # each bin's mean confidence lies in its tenth, bins ascending
+                lows = [min(int(c * 10), 9) for c in bins["confidence"]]
+                assert lows == sorted(set(lows))
+                # pooled over seeds, the bins give back each seed's accuracy at the stop, weighted by its stops
+                accs = np.array([np.nan if v is None else v for v in record["stop_accuracy"]["values"]])
+                pooled = np.nansum(rates * accs) / rates.sum()
+                assert math.isclose((counts * np.array(bins["accuracy"])).sum() / counts.sum(), pooled, rel_tol=1e-9)
+                checked += 1
+    assert checked
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Agreement with the building blocks on the same groups
 # ----------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,9 @@ runs deterministic:
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import pytest
 import torch
 from transformers import LogitsProcessorList
@@ -443,15 +446,32 @@ def test_fork_cache_leaves_the_original_untouched():
     assert all(torch.equal(b, layer.keys) for b, layer in zip(before, cache.layers))
 
 
-def test_hub_layout_loop_samples_like_plain_generate(monkeypatch, tmp_path):
+@pytest.fixture
+def private_modules_cache(monkeypatch, tmp_path):
+    """transformers' module cache in `tmp_path` (loaded remote code is copied there, not into the user's home), and
+    afterwards sys.path and the ``transformers_modules`` package of sys.modules as they were: left pointing at
+    `tmp_path`, they would hide every later test's remote code."""
+    import transformers.dynamic_module_utils as dynamic
+
+    def ours(name: str) -> bool:
+        return name.split(".")[0] == "transformers_modules"
+
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
+        del sys.modules[name]
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # transformers appends its module cache to it
+    yield
+    for name in [name for name in sys.modules if ours(name)]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+def test_hub_layout_loop_samples_like_plain_generate(private_modules_cache):
     """``custom_generate/generate.py`` (transformers' Hub layout, loaded by ``generate`` itself from the repository
     root) decodes with the lockstep loop: same tokens as plain generate, finished rows padded."""
     import pathlib
 
-    import transformers.dynamic_module_utils as dynamic
-
-    # Loaded modules are copied into transformers' module cache: keep it out of the user's home.
-    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path))
     root = pathlib.Path(__file__).resolve().parents[1]
     model = tiny_model("gpt2")
     inputs = prompts()
@@ -530,3 +550,16 @@ def test_elicitation_settings_and_keyword_overrides():
         prepare_generation(model, TOK, checker=None, bogus=1)
     with pytest.raises(ValueError, match="every_k_tokens"):
         prepare_generation(model, TOK, checker=None, every_k_tokens=0)
+
+
+def test_untested_transformers_warns_once_and_tested_ones_do_not():
+    from hf_msv.generation.lockstep import NEWEST_TESTED_TRANSFORMERS, warn_if_untested_transformers
+
+    major, minor = NEWEST_TESTED_TRANSFORMERS
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not warn_if_untested_transformers(f"{major}.{minor}.3")
+        assert not warn_if_untested_transformers("5.12.0")
+        assert warn_if_untested_transformers(f"{major}.{minor + 1}.0.dev0")
+        assert warn_if_untested_transformers(f"{major}.{minor + 1}.0.dev0")  # cached: no second warning
+    assert len(caught) == 1 and f"{major}.{minor}" in str(caught[0].message)

@@ -39,7 +39,7 @@ def benchmarks():
 def test_registry_covers_every_data_file():
     assert set(BENCHMARKS) == set(ROWS)
     files = {p.name for p in default_data_dir().iterdir() if p.suffix in (".jsonl", ".csv")}
-    assert {filename for filename, _ in BENCHMARKS.values()} == files
+    assert {preset.filename for preset in BENCHMARKS.values()} == files
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hf_msv.reproduction import STUDIES, ReproduceArguments, ReproduceConfig, parse_arguments, render_testbed
+from hf_msv.reproduction.results import ReproductionResults, SummarySettings
 from hf_msv.reproduction.summary import autc_row, grouping_summary, main_summary, size_row
 from hf_msv.testbed import task_v2
 
@@ -26,6 +27,11 @@ def _load(name: str) -> dict:
 
 def _json(x):
     return json.loads(json.dumps(x))
+
+
+def _settings(config: dict) -> SummarySettings:
+    """A config as a summary records it (through JSON: tuples become lists)."""
+    return SummarySettings.from_json(_json(config))
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +235,7 @@ def test_task_flag_picks_testbed_v2_its_cap_its_work_dir_and_report_stem():
     assert ReproduceConfig(task="v1", max_new_tokens=400).max_new_tokens == 400
     assert (cfg.stem, cfg.default_work_dir) == ("testbed-v2-quick", "outputs/reproduce-v2-quick")
     # a v2 run's report lists only what differs from v2's own defaults
-    assert _config_changes(json.loads(json.dumps(dataclasses.asdict(cfg)))) == []
+    assert _config_changes(_settings(dataclasses.asdict(cfg))) == []
     with pytest.raises(SystemExit):
         parse_arguments(["--task", "v3"])
     with pytest.raises(ValueError, match="unknown testbed task"):
@@ -316,10 +322,10 @@ def test_vote_check_rows_compare_every_msv_fit_with_the_vote_of_its_setting():
     assert got["terminal", "MSV_16"]["at_vote"] and not got["terminal", "w/o full"]["at_vote"]
     assert got["streaming", "MSV_16"]["at_vote"] and got["streaming", "MSV_16"]["vote"] == "Latest-answer vote"
     assert got["streaming", "MSV_16"]["difference"] == pytest.approx(-0.004)
-    text = "\n".join(_vote_check({"vote_check": rows}))
+    text = "\n".join(_vote_check(ReproductionResults.from_json({"vote_check": rows})))
     assert "2 of 3 fits are at or above the vote; below it: masks w/o full (terminal, N=16, -0.005)" in text
     assert "| masks | 16 | terminal | MSV_16 | 0.910 ± 0.000 | 0.900 (Self-consistency) | +0.010 | yes |" in text
-    assert _vote_check({}) == []
+    assert _vote_check(ReproductionResults()) == []
 
 
 def test_report_header_names_the_settings_changed_from_the_defaults():
@@ -327,10 +333,10 @@ def test_report_header_names_the_settings_changed_from_the_defaults():
 
     from hf_msv.reproduction.report import _config_changes
 
-    assert _config_changes(asdict(ReproduceConfig())) == []
-    cfg = json.loads(json.dumps(asdict(ReproduceConfig(training_sizes=(56, 112, 224)))))  # tuples -> lists
+    assert _config_changes(_settings(asdict(ReproduceConfig()))) == []
+    cfg = _settings(asdict(ReproduceConfig(training_sizes=(56, 112, 224))))
     assert _config_changes(cfg) == ["* Settings changed from the defaults: training_sizes=(56, 112, 224)."]
-    assert _config_changes(json.loads(json.dumps(asdict(ReproduceConfig.quick_config())))) == []
+    assert _config_changes(_settings(asdict(ReproduceConfig.quick_config()))) == []
 
 
 def test_the_package_verifier_is_built_and_loaded_for_the_task_the_demo_pairs_it_with(tmp_path):

@@ -899,7 +899,9 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
         )
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())["early_stopping"]
     curve = log["curve"]
-    assert len(curve["lambdas"]) == len(curve["accuracy"]) == len(curve["tokens"]) == 102
+    from hf_msv.lambda_rule import LAMBDAS
+
+    assert len(curve["lambdas"]) == len(curve["accuracy"]) == len(curve["tokens"]) == LAMBDAS.size  # the one grid
     assert curve["lambdas"][-1] is None and log["lambda"]["full_tokens"] == curve["tokens"][-1]
     assert set(log["at_stop"]) == {"stopped", "accuracy", "confidence", "ece"} and "raw_score" in log
     warned = [r.getMessage() for r in caplog.records if "does not stop early" in r.getMessage()]

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from ..arguments import parse_command_args
 from ..errors import UserError
 from .config import CollectConfig, build_parser
 from .job import CollectResult
@@ -34,13 +35,16 @@ def collect_from_config(config: CollectConfig) -> CollectResult:
     config = config.resolved()
     if config.traces is not None:
         from .from_traces import collect_from_traces
+        from .traces import read_traces
 
-        model, tokenizer = load_lm(config.model, config.model_dtype)
-        return collect_from_traces(model, tokenizer, config.traces, config.output_dir, config)
+        # Read (and check) the file before the LM: a malformed one fails in seconds, not after a large LM loads.
+        traces = read_traces(config.traces, skip_bad_lines=config.skip_bad_lines, format=config.traces_format)
+        model, tokenizer = load_lm(config.model_arguments, None)  # None: this process's device
+        return collect_from_traces(model, tokenizer, traces, config.output_dir, config)
     from .live import collect
 
-    problems = load_problems(config.problems)  # before the LM: a bad spec fails fast
-    model, tokenizer = load_lm(config.model, config.model_dtype)
+    problems = load_problems(config.problems, config.problem_columns)  # before the LM: a bad spec fails fast
+    model, tokenizer = load_lm(config.model_arguments, None)
     return collect(model, tokenizer, problems, config.output_dir, config)
 
 
@@ -52,14 +56,15 @@ def summary(result: CollectResult) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``hf-msv collect``: flags from `CollectConfig`; prints this process's `CollectResult` as one JSON line, after
+    """``hf-msv collect``: flags from `CollectConfig` (and ``--config FILE``, ``--log-level``:
+    `hf_msv.arguments.parse_command_args`); prints this process's `CollectResult` as one JSON line, after
     a warning on stderr for skipped trace lines or unverifiable equivalence verdicts.
 
     Args:
         argv: the command-line arguments; `None`: ``sys.argv[1:]``.
     """
     parser = build_parser()
-    (config,) = parser.parse_args_into_dataclasses(argv)
+    (config,) = parse_command_args(parser, argv)
     try:
         config.check_command_line()
     except ValueError as e:

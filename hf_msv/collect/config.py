@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from ..data.problems import ProblemColumns
 from ..elicitation import ElicitationSettings
 from ..errors import UserError
-from .lm import DEFAULT_MAX_NEW_TOKENS, default_max_new_tokens, resolve_prompt_template
+from .lm import DEFAULT_MAX_NEW_TOKENS, ModelArguments, default_max_new_tokens, resolve_prompt_template
 
 _ELICIT = ElicitationSettings()  # the defaults, declared in hf_msv.elicitation
 # Flat flags of `ElicitationSettings` fields (flag name -> field name).
@@ -24,9 +25,12 @@ ELICITATION_FLAGS = {
     "elicitation_prompt": "prompt",
     "max_answer_tokens": "max_answer_tokens",
     "keep_delimiter": "keep_delimiter",
+    "min_gap_tokens": "min_gap_tokens",
 }
-# Options that choose the LM, the problems or the trace file, and where shards go (not collection settings).
-SOURCE_FIELDS = ("model", "problems", "traces", "output_dir", "model_dtype")
+# Options that choose the LM and how it loads (`ModelArguments`; the LM's identity is recorded by `lm_info`), the
+# problems or the trace file, and where shards go (not collection settings: resuming does not compare them).
+PROBLEM_FIELDS = ("question_column", "gold_column", "id_column", "gold_format", "problems_split", "problems_subset")
+SOURCE_FIELDS = (*(f.name for f in fields(ModelArguments)), "problems", *PROBLEM_FIELDS, "traces", "output_dir")
 # Options of sampling, which a trace file has fixed already.
 SAMPLING_FIELDS = ("num_samples", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
 # Options of re-encoding a trace file only.
@@ -35,7 +39,7 @@ CONFIDENCE_SOURCES = ("model", "trace", "none")
 
 
 @dataclass
-class CollectConfig:
+class CollectConfig(ModelArguments):
     """One collection: which LM on which problems (or trace file), and every setting of `collect` and
     `collect_from_traces`.
 
@@ -46,8 +50,11 @@ class CollectConfig:
     Args:
         model: LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed). Required on the command line.
         output_dir: Where shards go; rerunning with the same settings resumes. Required on the command line.
-        problems: problems.jsonl ({id, question, gold} per line) | <benchmark>[:<n>] (files in $HF_MSV_DATA_DIR) |
-            <named LM>:<split>:<n>[:<seed>] (sample them; or give --traces)
+        problems: a file (.jsonl/.json/.parquet/.csv/.arrow) or dataset directory [:<split>][:<n>] |
+            hub:<org>/<dataset>[:<split>][:<n>] | <benchmark>[:<n>] (files in $HF_MSV_DATA_DIR) |
+            <named LM>:<split>:<n>[:<seed>] (sample them; or give --traces). docs/datasets.md
+        question_column / gold_column / id_column / gold_format / problems_split / problems_subset: how
+            --problems' table is read (`hf_msv.data.ProblemColumns`).
         traces: Re-encode this trace file (JSON lines, docs/collection.md) instead of sampling: same shards, no
             sampling flags.
         engine: Sample with transformers, or with a vLLM engine (hf_msv.vllm, docs/vllm.md; engine options as
@@ -64,6 +71,8 @@ class CollectConfig:
         elicitation_prompt: Appended to a sequence to elicit its current answer.
         max_answer_tokens: An answer whose box is still open after this many tokens is no answer.
         keep_delimiter: Keep the delimiter in the branch context (default: branch just before it).
+        min_gap_tokens: Space a chain's answers: a delimiter or every-k step elicits only this many chain tokens
+            after the chain's previous answer (EOS and the budget end always do). Default: no spacing.
         checker: Equivalence checker for classes and labels: symbolic | exact | jaccard | embedding | random
         checker_kwargs: JSON dict for get_checker, e.g. '{"timeout": 5}'.
         prompt_template: auto | chat | plain | a named LM's prompt format (e.g. testbed) | a string containing
@@ -72,10 +81,11 @@ class CollectConfig:
         problems_per_batch: Prompts per generate call (batch rows = this x N); the unit of resumption.
         seed: Base seed; each batch is seeded from it and its problem ids.
         dtype: Storage dtype of hidden states.
-        model_dtype: dtype to load the LM in (auto, bfloat16, float32).
         confidence_top_k: k of DeepConf's token confidence.
         skip_bad_lines: --traces: skip bad lines (counted in the summary and the shard info, with a warning) instead of
             stopping at the first.
+        traces_format: --traces: the trace file's format (auto: detected from its content; lm_eval: an
+            lm-evaluation-harness --log_samples file; lighteval: a details parquet; docs/harnesses.md).
         chat_template: --traces: the chat template used at sampling time (default: the tokenizer's).
         confidence: --traces: DeepConf confidences recomputed by the LM, read from the trace's logprobs, or none
             (marked missing).
@@ -86,15 +96,9 @@ class CollectConfig:
 
     Raises:
         UserError: ``checker_kwargs`` that is not a JSON object, a count or budget below 1, an unknown
-            ``confidence`` source, or invalid elicitation settings.
+            ``confidence`` source, invalid elicitation settings, or what `ModelArguments` refuses.
     """
 
-    model: str | None = field(
-        default=None,
-        metadata={
-            "help": "LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed). Required on the command line."
-        },
-    )
     output_dir: str | None = field(
         default=None,
         metadata={"help": "Where shards go; rerunning with the same settings resumes. Required on the command line."},
@@ -102,9 +106,26 @@ class CollectConfig:
     problems: str | None = field(
         default=None,
         metadata={
-            "help": "problems.jsonl ({id, question, gold} per line) | <benchmark>[:<n>] (files in $HF_MSV_DATA_DIR) | "
-            "<named LM>:<split>:<n>[:<seed>] (sample them; or give --traces)"
+            "help": "a file (.jsonl/.json/.parquet/.csv/.arrow) or dataset directory [:<split>][:<n>] | "
+            "hub:<org>/<dataset>[:<split>][:<n>] | <benchmark>[:<n>] (files in $HF_MSV_DATA_DIR) | "
+            "<named LM>:<split>:<n>[:<seed>] (sample them; or give --traces). docs/datasets.md"
         },
+    )
+    question_column: str = field(default="question", metadata={"help": "--problems: the column of the question."})
+    gold_column: str = field(default="gold", metadata={"help": "--problems: the column of the gold answer."})
+    id_column: str | None = field(
+        default=None,
+        metadata={"help": "--problems: the column of problem ids (default: id if present, else the row)."},
+    )
+    gold_format: Literal["text", "integer", "latex", "gsm8k", "integers", "latex_list"] = field(
+        default="text",
+        metadata={"help": "--problems: how the gold column is read (gsm8k: the number after ####; docs/datasets.md)."},
+    )
+    problems_split: str | None = field(
+        default=None, metadata={"help": "--problems: the dataset split (default: test if present, else the only one)."}
+    )
+    problems_subset: str | None = field(
+        default=None, metadata={"help": "--problems: the configuration of a Hub dataset (load_dataset's name)."}
     )
     traces: str | None = field(
         default=None,
@@ -159,6 +180,13 @@ class CollectConfig:
         default=_ELICIT.keep_delimiter,
         metadata={"help": "Keep the delimiter in the branch context (default: branch just before it)."},
     )
+    min_gap_tokens: int | None = field(
+        default=_ELICIT.min_gap_tokens,
+        metadata={
+            "help": "Space a chain's answers: a delimiter or every-k step elicits only this many chain tokens after "
+            "the chain's previous answer (EOS and the budget end always do). Default: no spacing."
+        },
+    )
     checker: str = field(
         default="symbolic",
         metadata={
@@ -184,13 +212,19 @@ class CollectConfig:
     dtype: Literal["bfloat16", "float16"] = field(
         default="bfloat16", metadata={"help": "Storage dtype of hidden states."}
     )
-    model_dtype: str = field(default="auto", metadata={"help": "dtype to load the LM in (auto, bfloat16, float32)."})
     confidence_top_k: int = field(default=20, metadata={"help": "k of DeepConf's token confidence."})
     skip_bad_lines: bool = field(
         default=False,
         metadata={
             "help": "--traces: skip bad lines (counted in the summary and the shard info, with a warning) instead of "
             "stopping at the first."
+        },
+    )
+    traces_format: Literal["auto", "hf_msv", "lm_eval", "lighteval"] = field(
+        default="auto",
+        metadata={
+            "help": "--traces: the trace file's format (auto: detected from its content; lm_eval: an "
+            "lm-evaluation-harness --log_samples file; lighteval: a details parquet; docs/harnesses.md)."
         },
     )
     chat_template: str | None = field(
@@ -213,6 +247,7 @@ class CollectConfig:
     overwrite: bool = field(default=False, metadata={"help": "Delete an existing collection in output_dir first."})
 
     def __post_init__(self):
+        super().__post_init__()
         if isinstance(self.checker_kwargs, str):  # from the command line
             try:
                 self.checker_kwargs = json.loads(self.checker_kwargs)
@@ -241,6 +276,23 @@ class CollectConfig:
             if isinstance(error, UserError):
                 raise
             raise UserError(str(error)) from error
+
+    @property
+    def problem_columns(self) -> ProblemColumns:
+        """How `load_problems` reads ``--problems``' table: the column flags as one `ProblemColumns`."""
+        return ProblemColumns(
+            question=self.question_column,
+            gold=self.gold_column,
+            id=self.id_column,
+            gold_format=self.gold_format,
+            split=self.problems_split,
+            subset=self.problems_subset,
+        )
+
+    @property
+    def model_arguments(self) -> ModelArguments:
+        """How `load_lm` loads the LM: the `ModelArguments` fields of this config."""
+        return ModelArguments.from_fields(self)
 
     @property
     def elicitation(self) -> ElicitationSettings:

@@ -49,11 +49,11 @@ TRACE_SETTINGS = (
 )
 
 
-def _trace_file(traces, skip_bad_lines: bool) -> TraceFile:
+def _trace_file(traces, config: CollectConfig) -> TraceFile:
     if isinstance(traces, TraceFile):
         return traces
     if isinstance(traces, (str, os.PathLike)):
-        return read_traces(traces, skip_bad_lines=skip_bad_lines)
+        return read_traces(traces, skip_bad_lines=config.skip_bad_lines, format=config.traces_format)
     traces = list(traces)
     blob = json.dumps([t.to_json() for t in traces], sort_keys=True).encode()
     return TraceFile(traces, [], hashlib.sha256(blob).hexdigest()[:16])
@@ -215,7 +215,7 @@ def collect_from_traces(
     config = as_config(config, elicitation, settings)
     elicit = config.elicitation
     check_storage(config)
-    file = _trace_file(traces, config.skip_bad_lines)
+    file = _trace_file(traces, config)
     encoded, bad = _encode_all(file, model, tokenizer, config, elicit)
     recorded = dict(
         recorded_settings(config, elicit, model, tokenizer, TRACE_SETTINGS),

@@ -6,15 +6,19 @@ See ``docs/collection.md``.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 
-from ..data.problems import BENCHMARKS, DATA_DIR_ENV, Problem, load_benchmark
+from ..data.problems import Problem
+from ..data.sources import load_problems
 from ..errors import MissingPathError, UserError, check_checkpoint_dir
-from ..registry import get_named_lm, named_lms
+from ..registry import get_named_lm
 from ..utils import resolve_device
 
 DEFAULT_MAX_NEW_TOKENS = 4096
@@ -22,92 +26,166 @@ DEFAULT_MAX_NEW_TOKENS = 4096
 
 PROMPT_TEMPLATES = ("auto", "chat", "plain")
 
-
-def _jsonl_problems(path: Path) -> list[Problem]:
-    problems = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            problems.append(
-                Problem(
-                    id=str(row["id"]),
-                    question=row["question"],
-                    gold=str(row["gold"]),
-                    source=row.get("source", path.stem),
-                    meta=row.get("meta", {}),
-                )
-            )
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise UserError(
-                f'{path} line {number}: expected a JSON object with "id", "question" and "gold" '
-                f"({type(e).__name__}: {e})"
-            ) from None
-    if not problems:
-        raise UserError(f"{path} holds no problem")
-    return problems
+logger = logging.getLogger(__name__)
 
 
-def _named_problems(spec: str, parts: list[str]) -> list[Problem]:
-    lm = get_named_lm(parts[0])
-    if lm.problems is None:
-        raise UserError(f"the named LM {parts[0]!r} has no problem generator; use a benchmark or a .jsonl file")
-    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts[2:]):
-        raise UserError(f"problem spec {spec!r}: use {parts[0]}:<split>:<n>[:<seed>]")
-    return lm.problems(parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0)
-
-
-def load_problems(spec: str) -> list[Problem]:
-    """Problems from a spec.
+@dataclass
+class ModelArguments:
+    """How the LM is loaded (modelled on TRL's ``ModelConfig``; flags built from these fields by
+    `transformers.HfArgumentParser`). `load_lm` takes it whole; `CollectConfig` and `DemoConfig` hold these fields.
 
     Args:
-        spec: ``<named LM>:<split>:<n>[:<seed>]`` (an LM of `hf_msv.registry` with a problem generator, e.g.
-            ``testbed:train:64``), ``<benchmark>[:<n>]`` (a name of `hf_msv.data.BENCHMARKS`, its first n
-            problems, read from ``$HF_MSV_DATA_DIR``), or a ``.jsonl`` file of ``{"id", "question", "gold"}`` lines.
-
-    Returns:
-        The `Problem`s.
+        model: LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed).
+        revision: Branch, tag or commit of a Hub LM.
+        trust_remote_code: Run the LM's own modeling code (an ``auto_map`` in its config), as transformers does.
+        model_dtype: dtype to load the LM in (auto, bfloat16, float32, ...).
+        attn_implementation: transformers' attention kernel (eager, sdpa, flash_attention_2, ...).
+        device_map: accelerate's placement: auto, balanced, sequential, cpu, cuda:0, ..., or a JSON file mapping
+            module names to devices ("cpu", "disk", 0, ...).
+        offload_folder: Where modules placed on "disk" by ``device_map`` are written.
+        load_in_4bit: Quantize to 4 bits with bitsandbytes (``transformers.BitsAndBytesConfig``).
+        load_in_8bit: Quantize to 8 bits with bitsandbytes.
+        gguf_file: A GGUF file inside ``model``, if it is a GGUF repository or directory.
 
     Raises:
-        ValueError: an unknown or malformed spec, or a malformed ``.jsonl`` line.
-        FileNotFoundError: a benchmark whose file is not in the data directory.
+        UserError: 4 and 8 bits at once, quantization without bitsandbytes installed, or a ``device_map`` file that
+            is not a JSON object.
     """
-    parts = spec.split(":")
-    if get_named_lm(parts[0]) is not None:
-        return _named_problems(spec, parts)
-    if parts[0] in BENCHMARKS:
-        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-            raise UserError(f"problem spec {spec!r}: use {parts[0]}[:<n>]")
+
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed). Required on the command line."
+        },
+    )
+    revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit of a Hub LM."})
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Run the LM's own modeling code (an auto_map in its config), as transformers does."},
+    )
+    model_dtype: str = field(
+        default="auto", metadata={"help": "dtype to load the LM in (auto, bfloat16, float32, ...)."}
+    )
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "transformers' attention kernel (eager, sdpa, flash_attention_2, ...)."}
+    )
+    device_map: str | None = field(
+        default=None,
+        metadata={
+            "help": "accelerate's placement: auto, balanced, sequential, cpu, cuda:0, ..., or a JSON file mapping "
+            'module names to devices ("cpu", "disk", 0, ...).'
+        },
+    )
+    offload_folder: str | None = field(
+        default=None, metadata={"help": 'Where modules placed on "disk" by --device-map are written.'}
+    )
+    load_in_4bit: bool = field(
+        default=False, metadata={"help": "Quantize to 4 bits with bitsandbytes (transformers.BitsAndBytesConfig)."}
+    )
+    load_in_8bit: bool = field(default=False, metadata={"help": "Quantize to 8 bits with bitsandbytes."})
+    gguf_file: str | None = field(
+        default=None, metadata={"help": "A GGUF file inside --model, if it is a GGUF repository or directory."}
+    )
+
+    def __post_init__(self):
+        # every check that needs no download runs here, when the flags are parsed, before any work
+        if self.load_in_4bit and self.load_in_8bit:
+            raise UserError("--load-in-4bit and --load-in-8bit: give one")
+        if (self.load_in_4bit or self.load_in_8bit) and importlib.util.find_spec("bitsandbytes") is None:
+            raise UserError("--load-in-4bit / --load-in-8bit quantize with bitsandbytes: pip install bitsandbytes")
+        self.resolved_device_map()
+
+    @classmethod
+    def from_fields(cls, config) -> ModelArguments:
+        """The `ModelArguments` of a config holding its fields (`CollectConfig`, `DemoConfig`)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+    def resolved_device_map(self) -> str | dict | None:
+        """``device_map`` as ``from_pretrained`` takes it: a strategy or device name, or a JSON file's mapping.
+
+        Raises:
+            MissingPathError: a ``.json`` path that is no file.
+            UserError: a file that is not a JSON object.
+        """
+        if self.device_map is None or not self.device_map.endswith(".json"):
+            return self.device_map
+        path = Path(self.device_map)
+        if not path.is_file():
+            raise MissingPathError(f"--device-map {path}: no such file")
         try:
-            problems = load_benchmark(parts[0])
-        except FileNotFoundError as e:
-            raise MissingPathError(
-                f"{e} Or give --problems your own .jsonl file with one "
-                '{"id": ..., "question": ..., "gold": ...} object per line.'
-            ) from None
-        return problems[: int(parts[1])] if len(parts) > 1 else problems
-    path = Path(spec)
-    if path.is_file():
-        return _jsonl_problems(path)
-    named = [n for n in named_lms()]
-    raise UserError(
-        f"unknown problem spec {spec!r} (no such file): use a .jsonl file of "
-        '{"id", "question", "gold"} lines, one of '
-        f"{sorted(BENCHMARKS)}[:<n>] (files in "
-        f"${DATA_DIR_ENV}), or <named LM>:<split>:<n>[:<seed>] with a named LM of {named}"
+            mapping = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise UserError(f"--device-map {path}: not JSON ({error})") from None
+        if not isinstance(mapping, dict):
+            raise UserError(f"--device-map {path}: expected a JSON object of module name -> device")
+        return mapping
+
+    def quantization_config(self):
+        """The `transformers.BitsAndBytesConfig` of ``load_in_4bit`` / ``load_in_8bit``, else `None`."""
+        if not (self.load_in_4bit or self.load_in_8bit):
+            return None
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(load_in_4bit=self.load_in_4bit, load_in_8bit=self.load_in_8bit)
+
+    def from_pretrained_kwargs(self, device=None) -> dict:
+        """The keyword arguments of ``AutoModelForCausalLM.from_pretrained``.
+
+        Args:
+            device: where a quantized LM without ``device_map`` goes (bitsandbytes places weights while loading).
+        """
+        kwargs = {
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+            "dtype": self.model_dtype if self.model_dtype == "auto" else getattr(torch, self.model_dtype),
+            "attn_implementation": self.attn_implementation,
+            "device_map": self.resolved_device_map(),
+            "offload_folder": self.offload_folder,
+            "quantization_config": self.quantization_config(),
+            "gguf_file": self.gguf_file,
+        }
+        if kwargs["quantization_config"] is not None and kwargs["device_map"] is None:
+            kwargs["device_map"] = {"": str(resolve_device(device))}
+        return {key: value for key, value in kwargs.items() if value is not None}
+
+
+def _remote_code_error(args: ModelArguments, error: Exception) -> UserError | None:
+    """transformers' refusal to run an LM's own code without ``trust_remote_code``, as one line naming the flag."""
+    if args.trust_remote_code or "trust_remote_code" not in str(error):
+        return None
+    return UserError(
+        f"the LM {args.model!r} runs its own modeling code (auto_map in its config): pass --trust-remote-code "
+        "(trust_remote_code=True) if you trust it"
     )
 
 
-def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None = None):
+def _checkpoint_path(args: ModelArguments) -> str:
+    """Where `args.model` is loaded from: a named LM's directory, else the name itself (checked if a local path)."""
+    if not args.model:
+        raise UserError("no LM to load: give --model (ModelArguments.model)")
+    named = get_named_lm(args.model)
+    if named is None:  # a local path that is not a checkpoint: say so, not transformers' "Repo id must be in ..."
+        check_checkpoint_dir(args.model, "LM", required=None if args.gguf_file else "config.json")
+        return args.model
+    if not (Path(named.path) / "config.json").is_file():
+        raise MissingPathError(
+            f"no checkpoint of the named LM {args.model!r} at {named.path}"
+            + (f"; {named.missing_hint}" if named.missing_hint else "")
+        )
+    return str(named.path)
+
+
+def load_lm(args: ModelArguments | str, device=None, *, dtype: str | None = None, gguf_file: str | None = None):
     """An LM and its tokenizer, in eval mode.
 
     Args:
-        name: a named LM of `hf_msv.registry` (e.g. ``"testbed"``), a local directory or a Hub id; all are loaded
-            with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
-        dtype: ``"auto"`` or a torch dtype name (``"bfloat16"``, ``"float32"``, ...).
-        device: ``None`` or ``"auto"``: this process's accelerate device (the GPU when there is one).
-        gguf_file: a GGUF file inside that repository or directory.
+        args: how to load it (`ModelArguments`), or just its name: a named LM of `hf_msv.registry` (e.g.
+            ``"testbed"``), a local directory or a Hub id; all are loaded with ``AutoModelForCausalLM`` /
+            ``AutoTokenizer``.
+        device: ``None`` or ``"auto"``: this process's accelerate device (the GPU when there is one); ignored with a
+            ``device_map`` (accelerate places the modules).
+        dtype: with a name: ``ModelArguments.model_dtype``.
+        gguf_file: with a name: ``ModelArguments.gguf_file``.
 
     Returns:
         ``(model, tokenizer)``.
@@ -117,33 +195,32 @@ def load_lm(name: str, dtype: str = "auto", device=None, gguf_file: str | None =
             how to make one), or a local path (`hf_msv.errors.looks_like_path`) that is not a directory or has no
             ``config.json``.
         NotADirectoryPathError: (a `NotADirectoryError`) a local path that is a file.
-        UserError: a checkpoint transformers cannot find or read (its `OSError` or `ValueError` as the cause).
+        UserError: a checkpoint transformers cannot find or read (its `OSError` or `ValueError` as the cause), or
+            one with its own modeling code without ``trust_remote_code``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    named = get_named_lm(name)
-    path = name
-    if named is not None:
-        if not (Path(named.path) / "config.json").is_file():
-            raise MissingPathError(
-                f"no checkpoint of the named LM {name!r} at {named.path}"
-                + (f"; {named.missing_hint}" if named.missing_hint else "")
-            )
-        path = str(named.path)
-    else:  # a local path that is not a checkpoint: say so, not transformers' "Repo id must be in the form ..."
-        check_checkpoint_dir(name, "LM", required=None if gguf_file else "config.json")
-    device = resolve_device(device)
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    if isinstance(args, str):
+        args = ModelArguments(model=args, model_dtype=dtype or "auto", gguf_file=gguf_file)
+    path = _checkpoint_path(args)
+    kwargs = args.from_pretrained_kwargs(device)
+    tokenizer_kwargs = {k: kwargs[k] for k in ("revision", "trust_remote_code", "gguf_file") if k in kwargs}
+    logger.info("loading the LM %s from %s with %s", args.model, path, kwargs)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), **kwargs
-        )
+        tokenizer = AutoTokenizer.from_pretrained(path, **tokenizer_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as error:  # transformers' words for a checkpoint it cannot read or find
         if isinstance(error, UserError):
             raise
-        raise UserError(f"cannot load the LM {name!r}: {error}") from error
-    return model.to(device).eval(), tokenizer
+        raise (_remote_code_error(args, error) or UserError(f"cannot load the LM {args.model!r}: {error}")) from error
+    if "device_map" not in kwargs:  # a dispatched LM stays where accelerate put each module
+        model = model.to(resolve_device(device))
+    elif model.device.type == "meta":  # generation feeds its inputs to model.device: an offloaded first module
+        raise UserError(
+            f"--device-map {args.device_map} offloads the LM's first module (its input embedding) to the cpu or "
+            "disk: keep it on a device (device_map auto does)"
+        )
+    return model.eval(), tokenizer
 
 
 def default_max_new_tokens(name: str | None) -> int:
@@ -233,12 +310,26 @@ def weights_fingerprint(model) -> str:
     digest = hashlib.sha256()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            digest.update(f"{name}{tuple(p.shape)}{p.flatten()[:8].float().tolist()}".encode())
+            digest.update(f"{name}{tuple(p.shape)}{_first_values(model, name, p)}".encode())
     return digest.hexdigest()[:16]
+
+
+def _first_values(model, name: str, parameter) -> list[float]:
+    """The first 8 values of parameter `name`; one that accelerate offloaded (on the meta device, its values on the
+    cpu or disk) is read through its module's hook, so an offloaded LM has the fingerprint of the same LM whole."""
+    if parameter.device.type != "meta":
+        return parameter.flatten()[:8].float().tolist()
+    from accelerate.utils import align_module_device
+
+    owner, _, attribute = name.rpartition(".")
+    module = model.get_submodule(owner)
+    with align_module_device(module, torch.device("cpu")):
+        return getattr(module, attribute).flatten()[:8].float().tolist()
 
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
+    "ModelArguments",
     "default_max_new_tokens",
     "lm_info",
     "load_lm",

@@ -52,8 +52,14 @@ def _render_prompt(trace: Trace, tokenizer, build_prompt, chat_template) -> list
     return prompt_token_ids(prompt, tokenizer, chat_template)
 
 
-def _completion_ids(c, i: int, line: int, tokenizer, eos_ids: set[int]) -> list[int]:
-    """Completion `i`'s generated tokens (EOS included when it ended with one); raises `TraceError`."""
+def _completion_ids(
+    c, i: int, line: int, tokenizer, eos_ids: set[int], sampled_budget: int | None = None
+) -> list[int]:
+    """Completion `i`'s generated tokens (EOS included when it ended with one); raises `TraceError`.
+
+    A text completion that says how it ended gets EOS after ``"eos"``/``"stop"``; one that does not (harness files
+    keep no finish reason) gets EOS when it is shorter than the budget it was sampled with (`sampled_budget`, the
+    trace's ``sampling["max_new_tokens"]``): a completion that fills its budget was cut, not finished."""
     if c.token_ids is not None:
         ids = list(c.token_ids)
     else:
@@ -67,7 +73,8 @@ def _completion_ids(c, i: int, line: int, tokenizer, eos_ids: set[int]) -> list[
                 f"at character {at}: {c.text[at : at + 20]!r} became {back[at : at + 20]!r}); "
                 "give token_ids instead",
             )
-        if c.finish_reason in FINISH_EOS and eos_ids:
+        unknown_end = c.finish_reason is None and sampled_budget is not None
+        if eos_ids and (c.finish_reason in FINISH_EOS or (unknown_end and len(ids) < sampled_budget)):
             ids.append(min(eos_ids))
     early = [j for j, t in enumerate(ids[:-1]) if t in eos_ids]
     if early:
@@ -126,7 +133,7 @@ def encode_trace(
         raise TraceError(line, str(e)) from None
     sequences, finish, confidence, cut = [], [], [], 0
     for i, c in enumerate(trace.completions):
-        ids = _completion_ids(c, i, line, tokenizer, eos_ids)
+        ids = _completion_ids(c, i, line, tokenizer, eos_ids, trace.sampling.get("max_new_tokens"))
         conf = _trace_confidence(c, i, line, ids, confidence_top_k)
         if limit is not None and len(ids) > limit:
             ids, conf, cut = ids[:limit], conf[:limit], cut + 1
@@ -185,7 +192,7 @@ def plan_branches(sequence: Sequence[int], n: int, policy: ElicitationPolicy) ->
 
     for t, token in enumerate(sequence):
         history.append(token)
-        branch = policy.fire(n, history, t)
+        branch = policy.fire(n, history, t, previous)
         if branch is not None:
             add(branch, len(history) - (0 if branch.feed_newest else 1) - branch.drop)  # GenerationRun._complete
             previous = branch

@@ -2,7 +2,8 @@
 
 `read_traces` (line-level validation: `TraceError` names the line, or bad lines are skipped and listed),
 `write_traces`, and the exports `traces_from_results` / `traces_from_shards`; `collect_from_traces` re-encodes such
-a file into shards. Nothing here needs the LM. The format: ``docs/collection.md``.
+a file into shards. `read_traces` also reads lm-eval samples and lighteval details files (`hf_msv.collect.harness`,
+``docs/harnesses.md``). Nothing here needs the LM. The format: ``docs/collection.md``.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data.problems import Problem
 from ..errors import UserError
 from ..utils import commit_file, tmp_name
+from .harness import TRACE_FORMATS, detect_trace_format, lighteval_rows, lm_eval_rows
 
 __all__ = [
     "Completion",
@@ -64,7 +66,7 @@ class Completion:
     logprobs: list[list[float]] | None = None
 
     def to_json(self) -> dict:
-        out = {"token_ids": self.token_ids} if self.token_ids is not None else {"text": self.text}
+        out: dict = {"token_ids": self.token_ids} if self.token_ids is not None else {"text": self.text}
         if self.finish_reason is not None:
             out["finish_reason"] = self.finish_reason
         if self.logprobs is not None:
@@ -203,6 +205,22 @@ def parse_trace(raw: bytes | str, line: int = 0) -> Trace:
         obj = json.loads(raw)
     except json.JSONDecodeError as e:
         raise TraceError(line, f"not JSON ({e.msg})") from None
+    return trace_from_json(obj, line)
+
+
+def trace_from_json(obj, line: int = 0) -> Trace:
+    """A decoded trace line (a line of a trace file, or a harness row mapped onto one) → `Trace`.
+
+    Args:
+        obj: the decoded JSON value.
+        line: its 1-based line number (0: not read from a file).
+
+    Returns:
+        The `Trace`.
+
+    Raises:
+        TraceError: a bad line, naming `line`.
+    """
     if not isinstance(obj, dict):
         raise TraceError(line, "a line must be a JSON object")
     missing = [k for k in ("id", "question", "gold", "completions") if k not in obj]
@@ -239,27 +257,57 @@ def parse_trace(raw: bytes | str, line: int = 0) -> Trace:
     )
 
 
-def read_traces(path: str | os.PathLike, skip_bad_lines: bool = False, num_samples: int | None = None) -> TraceFile:
-    """Read and validate a trace file (format: ``docs/collection.md``).
+def _attempt(parse, raw, line: int) -> Trace | TraceError:
+    try:
+        return parse(raw, line)
+    except TraceError as e:
+        return e
+
+
+def _parsed_lines(path, data: bytes, format: str) -> Iterator[tuple[int, Trace | TraceError]]:
+    """Each non-blank line (or harness row) of the file: its number and its `Trace`, or the `TraceError` it raised."""
+    if format == "hf_msv":
+        for number, raw in enumerate(data.split(b"\n"), start=1):
+            if raw.strip():
+                yield number, _attempt(parse_trace, raw, number)
+        return
+    rows = lm_eval_rows(path, data) if format == "lm_eval" else lighteval_rows(path)
+    for row in rows:
+        if row.trace is None:
+            yield row.line, TraceError(row.line, row.error or "unusable row")
+        else:
+            yield row.line, _attempt(trace_from_json, row.trace, row.line)
+
+
+def read_traces(
+    path: str | os.PathLike, skip_bad_lines: bool = False, num_samples: int | None = None, format: str = "auto"
+) -> TraceFile:
+    """Read and validate a trace file: hf_msv's format (``docs/collection.md``), an lm-eval samples file or a
+    lighteval details file (``docs/harnesses.md``; their rows count as lines).
 
     Args:
         path: the trace file.
         skip_bad_lines: skip bad lines and list them in `TraceFile.bad_lines` instead of raising `TraceError`.
         num_samples: the N every line must have (default: the first good line's).
+        format: ``"hf_msv"``, ``"lm_eval"``, ``"lighteval"``, or ``"auto"`` (`detect_trace_format`).
 
     Returns:
         The `TraceFile`.
 
     Raises:
         TraceError: the first bad line, unless `skip_bad_lines`.
+        UserError: an unknown `format`, or a file in none of the formats.
     """
+    if format not in TRACE_FORMATS:
+        raise UserError(f"unknown trace format {format!r}: expected one of {TRACE_FORMATS}")
     data = Path(path).read_bytes()
+    format = detect_trace_format(path, data) if format == "auto" else format
     traces, bad, seen = [], [], set()
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
+    for number, parsed in _parsed_lines(path, data, format):
         try:
-            trace = parse_trace(raw, number)
+            if isinstance(parsed, TraceError):
+                raise parsed
+            trace = parsed
             n = num_samples if num_samples is not None else (len(traces[0].completions) if traces else None)
             if n is not None and len(trace.completions) != n:
                 raise TraceError(

@@ -1,4 +1,5 @@
-"""Problems, collected records, hidden-state shards, and the groups that training and evaluation read from them."""
+"""Problems (presets, files, 🤗 datasets), collected records, hidden-state shards and their export, and the groups
+that training and evaluation read from them."""
 
 from .dataset import (
     PRELOAD_BYTES,
@@ -6,6 +7,16 @@ from .dataset import (
     ShardDataset,
     collate_groups,
     load_split,
+)
+from .export import (
+    EXPORT_FORMATS,
+    DownloadResult,
+    ExportResult,
+    PushResult,
+    download_shards,
+    export_shards,
+    push_shards_to_hub,
+    shards_to_dataset,
 )
 from .groups import (
     MODES,
@@ -19,8 +30,15 @@ from .groups import (
 )
 from .problems import (
     BENCHMARKS,
+    GOLD_FORMATS,
+    Gold,
+    Preset,
     Problem,
+    ProblemColumns,
+    ProblemTable,
     load_benchmark,
+    problems_from_table,
+    read_table,
 )
 from .records import CollectedProblem
 from .shards import (
@@ -33,11 +51,30 @@ from .shards import (
     read_shard_info,
     write_shard,
 )
+from .sources import TableSpec, load_problems, parse_table_spec
 
 __all__ = [
     "Problem",
     "BENCHMARKS",
     "load_benchmark",
+    "Preset",
+    "ProblemColumns",
+    "GOLD_FORMATS",
+    "Gold",
+    "ProblemTable",
+    "read_table",
+    "problems_from_table",
+    "load_problems",
+    "parse_table_spec",
+    "TableSpec",
+    "shards_to_dataset",
+    "export_shards",
+    "push_shards_to_hub",
+    "download_shards",
+    "EXPORT_FORMATS",
+    "ExportResult",
+    "PushResult",
+    "DownloadResult",
     "CollectedProblem",
     "MODES",
     "AnswerGroup",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..arguments import parse_command_args
 from .config import EvaluateConfig
 from .study import evaluate_study
 
@@ -12,14 +13,15 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``hf-msv evaluate [flags]``: evaluate, then print the report's and JSON's paths."""
+    """``hf-msv evaluate [flags]``: evaluate, then print the report's and JSON's paths (``--config FILE`` and
+    ``--log-level`` as every command takes them: `hf_msv.arguments.parse_command_args`)."""
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(
         EvaluateConfig,
         description="Baselines, metrics, figures and λ rules over collected shards and trained verifiers.",
     )
-    (config,) = parser.parse_args_into_dataclasses(argv)
+    (config,) = parse_command_args(parser, argv)
     results = evaluate_study(config)  # every input named in the config: verifier specs, costs, problems
     out = Path(config.output_dir)
     print(

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..metrics import format_mean_std, reliability_bins, seed_stat
-from .methods import DEEPCONF, SELF_CONSISTENCY, TOKEN_PROBS
+from .methods import DEEPCONF, SELF_CONSISTENCY, STOP_HEAD_SUFFIX, TOKEN_PROBS
 from .results import (
     EarlyStopComparison,
     EarlyStopSummary,
@@ -19,6 +19,7 @@ from .results import (
     Interval,
     LambdaRuleRecord,
     SeedStat,
+    StopReliability,
     StudyConfig,
     StudyResults,
     as_study_results,
@@ -263,7 +264,7 @@ def _lambda_section(results: StudyResults) -> list[str]:
         return []
     cfg = results.config
     if cfg.has("ltt_epsilon"):
-        return _lambda_rules_section(lam, cfg)
+        return _lambda_rules_section(lam, cfg) + _stop_reliability_lines(results)
     target = cfg.target_accuracy or str(cfg.target_fraction) + " × the best full-decoding validation accuracy"
     out = [
         "## λ selection (validation rule and risk-controlled LTT)",
@@ -366,6 +367,42 @@ def _lambda_rules_section(lam: dict[str, dict[str, dict[str, LambdaRuleRecord]]]
             _fmt(r.get("reached"), 2) if rule == "validation" else _fmt(r.get("certified"), 2),
         ],
     )
+
+
+def _stop_reliability_reference(results: StudyResults, n: int) -> tuple[str, dict[str, StopReliability]] | None:
+    """The method whose stop-time reliability a report shows at `n` — the primary MSV through its stop head when it
+    has one, else the MSV — and its bins per λ rule; None without them."""
+    msv = results.msv(n)
+    per_method = results.stop_reliability.get(str(n), {})
+    if msv is None:
+        return None
+    reference = msv + STOP_HEAD_SUFFIX if msv + STOP_HEAD_SUFFIX in per_method else msv
+    return (reference, per_method[reference]) if per_method.get(reference) else None
+
+
+def _stop_reliability_lines(results: StudyResults) -> list[str]:
+    """A reliability table of the confidence reported at the stop, per N, for the reference method and each rule:
+    what a user who acts on the stop's confidence can expect."""
+    out = []
+    for n in results.num_sequences:
+        found = _stop_reliability_reference(results, n)
+        if found is None:
+            continue
+        reference, rules = found
+        rows = []
+        for rule, bins in rules.items():
+            for confidence, accuracy, count in zip(bins.confidence, bins.accuracy, bins.count):
+                low = min(int(confidence * 10), 9) / 10
+                rows.append([rule, f"[{low:.1f}, {low + 0.1:.1f}{']' if low == 0.9 else ')'}", str(count)])
+                rows[-1] += [f"{confidence:.3f}", f"{accuracy:.3f}"]
+        out += [
+            f"Reliability at the stop, {reference}, N = {n}: the early stops of every training seed by the confidence "
+            "they reported (a calibrated stop has accuracy ≈ confidence in each bin):",
+            "",
+            markdown_table(["rule", "confidence bin", "stops", "mean confidence", "accuracy"], rows),
+            "",
+        ]
+    return out
 
 
 def _difficulty_section(results: StudyResults) -> list[str]:
@@ -518,7 +555,43 @@ def write_figures(
     _reliability_figures(plt, save, results, reliability)
     _best_of_n_figure(plt, save, results)
     _tradeoff_figures(plt, save, results, curves)
+    _stop_reliability_figures(plt, save, results)
     return figs
+
+
+def _stop_reliability_figures(plt, save, results: StudyResults) -> None:
+    """Per N: the reliability diagram of the confidence reported at the stop, one panel per λ rule (bar widths
+    follow the stops in each bin)."""
+    for n in results.num_sequences:
+        found = _stop_reliability_reference(results, n)
+        if found is None:
+            continue
+        reference, rules = found
+        fig, axes = plt.subplots(1, len(rules), figsize=(2.8 * len(rules), 2.8), squeeze=False)
+        for ax, (rule, bins) in zip(axes[0], rules.items()):
+            lows = [min(int(c * 10), 9) / 10 for c in bins.confidence]
+            ax.bar([low + 0.05 for low in lows], bins.accuracy, width=0.1, edgecolor="k", alpha=0.7)
+            ax.plot(bins.confidence, bins.accuracy, "ko", ms=3)
+            for low, accuracy, count in zip(lows, bins.accuracy, bins.count):
+                ax.annotate(str(count), (low + 0.05, accuracy), ha="center", va="bottom", fontsize=6)
+            _reliability_axes(ax, f"{rule}, {sum(bins.count)} stops", "confidence at the stop", top=1.05)
+        axes[0][0].set_ylabel("accuracy at the stop", fontsize=7)
+        save(
+            fig,
+            f"stop_reliability_N{n}",
+            f"Reliability of the confidence reported at the stop, {reference}, N={n}: early stops of every "
+            "training seed (counts above the bars).",
+        )
+
+
+def _reliability_axes(ax, title: str, xlabel: str, top: float = 1.0) -> None:
+    """A reliability panel's frame: the diagonal, [0, 1] on both axes, small labels."""
+    ax.plot([0, 1], [0, 1], "r--", lw=1)
+    ax.set_title(title, fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, top)
+    ax.set_xlabel(xlabel, fontsize=7)
+    ax.tick_params(labelsize=6)
 
 
 def _reliability_figures(plt, save, results: StudyResults, reliability: dict) -> None:
@@ -540,12 +613,7 @@ def _reliability_figures(plt, save, results: StudyResults, reliability: dict) ->
                 conf, acc, count = reliability_bins(p, y, 10)
                 centers = (np.arange(10) + 0.5) / 10
                 ax.bar(centers, np.nan_to_num(acc), width=0.1, edgecolor="k", alpha=0.7, label="accuracy")
-                ax.plot([0, 1], [0, 1], "r--", lw=1)
-                ax.set_title(m, fontsize=8)
-                ax.set_xlim(0, 1)
-                ax.set_ylim(0, 1)
-                ax.set_xlabel("confidence", fontsize=7)
-                ax.tick_params(labelsize=6)
+                _reliability_axes(ax, m, "confidence")
             axes[0][0].set_ylabel("accuracy", fontsize=7)
             save(
                 fig,

@@ -27,6 +27,7 @@ __all__ = [
     "MatchedBudget",
     "EarlyStopSummary",
     "LambdaRuleRecord",
+    "StopReliability",
     "StudyConfig",
     "StudyCosts",
     "Figure",
@@ -615,6 +616,43 @@ class LambdaRuleRecord:
         return self.stats.get("lambda")
 
 
+@dataclass(frozen=True)
+class StopReliability:
+    """Reliability of the confidence reported when a λ rule stops (``results["stop_reliability"][N][method][rule]``):
+    the evaluation groups that stopped early, pooled over training seeds, in tenths of confidence (empty bins left
+    out; `hf_msv.metrics.reliability_bins`).
+
+    Attributes:
+        confidence: mean reported confidence per bin.
+        accuracy: accuracy of the stopped answers per bin.
+        count: stops per bin.
+    """
+
+    confidence: list[float]
+    accuracy: list[float]
+    count: list[int]
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> StopReliability:
+        """Read ``{"confidence", "accuracy", "count"}``.
+
+        Args:
+            d: the bins.
+
+        Returns:
+            The `StopReliability`.
+        """
+        return cls(list(d["confidence"]), list(d["accuracy"]), list(d["count"]))
+
+    def to_dict(self) -> dict:
+        """The bins as written to JSON.
+
+        Returns:
+            The dict.
+        """
+        return {"confidence": self.confidence, "accuracy": self.accuracy, "count": self.count}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Costs, figures, the whole study
 # ----------------------------------------------------------------------------------------------------------------
@@ -805,6 +843,7 @@ class StudyResults:
         streaming: N -> method -> `MethodMetrics` on streaming answers.
         early_stop: N -> `EarlyStopSummary`.
         lambda_selection: N -> method -> rule -> `LambdaRuleRecord`.
+        stop_reliability: N -> method -> rule -> `StopReliability` (empty in results written before it existed).
         intervals: N -> setting -> baseline -> metric -> `Interval` of the primary MSV − the baseline.
         brier_by_position: N -> ``{"edges": [...], method: [Brier per bin]}``, a JSON dict.
         by_difficulty: N -> difficulty value -> ``{"problems": count, method: {"brier", "bon_accuracy"}}``.
@@ -825,6 +864,7 @@ class StudyResults:
     brier_by_position: dict[str, dict]
     by_difficulty: dict[str, dict]
     figures: list[Figure]
+    stop_reliability: dict[str, dict[str, dict[str, StopReliability]]] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     _KEYS = (
@@ -837,6 +877,7 @@ class StudyResults:
         "streaming",
         "early_stop",
         "lambda_selection",
+        "stop_reliability",
         "intervals",
         "brier_by_position",
         "by_difficulty",
@@ -879,6 +920,12 @@ class StudyResults:
             brier_by_position=dict(d.get("brier_by_position", {})),
             by_difficulty=dict(d.get("by_difficulty", {})),
             figures=[Figure.from_dict(f) for f in d.get("figures", [])],
+            stop_reliability=_per_n(
+                d.get("stop_reliability"),
+                lambda ms: {
+                    m: {rule: StopReliability.from_dict(b) for rule, b in rules.items()} for m, rules in ms.items()
+                },
+            ),
             extra=_extra(d, cls._KEYS),
         )
 
@@ -902,11 +949,22 @@ class StudyResults:
                 n: {m: {rule: r.to_dict() for rule, r in rules.items()} for m, rules in ms.items()}
                 for n, ms in self.lambda_selection.items()
             },
+            **self._stop_reliability_dict(),
             "intervals": {n: self.intervals_dict(n) for n in self.intervals},
             "brier_by_position": self.brier_by_position,
             "by_difficulty": self.by_difficulty,
             "figures": [f.to_dict() for f in self.figures],
             **self.extra,
+        }
+
+    def _stop_reliability_dict(self) -> dict:
+        if not self.stop_reliability:  # results written before it existed have no such key
+            return {}
+        return {
+            "stop_reliability": {
+                n: {m: {rule: b.to_dict() for rule, b in rules.items()} for m, rules in ms.items()}
+                for n, ms in self.stop_reliability.items()
+            }
         }
 
     @property

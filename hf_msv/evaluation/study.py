@@ -24,7 +24,7 @@ import numpy as np
 
 from ..data import AnswerGroup, CollectedProblem, ShardDataset, collection_elicitation
 from ..errors import UserError
-from ..metrics import best_of_n_metrics, best_of_n_pairs, calibration_metrics, ece, seed_stat
+from ..metrics import best_of_n_metrics, best_of_n_pairs, calibration_metrics, ece, reliability_bins, seed_stat
 from ..utils import json_safe
 from .config import EvaluateConfig
 from .early_stop import (
@@ -102,6 +102,7 @@ class _PerN:
     curves: dict = field(default_factory=dict)  # method -> [TradeoffCurve per seed]
     positions: dict = field(default_factory=dict)  # method -> [Brier per position bin, per seed]
     lam_sel: dict = field(default_factory=dict)  # method -> rule -> [per-seed dicts]
+    stop_events: dict = field(default_factory=dict)  # method -> rule -> [(confidence, correct) at the stop, per seed]
     offline: dict = field(default_factory=dict)  # method label -> offline seconds per answer
     reliability: dict = field(default_factory=dict)  # method -> [answer p, answer y, BoN p, BoN y] per seed
 
@@ -527,6 +528,13 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
         results["lambda_selection"][key] = {
             m: {rule: _summarise_rule(vals) for rule, vals in d.items()} for m, d in acc.lam_sel.items()
         }
+    if acc.stop_events:  # absent from results that predate it, so theirs read and write back unchanged
+        bins = {m: {rule: _stop_reliability(events) for rule, events in d.items()} for m, d in acc.stop_events.items()}
+        results.setdefault("stop_reliability", {})[key] = {
+            m: {rule: b for rule, b in rules.items() if b is not None}
+            for m, rules in bins.items()
+            if any(b is not None for b in rules.values())
+        }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -546,13 +554,35 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
         for rule, kwargs in study.config.lambda_rules.items():
             choice = choose_on_groups(vgroups, m, DEFAULT_LAMBDAS, costs, **kwargs)
             ev = replay_at(eval_groups, m, choice.lam, costs)
-            acc.lam_sel.setdefault(m, {}).setdefault(rule, []).append(_rule_record(choice, ev, eval_groups, m))
+            confidence = np.array([g.scores[m][c] if c >= 0 else 0.0 for g, c in zip(eval_groups, ev.chosen)])
+            record = _rule_record(choice, ev, confidence)
+            acc.lam_sel.setdefault(m, {}).setdefault(rule, []).append(record)
+            events = (confidence[ev.stopped], ev.correct[ev.stopped])
+            acc.stop_events.setdefault(m, {}).setdefault(rule, []).append(events)
 
 
-def _rule_record(choice, ev, groups: list[AnswerGroup], method: str) -> dict:
+def _stop_reliability(events: list[tuple[np.ndarray, np.ndarray]]) -> dict | None:
+    """Reliability bins (tenths) of the confidence reported at the stop, over the early stops of every training
+    seed; empty bins are left out. None for a statistic that is not a probability (no calibration to show)."""
+    confidence = np.concatenate([c for c, _ in events])
+    correct = np.concatenate([y for _, y in events]).astype(float)
+    if confidence.size and (confidence.min() < 0.0 or confidence.max() > 1.0):
+        return None
+    if not confidence.size:
+        return {"confidence": [], "accuracy": [], "count": []}
+    mean_confidence, accuracy, count = reliability_bins(confidence, correct)
+    kept = count > 0
+    return {
+        "confidence": mean_confidence[kept].tolist(),
+        "accuracy": accuracy[kept].tolist(),
+        "count": count[kept].tolist(),
+    }
+
+
+def _rule_record(choice, ev, confidence: np.ndarray) -> dict:
     """One λ rule's outcome: its choice on validation, then on evaluation the accuracy, tokens and latency at the
-    chosen λ and, over the groups that stopped, accuracy, mean confidence (the chosen answer's score) and ECE."""
-    confidence = np.array([g.scores[method][c] if c >= 0 else 0.0 for g, c in zip(groups, ev.chosen)])
+    chosen λ and, over the groups that stopped, accuracy, mean confidence (`confidence`: the chosen answer's score
+    per group) and ECE."""
     hit = ev.stopped
     return {
         "target": math.nan if choice.target is None else choice.target,

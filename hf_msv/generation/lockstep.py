@@ -16,11 +16,15 @@ that leaves out tokens is exact on every supported cache layer: ``docs/caches.md
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
+import warnings
 from typing import TYPE_CHECKING, cast
 
 import torch
+import transformers
+from packaging import version
 from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -43,7 +47,27 @@ from .stopping import MSVEarlyStop
 if TYPE_CHECKING:
     from .run import GenerationRun
 
-__all__ = ["DecodingBatch", "lockstep_sample"]
+__all__ = ["NEWEST_TESTED_TRANSFORMERS", "DecodingBatch", "lockstep_sample"]
+
+NEWEST_TESTED_TRANSFORMERS = (5, 24)
+"""The newest transformers minor the loop is tested with (``make test``); the oldest is pyproject.toml's floor."""
+
+
+@functools.cache
+def warn_if_untested_transformers(installed: str = transformers.__version__) -> bool:
+    """Warn once when `installed` is a newer minor than `NEWEST_TESTED_TRANSFORMERS`: the loop calls ``generate``'s
+    private ``_prefill`` and ``_pad_token_tensor``, which a release may change without notice. Returns whether it
+    warned. A warning rather than a pin, so that a user is not locked out of a transformers fix."""
+    if version.parse(installed).release[:2] <= NEWEST_TESTED_TRANSFORMERS:
+        return False
+    tested = ".".join(map(str, NEWEST_TESTED_TRANSFORMERS))
+    warnings.warn(
+        f"hf_msv's generation loop is tested with transformers up to {tested}.x; this is {installed}. It relies on "
+        "generate's private _prefill and _pad_token_tensor: if generation fails, install transformers<="
+        f"{tested}.* and report it.",
+        stacklevel=3,
+    )
+    return True
 
 
 class DecodingBatch:
@@ -223,6 +247,7 @@ def lockstep_sample(
             f"MSV generation does not support synced_gpus ({type(model).__name__}.generate was "
             "called with it): load the LM whole on each process and call generate without it."
         )
+    warn_if_untested_transformers()
     run = _bound_run(stopping_criteria)
     pad_tensor = generation_config._pad_token_tensor
     pad = int(pad_tensor) if pad_tensor is not None else 0

@@ -1,11 +1,12 @@
 """`ElicitationPolicy`: where a chain's answers are elicited, the one rule every engine calls.
 
 The rule, per newest token of a chain: EOS fires the terminal answer; otherwise, in streaming mode, a completed
-delimiter fires, else every K generated tokens; a chain the engine ends without EOS (its token budget) gets its
-terminal answer at its last token, unless a delimiter fired at that very token (that answer already sees the whole
-chain). `GenerationRun` (``model.generate``), the vLLM controller and trace re-encoding (`collect.reencode`) all
-call `ElicitationPolicy.fire` and `ElicitationPolicy.at_budget`, and read EOS ids through `eos_token_ids`, so a
-verifier meets the schedule it was trained on whichever engine runs it.
+delimiter fires, else every K generated tokens, either only once ``min_gap_tokens`` tokens have passed since the
+chain's previous elicitation when the settings space answers; a chain the engine ends without EOS (its token
+budget) gets its terminal answer at its last token, unless a delimiter fired at that very token (that answer
+already sees the whole chain). `GenerationRun` (``model.generate``), the vLLM controller and trace re-encoding
+(`collect.reencode`) all call `ElicitationPolicy.fire` and `ElicitationPolicy.at_budget`, and read EOS ids through
+`eos_token_ids`, so a verifier meets the schedule it was trained on whichever engine runs it.
 """
 
 from __future__ import annotations
@@ -82,13 +83,14 @@ class ElicitationPolicy:
         policy.eos_ids = set(eos_ids)
         return policy
 
-    def fire(self, row: int, history: Sequence[int], t: int) -> Branch | None:
+    def fire(self, row: int, history: Sequence[int], t: int, previous: Branch | None = None) -> Branch | None:
         """Whether the newest token of a chain fires an elicitation.
 
         Args:
             row: the chain's row (carried into the `Branch`).
             history: the chain's generated tokens, newest (token t) last.
             t: the step of the newest token (0 at the first generated token).
+            previous: the chain's last fired branch, or `None` (read only when the settings space answers).
 
         Returns:
             The `Branch` to elicit (trigger ``"eos"``, ``"delimiter"`` or ``"every_k"``), or `None`.
@@ -98,6 +100,9 @@ class ElicitationPolicy:
             return Branch(row, "eos", t)
         if not self.streaming:
             return None
+        gap = self.settings.min_gap_tokens
+        if gap is not None and previous is not None and t - previous.tau < gap:
+            return None  # too soon after the last answer: the delimiter is skipped, not deferred
         if self.matcher is not None and self.matcher.could_complete(token):
             found = self.matcher.match(history)
             if found is not None:

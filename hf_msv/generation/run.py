@@ -124,7 +124,8 @@ class GenerationRun:
                 continue
             history = tracker.history[row]
             history.append(token)
-            branch = self.policy.fire(row, history, t)
+            previous = self.last_fired.get(row)
+            branch = self.policy.fire(row, history, t, previous.branch if previous is not None else None)
             if branch is not None and branch.trigger == "eos":
                 tracker.end_row(row, t, EOS)
             if branch is not None:

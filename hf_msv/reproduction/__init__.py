@@ -2,6 +2,7 @@
 
 * `paper` — the paper's numbers (data only), the weak checkers' settings and the attention masks;
 * `config` — `ReproduceConfig` (sizes and settings), `ReproduceArguments` (the command's flags), `training_config`;
+* `own_lm` — `reproduction_task`: what a run samples from (a testbed task, or your own LM and problem specs);
 * `stages` — the building blocks: collect, train or reuse (`TrainingQueue`), measure LM costs, checker agreement;
 * `context` — `ReproductionContext`, the state the stages share (train per seed, evaluate or restore);
 * `studies` — one function per study, each returning its summary entry;
@@ -18,6 +19,7 @@ See ``docs/reproduction.md``.
 from .claims import compute_claims
 from .config import STUDIES, ReproduceArguments, ReproduceConfig, training_config
 from .context import ReproductionContext
+from .own_lm import OWN_LM_TASK, ReproductionTask, reproduction_task
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .pipeline import main, parse_arguments, reproduce
 from .report import render_testbed
@@ -49,6 +51,9 @@ __all__ = [
     "ReproduceConfig",
     "ReproduceArguments",
     "training_config",
+    "OWN_LM_TASK",
+    "ReproductionTask",
+    "reproduction_task",
     "ReproductionContext",
     "ShardReuse",
     "collect_problems",

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .config import ReproduceConfig, training_config
+from .own_lm import ReproductionTask, reproduction_task
 from .reuse import (
     EVALUATION_CODE,
     ReuseLog,
@@ -125,6 +126,11 @@ class ReproductionContext:
     def stem(self) -> str:
         """File stem of the reports (`ReproduceConfig.stem`)."""
         return self.config.stem
+
+    @property
+    def task(self) -> ReproductionTask:
+        """What the run samples from: its LM, problems and prompts (`reproduction_task`)."""
+        return reproduction_task(self.config)
 
     @property
     def shard_reuse(self) -> ShardReuse:

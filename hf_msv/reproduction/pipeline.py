@@ -1,9 +1,11 @@
-"""``hf-msv reproduce``: the paper's experiments re-run end to end on the testbed, with the paper's numbers beside
-ours.
+"""``hf-msv reproduce``: the paper's experiments re-run end to end on the testbed (or its main study on your own
+LM), with the paper's numbers beside ours.
 
     from hf_msv.reproduction import ReproduceArguments, reproduce
     summary = reproduce(ReproduceArguments(output_dir="docs/results"))  # the paper's sizes (hours on CPU)
     summary = reproduce(ReproduceArguments(output_dir="/tmp/quick", quick=True))  # minutes: N in {1, 4}, 2 seeds
+    summary = reproduce(ReproduceArguments(model="my-lm", train_problems="train.jsonl", val_problems="val.jsonl",
+                                           eval_problems="eval.jsonl"))  # the main study on your LM (a GPU)
 
 `reproduce` runs the studies in order (collect, measure the LM's costs, train, evaluate, report), every stage
 resumable in one work directory; a report is written in parts, each part continuing the committed report
@@ -21,6 +23,7 @@ from ..errors import MissingPathError, UserError
 from .claims import compute_claims
 from .config import STUDIES, ReproduceArguments, ReproduceConfig
 from .context import ReproductionContext, StageClock
+from .own_lm import check_studies, reproduction_task
 from .paper import PAPER
 from .report import LEGACY_PARTS_KEY, render_testbed, report_parts
 from .shipped import train_shipped_verifier
@@ -47,9 +50,10 @@ def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | 
     Args:
         args: the run options, those of ``hf-msv reproduce`` (`ReproduceArguments`: output and work directories,
             studies, threads, device, reuse policies, ``continue_report``, ``train_workers``; default: its
-            defaults). "main" always runs (the other studies build on it). With ``continue_report``, the report
-            already in ``output_dir`` is continued (`load_report_to_continue`): only the studies it lacks run, with
-            only the collections and main fits they need; the report gains a part. With ``train_workers`` above 1,
+            defaults). "main" always runs (the other studies build on it); on your own LM (``args.model``) it is the
+            only one. With ``continue_report``, the report already in ``output_dir`` is continued
+            (`load_report_to_continue`): only the studies it lacks run, with only the collections and main fits they
+            need; the report gains a part. With ``train_workers`` above 1,
             call `reproduce` from under ``if __name__ == "__main__":`` in a script (the fit workers are spawned, and
             a spawned process imports the main module; ``hf-msv reproduce`` needs nothing).
         config: sizes and settings (default: ``args.reproduce_config()``, the paper's sizes on ``args.task`` or,
@@ -71,6 +75,7 @@ def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | 
             raise UserError(f"{name} must be 'matching' or 'keep', got {policy!r}")
     cfg = config or args.reproduce_config()
     studies = tuple(dict.fromkeys(("main",) + tuple(args.studies or cfg.studies)))
+    check_studies(cfg, studies)
     if args.threads:
         torch.set_num_threads(args.threads)
     log = print if args.progress else (lambda *a, **k: None)
@@ -84,6 +89,7 @@ def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | 
         reuse_verifiers=args.reuse_verifiers,
         queue=queue,
     )
+    reproduction_task(cfg)  # an own LM's problem specs read and checked: a clear error before any work
     earlier = load_report_to_continue(ctx) if args.continue_report else None  # a clear error before any work
     try:
         summary = _run_studies(ctx, studies, args.device, args.progress, log, earlier)
@@ -98,15 +104,14 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
     """`reproduce`'s body: collect, measure, train, evaluate every study (those `earlier`, a report being continued,
     lacks), write the reports."""
     from ..collect import load_lm
-    from ..testbed import get_task
 
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    ctx.model, ctx.tokenizer = load_lm(get_task(ctx.config.task).lm_name, device=device)
+    ctx.model, ctx.tokenizer = load_lm(ctx.task.lm_name, device=device)
     if earlier is None:
         summary = {
-            "config": asdict(ctx.config),
+            "config": ctx.config.to_dict(),
             "studies": list(studies),
             "paper": PAPER,
             "reports": ctx.reports,
@@ -132,9 +137,7 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
 
 def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progress: bool) -> None:
     """A new report's first stages: the main collection, the LM's costs, the main fits and the main study."""
-    from ..testbed import get_task
-
-    cfg = ctx.config
+    cfg, task = ctx.config, ctx.task
     with ctx.clock("collect"):
         ctx.main_data()
     with ctx.clock("lm costs"):
@@ -142,10 +145,12 @@ def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progre
         ctx.lm_costs = measure_lm_costs(
             ctx.model,
             ctx.tokenizer,
-            get_task(cfg.task).generate_problems("evaluation", cfg.cost_problems, seed=99),
+            task.cost_problems(cfg.cost_problems),
             ns_cost,
             cfg.max_new_tokens,
             cache=ctx.work_dir / "lm_costs.json",
+            **({} if task.delimiters is None else {"delimiters": task.delimiters}),
+            prompt_template=task.prompt_template,
         )
     summary["lm_costs"] = {str(n): asdict(c) for n, c in ctx.lm_costs.items()}
     with ctx.clock("train main"):
@@ -173,7 +178,7 @@ def load_report_to_continue(ctx: ReproductionContext) -> dict:
         raise UserError(f"--continue-report: {path} is not a report of hf-msv reproduce (it has no config)")
     if LEGACY_PARTS_KEY in earlier:
         earlier.setdefault("parts", earlier.pop(LEGACY_PARTS_KEY))
-    mine = json_safe(asdict(ctx.config))
+    mine = json_safe(ctx.config.to_dict())
     differ = sorted(k for k in mine.keys() | earlier["config"].keys() if mine.get(k) != earlier["config"].get(k))
     if differ:
         raise UserError(

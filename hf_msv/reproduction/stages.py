@@ -1,4 +1,4 @@
-"""The building blocks the reproduction's studies share: collections of testbed problems (resumable, reused under
+"""The building blocks the reproduction's studies share: collections of the task's problems (resumable, reused under
 their reuse key), verifier fits (trained, reused or queued on `TrainingQueue`'s worker processes), the LM's measured
 costs, and the agreement of a weak equivalence checker with the reference one."""
 
@@ -15,6 +15,7 @@ import numpy as np
 from ..elicitation import ElicitationSettings
 from ..utils import atomic_write_json
 from .config import ReproduceConfig
+from .own_lm import reproduction_task
 from .reuse import (
     COLLECTION_CODE,
     KEY_FILE,
@@ -69,22 +70,23 @@ def collect_problems(
     elicitation: ElicitationSettings | None = None,
     reuse: ShardReuse | None = None,
 ):
-    """Collect the testbed problems `problems` of `split` into `out`; resumable, as `hf_msv.collect.collect` is.
+    """Collect the task's problems `problems` of `split` into `out` (`reproduction_task`: a testbed task's draw, or
+    an own LM's spec); resumable, as `hf_msv.collect.collect` is.
 
     Args:
-        problems: indices into the seeded draw of `split` (seed `problem_seed`): ``range(count)``, or
-            ``range(first, count)`` for the problems beyond the first `first` (the first `count` of a draw are a
-            prefix of any larger draw, so a bigger collection extends a smaller one).
+        problems: indices into the seeded draw of `split` (seed `problem_seed`; an own LM's: its spec, in order):
+            ``range(count)``, or ``range(first, count)`` for the problems beyond the first `first` (the first
+            `count` of a draw are a prefix of any larger draw, so a bigger collection extends a smaller one).
         elicitation: where answers are elicited, when not at the library's default (the delimiter study's
             delimiter-free collection); None: the default.
-        reuse: shards already in `out` are extended only when their reuse key (collection settings, the testbed
-            LM's weights, the collection code) matches; otherwise they are collected again, the old ones moved aside
-            (`set_aside`), unless its policy is "keep". The count is not part of the key (a larger count extends).
+        reuse: shards already in `out` are extended only when their reuse key (collection settings, the LM's
+            weights, the collection code; an own LM's prompt template, delimiters and problems) matches; otherwise
+            they are collected again, the old ones moved aside (`set_aside`), unless its policy is "keep". The
+            count is not part of the key (a larger count extends).
     """
     from ..collect import collect
-    from ..testbed import get_task
 
-    task, reuse = get_task(cfg.task), reuse or ShardReuse()
+    task, reuse = reproduction_task(cfg), reuse or ShardReuse()
     where = (
         {}
         if elicitation is None
@@ -100,10 +102,11 @@ def collect_problems(
         seed=cfg.collect_seed,
         problem_seed=problem_seed,
         **where,
+        **task.collection_settings(split),
     )
-    key = reuse_key(settings, code_version(COLLECTION_CODE), data_fingerprint(task.lm_dir))
+    key = reuse_key(settings, code_version(COLLECTION_CODE), task.lm_fingerprint(model))
     kept = _decide_shards(out, key, reuse)
-    drawn = task.generate_problems(split, problems.stop, seed=problem_seed)[problems.start :]
+    drawn = task.problems(split, problems.stop, seed=problem_seed)[problems.start :]
     if not kept:  # before collecting: an interrupted run's shards then match the next run's key and are extended
         out.mkdir(parents=True, exist_ok=True)
         write_key(out, key)
@@ -321,29 +324,41 @@ class TrainingQueue:
 
 
 def measure_lm_costs(
-    model, tokenizer, problems, num_sequences, max_new_tokens: int, cache: Path | None = None, delimiters=("Wait",)
+    model,
+    tokenizer,
+    problems,
+    num_sequences,
+    max_new_tokens: int,
+    cache: Path | None = None,
+    delimiters=("Wait",),
+    prompt_template="testbed",
 ) -> dict:
     """Wall-clock LM costs on this machine, per N: seconds per shared decode step of N parallel sequences
     (``timings["cot"]`` ÷ decode steps) and per elicited answer (``timings["elicitation"]`` ÷ answers), from
-    `hf_msv.generation.msv_generate` (no verifier) on `problems`, best of the problems."""
+    `hf_msv.generation.msv_generate` (no verifier) on `problems` (prompts: `prompt_template`, as collections take
+    it; each sequence at most `max_new_tokens`, or what the LM's context leaves room for), best of the problems."""
+    from ..collect import sequence_budget
+    from ..collect.lm import prompt_builder, prompt_token_ids
     from ..evaluation.early_stop import LatencyCosts
     from ..generation import msv_generate
-    from ..testbed import format_prompt
 
     if cache is not None and cache.exists():
         data = json.loads(cache.read_text())
         if all(str(n) in data for n in num_sequences):
             return {int(n): LatencyCosts(**v) for n, v in data.items()}
-    out = {}
+    out, build = {}, prompt_builder(prompt_template, tokenizer)
+    elicitation = ElicitationSettings(delimiters=tuple(delimiters))
     for n in num_sequences:
         best = None
         for p in problems:
+            prompt = build(p)
+            room = sequence_budget(model, tokenizer, elicitation, len(prompt_token_ids(prompt, tokenizer)))
             res = msv_generate(
                 model,
                 tokenizer,
-                [format_prompt(p)],
+                [prompt],
                 num_sequences=n,
-                max_new_tokens=max_new_tokens,
+                max_new_tokens=max_new_tokens if room is None else min(max_new_tokens, room),
                 delimiters=list(delimiters),
                 checker="exact",
             )[0]

@@ -38,10 +38,7 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
     """The main study (C1-C5): the main verifiers and every baseline on the evaluation split, each N, with figures
     and λ rules chosen on validation. Needs `train_main_verifiers` first; keeps the results in `ctx.main_results`."""
     cfg = ctx.config
-    from ..evaluation import difficulty_from_problems
-    from ..testbed import get_task
-
-    steps = difficulty_from_problems(get_task(cfg.task).generate_problems("evaluation", cfg.eval_problems), "ops")
+    steps, difficulty_name = ctx.task.difficulty(cfg.eval_problems)  # a testbed's reasoning steps; none for your LM
     data = ctx.main_data()
     ctx.main_results = ctx.evaluate(
         data / "eval",
@@ -49,8 +46,8 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
         cfg.num_sequences,
         data / "val",
         difficulty=steps,
-        difficulty_name="reasoning steps",
-        title="Testbed reproduction: main study",
+        difficulty_name=difficulty_name,
+        title=f"{ctx.task.title}: main study",
         report_name="main",
         subdir=False,
         figures=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ..evaluation.results import MethodMetrics, StudyResults, as_study_results
+from ..evaluation.results import MethodMetrics, SeedStat, StudyResults, as_study_results
 
 __all__ = [
     "stat_mean",
@@ -32,20 +32,41 @@ VOTE_TOLERANCE = 0.005
 _VOTES = {"terminal": "Self-consistency", "streaming": "Latest-answer vote"}
 
 
-def stat_mean(stat) -> float:
-    """The mean of a seed statistic (nan when missing or undefined)."""
-    return math.nan if not stat or stat.get("mean") is None else float(stat["mean"])
+def stat_mean(stat: SeedStat | Mapping | None) -> float:
+    """The mean of a seed statistic (a `SeedStat` or its dict; nan when missing or undefined)."""
+    if isinstance(stat, SeedStat):
+        mean = stat.mean
+    else:
+        mean = None if not stat else stat.get("mean")
+    return math.nan if mean is None else float(mean)
 
 
-def best_method(d: dict, names, key: str, lower: bool) -> tuple[str | None, float]:
-    """Among `names` present in `d` (method -> metrics), the one with the lowest (or highest) mean `key`."""
-    vals = [(m, stat_mean(d[m][key])) for m in names if m in d and not math.isnan(stat_mean(d[m][key]))]
-    if not vals:
+def _metric(metrics: MethodMetrics | Mapping, name: str):
+    """One metric's seed statistic of a method's metrics (typed, or a {metric: statistic} dict)."""
+    return metrics.stat(name) if isinstance(metrics, MethodMetrics) else metrics[name]
+
+
+def best_method(methods: Mapping, names, key: str, lower: bool) -> tuple[str | None, float]:
+    """Among `names` present in `methods` (method -> `MethodMetrics` or its dict), the one with the lowest (or
+    highest) mean `key`.
+
+    Args:
+        methods: method -> its metrics.
+        names: the candidates.
+        key: the metric.
+        lower: whether lower is better.
+
+    Returns:
+        ``(method, mean)``, or ``(None, nan)`` when no candidate has the metric.
+    """
+    means = [(name, stat_mean(_metric(methods[name], key))) for name in names if name in methods]
+    means = [(name, mean) for name, mean in means if not math.isnan(mean)]
+    if not means:
         return None, math.nan
-    return (min if lower else max)(vals, key=lambda t: t[1])
+    return (min if lower else max)(means, key=lambda pair: pair[1])
 
 
-def best_bon_baseline(terminal: dict, msv: str) -> tuple[str | None, float]:
+def best_bon_baseline(terminal: Mapping, msv: str | None) -> tuple[str | None, float]:
     """The method other than `msv` with the highest best-of-N accuracy (the C2 comparison)."""
     return best_method(terminal, [m for m in terminal if m != msv], "bon_accuracy", lower=False)
 
@@ -194,28 +215,29 @@ def size_row(res: StudyResults | Mapping, n: int) -> dict:
     Returns:
         The row.
     """
-    res = as_study_results(res)
-    k = str(n)
-    term, stream, es = res.terminal[k], res.streaming[k], res.early_stop.get(k)
-    msv = res.msv(k)
-    base, bb = best_bon_baseline({m: r.to_dict() for m, r in term.items()}, msv)
+    results = as_study_results(res)
+    key = str(n)
+    terminal, streaming = results.terminal[key], results.streaming[key]
+    early_stop = results.early_stop.get(key)
+    msv = results.msv(key)
+    baseline, baseline_accuracy = best_bon_baseline(terminal, msv)
     return {
         "msv": msv,
         "terminal": {
-            m: _stats(term[m], ("brier", "auroc", "bon_accuracy"))
-            for m in ("Probe", msv, "Self-consistency", "Probe+WV")
-            if m in term
+            method: _stats(terminal[method], ("brier", "auroc", "bon_accuracy"))
+            for method in ("Probe", msv, "Self-consistency", "Probe+WV")
+            if method in terminal
         },
         "streaming": {
-            m: _stats(stream[m], ("brier", "auroc", "peak_accuracy"))
-            for m in ("Probe", msv, "Probe+WV")
-            if m in stream
+            method: _stats(streaming[method], ("brier", "auroc", "peak_accuracy"))
+            for method in ("Probe", msv, "Probe+WV")
+            if method in streaming
         },
-        "bon_best_baseline": base,
-        "bon_best_baseline_value": bb,
-        "bon_gain": stat_mean(term[msv].metrics["bon_accuracy"].to_dict()) - bb if msv in term else math.nan,
-        "early_stop_best_baseline": None if es is None else es.best_baseline,
-        "early_stop_token_fraction": None if es is None else es.token_fraction,
+        "bon_best_baseline": baseline,
+        "bon_best_baseline_value": baseline_accuracy,
+        "bon_gain": stat_mean(terminal[msv].stat("bon_accuracy")) - baseline_accuracy if msv in terminal else math.nan,
+        "early_stop_best_baseline": None if early_stop is None else early_stop.best_baseline,
+        "early_stop_token_fraction": None if early_stop is None else early_stop.token_fraction,
     }
 
 

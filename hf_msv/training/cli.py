@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, make_dataclass, replace
 
 from transformers import HfArgumentParser
 
+from ..arguments import parse_command_args
 from ..errors import UserError
 from .config import MSVTrainingConfig, architecture_fields
 from .trainer import TrainingResult, train_verifier
@@ -139,7 +140,8 @@ def build_train_parser() -> HfArgumentParser:
 
 def parse_train_args(argv: list[str] | None = None) -> tuple[TrainArguments, MSVTrainingConfig]:
     """``hf-msv train``'s flags parsed into its `TrainArguments` and `MSVTrainingConfig`, the MSV architecture flags
-    given put into ``config.architecture`` (over the same keys of ``--architecture``).
+    given put into ``config.architecture`` (over the same keys of ``--architecture``); ``--config FILE`` and
+    ``--log-level`` as every command takes them (`hf_msv.arguments.parse_command_args`).
 
     Args:
         argv: the command-line arguments; `None`: ``sys.argv[1:]``.
@@ -147,7 +149,7 @@ def parse_train_args(argv: list[str] | None = None) -> tuple[TrainArguments, MSV
     Returns:
         ``(args, config)``.
     """
-    args, config, architecture = build_train_parser().parse_args_into_dataclasses(argv)
+    args, config, architecture = parse_command_args(build_train_parser(), argv)
     given = {k: v for k, v in asdict(architecture).items() if v is not None}
     return args, replace(config, architecture=config.architecture | given)
 

@@ -308,17 +308,10 @@ class GuardReport:
         return rows | ({"linear probe": self.linear_probe} if self.linear_probe else {}) | self.baselines
 
     def card_metrics(self) -> dict:
-        """Flat rows for the model card."""
-        rows = {}
-        for method, scores in list(self.rows().items())[1:]:
-            rows |= {f"validation brier ({method})": scores["brier"], f"validation auroc ({method})": scores["auroc"]}
-        if self.passed:
-            verdict = "passed"
-        elif self.extra.get("kept_vote"):
-            verdict = "FAILED: kept the calibrated vote it started from (no trained checkpoint beat it)"
-        else:
-            verdict = f"FAILED: worse than {self.best}"
-        return rows | {"guard": verdict}
+        """Flat rows for the model card (`hf_msv.hub.guard_rows`, which cards read from ``training_log.json``)."""
+        from ..hub import guard_rows
+
+        return guard_rows(self.to_dict())
 
     def add_early_stopping(self, stopping) -> None:
         """Record a streaming MSV's stopping rule (`stopping_curve.EarlyStoppingFit`): the λ saved with it and the

@@ -687,10 +687,8 @@ class _Run:
             self.best_bce, self.best_epoch, self.best_step = metrics["bce"], index, self.step
             self.best_metrics, self.saved = metrics, True
             if acc.is_main_process:
-                card = {f"validation {k}": v for k, v in metrics.items()} | {"step": self.step}
-                save_verifier(
-                    acc.unwrap_model(self.model), self.output_dir, metrics=card, training_data=self.training_data
-                )
+                self.write_log()  # first: the card is built from the log's kept checkpoint (hf_msv.hub.read_evidence)
+                save_verifier(acc.unwrap_model(self.model), self.output_dir)
         self.write_log()
         acc.wait_for_everyone()
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
@@ -915,14 +913,9 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
         report.add_early_stopping(stopping)
     run.write_log(report, stopping)
     if acc.is_main_process:
-        card = (
-            {f"validation {k}": v for k, v in run.best_metrics.items()}
-            | {"step": run.best_step}
-            | report.card_metrics()
-        )
-        if stopping is not None:  # the λ generation uses (MSVEarlyStop.from_verifier), and what backs it
-            card |= {"early-stopping λ (validation)": stopping.choice.describe()}
-        save_verifier(best, output_dir, metrics=card, training_data=run.training_data)
+        # The card is rebuilt from the log just written (validation, guard) and the config (the stop head and λ
+        # generation uses), the files push_to_hub uploads with the weights.
+        save_verifier(best, output_dir)
         for warning in (report.warning, report.extra.get("early_stopping_warning")):
             if warning:
                 logger.warning(warning)

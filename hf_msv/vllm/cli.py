@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-__all__ = ["engine_arguments", "main", "split_arguments"]
+__all__ = ["engine_arguments", "engine_model_arguments", "main", "split_arguments"]
 
 DEFAULT_ENGINE_ARGS = {"enable_prefix_caching": True, "block_size": 32, "async_scheduling": False}
 """Elicitations reuse their chain's cached prefix in whole blocks: small blocks (32, the CPU backend's least);
@@ -54,10 +54,40 @@ def engine_arguments(options: Sequence[str]) -> dict:
     return out
 
 
+def engine_model_arguments(args) -> dict:
+    """The `hf_msv.collect.lm.ModelArguments` fields (``CollectConfig``'s) that ``vllm.LLM`` has keywords for:
+    ``revision``, ``trust_remote_code``, ``dtype`` (``model_dtype``) and ``quantization`` (4-bit bitsandbytes).
+
+    Raises:
+        UserError: a loading option vLLM has no equivalent for (accelerate's ``device_map`` / ``offload_folder``,
+            ``attn_implementation``, 8-bit bitsandbytes, ``gguf_file``), named in the message.
+    """
+    from ..errors import UserError
+
+    unmapped = {
+        "--device-map": args.device_map,
+        "--offload-folder": args.offload_folder,
+        "--attn-implementation": args.attn_implementation,
+        "--load-in-8bit": args.load_in_8bit,
+        "--gguf-file": args.gguf_file,
+    }
+    given = [flag for flag, value in unmapped.items() if value]
+    if given:
+        raise UserError(f"--engine vllm: {given} load with transformers only (engine options: --vllm-arg KEY=VALUE)")
+    out = {"revision": args.revision, "trust_remote_code": args.trust_remote_code}
+    if args.model_dtype != "auto":
+        out["dtype"] = args.model_dtype
+    if args.load_in_4bit:
+        out["quantization"] = "bitsandbytes"
+    return {key: value for key, value in out.items() if value is not None}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Parse the flags, load the problems, start the engine and print the `CollectResult` as one JSON line."""
+    """Parse the flags (``--config FILE`` and ``--log-level`` too: `hf_msv.arguments.parse_command_args`), load the
+    problems, start the engine and print the `CollectResult` as one JSON line."""
     import sys
 
+    from ..arguments import parse_command_args
     from ..collect.cli import summary
     from ..collect.config import build_parser
     from ..collect.lm import load_problems
@@ -66,18 +96,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     flags, options = split_arguments(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    (config,) = parser.parse_args_into_dataclasses(flags)
+    (config,) = parse_command_args(parser, flags)
     config.check_command_line()
+    model_kwargs = engine_model_arguments(config.model_arguments)  # before the problems and the engine
     if config.traces is not None:
         raise ValueError("--engine vllm samples: re-encoding --traces runs on transformers (drop --engine vllm)")
-    problems = load_problems(config.problems)  # before the engine: a bad spec fails fast
+    problems = load_problems(config.problems, config.problem_columns)  # before the engine: a bad spec fails fast
     named = get_named_lm(config.model)
     path = str(named.path) if named is not None else config.model
     import vllm
 
     kwargs = engine_arguments(options)
-    if config.model_dtype != "auto":
-        kwargs.setdefault("dtype", config.model_dtype)
+    for key, value in model_kwargs.items():  # an explicit --vllm-arg wins
+        kwargs.setdefault(key, value)
     engine = vllm.LLM(model=path, **kwargs)
     result = collect_with_vllm(engine, problems, config.output_dir, config)
     print(json.dumps(summary(result)))

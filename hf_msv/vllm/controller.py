@@ -362,7 +362,8 @@ class _Run:
         for token in completion.token_ids:
             history.append(token)
             t = len(history) - 1
-            branch = self.c.policy.fire(row, history, t)
+            previous = self.last_fired.get(row)
+            branch = self.c.policy.fire(row, history, t, previous.live.branch if previous is not None else None)
             if branch is not None and branch.trigger == "eos":
                 tracker.end_row(row, t, EOS)
                 self._fork(branch, p)

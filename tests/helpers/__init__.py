@@ -13,4 +13,8 @@ Nothing here is collected: no module here is named ``test_*.py`` and nothing def
 * `helpers.evaluation`: synthetic splits whose correctness is visible in the hidden states.
 * `helpers.testbed`: a tiny trained testbed v2 LM (a module-scoped fixture).
 * `helpers.launch`: what multi-process (``accelerate launch``) tests need.
+* `helpers.lm_loading`: tiny LMs saved with remote code, device maps and offload (the LM-loading tests).
+* `helpers.datasets_io`: problem tables in every format `load_problems` reads, and a stand-in for the Hub.
+* `helpers.hub`: a recording stand-in for the Hub calls of an upload, offline model-card checks, checkpoint evidence.
+* `helpers.harness`: lm-evaluation-harness samples and lighteval details rows built from their schemas.
 """
