@@ -13,6 +13,7 @@ from ..metrics import format_mean_std
 from .config import STUDIES
 from .paper import PAPER
 from .results import (
+    LEGACY_PARTS_KEY,
     MainRow,
     MainStudySummary,
     ReportPart,
@@ -24,8 +25,6 @@ from .results import (
 )
 
 __all__ = ["LEGACY_PARTS_KEY", "render_testbed", "report_parts"]
-
-LEGACY_PARTS_KEY = "sittings"  # what reports written before the field was named "parts" call it (still read)
 
 
 def report_parts(summary: dict) -> list[dict]:

@@ -21,6 +21,7 @@ from typing import Any
 from ..evaluation.results import EarlyStopComparison, Figure, Interval, LambdaRuleRecord, MethodMetrics, SeedStat
 
 __all__ = [
+    "LEGACY_PARTS_KEY",
     "ReportPart",
     "ReuseRecord",
     "FitCounts",
@@ -44,6 +45,8 @@ __all__ = [
     "as_reproduction_results",
     "unmodelled_keys",
 ]
+
+LEGACY_PARTS_KEY = "sittings"  # the key of `ReproductionResults.parts` in reports written before it had that name
 
 # How a field's JSON value is read into its type and written back (None, a JSON null, is kept as None).
 _Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
@@ -488,7 +491,6 @@ class ReproductionResults(_Record):
     verifiers: FitCounts | None = _coded(_typed(FitCounts))
     device: str | None = None
     parts: list[ReportPart] | None = _coded(_list_of(_typed(ReportPart)))
-    sittings: list[ReportPart] | None = _coded(_list_of(_typed(ReportPart)))  # the name older reports use
     lm_costs: dict[str, LMCost] | None = _coded(_mapping_of(_typed(LMCost)))
     main: MainStudySummary | None = _coded(_typed(MainStudySummary))
     checkers: CheckerStudy | None = _coded(_typed(CheckerStudy))
@@ -502,9 +504,24 @@ class ReproductionResults(_Record):
     vote_check: list[VoteCheckRow] | None = _coded(_list_of(_typed(VoteCheckRow)))
     claims: list[Claim] | None = _coded(_list_of(_typed(Claim)))
 
+    @classmethod
+    def from_json(cls, data: Mapping) -> ReproductionResults:
+        """Read the summary (a report that names its parts `LEGACY_PARTS_KEY` is read, and written back, as
+        ``parts``).
+
+        Args:
+            data: the summary's JSON object.
+
+        Returns:
+            The `ReproductionResults`.
+        """
+        if LEGACY_PARTS_KEY in data and "parts" not in data:
+            data = {("parts" if key == LEGACY_PARTS_KEY else key): value for key, value in data.items()}
+        return super().from_json(data)
+
     def report_parts(self) -> list[ReportPart]:
-        """The parts the report records (``parts``, or ``sittings`` in older reports), oldest first."""
-        return list(self.parts if self.parts is not None else (self.sittings or []))
+        """The parts the report records, oldest first."""
+        return list(self.parts or [])
 
 
 def unmodelled_keys(value, path: str = "") -> list[str]:
