@@ -380,6 +380,12 @@ def _stop_reliability_reference(results: StudyResults, n: int) -> tuple[str, dic
     return (reference, per_method[reference]) if per_method.get(reference) else None
 
 
+def _tenth(confidence: float) -> float:
+    """The lower edge of the tenth a bin's mean confidence lies in (1.0 is in the last one, as in
+    `hf_msv.metrics.reliability_bins`)."""
+    return min(int(confidence * 10), 9) / 10
+
+
 def _stop_reliability_lines(results: StudyResults) -> list[str]:
     """A reliability table of the confidence reported at the stop, per N, for the reference method and each rule:
     what a user who acts on the stop's confidence can expect."""
@@ -392,7 +398,7 @@ def _stop_reliability_lines(results: StudyResults) -> list[str]:
         rows = []
         for rule, bins in rules.items():
             for confidence, accuracy, count in zip(bins.confidence, bins.accuracy, bins.count):
-                low = min(int(confidence * 10), 9) / 10
+                low = _tenth(confidence)
                 rows.append([rule, f"[{low:.1f}, {low + 0.1:.1f}{']' if low == 0.9 else ')'}", str(count)])
                 rows[-1] += [f"{confidence:.3f}", f"{accuracy:.3f}"]
         out += [
@@ -569,7 +575,7 @@ def _stop_reliability_figures(plt, save, results: StudyResults) -> None:
         reference, rules = found
         fig, axes = plt.subplots(1, len(rules), figsize=(2.8 * len(rules), 2.8), squeeze=False)
         for ax, (rule, bins) in zip(axes[0], rules.items()):
-            lows = [min(int(c * 10), 9) / 10 for c in bins.confidence]
+            lows = [_tenth(c) for c in bins.confidence]
             ax.bar([low + 0.05 for low in lows], bins.accuracy, width=0.1, edgecolor="k", alpha=0.7)
             ax.plot(bins.confidence, bins.accuracy, "ko", ms=3)
             for low, accuracy, count in zip(lows, bins.accuracy, bins.count):
