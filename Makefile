@@ -26,7 +26,7 @@ test-floor: setup
 # The vLLM controller's tests, in their own environment (.venv-vllm: the CPU build of vLLM, pinned).
 test-vllm: setup
 	bash scripts/setup_vllm.sh
-	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -x --timeout=1200 tests/test_vllm.py
+	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -x --timeout=1200 tests/test_vllm.py tests/test_vllm_serving.py
 
 # Code style (ruff: lint and format, pyproject.toml's [tool.ruff]) and types of the core ([tool.basedpyright]).
 lint: setup

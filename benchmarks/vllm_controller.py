@@ -246,6 +246,15 @@ def gpu_mode(smoke: bool) -> dict:
     return report
 
 
+def rounded(value):
+    """`value` with its floats rounded to 4 decimals, through dicts and lists (the report's JSON line)."""
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return round(value, 4) if isinstance(value, float) else value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
@@ -254,13 +263,6 @@ def main():
     group.add_argument("--smoke", action="store_true", help="GPU mode's code on CPU with a tiny config.")
     args = parser.parse_args()
     report = gpu_mode(args.smoke) if (args.gpu or args.smoke) else cpu_mode(args.quick)
-
-    def rounded(value):
-        if isinstance(value, dict):
-            return {k: rounded(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [rounded(v) for v in value]
-        return round(value, 4) if isinstance(value, float) else value
 
     print(json.dumps(rounded(report)))
 

@@ -80,9 +80,9 @@ def reencoded(sequences, policy):
 
 
 def vllm_chains(sequences, policy, monkeypatch, chunk=3):
-    """The vLLM controller's per-chain loop (`_Run._chain_tokens`) on `sequences`, delivered `chunk` tokens per
-    engine step as vLLM's DELTA outputs do, with a recording engine in place of vLLM."""
-    from hf_msv.vllm.controller import _Run
+    """The vLLM controller's per-chain loop (`EngineSession.chain_tokens`) on `sequences`, delivered `chunk` tokens
+    per engine step as vLLM's DELTA outputs do, with a recording engine in place of vLLM."""
+    from hf_msv.vllm.controller import EngineSession, PromptRun
 
     vllm = types.ModuleType("vllm")
     vllm.SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
@@ -100,15 +100,16 @@ def vllm_chains(sequences, policy, monkeypatch, chunk=3):
         capture_hidden_states=False,
         new_classes=lambda: None,
     )
-    run = _Run(controller, [[ID["<bos>"]]], len(sequences), BUDGET, None)
+    session = EngineSession(controller, BUDGET, None)
+    run = PromptRun(0, [ID["<bos>"]], len(sequences), None, controller.new_classes)
     for start in range(0, max(map(len, sequences)), chunk):
         for n, seq in enumerate(sequences):
             if start >= len(seq):
                 continue
             end = min(start + chunk, len(seq))
             finish = None if end < len(seq) else ("stop" if seq[-1] in policy.eos_ids else "length")
-            run._chain_tokens(0, SimpleNamespace(index=n, token_ids=seq[start:end], finish_reason=finish))
-    branches = [el.live.branch for el in run.elicitations.values()]
+            session.chain_tokens(run, SimpleNamespace(index=n, token_ids=seq[start:end], finish_reason=finish))
+    branches = [el.live.branch for el in session.elicitations.values()]
     return points(
         SimpleNamespace(
             sequence=b.row, tau=b.tau, trigger=b.trigger, terminal=b.terminal or b.trigger in ("eos", "budget")

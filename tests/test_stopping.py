@@ -9,9 +9,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.generation import EOS, ID, TOK, P, ScriptedAnswers, generate, prompts, tiny_model, tiny_verifier
+from helpers.generation import (
+    EOS,
+    ID,
+    TOK,
+    P,
+    ScriptedAnswers,
+    answer_group,
+    generate,
+    prompts,
+    tiny_model,
+    tiny_verifier,
+)
 from hf_msv import MSVVerifier
-from hf_msv.data import AnswerGroup
 from hf_msv.evaluation.early_stop import replay, replay_many
 from hf_msv.generation import MSVResult, decide_stop, prepare_generation
 
@@ -96,22 +106,6 @@ def test_vectorised_thresholds_and_incremental_use_agree(data):
 # ----------------------------------------------------------------------------------------------------------------
 # Generation results replayed offline
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def answer_group(result: MSVResult) -> tuple[AnswerGroup, np.ndarray]:
-    """The recorded answer stream of `result` as the evaluation sees it, with its online scores (nan: unscored)."""
-    answers = result.answers
-    group = AnswerGroup(
-        sequence=[a.sequence for a in answers],
-        end=[a.end for a in answers],
-        klass=[a.class_id for a in answers],
-        correct=np.zeros(len(answers), bool),
-        is_terminal=[a.terminal for a in answers],
-        seq_len=[len(s) for s in result.sequences],
-        start=[a.tau for a in answers],
-    )
-    scores = np.array([np.nan if a.score is None else a.score for a in answers])
-    return group, scores
 
 
 def chosen_index(result: MSVResult) -> int:

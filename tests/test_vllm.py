@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -20,7 +19,8 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import hf_msv.testbed  # noqa: E402
-from hf_msv.data.groups import AnswerGroup  # noqa: E402
+from helpers.generation import answer_group  # noqa: E402
+from helpers.vllm_engines import make_engine  # noqa: E402
 from hf_msv.evaluation.early_stop import replay  # noqa: E402
 from hf_msv.modeling_msv import MSVVerifier  # noqa: E402
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt  # noqa: E402
@@ -35,20 +35,6 @@ from hf_msv.vllm import (  # noqa: E402
 
 LM_DIR = Path(hf_msv.testbed.__file__).parent / "lm-v2"
 LAMBDA = json.loads((TESTBED_VERIFIER_DIR / "early_stopping.json").read_text())["lambda"]
-
-
-def make_engine(path, seed=0):
-    # block_size 32: the smallest the CPU backend takes, so chains share most of their prefix with elicitations.
-    return vllm.LLM(
-        model=str(path),
-        block_size=32,
-        enforce_eager=True,
-        dtype="float32",
-        seed=seed,
-        enable_prefix_caching=True,
-        kv_cache_memory_bytes=64 << 20,
-        max_num_seqs=128,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -121,20 +107,6 @@ def test_answers_and_states_equal_a_cache_free_transformers_forward(engine, toke
     assert compute["elicitation_answer_tokens_fed"] == sum(a.length for a in answers)
     segments = sum(len(a.elicitation_ids) for a in answers)
     assert segments <= compute["elicitation_prefill_tokens"] <= segments + 31 * len(answers)
-
-
-def answer_group(result):
-    answers = result.answers
-    group = AnswerGroup(
-        sequence=[a.sequence for a in answers],
-        end=[a.end for a in answers],
-        klass=[a.class_id for a in answers],
-        correct=np.zeros(len(answers), bool),
-        is_terminal=[a.terminal for a in answers],
-        seq_len=[len(s) for s in result.sequences],
-        start=[a.tau for a in answers],
-    )
-    return group, np.array([np.nan if a.score is None else a.score for a in answers])
 
 
 def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engine, tokenizer, problems):

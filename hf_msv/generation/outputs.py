@@ -94,7 +94,9 @@ class MSVResult:
         compute: what the whole ``generate`` call computed, shared by all prompts of the batch:
             ``"forward_calls"`` (LM forwards, prefill included) and ``"rows_computed"`` (Σ batch rows over them);
             from `hf_msv.vllm` also ``"elicitation_prefill_tokens"`` (elicitation prompt tokens not served from
-            the prefix cache) and ``"elicitation_answer_tokens_fed"``.
+            the prefix cache) and ``"elicitation_answer_tokens_fed"``. From `hf_msv.vllm.AsyncVLLMController`,
+            timings and compute are this prompt's own (its share of the engine steps it was in flight for), and
+            timings add ``"queued"`` (submission to admission).
     """
 
     prompt: int

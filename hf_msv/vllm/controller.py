@@ -23,7 +23,7 @@ from ..generation.tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
 from . import capture
 from .settings import check_delimiters
 
-__all__ = ["VLLMController", "vllm_generate"]
+__all__ = ["EngineSession", "PromptRun", "VLLMController", "vllm_generate"]
 
 _COT_PREFIX = "msv-cot:"
 _RUN_IDS = itertools.count()
@@ -34,7 +34,7 @@ class _Elicitation:
     """One elicitation request in flight: its branch state and where its answer tokens sit in its prompt."""
 
     live: LiveBranch
-    prompt: int
+    run: PromptRun
     internal_id: str
     prompt_length: int
     kept: int
@@ -135,6 +135,21 @@ class VLLMController:
         Raises:
             ValueError: bad arguments, or prompts too long for the engine's ``max_model_len`` with this budget.
         """
+        self.check_settings(num_sequences, max_new_tokens, threshold, seed)
+        ids = [self.encode(p) for p in prompts]
+        self.check_lengths(ids, max_new_tokens)
+        run = _Run(self, ids, num_sequences, max_new_tokens, threshold)
+        return run.execute(dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
+
+    def check_settings(self, num_sequences: int, max_new_tokens: int, threshold: float | None, seed: int | None):
+        """Refuse settings this controller cannot run.
+
+        Args:
+            num_sequences, max_new_tokens, threshold, seed: as in `generate`.
+
+        Raises:
+            ValueError: a threshold without verifier, N or the budget below 1, a seed where seeds are unsafe.
+        """
         if threshold is not None and self.verifier is None:
             raise ValueError("a threshold needs a verifier: pass verifier=... to VLLMController.")
         if num_sequences < 1 or max_new_tokens < 1:
@@ -144,10 +159,37 @@ class VLLMController:
                 "per-request seeds crash vLLM's CPU backend with chunked prefill ('CPU Generator does "
                 "not use offset'): pass seed=None, or start the engine with enable_chunked_prefill=False."
             )
-        ids = [self.encode(p) for p in prompts]
-        self._check_lengths(ids, max_new_tokens)
-        run = _Run(self, ids, num_sequences, max_new_tokens, threshold)
-        return run.execute(dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k else -1, seed=seed))
+
+    def chain_params(
+        self,
+        num_sequences: int,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+    ):
+        """The `SamplingParams` of a prompt's chain request: ``n = N`` deltas without detokenisation.
+
+        Args:
+            num_sequences, max_new_tokens, temperature, top_p, top_k: as in `generate` (``top_k=0``: off).
+            seed: chain n samples with seed + n (`None`: the engine's generator).
+
+        Returns:
+            The `SamplingParams`.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k else -1, seed=seed)
+        return SamplingParams(
+            n=num_sequences,
+            max_tokens=max_new_tokens,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            **{k: v for k, v in sampling.items() if v is not None},
+        )
 
     @property
     def supports_seeds(self) -> bool:
@@ -186,7 +228,8 @@ class VLLMController:
         """
         return self.engine.model_config.max_model_len - len(prompt_ids) - self.policy.extra_tokens - 1
 
-    def _check_lengths(self, ids: list[list[int]], max_new_tokens: int):
+    def check_lengths(self, ids: list[list[int]], max_new_tokens: int):
+        """Raise ValueError when a prompt of `ids` leaves less `room` than `max_new_tokens`."""
         room = min((self.room(p) for p in ids), default=max_new_tokens)
         if room < max_new_tokens:
             raise ValueError(
@@ -243,7 +286,8 @@ def vllm_generate(
 
 
 class _Run:
-    """One `VLLMController.generate` call: requests in flight, row bookkeeping, scoring and the stopping rule."""
+    """One `VLLMController.generate` call: its prompts admitted at once into an `EngineSession` (one scoring queue
+    for all, so each step scores them in one verifier call), stepped until every prompt is done."""
 
     def __init__(
         self,
@@ -253,73 +297,137 @@ class _Run:
         budget: int,
         threshold: float | None,
     ):
-        self.c, self.engine, self.prompts = controller, controller.engine, prompts
-        self.N, self.budget, self.threshold = num_sequences, budget, threshold
-        self.streaming = controller.settings.mode == "streaming"
-        self.tracker = RowTracker(len(prompts) * num_sequences, num_sequences, controller.new_classes())
-        self.queue = (
-            ScoringQueue(controller.verifier, num_sequences, self.streaming, controller.capture_hidden_states)
-            if controller.verifier is not None
-            else None
-        )
-        self.run_id = next(_RUN_IDS)
-        self.clock = [-1] * len(prompts)  # per prompt: engine steps since its first token
-        self.elicitations: dict[str, _Elicitation] = {}
-        self.last_fired: dict[int, _Elicitation] = {}
-        self.pending: set[str] = set()  # our external request ids not finished in the engine
-        self.counter = itertools.count()
-        self.timings = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
-        self.steps = self.rows = 0
-        # Tokens the engine computed for elicitation: prompt tokens not served from the prefix cache (the
-        # elicitation segment and the chain's tokens after its last full cached block), and answer tokens fed.
-        self.elicitation_computed = {"prefill": 0, "answers": 0}
-
-    # -- the loop ----------------------------------------------------------------------------------------------
+        self.c, self.N, self.budget, self.threshold = controller, num_sequences, budget, threshold
+        self.session = EngineSession(controller, budget, threshold)
+        self.queue = self.session.new_queue(num_sequences)
+        self.runs = [
+            PromptRun(p, ids, num_sequences, self.queue, controller.new_classes()) for p, ids in enumerate(prompts)
+        ]
+        self.elicitations = self.session.elicitations
 
     def execute(self, sampling: dict) -> list[MSVResult]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         start = time.perf_counter()
-        seed = sampling.pop("seed", None)
-        params = SamplingParams(
-            n=self.N,
-            max_tokens=self.budget,
-            output_kind=RequestOutputKind.DELTA,
-            detokenize=False,
-            **{k: v for k, v in sampling.items() if v is not None},
-        )
-        for p, ids in enumerate(self.prompts):
-            rid = f"{_COT_PREFIX}{self.run_id}:{p}"
-            if seed is not None:  # vLLM seeds child i with seed + i: one stream per chain of the call
-                params = params.clone()
-                params.seed = seed + p * self.N
-            self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
-            self.pending.add(rid)
+        session, seed = self.session, sampling.pop("seed", None)
+        for run in self.runs:
+            # vLLM seeds child i with seed + i: one stream per chain of the call
+            run_seed = None if seed is None else seed + run.key * self.N
+            session.admit(run, self.c.chain_params(self.N, self.budget, seed=run_seed, **sampling))
         try:
-            while self.pending:
-                self._step()
+            while session.busy:
+                session.step()
         except BaseException:
-            self._abort(list(self.pending))
+            session.abort(self.runs)
             raise
-        self._release()
         total = time.perf_counter() - start
-        timings = dict(self.timings, total=total)
-        timings["cot"] = total - sum(self.timings.values())
-        results = assemble_results(self.tracker, self.budget, self.threshold, self.c.capture_hidden_states, timings)
+        timings = dict(session.timings, verifier=self.queue.seconds if self.queue is not None else 0.0)
+        timings["total"], timings["cot"] = total, total - sum(timings.values())
         compute = {
-            "forward_calls": self.steps,
-            "rows_computed": self.rows,
-            "elicitation_prefill_tokens": self.elicitation_computed["prefill"],
-            "elicitation_answer_tokens_fed": self.elicitation_computed["answers"],
+            "forward_calls": session.steps,
+            "rows_computed": session.rows,
+            "elicitation_prefill_tokens": session.computed["prefill"],
+            "elicitation_answer_tokens_fed": session.computed["answers"],
         }
+        keep = self.c.capture_hidden_states
+        results = [run.result(self.budget, self.threshold, keep, timings) for run in self.runs]
         for result in results:
             result.compute = dict(compute)
         return results
 
-    def _step(self):
-        n_el = len(self.elicitations)
-        n_main = sum(g.live for g in self.tracker.groups)
+
+class PromptRun:
+    """One prompt's N chains on the engine: their rows, clock, requests in flight, scoring queue and decision.
+
+    Args:
+        key: the prompt's index (`MSVResult.prompt`, `MSVAnswer.prompt`, its key in the scoring queue).
+        prompt_ids: its token ids.
+        num_sequences: N.
+        queue: the `ScoringQueue` its answers go to (one shared by a `generate` call's prompts, or its own);
+            `None`: no scoring.
+        new_classes: factory of its `EquivalenceClasses` (`None`: no classes).
+    """
+
+    def __init__(self, key: int, prompt_ids: list[int], num_sequences: int, queue, new_classes):
+        self.key, self.ids, self.N, self.queue = key, prompt_ids, num_sequences, queue
+        self.tracker = RowTracker(num_sequences, num_sequences, new_classes)
+        self.group = self.tracker.groups[0]
+        self.clock = -1  # engine steps since its first token
+        self.last_fired: dict[int, _Elicitation] = {}
+        self.pending: set[str] = set()  # its external request ids not finished in the engine
+        self.steps = self.rows = 0  # engine steps while it was in flight; its rows over them
+        # Tokens the engine computed for its elicitations: prompt tokens not served from the prefix cache (the
+        # elicitation segment and the chain's tokens after its last full cached block), and answer tokens fed.
+        self.computed = {"prefill": 0, "answers": 0}
+        # Its share of the wall time: its rows' share of each step (chains and elicitations), its bookkeeping.
+        self.timings = dict.fromkeys(("cot", "elicitation", "verifier", "equivalence"), 0.0)
+
+    def result(self, budget: int, threshold: float | None, keep_hidden_states: bool, timings: dict) -> MSVResult:
+        """Its `MSVResult` once it is done (`assemble_results` over its rows).
+
+        Args:
+            budget: max_new_tokens per chain.
+            threshold: λ.
+            keep_hidden_states: keep every answer's states.
+            timings: the result's ``timings``.
+
+        Returns:
+            The result, with ``prompt`` = `key`.
+        """
+        result = assemble_results(self.tracker, budget, threshold, keep_hidden_states, timings)[0]
+        result.prompt = self.key
+        return result
+
+
+class EngineSession:
+    """Prompts in flight on one engine: their requests, the engine step and what its outputs do to them.
+    `VLLMController.generate` runs one per call with every prompt admitted at once; `AsyncVLLMController` runs one
+    for its lifetime and admits prompts between steps.
+
+    Args:
+        controller: the `VLLMController` (policy, elicitor, verifier, settings, the hooked engine).
+        budget: max_new_tokens per chain.
+        threshold: λ (`None`: never stop).
+    """
+
+    def __init__(self, controller: VLLMController, budget: int, threshold: float | None):
+        self.c, self.engine = controller, controller.engine
+        self.budget, self.threshold = budget, threshold
+        self.streaming = controller.settings.mode == "streaming"
+        self.run_id = next(_RUN_IDS)
+        self.chains: dict[str, PromptRun] = {}  # chain request id → its prompt, in admission order
+        self.elicitations: dict[str, _Elicitation] = {}  # in flight, in the order they were sent
+        self.counter = itertools.count()
+        self.timings = dict.fromkeys(("elicitation", "equivalence"), 0.0)  # the verifier's: its queues'
+        self.steps = self.rows = 0
+        self.computed = {"prefill": 0, "answers": 0}
+
+    def new_queue(self, num_sequences: int) -> ScoringQueue | None:
+        """A fresh `ScoringQueue` for prompts of N = `num_sequences` (`None` without verifier)."""
+        c = self.c
+        if c.verifier is None:
+            return None
+        return ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a prompt is in flight."""
+        return bool(self.chains)
+
+    def admit(self, run: PromptRun, params):
+        """Send `run`'s chain request: one request with ``n = N`` (`params`: its `SamplingParams`)."""
+        rid = f"{_COT_PREFIX}{self.run_id}:{run.key}"
+        self.engine.add_request(rid, {"prompt_token_ids": run.ids}, params)
+        self.chains[rid] = run
+        run.pending.add(rid)
+
+    def step(self) -> list[PromptRun]:
+        """One engine step and what it does to the prompts in flight.
+
+        Returns:
+            The prompts that are done (no request left in the engine; decided, or without verifier), in admission
+            order; they leave the session.
+        """
+        runs = list(self.chains.values())
+        n_el, n_main = len(self.elicitations), sum(r.group.live for r in runs)
         start = time.perf_counter()
         outputs = self.engine.step()
         seconds = time.perf_counter() - start
@@ -327,76 +435,108 @@ class _Run:
         self.rows += n_el + n_main
         # On a device whose cost scales with rows, elicitation costs its rows' share of the step.
         self.timings["elicitation"] += seconds * n_el / max(1, n_el + n_main)
+        for run in runs:
+            run.steps += 1
+            run.rows += run.group.inflight + run.group.live
+            run.timings["elicitation"] += seconds * run.group.inflight / max(1, n_el + n_main)
+            run.timings["cot"] += seconds * run.group.live / max(1, n_el + n_main)
+        self._consume(outputs)
+        self._release()
+        return self._done()
+
+    def _consume(self, outputs):
+        """A step's outputs: chain tokens (branches fired), answer tokens, each prompt's clock; completed answers."""
         ticked = set()
         completed: list[_Elicitation] = []
         for output in outputs:
             rid = output.request_id
-            if output.finished:
-                self.pending.discard(rid)
-            if rid.startswith(_COT_PREFIX):
-                p = int(rid.rsplit(":", 1)[1])
-                if p not in ticked and self.clock[p] < 0:
-                    self.clock[p], ticked = 0, ticked | {p}
+            run = self.chains.get(rid)
+            el = self.elicitations.get(rid) if run is None else None
+            owner = run if run is not None else el.run if el is not None else None
+            if owner is not None and output.finished:
+                owner.pending.discard(rid)
+            if run is not None:
+                if run.key not in ticked and run.clock < 0:
+                    run.clock = 0
+                    ticked.add(run.key)
                 for completion in output.outputs:
-                    self._chain_tokens(p, completion)
-            elif rid in self.elicitations:
-                el = self.elicitations[rid]
+                    self.chain_tokens(run, completion)
+            elif el is not None:
                 self._count_computed(el, output)
                 if self._answer_tokens(el, output):
                     completed.append(el)
-        for p, value in enumerate(self.clock):
-            if value >= 0 and p not in ticked:
-                self.clock[p] += 1
+        for run in self.chains.values():
+            if run.clock >= 0 and run.key not in ticked:
+                run.clock += 1
         self._complete(completed)
-        self._release()
+
+    def _done(self) -> list[PromptRun]:
+        """Take the prompts with no request left out of the session."""
+        done = [(rid, run) for rid, run in self.chains.items() if not run.pending]
+        for rid, run in done:
+            del self.chains[rid]
+            if run.queue is not None:
+                run.queue.discard(run.key)  # nothing is waiting; a shared queue forgets the prompt
+        return [run for _, run in done]
+
+    def abort(self, runs: list[PromptRun]):
+        """Abort `runs`' requests (cancelled, or an engine error) and forget them and their captures."""
+        for run in runs:
+            rid = f"{_COT_PREFIX}{self.run_id}:{run.key}"
+            if self.chains.pop(rid, None) is None:
+                continue
+            run.group.decided = True  # nothing more of it is elicited or scored
+            self._abort(run, [rid] + [r for r, el in self.elicitations.items() if el.run is run])
+            if run.queue is not None:
+                run.queue.discard(run.key)
 
     # -- chains ------------------------------------------------------------------------------------------------
 
-    def _chain_tokens(self, p: int, completion):
-        """New tokens of chain `completion.index` of prompt `p`: append, fire branches, end the row."""
-        row = p * self.N + completion.index
-        tracker = self.tracker
+    def chain_tokens(self, run: PromptRun, completion):
+        """New tokens of chain `completion.index` of `run`: append, fire branches, end the row."""
+        row = completion.index
+        tracker = run.tracker
         if tracker.status[row] != LIVE:
             return
         history = tracker.history[row]
         for token in completion.token_ids:
             history.append(token)
             t = len(history) - 1
-            previous = self.last_fired.get(row)
+            previous = run.last_fired.get(row)
             branch = self.c.policy.fire(row, history, t, previous.live.branch if previous is not None else None)
             if branch is not None and branch.trigger == "eos":
                 tracker.end_row(row, t, EOS)
-                self._fork(branch, p)
+                self._fork(branch, run)
                 return
             if branch is not None:
-                self._fork(branch, p)
+                self._fork(branch, run)
         if completion.finish_reason == "stop":  # a stop token outside the tokenizer's EOS ids
             tracker.end_row(row, len(history) - 1, EOS)
-            self._fork(Branch(row, "eos", len(history) - 1), p)
+            self._fork(Branch(row, "eos", len(history) - 1), run)
         elif completion.finish_reason is not None:
-            self._end_budget_row(row, p)
+            self._end_budget_row(row, run)
 
-    def _end_budget_row(self, row: int, p: int):
+    def _end_budget_row(self, row: int, run: PromptRun):
         """The engine ended a row without EOS (its budget, or ``max_model_len``): its terminal answer."""
-        t = len(self.tracker.history[row]) - 1
-        self.tracker.end_row(row, t, BUDGET)
-        previous = self.last_fired.get(row)
+        t = len(run.tracker.history[row]) - 1
+        run.tracker.end_row(row, t, BUDGET)
+        previous = run.last_fired.get(row)
         branch = self.c.policy.at_budget(row, t, previous.live.branch if previous is not None else None)
         if branch is not None:
-            self._fork(branch, p)
+            self._fork(branch, run)
 
-    def _fork(self, branch: Branch, p: int):
+    def _fork(self, branch: Branch, run: PromptRun):
         """Send the elicitation request of `branch`: the chain's kept tokens, the segment, a greedy answer."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if self.tracker.groups[p].decided:
+        if run.group.decided:
             return
         start = time.perf_counter()
-        history = self.tracker.history[branch.row]
+        history = run.tracker.history[branch.row]
         kept = branch.tau + 1 - (0 if branch.feed_newest else 1) - branch.drop
         live = LiveBranch(branch, list(branch.prefix_ids) + list(self.c.elicitor.prompt_ids))
-        ids = self.prompts[p] + history[:kept] + live.segment
+        ids = run.ids + history[:kept] + live.segment
         params = SamplingParams(
             n=1,
             temperature=0.0,
@@ -408,22 +548,27 @@ class _Run:
         )
         rid = f"{capture.REQUEST_PREFIX}{self.run_id}:{next(self.counter)}"
         internal = self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
-        el = _Elicitation(live, p, internal, len(ids), kept)
+        el = _Elicitation(live, run, internal, len(ids), kept)
         self.elicitations[rid] = el
-        self.last_fired[branch.row] = el
-        self.pending.add(rid)
-        self.tracker.groups[p].inflight += 1
-        self.timings["elicitation"] += time.perf_counter() - start
+        run.last_fired[branch.row] = el
+        run.pending.add(rid)
+        run.group.inflight += 1
+        self._charge(run, "elicitation", time.perf_counter() - start)
+
+    def _charge(self, run: PromptRun, phase: str, seconds: float):
+        self.timings[phase] += seconds
+        run.timings[phase] += seconds
 
     # -- answers -----------------------------------------------------------------------------------------------
 
     def _count_computed(self, el: _Elicitation, output):
         new = len(output.outputs[0].token_ids)
         first = el.sampled == 0 and new > 0  # its prompt was prefilled in this step
-        if first:
-            self.elicitation_computed["prefill"] += el.prompt_length - (output.num_cached_tokens or 0)
+        prefill = el.prompt_length - (output.num_cached_tokens or 0) if first else 0
         # every sampled token but the first came from feeding the one before it
-        self.elicitation_computed["answers"] += new - first
+        for counts in (self.computed, el.run.computed):
+            counts["prefill"] += prefill
+            counts["answers"] += new - first
         el.sampled += new
 
     def _answer_tokens(self, el: _Elicitation, output) -> bool:
@@ -445,37 +590,39 @@ class _Run:
         start = time.perf_counter()
         by_internal = {el.internal_id: el for el in completed}
         rids = [rid for rid, el in self.elicitations.items() if el.internal_id in by_internal]
-        unfinished = [rid for rid in rids if rid in self.pending]
+        unfinished = [rid for rid in rids if rid in self.elicitations[rid].run.pending]
         if unfinished:  # each has sampled one token past its answer
             self.engine.abort_request(unfinished)
-            self.pending.difference_update(unfinished)
+            for rid in unfinished:
+                self.elicitations[rid].run.pending.discard(rid)
         rows = capture.drain(self.engine, list(by_internal))
         for rid in rids:
             el = self.elicitations.pop(rid)
             positions = range(el.prompt_length, el.prompt_length + len(el.live.token_ids))
             states = rows.get(el.internal_id, {})
-            group = self.tracker.groups[el.prompt]
-            group.inflight -= 1
+            el.run.group.inflight -= 1
             if any(pos not in states for pos in positions):
                 continue  # cut by max_model_len before its last token was fed: never available
             el.live.hidden = [states[pos] for pos in positions]  # the state where answer token j is the input
             self._record(el)
-        self.timings["elicitation"] += time.perf_counter() - start
+        seconds = (time.perf_counter() - start) / len(completed)
+        for el in completed:
+            self._charge(el.run, "elicitation", seconds)
 
     def _record(self, el: _Elicitation):
-        b, ids, tracker = el.live.branch, el.live.token_ids, self.tracker
-        row, group = b.row, tracker.groups[el.prompt]
+        b, ids, run = el.live.branch, el.live.token_ids, el.run
+        row, group, tracker = b.row, run.group, run.tracker
         text = self.c.elicitor.decode(ids)
         answer = MSVAnswer(
             text=extract_boxed(text),
             raw_text=text,
             token_ids=list(ids),
-            prompt=el.prompt,
-            sequence=row % self.N,
+            prompt=run.key,
+            sequence=row,
             step=tracker.num_answers[row],
             tau=b.tau,
             length=len(ids),
-            end=max(self.clock[el.prompt], 0),
+            end=max(run.clock, 0),
             trigger=b.trigger,
             terminal=b.terminal or b.trigger in ("eos", "budget"),
             cot_tokens=el.kept,
@@ -487,10 +634,10 @@ class _Run:
         start = time.perf_counter()
         if group.classes is not None:
             answer.class_id = group.classes.add(answer.text)
-        self.timings["equivalence"] += time.perf_counter() - start
+        self._charge(run, "equivalence", time.perf_counter() - start)
         group.answers.append(answer)
-        if self.queue is not None and not group.decided:
-            self.queue.push(answer)
+        if run.queue is not None and not group.decided:
+            run.queue.push(answer)
         elif not self.c.capture_hidden_states:
             answer.hidden_states = None
 
@@ -498,36 +645,41 @@ class _Run:
 
     def _release(self):
         """Score every completed answer (each was pushed at the step it became available, so all are) and apply
-        the rule to the prompts that got scores or have nothing more to come."""
-        if self.queue is None:
-            return
-        groups = self.tracker.groups
-        released = self.queue.pop_due(sys.maxsize, [g.settled for g in groups])
-        self.timings["verifier"] = self.queue.seconds
-        for p, group in enumerate(groups):
-            if not group.decided and (p in released or group.settled):
-                self._apply_stop_rule(p)
+        the rule to the prompts that got scores or have nothing more to come; one scorer call per queue."""
+        by_queue: dict[int, list[PromptRun]] = {}
+        for run in self.chains.values():
+            if run.queue is not None:
+                by_queue.setdefault(id(run.queue), []).append(run)
+        for runs in by_queue.values():
+            queue = runs[0].queue
+            released = queue.pop_due(sys.maxsize, {run.key: run.group.settled for run in runs})
+            for run in runs:
+                run.timings["verifier"] = queue.seconds
+                if not run.group.decided and (run.key in released or run.group.settled):
+                    self._apply_stop_rule(run)
 
-    def _apply_stop_rule(self, p: int):
-        group = self.tracker.groups[p]
+    def _apply_stop_rule(self, run: PromptRun):
+        group = run.group
         threshold = self.threshold if self.streaming else None  # terminal mode never stops
-        stopped = group.apply_stop_rule(threshold, self.queue.has_pending(p))
+        stopped = group.apply_stop_rule(threshold, run.queue.has_pending(run.key))
         if stopped:
             group.stopped_early = not group.finished
-            for row in self.tracker.rows_of(p):
-                if self.tracker.status[row] == LIVE:
-                    self.tracker.end_row(row, len(self.tracker.history[row]) - 1, STOPPED)
+            for row in range(run.N):
+                if run.tracker.status[row] == LIVE:
+                    run.tracker.end_row(row, len(run.tracker.history[row]) - 1, STOPPED)
             self._abort(
-                [f"{_COT_PREFIX}{self.run_id}:{p}"] + [rid for rid, el in self.elicitations.items() if el.prompt == p]
+                run,
+                [f"{_COT_PREFIX}{self.run_id}:{run.key}"]
+                + [rid for rid, el in self.elicitations.items() if el.run is run],
             )
-            self.queue.discard(p)
+            run.queue.discard(run.key)
 
-    def _abort(self, rids: list[str]):
-        """Abort our requests `rids` (a chain request id aborts its n children) and forget their captures."""
-        live = [rid for rid in rids if rid in self.pending]
+    def _abort(self, run: PromptRun, rids: list[str]):
+        """Abort `run`'s requests `rids` (its chain request id aborts its n children) and forget their captures."""
+        live = [rid for rid in rids if rid in run.pending]
         if live:
             self.engine.abort_request(live)
-        self.pending.difference_update(rids)
+        run.pending.difference_update(rids)
         dropped = [
             self.elicitations.pop(rid)
             for rid in rids
@@ -538,8 +690,8 @@ class _Run:
 
     def _dropped(self, rid: str) -> bool:
         """Whether an aborted elicitation is abandoned (its prompt was decided), not completed."""
-        el = self.elicitations[rid]
-        if self.tracker.groups[el.prompt].decided:
-            self.tracker.groups[el.prompt].inflight -= 1
+        group = self.elicitations[rid].run.group
+        if group.decided:
+            group.inflight -= 1
             return True
         return False

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 import transformers
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
 
 from hf_msv import MSVConfig, MSVVerifier
 from hf_msv.answers import ELICITATION_PROMPT
+from hf_msv.data import AnswerGroup
 from hf_msv.generation import MSVEarlyStop, MSVResult, prepare_generation
 
 from .tokenizer import CHARS, SPECIAL, word_level_tokenizer
@@ -214,3 +216,19 @@ def online_run(n: int, group_size: int, device="cpu"):
         hooked = generate(model, inputs, n=n, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
         results = msv.pop_results()
     return plain, hooked, results, cpu_verifier
+
+
+def answer_group(result: MSVResult) -> tuple[AnswerGroup, np.ndarray]:
+    """The recorded answer stream of `result` (from any engine) as the evaluation sees it, with its online scores
+    (nan: unscored)."""
+    answers = result.answers
+    group = AnswerGroup(
+        sequence=[a.sequence for a in answers],
+        end=[a.end for a in answers],
+        klass=[a.class_id for a in answers],
+        correct=np.zeros(len(answers), bool),
+        is_terminal=[a.terminal for a in answers],
+        seq_len=[len(s) for s in result.sequences],
+        start=[a.tau for a in answers],
+    )
+    return group, np.array([np.nan if a.score is None else a.score for a in answers])
