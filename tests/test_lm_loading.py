@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
+from helpers.cli import run_command
 from helpers.lm_loading import collect_args, lm_module_names, save_remote_code_lm, write_device_map
-from hf_msv.cli import main
 from hf_msv.collect import CollectConfig, collect
 from hf_msv.collect.lm import ModelArguments, load_lm, load_problems, weights_fingerprint
 from hf_msv.data import list_shards, read_shard
@@ -20,18 +20,6 @@ from hf_msv.errors import UserError
 @pytest.fixture(autouse=True)
 def _threads(single_thread):
     yield
-
-
-def run(argv, capsys) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``hf-msv argv`` in this process (0 when it returns)."""
-    capsys.readouterr()  # what ran before
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def collected(output_dir) -> list:
@@ -55,7 +43,7 @@ def assert_same_collection(a, b) -> None:
 
 
 def test_collect_help_lists_the_loading_flags(capsys):
-    code, out, _ = run(["collect", "--help"], capsys)
+    code, out, _ = run_command(["collect", "--help"], capsys)
     assert code == 0
     for flag in ("--revision", "--trust-remote-code", "--attn-implementation", "--device-map", "--offload-folder"):
         assert flag in out
@@ -77,17 +65,17 @@ def test_model_arguments_are_collect_config_fields_and_not_collection_settings()
 
 def test_an_lm_with_its_own_code_loads_only_with_trust_remote_code(tmp_path, capsys):
     lm = save_remote_code_lm(tmp_path / "lm")
-    code, _, err = run(collect_args(tmp_path / "refused", model=str(lm)), capsys)
+    code, _, err = run_command(collect_args(tmp_path / "refused", model=str(lm)), capsys)
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("hf-msv collect: error:") and "--trust-remote-code" in last
     assert not (tmp_path / "refused").exists()  # refused before anything was written
 
-    code, out, _ = run(collect_args(tmp_path / "out", "--trust-remote-code", model=str(lm)), capsys)
+    code, out, _ = run_command(collect_args(tmp_path / "out", "--trust-remote-code", model=str(lm)), capsys)
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["generated"] == 2
     model, _ = load_lm(ModelArguments(model=str(lm), trust_remote_code=True), "cpu")
     assert type(model).__name__ == "TinyRemoteForCausalLM"
     # the same weights as the testbed LM: its own code, the same collection
-    run(collect_args(tmp_path / "testbed"), capsys)
+    run_command(collect_args(tmp_path / "testbed"), capsys)
     assert_same_collection(tmp_path / "out", tmp_path / "testbed")
 
 
@@ -147,16 +135,16 @@ def test_a_disk_offloaded_lm_collects_the_same_shards_and_resumes_the_whole_ones
     assert model.model.layers[1].self_attn.q_proj.weight.device.type == "meta"  # its values are on disk
     assert weights_fingerprint(model) == weights_fingerprint(load_lm("testbed", device="cpu")[0])
 
-    assert run(collect_args(tmp_path / "whole"), capsys)[0] == 0
-    code, out, _ = run(collect_args(tmp_path / "offloaded", *offload), capsys)
+    assert run_command(collect_args(tmp_path / "whole"), capsys)[0] == 0
+    code, out, _ = run_command(collect_args(tmp_path / "offloaded", *offload), capsys)
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["generated"] == 2
     assert_same_collection(tmp_path / "whole", tmp_path / "offloaded")
     # how the LM is loaded is no collection setting: the offloaded LM resumes (here: finds done) the whole one's
-    code, out, _ = run(collect_args(tmp_path / "whole", *offload), capsys)
+    code, out, _ = run_command(collect_args(tmp_path / "whole", *offload), capsys)
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["generated"] == 0
     # generation feeds its inputs where the LM's first module is: offloading that one is refused, in one line
     first = write_device_map(tmp_path / "first.json", offloaded=("model.embed_tokens", "lm_head"))  # tied
-    code, _, err = run(collect_args(tmp_path / "first", "--device-map", str(first), *offload[2:]), capsys)
+    code, _, err = run_command(collect_args(tmp_path / "first", "--device-map", str(first), *offload[2:]), capsys)
     assert code == 2 and "input embedding" in err.strip().splitlines()[-1]
 
 
@@ -171,13 +159,13 @@ def test_collect_reads_a_config_file_and_flags_override_it(tmp_path, capsys):
         f"model: testbed\nproblems: testbed:train:2\noutput_dir: {tmp_path / 'out'}\nnum_samples: 2\n"
         "max_new_tokens: 64\nchecker: exact\nseed: 5\nprogress: false\n"
     )
-    code, out, _ = run(["collect", "--config", str(config), "--seed", "3"], capsys)
+    code, out, _ = run_command(["collect", "--config", str(config), "--seed", "3"], capsys)
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["generated"] == 2
     settings = json.loads((tmp_path / "out" / "collect_config.json").read_text())
     assert (settings["seed"], settings["num_samples"], settings["max_new_tokens"]) == (3, 2, 64)
 
     config.write_text(config.read_text() + "num_smaples: 4\n")
-    code, _, err = run(["collect", "--config", str(config)], capsys)
+    code, _, err = run_command(["collect", "--config", str(config)], capsys)
     assert code == 2 and "num_smaples" in err.strip().splitlines()[-1]
 
 
@@ -192,7 +180,7 @@ def test_train_reads_a_config_file_and_flags_override_it(tmp_path, capsys):
     assert (args.train_dir, args.val_dir, args.output_dir, args.lr_sweep) == ("data/train", "data/val", "out/b", True)
     assert training.num_sequences == 4
     config.write_text("train_dir: data/train\nbogus_option: 1\n")
-    code, _, err = run(["train", "--config", str(config)], capsys)
+    code, _, err = run_command(["train", "--config", str(config)], capsys)
     assert code == 2 and "bogus_option" in err
 
 
@@ -203,7 +191,7 @@ def test_evaluate_reads_a_config_file_and_flags_override_it(tmp_path, capsys, mo
     monkeypatch.setattr(cli, "evaluate_study", lambda config: seen.append(config) or {})
     config = tmp_path / "eval.yaml"
     config.write_text("eval_dir: data/eval\noutput_dir: reports/a\nbootstrap: 7\nfigures: false\n")
-    code, _, _ = run(["evaluate", "--config", str(config), "--output-dir", "reports/b"], capsys)
+    code, _, _ = run_command(["evaluate", "--config", str(config), "--output-dir", "reports/b"], capsys)
     assert code == 0 and len(seen) == 1
     assert (seen[0].eval_dir, seen[0].output_dir, seen[0].bootstrap, seen[0].figures) == (
         "data/eval",
@@ -212,7 +200,7 @@ def test_evaluate_reads_a_config_file_and_flags_override_it(tmp_path, capsys, mo
         False,
     )
     config.write_text("eval_dir: data/eval\noutput_dir: reports/a\nbootstraps: 7\n")
-    code, _, err = run(["evaluate", "--config", str(config)], capsys)
+    code, _, err = run_command(["evaluate", "--config", str(config)], capsys)
     assert code == 2 and "bootstraps" in err and not seen[1:]
 
 
@@ -223,15 +211,15 @@ def test_demo_reads_a_config_file_with_the_loading_flags(tmp_path, capsys, monke
     monkeypatch.setattr(demo, "run_demo", lambda config: seen.append(config) or [])
     config = tmp_path / "demo.yaml"
     config.write_text("problems: 3\nmodel_dtype: float32\ndevice_map: cpu\nfigure: false\n")
-    assert run(["demo", "--config", str(config), "--problems", "2"], capsys)[0] == 0
+    assert run_command(["demo", "--config", str(config), "--problems", "2"], capsys)[0] == 0
     assert (seen[0].problems, seen[0].model_dtype, seen[0].device_map, seen[0].figure) == (2, "float32", "cpu", False)
     assert ModelArguments.from_fields(seen[0]).device_map == "cpu"
 
 
 def test_log_level_info_shows_the_library_info_lines(tmp_path, capsys):
-    code, _, err = run(collect_args(tmp_path / "quiet"), capsys)
+    code, _, err = run_command(collect_args(tmp_path / "quiet"), capsys)
     assert code == 0 and "INFO hf_msv" not in err
-    code, _, err = run(collect_args(tmp_path / "loud", "--log-level", "info"), capsys)
+    code, _, err = run_command(collect_args(tmp_path / "loud", "--log-level", "info"), capsys)
     assert code == 0 and "INFO hf_msv.collect.lm: loading the LM testbed" in err
-    code, _, err = run(collect_args(tmp_path / "bad", "--log-level", "chatty"), capsys)
+    code, _, err = run_command(collect_args(tmp_path / "bad", "--log-level", "chatty"), capsys)
     assert code == 2 and "--log-level" in err

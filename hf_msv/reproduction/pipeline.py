@@ -293,11 +293,21 @@ def part_collections(before: list[dict], made: dict) -> dict:
 
 
 def parse_arguments(argv: list[str] | None = None) -> ReproduceArguments:
-    """The ``hf-msv reproduce`` options, one flag per `ReproduceArguments` field (``--work-dir`` or ``--work_dir``)."""
+    """The ``hf-msv reproduce`` options, one flag per `ReproduceArguments` field (``--work-dir`` or ``--work_dir``),
+    after ``--config FILE`` and ``--log-level`` as every command takes them (`hf_msv.arguments.parse_command_args`).
+
+    Args:
+        argv: the command-line arguments; `None`: ``sys.argv[1:]``.
+
+    Returns:
+        The `ReproduceArguments`.
+    """
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(ReproduceArguments, description=__doc__.splitlines()[0])
-    (args,) = parser.parse_args_into_dataclasses(argv)
+    from ..arguments import parse_command_args
+
+    parser = HfArgumentParser(ReproduceArguments, prog="hf-msv reproduce", description=__doc__.splitlines()[0])
+    (args,) = parse_command_args(parser, argv)
     return args
 
 

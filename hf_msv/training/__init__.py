@@ -9,11 +9,13 @@ from .guard import GuardReport, calibrated_self_consistency, linear_probe_scores
 from .stopping_curve import EarlyStoppingFit, fit_early_stopping
 from .sweep import sweep_learning_rates
 from .trainer import (
+    TRACKER_PACKAGES,
     TrainingResult,
     build_verifier,
     evaluate_verifier,
     fit_stopping_rule,
     load_training_data,
+    resolve_trackers,
     train_verifier,
 )
 
@@ -24,6 +26,8 @@ __all__ = [
     "resolve_plan",
     "TrainingResult",
     "train_verifier",
+    "resolve_trackers",
+    "TRACKER_PACKAGES",
     "evaluate_verifier",
     "fit_stopping_rule",
     "fit_early_stopping",

@@ -1,11 +1,15 @@
-"""Resuming an interrupted fit: the vote cross-validation's state (`Batches`, `save_state`, `load_state`),
-saved to ``vote_cv_state.pt`` at each pooled evaluation so that ``train_verifier(..., resume=True)`` (``hf-msv
-train --resume``) trains exactly what an uninterrupted fit trains. See ``docs/training.md``.
+"""Resuming an interrupted fit, so that ``train_verifier(..., resume=True)`` (``hf-msv train --resume``) trains
+exactly what an uninterrupted fit trains: the vote cross-validation's state (`Batches`, `save_state`, `load_state`),
+saved to ``vote_cv_state.pt`` at each pooled evaluation, and the training's (`save_training_state`,
+`load_training_progress`), saved to ``training_state/`` at each validation with `accelerate.Accelerator.save_state`.
+See ``docs/training.md``.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -17,9 +21,23 @@ from ..data import ShardDataset, collate_groups
 from ..errors import UserError
 from ..utils import commit_file, tmp_name
 
-__all__ = ["STATE_FILE", "Batches", "fingerprint", "save_state", "load_state", "rng_state", "set_rng_state"]
+__all__ = [
+    "STATE_FILE",
+    "TRAINING_STATE_DIR",
+    "Batches",
+    "fingerprint",
+    "save_state",
+    "load_state",
+    "rng_state",
+    "set_rng_state",
+    "save_training_state",
+    "load_training_progress",
+    "discard_training_state",
+]
 
 STATE_FILE = "vote_cv_state.pt"
+TRAINING_STATE_DIR = "training_state"
+_PROGRESS_FILE = "progress.pt"  # written last: a state directory holding it is complete
 # Settings that change what is printed, not what is trained: a run may resume with other values.
 _NOT_TRAINING = ("progress", "log_every", "num_workers")
 
@@ -129,3 +147,47 @@ def load_state(path: Path, expected: dict) -> dict | None:
             f"into another output directory, or without resume to start this one again"
         )
     return state
+
+
+def _training_state_dirs(output_dir: Path) -> tuple[Path, Path]:
+    """The training state's directory and the one the next state is written into before it replaces it."""
+    final = Path(output_dir) / TRAINING_STATE_DIR
+    return final, final.with_name(f".{final.name}.tmp")
+
+
+def save_training_state(accelerator, output_dir: Path, progress: dict) -> None:
+    """Save the training state into ``output_dir/training_state``: `accelerator`'s (`Accelerator.save_state`: the
+    prepared model and optimizer, the objects registered for checkpointing, every process's RNG states), then
+    `progress` (the loop's counters, history and data position; with its ``fingerprint``). Called by every process.
+
+    The state is written beside the previous one and replaces it only once complete, so a fit stopped mid-write
+    resumes from the previous state.
+    """
+    final, tmp = _training_state_dirs(output_dir)
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        save_state(tmp / _PROGRESS_FILE, progress)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+
+
+def load_training_progress(output_dir: Path, expected: dict) -> tuple[Path, dict] | None:
+    """The saved training state of `output_dir`: its directory (for `Accelerator.load_state`) and its progress, or
+    None when there is none; a UserError naming what differs when it was saved by a fit with other settings or data
+    (`load_state`)."""
+    for directory in _training_state_dirs(output_dir):  # the second: stopped between removing and renaming
+        progress = load_state(directory / _PROGRESS_FILE, expected)
+        if progress is not None:
+            return directory, progress
+    return None
+
+
+def discard_training_state(output_dir: Path) -> None:
+    """Remove a saved training state (main process): the fit finished, or starts again from scratch."""
+    for directory in _training_state_dirs(output_dir):
+        shutil.rmtree(directory, ignore_errors=True)

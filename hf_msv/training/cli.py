@@ -5,6 +5,7 @@ the MSV architecture fields of `MSVConfig` (`architecture_arguments`; each optio
     hf-msv train ... --recipe paper          # the paper's literal numbers
     hf-msv train ... --lr-sweep --strict     # sweep the learning rate; exit 1 if the verifier is worse than the vote
     hf-msv train ... --resume                # continue a fit that was interrupted in --output-dir
+    hf-msv train ... --report-to tensorboard # per-step loss and validation metrics (output-dir/runs)
     hf-msv train ... --num-hidden-layers 2 --masks full equivalence   # MSVConfig fields: config.architecture
 
 The last lines printed: the validation comparison with calibrated self-consistency and a linear probe, the warning
@@ -29,7 +30,7 @@ from transformers import HfArgumentParser
 from ..arguments import parse_command_args
 from ..errors import UserError
 from .config import MSVTrainingConfig, architecture_fields
-from .trainer import TrainingResult, train_verifier
+from .trainer import TRACKER_PACKAGES, TrainingResult, resolve_trackers, train_verifier
 
 __all__ = [
     "TrainArguments",
@@ -53,9 +54,10 @@ class TrainArguments:
         val_dir: directory of validation shards (checkpoint selection, the guard).
         output_dir: where the verifier, its model card and ``training_log.json`` go.
         strict: exit with status 1 when the verifier is worse than calibrated self-consistency on validation Brier.
-        resume: continue a fit interrupted in `output_dir` from its last saved cross-validation state.
+        resume: continue a fit interrupted in `output_dir` from its last saved state (cross-validation, training).
         lr_sweep: train once per learning rate and keep the run with the best validation Brier.
         lr_sweep_values: the learning rates of the sweep; `None`: the recipe's ÷3, ×1, ×3.
+        report_to: experiment trackers of accelerate (``none``, ``all``, or names: ``tensorboard``, ``wandb``, ...).
     """
 
     train_dir: str = field(metadata={"help": "directory of training shards (from hf-msv collect)"})
@@ -71,8 +73,9 @@ class TrainArguments:
     resume: bool = field(
         default=False,
         metadata={
-            "help": "continue a fit interrupted in --output-dir from its last saved cross-validation state (the same "
-            "verifier as an uninterrupted fit); from the start when none was saved"
+            "help": "continue a fit interrupted in --output-dir from its last saved state (of the vote "
+            "cross-validation, or of training, saved at every validation): the same verifier as an uninterrupted "
+            "fit; from the start when none was saved"
         },
     )
     lr_sweep: bool = field(
@@ -84,6 +87,15 @@ class TrainArguments:
     )
     lr_sweep_values: list[float] | None = field(
         default=None, metadata={"help": "learning rates for --lr-sweep (MSV body, or the Probe's)"}
+    )
+    report_to: list[str] = field(
+        default_factory=lambda: ["none"],
+        metadata={
+            "help": "experiment trackers (accelerate's) that receive the loss of every step and the validation "
+            "metrics: none, all (every installed one), or names: "
+            + ", ".join(TRACKER_PACKAGES)
+            + "; file-based ones write under --output-dir/runs"
+        },
     )
 
 
@@ -169,11 +181,14 @@ def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingRes
         The `TrainingResult` (of the best run, when sweeping).
 
     Raises:
-        UserError: ``resume`` together with ``lr_sweep``.
+        UserError: ``resume`` or trackers (``report_to``) together with ``lr_sweep``; a tracker that is unknown or not
+            installed.
         SystemExit: under ``strict`` when the guard failed.
     """
     if args.lr_sweep and args.resume:
         raise UserError("--resume continues one fit; --lr-sweep runs several: use one or the other")
+    if resolve_trackers(args.report_to) and args.lr_sweep:
+        raise UserError("--report-to follows one fit; --lr-sweep runs several: use one or the other")
     if args.lr_sweep:
         from .sweep import sweep_learning_rates
 
@@ -186,7 +201,9 @@ def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingRes
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     else:
-        result = train_verifier(args.train_dir, args.val_dir, args.output_dir, config, resume=args.resume)
+        result = train_verifier(
+            args.train_dir, args.val_dir, args.output_dir, config, resume=args.resume, report_to=args.report_to
+        )
     guard = result.guard
     if _is_main():
         for line in guard.summary_lines() if guard else ["no checkpoint was saved (no training step ran)"]:

@@ -10,9 +10,11 @@ Runs unchanged under ``accelerate launch`` (the global batch is split over proce
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -28,7 +30,18 @@ from ..lambda_rule import DELTA, EPSILON
 from ..metrics import bce_with_logits, fold_by_problem
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
-from .checkpoint import STATE_FILE, Batches, fingerprint, load_state, rng_state, save_state, set_rng_state
+from .checkpoint import (
+    STATE_FILE,
+    Batches,
+    discard_training_state,
+    fingerprint,
+    load_state,
+    load_training_progress,
+    rng_state,
+    save_state,
+    save_training_state,
+    set_rng_state,
+)
 from .config import MSVTrainingConfig, TrainingPlan, resolve_batch_size, resolve_plan
 from .guard import (
     GuardReport,
@@ -52,6 +65,8 @@ __all__ = [
     "build_verifier",
     "load_training_data",
     "cross_validate_vote",
+    "resolve_trackers",
+    "TRACKER_PACKAGES",
 ]
 
 logger = logging.getLogger(__name__)
@@ -625,6 +640,48 @@ class _Run:
         self.best_vote_gain: dict | None = None  # the best trained gain over the vote that was not significant
         self.losses, self.groups, self.start = [], 0, time.perf_counter()
         self.vote_anchor = vote_anchor
+        # Where the loader is: the pass, the batches taken in it, and the loader generator's state when it began
+        # (the pass's order follows from it), so that a resumed run replays the rest of the pass.
+        self.passes, self.taken, self.pass_start = 0, 0, None
+        self.fingerprint: dict | None = None  # set by train_verifier: the training state is saved with it
+        self.reporting = False  # trackers (``report_to``) receive the loss of every step and the validations
+
+    # Everything of the loop a resumed run needs besides what `Accelerator.save_state` saves.
+    _PROGRESS = (
+        "history",
+        "best_bce",
+        "best_epoch",
+        "best_step",
+        "best_metrics",
+        "step",
+        "stale",
+        "stopped_early",
+        "saved",
+        "lowest_bce",
+        "vote_predictions",
+        "best_vote_gain",
+        "passes",
+        "taken",
+        "pass_start",
+    )
+
+    def state_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self._PROGRESS}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self._PROGRESS:
+            setattr(self, name, state[name])
+
+    def save_training_state(self) -> None:
+        """Save the training state (`checkpoint.save_training_state`) after a validation that training continues
+        from: the losses and group counts of the interval are reset there, so the loop's counters are all there is."""
+        save_training_state(self.accelerator, self.output_dir, {"fingerprint": self.fingerprint, **self.state_dict()})
+
+    def resume(self, directory: Path, progress: dict) -> None:
+        """Continue from the training state saved in `directory` (`checkpoint.load_training_progress`)."""
+        self.accelerator.load_state(str(directory))
+        self.load_state_dict(progress)
+        logger.info("training resumed from %s at step %d", directory, self.step)
 
     def _beats_vote(self, predictions: ValidationPredictions, entry: dict) -> bool:
         """Whether a trained checkpoint may replace the step-0 verifier of an anchored run (calibrated voting): its
@@ -671,6 +728,8 @@ class _Run:
             }
         beats_vote = self._beats_vote(predictions, entry)
         self.history.append(entry)
+        if self.reporting:
+            acc.log({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
         # Patience counts evaluations without a lower validation BCE, whether or not it was kept.
         if self.step and metrics["bce"] < self.lowest_bce:
             self.lowest_bce, self.stale = metrics["bce"], 0
@@ -715,12 +774,29 @@ class _Run:
         atomic_write_json(self.output_dir / "training_log.json", log)
 
     def train_step(self, batch) -> None:
-        loss = _optimizer_step(
-            self.accelerator, self.model, self.optimizer, self.scheduler, batch, self.config.max_grad_norm
-        )
+        acc = self.accelerator
+        loss = _optimizer_step(acc, self.model, self.optimizer, self.scheduler, batch, self.config.max_grad_norm)
         self.losses.append(loss)
         self.groups += len(batch["problem_id"])
         self.step += 1
+        self.taken += 1
+        if self.reporting:  # every process: the loss is averaged over them
+            mean = acc.reduce(loss.to(acc.device), "mean").item()
+            acc.log({"train/loss": mean, "train/learning_rate": self.scheduler.get_last_lr()[0]}, step=self.step)
+
+    def pass_loader(self):
+        """The loader of the pass `passes`: the prepared one, or in the pass a resumed run stopped in, one that starts
+        from the loader generator's state at the start of that pass and skips the batches already taken
+        (`Accelerator.skip_first_batches`: their samples are not read)."""
+        self.train_set.set_epoch(self.passes)  # every pass draws new random N-subsets (they depend on seed and pass)
+        loader = self.loader
+        if self.taken:
+            self.loader.generator.set_state(self.pass_start)
+            loader = self.accelerator.skip_first_batches(self.loader, self.taken)
+        else:
+            self.pass_start = self.loader.generator.get_state()
+        loader.set_epoch(self.passes)
+        return loader
 
     def run(self) -> None:
         from tqdm.auto import tqdm
@@ -728,19 +804,17 @@ class _Run:
         plan, config = self.plan, self.config
         bar = tqdm(
             total=plan.max_steps,
+            initial=self.step,  # a resumed run
             unit="step",
             desc=f"train {config.kind}",
             dynamic_ncols=True,
             disable=not (config.progress and self.accelerator.is_local_main_process),
         )
-        self.validate()
+        if not self.history:  # else resumed after a validation
+            self.validate()
         self.model.train()
-        passes = 0
         while self.step < plan.max_steps and not self.stopped_early:
-            # Every pass draws new random N-subsets of each problem's samples (they depend on seed and pass).
-            self.train_set.set_epoch(passes)
-            self.loader.set_epoch(passes)
-            for batch in self.loader:
+            for batch in self.pass_loader():
                 self.train_step(batch)
                 bar.update(1)
                 if self.step % config.log_every == 0:
@@ -754,16 +828,83 @@ class _Run:
                     self.model.train()
                     patience = plan.early_stopping_patience
                     self.stopped_early = bool(patience) and self.stale >= patience
+                    if self.step < plan.max_steps and not self.stopped_early:
+                        self.save_training_state()
                 if self.step >= plan.max_steps or self.stopped_early:
                     break
-            passes += 1
+            else:
+                self.passes, self.taken = self.passes + 1, 0
         if self.step % plan.eval_steps and self.step != plan.max_steps and not self.stopped_early:
             self.validate()  # the loader ran dry mid-interval (cannot happen with whole passes; kept for safety)
         bar.close()
 
 
+# accelerate's trackers (`Accelerator(log_with=...)`) and the package each needs
+TRACKER_PACKAGES = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "trackio": "trackio",
+    "mlflow": "mlflow",
+    "comet_ml": "comet-ml",
+    "aim": "aim",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+}
+
+
+def resolve_trackers(report_to: str | Sequence[str] | None) -> list[str]:
+    """The accelerate trackers `report_to` names, as ``TrainingArguments.report_to`` takes them.
+
+    Args:
+        report_to: ``"none"`` (or `None`, or empty), tracker names (`TRACKER_PACKAGES`, or one registered with
+            `accelerate.tracking.register_tracker_class`), or ``"all"``: every installed one.
+
+    Returns:
+        The names, for ``Accelerator(log_with=...)``; empty: no tracking.
+
+    Raises:
+        UserError: an unknown name, ``none`` beside others, or a tracker whose package is not installed (named).
+    """
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if names in ([], ["none"]):
+        return []
+    if "none" in names:
+        raise UserError(f"--report-to {' '.join(names)}: none reports to no tracker; give it alone")
+    unknown = [n for n in names if n != "all" and n not in LOGGER_TYPE_TO_CLASS]
+    if unknown:
+        raise UserError(
+            f"--report-to: unknown tracker(s) {unknown}; give some of {sorted(LOGGER_TYPE_TO_CLASS)}, all or none"
+        )
+    # accelerate leaves out a tracker whose package is missing without a word; here it is an error, before training.
+    installed = {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name in TRACKER_PACKAGES and name not in installed:
+            package = TRACKER_PACKAGES[name]
+            raise UserError(f"--report-to {name}: the {package} package is not installed (pip install {package})")
+    chosen = [n for n in names if n != "all"]
+    if "all" in names:
+        chosen += sorted(installed - set(chosen))
+        if not chosen:
+            logger.warning("--report-to all: none of %s is installed; nothing is reported", sorted(TRACKER_PACKAGES))
+    return list(dict.fromkeys(chosen))
+
+
+def _tracker_config(config: MSVTrainingConfig, plan: TrainingPlan) -> dict:
+    """The run's settings and plan as tracker hyperparameters (scalars; lists and dicts as JSON)."""
+    values = config.to_dict() | {f"plan_{k}": v for k, v in asdict(plan).items()}
+    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else json.dumps(v) for k, v in values.items()}
+
+
 def train_verifier(
-    train_dir, val_dir, output_dir, config: MSVTrainingConfig | None = None, resume: bool = False
+    train_dir,
+    val_dir,
+    output_dir,
+    config: MSVTrainingConfig | None = None,
+    resume: bool = False,
+    report_to: str | Sequence[str] | None = None,
 ) -> TrainingResult:
     """Train an MSV_N or a Probe on the shards in `train_dir`, keep the checkpoint with the best validation BCE on
     `val_dir` in `output_dir` (weights, config, README.md model card, ``training_config.json``,
@@ -771,9 +912,10 @@ def train_verifier(
     a warning line when it is worse than the vote), and return the history, the guard and the best model (loaded on
     every process). Every input check happens before training starts (see `load_training_data`).
 
-    With `resume`, a fit interrupted in `output_dir` continues from the vote cross-validation's last saved state
-    (`checkpoint`; nothing saved yet: from the start) and ends as the uninterrupted fit would have; a state saved
-    with other settings is a ValueError before any training. Without it, a state left there is discarded.
+    With `resume`, a fit interrupted in `output_dir` continues from its last saved state (`checkpoint`: the vote
+    cross-validation's, then the training's, saved at every validation; nothing saved yet: from the start) and ends
+    as the uninterrupted fit would have; a state saved with other settings is a UserError before any training.
+    Without it, a state left there is discarded.
 
     Works in one process or under ``accelerate launch`` (any number of processes; CPU or GPU).
 
@@ -783,12 +925,15 @@ def train_verifier(
         output_dir: where the checkpoint and logs go.
         config: the run's `MSVTrainingConfig`; `None`: the defaults.
         resume: continue an interrupted fit in `output_dir`.
+        report_to: experiment trackers for the loss of every step and the validation metrics (`resolve_trackers`;
+            file-based ones write under ``output_dir/runs``).
 
     Returns:
         The `TrainingResult`.
 
     Raises:
-        ValueError: bad inputs (`load_training_data`), or a saved state of other settings with `resume`.
+        UserError: bad inputs (`load_training_data`), a tracker that is unknown or not installed, or a saved state of
+            other settings with `resume`.
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -796,10 +941,16 @@ def train_verifier(
     from ..utils import cpu_processes
 
     config = config or MSVTrainingConfig()
+    trackers = resolve_trackers(report_to)
     train_set, val_set = load_training_data(train_dir, val_dir, config)
-    accelerator = Accelerator(mixed_precision=config.mixed_precision, cpu=cpu_processes())
-    set_seed(config.seed)
     output_dir = Path(output_dir)
+    accelerator = Accelerator(
+        mixed_precision=config.mixed_precision,
+        cpu=cpu_processes(),
+        log_with=trackers or None,
+        project_dir=str(output_dir / "runs") if trackers else None,
+    )
+    set_seed(config.seed)
     per_process = max(1, resolve_batch_size(config) // accelerator.num_processes)
     loader = torch.utils.data.DataLoader(
         train_set,
@@ -815,8 +966,12 @@ def train_verifier(
     decision = None
     folds = config.folds(train_set.num_problems)
     state_path = output_dir / STATE_FILE
+    # The training state is saved with the plan before cross-validation shortens it (the saved decision fixes it).
+    expected = fingerprint(config, plan, folds, train_set)
+    saved = load_training_progress(output_dir, expected) if resume else None
     if not resume and accelerator.is_main_process:
         state_path.unlink(missing_ok=True)
+        discard_training_state(output_dir)
     accelerator.wait_for_everyone()
     if folds:
         # The length of training (0: keep the vote) is chosen on the training problems; the run then trains exactly
@@ -827,8 +982,10 @@ def train_verifier(
         set_seed(config.seed)
     model, optimizer, anchor = _start(config, plan, train_set)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process.
+    # Stepped once per optimizer step by hand (not prepared): accelerate would step it once per process. Registered,
+    # it is saved with the training state.
     scheduler = get_constant_schedule_with_warmup(optimizer.optimizer, warmup)
+    accelerator.register_for_checkpointing(scheduler)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(output_dir / "training_config.json", config.to_dict())
@@ -843,13 +1000,24 @@ def train_verifier(
         decision,
         anchor and anchor.to_dict(),
     )
-    run.run()
-    accelerator.wait_for_everyone()
-    cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
-    best = cls.from_pretrained(output_dir) if run.saved else None
-    guard = _guard(best, run, train_set, val_set, output_dir) if best is not None else None
+    run.fingerprint, run.reporting = expected, bool(trackers)
+    if saved is not None:
+        run.resume(*saved)
+    if trackers:
+        accelerator.init_trackers("hf-msv", config=_tracker_config(config, plan))
+    try:
+        run.run()
+        accelerator.wait_for_everyone()
+        cls = ProbeVerifier if config.kind == "probe" else type(accelerator.unwrap_model(model))
+        best = cls.from_pretrained(output_dir) if run.saved else None
+        guard = _guard(best, run, train_set, val_set, output_dir) if best is not None else None
+    finally:
+        # `Accelerator.end_training` without its end of the process group, which a script may go on using.
+        for tracker in accelerator.trackers:
+            tracker.finish()
     if accelerator.is_main_process:
         state_path.unlink(missing_ok=True)  # the fit is done: nothing to resume
+        discard_training_state(output_dir)
     accelerator.free_memory()
     return TrainingResult(
         str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard, plan, decision

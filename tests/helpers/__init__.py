@@ -17,4 +17,6 @@ Nothing here is collected: no module here is named ``test_*.py`` and nothing def
 * `helpers.datasets_io`: problem tables in every format `load_problems` reads, and a stand-in for the Hub.
 * `helpers.hub`: a recording stand-in for the Hub calls of an upload, offline model-card checks, checkpoint evidence.
 * `helpers.harness`: lm-evaluation-harness samples and lighteval details rows built from their schemas.
+* `helpers.cli`: ``hf-msv`` commands run in the test process.
+* `helpers.vllm_engines`: CPU vLLM engines on the testbed LM and the serving tests' problems.
 """
