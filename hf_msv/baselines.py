@@ -275,15 +275,8 @@ def fit_platt(raw, labels) -> tuple[float, float]:
     Returns:
         ``(a, b)`` floats; with one class only, a = 0 and b the logit of the (clipped) base rate.
     """
-    from sklearn.linear_model import LogisticRegression
-
-    x = np.asarray(raw, dtype=np.float64).reshape(-1, 1)
-    y = np.asarray(labels, dtype=bool).reshape(-1)
-    if y.all() or not y.any():  # one class: constant probability at the base rate (clipped)
-        q = np.clip(y.mean(), 1e-3, 1 - 1e-3)
-        return 0.0, float(np.log(q / (1 - q)))
-    lr = LogisticRegression(C=1e6, max_iter=1000).fit(x, y)
-    return float(lr.coef_[0, 0]), float(lr.intercept_[0])
+    coef, intercept = fit_logistic(np.asarray(raw, dtype=np.float64).reshape(-1, 1), labels)
+    return float(coef[0]), intercept
 
 
 def platt(raw, a: float, b: float) -> np.ndarray:
@@ -403,14 +396,15 @@ def logit(p, eps: float = 1e-6) -> np.ndarray:
     return np.log(q) - np.log1p(-q)
 
 
-def fit_logistic(features, labels) -> tuple[np.ndarray, float]:
-    """(coef (F,), intercept) of an (almost) unregularised logistic regression of 0/1 `labels` (m,) on
-    `features` (m, F): Platt scaling when F = 1, the stacked baseline when F = 2. One class only: zero weights and
-    the base rate (clipped) as intercept.
+def fit_logistic(features, labels, penalty: float = 1e-6) -> tuple[np.ndarray, float]:
+    """(coef (F,), intercept) of a logistic regression of 0/1 `labels` (m,) on `features` (m, F), (almost)
+    unregularised by default: Platt scaling when F = 1, the stacked baseline when F = 2. One class only: zero
+    weights and the base rate (clipped) as intercept.
 
     Args:
         features: (m, F) features (a 1-D array is one feature).
         labels: (m,) 0/1 labels.
+        penalty: the ridge ½ · penalty · ‖coef‖² (sklearn's 1 / C).
 
     Returns:
         ``(coef, intercept)``: (F,) float64 weights and a float.
@@ -423,7 +417,7 @@ def fit_logistic(features, labels) -> tuple[np.ndarray, float]:
     if y.all() or not y.any():
         q = np.clip(y.mean() if y.size else 0.5, 1e-3, 1 - 1e-3)
         return np.zeros(x.shape[1]), float(np.log(q / (1 - q)))
-    lr = LogisticRegression(C=1e6, max_iter=1000).fit(x, y)
+    lr = LogisticRegression(C=1.0 / penalty, max_iter=1000).fit(x, y)
     return lr.coef_[0].astype(np.float64), float(lr.intercept_[0])
 
 

@@ -66,6 +66,8 @@ class VerifierEvidence:
         guard: the guard's comparison with the baselines (``training_log.json["guard"]``).
         choice: the λ generation stops at, and the evidence behind it.
         stop_head: the stop head λ applies to.
+        stop_head_penalty: its cross-validated ridge penalty (∞: Platt scaling of the class's mean score); None
+            when not recorded.
         at_stop: the stop-time calibration on validation (stopped share, accuracy, confidence).
         training_data: the log's description of the training and validation data.
         files: the evidence files found (`EVIDENCE_FILES`), uploaded with the weights.
@@ -76,6 +78,7 @@ class VerifierEvidence:
     guard: dict | None = None
     choice: LambdaChoice | None = None
     stop_head: StopHead | None = None
+    stop_head_penalty: float | None = None
     at_stop: dict | None = None
     training_data: str | None = None
     files: tuple[Path, ...] = ()
@@ -102,12 +105,14 @@ def read_evidence(directory: str | os.PathLike, config) -> VerifierEvidence:
     fitted = log.get("early_stopping") or {}
     stored = refit.get("choice") or fitted.get("lambda")
     head = refit.get("stop_head") or fitted.get("stop_head")
+    penalty = None if refit.get("stop_head") else fitted.get("stop_head_penalty")
     return VerifierEvidence(
         validation={k.removeprefix("val_"): v for k, v in best.items() if k.startswith("val_")},
         step=best.get("step"),
         guard=log.get("guard"),
         choice=LambdaChoice.of(config) or (LambdaChoice.from_dict(stored) if stored else None),
         stop_head=StopHead.of(config) or (StopHead.from_dict(head) if head else None),
+        stop_head_penalty=None if penalty is None else math.inf if penalty["penalty"] is None else penalty["penalty"],
         at_stop=refit.get("at_stop") or fitted.get("at_stop"),  # the refit rewrote the config's λ too
         training_data=log.get("training_data"),
         files=tuple(directory / name for name in EVIDENCE_FILES if (directory / name).is_file()),
@@ -220,7 +225,7 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
         head = evidence.stop_head
         lines.append(
             f"- Stop head: logistic over {len(head.coef)} stopping features of {head.num_chains} chains "
-            "(`hf_msv.StopHead.of(verifier.config)`)."
+            "(`hf_msv.StopHead.of(verifier.config)`)" + _penalty_note(evidence.stop_head_penalty) + "."
         )
     if evidence.at_stop and evidence.at_stop.get("stopped"):
         at = evidence.at_stop
@@ -229,6 +234,14 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
             f"mean confidence {at['confidence']:.3f}."
         )
     return "\n".join(lines)
+
+
+def _penalty_note(penalty: float | None) -> str:
+    if penalty is None:
+        return ""
+    if math.isinf(penalty):
+        return "; cross-validation kept the prior: Platt scaling of the class's mean score"
+    return f"; ridge penalty {penalty:g} beyond the class's mean score, chosen by cross-validation over problems"
 
 
 def _card_data(config, model_name: str, evidence: VerifierEvidence, tags: list[str]) -> ModelCardData:

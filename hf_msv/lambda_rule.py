@@ -33,6 +33,7 @@ __all__ = [
     "choose_lambda",
     "ltt_p_value",
     "problems_needed",
+    "smallest_epsilon",
 ]
 
 # 0..1 plus ∞ (never stop), so every curve contains the full-decoding point: 0.001 steps below 0.1 and above 0.9,
@@ -121,9 +122,12 @@ class LambdaChoice:
         where = "λ = ∞ (never stops)" if math.isinf(self.lam) else f"λ = {self.lam:.2f}"
         if self.rule == "guarantee":
             if not self.reached:
+                delta = self.delta or DELTA
                 return (
                     f"{where}: {self.num_problems} validation problems certify no early stop for ε = "
-                    f"{self.epsilon:g} at δ = {self.delta:g} (needs ≥ {self.problems_needed} problems)"
+                    f"{self.epsilon:g} at δ = {delta:g} (needs ≥ {self.problems_needed} problems; ε = 0.01 needs "
+                    f"≥ {problems_needed(0.01, delta)}); {self.num_problems} problems certify at best ε = "
+                    f"{smallest_epsilon(self.num_problems, delta):.3f}"
                 )
             return (
                 f"{where}: loses at most {self.epsilon:g} of full-decoding accuracy with probability ≥ "
@@ -149,6 +153,19 @@ def problems_needed(epsilon: float, delta: float) -> int:
         The number of problems n (int).
     """
     return int(math.ceil(math.log(delta) / math.log1p(-epsilon)))
+
+
+def smallest_epsilon(num_problems: int, delta: float) -> float:
+    """The smallest ε that `num_problems` problems can certify at δ, when no loss is observed: 1 − δ^(1/n).
+
+    Args:
+        num_problems: validation problems n.
+        delta: the risk δ in (0, 1).
+
+    Returns:
+        ε (1.0 when n = 0).
+    """
+    return 1.0 - delta ** (1.0 / num_problems) if num_problems > 0 else 1.0
 
 
 def ltt_p_value(losses: np.ndarray, epsilon: float) -> float:

@@ -23,6 +23,7 @@ left at 0, so a live caller computes just the answers that arrived.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,9 +33,12 @@ from .errors import UserError
 
 __all__ = [
     "FEATURES",
+    "STOP_PENALTIES",
+    "PenaltyChoice",
     "STOP_RULES",
     "StopHead",
     "adaptive_consistency",
+    "choose_stop_penalty",
     "chain_support",
     "consensus_share",
     "fit_stop_head",
@@ -257,8 +261,23 @@ class StopHead:
         return None if stored is None else cls.from_dict(stored)
 
 
+# The prior the head shrinks toward: Platt scaling of the class's mean logit over the chains standing by it,
+# calibrated at the stop (on the testbed it picks the raw score's answers at full decoding). The other features enter
+# only as far as cross-validation over the validation problems says they help, so a head fitted on few problems
+# stays near it (measured in docs/early_stopping.md).
+_FREE = (0,)
+# Ridge penalties on the other (standardised) features, ∞ last: the prior alone.
+STOP_PENALTIES = (0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, math.inf)
+
+
 def fit_stop_head(
-    features: np.ndarray, labels: np.ndarray, group: np.ndarray, end: np.ndarray, num_chains: int, rounds: int = 2
+    features: np.ndarray,
+    labels: np.ndarray,
+    group: np.ndarray,
+    end: np.ndarray,
+    num_chains: int,
+    rounds: int = 2,
+    penalty: float = 0.0,
 ) -> StopHead:
     """Fit a `StopHead` on validation answers: (m, F) `stop_features` rows, 0/1 `labels`, and each answer's
     `group` and `end` (m,).
@@ -266,7 +285,8 @@ def fit_stop_head(
     The stop fires on the leading class, so after a first fit on every answer the head is refitted `rounds` times
     on the *leader events* alone: per group and arrival time, the available answer the current head ranks first.
     Its output is then calibrated for the answer a stop would output, not for the average answer (measured in
-    ``docs/early_stopping.md``).
+    ``docs/early_stopping.md``). `penalty` is a ridge on the standardised features other than the class's
+    mean logit (0: none; ∞: Platt scaling of the class's mean logit alone); `choose_stop_penalty` picks it.
 
     Args:
         features: (m, F) `stop_features` rows.
@@ -275,16 +295,96 @@ def fit_stop_head(
         end: (m,) end time of each answer.
         num_chains: N of the groups.
         rounds: refits on the leader events.
+        penalty: the ridge penalty (`STOP_PENALTIES`).
 
     Returns:
         The fitted `StopHead`.
     """
     x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
-    head = StopHead(*_fit(x, y), num_chains=int(num_chains))
+    head = StopHead(*_fit(x, y, penalty), num_chains=int(num_chains))
     for _ in range(rounds):
         rows = leader_events(head.predict(x), group, end)
-        head = StopHead(*_fit(x[rows], y[rows]), num_chains=int(num_chains))
+        head = StopHead(*_fit(x[rows], y[rows], penalty), num_chains=int(num_chains))
     return head
+
+
+@dataclass(frozen=True)
+class PenaltyChoice:
+    """The stop head's ridge penalty chosen by `choose_stop_penalty`.
+
+    Args:
+        penalty: the chosen entry of `penalties`.
+        penalties: the candidates, in `STOP_PENALTIES` order.
+        losses: cross-fitted Brier score at the leader events per candidate (mean over problems).
+        standard_errors: per candidate, the standard error over problems of its excess over the best candidate.
+        folds: the number of problem folds.
+    """
+
+    penalty: float
+    penalties: tuple[float, ...]
+    losses: tuple[float, ...]
+    standard_errors: tuple[float, ...]
+    folds: int
+
+    def to_dict(self) -> dict:
+        inf = lambda v: None if math.isinf(v) else v  # JSON has no ∞: None stands for the prior alone
+        return {
+            "penalty": inf(self.penalty),
+            "penalties": [inf(v) for v in self.penalties],
+            "losses": list(self.losses),
+            "standard_errors": list(self.standard_errors),
+            "folds": self.folds,
+        }
+
+
+def choose_stop_penalty(
+    features: np.ndarray,
+    labels: np.ndarray,
+    group: np.ndarray,
+    end: np.ndarray,
+    problem: np.ndarray,
+    num_chains: int,
+    rounds: int = 2,
+    folds: int = 4,
+) -> PenaltyChoice:
+    """The stop head's penalty by K-fold cross-validation over problems: each candidate's head is fitted on the
+    other folds, and scored by the Brier score at the held-out fold's leader events (the answers its stops would
+    output; bounded, unlike the log loss, whose few confident misses decide a small split). The one-standard-error
+    rule keeps the largest penalty whose excess over the best is within its standard error (paired over problems):
+    on a small validation split the head stays near the prior, on a large one the data decide.
+
+    Args:
+        features, labels, group, end, num_chains, rounds: as `fit_stop_head`.
+        problem: (m,) problem id of each answer (folds never split a problem).
+        folds: K.
+
+    Returns:
+        The `PenaltyChoice`.
+    """
+    x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
+    group, end = np.asarray(group), np.asarray(end)
+    problems, index = np.unique(np.asarray(problem).astype(str), return_inverse=True)
+    k = min(folds, problems.size)
+    if k < 2:
+        nan = (math.nan,) * len(STOP_PENALTIES)
+        return PenaltyChoice(math.inf, STOP_PENALTIES, nan, nan, k)
+    fold = index % k  # problems in sorted order, dealt round-robin: deterministic
+    loss = np.zeros((len(STOP_PENALTIES), problems.size))
+    for j, penalty in enumerate(STOP_PENALTIES):
+        for f in range(k):
+            held, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
+            head = fit_stop_head(x[train], y[train], group[train], end[train], num_chains, rounds, penalty)
+            rows = held[leader_events(head.predict(x[held]), group[held], end[held])]
+            brier = (head.predict(x[rows]) - y[rows]) ** 2
+            counts = np.maximum(np.bincount(index[rows], minlength=problems.size), 1)
+            loss[j] += np.bincount(index[rows], brier, problems.size) / counts
+    mean = loss.mean(1)
+    best = int(np.argmin(mean))
+    # Paired over problems: a candidate is as good as the best when their difference is within its standard error.
+    excess = loss - loss[best]
+    se = excess.std(1, ddof=1) / math.sqrt(problems.size)
+    chosen = max(j for j in range(len(STOP_PENALTIES)) if excess[j].mean() <= se[j])
+    return PenaltyChoice(STOP_PENALTIES[chosen], STOP_PENALTIES, tuple(map(float, mean)), tuple(map(float, se)), k)
 
 
 def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -317,6 +417,41 @@ def _running_argmax(values: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.where(is_new, np.arange(values.size), 0))
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> tuple[tuple[float, ...], float]:
-    coef, intercept = fit_logistic(x, y)
+def _fit(x: np.ndarray, y: np.ndarray, penalty: float = 0.0) -> tuple[tuple[float, ...], float]:
+    """(coef, intercept) of the logistic regression of `y` on `x` with a ridge `penalty` on the standardised
+    features outside `_FREE` (the intercept and `_FREE` are not penalised)."""
+    free = np.zeros(x.shape[1], bool)
+    free[list(_FREE)] = True
+    coef = np.zeros(x.shape[1])
+    if penalty == 0.0:
+        coef, intercept = fit_logistic(x, y)
+    elif math.isinf(penalty):
+        coef[free], intercept = fit_logistic(x[:, free], y)
+    else:
+        coef, intercept = _ridge_logistic(x, y, penalty, free)
     return tuple(float(c) for c in coef), float(intercept)
+
+
+def _ridge_logistic(x: np.ndarray, y: np.ndarray, penalty: float, free: np.ndarray) -> tuple[np.ndarray, float]:
+    """Logistic regression with ½ · penalty · ‖w‖² on the standardised weights outside `free` (L-BFGS). A constant
+    column carries nothing the intercept does not: its weight is 0."""
+    from scipy.optimize import minimize
+
+    if y.all() or not y.any():
+        return fit_logistic(x, y)
+    mu, sd = x.mean(0), x.std(0)
+    keep = sd > 1e-9
+    z = (x[:, keep] - mu[keep]) / sd[keep]
+    ridge = np.r_[np.where(free[keep], 0.0, penalty), 0.0]
+    t = y.astype(np.float64)
+
+    def objective(theta):
+        eta = z @ theta[:-1] + theta[-1]
+        residual = 1.0 / (1.0 + np.exp(-eta)) - t
+        value = np.logaddexp(0.0, eta).sum() - t @ eta + 0.5 * ridge @ theta**2
+        return value, np.r_[z.T @ residual, residual.sum()] + ridge * theta
+
+    theta = minimize(objective, np.zeros(z.shape[1] + 1), jac=True, method="L-BFGS-B").x
+    coef = np.zeros(x.shape[1])
+    coef[keep] = theta[:-1] / sd[keep]
+    return coef, float(theta[-1] - coef[keep] @ mu[keep])

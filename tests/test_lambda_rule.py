@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hf_msv.lambda_rule import LAMBDAS, LambdaChoice, choose_lambda, ltt_p_value, problems_needed
+from hf_msv.lambda_rule import LAMBDAS, LambdaChoice, choose_lambda, ltt_p_value, problems_needed, smallest_epsilon
 
 
 def test_problems_needed_and_the_binomial_p_value():
@@ -50,6 +50,12 @@ def test_too_few_problems_certify_nothing_and_say_how_many_would():
     choice = choose_lambda(lam, correct, tokens, epsilon=0.01, delta=0.1)
     assert not choice.reached and math.isinf(choice.lam) and choice.problems_needed == 230
     assert "needs ≥ 230 problems" in choice.describe() and choice.num_problems == 32
+    # What 32 problems can certify at best: (1 − ε)³² = δ, checked against the search that certifies it.
+    best = smallest_epsilon(32, 0.1)
+    assert "at best ε = 0.069" in choice.describe() and problems_needed(best + 1e-9, 0.1) == 32
+    assert problems_needed(best - 1e-3, 0.1) > 32
+    loose = choose_lambda(lam, correct, tokens, epsilon=best + 1e-3, delta=0.1)
+    assert loose.reached  # no observed loss: the tolerance 32 problems can certify is certified
 
 
 def test_groups_of_one_problem_are_averaged():

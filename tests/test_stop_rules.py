@@ -7,9 +7,11 @@ from hypothesis import strategies as st
 
 from hf_msv.baselines import latest_answer_vote
 from hf_msv.stop_rules import (
+    STOP_PENALTIES,
     StopHead,
     adaptive_consistency,
     chain_support,
+    choose_stop_penalty,
     consensus_share,
     fit_stop_head,
     leader_events,
@@ -85,6 +87,53 @@ def test_the_stop_head_learns_to_distrust_a_high_score_without_support():
     assert StopHead.from_dict(head.to_dict()) == head
     x = stop_features(np.full(6, 0.9), *COLUMNS, num_chains=4)
     np.testing.assert_allclose(head(np.full(6, 0.9), *COLUMNS, num_chains=4), head.predict(x))
+
+
+def synthetic_answers(problems: int, support_matters: bool, seed: int):
+    """Stop-head rows of `problems` groups of 24 answers each: correctness follows the class's mean logit, and (when
+    `support_matters`) strongly the class's support too; otherwise support is noise."""
+    rng = np.random.default_rng(seed)
+    m = problems * 24
+    z = rng.normal(0.0, 2.0, m)
+    support = rng.integers(1, 17, m) / 16
+    drive = 0.8 * z + (6.0 * (support - 0.5) if support_matters else 0.0)
+    y = rng.random(m) < 1 / (1 + np.exp(-drive))
+    x = np.stack([z, support, np.ones(m), np.full(m, -8.0), np.zeros(m), z + rng.normal(0, 0.3, m)], 1)
+    group = np.arange(m) // 24
+    return x, y, group, np.arange(m) % 24, group
+
+
+def test_the_head_at_infinite_penalty_is_platt_scaling_of_the_class_mean_logit():
+    """∞: only the class's mean logit and the intercept are fitted, so the head ranks answers by that mean."""
+    x, y, group, end, _ = synthetic_answers(40, True, 0)
+    head = fit_stop_head(x, y, group, end, num_chains=16, penalty=np.inf)
+    assert head.coef[1:] == (0.0,) * 5 and head.coef[0] > 0
+    stat = head.predict(x)
+    assert (np.argsort(stat, kind="stable") == np.argsort(x[:, 0], kind="stable")).all()
+    free = fit_stop_head(x, y, group, end, num_chains=16, penalty=0.0)
+    middle = fit_stop_head(x, y, group, end, num_chains=16, penalty=256.0)
+    assert abs(free.coef[1]) > abs(middle.coef[1]) > 0  # the ridge shrinks support's weight, not to zero
+
+
+def test_cross_validation_keeps_what_the_data_support():
+    """Many problems where support drives correctness: a small penalty, support weighted. Few problems where it is
+    noise: mostly the largest penalties (the head keeps the raw score's ranking)."""
+    x, y, group, end, problem = synthetic_answers(300, True, 1)
+    rich = choose_stop_penalty(x, y, group, end, problem, num_chains=16)
+    assert rich.penalty <= 64.0 and rich.folds == 4
+    assert len(rich.losses) == len(STOP_PENALTIES) == len(rich.standard_errors)
+    assert rich.losses[0] < rich.losses[-1]  # support helps out of fold
+    assert fit_stop_head(x, y, group, end, 16, penalty=rich.penalty).coef[1] > 1.0
+    chosen = []
+    for seed in range(8):
+        x, y, group, end, problem = synthetic_answers(32, False, 100 + seed)
+        poor = choose_stop_penalty(x, y, group, end, problem, num_chains=16)
+        j = STOP_PENALTIES.index(poor.penalty)
+        assert poor.losses[j] - min(poor.losses) <= poor.standard_errors[j]  # the one-standard-error rule
+        chosen.append(poor.penalty)
+    assert np.median(chosen) >= 256.0, chosen
+    one = choose_stop_penalty(x[:24], y[:24], group[:24], end[:24], problem[:24], num_chains=16)
+    assert one.penalty == np.inf and one.folds == 1
 
 
 def test_stop_features_by_hand():

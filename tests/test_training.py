@@ -904,6 +904,9 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
     assert len(curve["lambdas"]) == len(curve["accuracy"]) == len(curve["tokens"]) == LAMBDAS.size  # the one grid
     assert curve["lambdas"][-1] is None and log["lambda"]["full_tokens"] == curve["tokens"][-1]
     assert set(log["at_stop"]) == {"stopped", "accuracy", "confidence", "ece"} and "raw_score" in log
+    penalty = log["stop_head_penalty"]  # cross-validated over the validation problems, recorded with its evidence
+    assert penalty["folds"] == 4 and len(penalty["losses"]) == len(penalty["penalties"])
+    assert penalty["penalty"] in penalty["penalties"]
     warned = [r.getMessage() for r in caplog.records if "does not stop early" in r.getMessage()]
     assert bool(warned) == (not log["lambda"]["reached"])
     saved = MSVVerifier.from_pretrained(tmp_path / "out")

@@ -16,7 +16,7 @@ import numpy as np
 from ..generation.stopping import decide_stop
 from ..lambda_rule import DELTA, EPSILON, LAMBDAS, TARGET_FRACTION, LambdaChoice, choose_lambda
 from ..metrics import ece
-from ..stop_rules import FEATURES, StopHead, fit_stop_head, stop_features
+from ..stop_rules import FEATURES, PenaltyChoice, StopHead, choose_stop_penalty, fit_stop_head, stop_features
 
 __all__ = [
     "EarlyStoppingFit",
@@ -73,6 +73,7 @@ class EarlyStoppingFit:
         target: the target rule's choice.
         replay: the head's `GroupReplay` on validation.
         raw: the raw score's `GroupReplay` on validation.
+        penalty: the head's cross-validated ridge penalty.
     """
 
     head: StopHead
@@ -81,6 +82,7 @@ class EarlyStoppingFit:
     target: LambdaChoice
     replay: GroupReplay
     raw: GroupReplay
+    penalty: PenaltyChoice
 
     def config_entry(self) -> dict:
         """``MSVConfig.early_stopping``: what generation reads."""
@@ -91,6 +93,7 @@ class EarlyStoppingFit:
         raw_target = _target_choice(self.raw)
         return {
             "stop_head": self.head.to_dict(),
+            "stop_head_penalty": self.penalty.to_dict(),
             "lambda": self.choice.to_dict(),
             "guarantee": self.guarantee.to_dict(),
             "target": self.target.to_dict(),
@@ -157,6 +160,9 @@ def fit_early_stopping(
     """Fit the stop head on the validation `predictions` (streaming, with ``structure``) and choose λ on its
     statistic over the same groups.
 
+    The head's ridge penalty is chosen by cross-validation over the validation problems (`choose_stop_penalty`):
+    near the prior (the raw score, calibrated at the stop) when they are few.
+
     λ is chosen for the head that is saved: heads cross-fitted on parts of a small validation split differ from the
     one fitted on all of it, and their λ does not transfer (measured in ``docs/early_stopping.md``); the head's seven
     parameters are fitted on the same problems, so the guarantee holds for the fitted head up to that optimism.
@@ -173,7 +179,9 @@ def fit_early_stopping(
     structure, labels = predictions.structure, predictions.labels
     p = 1.0 / (1.0 + np.exp(-predictions.logits))
     x = stop_head_features(p, structure, num_chains)
-    head = fit_stop_head(x, labels, structure["group"], structure["end"], num_chains)
+    group, end = structure["group"], structure["end"]
+    penalty = choose_stop_penalty(x, labels, group, end, predictions.problems, num_chains)
+    head = fit_stop_head(x, labels, group, end, num_chains, penalty=penalty.penalty)
     replay = replay_groups(head.predict(x), labels, structure, predictions.problems)
     guarantee = choose_lambda(LAMBDAS, replay.correct, replay.tokens, replay.problem, epsilon=epsilon, delta=delta)
     target = _target_choice(replay, target_fraction)
@@ -184,4 +192,5 @@ def fit_early_stopping(
         target=target,
         replay=replay,
         raw=replay_groups(p, labels, structure, predictions.problems),
+        penalty=penalty,
     )

@@ -96,7 +96,7 @@ def write_evidence(directory, config=None, passed: bool = True) -> dict:
         best="Probe+WV",
     )
     log = {"best_epoch": 1, "best_step": 10, "history": history, "training_data": "Four problems of a test."}
-    log |= {"guard": guard.to_dict()}
+    log |= {"guard": guard.to_dict(), "early_stopping": {"stop_head_penalty": {"penalty": 16.0, "folds": 4}}}
     Path(directory, "training_log.json").write_text(json.dumps(log))
     if config is not None:
         choice = LambdaChoice(0.8, "guarantee", True, 0.02, 0.1, None, 300, 149, 0.7, 60.0, 0.0, 0.7, 100.0)
