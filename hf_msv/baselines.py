@@ -432,6 +432,8 @@ def logistic(features, coef, intercept: float) -> np.ndarray:
     Returns:
         (m,) probabilities.
     """
+    from scipy.special import expit  # σ without overflow for large |logits|
+
     x = np.asarray(features, dtype=np.float64)
     x = x.reshape(len(x), -1)
-    return 1.0 / (1.0 + np.exp(-(x @ np.asarray(coef, dtype=np.float64) + intercept)))
+    return expit(x @ np.asarray(coef, dtype=np.float64) + intercept)
