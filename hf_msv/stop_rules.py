@@ -374,8 +374,10 @@ def choose_stop_penalty(
         for f in range(k):
             held, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
             head = fit_stop_head(x[train], y[train], group[train], end[train], num_chains, rounds, penalty)
-            rows = held[leader_events(head.predict(x[held]), group[held], end[held])]
-            brier = (head.predict(x[rows]) - y[rows]) ** 2
+            stat = head.predict(x[held])
+            leaders = leader_events(stat, group[held], end[held])
+            rows = held[leaders]
+            brier = (stat[leaders] - y[rows]) ** 2
             counts = np.maximum(np.bincount(index[rows], minlength=problems.size), 1)
             loss[j] += np.bincount(index[rows], brier, problems.size) / counts
     mean = loss.mean(1)
@@ -436,6 +438,7 @@ def _ridge_logistic(x: np.ndarray, y: np.ndarray, penalty: float, free: np.ndarr
     """Logistic regression with ½ · penalty · ‖w‖² on the standardised weights outside `free` (L-BFGS). A constant
     column carries nothing the intercept does not: its weight is 0."""
     from scipy.optimize import minimize
+    from scipy.special import expit
 
     if y.all() or not y.any():
         return fit_logistic(x, y)
@@ -447,7 +450,7 @@ def _ridge_logistic(x: np.ndarray, y: np.ndarray, penalty: float, free: np.ndarr
 
     def objective(theta):
         eta = z @ theta[:-1] + theta[-1]
-        residual = 1.0 / (1.0 + np.exp(-eta)) - t
+        residual = expit(eta) - t
         value = np.logaddexp(0.0, eta).sum() - t @ eta + 0.5 * ridge @ theta**2
         return value, np.r_[z.T @ residual, residual.sum()] + ridge * theta
 

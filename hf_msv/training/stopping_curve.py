@@ -161,7 +161,7 @@ def fit_early_stopping(
     statistic over the same groups.
 
     The head's ridge penalty is chosen by cross-validation over the validation problems (`choose_stop_penalty`):
-    near the prior (the raw score, calibrated at the stop) when they are few.
+    near its prior (Platt scaling of the class's mean logit at the stop) when they are few.
 
     λ is chosen for the head that is saved: heads cross-fitted on parts of a small validation split differ from the
     one fitted on all of it, and their λ does not transfer (measured in ``docs/early_stopping.md``); the head's seven

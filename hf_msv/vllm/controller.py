@@ -23,7 +23,7 @@ from ..generation.tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
 from . import capture
 from .settings import check_delimiters
 
-__all__ = ["EngineSession", "PromptRun", "VLLMController", "vllm_generate"]
+__all__ = ["EngineSession", "PromptRun", "VLLMController", "compute_counts", "vllm_generate"]
 
 _COT_PREFIX = "msv-cot:"
 _RUN_IDS = itertools.count()
@@ -303,7 +303,6 @@ class _Run:
         self.runs = [
             PromptRun(p, ids, num_sequences, self.queue, controller.new_classes()) for p, ids in enumerate(prompts)
         ]
-        self.elicitations = self.session.elicitations
 
     def execute(self, sampling: dict) -> list[MSVResult]:
         start = time.perf_counter()
@@ -321,17 +320,22 @@ class _Run:
         total = time.perf_counter() - start
         timings = dict(session.timings, verifier=self.queue.seconds if self.queue is not None else 0.0)
         timings["total"], timings["cot"] = total, total - sum(timings.values())
-        compute = {
-            "forward_calls": session.steps,
-            "rows_computed": session.rows,
-            "elicitation_prefill_tokens": session.computed["prefill"],
-            "elicitation_answer_tokens_fed": session.computed["answers"],
-        }
+        compute = compute_counts(session)
         keep = self.c.capture_hidden_states
         results = [run.result(self.budget, self.threshold, keep, timings) for run in self.runs]
         for result in results:
             result.compute = dict(compute)
         return results
+
+
+def compute_counts(counter: PromptRun | EngineSession) -> dict[str, int]:
+    """`MSVResult.compute` of a session (a whole `generate` call) or of one prompt (the steps it was in flight)."""
+    return {
+        "forward_calls": counter.steps,
+        "rows_computed": counter.rows,
+        "elicitation_prefill_tokens": counter.computed["prefill"],
+        "elicitation_answer_tokens_fed": counter.computed["answers"],
+    }
 
 
 class PromptRun:

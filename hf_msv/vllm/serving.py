@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..generation import MSVResult
 from . import capture
-from .controller import EngineSession, PromptRun, VLLMController
+from .controller import EngineSession, PromptRun, VLLMController, compute_counts
 
 __all__ = ["AsyncVLLMController"]
 
@@ -228,10 +228,5 @@ class AsyncVLLMController:
         run, now = ticket.run, time.perf_counter()
         timings = dict(run.timings, total=now - ticket.submitted, queued=(ticket.admitted or now) - ticket.submitted)
         result = run.result(self.budget, self.threshold, self.controller.capture_hidden_states, timings)
-        result.compute = {
-            "forward_calls": run.steps,
-            "rows_computed": run.rows,
-            "elicitation_prefill_tokens": run.computed["prefill"],
-            "elicitation_answer_tokens_fed": run.computed["answers"],
-        }
+        result.compute = compute_counts(run)
         return result
