@@ -12,9 +12,11 @@ Three systems, each stepping the engine with continuous batching:
 
 Per system and arrival pattern: problems/s (P over the time from the first arrival to the last answer),
 time-to-answer p50 / p90 (from a problem's arrival), chain-of-thought tokens, accuracy. ``--quick``: 4 problems,
-N = 4, short chains (CI).
+N = 4, short chains (CI). ``--verifier DIR``: a streaming MSV saved with its stopping rule instead of the shipped
+one (its λ and the elicitation schedule it was trained on).
 
-    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_serving.py [--quick] [--problems P] [--rate R]
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_serving.py [--quick] [--problems P] [--rate R] \
+        [--verifier DIR]
 """
 
 from __future__ import annotations
@@ -127,23 +129,24 @@ def weighted_vote_answer(result):
     return answers[best_of_n(wv, mask=terminal)].text
 
 
-def run(quick: bool, num_problems: int | None, rate: float | None) -> dict:
+def run(quick: bool, num_problems: int | None, rate: float | None, verifier_dir: str | None = None) -> dict:
     import hf_msv.testbed
     from hf_msv.equivalence import get_checker
+    from hf_msv.generation import MSVEarlyStop
     from hf_msv.modeling_msv import MSVVerifier
     from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt
     from hf_msv.testbed.tasks import get_task
     from hf_msv.vllm import AsyncVLLMController, VLLMController
 
     lm = Path(hf_msv.testbed.__file__).parent / "lm-v2"
-    lam = json.loads((TESTBED_VERIFIER_DIR / "early_stopping.json").read_text())["lambda"]
+    verifier = MSVVerifier.from_pretrained(verifier_dir or TESTBED_VERIFIER_DIR).eval()
+    lam = MSVEarlyStop.from_verifier(verifier).threshold
     task = get_task("v2")
     P = num_problems or (4 if quick else 64)
     n, budget = (4, 120) if quick else (16, task.sampling_cap() or 400)
     problems = task.generate_problems("evaluation", P, seed=0)
     # Room for every chain and elicitation in flight: a smaller cache preempts and evicts cached prefixes.
     llm = make_engine(lm, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=(256 << 20) if quick else 4 << 30)
-    verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
     controller = VLLMController(llm, None, verifier, checker="symbolic")
     checker = get_checker("symbolic")
     prompts = [format_prompt(p) for p in problems]
@@ -168,7 +171,14 @@ def run(quick: bool, num_problems: int | None, rate: float | None) -> dict:
         stop["stopped_early"] = sum(r.stopped_early for r in results) / P
         return {"plain": plain, "full_wv": full, "stop": stop}
 
-    report = {"lambda": lam, "problems": P, "num_sequences": n, "max_new_tokens": budget}
+    report = {
+        "verifier": verifier_dir or "shipped",
+        "elicitation": controller.settings.to_dict(),
+        "lambda": lam,
+        "problems": P,
+        "num_sequences": n,
+        "max_new_tokens": budget,
+    }
     # Other processes on a shared CPU move every figure: the 1-minute load average before and after each pattern.
     load = [os.getloadavg()[0]]
     report["at_once"] = systems([0.0] * P)
@@ -192,8 +202,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="4 problems, N = 4, short chains (CI).")
     parser.add_argument("--problems", type=int, default=None, help="P (default 64; 4 with --quick).")
     parser.add_argument("--rate", type=float, default=None, help="arrivals per second of the fixed-rate pattern.")
+    parser.add_argument("--verifier", default=None, help="a streaming MSV with its stopping rule (default: shipped)")
     args = parser.parse_args()
-    report = run(args.quick, args.problems, args.rate)
+    report = run(args.quick, args.problems, args.rate, args.verifier)
 
     print(json.dumps(rounded(report)))
 

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hf_msv.training", "train an MSV_N or a probe on collected shards"),
     "evaluate": ("hf_msv.evaluation", "baselines, metrics, figures and λ rules over collected shards"),
     "reproduce": ("hf_msv.reproduction", "the paper's experiments on the testbed (--quick: ~10 min)"),
+    "respace": ("hf_msv.collect.respace", "a collection's answers under a sparser elicitation schedule, no LM run"),
     "export": ("hf_msv.data.cli", "export a collection: answers as parquet, jsonl or arrow; shards to a Hub dataset"),
 }
 """Command -> (module whose ``main(argv)`` runs it, one line of help)."""

@@ -34,7 +34,8 @@ class MSVConfig(PreTrainedConfig):
         intermediate_size (`int`, *optional*):
             Width of the block's MLP. Defaults to `4 * hidden_size`.
         num_hidden_layers (`int`, defaults to 1):
-            Number of Multi-Mask Transformer Blocks. The paper uses one.
+            Number of Multi-Mask Transformer Blocks. The paper uses one. 0 is the no-block ablation: each answer's
+            logit reads only its own last-token state, γ and (with `vote_pathway`) the weighted vote.
         masks (`list[str]`, *optional*):
             Attention masks mixed in every block, any non-empty subset of `"full"`, `"within_sequence"`,
             `"equivalence"`, `"within_answer"`. Defaults to all four; ablations are a config change. In terminal
@@ -220,8 +221,8 @@ class MSVConfig(PreTrainedConfig):
         ):
             if value not in allowed:
                 raise ValueError(f"Unknown {name} {value!r}; valid values are {list(allowed)}.")
-        if self.num_sequences < 1 or self.num_hidden_layers < 1:
-            raise ValueError("num_sequences and num_hidden_layers must be at least 1.")
+        if self.num_sequences < 1 or self.num_hidden_layers < 0:
+            raise ValueError("num_sequences must be at least 1 and num_hidden_layers at least 0.")
         if self.vote_hidden_size < 1 or self.vote_threshold < 0 or self.vote_loss_weight < 0:
             raise ValueError(
                 f"vote_hidden_size must be at least 1, vote_threshold and vote_loss_weight at least 0, "

@@ -76,6 +76,20 @@ class ElicitationSettings:
         if not self.prompt:
             raise ValueError("the elicitation prompt must not be empty")
 
+    def too_soon(self, t: int, previous_tau: int | None) -> bool:
+        """Whether the spacing skips a delimiter or every-K elicitation at chain step `t`: the one spacing rule
+        (`hf_msv.generation.ElicitationPolicy.fire` on every engine, `hf_msv.collect.respace_problem` on shards).
+
+        Args:
+            t: the chain step of the candidate elicitation.
+            previous_tau: the step of the chain's previous elicitation, or `None` (none yet).
+
+        Returns:
+            True when ``min_gap_tokens`` is set and fewer than that many tokens have passed since `previous_tau`.
+        """
+        gap = self.min_gap_tokens
+        return gap is not None and previous_tau is not None and t - previous_tau < gap
+
     def replace(self, **overrides) -> ElicitationSettings:
         """A copy with the given fields changed; ``None`` values are ignored (keyword overrides left unset).
 

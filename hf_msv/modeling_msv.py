@@ -758,7 +758,7 @@ class MSVVerifier(MSVPreTrainedModel):
             groups[key].append(param)
         out = [
             {"params": groups["body"], "lr": lr},
-            {"params": groups["mask"], "lr": mask_lr},
+            {"params": groups["mask"], "lr": mask_lr},  # empty without blocks (the no-block ablation)
             {"params": groups["embedding"], "lr": embedding_lr},
         ]
         return out + [{"params": groups["vote"], "lr": vote_lr}] if groups["vote"] else out
@@ -960,6 +960,8 @@ class MSVVerifier(MSVPreTrainedModel):
             if cache is not None:
                 cache.rollback()
             raise
+        if not self.layers and self.config.readout == "last":
+            x = x[last_rows]  # no block (the ablation): the readout is each answer's own last-token state
         if self.config.readout == "mean":
             sorted_answer = meta[ANSWER] - offset
             summed = torch.zeros(num_answers, x.shape[1], dtype=x.dtype, device=device).index_add_(0, sorted_answer, x)

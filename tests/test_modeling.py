@@ -252,9 +252,13 @@ def test_changing_a_later_answer_never_changes_an_earlier_score():
     assert not torch.equal(before[latest], after[latest])
 
 
-@pytest.mark.parametrize("logit_averaging,skip", [(False, False), (True, False), (False, True), (True, True)])
-def test_online_scores_equal_offline_forward(logit_averaging, skip):
-    verifier = make_verifier(logit_averaging=logit_averaging, num_hidden_layers=2, gamma_skip=skip)
+@pytest.mark.parametrize(
+    "logit_averaging,skip,layers",
+    [(False, False, 2), (True, False, 2), (False, True, 2), (True, True, 2), (False, True, 0)],
+)
+def test_online_scores_equal_offline_forward(logit_averaging, skip, layers):
+    # layers=0: the no-block ablation (no Multi-Mask block: nothing for the cache to hold but the answers)
+    verifier = make_verifier(logit_averaging=logit_averaging, num_hidden_layers=layers, gamma_skip=skip)
     if skip:
         set_gamma_skip(verifier, 2.0, -1.0)
     answers, inputs = random_answers(seed=13, groups=3, sequences=6, steps=4)

@@ -1,7 +1,8 @@
 """Collection: problems (or sampled traces) -> N sequences -> answers and hidden states -> shards.
 
 `collect` samples live, `collect_from_traces` re-encodes a trace file into the same shards; both take a
-`CollectConfig` (the ``hf-msv collect`` flags) or its fields as keywords. See ``docs/collection.md``.
+`CollectConfig` (the ``hf-msv collect`` flags) or its fields as keywords; `respace_collection` derives a spaced
+schedule's collection from an unspaced one. See ``docs/collection.md``.
 """
 
 from .cli import collect_from_config, main
@@ -12,6 +13,7 @@ from .job import CollectResult, batch_seed, sequence_budget
 from .live import collect
 from .lm import load_lm, load_problems
 from .reencode import TraceReencoder
+from .respace import RespaceConfig, RespaceResult, respace_collection, respace_problem
 from .store import ShardStore, done_problem_ids, write_index
 from .traces import (
     Completion,
@@ -29,6 +31,8 @@ __all__ = [
     "CollectResult",
     "Completion",
     "ConfidenceRecorder",
+    "RespaceConfig",
+    "RespaceResult",
     "ShardStore",
     "Trace",
     "TraceError",
@@ -43,6 +47,8 @@ __all__ = [
     "load_problems",
     "main",
     "read_traces",
+    "respace_collection",
+    "respace_problem",
     "sequence_budget",
     "traces_from_results",
     "traces_from_shards",

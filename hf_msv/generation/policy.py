@@ -100,8 +100,7 @@ class ElicitationPolicy:
             return Branch(row, "eos", t)
         if not self.streaming:
             return None
-        gap = self.settings.min_gap_tokens
-        if gap is not None and previous is not None and t - previous.tau < gap:
+        if self.settings.too_soon(t, None if previous is None else previous.tau):
             return None  # too soon after the last answer: the delimiter is skipped, not deferred
         if self.matcher is not None and self.matcher.could_complete(token):
             found = self.matcher.match(history)
