@@ -423,6 +423,15 @@ def test_a_verifier_carrying_a_stop_head_stops_on_it(model):
     assert reloaded.early_stopping == verifier.config.early_stopping
 
 
+def test_a_stop_head_fitted_at_another_n_warns(model, recwarn):
+    """A head's λ belongs to the N it was fitted at: running at another N says so (and at its own N, nothing)."""
+    run(model, StopRuleScorer(ProbeScorer(tiny_probe()), HEAD), None)
+    assert not [w for w in recwarn if "fitted on groups" in str(w.message)]
+    other = StopHead(coef=HEAD.coef, intercept=HEAD.intercept, num_chains=4 * N)
+    with pytest.warns(UserWarning, match=f"fitted on groups of N = {4 * N}, this run samples N = {N}"):
+        run(model, StopRuleScorer(ProbeScorer(tiny_probe()), other), None)
+
+
 def test_unknown_stop_rules_are_refused_before_decoding():
     with pytest.raises(ValueError, match="unknown stop rule 'majority'"):
         StopRuleScorer(tiny_probe(), "majority")

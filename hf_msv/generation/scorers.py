@@ -14,6 +14,7 @@ equality with the evaluation's replay: ``docs/generation.md``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -342,6 +343,15 @@ class _RuleStream(_PromptHistory):
     def __init__(self, base: ScoringStream, rule: StopHead | str, num_sequences: int):
         super().__init__(base)
         self.rule, self.N = rule, num_sequences
+        if isinstance(rule, StopHead) and rule.num_chains != num_sequences:
+            # Its features are shares of N, but their distribution and the λ chosen with it belong to one N.
+            warnings.warn(
+                f"the verifier's stopping rule (stop head and λ) was fitted on groups of N = {rule.num_chains}, this "
+                f"run samples N = {num_sequences}: refit it at this N (hf_msv.training.fit_stopping_rule on "
+                "validation shards of N chains) before trusting its stops",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
         klass, sequence, step, end = (columns[k] for k in ("class_id", "sequence", "step", "end"))
