@@ -22,6 +22,7 @@ chosen on validation the same way; ``--reference NAME [NAME ...]`` are the group
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from collections import defaultdict
@@ -29,26 +30,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.special import expit
 
 from hf_msv import MSVVerifier
 from hf_msv.data import ShardDataset, list_shards, read_shard
 from hf_msv.lambda_rule import LAMBDAS, choose_lambda
 from hf_msv.metrics import paired_bootstrap
 from hf_msv.stop_rules import STOP_RULES, stop_statistic
-from hf_msv.training.stopping_curve import fit_early_stopping, replay_groups, stop_head_features
+from hf_msv.training.stopping_curve import fit_early_stopping, group_rows, replay_groups, stop_head_features
 from hf_msv.training.trainer import validation_predictions
 
 BUDGETS = (0.3, 0.5, 0.7)
 
 
 def predictions(verifier, directories: str):
-    n = verifier.config.num_sequences
-    data = ShardDataset(directories.split("+"), num_sequences=n, mode="streaming")
-    found = validation_predictions(verifier, data, "streaming")
-    p = 1.0 / (1.0 + np.exp(-found.logits))
-    return found, p, stop_head_features(p, found.structure, n)
+    """The verifier's streaming predictions on the groups of N of `directories` (``a+b`` joins collections)."""
+    data = ShardDataset(directories.split("+"), num_sequences=verifier.config.num_sequences, mode="streaming")
+    return validation_predictions(verifier, data, "streaming")
 
 
+@functools.cache  # one read per collection, however many variants and rules replay on it
 def elicitation_cost(directories: str) -> dict:
     """Answers per chain and elicited tokens (prompt + answer: ``end − τ``) per chain-of-thought token."""
     answers = chains = elicited = cot = 0
@@ -95,11 +96,12 @@ def run_variant(verifier_dir, val_dir, eval_dir, epsilon, delta, save=None) -> t
     predictions (their group structure is what the training-free rules replay on)."""
     verifier = MSVVerifier.from_pretrained(verifier_dir).eval()
     n = verifier.config.num_sequences
-    (val, _, _), (ev, _, xe) = predictions(verifier, val_dir), predictions(verifier, eval_dir)
-    fit = fit_early_stopping(val, n, epsilon, delta)
+    val, ev = predictions(verifier, val_dir), predictions(verifier, eval_dir)
+    fit = fit_early_stopping(val, n, epsilon, delta)  # computes the validation features itself
     if save is not None:
         verifier.config.early_stopping = fit.config_entry()
         verifier.save_pretrained(save)
+    xe = stop_head_features(expit(ev.logits), ev.structure, n)
     replay = replay_groups(fit.head.predict(xe), ev.labels, ev.structure, ev.problems)
     return outcome(replay, fit.choice, eval_dir) | {"penalty": fit.penalty.penalty}, (val, ev, n)
 
@@ -108,8 +110,7 @@ def rule_replay(rule: str, found, n: int):
     """A training-free rule's statistic replayed on one split's groups."""
     st = found.structure
     stat = np.zeros(len(found.labels))
-    for g in np.unique(st["group"]):
-        rows = np.flatnonzero(st["group"] == g)
+    for rows in group_rows(st):
         stat[rows] = stop_statistic(
             rule, st["klass"][rows], st["sequence"][rows], st["step"][rows], st["end"][rows], n
         )
