@@ -223,9 +223,17 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
     ]
     if evidence.stop_head is not None:
         head = evidence.stop_head
+        fires_on = (
+            "P(this class is correct), which it also reports"
+            if head.confidence_coef is None
+            else "P(stopping loses nothing against full decoding); it outputs the available answer of highest "
+            "P(this class is correct) and reports that P"
+        )
         lines.append(
             f"- Stop head: logistic over {len(head.coef)} stopping features of {head.num_chains} chains "
-            "(`hf_msv.StopHead.of(verifier.config)`)" + _penalty_note(evidence.stop_head_penalty) + "."
+            f"(`hf_msv.StopHead.of(verifier.config)`), firing on {fires_on}"
+            + _penalty_note(evidence.stop_head_penalty)
+            + "."
         )
     if evidence.at_stop and evidence.at_stop.get("stopped"):
         at = evidence.at_stop

@@ -11,11 +11,13 @@ offline replay. Each counts *every* chain of the prompt, so a lone early answer 
   latest answers: P(p > ½) under p ~ Beta(v₁ + 1, v₂ + 1), v₁ the chains backing a's class, v₂ the runner-up's.
 * `probe_stability` — Dynasor-CoT style (Fu et al., 2024): the share of the N chains whose last ``window`` probed
   answers all are a's class (a chain whose probes still change does not count).
-* `StopHead` — the verifier's stopping statistic, per class: a logistic regression of "a's class is correct" on
-  the class's mean and best verifier logits, its support among the N chains, the share of chains that have
-  answered and the runner-up class's mean logit and support (`stop_features`), fitted on validation answers and
-  refitted on leader events. Its output is what `MSVResult.confidence` reports at the stop. Design and
-  measurements: ``docs/early_stopping.md``.
+* `StopHead` — the verifier's stopping rule, per class, two logistic regressions on the class's mean and best
+  verifier logits, its support among the N chains, the share of chains that have answered and the runner-up
+  class's mean logit and support (`stop_features`): the *statistic* the stop fires on, P(stopping on a's class
+  loses nothing against full decoding: the class is correct, or full decoding's answer is wrong), and the
+  *confidence*, P(a's class is correct), which picks the output at the stop (`decide_stop`'s ``select``) and is what
+  `MSVResult.confidence` reports. Both are fitted on validation answers and refitted on the statistic's leader events
+  (`fit_stop_rule`). Design and measurements: ``docs/early_stopping.md``.
 
 Every function takes ``only`` (indices of the answers whose values are needed; default all): other entries may be
 left at 0, so a live caller computes just the answers that arrived.
@@ -24,7 +26,7 @@ left at 0, so a live caller computes just the answers that arrived.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -36,12 +38,16 @@ __all__ = [
     "STOP_PENALTIES",
     "PenaltyChoice",
     "STOP_RULES",
+    "STOP_STATISTICS",
     "StopHead",
+    "StopRuleFit",
     "adaptive_consistency",
     "choose_stop_penalty",
     "chain_support",
     "consensus_share",
     "fit_stop_head",
+    "fit_stop_rule",
+    "no_loss_labels",
     "leader_events",
     "probe_stability",
     "stop_features",
@@ -194,17 +200,24 @@ def stop_features(scores, klass, sequence, step, end, num_chains: int, only=None
 
 @dataclass(frozen=True)
 class StopHead:
-    """The verifier's stopping statistic σ(coef · `stop_features` + intercept).
+    """The verifier's stopping rule on `stop_features`: the statistic σ(coef · x + intercept) the stop fires on, and
+    the confidence σ(confidence_coef · x + confidence_intercept) that picks the output among the available answers
+    and is reported with it.
 
     Args:
         coef: one weight per `FEATURES` entry.
         intercept: the bias.
         num_chains: N of the validation groups it was fitted on.
+        confidence_coef: the confidence's weights; `None`: the statistic is the confidence (a head fitted on
+            correctness alone).
+        confidence_intercept: the confidence's bias.
     """
 
     coef: tuple[float, ...]
     intercept: float
     num_chains: int
+    confidence_coef: tuple[float, ...] | None = None
+    confidence_intercept: float | None = None
 
     def __call__(self, scores, klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
         """(A,) stopping statistic of a group's answers (same arguments as `stop_features`).
@@ -219,6 +232,14 @@ class StopHead:
         x = stop_features(scores, klass, sequence, step, end, num_chains or self.num_chains, only)
         return self.predict(x)
 
+    def statistic_and_confidence(
+        self, scores, klass, sequence, step, end, num_chains: int | None = None, only=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(A,) statistic and (A,) confidence of a group's answers, from one `stop_features` pass (arguments as
+        `__call__`)."""
+        x = stop_features(scores, klass, sequence, step, end, num_chains or self.num_chains, only)
+        return self.predict(x), self.confidence(x)
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(m,) statistic of (m, F) `stop_features` rows.
 
@@ -230,21 +251,45 @@ class StopHead:
         """
         return logistic(features, self.coef, self.intercept)
 
+    def confidence(self, features: np.ndarray) -> np.ndarray:
+        """(m,) P(the class is correct) of (m, F) `stop_features` rows: what the stop reports.
+
+        Args:
+            features: (m, F) rows of `stop_features`.
+
+        Returns:
+            (m,) float probabilities.
+        """
+        if self.confidence_coef is None or self.confidence_intercept is None:
+            return self.predict(features)
+        return logistic(features, self.confidence_coef, self.confidence_intercept)
+
     def to_dict(self) -> dict:
-        return asdict(self) | {"coef": list(self.coef)}
+        d = asdict(self) | {"coef": list(self.coef)}
+        if self.confidence_coef is None:  # a correctness-only head is written as before
+            del d["confidence_coef"], d["confidence_intercept"]
+        else:
+            d["confidence_coef"] = list(self.confidence_coef)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> StopHead:
         """The head written by `to_dict`.
 
         Args:
-            d: a dict with ``coef``, ``intercept`` and ``num_chains``.
+            d: a dict with ``coef``, ``intercept`` and ``num_chains`` (and, for a two-part head,
+                ``confidence_coef`` and ``confidence_intercept``).
 
         Returns:
             The `StopHead`.
         """
+        confidence = d.get("confidence_coef")
         return cls(
-            coef=tuple(float(c) for c in d["coef"]), intercept=float(d["intercept"]), num_chains=int(d["num_chains"])
+            coef=tuple(float(c) for c in d["coef"]),
+            intercept=float(d["intercept"]),
+            num_chains=int(d["num_chains"]),
+            confidence_coef=None if confidence is None else tuple(float(c) for c in confidence),
+            confidence_intercept=None if confidence is None else float(d["confidence_intercept"]),
         )
 
     @classmethod
@@ -387,6 +432,92 @@ def choose_stop_penalty(
     se = excess.std(1, ddof=1) / math.sqrt(problems.size)
     chosen = max(j for j in range(len(STOP_PENALTIES)) if excess[j].mean() <= se[j])
     return PenaltyChoice(STOP_PENALTIES[chosen], STOP_PENALTIES, tuple(map(float, mean)), tuple(map(float, se)), k)
+
+
+def no_loss_labels(statistic, labels, group, terminal) -> np.ndarray:
+    """(m,) 1 where stopping on answer a's class loses nothing against full decoding: a's class is correct, or the
+    answer full decoding outputs (its group's terminal answer of highest `statistic`; the best answer overall in a
+    group without one) is wrong. 0 exactly where the guarantee's loss 1[full decoding right ∧ stopped wrong] is 1.
+
+    Args:
+        statistic: (m,) the statistic full decoding picks by (the correctness head's).
+        labels: (m,) 0/1 correctness.
+        group: (m,) group id of each answer.
+        terminal: (m,) bool, the answer its chain ended with.
+
+    Returns:
+        (m,) bool labels.
+    """
+    stat, y = np.asarray(statistic, dtype=np.float64), np.asarray(labels) > 0.5
+    group, terminal = np.asarray(group), np.asarray(terminal, dtype=bool)
+    out = y.copy()
+    for g in np.unique(group):
+        rows = np.flatnonzero(group == g)
+        final = rows[terminal[rows]] if terminal[rows].any() else rows
+        if not y[final[np.argmax(stat[final])]]:
+            out[rows] = True  # full decoding is wrong: no stop can lose anything
+    return out
+
+
+# What a fitted stop head fires on (`fit_stop_rule`); both report P(the class is correct).
+STOP_STATISTICS = ("no-loss", "correctness")
+
+
+@dataclass(frozen=True)
+class StopRuleFit:
+    """What `fit_stop_rule` found: the two-part `head` and the cross-validated penalties of its statistic and of
+    its confidence."""
+
+    head: StopHead
+    penalty: PenaltyChoice
+    confidence_penalty: PenaltyChoice
+
+
+def fit_stop_rule(
+    features, labels, group, end, terminal, problem, num_chains: int, statistic: str = "no-loss"
+) -> StopRuleFit:
+    """Fit the `StopHead` on validation answers.
+
+    1. The confidence: "a's class is correct", fitted and refitted on its own leader events (`fit_stop_head`).
+       With ``statistic="correctness"`` this is the head: it fires on its confidence.
+    2. ``"no-loss"``: the statistic "stopping on a's class loses nothing against full decoding" (`no_loss_labels`,
+       full decoding read with the head of step 1), fitted the same way. A stop on it fires on the loss the
+       guarantee bounds, not on correctness: where the chains settle on an answer the verifier doubts, stopping
+       costs nothing.
+    3. The confidence is refitted on the statistic's leader events (the moments and classes its stops fire on);
+       it picks the output at the stop and is reported with it (`decide_stop`'s ``select``).
+
+    Each part's ridge penalty is chosen by `choose_stop_penalty`.
+
+    Args:
+        features: (m, F) `stop_features` rows.
+        labels: (m,) 0/1 correctness.
+        group, end: (m,) group id and end time of each answer.
+        terminal: (m,) bool, the answer its chain ended with.
+        problem: (m,) problem id of each answer (cross-validation folds).
+        num_chains: N of the groups.
+        statistic: an entry of `STOP_STATISTICS`.
+
+    Returns:
+        The `StopRuleFit`.
+
+    Raises:
+        UserError: an unknown `statistic`.
+    """
+    if statistic not in STOP_STATISTICS:
+        raise UserError(f"statistic must be one of {STOP_STATISTICS}, got {statistic!r}")
+    x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
+    confidence_penalty = choose_stop_penalty(x, y, group, end, problem, num_chains)
+    correctness = fit_stop_head(x, y, group, end, num_chains, penalty=confidence_penalty.penalty)
+    if statistic == "correctness":
+        return StopRuleFit(correctness, confidence_penalty, confidence_penalty)
+    target = no_loss_labels(correctness.predict(x), y, group, terminal)
+    penalty = choose_stop_penalty(x, target, group, end, problem, num_chains)
+    no_loss = fit_stop_head(x, target, group, end, num_chains, penalty=penalty.penalty)
+    rows = leader_events(no_loss.predict(x), group, end)
+    coef, intercept = _fit(x[rows], y[rows], confidence_penalty.penalty)
+    head = replace(no_loss, confidence_coef=coef, confidence_intercept=intercept)
+    return StopRuleFit(head, penalty, confidence_penalty)
 
 
 def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -12,8 +12,11 @@ evaluation problems: per-problem correctness averaged over its seeds, paired 95 
 ``--rules-from NAME`` adds the field's training-free stopping rules (`hf_msv.stop_rules.STOP_RULES`: consensus of the
 chains' latest answers, Adaptive-Consistency, probe stability) replayed on that variant's collections, their λ
 chosen on validation the same way; ``--reference NAME [NAME ...]`` are the groups the others are compared with
-(default: the first). With ``--save DIR``, each seed's verifier is written there with its fitted stopping rule
-(for the vLLM benchmark). Last line: JSON.
+(default: the first). A variant ending in ``,correctness-head`` fits the head that fires on "the class is correct"
+(``hf-msv train --stop-statistic correctness``) instead of the default "stopping loses nothing against full
+decoding". With
+``--save DIR``, each seed's verifier is written there with its fitted stopping rule (for the vLLM benchmark). Last
+line: JSON.
 
     python research/verifier_variants.py --epsilon 0.02 \
         --variant block/s0=runs/msv16,runs/val,runs/eval --variant no-block/s0=runs/noblock,runs/val,runs/eval
@@ -91,18 +94,19 @@ def outcome(replay, choice, eval_dir) -> dict:
     }
 
 
-def run_variant(verifier_dir, val_dir, eval_dir, epsilon, delta, save=None) -> tuple[dict, tuple]:
+def run_variant(verifier_dir, val_dir, eval_dir, epsilon, delta, save=None, correctness_head=False) -> tuple[dict, tuple]:
     """A verifier's stopping rule fitted on validation and replayed on evaluation; also returns both splits'
     predictions (their group structure is what the training-free rules replay on)."""
     verifier = MSVVerifier.from_pretrained(verifier_dir).eval()
     n = verifier.config.num_sequences
     val, ev = predictions(verifier, val_dir), predictions(verifier, eval_dir)
-    fit = fit_early_stopping(val, n, epsilon, delta)  # computes the validation features itself
+    statistic = "correctness" if correctness_head else "no-loss"
+    fit = fit_early_stopping(val, n, epsilon, delta, statistic=statistic)  # computes the validation features itself
     if save is not None:
         verifier.config.early_stopping = fit.config_entry()
         verifier.save_pretrained(save)
     xe = stop_head_features(expit(ev.logits), ev.structure, n)
-    replay = replay_groups(fit.head.predict(xe), ev.labels, ev.structure, ev.problems)
+    replay = replay_groups(fit.head.predict(xe), ev.labels, ev.structure, ev.problems, fit.head.confidence(xe))
     return outcome(replay, fit.choice, eval_dir) | {"penalty": fit.penalty.penalty}, (val, ev, n)
 
 
@@ -141,7 +145,11 @@ def compare(group: list[dict], reference: list[dict]) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--variant", action="append", required=True, help="NAME[/SEED]=VERIFIER,VAL_DIR,EVAL_DIR (DIR: a+b joins)"
+        "--variant",
+        action="append",
+        required=True,
+        help="NAME[/SEED]=VERIFIER,VAL_DIR,EVAL_DIR[,correctness-head] (DIR: a+b joins; correctness-head: the "
+        "one-part head that fires on its confidence)",
     )
     parser.add_argument("--epsilon", type=float, default=0.02)
     parser.add_argument("--delta", type=float, default=0.1)
@@ -153,9 +161,10 @@ def main():
     runs = defaultdict(list)
     for spec in args.variant:
         label, paths = spec.split("=", 1)
-        verifier_dir, val_dir, eval_dir = paths.split(",")
+        verifier_dir, val_dir, eval_dir, *kind = paths.split(",")
         save = None if args.save is None else Path(args.save) / label.replace("/", "-")
-        result, splits = run_variant(verifier_dir, val_dir, eval_dir, args.epsilon, args.delta, save)
+        correctness = kind == ["correctness-head"]
+        result, splits = run_variant(verifier_dir, val_dir, eval_dir, args.epsilon, args.delta, save, correctness)
         found = [(label, result)]
         if args.rules_from == label.split("/")[0] and not any(r in runs for r in STOP_RULES):
             found += [(rule, run_rule(rule, splits, eval_dir, args.epsilon, args.delta)) for rule in STOP_RULES]

@@ -350,42 +350,56 @@ def test_bad_scorers_are_clear_errors_before_decoding(model):
 # ----------------------------------------------------------------------------------------------------------------
 
 HEAD = StopHead(coef=(1.0, 4.0, -1.0, -0.5, -1.0, 0.2), intercept=-1.5, num_chains=N)
+# A two-part head: it fires on one statistic and reports another confidence (`fit_stop_rule`'s shape).
+TWO_PART = StopHead(
+    coef=(0.5, 6.0, 1.0, -0.5, -2.0, 0.1),
+    intercept=-2.0,
+    num_chains=N,
+    confidence_coef=(1.0, 2.0, -1.0, -0.3, -0.5, 0.2),
+    confidence_intercept=-0.5,
+)
 
 
-def offline_statistic(result, rule, probe) -> np.ndarray:
-    """The evaluation's statistic of `result`'s answers (`methods.draw_scores`, streaming): the rule over the
-    recorded stream, the head over the Probe's offline scores."""
+def offline_statistic(result, rule, probe) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation's statistic and confidence of `result`'s answers (`methods.draw_scores`, streaming): the rule
+    over the recorded stream, the head over the Probe's offline scores."""
     a = result.answers
     columns = ([x.class_id for x in a], [x.sequence for x in a], [x.step for x in a], [x.end for x in a])
     if isinstance(rule, StopHead):
-        return rule(probe_scores(probe, a), *columns, N)
-    return stop_statistic(rule, *columns, N)
+        return rule.statistic_and_confidence(probe_scores(probe, a), *columns, N)
+    stat = stop_statistic(rule, *columns, N)
+    return stat, stat
 
 
 @pytest.mark.parametrize(
     "rule",
-    ["consensus", "adaptive-consistency", "probe-stability", HEAD],
-    ids=["consensus", "adaptive-consistency", "probe-stability", "stop-head"],
+    ["consensus", "adaptive-consistency", "probe-stability", HEAD, TWO_PART],
+    ids=["consensus", "adaptive-consistency", "probe-stability", "stop-head", "two-part-head"],
 )
 def test_stop_rules_in_generate_equal_the_evaluation_replay(model, rule):
     """Each stopping statistic computed live (`StopRuleScorer`) equals the one computed from the recorded stream,
-    and ``generate`` with each λ stops where the replay of that statistic stops, on the same answer, reporting the
-    statistic as the confidence."""
+    and ``generate`` with each λ stops where the replay of that statistic stops, on the same answer (picked by the
+    head's confidence), reporting that confidence (the statistic itself for a rule or a one-part head)."""
     probe = tiny_probe()
     full = run(model, StopRuleScorer(ProbeScorer(probe), rule), None)
-    scores = [offline_statistic(r, rule, probe) for r in full]
-    for result, s in zip(full, scores):
-        np.testing.assert_allclose(online(result), s, rtol=1e-6, atol=1e-9)
+    offline = [offline_statistic(r, rule, probe) for r in full]
+    scores = [stat for stat, _ in offline]
+    for result, (stat, confidence) in zip(full, offline):
+        np.testing.assert_allclose(online(result), stat, rtol=1e-6, atol=1e-9)
+        reported = [a.reported_confidence for a in result.answers]
+        np.testing.assert_allclose(reported, confidence, rtol=1e-6, atol=1e-9)
+    if rule is TWO_PART:
+        assert not np.allclose(np.concatenate(scores), np.concatenate([c for _, c in offline]))
     distinct = np.unique(np.concatenate(scores))
     lambdas = np.r_[((distinct[1:] + distinct[:-1]) / 2)[:: max(1, len(distinct) // 5)], 1.01]
-    replays = [replay_many(evaluation_group(r), s, lambdas) for r, s in zip(full, scores)]
+    replays = [replay_many(evaluation_group(r), s, lambdas, select=c) for r, (s, c) in zip(full, offline)]
     stopped = set()
     for i, lam in enumerate(lambdas):
         for result, reference, replay in zip(run(model, StopRuleScorer(ProbeScorer(probe), rule), lam), full, replays):
             assert key(result.chosen) == key(reference.answers[replay.chosen[i]])
             assert result.stop_step == replay.steps[i]
             assert replay.stopped[i] or not result.stopped_early  # λ reached at the last step is no early stop
-            assert result.confidence == pytest.approx(scores[result.prompt][replay.chosen[i]], rel=1e-6)
+            assert result.confidence == pytest.approx(offline[result.prompt][1][replay.chosen[i]], rel=1e-6)
             stopped.add(result.stopped_early)
     # Three agreeing answers in a row are rare in these short scripted chains: that rule only stops at the end here
     # (its early stops are tested on hand-built groups in test_stop_rules.py).

@@ -14,7 +14,9 @@ from hf_msv.stop_rules import (
     choose_stop_penalty,
     consensus_share,
     fit_stop_head,
+    fit_stop_rule,
     leader_events,
+    no_loss_labels,
     probe_stability,
     stop_features,
     stop_statistic,
@@ -179,3 +181,45 @@ def test_statistics_are_causal(seed):
         x[keep], stop_features(scores[keep], klass[keep], sequence[keep], step[keep], end[keep], 5)
     )
     np.testing.assert_allclose(stop_features(scores, klass, sequence, step, end, 5, only=late)[late], x[late])
+
+
+def test_no_loss_labels_mark_the_guarantees_loss():
+    """0 exactly where full decoding (the best terminal answer by the statistic) is right and the answer is wrong."""
+    #                 group 0: full decoding picks idx 2 (right)   group 1: it picks idx 5 (wrong)
+    stat = np.array([0.9, 0.2, 0.7, 0.9, 0.1, 0.6])
+    labels = np.array([0, 0, 1, 1, 1, 0])
+    group = np.array([0, 0, 0, 1, 1, 1])
+    terminal = np.array([False, True, True, False, True, True])
+    got = no_loss_labels(stat, labels, group, terminal)
+    assert got.tolist() == [False, False, True, True, True, True]
+    # A group without terminal answers reads full decoding as its best answer overall.
+    assert no_loss_labels(stat[:2], labels[:2], group[:2], np.zeros(2, bool)).tolist() == [True, True]
+
+
+def test_the_two_part_head_reports_a_confidence_calibrated_where_its_statistic_leads():
+    """`fit_stop_rule`: the statistic is fitted on the no-loss labels and the confidence on correctness, both
+    calibrated in the mean on the statistic's leader events (the answers its stops output); the head survives the
+    config round trip, and a one-part head's dict (without a confidence) still loads, reporting its statistic."""
+    x, y, group, end, problem = synthetic_answers(120, True, 3)
+    terminal = end >= 20
+    fit = fit_stop_rule(x, y, group, end, terminal, problem, num_chains=16)
+    head = fit.head
+    assert head.confidence_coef is not None and fit.penalty.folds == fit.confidence_penalty.folds == 4
+    stat, confidence = head.predict(x), head.confidence(x)
+    rows = leader_events(stat, group, end)
+    assert confidence[rows].mean() == pytest.approx(y[rows].mean(), abs=2e-3)
+    target = no_loss_labels(
+        fit_stop_head(x, y, group, end, 16, penalty=fit.confidence_penalty.penalty).predict(x), y, group, terminal
+    )
+    assert target.mean() > y.mean()  # groups whose full decoding is wrong lose nothing by stopping
+    # (fitted on the leaders of the previous round's head, so only near the mean on its own leaders)
+    assert stat[rows].mean() == pytest.approx(target[rows].mean(), abs=0.01)
+    assert not np.allclose(stat, confidence)
+    assert StopHead.from_dict(head.to_dict()) == head
+    one_part = StopHead(coef=head.coef, intercept=head.intercept, num_chains=16)
+    assert "confidence_coef" not in one_part.to_dict()
+    np.testing.assert_allclose(StopHead.from_dict(one_part.to_dict()).confidence(x), stat)
+    correctness = fit_stop_rule(x, y, group, end, terminal, problem, 16, statistic="correctness")
+    assert correctness.head.confidence_coef is None and correctness.penalty == fit.confidence_penalty
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        fit_stop_rule(x, y, group, end, terminal, problem, 16, statistic="vote")

@@ -28,8 +28,8 @@ from hf_msv.generation import MSVResult, decide_stop, prepare_generation
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def decide(end, scores, terminal, lam):
-    d = decide_stop(end, scores, terminal, lam)
+def decide(end, scores, terminal, lam, select=None):
+    d = decide_stop(end, scores, terminal, lam, select=select)
     assert all(v.shape == (1,) for v in vars(d).values())
     return bool(d.stopped[0]), int(d.stop_step[0]), int(d.chosen[0]), int(d.num_available[0])
 
@@ -68,6 +68,19 @@ def test_fallback_without_terminal_answers_and_without_scores():
     assert decide([], [], [], 0.5) == (False, -1, -1, 0)
 
 
+def test_a_separate_selection_picks_the_output_and_leaves_the_timing():
+    """A stop head's statistic times the stop; its confidence (`select`) picks among the same candidates."""
+    end, scores, terminal = [3, 6, 6, 9], [0.2, 0.7, 0.3, 0.4], [0, 0, 1, 1]
+    select = [0.9, 0.5, 0.6, 0.95]
+    assert decide(end, scores, terminal, 0.6) == (True, 6, 1, 3)
+    assert decide(end, scores, terminal, 0.6, select) == (True, 6, 0, 3)  # answer 1 crossed, answer 0 is chosen
+    assert decide(end, scores, terminal, 0.8, select) == (False, 9, 3, 4)  # never reached: best terminal by select
+    # An answer without a score is never a candidate, whatever its selection value.
+    assert decide(end, [np.nan, 0.7, 0.3, 0.4], terminal, 0.6, [0.99, 0.5, 0.6, 0.1]) == (True, 6, 2, 3)
+    with pytest.raises(ValueError, match="one entry per answer"):
+        decide_stop(end, scores, terminal, 0.6, select=[0.5])
+
+
 def test_unscored_answers_never_reach_lambda():
     assert decide([2, 5], [np.nan, 0.7], [0, 1], 0.0) == (True, 5, 1, 2)
     assert decide([2, 5], [np.nan, 0.7], [0, 1], -np.inf) == (True, 5, 1, 2)
@@ -83,10 +96,12 @@ def test_vectorised_thresholds_and_incremental_use_agree(data):
     # Few distinct values, so that ties are frequent; nan is an answer that was never scored.
     scores = np.array(data.draw(st.lists(st.sampled_from([0.2, 0.5, 0.5, 0.8, np.nan]), min_size=a, max_size=a)))
     terminal = np.array(data.draw(st.lists(st.booleans(), min_size=a, max_size=a)))
+    select = data.draw(st.none() | st.lists(st.sampled_from([0.1, 0.6, 0.6, 0.9]), min_size=a, max_size=a))
+    select = None if select is None else np.array(select)
     lambdas = np.array([0.0, 0.2, 0.5, 0.6, 0.8, 0.9, np.inf])
-    full = decide_stop(end, scores, terminal, lambdas)
+    full = decide_stop(end, scores, terminal, lambdas, select=select)
     for i, lam in enumerate(lambdas):
-        assert decide(end, scores, terminal, lam) == (
+        assert decide(end, scores, terminal, lam, select) == (
             full.stopped[i],
             full.stop_step[i],
             full.chosen[i],
@@ -94,7 +109,7 @@ def test_vectorised_thresholds_and_incremental_use_agree(data):
         )
         for t in sorted(set(end)):
             seen = np.flatnonzero(end <= t)  # the answers scored by step t, in the given order
-            d = decide_stop(end[seen], scores[seen], terminal[seen], lam)
+            d = decide_stop(end[seen], scores[seen], terminal[seen], lam, None if select is None else select[seen])
             if d.stopped[0]:
                 assert full.stopped[i] and full.stop_step[i] == d.stop_step[0] == t
                 assert full.chosen[i] == seen[d.chosen[0]] and full.num_available[i] == d.num_available[0]

@@ -162,6 +162,8 @@ def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
         MSVTrainingConfig(kind="prm")
     with pytest.raises(ValueError, match="recipe"):
         MSVTrainingConfig(recipe="fast")
+    with pytest.raises(ValueError, match="stop_statistic must be one of"):
+        MSVTrainingConfig(stop_statistic="vote")
 
 
 def test_auto_recipe_budgets_steps_and_scales_the_learning_rate_to_the_width():

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,7 +23,9 @@ import hf_msv.testbed  # noqa: E402
 from helpers.generation import answer_group  # noqa: E402
 from helpers.vllm_engines import make_engine  # noqa: E402
 from hf_msv.evaluation.early_stop import replay  # noqa: E402
+from hf_msv.generation import MSVScorer, StopRuleScorer  # noqa: E402
 from hf_msv.modeling_msv import MSVVerifier  # noqa: E402
+from hf_msv.stop_rules import StopHead  # noqa: E402
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt  # noqa: E402
 from hf_msv.testbed.tasks import get_task  # noqa: E402
 from hf_msv.vllm import (  # noqa: E402
@@ -109,9 +112,22 @@ def test_answers_and_states_equal_a_cache_free_transformers_forward(engine, toke
     assert segments <= compute["elicitation_prefill_tokens"] <= segments + 31 * len(answers)
 
 
-def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engine, tokenizer, problems):
+# A two-part stop head (`hf_msv.stop_rules.fit_stop_rule`'s shape) at the N the test samples: it fires on one
+# statistic and picks and reports by another.
+TWO_PART = StopHead(
+    coef=(1.0, 4.0, -1.0, -0.5, -1.0, 0.2),
+    intercept=-1.5,
+    num_chains=8,
+    confidence_coef=(1.0, 1.0, -0.5, -0.3, -0.5, 0.3),
+    confidence_intercept=-0.5,
+)
+
+
+@pytest.mark.parametrize("head", [None, TWO_PART], ids=["shipped-head", "two-part-head"])
+def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engine, tokenizer, problems, head):
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
-    controller = VLLMController(engine, tokenizer, verifier, checker="symbolic")
+    scorer = verifier if head is None else StopRuleScorer(MSVScorer(verifier), head)
+    controller = VLLMController(engine, tokenizer, scorer, checker="symbolic")
     stopped = 0
     for lam in (LAMBDA, 0.5):
         results = controller.generate(
@@ -120,10 +136,13 @@ def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engin
         assert no_requests_left(engine)  # stopped prompts' n = 8 children and their elicitations were aborted
         for result in results:
             group, scores = answer_group(result)
-            r = replay(group, scores, lam)
+            select = [np.nan if a.score is None else a.reported_confidence for a in result.answers]
+            r = replay(group, scores, lam, select=select)
             chosen = next(i for i, a in enumerate(result.answers) if a is result.chosen)
             assert (r["chosen"], r["steps"]) == (chosen, result.stop_step)
-            assert r["stopped"] == (result.chosen.score >= lam)
+            assert result.confidence == result.chosen.reported_confidence
+            available = [a.score for a in result.answers if a.score is not None and a.end <= result.stop_step]
+            assert r["stopped"] == (max(available) >= lam)
             if result.stopped_early:
                 stopped += 1
                 assert "stopped" in result.finish_reasons and result.tokens_decoded < result.token_budget

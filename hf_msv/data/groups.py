@@ -52,6 +52,8 @@ class AnswerGroup:
         start: (A,) int or None, τ (the step at which the delimiter fired / the sequence ended).
         scores: verifier name -> (A,) float scores in [0, 1] (e.g. ``{"msv": ..., "probe": ...}``).
         problem_id: identifier of the problem, for reports.
+        confidences: verifier name -> (A,) the confidence a stop on each answer reports, for the names whose
+            score is a stopping statistic with a confidence of its own (`hf_msv.StopHead.confidence`).
     """
 
     sequence: np.ndarray
@@ -63,6 +65,7 @@ class AnswerGroup:
     start: np.ndarray | None = None
     scores: Mapping[str, np.ndarray] = field(default_factory=dict)
     problem_id: str = ""
+    confidences: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self):
         conv = {"sequence": np.int64, "end": np.int64, "klass": np.int64, "correct": bool, "is_terminal": bool}
@@ -71,13 +74,17 @@ class AnswerGroup:
         object.__setattr__(self, "seq_len", np.asarray(self.seq_len, dtype=np.int64).reshape(-1))
         if self.start is not None:
             object.__setattr__(self, "start", np.asarray(self.start, dtype=np.int64).reshape(-1))
-        object.__setattr__(
-            self, "scores", {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in self.scores.items()}
-        )
+        for name in ("scores", "confidences"):
+            columns = getattr(self, name)
+            object.__setattr__(
+                self, name, {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in columns.items()}
+            )
         a = self.sequence.shape[0]
-        arrays = {n: getattr(self, n) for n in (*conv, "start")} | {
-            f"scores[{k!r}]": v for k, v in self.scores.items()
-        }
+        arrays = (
+            {n: getattr(self, n) for n in (*conv, "start")}
+            | {f"scores[{k!r}]": v for k, v in self.scores.items()}
+            | {f"confidences[{k!r}]": v for k, v in self.confidences.items()}
+        )
         bad = [n for n, v in arrays.items() if v is not None and v.shape != (a,)]
         if bad:
             raise ValueError(f"AnswerGroup arrays must all have shape ({a},); mismatched: {bad}")

@@ -81,8 +81,11 @@ class TradeoffCurve:
         return getattr(self, axis)
 
 
-def replay_many(group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: LatencyCosts | None = None) -> StopResult:
-    """Replay the stopping rule on one group for every λ in `lambdas` (Λ,), given (A,) `scores` (nan never wins).
+def replay_many(
+    group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: LatencyCosts | None = None, select=None
+) -> StopResult:
+    """Replay the stopping rule on one group for every λ in `lambdas` (Λ,), given (A,) `scores` (nan never wins)
+    and the (A,) `select` that picks the output (`None`: the scores; for a stop head, `AnswerGroup.confidences`).
 
     The rule is `hf_msv.generation.decide_stop`, the one the generation hook applies live, so a recorded
     `MSVResult` replays to the decision it made. O(A log A + Λ·N). A group without terminal answers falls back to
@@ -94,7 +97,7 @@ def replay_many(group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: Late
     if s.shape[0] != group.num_answers or group.num_answers == 0:
         raise ValueError(f"need {group.num_answers} > 0 scores, got {s.shape[0]}")
     costs = costs or LatencyCosts()
-    d = decide_stop(group.end, s, group.is_terminal, lam)
+    d = decide_stop(group.end, s, group.is_terminal, lam, select=select)
     steps, n_avail = d.stop_step, d.num_available
     tokens = np.minimum(steps[:, None], group.seq_len[None, :]).sum(1)
     latency = steps * costs.decode_step_s + n_avail * (costs.elicit_s + costs.verify_s)
@@ -110,14 +113,17 @@ def replay_many(group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: Late
     )
 
 
-def replay(group: AnswerGroup, scores, lam: float, costs: LatencyCosts | None = None) -> dict:
-    """Replay one λ on one group: {"chosen", "correct", "stopped", "steps", "tokens", "n_available", "latency"}."""
-    r = replay_many(group, scores, [lam], costs)
+def replay(group: AnswerGroup, scores, lam: float, costs: LatencyCosts | None = None, select=None) -> dict:
+    """Replay one λ on one group (`select` as in `replay_many`): {"chosen", "correct", "stopped", "steps",
+    "tokens", "n_available", "latency"}."""
+    r = replay_many(group, scores, [lam], costs, select)
     return {k: v[0].item() for k, v in vars(r).items()}
 
 
 def _replay_all(groups, scores, lambdas, costs) -> list[StopResult]:
-    return [replay_many(g, s, lambdas, costs) for g, s in zip(groups, resolve_scores(groups, scores))]
+    # A method name brings the confidences its stop head picks the output by (none for other methods).
+    picks = [g.confidences.get(scores) if isinstance(scores, str) else None for g in groups]
+    return [replay_many(g, s, lambdas, costs, c) for g, s, c in zip(groups, resolve_scores(groups, scores), picks)]
 
 
 def _curve(results: list[StopResult], lambdas) -> TradeoffCurve:

@@ -79,10 +79,12 @@ def problem_numbers(groups, problem_of: np.ndarray, num_problems: int, method: s
     with the same number of groups per problem)."""
     from ..baselines import best_of_n
 
-    sq = np.array([np.sum((g.scores[method] - g.correct) ** 2) for g in groups])
+    # A stop head's score is its stopping statistic; what it claims about correctness is its confidence.
+    claims = [g.confidences.get(method, g.scores[method]) for g in groups]
+    sq = np.array([np.sum((c - g.correct) ** 2) for g, c in zip(groups, claims)])
     cnt = np.array([g.num_answers for g in groups], dtype=np.float64)
-    picks = [best_of_n(g.scores[method], g.is_terminal) for g in groups]
-    bp = np.array([g.scores[method][i] if i >= 0 else math.nan for g, i in zip(groups, picks)])
+    picks = [best_of_n(c, g.is_terminal) for g, c in zip(groups, claims)]
+    bp = np.array([c[i] if i >= 0 else math.nan for c, i in zip(claims, picks)])
     by = np.array([bool(g.correct[i]) if i >= 0 else False for g, i in zip(groups, picks)])
     per = len(groups) // max(num_problems, 1)
     return ProblemNumbers(
@@ -97,7 +99,7 @@ def problem_curves(
     groups, problem_of: np.ndarray, num_problems: int, method: str, lambdas, costs: LatencyCosts | None
 ) -> ProblemCurves:
     """Replay the stopping rule on every group (`replay_many`) and average per problem."""
-    res = [replay_many(g, g.scores[method], lambdas, costs) for g in groups]
+    res = [replay_many(g, g.scores[method], lambdas, costs, g.confidences.get(method)) for g in groups]
     stack = lambda name: _per_problem(
         np.array([getattr(r, name) for r in res], dtype=np.float64),  # noqa: E731
         problem_of,

@@ -440,8 +440,12 @@ def draw_scores(
                 )
             for label, scores in msv_scores.items():
                 sc[label] = scores[i][rows]
+            confidences = {}
             if setting == "streaming" and n > 1:
-                sc |= _stop_rule_scores(g, p.answer_step[rows], n, {m: sc[m] for m in msv_scores}, plan)
+                rule_scores, confidences = _stop_rule_scores(
+                    g, p.answer_step[rows], n, {m: sc[m] for m in msv_scores}, plan
+                )
+                sc |= rule_scores
             groups.append(
                 AnswerGroup(
                     g.sequence,
@@ -453,20 +457,27 @@ def draw_scores(
                     g.start,
                     {k: np.clip(v, 0.0, 1.0) for k, v in sc.items()},
                     g.problem_id,
+                    confidences,
                 )
             )
             problem_of.append(i)
     return Draw(groups, np.asarray(problem_of, dtype=np.int64), offline)
 
 
-def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan: dict) -> dict:
-    """The field's stopping rules' statistics on a streaming group, and each MSV's stop-head statistic where the
-    verifier carries one (``config.early_stopping``): what `StopRuleScorer` computes live."""
+def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan: dict) -> tuple[dict, dict]:
+    """The field's stopping rules' statistics on a streaming group, and each MSV's stop-head statistic and
+    confidence where the verifier carries a head (``config.early_stopping``): what `StopRuleScorer` computes live.
+
+    Returns:
+        (scores, confidences): method -> (A,) statistic, and method -> (A,) confidence for the stop heads.
+    """
     columns = (g.klass, g.sequence, step, g.end)
     out = {name: stop_statistic(rule, *columns, n) for name, rule in STOP_RULE_METHODS.items()}
+    confidences = {}
     for e in plan["msv"]:
         head = StopHead.of(e.model_for("streaming")[0].config)
         label = method_label(e, n)
         if head and label in msv:
-            out[label + STOP_HEAD_SUFFIX] = head(msv[label], *columns, n)
-    return out
+            name = label + STOP_HEAD_SUFFIX
+            out[name], confidences[name] = head.statistic_and_confidence(msv[label], *columns, n)
+    return out, confidences

@@ -33,8 +33,11 @@ class MSVAnswer:
         elicitation_ids: tokens fed after the kept chain of thought: text of the delimiter's first token that
             precedes the delimiter (re-encoded), then the elicitation prompt.
         class_id: equivalence class within the prompt's group (-1 when no checker was used).
-        score: the verifier's P(correct), `None` without verifier (answers still decoding when their prompt stops
-            are abandoned, never returned).
+        score: the verifier's P(correct), or the stopping statistic it is read through (`StopRuleScorer`); `None`
+            without verifier (answers still decoding when their prompt stops are abandoned, never returned).
+        confidence: P(correct) of the answer's class when the score is a stopping statistic with a confidence of
+            its own (`hf_msv.StopHead.confidence`): it picks the output at the stop and is reported; `None`: the
+            score.
         hidden_states: `(L, d)` last-layer hidden states of the answer tokens (kept with
             ``capture_hidden_states=True``, on CPU unless ``offload_hidden_states=False``; otherwise `None` after
             scoring).
@@ -57,8 +60,14 @@ class MSVAnswer:
     elicitation_ids: list[int]
     class_id: int = -1
     score: float | None = None
+    confidence: float | None = None
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
     token_logprobs: list[float] | None = field(default=None, repr=False)
+
+    @property
+    def reported_confidence(self) -> float | None:
+        """What a stop on this answer reports: its `confidence` when it has one, else its `score`."""
+        return self.score if self.confidence is None else self.confidence
 
 
 @dataclass
@@ -72,7 +81,7 @@ class MSVResult:
         chosen: the selected answer (the best available when the threshold was reached, else the best-scored
             terminal answer; ties to the answer available first, then the earlier one in `answers`); `None`
             without verifier.
-        confidence: the chosen answer's score.
+        confidence: the chosen answer's confidence (`MSVAnswer.confidence`, else its score).
         stopped_early: the threshold was reached while at least one sequence was still decoding.
         stop_step: t*, the step at which the threshold was reached; otherwise the step at which the last answer
             became available (max `MSVAnswer.end`), and without verifier the step at which the last sequence ended.

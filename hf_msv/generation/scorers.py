@@ -255,7 +255,8 @@ class WeightedVoteScorer:
 class _PromptHistory:
     """A stream that scores each new answer from its prompt's answers scored so far (and those arriving with it):
     per prompt, it keeps every answer with its base score and hands the subclass `_prompt_scores` the history's
-    columns and the indices of the new rows."""
+    columns and the indices of the new rows. A subclass that also returns confidences sets them on the answers
+    (`MSVAnswer.confidence`: what the stop reports when it is not the score)."""
 
     def __init__(self, base: ScoringStream):
         self.base = base
@@ -274,12 +275,15 @@ class _PromptHistory:
                 for name in ("end", "class_id", "sequence", "step", "terminal")
             }
             columns["score"] = np.asarray([s for _, s in seen], dtype=np.float64)
-            values = self._prompt_scores(columns, np.arange(len(seen) - len(index), len(seen)))
-            for i, v in zip(index, np.asarray(values).tolist()):
+            values, confidences = self._prompt_scores(columns, np.arange(len(seen) - len(index), len(seen)))
+            for j, (i, v) in enumerate(zip(index, np.asarray(values).tolist())):
                 out[i] = v
+                if confidences is not None:
+                    ready[i].confidence = float(confidences[j])
         return out
 
-    def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
+    def _prompt_scores(self, columns: dict, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The new rows' scores and confidences (`None`: the score is the confidence)."""
         raise NotImplementedError
 
 
@@ -290,18 +294,19 @@ class _VoteStream(_PromptHistory):
         super().__init__(base)
         self.streaming, self.R = streaming, wv_threshold
 
-    def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
+    def _prompt_scores(self, columns: dict, new: np.ndarray) -> tuple[np.ndarray, None]:
         end, klass, score = columns["end"], columns["class_id"], columns["score"]
         if self.streaming:
-            return streaming_weighted_voting(score, klass, end, R=self.R, rows=new)
-        return weighted_voting(score, klass, mask=columns["terminal"].astype(bool), rows=new)
+            return streaming_weighted_voting(score, klass, end, R=self.R, rows=new), None
+        return weighted_voting(score, klass, mask=columns["terminal"].astype(bool), rows=new), None
 
 
 class StopRuleScorer:
     """Scores each answer with a stopping statistic over its prompt's N chains (`hf_msv.stop_rules`), computed
-    causally when the answer becomes available, so that the stop rule (`decide_stop`) fires on the statistic and
-    `MSVResult.confidence` is its value at the stop. The evaluation's replay computes the same statistic from the
-    recorded answers.
+    causally when the answer becomes available, so that the stop rule (`decide_stop`) fires on the statistic.
+    The head's confidence (`StopHead.confidence`, set on `MSVAnswer.confidence`; the statistic itself for a
+    training-free rule) picks the output at the stop and is `MSVResult.confidence`. The evaluation's replay computes
+    the same values from the recorded answers.
 
     Args:
         base: the verifier or scorer whose scores the rule reads (`as_scorer` of it); for a training-free rule its
@@ -353,11 +358,14 @@ class _RuleStream(_PromptHistory):
                 stacklevel=2,
             )
 
-    def _prompt_scores(self, columns: dict, new: np.ndarray) -> np.ndarray:
+    def _prompt_scores(self, columns: dict, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         klass, sequence, step, end = (columns[k] for k in ("class_id", "sequence", "step", "end"))
         if isinstance(self.rule, StopHead):
-            return self.rule(columns["score"], klass, sequence, step, end, self.N, only=new)[new]
-        return stop_statistic(self.rule, klass, sequence, step, end, self.N, only=new)[new]
+            stat, confidence = self.rule.statistic_and_confidence(
+                columns["score"], klass, sequence, step, end, self.N, only=new
+            )
+            return stat[new], confidence[new]
+        return stop_statistic(self.rule, klass, sequence, step, end, self.N, only=new)[new], None
 
 
 def as_scorer(verifier) -> AnswerScorer:

@@ -10,7 +10,8 @@ the output is the answer with the highest score available at t*. If λ is never 
 and the output is the best *terminal* answer (the best answer overall when the group has no terminal answer), and t*
 is the step at which the last answer became available. Ties between equal scores go to the answer available first,
 then to the lower answer index. A nan (or `None`) score is an answer that was never scored: it never reaches λ and
-is never output.
+is never output. A stop head with a confidence of its own (`hf_msv.StopHead`) times the stop with its statistic and
+picks the output by its confidence (``select``): the most probably right answer available at t*.
 
 `decide_stop` is the only implementation. The generation hook (`MSVEarlyStop`, through the per-call run) applies it
 to a prompt's scored answers each time the verifier scores new answers, passing them in `MSVResult.answers`
@@ -49,7 +50,7 @@ class StopDecision:
     num_available: np.ndarray
 
 
-def decide_stop(end, scores, is_terminal, thresholds) -> StopDecision:
+def decide_stop(end, scores, is_terminal, thresholds, select=None) -> StopDecision:
     """Apply the early-stopping rule (module docstring) to one group's answers for every threshold.
 
     Args:
@@ -57,6 +58,8 @@ def decide_stop(end, scores, is_terminal, thresholds) -> StopDecision:
         scores: (A,) float, verifier scores; nan or `None` for an answer without a score.
         is_terminal: (A,) bool, the answer elicited when its sequence ended.
         thresholds: λ, a float or (Λ,) floats; `None`, nan and values above every score never stop.
+        select: (A,) float, what picks the output among the candidates (highest first, same ties); `None`: `scores`.
+            Only scored answers are candidates.
 
     Returns:
         A `StopDecision` of (Λ,) arrays. Answer indices refer to positions in `end` / `scores`.
@@ -68,9 +71,11 @@ def decide_stop(end, scores, is_terminal, thresholds) -> StopDecision:
     end = np.asarray(end, dtype=np.int64).reshape(-1)
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     terminal = np.asarray(is_terminal, dtype=bool).reshape(-1)
-    if not end.size == s.size == terminal.size:
+    pick = s if select is None else np.asarray(select, dtype=np.float64).reshape(-1)
+    if not end.size == s.size == terminal.size == pick.size:
         raise ValueError(
-            f"end, scores and is_terminal need one entry per answer, got {end.size}, {s.size} and {terminal.size}"
+            "end, scores, is_terminal and select need one entry per answer, got "
+            f"{end.size}, {s.size}, {terminal.size} and {pick.size}"
         )
     n_lam = lam.size
     if s.size == 0:
@@ -82,28 +87,34 @@ def decide_stop(end, scores, is_terminal, thresholds) -> StopDecision:
         )
     scored = ~np.isnan(s)
     s = np.where(scored, s, -np.inf)
+    pick = np.where(scored & ~np.isnan(pick), pick, -np.inf)
     # nan λ never stops; any real λ, even -inf, needs a real score (-inf stands for "no score" below).
     lam = np.where(np.isnan(lam), np.inf, np.maximum(lam, -np.finfo(np.float64).max))
 
     order = np.lexsort((np.arange(s.size), end))  # arrival order: by end, then answer index
-    e, so = end[order], s[order]
+    e, so, po = end[order], s[order], pick[order]
     run_max = np.maximum.accumulate(so)
-    # Running argmax that moves only on a strictly larger score, so ties stay with the earliest arrival.
-    is_new = np.concatenate([[True], so[1:] > run_max[:-1]])
-    run_arg = order[np.maximum.accumulate(np.where(is_new, np.arange(so.size), 0))]
     last = np.concatenate([e[1:] != e[:-1], [True]])  # the last arrival of each distinct end time
-    b_end, b_max, b_arg = e[last], run_max[last], run_arg[last]
+    b_end, b_max, b_arg = e[last], run_max[last], _running_argmax(po, order)[last]
     b_count = np.flatnonzero(last) + 1
     j = np.searchsorted(b_max, lam, side="left")  # first time the running max reaches λ (b_max is sorted)
     stopped = j < b_end.size
     jj = np.where(stopped, j, b_end.size - 1)
-    chosen = np.where(stopped, b_arg[jj], _best(order, so, (terminal & scored)[order], scored[order]))
+    chosen = np.where(stopped, b_arg[jj], _best(order, po, (terminal & scored)[order], scored[order]))
     return StopDecision(
         stopped=stopped,
         stop_step=b_end[jj],
         chosen=chosen.astype(np.int64),
         num_available=b_count[jj].astype(np.int64),
     )
+
+
+def _running_argmax(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """(n,) answer index of the first maximum of values[:i+1] (arrival order): it moves only on a strictly larger
+    value, so ties stay with the earliest arrival."""
+    run = np.maximum.accumulate(values)
+    is_new = np.concatenate([[True], values[1:] > run[:-1]])
+    return order[np.maximum.accumulate(np.where(is_new, np.arange(values.size), 0))]
 
 
 def _best(order: np.ndarray, so: np.ndarray, terminal: np.ndarray, scored: np.ndarray) -> int:

@@ -68,7 +68,11 @@ class PromptGroup:
         # replaying the result offline (`hf_msv.evaluation.early_stop.replay`) reaches the same decision.
         scored = sorted((a for a in self.answers if a.score is not None), key=answer_sort_key)
         decision = decide_stop(
-            [a.end for a in scored], [a.score for a in scored], [a.terminal for a in scored], threshold
+            [a.end for a in scored],
+            [a.score for a in scored],
+            [a.terminal for a in scored],
+            threshold,
+            select=[a.reported_confidence for a in scored],
         )
         stopped = bool(decision.stopped[0])
         if not stopped and not (self.settled and not pending):

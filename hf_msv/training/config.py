@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UserError
 from ..lambda_rule import DELTA, EPSILON
+from ..stop_rules import STOP_STATISTICS
 
 __all__ = [
     "MSVTrainingConfig",
@@ -134,13 +135,16 @@ class MSVTrainingConfig:
         eval_batch_size: groups per validation forward.
         stop_epsilon: tolerance ε of the λ saved with a streaming MSV (Learn-then-Test on validation).
         stop_delta: risk level δ of that λ.
+        stop_statistic: what the saved stop head fires on: ``"no-loss"`` (P(stopping loses nothing against full
+            decoding); it reports P(correct)) or ``"correctness"`` (P(correct), which it also reports).
         log_every: steps between progress-bar loss updates.
         progress: show a progress bar (main process).
 
     Raises:
         UserError: an unknown recipe, kind or mode, a non-positive `num_sequences` or `batch_size`, `vote_folds` of
-            1 or below 0, `stop_epsilon` or `stop_delta` outside (0, 1), `checker_kwargs` that is not an object, or
-            `architecture` keys that are not architecture fields of `MSVConfig`.
+            1 or below 0, `stop_epsilon` or `stop_delta` outside (0, 1), an unknown `stop_statistic`,
+            `checker_kwargs` that is not an object, or `architecture` keys that are not architecture fields of
+            `MSVConfig`.
     """
 
     recipe: str = field(
@@ -317,6 +321,14 @@ class MSVTrainingConfig:
         ),
     )
     stop_delta: float = field(default=DELTA, metadata=_help("early-stopping risk level δ (see --stop-epsilon)."))
+    stop_statistic: str = field(
+        default="no-loss",
+        metadata=_help(
+            "what the saved stop head fires on: no-loss (P(stopping loses nothing against full decoding); fewer "
+            "tokens at the same accuracy) or correctness (P(this class is correct); a confidence better calibrated "
+            "at the stop). Both report P(correct) as the confidence."
+        ),
+    )
     log_every: int = field(default=10, metadata=_help("steps between progress-bar loss updates."))
     progress: bool = field(default=True, metadata=_help("show a progress bar (main process)."))
 
@@ -335,6 +347,8 @@ class MSVTrainingConfig:
             raise UserError(
                 f"stop_epsilon and stop_delta must lie in (0, 1), got {self.stop_epsilon}, {self.stop_delta}"
             )
+        if self.stop_statistic not in STOP_STATISTICS:
+            raise UserError(f"stop_statistic must be one of {STOP_STATISTICS}, got {self.stop_statistic!r}")
         if isinstance(self.checker_kwargs, str):  # from the command line: a JSON object
             self.checker_kwargs = json.loads(self.checker_kwargs) if self.checker_kwargs.strip() else {}
         if self.checker_kwargs is None:

@@ -16,7 +16,7 @@ import numpy as np
 from ..generation.stopping import decide_stop
 from ..lambda_rule import DELTA, EPSILON, LAMBDAS, TARGET_FRACTION, LambdaChoice, choose_lambda
 from ..metrics import ece
-from ..stop_rules import FEATURES, PenaltyChoice, StopHead, choose_stop_penalty, fit_stop_head, stop_features
+from ..stop_rules import FEATURES, PenaltyChoice, StopHead, fit_stop_rule, stop_features
 
 __all__ = [
     "EarlyStoppingFit",
@@ -73,7 +73,8 @@ class EarlyStoppingFit:
         target: the target rule's choice.
         replay: the head's `GroupReplay` on validation.
         raw: the raw score's `GroupReplay` on validation.
-        penalty: the head's cross-validated ridge penalty.
+        penalty: the cross-validated ridge penalty of the head's statistic.
+        confidence_penalty: that of its confidence.
     """
 
     head: StopHead
@@ -83,6 +84,7 @@ class EarlyStoppingFit:
     replay: GroupReplay
     raw: GroupReplay
     penalty: PenaltyChoice
+    confidence_penalty: PenaltyChoice | None = None
 
     def config_entry(self) -> dict:
         """``MSVConfig.early_stopping``: what generation reads."""
@@ -94,6 +96,9 @@ class EarlyStoppingFit:
         return {
             "stop_head": self.head.to_dict(),
             "stop_head_penalty": self.penalty.to_dict(),
+            "stop_head_confidence_penalty": None
+            if self.confidence_penalty is None
+            else self.confidence_penalty.to_dict(),
             "lambda": self.choice.to_dict(),
             "guarantee": self.guarantee.to_dict(),
             "target": self.target.to_dict(),
@@ -112,22 +117,26 @@ def group_rows(structure: dict) -> list[np.ndarray]:
     return [np.flatnonzero(structure["group"] == g) for g in np.unique(structure["group"])]
 
 
-def replay_groups(stats: np.ndarray, labels: np.ndarray, structure: dict, problems: np.ndarray) -> GroupReplay:
+def replay_groups(
+    stats: np.ndarray, labels: np.ndarray, structure: dict, problems: np.ndarray, confidence: np.ndarray | None = None
+) -> GroupReplay:
     """Replay `decide_stop` over `LAMBDAS` on each validation group's (m,) `stats`; a chain's length is read as its
-    last answer's end."""
-    correct, tokens, stopped, confidence, problem = [], [], [], [], []
+    last answer's end. The (m,) `confidence` picks the output and is what the stop reports (default: `stats`)."""
+    confidence_of = stats if confidence is None else confidence
+    correct, tokens, stopped, reported, problem = [], [], [], [], []
     for rows in group_rows(structure):
         end, sequence = structure["end"][rows], structure["sequence"][rows]
-        d = decide_stop(end, stats[rows], structure["terminal"][rows].astype(bool), LAMBDAS)
+        terminal = structure["terminal"][rows].astype(bool)
+        d = decide_stop(end, stats[rows], terminal, LAMBDAS, select=confidence_of[rows])
         lengths = np.array([end[sequence == s].max() for s in np.unique(sequence)])
         chosen = np.maximum(d.chosen, 0)
         correct.append(np.where(d.chosen >= 0, labels[rows][chosen] > 0.5, False))
         tokens.append(np.minimum(d.stop_step[:, None], lengths[None, :]).sum(1))
         stopped.append(d.stopped)
-        confidence.append(stats[rows][chosen])
+        reported.append(confidence_of[rows][chosen])
         problem.append(problems[rows[0]])
     return GroupReplay(
-        *(np.asarray(x) for x in (correct, tokens, stopped, confidence)), problem=np.asarray(problem, dtype=object)
+        *(np.asarray(x) for x in (correct, tokens, stopped, reported)), problem=np.asarray(problem, dtype=object)
     )
 
 
@@ -156,12 +165,15 @@ def fit_early_stopping(
     epsilon: float = EPSILON,
     delta: float = DELTA,
     target_fraction: float = TARGET_FRACTION,
+    statistic: str = "no-loss",
 ) -> EarlyStoppingFit:
     """Fit the stop head on the validation `predictions` (streaming, with ``structure``) and choose λ on its
     statistic over the same groups.
 
-    The head's ridge penalty is chosen by cross-validation over the validation problems (`choose_stop_penalty`):
-    near its prior (Platt scaling of the class's mean logit at the stop) when they are few.
+    The head (`fit_stop_rule`) fires on "stopping loses nothing against full decoding" (``statistic="no-loss"``) or
+    on "the class is correct" (``"correctness"``), and reports "the class is correct". Each part's ridge penalty is
+    chosen by cross-validation over the validation problems (`choose_stop_penalty`): near its prior (Platt scaling of
+    the class's mean logit at the stop) when they are few.
 
     λ is chosen for the head that is saved: heads cross-fitted on parts of a small validation split differ from the
     one fitted on all of it, and their λ does not transfer (measured in ``docs/early_stopping.md``); the head's seven
@@ -172,6 +184,7 @@ def fit_early_stopping(
         num_chains: N of the validation groups.
         epsilon, delta: the guarantee's tolerance and risk (`choose_lambda`).
         target_fraction: the plain rule's target, × full-decoding accuracy.
+        statistic: what the head fires on (`hf_msv.stop_rules.STOP_STATISTICS`).
 
     Returns:
         The `EarlyStoppingFit`.
@@ -179,10 +192,12 @@ def fit_early_stopping(
     structure, labels = predictions.structure, predictions.labels
     p = 1.0 / (1.0 + np.exp(-predictions.logits))
     x = stop_head_features(p, structure, num_chains)
-    group, end = structure["group"], structure["end"]
-    penalty = choose_stop_penalty(x, labels, group, end, predictions.problems, num_chains)
-    head = fit_stop_head(x, labels, group, end, num_chains, penalty=penalty.penalty)
-    replay = replay_groups(head.predict(x), labels, structure, predictions.problems)
+    terminal = structure["terminal"].astype(bool)
+    fit = fit_stop_rule(
+        x, labels, structure["group"], structure["end"], terminal, predictions.problems, num_chains, statistic
+    )
+    head = fit.head
+    replay = replay_groups(head.predict(x), labels, structure, predictions.problems, head.confidence(x))
     guarantee = choose_lambda(LAMBDAS, replay.correct, replay.tokens, replay.problem, epsilon=epsilon, delta=delta)
     target = _target_choice(replay, target_fraction)
     return EarlyStoppingFit(
@@ -192,5 +207,6 @@ def fit_early_stopping(
         target=target,
         replay=replay,
         raw=replay_groups(p, labels, structure, predictions.problems),
-        penalty=penalty,
+        penalty=fit.penalty,
+        confidence_penalty=fit.confidence_penalty,
     )

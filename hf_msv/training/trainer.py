@@ -371,7 +371,14 @@ def validation_predictions(
     )
 
 
-def fit_stopping_rule(verifier, val_dir, epsilon: float = EPSILON, delta: float = DELTA, batch_size: int = 64):
+def fit_stopping_rule(
+    verifier,
+    val_dir,
+    epsilon: float = EPSILON,
+    delta: float = DELTA,
+    batch_size: int = 64,
+    statistic: str = "no-loss",
+):
     """Fit a trained streaming MSV's stopping rule on the validation shards in `val_dir` (groups of the verifier's
     N) and store it in ``verifier.config.early_stopping`` (what ``hf-msv train`` does after training; save the
     verifier to keep it).
@@ -382,6 +389,7 @@ def fit_stopping_rule(verifier, val_dir, epsilon: float = EPSILON, delta: float 
         epsilon: the guarantee's tolerance ε.
         delta: the guarantee's risk δ.
         batch_size: groups per validation forward.
+        statistic: what the head fires on (`hf_msv.stop_rules.STOP_STATISTICS`).
 
     Returns:
         The `stopping_curve.EarlyStoppingFit`.
@@ -395,7 +403,7 @@ def fit_stopping_rule(verifier, val_dir, epsilon: float = EPSILON, delta: float 
     predictions = validation_predictions(
         verifier, ShardDataset(val_dir, num_sequences=n, mode="streaming"), "streaming", batch_size
     )
-    fit = fit_early_stopping(predictions, n, epsilon, delta)
+    fit = fit_early_stopping(predictions, n, epsilon, delta, statistic=statistic)
     verifier.config.early_stopping = fit.config_entry()
     return fit
 
@@ -1076,7 +1084,13 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
         and predictions.structure is not None
         and len(predictions.labels)
     ):
-        stopping = fit_early_stopping(predictions, config.group_size, config.stop_epsilon, config.stop_delta)
+        stopping = fit_early_stopping(
+            predictions,
+            config.group_size,
+            config.stop_epsilon,
+            config.stop_delta,
+            statistic=config.stop_statistic,
+        )
         best.config.early_stopping = stopping.config_entry()
         report.add_early_stopping(stopping)
     run.write_log(report, stopping)
