@@ -136,7 +136,7 @@ class MSVTrainingConfig:
         stop_epsilon: tolerance ε of the λ saved with a streaming MSV (Learn-then-Test on validation).
         stop_delta: risk level δ of that λ.
         stop_statistic: what the saved stop head fires on: ``"no-loss"`` (P(stopping loses nothing against full
-            decoding); it reports P(correct)) or ``"correctness"`` (P(correct), which it also reports).
+            decoding)) or ``"correctness"`` (P(correct)); both output and report the answer of highest P(correct).
         log_every: steps between progress-bar loss updates.
         progress: show a progress bar (main process).
 
@@ -324,9 +324,9 @@ class MSVTrainingConfig:
     stop_statistic: str = field(
         default="no-loss",
         metadata=_help(
-            "what the saved stop head fires on: no-loss (P(stopping loses nothing against full decoding); fewer "
-            "tokens at the same accuracy) or correctness (P(this class is correct); a confidence better calibrated "
-            "at the stop). Both report P(correct) as the confidence."
+            "what the saved stop head fires on: no-loss (P(stopping loses nothing against full decoding): it also "
+            "stops where the chains settle on an answer the verifier doubts) or correctness (P(this class is "
+            "correct)). Both output the available answer of highest P(correct) and report that P."
         ),
     )
     log_every: int = field(default=10, metadata=_help("steps between progress-bar loss updates."))
