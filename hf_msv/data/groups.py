@@ -93,6 +93,11 @@ class AnswerGroup:
                 f"sequence ids go up to {self.sequence.max()} but seq_len has {self.seq_len.shape[0]} entries"
             )
 
+    def confidence_of(self, method: str) -> np.ndarray:
+        """(A,) what `method` claims about each answer's correctness: its stop head's confidence when it has one
+        (its score is then the stopping statistic), else its score."""
+        return self.confidences.get(method, self.scores[method])
+
     @property
     def num_answers(self) -> int:
         return int(self.sequence.shape[0])

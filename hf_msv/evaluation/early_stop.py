@@ -121,8 +121,8 @@ def replay(group: AnswerGroup, scores, lam: float, costs: LatencyCosts | None = 
 
 
 def _replay_all(groups, scores, lambdas, costs) -> list[StopResult]:
-    # A method name brings the confidences its stop head picks the output by (none for other methods).
-    picks = [g.confidences.get(scores) if isinstance(scores, str) else None for g in groups]
+    # A method name brings what picks its output: its stop head's confidence, else its scores.
+    picks = [g.confidence_of(scores) if isinstance(scores, str) else None for g in groups]
     return [replay_many(g, s, lambdas, costs, c) for g, s, c in zip(groups, resolve_scores(groups, scores), picks)]
 
 

@@ -79,8 +79,7 @@ def problem_numbers(groups, problem_of: np.ndarray, num_problems: int, method: s
     with the same number of groups per problem)."""
     from ..baselines import best_of_n
 
-    # A stop head's score is its stopping statistic; what it claims about correctness is its confidence.
-    claims = [g.confidences.get(method, g.scores[method]) for g in groups]
+    claims = [g.confidence_of(method) for g in groups]
     sq = np.array([np.sum((c - g.correct) ** 2) for g, c in zip(groups, claims)])
     cnt = np.array([g.num_answers for g in groups], dtype=np.float64)
     picks = [best_of_n(c, g.is_terminal) for g, c in zip(groups, claims)]
@@ -99,7 +98,7 @@ def problem_curves(
     groups, problem_of: np.ndarray, num_problems: int, method: str, lambdas, costs: LatencyCosts | None
 ) -> ProblemCurves:
     """Replay the stopping rule on every group (`replay_many`) and average per problem."""
-    res = [replay_many(g, g.scores[method], lambdas, costs, g.confidences.get(method)) for g in groups]
+    res = [replay_many(g, g.scores[method], lambdas, costs, g.confidence_of(method)) for g in groups]
     stack = lambda name: _per_problem(
         np.array([getattr(r, name) for r in res], dtype=np.float64),  # noqa: E731
         problem_of,

@@ -554,9 +554,7 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
         for rule, kwargs in study.config.lambda_rules.items():
             choice = choose_on_groups(vgroups, m, DEFAULT_LAMBDAS, costs, **kwargs)
             ev = replay_at(eval_groups, m, choice.lam, costs)
-            confidence = np.array(
-                [g.confidences.get(m, g.scores[m])[c] if c >= 0 else 0.0 for g, c in zip(eval_groups, ev.chosen)]
-            )
+            confidence = np.array([g.confidence_of(m)[c] if c >= 0 else 0.0 for g, c in zip(eval_groups, ev.chosen)])
             record = _rule_record(choice, ev, confidence)
             acc.lam_sel.setdefault(m, {}).setdefault(rule, []).append(record)
             events = (confidence[ev.stopped], ev.correct[ev.stopped])
@@ -647,8 +645,7 @@ def _methods_in(groups: list[AnswerGroup]) -> list[str]:
 
 
 def _pooled(groups: list[AnswerGroup], method: str) -> tuple[np.ndarray, np.ndarray]:
-    claims = [g.confidences.get(method, g.scores[method]) for g in groups]  # a stop head's: its confidence
-    return (np.concatenate(claims), np.concatenate([g.correct for g in groups]))
+    return np.concatenate([g.confidence_of(method) for g in groups]), np.concatenate([g.correct for g in groups])
 
 
 def _position_edges(problems: list[CollectedProblem], bins: int = 8) -> np.ndarray:

@@ -118,8 +118,9 @@ def _running_argmax(values: np.ndarray, order: np.ndarray) -> np.ndarray:
 
 
 def _best(order: np.ndarray, so: np.ndarray, terminal: np.ndarray, scored: np.ndarray) -> int:
-    """The answer output when λ is never reached: the best scored terminal answer, else the best scored answer,
-    else -1; `so`, `terminal`, `scored` are in arrival order, so argmax's first maximum is the earliest arrival."""
+    """The answer output when λ is never reached: the scored terminal answer of highest `so` (the selection values),
+    else the scored answer of highest `so`, else -1; `so`, `terminal`, `scored` are in arrival order, so argmax's
+    first maximum is the earliest arrival."""
     for candidates in (terminal, scored):
         if candidates.any():
             return int(order[np.flatnonzero(candidates)[np.argmax(so[candidates])]])

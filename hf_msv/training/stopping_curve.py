@@ -84,7 +84,7 @@ class EarlyStoppingFit:
     replay: GroupReplay
     raw: GroupReplay
     penalty: PenaltyChoice
-    confidence_penalty: PenaltyChoice | None = None
+    confidence_penalty: PenaltyChoice
 
     def config_entry(self) -> dict:
         """``MSVConfig.early_stopping``: what generation reads."""
@@ -96,9 +96,7 @@ class EarlyStoppingFit:
         return {
             "stop_head": self.head.to_dict(),
             "stop_head_penalty": self.penalty.to_dict(),
-            "stop_head_confidence_penalty": None
-            if self.confidence_penalty is None
-            else self.confidence_penalty.to_dict(),
+            "stop_head_confidence_penalty": self.confidence_penalty.to_dict(),
             "lambda": self.choice.to_dict(),
             "guarantee": self.guarantee.to_dict(),
             "target": self.target.to_dict(),
