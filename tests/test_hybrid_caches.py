@@ -177,6 +177,11 @@ def cache_tensors(cache) -> list[torch.Tensor]:
     return found
 
 
+def layer_lengths(cache) -> list[int]:
+    """Each layer's token count (transformers >= 5.25 keeps a linear layer's in a 0-d tensor updated in place)."""
+    return [int(layer.get_seq_length()) for layer in cache.layers if hasattr(layer, "get_seq_length")]
+
+
 # Row 0: "Wa"+"it" (one consumed token to leave out); row 1: "W"+"a"+"i"+"t" (three); row 2: "\n\nWait" (its
 # "\n\n" is fed again) at the step where row 0's every-K branch and row 1's fire too, so segments differ in length.
 SCHEDULE = {
@@ -286,10 +291,10 @@ def test_decoding_loop_alone_samples_like_plain_generate(arch):
 @recurrent
 def test_fork_cache_leaves_the_live_cache_untouched(arch):
     """A fork (rows repeated, in any order, or every row as it is) holds copies of the rows; decoding on it, which
-    updates recurrent states in place, leaves every tensor of the live cache as it was."""
+    updates recurrent states and token counters in place, leaves every tensor of the live cache as it was."""
     model = hybrid_model(arch)
     cache = prefill(model, prompts())
-    before = cache_tensors(cache)
+    before, lengths = cache_tensors(cache), layer_lengths(cache)
     argument = cache_argument(model)
     for rows in (torch.tensor([1, 1, 0]), torch.tensor([0, 1])):
         fork = fork_cache(cache, rows)
@@ -298,6 +303,7 @@ def test_fork_cache_leaves_the_live_cache_untouched(arch):
             model(input_ids=torch.tensor([[5, 6, 7][: len(rows)]]).T, **{argument: fork}, use_cache=True)
         assert any(not torch.equal(f, b[rows]) for f, b in zip(cache_tensors(fork), before))
         assert all(torch.equal(a, b) for a, b in zip(cache_tensors(cache), before))
+        assert layer_lengths(cache) == lengths and layer_lengths(fork) != lengths
 
 
 @recurrent

@@ -82,8 +82,9 @@ _LAYER_STATE = frozenset(
         "conv_states",
         "recurrent_states",
         "_sliding_window_tensor",
+        "cumulative_length_linear",
     }
-)  # the last one is the window size, a 0-d tensor without rows
+)  # the last two are 0-d tensors without rows: the window size and (transformers >= 5.25) a linear layer's length
 
 
 def _holds_tensor(value, depth: int = 0) -> bool:
@@ -460,6 +461,8 @@ def _fork_layer(layer, rows: torch.Tensor, identity: bool):
     for name, value in vars(layer).items():
         if isinstance(value, dict):  # conv_states, recurrent_states, has_previous_state, ...: per-fork entries
             setattr(fork, name, dict(value))
+        elif isinstance(value, torch.Tensor) and value.dim() == 0:  # a row-less counter, updated in place (add_)
+            setattr(fork, name, value.clone())
     if _is_recurrent(layer) or not identity:
         device = next(iter(_kv_tensors(layer) + _recurrent_tensors(layer)), rows).device
         fork.reorder_cache(rows.to(device))  # index_select into new tensors, for every state the layer holds

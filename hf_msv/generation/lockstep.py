@@ -9,7 +9,7 @@ prefill (`caches.check_decodable`) and after it (`caches.check_prefilled`), so a
 forked (a model kwarg, a ``state`` argument, state on its modules, an unsupported cache) is refused, by class name
 and cause, before any decoding step.
 
-The loop, the transformers internals it relies on (tested with transformers 5.12-5.24) and what it does not support
+The loop, the transformers internals it relies on (tested with transformers 5.12-5.25) and what it does not support
 (``synced_gpus``; ``return_dict_in_generate`` outputs other than ``sequences``): ``docs/generation.md``; why a branch
 that leaves out tokens is exact on every supported cache layer: ``docs/caches.md``.
 """
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NEWEST_TESTED_TRANSFORMERS", "DecodingBatch", "lockstep_sample"]
 
-NEWEST_TESTED_TRANSFORMERS = (5, 24)
+NEWEST_TESTED_TRANSFORMERS = (5, 25)
 """The newest transformers minor the loop is tested with (``make test``); the oldest is pyproject.toml's floor."""
 
 
