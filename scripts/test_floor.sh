@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the tests that touch transformers internals against the oldest transformers that pyproject.toml allows
 # (the floor: the first release with the custom_generate trust_remote_code fix, transformers PR 46483).
-# The floor and the two libraries whose ranges it requires (huggingface-hub < 2, tokenizers <= 0.23.0) go into
+# The floor and the libraries whose ranges it requires (huggingface-hub < 2, tokenizers <= 0.23.0, and the `kernels`
+# range of its extras: newer transformers require a kernels whose layer repositories the floor cannot build) go into
 # .floor/ and shadow .venv's copies through PYTHONPATH; everything else (torch, numpy, ...) comes from .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,11 +14,16 @@ if [ ! -f "$stamp" ]; then
     rm -rf "$target"
     .venv/bin/python -m pip install -q --target "$target" "transformers==$FLOOR" "huggingface-hub<2" \
         "tokenizers<=0.23.0" 2>&1 | grep -v "is ignored" || true
-    # Keep only what .venv lacks (or must be shadowed): the three libraries and the new dependencies they bring.
+    kernels=$(sed -n 's/^Requires-Dist: \(kernels[^;]*\); extra == "kernels"$/\1/p' \
+        "$target/transformers-$FLOOR.dist-info/METADATA")
+    if [ -n "$kernels" ]; then
+        .venv/bin/python -m pip install -q --no-deps --target "$target" "$kernels" 2>&1 | grep -v "is ignored" || true
+    fi
+    # Keep only what .venv lacks (or must be shadowed): the four libraries and the new dependencies they bring.
     site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     for entry in "$target"/*; do
         name=$(basename "$entry")
-        case "$name" in transformers*|huggingface_hub*|tokenizers*|bin) continue ;; esac
+        case "$name" in transformers*|huggingface_hub*|tokenizers*|kernels*|bin) continue ;; esac
         if [ -e "$site/$name" ]; then rm -rf "$entry"; fi
     done
     touch "$stamp"
