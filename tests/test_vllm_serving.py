@@ -207,6 +207,32 @@ def test_an_untested_vllm_version_is_refused(controller, monkeypatch):
         AsyncVLLMController(controller)
 
 
+def answer_lags(results) -> list[int]:
+    """Engine steps from each answer's delimiter to its availability, beyond the 1 + L its elicitation needs when
+    the engine schedules it at once (prefilled in one step, then its L answer tokens, the last one fed)."""
+    return [a.end - a.tau - (1 + len(a.token_ids)) for r in results for a in r.answers]
+
+
+def test_chains_wait_in_the_controller_so_elicitations_run_at_once(engine, controller, prompts):
+    """Two prompts of 64 chains fill the engine's 128 sequences. Sent at once (``elicitation_reserve=0``), the
+    chains take every slot and each elicitation waits in the engine's queue until a chain ends; by default the
+    second prompt's chains wait in the controller until the first prompt is done, so every answer is available
+    1 + L steps after its delimiter, and both prompts complete with the same (seeded) chains and nothing left."""
+    settings = dict(num_sequences=64, max_new_tokens=96)
+    assert engine.llm_engine.vllm_config.scheduler_config.max_num_seqs == 128
+    at_once = VLLMController(engine, controller.tokenizer, controller.verifier, elicitation_reserve=0.0)
+    assert at_once.chain_slots == 128 and controller.chain_slots == 96
+    crowded = at_once.generate(prompts[:2], seed=SEED, **settings)
+    admitted = controller.generate(prompts[:2], seed=SEED, **settings)
+    assert no_requests_left(engine)
+    assert max(answer_lags(crowded)) > 10
+    assert set(answer_lags(admitted)) == {0}
+    assert [r.sequences for r in admitted] == [r.sequences for r in crowded]  # seeded: the same chains
+    assert all(len(r.sequences) == 64 and len(r.answers) > 64 for r in admitted)
+    with pytest.raises(ValueError, match="elicitation_reserve"):
+        VLLMController(engine, controller.tokenizer, controller.verifier, elicitation_reserve=1.0)
+
+
 def test_preemption_under_a_small_cache_keeps_the_answer_states(engine, controller, prompts):
     """A cache of 40 blocks (the longest request takes 18) preempts chains and elicitations and recomputes them;
     the captured states, read by position, equal those of a run whose cache holds everything (≤ 1e-4, as

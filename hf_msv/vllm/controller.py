@@ -4,6 +4,7 @@ early stopping; `vllm_generate`, the one-call entry. How it works: docs/vllm.md.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import sys
@@ -57,6 +58,10 @@ class VLLMController:
         checker: equivalence checker name or object (`hf_msv.equivalence.get_checker`); `None` only without
             verifier.
         capture_hidden_states: keep every answer's `(L, d)` hidden states (the LM's dtype, CPU) in the results.
+        elicitation_reserve: share of the engine's ``max_num_seqs`` kept free of chains for elicitation requests: a
+            prompt's N chains are sent once the chains still decoding plus N fit in the rest (the first prompt
+            always is); the others wait in the controller. 0 sends every prompt at once, and a full engine then
+            holds each elicitation until a chain ends (docs/vllm.md "Admission").
 
     Raises:
         hf_msv.vllm.CaptureError: untested vLLM, unsupported engine settings or an architecture the hook cannot wrap.
@@ -72,8 +77,11 @@ class VLLMController:
         elicitation: ElicitationSettings | None = None,
         checker="symbolic",
         capture_hidden_states: bool = False,
+        elicitation_reserve: float = 0.25,
         **overrides,
     ):
+        if not 0.0 <= elicitation_reserve < 1.0:
+            raise ValueError(f"elicitation_reserve must be in [0, 1), got {elicitation_reserve}.")
         self.engine = getattr(engine, "llm_engine", engine)
         model_config = self.engine.model_config
         if verifier is not None and verifier.config.hidden_size != model_config.get_hidden_size():
@@ -94,6 +102,10 @@ class VLLMController:
         self.model_name = capture.install(self.engine)
         self.tokenizer, self.verifier = tokenizer, verifier
         self.capture_hidden_states = capture_hidden_states
+        max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
+        # Chains beyond this wait in the controller, not in the engine's queue, where the elicitation requests sent
+        # later would queue behind them (FCFS) and a prompt's answers would arrive long after their chains asked.
+        self.chain_slots = max(1, int((1.0 - elicitation_reserve) * max_num_seqs))
         # vLLM stops a chain at the tokenizer's EOS and at the model's generation EOS ids alike.
         self.policy = ElicitationPolicy(
             tokenizer, self.settings, eos_token_ids(getattr(model_config, "hf_config", None), tokenizer)
@@ -307,12 +319,14 @@ class _Run:
     def execute(self, sampling: dict) -> list[MSVResult]:
         start = time.perf_counter()
         session, seed = self.session, sampling.pop("seed", None)
-        for run in self.runs:
-            # vLLM seeds child i with seed + i: one stream per chain of the call
-            run_seed = None if seed is None else seed + run.key * self.N
-            session.admit(run, self.c.chain_params(self.N, self.budget, seed=run_seed, **sampling))
+        waiting = collections.deque(self.runs)
         try:
-            while session.busy:
+            while waiting or session.busy:
+                while waiting and session.has_room(self.N):
+                    run = waiting.popleft()
+                    # vLLM seeds child i with seed + i: one stream per chain of the call
+                    run_seed = None if seed is None else seed + run.key * self.N
+                    session.admit(run, self.c.chain_params(self.N, self.budget, seed=run_seed, **sampling))
                 session.step()
         except BaseException:
             session.abort(self.runs)
@@ -415,6 +429,12 @@ class EngineSession:
     def busy(self) -> bool:
         """Whether a prompt is in flight."""
         return bool(self.chains)
+
+    def has_room(self, num_sequences: int) -> bool:
+        """Whether a prompt of `num_sequences` chains may be sent now: nothing is in flight, or the chains still
+        decoding plus these fit in the controller's ``chain_slots``."""
+        live = sum(run.group.live for run in self.chains.values())
+        return not self.chains or live + num_sequences <= self.c.chain_slots
 
     def admit(self, run: PromptRun, params):
         """Send `run`'s chain request: one request with ``n = N`` (`params`: its `SamplingParams`)."""

@@ -38,7 +38,8 @@ class _Ticket:
 class AsyncVLLMController:
     """Answers prompts as they arrive with the elicitation, scoring and stopping rule of a `VLLMController`.
 
-    Each `answer` call submits one prompt; it joins the engine's batch at the next step and returns its
+    Each `answer` call submits one prompt; it joins the engine's batch at the first step with room for its chains
+    (`VLLMController.chain_slots`; prompts are sent in arrival order) and returns its
     `MSVResult` once its stopping rule has decided (λ reached, or every answer scored), its requests aborted
     and their KV blocks free for the prompts still running or waiting. Results equal those of
     `VLLMController.generate` over the same prompts and seeds (tests/test_vllm_serving.py says how exactly).
@@ -208,9 +209,10 @@ class AsyncVLLMController:
         return tickets
 
     def _admit(self) -> list[_Ticket]:
-        """Send the waiting prompts' chain requests; the tickets refused by the engine."""
+        """Send the waiting prompts' chain requests, in arrival order while they fit (`EngineSession.has_room`);
+        the tickets refused by the engine."""
         refused = []
-        while self._arrivals:
+        while self._arrivals and (self._arrivals[0].cancelled or self.session.has_room(self.N)):
             ticket = self._arrivals.popleft()
             if ticket.cancelled:
                 continue
