@@ -50,6 +50,7 @@ __all__ = [
     "no_loss_labels",
     "leader_events",
     "probe_stability",
+    "running_argmax",
     "stop_features",
     "stop_statistic",
 ]
@@ -537,14 +538,15 @@ def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray) -> np.nd
     for g in np.unique(group):
         members = np.flatnonzero(group == g)
         order = members[np.lexsort((members, end[members]))]  # arrival order
-        best = order[_running_argmax(stat[order])]
+        best = order[running_argmax(stat[order])]
         last = np.r_[end[order][1:] != end[order][:-1], True]  # last arrival of each end time
         rows.append(best[last])
     return np.concatenate(rows) if rows else np.zeros(0, np.int64)
 
 
-def _running_argmax(values: np.ndarray) -> np.ndarray:
-    """(n,) index of the first maximum of values[:i+1]."""
+def running_argmax(values: np.ndarray) -> np.ndarray:
+    """(n,) index of the first maximum of values[:i+1]: it moves only on a strictly larger value, so in arrival
+    order ties stay with the earliest arrival (`decide_stop` and `leader_events` pick leaders with it)."""
     run = np.maximum.accumulate(values)
     is_new = np.r_[True, values[1:] > run[:-1]]
     return np.maximum.accumulate(np.where(is_new, np.arange(values.size), 0))

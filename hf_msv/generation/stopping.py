@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from transformers import StoppingCriteria
 
+from ..stop_rules import running_argmax
+
 __all__ = ["MSVEarlyStop", "StopDecision", "decide_stop"]
 
 
@@ -95,7 +97,7 @@ def decide_stop(end, scores, is_terminal, thresholds, select=None) -> StopDecisi
     e, so, po = end[order], s[order], pick[order]
     run_max = np.maximum.accumulate(so)
     last = np.concatenate([e[1:] != e[:-1], [True]])  # the last arrival of each distinct end time
-    b_end, b_max, b_arg = e[last], run_max[last], _running_argmax(po, order)[last]
+    b_end, b_max, b_arg = e[last], run_max[last], order[running_argmax(po)][last]
     b_count = np.flatnonzero(last) + 1
     j = np.searchsorted(b_max, lam, side="left")  # first time the running max reaches λ (b_max is sorted)
     stopped = j < b_end.size
@@ -107,14 +109,6 @@ def decide_stop(end, scores, is_terminal, thresholds, select=None) -> StopDecisi
         chosen=chosen.astype(np.int64),
         num_available=b_count[jj].astype(np.int64),
     )
-
-
-def _running_argmax(values: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """(n,) answer index of the first maximum of values[:i+1] (arrival order): it moves only on a strictly larger
-    value, so ties stay with the earliest arrival."""
-    run = np.maximum.accumulate(values)
-    is_new = np.concatenate([[True], values[1:] > run[:-1]])
-    return order[np.maximum.accumulate(np.where(is_new, np.arange(values.size), 0))]
 
 
 def _best(order: np.ndarray, so: np.ndarray, terminal: np.ndarray, scored: np.ndarray) -> int:
