@@ -20,13 +20,12 @@ Exit codes and what reaches stderr:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-from .errors import UserError
+from .errors import RAISE_FLAG_ERRORS, FlagError, UserError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("hf_msv.demo", "N parallel samples per problem, MSV selection and early stopping"),
@@ -51,7 +50,7 @@ EXIT_USER_ERROR = 2
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: ``--help``, ``--debug`` and the list of commands (each command parses its own flags)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hf-msv",
         description="Multi-Sequence Verifiers: sample, verify, stop early.",
         epilog="`hf-msv <command> --help` lists the flags of one command.",
@@ -107,48 +106,17 @@ def _path_key(name) -> str:
     return os.path.normpath(os.path.abspath(os.path.expanduser(os.fsdecode(name))))
 
 
-class _ArgumentError(UserError):
-    """A flag argparse refused (raised instead of its usage text and exit)."""
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser (and its subparsers): raises `FlagError` where argparse prints its usage and exits 2."""
+
+    def error(self, message: str):  # pyright: ignore[reportIncompatibleMethodOverride]
+        raise FlagError(message)
 
 
-def _raise_argument_error(self: argparse.ArgumentParser, message: str):
-    raise _ArgumentError(message)
-
-
-@contextlib.contextmanager
-def _flag_errors_raise() -> Iterator[None]:
-    """Within: every argparse parser raises `_ArgumentError` where it would print its usage and exit 2, and so does
-    `transformers.HfArgumentParser` for flags it does not know (once `transformers` is imported: see
-    `_unknown_flags_raise`)."""
-    original = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = _raise_argument_error
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.error = original
-
-
-@contextlib.contextmanager
-def _unknown_flags_raise() -> Iterator[None]:
-    """Within: ``HfArgumentParser.parse_args_into_dataclasses`` raises `_ArgumentError` naming the flags it did not
-    use (argparse's "unrecognized arguments"), where it raises a plain `ValueError`. Imports transformers."""
-    from transformers import HfArgumentParser
-
-    original = HfArgumentParser.parse_args_into_dataclasses
-
-    def parse(self, args=None, return_remaining_strings=False, *rest, **kwargs):
-        if return_remaining_strings:
-            return original(self, args, True, *rest, **kwargs)
-        *outputs, remaining = original(self, args, True, *rest, **kwargs)
-        if remaining:
-            raise _ArgumentError(f"unrecognized arguments: {' '.join(remaining)}")
-        return (*outputs,)
-
-    HfArgumentParser.parse_args_into_dataclasses = parse
-    try:
-        yield
-    finally:
-        HfArgumentParser.parse_args_into_dataclasses = original
+def _asks_for_help(argv: Sequence[str]) -> bool:
+    """Whether `argv` asks for a command's help (``-h`` or ``--help`` before any ``--``)."""
+    end = list(argv).index("--") if "--" in argv else len(argv)
+    return any(a in ("-h", "--help") for a in argv[:end])
 
 
 def _split_debug(argv: list[str]) -> tuple[list[str], bool]:
@@ -182,15 +150,15 @@ def run_command(command: str, argv: list[str], debug: bool = False):
         SystemExit: 2 for a user error; the command's own exit code otherwise.
         Exception: an internal error (anything else), as raised, traceback included.
     """
+    raising = RAISE_FLAG_ERRORS.set(True)  # the command's parser raises FlagError, reported below in one line
     try:
-        with _flag_errors_raise():
-            module = importlib.import_module(command_module(command, argv))  # imported late: only what runs
+        module = importlib.import_module(command_module(command, argv))  # imported late: only what runs
+        if not _asks_for_help(argv):  # a command's help imports no torch
             from . import register_auto_classes
 
             register_auto_classes()  # `hf-msv` defers it (it imports torch) until a command runs
-            with _unknown_flags_raise():
-                return module.main(argv)
-    except _ArgumentError as e:
+        return module.main(argv)
+    except FlagError as e:
         if debug:
             raise
         _fail(command, f"{error_line(e)} (`hf-msv {command} --help` lists the flags)")
@@ -207,6 +175,8 @@ def run_command(command: str, argv: list[str], debug: bool = False):
             raise
         print(f"hf-msv {command}: interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    finally:
+        RAISE_FLAG_ERRORS.reset(raising)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -219,9 +189,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv, debug = _split_debug(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] not in COMMANDS:
         try:
-            with _flag_errors_raise():
-                build_parser().parse_args(argv)  # prints the help and exits, or raises naming the valid commands
-        except _ArgumentError as e:
+            build_parser().parse_args(argv)  # prints the help and exits, or raises naming the valid commands
+        except FlagError as e:
             print(f"hf-msv: error: {e} (`hf-msv --help` lists the commands)", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_USER_ERROR) from None
         return

@@ -8,7 +8,8 @@ that says what went wrong, so callers can catch them either way:
     UserError(ValueError)                                     a bad flag value, file content or mix of settings
     ├── MissingPathError(FileNotFoundError, UserError)        no such file or directory, or it lacks a file it needs
     ├── NotADirectoryPathError(NotADirectoryError, UserError) a file where a directory is needed
-    └── UnsupportedError(UserError, NotImplementedError)      a model, cache or setting hf_msv does not support
+    ├── UnsupportedError(UserError, NotImplementedError)      a model, cache or setting hf_msv does not support
+    └── FlagError(UserError)                                  a flag the command's parser refused
 
 Bottom layer: standard library only.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+from contextvars import ContextVar
 from pathlib import Path
 
 
@@ -37,6 +39,17 @@ class NotADirectoryPathError(NotADirectoryError, UserError):
 
 class UnsupportedError(UserError, NotImplementedError):
     """A model, cache or setting that hf_msv does not support: the message names it, why, and what works instead."""
+
+
+class FlagError(UserError):
+    """A flag the command's parser refused (unknown, missing, or a value of the wrong type), raised where argparse
+    would print its usage and exit (``hf-msv`` adds where the flags are listed)."""
+
+
+RAISE_FLAG_ERRORS: ContextVar[bool] = ContextVar("hf_msv_raise_flag_errors", default=False)
+"""Whether a command's parser (`hf_msv.arguments.CommandParser`) raises `FlagError` for a refused flag, as it does
+while ``hf-msv`` runs the command (one line on stderr), or prints argparse's usage and exits 2, as it does for a
+command's ``main`` called directly."""
 
 
 def looks_like_path(name: str) -> bool:
@@ -87,8 +100,10 @@ def check_checkpoint_dir(name: str | os.PathLike, what: str, required: str | Non
 
 
 __all__ = [
+    "FlagError",
     "MissingPathError",
     "NotADirectoryPathError",
+    "RAISE_FLAG_ERRORS",
     "UnsupportedError",
     "UserError",
     "check_checkpoint_dir",

@@ -5,26 +5,51 @@
 schedule's collection from an unspaced one. See ``docs/collection.md``.
 """
 
-from .cli import collect_from_config, main
-from .confidence import ConfidenceRecorder
-from .config import CollectConfig
-from .from_traces import collect_from_traces
-from .job import CollectResult, batch_seed, sequence_budget
-from .live import collect
-from .lm import load_lm, load_problems
-from .reencode import TraceReencoder
-from .respace import RespaceConfig, RespaceResult, respace_collection, respace_problem
-from .store import ShardStore, done_problem_ids, write_index
-from .traces import (
-    Completion,
-    Trace,
-    TraceError,
-    TraceFile,
-    read_traces,
-    traces_from_results,
-    traces_from_shards,
-    write_traces,
-)
+import importlib
+
+# public name -> the submodule it lives in; imported on first use, so `hf-msv collect --help` imports no torch
+_EXPORTS = {
+    "collect_from_config": "cli",
+    "main": "cli",
+    "ConfidenceRecorder": "confidence",
+    "CollectConfig": "config",
+    "collect_from_traces": "from_traces",
+    "CollectResult": "job",
+    "batch_seed": "job",
+    "sequence_budget": "job",
+    "collect": "live",
+    "load_lm": "lm",
+    "load_problems": "lm",
+    "TraceReencoder": "reencode",
+    "RespaceConfig": "respace",
+    "RespaceResult": "respace",
+    "respace_collection": "respace",
+    "respace_problem": "respace",
+    "ShardStore": "store",
+    "done_problem_ids": "store",
+    "write_index": "store",
+    "Completion": "traces",
+    "Trace": "traces",
+    "TraceError": "traces",
+    "TraceFile": "traces",
+    "read_traces": "traces",
+    "traces_from_results": "traces",
+    "traces_from_shards": "traces",
+    "write_traces": "traces",
+}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hf_msv.collect' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "CollectConfig",

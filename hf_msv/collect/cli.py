@@ -6,12 +6,28 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from ..arguments import parse_command_args
 from ..errors import UserError
 from .config import CollectConfig, build_parser
-from .job import CollectResult
-from .lm import load_lm, load_problems
+
+if TYPE_CHECKING:  # the rest imports torch: loaded once the flags are parsed (`--help` stays quick)
+    from .job import CollectResult
+
+
+def load_lm(*args, **kwargs):
+    """`hf_msv.collect.lm.load_lm`, imported when first called: it imports torch, which ``--help`` does without."""
+    from . import lm
+
+    return lm.load_lm(*args, **kwargs)
+
+
+def load_problems(*args, **kwargs):
+    """`hf_msv.collect.lm.load_problems` (`hf_msv.data.load_problems`), imported when first called."""
+    from . import lm
+
+    return lm.load_problems(*args, **kwargs)
 
 
 def collect_from_config(config: CollectConfig) -> CollectResult:

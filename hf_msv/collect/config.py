@@ -6,15 +6,25 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ..data.problems import ProblemColumns
 from ..elicitation import ElicitationSettings
 from ..errors import UserError
-from .lm import DEFAULT_MAX_NEW_TOKENS, ModelArguments, default_max_new_tokens, resolve_prompt_template
+from .model_arguments import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DTYPE_ALIASES,
+    ModelArguments,
+    default_max_new_tokens,
+    dtype_name,
+    resolve_prompt_template,
+)
+
+if TYPE_CHECKING:
+    from ..data.problems import ProblemColumns
 
 _ELICIT = ElicitationSettings()  # the defaults, declared in hf_msv.elicitation
 # Flat flags of `ElicitationSettings` fields (flag name -> field name).
@@ -80,7 +90,8 @@ class CollectConfig(ModelArguments):
         problems_per_shard: Problems per shard file.
         problems_per_batch: Prompts per generate call (batch rows = this x N); the unit of resumption.
         seed: Base seed; each batch is seeded from it and its problem ids.
-        dtype: Storage dtype of hidden states.
+        dtype: Storage dtype of the hidden states in shards: bfloat16 (bf16) or float16 (fp16); the LM's dtype is
+            ``model_dtype`` (TRL's ``--dtype``).
         confidence_top_k: k of DeepConf's token confidence.
         skip_bad_lines: --traces: skip bad lines (counted in the summary and the shard info, with a warning) instead of
             stopping at the first.
@@ -210,7 +221,11 @@ class CollectConfig(ModelArguments):
     )
     seed: int = field(default=0, metadata={"help": "Base seed; each batch is seeded from it and its problem ids."})
     dtype: Literal["bfloat16", "float16"] = field(
-        default="bfloat16", metadata={"help": "Storage dtype of hidden states."}
+        default="bfloat16",
+        metadata={
+            "help": "Storage dtype of the hidden states in shards: bfloat16 (bf16) or float16 (fp16); the LM's dtype "
+            "is --model-dtype."
+        },
     )
     confidence_top_k: int = field(default=20, metadata={"help": "k of DeepConf's token confidence."})
     skip_bad_lines: bool = field(
@@ -248,6 +263,7 @@ class CollectConfig(ModelArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        self.dtype = storage_dtype_name(self.dtype)  # pyright: ignore[reportAttributeAccessIssue]
         if isinstance(self.checker_kwargs, str):  # from the command line
             try:
                 self.checker_kwargs = json.loads(self.checker_kwargs)
@@ -280,6 +296,8 @@ class CollectConfig(ModelArguments):
     @property
     def problem_columns(self) -> ProblemColumns:
         """How `load_problems` reads ``--problems``' table: the column flags as one `ProblemColumns`."""
+        from ..data.problems import ProblemColumns
+
         return ProblemColumns(
             question=self.question_column,
             gold=self.gold_column,
@@ -353,6 +371,22 @@ class CollectConfig(ModelArguments):
                 raise UserError(f"--traces re-encodes what was sampled already: {changed} do not apply")
 
 
+def storage_dtype_name(value) -> str:
+    """``--dtype``'s value as the storage dtype it names (``bf16`` -> ``bfloat16``).
+
+    Raises:
+        UserError: not a 16-bit dtype; a dtype the LM could load in (TRL's ``--dtype float32``) is named as
+            ``--model-dtype``'s.
+    """
+    name = DTYPE_ALIASES.get(str(value).strip().lower().removeprefix("torch."))
+    if name in ("float32", "float64", "auto"):
+        raise UserError(
+            f"--dtype {value}: --dtype is the dtype shards store hidden states in (bfloat16 or float16); to load "
+            f"the LM in {name}, give --model-dtype {name}"
+        )
+    return dtype_name(value, "--dtype", ("bfloat16", "float16"))
+
+
 def as_config(config: CollectConfig | None, elicitation: ElicitationSettings | None, overrides: dict) -> CollectConfig:
     """`config` (default: `CollectConfig()`) with keyword `overrides` (field names) and then `elicitation` applied:
     what `collect` and `collect_from_traces` run with."""
@@ -361,17 +395,36 @@ def as_config(config: CollectConfig | None, elicitation: ElicitationSettings | N
     return (config or CollectConfig()).replace(**overrides).replace(elicitation=elicitation)
 
 
+def _flag_type(check):
+    """An argparse ``type`` of `check` (a value -> its parsed form, raising `UserError`): argparse reports a refusal
+    as it reports a malformed int."""
+
+    def parse(value: str):
+        try:
+            return check(value)
+        except UserError as refused:
+            raise argparse.ArgumentTypeError(" ".join(str(refused).split())) from None
+
+    return parse
+
+
 def build_parser():
     """The ``hf-msv collect`` parser: one flag per `CollectConfig` field."""
-    from transformers import HfArgumentParser
+    from ..arguments import CommandParser
 
-    parser = HfArgumentParser(CollectConfig, prog="hf-msv collect", description=CollectConfig.__doc__.splitlines()[0])
+    parser = CommandParser(CollectConfig, prog="hf-msv collect", description=CollectConfig.__doc__.splitlines()[0])
     # HfArgumentParser gives list fields nargs="+"; "--delimiters" alone (no delimiter: answers only every k tokens
     # and at the end) has always been accepted, so it stays "*".
+    # --dtype takes the usual spellings (bf16) and names --model-dtype for the LM's dtype: checked by
+    # `storage_dtype_name`, not by argparse's choices, whose refusal would name neither.
     for action in parser._actions:
         if action.dest == "delimiters":
             action.nargs = "*"
+        if action.dest == "dtype":
+            action.choices, action.type, action.metavar = None, _flag_type(storage_dtype_name), "{bfloat16,float16}"
+        if action.dest == "model_dtype":
+            action.type = _flag_type(lambda value: dtype_name(value, "--model-dtype"))
     return parser
 
 
-__all__ = ["CollectConfig", "as_config", "build_parser"]
+__all__ = ["CollectConfig", "as_config", "build_parser", "storage_dtype_name"]

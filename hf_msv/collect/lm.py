@@ -6,11 +6,8 @@ See ``docs/collection.md``.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -20,133 +17,15 @@ from ..data.sources import load_problems
 from ..errors import MissingPathError, UserError, check_checkpoint_dir
 from ..registry import get_named_lm
 from ..utils import resolve_device
-
-DEFAULT_MAX_NEW_TOKENS = 4096
-"""The sampling budget of an LM that is not registered with one (the paper's)."""
-
-PROMPT_TEMPLATES = ("auto", "chat", "plain")
+from .model_arguments import (
+    DEFAULT_MAX_NEW_TOKENS,
+    PROMPT_TEMPLATES,
+    ModelArguments,
+    default_max_new_tokens,
+    resolve_prompt_template,
+)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelArguments:
-    """How the LM is loaded (modelled on TRL's ``ModelConfig``; flags built from these fields by
-    `transformers.HfArgumentParser`). `load_lm` takes it whole; `CollectConfig` and `DemoConfig` hold these fields.
-
-    Args:
-        model: LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed).
-        revision: Branch, tag or commit of a Hub LM.
-        trust_remote_code: Run the LM's own modeling code (an ``auto_map`` in its config), as transformers does.
-        model_dtype: dtype to load the LM in (auto, bfloat16, float32, ...).
-        attn_implementation: transformers' attention kernel (eager, sdpa, flash_attention_2, ...).
-        device_map: accelerate's placement: auto, balanced, sequential, cpu, cuda:0, ..., or a JSON file mapping
-            module names to devices ("cpu", "disk", 0, ...).
-        offload_folder: Where modules placed on "disk" by ``device_map`` are written.
-        load_in_4bit: Quantize to 4 bits with bitsandbytes (``transformers.BitsAndBytesConfig``).
-        load_in_8bit: Quantize to 8 bits with bitsandbytes.
-        gguf_file: A GGUF file inside ``model``, if it is a GGUF repository or directory.
-
-    Raises:
-        UserError: 4 and 8 bits at once, quantization without bitsandbytes installed, or a ``device_map`` file that
-            is not a JSON object.
-    """
-
-    model: str | None = field(
-        default=None,
-        metadata={
-            "help": "LM directory, Hub id or a named LM (hf_msv.registry, e.g. testbed). Required on the command line."
-        },
-    )
-    revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit of a Hub LM."})
-    trust_remote_code: bool = field(
-        default=False,
-        metadata={"help": "Run the LM's own modeling code (an auto_map in its config), as transformers does."},
-    )
-    model_dtype: str = field(
-        default="auto", metadata={"help": "dtype to load the LM in (auto, bfloat16, float32, ...)."}
-    )
-    attn_implementation: str | None = field(
-        default=None, metadata={"help": "transformers' attention kernel (eager, sdpa, flash_attention_2, ...)."}
-    )
-    device_map: str | None = field(
-        default=None,
-        metadata={
-            "help": "accelerate's placement: auto, balanced, sequential, cpu, cuda:0, ..., or a JSON file mapping "
-            'module names to devices ("cpu", "disk", 0, ...).'
-        },
-    )
-    offload_folder: str | None = field(
-        default=None, metadata={"help": 'Where modules placed on "disk" by --device-map are written.'}
-    )
-    load_in_4bit: bool = field(
-        default=False, metadata={"help": "Quantize to 4 bits with bitsandbytes (transformers.BitsAndBytesConfig)."}
-    )
-    load_in_8bit: bool = field(default=False, metadata={"help": "Quantize to 8 bits with bitsandbytes."})
-    gguf_file: str | None = field(
-        default=None, metadata={"help": "A GGUF file inside --model, if it is a GGUF repository or directory."}
-    )
-
-    def __post_init__(self):
-        # every check that needs no download runs here, when the flags are parsed, before any work
-        if self.load_in_4bit and self.load_in_8bit:
-            raise UserError("--load-in-4bit and --load-in-8bit: give one")
-        if (self.load_in_4bit or self.load_in_8bit) and importlib.util.find_spec("bitsandbytes") is None:
-            raise UserError("--load-in-4bit / --load-in-8bit quantize with bitsandbytes: pip install bitsandbytes")
-        self.resolved_device_map()
-
-    @classmethod
-    def from_fields(cls, config) -> ModelArguments:
-        """The `ModelArguments` of a config holding its fields (`CollectConfig`, `DemoConfig`)."""
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
-
-    def resolved_device_map(self) -> str | dict | None:
-        """``device_map`` as ``from_pretrained`` takes it: a strategy or device name, or a JSON file's mapping.
-
-        Raises:
-            MissingPathError: a ``.json`` path that is no file.
-            UserError: a file that is not a JSON object.
-        """
-        if self.device_map is None or not self.device_map.endswith(".json"):
-            return self.device_map
-        path = Path(self.device_map)
-        if not path.is_file():
-            raise MissingPathError(f"--device-map {path}: no such file")
-        try:
-            mapping = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise UserError(f"--device-map {path}: not JSON ({error})") from None
-        if not isinstance(mapping, dict):
-            raise UserError(f"--device-map {path}: expected a JSON object of module name -> device")
-        return mapping
-
-    def quantization_config(self):
-        """The `transformers.BitsAndBytesConfig` of ``load_in_4bit`` / ``load_in_8bit``, else `None`."""
-        if not (self.load_in_4bit or self.load_in_8bit):
-            return None
-        from transformers import BitsAndBytesConfig
-
-        return BitsAndBytesConfig(load_in_4bit=self.load_in_4bit, load_in_8bit=self.load_in_8bit)
-
-    def from_pretrained_kwargs(self, device=None) -> dict:
-        """The keyword arguments of ``AutoModelForCausalLM.from_pretrained``.
-
-        Args:
-            device: where a quantized LM without ``device_map`` goes (bitsandbytes places weights while loading).
-        """
-        kwargs = {
-            "revision": self.revision,
-            "trust_remote_code": self.trust_remote_code,
-            "dtype": self.model_dtype if self.model_dtype == "auto" else getattr(torch, self.model_dtype),
-            "attn_implementation": self.attn_implementation,
-            "device_map": self.resolved_device_map(),
-            "offload_folder": self.offload_folder,
-            "quantization_config": self.quantization_config(),
-            "gguf_file": self.gguf_file,
-        }
-        if kwargs["quantization_config"] is not None and kwargs["device_map"] is None:
-            kwargs["device_map"] = {"": str(resolve_device(device))}
-        return {key: value for key, value in kwargs.items() if value is not None}
 
 
 def _remote_code_error(args: ModelArguments, error: Exception) -> UserError | None:
@@ -221,22 +100,6 @@ def load_lm(args: ModelArguments | str, device=None, *, dtype: str | None = None
             "disk: keep it on a device (device_map auto does)"
         )
     return model.eval(), tokenizer
-
-
-def default_max_new_tokens(name: str | None) -> int:
-    """The sampling budget of LM `name`: a named LM's ``max_new_tokens`` (e.g. the length cap it was trained at), else
-    `DEFAULT_MAX_NEW_TOKENS`."""
-    named = get_named_lm(name)
-    return named.max_new_tokens if named is not None and named.max_new_tokens else DEFAULT_MAX_NEW_TOKENS
-
-
-def resolve_prompt_template(template, lm_name: str | None):
-    """``"auto"`` for a named LM with a prompt format is its name (so the recorded template names the format);
-    anything else is returned as it is."""
-    named = get_named_lm(lm_name)
-    if template == "auto" and named is not None and named.prompt is not None:
-        return named.name
-    return template
 
 
 def prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:

@@ -195,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     Args:
         argv: the command-line arguments; `None`: ``sys.argv[1:]``.
     """
-    from transformers import HfArgumentParser
+    from ..arguments import CommandParser
 
-    parser = HfArgumentParser(RespaceConfig, prog="hf-msv respace", description=RespaceConfig.__doc__.splitlines()[0])
+    parser = CommandParser(RespaceConfig, prog="hf-msv respace", description=RespaceConfig.__doc__.splitlines()[0])
     (config,) = parse_command_args(parser, argv)
     print(json.dumps(asdict(respace_collection(config))))

@@ -25,9 +25,7 @@ import types
 import typing
 from dataclasses import asdict, dataclass, field, make_dataclass, replace
 
-from transformers import HfArgumentParser
-
-from ..arguments import parse_command_args
+from ..arguments import CommandParser, parse_command_args
 from ..errors import UserError
 from .config import MSVTrainingConfig, architecture_fields
 from .trainer import TRACKER_PACKAGES, TrainingResult, resolve_trackers, train_verifier
@@ -140,10 +138,10 @@ def architecture_arguments() -> type:
     return arguments
 
 
-def build_train_parser() -> HfArgumentParser:
+def build_train_parser() -> CommandParser:
     """The ``hf-msv train`` parser: one flag per field of `TrainArguments`, `MSVTrainingConfig` and
     `architecture_arguments` (`parse_train_args` parses with it)."""
-    return HfArgumentParser(
+    return CommandParser(
         (TrainArguments, MSVTrainingConfig, architecture_arguments()),
         prog="hf-msv train",
         description="Train an MSV_N or a Probe on collected shards.",
