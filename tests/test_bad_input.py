@@ -125,3 +125,81 @@ def test_yaml_values_parse_as_flags(tmp_path):
     with pytest.raises(UserError, match="num_samples"):
         config.write_text("num_samples: true\n")
         parse_command_args(build_parser(), ["--config", str(config)])
+
+
+def _collect_argv(out, *extra):
+    return ["collect", "--model", "testbed", "--problems", "testbed:validation:2", "--output-dir", str(out), *extra]
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_the_lm(capsys, tmp_path, no_lm_load):
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "below"):
+        line = _one_error_line(*run_command(_collect_argv(out), capsys)[::2])
+        assert "--output-dir" in line and str(tmp_path / "f") in line
+
+
+def test_other_settings_are_refused_before_the_lm_in_flag_terms(capsys, tmp_path, no_lm_load):
+    from hf_msv.collect.job import config_settings
+    from hf_msv.collect.live import LIVE_SETTINGS
+    from hf_msv.utils import atomic_write_json
+
+    config = CollectConfig(model="testbed", num_samples=4, output_dir=str(tmp_path)).resolved()
+    atomic_write_json(tmp_path / "collect_config.json", config_settings(config, config.elicitation, LIVE_SETTINGS))
+    line = _one_error_line(
+        *run_command(_collect_argv(tmp_path, "--num-samples", "8", "--mode", "terminal"), capsys)[::2]
+    )
+    assert "--num-samples 4 there, 8 now" in line and "--mode 'streaming' there, 'terminal' now" in line
+    assert "--overwrite" in line and "overwrite=True" not in line
+    (tmp_path / "collect_config.json").write_text("{truncated")
+    assert "--overwrite" in _one_error_line(*run_command(_collect_argv(tmp_path), capsys)[::2])
+
+
+def test_counts_are_named_as_flags(capsys, tmp_path, no_lm_load):
+    line = _one_error_line(*run_command(_collect_argv(tmp_path, "--num-samples", "0"), capsys)[::2])
+    assert "--num-samples 0: must be positive" in line
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "blank.jsonl", "empty.parquet", "no_rows.parquet", "empty.csv"])
+def test_empty_problem_files_are_named_as_empty(name, capsys, tmp_path, no_lm_load):
+    path = tmp_path / name
+    if name == "blank.jsonl":
+        path.write_text("\n  \n")
+    elif name == "no_rows.parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"question": pa.array([], pa.string()), "gold": pa.array([], pa.string())}), path)
+    else:
+        path.write_bytes(b"")
+    argv = ["collect", "--model", "testbed", "--problems", str(path), "--output-dir", str(tmp_path / "out")]
+    line = _one_error_line(*run_command(argv, capsys)[::2])
+    assert str(path) in line and "empty" in line, line
+
+
+def test_missing_columns_are_named_as_flags(capsys, tmp_path, no_lm_load):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"q": "1+1", "a": "2"}\n')
+    argv = ["collect", "--model", "testbed", "--problems", str(path), "--output-dir", str(tmp_path / "out")]
+    line = _one_error_line(*run_command(argv, capsys)[::2])
+    assert "--question-column" in line and "'q'" in line
+
+
+def test_no_progress_turns_off_the_libraries_bars(capsys, tmp_path, monkeypatch):
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    import hf_msv.collect.lm
+
+    seen = []
+
+    def load_lm(*args, **kwargs):
+        seen.append((transformers_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()))
+        raise UserError("stop here")
+
+    monkeypatch.setattr(hf_msv.collect.lm, "load_lm", load_lm)
+    try:
+        run_command(_collect_argv(tmp_path / "out", "--no-progress"), capsys)
+    finally:
+        transformers_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+    assert seen == [(False, False)]

@@ -30,6 +30,15 @@ def load_problems(*args, **kwargs):
     return lm.load_problems(*args, **kwargs)
 
 
+def quiet_progress_bars() -> None:
+    """``--no-progress`` means no bar at all: transformers' (loading weights) and datasets' (reading a table) too."""
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    datasets.disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+
+
 def collect_from_config(config: CollectConfig) -> CollectResult:
     """Load the LM and the problems `config` names and run `collect` with its settings (or, with ``traces``,
     `collect_from_traces` on that trace file).
@@ -48,17 +57,26 @@ def collect_from_config(config: CollectConfig) -> CollectResult:
     config.check_command_line()
     if config.engine == "vllm":
         raise UserError("--engine vllm runs through `hf-msv collect` (hf_msv.vllm.cli)")
-    config = config.resolved()
+    from .job import config_settings
+    from .store import check_output_dir
+
+    if not config.progress:
+        quiet_progress_bars()
+    config = config.resolved()  # every check below comes before the LM loads (minutes for a large one)
     if config.traces is not None:
-        from .from_traces import collect_from_traces
+        from .from_traces import TRACE_SETTINGS, collect_from_traces
         from .traces import read_traces
 
+        check_output_dir(
+            config.output_dir, config_settings(config, config.elicitation, TRACE_SETTINGS), config.overwrite
+        )
         # Read (and check) the file before the LM: a malformed one fails in seconds, not after a large LM loads.
         traces = read_traces(config.traces, skip_bad_lines=config.skip_bad_lines, format=config.traces_format)
         model, tokenizer = load_lm(config.model_arguments, None)  # None: this process's device
         return collect_from_traces(model, tokenizer, traces, config.output_dir, config)
-    from .live import collect
+    from .live import LIVE_SETTINGS, collect
 
+    check_output_dir(config.output_dir, config_settings(config, config.elicitation, LIVE_SETTINGS), config.overwrite)
     problems = load_problems(config.problems, config.problem_columns)  # before the LM: a bad spec fails fast
     model, tokenizer = load_lm(config.model_arguments, None)
     return collect(model, tokenizer, problems, config.output_dir, config)
@@ -101,4 +119,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(json.dumps(summary(result)))
 
 
-__all__ = ["collect_from_config", "main", "summary"]
+__all__ = ["collect_from_config", "main", "quiet_progress_bars", "summary"]

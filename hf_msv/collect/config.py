@@ -283,7 +283,8 @@ class CollectConfig(ModelArguments):
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             bad.append("max_new_tokens")
         if bad:
-            raise UserError(f"{bad} must be positive")
+            given = ", ".join(f"--{name.replace('_', '-')} {getattr(self, name)}" for name in bad)
+            raise UserError(f"{given}: must be positive")
         if self.confidence not in CONFIDENCE_SOURCES:
             raise UserError(f"confidence must be one of {list(CONFIDENCE_SOURCES)}, got {self.confidence!r}")
         try:

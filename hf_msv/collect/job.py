@@ -140,16 +140,22 @@ def sampling_config(
     return config
 
 
-def recorded_settings(config: CollectConfig, elicitation: ElicitationSettings, model, tokenizer, names) -> dict:
-    """Everything that changes what is collected (resuming with other values would mix two datasets): the fields
-    `names` of `config`, the elicitation settings and the LM's identity."""
+def config_settings(config: CollectConfig, elicitation: ElicitationSettings, names) -> dict:
+    """The recorded settings that need no LM: the fields `names` of `config` and the elicitation settings (what
+    `hf_msv.collect.store.check_output_dir` compares before the LM loads)."""
     settings = {name: getattr(config, name) for name in names}
     settings.update(
         elicitation=elicitation.to_dict(),
         checker_kwargs=dict(config.checker_kwargs or {}),
         prompt_template=template_name(config.prompt_template),
     )
-    return dict(settings, **lm_info(model, tokenizer))
+    return settings
+
+
+def recorded_settings(config: CollectConfig, elicitation: ElicitationSettings, model, tokenizer, names) -> dict:
+    """Everything that changes what is collected (resuming with other values would mix two datasets): the fields
+    `names` of `config`, the elicitation settings and the LM's identity."""
+    return dict(config_settings(config, elicitation, names), **lm_info(model, tokenizer))
 
 
 def verdict_counts(checker) -> dict[str, int]:
@@ -226,6 +232,7 @@ __all__ = [
     "batch_seed",
     "check_storage",
     "collection_job",
+    "config_settings",
     "context_limit",
     "count_verdicts",
     "recorded_settings",

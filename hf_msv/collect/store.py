@@ -13,6 +13,7 @@ See ``docs/collection.md`` for the protocol and what a restart does.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,8 +21,9 @@ from pathlib import Path
 
 from ..data import SHARD_GLOB, CollectedProblem, collection_elicitation, read_shard, read_shard_info, write_shard
 from ..elicitation import ElicitationSettings
-from ..errors import UserError
+from ..errors import NotADirectoryPathError, UserError
 from ..utils import atomic_write_json, fsync_dir
+from .config import ELICITATION_FLAGS
 
 CONFIG_FILE = "collect_config.json"
 INDEX_FILE = "index.json"
@@ -182,17 +184,65 @@ def check_settings(root: Path, settings: dict, is_main: bool, overwrite: bool, s
         if not path.exists():
             atomic_write_json(path, settings)
     state.wait_for_everyone()
-    existing, requested = _comparable(json.loads(path.read_text())), _comparable(settings)
-    if existing != requested:
-        diff = {
-            k: (existing.get(k), requested.get(k))
-            for k in set(existing) | set(requested)
-            if existing.get(k) != requested.get(k)
-        }
-        raise UserError(
-            f"{root} holds a collection with other settings (existing, requested): {diff}. Use a new "
-            "output_dir, the same settings to resume, or overwrite=True to start over."
-        )
+    existing, requested = _comparable(_read_settings(path)), _comparable(settings)
+    diff = {
+        k: (existing.get(k), requested.get(k))
+        for k in set(existing) | set(requested)
+        if existing.get(k) != requested.get(k)
+    }
+    if diff:
+        raise UserError(_other_settings(root, diff))
+
+
+def check_output_dir(output_dir: str | os.PathLike, settings: dict, overwrite: bool = False) -> None:
+    """Check `output_dir` before the LM loads: a directory (or one that can be made) that is writable, and, unless
+    `overwrite`, holding no collection made with other values of `settings` (those that need no LM:
+    `hf_msv.collect.job.config_settings`; the LM's identity is compared once it has loaded).
+
+    Raises:
+        NotADirectoryPathError: `output_dir`, or a directory above it, is a file.
+        UserError: not writable, a ``collect_config.json`` that is not JSON, or other settings.
+    """
+    root = Path(output_dir)
+    existing = next(p for p in (root, *root.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise NotADirectoryPathError(errno.ENOTDIR, "--output-dir: a file is in the way", str(existing))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--output-dir {root}: {existing} is not writable")
+    path = root / CONFIG_FILE
+    if overwrite or not path.is_file():
+        return
+    existing_settings, requested = _comparable(_read_settings(path)), _comparable(settings)
+    diff = {k: (existing_settings.get(k), v) for k, v in requested.items() if existing_settings.get(k) != v}
+    if diff:
+        raise UserError(_other_settings(root, diff))
+
+
+def _read_settings(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"{path} is not JSON: start over with --overwrite, or use another --output-dir") from None
+
+
+def _other_settings(root: Path, diff: dict) -> str:
+    """The refusal to resume: each differing setting as its flag, its value there and the one requested."""
+    parts = []
+    for key, (there, now) in sorted(diff.items()):
+        if key == "elicitation" and isinstance(there, dict) and isinstance(now, dict):
+            flags = {v: k for k, v in ELICITATION_FLAGS.items()}
+            parts += [
+                f"--{flags.get(k, k).replace('_', '-')} {there.get(k)!r} there, {now.get(k)!r} now"
+                for k in sorted(set(there) | set(now))
+                if there.get(k) != now.get(k)
+            ]
+        else:
+            name = f"--model ({key})" if key.startswith("lm_") or key == "tokenizer" else "--" + key.replace("_", "-")
+            parts.append(f"{name} {there!r} there, {now!r} now")
+    return (
+        f"--output-dir {root} holds a collection made with other settings ({'; '.join(parts)}): give the same "
+        "settings to resume, another --output-dir, or --overwrite to start over"
+    )
 
 
 def pending_batches(mine: list, problems_per_batch: int, done: set[str]) -> list[tuple]:
@@ -239,6 +289,7 @@ __all__ = [
     "CONFIG_FILE",
     "INDEX_FILE",
     "ShardStore",
+    "check_output_dir",
     "check_settings",
     "done_problem_ids",
     "pending_batches",

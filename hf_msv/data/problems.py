@@ -309,8 +309,12 @@ def read_table(
     path = Path(location).expanduser()
     if not hub and not path.exists():
         raise MissingPathError(f"no file or directory at {path}")
+    if not hub and path.is_file() and path.stat().st_size == 0:
+        raise UserError(f"{path} is empty: no problems to read")
     if not hub and path.is_file() and path.suffix.lower() == ".jsonl":
-        return _jsonl_table(path)
+        return _nonempty(_jsonl_table(path), path)
+    if not hub and path.is_file() and path.suffix.lower() == ".parquet" and _parquet_rows(path) == 0:
+        raise UserError(f"{location} is empty: it has no rows (no problems to read)")
     from datasets.exceptions import DatasetsError
 
     name = location if hub else path.stem
@@ -320,7 +324,25 @@ def read_table(
         if isinstance(error, UserError):
             raise
         raise UserError(f"cannot read {location}: {' '.join(str(error).split())}") from error
-    return ProblemTable(name=name, rows=dataset, column_names=list(dataset.column_names))
+    return _nonempty(ProblemTable(name=name, rows=dataset, column_names=list(dataset.column_names)), location)
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """The row count in a parquet file's footer (datasets fails on a file of none with a message that names nothing),
+    or `None` when the footer cannot be read (``datasets`` then says why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # pyarrow's errors for a file that is not parquet: left to datasets' message
+        return None
+
+
+def _nonempty(table: ProblemTable, location) -> ProblemTable:
+    """`table`, which must have a row: an empty one is named as such, not as one that lacks every column."""
+    if len(table.rows) == 0:
+        raise UserError(f"{location} is empty: it has no rows (no problems to read)")
+    return table
 
 
 def _column_choice(table: ProblemTable, named: str | None, default: str) -> str | None:
@@ -335,7 +357,8 @@ def check_columns(table: ProblemTable, columns: ProblemColumns) -> None:
     if missing:
         raise UserError(
             f"{table.name} has no column {', '.join(map(repr, missing))}; its columns: {table.column_names} "
-            "(map yours with ProblemColumns(question=..., gold=..., id=...))"
+            "(name yours with --question-column, --gold-column, --id-column; from Python, "
+            "ProblemColumns(question=..., gold=..., id=...))"
         )
 
 

@@ -90,7 +90,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from ..arguments import parse_command_args
     from ..collect.cli import summary
     from ..collect.config import build_parser
+    from ..collect.job import config_settings
+    from ..collect.live import LIVE_SETTINGS
     from ..collect.lm import load_problems
+    from ..collect.store import check_output_dir
+    from ..errors import UserError
     from ..registry import get_named_lm
     from .collect import collect_with_vllm
 
@@ -100,7 +104,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     config.check_command_line()
     model_kwargs = engine_model_arguments(config.model_arguments)  # before the problems and the engine
     if config.traces is not None:
-        raise ValueError("--engine vllm samples: re-encoding --traces runs on transformers (drop --engine vllm)")
+        raise UserError("--engine vllm samples: re-encoding --traces runs on transformers (drop --engine vllm)")
+    resolved = config.resolved()
+    settings = config_settings(resolved, resolved.elicitation, LIVE_SETTINGS)
+    check_output_dir(config.output_dir, settings, config.overwrite)  # before the engine loads the LM
     problems = load_problems(config.problems, config.problem_columns)  # before the engine: a bad spec fails fast
     named = get_named_lm(config.model)
     path = str(named.path) if named is not None else config.model
