@@ -19,7 +19,15 @@ from ..errors import UserError
 from ..utils import process_state
 from .config import CollectConfig, as_config
 from .lm import lm_info, template_name
-from .store import ShardStore, check_settings, done_problem_ids, pending_batches, write_index
+from .store import (
+    ShardStore,
+    acquire_lock,
+    check_settings,
+    done_problem_ids,
+    pending_batches,
+    release_lock,
+    write_index,
+)
 
 DELIMITER_ROOM = 4
 """Positions kept free for the text of a delimiter's first token that `AnswerElicitor` re-feeds before the prompt."""
@@ -190,8 +198,14 @@ def start_collection(output_dir, settings: dict, info: dict, problems: Sequence[
     rank, world = state.process_index, state.num_processes
     root = Path(output_dir)
     root.mkdir(parents=True, exist_ok=True)
-    check_settings(root, settings, state.is_main_process, overwrite, state)
+    lock = acquire_lock(root) if state.is_main_process else None  # one writer per directory
+    try:
+        check_settings(root, settings, state.is_main_process, overwrite, state)
+    except BaseException:
+        release_lock(lock)
+        raise
     store = ShardStore(root, rank, world, settings["problems_per_shard"], settings["dtype"], info)
+    store.lock = lock
     store.recover()
     state.wait_for_everyone()  # every rank has cleaned up before anyone reads the done set
     mine = list(problems[rank::world])
@@ -208,21 +222,25 @@ def start_collection(output_dir, settings: dict, info: dict, problems: Sequence[
 @contextlib.contextmanager
 def collection_job(model, store: ShardStore, result: CollectResult, state):
     """The frame of one process's collection job, live or re-encoded (yields its start time): the LM in eval mode
-    and the store finished; whatever happens, the LM's mode restored and `result` given the seconds and the shards
-    written; once every rank is done, the main process writes the manifest over all shards."""
+    and the store finished; whatever happens, the LM's mode restored, `result` given the seconds and the shards
+    written, and the directory's lock released; once every rank is done, the main process writes the manifest over
+    all shards."""
     start = time.perf_counter()
     was_training = model.training
     model.eval()
     try:
-        yield start
-        store.finish()
+        try:
+            yield start
+            store.finish()
+        finally:
+            model.train(was_training)
+            result.seconds = time.perf_counter() - start
+            result.shards = [str(p) for p in store.written]
+        state.wait_for_everyone()
+        if state.is_main_process:
+            write_index(store.root)
     finally:
-        model.train(was_training)
-        result.seconds = time.perf_counter() - start
-        result.shards = [str(p) for p in store.written]
-    state.wait_for_everyone()
-    if state.is_main_process:
-        write_index(store.root)
+        release_lock(store.lock)
 
 
 __all__ = [

@@ -6,7 +6,8 @@ Layout of a collection directory (every file written to a temporary name, fsynce
     spool/spool-r{rank}-b{batch}.safetensors  one finished batch each, until packed (same format as a shard)
     shard-r{rank}-{index}.safetensors      `problems_per_shard` problems each
     index-r{rank}.json                     one process's manifest: its shards and their problems
-    index.json                             every shard, written by the main process at the end
+    index.json                             every shard and its checksum, written by the main process at the end
+    .hf_msv-collect.lock                   the writing run (pid, host), while it runs: one writer per directory
 
 See ``docs/collection.md`` for the protocol and what a restart does.
 """
@@ -17,14 +18,18 @@ import errno
 import json
 import os
 import re
+import socket
+import time
 from pathlib import Path
 
 from ..data import SHARD_GLOB, CollectedProblem, collection_elicitation, read_shard, read_shard_info, write_shard
+from ..data.shards import file_checksum
 from ..elicitation import ElicitationSettings
 from ..errors import NotADirectoryPathError, UserError
 from ..utils import atomic_write_json, fsync_dir
 from .config import ELICITATION_FLAGS
 
+LOCK_FILE = ".hf_msv-collect.lock"
 CONFIG_FILE = "collect_config.json"
 INDEX_FILE = "index.json"
 _SHARD_RE = re.compile(r"shard-r(\d+)-(\d+)\.safetensors$")
@@ -53,6 +58,7 @@ class ShardStore:
         self.problems_per_shard = problems_per_shard
         self.dtype, self.info = dtype, info
         self.written: list[Path] = []
+        self.lock: Path | None = None  # the main process's lock of `root` (`acquire_lock`), released at the end
         self.manifest: dict[str, list[str]] = {}  # this rank's shard name -> problem ids, kept in memory
 
     def on_commit(self, stage: str, **info) -> None:
@@ -201,7 +207,8 @@ def check_output_dir(output_dir: str | os.PathLike, settings: dict, overwrite: b
 
     Raises:
         NotADirectoryPathError: `output_dir`, or a directory above it, is a file.
-        UserError: not writable, a ``collect_config.json`` that is not JSON, or other settings.
+        UserError: not writable, another run writing it, a ``collect_config.json`` that is not JSON, or other
+            settings.
     """
     root = Path(output_dir)
     existing = next(p for p in (root, *root.parents) if p.exists() or p == p.parent)
@@ -209,6 +216,7 @@ def check_output_dir(output_dir: str | os.PathLike, settings: dict, overwrite: b
         raise NotADirectoryPathError(errno.ENOTDIR, "--output-dir: a file is in the way", str(existing))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"--output-dir {root}: {existing} is not writable")
+    check_unlocked(root)
     path = root / CONFIG_FILE
     if overwrite or not path.is_file():
         return
@@ -245,6 +253,78 @@ def _other_settings(root: Path, diff: dict) -> str:
     )
 
 
+def acquire_lock(root: Path) -> Path:
+    """Make this process the one writer of `root` (a lock file naming it); a lock left by a killed run (its process
+    gone from this host) is taken over, as is one this process holds already.
+
+    Returns:
+        The lock file, for `release_lock`.
+
+    Raises:
+        UserError: another run holds it (named in the message).
+    """
+    lock = root / LOCK_FILE
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            check_unlocked(root)  # raises while another run holds it
+            lock.unlink(missing_ok=True)  # a killed run's, or ours: taken over
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return lock
+    raise UserError(f"--output-dir {root}: another run keeps taking its lock {lock}")
+
+
+def check_unlocked(root: Path) -> None:
+    """Raise `UserError` when another live run holds `root`'s lock (`acquire_lock`)."""
+    lock = root / LOCK_FILE
+    try:
+        holder = json.loads(lock.read_text(encoding="utf-8"))
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):  # being written this instant, or garbage
+        holder, age = {}, time.time() - lock.stat().st_mtime if lock.exists() else 0.0
+    if _holds(holder, age):
+        where = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('since', '?')}"
+        raise UserError(
+            f"--output-dir {root} is being written by another run ({where}): wait for it to end, or remove {lock} "
+            "if that run is gone"
+        )
+
+
+def _holds(holder: dict, age: float) -> bool:
+    """Whether the run a lock names still runs: not this process; on this host, its pid alive; elsewhere, assumed."""
+    pid, host = holder.get("pid"), holder.get("host")
+    if not isinstance(pid, int):
+        return age < 10.0  # a lock file being written now; an old unreadable one is garbage
+    if host != socket.gethostname():
+        return True
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def release_lock(lock: Path | None) -> None:
+    """Remove a lock `acquire_lock` made, if this process still holds it."""
+    if lock is None:
+        return
+    try:
+        if json.loads(lock.read_text(encoding="utf-8")).get("pid") == os.getpid():
+            lock.unlink(missing_ok=True)
+    except (OSError, ValueError):
+        pass
+
+
 def pending_batches(mine: list, problems_per_batch: int, done: set[str]) -> list[tuple]:
     """``(batch index, batch, problems of it not done yet)`` of every batch with something left to do.
 
@@ -276,11 +356,17 @@ def write_index(output_dir: str | os.PathLike) -> dict:
         output_dir: the collection directory.
 
     Returns:
-        The index written: ``{"shards", "problems", "format"}``.
+        The index written: ``{"shards", "problems", "format", "checksums"}`` (``sha256:`` of each shard file).
     """
     root = Path(output_dir)
-    shards = {p.name: read_shard_info(p)["problem_id"] for p in sorted(root.glob(SHARD_GLOB))}
-    index = {"shards": shards, "problems": sum(map(len, shards.values())), "format": "hf_msv.shard"}
+    files = sorted(root.glob(SHARD_GLOB))
+    shards = {p.name: read_shard_info(p)["problem_id"] for p in files}
+    index = {
+        "shards": shards,
+        "problems": sum(map(len, shards.values())),
+        "format": "hf_msv.shard",
+        "checksums": {p.name: file_checksum(p) for p in files},  # read back by hf_msv.data.verify_checksums
+    }
     atomic_write_json(root / INDEX_FILE, index)
     return index
 
@@ -288,10 +374,13 @@ def write_index(output_dir: str | os.PathLike) -> dict:
 __all__ = [
     "CONFIG_FILE",
     "INDEX_FILE",
+    "LOCK_FILE",
     "ShardStore",
+    "acquire_lock",
     "check_output_dir",
     "check_settings",
     "done_problem_ids",
     "pending_batches",
+    "release_lock",
     "write_index",
 ]

@@ -4,6 +4,7 @@ packer of groups into the verifier's inputs."""
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -16,7 +17,9 @@ from safetensors import safe_open
 from ..errors import MissingPathError, UserError
 from .groups import MODES, AnswerColumns, answer_group, partition_sequences, read_group
 from .records import CollectedProblem
-from .shards import SHARD_GLOB, ShardIndex, list_shards
+from .shards import SHARD_GLOB, ShardIndex, list_shards, verify_checksums
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ShardDataset", "collate_groups", "VERIFIER_INPUTS", "load_split", "PRELOAD_BYTES"]
 
@@ -78,6 +81,9 @@ class ShardDataset(torch.utils.data.Dataset):
         self.files = list_shards(paths)
         if not self.files:
             raise MissingPathError(f"no shards ({SHARD_GLOB}) found in {paths}")
+        unchecked = verify_checksums(self.files)
+        if unchecked:
+            logger.info("%d shard(s) read unchecked (no checksum in their index.json): %s", len(unchecked), unchecked)
         self.mode = mode
         self.seed = seed
         self.epoch = 0

@@ -9,8 +9,11 @@ tensor: ``docs/collection.md``.
 
 from __future__ import annotations
 
+import functools
 import glob
+import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,6 +33,7 @@ VERSION = "1"
 SHARD_GLOB = "shard-*.safetensors"
 METADATA_KEY = "hf_msv"
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+INDEX_FILE = "index.json"  # a collection's index: its shards, their problems and checksums
 COT_TENSORS = ("cot_confidence", "cot_token_ids")  # per CoT token, read per sequence: never held in the index
 # Answer-level columns: ``answer_{name}`` in the file and as an attribute of CollectedProblem.
 ANSWER_INT_COLUMNS = ("sequence", "step", "tau", "class", "length")
@@ -48,7 +52,12 @@ __all__ = [
     "read_shard_info",
     "list_shards",
     "collection_elicitation",
+    "file_checksum",
+    "verify_checksums",
+    "check_finite",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -379,3 +388,82 @@ def list_shards(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
         else:
             raise MissingPathError(f"no shard file or directory at {p}")
     return found
+
+
+def file_checksum(path: str | os.PathLike) -> str:
+    """``sha256:<hex>`` of a file's bytes (what ``index.json`` records per shard)."""
+    return _checksum(str(Path(path).resolve()), *_stamp(path))
+
+
+def _stamp(path) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=4096)
+def _checksum(path: str, size: int, mtime_ns: int) -> str:
+    """Cached per (file, size, mtime): a dataset built several times hashes each shard once."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _recorded_checksums(directory: Path) -> dict[str, str]:
+    """Shard name -> checksum from ``directory/index.json`` (none: no index, or one written before checksums)."""
+    try:
+        index = json.loads((directory / INDEX_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return index.get("checksums", {}) if isinstance(index, dict) else {}
+
+
+def verify_checksums(files: Sequence[str | os.PathLike]) -> list[Path]:
+    """Check each shard against the checksum its directory's ``index.json`` records.
+
+    Returns:
+        The shards read unchecked: no checksum recorded (written before checksums, or by a run not finished).
+
+    Raises:
+        UserError: a shard whose bytes differ from what was written.
+    """
+    unchecked, recorded = [], {}
+    for path in map(Path, files):
+        if path.parent not in recorded:
+            recorded[path.parent] = _recorded_checksums(path.parent)
+        expected = recorded[path.parent].get(path.name)
+        if expected is None:
+            unchecked.append(path)
+        elif file_checksum(path) != expected:
+            raise UserError(
+                f"{path}: its bytes differ from the checksum in {path.parent / INDEX_FILE} (changed or corrupted "
+                "since it was written): collect it again"
+            )
+    return unchecked
+
+
+def check_finite(path: str | os.PathLike, rows_per_read: int = 1 << 16) -> None:
+    """Refuse a shard whose hidden states hold NaN or inf (training would fail far from the cause).
+
+    Raises:
+        UserError: naming the file, the first bad row and its problem.
+    """
+    index = ShardIndex(path)
+    with safe_open(str(path), framework="pt") as handle:
+        hidden = handle.get_slice("hidden_states")
+        rows = index.hidden_shape[0]
+        for start in range(0, rows, rows_per_read):
+            bad = (~torch.isfinite(hidden[start : start + rows_per_read]).all(dim=-1)).nonzero()
+            if len(bad):
+                row = start + int(bad[0])
+                raise UserError(f"{path}: hidden states of row {row} ({_problem_of_row(index, row)}) are not finite")
+
+
+def _problem_of_row(index: ShardIndex, row: int) -> str:
+    """The problem whose answer tokens include hidden-state `row`."""
+    for i, pid in enumerate(index.problem_ids):
+        start, stop = index.token_range(i)
+        if start <= row < stop:
+            return f"problem {pid!r}"
+    return "no problem's answer"

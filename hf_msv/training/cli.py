@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, make_dataclass, replace
 
 from ..arguments import CommandParser, parse_command_args
 from ..errors import UserError
+from ..utils import json_safe
 from .config import MSVTrainingConfig, architecture_fields
 from .trainer import TRACKER_PACKAGES, TrainingResult, resolve_trackers, train_verifier
 
@@ -34,6 +35,7 @@ __all__ = [
     "TrainArguments",
     "architecture_arguments",
     "build_train_parser",
+    "check_training_data",
     "parse_train_args",
     "run_training",
     "main",
@@ -168,6 +170,39 @@ def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def check_training_data(directory: str, flag: str) -> str | None:
+    """Refuse shards a fit cannot use, before anything trains: bytes that differ from the checksums of the
+    collection's ``index.json``, hidden states that are not finite (file and row named), or answers none of which is
+    right (the LM solved nothing: no verifier can learn or be judged on that). Shards without a recorded checksum
+    (written before checksums) are read.
+
+    Returns:
+        A warning naming the shards read unchecked, or `None`.
+
+    Raises:
+        UserError: what is wrong, with `flag` and the file.
+    """
+    from ..data.shards import ShardIndex, check_finite, list_shards, verify_checksums
+
+    files = list_shards(directory)
+    if not files:
+        return None  # the trainer says there are no shards, as it always has
+    unchecked = verify_checksums(files)
+    for path in files:
+        check_finite(path)
+    answers = correct = 0
+    for path in files:
+        labels = ShardIndex(path).arrays["answer_correct"]
+        answers, correct = answers + len(labels), correct + int(labels.sum())
+    if answers and not correct:
+        raise UserError(
+            f"{flag} {directory}: none of its {answers} answers is right (the LM produced no right answers): a "
+            "verifier has nothing to learn or be checked on; collect with a stronger LM, more samples or easier "
+            "problems"
+        )
+    return f"{flag} {directory}: {len(unchecked)} shard(s) without a checksum read unchecked" if unchecked else None
+
+
 def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingResult:
     """Train (or sweep), print the closing lines, and exit 1 under ``--strict`` when the guard failed.
 
@@ -179,10 +214,15 @@ def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingRes
         The `TrainingResult` (of the best run, when sweeping).
 
     Raises:
-        UserError: ``resume`` or trackers (``report_to``) together with ``lr_sweep``; a tracker that is unknown or not
-            installed.
+        UserError: shards `check_training_data` refuses; ``resume`` or trackers (``report_to``) together with
+            ``lr_sweep``; a tracker that is unknown or not installed.
         SystemExit: under ``strict`` when the guard failed.
     """
+    checked = [
+        check_training_data(d, flag) for flag, d in (("--train-dir", args.train_dir), ("--val-dir", args.val_dir))
+    ]
+    for warning in filter(None, checked):  # after both checks passed: a refusal stays one line
+        print(f"warning: {warning}", file=sys.stderr)
     if args.lr_sweep and args.resume:
         raise UserError("--resume continues one fit; --lr-sweep runs several: use one or the other")
     if resolve_trackers(args.report_to) and args.lr_sweep:
@@ -206,18 +246,14 @@ def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingRes
     if _is_main():
         for line in guard.summary_lines() if guard else ["no checkpoint was saved (no training step ran)"]:
             print(line, flush=True)
-        print(
-            json.dumps(
-                {
-                    "output_dir": result.output_dir,
-                    "best_step": result.best_step,
-                    "best_epoch": result.best_epoch,
-                    "best_metrics": result.best_metrics,
-                    "guard_passed": bool(guard and guard.passed),
-                }
-            ),
-            flush=True,
-        )
+        summary = {
+            "output_dir": result.output_dir,
+            "best_step": result.best_step,
+            "best_epoch": result.best_epoch,
+            "best_metrics": result.best_metrics,
+            "guard_passed": bool(guard and guard.passed),
+        }
+        print(json.dumps(json_safe(summary), allow_nan=False), flush=True)  # strict JSON: an undefined metric is null
     if args.strict and not (guard and guard.passed):
         raise SystemExit(1)
     return result
