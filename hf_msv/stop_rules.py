@@ -1,26 +1,23 @@
 """Stopping statistics over a prompt's N chains: what the one stopping rule (`hf_msv.generation.decide_stop`: stop at
 the first time the best available statistic reaches λ) is fed besides a verifier's raw score.
 
-Every statistic is causal and per answer: answer a's value is computed at its availability time end_a from the
-answers available by then (end_b ≤ end_a), so the same numbers come out live in ``generate``, on vLLM and in the
-offline replay. Each counts *every* chain of the prompt, so a lone early answer cannot look like a consensus:
+Every statistic is a *class* statistic, computed on the group's class snapshots (`hf_msv.class_events`): at
+each arrival time, every class's value is refreshed, whichever class arrived, since any arrival can move every class
+(a chain leaving the runner-up raises the leader's Adaptive-Consistency value). Each is causal (a snapshot reads the
+answers with end ≤ t), so the same rows come out live in ``generate``, on vLLM, in the offline replay and in
+training (`stop_events`). Each counts *every* chain of the prompt, so a lone early answer cannot look like a
+consensus. The training-free rules are `STOP_RULES` (k-of-N consensus, Adaptive-Consistency, probe stability);
+`StopHead` is the verifier's rule, two logistic regressions on the class's mean and best verifier logits, its
+support among the N chains, the share of chains that have answered and the runner-up class's mean logit and
+support (`FEATURES`): the *statistic* the stop fires on, P(stopping on the class loses nothing against full
+decoding: the class is correct, or full decoding's answer is wrong), and the *confidence*, P(the class is
+correct), which picks the output at the stop (`decide_stop`'s ``select``) and is what `MSVResult.confidence`
+reports. Both are fitted on validation snapshots and refitted on the statistic's leader events (`fit_stop_rule`).
+Design and measurements: ``docs/early_stopping.md``.
 
-* `consensus_share` — k-of-N consensus (ESC / Adaptive-Consistency style): the share of the N chains whose latest
-  answer is in a's class; chains that have not answered count against. λ = k / N stops when k chains agree.
-* `adaptive_consistency` — Adaptive-Consistency's Beta stopping criterion (Aggarwal et al., 2023) over the chains'
-  latest answers: P(p > ½) under p ~ Beta(v₁ + 1, v₂ + 1), v₁ the chains backing a's class, v₂ the runner-up's.
-* `probe_stability` — Dynasor-CoT style (Fu et al., 2024): the share of the N chains whose last ``window`` probed
-  answers all are a's class (a chain whose probes still change does not count).
-* `StopHead` — the verifier's stopping rule, per class, two logistic regressions on the class's mean and best
-  verifier logits, its support among the N chains, the share of chains that have answered and the runner-up
-  class's mean logit and support (`stop_features`): the *statistic* the stop fires on, P(stopping on a's class
-  loses nothing against full decoding: the class is correct, or full decoding's answer is wrong), and the
-  *confidence*, P(a's class is correct), which picks the output at the stop (`decide_stop`'s ``select``) and is what
-  `MSVResult.confidence` reports. Both are fitted on validation answers and refitted on the statistic's leader events
-  (`fit_stop_rule`). Design and measurements: ``docs/early_stopping.md``.
-
-Every function takes ``only`` (indices of the answers whose values are needed; default all): other entries may be
-left at 0, so a live caller computes just the answers that arrived.
+`stop_statistic`, `consensus_share`, `adaptive_consistency`, `probe_stability` and `stop_features` are per-answer
+views (each answer's class at its own arrival, what `MSVAnswer.score` shows); they take ``only`` (indices of the
+answers whose values are needed; the others are left at 0).
 """
 
 from __future__ import annotations
@@ -30,7 +27,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from .baselines import arrival_times, chain_counts, chain_support, fit_logistic, logistic, logit
+from .baselines import arrival_times, chain_support, fit_logistic, logistic
+from .class_events import PROBE_WINDOW, ClassEvents, class_events, snapshot_rows
 from .errors import UserError
 
 __all__ = [
@@ -39,6 +37,7 @@ __all__ = [
     "PenaltyChoice",
     "STOP_RULES",
     "STOP_STATISTICS",
+    "StopEvents",
     "StopHead",
     "StopRuleFit",
     "adaptive_consistency",
@@ -50,85 +49,110 @@ __all__ = [
     "no_loss_labels",
     "leader_events",
     "probe_stability",
+    "current_leaders",
     "running_argmax",
+    "stop_events",
     "stop_features",
     "stop_statistic",
 ]
 
 
-def consensus_share(klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
-    """(A,) share of the `num_chains` chains whose latest answer at end_a is in a's class (silent chains count
-    against: the denominator is N, not the chains that have answered).
+@dataclass(frozen=True)
+class StopEvents:
+    """A stopping statistic over a group's class snapshots (`hf_msv.class_events.ClassEvents`), what the stop rule
+    reads (`hf_msv.generation.decide_stop` with ``snapshots=True``); every array (E,), rows sorted by time.
 
     Args:
-        klass: (A,) equivalence-class ids of one group's answers.
-        sequence: (A,) chain index of each answer.
-        step: (A,) answer step within its chain.
-        end: (A,) end time τ + L of each answer.
-        num_chains: N.
-        only: indices of the answers whose values are needed (the others may be left at 0); `None`: all.
-
-    Returns:
-        (A,) float shares.
+        time: the snapshot's arrival time.
+        answer: the row's representative answer (what a stop on it outputs).
+        statistic: what the stop fires on.
+        confidence: what picks the output and is reported (the statistic for a training-free rule).
+        klass: the row's class.
     """
-    support, _ = chain_support(klass, sequence, step, end, only=only)
-    return support / float(num_chains)
+
+    time: np.ndarray
+    answer: np.ndarray
+    statistic: np.ndarray
+    confidence: np.ndarray
+    klass: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.time.size)
+
+    def at_answers(self, klass, end) -> tuple[np.ndarray, np.ndarray]:
+        """(A,) statistic and (A,) confidence of each answer's class at its own arrival (what `MSVAnswer.score`
+        shows and what per-answer metrics read)."""
+        rows = snapshot_rows(self.time, self.klass, klass, end)
+        return self.statistic[rows], self.confidence[rows]
 
 
-def probe_stability(klass, sequence, step, end, num_chains: int, window: int = 3, only=None) -> np.ndarray:
-    """(A,) share of the `num_chains` chains whose last `window` answers at end_a all are a's class.
-
-    Args:
-        klass: (A,) equivalence-class ids of one group's answers.
-        sequence: (A,) chain index of each answer.
-        step: (A,) answer step within its chain.
-        end: (A,) end time τ + L of each answer.
-        num_chains: N.
-        window: how many of a chain's latest answers must agree.
-        only: indices of the answers whose values are needed (the others may be left at 0); `None`: all.
-
-    Returns:
-        (A,) float shares.
-    """
-    support, _ = chain_support(klass, sequence, step, end, window, only)
-    return support / float(num_chains)
+def _consensus(ev: ClassEvents, num_chains: int) -> np.ndarray:
+    return ev.support / float(num_chains)
 
 
-def adaptive_consistency(klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
-    """(A,) Adaptive-Consistency's Beta criterion for a's class against the runner-up, over the chains' latest
-    answers at end_a: P(p > ½), p ~ Beta(v₁ + 1, v₂ + 1). `num_chains` is unused (the criterion counts the chains
-    that have answered, as the paper's sequential sampler does) and accepted for a uniform signature.
-
-    Args:
-        klass: (A,) equivalence-class ids of one group's answers.
-        sequence: (A,) chain index of each answer.
-        step: (A,) answer step within its chain.
-        end: (A,) end time τ + L of each answer.
-        num_chains: unused.
-        only: indices of the answers whose values are needed; `None`: all.
-
-    Returns:
-        (A,) float probabilities.
-    """
+def _adaptive_consistency(ev: ClassEvents, num_chains: int) -> np.ndarray:
     from scipy.stats import beta
 
-    support, _, runner_up = chain_counts(klass, sequence, step, end, 1, only)
-    return beta.sf(0.5, support + 1, runner_up + 1)
+    return beta.sf(0.5, ev.support + 1, ev.runner_up + 1)
 
 
+def _probe_stability(ev: ClassEvents, num_chains: int) -> np.ndarray:
+    return ev.steady / float(num_chains)
+
+
+# The training-free rules, each a function of a snapshot's counts:
+# * consensus — k-of-N consensus (ESC / Adaptive-Consistency style): the share of the N chains whose latest answer
+#   is in the class; chains that have not answered count against. λ = k / N stops when k chains agree.
+# * adaptive-consistency — Adaptive-Consistency's Beta criterion (Aggarwal et al., 2023) over the chains' latest
+#   answers: P(p > ½) under p ~ Beta(v₁ + 1, v₂ + 1), v₁ the chains backing the class, v₂ the runner-up's (it counts
+#   the chains that have answered, as the paper's sequential sampler does).
+# * probe-stability — Dynasor-CoT style (Fu et al., 2024): the share of the N chains whose last `PROBE_WINDOW`
+#   probed answers all are the class.
 STOP_RULES = {
-    "consensus": consensus_share,
-    "adaptive-consistency": adaptive_consistency,
-    "probe-stability": probe_stability,
+    "consensus": _consensus,
+    "adaptive-consistency": _adaptive_consistency,
+    "probe-stability": _probe_stability,
 }
 
 
+def stop_events(rule: str | StopHead, klass, sequence, step, end, num_chains: int, scores=None, times=None):
+    """The `StopEvents` of a rule on one group: every class refreshed at every arrival (`class_events`).
+
+    Args:
+        rule: a key of `STOP_RULES`, or a `StopHead` (read with `scores`).
+        klass, sequence, step, end: (A,) the group's answers (`class_events`).
+        num_chains: N.
+        scores: (A,) verifier probabilities (a `StopHead` needs them).
+        times: the arrival times whose snapshots are needed (default all; a live caller passes the new ones).
+
+    Returns:
+        The `StopEvents`.
+
+    Raises:
+        UserError: an unknown rule name.
+    """
+    if isinstance(rule, StopHead):
+        ev = class_events(klass, sequence, step, end, num_chains, scores=scores, times=times)
+        assert ev.features is not None
+        statistic, confidence = rule.predict(ev.features), rule.confidence(ev.features)
+    else:
+        if rule not in STOP_RULES:
+            raise UserError(f"unknown stop rule {rule!r}; choose one of {sorted(STOP_RULES)}")
+        ev = class_events(klass, sequence, step, end, num_chains, times=times)
+        statistic = confidence = np.asarray(STOP_RULES[rule](ev, num_chains), dtype=np.float64)
+    return StopEvents(ev.time, ev.answer, statistic, confidence, ev.klass)
+
+
 def stop_statistic(rule: str, klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
-    """(A,) statistic of the training-free rule named `rule` (a key of `STOP_RULES`).
+    """(A,) statistic of the training-free rule named `rule` (a key of `STOP_RULES`) for each answer's class at its
+    arrival: the per-answer view of `stop_events`.
 
     Args:
         rule: a key of `STOP_RULES`.
-        klass, sequence, step, end, num_chains, only: as `consensus_share`.
+        klass, sequence, step, end: (A,) the group's answers.
+        num_chains: N.
+        only: indices of the answers whose values are needed (the others are left at 0); `None`: all.
 
     Returns:
         (A,) float statistic.
@@ -136,9 +160,43 @@ def stop_statistic(rule: str, klass, sequence, step, end, num_chains: int, only=
     Raises:
         UserError: if `rule` is unknown.
     """
-    if rule not in STOP_RULES:
-        raise UserError(f"unknown stop rule {rule!r}; choose one of {sorted(STOP_RULES)}")
-    return STOP_RULES[rule](klass, sequence, step, end, num_chains, only=only)
+    return _per_answer(rule, klass, sequence, step, end, num_chains, None, only)[0]
+
+
+def _per_answer(rule, klass, sequence, step, end, num_chains, scores, only) -> tuple[np.ndarray, np.ndarray]:
+    end = np.asarray(end, np.int64).reshape(-1)
+    klass = np.asarray(klass, np.int64).reshape(-1)
+    wanted = np.arange(end.size) if only is None else np.asarray(only, np.int64)
+    events = stop_events(rule, klass, sequence, step, end, num_chains, scores, arrival_times(end, only))
+    statistic, confidence = np.zeros(end.size), np.zeros(end.size)
+    statistic[wanted], confidence[wanted] = events.at_answers(klass[wanted], end[wanted])
+    return statistic, confidence
+
+
+def consensus_share(klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
+    """(A,) `stop_statistic` ``"consensus"``: share of the N chains whose latest answer is in a's class."""
+    return stop_statistic("consensus", klass, sequence, step, end, num_chains, only)
+
+
+def probe_stability(klass, sequence, step, end, num_chains: int, window: int = PROBE_WINDOW, only=None) -> np.ndarray:
+    """(A,) share of the N chains whose last `window` answers at end_a all are a's class."""
+    ev = class_events(
+        klass, sequence, step, end, num_chains, times=arrival_times(np.asarray(end), only), window=window
+    )
+    return _answer_view(ev, ev.steady / float(num_chains), klass, end, only)
+
+
+def adaptive_consistency(klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
+    """(A,) `stop_statistic` ``"adaptive-consistency"`` (`num_chains` is unused by the criterion)."""
+    return stop_statistic("adaptive-consistency", klass, sequence, step, end, num_chains or 1, only)
+
+
+def _answer_view(ev: ClassEvents, values: np.ndarray, klass, end, only) -> np.ndarray:
+    klass, end = np.asarray(klass, np.int64).reshape(-1), np.asarray(end, np.int64).reshape(-1)
+    wanted = np.arange(end.size) if only is None else np.asarray(only, np.int64)
+    out = np.zeros(end.size)
+    out[wanted] = values[ev.rows_of_answers(klass[wanted], end[wanted])]
+    return out
 
 
 FEATURES = (
@@ -149,53 +207,31 @@ FEATURES = (
     "runner-up's support ÷ N",
     "best logit of the class",
 )
-_NO_RUNNER_UP = -8.0  # the runner-up's mean logit when no other class has a chain (σ(−8) ≈ 3e-4)
 
 
 def stop_features(scores, klass, sequence, step, end, num_chains: int, only=None) -> np.ndarray:
-    """(A, 6) features of the stop head for answer a's *class* at end_a (`FEATURES`), over the N chains' latest
-    answers: the class's mean verifier logit over the chains standing by it (every supporting chain counted, so one
-    chain's upward noise moves it by 1/k), its support ÷ N, the share of chains that have answered, the same two of
-    the runner-up (the other class of highest mean logit), and the best logit among the class's available answers.
-
-    A class's features change only when an answer arrives, so each arriving answer carries its class's current
-    value and `decide_stop` over these per-answer values fires at the first arrival at which some class reaches λ.
+    """(A, 6) features of the stop head (`FEATURES`) for answer a's *class* at end_a: the class's mean verifier
+    logit over the chains standing by it (every supporting chain counted, so one chain's upward noise moves it by
+    1/k), its support ÷ N, the share of chains that have answered, the same two of the runner-up (the other class of
+    highest mean logit), and the best logit among the class's available answers: the per-answer view of the class
+    snapshots (`class_events`), whose rows the stop rule reads.
 
     Args:
         scores: (A,) verifier probabilities of the answers.
-        klass: (A,) equivalence-class ids of one group's answers.
-        sequence: (A,) chain index of each answer.
-        step: (A,) answer step within its chain.
-        end: (A,) end time τ + L of each answer.
+        klass, sequence, step, end: (A,) the group's answers.
         num_chains: N.
         only: indices of the answers whose rows are needed (the others stay 0); `None`: all.
 
     Returns:
         (A, 6) float64 features.
     """
-    z = logit(np.asarray(scores, dtype=np.float64).reshape(-1))
-    klass, sequence, step, end = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (klass, sequence, step, end))
-    out = np.zeros((klass.size, len(FEATURES)))
-    by_chain = np.lexsort((np.arange(klass.size), step, sequence))
-    wanted = np.zeros(klass.size, bool)
-    wanted[slice(None) if only is None else np.asarray(only, dtype=np.int64)] = True
-    for t in arrival_times(end, only):
-        avail = by_chain[end[by_chain] <= t]
-        latest = avail[np.r_[sequence[avail][1:] != sequence[avail][:-1], True]]  # each chain's latest answer
-        classes, inverse, support = np.unique(klass[latest], return_inverse=True, return_counts=True)
-        mean = np.bincount(inverse, weights=z[latest]) / support
-        for a in np.flatnonzero((end == t) & wanted):
-            mine = classes == klass[a]
-            other = np.flatnonzero(~mine)
-            ru = other[np.argmax(mean[other])] if other.size else None
-            out[a] = (
-                mean[mine][0] if mine.any() else z[a],
-                support[mine].sum() / num_chains,
-                latest.size / num_chains,
-                _NO_RUNNER_UP if ru is None else mean[ru],
-                0.0 if ru is None else support[ru] / num_chains,
-                z[avail[klass[avail] == klass[a]]].max(),
-            )
+    end = np.asarray(end, np.int64).reshape(-1)
+    ev = class_events(klass, sequence, step, end, num_chains, scores=scores, times=arrival_times(end, only))
+    assert ev.features is not None
+    klass = np.asarray(klass, np.int64).reshape(-1)
+    wanted = np.arange(end.size) if only is None else np.asarray(only, np.int64)
+    out = np.zeros((end.size, len(FEATURES)))
+    out[wanted] = ev.features[ev.rows_of_answers(klass[wanted], end[wanted])]
     return out
 
 
@@ -230,16 +266,14 @@ class StopHead:
         Returns:
             (A,) float probabilities.
         """
-        x = stop_features(scores, klass, sequence, step, end, num_chains or self.num_chains, only)
-        return self.predict(x)
+        return _per_answer(self, klass, sequence, step, end, num_chains or self.num_chains, scores, only)[0]
 
     def statistic_and_confidence(
         self, scores, klass, sequence, step, end, num_chains: int | None = None, only=None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(A,) statistic and (A,) confidence of a group's answers, from one `stop_features` pass (arguments as
+        """(A,) statistic and (A,) confidence of a group's answers, each answer's class at its arrival (arguments as
         `__call__`)."""
-        x = stop_features(scores, klass, sequence, step, end, num_chains or self.num_chains, only)
-        return self.predict(x), self.confidence(x)
+        return _per_answer(self, klass, sequence, step, end, num_chains or self.num_chains, scores, only)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(m,) statistic of (m, F) `stop_features` rows.
@@ -324,12 +358,13 @@ def fit_stop_head(
     num_chains: int,
     rounds: int = 2,
     penalty: float = 0.0,
+    snapshots: bool = True,
 ) -> StopHead:
     """Fit a `StopHead` on validation answers: (m, F) `stop_features` rows, 0/1 `labels`, and each answer's
     `group` and `end` (m,).
 
-    The stop fires on the leading class, so after a first fit on every answer the head is refitted `rounds` times
-    on the *leader events* alone: per group and arrival time, the available answer the current head ranks first.
+    The stop fires on the leading class, so after a first fit on every row the head is refitted `rounds` times
+    on the *leader events* alone: per group and arrival time, the current row the current head ranks first.
     Its output is then calibrated for the answer a stop would output, not for the average answer (measured in
     ``docs/early_stopping.md``). `penalty` is a ridge on the standardised features other than the class's
     mean logit (0: none; ∞: Platt scaling of the class's mean logit alone); `choose_stop_penalty` picks it.
@@ -342,6 +377,7 @@ def fit_stop_head(
         num_chains: N of the groups.
         rounds: refits on the leader events.
         penalty: the ridge penalty (`STOP_PENALTIES`).
+        snapshots: the rows are class snapshots (`hf_msv.class_events`; `leader_events`), as training passes.
 
     Returns:
         The fitted `StopHead`.
@@ -349,7 +385,7 @@ def fit_stop_head(
     x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
     head = StopHead(*_fit(x, y, penalty), num_chains=int(num_chains))
     for _ in range(rounds):
-        rows = leader_events(head.predict(x), group, end)
+        rows = leader_events(head.predict(x), group, end, snapshots)
         head = StopHead(*_fit(x[rows], y[rows], penalty), num_chains=int(num_chains))
     return head
 
@@ -392,6 +428,7 @@ def choose_stop_penalty(
     num_chains: int,
     rounds: int = 2,
     folds: int = 4,
+    snapshots: bool = True,
 ) -> PenaltyChoice:
     """The stop head's penalty by K-fold cross-validation over problems: each candidate's head is fitted on the
     other folds, and scored by the Brier score at the held-out fold's leader events (the answers its stops would
@@ -403,6 +440,7 @@ def choose_stop_penalty(
         features, labels, group, end, num_chains, rounds: as `fit_stop_head`.
         problem: (m,) problem id of each answer (folds never split a problem).
         folds: K.
+        snapshots: as `fit_stop_head`.
 
     Returns:
         The `PenaltyChoice`.
@@ -419,9 +457,9 @@ def choose_stop_penalty(
     for j, penalty in enumerate(STOP_PENALTIES):
         for f in range(k):
             held, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
-            head = fit_stop_head(x[train], y[train], group[train], end[train], num_chains, rounds, penalty)
+            head = fit_stop_head(x[train], y[train], group[train], end[train], num_chains, rounds, penalty, snapshots)
             stat = head.predict(x[held])
-            leaders = leader_events(stat, group[held], end[held])
+            leaders = leader_events(stat, group[held], end[held], snapshots)
             rows = held[leaders]
             brier = (stat[leaders] - y[rows]) ** 2
             counts = np.maximum(np.bincount(index[rows], minlength=problems.size), 1)
@@ -475,7 +513,15 @@ class StopRuleFit:
 
 
 def fit_stop_rule(
-    features, labels, group, end, terminal, problem, num_chains: int, statistic: str = "no-loss"
+    features,
+    labels,
+    group,
+    end,
+    terminal,
+    problem,
+    num_chains: int,
+    statistic: str = "no-loss",
+    snapshots: bool = True,
 ) -> StopRuleFit:
     """Fit the `StopHead` on validation answers.
 
@@ -498,6 +544,7 @@ def fit_stop_rule(
         problem: (m,) problem id of each answer (cross-validation folds).
         num_chains: N of the groups.
         statistic: an entry of `STOP_STATISTICS`.
+        snapshots: as `fit_stop_head`.
 
     Returns:
         The `StopRuleFit`.
@@ -508,40 +555,50 @@ def fit_stop_rule(
     if statistic not in STOP_STATISTICS:
         raise UserError(f"statistic must be one of {STOP_STATISTICS}, got {statistic!r}")
     x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
-    confidence_penalty = choose_stop_penalty(x, y, group, end, problem, num_chains)
-    correctness = fit_stop_head(x, y, group, end, num_chains, penalty=confidence_penalty.penalty)
+    confidence_penalty = choose_stop_penalty(x, y, group, end, problem, num_chains, snapshots=snapshots)
+    correctness = fit_stop_head(x, y, group, end, num_chains, penalty=confidence_penalty.penalty, snapshots=snapshots)
     if statistic == "correctness":
         return StopRuleFit(correctness, confidence_penalty, confidence_penalty)
     target = no_loss_labels(correctness.predict(x), y, group, terminal)
-    penalty = choose_stop_penalty(x, target, group, end, problem, num_chains)
-    no_loss = fit_stop_head(x, target, group, end, num_chains, penalty=penalty.penalty)
-    rows = leader_events(no_loss.predict(x), group, end)
+    penalty = choose_stop_penalty(x, target, group, end, problem, num_chains, snapshots=snapshots)
+    no_loss = fit_stop_head(x, target, group, end, num_chains, penalty=penalty.penalty, snapshots=snapshots)
+    rows = leader_events(no_loss.predict(x), group, end, snapshots)
     coef, intercept = _fit(x[rows], y[rows], confidence_penalty.penalty)
     head = replace(no_loss, confidence_coef=coef, confidence_intercept=intercept)
     return StopRuleFit(head, penalty, confidence_penalty)
 
 
-def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Indices of the answers that lead their group at each of its arrival times: the available answer (end ≤ t)
-    of highest `stat` (ties: the earliest), one per (group, distinct end t).
+def leader_events(stat: np.ndarray, group: np.ndarray, end: np.ndarray, snapshots: bool = False) -> np.ndarray:
+    """Indices of the rows that lead their group at each of its arrival times, one per (group, distinct end t): the
+    row of highest `stat` among those current at t (ties: the earliest, then the lower index). Answers stay current
+    once available; snapshot rows (``snapshots=True``: `class_events`) only until the group's next time.
 
     Args:
-        stat: (m,) statistic of each answer.
-        group: (m,) group id of each answer.
-        end: (m,) end time of each answer.
+        stat: (m,) statistic of each row.
+        group: (m,) group id of each row.
+        end: (m,) time of each row.
+        snapshots: the rows are class snapshots.
 
     Returns:
-        1-D int array of answer indices.
+        1-D int array of row indices.
     """
     stat, group, end = np.asarray(stat), np.asarray(group), np.asarray(end)
     rows = []
     for g in np.unique(group):
         members = np.flatnonzero(group == g)
         order = members[np.lexsort((members, end[members]))]  # arrival order
-        best = order[running_argmax(stat[order])]
-        last = np.r_[end[order][1:] != end[order][:-1], True]  # last arrival of each end time
-        rows.append(best[last])
+        rows.append(order[current_leaders(stat[order], end[order], snapshots)])
     return np.concatenate(rows) if rows else np.zeros(0, np.int64)
+
+
+def current_leaders(values: np.ndarray, end: np.ndarray, snapshots: bool) -> np.ndarray:
+    """For rows in arrival order (`end` ascending), the position of the leader at each distinct end time (ascending):
+    the first maximum of `values` among the rows current then (all rows so far; with `snapshots`, that time's)."""
+    last = np.r_[end[1:] != end[:-1], True]  # the last row of each time
+    if not snapshots:
+        return running_argmax(values)[last]
+    starts = np.flatnonzero(np.r_[True, last[:-1]])
+    return np.array([s + int(np.argmax(values[s : e + 1])) for s, e in zip(starts, np.flatnonzero(last))], np.int64)
 
 
 def running_argmax(values: np.ndarray) -> np.ndarray:

@@ -10,7 +10,6 @@ from hf_msv.evaluation.early_stop import (
     LatencyCosts,
     TradeoffCurve,
     autc,
-    budget_accuracy,
     choose_on_groups,
     early_stop_token_fraction,
     replay,
@@ -115,12 +114,6 @@ def test_select_lambda_validation():
     assert select_lambda_validation(c, token_budget=2.5) == 0.2
     with pytest.warns(RuntimeWarning):
         assert select_lambda_validation(c, token_budget=0.5) == 0
-
-
-def test_budget_accuracy():
-    c = _curve([0.1, 0.5, 0.7, 0.7, 0.65], [1, 2, 3, 4, 10], lambdas=[0, 0.2, 0.4, 0.6, np.inf])
-    assert budget_accuracy(c, 0.3) == 0.7 and budget_accuracy(c, 0.25) == 0.5 and budget_accuracy(c, 0.05) == 0.0
-    assert budget_accuracy(c, 1.0) == 0.7
 
 
 def _synthetic_groups(rng, n_groups, n_seq=4, k=4):

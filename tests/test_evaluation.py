@@ -170,12 +170,20 @@ def test_json_keys_methods_and_ranges(study):
         if n > 1:  # the field's stopping rules are streaming methods, replayed with the others
             assert {"Consensus (k of N)", "Adaptive-Consistency", "Probe stability (last 3 agree)"} <= set(stream)
             # the streaming MSVs were trained with `train_verifier`, which saves their stop head: it is reported
-            # as its own method and is the matched-budget reference
+            # as its own method and is the budgets' reference
             assert es["msv"] + " + stop head" in stream
-            mb = es["matched_budget"]
-            assert mb["reference"] == es["msv"] + " + stop head" and set(mb["accuracy"]) == set(stream)
-            assert all(0.0 <= a <= 1.0 for accs in mb["accuracy"].values() for a in accs)
-            assert mb["full_decoding_target"]["baseline"] in stream
+            b = es["budgets"]
+            assert b["reference"] == es["msv"] + " + stop head" and set(b["interpolated"]) == set(stream)
+            assert set(b["validation_chosen"]) == set(stream)
+            for m, budgets in b["validation_chosen"].items():  # λ chosen per training seed on validation
+                for chosen, hull in zip(budgets, b["interpolated"][m]):
+                    assert len(chosen["lambda"]["values"]) == SEEDS
+                    assert all(
+                        0.0 <= v <= 1.0 for v in chosen["eval_accuracy"]["values"] + chosen["eval_fraction"]["values"]
+                    )
+                    assert (chosen["interval"] is None) == (m == b["reference"])
+                    assert 0.0 <= hull["accuracy"] <= 1.0 and (hull["interval"] is None) == (m == b["reference"])
+            assert b["full_decoding_target"]["baseline"] in stream
         lam = r["lambda_selection"][key]
         assert set(lam) == set(stream)
         for rules in lam.values():

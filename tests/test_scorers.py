@@ -46,7 +46,7 @@ from hf_msv.generation import (
     prepare_generation,
 )
 from hf_msv.lambda_rule import LambdaChoice
-from hf_msv.stop_rules import StopHead, stop_statistic
+from hf_msv.stop_rules import StopEvents, StopHead, stop_events
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -113,8 +113,8 @@ def probe_scores(probe: ProbeVerifier, answers) -> np.ndarray:
     return out.probabilities.numpy().astype(np.float64)
 
 
-def evaluation_group(result) -> AnswerGroup:
-    """The recorded answer stream of `result` as the evaluation reads it."""
+def evaluation_group(result, events=None) -> AnswerGroup:
+    """The recorded answer stream of `result` as the evaluation reads it (with a method's class snapshots)."""
     a = result.answers
     return AnswerGroup(
         sequence=[x.sequence for x in a],
@@ -124,6 +124,8 @@ def evaluation_group(result) -> AnswerGroup:
         is_terminal=[x.terminal for x in a],
         seq_len=[len(s) for s in result.sequences],
         start=[x.tau for x in a],
+        scores={name: np.zeros(len(a)) for name in events or {}},
+        events=events or {},
     )
 
 
@@ -360,15 +362,12 @@ TWO_PART = StopHead(
 )
 
 
-def offline_statistic(result, rule, probe) -> tuple[np.ndarray, np.ndarray]:
-    """The evaluation's statistic and confidence of `result`'s answers (`methods.draw_scores`, streaming): the rule
-    over the recorded stream, the head over the Probe's offline scores."""
+def offline_events(result, rule, probe) -> StopEvents:
+    """The evaluation's class snapshots of `result`'s recorded stream (`methods.draw_scores`, streaming): the rule
+    over the stream, the head over the Probe's offline scores."""
     a = result.answers
     columns = ([x.class_id for x in a], [x.sequence for x in a], [x.step for x in a], [x.end for x in a])
-    if isinstance(rule, StopHead):
-        return rule.statistic_and_confidence(probe_scores(probe, a), *columns, N)
-    stat = stop_statistic(rule, *columns, N)
-    return stat, stat
+    return stop_events(rule, *columns, N, probe_scores(probe, a) if isinstance(rule, StopHead) else None)
 
 
 @pytest.mark.parametrize(
@@ -378,28 +377,39 @@ def offline_statistic(result, rule, probe) -> tuple[np.ndarray, np.ndarray]:
 )
 def test_stop_rules_in_generate_equal_the_evaluation_replay(model, rule):
     """Each stopping statistic computed live (`StopRuleScorer`) equals the one computed from the recorded stream,
-    and ``generate`` with each λ stops where the replay of that statistic stops, on the same answer (picked by the
-    head's confidence), reporting that confidence (the statistic itself for a rule or a one-part head)."""
+    every class snapshot included, and ``generate`` with each λ stops where the replay of those snapshots stops, on
+    the same answer (picked by the head's confidence), reporting that confidence (the statistic itself for a rule or
+    a one-part head)."""
     probe = tiny_probe()
     full = run(model, StopRuleScorer(ProbeScorer(probe), rule), None)
-    offline = [offline_statistic(r, rule, probe) for r in full]
-    scores = [stat for stat, _ in offline]
-    for result, (stat, confidence) in zip(full, offline):
+    offline = [offline_events(r, rule, probe) for r in full]
+    for result, events in zip(full, offline):
+        a = result.answers
+        stat, confidence = events.at_answers([x.class_id for x in a], [x.end for x in a])
         np.testing.assert_allclose(online(result), stat, rtol=1e-6, atol=1e-9)
-        reported = [a.reported_confidence for a in result.answers]
-        np.testing.assert_allclose(reported, confidence, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose([x.reported_confidence for x in a], confidence, rtol=1e-6, atol=1e-9)
+        live = sorted(((x.end, v) for x in a for v in x.class_values or ()), key=lambda row: row[0])
+        np.testing.assert_array_equal([t for t, _ in live], events.time)
+        np.testing.assert_allclose([v.statistic for _, v in live], events.statistic, rtol=1e-6, atol=1e-9)
+        assert [key(v.answer) for _, v in live] == [key(a[i]) for i in events.answer]
     if rule is TWO_PART:
-        assert not np.allclose(np.concatenate(scores), np.concatenate([c for _, c in offline]))
-    distinct = np.unique(np.concatenate(scores))
+        assert not np.allclose(
+            np.concatenate([e.statistic for e in offline]), np.concatenate([e.confidence for e in offline])
+        )
+    distinct = np.unique(np.concatenate([e.statistic for e in offline]))
     lambdas = np.r_[((distinct[1:] + distinct[:-1]) / 2)[:: max(1, len(distinct) // 5)], 1.01]
-    replays = [replay_many(evaluation_group(r), s, lambdas, select=c) for r, (s, c) in zip(full, offline)]
+    groups = [evaluation_group(r, {"rule": e}) for r, e in zip(full, offline)]
+    replays = [replay_many(g, "rule", lambdas) for g in groups]
     stopped = set()
     for i, lam in enumerate(lambdas):
         for result, reference, replay in zip(run(model, StopRuleScorer(ProbeScorer(probe), rule), lam), full, replays):
             assert key(result.chosen) == key(reference.answers[replay.chosen[i]])
             assert result.stop_step == replay.steps[i]
             assert replay.stopped[i] or not result.stopped_early  # λ reached at the last step is no early stop
-            assert result.confidence == pytest.approx(offline[result.prompt][1][replay.chosen[i]], rel=1e-6)
+            events = offline[result.prompt]
+            at_stop = (events.time == replay.steps[i]) & (events.answer == replay.chosen[i])
+            if replay.stopped[i]:  # the class's confidence at t*, not the one its answer had on arrival
+                assert result.confidence == pytest.approx(events.confidence[at_stop][0], rel=1e-6)
             stopped.add(result.stopped_early)
     # Three agreeing answers in a row are rare in these short scripted chains: that rule only stops at the end here
     # (its early stops are tested on hand-built groups in test_stop_rules.py).

@@ -18,6 +18,7 @@ from hf_msv.stop_rules import (
     leader_events,
     no_loss_labels,
     probe_stability,
+    stop_events,
     stop_features,
     stop_statistic,
 )
@@ -206,7 +207,7 @@ def test_the_two_part_head_reports_a_confidence_calibrated_where_its_statistic_l
     head = fit.head
     assert head.confidence_coef is not None and fit.penalty.folds == fit.confidence_penalty.folds == 4
     stat, confidence = head.predict(x), head.confidence(x)
-    rows = leader_events(stat, group, end)
+    rows = leader_events(stat, group, end, snapshots=True)  # the fit reads its rows as class snapshots
     assert confidence[rows].mean() == pytest.approx(y[rows].mean(), abs=2e-3)
     target = no_loss_labels(
         fit_stop_head(x, y, group, end, 16, penalty=fit.confidence_penalty.penalty).predict(x), y, group, terminal
@@ -223,3 +224,93 @@ def test_the_two_part_head_reports_a_confidence_calibrated_where_its_statistic_l
     assert correctness.head.confidence_coef is None and correctness.penalty == fit.confidence_penalty
     with pytest.raises(ValueError, match="statistic must be one of"):
         fit_stop_rule(x, y, group, end, terminal, problem, 16, statistic="vote")
+
+
+# Six chains, classes A = 0, B = 1, C = 2. A is backed by chains 0, 2, 4, B by chains 1, 3; at t = 6 chain 3 moves
+# from B to C. No A answer arrives then, but A's runner-up drops from 2 chains to 1: A's Adaptive-Consistency value
+# rises from P(Beta(4, 3) > ½) = 0.656 to P(Beta(4, 2) > ½) = 0.8125, which only a refreshed statistic records.
+#                   idx: 0  1  2  3  4  5
+CROSS_KLASS = np.array([0, 1, 0, 1, 0, 2])
+CROSS_SEQUENCE = np.array([0, 1, 2, 3, 4, 3])
+CROSS_STEP = np.array([0, 0, 0, 0, 0, 1])
+CROSS_END = np.array([1, 2, 3, 4, 5, 6])
+CROSS = (CROSS_KLASS, CROSS_SEQUENCE, CROSS_STEP, CROSS_END)
+
+
+def test_a_refreshed_class_statistic_catches_the_crossing_the_stale_one_missed():
+    from scipy.stats import beta
+
+    from hf_msv.generation import decide_stop
+
+    stale = adaptive_consistency(*CROSS)  # each answer's class at its own arrival
+    assert stale[4] == pytest.approx(beta.sf(0.5, 4, 3)) and stale.max() == pytest.approx(0.75)  # A alone at t = 1
+    events = stop_events("adaptive-consistency", *CROSS, 6)
+    at_six = (events.time == 6) & (events.klass == 0)
+    assert events.statistic[at_six] == pytest.approx(beta.sf(0.5, 4, 2))  # A, refreshed at C's arrival
+    assert events.answer[at_six] == 4  # A's latest held answer: what a stop on it outputs
+    # Every class held at t = 6 has its row; the per-answer view is the old statistic.
+    assert events.klass[events.time == 6].tolist() == [0, 1, 2]
+    np.testing.assert_allclose(events.at_answers(CROSS_KLASS, CROSS_END)[0], stale)
+    fresh = decide_stop(events.time, events.statistic, np.zeros(events.size, bool), 0.8, snapshots=True)
+    assert fresh.stopped[0] and fresh.stop_step[0] == 6 and events.answer[fresh.chosen[0]] == 4
+    assert not decide_stop(CROSS_END, stale, np.zeros(6, bool), 0.8).stopped[0]
+
+
+def test_the_crossing_is_caught_identically_live_and_in_the_replay():
+    """The live path both engines drive (`StopRuleScorer` streams into `PromptGroup.apply_stop_rule`), fed the
+    hand-built answers in arrival order, stops at t = 6 on A; the evaluation's replay of the recorded group does too."""
+    from hf_msv.data import AnswerGroup
+    from hf_msv.evaluation.early_stop import replay_many
+    from hf_msv.generation import MSVAnswer, StopRuleScorer
+    from hf_msv.generation.tracking import PromptGroup
+
+    class Half:  # a base scorer whose scores the training-free rule does not read
+        config = None
+
+        def begin(self, num_sequences, streaming):
+            return self
+
+        def score(self, ready):
+            return [0.5] * len(ready)
+
+    def answer(i):
+        return MSVAnswer(
+            text=str(CROSS_KLASS[i]), raw_text="", token_ids=[], prompt=0, sequence=int(CROSS_SEQUENCE[i]),
+            step=int(CROSS_STEP[i]), tau=int(CROSS_END[i]) - 1, length=1, end=int(CROSS_END[i]), trigger="delimiter",
+            terminal=False, cot_tokens=0, elicitation_ids=[], class_id=int(CROSS_KLASS[i]),
+        )  # fmt: skip
+
+    stream = StopRuleScorer(Half(), "adaptive-consistency").begin(6, streaming=True)
+    group, answers = PromptGroup(classes=None, live=6), [answer(i) for i in range(6)]
+    for a in answers:  # one arrival per step, as the scoring queue releases them
+        a.score = stream.score([a])[0]
+        group.answers.append(a)
+        decided = group.apply_stop_rule(0.8, pending=False)
+        if decided:
+            break
+    assert decided and group.stop_step == 6 and group.chosen is answers[4]
+    assert group.confidence == pytest.approx(0.8125)
+
+    recorded = AnswerGroup(
+        sequence=CROSS_SEQUENCE, end=CROSS_END, klass=CROSS_KLASS, correct=CROSS_KLASS == 0,
+        is_terminal=np.zeros(6, bool), seq_len=np.full(6, 7), scores={"ac": adaptive_consistency(*CROSS)},
+        events={"ac": stop_events("adaptive-consistency", *CROSS, 6)},
+    )  # fmt: skip
+    replayed = replay_many(recorded, "ac", [0.8])
+    assert replayed.stopped[0] and replayed.steps[0] == 6 and replayed.chosen[0] == 4 and replayed.correct[0]
+
+
+def test_the_stop_head_is_fitted_on_refreshed_rows():
+    """Training reads the same snapshots: at t = 6 the row of A carries its refreshed runner-up (1 chain of 6), which
+    the per-answer features of A's last arrival (2 chains) never saw."""
+    from hf_msv.training.stopping_curve import stop_head_events, stop_head_features
+
+    structure = {
+        "group": np.zeros(6, np.int64), "klass": CROSS_KLASS, "sequence": CROSS_SEQUENCE, "step": CROSS_STEP,
+        "end": CROSS_END, "terminal": np.zeros(6, bool),
+    }  # fmt: skip
+    p = np.full(6, 0.7)
+    events = stop_head_events(p, structure, 6)
+    row = (events.time == 6) & (events.answer == 4)
+    assert events.features[row][0][4] == pytest.approx(1 / 6)
+    assert stop_head_features(p, structure, 6)[4][4] == pytest.approx(2 / 6)

@@ -135,14 +135,16 @@ def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engin
         )
         assert no_requests_left(engine)  # stopped prompts' n = 8 children and their elicitations were aborted
         for result in results:
-            group, scores = answer_group(result)
-            select = [np.nan if a.score is None else a.reported_confidence for a in result.answers]
-            r = replay(group, scores, lam, select=select)
+            group, scores = answer_group(result)  # the stop heads' class snapshots, as recorded live
+            assert scores == "live"
+            r = replay(group, scores, lam)
             chosen = next(i for i, a in enumerate(result.answers) if a is result.chosen)
             assert (r["chosen"], r["steps"]) == (chosen, result.stop_step)
-            assert result.confidence == result.chosen.reported_confidence
-            available = [a.score for a in result.answers if a.score is not None and a.end <= result.stop_step]
-            assert r["stopped"] == (max(available) >= lam)
+            events = group.events["live"]
+            at_stop = (events.time == result.stop_step) & (events.answer == chosen)
+            if result.stopped_early:  # the chosen class's confidence at t*, refreshed there
+                assert result.confidence == pytest.approx(events.confidence[at_stop][0])
+            assert r["stopped"] == (events.statistic[events.time <= result.stop_step].max() >= lam)
             if result.stopped_early:
                 stopped += 1
                 assert "stopped" in result.finish_reasons and result.tokens_decoded < result.token_budget

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..stop_rules import StopEvents
 
 MODES = ("terminal", "streaming")
 
@@ -26,6 +30,7 @@ __all__ = [
     "MODES",
     "AnswerGroup",
     "AnswerColumns",
+    "StopInputs",
     "draw_sequences",
     "partition_sequences",
     "select_answers",
@@ -54,6 +59,8 @@ class AnswerGroup:
         problem_id: identifier of the problem, for reports.
         confidences: verifier name -> (A,) the confidence a stop on each answer reports, for the names whose
             score is a stopping statistic with a confidence of its own (`hf_msv.StopHead.confidence`).
+        events: verifier name -> its class snapshots (`hf_msv.stop_rules.StopEvents`), for the names whose score
+            is a class-level stopping statistic: what the stop rule reads (`stop_inputs`).
     """
 
     sequence: np.ndarray
@@ -66,6 +73,7 @@ class AnswerGroup:
     scores: Mapping[str, np.ndarray] = field(default_factory=dict)
     problem_id: str = ""
     confidences: Mapping[str, np.ndarray] = field(default_factory=dict)
+    events: Mapping[str, StopEvents] = field(default_factory=dict)
 
     def __post_init__(self):
         conv = {"sequence": np.int64, "end": np.int64, "klass": np.int64, "correct": bool, "is_terminal": bool}
@@ -98,6 +106,13 @@ class AnswerGroup:
         (its score is then the stopping statistic), else its score."""
         return self.confidences.get(method, self.scores[method])
 
+    def stop_inputs(self, method: str) -> StopInputs:
+        """What the stop rule reads for `method`: its class snapshots when it has them, else its answers."""
+        ev = self.events.get(method)
+        if ev is None:
+            return StopInputs(self.end, self.scores[method], self.is_terminal, self.confidence_of(method), None)
+        return StopInputs(ev.time, ev.statistic, self.is_terminal[ev.answer], ev.confidence, ev.answer)
+
     @property
     def num_answers(self) -> int:
         return int(self.sequence.shape[0])
@@ -105,6 +120,28 @@ class AnswerGroup:
     @property
     def num_sequences(self) -> int:
         return int(self.seq_len.shape[0])
+
+
+@dataclass(frozen=True)
+class StopInputs:
+    """The entries `hf_msv.generation.decide_stop` reads for one method on one group, all (E,): `end`, `scores`,
+    `terminal`, `select`, and `answer`, the answer each entry stands for (`None`: the entries are the answers)."""
+
+    end: np.ndarray
+    scores: np.ndarray
+    terminal: np.ndarray
+    select: np.ndarray
+    answer: np.ndarray | None
+
+    @property
+    def snapshots(self) -> bool:
+        return self.answer is not None
+
+    def answer_of(self, chosen: np.ndarray) -> np.ndarray:
+        """The answer index of each chosen entry (-1 stays -1)."""
+        if self.answer is None:
+            return chosen
+        return np.where(chosen >= 0, self.answer[np.maximum(chosen, 0)], -1)
 
 
 @dataclass

@@ -41,7 +41,11 @@ class EvaluateConfig:
     eval_dir: str = field(metadata={"help": "evaluation shards (a directory of shard-*.safetensors)"})
     output_dir: str = field(metadata={"help": "where the report (.md, .json) and figures (.png) go"})
     val_dir: Optional[str] = field(
-        default=None, metadata={"help": "validation shards (DeepConf calibration, λ rules)"}
+        default=None,
+        metadata={
+            "help": "validation shards (DeepConf calibration, λ rules, each budget's λ; without them no budgeted "
+            "accuracy is reported)"
+        },
     )
     verifier: list[str] = field(
         default_factory=list,

@@ -1,6 +1,7 @@
 """Replay of the paper's parallel early-stopping rule over recorded answer streams (`replay`, `replay_many`), trade-off
-curves (`tradeoff_curve`), AUTC (`autc`), λ for a budget (`select_lambda_validation`) and the λ rules of
-`hf_msv.lambda_rule` on replayed groups (`choose_on_groups`, applied with `replay_at`).
+curves (`tradeoff_curve`), curve summaries (`autc`, `early_stop_token_fraction`, the interpolated curve
+`interpolated_curve`), λ for a budget chosen on validation (`choose_budget_lambda`, `select_lambda_validation`) and
+the λ rules of `hf_msv.lambda_rule` on replayed groups (`choose_on_groups`, applied with `replay_at`).
 
 The rule itself is `hf_msv.generation.decide_stop`, the one the generation hook applies live. What is counted at
 the stop (token position, summed tokens, latency) and how AUTC is normalised is described in
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import AnswerGroup
+from ..data import AnswerGroup, StopInputs
 from ..generation import decide_stop
 from ..lambda_rule import LAMBDAS, LambdaChoice, choose_lambda
 from ..metrics import resolve_scores
@@ -36,7 +37,10 @@ __all__ = [
     "choose_on_groups",
     "replay_at",
     "BUDGET_FRACTIONS",
-    "budget_accuracy",
+    "BudgetChoice",
+    "choose_budget_lambda",
+    "InterpolatedCurve",
+    "interpolated_curve",
 ]
 
 DEFAULT_LAMBDAS = LAMBDAS  # the one grid (hf_msv.lambda_rule): every curve contains the full-decoding point
@@ -84,8 +88,10 @@ class TradeoffCurve:
 def replay_many(
     group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: LatencyCosts | None = None, select=None
 ) -> StopResult:
-    """Replay the stopping rule on one group for every λ in `lambdas` (Λ,), given (A,) `scores` (nan never wins)
-    and the (A,) `select` that picks the output (`None`: the scores; for a stop head, `AnswerGroup.confidences`).
+    """Replay the stopping rule on one group for every λ in `lambdas` (Λ,). `scores` is a method name (the group's
+    stop inputs for it, `AnswerGroup.stop_inputs`: its class snapshots where it is a class-level statistic, else its
+    scores with its confidence picking) or (A,) scores (nan never wins) with the (A,) `select` that picks the output
+    (`None`: the scores).
 
     The rule is `hf_msv.generation.decide_stop`, the one the generation hook applies live, so a recorded
     `MSVResult` replays to the decision it made. O(A log A + Λ·N). A group without terminal answers falls back to
@@ -93,17 +99,24 @@ def replay_many(
     counted as wrong).
     """
     lam = np.asarray(lambdas, dtype=np.float64).reshape(-1)
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if s.shape[0] != group.num_answers or group.num_answers == 0:
-        raise ValueError(f"need {group.num_answers} > 0 scores, got {s.shape[0]}")
+    if isinstance(scores, str):
+        inputs = group.stop_inputs(scores)
+    else:
+        s = np.asarray(scores, dtype=np.float64).reshape(-1)
+        if s.shape[0] != group.num_answers:
+            raise ValueError(f"need {group.num_answers} > 0 scores, got {s.shape[0]}")
+        inputs = StopInputs(group.end, s, group.is_terminal, s if select is None else select, None)
+    if group.num_answers == 0:
+        raise ValueError("need a group with answers")
     costs = costs or LatencyCosts()
-    d = decide_stop(group.end, s, group.is_terminal, lam, select=select)
-    steps, n_avail = d.stop_step, d.num_available
+    d = decide_stop(inputs.end, inputs.scores, inputs.terminal, lam, inputs.select, snapshots=inputs.snapshots)
+    chosen, steps = inputs.answer_of(d.chosen), d.stop_step
     tokens = np.minimum(steps[:, None], group.seq_len[None, :]).sum(1)
+    n_avail = (group.end[None, :] <= steps[:, None]).sum(1)  # answers elicited and scored by t*
     latency = steps * costs.decode_step_s + n_avail * (costs.elicit_s + costs.verify_s)
-    correct = np.where(d.chosen >= 0, group.correct[np.maximum(d.chosen, 0)], False)
+    correct = np.where(chosen >= 0, group.correct[np.maximum(chosen, 0)], False)
     return StopResult(
-        chosen=d.chosen,
+        chosen=chosen,
         correct=correct,
         stopped=d.stopped,
         steps=steps,
@@ -114,16 +127,16 @@ def replay_many(
 
 
 def replay(group: AnswerGroup, scores, lam: float, costs: LatencyCosts | None = None, select=None) -> dict:
-    """Replay one λ on one group (`select` as in `replay_many`): {"chosen", "correct", "stopped", "steps",
+    """Replay one λ on one group (`scores`, `select` as in `replay_many`): {"chosen", "correct", "stopped", "steps",
     "tokens", "n_available", "latency"}."""
     r = replay_many(group, scores, [lam], costs, select)
     return {k: v[0].item() for k, v in vars(r).items()}
 
 
 def _replay_all(groups, scores, lambdas, costs) -> list[StopResult]:
-    # A method name brings what picks its output: its stop head's confidence, else its scores.
-    picks = [g.confidence_of(scores) if isinstance(scores, str) else None for g in groups]
-    return [replay_many(g, s, lambdas, costs, c) for g, s, c in zip(groups, resolve_scores(groups, scores), picks)]
+    # A method name brings its stop inputs: class snapshots, or its scores with its confidence picking the output.
+    per_group = [scores] * len(groups) if isinstance(scores, str) else resolve_scores(groups, scores)
+    return [replay_many(g, s, lambdas, costs) for g, s in zip(groups, per_group)]
 
 
 def _curve(results: list[StopResult], lambdas) -> TradeoffCurve:
@@ -163,15 +176,123 @@ def autc(curve: TradeoffCurve, x: str = "tokens", normalize: bool = False) -> fl
     return area / ux[-1] if normalize and ux[-1] > 0 else area
 
 
-BUDGET_FRACTIONS = (0.3, 0.5, 0.7)  # matched budgets, fractions of full decoding's tokens
+BUDGET_FRACTIONS = (0.3, 0.5, 0.7)  # budgets reported, fractions of full decoding's tokens
+_BUDGET_SLACK = 1e-9  # a λ exactly at the budget fits despite float rounding of the means
 
 
-def budget_accuracy(curve: TradeoffCurve, fraction: float, x: str = "tokens") -> float:
-    """The best accuracy on `curve` at a mean budget ``x`` ≤ `fraction` × full decoding's (the λ = ∞ point's);
-    0 when no λ is that cheap."""
+@dataclass(frozen=True)
+class InterpolatedCurve:
+    """Upper concave hull of a curve's operating points (budget fraction of full decoding, accuracy), (0, 0) included:
+    what a randomised mix of two λ (one per problem, drawn with fixed odds) realises in expectation. A curve
+    summary of the curve it is read from, not a budgeted accuracy: no λ is chosen.
+
+    Attributes:
+        fraction: (K,) the hull's vertices' budget fractions, ascending, 0 first.
+        accuracy: (K,) their accuracies.
+    """
+
+    fraction: np.ndarray
+    accuracy: np.ndarray
+
+    def at(self, budget: float) -> float:
+        """The best accuracy a mix of two operating points realises at a mean budget ≤ `budget` (a fraction of full
+        decoding's): the hull at `budget`, flat past its peak, so non-decreasing in `budget`."""
+        return float(np.interp(budget, self.fraction, np.maximum.accumulate(self.accuracy)))
+
+
+def _upper_hull(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices of the upper concave hull of the points (xs, ys), ascending in x (monotone chain)."""
+    ux, inverse = np.unique(xs, return_inverse=True)
+    uy = np.full(ux.shape, -np.inf)
+    np.maximum.at(uy, inverse, ys)  # equal budgets: the best accuracy
+    hull: list[tuple[float, float]] = []
+    for p in zip(ux.tolist(), uy.tolist()):
+        # drop the last vertex while it lies on or under the chord from the one before it to p
+        while len(hull) >= 2 and (
+            (hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1]) - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])
+            >= 0
+        ):
+            hull.pop()
+        hull.append(p)
+    hx, hy = zip(*hull)
+    return np.array(hx), np.array(hy)
+
+
+def interpolated_curve(curve: TradeoffCurve, x: str = "tokens") -> InterpolatedCurve:
+    """The `InterpolatedCurve` of `curve` on axis `x`, budgets as fractions of full decoding's (the λ = ∞ point's).
+
+    Args:
+        curve: a λ sweep containing full decoding.
+        x: the budget axis (``"tokens"``, ``"steps"`` or ``"latency"``).
+
+    Returns:
+        The hull; answering nothing at no cost, (0, 0), is one of its points, so it is defined at every budget.
+    """
+    xs = curve.x(x).astype(np.float64)
+    full = float(xs[np.argmax(curve.lambdas)])
+    fraction = xs / full if full > 0 else np.zeros_like(xs)
+    hx, hy = _upper_hull(np.r_[0.0, fraction], np.r_[0.0, curve.accuracy.astype(np.float64)])
+    return InterpolatedCurve(hx, hy)
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """λ chosen on one curve (the validation groups') for a budget: `choose_budget_lambda`.
+
+    Attributes:
+        fraction: the budget, a fraction of full decoding's mean budget.
+        lam: the chosen λ (∞: full decoding).
+        index: its position in the curve's λ grid.
+        accuracy: the curve's accuracy at it.
+        used_fraction: its mean budget ÷ full decoding's (≤ `fraction` when `fits`).
+        fits: whether some λ fit the budget (False: the cheapest λ was taken).
+    """
+
+    fraction: float
+    lam: float
+    index: int
+    accuracy: float
+    used_fraction: float
+    fits: bool
+
+
+def _select_index(curve: TradeoffCurve, token_budget: float | None, x: str) -> int | None:
+    """Index of the most accurate λ with mean budget ``x`` ≤ `token_budget` (ties: cheaper, then larger λ); without
+    a budget the most accurate overall; None when no λ fits."""
+    xs, acc, lam = curve.x(x), curve.accuracy, curve.lambdas
+    order = np.lexsort((-lam, xs, -acc))  # most accurate, then cheapest, then largest λ
+    if token_budget is not None:
+        order = order[xs[order] <= token_budget]
+    return int(order[0]) if order.size else None
+
+
+def choose_budget_lambda(curve: TradeoffCurve, fraction: float, x: str = "tokens") -> BudgetChoice:
+    """The most accurate λ of `curve` whose mean budget ``x`` ≤ `fraction` × full decoding's (ties: cheaper, then
+    larger λ); the cheapest λ (``fits`` False) when none is that cheap. Only `curve` is read: give it the
+    validation groups' curve and apply the λ to evaluation.
+
+    Args:
+        curve: a λ sweep containing full decoding.
+        fraction: the budget, a fraction of full decoding's.
+        x: the budget axis.
+
+    Returns:
+        The `BudgetChoice`.
+    """
     xs = curve.x(x)
-    ok = xs <= fraction * xs[np.argmax(curve.lambdas)] + 1e-9
-    return float(curve.accuracy[ok].max()) if ok.any() else 0.0
+    full = float(xs[np.argmax(curve.lambdas)])
+    index = _select_index(curve, fraction * full + _BUDGET_SLACK, x)
+    fits = index is not None
+    if index is None:
+        index = int(np.lexsort((-curve.lambdas, -curve.accuracy, xs))[0])
+    return BudgetChoice(
+        fraction=float(fraction),
+        lam=float(curve.lambdas[index]),
+        index=index,
+        accuracy=float(curve.accuracy[index]),
+        used_fraction=float(xs[index] / full) if full > 0 else 0.0,
+        fits=fits,
+    )
 
 
 def _min_budget(curve: TradeoffCurve, x: str, target: float) -> float:
@@ -209,16 +330,14 @@ def early_stop_token_fraction(curve_msv: TradeoffCurve, curve_baseline: Tradeoff
 def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = None, x: str = "tokens") -> float:
     """λ on a curve for a budget: the most accurate λ whose mean budget ``x`` ≤ `token_budget` (ties: cheaper, then
     larger λ; the cheapest λ, with a warning, when none fits); without a budget the most accurate λ (ties: cheaper).
-    Targets in accuracy and guarantees are `hf_msv.lambda_rule.choose_lambda`'s (`choose_on_groups`)."""
+    Budgets as fractions of full decoding are `choose_budget_lambda`'s; targets in accuracy and guarantees are
+    `hf_msv.lambda_rule.choose_lambda`'s (`choose_on_groups`)."""
     xs, acc, lam = curve.x(x), curve.accuracy, curve.lambdas
-    key_acc = np.lexsort((-lam, xs, -acc))  # most accurate, then cheapest, then largest λ
-    if token_budget is not None:
-        ok = xs <= token_budget
-        if not ok.any():
-            warnings.warn(f"no λ fits the budget {token_budget}; using the cheapest", RuntimeWarning, stacklevel=2)
-            return float(lam[np.lexsort((-lam, -acc, xs))[0]])
-        return float(lam[[i for i in key_acc if ok[i]][0]])
-    return float(lam[key_acc[0]])
+    index = _select_index(curve, token_budget, x)
+    if index is None:
+        warnings.warn(f"no λ fits the budget {token_budget}; using the cheapest", RuntimeWarning, stacklevel=2)
+        return float(lam[np.lexsort((-lam, -acc, xs))[0]])
+    return float(lam[index])
 
 
 def choose_on_groups(

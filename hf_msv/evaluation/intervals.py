@@ -1,27 +1,41 @@
 """Paired comparisons of the primary MSV with each baseline: per-problem numbers (`problem_numbers`,
-`problem_curves`) and 95 % bootstrap intervals over problems (`metric_intervals`, `fraction_interval`; one resample
-of problems applied to both methods). The intervals and their keys are described in ``docs/evaluation.md``.
+`problem_curves`), budgets with λ chosen on validation (`chosen_budget`) and 95 % bootstrap intervals over problems
+(`metric_intervals`, `fraction_interval`, `chosen_budget_interval`, `interpolated_interval`; one resample of problems
+applied to both methods). The intervals and their keys are described in ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..metrics import bootstrap_interval, ece, paired_bootstrap
-from .early_stop import LatencyCosts, TradeoffCurve, budget_accuracy, early_stop_token_fraction, replay_many
+from .early_stop import (
+    BudgetChoice,
+    LatencyCosts,
+    TradeoffCurve,
+    choose_budget_lambda,
+    early_stop_token_fraction,
+    interpolated_curve,
+    replay_many,
+)
 
 __all__ = [
     "AXES",
     "ProblemNumbers",
     "ProblemCurves",
+    "ChosenBudget",
     "problem_numbers",
     "problem_curves",
+    "chosen_budget",
     "metric_intervals",
     "fraction_interval",
+    "chosen_budget_interval",
+    "interpolated_interval",
 ]
 
 AXES = ("steps", "tokens", "latency")  # token position t* (the paper's axis), summed tokens, latency
@@ -167,18 +181,85 @@ def fraction_interval(
     return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)
 
 
-def budget_interval(
+def interpolated_interval(
     msv: list[ProblemCurves], base: list[ProblemCurves], fraction: float, n_boot: int = 1000, seed: int = 0
 ) -> dict:
-    """Paired interval of the accuracy difference at a matched budget (`budget_accuracy` at `fraction` of full
-    decoding's tokens, each method's own full decoding), curves averaged over training seeds."""
+    """Paired interval of the difference of the interpolated curves (`interpolated_curve`, tokens) at `fraction` of
+    full decoding's tokens, MSV − baseline; curves averaged over training seeds, both hulls recomputed on every
+    resample of problems."""
     m, b = _seed_mean(msv), _seed_mean(base)
     return bootstrap_interval(
-        lambda idx: budget_accuracy(m.curve(idx), fraction) - budget_accuracy(b.curve(idx), fraction),
+        lambda idx: interpolated_curve(m.curve(idx)).at(fraction) - interpolated_curve(b.curve(idx)).at(fraction),
         m.correct.shape[0],
         n_boot=n_boot,
         seed=seed,
     )
+
+
+@dataclass(frozen=True)
+class ChosenBudget:
+    """One method at one budget, λ chosen on each training seed's validation curve and applied to that seed's
+    evaluation problems (`chosen_budget`); S training seeds, P evaluation problems.
+
+    Attributes:
+        choices: (S,) the `BudgetChoice` of each seed, made on validation.
+        eval_accuracy: (S,) evaluation accuracy at each seed's λ.
+        eval_fraction: (S,) evaluation tokens at that λ ÷ evaluation full decoding's: the budget realised.
+        problem_accuracy: (P,) each evaluation problem's accuracy at the chosen λ, mean over seeds (what the paired
+            intervals resample).
+    """
+
+    choices: tuple[BudgetChoice, ...]
+    eval_accuracy: np.ndarray
+    eval_fraction: np.ndarray
+    problem_accuracy: np.ndarray
+
+
+def _column(curves: ProblemCurves, lam: float) -> int:
+    """The position of `lam` in the λ grid of `curves` (it must be there: validation and evaluation share it)."""
+    hit = np.flatnonzero(curves.lambdas == lam)
+    if not hit.size:
+        raise ValueError(f"λ = {lam} is not on the evaluation curves' grid")
+    return int(hit[0])
+
+
+def chosen_budget(
+    val_curves: Sequence[TradeoffCurve], eval_curves: Sequence[ProblemCurves], fraction: float
+) -> ChosenBudget:
+    """λ for `fraction` of full decoding's tokens chosen on each seed's validation curve (`choose_budget_lambda`),
+    then read on that seed's evaluation curves at that λ alone: no other evaluation λ is looked at.
+
+    Args:
+        val_curves: (S,) the validation groups' trade-off curve per training seed.
+        eval_curves: (S,) the evaluation problems' curves per training seed, on the same λ grid.
+        fraction: the budget, a fraction of full decoding's tokens.
+
+    Returns:
+        The `ChosenBudget`.
+    """
+    if len(val_curves) != len(eval_curves) or not val_curves:
+        raise ValueError(
+            f"need one validation curve per seed's evaluation curves: {len(val_curves)}, {len(eval_curves)}"
+        )
+    choices = tuple(choose_budget_lambda(c, fraction) for c in val_curves)
+    correct, realised = [], []
+    for choice, pc in zip(choices, eval_curves):
+        j, full = _column(pc, choice.lam), int(np.argmax(pc.lambdas))
+        correct.append(pc.correct[:, j])
+        full_tokens = float(pc.tokens[:, full].mean())
+        realised.append(float(pc.tokens[:, j].mean()) / full_tokens if full_tokens > 0 else 0.0)
+    return ChosenBudget(
+        choices,
+        np.array([c.mean() for c in correct]),
+        np.array(realised),
+        np.mean(correct, axis=0),
+    )
+
+
+def chosen_budget_interval(msv: ChosenBudget, base: ChosenBudget, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Paired interval over evaluation problems of the accuracy difference MSV − baseline, each at its own
+    validation-chosen λ (held fixed: only the problems are resampled)."""
+    return paired_bootstrap(msv.problem_accuracy, base.problem_accuracy, n_boot=n_boot, seed=seed)
 
 
 def target_fraction_interval(

@@ -34,7 +34,7 @@ from ..data import (
 )
 from ..errors import UserError
 from ..metrics import fold_by_problem
-from ..stop_rules import StopHead, stop_statistic
+from ..stop_rules import StopHead, stop_events
 from .config import MethodConfig
 from .prm import PRMScorer, score_with_prm
 from .scoring import deepconf_scores, score_problems, token_prob_scores
@@ -440,9 +440,9 @@ def draw_scores(
                 )
             for label, scores in msv_scores.items():
                 sc[label] = scores[i][rows]
-            confidences = {}
+            confidences, events = {}, {}
             if setting == "streaming" and n > 1:
-                rule_scores, confidences = _stop_rule_scores(
+                rule_scores, confidences, events = _stop_rule_scores(
                     g, p.answer_step[rows], n, {m: sc[m] for m in msv_scores}, plan
                 )
                 sc |= rule_scores
@@ -458,26 +458,33 @@ def draw_scores(
                     {k: np.clip(v, 0.0, 1.0) for k, v in sc.items()},
                     g.problem_id,
                     confidences,
+                    events,
                 )
             )
             problem_of.append(i)
     return Draw(groups, np.asarray(problem_of, dtype=np.int64), offline)
 
 
-def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan: dict) -> tuple[dict, dict]:
+def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan: dict) -> tuple[dict, dict, dict]:
     """The field's stopping rules' statistics on a streaming group, and each MSV's stop-head statistic and
     confidence where the verifier carries a head (``config.early_stopping``): what `StopRuleScorer` computes live.
 
     Returns:
-        (scores, confidences): method -> (A,) statistic, and method -> (A,) confidence for the stop heads.
+        (scores, confidences, events): method -> (A,) statistic of each answer's class at its arrival, method ->
+        (A,) confidence for the stop heads, and method -> its class snapshots (`StopEvents`, what the rule reads).
     """
     columns = (g.klass, g.sequence, step, g.end)
-    out = {name: stop_statistic(rule, *columns, n) for name, rule in STOP_RULE_METHODS.items()}
-    confidences = {}
+    rules: dict[str, str | StopHead] = dict(STOP_RULE_METHODS)
     for e in plan["msv"]:
         head = StopHead.of(e.model_for("streaming")[0].config)
         label = method_label(e, n)
         if head and label in msv:
-            name = label + STOP_HEAD_SUFFIX
-            out[name], confidences[name] = head.statistic_and_confidence(msv[label], *columns, n)
-    return out, confidences
+            rules[label + STOP_HEAD_SUFFIX] = head
+    out, confidences, events = {}, {}, {}
+    for name, rule in rules.items():
+        scores = msv[name.removesuffix(STOP_HEAD_SUFFIX)] if isinstance(rule, StopHead) else None
+        events[name] = stop_events(rule, *columns, n, scores)
+        out[name], confidence = events[name].at_answers(g.klass, g.end)
+        if isinstance(rule, StopHead):
+            confidences[name] = confidence
+    return out, confidences, events

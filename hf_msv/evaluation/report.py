@@ -13,6 +13,7 @@ import numpy as np
 from ..metrics import format_mean_std, reliability_bins, seed_stat
 from .methods import DEEPCONF, SELF_CONSISTENCY, STOP_HEAD_SUFFIX, TOKEN_PROBS
 from .results import (
+    Budgets,
     EarlyStopComparison,
     EarlyStopSummary,
     Figure,
@@ -22,6 +23,7 @@ from .results import (
     StopReliability,
     StudyConfig,
     StudyResults,
+    ValidationBudget,
     as_study_results,
 )
 
@@ -115,9 +117,10 @@ def _data_section(results: StudyResults) -> list[str]:
         + f" DeepConf: {cfg.deepconf_calibration}. Calibrated vote baselines: "
         f"{cfg.vote_calibration}; stacked baseline's Probe feature: {cfg.stacked_probe}.",
         "",
-        "AUTC (norm) on an axis x ∈ {t* (token position), latency, tokens summed over the N sequences}: "
-        "(1/B) ∫_0^B acc(b) db, B = the full-decoding budget on x: a mean accuracy in [0, 1], whose scale does "
-        "not depend on N.",
+        "AUTC (norm), a curve summary, on an axis x ∈ {t* (token position), latency, tokens summed over the N "
+        "sequences}: (1/B) ∫_0^B acc(b) db, B = the full-decoding budget on x: a mean accuracy in [0, 1], whose "
+        "scale does not depend on N. Peak acc: the best point of the evaluation curve, a curve summary (no λ is "
+        "chosen at it).",
         "",
     ]
 
@@ -162,9 +165,10 @@ def _early_stop_line(es: EarlyStopSummary) -> list[str]:
         for name, c in es.comparisons.items()
     ]
     return [
-        "Early stopping: fraction of the baseline's budget the primary MSV needs to reach the baseline's peak "
-        "accuracy, on the token position t* (the latency of parallel decoding, the paper's axis), on measured "
-        "latency and on chain-of-thought tokens summed over the N sequences:",
+        "Early stopping, a curve summary (read off the evaluation curves, no λ chosen): fraction of the "
+        "baseline's budget the primary MSV needs to reach the baseline's peak accuracy, on the token position t* "
+        "(the latency of parallel decoding, the paper's axis), on measured latency and on chain-of-thought tokens "
+        "summed over the N sequences:",
         "",
         markdown_table(
             [
@@ -184,36 +188,80 @@ def _early_stop_line(es: EarlyStopSummary) -> list[str]:
     ]
 
 
-def _matched_budget_lines(es: EarlyStopSummary) -> list[str]:
-    mb = es.matched_budget
-    if mb is None:
+def _budget_lines(es: EarlyStopSummary) -> list[str]:
+    """The budgets of one N: chosen on validation (or why there are none), the interpolated curves and the
+    full-decoding target."""
+    b = es.budgets
+    if b is None:
         return []
-    ref, fractions, intervals = mb.reference, mb.fractions, mb.intervals or {}
-    rows = [
-        [m]
-        + [
-            f"{a:.3f}" + (f" ({_format_interval(intervals[m][i], 3)})" if m in intervals else "")
-            for i, a in enumerate(acc)
-        ]
-        for m, acc in mb.accuracy.items()
-    ]
-    out = [
-        f"Matched budgets: accuracy at a mean token budget of {' / '.join(f'{f:.0%}' for f in fractions)} of "
-        f"full decoding (the best λ of each curve within it); in brackets {ref} − the method, 95 % paired "
-        "interval over problems:",
-        "",
-        markdown_table(["method"] + [f"{f:.0%} of tokens" for f in fractions], rows),
-        "",
-    ]
-    target = mb.full_decoding_target
-    if target:
-        out += [
-            f"{ref} reaches the full-decoding accuracy of the most accurate baseline ({target.baseline}, "
-            f"{target.accuracy:.3f}) at {_format_estimate(target.steps)} of full decoding's t* and "
-            f"{_format_estimate(target.tokens)} of its tokens (95 % interval over problems).",
+    return _validation_budget_lines(b) + _interpolated_lines(b) + _full_decoding_target_lines(b)
+
+
+def _percent(fractions: list[float]) -> str:
+    return " / ".join(f"{f:.0%}" for f in fractions)
+
+
+def _chosen_cell(b: ValidationBudget) -> str:
+    """Evaluation accuracy at the token fraction realised, † when no λ fit on validation, and the interval."""
+    fits = b.fits.mean is not None and b.fits.mean >= 1.0
+    return (
+        f"{_seed_cell(b.eval_accuracy)} at {_seed_cell(b.eval_fraction, 2)}"
+        + ("" if fits else " †")
+        + ("" if b.interval is None else f" ({_format_interval(b.interval, 3)})")
+    )
+
+
+def _validation_budget_lines(b: Budgets) -> list[str]:
+    if b.validation_chosen is None:
+        return [
+            f"Budgets: without a validation split no λ can be chosen for a budget of {_percent(b.fractions)} of "
+            "full decoding's tokens without looking at the evaluation curves, so no budgeted accuracy is reported "
+            "(evaluate with `--val-dir`); the interpolated curves below describe the evaluation curves.",
             "",
         ]
-    return out
+    rows = [[m] + [_chosen_cell(x) for x in budgets] for m, budgets in b.validation_chosen.items()]
+    return [
+        f"Budgets chosen on validation: for each method and a budget of {_percent(b.fractions)} of full decoding's "
+        "tokens, λ is the most accurate on the validation groups within that budget there (ties: cheaper, then "
+        "larger λ), per training seed, and is applied unchanged to the evaluation groups. Cell: evaluation accuracy "
+        "at the token fraction it realised on evaluation (which may exceed the budget); in brackets "
+        f"{b.reference} − the method, 95 % paired interval over evaluation problems with each λ fixed; †: no λ fit "
+        "the budget on validation for some training seed (its cheapest λ was taken).",
+        "",
+        markdown_table(["method"] + [f"{f:.0%} of tokens" for f in b.fractions], rows),
+        "",
+    ]
+
+
+def _interpolated_lines(b: Budgets) -> list[str]:
+    cell = lambda x: _fmt_number(x.accuracy) + ("" if x.interval is None else f" ({_format_interval(x.interval)})")  # noqa: E731
+    rows = [[m] + [cell(x) for x in points] for m, points in b.interpolated.items()]
+    return [
+        "Interpolated curves (a curve summary, not a budgeted accuracy: no λ is chosen): each method's upper "
+        "concave hull of its (token fraction, accuracy) operating points on the evaluation split, what a "
+        f"randomised mix of two λ realises, read at {_percent(b.fractions)} of full decoding's tokens; in brackets "
+        f"{b.reference} − the method, 95 % paired interval over problems, both hulls recomputed on each resample:",
+        "",
+        markdown_table(["method"] + [f"{f:.0%} of tokens" for f in b.fractions], rows),
+        "",
+    ]
+
+
+def _fmt_number(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _full_decoding_target_lines(b: Budgets) -> list[str]:
+    target = b.full_decoding_target
+    if not target:
+        return []
+    return [
+        f"Curve summary: {b.reference}'s evaluation curve first reaches the full-decoding accuracy of the most "
+        f"accurate baseline ({target.baseline}, {_fmt_number(target.accuracy)}) at "
+        f"{_format_estimate(target.steps)} of full decoding's t* and {_format_estimate(target.tokens)} of its "
+        "tokens (95 % interval over problems).",
+        "",
+    ]
 
 
 def _interval_table(results: StudyResults, setting: str, n) -> list[str]:
@@ -254,7 +302,7 @@ def _setting_sections(results: StudyResults) -> list[str]:
             if setting == "streaming":
                 es = results.early_stop.get(str(n)) or EarlyStopSummary(curves={})
                 out += _early_stop_line(es)
-                out += _matched_budget_lines(es)
+                out += _budget_lines(es)
     return out
 
 

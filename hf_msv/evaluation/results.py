@@ -24,7 +24,9 @@ __all__ = [
     "AxisFraction",
     "EarlyStopComparison",
     "FullDecodingTarget",
-    "MatchedBudget",
+    "ValidationBudget",
+    "InterpolatedAccuracy",
+    "Budgets",
     "EarlyStopSummary",
     "LambdaRuleRecord",
     "StopReliability",
@@ -382,8 +384,9 @@ class EarlyStopComparison:
 
 @dataclass
 class FullDecodingTarget:
-    """The budget the matched-budget reference needs to reach the full-decoding accuracy of the most accurate
-    baseline: that baseline, its accuracy, and the fraction of full decoding's t* (``steps``) and tokens, each an
+    """A curve summary: the budget at which the `Budgets` reference's evaluation curve first reaches the
+    full-decoding accuracy of the most accurate baseline (read off the curve, like the paper's t*, not a λ chosen in
+    advance): that baseline, its accuracy, and the fraction of full decoding's t* (``steps``) and tokens, each an
     `Interval` over problems."""
 
     baseline: str
@@ -430,64 +433,160 @@ class FullDecodingTarget:
 
 
 @dataclass
-class MatchedBudget:
-    """Accuracy of every streaming method at fixed fractions of full decoding's tokens: the fractions, the reference
-    method (the primary MSV, through its stop head when it has one), method -> accuracy per fraction, method ->
-    `Interval` per fraction of the reference − the method (None without bootstrap) and the `FullDecodingTarget`
-    (None without a baseline)."""
+class ValidationBudget:
+    """One method at one budget, λ chosen on each training seed's validation groups (the most accurate λ within the
+    budget there) and applied to the evaluation groups; every number a `SeedStat` over training seeds.
+
+    Attributes:
+        lam: the chosen λ (values null for ∞: full decoding).
+        val_accuracy / val_fraction: on validation, its accuracy and its tokens ÷ full decoding's.
+        fits: 1 when some λ fit the budget on validation, 0 when none did (the cheapest λ was taken).
+        eval_accuracy / eval_fraction: on evaluation, its accuracy and the token fraction it realised.
+        interval: the reference − this method, paired over evaluation problems with each λ fixed (None for the
+            reference itself, or without bootstrap).
+    """
+
+    lam: SeedStat
+    val_accuracy: SeedStat
+    val_fraction: SeedStat
+    fits: SeedStat
+    eval_accuracy: SeedStat
+    eval_fraction: SeedStat
+    interval: Interval | None = None
+
+    _STATS = ("val_accuracy", "val_fraction", "fits", "eval_accuracy", "eval_fraction")
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> ValidationBudget:
+        """Read ``{"lambda", "val_accuracy", "val_fraction", "fits", "eval_accuracy", "eval_fraction", "interval"}``.
+
+        Args:
+            d: one budget of one method.
+
+        Returns:
+            The `ValidationBudget`.
+        """
+        stats = {k: SeedStat.from_dict(d[k]) for k in cls._STATS}
+        return cls(lam=SeedStat.from_dict(d["lambda"]), interval=_interval(d.get("interval")), **stats)
+
+    def to_dict(self) -> dict:
+        """The budget as written to JSON.
+
+        Returns:
+            The dict.
+        """
+        stats = {k: getattr(self, k).to_dict() for k in self._STATS}
+        return {"lambda": self.lam.to_dict(), **stats, "interval": _interval_dict(self.interval)}
+
+
+@dataclass
+class InterpolatedAccuracy:
+    """One method's interpolated curve (upper hull of its evaluation operating points, what a randomised mix of two λ
+    realises) read at one budget: a curve summary, not a budgeted accuracy.
+
+    Attributes:
+        accuracy: the hull of the training-seed-mean curve at the budget.
+        interval: the reference − this method, both hulls recomputed on each resample of problems (None for the
+            reference itself, or without bootstrap).
+    """
+
+    accuracy: float | None
+    interval: Interval | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> InterpolatedAccuracy:
+        """Read ``{"accuracy", "interval"}``.
+
+        Args:
+            d: one budget of one method.
+
+        Returns:
+            The `InterpolatedAccuracy`.
+        """
+        return cls(d.get("accuracy"), _interval(d.get("interval")))
+
+    def to_dict(self) -> dict:
+        """The entry as written to JSON.
+
+        Returns:
+            The dict.
+        """
+        return {"accuracy": self.accuracy, "interval": _interval_dict(self.interval)}
+
+
+@dataclass
+class Budgets:
+    """Every streaming method at fixed fractions of full decoding's tokens (``results["early_stop"][N]["budgets"]``).
+
+    Attributes:
+        fractions: the budgets, fractions of full decoding's tokens.
+        reference: the method the intervals compare with (the primary MSV, through its stop head when it has one).
+        validation_chosen: method -> `ValidationBudget` per fraction; None without a validation split (no budget
+            can then be chosen honestly, and none is reported).
+        interpolated: method -> `InterpolatedAccuracy` per fraction.
+        full_decoding_target: the curve summary `FullDecodingTarget` (None without a baseline).
+        extra: keys not modelled here, kept as read.
+    """
 
     fractions: list[float]
     reference: str
-    accuracy: dict[str, list]
-    intervals: dict[str, list[Interval | None]] | None = None
+    validation_chosen: dict[str, list[ValidationBudget]] | None
+    interpolated: dict[str, list[InterpolatedAccuracy]]
     full_decoding_target: FullDecodingTarget | None = None
     extra: dict = field(default_factory=dict)
 
+    _KEYS = ("fractions", "reference", "validation_chosen", "interpolated", "full_decoding_target")
+
     @classmethod
-    def from_dict(cls, d: Mapping) -> MatchedBudget:
-        """Read the ``matched_budget`` entry.
+    def from_dict(cls, d: Mapping) -> Budgets:
+        """Read the ``budgets`` entry.
 
         Args:
             d: the entry.
 
         Returns:
-            The `MatchedBudget`.
+            The `Budgets`.
         """
-        intervals, target = d.get("intervals"), d.get("full_decoding_target")
+        chosen, target = d.get("validation_chosen"), d.get("full_decoding_target")
         return cls(
             list(d["fractions"]),
             d["reference"],
-            dict(d["accuracy"]),
-            None if intervals is None else {m: [_interval(iv) for iv in ivs] for m, ivs in intervals.items()},
+            None if chosen is None else {m: [ValidationBudget.from_dict(b) for b in bs] for m, bs in chosen.items()},
+            {m: [InterpolatedAccuracy.from_dict(b) for b in bs] for m, bs in d["interpolated"].items()},
             None if target is None else FullDecodingTarget.from_dict(target),
-            _extra(d, ("fractions", "reference", "accuracy", "intervals", "full_decoding_target")),
+            _extra(d, cls._KEYS),
         )
 
     def to_dict(self) -> dict:
         """The entry as written to JSON.
 
         Returns:
-            The dict, without the optional keys it was read without.
+            The dict.
         """
-        out = {"fractions": list(self.fractions), "reference": self.reference, "accuracy": self.accuracy}
-        if self.intervals is not None:
-            out["intervals"] = {m: [_interval_dict(iv) for iv in ivs] for m, ivs in self.intervals.items()}
-        if self.full_decoding_target is not None:
-            out["full_decoding_target"] = self.full_decoding_target.to_dict()
-        return out | self.extra
+        chosen = self.validation_chosen
+        return {
+            "fractions": list(self.fractions),
+            "reference": self.reference,
+            "validation_chosen": None
+            if chosen is None
+            else {m: [b.to_dict() for b in bs] for m, bs in chosen.items()},
+            "interpolated": {m: [b.to_dict() for b in bs] for m, bs in self.interpolated.items()},
+            "full_decoding_target": None if self.full_decoding_target is None else self.full_decoding_target.to_dict(),
+            **self.extra,
+        }
 
 
 @dataclass
 class EarlyStopSummary:
     """One N's early stopping (``results["early_stop"][N]``): seed-mean trade-off curves per method (as JSON dicts:
     ``lambdas``, ``accuracy``, ``tokens``, ``steps``, ``latency``, ``stop_rate``); with a primary MSV, the
-    `MatchedBudget` and,
-    when a baseline was found, the comparison with the best of all baselines on tokens / latency (top-level
-    fields) and the `EarlyStopComparison` per baseline pool (``single_sequence``, ``all``). Fields the dict did
-    not have are None."""
+    `Budgets` and, when a baseline was found, the comparison with the best of all baselines on tokens / latency
+    (top-level fields) and the `EarlyStopComparison` per baseline pool (``single_sequence``, ``all``). Fields the
+    dict did not have are None. Results written before budgets were chosen on validation keep their
+    ``matched_budget`` entry (best points of the evaluation curves) in ``extra``, read back but never reported."""
 
     curves: dict[str, dict]
-    matched_budget: MatchedBudget | None = None
+    budgets: Budgets | None = None
     msv: str | None = None
     best_baseline: str | None = None
     best_baseline_peak_accuracy: float | None = None
@@ -502,7 +601,7 @@ class EarlyStopSummary:
 
     _KEYS = (
         "curves",
-        "matched_budget",
+        "budgets",
         "msv",
         "best_baseline",
         "best_baseline_peak_accuracy",
@@ -524,10 +623,10 @@ class EarlyStopSummary:
         Returns:
             The `EarlyStopSummary`.
         """
-        comps, mb = d.get("comparisons"), d.get("matched_budget")
+        comps, budgets = d.get("comparisons"), d.get("budgets")
         return cls(
             curves=dict(d.get("curves", {})),
-            matched_budget=None if mb is None else MatchedBudget.from_dict(mb),
+            budgets=None if budgets is None else Budgets.from_dict(budgets),
             msv=d.get("msv"),
             best_baseline=d.get("best_baseline"),
             best_baseline_peak_accuracy=d.get("best_baseline_peak_accuracy"),
@@ -550,7 +649,7 @@ class EarlyStopSummary:
         """
         values = {
             "curves": self.curves,
-            "matched_budget": None if self.matched_budget is None else self.matched_budget.to_dict(),
+            "budgets": None if self.budgets is None else self.budgets.to_dict(),
             "msv": self.msv,
             "best_baseline": self.best_baseline,
             "best_baseline_peak_accuracy": self.best_baseline_peak_accuracy,

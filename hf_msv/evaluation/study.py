@@ -33,15 +33,19 @@ from .early_stop import (
     LatencyCosts,
     TradeoffCurve,
     autc,
-    budget_accuracy,
     choose_on_groups,
     early_stop_token_fraction,
+    interpolated_curve,
     replay_at,
+    tradeoff_curve,
 )
 from .intervals import (
     AXES,
-    budget_interval,
+    ChosenBudget,
+    chosen_budget,
+    chosen_budget_interval,
     fraction_interval,
+    interpolated_interval,
     metric_intervals,
     problem_curves,
     problem_numbers,
@@ -66,7 +70,17 @@ from .methods import (
 )
 from .prm import PRMScorer, load_lm_tokenizer, require_cot_token_ids
 from .report import render_report, require_report_extras, write_figures
-from .results import MethodRoster, StudyConfig, StudyResults
+from .results import (
+    Budgets,
+    FullDecodingTarget,
+    InterpolatedAccuracy,
+    Interval,
+    MethodRoster,
+    SeedStat,
+    StudyConfig,
+    StudyResults,
+    ValidationBudget,
+)
 from .scoring import lm_cost_for, lm_costs_from_info, measure_verifier_cost
 from .verifiers import VerifierEntry, load_verifier_seeds, parse_verifier_specs
 
@@ -100,6 +114,7 @@ class _PerN:
     numbers: dict = field(default_factory=lambda: {s: {} for s in SETTINGS})  # setting -> method -> [ProblemNumbers]
     problem_curves: dict = field(default_factory=dict)  # method -> [ProblemCurves per seed]
     curves: dict = field(default_factory=dict)  # method -> [TradeoffCurve per seed]
+    val_curves: dict = field(default_factory=dict)  # method -> [validation TradeoffCurve per seed]
     positions: dict = field(default_factory=dict)  # method -> [Brier per position bin, per seed]
     lam_sel: dict = field(default_factory=dict)  # method -> rule -> [per-seed dicts]
     stop_events: dict = field(default_factory=dict)  # method -> rule -> [(confidence, correct) at the stop, per seed]
@@ -125,7 +140,8 @@ def evaluate_study(
 
     Args:
         config: the settings, one field per ``hf-msv evaluate`` flag: the shards (``eval_dir``; ``val_dir`` fits the
-            calibrated baselines and the λ rules, skipped without it), the N values (``num_sequences``; None:
+            calibrated baselines and chooses the λ of the λ rules and of each budget, none chosen without it), the N
+            values (``num_sequences``; None:
             `default_num_sequences` of the samples collected), the baselines, the λ rules and the report.
         verifiers: name -> checkpoint (directory or model), or name -> {"terminal": ..., "streaming": ...}, or a list
             of those, one per training seed (`load_verifier_seeds`); None: the ``config.verifier`` NAME=PATH specs.
@@ -545,12 +561,14 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
 def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: list[AnswerGroup]) -> None:
     """Both λ rules of `hf_msv.lambda_rule.choose_lambda` for every streaming method, chosen on the validation
     groups at N (same training seed) and applied to `eval_groups`: the target rule (``"validation"``) and the
-    guarantee (``"ltt"``), with the stop-time calibration on the evaluation split."""
+    guarantee (``"ltt"``), with the stop-time calibration on the evaluation split; and the validation curve the
+    budgets' λ are chosen on."""
     vgroups = draw_scores(
         study.val, n, "streaming", dict(acc.plans[seed]["streaming"]), study.config.method_config, study.val
     ).groups
     for m in _methods_in(eval_groups):
         costs = acc.costs_for(m)
+        acc.val_curves.setdefault(m, []).append(tradeoff_curve(vgroups, m, DEFAULT_LAMBDAS, costs))
         for rule, kwargs in study.config.lambda_rules.items():
             choice = choose_on_groups(vgroups, m, DEFAULT_LAMBDAS, costs, **kwargs)
             ev = replay_at(eval_groups, m, choice.lam, costs)
@@ -774,37 +792,83 @@ def _comparison(acc: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dic
     return out
 
 
-def _matched_budget(acc: _PerN, mean: dict, msv: str, baselines: list[str], n_boot: int) -> dict:
-    """Accuracy of every streaming method at 30 / 50 / 70 % of full decoding's tokens (`budget_accuracy`), and
-    paired intervals over problems of the reference (the MSV through its stop head when it has one, else the
-    MSV) minus each other method; and the fraction of full decoding's t* and tokens the reference needs to reach
-    the full-decoding accuracy of the most accurate of `baselines` (a target that is not the maximum of a noisy
-    curve)."""
+def _budgets(acc: _PerN, mean: dict, msv: str, baselines: list[str], n_boot: int) -> dict:
+    """Every streaming method at 30 / 50 / 70 % of full decoding's tokens: with λ chosen on validation and scored on
+    evaluation (none without a validation split), and on its interpolated curve; paired intervals over problems of
+    the reference (the MSV through its stop head when it has one, else the MSV) minus each other method; and the
+    `FullDecodingTarget` curve summary against the most accurate of `baselines`."""
     reference = msv + STOP_HEAD_SUFFIX if msv + STOP_HEAD_SUFFIX in mean else msv
-    out = {
-        "fractions": list(BUDGET_FRACTIONS),
-        "reference": reference,
-        "accuracy": {m: [budget_accuracy(c, f) for f in BUDGET_FRACTIONS] for m, c in mean.items()},
-    }
-    ref = acc.problem_curves[reference]
-    if n_boot:
-        out["intervals"] = {
-            m: [budget_interval(ref, pc, f, n_boot) for f in BUDGET_FRACTIONS]
-            for m, pc in acc.problem_curves.items()
-            if m != reference
-        }
-    pool = [m for m in baselines if m in mean and m != reference]
-    if pool:
-        best = max(pool, key=lambda m: float(mean[m].accuracy[np.argmax(mean[m].lambdas)]))
-        out["full_decoding_target"] = {
-            "baseline": best,
-            "accuracy": float(mean[best].accuracy[np.argmax(mean[best].lambdas)]),
-            **{
-                axis: target_fraction_interval(ref, acc.problem_curves[best], axis, n_boot)
-                for axis in ("steps", "tokens")
-            },
-        }
+    return Budgets(
+        fractions=list(BUDGET_FRACTIONS),
+        reference=reference,
+        validation_chosen=_validation_chosen(acc, reference, n_boot),
+        interpolated=_interpolated(acc, mean, reference, n_boot),
+        full_decoding_target=_full_decoding_target(acc, mean, reference, baselines, n_boot),
+    ).to_dict()
+
+
+def _validation_chosen(acc: _PerN, reference: str, n_boot: int) -> dict[str, list[ValidationBudget]] | None:
+    """Method -> `ValidationBudget` per budget fraction: λ chosen on each seed's validation curve, read on its
+    evaluation curves at that λ only. None without validation curves: a budget is then never chosen on evaluation."""
+    if reference not in acc.val_curves:
+        return None
+    out: dict[str, list[ValidationBudget]] = {}
+    for fraction in BUDGET_FRACTIONS:
+        chosen = {m: chosen_budget(v, acc.problem_curves[m], fraction) for m, v in acc.val_curves.items()}
+        for m, c in chosen.items():
+            iv = chosen_budget_interval(chosen[reference], c, n_boot) if n_boot and m != reference else None
+            out.setdefault(m, []).append(_validation_budget(c, iv))
     return out
+
+
+def _validation_budget(c: ChosenBudget, interval: dict | None) -> ValidationBudget:
+    """The seed statistics of one `ChosenBudget`, with its interval against the reference."""
+    stat = lambda values: SeedStat.from_dict(seed_stat(values))  # noqa: E731
+    return ValidationBudget(
+        lam=stat([ch.lam for ch in c.choices]),
+        val_accuracy=stat([ch.accuracy for ch in c.choices]),
+        val_fraction=stat([ch.used_fraction for ch in c.choices]),
+        fits=stat([float(ch.fits) for ch in c.choices]),
+        eval_accuracy=stat(c.eval_accuracy),
+        eval_fraction=stat(c.eval_fraction),
+        interval=None if interval is None else Interval.from_dict(interval),
+    )
+
+
+def _interpolated(acc: _PerN, mean: dict, reference: str, n_boot: int) -> dict[str, list[InterpolatedAccuracy]]:
+    """Method -> its interpolated curve (seed-mean evaluation curve) at each budget fraction, with the paired
+    interval of the reference − the method."""
+    ref = acc.problem_curves[reference]
+    return {
+        m: [
+            InterpolatedAccuracy(
+                interpolated_curve(c).at(f),
+                Interval.from_dict(interpolated_interval(ref, acc.problem_curves[m], f, n_boot))
+                if n_boot and m != reference
+                else None,
+            )
+            for f in BUDGET_FRACTIONS
+        ]
+        for m, c in mean.items()
+    }
+
+
+def _full_decoding_target(
+    acc: _PerN, mean: dict, reference: str, baselines: list[str], n_boot: int
+) -> FullDecodingTarget | None:
+    """The fraction of full decoding's t* and tokens at which the reference's evaluation curve first reaches the
+    full-decoding accuracy of the most accurate of `baselines` (a curve summary; a target that is not the maximum of
+    a noisy curve); None without a baseline."""
+    pool = [m for m in baselines if m in mean and m != reference]
+    if not pool:
+        return None
+    best = max(pool, key=lambda m: float(mean[m].accuracy[np.argmax(mean[m].lambdas)]))
+    ref, base = acc.problem_curves[reference], acc.problem_curves[best]
+    return FullDecodingTarget(
+        best,
+        float(mean[best].accuracy[np.argmax(mean[best].lambdas)]),
+        {axis: Interval.from_dict(target_fraction_interval(ref, base, axis, n_boot)) for axis in ("steps", "tokens")},
+    )
 
 
 def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], single: Sequence[str], n_boot: int) -> dict:
@@ -827,7 +891,7 @@ def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], singl
         best = _best_peak(mean, pool, "steps")
         if best is not None:
             comps[name] = _comparison(acc, mean, msv, best, n_boot)
-    out["matched_budget"] = _matched_budget(acc, mean, msv, pools["all"], n_boot)
+    out["budgets"] = _budgets(acc, mean, msv, pools["all"], n_boot)
     if "all" not in comps:
         return out
     best = _best_peak(mean, pools["all"], "tokens")

@@ -44,7 +44,7 @@ def assemble_results(
                 prompt=p,
                 answers=sorted(group.answers, key=answer_sort_key),
                 chosen=group.chosen,
-                confidence=None if group.chosen is None else group.chosen.reported_confidence,
+                confidence=group.confidence,
                 stopped_early=group.stopped_early,
                 stop_step=stop_step,
                 threshold=threshold,

@@ -6,7 +6,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["MSVAnswer", "MSVResult", "answer_sort_key"]
+__all__ = ["ClassValue", "MSVAnswer", "MSVResult", "answer_sort_key"]
+
+
+@dataclass(frozen=True)
+class ClassValue:
+    """One class's row of a snapshot (`hf_msv.class_events`): its representative `answer` (what a stop on it
+    outputs), the `statistic` the stop fires on and the `confidence` that picks and is reported."""
+
+    answer: MSVAnswer
+    statistic: float
+    confidence: float
 
 
 @dataclass
@@ -43,6 +53,9 @@ class MSVAnswer:
             scoring).
         token_logprobs: `L` floats, log p(answer token i | context, tokens < i) under the LM (what the Token-Probs
             baseline averages).
+        class_values: with a class-level stopping statistic (`StopRuleScorer`), the snapshot of every class at this
+            answer's arrival (`ClassValue`s), set on the last answer of each arrival time (empty on the others);
+            `None`: the stop reads this answer's own score.
     """
 
     text: str | None
@@ -63,6 +76,7 @@ class MSVAnswer:
     confidence: float | None = None
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
     token_logprobs: list[float] | None = field(default=None, repr=False)
+    class_values: list[ClassValue] | None = field(default=None, repr=False, compare=False)
 
     @property
     def reported_confidence(self) -> float | None:

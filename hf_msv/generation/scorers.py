@@ -24,8 +24,8 @@ import torch
 from ..baselines import WV_THRESHOLD, streaming_weighted_voting, weighted_voting
 from ..modeling_msv import MSVCache, MSVVerifier
 from ..modeling_probe import ProbeVerifier
-from ..stop_rules import StopHead, stop_statistic
-from .outputs import MSVAnswer
+from ..stop_rules import StopHead, stop_events, stop_statistic
+from .outputs import ClassValue, MSVAnswer
 
 __all__ = [
     "AnswerScorer",
@@ -275,6 +275,7 @@ class _PromptHistory:
                 for name in ("end", "class_id", "sequence", "step", "terminal")
             }
             columns["score"] = np.asarray([s for _, s in seen], dtype=np.float64)
+            columns["answers"] = answers
             values, confidences = self._prompt_scores(columns, np.arange(len(seen) - len(index), len(seen)))
             for j, (i, v) in enumerate(zip(index, np.asarray(values).tolist())):
                 out[i] = v
@@ -342,8 +343,9 @@ class StopRuleScorer:
 
 
 class _RuleStream(_PromptHistory):
-    """Each new answer's stopping statistic over its prompt's N chains; earlier answers' values do not change, so
-    only the arrivals are computed (``only``)."""
+    """Each new answer's stopping statistic over its prompt's N chains, and at each new arrival time the snapshot
+    of every class (`hf_msv.stop_rules.stop_events`), set on that time's last answer (`MSVAnswer.class_values`):
+    any arrival can change every class's value, so the rule reads the refreshed rows."""
 
     def __init__(self, base: ScoringStream, rule: StopHead | str, num_sequences: int):
         super().__init__(base)
@@ -359,13 +361,21 @@ class _RuleStream(_PromptHistory):
             )
 
     def _prompt_scores(self, columns: dict, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        klass, sequence, step, end = (columns[k] for k in ("class_id", "sequence", "step", "end"))
-        if isinstance(self.rule, StopHead):
-            stat, confidence = self.rule.statistic_and_confidence(
-                columns["score"], klass, sequence, step, end, self.N, only=new
+        klass, end = columns["class_id"], columns["end"]
+        times = np.unique(end[new])
+        events = stop_events(
+            self.rule, klass, columns["sequence"], columns["step"], end, self.N, columns["score"], times
+        )
+        answers = columns["answers"]
+        carrier = {int(t): new[end[new] == t][-1] for t in times}  # the last new answer of each arrival time
+        for i in new:
+            answers[i].class_values = []
+        for row in range(events.size):
+            answers[carrier[int(events.time[row])]].class_values.append(
+                ClassValue(answers[events.answer[row]], float(events.statistic[row]), float(events.confidence[row]))
             )
-            return stat[new], confidence[new]
-        return stop_statistic(self.rule, klass, sequence, step, end, self.N, only=new)[new], None
+        statistic, confidence = events.at_answers(klass[new], end[new])
+        return statistic, (confidence if isinstance(self.rule, StopHead) else None)
 
 
 def as_scorer(verifier) -> AnswerScorer:

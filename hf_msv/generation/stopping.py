@@ -13,6 +13,10 @@ then to the lower answer index. A nan (or `None`) score is an answer that was ne
 is never output. A stop head with a confidence of its own (`hf_msv.StopHead`) times the stop with its statistic and
 picks the output by its confidence (``select``): the most probably right answer available at t*.
 
+A class-level statistic (`hf_msv.stop_rules`) is applied to *class snapshots* (``snapshots=True``): at each
+arrival time every class's value is refreshed, so t* is the first time some class's current value reaches λ, and
+the output is the class of highest current confidence then (with λ never reached: in the last snapshot).
+
 `decide_stop` is the only implementation. The generation hook (`MSVEarlyStop`, through the per-call run) applies it
 to a prompt's scored answers each time the verifier scores new answers, passing them in `MSVResult.answers`
 order ((τ, sequence, step)), and the evaluation replay (`hf_msv.evaluation.early_stop.replay_many`) applies it to a
@@ -29,7 +33,7 @@ import numpy as np
 import torch
 from transformers import StoppingCriteria
 
-from ..stop_rules import running_argmax
+from ..stop_rules import current_leaders
 
 __all__ = ["MSVEarlyStop", "StopDecision", "decide_stop"]
 
@@ -43,7 +47,7 @@ class StopDecision:
         stop_step: t*; the step at which the last answer became available when λ was never reached (-1 for a group
             without answers).
         chosen: index of the output answer in the order the answers were given; -1 when no answer has a score.
-        num_available: answers with end ≤ t*.
+        num_available: entries with end ≤ t*.
     """
 
     stopped: np.ndarray
@@ -52,22 +56,27 @@ class StopDecision:
     num_available: np.ndarray
 
 
-def decide_stop(end, scores, is_terminal, thresholds, select=None) -> StopDecision:
-    """Apply the early-stopping rule (module docstring) to one group's answers for every threshold.
+def decide_stop(end, scores, is_terminal, thresholds, select=None, snapshots: bool = False) -> StopDecision:
+    """Apply the early-stopping rule (module docstring) to one group's entries for every threshold.
 
     Args:
-        end: (A,) int, the step at which each answer becomes available.
-        scores: (A,) float, verifier scores; nan or `None` for an answer without a score.
-        is_terminal: (A,) bool, the answer elicited when its sequence ended.
+        end: (A,) int, the step at which each entry becomes available.
+        scores: (A,) float, verifier scores; nan or `None` for an entry without a score.
+        is_terminal: (A,) bool, the entry stands for an answer elicited when its sequence ended.
         thresholds: λ, a float or (Λ,) floats; `None`, nan and values above every score never stop.
         select: (A,) float, what picks the output among the candidates (highest first, same ties); `None`: `scores`.
-            Only scored answers are candidates.
+            Only scored entries are candidates.
+        snapshots: the entries are class snapshots (`hf_msv.stop_rules.StopEvents`): an entry is current only until
+            the next later end, when the next snapshot refreshes every class; the output is picked among the entries
+            current at t* (when λ is never reached, among the last snapshot's). `False`: answers, current once
+            available.
 
     Returns:
-        A `StopDecision` of (Λ,) arrays. Answer indices refer to positions in `end` / `scores`.
+        A `StopDecision` of (Λ,) arrays. Indices refer to positions in `end` / `scores`.
 
-    O(A log A + Λ log A): the running maximum over the answers in arrival order is computed once and every λ is a
-    binary search in it, which is what lets the replay sweep ~100 λ over thousands of groups.
+    O(A log A + Λ log A): the running maximum over the entries in arrival order is computed once and every λ is a
+    binary search in it, which is what lets the replay sweep ~100 λ over thousands of groups. The stop time is the
+    same either way: a snapshot's values were reached at its time.
     """
     lam = np.asarray([np.nan if thresholds is None else thresholds], dtype=np.float64).reshape(-1)
     end = np.asarray(end, dtype=np.int64).reshape(-1)
@@ -93,16 +102,18 @@ def decide_stop(end, scores, is_terminal, thresholds, select=None) -> StopDecisi
     # nan λ never stops; any real λ, even -inf, needs a real score (-inf stands for "no score" below).
     lam = np.where(np.isnan(lam), np.inf, np.maximum(lam, -np.finfo(np.float64).max))
 
-    order = np.lexsort((np.arange(s.size), end))  # arrival order: by end, then answer index
+    order = np.lexsort((np.arange(s.size), end))  # arrival order: by end, then index
     e, so, po = end[order], s[order], pick[order]
     run_max = np.maximum.accumulate(so)
     last = np.concatenate([e[1:] != e[:-1], [True]])  # the last arrival of each distinct end time
-    b_end, b_max, b_arg = e[last], run_max[last], order[running_argmax(po)][last]
+    b_end, b_max, b_arg = e[last], run_max[last], order[current_leaders(po, e, snapshots)]
     b_count = np.flatnonzero(last) + 1
     j = np.searchsorted(b_max, lam, side="left")  # first time the running max reaches λ (b_max is sorted)
     stopped = j < b_end.size
     jj = np.where(stopped, j, b_end.size - 1)
-    chosen = np.where(stopped, b_arg[jj], _best(order, po, (terminal & scored)[order], scored[order]))
+    final = e == e[-1] if snapshots else np.ones(e.size, bool)  # the candidates when λ is never reached
+    fallback = _best(order, po, (terminal & scored)[order] & final, scored[order] & final)
+    chosen = np.where(stopped, b_arg[jj], fallback)
     return StopDecision(
         stopped=stopped,
         stop_step=b_end[jj],
@@ -112,8 +123,8 @@ def decide_stop(end, scores, is_terminal, thresholds, select=None) -> StopDecisi
 
 
 def _best(order: np.ndarray, so: np.ndarray, terminal: np.ndarray, scored: np.ndarray) -> int:
-    """The answer output when λ is never reached: the scored terminal answer of highest `so` (the selection values),
-    else the scored answer of highest `so`, else -1; `so`, `terminal`, `scored` are in arrival order, so argmax's
+    """The entry output when λ is never reached: the scored terminal entry of highest `so` (the selection values),
+    else the scored entry of highest `so`, else -1; `so`, `terminal`, `scored` are in arrival order, so argmax's
     first maximum is the earliest arrival."""
     for candidates in (terminal, scored):
         if candidates.any():

@@ -36,6 +36,8 @@ class PromptGroup:
         stopped_early: λ was reached while a row was still decoding.
         stop_step: t* once decided.
         chosen: the output answer once decided.
+        confidence: what the stop reports for it: the chosen class's confidence at t* (its row of the snapshot
+            with a class-level statistic), else the answer's own.
     """
 
     classes: EquivalenceClasses | None
@@ -46,6 +48,7 @@ class PromptGroup:
     stopped_early: bool = False
     stop_step: int | None = None
     chosen: MSVAnswer | None = None
+    confidence: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -67,19 +70,21 @@ class PromptGroup:
         # Every answer available so far, in `MSVResult.answers` order: the rule breaks ties by this order, so
         # replaying the result offline (`hf_msv.evaluation.early_stop.replay`) reaches the same decision.
         scored = sorted((a for a in self.answers if a.score is not None), key=answer_sort_key)
-        decision = decide_stop(
-            [a.end for a in scored],
-            [a.score for a in scored],
-            [a.terminal for a in scored],
-            threshold,
-            select=[a.reported_confidence for a in scored],
-        )
+        snapshots = any(a.class_values is not None for a in scored)
+        if snapshots:  # a class-level statistic: every class's refreshed row at each arrival (class snapshots)
+            rows = [(a.end, v.answer, v.statistic, v.confidence) for a in scored for v in a.class_values or ()]
+        else:
+            rows = [(a.end, a, a.score, a.reported_confidence) for a in scored]
+        end, candidates, statistic, select = (list(column) for column in zip(*rows)) if rows else ([],) * 4
+        terminal = [a.terminal for a in candidates]
+        decision = decide_stop(end, statistic, terminal, threshold, select=select, snapshots=snapshots)
         stopped = bool(decision.stopped[0])
         if not stopped and not (self.settled and not pending):
             return None
         index = int(decision.chosen[0])
         self.decided, self.stop_step = True, int(decision.stop_step[0])
-        self.chosen = scored[index] if index >= 0 else None
+        self.chosen = candidates[index] if index >= 0 else None
+        self.confidence = float(select[index]) if index >= 0 and select[index] is not None else None
         return stopped
 
 

@@ -26,6 +26,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokeniz
 from hf_msv import MSVConfig, MSVVerifier
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.data import AnswerGroup
+from hf_msv.stop_rules import StopEvents
 from hf_msv.generation import MSVEarlyStop, MSVResult, prepare_generation
 
 from .tokenizer import CHARS, SPECIAL, word_level_tokenizer
@@ -218,10 +219,22 @@ def online_run(n: int, group_size: int, device="cpu"):
     return plain, hooked, results, cpu_verifier
 
 
-def answer_group(result: MSVResult) -> tuple[AnswerGroup, np.ndarray]:
+def answer_group(result: MSVResult) -> tuple[AnswerGroup, np.ndarray | str]:
     """The recorded answer stream of `result` (from any engine) as the evaluation sees it, with its online scores
-    (nan: unscored)."""
+    (nan: unscored); with a class-level statistic, the live class snapshots too, under the method name returned."""
     answers = result.answers
+    scores = np.array([np.nan if a.score is None else a.score for a in answers])
+    live = sorted(((a.end, v) for a in answers for v in a.class_values or ()), key=lambda row: row[0])
+    position = {id(a): i for i, a in enumerate(answers)}
+    events = {}
+    if live:
+        events["live"] = StopEvents(
+            time=np.array([t for t, _ in live]),
+            answer=np.array([position[id(v.answer)] for _, v in live]),
+            statistic=np.array([v.statistic for _, v in live]),
+            confidence=np.array([v.confidence for _, v in live]),
+            klass=np.array([v.answer.class_id for _, v in live]),
+        )
     group = AnswerGroup(
         sequence=[a.sequence for a in answers],
         end=[a.end for a in answers],
@@ -230,5 +243,7 @@ def answer_group(result: MSVResult) -> tuple[AnswerGroup, np.ndarray]:
         is_terminal=[a.terminal for a in answers],
         seq_len=[len(s) for s in result.sequences],
         start=[a.tau for a in answers],
+        scores={"live": np.nan_to_num(scores)} if live else {},
+        events=events,
     )
-    return group, np.array([np.nan if a.score is None else a.score for a in answers])
+    return group, ("live" if live else scores)
