@@ -126,3 +126,40 @@ def test_one_writer_per_output_dir(tmp_path):
     assert json.loads(lock.read_text())["pid"] == os.getpid()
     release_lock(lock)
     assert not lock.exists()
+
+
+def test_saved_verifiers_take_the_users_umask(tmp_path):
+    """safetensors writes 0600; a verifier saved in a shared directory must be readable as the umask allows."""
+    from hf_msv.hub import save_verifier
+    from hf_msv.modeling_probe import ProbeConfig, ProbeVerifier
+
+    probe = ProbeVerifier(ProbeConfig(hidden_size=8, intermediate_size=16, mode="terminal"))
+    old = os.umask(0o022)
+    try:
+        save_verifier(probe, tmp_path / "v")
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "v").iterdir()}
+        os.umask(0o077)
+        save_verifier(probe, tmp_path / "private")
+        private = {p.stat().st_mode & 0o777 for p in (tmp_path / "private").iterdir()}
+    finally:
+        os.umask(old)
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert private == {0o600}
+
+
+def test_the_readme_own_lm_snippet_handles_no_answer():
+    """With a weak LM no sequence may give an answer (``chosen`` is None): the snippet's lines that read the chosen
+    answer still run."""
+    import textwrap
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index('name = "deepseek-ai/') :].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if "chosen" in line or line.strip().startswith("print(")]
+    assert sum("chosen" in line for line in lines) >= 2
+    empty = SimpleNamespace(chosen=None, confidence=0.0, stop_step=3, tokens_decoded=10)
+    problem = SimpleNamespace(gold="1")
+    namespace = {"result": empty, "best": empty, "problems": [problem], "problem": problem, "print": lambda *a: None}
+    for line in lines:  # in order, in one namespace: a line may use a name the one before set
+        exec(textwrap.dedent(line), namespace)
