@@ -25,9 +25,11 @@ import numpy as np
 from .errors import UserError
 
 __all__ = [
+    "CALIBRATION_FRACTION",
     "DELTA",
     "EPSILON",
     "LAMBDAS",
+    "LAMBDA_RULES",
     "TARGET_FRACTION",
     "LambdaChoice",
     "choose_lambda",
@@ -49,6 +51,9 @@ LAMBDAS = np.concatenate(
     ]
 )
 TARGET_FRACTION = 0.95  # the plain rule's default target: 0.95 × full-decoding accuracy
+# What a trained verifier saves: the guarantee's λ (∞, full decoding, when nothing is certified), or the target's.
+LAMBDA_RULES = ("guarantee", "target")
+CALIBRATION_FRACTION = 0.5  # the share of validation problems held out to choose λ on (the rest fit the stop head)
 EPSILON, DELTA = 0.02, 0.1  # the guarantee's default tolerance and risk: lose ≤ 2 pp with probability ≥ 0.9
 
 
@@ -124,20 +129,20 @@ class LambdaChoice:
             if not self.reached:
                 delta = self.delta or DELTA
                 return (
-                    f"{where}: {self.num_problems} validation problems certify no early stop for ε = "
-                    f"{self.epsilon:g} at δ = {delta:g} (needs ≥ {self.problems_needed} problems; ε = 0.01 needs "
-                    f"≥ {problems_needed(0.01, delta)}); {self.num_problems} problems certify at best ε = "
-                    f"{smallest_epsilon(self.num_problems, delta):.3f}"
+                    f"{where}: {self.num_problems} calibration problems certify no early stop for ε = "
+                    f"{self.epsilon:g} at δ = {delta:g} (ε needs ≥ {self.problems_needed} problems without an "
+                    f"observed loss; ε = 0.01 needs ≥ {problems_needed(0.01, delta)}); {self.num_problems} problems "
+                    f"certify at best ε = {smallest_epsilon(self.num_problems, delta):.3f}; full decoding"
                 )
             return (
                 f"{where}: loses at most {self.epsilon:g} of full-decoding accuracy with probability ≥ "
-                f"{1 - (self.delta or 0.0):g} (Learn-then-Test, {self.num_problems} validation problems); validation "
-                f"accuracy {self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the "
-                "tokens"
+                f"{1 - (self.delta or 0.0):g} (Learn-then-Test, {self.num_problems} calibration problems); "
+                f"calibration accuracy {self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} "
+                "of the tokens"
             )
         status = "reached" if self.reached else "not reached by any λ that stops early"
         return (
-            f"{where}: cheapest λ with validation accuracy ≥ {self.target:.3f} ({status}); accuracy "
+            f"{where}: cheapest λ with calibration accuracy ≥ {self.target:.3f} ({status}; no guarantee); accuracy "
             f"{self.accuracy:.3f} vs {self.full_accuracy:.3f} at {self.token_fraction:.0%} of the tokens"
         )
 

@@ -79,8 +79,8 @@ def test_the_training_card_is_built_from_the_log_and_the_stopping_rule(tmp_path)
     assert f"| validation bce | {kept['val_bce']:.4f} |" in text and "| step | 10 |" in text
     assert "| validation bce | 0.6000 |" not in text  # not the checkpoint that was kept
     assert "| guard | FAILED: worse than Probe+WV |" in text and "| validation brier (Probe+WV) | 0.0900 |" in text
-    assert "λ = 0.80: loses at most 0.02" in text and "δ = 0.1, validation problems: 300" in text
-    assert "certified: yes" in text and "over 3 stopping features of 4 chains" in text
+    assert "λ = 0.80: loses at most 0.02" in text and "ε = 0.02, δ = 0.1, on 300 calibration problems" in text
+    assert "certified: yes" in text and "ε = –" not in text and "over 3 stopping features of 4 chains" in text
     assert "ridge penalty 16 beyond the class's mean score, chosen by cross-validation over problems" in text
     assert "Four problems of a test." in text and "pipeline_tag" not in metadata
 

@@ -853,10 +853,12 @@ def test_the_default_starts_at_calibrated_probe_wv(tmp_path, monkeypatch):
 
 
 def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
-    """A streaming MSV's stopping rule is fitted on validation and saved with it: the stop head and the λ in its
-    config (what `generate` and `MSVEarlyStop.from_verifier` read), the curves and both λ rules in
-    ``training_log.json``. When no λ that stops before the end reaches 0.95 × full-decoding accuracy the saved λ is
-    ∞ (never stop) and a warning says so; 32 problems certify no guarantee and the log says how many would."""
+    """A streaming MSV's stopping rule is fitted on validation and saved with it: the stop head (fitted on half the
+    problems) and the λ (chosen on the other half) in its config (what `generate` and `MSVEarlyStop.from_verifier`
+    read), the curves, the split and both λ rules in ``training_log.json``. A calibration split too small to
+    certify ε saves λ = ∞ (full decoding) whatever the target rule would stop at: a line says so before training,
+    the warning after it, the log and the card say how many problems ε needs; ``lambda_rule="target"`` keeps the
+    target λ for a user who asks for it."""
     from types import SimpleNamespace
 
     from hf_msv import MSVEarlyStop
@@ -883,13 +885,23 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
             structure=structure,
         )
 
-    never = fit_early_stopping(predictions([2.0, 2.0, 3.0], [0.0, 0.0, 1.0]), num_chains=2)
+    never = fit_early_stopping(predictions([2.0, 2.0, 3.0], [0.0, 0.0, 1.0]), num_chains=2, lambda_rule="target")
     assert not never.choice.reached and np.isinf(never.choice.lam) and never.choice.full_accuracy == 1.0
     assert not never.guarantee.reached and never.guarantee.problems_needed == 114
-    # The early answers right: the target rule stops at the first one, right, with 10 of 70 tokens.
-    stops = fit_early_stopping(predictions([2.0, 2.0, -1.0], [1.0, 1.0, 0.0]), num_chains=2)
+    # The early answers right: the target rule stops at the first one, right, with 10 of 70 tokens; 16 calibration
+    # problems certify nothing, so by default the verifier decodes in full.
+    data = predictions([2.0, 2.0, -1.0], [1.0, 1.0, 0.0])
+    stops = fit_early_stopping(data, num_chains=2, lambda_rule="target")
     assert stops.choice.reached and stops.choice.accuracy == 1.0
     assert (stops.choice.tokens, stops.choice.full_tokens) == (10, 70)
+    default = fit_early_stopping(data, num_chains=2)
+    assert default.target.reached and not default.guarantee.reached and np.isinf(default.choice.lam)
+    assert default.choice is default.guarantee and default.config_entry()["lambda"]["lam"] is None
+    head, calibration = set(default.split.head), set(default.split.calibration)
+    assert len(head) == len(calibration) == 16 and not head & calibration  # λ is tested on other problems
+    # ... and on 128 calibration problems, where every early stop is right, ε = 2 pp is certified.
+    certified = fit_early_stopping(predictions([2.0, 2.0, -1.0], [1.0, 1.0, 0.0], problems=256), num_chains=2)
+    assert certified.choice.rule == "guarantee" and certified.choice.reached and certified.choice.num_problems == 128
 
     train_dir, val_dir = signal_dirs(tmp_path)
     with caplog.at_level("WARNING", logger="hf_msv.training.trainer"):
@@ -911,11 +923,24 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
     assert penalty["penalty"] in penalty["penalties"]
     warned = [r.getMessage() for r in caplog.records if "does not stop early" in r.getMessage()]
     assert bool(warned) == (not log["lambda"]["reached"])
+    # 24 validation problems: 12 calibrate λ, too few for ε = 2 pp: said before training, and λ = ∞ is saved.
+    before = [r.getMessage() for r in caplog.records if "calibration problems cannot certify" in r.getMessage()]
+    assert before == [
+        "early stopping: 12 calibration problems cannot certify ε = 0.02 at δ = 0.1 (needs ≥ 114); "
+        "the verifier will decode in full by default (λ = ∞): collect more validation problems or "
+        "pass --stop-calibration-dir (best-of-N needs no λ)"
+    ]
+    assert log["lambda"]["lam"] is None and log["lambda"]["rule"] == "guarantee" and not log["guarantee"]["reached"]
+    assert log["split"]["head_problems"] == log["split"]["calibration_problems"] == 12
+    assert not set(log["split"]["head_problem_ids"]) & set(log["split"]["calibration_problem_ids"])
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "ε = 0.02, δ = 0.1, on 12 calibration problems" in card and "ε needs ≥ 114" in card
+    assert "certified: no (full decoding by default)" in card and "ε = –" not in card
     saved = MSVVerifier.from_pretrained(tmp_path / "out")
     assert saved.config.early_stopping == result.verifier.config.early_stopping
     assert saved.config.early_stopping["lambda"] == log["lambda"]
     criterion = MSVEarlyStop.from_verifier(saved)
-    assert criterion.choice.to_dict() == log["lambda"]
+    assert criterion.choice.to_dict() == log["lambda"] and criterion.threshold is None  # never stops
 
 
 def test_the_vote_anchor_is_kept_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):

@@ -95,18 +95,21 @@ def train_shipped_verifier(
     return destination
 
 
-def fit_shipped_stopping(val_dir, destination=None, epsilon: float = SHIPPED_EPSILON, delta: float = DELTA) -> dict:
-    """Fit the stopping rule of the verifier saved in `destination` (default: the package's) on the validation
-    shards `val_dir` (`hf_msv.training.fit_stopping_rule`: the stop head and the λ of `hf_msv.lambda_rule`, the
-    guaranteed one when the split certifies `epsilon` at `delta`, else the target rule's), store it in its config
-    and in `SHIPPED_LAMBDA_FILE`, and add the λ to its card. Returns what the file holds."""
+def fit_shipped_stopping(
+    val_dir, destination=None, epsilon: float = SHIPPED_EPSILON, delta: float = DELTA, calibration_dir=None
+) -> dict:
+    """Fit the stopping rule of the verifier saved in `destination` (default: the package's): the stop head on the
+    validation shards `val_dir`, λ on the calibration shards `calibration_dir` (other problems; `None`: a held-out
+    half of `val_dir`'s), by `hf_msv.training.fit_stopping_rule` (the guarantee's λ when it certifies `epsilon` at
+    `delta`, else λ = ∞: full decoding). Stores it in its config and in `SHIPPED_LAMBDA_FILE`, and adds the λ to
+    its card. Returns what the file holds."""
     from ..modeling_msv import MSVVerifier
     from ..testbed import TESTBED_VERIFIER_DIR
     from ..training import fit_stopping_rule
 
     destination = Path(destination or TESTBED_VERIFIER_DIR)
     verifier = MSVVerifier.from_pretrained(destination)
-    fit = fit_stopping_rule(verifier, val_dir, epsilon=epsilon, delta=delta)
+    fit = fit_stopping_rule(verifier, val_dir, epsilon=epsilon, delta=delta, calibration_dir=calibration_dir)
     verifier.config.save_pretrained(destination)
     for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
         stale.unlink()
@@ -115,7 +118,8 @@ def fit_shipped_stopping(val_dir, destination=None, epsilon: float = SHIPPED_EPS
         "lambda": None if math.isinf(choice.lam) else round(choice.lam, 6),
         "num_sequences": verifier.config.num_sequences,
         "rule": choice.describe(),
-        "validation_problems": choice.num_problems,
+        "head_problems": len(fit.split.head),
+        "calibration_problems": len(fit.split.calibration),
         "choice": choice.to_dict(),
         "guarantee": fit.guarantee.to_dict(),
         "target": fit.target.to_dict(),
@@ -124,7 +128,7 @@ def fit_shipped_stopping(val_dir, destination=None, epsilon: float = SHIPPED_EPS
     }
     (destination / SHIPPED_LAMBDA_FILE).write_text(json.dumps(stopping, indent=2) + "\n")
     card = (destination / "README.md").read_text()
-    line = f"- Early stopping (validation): {choice.describe()}."
-    card = "\n".join(x for x in card.splitlines() if not x.startswith("- Early stopping (validation):"))
+    line = f"- Early stopping (calibration problems held out from the stop head's): {choice.describe()}."
+    card = "\n".join(x for x in card.splitlines() if not x.startswith("- Early stopping ("))
     (destination / "README.md").write_text(card.rstrip() + "\n\n" + line + "\n")
     return stopping

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import UserError
-from ..lambda_rule import DELTA, EPSILON
+from ..lambda_rule import CALIBRATION_FRACTION, DELTA, EPSILON, LAMBDA_RULES
 from ..stop_rules import STOP_STATISTICS
 
 __all__ = [
@@ -133,8 +133,11 @@ class MSVTrainingConfig:
         seed: seed of model init, group draws and shuffling.
         mixed_precision: accelerate's ``"no"``, ``"bf16"`` or ``"fp16"``.
         eval_batch_size: groups per validation forward.
-        stop_epsilon: tolerance ε of the λ saved with a streaming MSV (Learn-then-Test on validation).
+        stop_epsilon: tolerance ε of the λ saved with a streaming MSV (Learn-then-Test on the calibration problems).
         stop_delta: risk level δ of that λ.
+        stop_calibration_fraction: share of the validation problems held out to choose λ (the head fits the rest).
+        stop_calibration_dir: shards of other problems to choose λ on instead (the head then fits all validation).
+        lambda_rule: ``"guarantee"`` (λ = ∞ when nothing is certified) or ``"target"`` (`LAMBDA_RULES`).
         stop_statistic: what the saved stop head fires on: ``"no-loss"`` (P(stopping loses nothing against full
             decoding)) or ``"correctness"`` (P(correct)); both output and report the answer of highest P(correct).
         log_every: steps between progress-bar loss updates.
@@ -142,7 +145,8 @@ class MSVTrainingConfig:
 
     Raises:
         UserError: an unknown recipe, kind or mode, a non-positive `num_sequences` or `batch_size`, `vote_folds` of
-            1 or below 0, `stop_epsilon` or `stop_delta` outside (0, 1), an unknown `stop_statistic`,
+            1 or below 0, `stop_epsilon`, `stop_delta` or `stop_calibration_fraction` outside (0, 1), an unknown
+            `stop_statistic` or `lambda_rule`,
             `checker_kwargs` that is not an object, or `architecture` keys that are not architecture fields of
             `MSVConfig`.
     """
@@ -316,8 +320,30 @@ class MSVTrainingConfig:
         default=EPSILON,
         metadata=_help(
             "early-stopping tolerance ε: the λ saved with a streaming MSV loses at most ε of full-decoding accuracy "
-            "with probability >= 1 - δ (Learn-then-Test over validation problems); when validation is too small to "
-            "certify it, the cheapest λ reaching 0.95 x full-decoding accuracy is saved and the log says so."
+            "with probability >= 1 - δ (Learn-then-Test over the calibration problems, which the stop head was not "
+            "fitted on); when they are too few to certify it, λ = ∞ is saved (the verifier decodes in full) and "
+            "stdout, the log and the card say how many problems ε needs (--lambda-rule target saves the target λ)."
+        ),
+    )
+    stop_calibration_fraction: float = field(
+        default=CALIBRATION_FRACTION,
+        metadata=_help(
+            "share of the validation problems held out to choose λ on (Learn-then-Test); the stop head is fitted on "
+            "the others (a seeded split by problem, recorded in training_log.json)."
+        ),
+    )
+    stop_calibration_dir: str | None = field(
+        default=None,
+        metadata=_help(
+            "shards of other problems (groups of N) to choose λ on; the stop head is then fitted on all of --val-dir."
+        ),
+    )
+    lambda_rule: str = field(
+        default="guarantee",
+        metadata=_help(
+            "the λ saved with a streaming MSV: guarantee (certified at --stop-epsilon / --stop-delta, else λ = ∞: "
+            "full decoding) or target (the cheapest λ reaching 0.95 x full-decoding accuracy on the calibration "
+            "problems, without a guarantee)."
         ),
     )
     stop_delta: float = field(default=DELTA, metadata=_help("early-stopping risk level δ (see --stop-epsilon)."))
@@ -347,6 +373,10 @@ class MSVTrainingConfig:
             raise UserError(
                 f"stop_epsilon and stop_delta must lie in (0, 1), got {self.stop_epsilon}, {self.stop_delta}"
             )
+        if not 0 < self.stop_calibration_fraction < 1:
+            raise UserError(f"stop_calibration_fraction must lie in (0, 1), got {self.stop_calibration_fraction}")
+        if self.lambda_rule not in LAMBDA_RULES:
+            raise UserError(f"lambda_rule must be one of {LAMBDA_RULES}, got {self.lambda_rule!r}")
         if self.stop_statistic not in STOP_STATISTICS:
             raise UserError(f"stop_statistic must be one of {STOP_STATISTICS}, got {self.stop_statistic!r}")
         if isinstance(self.checker_kwargs, str):  # from the command line: a JSON object

@@ -315,27 +315,27 @@ class GuardReport:
 
     def add_early_stopping(self, stopping) -> None:
         """Record a streaming MSV's stopping rule (`stopping_curve.EarlyStoppingFit`): the λ saved with it and the
-        guarantee behind it, the stop-time calibration on validation, and a warning when no λ that stops early
-        reaches its target (the curves go to the log).
+        guarantee behind it, the stop-time calibration on the calibration problems, and a warning when the saved λ
+        does not stop early (nothing certified: full decoding; the curves go to the log).
 
         Args:
             stopping: the `EarlyStoppingFit`; its lines go into `extra`.
         """
         choice, at_stop = stopping.choice, stopping.replay.at_stop(stopping.choice.lam)
-        line = f"early stopping on validation: {choice.describe()}"
+        line = f"early stopping ({stopping.split.size} calibration problems): {choice.describe()}"
         if at_stop["stopped"] > 0:
             line += (
                 f"; at the stop ({at_stop['stopped']:.0%} of groups) accuracy {at_stop['accuracy']:.3f}, mean "
                 f"confidence {at_stop['confidence']:.3f}"
             )
-        if not stopping.guarantee.reached:
+        if choice is not stopping.guarantee:
             line += f"; the guarantee: {stopping.guarantee.describe()}"
         if choice.reached:
             self.extra["early_stopping_line"] = line
         else:
             self.extra["early_stopping_warning"] = (
-                f"WARNING: {self.name} does not stop early at its validation target: {line}. The curve is in "
-                "training_log.json (early_stopping); `hf-msv evaluate` compares it with the baselines' curves."
+                f"WARNING: {self.name} does not stop early by default: {line}. The curve is in training_log.json "
+                "(early_stopping); `hf-msv evaluate` compares it with the baselines' curves."
             )
 
     def summary_lines(self) -> list[str]:

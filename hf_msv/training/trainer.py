@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, collection_elicitation
 from ..errors import UserError
 from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
-from ..lambda_rule import DELTA, EPSILON
+from ..lambda_rule import CALIBRATION_FRACTION, DELTA, EPSILON, problems_needed
 from ..metrics import bce_with_logits, fold_by_problem
 from ..modeling_probe import ProbeConfig, ProbeVerifier
 from ..utils import atomic_write_json
@@ -54,7 +54,7 @@ from .guard import (
     pooled_answer_states,
     training_vote_platt,
 )
-from .stopping_curve import EarlyStoppingFit, fit_early_stopping
+from .stopping_curve import EarlyStoppingFit, ProblemSplit, fit_early_stopping
 from .vote_anchor import anchor_at_weighted_vote
 
 __all__ = [
@@ -378,10 +378,13 @@ def fit_stopping_rule(
     delta: float = DELTA,
     batch_size: int = 64,
     statistic: str = "no-loss",
+    calibration_dir=None,
+    calibration_fraction: float = CALIBRATION_FRACTION,
+    lambda_rule: str = "guarantee",
 ):
-    """Fit a trained streaming MSV's stopping rule on the validation shards in `val_dir` (groups of the verifier's
-    N) and store it in ``verifier.config.early_stopping`` (what ``hf-msv train`` does after training; save the
-    verifier to keep it).
+    """Fit a trained streaming MSV's stopping rule on validation shards (groups of the verifier's N) and store it in
+    ``verifier.config.early_stopping`` (what ``hf-msv train`` does after training; save the verifier to keep it):
+    the stop head on one part of the problems, λ on another (`fit_early_stopping`).
 
     Args:
         verifier: a trained streaming `MSVVerifier`; its config is updated in place.
@@ -390,6 +393,10 @@ def fit_stopping_rule(
         delta: the guarantee's risk δ.
         batch_size: groups per validation forward.
         statistic: what the head fires on (`hf_msv.stop_rules.STOP_STATISTICS`).
+        calibration_dir: shards of other problems to choose λ on (the head then uses all of `val_dir`); `None`:
+            `calibration_fraction` of `val_dir`'s problems.
+        calibration_fraction: the share of `val_dir`'s problems held out for λ.
+        lambda_rule: ``"guarantee"`` (λ = ∞ when nothing is certified) or ``"target"``.
 
     Returns:
         The `stopping_curve.EarlyStoppingFit`.
@@ -400,10 +407,23 @@ def fit_stopping_rule(
     if verifier.config.mode != "streaming":
         raise UserError("early stopping needs a streaming verifier; this one was trained on terminal answers")
     n = verifier.config.num_sequences
-    predictions = validation_predictions(
-        verifier, ShardDataset(val_dir, num_sequences=n, mode="streaming"), "streaming", batch_size
+
+    def predict(directory):
+        return validation_predictions(
+            verifier, ShardDataset(directory, num_sequences=n, mode="streaming"), "streaming", batch_size
+        )
+
+    predictions = predict(val_dir)
+    fit = fit_early_stopping(
+        predictions,
+        n,
+        epsilon,
+        delta,
+        statistic=statistic,
+        lambda_rule=lambda_rule,
+        split=None if calibration_dir else ProblemSplit.of(predictions.problems, calibration_fraction),
+        calibration=predict(calibration_dir) if calibration_dir else None,
     )
-    fit = fit_early_stopping(predictions, n, epsilon, delta, statistic=statistic)
     verifier.config.early_stopping = fit.config_entry()
     return fit
 
@@ -951,6 +971,9 @@ def train_verifier(
     config = config or MSVTrainingConfig()
     trackers = resolve_trackers(report_to)
     train_set, val_set = load_training_data(train_dir, val_dir, config)
+    calibration_note = _calibration_size_note(config, val_set)
+    if calibration_note:
+        logger.warning(calibration_note)
     output_dir = Path(output_dir)
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
@@ -1032,6 +1055,31 @@ def train_verifier(
     )
 
 
+def _calibration_size_note(config: MSVTrainingConfig, val_set: ShardDataset) -> str | None:
+    """One line, before training, when a streaming MSV's calibration problems are too few to certify ε at δ."""
+    if config.kind != "msv" or config.mode != "streaming":
+        return None
+    if config.stop_calibration_dir:
+        calibration = ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
+        n = calibration.num_problems
+    else:
+        n = ProblemSplit.of(val_set.problem_ids, config.stop_calibration_fraction).size
+    needed = problems_needed(config.stop_epsilon, config.stop_delta)
+    if n >= needed:
+        return None
+    return (
+        f"early stopping: {n} calibration problems cannot certify ε = {config.stop_epsilon:g} at δ = "
+        f"{config.stop_delta:g} (needs ≥ {needed}); the verifier will decode in full by default (λ = ∞): collect "
+        "more validation problems or pass --stop-calibration-dir (best-of-N needs no λ)"
+    )
+
+
+def _calibration_predictions(model, config: MSVTrainingConfig, accelerator) -> ValidationPredictions:
+    """The kept checkpoint's predictions on ``--stop-calibration-dir`` (groups of the training N)."""
+    dataset = ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
+    return validation_predictions(model, dataset, "streaming", config.eval_batch_size, accelerator)
+
+
 def _kept_vote(run: _Run) -> dict | None:
     """For the guard: the best non-significant gain of an anchored run that kept its step-0 vote, else `None`."""
     if not run.config.anchored or run.best_step != 0:
@@ -1084,12 +1132,16 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
         and predictions.structure is not None
         and len(predictions.labels)
     ):
+        calibration = config.stop_calibration_dir
         stopping = fit_early_stopping(
             predictions,
             config.group_size,
             config.stop_epsilon,
             config.stop_delta,
             statistic=config.stop_statistic,
+            lambda_rule=config.lambda_rule,
+            split=None if calibration else ProblemSplit.of(predictions.problems, config.stop_calibration_fraction),
+            calibration=_calibration_predictions(best, config, acc) if calibration else None,
         )
         best.config.early_stopping = stopping.config_entry()
         report.add_early_stopping(stopping)
