@@ -65,6 +65,8 @@ class VerifierEvidence:
         step: the training step of the kept checkpoint.
         guard: the guard's comparison with the baselines (``training_log.json["guard"]``).
         choice: the λ generation stops at, and the evidence behind it.
+        guarantee: what Learn-then-Test certified on the calibration problems (ε, δ, n, the n ε needs); None when
+            not recorded.
         stop_head: the stop head λ applies to.
         stop_head_penalty: its cross-validated ridge penalty (∞: Platt scaling of the class's mean score); None
             when not recorded.
@@ -77,6 +79,7 @@ class VerifierEvidence:
     step: int | None = None
     guard: dict | None = None
     choice: LambdaChoice | None = None
+    guarantee: LambdaChoice | None = None
     stop_head: StopHead | None = None
     stop_head_penalty: float | None = None
     at_stop: dict | None = None
@@ -104,6 +107,8 @@ def read_evidence(directory: str | os.PathLike, config) -> VerifierEvidence:
     best = history[log["best_epoch"]] if 0 <= log.get("best_epoch", -1) < len(history) else {}
     fitted = log.get("early_stopping") or {}
     stored = refit.get("choice") or fitted.get("lambda")
+    certified = (getattr(config, "early_stopping", None) or {}).get("guarantee") or refit.get("guarantee")
+    certified = certified or fitted.get("guarantee")
     head = refit.get("stop_head") or fitted.get("stop_head")
     penalty = None if refit.get("stop_head") else fitted.get("stop_head_penalty")
     return VerifierEvidence(
@@ -111,6 +116,7 @@ def read_evidence(directory: str | os.PathLike, config) -> VerifierEvidence:
         step=best.get("step"),
         guard=log.get("guard"),
         choice=LambdaChoice.of(config) or (LambdaChoice.from_dict(stored) if stored else None),
+        guarantee=LambdaChoice.from_dict(certified) if certified else None,
         stop_head=StopHead.of(config) or (StopHead.from_dict(head) if head else None),
         stop_head_penalty=None if penalty is None else math.inf if penalty["penalty"] is None else penalty["penalty"],
         at_stop=refit.get("at_stop") or fitted.get("at_stop"),  # the refit rewrote the config's λ too
@@ -214,13 +220,16 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
     choice = evidence.choice
     if choice is None:
         return None
-    lines = [
-        f"- {choice.describe()} (the {choice.rule} rule; `MSVEarlyStop.from_verifier` stops at this λ).",
-        f"- ε = {choice.epsilon if choice.epsilon is not None else '–'}, δ = "
-        f"{choice.delta if choice.delta is not None else '–'}, validation problems: {choice.num_problems}"
-        + (f" (the guarantee needs ≥ {choice.problems_needed})" if choice.problems_needed else "")
-        + f"; certified: {'yes' if choice.rule == 'guarantee' and choice.reached else 'no'}.",
-    ]
+    lines = [f"- {choice.describe()} (the {choice.rule} rule; `MSVEarlyStop.from_verifier` stops at this λ)."]
+    certified = evidence.guarantee or (choice if choice.rule == "guarantee" else None)
+    if certified is not None:
+        lines.append(
+            f"- Learn-then-Test: ε = {certified.epsilon:g}, δ = {certified.delta:g}, on {certified.num_problems} "
+            f"calibration problems the stop head was not fitted on (ε needs ≥ {certified.problems_needed} without an "
+            f"observed loss); certified: {'yes' if certified.reached else 'no (full decoding by default)'}."
+        )
+    else:
+        lines.append("- No guarantee recorded: this λ carries none.")
     if evidence.stop_head is not None:
         head = evidence.stop_head
         fires_on = (
@@ -414,8 +423,6 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
 
 
 def _check_push_arguments(repo_id, tags) -> None:
