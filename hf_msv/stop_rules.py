@@ -363,8 +363,10 @@ def fit_stop_head(
     """Fit a `StopHead` on validation answers: (m, F) `stop_features` rows, 0/1 `labels`, and each answer's
     `group` and `end` (m,).
 
-    The stop fires on the leading class, so after a first fit on every row the head is refitted `rounds` times
-    on the *leader events* alone: per group and arrival time, the current row the current head ranks first.
+    The stop fires on the leading class, so the head is fitted on *leader events* alone: per group and arrival
+    time, the current row a head ranks first; first the prior's (the class's mean logit), then `rounds` times the
+    previous fit's. Class snapshots hold every class at every arrival, about ten times the leader rows: fitting
+    on the leaders keeps the fit's cost that of the rows the stop can fire on.
     Its output is then calibrated for the answer a stop would output, not for the average answer (measured in
     ``docs/early_stopping.md``). `penalty` is a ridge on the standardised features other than the class's
     mean logit (0: none; ∞: Platt scaling of the class's mean logit alone); `choose_stop_penalty` picks it.
@@ -383,7 +385,9 @@ def fit_stop_head(
         The fitted `StopHead`.
     """
     x, y = np.asarray(features, dtype=np.float64), np.asarray(labels) > 0.5
-    head = StopHead(*_fit(x, y, penalty), num_chains=int(num_chains))
+    # The first leaders are the prior's: Platt scaling of the class's mean logit ranks rows by that feature alone.
+    rows = leader_events(x[:, _FREE[0]], group, end, snapshots)
+    head = StopHead(*_fit(x[rows], y[rows], penalty), num_chains=int(num_chains))
     for _ in range(rounds):
         rows = leader_events(head.predict(x), group, end, snapshots)
         head = StopHead(*_fit(x[rows], y[rows], penalty), num_chains=int(num_chains))
@@ -598,7 +602,9 @@ def current_leaders(values: np.ndarray, end: np.ndarray, snapshots: bool) -> np.
     if not snapshots:
         return running_argmax(values)[last]
     starts = np.flatnonzero(np.r_[True, last[:-1]])
-    return np.array([s + int(np.argmax(values[s : e + 1])) for s, e in zip(starts, np.flatnonzero(last))], np.int64)
+    best = np.repeat(np.maximum.reduceat(values, starts), np.diff(np.r_[starts, values.size]))
+    position = np.where(values == best, np.arange(values.size), values.size)  # a run's maxima, first one wins
+    return np.minimum.reduceat(position, starts).astype(np.int64)
 
 
 def running_argmax(values: np.ndarray) -> np.ndarray:
@@ -615,36 +621,44 @@ def _fit(x: np.ndarray, y: np.ndarray, penalty: float = 0.0) -> tuple[tuple[floa
     free = np.zeros(x.shape[1], bool)
     free[list(_FREE)] = True
     coef = np.zeros(x.shape[1])
-    if penalty == 0.0:
-        coef, intercept = fit_logistic(x, y)
-    elif math.isinf(penalty):
-        coef[free], intercept = fit_logistic(x[:, free], y)
+    if math.isinf(penalty):
+        coef[free], intercept = _ridge_logistic(x[:, free], y, 0.0, np.ones(int(free.sum()), bool))
     else:
         coef, intercept = _ridge_logistic(x, y, penalty, free)
     return tuple(float(c) for c in coef), float(intercept)
 
 
 def _ridge_logistic(x: np.ndarray, y: np.ndarray, penalty: float, free: np.ndarray) -> tuple[np.ndarray, float]:
-    """Logistic regression with ½ · penalty · ‖w‖² on the standardised weights outside `free` (L-BFGS). A constant
+    """Logistic regression with ½ · penalty · ‖w‖² on the standardised weights outside `free` (Newton's method: the
+    objective is convex in 7 parameters, so a few exact steps replace a quasi-Newton run's dozens). A constant
     column carries nothing the intercept does not: its weight is 0."""
-    from scipy.optimize import minimize
     from scipy.special import expit
 
     if y.all() or not y.any():
         return fit_logistic(x, y)
     mu, sd = x.mean(0), x.std(0)
     keep = sd > 1e-9
-    z = (x[:, keep] - mu[keep]) / sd[keep]
+    z = np.c_[(x[:, keep] - mu[keep]) / sd[keep], np.ones(len(x))]
     ridge = np.r_[np.where(free[keep], 0.0, penalty), 0.0]
     t = y.astype(np.float64)
 
     def objective(theta):
-        eta = z @ theta[:-1] + theta[-1]
-        residual = expit(eta) - t
-        value = np.logaddexp(0.0, eta).sum() - t @ eta + 0.5 * ridge @ theta**2
-        return value, np.r_[z.T @ residual, residual.sum()] + ridge * theta
+        eta = z @ theta
+        return np.logaddexp(0.0, eta).sum() - t @ eta + 0.5 * ridge @ theta**2
 
-    theta = minimize(objective, np.zeros(z.shape[1] + 1), jac=True, method="L-BFGS-B").x
+    theta = np.zeros(z.shape[1])
+    for _ in range(100):
+        p = expit(z @ theta)
+        gradient = z.T @ (p - t) + ridge * theta
+        # A vanishing ridge on every weight keeps the Hessian invertible on separable data.
+        hessian = (z * (p * (1 - p))[:, None]).T @ z + np.diag(ridge + 1e-9 * len(z))
+        step = np.linalg.solve(hessian, gradient)
+        size, value = 1.0, objective(theta)
+        while size > 1e-4 and objective(theta - size * step) > value:  # damped: never uphill
+            size /= 2
+        theta = theta - size * step
+        if np.abs(size * step).max() < 1e-10:
+            break
     coef = np.zeros(x.shape[1])
     coef[keep] = theta[:-1] / sd[keep]
     return coef, float(theta[-1] - coef[keep] @ mu[keep])
