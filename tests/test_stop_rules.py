@@ -258,7 +258,7 @@ def test_a_refreshed_class_statistic_catches_the_crossing_the_stale_one_missed()
 
 def test_the_crossing_is_caught_identically_live_and_in_the_replay():
     """The live path both engines drive (`StopRuleScorer` streams into `PromptGroup.apply_stop_rule`), fed the
-    hand-built answers in arrival order, stops at t = 6 on A; the evaluation's replay of the recorded group does too."""
+    hand-built answers in arrival order, stops at t = 6 on A; so does the evaluation's replay of the recorded group."""
     from hf_msv.data import AnswerGroup
     from hf_msv.evaluation.early_stop import replay_many
     from hf_msv.generation import MSVAnswer, StopRuleScorer

@@ -26,8 +26,8 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokeniz
 from hf_msv import MSVConfig, MSVVerifier
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.data import AnswerGroup
-from hf_msv.stop_rules import StopEvents
 from hf_msv.generation import MSVEarlyStop, MSVResult, prepare_generation
+from hf_msv.stop_rules import StopEvents
 
 from .tokenizer import CHARS, SPECIAL, word_level_tokenizer
 
