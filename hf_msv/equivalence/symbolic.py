@@ -27,6 +27,7 @@ _NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)", re.ASCII)
 _THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?", re.ASCII)
 _FRAC_RE = re.compile(r"([+-]?)\\frac(?:\{([+-]?\d+)\}\{([+-]?\d+)\}|(\d)(\d))", re.ASCII)
 _SLASH_RE = re.compile(r"([+-]?\d+)/(\d+)", re.ASCII)
+_ZERO_COMMA_RE = re.compile(r"[+-]?0\d*(?:,|\{,\})", re.ASCII)
 _BAD_CHARS_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
 
@@ -35,6 +36,10 @@ def _as_number(key: str) -> tuple[Fraction, bool] | None:
     s = key.replace("{,}", "").replace("\\$", "")
     if len(s) > 40:
         return None
+    if _ZERO_COMMA_RE.match(key):
+        return None  # "0,111", "0{,}010": Math-Verify reads a decimal comma after a leading zero, not thousands
+    if s.startswith("+") and not s.startswith("+\\frac"):
+        return None  # Math-Verify parses no "+12", "+1,000" or "+1/2" (but "+\\frac{1}{2}")
     if _NUMBER_RE.fullmatch(s) or _THOUSANDS_RE.fullmatch(s):
         return Fraction(s.replace(",", "")), "." in s
     m = _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s)
