@@ -270,12 +270,12 @@ class _PromptHistory:
             seen = self.seen.setdefault(prompt, [])
             seen += [(ready[i], base[i]) for i in index]
             answers = [a for a, _ in seen]
-            columns = {
+            columns: dict[str, Any] = {
                 name: np.asarray([getattr(a, name) for a in answers])
                 for name in ("end", "class_id", "sequence", "step", "terminal")
             }
             columns["score"] = np.asarray([s for _, s in seen], dtype=np.float64)
-            columns["answers"] = answers
+            columns["answers"] = answers  # the snapshot rows point at them
             values, confidences = self._prompt_scores(columns, np.arange(len(seen) - len(index), len(seen)))
             for j, (i, v) in enumerate(zip(index, np.asarray(values).tolist())):
                 out[i] = v
