@@ -26,8 +26,11 @@ RESEARCH = Path(__file__).resolve().parents[1]
 
 def _script(name: str):
     """``research/<name>.py`` as a module (the research scripts are scripts, not a package)."""
+    import sys
+
     spec = importlib.util.spec_from_file_location(name, RESEARCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their annotations through it
     spec.loader.exec_module(module)
     return module
 
@@ -226,3 +229,24 @@ def test_early_stop_diagnosis_counts_wrong_stops_and_the_clairvoyant_budget():
     assert cm[0] == pytest.approx(0.9) and cm[2] == pytest.approx(1 / (1 + math.exp(-(logit(0.6) + logit(0.95)) / 2)))
     costly = diag.costly_stops(groups, r, 0)
     assert costly["share_of_groups"] == pytest.approx(1 / 3) and costly["median_class_support"] == 1
+
+
+def test_guarantee_resplits_fit_on_one_part_choose_on_another_and_score_the_rest(tmp_path):
+    """Each re-split fits the head on --head problems, chooses λ on --calibration others and scores it on the rest;
+    the violation rate is the share of re-splits whose held-out loss exceeds ε, with its Monte-Carlo interval."""
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+
+    pool = write_split(tmp_path / "pool", 40, seed=3, num_sequences=4)
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    verifier.save_pretrained(tmp_path / "msv")
+    out = _script("guarantee_resplits").main(
+        ["--verifier", str(tmp_path / "msv"), "--pool", str(pool), "--resplits", "3", "--head", "12",
+         "--calibration", "12", "--epsilon", "0.2", "--output", str(tmp_path / "r.json")]
+    )  # fmt: skip
+    assert out["resplits"] == 3 and out["held_out_problems"] == 16 and out["calibration_problems"] == 12
+    risks = [r["risk"] for r in out["runs"]]
+    assert out["violation_rate"] == sum(r > 0.2 for r in risks) / 3
+    low, high = out["violation_rate_interval"]
+    assert 0.0 <= low <= out["violation_rate"] <= high <= 1.0
+    assert json.loads((tmp_path / "r.json").read_text())["epsilon"] == 0.2
