@@ -46,8 +46,14 @@ class CommandParser(HfArgumentParser):
 
     def parse_args_into_dataclasses(self, args=None, return_remaining_strings=False, *rest, **kwargs):
         """`HfArgumentParser.parse_args_into_dataclasses`, with flags left over sent to `error` (argparse's
-        "unrecognized arguments", where it raises a plain `ValueError`)."""
-        outputs = super().parse_args_into_dataclasses(args, True, *rest, **kwargs)
+        "unrecognized arguments", where it raises a plain `ValueError`), and a plain `ValueError` of a dataclass's
+        checks (a value it could not read, e.g. malformed JSON) raised as the `UserError` it is."""
+        try:
+            outputs = super().parse_args_into_dataclasses(args, True, *rest, **kwargs)
+        except ValueError as refused:  # argparse's refusals went to error(): this is a dataclass's, of a flag value
+            if isinstance(refused, UserError):
+                raise
+            raise UserError(f"a flag's value was refused ({type(refused).__name__}: {refused})") from refused
         if return_remaining_strings:
             return outputs
         *outputs, remaining = outputs

@@ -10,8 +10,9 @@ Exit codes and what reaches stderr:
 * 2, one line ``hf-msv <command>: error: <what is wrong>``: a user error. That is an `hf_msv.errors.UserError`
   (every input check raises one: missing or wrong-kind paths, bad flag values, bad file contents, an unsupported
   model), an exception raised ``from`` one (a caller that adds context), an `OSError` the system raised on a path
-  given on the command line (a file where ``--work-dir`` should be), a flag argparse refuses (unknown ones
-  included), or ``sys.exit("text")``. ``--debug`` (or ``HF_MSV_DEBUG=1``) raises it instead, traceback included.
+  given on the command line (a file where ``--work-dir`` should be) or on a full or read-only disk, a flag argparse
+  refuses (unknown ones included), or ``sys.exit("text")``. ``--debug`` (or ``HF_MSV_DEBUG=1``) raises it instead,
+  traceback included.
 * 130: interrupted (Ctrl-C); a command's own ``sys.exit(n)`` keeps its code.
 * Anything else is an internal error, a bug to report: it is not caught, so Python prints its traceback and exits
   with code 1 (a `ValueError` or `OSError` that no input check raised is one of these).
@@ -20,6 +21,7 @@ Exit codes and what reaches stderr:
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -46,6 +48,10 @@ the system's `OSError` on a path from the command line; everything else is an in
 traceback."""
 
 EXIT_USER_ERROR = 2
+
+_FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+"""An `OSError` with one of these (disk full, quota exceeded, read-only file system) is reported as a user error
+wherever it happens: the machine needs fixing, not the program."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +98,8 @@ def is_user_error(error: BaseException, argv: Sequence[str] = ()) -> bool:
             return True
         seen.add(id(cause))
         cause = cause.__cause__
+    if isinstance(error, OSError) and error.errno in _FULL_OR_READ_ONLY:
+        return True  # the disk, not the program: nothing to fix in the code, something to free or remount
     if isinstance(error, OSError) and error.filename is not None and argv:
         given = {_path_key(part) for arg in argv for part in (arg, *arg.split("=")[1:]) if part}
         return any(
