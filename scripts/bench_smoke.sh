@@ -5,6 +5,9 @@
 # .venv-vllm); they are reported as skipped otherwise. Each script's output goes to $LOG_DIR (default: a temporary
 # directory); a table of seconds per script and the total is printed at the end.
 #
+# benchmarks/checker_under_load.py starts its own load (2 busy processes) for its few seconds; its JSON line says
+# whether every checked pair stayed within 2.5 x the checker's timeout (within_bound).
+#
 #   bash scripts/bench_smoke.sh                      # everything (make bench-smoke)
 #   bash scripts/bench_smoke.sh benchmarks/msv_online.py examples/best_of_n.py   # only these
 set -uo pipefail

@@ -1,6 +1,8 @@
 """The symbolic checker's fast paths give Math-Verify's verdict: compared with ``fast_paths=False`` (every pair sent
 to Math-Verify) over generated spellings of numbers."""
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -82,3 +84,38 @@ def test_fast_paths_give_math_verifys_verdict(checkers, pair):
 @given(pair=pairs())
 def test_fast_paths_give_math_verifys_verdict_long(checkers, pair):
     _same_verdicts(checkers, pair)
+
+
+class _SlowPool:
+    """A worker pool whose every task needs `need` wall seconds: it records the wall limits it is given."""
+
+    def __init__(self, need: float):
+        self.need, self.walls = need, []
+
+    def run(self, task, cpu_budget, wall_limit):
+        from hf_msv.equivalence.pool import TaskResult
+
+        self.walls.append(wall_limit)
+        if wall_limit < self.need:
+            time.sleep(wall_limit)
+            return TaskResult(None, wall_limit, "stalled")
+        return TaskResult(None, cpu_budget, "timeout")
+
+
+def test_a_pair_is_bounded_in_wall_time_whatever_the_load(monkeypatch):
+    """The default checker gives no pair more than 2.25 × timeout of wall time in its workers (the machine's load
+    slows a worker, not the bound): the worker is given what is left of it, and no retry starts after it."""
+    checker = SymbolicChecker(timeout=0.2)
+    pool = _SlowPool(need=10.0)
+    monkeypatch.setattr(checker, "_pool", lambda: pool)
+    assert checker.compare("\\binom{100000}{50000}", "\\binom{100000}{50001}") is Verdict.UNVERIFIABLE
+    assert pool.walls and all(w <= 2.25 * 0.2 + 1e-9 for w in pool.walls), pool.walls
+    assert len(pool.walls) == 1  # the limit ran out in the first task: nothing more was started
+    assert checker.compare("\\binom{100000}{50000}", "\\binom{100000}{50001}") is Verdict.UNVERIFIABLE
+    assert len(pool.walls) == 2  # not cached: the next check tries again
+
+
+def test_explicit_limits_keep_their_meaning():
+    assert SymbolicChecker().pair_wall_limit == 4.5
+    assert SymbolicChecker(timeout=0.5, retry_timeout=30.0).pair_wall_limit == float("inf")
+    assert SymbolicChecker(pair_wall_limit=1.0).pair_wall_limit == 1.0

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import decimal
 import logging
+import math
 import os
 import re
+import time
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -140,6 +142,9 @@ class _Attempt:
     final: bool  # the retry: a task that runs out of CPU time now decides the verdict
     lost: bool = False  # a worker stalled or failed: the outcome reflects the machine, not the answers
     timed_out: bool = False  # a task's CPU timeout decided the verdict
+    deadline: float = (
+        math.inf
+    )  # time.monotonic() by which the pair must be decided (`SymbolicChecker.pair_wall_limit`)
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,10 @@ class SymbolicChecker(EquivalenceChecker):
             form a JSON ``checker_kwargs`` takes, e.g. ``{"verify_options": {"strict": false}}``).
         cache_size: verdicts (and probes) kept before the cache is cleared.
         fast_paths: ``False`` sends every pair to ``verify`` (to test that the fast paths agree with Math-Verify).
+        pair_wall_limit: wall-clock seconds one pair may take in all, this process's parsing and caching included,
+            however loaded the machine: then it is UNVERIFIABLE (not cached). ``None``: 2.25 × ``timeout`` when
+            neither ``retry_timeout`` nor ``wall_limit`` is given (so a pair ends within 2.5 × ``timeout``, 5 s at
+            the defaults), else no such limit (the limits given rule).
 
     Raises:
         ValueError: a non-positive ``timeout``, ``retry_timeout`` smaller than ``timeout``, or a non-positive
@@ -199,6 +208,7 @@ class SymbolicChecker(EquivalenceChecker):
         verify_options: MathVerifyOptions | dict | None = None,
         cache_size: int = 1 << 20,
         fast_paths: bool = True,
+        pair_wall_limit: float | None = None,
     ):
         if not timeout > 0:
             raise UserError(f"timeout must be > 0 CPU seconds, got {timeout!r}")
@@ -209,6 +219,9 @@ class SymbolicChecker(EquivalenceChecker):
         self.timeout = timeout
         self.retry_timeout = 3 * timeout if retry_timeout is None else retry_timeout
         self.wall_limit = wall_limit
+        if pair_wall_limit is None and retry_timeout is None and wall_limit is None:
+            pair_wall_limit = 2.25 * timeout  # killing the worker and returning fit in the promised 2.5 x timeout
+        self.pair_wall_limit = math.inf if pair_wall_limit is None else pair_wall_limit
         self.max_length = max_length
         self.max_workers = max_workers or max(1, min(4, os.cpu_count() or 1))
         self.memory_limit_mb = memory_limit_mb
@@ -226,7 +239,15 @@ class SymbolicChecker(EquivalenceChecker):
     def _run(self, task: tuple, attempt: _Attempt) -> TaskResult:
         """``task`` in a worker with what is left of the attempt's budget; updates the budget and the counters."""
         wall = self.wall_limit if self.wall_limit is not None else 10 * attempt.full + 10
-        result = self._pool().run(task, attempt.budget, wall)
+        left = attempt.deadline - time.monotonic()
+        if left <= wall:  # the pair's own limit comes first: running out of it decides (UNVERIFIABLE)
+            result = (
+                self._pool().run(task, attempt.budget, max(left, 0.0)) if left > 0 else TaskResult(None, 0, "stalled")
+            )
+            # stalled by the pair's limit (not a worker stopped from outside early): that decides
+            attempt.timed_out |= result.status == "stalled" and time.monotonic() >= attempt.deadline - 0.01
+        else:
+            result = self._pool().run(task, attempt.budget, wall)
         attempt.budget -= result.cpu_s
         attempt.lost |= result.status in ("stalled", "failed")
         self._add_stats(
@@ -297,6 +318,7 @@ class SymbolicChecker(EquivalenceChecker):
         return _values_differ(pa, pb)
 
     def _decide(self, kind: str, ka: str, kb: str) -> Verdict:
+        start = time.monotonic()  # the pair's wall-clock limit counts from here: parsing and caching included
         if ka == kb and self.fast_paths:
             return Verdict.EQUAL
         cache_key = (kind, ka, kb) if kind == "gold" or ka < kb else (kind, kb, ka)
@@ -306,11 +328,16 @@ class SymbolicChecker(EquivalenceChecker):
         if is_pathological(ka, self.max_length) or is_pathological(kb, self.max_length):
             return Verdict.UNVERIFIABLE
         verdict = _numeric_verdict(ka, kb) if self.fast_paths else None
+        deadline = start + self.pair_wall_limit
         if verdict is None:
-            verdict = self._settle(kind, ka, kb, _Attempt(self.timeout, self.timeout, final=False))
+            first = _Attempt(self.timeout, self.timeout, final=False, deadline=deadline)
+            verdict = self._settle(kind, ka, kb, first)
+            if first.timed_out:  # the pair's wall-clock limit ran out: no retry
+                self._add_stats(timeouts=1)
+                return Verdict.UNVERIFIABLE
         if verdict is None:  # out of CPU time (or a worker lost): once more, with the larger budget
             self._add_stats(retries=1)
-            retry = _Attempt(self.retry_timeout, self.retry_timeout, final=True)
+            retry = _Attempt(self.retry_timeout, self.retry_timeout, final=True, deadline=deadline)
             verdict = self._settle(kind, ka, kb, retry)
             self._add_stats(timeouts=int(verdict is None or retry.timed_out))
             if verdict is None or retry.timed_out or (retry.lost and verdict is Verdict.UNVERIFIABLE):
