@@ -10,8 +10,13 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 # The testbed is hf_msv.testbed.TESTBED_VERIFIER_TASK (the default: v2), whose LM the demo pairs the verifier with
 python -m hf_msv.reproduction --shipped-verifier ${WORK_DIR:+--work-dir "$WORK_DIR"} "$@"  # e.g. --device cuda --problems-per-batch 32
-# Its stopping rule, refitted on a validation split large enough to certify ε = 1 pp at δ = 0.1 (256 problems × 16,
-# ~9 min; docs/early_stopping.md): the stop head and λ go into the verifier's config and early_stopping.json.
-stop_val="${WORK_DIR:-outputs/reproduce-v2}/stop-val"
-hf-msv collect --model testbed --problems testbed:validation:256:9090 --num-samples 16 --output-dir "$stop_val"
-python -c "import sys; from hf_msv.reproduction import fit_shipped_stopping; print(fit_shipped_stopping(sys.argv[1])['rule'])" "$stop_val"
+# Its stopping rule: the stop head fitted on 256 validation problems x 16, lambda certified by Learn-then-Test on
+# 2,560 other validation problems x 16 (epsilon = 1 pp at delta = 0.1; collected with vLLM, ~25 min on 2 cores;
+# docs/early_stopping.md "The shipped verifier"): both go into the verifier's config and early_stopping.json.
+work="${WORK_DIR:-outputs/reproduce-v2}"
+bash scripts/setup_vllm.sh  # .venv-vllm: the CPU build of vLLM
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
+vllm=(--engine vllm --model testbed --num-samples 16 --model-dtype float32 --vllm-arg kv_cache_memory_bytes=2147483648)
+.venv-vllm/bin/hf-msv collect "${vllm[@]}" --problems testbed:validation:256:9090 --problems-per-batch 16 --output-dir "$work/stop-val"
+.venv-vllm/bin/hf-msv collect "${vllm[@]}" --problems testbed:validation:2560:4242 --problems-per-batch 64 --output-dir "$work/stop-cal"
+python -c "import sys; from hf_msv.reproduction import fit_shipped_stopping; print(fit_shipped_stopping(sys.argv[1], calibration_dir=sys.argv[2])['rule'])" "$work/stop-val" "$work/stop-cal"
