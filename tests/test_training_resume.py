@@ -208,13 +208,13 @@ def test_reproduce_reads_a_config_file_and_flags_override_it(tmp_path, capsys, m
     config = tmp_path / "run.yaml"
     config.write_text(
         f"output_dir: {tmp_path / 'a'}\nwork_dir: {tmp_path / 'work'}\nquick: true\nnum_sequences: [1, 4]\n"
-        "studies: [main, lambda]\n"
+        "studies: [main, masks]\n"
     )
     code, _, _ = run_command(["reproduce", "--config", str(config), "--output-dir", str(tmp_path / "b")], capsys)
     assert code == 0 and len(seen) == 1
     args, cfg = seen[0]
     assert (args.output_dir, args.work_dir, args.quick) == (str(tmp_path / "b"), str(tmp_path / "work"), True)
-    assert (args.num_sequences, args.studies) == ([1, 4], ["main", "lambda"])
+    assert (args.num_sequences, args.studies) == ([1, 4], ["main", "masks"])
     assert cfg == args.reproduce_config()
 
     config.write_text(config.read_text() + "num_sequence: 4\n")

@@ -218,15 +218,17 @@ def run_training(args: TrainArguments, config: MSVTrainingConfig) -> TrainingRes
             ``lr_sweep``; a tracker that is unknown or not installed.
         SystemExit: under ``strict`` when the guard failed.
     """
+    # The flags first (a tracker that is not installed, flags that exclude each other), then the shards.
+    trackers = resolve_trackers(args.report_to)
+    if args.lr_sweep and args.resume:
+        raise UserError("--resume continues one fit; --lr-sweep runs several: use one or the other")
+    if trackers and args.lr_sweep:
+        raise UserError("--report-to follows one fit; --lr-sweep runs several: use one or the other")
     checked = [
         check_training_data(d, flag) for flag, d in (("--train-dir", args.train_dir), ("--val-dir", args.val_dir))
     ]
     for warning in filter(None, checked):  # after both checks passed: a refusal stays one line
         print(f"warning: {warning}", file=sys.stderr)
-    if args.lr_sweep and args.resume:
-        raise UserError("--resume continues one fit; --lr-sweep runs several: use one or the other")
-    if resolve_trackers(args.report_to) and args.lr_sweep:
-        raise UserError("--report-to follows one fit; --lr-sweep runs several: use one or the other")
     if args.lr_sweep:
         from .sweep import sweep_learning_rates
 
