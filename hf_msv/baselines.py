@@ -41,6 +41,7 @@ __all__ = [
     "arrival_times",
     "chain_counts",
     "chain_support",
+    "steady_classes",
 ]
 
 
@@ -365,14 +366,8 @@ def chain_counts(klass, sequence, step, end, window: int, only=None) -> tuple[np
     by_chain = np.lexsort((np.arange(klass.size), step, sequence))  # chain-major, then step: runs of one chain
     for t in arrival_times(end, only):
         avail = by_chain[end[by_chain] <= t]
-        chains, first, length = np.unique(sequence[avail], return_index=True, return_counts=True)
-        run = np.repeat(np.arange(chains.size), length)
-        tail = np.arange(avail.size) >= np.repeat(first + length - window, length)  # the run's last `window`
-        low = np.full(chains.size, np.iinfo(np.int64).max)
-        high = np.full(chains.size, np.iinfo(np.int64).min)
-        np.minimum.at(low, run[tail], klass[avail][tail])
-        np.maximum.at(high, run[tail], klass[avail][tail])
-        held, count = np.unique(low[(length >= window) & (low == high)], return_counts=True)  # steady chains' classes
+        chains, _, steady = steady_classes(avail, sequence, klass, window)
+        held, count = np.unique(steady, return_counts=True)  # steady chains' classes
         now = np.flatnonzero(end == t)
         mine = (held[None, :] == klass[now, None]) * count[None, :]  # (now, classes)
         support[now] = mine.sum(1)
@@ -380,6 +375,28 @@ def chain_counts(klass, sequence, step, end, window: int, only=None) -> tuple[np
         runner_up[now] = others.max(1) if held.size else 0
         answered[now] = chains.size
     return support, answered, runner_up
+
+
+def steady_classes(avail, sequence, klass, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of the available answers `avail` (indices in chain-major, then step order): the chains that have answered,
+    each one's latest answer, and the class of every chain whose last `window` answers all are that class.
+
+    Args:
+        avail: indices of the available answers, chain-major then step.
+        sequence, klass: (A,) chain and class of every answer.
+        window: how many of a chain's latest answers must agree (≥ 1).
+
+    Returns:
+        ``(chains, latest, steady)``: 1-D int arrays.
+    """
+    chains, first, length = np.unique(sequence[avail], return_index=True, return_counts=True)
+    run = np.repeat(np.arange(chains.size), length)
+    tail = np.arange(avail.size) >= np.repeat(first + length - window, length)  # each chain's last `window`
+    low = np.full(chains.size, np.iinfo(np.int64).max)
+    high = np.full(chains.size, np.iinfo(np.int64).min)
+    np.minimum.at(low, run[tail], klass[avail][tail])
+    np.maximum.at(high, run[tail], klass[avail][tail])
+    return chains, avail[first + length - 1], low[(length >= window) & (low == high)]
 
 
 def logit(p, eps: float = 1e-6) -> np.ndarray:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .baselines import arrival_times, logit
+from .baselines import arrival_times, logit, steady_classes
 
 __all__ = ["NO_RUNNER_UP", "PROBE_WINDOW", "ClassEvents", "class_events", "snapshot_rows"]
 
@@ -87,15 +87,7 @@ def _top_two(values: np.ndarray, order: np.ndarray) -> tuple[int, int]:
 def _snapshot(t, klass, sequence, step, end, by_chain, z, num_chains, window) -> dict:
     """The rows of the snapshot at time t (see `ClassEvents`)."""
     avail = by_chain[end[by_chain] <= t]  # chain-major, then step
-    chains, first, length = np.unique(sequence[avail], return_index=True, return_counts=True)
-    latest = avail[first + length - 1]
-    run = np.repeat(np.arange(chains.size), length)
-    tail = np.arange(avail.size) >= np.repeat(first + length - window, length)  # each chain's last `window`
-    low = np.full(chains.size, np.iinfo(np.int64).max)
-    high = np.full(chains.size, np.iinfo(np.int64).min)
-    np.minimum.at(low, run[tail], klass[avail][tail])
-    np.maximum.at(high, run[tail], klass[avail][tail])
-    steady_class = low[(length >= window) & (low == high)]
+    chains, latest, steady_class = steady_classes(avail, sequence, klass, window)
     arriving = np.flatnonzero(end == t)
     classes = np.unique(np.r_[klass[latest], klass[arriving]])
     position = np.searchsorted(classes, klass[latest])
