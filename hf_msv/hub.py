@@ -28,6 +28,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from .errors import UserError
 from .lambda_rule import LambdaChoice
 from .stop_rules import StopHead
+from .utils import file_mode
 
 TEMPLATE = resources.files("hf_msv") / "templates" / "model_card.md"
 """The MSV card template (Jinja, rendered by `ModelCard.from_template`)."""
@@ -406,23 +407,10 @@ def save_verifier(
 def _umask_modes(directory: Path) -> None:
     """Give the files of `directory` the mode the user's umask gives a new file: safetensors writes weights 0600,
     which keeps a verifier saved in a shared directory from the colleagues who share it."""
-    mode = 0o666 & ~_umask()
+    mode = file_mode()
     for path in directory.iterdir():
         if path.is_file() and not path.is_symlink():
             os.chmod(path, mode)
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it where the system says (Linux), else set and restored."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _check_push_arguments(repo_id, tags) -> None:

@@ -14,6 +14,8 @@ __all__ = [
     "fsync_dir",
     "tmp_name",
     "commit_file",
+    "file_mode",
+    "umask",
     "atomic_write_json",
     "json_safe",
     "cpu_processes",
@@ -42,11 +44,29 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def umask() -> int:
+    """This process's umask, read without changing it where the system says (Linux), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode the user's umask gives a new file (0644 under the usual 022)."""
+    return 0o666 & ~umask()
+
+
 def commit_file(tmp: Path, path: Path) -> None:
     """Durably rename the finished `tmp` onto `path`."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)  # safetensors creates 0600 files; shards are meant to be shared
+    os.chmod(tmp, file_mode())  # safetensors creates 0600 files; shards get what the user's umask gives
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -163,3 +163,16 @@ def test_the_readme_own_lm_snippet_handles_no_answer():
     namespace = {"result": empty, "best": empty, "problems": [problem], "problem": problem, "print": lambda *a: None}
     for line in lines:  # in order, in one namespace: a line may use a name the one before set
         exec(textwrap.dedent(line), namespace)
+
+
+def test_shards_take_the_users_umask(tmp_path):
+    """Shards (and the index beside them) get the mode the user's umask gives a new file, not a fixed 0644."""
+    from helpers.evaluation import write_split
+
+    old = os.umask(0o027)
+    try:
+        write_split(tmp_path / "shared", 2, seed=1, num_sequences=2)
+    finally:
+        os.umask(old)
+    modes = {p.stat().st_mode & 0o777 for p in (tmp_path / "shared").glob("*.safetensors")}
+    assert modes == {0o640}
