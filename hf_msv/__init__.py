@@ -1,15 +1,14 @@
 """hf_msv: Multi-Sequence Verifiers for Hugging Face transformers.
 
-Public names are imported on first use. Importing hf_msv registers the verifiers with the Auto classes, so
-`AutoModel.from_pretrained(dir)` loads saved verifiers without `trust_remote_code` (the ``hf-msv`` command defers
-that to the command it runs, so that ``hf-msv --help`` does not import torch).
+Public names are imported on first use, so ``import hf_msv`` is cheap and imports neither torch nor transformers
+(``hf-msv --help`` stays instant). `register_auto_classes` registers the verifiers with the Auto classes, after which
+`AutoModel.from_pretrained(dir)` loads saved verifiers without `trust_remote_code`; every ``hf-msv`` command calls it
+before it runs.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 __version__ = "0.1.0"
 
@@ -83,13 +82,23 @@ _EXPORTS = {
 
 
 def register_auto_classes() -> None:
-    """Register `MSVConfig` / `MSVVerifier` and `ProbeConfig` / `ProbeVerifier` with `AutoConfig` / `AutoModel`,
-    and have saved verifiers carry their code and an ``auto_map`` (for ``trust_remote_code=True`` users).
-    Idempotent."""
+    """Register `MSVConfig` / `MSVVerifier` and `ProbeConfig` / `ProbeVerifier` with `AutoConfig` / `AutoModel`, as
+    transformers' guide to custom models does, so that ``AutoModel.from_pretrained(dir)`` loads a saved verifier
+    without ``trust_remote_code``. Idempotent; it imports torch and transformers, hence a call, not an import side
+    effect. (Saved verifiers carry their code and an ``auto_map`` whether or not this was called.)
+
+    Example:
+
+    ```python
+    >>> import hf_msv
+    >>> from transformers import AutoModel
+    >>> hf_msv.register_auto_classes()
+    >>> verifier = AutoModel.from_pretrained("path/to/verifier")  # doctest: +SKIP
+    ```
+    """
     from transformers import AutoConfig, AutoModel
 
     from .configuration_msv import MSVConfig
-    from .hub import push_verifier_to_hub
     from .modeling_msv import MSVVerifier
     from .modeling_probe import ProbeConfig, ProbeVerifier
 
@@ -97,9 +106,6 @@ def register_auto_classes() -> None:
     AutoModel.register(MSVConfig, MSVVerifier, exist_ok=True)
     AutoConfig.register("msv_probe", ProbeConfig, exist_ok=True)
     AutoModel.register(ProbeConfig, ProbeVerifier, exist_ok=True)
-    MSVConfig.register_for_auto_class()
-    MSVVerifier.register_for_auto_class("AutoModel")
-    MSVVerifier.hub_uploader = push_verifier_to_hub  # push_to_hub writes hf_msv's model card
 
 
 def __getattr__(name):
@@ -113,9 +119,5 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
 
-
-# Registering imports torch and transformers (seconds); the command line registers before running a command.
-if Path(sys.argv[0] if sys.argv else "").name != "hf-msv":
-    register_auto_classes()
 
 __all__ = sorted(_EXPORTS) + ["register_auto_classes"]

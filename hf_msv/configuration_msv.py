@@ -251,4 +251,7 @@ def elicitation_to_json(settings: ElicitationSettings | dict | None) -> dict:
     return out
 
 
+# Saved configs carry this file and an ``auto_map``, so that ``trust_remote_code=True`` loads them without hf_msv.
+MSVConfig.register_for_auto_class()
+
 __all__ = ["MSVConfig", "MASK_NAMES"]

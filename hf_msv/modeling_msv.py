@@ -12,10 +12,11 @@ This file imports only torch and transformers so that it can travel to the Hub a
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -28,6 +29,9 @@ from transformers.utils.generic import ModelOutput
 
 from .baselines import WV_THRESHOLD
 from .configuration_msv import MSVConfig
+
+# Whether this is hf_msv's own copy of the file, not remote code loaded by transformers (`MSVVerifier.hub_uploader`).
+_INSIDE_HF_MSV = __name__ == "hf_msv.modeling_msv"
 
 # Rows of the (5, T) token-metadata tensor. One stacked tensor keeps slicing and concatenation in one op.
 GROUP, SEQUENCE, ANSWER, CLASS, END = range(5)
@@ -707,12 +711,21 @@ class MSVVerifier(MSVPreTrainedModel):
                 f"(safetensors: {error}). Re-download or re-save the checkpoint."
             ) from error
 
-    hub_uploader: ClassVar[Callable[..., Any] | None] = None
-    """Set by ``import hf_msv`` to `hf_msv.hub.push_verifier_to_hub`; `None` where the model is remote code."""
+    @staticmethod
+    def hub_uploader() -> Callable[..., Any] | None:
+        """hf_msv's uploader, `hf_msv.hub.push_verifier_to_hub` (it writes hf_msv's model card and the evidence
+        files); `None` where this file runs as remote code, without hf_msv, and the verifier uploads as transformers
+        does.
+
+        Looked up by name because this file also travels to the Hub, where ``hf_msv.hub`` does not exist (and the
+        package's layers keep `hf_msv.hub` above the modeling code)."""
+        if not _INSIDE_HF_MSV:
+            return None
+        return importlib.import_module("hf_msv.hub").push_verifier_to_hub
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload weights, config, remote code, the checkpoint's evidence files and its model card
-        (`hf_msv.hub.push_verifier_to_hub` once hf_msv is imported; transformers' own upload where the verifier was
+        (`hf_msv.hub.push_verifier_to_hub`, see `hub_uploader`; transformers' own upload where the verifier was
         loaded as remote code).
 
         Args:
@@ -724,7 +737,7 @@ class MSVVerifier(MSVPreTrainedModel):
         Returns:
             What the uploader returns (the commit's info).
         """
-        uploader = type(self).hub_uploader
+        uploader = self.hub_uploader()
         if uploader is None:
             return super().push_to_hub(repo_id, **kwargs)  # pyright: ignore[reportArgumentType]  (wrapped method)
         return uploader(self, repo_id, **kwargs)
@@ -1032,6 +1045,10 @@ def check_compatible(verifier, model) -> None:
             f"{lm_width}."
         )
 
+
+# Saved verifiers carry this file (and what it imports) and an ``auto_map``, so that
+# ``AutoModel.from_pretrained(repo, trust_remote_code=True)`` loads them without hf_msv.
+MSVVerifier.register_for_auto_class("AutoModel")
 
 __all__ = [
     "MSVVerifier",

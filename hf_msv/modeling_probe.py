@@ -124,8 +124,8 @@ class ProbeVerifier(PreTrainedModel):
 
     def push_to_hub(self, repo_id: str, **kwargs) -> Any:
         """Upload weights, config, remote code, evidence files and the Probe's card, like `MSVVerifier.push_to_hub`
-        (one uploader for both verifiers: ``import hf_msv`` sets `MSVVerifier.hub_uploader`; transformers' own
-        upload where the Probe was loaded as remote code).
+        (one uploader for both verifiers, `MSVVerifier.hub_uploader`; transformers' own upload where the Probe was
+        loaded as remote code).
 
         Args:
             repo_id: the Hub repository.
@@ -136,7 +136,7 @@ class ProbeVerifier(PreTrainedModel):
         Returns:
             What the uploader returns (the commit's info).
         """
-        uploader = MSVVerifier.hub_uploader
+        uploader = MSVVerifier.hub_uploader()
         if uploader is None:
             return super().push_to_hub(repo_id, **kwargs)  # pyright: ignore[reportArgumentType]  (wrapped method)
         return uploader(self, repo_id, **kwargs)

@@ -354,6 +354,7 @@ def test_grouping_larger_n_scores_each_group_of_m_independently():
 
 
 def test_save_load_round_trip_is_safetensors_only_and_autoloads(tmp_path):
+    hf_msv.register_auto_classes()
     verifier = make_verifier(base_model_name_or_path="org/base", elicitation=ElicitationSettings(delimiters="\n\n"))
     verifier.save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
