@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from hf_msv.data import AnswerGroup, ShardDataset
-from hf_msv.evaluation.early_stop import DEFAULT_LAMBDAS, early_stop_token_fraction, replay_many, tradeoff_curve
 from hf_msv.evaluation.config import MethodConfig
+from hf_msv.evaluation.early_stop import LAMBDAS, early_stop_token_fraction, replay_many, tradeoff_curve
 from hf_msv.evaluation.methods import draw_scores, method_plan, prepare_split, with_verifiers
 from hf_msv.evaluation.verifiers import load_verifier_seeds
 
@@ -128,11 +128,11 @@ def main(argv=None) -> dict:
         msv = f"MSV_{n}"
         for g in groups:
             g.scores[f"{msv} (class mean)"] = class_mean_scores(g, msv)
-        r = {m: replays(groups, m, DEFAULT_LAMBDAS) for m in (msv, "MSV_1+WV")}
+        r = {m: replays(groups, m, LAMBDAS) for m in (msv, "MSV_1+WV")}
         curves = {m: tradeoff_curve(groups, m) for m in (msv, f"{msv} (class mean)", "MSV_1+WV", "Probe+WV")
                   if m in groups[0].scores}
         full_steps = r["MSV_1+WV"]["full_steps"].mean()
-        out[n] = {f"{frac:.2f} of full t*": {m: at_budget(v, frac * full_steps, DEFAULT_LAMBDAS) for m, v in r.items()}
+        out[n] = {f"{frac:.2f} of full t*": {m: at_budget(v, frac * full_steps, LAMBDAS) for m, v in r.items()}
                   for frac in (0.3, 0.4, 0.5, 0.6)}
         out[n]["costly stops at half of full t*"] = {
             m: costly_stops(groups, v, budget_index(v, 0.5 * full_steps)) for m, v in r.items()}

@@ -10,12 +10,12 @@ from hf_msv.evaluation.early_stop import (
     LatencyCosts,
     TradeoffCurve,
     autc,
+    choose_budget_lambda,
     choose_on_groups,
     early_stop_token_fraction,
     replay,
     replay_at,
     replay_many,
-    select_lambda_validation,
     tradeoff_curve,
 )
 
@@ -108,12 +108,12 @@ def test_early_stop_token_fraction():
         assert math.isinf(early_stop_token_fraction(_curve([0.3, 0.45], [5, 30]), base))
 
 
-def test_select_lambda_validation():
+def test_choose_budget_lambda_on_a_validation_curve():
     c = _curve([0.1, 0.5, 0.7, 0.7, 0.65], [1, 2, 3, 4, 5], lambdas=[0, 0.2, 0.4, 0.6, np.inf])
-    assert select_lambda_validation(c) == 0.4  # most accurate, cheapest
-    assert select_lambda_validation(c, token_budget=2.5) == 0.2
-    with pytest.warns(RuntimeWarning):
-        assert select_lambda_validation(c, token_budget=0.5) == 0
+    assert choose_budget_lambda(c, 1.0).lam == 0.4  # most accurate, cheapest
+    assert choose_budget_lambda(c, 0.5).lam == 0.2  # the most accurate within half of full decoding's tokens
+    none_fits = choose_budget_lambda(c, 0.1)
+    assert none_fits.lam == 0 and not none_fits.fits  # the cheapest
 
 
 def _synthetic_groups(rng, n_groups, n_seq=4, k=4):

@@ -1,7 +1,8 @@
 """Replay of the paper's parallel early-stopping rule over recorded answer streams (`replay`, `replay_many`), trade-off
 curves (`tradeoff_curve`), curve summaries (`autc`, `early_stop_token_fraction`, the interpolated curve
-`interpolated_curve`), λ for a budget chosen on validation (`choose_budget_lambda`, `select_lambda_validation`) and
-the λ rules of `hf_msv.lambda_rule` on replayed groups (`choose_on_groups`, applied with `replay_at`).
+`interpolated_curve`), λ for a budget chosen on validation (`choose_budget_lambda`) and the λ rules of
+`hf_msv.lambda_rule` on replayed groups (`choose_on_groups`, applied with `replay_at`), all on the one λ grid
+`LAMBDAS`.
 
 The rule itself is `hf_msv.generation.decide_stop`, the one the generation hook applies live. What is counted at
 the stop (token position, summed tokens, latency) and how AUTC is normalised is described in
@@ -27,13 +28,12 @@ __all__ = [
     "LatencyCosts",
     "StopResult",
     "TradeoffCurve",
-    "DEFAULT_LAMBDAS",
+    "LAMBDAS",
     "replay",
     "replay_many",
     "tradeoff_curve",
     "autc",
     "early_stop_token_fraction",
-    "select_lambda_validation",
     "choose_on_groups",
     "replay_at",
     "BUDGET_FRACTIONS",
@@ -42,8 +42,6 @@ __all__ = [
     "InterpolatedCurve",
     "interpolated_curve",
 ]
-
-DEFAULT_LAMBDAS = LAMBDAS  # the one grid (hf_msv.lambda_rule): every curve contains the full-decoding point
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ class TradeoffCurve:
 
 
 def replay_many(
-    group: AnswerGroup, scores, lambdas=DEFAULT_LAMBDAS, costs: LatencyCosts | None = None, select=None
+    group: AnswerGroup, scores, lambdas=LAMBDAS, costs: LatencyCosts | None = None, select=None
 ) -> StopResult:
     """Replay the stopping rule on one group for every λ in `lambdas` (Λ,). `scores` is a method name (the group's
     stop inputs for it, `AnswerGroup.stop_inputs`: its class snapshots where it is a class-level statistic, else its
@@ -156,7 +154,7 @@ def _curve(results: list[StopResult], lambdas) -> TradeoffCurve:
 def tradeoff_curve(
     groups: Sequence[AnswerGroup],
     scores: str | Sequence[np.ndarray],
-    lambdas=DEFAULT_LAMBDAS,
+    lambdas=LAMBDAS,
     costs: LatencyCosts | None = None,
 ) -> TradeoffCurve:
     """Accuracy / mean tokens / mean steps / mean latency per λ over `groups` (scores: verifier name or arrays)."""
@@ -256,13 +254,12 @@ class BudgetChoice:
     fits: bool
 
 
-def _select_index(curve: TradeoffCurve, token_budget: float | None, x: str) -> int | None:
-    """Index of the most accurate λ with mean budget ``x`` ≤ `token_budget` (ties: cheaper, then larger λ); without
-    a budget the most accurate overall; None when no λ fits."""
+def _select_index(curve: TradeoffCurve, token_budget: float, x: str) -> int | None:
+    """Index of the most accurate λ with mean budget ``x`` ≤ `token_budget` (ties: cheaper, then larger λ); None
+    when no λ fits."""
     xs, acc, lam = curve.x(x), curve.accuracy, curve.lambdas
     order = np.lexsort((-lam, xs, -acc))  # most accurate, then cheapest, then largest λ
-    if token_budget is not None:
-        order = order[xs[order] <= token_budget]
+    order = order[xs[order] <= token_budget]
     return int(order[0]) if order.size else None
 
 
@@ -327,23 +324,10 @@ def early_stop_token_fraction(curve_msv: TradeoffCurve, curve_baseline: Tradeoff
     return need_msv / need_base
 
 
-def select_lambda_validation(curve: TradeoffCurve, token_budget: float | None = None, x: str = "tokens") -> float:
-    """λ on a curve for a budget: the most accurate λ whose mean budget ``x`` ≤ `token_budget` (ties: cheaper, then
-    larger λ; the cheapest λ, with a warning, when none fits); without a budget the most accurate λ (ties: cheaper).
-    Budgets as fractions of full decoding are `choose_budget_lambda`'s; targets in accuracy and guarantees are
-    `hf_msv.lambda_rule.choose_lambda`'s (`choose_on_groups`)."""
-    xs, acc, lam = curve.x(x), curve.accuracy, curve.lambdas
-    index = _select_index(curve, token_budget, x)
-    if index is None:
-        warnings.warn(f"no λ fits the budget {token_budget}; using the cheapest", RuntimeWarning, stacklevel=2)
-        return float(lam[np.lexsort((-lam, -acc, xs))[0]])
-    return float(lam[index])
-
-
 def choose_on_groups(
     groups: Sequence[AnswerGroup],
     scores: str | Sequence[np.ndarray],
-    lambdas=DEFAULT_LAMBDAS,
+    lambdas=LAMBDAS,
     costs: LatencyCosts | None = None,
     **rule,
 ) -> LambdaChoice:

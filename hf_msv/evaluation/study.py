@@ -29,7 +29,7 @@ from ..utils import json_safe
 from .config import EvaluateConfig
 from .early_stop import (
     BUDGET_FRACTIONS,
-    DEFAULT_LAMBDAS,
+    LAMBDAS,
     LatencyCosts,
     TradeoffCurve,
     autc,
@@ -482,7 +482,7 @@ def _streaming_metrics(study: _Study, draw, method: str, acc: _PerN) -> dict:
     and Brier by position are kept in `acc`)."""
     acc.positions.setdefault(method, []).append(_brier_by_position(draw.groups, method, study.edges))
     pc = problem_curves(
-        draw.groups, draw.problem_of, len(study.split.problems), method, DEFAULT_LAMBDAS, acc.costs_for(method)
+        draw.groups, draw.problem_of, len(study.split.problems), method, LAMBDAS, acc.costs_for(method)
     )
     acc.problem_curves.setdefault(method, []).append(pc)
     c = pc.curve()
@@ -568,9 +568,9 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
     ).groups
     for m in _methods_in(eval_groups):
         costs = acc.costs_for(m)
-        acc.val_curves.setdefault(m, []).append(tradeoff_curve(vgroups, m, DEFAULT_LAMBDAS, costs))
+        acc.val_curves.setdefault(m, []).append(tradeoff_curve(vgroups, m, LAMBDAS, costs))
         for rule, kwargs in study.config.lambda_rules.items():
-            choice = choose_on_groups(vgroups, m, DEFAULT_LAMBDAS, costs, **kwargs)
+            choice = choose_on_groups(vgroups, m, LAMBDAS, costs, **kwargs)
             ev = replay_at(eval_groups, m, choice.lam, costs)
             confidence = np.array([g.confidence_of(m)[c] if c >= 0 else 0.0 for g, c in zip(eval_groups, ev.chosen)])
             record = _rule_record(choice, ev, confidence)
