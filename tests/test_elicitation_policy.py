@@ -82,6 +82,7 @@ def reencoded(sequences, policy):
 def vllm_chains(sequences, policy, monkeypatch, chunk=3):
     """The vLLM controller's per-chain loop (`EngineSession.chain_tokens`) on `sequences`, delivered `chunk` tokens
     per engine step as vLLM's DELTA outputs do, with a recording engine in place of vLLM."""
+    from hf_msv.generation.core import RunCore
     from hf_msv.vllm.controller import EngineSession, PromptRun
 
     vllm = types.ModuleType("vllm")
@@ -98,10 +99,9 @@ def vllm_chains(sequences, policy, monkeypatch, chunk=3):
         elicitor=policy.elicitor,
         verifier=None,
         capture_hidden_states=False,
-        new_classes=lambda: None,
     )
     session = EngineSession(controller, BUDGET, None)
-    run = PromptRun(0, [ID["<bos>"]], len(sequences), None, controller.new_classes)
+    run = PromptRun(0, [ID["<bos>"]], len(sequences), RunCore(policy, None, None, False), None)
     for start in range(0, max(map(len, sequences)), chunk):
         for n, seq in enumerate(sequences):
             if start >= len(seq):
@@ -111,10 +111,7 @@ def vllm_chains(sequences, policy, monkeypatch, chunk=3):
             session.chain_tokens(run, SimpleNamespace(index=n, token_ids=seq[start:end], finish_reason=finish))
     branches = [el.live.branch for el in session.elicitations.values()]
     return points(
-        SimpleNamespace(
-            sequence=b.row, tau=b.tau, trigger=b.trigger, terminal=b.terminal or b.trigger in ("eos", "budget")
-        )
-        for b in branches
+        SimpleNamespace(sequence=b.row, tau=b.tau, trigger=b.trigger, terminal=b.is_terminal) for b in branches
     )
 
 

@@ -20,7 +20,15 @@ import torch
 from ..answers import find_box_end
 from .delimiters import DelimiterMatch
 
-__all__ = ["AnswerElicitor", "Branch", "LiveBranch"]
+__all__ = ["CHAIN_ENDS", "AnswerElicitor", "Branch", "LiveBranch", "ends_chain"]
+
+CHAIN_ENDS = ("eos", "budget")  # the triggers of an answer elicited because its chain ended
+
+
+def ends_chain(trigger: str) -> bool:
+    """Whether an answer elicited by `trigger` is elicited because its chain ended (EOS or the token budget): the
+    one place that knows which triggers end a chain."""
+    return trigger in CHAIN_ENDS
 
 
 @dataclass
@@ -44,6 +52,22 @@ class Branch:
     feed_newest: bool = False
     prefix_ids: list[int] = field(default_factory=list)
     terminal: bool = False
+
+    @property
+    def ends_chain(self) -> bool:
+        """Its chain ended here (EOS or budget): the chain decodes no further token."""
+        return ends_chain(self.trigger)
+
+    @property
+    def is_terminal(self) -> bool:
+        """Its answer is its chain's terminal answer (the chain ended, or a delimiter fired at the last step)."""
+        return self.terminal or self.ends_chain
+
+    @property
+    def kept(self) -> int:
+        """Chain-of-thought tokens in the branch's context: tokens 0..τ, less the newest when it is not fed and the
+        delimiter tokens left out."""
+        return self.tau + 1 - (0 if self.feed_newest else 1) - self.drop
 
 
 @dataclass

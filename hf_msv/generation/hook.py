@@ -14,11 +14,11 @@ from collections.abc import Iterable, Sequence
 
 from transformers import StoppingCriteriaList
 
-from ..elicitation import ElicitationSettings, resolve_elicitation
-from ..modeling_msv import check_compatible
+from ..elicitation import ElicitationSettings
+from .core import RunSetup
 from .lockstep import lockstep_sample
 from .outputs import MSVResult
-from .policy import ElicitationPolicy, eos_token_ids
+from .policy import eos_token_ids
 from .run import GenerationRun
 from .scorers import as_scorer
 from .stopping import MSVEarlyStop
@@ -65,22 +65,20 @@ class MSVSession:
         if getattr(model.config, "is_encoder_decoder", False):
             raise NotImplementedError("MSV generation supports decoder-only LMs.")
         scorer = as_scorer(verifier) if verifier is not None else None
-        if scorer is not None:
-            check_compatible(scorer, model)
-        self.elicitation = resolve_elicitation(scorer.config if scorer is not None else None, elicitation, **overrides)
-        if verifier is not None and checker is None:
-            raise ValueError("a verifier needs equivalence classes: pass a checker (e.g. 'symbolic').")
-
+        self.setup = RunSetup.build(
+            tokenizer,
+            scorer.config if scorer is not None else None,
+            model.config.get_text_config().hidden_size,
+            model.config.name_or_path,
+            elicitation=elicitation,
+            checker=checker,
+            **overrides,
+        )
+        self.elicitation, self.checker, self.policy = self.setup.settings, self.setup.checker, self.setup.policy
         self.model, self.tokenizer, self.verifier, self.scorer = model, tokenizer, verifier, scorer
         self.num_sequences = num_sequences
         self.capture_hidden_states = capture_hidden_states
         self.offload_hidden_states = offload_hidden_states
-        if isinstance(checker, str):
-            from ..equivalence import get_checker
-
-            checker = get_checker(checker)
-        self.checker = checker
-        self.policy = ElicitationPolicy(tokenizer, self.elicitation)
         self.elicitor, self.matcher = self.policy.elicitor, self.policy.matcher
         self.prompt_ids, self.pad_token_id = self.elicitor.prompt_ids, self.elicitor.pad_token_id
         self.results: list[MSVResult] = []
@@ -145,7 +143,7 @@ class MSVSession:
         run = GenerationRun(
             self.policy.with_eos(eos_ids),
             self.scorer,
-            new_classes=self._classes_factory(),
+            new_classes=self.setup.new_classes(),
             keep_hidden_states=self.capture_hidden_states,
             offload_hidden_states=self.offload_hidden_states,
             num_sequences=config.num_return_sequences or 1,
@@ -193,14 +191,6 @@ class MSVSession:
                 "MSV generation supports sampling and greedy search, not beam search or assisted decoding."
             )
         return config, eos_token_ids(config)
-
-    def _classes_factory(self):
-        """A factory of one prompt's `EquivalenceClasses` under the checker (`None` without checker)."""
-        if self.checker is None:
-            return None
-        from ..equivalence import EquivalenceClasses
-
-        return functools.partial(EquivalenceClasses, self.checker)
 
     # -- convenience -------------------------------------------------------------------------------------------
 

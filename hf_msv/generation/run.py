@@ -1,8 +1,9 @@
 """The state of one ``generate`` call: per step, which rows fire, their branches' progress, scoring and the rule.
 
-`GenerationRun` only orchestrates; each concept lives in its own module: the decoding loop (`lockstep`), row and
-group bookkeeping (`tracking.RowTracker`), branches (`forking`), the verifier queue (`scoring.ScoringQueue`), the
-stopping rule (`stopping.decide_stop`) and token accounting (`accounting.assemble_results`). Time t is the shared
+`GenerationRun` is the ``generate`` adapter of the run core (`core.RunCore`: tokens → branches → answers → the
+rule's decisions, shared with vLLM); it keeps what only ``generate`` has: the decoding batch's rows (`lockstep`),
+recurrent histories (`caches`), hidden states offloaded off the accelerator, and token accounting
+(`accounting.assemble_results`). Time t is the shared
 decode step, 0 at the first generated token; forward number t (the prefill is forward 0) computes token t of the
 main rows and the next token of every branch row.
 """
@@ -15,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..answers import extract_boxed
 from .accounting import assemble_results
 from .caches import RecurrentHistory, has_recurrent_state
+from .core import RunCore
 from .forking import Branch, LiveBranch
-from .outputs import MSVAnswer, MSVResult
+from .outputs import MSVResult
 from .policy import ElicitationPolicy
 from .scoring import ScoringQueue
-from .tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
+from .tracking import LIVE, RowTracker
 
 if TYPE_CHECKING:
     from ..equivalence import EquivalenceClasses
@@ -74,7 +75,7 @@ class GenerationRun:
         self._tracker: RowTracker | None = None  # made at the first step, when the batch's rows are known
         self.queue: ScoringQueue | None = None
         self.forks: list[LiveBranch] = []
-        self.last_fired: dict[int, LiveBranch] = {}
+        self._core: RunCore | None = None
         self.history: RecurrentHistory | None = None  # recurrent states before possible delimiter starts
 
     # -- per step (called by MSVEarlyStop) -------------------------------------------------------------------
@@ -91,6 +92,13 @@ class GenerationRun:
             raise RuntimeError("GenerationRun.tracker is made at the first step")
         return self._tracker
 
+    @property
+    def core(self) -> RunCore:
+        """The per-answer path and rule (`core.RunCore`), from the first step on."""
+        if self._core is None:
+            raise RuntimeError("GenerationRun.core is made at the first step")
+        return self._core
+
     def _start(self, input_ids: torch.LongTensor):
         self._tracker = RowTracker(input_ids.shape[0], self.N, self.new_classes)
         self.prompt_length = input_ids.shape[1] - 1
@@ -101,6 +109,7 @@ class GenerationRun:
         )
         if self.verifier is not None:
             self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
+        self._core = RunCore(self.policy, self.queue, self.threshold, self.keep_hidden_states)
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     def step(self, input_ids: torch.LongTensor) -> torch.Tensor:
@@ -116,27 +125,15 @@ class GenerationRun:
         return self.done
 
     def _fired_branches(self, newest: list[int], t: int) -> list[Branch]:
-        """Append each live row's newest token and return the rows that fire (`ElicitationPolicy.fire`)."""
-        tracker = self.tracker
-        branches = []
-        for row, token in enumerate(newest):
-            if tracker.status[row] != LIVE:
-                continue
-            history = tracker.history[row]
-            history.append(token)
-            previous = self.last_fired.get(row)
-            branch = self.policy.fire(row, history, t, previous.branch if previous is not None else None)
-            if branch is not None and branch.trigger == "eos":
-                tracker.end_row(row, t, EOS)
-            if branch is not None:
-                branches.append(branch)
-        return branches
+        """Append each live row's newest token and return the rows that fire (`RunCore.feed`)."""
+        tracker, core = self.tracker, self.core
+        branches = [core.feed(tracker, row, token) for row, token in enumerate(newest) if tracker.status[row] == LIVE]
+        return [branch for branch in branches if branch is not None]
 
     def _fork(self, branch: Branch):
-        live = self.elicitor.start(branch, self.tracker.history[branch.row])
-        self.forks.append(live)
-        self.last_fired[branch.row] = live
-        self.tracker.group_of(branch.row).inflight += 1
+        # The branch's segment starts with the newest token when it belongs to the context: it is not cached yet.
+        if self.core.fork(self.tracker, branch):
+            self.forks.append(self.elicitor.start(branch, self.tracker.history[branch.row]))
 
     # -- called by the decoding loop -------------------------------------------------------------------------
 
@@ -175,19 +172,16 @@ class GenerationRun:
         forks, self.forks = self.forks, []
         for live in forks:
             if not self.wants(live):  # its prompt was decided in the same step
-                self.tracker.group_of(live.branch.row).inflight -= 1
+                self.core.abandon(self.tracker, live.branch)
         return [live for live in forks if self.wants(live)]
 
     def _end_budget_rows(self, t: int, unfinished: list[bool]):
         tracker = self.tracker
         for row, status in enumerate(tracker.status):
-            if status != LIVE or unfinished[row]:
-                continue
-            tracker.end_row(row, t, BUDGET)
-            previous = self.last_fired.get(row)
-            branch = self.policy.at_budget(row, t, previous.branch if previous is not None else None)
-            if branch is not None:
-                self._fork(branch)
+            if status == LIVE and not unfinished[row]:
+                branch = self.core.end_chain(tracker, row, eos=False)
+                if branch is not None:
+                    self._fork(branch)
 
     def wants(self, live: LiveBranch) -> bool:
         """Whether a branch is still worth decoding: its prompt has not been decided."""
@@ -230,6 +224,7 @@ class GenerationRun:
         if not self.started:  # generate produced no token
             return []
         self._score_due(self.last_step)
+        self.timings["equivalence"] = self.core.equivalence_seconds
         results = assemble_results(
             self.tracker, self.budget, self.threshold, self.keep_hidden_states, dict(self.timings)
         )
@@ -242,39 +237,9 @@ class GenerationRun:
     # -- answers ---------------------------------------------------------------------------------------------
 
     def _complete(self, live: LiveBranch, t: int):
-        """The answer of `live` is complete at step t: record it, assign its class, queue it for the verifier."""
-        tracker, b = self.tracker, live.branch
-        row, ids = b.row, live.token_ids
-        group = tracker.group_of(row)
-        group.inflight -= 1
-        kept = b.tau + 1 - (0 if b.feed_newest else 1) - b.drop
-        answer = MSVAnswer(
-            text=extract_boxed(self.elicitor.decode(ids)),
-            raw_text=self.elicitor.decode(ids),
-            token_ids=list(ids),
-            prompt=row // self.N,
-            sequence=row % self.N,
-            step=tracker.num_answers[row],
-            tau=b.tau,
-            length=len(ids),
-            end=t,
-            trigger=b.trigger,
-            terminal=b.terminal or b.trigger in ("eos", "budget"),
-            cot_tokens=kept,
-            elicitation_ids=b.prefix_ids + self.elicitor.prompt_ids,
-            hidden_states=self._store(live.hidden),
-            token_logprobs=list(live.token_logprobs),
-        )
-        tracker.record_answer(row, answer, len(live.segment))
-        start = time.perf_counter()
-        if group.classes is not None:
-            answer.class_id = group.classes.add(answer.text)
-        group.answers.append(answer)
-        if self.queue is not None and not group.decided:
-            self.queue.push(answer)
-        elif not self.keep_hidden_states:
-            answer.hidden_states = None  # nothing will read them
-        self.timings["equivalence"] += time.perf_counter() - start
+        """The answer of `live` is complete at step t (`RunCore.record`)."""
+        row = live.branch.row
+        self.core.record(self.tracker, live, prompt=row // self.N, end=t, hidden=self._store(live.hidden))
 
     def _store(self, states: list[torch.Tensor]) -> torch.Tensor:
         """`(L, d)` answer states, copied off the accelerator when offloading (pinned memory, non-blocking)."""
@@ -288,27 +253,12 @@ class GenerationRun:
     # -- scoring and stopping --------------------------------------------------------------------------------
 
     def _score_due(self, t: int):
-        """Score what has become available by step t and apply the stopping rule to the prompts that got scores."""
-        queue = self.queue
-        if queue is None:
+        """Score what has become available by step t and apply the rule (`RunCore.release`); the rows it cuts leave
+        the decoding batch."""
+        if self.queue is None:
             return
-        due = queue.pop_due(t, [group.settled for group in self.tracker.groups])
-        self.timings["verifier"] = queue.seconds
-        for prompt in sorted(due):
-            self._apply_stop_rule(prompt, t, queue)
-
-    def _apply_stop_rule(self, prompt: int, t: int, queue: ScoringQueue):
-        """Decide `prompt` once λ is reached, or once all its answers are scored (`PromptGroup.apply_stop_rule`)."""
-        group = self.tracker.groups[prompt]
-        # Terminal mode never stops: all answers arrive at the end.
-        stopped = group.apply_stop_rule(self.threshold if self.streaming else None, queue.has_pending(prompt))
-        if stopped:
-            # Its rows and branches leave the decoding batch; answers still decoding are abandoned (they were
-            # never available).
-            group.stopped_early = not group.finished
-            if group.stopped_early:
-                for row in self.tracker.rows_of(prompt):
-                    if self.tracker.status[row] == LIVE:
-                        self.tracker.end_row(row, t, STOPPED)
-                self.done[prompt * self.N : (prompt + 1) * self.N] = True
-            queue.discard(prompt)
+        decisions = self.core.release(t, {p: (self.tracker, p) for p in range(len(self.tracker.groups))})
+        self.timings["verifier"] = self.queue.seconds
+        for decision in decisions.values():
+            for row in decision.rows:
+                self.done[row] = True

@@ -11,7 +11,7 @@ sequence is elicited, and a prompt's N terminal answers are scored together when
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 import torch
 
@@ -60,7 +60,7 @@ class ScoringQueue:
                 answer.hidden_states = None
 
     @torch.no_grad()
-    def pop_due(self, t: int, finished: Sequence[bool]) -> dict[int, list[MSVAnswer]]:
+    def pop_due(self, t: int, finished: Mapping[int, bool]) -> dict[int, list[MSVAnswer]]:
         """Score what has become available by step t (everything of the prompts that have `finished`).
 
         Returns the newly scored answers per prompt, each list in end order.

@@ -16,6 +16,7 @@ from .stopping import decide_stop
 
 if TYPE_CHECKING:
     from ..equivalence import EquivalenceClasses
+    from .forking import Branch
 
 __all__ = ["BUDGET", "EOS", "LIVE", "STOPPED", "PromptGroup", "RowTracker"]
 
@@ -106,6 +107,7 @@ class RowTracker:
         self.history: list[list[int]] = [[] for _ in range(num_rows)]
         self.num_answers = [0] * num_rows
         self.elicitation_tokens = [0] * num_rows
+        self.last_branch: list[Branch | None] = [None] * num_rows  # the row's latest elicitation
         self.groups = [
             PromptGroup(classes=new_classes() if new_classes else None, live=num_sequences)
             for _ in range(num_rows // num_sequences)

@@ -5,7 +5,6 @@ early stopping; `vllm_generate`, the one-call entry. How it works: docs/vllm.md.
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import sys
 import time
@@ -14,15 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..answers import extract_boxed
-from ..elicitation import ElicitationSettings, resolve_elicitation
-from ..generation import ElicitationPolicy, MSVAnswer, MSVResult, eos_token_ids
+from ..elicitation import ElicitationSettings
+from ..generation import MSVResult, eos_token_ids
 from ..generation.accounting import assemble_results
+from ..generation.core import RunCore, RunSetup
 from ..generation.forking import Branch, LiveBranch
 from ..generation.scoring import ScoringQueue
-from ..generation.tracking import BUDGET, EOS, LIVE, STOPPED, RowTracker
+from ..generation.tracking import LIVE, RowTracker
 from . import capture
-from .settings import check_delimiters
 
 __all__ = ["EngineSession", "PromptRun", "VLLMController", "compute_counts", "vllm_generate"]
 
@@ -38,7 +36,6 @@ class _Elicitation:
     run: PromptRun
     internal_id: str
     prompt_length: int
-    kept: int
     fed_last: bool = False  # a token after the closing one arrived: the closing token has been fed
     sampled: int = 0  # tokens the engine sampled for it (the first one comes from its prompt's last row)
 
@@ -84,21 +81,23 @@ class VLLMController:
             raise ValueError(f"elicitation_reserve must be in [0, 1), got {elicitation_reserve}.")
         self.engine = getattr(engine, "llm_engine", engine)
         model_config = self.engine.model_config
-        if verifier is not None and verifier.config.hidden_size != model_config.get_hidden_size():
-            raise ValueError(
-                f"the verifier reads hidden states of width {verifier.config.hidden_size} but the "
-                f"engine's LM {model_config.model!r} has hidden size {model_config.get_hidden_size()}."
-            )
-        if verifier is not None and checker is None:
-            raise ValueError("a verifier needs equivalence classes: pass a checker (e.g. 'symbolic').")
-        self.settings = resolve_elicitation(
-            verifier.config if verifier is not None else None, elicitation, **overrides
-        )
         if tokenizer is None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
-        check_delimiters(tokenizer, self.settings.delimiters)
+        # vLLM stops a chain at the tokenizer's EOS and at the model's generation EOS ids alike.
+        eos_ids = eos_token_ids(getattr(model_config, "hf_config", None), tokenizer)
+        self.setup = RunSetup.build(
+            tokenizer,
+            verifier.config if verifier is not None else None,
+            model_config.get_hidden_size(),
+            model_config.model,
+            elicitation=elicitation,
+            checker=checker,
+            eos_ids=eos_ids,
+            **overrides,
+        )
+        self.settings, self.policy, self.checker = self.setup.settings, self.setup.policy, self.setup.checker
         self.model_name = capture.install(self.engine)
         self.tokenizer, self.verifier = tokenizer, verifier
         self.capture_hidden_states = capture_hidden_states
@@ -106,16 +105,7 @@ class VLLMController:
         # Chains beyond this wait in the controller, not in the engine's queue, where the elicitation requests sent
         # later would queue behind them (FCFS) and a prompt's answers would arrive long after their chains asked.
         self.chain_slots = max(1, int((1.0 - elicitation_reserve) * max_num_seqs))
-        # vLLM stops a chain at the tokenizer's EOS and at the model's generation EOS ids alike.
-        self.policy = ElicitationPolicy(
-            tokenizer, self.settings, eos_token_ids(getattr(model_config, "hf_config", None), tokenizer)
-        )
         self.elicitor, self.matcher, self.eos_ids = self.policy.elicitor, self.policy.matcher, self.policy.eos_ids
-        if isinstance(checker, str):
-            from ..equivalence import get_checker
-
-            checker = get_checker(checker)
-        self.checker = checker
 
     # -- entry -------------------------------------------------------------------------------------------------
 
@@ -249,14 +239,6 @@ class VLLMController:
                 f"engine's max_model_len={self.engine.model_config.max_model_len}: use at most {room}."
             )
 
-    def new_classes(self):
-        """A factory of one prompt's `EquivalenceClasses` (`None` without checker)."""
-        if self.checker is None:
-            return None
-        from ..equivalence import EquivalenceClasses
-
-        return functools.partial(EquivalenceClasses, self.checker)
-
 
 def vllm_generate(
     engine,
@@ -311,9 +293,10 @@ class _Run:
     ):
         self.c, self.N, self.budget, self.threshold = controller, num_sequences, budget, threshold
         self.session = EngineSession(controller, budget, threshold)
-        self.queue = self.session.new_queue(num_sequences)
+        self.core = self.session.new_core(num_sequences)
         self.runs = [
-            PromptRun(p, ids, num_sequences, self.queue, controller.new_classes()) for p, ids in enumerate(prompts)
+            PromptRun(p, ids, num_sequences, self.core, controller.setup.new_classes())
+            for p, ids in enumerate(prompts)
         ]
 
     def execute(self, sampling: dict) -> list[MSVResult]:
@@ -332,7 +315,8 @@ class _Run:
             session.abort(self.runs)
             raise
         total = time.perf_counter() - start
-        timings = dict(session.timings, verifier=self.queue.seconds if self.queue is not None else 0.0)
+        queue = self.core.queue
+        timings = dict(session.timings, verifier=queue.seconds if queue is not None else 0.0)
         timings["total"], timings["cot"] = total, total - sum(timings.values())
         compute = compute_counts(session)
         keep = self.c.capture_hidden_states
@@ -359,17 +343,16 @@ class PromptRun:
         key: the prompt's index (`MSVResult.prompt`, `MSVAnswer.prompt`, its key in the scoring queue).
         prompt_ids: its token ids.
         num_sequences: N.
-        queue: the `ScoringQueue` its answers go to (one shared by a `generate` call's prompts, or its own);
-            `None`: no scoring.
+        core: the `RunCore` its tokens, answers and scores go through (one shared by a `generate` call's prompts,
+            whose scoring queue then scores them together, or its own).
         new_classes: factory of its `EquivalenceClasses` (`None`: no classes).
     """
 
-    def __init__(self, key: int, prompt_ids: list[int], num_sequences: int, queue, new_classes):
-        self.key, self.ids, self.N, self.queue = key, prompt_ids, num_sequences, queue
+    def __init__(self, key: int, prompt_ids: list[int], num_sequences: int, core: RunCore, new_classes):
+        self.key, self.ids, self.N, self.core = key, prompt_ids, num_sequences, core
         self.tracker = RowTracker(num_sequences, num_sequences, new_classes)
         self.group = self.tracker.groups[0]
         self.clock = -1  # engine steps since its first token
-        self.last_fired: dict[int, _Elicitation] = {}
         self.pending: set[str] = set()  # its external request ids not finished in the engine
         self.steps = self.rows = 0  # engine steps while it was in flight; its rows over them
         # Tokens the engine computed for its elicitations: prompt tokens not served from the prefix cache (the
@@ -377,6 +360,11 @@ class PromptRun:
         self.computed = {"prefill": 0, "answers": 0}
         # Its share of the wall time: its rows' share of each step (chains and elicitations), its bookkeeping.
         self.timings = dict.fromkeys(("cot", "elicitation", "verifier", "equivalence"), 0.0)
+
+    @property
+    def queue(self) -> ScoringQueue | None:
+        """Its answers' `ScoringQueue` (`None`: no scoring)."""
+        return self.core.queue
 
     def result(self, budget: int, threshold: float | None, keep_hidden_states: bool, timings: dict) -> MSVResult:
         """Its `MSVResult` once it is done (`assemble_results` over its rows).
@@ -418,12 +406,14 @@ class EngineSession:
         self.steps = self.rows = 0
         self.computed = {"prefill": 0, "answers": 0}
 
-    def new_queue(self, num_sequences: int) -> ScoringQueue | None:
-        """A fresh `ScoringQueue` for prompts of N = `num_sequences` (`None` without verifier)."""
+    def new_core(self, num_sequences: int) -> RunCore:
+        """A fresh `RunCore` (with its own `ScoringQueue`, none without verifier) for prompts of N =
+        `num_sequences`."""
         c = self.c
-        if c.verifier is None:
-            return None
-        return ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
+        queue = None
+        if c.verifier is not None:
+            queue = ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
+        return RunCore(c.policy, queue, self.threshold, c.capture_hidden_states)
 
     @property
     def busy(self) -> bool:
@@ -517,50 +507,33 @@ class EngineSession:
     # -- chains ------------------------------------------------------------------------------------------------
 
     def chain_tokens(self, run: PromptRun, completion):
-        """New tokens of chain `completion.index` of `run`: append, fire branches, end the row."""
-        row = completion.index
-        tracker = run.tracker
+        """New tokens of chain `completion.index` of `run` (`RunCore.feed`): fire branches, end the row."""
+        row, tracker, core = completion.index, run.tracker, run.core
         if tracker.status[row] != LIVE:
             return
-        history = tracker.history[row]
         for token in completion.token_ids:
-            history.append(token)
-            t = len(history) - 1
-            previous = run.last_fired.get(row)
-            branch = self.c.policy.fire(row, history, t, previous.live.branch if previous is not None else None)
-            if branch is not None and branch.trigger == "eos":
-                tracker.end_row(row, t, EOS)
-                self._fork(branch, run)
-                return
+            branch = core.feed(tracker, row, token)
             if branch is not None:
                 self._fork(branch, run)
-        if completion.finish_reason == "stop":  # a stop token outside the tokenizer's EOS ids
-            tracker.end_row(row, len(history) - 1, EOS)
-            self._fork(Branch(row, "eos", len(history) - 1), run)
-        elif completion.finish_reason is not None:
-            self._end_budget_row(row, run)
-
-    def _end_budget_row(self, row: int, run: PromptRun):
-        """The engine ended a row without EOS (its budget, or ``max_model_len``): its terminal answer."""
-        t = len(run.tracker.history[row]) - 1
-        run.tracker.end_row(row, t, BUDGET)
-        previous = run.last_fired.get(row)
-        branch = self.c.policy.at_budget(row, t, previous.live.branch if previous is not None else None)
-        if branch is not None:
-            self._fork(branch, run)
+            if tracker.status[row] != LIVE:  # EOS
+                return
+        if completion.finish_reason is not None:  # "stop": a stop token outside the tokenizer's EOS ids
+            branch = core.end_chain(tracker, row, eos=completion.finish_reason == "stop")
+            if branch is not None:
+                self._fork(branch, run)
 
     def _fork(self, branch: Branch, run: PromptRun):
         """Send the elicitation request of `branch`: the chain's kept tokens, the segment, a greedy answer."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if run.group.decided:
+        if not run.core.fork(run.tracker, branch):
             return
         start = time.perf_counter()
         history = run.tracker.history[branch.row]
-        kept = branch.tau + 1 - (0 if branch.feed_newest else 1) - branch.drop
+        # The newest token, when it belongs to the context, is among the kept ones: the engine has it already.
         live = LiveBranch(branch, list(branch.prefix_ids) + list(self.c.elicitor.prompt_ids))
-        ids = run.ids + history[:kept] + live.segment
+        ids = run.ids + history[: branch.kept] + live.segment
         params = SamplingParams(
             n=1,
             temperature=0.0,
@@ -572,11 +545,8 @@ class EngineSession:
         )
         rid = f"{capture.REQUEST_PREFIX}{self.run_id}:{next(self.counter)}"
         internal = self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
-        el = _Elicitation(live, run, internal, len(ids), kept)
-        self.elicitations[rid] = el
-        run.last_fired[branch.row] = el
+        self.elicitations[rid] = _Elicitation(live, run, internal, len(ids))
         run.pending.add(rid)
-        run.group.inflight += 1
         self._charge(run, "elicitation", time.perf_counter() - start)
 
     def _charge(self, run: PromptRun, phase: str, seconds: float):
@@ -624,8 +594,8 @@ class EngineSession:
             el = self.elicitations.pop(rid)
             positions = range(el.prompt_length, el.prompt_length + len(el.live.token_ids))
             states = rows.get(el.internal_id, {})
-            el.run.group.inflight -= 1
             if any(pos not in states for pos in positions):
+                el.run.core.abandon(el.run.tracker, el.live.branch)
                 continue  # cut by max_model_len before its last token was fed: never available
             el.live.hidden = [states[pos] for pos in positions]  # the state where answer token j is the input
             self._record(el)
@@ -634,69 +604,34 @@ class EngineSession:
             self._charge(el.run, "elicitation", seconds)
 
     def _record(self, el: _Elicitation):
-        b, ids, run = el.live.branch, el.live.token_ids, el.run
-        row, group, tracker = b.row, run.group, run.tracker
-        text = self.c.elicitor.decode(ids)
-        answer = MSVAnswer(
-            text=extract_boxed(text),
-            raw_text=text,
-            token_ids=list(ids),
-            prompt=run.key,
-            sequence=row,
-            step=tracker.num_answers[row],
-            tau=b.tau,
-            length=len(ids),
-            end=max(run.clock, 0),
-            trigger=b.trigger,
-            terminal=b.terminal or b.trigger in ("eos", "budget"),
-            cot_tokens=el.kept,
-            elicitation_ids=list(b.prefix_ids) + list(self.c.elicitor.prompt_ids),
-            hidden_states=torch.stack(el.live.hidden),
-            token_logprobs=list(el.live.token_logprobs),
-        )
-        tracker.record_answer(row, answer, len(el.live.segment))
-        start = time.perf_counter()
-        if group.classes is not None:
-            answer.class_id = group.classes.add(answer.text)
-        self._charge(run, "equivalence", time.perf_counter() - start)
-        group.answers.append(answer)
-        if run.queue is not None and not group.decided:
-            run.queue.push(answer)
-        elif not self.c.capture_hidden_states:
-            answer.hidden_states = None
+        run, core = el.run, el.run.core
+        before = core.equivalence_seconds
+        hidden = torch.stack(el.live.hidden)
+        core.record(run.tracker, el.live, prompt=run.key, end=max(run.clock, 0), hidden=hidden)
+        self._charge(run, "equivalence", core.equivalence_seconds - before)
 
     # -- scoring and stopping ----------------------------------------------------------------------------------
 
     def _release(self):
         """Score every completed answer (each was pushed at the step it became available, so all are) and apply
-        the rule to the prompts that got scores or have nothing more to come; one scorer call per queue."""
-        by_queue: dict[int, list[PromptRun]] = {}
+        the rule to the prompts that got scores or have nothing more to come (`RunCore.release`); one scorer call
+        per queue."""
+        by_core: dict[int, list[PromptRun]] = {}
         for run in self.chains.values():
             if run.queue is not None:
-                by_queue.setdefault(id(run.queue), []).append(run)
-        for runs in by_queue.values():
-            queue = runs[0].queue
-            released = queue.pop_due(sys.maxsize, {run.key: run.group.settled for run in runs})
+                by_core.setdefault(id(run.core), []).append(run)
+        for runs in by_core.values():
+            core = runs[0].core
+            decisions = core.release(sys.maxsize, {run.key: (run.tracker, 0) for run in runs})
             for run in runs:
-                run.timings["verifier"] = queue.seconds
-                if not run.group.decided and (run.key in released or run.group.settled):
-                    self._apply_stop_rule(run)
-
-    def _apply_stop_rule(self, run: PromptRun):
-        group = run.group
-        threshold = self.threshold if self.streaming else None  # terminal mode never stops
-        stopped = group.apply_stop_rule(threshold, run.queue.has_pending(run.key))
-        if stopped:
-            group.stopped_early = not group.finished
-            for row in range(run.N):
-                if run.tracker.status[row] == LIVE:
-                    run.tracker.end_row(row, len(run.tracker.history[row]) - 1, STOPPED)
-            self._abort(
-                run,
-                [f"{_COT_PREFIX}{self.run_id}:{run.key}"]
-                + [rid for rid, el in self.elicitations.items() if el.run is run],
-            )
-            run.queue.discard(run.key)
+                run.timings["verifier"] = run.queue.seconds if run.queue is not None else 0.0
+                decision = decisions.get(run.key)
+                if decision is not None and decision.stopped:
+                    self._abort(
+                        run,
+                        [f"{_COT_PREFIX}{self.run_id}:{run.key}"]
+                        + [rid for rid, el in self.elicitations.items() if el.run is run],
+                    )
 
     def _abort(self, run: PromptRun, rids: list[str]):
         """Abort `run`'s requests `rids` (its chain request id aborts its n children) and forget their captures."""
@@ -714,8 +649,8 @@ class EngineSession:
 
     def _dropped(self, rid: str) -> bool:
         """Whether an aborted elicitation is abandoned (its prompt was decided), not completed."""
-        group = self.elicitations[rid].run.group
-        if group.decided:
-            group.inflight -= 1
+        el = self.elicitations[rid]
+        if el.run.group.decided:
+            el.run.core.abandon(el.run.tracker, el.live.branch)
             return True
         return False
