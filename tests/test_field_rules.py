@@ -126,6 +126,8 @@ def test_speculative_rejection():
     assert s[0].cut.tolist() == [NEVER, 64, 64, 96]
     assert s[0].chosen == 9 and s[0].confidence == 0.9
     assert s[0].cot_tokens(SEQ_LEN) == 100 + 64 + 64 + 96
+    # elicitation: chain 0 all three (15), chain 1 a1 (5), chain 2 a3 (5) and 4 of a6's 5 (60 → 64), chain 3 a2, a5
+    assert all_tokens(s[0], group()) == 324 + 15 + 5 + 9 + 10
     assert s[1].cut.tolist() == [NEVER] * 4 and s[1].chosen == 9  # full decoding: the best final answer
 
 

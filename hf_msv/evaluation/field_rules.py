@@ -9,7 +9,8 @@ the cheapest setting within a tolerance of the rule's own full decoding, and the
 budgets), then applied to evaluation groups.
 
 The rules (a frozen config per rule; its ``grid()`` lists the settings, the last one always the rule's own full
-decoding, so that a curve holds its full-decoding point):
+decoding, so that a curve holds its full-decoding point; any object with ``name``, ``grid`` and ``schedules``, a
+`ScheduleRule`, is read the same way):
 
 * `DeepConf` — DeepConf online (Fu et al., 2025): a chain is terminated at the first full window of `window` tokens
   whose mean token confidence falls below a threshold s; s is a percentile of warm-up traces' lowest-group
@@ -38,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -59,6 +61,7 @@ __all__ = [
     "Consensus",
     "AdaptiveConsistency",
     "FieldRule",
+    "ScheduleRule",
     "field_rules",
     "schedules",
     "all_tokens",
@@ -543,16 +546,33 @@ class DeepConf:
         return Schedule(cut, pruned & (cut < NEVER), stop, stopped, chosen, share)
 
 
-FieldRule = Consensus | AdaptiveConsistency | ESC | Dynasor | SpeculativeRejection | SlimSC | DeepConf
+class ScheduleRule(Protocol):
+    """What `rule_curve` and `choose_on_validation` read of a rule: the field's rules here, and any other rule that
+    outputs `Schedule`s (the MSV's stop or pruning) to be compared on the same accounting."""
+
+    name: str
+
+    def grid(self, num_chains: int) -> list[str]:
+        """The labels of the settings for groups of `num_chains` chains; the last is the rule's full decoding."""
+        ...
+
+    def schedules(self, group: AnswerGroup, extras: ChainRecord | None) -> list[Schedule]:
+        """One `Schedule` per setting, in grid order."""
+        ...
+
+
+FieldRule = Consensus | AdaptiveConsistency | ESC | Dynasor | SpeculativeRejection | SlimSC | DeepConf | ScheduleRule
 
 
 def field_rules(scorers: Sequence[str] = ("probe", "msv")) -> dict[str, FieldRule]:
-    """The rules of the study, by label: DeepConf-low / -high in both warm-ups, Speculative Rejection and Dynasor-CoT
+    """The rules of the study, by label: DeepConf-low / -high with the validation warm-up and with the first 2 or 4
+    chains as warm-up, Speculative Rejection and Dynasor-CoT
     (vote and best-scored) per scorer in `scorers`, Slim-SC, ESC, consensus and Adaptive-Consistency."""
     rules: dict[str, FieldRule] = {}
     for label, p in (("low", 90.0), ("high", 10.0)):
         rules[f"deepconf-{label} (validation warm-up)"] = DeepConf(percentile=p, warmup="validation")
-        rules[f"deepconf-{label} (first 2 chains)"] = DeepConf(percentile=p, warmup="first_k", warmup_chains=2)
+        for k in (2, 4):
+            rules[f"deepconf-{label} (first {k} chains)"] = DeepConf(percentile=p, warmup="first_k", warmup_chains=k)
     for s in scorers:
         rules[f"speculative-rejection ({s})"] = SpeculativeRejection(scorer=s)
     rules["dynasor-cot (vote)"] = Dynasor()
