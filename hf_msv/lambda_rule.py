@@ -31,7 +31,9 @@ __all__ = [
     "LAMBDAS",
     "LAMBDA_RULES",
     "TARGET_FRACTION",
+    "JointChoice",
     "LambdaChoice",
+    "choose_jointly",
     "choose_lambda",
     "ltt_p_value",
     "problems_needed",
@@ -290,3 +292,120 @@ def _certified(lam: np.ndarray, per_problem: np.ndarray, epsilon: float, delta: 
             break
         pick, reached = int(j), True
     return pick, reached
+
+
+@dataclass(frozen=True)
+class JointChoice:
+    """A (setting, λ) pair certified jointly over several settings of a rule applied beside the stop (e.g. pruning
+    rules, `hf_msv.training.pruned_replay.fit_pruning`) by `choose_jointly`.
+
+    Args:
+        setting: index of the chosen setting.
+        choice: the chosen λ with its calibration figures; ``full_accuracy`` and ``full_tokens`` are the reference's
+            (full decoding with no setting applied), ``reached`` whether anything that saves tokens was certified.
+        delta_per_setting: the level each setting's fixed-sequence test ran at (δ / the number of settings).
+        cheapest: per setting, its cheapest certified λ (None: none certified).
+        procedure: the multiple-testing procedure.
+    """
+
+    setting: int
+    choice: LambdaChoice
+    delta_per_setting: float
+    cheapest: tuple[float | None, ...]
+    procedure: str = "bonferroni over settings, fixed-sequence over λ (∞, then largest first)"
+
+    def to_dict(self) -> dict:
+        inf = lambda v: None if v is None or math.isinf(v) else v  # noqa: E731
+        return {
+            "setting": self.setting,
+            "choice": self.choice.to_dict(),
+            "delta_per_setting": self.delta_per_setting,
+            "cheapest": [inf(v) if v is not None else None for v in self.cheapest],
+            "certified": [v is not None for v in self.cheapest],
+            "procedure": self.procedure,
+        }
+
+
+def choose_jointly(
+    lambdas,
+    correct,
+    tokens,
+    reference_correct,
+    reference_tokens,
+    problem_of=None,
+    *,
+    epsilon: float,
+    delta: float = DELTA,
+) -> JointChoice:
+    """Learn-then-Test over K settings × Λ thresholds: the cheapest (setting, λ) among those certified to lose at
+    most ε of the reference's accuracy (full decoding), with probability ≥ 1 − δ over the calibration problems.
+
+    Multiple testing: each setting tests its own λ sequence by fixed-sequence testing at level δ / K (λ = ∞ first,
+    where only the setting acts, then from the largest finite λ down, stopping at the first non-rejection), and a
+    union bound over the K settings (Bonferroni) keeps the family-wise error ≤ δ: with probability ≥ 1 − δ every
+    certified pair loses at most ε, so any choice among them, the cheapest included, keeps the guarantee. A pair
+    that processes no fewer tokens than the reference saves nothing and is not chosen.
+
+    Args:
+        lambdas: (Λ,) the grid; must contain ∞.
+        correct: (K, G, Λ) bool, the output is right.
+        tokens: (K, G, Λ) what the pair costs per group (the cost minimised).
+        reference_correct, reference_tokens: (G,) full decoding's correctness and cost.
+        problem_of: (G,) the problem of each group (losses are averaged per problem).
+        epsilon, delta: the tolerance and the family-wise risk.
+
+    Returns:
+        The `JointChoice`; when nothing is certified, setting 0 at λ = ∞ with ``choice.reached`` False.
+
+    Raises:
+        ValueError: if `lambdas` does not contain ∞.
+        UserError: if `epsilon` or `delta` is outside (0, 1).
+    """
+    lam = np.asarray(lambdas, dtype=np.float64).reshape(-1)
+    correct = np.asarray(correct, dtype=bool)
+    tokens = np.asarray(tokens, dtype=np.float64)
+    ref = np.asarray(reference_correct, dtype=bool).reshape(-1)
+    ref_tokens = np.asarray(reference_tokens, dtype=np.float64).reshape(-1)
+    if not np.isinf(lam).any():
+        raise ValueError("the λ grid needs ∞ (full decoding)")
+    if not (0 < epsilon < 1 and 0 < delta < 1):
+        raise UserError(f"need 0 < epsilon < 1 and 0 < delta < 1, got epsilon={epsilon}, delta={delta}")
+    k_settings = correct.shape[0]
+    problem_of = np.arange(ref.size) if problem_of is None else np.asarray(problem_of).reshape(-1)
+    _, problem = np.unique(problem_of, return_inverse=True)
+    counts = np.bincount(problem)
+    level = delta / k_settings
+    # λ = ∞ first (the setting alone), then the largest finite λ down.
+    order = np.argsort(-np.where(np.isinf(lam), np.inf, lam), kind="stable")
+    best: tuple[float, int, int] | None = None
+    cheapest: list[float | None] = []
+    for k in range(k_settings):
+        loss = ref[:, None] & ~correct[k]  # (G, Λ) paired loss against full decoding
+        mean_tokens = tokens[k].mean(0)
+        found: int | None = None
+        for j in order:
+            if ltt_p_value(np.bincount(problem, weights=loss[:, j]) / counts, epsilon) > level:
+                break
+            if mean_tokens[j] < ref_tokens.mean() and (found is None or mean_tokens[j] < mean_tokens[found]):
+                found = int(j)
+        cheapest.append(None if found is None else float(lam[found]))
+        if found is not None and (best is None or mean_tokens[found] < best[0]):
+            best = (float(mean_tokens[found]), k, found)
+    setting, pick = (0, int(np.flatnonzero(np.isinf(lam))[0])) if best is None else best[1:]
+    loss = ref & ~correct[setting][:, pick]
+    choice = LambdaChoice(
+        lam=float(lam[pick]),
+        rule="guarantee",
+        reached=best is not None,
+        epsilon=epsilon,
+        delta=delta,
+        target=None,
+        num_problems=int(counts.size),
+        problems_needed=problems_needed(epsilon, level),
+        accuracy=float(correct[setting][:, pick].mean()),
+        tokens=float(tokens[setting][:, pick].mean()),
+        loss=float(loss.mean()),
+        full_accuracy=float(ref.mean()),
+        full_tokens=float(ref_tokens.mean()),
+    )
+    return JointChoice(setting, choice, level, tuple(cheapest))

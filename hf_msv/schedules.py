@@ -62,6 +62,19 @@ class Schedule:
             raise ValueError(f"seq_len needs {self.cut.size} entries, got {seq_len.size}")
         return int(np.minimum(self.cut, seq_len).sum())
 
+    def elicitation_tokens(self, sequence, start, end) -> int:
+        """Elicitation tokens processed: Σ_a clip(cut_{n_a} − τ_a, 0, end_a − τ_a), each answer's segment and prompt
+        tokens and its answer tokens fed from τ_a on, counted up to its chain's cut (all of them when it became
+        available before the cut, part of them when the cut fell while it was being elicited).
+
+        Args:
+            sequence, start, end: (A,) int, each answer's chain, elicitation step τ and availability step.
+        """
+        sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
+        start = np.asarray(start, dtype=np.int64).reshape(-1)
+        span = np.asarray(end, dtype=np.int64).reshape(-1) - start
+        return int(np.clip(self.cut[sequence] - start, 0, span).sum())
+
     def available(self, sequence, end) -> np.ndarray:
         """(A,) bool, the answers that became available before their chain was cut.
 

@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from .baselines import arrival_times, chain_support, fit_logistic, logistic
+from .baselines import arrival_times, chain_support, fit_logistic, logistic, logit
 from .class_events import PROBE_WINDOW, ClassEvents, class_events, snapshot_rows
 from .errors import UserError
 
 __all__ = [
+    "ConfidenceMap",
     "FEATURES",
     "STOP_PENALTIES",
     "PenaltyChoice",
@@ -662,3 +663,46 @@ def _ridge_logistic(x: np.ndarray, y: np.ndarray, penalty: float, free: np.ndarr
     coef = np.zeros(x.shape[1])
     coef[keep] = theta[:-1] / sd[keep]
     return coef, float(theta[-1] - coef[keep] @ mu[keep])
+
+
+@dataclass(frozen=True)
+class ConfidenceMap:
+    """Platt scaling of the confidence a stop reports, σ(slope · logit(c) + intercept), fitted on the stops of the
+    calibration problems at the deployed operating point (`fit`): the stop head's confidence is fitted on the leader
+    events at every arrival of the head's problems, which are not the moments a stop at λ fires on.
+
+    Args:
+        slope: the weight of logit(c).
+        intercept: the bias.
+    """
+
+    slope: float
+    intercept: float
+
+    def __call__(self, confidence) -> np.ndarray:
+        """(m,) the recalibrated confidences of (m,) confidences (nan stays nan)."""
+        c = np.asarray(confidence, dtype=np.float64)
+        return np.where(
+            np.isnan(c), np.nan, logistic(logit(np.nan_to_num(c, nan=0.5))[:, None], [self.slope], self.intercept)
+        )
+
+    @classmethod
+    def fit(cls, confidence, correct) -> ConfidenceMap:
+        """Fit on (m,) reported confidences and (m,) 0/1 correctness of the stops.
+
+        Args:
+            confidence: (m,) what the stop reported.
+            correct: (m,) whether the stopped answer was right.
+
+        Returns:
+            The `ConfidenceMap`.
+        """
+        coef, intercept = fit_logistic(logit(np.asarray(confidence, dtype=np.float64))[:, None], correct)
+        return cls(float(coef[0]), float(intercept))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> ConfidenceMap | None:
+        return None if not d else cls(float(d["slope"]), float(d["intercept"]))

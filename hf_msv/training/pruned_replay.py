@@ -1,0 +1,502 @@
+"""The exact replay of per-chain pruning (`hf_msv.pruning.prune_chains`) beside the group stop
+(`hf_msv.generation.decide_stop`) on recorded groups, its token accounting, and the joint calibration of the
+pruning rule and λ by Learn-then-Test (`fit_pruning`). See ``docs/pruning.md``.
+
+**Why a fixpoint.** The MSV scores a group's answers jointly: an answer attends to every answer available at its
+end time, of every chain. When a chain is pruned at c its answers with end > c never become available, which
+changes the later scores of the other chains' answers, the class snapshots and so every later decision. The
+replay is therefore computed as live generation would produce it: score the group, walk its arrival times to the
+first prune, drop the pruned chains' later answers, re-score (answers with end ≤ c keep their scores: the verifier
+is causal), and go on from c; at most N re-scorings per group, batched over groups.
+
+**Tokens.** A chain cut at c (by a prune or by the group's stop) decoded min(c, seq_len) chain-of-thought tokens
+(`hf_msv.schedules.Schedule.cot_tokens`); an answer elicited at τ whose branch feeds end − τ tokens (its segment
+and prompt tokens and its answer tokens) processed clip(c − τ, 0, end − τ) of them (`Schedule.elicitation_tokens`):
+all of them when it became available before the cut, part of them when the cut fell while it was elicited.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups
+from ..generation.stopping import decide_stop
+from ..lambda_rule import LAMBDAS, JointChoice, choose_jointly
+from ..metrics import ece
+from ..pruning import PRUNE_OFF, PruneRule, chain_status, prune_chains
+from ..schedules import NEVER, Schedule
+from ..stop_rules import ConfidenceMap, StopHead, stop_events
+
+__all__ = [
+    "MSVGroupScorer",
+    "PrunedReplay",
+    "PrunedStream",
+    "PruningFit",
+    "ReplayGroup",
+    "fit_pruning",
+    "load_replay_groups",
+    "oracle_decision",
+    "replay_pruning",
+    "sweep_group",
+    "sweep_groups",
+]
+
+# A prune decision: (t, kept answers' (sequence, step, end, klass), snapshot rows (klass, confidence), status) -> (N,)
+Decision = Callable[..., np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayGroup:
+    """One recorded group of N chains; per-answer arrays (A,) in stored order.
+
+    Args:
+        sequence, step, end, start, klass: the answers' chain, step, end time, τ (elicitation start), class.
+        correct: bool, graded correct.
+        terminal: bool, the answer its chain ended with.
+        seq_len: (N,) chain-of-thought tokens of each chain (τ of its terminal answer).
+        problem_id: the problem.
+        item: the `hf_msv.data.read_group` item (hidden states) the MSV scores; `None` for hand-built groups.
+    """
+
+    sequence: np.ndarray
+    step: np.ndarray
+    end: np.ndarray
+    start: np.ndarray
+    klass: np.ndarray
+    correct: np.ndarray
+    terminal: np.ndarray
+    seq_len: np.ndarray
+    problem_id: str = ""
+    item: dict | None = None
+
+    @property
+    def num_chains(self) -> int:
+        return int(self.seq_len.size)
+
+    @classmethod
+    def from_item(cls, item: dict, num_chains: int) -> ReplayGroup:
+        """The group of a `ShardDataset` item (streaming)."""
+        get = lambda key: item[key].numpy()  # noqa: E731
+        terminal = get("answer_terminal").astype(bool)
+        seq_len = np.zeros(num_chains, np.int64)
+        seq_len[get("answer_sequence")[terminal]] = get("answer_tau")[terminal]
+        return cls(
+            sequence=get("answer_sequence").astype(np.int64),
+            step=get("answer_step").astype(np.int64),
+            end=get("answer_end").astype(np.int64),
+            start=get("answer_tau").astype(np.int64),
+            klass=get("answer_class").astype(np.int64),
+            correct=get("labels") > 0.5,
+            terminal=terminal,
+            seq_len=seq_len,
+            problem_id=str(item["problem_id"]),
+            item=item,
+        )
+
+
+def load_replay_groups(directory, num_chains: int) -> list[ReplayGroup]:
+    """Every group of N chains of the streaming shards in `directory` (`ShardDataset`'s items, as validation reads
+    them), with their hidden states."""
+    dataset = ShardDataset(directory, num_sequences=num_chains, mode="streaming")
+    return [ReplayGroup.from_item(dataset[j], num_chains) for j in range(len(dataset))]
+
+
+def _subset_item(item: dict, keep: np.ndarray) -> dict:
+    """The item restricted to the answers `keep` (tokens of each answer stay contiguous)."""
+    lengths = item["answer_length"]
+    starts = torch.cumsum(lengths, 0) - lengths
+    rows = torch.from_numpy(np.flatnonzero(keep))
+    sel = lengths[rows]
+    offsets = torch.repeat_interleave(starts[rows] - (torch.cumsum(sel, 0) - sel), sel)
+    out = {
+        key: (value[rows] if torch.is_tensor(value) and key != "hidden_states" else value)
+        for key, value in item.items()
+    }
+    out["hidden_states"] = item["hidden_states"][torch.arange(int(sel.sum())) + offsets]
+    return out
+
+
+class MSVGroupScorer:
+    """Scores subsets of recorded groups with a streaming MSV, packed as evaluation and validation pack them.
+
+    Args:
+        model: an `MSVVerifier` (streaming) whose ``num_sequences`` is the groups' N.
+        max_tokens: answer tokens per forward call.
+
+    Call: ``scorer(groups, keeps)`` -> per group (A,) float64 probabilities, nan for the answers not kept.
+    """
+
+    def __init__(self, model, max_tokens: int = 65536):
+        self.model = model.eval()
+        self.max_tokens = max_tokens
+
+    @torch.no_grad()
+    def __call__(self, groups: Sequence[ReplayGroup], keeps: Sequence[np.ndarray]) -> list[np.ndarray]:
+        out = [np.full(g.sequence.size, np.nan) for g in groups]
+        pending, where, tokens = [], [], 0
+        for i, (group, keep) in enumerate(zip(groups, keeps)):
+            if group.item is None:
+                raise ValueError("MSVGroupScorer needs groups read with their hidden states (ReplayGroup.item)")
+            if not keep.any():
+                continue
+            pending.append(_subset_item(group.item, keep))
+            where.append(i)
+            tokens += len(pending[-1]["hidden_states"])
+            if tokens >= self.max_tokens:
+                self._flush(pending, where, groups, out)
+                pending, where, tokens = [], [], 0
+        self._flush(pending, where, groups, out)
+        return out
+
+    def _flush(self, pending, where, groups, out) -> None:
+        if not pending:
+            return
+        batch = collate_groups(pending, "streaming")
+        probs = self.model(**{k: batch[k] for k in VERIFIER_INPUTS}).probabilities.double().cpu().numpy()
+        group_of, stored = batch["answer_group"].numpy(), batch["answer_index"].numpy()
+        for b, i in enumerate(where):
+            mine = group_of == b
+            position = np.searchsorted(groups[i].item["answer_index"].numpy(), stored[mine])
+            out[i][position] = probs[mine]
+
+
+@dataclass(frozen=True)
+class PrunedStream:
+    """One group's stream under a pruning rule, with no group stop (the stop is applied to it by `sweep_group`).
+
+    Args:
+        cut: (N,) each chain's prune step (`NEVER`: not pruned).
+        keep: (A,) bool, the answer became available (end ≤ its chain's cut).
+        scores: (A,) the verifier's probabilities on the kept answers (nan elsewhere).
+        final: (A,) bool, the chain's final answer: its terminal answer, or a pruned chain's held answer.
+        rescorings: how many times the group was re-scored.
+    """
+
+    cut: np.ndarray
+    keep: np.ndarray
+    scores: np.ndarray
+    final: np.ndarray
+    rescorings: int = 0
+
+
+def _final(group: ReplayGroup, keep: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """(A,) the final answer of each chain: terminal, or a pruned chain's latest kept answer."""
+    final = group.terminal & keep
+    for n in np.flatnonzero(cut < group.seq_len):
+        mine = np.flatnonzero(keep & (group.sequence == n))
+        if mine.size:
+            final[mine[np.argmax(group.step[mine])]] = True
+    return final
+
+
+def rule_decision(rule: PruneRule) -> Decision:
+    """The `Decision` of a `PruneRule`: `prune_chains`."""
+
+    def decide(t, sequence, step, end, klass, row_klass, row_confidence, status):
+        return prune_chains(rule, t, sequence, step, end, klass, row_klass, row_confidence, status)
+
+    return decide
+
+
+def _first_prune(group, keep, scores, cut, head, decide, after) -> tuple[int, np.ndarray] | None:
+    """The first arrival time t > `after` at which `decide` prunes some chain, and the (N,) chains; None if never."""
+    k = np.flatnonzero(keep)
+    seq, step, end, klass = group.sequence[k], group.step[k], group.end[k], group.klass[k]
+    times = np.unique(end[end > after])
+    for first in range(0, times.size, _CHUNK):  # snapshots in chunks: the first prune usually comes early
+        chunk = times[first : first + _CHUNK]
+        ev = stop_events(head, klass, seq, step, end, group.num_chains, scores[k], times=chunk)
+        bounds = np.searchsorted(ev.time, chunk, side="left"), np.searchsorted(ev.time, chunk, side="right")
+        for t, lo, hi in zip(chunk, *bounds):
+            status = chain_status(int(t), group.seq_len, cut)
+            pruned = decide(int(t), seq, step, end, klass, ev.klass[lo:hi], ev.confidence[lo:hi], status)
+            if pruned.any():
+                return int(t), pruned
+    return None
+
+
+_CHUNK = 8
+
+
+def replay_pruning(
+    rule: PruneRule | Decision,
+    head: StopHead,
+    groups: Sequence[ReplayGroup],
+    scorer: Callable[[Sequence[ReplayGroup], Sequence[np.ndarray]], list[np.ndarray]],
+    scores: Sequence[np.ndarray] | None = None,
+) -> list[PrunedStream]:
+    """Replay a pruning rule causally and exactly on `groups` (module docstring): the fixpoint of scoring and
+    pruning, batched over the groups that changed.
+
+    Args:
+        rule: a `PruneRule`, or a `Decision` with `prune_chains`' arguments after the rule (e.g. `oracle_decision`).
+        head: the stop head whose snapshot confidences the rule reads.
+        groups: the recorded groups.
+        scorer: scores subsets of groups (`MSVGroupScorer`).
+        scores: the groups' scores with every answer (computed when `None`): shared by every rule.
+
+    Returns:
+        One `PrunedStream` per group.
+    """
+    decide = rule_decision(rule) if isinstance(rule, PruneRule) else rule
+    keep = [np.ones(g.sequence.size, bool) for g in groups]
+    cut = [np.full(g.num_chains, NEVER, np.int64) for g in groups]
+    current = list(scores) if scores is not None else scorer(groups, keep)
+    current = [np.asarray(s, np.float64).copy() for s in current]
+    rescored = [0] * len(groups)
+    after = [-1] * len(groups)
+    pending = [] if isinstance(rule, PruneRule) and rule.off else list(range(len(groups)))
+    while pending:
+        changed = []
+        for g in pending:
+            found = _first_prune(groups[g], keep[g], current[g], cut[g], head, decide, after[g])
+            if found is None:
+                continue
+            t, pruned = found
+            cut[g][pruned] = t
+            keep[g] &= groups[g].end <= cut[g][groups[g].sequence]
+            after[g] = t
+            changed.append(g)
+        if changed:
+            new = scorer([groups[g] for g in changed], [keep[g] for g in changed])
+            for g, s in zip(changed, new):
+                current[g] = np.where(keep[g], s, np.nan)
+                rescored[g] += 1
+        pending = changed
+    return [
+        PrunedStream(c, k, np.where(k, s, np.nan), _final(g, k, c), r)
+        for g, c, k, s, r in zip(groups, cut, keep, current, rescored)
+    ]
+
+
+@dataclass(frozen=True)
+class GroupSweep:
+    """The group stop over Λ thresholds on one pruned stream; every array (Λ,) (cuts: (Λ, N))."""
+
+    cuts: np.ndarray
+    stopped: np.ndarray
+    stop_step: np.ndarray
+    chosen: np.ndarray
+    confidence: np.ndarray
+    correct: np.ndarray
+    cot_tokens: np.ndarray
+    elicitation_tokens: np.ndarray
+
+    def schedule(self, j: int, prune_cut: np.ndarray, seq_len: np.ndarray) -> Schedule:
+        """The `Schedule` of threshold j."""
+        stop = int(self.stop_step[j])
+        pruned = (prune_cut < seq_len) & ((prune_cut < stop) | ~self.stopped[j])
+        return Schedule(
+            self.cuts[j], pruned, stop, bool(self.stopped[j]), int(self.chosen[j]), float(self.confidence[j])
+        )
+
+
+def sweep_group(
+    group: ReplayGroup, stream: PrunedStream, head: StopHead, lambdas=LAMBDAS, confidence_map=None
+) -> GroupSweep:
+    """The group stop (`decide_stop` on the class snapshots of the kept answers) for every λ on a pruned stream,
+    and what each λ decodes.
+
+    Args:
+        group: the recorded group.
+        stream: its `PrunedStream` (`replay_pruning`; `PRUNE_OFF` gives the stop-only replay).
+        head: the stop head (statistic and confidence).
+        lambdas: (Λ,) thresholds.
+        confidence_map: a `ConfidenceMap` applied to what the stop reports (`None`: the head's confidence).
+
+    Returns:
+        The `GroupSweep`.
+    """
+    lam = np.asarray(lambdas, np.float64).reshape(-1)
+    k = np.flatnonzero(stream.keep)
+    ev = stop_events(
+        head, group.klass[k], group.sequence[k], group.step[k], group.end[k], group.num_chains, stream.scores[k]
+    )
+    d = decide_stop(ev.time, ev.statistic, stream.final[k][ev.answer], lam, ev.confidence, snapshots=True)
+    chosen = np.where(d.chosen >= 0, k[ev.answer[np.maximum(d.chosen, 0)]], -1)
+    reported = np.where(d.chosen >= 0, ev.confidence[np.maximum(d.chosen, 0)], np.nan)
+    if confidence_map is not None:
+        reported = confidence_map(reported)
+    cuts = np.where(d.stopped[:, None], np.minimum(stream.cut[None, :], d.stop_step[:, None]), stream.cut[None, :])
+    cot = np.minimum(cuts, group.seq_len[None, :]).sum(1)
+    span = group.end - group.start
+    elicit = np.clip(cuts[:, group.sequence] - group.start[None, :], 0, span[None, :]).sum(1)
+    correct = np.where(chosen >= 0, group.correct[np.maximum(chosen, 0)], False)
+    return GroupSweep(cuts, d.stopped, d.stop_step, chosen, reported, correct, cot, elicit)
+
+
+@dataclass(frozen=True)
+class PrunedReplay:
+    """One rule's replay over G groups and Λ thresholds: (G, Λ) ``correct``, ``cot`` and ``elicitation`` tokens,
+    ``stopped``, reported ``confidence``; (G,) ``problem``; ``pruned`` (G, Λ) chains pruned before the stop."""
+
+    correct: np.ndarray
+    cot: np.ndarray
+    elicitation: np.ndarray
+    stopped: np.ndarray
+    confidence: np.ndarray
+    pruned: np.ndarray
+    problem: np.ndarray
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(G, Λ) all tokens processed: chain of thought and elicitation."""
+        return self.cot + self.elicitation
+
+    def at(self, j: int) -> dict:
+        """Summary at threshold index j: accuracy, tokens (means per group), stops and their calibration."""
+        hit = self.stopped[:, j]
+        conf, right = self.confidence[hit, j], self.correct[hit, j]
+        return {
+            "accuracy": float(self.correct[:, j].mean()),
+            "cot_tokens": float(self.cot[:, j].mean()),
+            "all_tokens": float(self.tokens[:, j].mean()),
+            "pruned_chains": float(self.pruned[:, j].mean()),
+            "stopped": float(hit.mean()),
+            "accuracy_at_stop": float(right.mean()) if hit.any() else math.nan,
+            "confidence_at_stop": float(conf.mean()) if hit.any() else math.nan,
+            "ece_at_stop": ece(conf, right) if hit.any() else math.nan,
+        }
+
+
+def sweep_groups(
+    groups: Sequence[ReplayGroup],
+    streams: Sequence[PrunedStream],
+    head: StopHead,
+    lambdas=LAMBDAS,
+    confidence_map=None,
+) -> PrunedReplay:
+    """`sweep_group` over every group, stacked into a `PrunedReplay`."""
+    parts = [sweep_group(g, s, head, lambdas, confidence_map) for g, s in zip(groups, streams)]
+    pruned = [
+        ((s.cut[None, :] < g.seq_len[None, :]) & ((s.cut[None, :] < p.stop_step[:, None]) | ~p.stopped[:, None])).sum(
+            1
+        )
+        for g, s, p in zip(groups, streams, parts)
+    ]
+    return PrunedReplay(
+        correct=np.stack([p.correct for p in parts]),
+        cot=np.stack([p.cot_tokens for p in parts]).astype(np.float64),
+        elicitation=np.stack([p.elicitation_tokens for p in parts]).astype(np.float64),
+        stopped=np.stack([p.stopped for p in parts]),
+        confidence=np.stack([p.confidence for p in parts]),
+        pruned=np.stack(pruned),
+        problem=np.asarray([g.problem_id for g in groups], dtype=object),
+    )
+
+
+def oracle_decision(group: ReplayGroup, target_class: int) -> Decision:
+    """A pruner that knows the answer full decoding outputs (class `target_class`): at t it prunes every decoding
+    chain that holds that class (its held answer keeps voting for it) or whose later answers never hold it (it can
+    only vote elsewhere). The ceiling of pruning on the recorded group."""
+    later_target = {}
+    for n in range(group.num_chains):
+        mine = (group.sequence == n) & (group.klass == target_class)
+        later_target[n] = int(group.end[mine].max()) if mine.any() else -1  # last end of a target answer
+
+    def decide(t, sequence, step, end, klass, row_klass, row_confidence, status):
+        out = np.zeros(status.size, bool)
+        for n in np.flatnonzero(status == 0):
+            mine = np.flatnonzero((sequence == n) & (end <= t))
+            if not mine.size:
+                continue
+            holds = klass[mine[np.argmax(step[mine])]] == target_class
+            out[n] = holds or later_target[n] <= t
+        return out
+
+    return decide
+
+
+@dataclass(frozen=True)
+class PruningFit:
+    """The jointly certified pruning rule and λ (`fit_pruning`).
+
+    Args:
+        rule: the certified `PruneRule` (`PRUNE_OFF` when the stop alone is cheapest or nothing is certified).
+        choice: the `JointChoice` (λ, the setting, its calibration figures).
+        rules: the candidate rules, in the order of ``choice``'s setting indices.
+        confidence_map: the stop-time confidence recalibrated on the calibration stops at the choice.
+        summary: per candidate, the calibration summary at its cheapest certified λ (None where none).
+    """
+
+    rule: PruneRule
+    choice: JointChoice
+    rules: tuple[PruneRule, ...]
+    confidence_map: ConfidenceMap | None
+    summary: tuple[dict | None, ...]
+
+    def config_entry(self) -> dict:
+        """``config.early_stopping["pruning"]``: the rule, its jointly certified λ, and the confidence map."""
+        return {
+            "rule": self.rule.to_dict(),
+            "lambda": self.choice.choice.to_dict(),
+            "joint": self.choice.to_dict(),
+            "confidence_map": None if self.confidence_map is None else self.confidence_map.to_dict(),
+        }
+
+
+def fit_pruning(
+    rules: Sequence[PruneRule],
+    head: StopHead,
+    groups: Sequence[ReplayGroup],
+    scorer,
+    epsilon: float,
+    delta: float,
+    lambdas=LAMBDAS,
+    scores=None,
+) -> tuple[PruningFit, list[PrunedReplay]]:
+    """Certify a pruning rule and λ jointly on calibration `groups` (problems the stop head was not fitted on):
+    every candidate rule (`PRUNE_OFF` should be one) is replayed exactly, and `hf_msv.lambda_rule.choose_jointly`
+    tests the (rule, λ) pairs against full decoding (no pruning, λ = ∞) at ε with the family-wise risk δ, and picks
+    the certified pair that processes the fewest tokens. The stop-time confidence is then recalibrated (Platt) on the
+    calibration stops of the choice.
+
+    Args:
+        rules: the candidate rules, fixed before looking at the calibration groups.
+        head: the stop head.
+        groups: the calibration groups.
+        scorer: scores group subsets (`MSVGroupScorer`).
+        epsilon, delta: the guarantee's tolerance and risk.
+        lambdas: (Λ,) the λ grid (with ∞).
+        scores: the groups' full scores (computed when `None`).
+
+    Returns:
+        ``(fit, replays)``: the `PruningFit` and each candidate's `PrunedReplay` on the calibration groups.
+    """
+    scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups]) if scores is None else scores
+    replays = [sweep_groups(groups, replay_pruning(r, head, groups, scorer, scores), head, lambdas) for r in rules]
+    off = [i for i, r in enumerate(rules) if r.off]
+    if not off:
+        raise ValueError("the candidates need PRUNE_OFF: the loss is measured against full decoding without pruning")
+    full = int(np.flatnonzero(np.isinf(np.asarray(lambdas, np.float64)))[0])
+    reference = replays[off[0]]
+    choice = choose_jointly(
+        lambdas,
+        np.stack([r.correct for r in replays]),
+        np.stack([r.tokens for r in replays]),
+        reference.correct[:, full],
+        reference.tokens[:, full],
+        reference.problem,
+        epsilon=epsilon,
+        delta=delta,
+    )
+    rule = rules[choice.setting] if choice.choice.reached else PRUNE_OFF
+    j = _index(lambdas, choice.choice.lam)
+    chosen = replays[choice.setting if choice.choice.reached else off[0]]
+    hit = chosen.stopped[:, j]
+    cmap = ConfidenceMap.fit(chosen.confidence[hit, j], chosen.correct[hit, j]) if hit.sum() >= 20 else None
+    summary = tuple(
+        None if lam is None else replays[i].at(_index(lambdas, lam)) | {"lam": lam}
+        for i, lam in enumerate(choice.cheapest)
+    )
+    return PruningFit(rule, choice, tuple(rules), cmap, summary), replays
+
+
+def _index(lambdas, lam: float) -> int:
+    grid = np.asarray(lambdas, np.float64)
+    return int(np.flatnonzero(np.isinf(grid))[0]) if math.isinf(lam) else int(np.flatnonzero(grid == lam)[0])

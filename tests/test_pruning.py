@@ -1,0 +1,324 @@
+"""Per-chain pruning: the decision (`hf_msv.pruning.prune_chains`), its exact replay beside the group stop
+(`hf_msv.training.pruned_replay`), the token accounting, and the joint Learn-then-Test (`choose_jointly`).
+
+`scripted_group` and `SCRIPTED_PRUNES` are a hand-built group and the prunes its rule makes: the live generation
+core driven with the same answers and scores (a scorer returning `scripted_group()["score"]`) must prune the same
+chains at the same times.
+"""
+
+import numpy as np
+import pytest
+
+from hf_msv.data import AnswerGroup
+from hf_msv.evaluation.early_stop import replay_many
+from hf_msv.lambda_rule import LAMBDAS, choose_jointly, choose_lambda
+from hf_msv.pruning import DECODING, ENDED, PRUNE_OFF, PRUNED, PruneRule, chain_status, held_answers, prune_chains
+from hf_msv.schedules import NEVER
+from hf_msv.stop_rules import ConfidenceMap, StopHead, stop_events
+from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, sweep_group, sweep_groups
+
+# Confidence = statistic = σ(the class's mean logit): the snapshot confidence of a class is its chains' mean score.
+MEAN_HEAD = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
+
+# The scripted group's rule: a chain whose last 2 answers agree is pruned (the steady clause).
+SCRIPTED_RULE = PruneRule(steady=2)
+
+
+def scripted_group() -> dict:
+    """A hand-built group of 4 chains, each array (A,) in (end, sequence) order: ``sequence``, ``step``,
+    ``start`` (τ), ``end`` (τ + 2: one segment token and one answer token), ``klass``, ``score`` (the verifier's
+    probability, fixed), ``correct``, ``terminal``; and ``seq_len`` (4,). Class 0 is right.
+
+    Chain 0 answers 0, 0 (steady at t = 22: pruned there; its terminal answer at 60 never arrives), chain 1
+    answers 1, 0, 0 (steady at t = 42), chain 2 answers 1, 1 at t = 32 and 52, but ends at 50 (its terminal answer
+    arrives at 52: ended chains are never pruned), chain 3 answers 2, 0, 1 (never steady).
+    """
+    rows = [  # (sequence, step, start, klass, score, terminal)
+        (0, 0, 10, 0, 0.7, False),
+        (1, 0, 12, 1, 0.4, False),
+        (3, 0, 15, 2, 0.2, False),
+        (0, 1, 20, 0, 0.8, False),
+        (1, 1, 25, 0, 0.6, False),
+        (3, 1, 28, 0, 0.5, False),
+        (2, 0, 30, 1, 0.3, False),
+        (1, 2, 40, 0, 0.7, False),
+        (3, 2, 45, 1, 0.4, False),
+        (2, 1, 50, 1, 0.3, True),
+        (0, 2, 58, 0, 0.9, True),
+        (1, 3, 62, 0, 0.8, True),
+        (3, 3, 70, 0, 0.6, True),
+    ]
+    sequence, step, start, klass, score, terminal = (np.array(c) for c in zip(*rows))
+    return {
+        "sequence": sequence,
+        "step": step,
+        "start": start,
+        "end": start + 2,
+        "klass": klass,
+        "score": score.astype(np.float64),
+        "correct": klass == 0,
+        "terminal": terminal.astype(bool),
+        "seq_len": np.array([58, 62, 50, 70]),
+    }
+
+
+# (t, chains pruned at t) under SCRIPTED_RULE with the scripted (fixed) scores.
+SCRIPTED_PRUNES = ((22, (0,)), (42, (1,)))
+
+
+def _replay_group(d: dict) -> ReplayGroup:
+    return ReplayGroup(
+        d["sequence"], d["step"], d["end"], d["start"], d["klass"], d["correct"], d["terminal"], d["seq_len"], "p"
+    )
+
+
+def _fixed_scorer(scores):
+    def scorer(groups, keeps):
+        return [np.where(k, s, np.nan) for s, k in zip(scores, keeps)]
+
+    return scorer
+
+
+def _rows(t, head, d, keep=None):
+    keep = np.ones(d["end"].size, bool) if keep is None else keep
+    ev = stop_events(
+        head, d["klass"][keep], d["sequence"][keep], d["step"][keep], d["end"][keep], 4, d["score"][keep], times=[t]
+    )
+    return ev.klass, ev.confidence
+
+
+# -- the decision --------------------------------------------------------------------------------------------------
+
+
+def test_held_answers_and_status():
+    d = scripted_group()
+    held, count = held_answers(22, d["sequence"], d["step"], d["end"], 4)
+    assert held.tolist() == [3, 1, -1, 2] and count.tolist() == [2, 1, 0, 1]
+    status = chain_status(52, d["seq_len"], np.array([22, NEVER, NEVER, NEVER]))
+    assert status.tolist() == [PRUNED, DECODING, ENDED, DECODING]
+
+
+def test_off_prunes_nothing():
+    d = scripted_group()
+    k, c = _rows(72, MEAN_HEAD, d)
+    out = prune_chains(PRUNE_OFF, 72, d["sequence"], d["step"], d["end"], d["klass"], k, c, np.zeros(4, int))
+    assert not out.any() and PRUNE_OFF.off
+
+
+def test_steady_clause():
+    d = scripted_group()
+    args = (d["sequence"], d["step"], d["end"], d["klass"])
+    k, c = _rows(22, MEAN_HEAD, d)
+    assert prune_chains(SCRIPTED_RULE, 22, *args, k, c, np.zeros(4, int)).tolist() == [True, False, False, False]
+    # Not before its second answer arrives, and never a chain that is not decoding.
+    k, c = _rows(17, MEAN_HEAD, d)
+    assert not prune_chains(SCRIPTED_RULE, 17, *args, k, c, np.zeros(4, int)).any()
+    k, c = _rows(22, MEAN_HEAD, d)
+    assert not prune_chains(SCRIPTED_RULE, 22, *args, k, c, np.array([ENDED, 0, 0, 0])).any()
+    # The class floor: class 0's confidence at t = 22 is 0.8 (its one holding chain's latest score).
+    floor = PruneRule(steady=2, steady_confidence=0.85)
+    assert not prune_chains(floor, 22, *args, k, c, np.zeros(4, int)).any()
+    # A window of 3 needs three agreeing answers: at t = 42 chain 1 has 1, 0, 0.
+    k, c = _rows(42, MEAN_HEAD, d)
+    assert not prune_chains(PruneRule(steady=3), 42, *args, k, c, np.zeros(4, int)).any()
+    assert prune_chains(PruneRule(steady=2), 42, *args, k, c, np.zeros(4, int))[1]
+
+
+def test_ruled_out_clause():
+    d = scripted_group()
+    args = (d["sequence"], d["step"], d["end"], d["klass"])
+    k, c = _rows(17, MEAN_HEAD, d)  # class 0: 0.7, class 1: 0.4, class 2: 0.2
+    rule = PruneRule(doubt=0.3, lead=0.6)
+    assert prune_chains(rule, 17, *args, k, c, np.zeros(4, int)).tolist() == [False, False, False, True]
+    # No class leads enough: nothing is ruled out.
+    assert not prune_chains(PruneRule(doubt=0.3, lead=0.8), 17, *args, k, c, np.zeros(4, int)).any()
+    # The leading class is never ruled out by itself, however low its own confidence.
+    assert not prune_chains(PruneRule(doubt=0.75, lead=0.71), 17, *args, k, c, np.zeros(4, int))[0]
+    # min_answers: chain 3 has answered once.
+    assert not prune_chains(PruneRule(doubt=0.3, lead=0.6, min_answers=2), 17, *args, k, c, np.zeros(4, int)).any()
+
+
+def test_rule_round_trip_and_config():
+    rule = PruneRule(doubt=0.2, lead=0.7, steady=3, steady_confidence=0.1, min_answers=2)
+    assert PruneRule.from_dict(rule.to_dict()) == rule
+    assert PruneRule.of(object()) == PRUNE_OFF  # a config saved without pruning prunes nothing
+
+    class Config:
+        early_stopping = {"lambda": {}, "pruning": {"rule": rule.to_dict()}}
+
+    assert PruneRule.of(Config()) == rule
+
+
+# -- the replay ----------------------------------------------------------------------------------------------------
+
+
+def test_scripted_group_replays_to_its_prunes():
+    d = scripted_group()
+    group = _replay_group(d)
+    (stream,) = replay_pruning(SCRIPTED_RULE, MEAN_HEAD, [group], _fixed_scorer([d["score"]]))
+    prunes = tuple(
+        (int(t), tuple(int(n) for n in np.flatnonzero(stream.cut == t)))
+        for t in np.unique(stream.cut[stream.cut < NEVER])
+    )
+    assert prunes == SCRIPTED_PRUNES
+    # Chain 0's answers after 22 and chain 1's after 42 never arrive; their held answers become final.
+    assert stream.keep.tolist() == [d["end"][a] <= stream.cut[d["sequence"][a]] for a in range(d["end"].size)]
+    assert stream.final[3] and stream.final[7] and not stream.keep[10] and not stream.keep[11]
+
+
+def test_token_accounting():
+    d = scripted_group()
+    group = _replay_group(d)
+    (stream,) = replay_pruning(SCRIPTED_RULE, MEAN_HEAD, [group], _fixed_scorer([d["score"]]))
+    sweep = sweep_group(group, stream, MEAN_HEAD, [np.inf])
+    # No group stop: chains 0 and 1 cut at 22 and 42, chains 2 and 3 to their ends (50, 70).
+    assert sweep.cot_tokens[0] == 22 + 42 + 50 + 70
+    # Every kept answer's 2 elicitation tokens, none of the dropped ones (their τ is past the cut).
+    assert sweep.elicitation_tokens[0] == 2 * stream.keep.sum()
+    schedule = sweep.schedule(0, stream.cut, group.seq_len)
+    assert schedule.pruned.tolist() == [True, True, False, False]
+    assert schedule.cot_tokens(group.seq_len) == sweep.cot_tokens[0]
+    assert schedule.elicitation_tokens(group.sequence, group.start, group.end) == sweep.elicitation_tokens[0]
+    # A group stop at t* = 30 cuts everything there; an answer being elicited (τ = 30 − 1) counts its 1 token.
+    d2 = dict(d, start=d["start"].copy())
+    d2["start"][6] = 29
+    d2["end"] = d2["start"] + 2
+    g2 = _replay_group(d2)
+    (s2,) = replay_pruning(PRUNE_OFF, MEAN_HEAD, [g2], _fixed_scorer([d2["score"]]))
+    sw = sweep_group(g2, s2, MEAN_HEAD, [0.0])  # λ = 0 stops at the first arrival, t* = 12
+    assert sw.stopped[0] and sw.stop_step[0] == 12
+    assert sw.cot_tokens[0] == 4 * 12 and sw.elicitation_tokens[0] == 2 + 0
+    sw = sweep_group(g2, s2, MEAN_HEAD, [0.75])  # first reached when class 0 has 0.8, at t = 22
+    assert sw.stop_step[0] == 22
+    assert sw.elicitation_tokens[0] == 2 * 4  # 4 answers elicited by 22, none in flight
+
+
+def test_off_reproduces_the_stop_only_replay():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n, a = 4, 16
+        sequence = rng.integers(0, n, a)
+        sequence[:n] = np.arange(n)
+        start = np.sort(rng.integers(1, 80, a))
+        step = np.array([(sequence[:i] == sequence[i]).sum() for i in range(a)])
+        end = start + rng.integers(1, 4, a)
+        klass = rng.integers(0, 3, a)
+        terminal = np.array([step[i] == (sequence == sequence[i]).sum() - 1 for i in range(a)])
+        seq_len = np.array([start[(sequence == s) & terminal][0] for s in range(n)])
+        score = rng.uniform(0.05, 0.95, a)
+        correct = klass == 0
+        group = ReplayGroup(sequence, step, end, start, klass, correct, terminal, seq_len, "p")
+        (stream,) = replay_pruning(PRUNE_OFF, MEAN_HEAD, [group], _fixed_scorer([score]))
+        sweep = sweep_group(group, stream, MEAN_HEAD, LAMBDAS)
+        ev = stop_events(MEAN_HEAD, klass, sequence, step, end, n, score)
+        recorded = AnswerGroup(
+            sequence, end, klass, correct, terminal, seq_len, start, {"m": score}, "p", {"m": score}, {"m": ev}
+        )
+        stop_only = replay_many(recorded, "m", LAMBDAS)
+        assert np.array_equal(sweep.chosen, stop_only.chosen)
+        assert np.array_equal(sweep.stopped, stop_only.stopped)
+        assert np.array_equal(sweep.correct, stop_only.correct)
+        assert np.array_equal(sweep.cot_tokens, stop_only.tokens)
+
+
+def _causal_scorer(groups, keeps):
+    """A verifier whose score of an answer depends on the kept answers available at its end (causal, joint)."""
+    out = []
+    for g, keep in zip(groups, keeps):
+        s = np.full(g.end.size, np.nan)
+        for a in np.flatnonzero(keep):
+            seen = keep & (g.end <= g.end[a])
+            agree = (seen & (g.klass == g.klass[a])).sum() - 1
+            s[a] = 1 / (1 + np.exp(-(0.6 * agree - 0.4 * (seen.sum() - 1 - agree) - 0.2 * g.step[a])))
+        out.append(s)
+    return out
+
+
+def _live(rule, head, group, scorer):
+    """Brute force: at every arrival time, score what is available from scratch and decide, as a live run does."""
+    cut = np.full(group.num_chains, NEVER, np.int64)
+    for t in np.unique(group.end):
+        keep = (group.end <= t) & (group.end <= cut[group.sequence])
+        if not (keep & (group.end == t)).any():
+            continue
+        (s,) = scorer([group], [keep])
+        k = np.flatnonzero(keep)
+        ev = stop_events(head, group.klass[k], group.sequence[k], group.step[k], group.end[k], 4, s[k], times=[t])
+        status = chain_status(int(t), group.seq_len, cut)
+        pruned = prune_chains(
+            rule, int(t), group.sequence[k], group.step[k], group.end[k], group.klass[k], ev.klass, ev.confidence,
+            status,
+        )  # fmt: skip
+        cut[pruned] = t
+    return cut
+
+
+def test_fixpoint_equals_live_scoring():
+    d = scripted_group()
+    group = _replay_group(d)
+    for rule in (SCRIPTED_RULE, PruneRule(doubt=0.45, lead=0.55), PruneRule(doubt=0.4, lead=0.5, steady=2)):
+        (stream,) = replay_pruning(rule, MEAN_HEAD, [group], _causal_scorer)
+        assert stream.cut.tolist() == _live(rule, MEAN_HEAD, group, _causal_scorer).tolist()
+        (rescored,) = _causal_scorer([group], [stream.keep])
+        assert np.allclose(stream.scores[stream.keep], rescored[stream.keep])
+
+
+def test_sweep_groups_summary():
+    d = scripted_group()
+    group = _replay_group(d)
+    streams = replay_pruning(SCRIPTED_RULE, MEAN_HEAD, [group, group], _fixed_scorer([d["score"]] * 2))
+    replay = sweep_groups([group, group], streams, MEAN_HEAD, [0.85, np.inf])
+    assert replay.correct.shape == (2, 2) and replay.pruned[:, 1].tolist() == [2, 2]
+    assert replay.at(1)["all_tokens"] == replay.cot[0, 1] + replay.elicitation[0, 1]
+
+
+# -- the joint guarantee -------------------------------------------------------------------------------------------
+
+
+def test_joint_choice_is_bonferroni_and_cheapest():
+    lam = np.array([0.5, 0.9, np.inf])
+    g = 400
+    ref = np.ones(g, bool)
+    correct = np.ones((2, g, 3), bool)
+    tokens = np.ones((2, g, 3)) * np.array([10.0, 20.0, 30.0])
+    tokens[0] += 12  # setting 1 is cheaper ...
+    correct[1, :12, 0] = False  # ... but at λ = 0.5 it loses 3 %
+    out = choose_jointly(lam, correct, tokens, ref, np.full(g, 30.0), epsilon=0.02, delta=0.1)
+    assert out.delta_per_setting == pytest.approx(0.05)
+    assert out.cheapest == (0.5, 0.9) and out.setting == 1 and out.choice.lam == 0.9
+    assert out.choice.reached and out.choice.tokens == 20.0 and out.choice.full_tokens == 30.0
+    # One setting: the same as choose_lambda's fixed-sequence test (the ∞ point tested first is lossless).
+    one = choose_jointly(lam, correct[:1], tokens[:1], ref, np.full(g, 30.0), epsilon=0.02, delta=0.1)
+    alone = choose_lambda(lam, correct[0], tokens[0], epsilon=0.02, delta=0.1)
+    assert one.choice.lam == alone.lam and one.delta_per_setting == 0.1
+    # Nothing certified: λ = ∞ with reached False.
+    bad = correct.copy()
+    bad[:, :40, :] = False
+    out = choose_jointly(lam, bad, tokens, ref, np.full(g, 30.0), epsilon=0.02, delta=0.1)
+    assert not out.choice.reached and np.isinf(out.choice.lam)
+
+
+def test_joint_guarantee_holds_over_draws():
+    """Over draws of calibration problems with known loss rates, the chosen pair's true loss exceeds ε at most a
+    δ share of the time (every setting's cheapest λ has true loss 2ε: tempting, and wrong)."""
+    rng = np.random.default_rng(1)
+    lam = np.array([0.5, 0.9, np.inf])
+    true_loss = np.array([[0.04, 0.01, 0.0], [0.04, 0.005, 0.0], [0.04, 0.0, 0.0]])  # (K, Λ)
+    eps, delta, g, draws = 0.02, 0.1, 300, 300
+    tokens = np.broadcast_to(np.array([1.0, 2.0, 3.0]), (3, g, 3)) - np.arange(3)[:, None, None] * 0.1
+    violations = 0
+    for _ in range(draws):
+        correct = rng.uniform(size=(3, g, 3)) >= true_loss[:, None, :]
+        out = choose_jointly(lam, correct, tokens, np.ones(g, bool), np.full(g, 3.0), epsilon=eps, delta=delta)
+        j = int(np.flatnonzero(lam == out.choice.lam)[0])
+        violations += true_loss[out.setting, j] > eps
+    assert violations / draws <= delta
+
+
+def test_confidence_map_recalibrates():
+    rng = np.random.default_rng(0)
+    reported = rng.uniform(0.5, 0.9, 2000)
+    right = rng.uniform(size=2000) < np.minimum(reported + 0.08, 1.0)  # under-confident by 8 pp
+    cmap = ConfidenceMap.fit(reported, right)
+    assert abs(cmap(reported).mean() - right.mean()) < 0.01
+    assert ConfidenceMap.from_dict(cmap.to_dict()) == cmap and np.isnan(cmap(np.array([np.nan])))[0]
