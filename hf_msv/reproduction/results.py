@@ -6,18 +6,19 @@
 
 ``ReproductionResults.from_json(d).to_json() == d``, keys in the same order, for every summary the reproduction
 writes: `render_testbed` and `compute_claims` read attributes, so a renamed key fails when the summary is read, in one
-place. Keys a record does not model are kept as they came (``extra``); keys it models but the summary lacks read as
-None and are not written back. Per-N (per-size) sections are keyed by ``str(N)``, as in the JSON. The per-method
-numbers reuse the evaluation's types (`SeedStat`, `MethodMetrics`, `Interval`, `EarlyStopComparison`,
-`LambdaRuleRecord`, `Figure`).
+place. Every record is a `hf_msv.evaluation.records.Record`, as the evaluation's are: keys a record does not model
+are kept as they came (``extra``); keys it models but the summary lacks read as None and are not written back.
+Per-N (per-size) sections are keyed by ``str(N)``, as in the JSON. The per-method numbers reuse the evaluation's
+types (`SeedStat`, `MethodMetrics`, `Interval`, `EarlyStopComparison`, `LambdaRuleRecord`, `Figure`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, ClassVar
 
+from ..evaluation.records import Record, coded, list_of, mapping_of, record, rest
 from ..evaluation.results import EarlyStopComparison, Figure, Interval, LambdaRuleRecord, MethodMetrics, SeedStat
 
 __all__ = [
@@ -48,109 +49,18 @@ __all__ = [
 
 LEGACY_PARTS_KEY = "sittings"  # the key of `ReproductionResults.parts` in reports written before it had that name
 
-# How a field's JSON value is read into its type and written back (None, a JSON null, is kept as None).
-_Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
-
-
-def _typed(cls) -> _Codec:
-    """The codec of one object of `cls` (``from_dict``/``to_dict`` of the evaluation's types, else JSON)."""
-    if hasattr(cls, "from_json"):
-        return cls.from_json, lambda value: value.to_json()
-    return cls.from_dict, lambda value: value.to_dict()
-
-
-def _mapping_of(codec: _Codec) -> _Codec:
-    """The codec of a ``{key: value}`` mapping whose values use `codec`."""
-    read, write = codec
-    return (
-        lambda data: {key: _apply(read, value) for key, value in data.items()},
-        lambda values: {key: _apply(write, value) for key, value in values.items()},
-    )
-
-
-def _list_of(codec: _Codec) -> _Codec:
-    """The codec of a list whose items use `codec`."""
-    read, write = codec
-    return (lambda data: [_apply(read, item) for item in data], lambda items: [_apply(write, item) for item in items])
-
-
-def _apply(function, value):
-    return None if value is None else function(value)
-
-
-def _coded(codec: _Codec, default=None):
-    """A dataclass field whose JSON value goes through `codec`."""
-    return field(default=default, metadata={"codec": codec})
-
 
 @dataclass
-class _Record:
-    """A JSON object read into fields named as its keys (a field's ``codec`` metadata types its value); ``present``
-    keeps the keys read, in their order, and ``extra`` those no field models, so `to_json` writes back what
-    `from_json` read. A record built in code (no ``present``) writes its set fields, in declaration order."""
+class _Summary(Record):
+    """A record of the summary: every field optional (a key the summary lacks reads as None), and a record built
+    in code writes only the fields it sets."""
 
-    present: tuple[str, ...] = field(default=(), kw_only=True, repr=False)
-    extra: dict = field(default_factory=dict, kw_only=True, repr=False)
-
-    @classmethod
-    def _modelled(cls) -> dict:
-        return {item.name: item for item in fields(cls) if item.name not in ("present", "extra")}
-
-    @classmethod
-    def from_json(cls, data: Mapping):
-        """Read the record.
-
-        Args:
-            data: the JSON object.
-
-        Returns:
-            The record (of the class it is called on).
-        """
-        modelled = cls._modelled()
-        values = {}
-        for key, value in data.items():
-            if key in modelled:
-                codec = modelled[key].metadata.get("codec")
-                values[key] = value if codec is None else _apply(codec[0], value)
-        extra = {key: value for key, value in data.items() if key not in modelled}
-        return cls(**values, present=tuple(data), extra=extra)
-
-    def to_json(self) -> dict:
-        """The record as written to JSON.
-
-        Returns:
-            The dict, with the keys it was read with, in their order.
-        """
-        modelled = self._modelled()
-        keys = self.present or (
-            *(name for name in modelled if getattr(self, name) is not None),
-            *self.extra,
-        )
-        out = {}
-        for key in keys:
-            if key not in modelled:
-                out[key] = self.extra[key]
-                continue
-            codec = modelled[key].metadata.get("codec")
-            value = getattr(self, key)
-            out[key] = value if codec is None else _apply(codec[1], value)
-        return out
-
-    def has(self, key: str) -> bool:
-        """Whether the summary had `key` (or, for a record built in code, whether it is set).
-
-        Args:
-            key: a JSON key.
-
-        Returns:
-            True or False.
-        """
-        return key in self.present if self.present else getattr(self, key, None) is not None
+    WRITE_NONE: ClassVar[bool] = False
 
 
-_STATS = _mapping_of(_typed(SeedStat))
-_METHODS = _mapping_of(_typed(MethodMetrics))
-_FIGURES = _list_of(_typed(Figure))
+_STATS = mapping_of(record(SeedStat))
+_METHODS = mapping_of(record(MethodMetrics))
+_FIGURES = list_of(record(Figure))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -159,7 +69,7 @@ _FIGURES = _list_of(_typed(Figure))
 
 
 @dataclass
-class FitCounts(_Record):
+class FitCounts(_Summary):
     """How many verifier fits a run trained and how many it reused from its work directory."""
 
     trained: int | None = None
@@ -167,7 +77,7 @@ class FitCounts(_Record):
 
 
 @dataclass
-class ReuseRecord(_Record):
+class ReuseRecord(_Summary):
     """What a run reused from its work directory and what it redid although present, each with why."""
 
     reused: list[str] | None = None
@@ -175,22 +85,22 @@ class ReuseRecord(_Record):
 
 
 @dataclass
-class ReportPart(_Record):
+class ReportPart(_Summary):
     """One run that wrote (part of) the report (``--continue-report`` adds one): its studies, device, stage times,
     fit counts, reuse, commit, and the collections its re-made main collection differs in."""
 
     studies: list[str] | None = None
     device: str | None = None
     timing_s: dict[str, float] | None = None
-    verifiers: FitCounts | None = _coded(_typed(FitCounts))
-    reuse: ReuseRecord | None = _coded(_typed(ReuseRecord))
+    verifiers: FitCounts | None = coded(record(FitCounts))
+    reuse: ReuseRecord | None = coded(record(ReuseRecord))
     git_commit: str | None = None
     collections: Any = None
     collections_differ_from_main: list[str] | None = None
 
 
 @dataclass
-class LMCost(_Record):
+class LMCost(_Summary):
     """The LM's measured costs at one N (s per shared decode step, per elicited answer, per verification)."""
 
     decode_step_s: float | None = None
@@ -199,7 +109,7 @@ class LMCost(_Record):
 
 
 @dataclass
-class SummarySettings(_Record):
+class SummarySettings(_Summary):
     """The `ReproduceConfig` the summary was produced with, as JSON (lists for tuples; ``task`` absent in v1-only
     summaries, ``seeds`` in summaries of random N-subsets). The settings the report names are fields; the rest
     stay in ``extra``."""
@@ -229,7 +139,7 @@ class SummarySettings(_Record):
 
 
 @dataclass
-class MainRow(_Record):
+class MainRow(_Summary):
     """One N of the main study's summary (`main_summary`): the MSV, per-method terminal / streaming metrics, the
     early-stop fractions against the best baseline, the λ rules, verifier and LM costs; with the training-seed
     protocol, the bootstrap intervals (setting -> baseline -> metric -> `Interval`) and the early-stop comparisons
@@ -237,24 +147,24 @@ class MainRow(_Record):
 
     msv: str | None = None
     multi_sequence: list[str] | None = None
-    terminal: dict[str, MethodMetrics] | None = _coded(_METHODS)
-    streaming: dict[str, MethodMetrics] | None = _coded(_METHODS)
+    terminal: dict[str, MethodMetrics] | None = coded(_METHODS)
+    streaming: dict[str, MethodMetrics] | None = coded(_METHODS)
     early_stop_token_fraction: float | None = None
     early_stop_token_fraction_per_seed: list | None = None
     early_stop_latency_fraction: float | None = None
     early_stop_best_baseline: str | None = None
     early_stop_best_baseline_peak_accuracy: float | None = None
     early_stop_msv_peak_accuracy: float | None = None
-    lambda_selection: dict[str, dict[str, LambdaRuleRecord]] | None = _coded(
-        _mapping_of(_mapping_of(_typed(LambdaRuleRecord)))
+    lambda_selection: dict[str, dict[str, LambdaRuleRecord]] | None = coded(
+        mapping_of(mapping_of(record(LambdaRuleRecord)))
     )
     verifier_online_s_per_answer: dict[str, float] | None = None
-    lm_costs: LMCost | None = _coded(_typed(LMCost))
-    intervals: dict[str, dict[str, dict[str, Interval]]] | None = _coded(
-        _mapping_of(_mapping_of(_mapping_of(_typed(Interval))))
+    lm_costs: LMCost | None = coded(record(LMCost))
+    intervals: dict[str, dict[str, dict[str, Interval]]] | None = coded(
+        mapping_of(mapping_of(mapping_of(record(Interval))))
     )
     by_difficulty: Any = None
-    early_stop_comparisons: dict[str, EarlyStopComparison] | None = _coded(_mapping_of(_typed(EarlyStopComparison)))
+    early_stop_comparisons: dict[str, EarlyStopComparison] | None = coded(mapping_of(record(EarlyStopComparison)))
 
     def interval(self, setting: str, baseline: str | None, metric: str) -> Interval | None:
         """The bootstrap interval of the MSV − `baseline` on `metric` (None without one: older summaries).
@@ -271,46 +181,12 @@ class MainRow(_Record):
 
 
 @dataclass
-class MainStudySummary:
+class MainStudySummary(_Summary):
     """The main study's summary: one `MainRow` per N (``str(N)``), the study's ``data`` and its figures."""
 
-    per_n: dict[str, MainRow]
+    per_n: dict[str, MainRow] = rest(record(MainRow))
     data: dict | None = None
-    figures: list[Figure] | None = None
-    order: tuple[str, ...] = field(default=(), repr=False)
-
-    _OTHER_KEYS = ("data", "figures")
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> MainStudySummary:
-        """Read the ``main`` entry.
-
-        Args:
-            data: the entry.
-
-        Returns:
-            The `MainStudySummary`.
-        """
-        per_n = {key: MainRow.from_json(value) for key, value in data.items() if key not in cls._OTHER_KEYS}
-        figures = data.get("figures")
-        return cls(
-            per_n,
-            data.get("data"),
-            None if figures is None else _FIGURES[0](figures),
-            tuple(data),
-        )
-
-    def to_json(self) -> dict:
-        """The entry as written to JSON.
-
-        Returns:
-            The dict, keys in the order read.
-        """
-        written: dict[str, Any] = {key: row.to_json() for key, row in self.per_n.items()}
-        written["data"] = self.data
-        written["figures"] = None if self.figures is None else _FIGURES[1](self.figures)
-        order = self.order or (*self.per_n, *self._OTHER_KEYS)
-        return {key: written[key] for key in order}
+    figures: list[Figure] | None = coded(_FIGURES)
 
     def row(self, n) -> MainRow:
         """The `MainRow` of `n` (an int or its string)."""
@@ -323,77 +199,48 @@ class MainStudySummary:
 
 
 @dataclass
-class CheckerRow:
-    """One checker of the checker study: its agreement with the reference and best-of-N per method."""
+class CheckerRow(_Summary):
+    """One checker of the checker study: best-of-N per method and its agreement with the reference."""
 
-    agreement: float | None
-    methods: dict[str, SeedStat | None]
-    order: tuple[str, ...] = field(default=(), repr=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> CheckerRow:
-        """Read ``{"agreement", method: seed statistic, ...}``."""
-        methods = {key: _apply(SeedStat.from_dict, value) for key, value in data.items() if key != "agreement"}
-        return cls(data.get("agreement"), methods, tuple(data))
-
-    def to_json(self) -> dict:
-        """The row as written to JSON."""
-        written: dict[str, Any] = {key: _apply(SeedStat.to_dict, stat) for key, stat in self.methods.items()}
-        if "agreement" in self.order or (not self.order and self.agreement is not None):
-            written["agreement"] = self.agreement
-        order = self.order or tuple(written)
-        return {key: written[key] for key in order}
+    methods: dict[str, SeedStat | None] = rest(record(SeedStat))
+    agreement: float | None = None
 
 
 @dataclass
-class CheckerStudy(_Record):
+class CheckerStudy(_Summary):
     """Best-of-N under each equivalence checker at N = ``n`` (checker -> `CheckerRow`)."""
 
     n: int | None = None
-    rows: dict[str, CheckerRow] | None = _coded(_mapping_of(_typed(CheckerRow)))
+    rows: dict[str, CheckerRow] | None = coded(mapping_of(record(CheckerRow)))
 
 
 @dataclass
-class MaskStudy(_Record):
+class MaskStudy(_Summary):
     """The streaming MSV_n with each attention mask removed (row name -> its metrics)."""
 
     n: int | None = None
-    rows: dict[str, MethodMetrics] | None = _coded(_METHODS)
+    rows: dict[str, MethodMetrics] | None = coded(_METHODS)
 
 
 @dataclass
-class DelimiterRow:
-    """One elicitation (the Wait delimiter, every K tokens): answers per sequence and AUTC per verifier."""
+class DelimiterRow(_Summary):
+    """One elicitation (the Wait delimiter, every K tokens): AUTC per verifier and answers per sequence."""
 
-    answers_per_sequence: float | None
-    methods: dict[str, MethodMetrics]
-    order: tuple[str, ...] = field(default=(), repr=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> DelimiterRow:
-        """Read ``{method: metrics, ..., "answers_per_sequence"}``."""
-        methods = {key: MethodMetrics.from_dict(value) for key, value in data.items() if key != "answers_per_sequence"}
-        return cls(data.get("answers_per_sequence"), methods, tuple(data))
-
-    def to_json(self) -> dict:
-        """The row as written to JSON."""
-        written: dict[str, Any] = {key: metrics.to_dict() for key, metrics in self.methods.items()}
-        written["answers_per_sequence"] = self.answers_per_sequence
-        order = self.order or tuple(written)
-        return {key: written[key] for key in order}
+    methods: dict[str, MethodMetrics] = rest(record(MethodMetrics))
+    answers_per_sequence: float | None = None
 
 
 @dataclass
-class DelimiterStudy(_Record):
+class DelimiterStudy(_Summary):
     """Delimiter sensitivity at N = ``n`` (elicitation name -> `DelimiterRow`)."""
 
     n: int | None = None
-    rows: dict[str, DelimiterRow] | None = _coded(_mapping_of(_typed(DelimiterRow)))
+    rows: dict[str, DelimiterRow] | None = coded(mapping_of(record(DelimiterRow)))
     mean_sequence_tokens: float | None = None
 
 
 @dataclass
-class GroupingEarlyStop(_Record):
+class GroupingEarlyStop(_Summary):
     """The grouped MSV's early stopping against the best baseline at one N."""
 
     best_baseline: str | None = None
@@ -402,36 +249,36 @@ class GroupingEarlyStop(_Record):
 
 
 @dataclass
-class GroupingRow(_Record):
+class GroupingRow(_Summary):
     """One N of the grouping study (`grouping_summary`): per method, AUTC over latency and tokens, peak accuracy,
     full-budget latency and verifier cost; the early stopping."""
 
     msv: str | None = None
-    autc_latency_norm: dict[str, SeedStat] | None = _coded(_STATS)
-    autc_tokens_norm: dict[str, SeedStat] | None = _coded(_STATS)
-    peak_accuracy: dict[str, SeedStat] | None = _coded(_STATS)
+    autc_latency_norm: dict[str, SeedStat] | None = coded(_STATS)
+    autc_tokens_norm: dict[str, SeedStat] | None = coded(_STATS)
+    peak_accuracy: dict[str, SeedStat] | None = coded(_STATS)
     verifier_online_s_per_answer: dict[str, float] | None = None
-    full_latency: dict[str, SeedStat] | None = _coded(_STATS)
-    early_stop: GroupingEarlyStop | None = _coded(_typed(GroupingEarlyStop))
+    full_latency: dict[str, SeedStat] | None = coded(_STATS)
+    early_stop: GroupingEarlyStop | None = coded(record(GroupingEarlyStop))
 
 
 @dataclass
-class GroupingStudy(_Record):
+class GroupingStudy(_Summary):
     """Large N with grouping: the group size ``m``, one `GroupingRow` per N, the trade-off figures."""
 
     m: int | None = None
-    per_n: dict[str, GroupingRow] | None = _coded(_mapping_of(_typed(GroupingRow)))
-    figures: list[Figure] | None = _coded(_FIGURES)
+    per_n: dict[str, GroupingRow] | None = coded(mapping_of(record(GroupingRow)))
+    figures: list[Figure] | None = coded(_FIGURES)
 
 
 @dataclass
-class SizeRow(_Record):
+class SizeRow(_Summary):
     """One training-set size (`size_row`): Probe / MSV calibration, best-of-N against the best baseline, the
     early-stop fraction."""
 
     msv: str | None = None
-    terminal: dict[str, MethodMetrics] | None = _coded(_METHODS)
-    streaming: dict[str, MethodMetrics] | None = _coded(_METHODS)
+    terminal: dict[str, MethodMetrics] | None = coded(_METHODS)
+    streaming: dict[str, MethodMetrics] | None = coded(_METHODS)
     bon_best_baseline: str | None = None
     bon_best_baseline_value: float | None = None
     bon_gain: float | None = None
@@ -440,11 +287,11 @@ class SizeRow(_Record):
 
 
 @dataclass
-class TrainingSizeStudy(_Record):
+class TrainingSizeStudy(_Summary):
     """The training-set-size study at N = ``n`` (``str(size)`` -> `SizeRow`)."""
 
     n: int | None = None
-    per_size: dict[str, SizeRow] | None = _coded(_mapping_of(_typed(SizeRow)))
+    per_size: dict[str, SizeRow] | None = coded(mapping_of(record(SizeRow)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -453,7 +300,7 @@ class TrainingSizeStudy(_Record):
 
 
 @dataclass
-class VoteCheckRow(_Record):
+class VoteCheckRow(_Summary):
     """One MSV fit against the vote it is fed (`vote_check_rows`)."""
 
     study: str | None = None
@@ -461,14 +308,14 @@ class VoteCheckRow(_Record):
     setting: str | None = None
     method: str | None = None
     vote: str | None = None
-    auroc: SeedStat | None = _coded(_typed(SeedStat))
+    auroc: SeedStat | None = coded(record(SeedStat))
     vote_auroc: float | None = None
     difference: float | None = None
     at_vote: bool | None = None
 
 
 @dataclass
-class Claim(_Record):
+class Claim(_Summary):
     """One verdict of `compute_claims`: ``held`` True, False or None (not testable)."""
 
     id: str | None = None
@@ -480,29 +327,29 @@ class Claim(_Record):
 
 
 @dataclass
-class ReproductionResults(_Record):
+class ReproductionResults(_Summary):
     """The combined summary of `hf-msv reproduce` (``testbed.json``): settings, run records, the main study and the
     optional studies' summaries (None when not run), the vote check and the claims."""
 
-    config: SummarySettings | None = _coded(_typed(SummarySettings))
+    config: SummarySettings | None = coded(record(SummarySettings))
     studies: list[str] | None = None
     paper: dict | None = None
     reports: dict[str, str] | None = None
-    verifiers: FitCounts | None = _coded(_typed(FitCounts))
+    verifiers: FitCounts | None = coded(record(FitCounts))
     device: str | None = None
-    parts: list[ReportPart] | None = _coded(_list_of(_typed(ReportPart)))
-    lm_costs: dict[str, LMCost] | None = _coded(_mapping_of(_typed(LMCost)))
-    main: MainStudySummary | None = _coded(_typed(MainStudySummary))
-    checkers: CheckerStudy | None = _coded(_typed(CheckerStudy))
-    masks: MaskStudy | None = _coded(_typed(MaskStudy))
-    delimiters: DelimiterStudy | None = _coded(_typed(DelimiterStudy))
-    grouping: GroupingStudy | None = _coded(_typed(GroupingStudy))
-    training_size: TrainingSizeStudy | None = _coded(_typed(TrainingSizeStudy))
+    parts: list[ReportPart] | None = coded(list_of(record(ReportPart)))
+    lm_costs: dict[str, LMCost] | None = coded(mapping_of(record(LMCost)))
+    main: MainStudySummary | None = coded(record(MainStudySummary))
+    checkers: CheckerStudy | None = coded(record(CheckerStudy))
+    masks: MaskStudy | None = coded(record(MaskStudy))
+    delimiters: DelimiterStudy | None = coded(record(DelimiterStudy))
+    grouping: GroupingStudy | None = coded(record(GroupingStudy))
+    training_size: TrainingSizeStudy | None = coded(record(TrainingSizeStudy))
     timing_s: dict[str, float] | None = None
-    reuse: ReuseRecord | None = _coded(_typed(ReuseRecord))
+    reuse: ReuseRecord | None = coded(record(ReuseRecord))
     pending: list[str] | None = None
-    vote_check: list[VoteCheckRow] | None = _coded(_list_of(_typed(VoteCheckRow)))
-    claims: list[Claim] | None = _coded(_list_of(_typed(Claim)))
+    vote_check: list[VoteCheckRow] | None = coded(list_of(record(VoteCheckRow)))
+    claims: list[Claim] | None = coded(list_of(record(Claim)))
 
     @classmethod
     def from_json(cls, data: Mapping) -> ReproductionResults:
@@ -544,7 +391,7 @@ def unmodelled_keys(value, path: str = "") -> list[str]:
         return []
     found = [f"{prefix}{key}" for key in getattr(value, "extra", {})]
     for item in fields(value):
-        if item.name not in ("extra", "present", "order"):
+        if item.name not in ("extra", "present"):
             found += unmodelled_keys(getattr(value, item.name), f"{prefix}{item.name}")
     return found
 
