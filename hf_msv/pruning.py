@@ -89,7 +89,8 @@ class PruneRule:
         if self.steady is not None:
             floor = f" of confidence ≥ {self.steady_confidence:g}" if self.steady_confidence > 0 else ""
             parts.append(f"a chain whose last {self.steady} answers are one class{floor}")
-        return "prune " + "; ".join(parts)
+        warm = f" (after its {self.min_answers}th answer)" if self.min_answers > 1 else ""
+        return "prune " + "; ".join(parts) + warm
 
 
 PRUNE_OFF = PruneRule()

@@ -322,3 +322,17 @@ def test_confidence_map_recalibrates():
     cmap = ConfidenceMap.fit(reported, right)
     assert abs(cmap(reported).mean() - right.mean()) < 0.01
     assert ConfidenceMap.from_dict(cmap.to_dict()) == cmap and np.isnan(cmap(np.array([np.nan])))[0]
+
+
+def test_held_answers_leave_the_snapshots_without_hold():
+    from hf_msv.training.pruned_replay import _snapshots
+
+    d = scripted_group()
+    group = _replay_group(d)
+    for hold in (True, False):
+        (stream,) = replay_pruning(SCRIPTED_RULE, MEAN_HEAD, [group], _fixed_scorer([d["score"]]), hold=hold)
+        assert stream.cut.tolist()[:2] == [22, 42]
+        time, answer, _, confidence = _snapshots(group, stream, MEAN_HEAD, hold)
+        # At t = 27 class 0 is held by chain 1 (0.6) and, with hold, by pruned chain 0 (0.8).
+        (row,) = np.flatnonzero((time == 27) & (group.klass[answer] == 0))
+        assert confidence[row] == pytest.approx(0.710 if hold else 0.6, abs=1e-3)  # σ(mean logit)

@@ -33,18 +33,31 @@ from ..schedules import NEVER, Schedule
 from ..stop_rules import ConfidenceMap, StopHead, stop_events
 
 __all__ = [
+    "PRUNE_CANDIDATES",
     "MSVGroupScorer",
     "PrunedReplay",
     "PrunedStream",
     "PruningFit",
     "ReplayGroup",
     "fit_pruning",
+    "fit_shipped_pruning",
+    "store_pruning",
     "load_replay_groups",
     "oracle_decision",
     "replay_pruning",
     "sweep_group",
     "sweep_groups",
 ]
+
+# The rules certified jointly with λ (`fit_pruning`), fixed on the stop head's own problems (docs/pruning.md):
+# the stop alone first (the reference's family member), then the steady clause at the windows and warm-ups that
+# kept the stop's loss there. Each rule added costs the test a share of δ (Bonferroni).
+PRUNE_CANDIDATES = (
+    PRUNE_OFF,
+    PruneRule(steady=2, min_answers=4),
+    PruneRule(steady=3, min_answers=4),
+    PruneRule(steady=3),
+)
 
 # A prune decision: (t, kept answers' (sequence, step, end, klass), snapshot rows (klass, confidence), status) -> (N,)
 Decision = Callable[..., np.ndarray]
@@ -99,10 +112,10 @@ class ReplayGroup:
         )
 
 
-def load_replay_groups(directory, num_chains: int) -> list[ReplayGroup]:
+def load_replay_groups(directory, num_chains: int, max_problems: int | None = None) -> list[ReplayGroup]:
     """Every group of N chains of the streaming shards in `directory` (`ShardDataset`'s items, as validation reads
-    them), with their hidden states."""
-    dataset = ShardDataset(directory, num_sequences=num_chains, mode="streaming")
+    them; the first `max_problems` problems when given), with their hidden states."""
+    dataset = ShardDataset(directory, num_sequences=num_chains, mode="streaming", max_problems=max_problems)
     return [ReplayGroup.from_item(dataset[j], num_chains) for j in range(len(dataset))]
 
 
@@ -203,9 +216,10 @@ def rule_decision(rule: PruneRule) -> Decision:
     return decide
 
 
-def _first_prune(group, keep, scores, cut, head, decide, after) -> tuple[int, np.ndarray] | None:
-    """The first arrival time t > `after` at which `decide` prunes some chain, and the (N,) chains; None if never."""
-    k = np.flatnonzero(keep)
+def _first_prune(group, keep, scores, cut, head, decide, after, hold=True) -> tuple[int, np.ndarray] | None:
+    """The first arrival time t > `after` at which `decide` prunes some chain, and the (N,) chains; None if never.
+    Without `hold`, the chains pruned so far (all at or before `after`) leave the snapshots."""
+    k = np.flatnonzero(keep & (hold | (cut[group.sequence] == NEVER)))
     seq, step, end, klass = group.sequence[k], group.step[k], group.end[k], group.klass[k]
     times = np.unique(end[end > after])
     for first in range(0, times.size, _CHUNK):  # snapshots in chunks: the first prune usually comes early
@@ -229,6 +243,7 @@ def replay_pruning(
     groups: Sequence[ReplayGroup],
     scorer: Callable[[Sequence[ReplayGroup], Sequence[np.ndarray]], list[np.ndarray]],
     scores: Sequence[np.ndarray] | None = None,
+    hold: bool = True,
 ) -> list[PrunedStream]:
     """Replay a pruning rule causally and exactly on `groups` (module docstring): the fixpoint of scoring and
     pruning, batched over the groups that changed.
@@ -239,6 +254,9 @@ def replay_pruning(
         groups: the recorded groups.
         scorer: scores subsets of groups (`MSVGroupScorer`).
         scores: the groups' scores with every answer (computed when `None`): shared by every rule.
+        hold: a pruned chain's held answer keeps counting in the class snapshots (`hf_msv.pruning`); `False`: the
+            chain leaves the snapshots after its cut (the verifier still reads its answers). Pass the same to
+            `sweep_group`.
 
     Returns:
         One `PrunedStream` per group.
@@ -254,7 +272,7 @@ def replay_pruning(
     while pending:
         changed = []
         for g in pending:
-            found = _first_prune(groups[g], keep[g], current[g], cut[g], head, decide, after[g])
+            found = _first_prune(groups[g], keep[g], current[g], cut[g], head, decide, after[g], hold)
             if found is None:
                 continue
             t, pruned = found
@@ -296,8 +314,29 @@ class GroupSweep:
         )
 
 
+def _snapshots(group: ReplayGroup, stream: PrunedStream, head: StopHead, hold: bool):
+    """(E,) time, answer (a group index), statistic and confidence of the class snapshots of a pruned stream; without
+    `hold`, a pruned chain leaves the snapshots after its cut (computed between consecutive cuts)."""
+    pruned_at = np.unique(stream.cut[stream.cut < NEVER])
+    bounds = [-1, *pruned_at.tolist()] if not hold else [-1]
+    parts = []
+    times = np.unique(group.end[stream.keep])
+    for i, low in enumerate(bounds):
+        high = bounds[i + 1] if i + 1 < len(bounds) else np.iinfo(np.int64).max
+        wanted = times[(times > low) & (times <= high)]
+        if not wanted.size:
+            continue
+        k = np.flatnonzero(stream.keep & (hold | (stream.cut[group.sequence] > low)))
+        ev = stop_events(
+            head, group.klass[k], group.sequence[k], group.step[k], group.end[k], group.num_chains, stream.scores[k],
+            times=wanted,
+        )  # fmt: skip
+        parts.append((ev.time, k[ev.answer], ev.statistic, ev.confidence))
+    return tuple(np.concatenate(column) for column in zip(*parts))
+
+
 def sweep_group(
-    group: ReplayGroup, stream: PrunedStream, head: StopHead, lambdas=LAMBDAS, confidence_map=None
+    group: ReplayGroup, stream: PrunedStream, head: StopHead, lambdas=LAMBDAS, confidence_map=None, hold: bool = True
 ) -> GroupSweep:
     """The group stop (`decide_stop` on the class snapshots of the kept answers) for every λ on a pruned stream,
     and what each λ decodes.
@@ -308,18 +347,16 @@ def sweep_group(
         head: the stop head (statistic and confidence).
         lambdas: (Λ,) thresholds.
         confidence_map: a `ConfidenceMap` applied to what the stop reports (`None`: the head's confidence).
+        hold: as `replay_pruning`.
 
     Returns:
         The `GroupSweep`.
     """
     lam = np.asarray(lambdas, np.float64).reshape(-1)
-    k = np.flatnonzero(stream.keep)
-    ev = stop_events(
-        head, group.klass[k], group.sequence[k], group.step[k], group.end[k], group.num_chains, stream.scores[k]
-    )
-    d = decide_stop(ev.time, ev.statistic, stream.final[k][ev.answer], lam, ev.confidence, snapshots=True)
-    chosen = np.where(d.chosen >= 0, k[ev.answer[np.maximum(d.chosen, 0)]], -1)
-    reported = np.where(d.chosen >= 0, ev.confidence[np.maximum(d.chosen, 0)], np.nan)
+    time, answer, statistic, confidence = _snapshots(group, stream, head, hold)
+    d = decide_stop(time, statistic, stream.final[answer], lam, confidence, snapshots=True)
+    chosen = np.where(d.chosen >= 0, answer[np.maximum(d.chosen, 0)], -1)
+    reported = np.where(d.chosen >= 0, confidence[np.maximum(d.chosen, 0)], np.nan)
     if confidence_map is not None:
         reported = confidence_map(reported)
     cuts = np.where(d.stopped[:, None], np.minimum(stream.cut[None, :], d.stop_step[:, None]), stream.cut[None, :])
@@ -370,9 +407,10 @@ def sweep_groups(
     head: StopHead,
     lambdas=LAMBDAS,
     confidence_map=None,
+    hold: bool = True,
 ) -> PrunedReplay:
     """`sweep_group` over every group, stacked into a `PrunedReplay`."""
-    parts = [sweep_group(g, s, head, lambdas, confidence_map) for g, s in zip(groups, streams)]
+    parts = [sweep_group(g, s, head, lambdas, confidence_map, hold) for g, s in zip(groups, streams)]
     pruned = [
         ((s.cut[None, :] < g.seq_len[None, :]) & ((s.cut[None, :] < p.stop_step[:, None]) | ~p.stopped[:, None])).sum(
             1
@@ -500,3 +538,51 @@ def fit_pruning(
 def _index(lambdas, lam: float) -> int:
     grid = np.asarray(lambdas, np.float64)
     return int(np.flatnonzero(np.isinf(grid))[0]) if math.isinf(lam) else int(np.flatnonzero(grid == lam)[0])
+
+
+def store_pruning(destination, entry: dict) -> None:
+    """Write a certified pruning entry (`PruningFit.config_entry`) into the config of the verifier saved in
+    `destination`, next to its λ (``early_stopping["pruning"]``); nothing else of the config changes.
+
+    Args:
+        destination: a saved verifier's directory (its ``config.json`` must carry ``early_stopping``).
+        entry: the entry.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(destination) / "config.json"
+    config = json.loads(path.read_text())
+    if not config.get("early_stopping"):
+        raise ValueError(f"{path} carries no early-stopping rule to prune beside")
+    config["early_stopping"]["pruning"] = entry
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def fit_shipped_pruning(
+    calibration_dir, destination, epsilon: float = 0.01, delta: float = 0.1, rules=PRUNE_CANDIDATES
+) -> PruningFit:
+    """Certify a pruning rule and λ jointly for the verifier saved in `destination` (the shipped MSV_16:
+    ``hf_msv/testbed/verifier``) on the calibration shards `calibration_dir` (problems its stop head was not fitted
+    on; for the shipped verifier the 2,560 problems its λ is certified on), and store them in its config
+    (`store_pruning`). The stop head and the weights are kept.
+
+    Args:
+        calibration_dir: streaming shards of N-chain groups with hidden states.
+        destination: the verifier's directory.
+        epsilon, delta: the guarantee's tolerance and family-wise risk.
+        rules: the candidate rules (with `PRUNE_OFF`).
+
+    Returns:
+        The `PruningFit`.
+    """
+    from ..modeling_msv import MSVVerifier
+
+    verifier = MSVVerifier.from_pretrained(destination).eval()
+    head = StopHead.of(verifier.config)
+    if head is None:
+        raise ValueError(f"{destination} carries no stop head: fit its stopping rule first")
+    groups = load_replay_groups(calibration_dir, int(verifier.config.num_sequences))
+    fit, _ = fit_pruning(rules, head, groups, MSVGroupScorer(verifier), epsilon, delta)
+    store_pruning(destination, fit.config_entry())
+    return fit

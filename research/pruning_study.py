@@ -1,0 +1,205 @@
+"""Per-chain pruning beside the certified group stop (docs/pruning.md).
+
+Every candidate rule of `hf_msv.training.pruned_replay.PRUNE_CANDIDATES` (chosen on the stop head's own problems,
+before this script reads the calibration or evaluation problems) is replayed exactly (the MSV re-scores each group
+after every prune) on the calibration problems; the rule and λ are certified jointly by Learn-then-Test
+(`fit_pruning`: Bonferroni over the rules, fixed-sequence over λ; ε, δ); the stop-time confidence is recalibrated on
+the calibration stops. The chosen pair and every candidate at its own certified λ are then applied unchanged to the
+evaluation problems, against full decoding (no pruning, no stop) and the stop alone at the verifier's certified λ,
+with paired bootstrap intervals over problems. The ceiling: a pruner that knows full decoding's answer
+(`oracle_decision`) with the same stop. Last line: JSON (also written to ``--output``).
+
+    python research/pruning_study.py --verifier hf_msv/testbed/verifier --calibration-dir runs/pool \
+        --eval-dir runs/eval192 --epsilon 0.01 --output docs/results/pruning-n16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+
+from hf_msv import MSVVerifier
+from hf_msv.lambda_rule import LAMBDAS, LambdaChoice
+from hf_msv.metrics import ece, paired_bootstrap
+from hf_msv.pruning import PruneRule
+from hf_msv.stop_rules import StopHead
+from hf_msv.training.pruned_replay import (
+    PRUNE_CANDIDATES,
+    MSVGroupScorer,
+    PrunedReplay,
+    fit_pruning,
+    load_replay_groups,
+    oracle_decision,
+    replay_pruning,
+    sweep_groups,
+)
+
+
+def index_of(lam: float) -> int:
+    return LAMBDAS.size - 1 if math.isinf(lam) else int(np.flatnonzero(LAMBDAS == lam)[0])
+
+
+def operating_point(replay: PrunedReplay, j: int, full: PrunedReplay, confidence=None) -> dict:
+    """Accuracy, tokens as fractions of full decoding's (with paired bootstrap intervals) and the stop's
+    calibration of `replay` at λ index j, against `full` (no pruning) at λ = ∞."""
+    f = LAMBDAS.size - 1
+    right, reference = replay.correct[:, j].astype(float), full.correct[:, f].astype(float)
+    out = replay.at(j) | {
+        "lam": None if math.isinf(LAMBDAS[j]) else float(LAMBDAS[j]),
+        "full_accuracy": float(reference.mean()),
+        "accuracy_vs_full": paired_bootstrap(right, reference),
+        "loss": float((reference.astype(bool) & ~replay.correct[:, j]).mean()),
+        "cot_fraction": paired_bootstrap(replay.cot[:, j], full.cot[:, f], statistic="ratio"),
+        "all_fraction": paired_bootstrap(replay.tokens[:, j], full.tokens[:, f], statistic="ratio"),
+    }
+    if confidence is not None:  # the recalibrated stop-time confidence
+        hit = replay.stopped[:, j]
+        mapped = confidence(replay.confidence[hit, j])
+        out["confidence_at_stop_recalibrated"] = float(mapped.mean()) if hit.any() else math.nan
+        out["ece_at_stop_recalibrated"] = ece(mapped, replay.correct[hit, j]) if hit.any() else math.nan
+    return out
+
+
+def pruned_cause(groups, streams, targets) -> dict:
+    """Of the chains a rule pruned, the share whose unpruned run would have ended on full decoding's output class
+    and the share that held it when pruned: what pruning them gave up."""
+    ended_on = held = total = 0
+    for g, s, target in zip(groups, streams, targets):
+        for n in np.flatnonzero(s.cut < g.seq_len):
+            mine = np.flatnonzero(g.sequence == n)
+            kept = mine[s.keep[mine]]
+            total += 1
+            ended_on += int(g.klass[mine[np.argmax(g.step[mine])]] == target)
+            held += int(kept.size > 0 and g.klass[kept[np.argmax(g.step[kept])]] == target)
+    return {
+        "pruned_chains": total,
+        "would_end_on_output": ended_on / max(total, 1),
+        "held_output_when_pruned": held / max(total, 1),
+    }
+
+
+def run_rule(rule, head, groups, scorer, scores) -> tuple[PrunedReplay, list]:
+    streams = replay_pruning(rule, head, groups, scorer, scores)
+    return sweep_groups(groups, streams, head), streams
+
+
+# Measured on the evaluation problems beside the candidates, never certified: the verifier's ruled-out clause.
+ALTERNATIVES = (PruneRule(doubt=0.1, lead=0.5), PruneRule(doubt=0.05, lead=0.9), PruneRule(steady=2))
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verifier", required=True)
+    parser.add_argument("--calibration-dir", required=True, help="problems the stop head was not fitted on")
+    parser.add_argument("--eval-dir", required=True)
+    parser.add_argument("--epsilon", type=float, default=0.01)
+    parser.add_argument("--delta", type=float, default=0.1)
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--max-problems", type=int, default=None, help="a quick run on the first problems")
+    args = parser.parse_args(argv)
+    start = time.time()
+    verifier = MSVVerifier.from_pretrained(args.verifier).eval()
+    head = StopHead.of(verifier.config)
+    stop_only = LambdaChoice.of(verifier.config)
+    assert head is not None and stop_only is not None, "a verifier with a fitted stop head and λ"
+    n = verifier.config.num_sequences
+    scorer = MSVGroupScorer(verifier)
+
+    calibration = load_replay_groups(args.calibration_dir, n, args.max_problems)
+    cal_scores = scorer(calibration, [np.ones(g.sequence.size, bool) for g in calibration])
+    fit, cal_replays = fit_pruning(
+        PRUNE_CANDIDATES, head, calibration, scorer, args.epsilon, args.delta, scores=cal_scores
+    )
+    print(f"calibration done in {time.time() - start:.0f}s: {fit.rule.describe()}, λ = {fit.choice.choice.lam}")
+    cal_off = cal_replays[0]
+
+    groups = load_replay_groups(args.eval_dir, n, args.max_problems)
+    scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
+    replays, streams = zip(*(run_rule(r, head, groups, scorer, scores) for r in PRUNE_CANDIDATES))
+    full = replays[0]
+    f = LAMBDAS.size - 1
+    candidates = []
+    for i, rule in enumerate(PRUNE_CANDIDATES):
+        lam = fit.choice.cheapest[i]
+        row = {"rule": rule.to_dict(), "describe": rule.describe(), "certified_lambda": lam}
+        if lam is not None:
+            row["calibration"] = operating_point(cal_replays[i], index_of(lam), cal_off)
+            row["evaluation"] = operating_point(replays[i], index_of(lam), full)
+        row["evaluation_at_stop_only_lambda"] = operating_point(replays[i], index_of(stop_only.lam), full)
+        row["evaluation_no_stop"] = operating_point(replays[i], f, full)
+        row["rescorings_per_group"] = float(np.mean([s.rescorings for s in streams[i]]))
+        candidates.append(row)
+        print(json.dumps({k: row[k] for k in ("describe", "certified_lambda")}), flush=True)
+
+    chosen = PRUNE_CANDIDATES.index(fit.rule) if fit.rule in PRUNE_CANDIDATES else 0
+    j = index_of(fit.choice.choice.lam)
+    deployed = operating_point(replays[chosen], j, full, fit.confidence_map)
+    targets = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, streams[0]))]
+    for i, row in enumerate(candidates):
+        row["cause"] = pruned_cause(groups, streams[i], targets)
+    alternatives = []
+    for rule in ALTERNATIVES:
+        replay, alt_streams = run_rule(rule, head, groups, scorer, scores)
+        alternatives.append(
+            {
+                "rule": rule.to_dict(),
+                "describe": rule.describe(),
+                "evaluation_at_stop_only_lambda": operating_point(replay, index_of(stop_only.lam), full),
+                "evaluation_no_stop": operating_point(replay, f, full),
+                "cause": pruned_cause(groups, alt_streams, targets),
+            }
+        )
+        print(json.dumps({"alternative": rule.describe()}), flush=True)
+
+    # The ceiling: a pruner that knows full decoding's output class, with the same stop.
+    oracle_streams = [
+        replay_pruning(oracle_decision(g, t), head, [g], scorer, [s])[0] for g, t, s in zip(groups, targets, scores)
+    ]
+    oracle = sweep_groups(groups, oracle_streams, head)
+    ceiling = {
+        "at_deployed_lambda": operating_point(oracle, j, full),
+        "no_stop": operating_point(oracle, f, full),
+    }
+    out = {
+        "command": "python research/pruning_study.py " + " ".join(argv or []),
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "num_chains": n,
+        "calibration_problems": len(calibration),
+        "evaluation_problems": len(groups),
+        "procedure": fit.choice.procedure,
+        "delta_per_rule": fit.choice.delta_per_setting,
+        "fit": {
+            "rule": fit.rule.to_dict(),
+            "describe": fit.rule.describe(),
+            "lambda": fit.choice.choice.to_dict(),
+            "config_entry": fit.config_entry(),
+        },
+        "deployed": deployed,
+        "stop_only": operating_point(full, index_of(stop_only.lam), full),
+        "candidates": candidates,
+        "alternatives": alternatives,
+        "ceiling": ceiling,
+        "seconds": time.time() - start,
+    }
+    if args.output:
+        with open(args.output, "w") as handle:
+            json.dump(out, handle, indent=1, default=float)
+            handle.write("\n")
+    print(json.dumps({k: out[k] for k in ("fit", "deployed", "stop_only")}, default=float))
+    return out
+
+
+def full_chosen(groups, head, streams) -> list[int]:
+    """Full decoding's output answer of each group (no pruning, no stop)."""
+    from hf_msv.training.pruned_replay import sweep_group
+
+    return [int(sweep_group(g, s, head, [np.inf]).chosen[0]) for g, s in zip(groups, streams)]
+
+
+if __name__ == "__main__":
+    main()
