@@ -32,6 +32,7 @@ from hf_msv.evaluation import (
     token_prob_scores,
 )
 from hf_msv.evaluation.early_stop import LatencyCosts, tradeoff_curve
+from hf_msv.evaluation.results import StudyResults
 from hf_msv.metrics import best_of_n_metrics, calibration_metrics
 from hf_msv.training import MSVTrainingConfig, train_verifier
 
@@ -106,9 +107,11 @@ def study(tmp_path_factory):
         progress=False,
         bootstrap=200,
     )
-    results = evaluate_study(
+    typed = evaluate_study(
         config, dict(verifiers, MSV_4=[verifiers["MSV_4"], seed1]), lm_costs=LatencyCosts(0.01, 0.002)
     )
+    assert isinstance(typed, StudyResults)
+    results = typed.to_dict()  # the tests below read the JSON's keys
     return {
         "root": root,
         "eval": ev,
@@ -404,7 +407,7 @@ def test_cli_and_checker_rederivation(study, tmp_path):
             *sum((["--verifier", s] for s in specs), []),
         ]
     )
-    results = evaluate_study(args)
+    results = evaluate_study(args).to_dict()
     assert results["config"]["checker"] == "random"
     # per-difficulty breakdown from a problems file's metadata: buckets partition the problems and average back
     by = results["by_difficulty"]["4"]
@@ -474,7 +477,7 @@ def test_collate_path_scores_equal_the_old_stored_order_packing(study, name, mod
 def test_main_builds_flags_from_the_config(study, tmp_path, capsys):
     from hf_msv.evaluation import main
 
-    results = main(
+    typed = main(
         [
             "--eval-dir",
             str(study["eval"]),
@@ -494,7 +497,7 @@ def test_main_builds_flags_from_the_config(study, tmp_path, capsys):
     )
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["report"].endswith("main/report.md") and (tmp_path / "main" / "report.md").exists()
-    assert results["config"]["num_sequences_list"] == [1] and "Probe" in results["terminal"]["1"]
+    assert typed.num_sequences == [1] and "Probe" in typed.terminal["1"]
 
 
 def test_n_defaults_to_the_grid_the_samples_allow_and_too_large_n_is_a_clear_error(study, tmp_path):
@@ -515,7 +518,7 @@ def test_n_defaults_to_the_grid_the_samples_allow_and_too_large_n_is_a_clear_err
         "--verifier",
         f"Probe={study['verifiers']['Probe']['terminal']}",
     ]
-    results = main(flags + ["--output-dir", str(tmp_path / "default")])
+    results = main(flags + ["--output-dir", str(tmp_path / "default")]).to_dict()
     assert results["config"]["num_sequences_list"] == [1, 4, 8]  # the fixture collected 8 sequences per problem
     assert set(results["terminal"]) == {"1", "4", "8"}
     with pytest.raises(ValueError, match=r"only 8 sequences: ask for N <= 8 \(e\.g\. --num-sequences 1 4 8"):
@@ -609,7 +612,7 @@ def test_figures_without_matplotlib_fail_first_naming_the_extra(study, tmp_path,
     with pytest.raises(ModuleNotFoundError, match=r'pip install "hf-msv\[report\]" \(or pass --no-figures') as error:
         main(flags + ["--output-dir", str(tmp_path / "figures")])
     assert "\n" not in str(error.value) and not (tmp_path / "figures").exists()
-    assert main(flags + ["--no-figures", "--output-dir", str(tmp_path / "plain")])["figures"] == []
+    assert main(flags + ["--no-figures", "--output-dir", str(tmp_path / "plain")]).figures == []
 
 
 def test_training_seeds_new_baselines_and_intervals(study):
@@ -679,7 +682,7 @@ def test_stacked_baseline_without_a_probe_uses_a_linear_probe(study, tmp_path):
         progress=False,
         deepconf_window=8,
     )
-    res = evaluate_study(config, {"MSV_4": study["verifiers"]["MSV_4"]}, lm_costs=LatencyCosts(0.01, 0.002))
+    res = evaluate_study(config, {"MSV_4": study["verifiers"]["MSV_4"]}, lm_costs=LatencyCosts(0.01, 0.002)).to_dict()
     assert (
         res["config"]["stacked_probe"] == "linear probe on mean-pooled answer states, fitted on eval (2-fold "
         "cross-fit)"

@@ -24,7 +24,14 @@ pytestmark = [
 
 @pytest.mark.timeout(2400)  # two training seeds per verifier; ~20 min for main + checkers on 2 shared cores
 def test_quick_reproduction(tmp_path):
-    from hf_msv.reproduction import main as reproduce_main
+    from hf_msv.reproduction import ReproductionResults
+    from hf_msv.reproduction import main as run_main
+
+    def reproduce_main(argv: list[str]) -> dict:
+        """`hf-msv reproduce` with `argv`: its summary's JSON."""
+        summary = run_main(argv)
+        assert isinstance(summary, ReproductionResults)
+        return summary.to_json()
 
     out, work = tmp_path / "results", tmp_path / "work"
     # two fits at a time in worker processes (--train-workers): every study must wait for its own fits

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hf_msv.reproduction import ReproduceArguments, ReproduceConfig, parse_arguments, pipeline, render_testbed
+from hf_msv.reproduction.results import ReproductionResults
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 SIX_STUDIES = RESULTS / "plain-vote-start"  # the committed v2 report with all six studies, in five parts
@@ -78,10 +79,12 @@ def recorded(monkeypatch):
 def test_a_new_part_keeps_the_report_and_runs_only_what_it_lacks(report_dir, recorded, tmp_path):
     earlier = json.loads((report_dir / "testbed-v2.json").read_text())
     work = tmp_path / "fresh-work-dir"
-    summary = pipeline.reproduce(continuing(report_dir, work, studies=["checkers", "delimiters"]))
+    typed = pipeline.reproduce(continuing(report_dir, work, studies=["checkers", "delimiters"]))
+    assert isinstance(typed, ReproductionResults)
+    summary = typed.to_json()
 
     (call,) = recorded  # the delimiter study ran once; the checker study, already in the report, did not
-    assert call["main_results"] == json.loads((SIX_STUDIES / "testbed-v2-main.json").read_text())
+    assert call["main_results"].to_dict() == json.loads((SIX_STUDIES / "testbed-v2-main.json").read_text())
     assert call["collections"] == {} and not (work / "data").exists()  # it needs no main collection: none made
     assert call["vote_checks"] == earlier["vote_check"]
     assert {str(n): c.decode_step_s for n, c in call["lm_costs"].items()} == {
@@ -99,7 +102,7 @@ def test_a_new_part_keeps_the_report_and_runs_only_what_it_lacks(report_dir, rec
     assert any(c["id"].startswith("delimiters") for c in summary["claims"])
 
     text = (report_dir / "testbed-v2.md").read_text()
-    assert text == render_testbed(summary)
+    assert text == render_testbed(summary) == render_testbed(typed)
     assert (
         f"in {len(before) + 1} parts (each part after the first continued the committed report with "
         "`--continue-report`; the last ran delimiters in" in text
@@ -117,7 +120,7 @@ def test_a_new_part_keeps_the_report_and_runs_only_what_it_lacks(report_dir, rec
     assert "Interim report" not in text
 
     # a third part with nothing left to run rewrites the report and adds itself, nothing else
-    again = pipeline.reproduce(continuing(report_dir, work, studies=["delimiters"]))
+    again = pipeline.reproduce(continuing(report_dir, work, studies=["delimiters"])).to_json()
     assert len(recorded) == 1 and len(again["parts"]) == len(before) + 2 and again["parts"][-1]["studies"] == []
     assert again["delimiters"] == summary["delimiters"]
 
@@ -189,7 +192,7 @@ def test_a_report_written_with_the_old_field_name_loads_renders_and_continues(re
     assert render_testbed(legacy, main) == render_testbed(summary, main)
     assert pipeline.earlier_parts(legacy) == summary["parts"]
     path.write_text(json.dumps(legacy))
-    continued = pipeline.reproduce(continuing(report_dir, tmp_path / "w", studies=["delimiters"]))
+    continued = pipeline.reproduce(continuing(report_dir, tmp_path / "w", studies=["delimiters"])).to_json()
     written = json.loads(path.read_text())
     assert LEGACY_PARTS_KEY not in written and written["parts"][:-1] == summary["parts"]
     assert continued["parts"][-1]["studies"] == ["delimiters"]

@@ -87,8 +87,9 @@ def test_interim_report_is_written_with_the_studies_still_pending(committed, tmp
     }
     ctx = ReproductionContext(config_of(committed), tmp_path / "work", tmp_path)
     ctx.vote_checks = [row for row in committed["vote_check"] if row["study"] in ("main", "checkers")]
-    written = write_summary(ctx, done, started=0.0, pending=["masks", "grouping"])
-    assert json.loads((tmp_path / "testbed.json").read_text()) == written
+    typed = write_summary(ctx, done, started=0.0, pending=["masks", "grouping"])
+    written = typed.to_json()
+    assert json.loads((tmp_path / "testbed.json").read_text()) == written and typed.pending == ["masks", "grouping"]
     assert written["pending"] == ["masks", "grouping"] and "pending" not in done  # the caller's dict is untouched
     # the claims of the finished studies, as the full run computed them; none of the studies not run
     later = ("masks", "delimiters", "grouping", "training_size")

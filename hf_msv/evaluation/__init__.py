@@ -4,8 +4,8 @@ Modules: `verifiers` (loading checkpoints), `scoring` (verifier and baseline sco
 `prm` (the PRM baseline: a process reward model scoring answers from their chain-of-thought text), `methods` (the
 compared methods on one group draw), `early_stop` (the stop-rule replay, trade-off curves, λ rules),
 `intervals` (paired bootstrap intervals over problems), `study` (`evaluate_study`), `results` (its results as
-dataclasses: `StudyResults`), `report` (markdown and figures), `config` + `cli` (``hf-msv evaluate``). See
-``docs/evaluation.md``.
+dataclasses: `StudyResults`), `records` (`Record`, their one JSON conversion, the reproduction's too), `report`
+(markdown and figures), `config` + `cli` (``hf-msv evaluate``). See ``docs/evaluation.md``.
 """
 
 from ..data import answer_group, draw_sequences, load_split, select_answers

@@ -7,14 +7,16 @@ from pathlib import Path
 
 from ..arguments import parse_command_args
 from .config import EvaluateConfig
+from .results import StudyResults
 from .study import evaluate_study
 
 __all__ = ["main"]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> StudyResults:
     """``hf-msv evaluate [flags]``: evaluate, then print the report's and JSON's paths (``--config FILE`` and
-    ``--log-level`` as every command takes them: `hf_msv.arguments.parse_command_args`)."""
+    ``--log-level`` as every command takes them: `hf_msv.arguments.parse_command_args`); returns the
+    `StudyResults`."""
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(

@@ -62,6 +62,7 @@ __all__ = [
     "add_linear_probe",
     "fit_deepconf",
     "primary_msv",
+    "MethodPlan",
     "method_plan",
     "method_label",
     "evaluation_groups",
@@ -265,10 +266,29 @@ def primary_msv(entries: list[VerifierEntry], n: int) -> tuple[VerifierEntry | N
     return None, False
 
 
-def method_plan(entries: list[VerifierEntry], n: int, setting: str, split: SplitScores) -> dict:
-    """Methods of a setting at N: {"base": single-sequence scorers, "wv": {name+WV: name}, "msv": [entries],
-    "primary": the MSV_N entry or None, "grouped": whether it runs grouped, "probe": the stacked baseline's Probe
-    feature (the first Probe verifier, else the linear probe, else None)}."""
+@dataclass(frozen=True)
+class MethodPlan:
+    """The methods of one setting at one N (`method_plan`).
+
+    Attributes:
+        base: the single-sequence scorers, report order.
+        wv: weighted vote name -> the scorer it votes with (``"Probe+WV"`` -> ``"Probe"``; none at N = 1).
+        msv: the multi-sequence verifiers scoring at N (exactly N, or the primary MSV_M run grouped).
+        primary: the verifier reported as MSV_N (None without one).
+        grouped: whether the primary MSV runs grouped (M < N).
+        probe: the stacked baseline's Probe feature: the first Probe verifier, else the linear probe, else None.
+    """
+
+    base: list[str]
+    wv: dict[str, str]
+    msv: list[VerifierEntry]
+    primary: VerifierEntry | None
+    grouped: bool
+    probe: str | None
+
+
+def method_plan(entries: list[VerifierEntry], n: int, setting: str, split: SplitScores) -> MethodPlan:
+    """The methods of `setting` at N (`MethodPlan`)."""
     base = [m for (s, m) in split.single if s == setting and m != LINEAR_PROBE]
     base = [m for m in _BASELINES if m in base] + [m for m in base if m not in _BASELINES]
     wv = {f"{m}+WV": m for m in base} if n > 1 else {}
@@ -290,14 +310,7 @@ def method_plan(entries: list[VerifierEntry], n: int, setting: str, split: Split
     probe = next((e.name for e in entries if e.kind == "probe" and (setting, e.name) in split.single), None)
     if probe is None and (setting, LINEAR_PROBE) in split.single:
         probe = LINEAR_PROBE
-    return {
-        "base": base,
-        "wv": wv,
-        "msv": msv,
-        "primary": primary,
-        "grouped": grouped and primary is not None,
-        "probe": probe,
-    }
+    return MethodPlan(base, wv, msv, primary, grouped and primary is not None, probe)
 
 
 def method_label(entry: VerifierEntry, n: int) -> str:
@@ -336,11 +349,11 @@ def _vote(g: AnswerGroup, step: np.ndarray, setting: str) -> np.ndarray:
     return latest_answer_vote(g.klass, g.sequence, step, g.end)
 
 
-def _msv_scores(split: SplitScores, n: int, setting: str, plan: dict, sequences: list):
+def _msv_scores(split: SplitScores, n: int, setting: str, plan: MethodPlan, sequences: list):
     """Per MSV label, per problem `(A,)` scores of its partition's groups (each answer once), and the offline
     seconds per answer."""
     scores, offline = {}, {}
-    for e in plan["msv"]:
+    for e in plan.msv:
         model, mode = e.model_for(setting)
         merged = [np.full(p.num_answers, np.nan) for p in split.problems]
         seconds = count = 0
@@ -353,7 +366,7 @@ def _msv_scores(split: SplitScores, n: int, setting: str, plan: dict, sequences:
     return scores, offline
 
 
-def _feature_groups(split: SplitScores, n: int, setting: str, plan: dict):
+def _feature_groups(split: SplitScores, n: int, setting: str, plan: MethodPlan):
     """Per problem, the (vote share, Probe score, labels) of its groups' answers, concatenated: what the fitted
     vote baselines learn from."""
     g_min = split.dataset.num_sequences
@@ -364,7 +377,7 @@ def _feature_groups(split: SplitScores, n: int, setting: str, plan: dict):
             g = answer_group(p, seqs, setting)
             rows, _ = select_answers(p, seqs, setting)
             votes.append(_vote(g, p.answer_step[rows], setting))
-            probes.append(split.single[(setting, plan["probe"])][i][rows] if plan["probe"] else np.zeros(len(rows)))
+            probes.append(split.single[(setting, plan.probe)][i][rows] if plan.probe else np.zeros(len(rows)))
             labels.append(g.correct)
         out.append(tuple(np.concatenate(x) for x in (votes, probes, labels)))
     return out
@@ -374,7 +387,7 @@ def _stack_features(vote: np.ndarray, probe: np.ndarray) -> np.ndarray:
     return np.stack([vote, logit(probe)], axis=1)
 
 
-def _fit_vote_baselines(split: SplitScores, val: SplitScores | None, n: int, setting: str, plan: dict) -> list:
+def _fit_vote_baselines(split: SplitScores, val: SplitScores | None, n: int, setting: str, plan: MethodPlan) -> list:
     """Per evaluation problem, a function (vote, probe) -> {method: (A,) probabilities} of the fitted vote
     baselines, fitted on validation (else cross-fitted over the evaluation problems)."""
     cal_name = CALIBRATED_SC if setting == "terminal" else CALIBRATED_LATEST_VOTE
@@ -383,7 +396,7 @@ def _fit_vote_baselines(split: SplitScores, val: SplitScores | None, n: int, set
         v, pr, y = (np.concatenate([f[k] for f in feats]) for k in range(3))
         a, b = fit_platt(v, y)
         fitted = {cal_name: lambda vv, pp: platt(vv, a, b)}
-        if plan["probe"]:
+        if plan.probe:
             coef, icpt = fit_logistic(_stack_features(v, pr), y)
             fitted[STACKED] = lambda vv, pp: logistic(_stack_features(vv, pp), coef, icpt)
         return fitted
@@ -403,7 +416,12 @@ def _fit_vote_baselines(split: SplitScores, val: SplitScores | None, n: int, set
 
 
 def draw_scores(
-    split: SplitScores, n: int, setting: str, plan: dict, method_config: MethodConfig, val: SplitScores | None = None
+    split: SplitScores,
+    n: int,
+    setting: str,
+    plan: MethodPlan,
+    method_config: MethodConfig,
+    val: SplitScores | None = None,
 ) -> Draw:
     """Every method's scores on the evaluation groups of `split` at N in one setting (report order).
 
@@ -424,15 +442,15 @@ def draw_scores(
         for seqs in sequences[i]:
             g = answer_group(p, seqs, setting)
             rows, _ = select_answers(p, seqs, setting)
-            base = {m: split.single[(setting, m)][i][rows] for m in plan["base"]}
+            base = {m: split.single[(setting, m)][i][rows] for m in plan.base}
             sc = {}
             if n > 1:
                 vote = _vote(g, p.answer_step[rows], setting)
-                probe = split.single[(setting, plan["probe"])][i][rows] if plan["probe"] else None
+                probe = split.single[(setting, plan.probe)][i][rows] if plan.probe else None
                 sc[VOTE_BASELINES[setting][0]] = vote
                 sc |= {m: f(vote, probe) for m, f in fitted[i].items()}
             sc |= base
-            for name, m in plan["wv"].items():
+            for name, m in plan.wv.items():
                 sc[name] = (
                     weighted_voting(base[m], g.klass, g.is_terminal)
                     if setting == "terminal"
@@ -465,7 +483,9 @@ def draw_scores(
     return Draw(groups, np.asarray(problem_of, dtype=np.int64), offline)
 
 
-def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan: dict) -> tuple[dict, dict, dict]:
+def _stop_rule_scores(
+    g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan: MethodPlan
+) -> tuple[dict, dict, dict]:
     """The field's stopping rules' statistics on a streaming group, and each MSV's stop-head statistic and
     confidence where the verifier carries a head (``config.early_stopping``): what `StopRuleScorer` computes live.
 
@@ -475,8 +495,9 @@ def _stop_rule_scores(g: AnswerGroup, step: np.ndarray, n: int, msv: dict, plan:
     """
     columns = (g.klass, g.sequence, step, g.end)
     rules: dict[str, str | StopHead] = dict(STOP_RULE_METHODS)
-    for e in plan["msv"]:
-        head = StopHead.of(e.model_for("streaming")[0].config)
+    for e in plan.msv:  # each has a streaming model: the plan holds the MSVs scoring this setting
+        model = e.model_for("streaming")[0]
+        head = None if model is None else StopHead.of(model.config)
         label = method_label(e, n)
         if head and label in msv:
             rules[label + STOP_HEAD_SUFFIX] = head

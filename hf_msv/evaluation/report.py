@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,8 +29,12 @@ from .results import (
     as_study_results,
 )
 
+if TYPE_CHECKING:
+    from .early_stop import TradeoffCurve
+
 __all__ = [
     "REPORT_EXTRA_HINT",
+    "ReliabilityPairs",
     "require_report_extras",
     "render_report",
     "write_figures",
@@ -579,15 +585,29 @@ def _key_methods(methods: list[str], msv: str | None, limit: int = 6) -> list[st
     return order[:limit]
 
 
+@dataclass
+class ReliabilityPairs:
+    """One method's terminal (confidence, correctness) pairs for the reliability diagrams: one array per training
+    seed, of every terminal answer and of each group's best-of-N pick."""
+
+    answer_p: list[np.ndarray] = field(default_factory=list)
+    answer_y: list[np.ndarray] = field(default_factory=list)
+    bon_p: list[np.ndarray] = field(default_factory=list)
+    bon_y: list[np.ndarray] = field(default_factory=list)
+
+
 def write_figures(
-    results: StudyResults | Mapping, reliability: dict, curves: dict, output_dir: Path, stem: str
+    results: StudyResults | Mapping,
+    reliability: Mapping[int, Mapping[str, ReliabilityPairs]],
+    curves: Mapping[str, Mapping[str, TradeoffCurve]],
+    output_dir: Path,
+    stem: str,
 ) -> list[dict]:
     """Write the PNG figures of a study to ``{output_dir}/{stem}_*.png``.
 
     Args:
         results: the study's results so far (a `StudyResults` or its dict; figures not yet listed).
-        reliability: N -> method -> [answer p, answer y, best-of-N p, best-of-N y], each a list of per-seed arrays
-            (terminal setting).
+        reliability: N -> method -> its `ReliabilityPairs` (terminal setting).
         curves: str(N) -> method -> seed-mean `TradeoffCurve`.
         output_dir: where the PNGs go.
         stem: the file names' prefix (the report's name).
@@ -648,22 +668,25 @@ def _reliability_axes(ax, title: str, xlabel: str, top: float = 1.0) -> None:
     ax.tick_params(labelsize=6)
 
 
-def _reliability_figures(plt, save, results: StudyResults, reliability: dict) -> None:
+def _reliability_figures(
+    plt, save, results: StudyResults, reliability: Mapping[int, Mapping[str, ReliabilityPairs]]
+) -> None:
     """Reliability diagrams (terminal answers; best-of-N picks) at the largest N and each N > 1 with an MSV."""
     ns = results.num_sequences
     for n in ns:
         msv = results.msv(n)
         if n != ns[-1] and msv is None:
             continue
-        for kind, idx, caption in (("answers", (0, 1), "terminal answers"), ("bon", (2, 3), "best-of-N picks")):
+        for kind, caption in (("answers", "terminal answers"), ("bon", "best-of-N picks")):
             data = reliability.get(n, {})
             methods = _key_methods(list(data), msv)
             if not methods or (kind == "bon" and n == 1):
                 continue
             fig, axes = plt.subplots(1, len(methods), figsize=(2.6 * len(methods), 2.8), squeeze=False)
             for ax, m in zip(axes[0], methods):
-                p = np.concatenate(data[m][idx[0]])
-                y = np.concatenate(data[m][idx[1]]).astype(float)
+                pairs = data[m]
+                p = np.concatenate(pairs.answer_p if kind == "answers" else pairs.bon_p)
+                y = np.concatenate(pairs.answer_y if kind == "answers" else pairs.bon_y).astype(float)
                 conf, acc, count = reliability_bins(p, y, 10)
                 centers = (np.arange(10) + 0.5) / 10
                 ax.bar(centers, np.nan_to_num(acc), width=0.1, edgecolor="k", alpha=0.7, label="accuracy")
@@ -711,7 +734,7 @@ def _best_of_n_figure(plt, save, results: StudyResults) -> None:
     save(fig, "best_of_n", "Best-of-N accuracy vs N (terminal answers), mean ± std over seeds.")
 
 
-def _tradeoff_figures(plt, save, results: StudyResults, curves: dict) -> None:
+def _tradeoff_figures(plt, save, results: StudyResults, curves: Mapping[str, Mapping[str, TradeoffCurve]]) -> None:
     """Per N: accuracy vs tokens and vs latency as λ sweeps, and Brier per token position."""
     for n in results.num_sequences:
         cs = curves.get(str(n), {})

@@ -98,13 +98,13 @@ class MethodRoster(Record):
     """Which methods were evaluated at one N (``results["methods"][N]``): per setting, the primary MSV (None without
     one), whether the groups were grouped, and the single-sequence / multi-sequence / aggregation families."""
 
-    terminal: list[str]
-    streaming: list[str]
-    msv: str | None
-    grouped: bool
-    single_sequence: list[str]
-    multi_sequence: list[str]
-    aggregations: list[str]
+    terminal: list[str] = field(default_factory=list)
+    streaming: list[str] = field(default_factory=list)
+    msv: str | None = None
+    grouped: bool = False
+    single_sequence: list[str] = field(default_factory=list)
+    multi_sequence: list[str] = field(default_factory=list)
+    aggregations: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -425,7 +425,7 @@ class StudyResults(Record):
         figures: the `Figure` list.
     """
 
-    title: str
+    title: str = ""
     config: StudyConfig = coded(record(StudyConfig))
     data: dict = field(default_factory=dict)
     costs: StudyCosts = coded(record(StudyCosts))

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -42,6 +43,8 @@ from .early_stop import (
 from .intervals import (
     AXES,
     ChosenBudget,
+    ProblemCurves,
+    ProblemNumbers,
     chosen_budget,
     chosen_budget_interval,
     fraction_interval,
@@ -57,6 +60,7 @@ from .methods import (
     STACKED,
     STOP_HEAD_SUFFIX,
     VOTE_BASELINES,
+    MethodPlan,
     SplitScores,
     add_linear_probe,
     add_prm_scores,
@@ -69,7 +73,7 @@ from .methods import (
     with_verifiers,
 )
 from .prm import PRMScorer, load_lm_tokenizer, require_cot_token_ids
-from .report import render_report, require_report_extras, write_figures
+from .report import ReliabilityPairs, render_report, require_report_extras, write_figures
 from .results import (
     Budgets,
     FullDecodingTarget,
@@ -103,23 +107,67 @@ class _Study:
     edges: np.ndarray
 
 
+# One λ rule's outcome on one training seed (`_rule_record`), keys in report order; `_summarise_rule` makes each a
+# seed statistic of the report's ``lambda_selection``.
+_RuleOutcome = TypedDict(
+    "_RuleOutcome",
+    {
+        "target": float,
+        "lambda": float,
+        "val_accuracy": float,
+        "val_tokens": float,
+        "eval_accuracy": float,
+        "eval_tokens": float,
+        "eval_latency": float,
+        "certified": float,
+        "reached": float,
+        "problems_needed": float,
+        "stop_rate": float,
+        "stop_accuracy": float,
+        "stop_confidence": float,
+        "stop_ece": float,
+    },
+)
+
+# The confidence reported at each early stop and whether the stopped answer was right, of one training seed.
+_StopEvents = tuple[np.ndarray, np.ndarray]
+
+
+def _per_setting() -> dict[str, dict]:
+    return {s: {} for s in SETTINGS}
+
+
 @dataclass
 class _PerN:
-    """Accumulators of one N over training seeds."""
+    """Accumulators of one N over training seeds: every per-method list holds one entry per training seed.
+
+    Attributes:
+        lm: the LM's per-unit costs at N.
+        plans: per training seed, setting -> its `MethodPlan`.
+        verify_s / offline: method label -> online / offline verifier seconds per answer.
+        per_seed: setting -> method -> metric -> its value per seed.
+        numbers: setting -> method -> `ProblemNumbers` per seed (the intervals' inputs).
+        problem_curves: method -> `ProblemCurves` per seed (streaming).
+        curves / val_curves: method -> evaluation / validation `TradeoffCurve` per seed.
+        positions: method -> Brier per token-position bin, per seed.
+        lam_sel: method -> λ rule -> `_RuleOutcome` per seed.
+        stop_events: method -> λ rule -> `_StopEvents` per seed.
+        reliability: method -> its `ReliabilityPairs` (terminal).
+    """
 
     lm: LatencyCosts
-    plans: list  # per training seed: setting -> `method_plan`
-    verify_s: dict = field(default_factory=dict)  # method label -> online seconds per answer
-    per_seed: dict = field(default_factory=lambda: {s: {} for s in SETTINGS})  # setting -> method -> metric -> []
-    numbers: dict = field(default_factory=lambda: {s: {} for s in SETTINGS})  # setting -> method -> [ProblemNumbers]
-    problem_curves: dict = field(default_factory=dict)  # method -> [ProblemCurves per seed]
-    curves: dict = field(default_factory=dict)  # method -> [TradeoffCurve per seed]
-    val_curves: dict = field(default_factory=dict)  # method -> [validation TradeoffCurve per seed]
-    positions: dict = field(default_factory=dict)  # method -> [Brier per position bin, per seed]
-    lam_sel: dict = field(default_factory=dict)  # method -> rule -> [per-seed dicts]
-    stop_events: dict = field(default_factory=dict)  # method -> rule -> [(confidence, correct) at the stop, per seed]
-    offline: dict = field(default_factory=dict)  # method label -> offline seconds per answer
-    reliability: dict = field(default_factory=dict)  # method -> [answer p, answer y, BoN p, BoN y] per seed
+    plans: list[dict[str, MethodPlan]]
+    verify_s: dict[str, float] = field(default_factory=dict)
+    per_seed: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=_per_setting)
+    numbers: dict[str, dict[str, list[ProblemNumbers]]] = field(default_factory=_per_setting)
+    problem_curves: dict[str, list[ProblemCurves]] = field(default_factory=dict)
+    curves: dict[str, list[TradeoffCurve]] = field(default_factory=dict)
+    val_curves: dict[str, list[TradeoffCurve]] = field(default_factory=dict)
+    positions: dict[str, list[list[float]]] = field(default_factory=dict)
+    lam_sel: dict[str, dict[str, list[_RuleOutcome]]] = field(default_factory=dict)
+    stop_events: dict[str, dict[str, list[_StopEvents]]] = field(default_factory=dict)
+    offline: dict[str, float] = field(default_factory=dict)
+    reliability: dict[str, ReliabilityPairs] = field(default_factory=dict)
 
     def costs_for(self, method: str) -> LatencyCosts:
         base = method[:-3] if method.endswith("+WV") else method
@@ -133,7 +181,7 @@ def evaluate_study(
     lm_costs: LatencyCosts | Mapping | None = None,
     difficulty: Mapping | None = None,
     difficulty_name: str = "difficulty",
-) -> dict:
+) -> StudyResults:
     """Evaluate every baseline and verifier on the shards of ``config.eval_dir`` (protocol: ``docs/evaluation.md``);
     write ``{report_name}.md`` / ``.json`` and figures into ``config.output_dir``, created only once every input is
     checked.
@@ -150,8 +198,8 @@ def evaluate_study(
         difficulty: problem id -> difficulty value (`difficulty_from_problems`), reported as `difficulty_name`;
             None: ``config.difficulty_field`` of ``config.problems`` when set.
     Returns:
-        The results dict also written to ``{output_dir}/{report_name}.json``; `StudyResults.from_dict` reads it
-        (or the JSON) into typed sections.
+        The `StudyResults`, also written to ``{output_dir}/{report_name}.json`` (its ``to_dict()``;
+        `StudyResults.from_dict` reads the JSON back) and rendered to ``{report_name}.md``.
     Raises:
         ValueError or FileNotFoundError on bad inputs (an input given both in `config` and as an argument among
         them), ModuleNotFoundError for figures without matplotlib: before any work.
@@ -203,10 +251,9 @@ def evaluate_study(
     # Through the typed model before anything is written, so a section built with a key the readers do not know
     # fails here rather than when a report is rendered.
     typed = StudyResults.from_dict(json_safe(results))
-    results = typed.to_dict()
-    (output_dir / f"{config.report_name}.json").write_text(json.dumps(results, indent=1))
+    (output_dir / f"{config.report_name}.json").write_text(json.dumps(typed.to_dict(), indent=1))
     (output_dir / f"{config.report_name}.md").write_text(render_report(typed))
-    return results
+    return typed
 
 
 def _resolve_inputs(config: EvaluateConfig, verifiers, lm_costs, difficulty, difficulty_name: str):
@@ -350,12 +397,15 @@ def _study_config(config: EvaluateConfig, ns: list[int], seed_entries: list, prm
     ).to_dict()
 
 
-def _evaluate_every_n(results: dict, studies: list[_Study], ns: list[int], lm_costs, levels):
+def _evaluate_every_n(
+    results: dict, studies: list[_Study], ns: list[int], lm_costs, levels
+) -> tuple[dict[int, dict[str, ReliabilityPairs]], dict[str, dict[str, TradeoffCurve]]]:
     """Evaluate every training seed's study at each N into `results`; returns what the figures need:
     (N -> method -> pooled reliability pairs, str(N) -> method -> mean trade-off curve)."""
     from tqdm.auto import tqdm
 
-    reliability, curves = {}, {}
+    reliability: dict[int, dict[str, ReliabilityPairs]] = {}
+    curves: dict[str, dict[str, TradeoffCurve]] = {}
     bar = tqdm(
         total=len(ns) * len(studies),
         desc="evaluate",
@@ -433,7 +483,7 @@ def _resolve_lm_costs(lm_costs, info: dict) -> tuple[dict, str]:
     return lm_costs, cost_source
 
 
-def _online_costs(study: _Study, n: int, plans: dict) -> dict[str, float]:
+def _online_costs(study: _Study, n: int, plans: dict[str, MethodPlan]) -> dict[str, float]:
     """Online verifier cost per answer of each streaming verifier taking part at N, measured once per N (first
     training seed) on the first group of the first problems."""
     problems = study.split.problems
@@ -441,7 +491,7 @@ def _online_costs(study: _Study, n: int, plans: dict) -> dict[str, float]:
     verify_s = {}
     for e in study.entries:
         model, _ = e.model_for("streaming")
-        if model is None or (not e.single_sequence and not any(e is x for x in plans["streaming"]["msv"])):
+        if model is None or (not e.single_sequence and not any(e is x for x in plans["streaming"].msv)):
             continue
         verify_s[method_label(e, n)] = measure_verifier_cost(
             model, study.split.dataset, seqs0, max_groups=_COST_GROUPS, repeats=2
@@ -469,9 +519,9 @@ def _evaluate_draw(study: _Study, n: int, seed: int, acc: _PerN) -> None:
             for k, v in row.items():
                 acc.per_seed[setting].setdefault(method, {}).setdefault(k, []).append(v)
             if setting == "terminal":
-                rp = acc.reliability.setdefault(method, [[], [], [], []])
+                pairs = acc.reliability.setdefault(method, ReliabilityPairs())
                 bp, by = best_of_n_pairs(groups, method)
-                for store, value in zip(rp, (p, y, bp, by)):
+                for store, value in zip((pairs.answer_p, pairs.answer_y, pairs.bon_p, pairs.bon_y), (p, y, bp, by)):
                     store.append(value)
         if setting == "streaming" and study.val is not None:
             _lambda_rules(study, n, seed, acc, groups)
@@ -503,22 +553,22 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
     """Write N's numbers (mean ± std over training seeds, intervals over problems) into `results`."""
     key = str(n)
     plans = acc.plans[0]
-    primary = plans["streaming"]["primary"] or plans["terminal"]["primary"]
+    primary = plans["streaming"].primary or plans["terminal"].primary
     results["costs"]["lm"][key] = asdict(acc.lm)
     results["costs"]["verifier_online_s_per_answer"][key] = dict(acc.verify_s)
     results["costs"]["verifier_offline_s_per_answer"][key] = dict(acc.offline)
     msv = None if primary is None else method_label(primary, n)
-    multi = sorted({method_label(e, n) for s in SETTINGS for e in plans[s]["msv"]})
-    single = [m for m in plans["terminal"]["base"] if m != msv]
+    multi = sorted({method_label(e, n) for s in SETTINGS for e in plans[s].msv})
+    single = [m for m in plans["terminal"].base if m != msv]
     results["methods"][key] = MethodRoster(
         terminal=list(acc.per_seed["terminal"]),
         streaming=list(acc.per_seed["streaming"]),
         msv=msv,
-        grouped=bool(plans["streaming"]["grouped"] or plans["terminal"]["grouped"]),
-        single_sequence=list(plans["terminal"]["base"]),
+        grouped=plans["streaming"].grouped or plans["terminal"].grouped,
+        single_sequence=list(plans["terminal"].base),
         multi_sequence=multi,
         aggregations=[
-            m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s]["wv"]) if m in acc.per_seed[s]
+            m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s].wv) if m in acc.per_seed[s]
         ],
     ).to_dict()
     for s in SETTINGS:
@@ -564,7 +614,7 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
     guarantee (``"ltt"``), with the stop-time calibration on the evaluation split; and the validation curve the
     budgets' λ are chosen on."""
     vgroups = draw_scores(
-        study.val, n, "streaming", dict(acc.plans[seed]["streaming"]), study.config.method_config, study.val
+        study.val, n, "streaming", acc.plans[seed]["streaming"], study.config.method_config, study.val
     ).groups
     for m in _methods_in(eval_groups):
         costs = acc.costs_for(m)
@@ -579,7 +629,7 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
             acc.stop_events.setdefault(m, {}).setdefault(rule, []).append(events)
 
 
-def _stop_reliability(events: list[tuple[np.ndarray, np.ndarray]]) -> dict | None:
+def _stop_reliability(events: list[_StopEvents]) -> dict | None:
     """Reliability bins (tenths) of the confidence reported at the stop, over the early stops of every training
     seed; empty bins are left out. None for a statistic that is not a probability (no calibration to show)."""
     confidence = np.concatenate([c for c, _ in events])
@@ -597,7 +647,7 @@ def _stop_reliability(events: list[tuple[np.ndarray, np.ndarray]]) -> dict | Non
     }
 
 
-def _rule_record(choice, ev, confidence: np.ndarray) -> dict:
+def _rule_record(choice, ev, confidence: np.ndarray) -> _RuleOutcome:
     """One λ rule's outcome: its choice on validation, then on evaluation the accuracy, tokens and latency at the
     chosen λ and, over the groups that stopped, accuracy, mean confidence (`confidence`: the chosen answer's score
     per group) and ECE."""
@@ -648,7 +698,8 @@ def difficulty_from_problems(problems, field_name: str) -> dict:
     return out
 
 
-def _summarise_rule(values: list[dict]) -> dict:
+def _summarise_rule(values: list[_RuleOutcome]) -> dict:
+    """One λ rule's outcomes over training seeds: outcome -> seed statistic (None counts as nan)."""
     keys = values[0].keys()
     return {k: seed_stat([v[k] if v[k] is not None else math.nan for v in values]) for k in keys}
 
@@ -892,9 +943,9 @@ def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], singl
         if best is not None:
             comps[name] = _comparison(acc, mean, msv, best, n_boot)
     out["budgets"] = _budgets(acc, mean, msv, pools["all"], n_boot)
-    if "all" not in comps:
-        return out
     best = _best_peak(mean, pools["all"], "tokens")
+    if "all" not in comps or best is None:  # the pool of all baselines is empty: no comparison
+        return out
     out |= {
         "msv": msv,
         "best_baseline": best,

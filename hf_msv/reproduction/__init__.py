@@ -11,6 +11,7 @@
   run) and `main`;
 * `summary` — the summary's study entries distilled from `evaluate_study` results (pure);
 * `claims` — the paper's claims tested on the summary (pure);
+* `results` — the summary typed (`ReproductionResults`, what `reproduce` returns);
 * `report` — ``testbed.md`` rendered from the summary (pure).
 
 See ``docs/reproduction.md``.
@@ -23,6 +24,7 @@ from .own_lm import OWN_LM_TASK, ReproductionTask, reproduction_task
 from .paper import CHECKER_KWARGS, MASKS, PAPER
 from .pipeline import main, parse_arguments, reproduce
 from .report import render_testbed
+from .results import ReproductionResults
 from .shipped import SHIPPED_EPSILON, SHIPPED_LAMBDA_FILE, fit_shipped_stopping, train_shipped_verifier
 from .stages import (
     ShardReuse,
@@ -73,6 +75,7 @@ __all__ = [
     "grouping_study",
     "training_size_study",
     "reproduce",
+    "ReproductionResults",
     "train_shipped_verifier",
     "compute_claims",
     "render_testbed",

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ..evaluation.results import StudyResults
 from .config import ReproduceConfig, training_config
 from .own_lm import ReproductionTask, reproduction_task
 from .reuse import (
@@ -70,7 +71,7 @@ class ReproductionContext:
     tokenizer: object = None
     lm_costs: dict = field(default_factory=dict)
     verifiers: dict = field(default_factory=dict)
-    main_results: dict | None = None
+    main_results: StudyResults | None = None
     reports: dict = field(default_factory=dict)
     counts: dict = field(default_factory=lambda: {"trained": 0, "reused": 0})
     clock: StageClock = field(default_factory=lambda: StageClock(lambda *a, **k: None))
@@ -174,10 +175,10 @@ class ReproductionContext:
         title: str,
         subdir: bool = True,
         **kwargs,
-    ) -> dict:
+    ) -> StudyResults:
         """`evaluate_study` with the run's LM costs and DeepConf window; the report goes to output_dir/studies
         (`subdir`) or output_dir, and is recorded in `reports` by the caller;
-        every MSV fit of it is checked against the vote into `vote_checks`."""
+        every MSV fit of it is checked against the vote into `vote_checks`. Returns its `StudyResults`."""
         from ..evaluation import EvaluateConfig, evaluate_study
 
         self.queue.wait(checkpoint_paths(verifiers))  # the fits being evaluated may still be training
@@ -257,10 +258,10 @@ def keep_evaluation(out: Path, stem: str, kept: Path, key: dict) -> None:
     write_key(kept, key)
 
 
-def restore_evaluation(kept: Path, out: Path, stem: str) -> dict:
-    """Put a kept evaluation's results, report and figures back into `out`; its results dict."""
+def restore_evaluation(kept: Path, out: Path, stem: str) -> StudyResults:
+    """Put a kept evaluation's results, report and figures back into `out`; its `StudyResults`."""
     _copy_evaluation(kept, out, stem)
-    return json.loads((kept / f"{stem}.json").read_text())
+    return StudyResults.from_dict(json.loads((kept / f"{stem}.json").read_text()))
 
 
 def seed_specs(paths_by_mode: dict) -> list[dict]:

@@ -20,12 +20,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import MissingPathError, UserError
+from ..evaluation.results import StudyResults
 from .claims import compute_claims
 from .config import STUDIES, ReproduceArguments, ReproduceConfig
 from .context import ReproductionContext, StageClock
 from .own_lm import check_studies, reproduction_task
 from .paper import PAPER
 from .report import LEGACY_PARTS_KEY, render_testbed, report_parts
+from .results import ReproductionResults
 from .shipped import train_shipped_verifier
 from .stages import TrainingQueue, measure_lm_costs
 from .studies import STUDY_STAGES, main_study, train_main_verifiers
@@ -43,7 +45,7 @@ __all__ = [
 ]
 
 
-def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | None = None) -> dict:
+def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | None = None) -> ReproductionResults:
     """Run the testbed reproduction (``docs/reproduction.md``) and write ``testbed.md`` / ``testbed.json`` (quick:
     ``testbed-quick.*``) plus figures and per-study reports into ``args.output_dir``.
 
@@ -60,7 +62,7 @@ def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | 
             with ``args.quick``, the quick ones, with its overrides).
 
     Returns:
-        The summary dict, as written to ``testbed.json``.
+        The summary, as written to ``testbed.json`` (``to_json()``).
     """
     import torch
 
@@ -100,7 +102,9 @@ def reproduce(args: ReproduceArguments | None = None, config: ReproduceConfig | 
     return summary
 
 
-def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: bool, log, earlier=None) -> dict:
+def _run_studies(
+    ctx: ReproductionContext, studies: tuple, device, progress: bool, log, earlier=None
+) -> ReproductionResults:
     """`reproduce`'s body: collect, measure, train, evaluate every study (those `earlier`, a report being continued,
     lacks), write the reports."""
     from ..collect import load_lm
@@ -130,9 +134,9 @@ def _run_studies(ctx: ReproductionContext, studies: tuple, device, progress: boo
         study, stage = STUDY_STAGES[name]
         with ctx.clock(stage):
             summary[name] = study(ctx)
-    summary = write_summary(ctx, summary, started)
-    log(f"[reproduce] wrote {ctx.output_dir / (ctx.stem + '.md')} in {summary['timing_s']['total']:.0f} s")
-    return summary
+    done = write_summary(ctx, summary, started)
+    log(f"[reproduce] wrote {ctx.output_dir / (ctx.stem + '.md')} in {(done.timing_s or {})['total']:.0f} s")
+    return done
 
 
 def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progress: bool) -> None:
@@ -204,7 +208,7 @@ def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -
     from ..evaluation.early_stop import LatencyCosts
 
     ctx.lm_costs = {int(n): LatencyCosts(**c) for n, c in earlier["lm_costs"].items()}
-    ctx.main_results = json.loads(_main_results_path(ctx, earlier).read_text())
+    ctx.main_results = StudyResults.from_dict(json.loads(_main_results_path(ctx, earlier).read_text()))
     ctx.reports.update(earlier["reports"])
     ctx.vote_checks[:] = earlier.get("vote_check", [])
     finished = [k for k in STUDIES if k in earlier]
@@ -242,10 +246,10 @@ def earlier_parts(earlier: dict) -> list[dict]:
     return parts
 
 
-def write_summary(ctx: ReproductionContext, summary: dict, started: float, pending=()) -> dict:
+def write_summary(ctx: ReproductionContext, summary: dict, started: float, pending=()) -> ReproductionResults:
     """Complete `summary` (stage times, reuse log, vote checks, this part and its collections, claims) and write
     ``{stem}.json`` / ``{stem}.md`` into the output directory; `pending` names the studies still to run (an interim
-    report says so at its top). Returns the JSON-safe summary as written."""
+    report says so at its top). Returns the summary as written (``to_json()`` gives the JSON)."""
     from ..utils import json_safe
 
     timing = dict(ctx.clock.times, total=time.perf_counter() - started)
@@ -268,10 +272,11 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
     if pending:
         done["pending"] = list(pending)
     done["claims"] = compute_claims(done, ctx.config)
-    done = json_safe(done)
-    (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(done, indent=1))
-    (ctx.output_dir / f"{ctx.stem}.md").write_text(render_testbed(done, ctx.main_results))
-    return done
+    # Through the typed model before anything is written, as the evaluation's results are.
+    typed = ReproductionResults.from_json(json_safe(done))
+    (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(typed.to_json(), indent=1))
+    (ctx.output_dir / f"{ctx.stem}.md").write_text(render_testbed(typed, ctx.main_results))
+    return typed
 
 
 def part_collections(before: list[dict], made: dict) -> dict:
@@ -311,24 +316,20 @@ def parse_arguments(argv: list[str] | None = None) -> ReproduceArguments:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> ReproductionResults | Path:
     """``hf-msv reproduce``: runs `reproduce` (or, with ``--shipped-verifier``, `train_shipped_verifier`) with the
-    parsed options and returns its summary."""
+    parsed options and returns its summary (the shipped verifier's directory)."""
     args = parse_arguments(argv)
     cfg = args.reproduce_config()
     if args.shipped_verifier:
-        return {
-            "shipped_verifier": str(
-                train_shipped_verifier(
-                    args.work_dir,
-                    threads=args.threads,
-                    config=cfg,
-                    device=args.device,
-                    reuse_shards=args.reuse_shards,
-                    reuse_verifiers=args.reuse_verifiers,
-                )
-            )
-        }
+        return train_shipped_verifier(
+            args.work_dir,
+            threads=args.threads,
+            config=cfg,
+            device=args.device,
+            reuse_shards=args.reuse_shards,
+            reuse_verifiers=args.reuse_verifiers,
+        )
     return reproduce(args, cfg)
 
 

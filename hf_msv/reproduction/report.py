@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..evaluation import markdown_table
-from ..evaluation.results import AxisFraction, EarlyStopComparison, Figure, MethodMetrics, SeedStat
+from ..evaluation.results import AxisFraction, EarlyStopComparison, Figure, MethodMetrics, SeedStat, StudyResults
 from ..metrics import format_mean_std
 from .config import STUDIES
 from .paper import PAPER
@@ -864,7 +864,7 @@ _STUDY_SECTIONS = (
 )
 
 
-def render_testbed(summary: ReproductionResults | Mapping, main_results: dict | None = None) -> str:
+def render_testbed(summary: ReproductionResults | Mapping, main_results: StudyResults | Mapping | None = None) -> str:
     """``testbed.md`` from a `reproduce` summary.
 
     Args:

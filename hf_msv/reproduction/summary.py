@@ -241,21 +241,23 @@ def size_row(res: StudyResults | Mapping, n: int) -> dict:
     }
 
 
-def vote_check_rows(res: dict, study: str) -> list[dict]:
+def vote_check_rows(res: StudyResults | Mapping, study: str) -> list[dict]:
     """Every MSV fit of one evaluation against the vote it is fed (γ), per N and setting: AUROC mean over training
     seeds, the vote's, their difference and whether it is within `VOTE_TOLERANCE` (AUROC does not split into
     per-problem terms, so there is no paired interval here: the spread over training seeds is the ± of `auroc`)."""
+    res = as_study_results(res)
     rows = []
-    for k, methods in res["methods"].items():
+    for k, methods in res.methods.items():
         for setting, vote in _VOTES.items():
-            per = res.get(setting, {}).get(k, {})
+            per = res.setting(setting).get(k, {})
             if vote not in per:
                 continue
-            v = stat_mean(per[vote]["auroc"])
-            for m in methods["multi_sequence"]:
+            v = stat_mean(per[vote].stat("auroc"))
+            for m in methods.multi_sequence:
                 if m not in per:
                     continue
-                a = stat_mean(per[m]["auroc"])
+                auroc = per[m].stat("auroc")
+                a = stat_mean(auroc)
                 rows.append(
                     {
                         "study": study,
@@ -263,7 +265,7 @@ def vote_check_rows(res: dict, study: str) -> list[dict]:
                         "setting": setting,
                         "method": m,
                         "vote": vote,
-                        "auroc": per[m]["auroc"],
+                        "auroc": None if auroc is None else auroc.to_dict(),
                         "vote_auroc": v,
                         "difference": a - v,
                         "at_vote": bool(a - v >= -VOTE_TOLERANCE),
