@@ -121,9 +121,37 @@ def test_latest_answer_vote_matches_the_msv_gamma():
     step = np.tile(np.arange(3), 6)
     end = np.sort(rng.integers(0, 60, (6, 3)), axis=1).ravel() + rng.integers(0, 3, 18)
     klass = rng.integers(0, 3, 18)
-    t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.long)  # noqa: E731
+    t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.long)
     gamma = compute_gamma(t(np.zeros(18)), t(seq), t(step), t(end), t(klass), streaming=True).numpy()
     np.testing.assert_allclose(latest_answer_vote(klass, seq, step, end), gamma, rtol=1e-6)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_weighted_voting_matches_the_msv_vote_share(streaming):
+    """The weighted vote the MSV's vote pathway computes in torch gives the numbers of the numpy baseline (terminal:
+    over every answer of the group; streaming: over the answers available, above R of them)."""
+    import torch
+
+    from hf_msv.modeling_msv import weighted_vote_share
+
+    rng = np.random.default_rng(2)
+    group = np.repeat(np.arange(3), 8)
+    end = rng.integers(0, 40, 24)
+    klass = rng.integers(0, 3, 24)
+    scores = rng.random(24)
+    scores[group == 2] = 0.0  # a group without mass
+    t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.long)
+    share = weighted_vote_share(
+        torch.as_tensor(scores, dtype=torch.float64), t(group), t(end), t(klass), streaming=streaming, threshold=3
+    ).numpy()
+    for g in range(3):
+        at = group == g
+        expected = (
+            streaming_weighted_voting(scores[at], klass[at], end[at], R=3)
+            if streaming
+            else weighted_voting(scores[at], klass[at])
+        )
+        np.testing.assert_allclose(share[at], expected, rtol=1e-12, atol=1e-12)
 
 
 def test_calibrated_self_consistency_beats_raw_brier_on_miscalibrated_votes():
