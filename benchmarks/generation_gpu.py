@@ -138,7 +138,7 @@ def main():
         def run():
             with prepare_generation(model, tokenizer, **msv_kwargs) as msv:
                 torch.manual_seed(0)
-                model.generate(**inputs, **settings, stopping_criteria=[MSVEarlyStop(None)])
+                model.generate(**inputs, **settings, custom_generate=msv, stopping_criteria=[MSVEarlyStop(None)])
                 return msv.pop_results()[0]
 
         return run

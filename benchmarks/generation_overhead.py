@@ -47,6 +47,7 @@ Prints figures; the last line is JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import re
@@ -121,7 +122,7 @@ class ScriptedAnswers:
         ids = tokenizer.convert_tokens_to_ids
         chain = ["\\boxed", "{"] + [f"<w{i}>" for i in range(1, filler_tokens + 1)] + ["}"]
         self.next = torch.full((len(tokenizer),), -1, dtype=torch.long)
-        for a, b in zip(chain, chain[1:]):
+        for a, b in itertools.pairwise(chain):
             self.next[ids(a)] = ids(b)
         self.handle = model.register_forward_hook(self, with_kwargs=True)
 
@@ -240,6 +241,7 @@ def scheduled_generate(
             torch.manual_seed(0)
             model.generate(
                 **inputs,
+                custom_generate=msv,
                 do_sample=True,
                 num_return_sequences=n,
                 max_new_tokens=steps,
@@ -387,7 +389,7 @@ def hook_overhead(steps: int, repeats: int, n: int = 16) -> dict:
         with prepare_generation(model, tokenizer, delimiters=["Wait"], checker=None) as msv:
             criterion = TimedEarlyStop()
             torch.manual_seed(0)
-            out = model.generate(**inputs, **settings, stopping_criteria=[criterion])
+            out = model.generate(**inputs, **settings, custom_generate=msv, stopping_criteria=[criterion])
             (result,) = msv.pop_results()
         assert all(a.terminal for a in result.answers), "a delimiter fired"
         bookkeeping.append(criterion.seconds)
@@ -435,6 +437,7 @@ def paper_shape(model, tokenizer, n: int, steps: int, every: int = 64, answer_le
             torch.manual_seed(0)
             model.generate(
                 **inputs,
+                custom_generate=msv,
                 do_sample=True,
                 num_return_sequences=n,
                 max_new_tokens=steps,

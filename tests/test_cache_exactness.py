@@ -44,7 +44,7 @@ WINDOWS = [2, 3, 5, 9, 64]  # the contexts are 14-45 tokens: windows and chunks 
 ORDERS = [("sliding", "full"), ("full", "sliding"), ("sliding", "sliding"), ("sliding", "full", "sliding")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def windowed_model(family: str, window: int, order: tuple[str, ...]):
     """A tiny LM whose layers follow `order` ("sliding": a sliding-window layer for Gemma-2 and Qwen2, a chunked one
     for Llama 4); weights larger than the default init, so that a wrong context shows in the hidden states."""
@@ -143,7 +143,7 @@ def test_branches_exact_and_sampling_unperturbed(scenario):
         max_answer_tokens=5,
         capture_hidden_states=True,
     ) as msv:
-        hooked = generate(model, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule)
+        hooked = generate(msv, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule)
         results = msv.pop_results()
     assert torch.equal(plain, hooked)
     fired = {
@@ -175,7 +175,7 @@ def test_early_stopping_keeps_sampling_and_answers_exact(scenario, threshold):
         max_answer_tokens=5,
         capture_hidden_states=True,
     ) as msv:
-        hooked = generate(model, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule, threshold=threshold)
+        hooked = generate(msv, inputs, n=n, max_new_tokens=MAX_NEW, schedule=schedule, threshold=threshold)
         results = msv.pop_results()
     start = inputs["input_ids"].shape[1]
     for result in results:

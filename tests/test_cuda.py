@@ -113,7 +113,7 @@ def test_answer_states_leave_the_accelerator_as_answers_complete(offload):
         capture_hidden_states=True,
         offload_hidden_states=offload,
     ) as msv:
-        generate(model, prompts().to(DEVICE), n=3, max_new_tokens=12)
+        generate(msv, prompts().to(DEVICE), n=3, max_new_tokens=12)
         answers = [a for r in msv.pop_results() for a in r.answers]
     assert len(answers) == 2 * 3 * 3
     assert {a.hidden_states.device.type for a in answers} == {"cpu" if offload else DEVICE.type}

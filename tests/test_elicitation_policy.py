@@ -66,7 +66,7 @@ def live_generate(settings=SETTINGS):
     model = tiny_model("llama")
     ScriptedAnswers(model)
     with prepare_generation(model, TOK, elicitation=settings, checker=None) as msv:
-        generate(model, prompts(["Hi"]), n=4, max_new_tokens=BUDGET, schedule=SCHEDULE)
+        generate(msv, prompts(["Hi"]), n=4, max_new_tokens=BUDGET, schedule=SCHEDULE)
         return msv.pop_results()[0], model
 
 
@@ -108,7 +108,7 @@ def vllm_chains(sequences, policy, monkeypatch, chunk=3):
                 continue
             end = min(start + chunk, len(seq))
             finish = None if end < len(seq) else ("stop" if seq[-1] in policy.eos_ids else "length")
-            session.chain_tokens(run, SimpleNamespace(index=n, token_ids=seq[start:end], finish_reason=finish))
+            session.chain_tokens(run, n, SimpleNamespace(token_ids=seq[start:end], finish_reason=finish))
     branches = [el.live.branch for el in session.elicitations.values()]
     return points(
         SimpleNamespace(sequence=b.row, tau=b.tau, trigger=b.trigger, terminal=b.is_terminal) for b in branches

@@ -76,7 +76,9 @@ def test_sampling_unperturbed_and_branches_exact(arch):
         capture_hidden_states=True,
     ) as msv:
         torch.manual_seed(7)
-        hooked = model.generate(**inputs, do_sample=True, num_return_sequences=3, max_new_tokens=24)
+        hooked = model.generate(
+            custom_generate=msv, **inputs, do_sample=True, num_return_sequences=3, max_new_tokens=24
+        )
         results = msv.pop_results()
     assert torch.equal(plain, hooked)
     answers = [(r, a) for r in results for a in r.answers]
@@ -93,7 +95,7 @@ def test_hidden_states_are_after_final_norm():
     with prepare_generation(
         model, TOK, delimiters=[], checker=None, max_answer_tokens=3, capture_hidden_states=True
     ) as msv:
-        generate(model, prompts(["Hi"]), n=1, max_new_tokens=4)
+        generate(msv, prompts(["Hi"]), n=1, max_new_tokens=4)
         answer = msv.pop_results()[0].answers[0]
     # The LM head applied to the captured state gives the logits that chose the next answer token.
     logits = model.lm_head(answer.hidden_states)
@@ -148,7 +150,7 @@ def test_delimiter_variants_branch_before_the_delimiter():
     inputs = prompts(["Hello there, solve 2+2"])
     schedule = {(0, 0): ID["Wait"], (0, 4): ID["Wait"], (1, 3): ID["Wa"], (1, 4): ID["it"], (2, 4): ID["\n\nWait"]}
     with prepare_generation(model, TOK, delimiters=["Wait"], checker=None, capture_hidden_states=True) as msv:
-        generate(model, inputs, n=3, max_new_tokens=8, schedule=schedule)
+        generate(msv, inputs, n=3, max_new_tokens=8, schedule=schedule)
         result = msv.pop_results()[0]
     prompt_ids = TOK(ELICITATION_PROMPT, add_special_tokens=False)["input_ids"]
     at = {(a.sequence, a.tau): a for a in result.answers}
@@ -172,7 +174,7 @@ def test_keep_delimiter_and_every_k():
     with prepare_generation(
         model, TOK, delimiters=["Wait"], every_k_tokens=4, keep_delimiter=True, checker=None
     ) as msv:
-        generate(model, inputs, n=2, max_new_tokens=10, schedule={(0, 1): ID["Wait"]})
+        generate(msv, inputs, n=2, max_new_tokens=10, schedule={(0, 1): ID["Wait"]})
         result = msv.pop_results()[0]
     by_sequence = {
         n: [(a.tau, a.trigger, a.cot_tokens, a.step) for a in result.answers if a.sequence == n] for n in range(2)
@@ -185,7 +187,7 @@ def test_keep_delimiter_and_every_k():
 def test_answer_at_last_step_is_the_terminal_answer():
     model = tiny_model("llama")
     with prepare_generation(model, TOK, delimiters=[], every_k_tokens=5, checker=None, max_answer_tokens=2) as msv:
-        generate(model, prompts(["Hi"]), n=2, max_new_tokens=10)
+        generate(msv, prompts(["Hi"]), n=2, max_new_tokens=10)
         result = msv.pop_results()[0]
     assert [(a.tau, a.terminal) for a in result.answers if a.sequence == 0] == [(4, False), (9, True)]
 
@@ -199,7 +201,7 @@ def test_no_delimiter_gives_one_terminal_answer_per_sequence():
     model = tiny_model("gpt2")
     ScriptedAnswers(model)
     with prepare_generation(model, TOK, delimiters=["Wait"], checker=None) as msv:
-        out = generate(model, prompts(), n=3, max_new_tokens=9)
+        out = generate(msv, prompts(), n=3, max_new_tokens=9)
         results = msv.pop_results()
     assert len(results) == 2
     for result in results:
@@ -215,7 +217,7 @@ def test_unclosed_box_is_no_answer():
     model = tiny_model("llama")
     ScriptedAnswers(model, close=False)
     with prepare_generation(model, TOK, delimiters=[], checker=None, max_answer_tokens=5) as msv:
-        generate(model, prompts(["Hi"]), n=2, max_new_tokens=4)
+        generate(msv, prompts(["Hi"]), n=2, max_new_tokens=4)
         answers = msv.pop_results()[0].answers
     assert all(a.text is None and a.length == 5 and a.raw_text == "{1111" for a in answers)
 
@@ -226,7 +228,7 @@ def test_sequences_ending_at_different_steps_and_n_equals_one():
     verifier = tiny_verifier(num_sequences=4)
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
         out = generate(
-            model,
+            msv,
             prompts(["Hello there", "Hi"]),
             n=3,
             max_new_tokens=10,
@@ -235,7 +237,7 @@ def test_sequences_ending_at_different_steps_and_n_equals_one():
         )
         first, second = msv.pop_results()
         # N = 1
-        generate(model, prompts(["Hi"]), n=1, max_new_tokens=5, threshold=2.0)
+        generate(msv, prompts(["Hi"]), n=1, max_new_tokens=5, threshold=2.0)
         (single,) = msv.pop_results()
     assert [(a.sequence, a.tau, a.trigger) for a in first.answers] == [(0, 2, "eos"), (1, 5, "eos"), (2, 9, "budget")]
     assert [a.cot_tokens for a in first.answers] == [2, 5, 10]  # EOS is not part of a branch
@@ -291,7 +293,7 @@ def test_threshold_zero_stops_a_prompt_at_its_first_answer():
     inputs = prompts()
     budget = 30
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
-        out = generate(model, inputs, n=2, max_new_tokens=budget, schedule={**schedule, (2, 7): EOS}, threshold=0.0)
+        out = generate(msv, inputs, n=2, max_new_tokens=budget, schedule={**schedule, (2, 7): EOS}, threshold=0.0)
         first, second = msv.pop_results()
     generated = out[:, inputs["input_ids"].shape[1] :]
     t0, t1 = 3 + P + 3, 6 + P + 3
@@ -324,7 +326,7 @@ def test_stopped_prompts_leave_the_batch_and_branches_add_no_forwards():
         with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
             # λ = 0 stops prompt 0 at its first answer; prompt 1 never fires before its budget, so it never stops.
             only_first = {k: v for k, v in schedule.items() if k[0] < 2}
-            generate(model, prompts(), n=2, max_new_tokens=budget, schedule=only_first, threshold=lam)
+            generate(msv, prompts(), n=2, max_new_tokens=budget, schedule=only_first, threshold=lam)
             calls[lam] = msv.pop_results()
     full, stopped = calls[None], calls[0.0]
     # Without stopping: budget main forwards, then the terminal answers' tail (P + 1 newest token + 3 answer tokens).
@@ -342,7 +344,7 @@ def test_threshold_above_one_never_stops_and_chooses_best_final_answer():
     verifier = tiny_verifier(bias=3.0)  # all scores high, but never above λ = 1.01
     schedule = {(0, 2): ID["Wait"], (1, 4): ID["Wait"]}
     with prepare_generation(model, TOK, verifier, delimiters=["Wait"], checker="exact") as msv:
-        generate(model, prompts(["Hi"]), n=3, max_new_tokens=8, schedule=schedule, threshold=1.01)
+        generate(msv, prompts(["Hi"]), n=3, max_new_tokens=8, schedule=schedule, threshold=1.01)
         (result,) = msv.pop_results()
     # Never stopped: t* is when the last answer became available (the budget answers, τ = 7, fed the newest token
     # and the prompt, L = 3), not 7.
@@ -360,7 +362,7 @@ def test_terminal_mode_scores_once_offline():
         model, TOK, verifier, delimiters=["Wait"], checker="exact", capture_hidden_states=True
     ) as msv:
         assert msv.elicitation.mode == "terminal"
-        generate(model, prompts(), n=4, max_new_tokens=6, schedule={(0, 1): ID["Wait"], (1, 2): EOS}, threshold=0.0)
+        generate(msv, prompts(), n=4, max_new_tokens=6, schedule={(0, 1): ID["Wait"], (1, 2): EOS}, threshold=0.0)
         results = msv.pop_results()
     for result in results:
         assert [a.terminal for a in result.answers] == [True] * 4  # delimiters are ignored
@@ -385,22 +387,26 @@ def test_mode_mismatch_and_unbound_criterion():
         prepare_generation(model, TOK, tiny_verifier(mode="terminal"), mode="streaming")
     with pytest.raises(RuntimeError, match="prepare_generation"):
         generate(model, prompts(["Hi"]), n=1, max_new_tokens=2)
-    with prepare_generation(model, TOK, checker=None), pytest.raises(ValueError, match="verifier"):
-        generate(model, prompts(["Hi"]), n=1, max_new_tokens=2, threshold=0.5)
+    with pytest.raises(RuntimeError, match="custom_generate=msv"):  # prepared, but its loop not passed
+        prepare_generation(model, TOK, checker=None)
+        generate(model, prompts(["Hi"]), n=1, max_new_tokens=2)
+    with prepare_generation(model, TOK, checker=None) as msv, pytest.raises(ValueError, match="verifier"):
+        generate(msv, prompts(["Hi"]), n=1, max_new_tokens=2, threshold=0.5)
+    other = prepare_generation(tiny_model("llama"), TOK, checker=None)
+    with pytest.raises(ValueError, match="another model"):
+        model.generate(**prompts(["Hi"]), custom_generate=other, max_new_tokens=2)
 
 
-def test_verifier_config_provides_defaults_and_detach_restores_the_model():
+def test_verifier_config_provides_defaults_and_the_model_is_not_modified():
     model = tiny_model("llama")
     verifier = tiny_verifier()
     verifier.config.elicitation = verifier.config.elicitation.replace(delimiters=("\n\n",), max_answer_tokens=7)
+    before = dict(vars(model))
     msv = prepare_generation(model, TOK, verifier, checker="exact")
     e = msv.elicitation
     assert (e.delimiters, e.max_answer_tokens, e.every_k_tokens) == (("\n\n",), 7, None)
-    assert "generate" in vars(model) and len(model._forward_pre_hooks) == 0
-    with pytest.raises(RuntimeError, match="already"):
-        prepare_generation(model, TOK, checker=None)
-    msv.detach()
-    assert "generate" not in vars(model) and len(model._forward_pre_hooks) == 0
+    assert vars(model) == before and len(model._forward_pre_hooks) == 0  # no patched generate, no hook
+    assert prepare_generation(model, TOK, checker=None) is not msv  # sessions are independent
 
 
 def test_msv_generate_and_criterion_free_collection():
@@ -420,13 +426,16 @@ def test_msv_generate_and_criterion_free_collection():
     )
     assert [r.prompt for r in results] == [0, 1] and all(r.chosen is not None for r in results)
     assert "generate" not in vars(model)
-    # Collection: no verifier, no MSVEarlyStop passed; num_sequences is the default N.
-    with prepare_generation(
-        model, TOK, checker=None, delimiters=[], num_sequences=3, capture_hidden_states=True
-    ) as msv:
+    # Collection: no verifier, no MSVEarlyStop passed.
+    with prepare_generation(model, TOK, checker=None, delimiters=[], capture_hidden_states=True) as msv:
         torch.manual_seed(0)
         model.generate(
-            **prompts(["Hi"]), do_sample=True, max_new_tokens=3, logits_processor=LogitsProcessorList([ForceTokens(2)])
+            custom_generate=msv,
+            **prompts(["Hi"]),
+            do_sample=True,
+            num_return_sequences=3,
+            max_new_tokens=3,
+            logits_processor=LogitsProcessorList([ForceTokens(2)]),
         )
         (result,) = msv.results
     assert result.num_sequences == 3 and all(a.hidden_states.device.type == "cpu" for a in result.answers)
@@ -514,6 +523,7 @@ def test_row_ended_by_another_criterion_gets_its_terminal_answer():
     with prepare_generation(model, TOK, delimiters=[], checker=None, capture_hidden_states=True) as msv:
         torch.manual_seed(0)
         model.generate(
+            custom_generate=msv,
             **inputs,
             do_sample=True,
             num_return_sequences=2,

@@ -74,7 +74,7 @@ def test_smollm_paragraph_delimiter_is_exact_and_unperturbed(smollm):
         model, tokenizer, verifier, delimiters=["\n\n"], checker="symbolic", capture_hidden_states=True
     ) as msv:
         torch.manual_seed(11)
-        hooked = model.generate(**inputs, **settings, stopping_criteria=[MSVEarlyStop(1.5)])
+        hooked = model.generate(custom_generate=msv, **inputs, **settings, stopping_criteria=[MSVEarlyStop(1.5)])
         (result,) = msv.pop_results()
     assert torch.equal(plain, hooked)
     delimiter_answers = [a for a in result.answers if a.trigger == "delimiter"]

@@ -218,7 +218,7 @@ def test_sampling_unperturbed_and_branches_exact(arch):
         max_answer_tokens=6,
         capture_hidden_states=True,
     ) as msv:
-        hooked = generate(model, inputs, n=3, max_new_tokens=12, schedule=SCHEDULE)
+        hooked = generate(msv, inputs, n=3, max_new_tokens=12, schedule=SCHEDULE)
         results = msv.pop_results()
     assert torch.equal(plain, hooked)
     answers = [(r, a) for r in results for a in r.answers]
@@ -246,7 +246,7 @@ def test_stopped_prompt_leaves_the_batch_with_its_recurrent_rows(arch):
     with prepare_generation(
         model, TOK, tiny_verifier(), delimiters=["Wait"], checker="exact", max_answer_tokens=6
     ) as msv:
-        hooked = generate(model, inputs, n=2, max_new_tokens=16, schedule=schedule, threshold=0.0)
+        hooked = generate(msv, inputs, n=2, max_new_tokens=16, schedule=schedule, threshold=0.0)
         results = msv.pop_results()
     # Prompt 0 stops when its answer is available (τ + P + L, L = 3 scripted tokens); prompt 1's answer (τ = 9)
     # comes only after the budget, so its rows run to the end, sampled exactly as without MSV.
@@ -334,7 +334,7 @@ def test_branch_cache_restores_the_saved_recurrent_state_and_counts_its_bytes():
 
 def test_could_start_marks_tokens_that_may_begin_a_split_delimiter():
     matcher = DelimiterMatcher(TOK, ["Wait", "\n\n"])
-    ids = lambda *tokens: [ID[t] for t in tokens]  # noqa: E731
+    ids = lambda *tokens: [ID[t] for t in tokens]
     assert matcher.could_start(ids("o", "Wa")) and matcher.could_start(ids("o", "W"))
     assert matcher.could_start(ids("o", "\n"))
     assert not matcher.could_start(ids("o", "a"))  # "a" alone is no prefix of "Wait"
@@ -352,10 +352,10 @@ def test_unsupported_cache_layers_fail_naming_the_layer():
 
     cache = DynamicCache()
     cache.layers = [CustomLayer()]
-    with pytest.raises(NotImplementedError, match="CustomLayer.*reorder_cache"):
+    with pytest.raises(NotImplementedError, match=r"CustomLayer.*reorder_cache"):
         fork_cache(cache, torch.tensor([0]))
     static = StaticCache(config=gemma2_window_model(64).config, max_cache_len=8)
-    with pytest.raises(NotImplementedError, match="Static.*Layer.*dynamic cache"):
+    with pytest.raises(NotImplementedError, match=r"Static.*Layer.*dynamic cache"):
         fork_cache(static, torch.tensor([0]))
 
 
@@ -409,10 +409,10 @@ def test_minimax_linear_cache_is_refused_before_decoding():
     forwards = []
     model.register_forward_hook(lambda *args: forwards.append(1))
     with (
-        prepare_generation(model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=4),
+        prepare_generation(model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=4) as msv,
         pytest.raises(NotImplementedError, match=r"MiniMaxCache\.linear_cache"),
     ):
-        generate(model, prompts(), n=2, max_new_tokens=6)
+        generate(msv, prompts(), n=2, max_new_tokens=6)
     assert len(forwards) == 1  # the prefill
     with pytest.raises(NotImplementedError, match="MiniMaxCache"):
         check_forkable(type(prefill(model, prompts()))())  # the class alone, before it holds any tensor
@@ -437,7 +437,7 @@ def test_sliding_window_shorter_than_the_context_with_split_delimiters_is_exact(
     with prepare_generation(
         model, TOK, delimiters=["Wait"], checker=None, max_answer_tokens=6, capture_hidden_states=True
     ) as msv:
-        hooked = generate(model, inputs, n=2, max_new_tokens=12, schedule=schedule)
+        hooked = generate(msv, inputs, n=2, max_new_tokens=12, schedule=schedule)
         results = msv.pop_results()
     assert torch.equal(plain, hooked)
     answers = [(r, a) for r in results for a in r.answers]
@@ -479,5 +479,5 @@ def test_recurrent_layers_before_transformers_5_14_fail_naming_the_version(monke
 
 def test_mamba_without_cache_is_a_clear_error():
     model = hybrid_model("mamba")
-    with prepare_generation(model, TOK, checker=None), pytest.raises(RuntimeError, match="use_cache=True"):
-        model.generate(**prompts(["Hi"]), do_sample=False, max_new_tokens=2, use_cache=False)
+    with prepare_generation(model, TOK, checker=None) as msv, pytest.raises(RuntimeError, match="use_cache=True"):
+        model.generate(**prompts(["Hi"]), custom_generate=msv, do_sample=False, max_new_tokens=2, use_cache=False)

@@ -403,8 +403,8 @@ def test_refused_through_prepare_generation(cls):
     forwards = count_forwards(model)
     inputs = tokenizer(["Hi", "Hello"], return_tensors="pt", padding=True)
     with (
-        prepare_generation(model, tokenizer, checker=None, delimiters=["Wait"], max_answer_tokens=4),
+        prepare_generation(model, tokenizer, checker=None, delimiters=["Wait"], max_answer_tokens=4) as msv,
         pytest.raises(UnsupportedError, match=f"decoding state of {cls.__name__}"),
     ):
-        model.generate(**inputs, do_sample=True, num_return_sequences=2, max_new_tokens=4)
+        model.generate(**inputs, custom_generate=msv, do_sample=True, num_return_sequences=2, max_new_tokens=4)
     assert len(forwards) <= 1

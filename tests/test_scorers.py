@@ -98,7 +98,7 @@ def run(model, scorer, threshold, texts=("Hello there, solve 2+2", "Hi"), mode=N
         model, TOK, scorer, delimiters=["Wait"], checker="exact", capture_hidden_states=True, **overrides
     ) as msv:
         schedule = {k: v for k, v in SCHEDULE.items() if k[0] < N * len(texts)}
-        generate(model, prompts(texts), n=N, max_new_tokens=BUDGET, schedule=schedule, threshold=threshold, seed=5)
+        generate(msv, prompts(texts), n=N, max_new_tokens=BUDGET, schedule=schedule, threshold=threshold, seed=5)
         return msv.pop_results()
 
 

@@ -160,7 +160,7 @@ def test_tiny_lm_results_replay_to_the_same_decision():
     outcomes = set()
     with prepare_generation(model, TOK, tiny_verifier(num_sequences=4), delimiters=["Wait"], checker="exact") as msv:
         for lam in (0.0, 0.3, 0.45, 0.5, 0.55, 0.6, 1.01, None):
-            generate(model, prompts(), n=6, max_new_tokens=16, schedule=schedule, threshold=lam, seed=5)
+            generate(msv, prompts(), n=6, max_new_tokens=16, schedule=schedule, threshold=lam, seed=5)
             for result in msv.pop_results():
                 outcomes.add(assert_replays_to_the_same_decision(result, lam))
     assert outcomes == {True, False}
@@ -174,9 +174,9 @@ def test_tied_scores_replay_to_the_same_decision():
     # Rows 1 and 2 fire together at step 3 (same τ + L); row 0 fires later; every row also ends.
     schedule = {(1, 3): ID["Wait"], (2, 3): ID["Wait"], (0, 5): ID["Wait"], (2, 6): EOS}
     with prepare_generation(model, TOK, constant_verifier(0.5), delimiters=["Wait"], checker="exact") as msv:
-        generate(model, prompts(["Hi"]), n=3, max_new_tokens=10, schedule=schedule, threshold=0.5)
+        generate(msv, prompts(["Hi"]), n=3, max_new_tokens=10, schedule=schedule, threshold=0.5)
         (stopped,) = msv.pop_results()
-        generate(model, prompts(["Hi"]), n=3, max_new_tokens=10, schedule=schedule, threshold=0.6)
+        generate(msv, prompts(["Hi"]), n=3, max_new_tokens=10, schedule=schedule, threshold=0.6)
         (never,) = msv.pop_results()
     assert len({a.score for r in (stopped, never) for a in r.answers if a.score is not None}) == 1
     assert assert_replays_to_the_same_decision(stopped, 0.5)

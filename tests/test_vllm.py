@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,9 +25,11 @@ from helpers.vllm_engines import make_engine  # noqa: E402
 from hf_msv.evaluation.early_stop import replay  # noqa: E402
 from hf_msv.generation import MSVScorer, StopRuleScorer  # noqa: E402
 from hf_msv.modeling_msv import MSVVerifier  # noqa: E402
+from hf_msv.pruning import PruneRule  # noqa: E402
 from hf_msv.stop_rules import StopHead  # noqa: E402
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt  # noqa: E402
 from hf_msv.testbed.tasks import get_task  # noqa: E402
+from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning  # noqa: E402
 from hf_msv.vllm import (  # noqa: E402
     CaptureError,
     VLLMController,
@@ -150,6 +153,47 @@ def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engin
                 assert result.tokens_decoded == sum(map(len, result.sequences))
                 assert all(a.end <= result.stop_step for a in result.answers if a.score is not None)
     assert stopped >= 1
+
+
+def live_prunes(result, head, rule) -> dict[int, int]:
+    """Replay `rule` (`hf_msv.training.pruned_replay.replay_pruning`) on a live result's recorded stream with its
+    recorded scores: (chain → its cut step) for the chains the replay prunes. A chain the live run cut (pruned or
+    stopped) has no known end: it is decoding for the replay until the replay cuts it."""
+    a = result.answers
+    column = lambda name: np.array([getattr(x, name) for x in a], np.int64)  # noqa: E731
+    terminal = np.array([x.terminal for x in a], bool)
+    seq_len = np.full(result.num_sequences, 10**9, np.int64)
+    seq_len[column("sequence")[terminal]] = column("tau")[terminal]
+    group = ReplayGroup(
+        column("sequence"), column("step"), column("end"), column("tau"), column("class_id"),
+        np.zeros(len(a), bool), terminal, seq_len,
+    )  # fmt: skip
+    scores = [np.array([x.score for x in a], np.float64)]
+    stream = replay_pruning(rule, head, [group], lambda groups, keeps: scores, scores)[0]
+    return {n: int(c) for n, c in enumerate(stream.cut) if c < seq_len[n]}
+
+
+def test_pruned_chains_equal_the_replay_and_free_their_requests(engine, tokenizer, problems):
+    """A chain the rule prunes is aborted alone (its request and elicitations, nothing left in the engine), decodes
+    no further answer, and the replay of the rule on the recorded stream prunes the same chains at the same steps."""
+    verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
+    head = StopHead.of(verifier.config)
+    controller = VLLMController(engine, tokenizer, verifier, checker="symbolic")
+    rule = PruneRule(steady=2)
+    results = controller.generate(
+        [format_prompt(p) for p in problems], num_sequences=8, max_new_tokens=200, threshold=1.01, prune=rule
+    )
+    assert no_requests_left(engine)
+    pruned = 0
+    for result in results:
+        cuts = live_prunes(result, head, rule)
+        assert dict(result.pruned) == {n: c + 1 for n, c in cuts.items()}  # cut at step c: c + 1 tokens
+        for n, length in result.pruned:
+            assert result.finish_reasons[n] == "pruned" and len(result.sequences[n]) == length
+            assert all(x.end <= length - 1 for x in result.answers if x.sequence == n)
+        pruned += len(cuts)
+        assert result.tokens_decoded == sum(map(len, result.sequences))
+    assert pruned > 0  # the rule prunes here: not a vacuous comparison
 
 
 def test_shards_have_the_live_format_and_equal_the_reencoded_tokens(engine, tokenizer, problems, tmp_path):

@@ -222,7 +222,7 @@ def test_chains_wait_in_the_controller_so_elicitations_run_at_once(engine, contr
     chains take every slot and each elicitation waits in the engine's queue until a chain ends; by default the
     second prompt's chains wait in the controller until the first prompt is done, so every answer is available
     1 + L steps after its delimiter, and both prompts complete with the same (seeded) chains and nothing left."""
-    settings = dict(num_sequences=64, max_new_tokens=96)
+    settings = dict(num_sequences=64, max_new_tokens=96, threshold=None)  # full decoding: the admission alone
     assert engine.llm_engine.vllm_config.scheduler_config.max_num_seqs == 128
     at_once = VLLMController(engine, controller.tokenizer, controller.verifier, elicitation_reserve=0.0)
     assert at_once.chain_slots == 128 and controller.chain_slots == 96
@@ -241,7 +241,7 @@ def test_preemption_under_a_small_cache_keeps_the_answer_states(engine, controll
     """A cache of 40 blocks (the longest request takes 18) preempts chains and elicitations and recomputes them;
     the captured states, read by position, equal those of a run whose cache holds everything (≤ 1e-4, as
     tests/test_vllm.py), and the seeded chains are the same. Last in the file: a second in-process engine."""
-    settings = dict(num_sequences=N, max_new_tokens=BUDGET)  # no stopping: every answer of every chain
+    settings = dict(num_sequences=N, max_new_tokens=BUDGET, threshold=None)  # every answer of every chain
     assert engine.reset_prefix_cache()
     reference = serve(AsyncVLLMController(controller, **settings), prompts[:2])
     small = make_engine(

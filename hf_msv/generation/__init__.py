@@ -1,13 +1,13 @@
 """Parallel sampling with a Multi-Sequence Verifier inside ``model.generate``.
 
 Answers are elicited at delimiters while a causal LM samples N sequences per prompt, their last-layer hidden states
-are scored by a verifier, and a prompt's N sequences stop as soon as the best available answer reaches λ::
+are scored by a verifier, a prompt's N sequences stop as soon as the best available answer reaches λ, and single
+chains the verifier no longer needs are pruned::
 
     msv = prepare_generation(model, tokenizer, verifier)          # delimiters etc. from verifier.config.elicitation
     model.generate(**inputs, do_sample=True, num_return_sequences=16, max_new_tokens=4096,
-                   stopping_criteria=[MSVEarlyStop(0.9)])
+                   custom_generate=msv, stopping_criteria=[MSVEarlyStop.from_verifier(verifier)])
     result = msv.pop_results()[0]                                 # one `MSVResult` per prompt
-    msv.detach()
 
 The verifier may also be a `ProbeVerifier` (scored as the evaluation's Probe+WV) or any scorer of `scorers`.
 How the decoding loop works, its timing, the supported caches and its limits: ``docs/generation.md``.
@@ -21,7 +21,7 @@ from .lockstep import lockstep_sample
 from .outputs import MSVAnswer, MSVResult
 from .policy import ElicitationPolicy, eos_token_ids
 from .scorers import AnswerScorer, MSVScorer, ProbeScorer, StopRuleScorer, WeightedVoteScorer, as_scorer
-from .stopping import MSVEarlyStop, StopDecision, decide_stop
+from .stopping import CERTIFIED, MSVEarlyStop, StopDecision, decide_stop
 
 __all__ = [
     "AnswerScorer",
@@ -29,6 +29,7 @@ __all__ = [
     "DelimiterMatcher",
     "ElicitationPolicy",
     "MSVAnswer",
+    "CERTIFIED",
     "MSVEarlyStop",
     "MSVResult",
     "MSVScorer",

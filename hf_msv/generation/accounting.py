@@ -11,7 +11,7 @@ Stopped and finished rows leave the decoding batch (`lockstep`), so these counts
 from __future__ import annotations
 
 from .outputs import MSVResult, answer_sort_key
-from .tracking import STOPPED, RowTracker
+from .tracking import PRUNED, STOPPED, RowTracker
 
 __all__ = ["assemble_results"]
 
@@ -32,7 +32,7 @@ def assemble_results(
     for p, group in enumerate(tracker.groups):
         rows = tracker.rows_of(p)
         decoded = sum(tracker.end_step[r] + 1 for r in rows)
-        cut = [r for r in rows if tracker.status[r] == STOPPED]
+        cut = [r for r in rows if tracker.status[r] in (STOPPED, PRUNED)]
         upper = decoded + sum(max(0, budget - (tracker.end_step[r] + 1)) for r in cut)
         for answer in group.answers:
             if not keep_hidden_states:
@@ -52,7 +52,7 @@ def assemble_results(
                 finish_reasons=[tracker.status[r] for r in rows],
                 tokens_decoded=decoded,
                 token_budget=tracker.N * budget,
-                tokens_without_early_stop=None if group.stopped_early else decoded,
+                tokens_without_early_stop=None if cut else decoded,
                 tokens_without_early_stop_bounds=(decoded, upper),
                 elicitation_tokens=sum(tracker.elicitation_tokens[r] for r in rows),
                 answer_tokens=sum(a.length for a in group.answers),

@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
+from .. import pruning
 from ..answers import extract_boxed
 from ..elicitation import ElicitationSettings, resolve_elicitation
 from .delimiters import check_delimiters
@@ -33,7 +35,7 @@ from .forking import Branch, LiveBranch
 from .outputs import MSVAnswer
 from .policy import ElicitationPolicy
 from .scoring import ScoringQueue
-from .tracking import BUDGET, EOS, LIVE, STOPPED, PromptGroup, RowTracker
+from .tracking import BUDGET, EOS, LIVE, PRUNED, STOPPED, PromptGroup, RowTracker
 
 if TYPE_CHECKING:
     from ..equivalence import EquivalenceChecker, EquivalenceClasses
@@ -128,6 +130,9 @@ class RunCore:
         queue: the `ScoringQueue` (`None`: answers are collected, not scored, and nothing is decided).
         threshold: λ of the stop (`None`: never stop). Terminal mode never stops: all answers arrive at the end.
         keep_hidden_states: keep every answer's hidden states in the results.
+        prune: the per-chain pruning rule (`hf_msv.pruning.PruneRule`; `None`: no pruning), applied at each arrival
+            time of a prompt that is not decided, by `hf_msv.pruning.prune_chains` (the function the replay calls).
+        budget: chain-of-thought tokens per chain at most (a chain at its budget has ended for the rule).
 
     Attributes:
         equivalence_seconds: wall time spent assigning classes.
@@ -139,9 +144,13 @@ class RunCore:
         queue: ScoringQueue | None,
         threshold: float | None,
         keep_hidden_states: bool,
+        prune: pruning.PruneRule | None = None,
+        budget: int | None = None,
     ):
         self.policy, self.elicitor, self.queue = policy, policy.elicitor, queue
         self.threshold = threshold if policy.streaming else None
+        self.prune = prune if prune is not None and not prune.off and policy.streaming else None
+        self.budget = budget
         self.keep_hidden_states = keep_hidden_states
         self.equivalence_seconds = 0.0
 
@@ -175,11 +184,19 @@ class RunCore:
             return False
         tracker.last_branch[branch.row] = branch
         group.inflight += 1
+        tracker.inflight[branch.row] += 1
         return True
+
+    def wants(self, tracker: RowTracker, branch: Branch) -> bool:
+        """Whether an elicitation in flight is still worth decoding: its prompt is undecided, its chain not pruned
+        (a pruned chain's answers after its cut never become available)."""
+        return not tracker.group_of(branch.row).decided and tracker.status[branch.row] != PRUNED
 
     def abandon(self, tracker: RowTracker, branch: Branch):
         """An elicitation that will never complete (its prompt was decided, or the engine cut it)."""
-        tracker.group_of(branch.row).inflight -= 1
+        if tracker.status[branch.row] != PRUNED:  # a pruned chain's were discounted when it was pruned
+            tracker.group_of(branch.row).inflight -= 1
+            tracker.inflight[branch.row] -= 1
 
     # -- answers -----------------------------------------------------------------------------------------------
 
@@ -201,6 +218,7 @@ class RunCore:
         b, ids = live.branch, live.token_ids
         group = tracker.group_of(b.row)
         group.inflight -= 1
+        tracker.inflight[b.row] -= 1
         text = self.elicitor.decode(ids)
         answer = MSVAnswer(
             text=extract_boxed(text),
@@ -254,6 +272,8 @@ class RunCore:
             group = groups[key]
             if not group.decided and (key in due or group.settled):
                 decision = self._apply_rule(key, *prompts[key], group)
+                if decision is None and key in due and self.prune is not None:
+                    decision = self._prune(*prompts[key], group)
                 if decision is not None:
                     decisions[key] = decision
         return decisions
@@ -273,4 +293,43 @@ class RunCore:
                     tracker.end_row(row, len(tracker.history[row]) - 1, STOPPED)
                     decision.rows.append(row)
             self.queue.discard(key)
+        return decision
+
+    def _prune(self, tracker: RowTracker, g: int, group: PromptGroup) -> Decision | None:
+        """Apply the pruning rule at the prompt's latest arrival time, on its scored answers and that time's class
+        snapshot: the chains it prunes leave the engine, their elicitations in flight are abandoned, and each one's
+        held answer becomes its final answer."""
+        assert self.prune is not None
+        scored = sorted((a for a in group.answers if a.score is not None), key=lambda a: (a.end, a.sequence, a.step))
+        if not scored:
+            return None
+        t = scored[-1].end
+        snapshot = next((a.class_values for a in reversed(scored) if a.end == t and a.class_values), None)
+        if snapshot is None:  # the scorer has no class-level statistic: nothing says which class is ruled out
+            return None
+        rows = list(tracker.rows_of(g))
+        # The chains' status in the rule's terms: decoding, pruned, or ended (EOS, budget).
+        # A chain that sampled its last budget token has ended, though the engine ends it only after this step.
+        codes = {LIVE: pruning.DECODING, PRUNED: pruning.PRUNED}
+        status = [codes.get(tracker.status[r], pruning.ENDED) for r in rows]
+        if self.budget is not None:
+            status = [pruning.ENDED if len(tracker.history[r]) >= self.budget else s for r, s in zip(rows, status)]
+        columns = [(a.sequence, a.step, a.end, -1 if a.class_id is None else a.class_id) for a in scored]
+        sequence, step, end, klass = (np.asarray(c, np.int64) for c in zip(*columns))
+        row_klass = [-1 if v.answer.class_id is None else v.answer.class_id for v in snapshot]
+        cut = pruning.prune_chains(
+            self.prune, t, sequence, step, end, klass, row_klass, [v.confidence for v in snapshot], status
+        )
+        if not cut.any():
+            return None
+        decision = Decision()
+        for n in np.flatnonzero(cut):
+            row = rows[n]
+            tracker.end_row(row, len(tracker.history[row]) - 1, PRUNED)
+            group.inflight -= tracker.inflight[row]  # its elicitations in flight never complete
+            tracker.inflight[row] = 0
+            held = [a for a in scored if a.sequence == n]
+            if held:
+                group.final.add(id(held[-1]))
+            decision.rows.append(row)
         return decision

@@ -1,39 +1,41 @@
-"""The generation hook: `prepare_generation` attaches an `MSVSession` to an LM; `msv_generate` is the one-call entry.
+"""The generation hook: `prepare_generation` makes an `MSVSession` for an LM; `msv_generate` is the one-call entry.
 
-An `MSVSession` replaces ``model.generate`` (as an instance attribute, removed by `detach`) with a wrapper that runs
-``generate`` with the lockstep decoding loop and collects one `MSVResult` per prompt (``docs/generation.md``).
+An `MSVSession` is a ``generate`` decoding loop: ``model.generate(**inputs, custom_generate=msv,
+stopping_criteria=[MSVEarlyStop(λ)])`` runs the lockstep loop with MSV elicitation, scoring, early stopping and
+pruning, and collects one `MSVResult` per prompt in ``msv.results`` (``docs/generation.md``). The model is not
+modified.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import time
 import warnings
 from collections.abc import Iterable, Sequence
 
-from transformers import StoppingCriteriaList
+import torch
 
 from ..elicitation import ElicitationSettings
+from ..pruning import PruneRule
 from .core import RunSetup
 from .lockstep import lockstep_sample
 from .outputs import MSVResult
 from .policy import eos_token_ids
 from .run import GenerationRun
 from .scorers import as_scorer
-from .stopping import MSVEarlyStop
+from .stopping import CERTIFIED, MSVEarlyStop
 
 __all__ = ["MSVSession", "msv_generate", "prepare_generation"]
 
 
 class MSVSession:
-    """Hooks attached to one LM by `prepare_generation` (arguments documented there).
+    """MSV generation for one LM, made by `prepare_generation` (arguments documented there): the decoding loop to
+    pass as ``model.generate(..., custom_generate=msv)``, and the results of the calls it ran.
 
     Args:
         model, tokenizer, verifier: the LM, its tokenizer and what scores the answers (`None`: no scoring).
         elicitation: the base `ElicitationSettings` (`resolve_elicitation`).
         checker: an equivalence checker name or object; required with a verifier.
-        num_sequences: N used when ``generate`` is called without ``num_return_sequences``.
+        num_sequences: N of `generate` when called without one (``model.generate`` takes ``num_return_sequences``).
         capture_hidden_states: keep every answer's hidden states in the results.
         offload_hidden_states: move each answer's states to CPU as soon as it completes.
         **overrides: `ElicitationSettings` fields to change.
@@ -82,91 +84,81 @@ class MSVSession:
         self.elicitor, self.matcher = self.policy.elicitor, self.policy.matcher
         self.prompt_ids, self.pad_token_id = self.elicitor.prompt_ids, self.elicitor.pad_token_id
         self.results: list[MSVResult] = []
-        self._run: GenerationRun | None = None
-        self._attach()
-
-    # -- attach / detach ---------------------------------------------------------------------------------------
-
-    def _attach(self):
-        model = self.model
-        if "generate" in vars(model):
-            raise RuntimeError("this model already has an MSVSession (or a patched generate); detach it first.")
-        self._attached = True
-        self._original_generate = model.generate
-
-        @functools.wraps(self._original_generate)
-        def generate(*args, **kwargs):
-            return self._generate(*args, **kwargs)
-
-        model.generate = generate
-        model._msv_session = self
-
-    def detach(self):
-        """Restore ``model.generate``."""
-        if not self._attached:
-            return
-        self._attached = False
-        vars(self.model).pop("generate", None)
-        vars(self.model).pop("_msv_session", None)
 
     def __enter__(self) -> MSVSession:
         return self
 
     def __exit__(self, *exc):
-        self.detach()
+        return None
 
     def pop_results(self) -> list[MSVResult]:
         """Return and clear the accumulated results."""
         results, self.results = self.results, []
         return results
 
-    # -- the generate wrapper ----------------------------------------------------------------------------------
+    # -- the decoding loop -------------------------------------------------------------------------------------
 
-    def _generate(self, *args, **kwargs):
-        if kwargs.get("custom_generate") is not None:
-            raise ValueError(
-                "MSV generation decodes with its own loop (custom_generate=lockstep_sample); "
-                "detach the MSVSession to use another custom_generate."
-            )
-        criteria = list(kwargs.pop("stopping_criteria", None) or [])
-        config, eos_ids = self._effective_config(kwargs)
-        ours = [c for c in criteria if isinstance(c, MSVEarlyStop)]
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus: bool = False,
+        streamer=None,
+        **model_kwargs,
+    ):
+        """The decoding loop of ``model.generate(**inputs, custom_generate=msv, stopping_criteria=[MSVEarlyStop(λ)])``:
+        `lockstep_sample` driven by one `GenerationRun`, whose λ and pruning rule are the `MSVEarlyStop`'s (none
+        given: full decoding). Appends one `MSVResult` per prompt to `results`.
+
+        Args: as ``GenerationMixin._sample`` (``generate`` passes them). Returns: what `lockstep_sample` returns.
+
+        Raises:
+            ValueError: another model than the session's, two `MSVEarlyStop`, or a threshold without verifier.
+            NotImplementedError: beam search.
+        """
+        if model is not self.model:
+            raise ValueError("this MSVSession was prepared for another model: prepare_generation(model, ...) first.")
+        if (generation_config.num_beams or 1) > 1:
+            raise NotImplementedError("MSV generation supports sampling and greedy search, not beam search.")
+        ours = [c for c in stopping_criteria if isinstance(c, MSVEarlyStop)]
         if len(ours) > 1:
             raise ValueError("pass at most one MSVEarlyStop.")
         if not ours:
             ours = [MSVEarlyStop(None)]
-            criteria.append(ours[0])
+            stopping_criteria.append(ours[0])
         criterion = ours[0]
-        threshold = criterion.threshold
-        if threshold is not None and self.verifier is None:
+        if criterion.threshold is not None and self.verifier is None:
             raise ValueError("MSVEarlyStop(threshold) needs a verifier: pass verifier=... to prepare_generation.")
         run = GenerationRun(
-            self.policy.with_eos(eos_ids),
+            self.policy.with_eos(eos_token_ids(generation_config)),
             self.scorer,
             new_classes=self.setup.new_classes(),
             keep_hidden_states=self.capture_hidden_states,
             offload_hidden_states=self.offload_hidden_states,
-            num_sequences=config.num_return_sequences or 1,
-            max_new_tokens=config.max_new_tokens,
-            max_length=config.max_length,
-            threshold=threshold,
+            num_sequences=generation_config.num_return_sequences or 1,
+            max_new_tokens=generation_config.max_new_tokens,
+            max_length=generation_config.max_length,
+            threshold=criterion.threshold,
+            prune=criterion.prune,
         )
-        if self.model.training:
+        if model.training:
             warnings.warn(
                 "MSV generation with a model in training mode: call model.eval() (dropout would make answers random).",
                 stacklevel=2,
             )
         criterion.bind(run)
-        self._run = run
         start = time.perf_counter()
         try:
-            output = self._original_generate(
-                *args, stopping_criteria=StoppingCriteriaList(criteria), custom_generate=lockstep_sample, **kwargs
-            )
+            output = lockstep_sample(
+                model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+                **model_kwargs,
+            )  # fmt: skip
             results = run.finalize()
         finally:
             criterion.bind(None)
-            self._run = None
         total = time.perf_counter() - start
         timings = dict(run.timings, total=total)
         timings["cot"] = total - sum(run.timings.values())
@@ -175,30 +167,14 @@ class MSVSession:
         self.results.extend(results)
         return output
 
-    def _effective_config(self, kwargs: dict):
-        """The generation config as ``generate`` will build it (N, EOS ids, token budget), and its EOS id set.
-        Sets ``num_return_sequences`` in `kwargs` from the default N when the call gives none."""
-        config = copy.deepcopy(kwargs.get("generation_config") or self.model.generation_config)
-        if (
-            "num_return_sequences" not in kwargs
-            and self.num_sequences is not None
-            and (kwargs.get("generation_config") is None)
-        ):
-            kwargs["num_return_sequences"] = self.num_sequences
-        config.update(**{k: v for k, v in kwargs.items() if k != "generation_config" and hasattr(config, k)})
-        if (config.num_beams or 1) > 1 or kwargs.get("assistant_model") is not None:
-            raise NotImplementedError(
-                "MSV generation supports sampling and greedy search, not beam search or assisted decoding."
-            )
-        return config, eos_token_ids(config)
-
     # -- convenience -------------------------------------------------------------------------------------------
 
     def generate(
         self,
         prompts: Sequence[str | list[dict]],
         *,
-        threshold: float | None = None,
+        threshold: float | str | None = CERTIFIED,
+        prune: bool | PruneRule = True,
         num_sequences: int | None = None,
         max_new_tokens: int = 4096,
         do_sample: bool = True,
@@ -209,7 +185,9 @@ class MSVSession:
 
         Args:
             prompts: strings (used as they are) or chat message lists, not both.
-            threshold: λ for `MSVEarlyStop` (`None`: never stop).
+            threshold: `CERTIFIED` (default: stop and prune as the verifier certified, full decoding when it
+                certified nothing), a λ, or `None` (full decoding: no stop, no pruning); `MSVEarlyStop.resolve`.
+            prune: `False` turns the certified pruning off alone; a `PruneRule` replaces it.
             num_sequences: N per prompt; default the session's, else 1.
             max_new_tokens: the sampling budget per sequence.
             do_sample: sample (else greedy).
@@ -243,10 +221,11 @@ class MSVSession:
         before = len(self.results)
         self.model.generate(
             **inputs,
+            custom_generate=self,
             do_sample=do_sample,
             num_return_sequences=n,
             max_new_tokens=max_new_tokens,
-            stopping_criteria=[MSVEarlyStop(threshold)],
+            stopping_criteria=[MSVEarlyStop.resolve(threshold, self.verifier, prune)],
             **generate_kwargs,
         )
         results = self.results[before:]
@@ -266,8 +245,8 @@ def prepare_generation(
     offload_hidden_states: bool = True,
     **elicitation_overrides,
 ) -> MSVSession:
-    """Attach MSV elicitation and scoring to `model`, so that ``model.generate(...,
-    stopping_criteria=[MSVEarlyStop(λ)])`` elicits, scores and stops early.
+    """MSV elicitation and scoring for `model`: ``model.generate(**inputs, custom_generate=msv,
+    stopping_criteria=[MSVEarlyStop(λ)])`` elicits, scores, stops early and prunes; the model is not modified.
 
     Args:
         model: a decoder-only transformers LM (any architecture with the default dynamic KV cache).
@@ -280,7 +259,8 @@ def prepare_generation(
             `ElicitationSettings()` (streaming, ``("Wait",)``, ``"### Final Answer ### \\boxed"``, 40 tokens).
         checker: equivalence checker name for `hf_msv.equivalence.get_checker` or a checker object; `None`
             (only without verifier) skips class assignment.
-        num_sequences: N used when ``generate`` is called without ``num_return_sequences``.
+        num_sequences: N of ``msv.generate`` when called without one (``model.generate`` takes
+            ``num_return_sequences``).
         capture_hidden_states: keep every answer's `(L, d)` hidden states in the results.
         offload_hidden_states: move each answer's states to CPU as soon as the answer completes (pinned memory,
             non-blocking, on CUDA); `False` keeps them on the LM's device.
@@ -289,8 +269,8 @@ def prepare_generation(
             each replacing its field only (`hf_msv.elicitation.resolve_elicitation`).
 
     Returns:
-        The `MSVSession`; read ``msv.results`` / ``msv.pop_results()`` after ``generate``, and call
-        ``msv.detach()`` (or use it as a context manager) to restore the model.
+        The `MSVSession`: pass it as ``custom_generate``; read ``msv.results`` / ``msv.pop_results()`` after
+        ``generate``. It is also a context manager (for scoping; there is nothing to restore).
 
     Raises:
         ValueError: invalid settings, a mode other than the verifier's, or a verifier whose hidden size differs
@@ -316,7 +296,8 @@ def msv_generate(
     prompts: Iterable[str | list[dict]],
     *,
     verifier=None,
-    threshold: float | None = None,
+    threshold: float | str | None = CERTIFIED,
+    prune: bool | PruneRule = True,
     num_sequences: int = 16,
     max_new_tokens: int = 4096,
     do_sample: bool = True,
@@ -327,7 +308,9 @@ def msv_generate(
 
     Args:
         prompts: strings (used as they are) or chat message lists (formatted with the tokenizer's chat template).
-        threshold: λ for `MSVEarlyStop` (`None`: never stop).
+        threshold: `CERTIFIED` (default: stop and prune as the verifier certified on held-out calibration
+            problems, full decoding when it certified nothing), a λ, or `None` (full decoding: no stop, no pruning).
+        prune: `False` turns the certified pruning off alone; a `PruneRule` replaces it.
         generate_kwargs: extra arguments for ``model.generate`` (temperature, top_p, ...).
         **prepare_kwargs: any argument of `prepare_generation` (elicitation, delimiters, mode, checker, ...).
 
@@ -338,6 +321,7 @@ def msv_generate(
         return msv.generate(
             list(prompts),
             threshold=threshold,
+            prune=prune,
             num_sequences=num_sequences,
             max_new_tokens=max_new_tokens,
             do_sample=do_sample,

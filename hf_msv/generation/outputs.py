@@ -101,7 +101,8 @@ class MSVResult:
             became available (max `MSVAnswer.end`), and without verifier the step at which the last sequence ended.
         threshold: λ used (`None`: never stop).
         sequences: the generated token ids of each sequence up to where it ended (EOS included, padding excluded).
-        finish_reasons: per sequence, ``"eos"``, ``"budget"`` or ``"stopped"`` (cut by the early stop).
+        finish_reasons: per sequence, ``"eos"``, ``"budget"``, ``"stopped"`` (cut by the early stop) or
+            ``"pruned"`` (cut alone by the pruning rule while the group went on).
         tokens_decoded: chain-of-thought tokens sampled while the sequences were live.
         token_budget: N × max_new_tokens.
         tokens_without_early_stop: what full decoding used; known only if the prompt did not stop early.
@@ -143,6 +144,11 @@ class MSVResult:
     @property
     def num_sequences(self) -> int:
         return len(self.sequences)
+
+    @property
+    def pruned(self) -> list[tuple[int, int]]:
+        """(sequence, tokens it decoded) of each pruned chain: which chains the rule pruned, and when."""
+        return [(n, len(s)) for n, (s, f) in enumerate(zip(self.sequences, self.finish_reasons)) if f == "pruned"]
 
 
 def answer_sort_key(answer: MSVAnswer) -> tuple[int, int, int]:

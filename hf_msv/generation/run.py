@@ -27,6 +27,7 @@ from .tracking import LIVE, RowTracker
 
 if TYPE_CHECKING:
     from ..equivalence import EquivalenceClasses
+    from ..pruning import PruneRule
 
 __all__ = ["GenerationRun"]
 
@@ -45,6 +46,8 @@ class GenerationRun:
         num_sequences: N, rows per prompt.
         max_new_tokens, max_length: the call's token budget (max_new_tokens wins when set).
         threshold: λ (`None`: never stop).
+        prune: the per-chain pruning rule (`hf_msv.pruning.PruneRule`; `None`: none): a pruned row leaves the
+            decoding batch as a stopped prompt's rows do.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class GenerationRun:
         max_new_tokens: int | None,
         max_length: int | None,
         threshold: float | None,
+        prune: PruneRule | None = None,
     ):
         self.policy = policy
         self.elicitor, self.matcher, self.streaming = policy.elicitor, policy.matcher, policy.streaming
@@ -67,7 +71,7 @@ class GenerationRun:
         self.keep_hidden_states, self.offload = keep_hidden_states, offload_hidden_states
         self.N = num_sequences
         self.max_new_tokens, self.max_length = max_new_tokens, max_length
-        self.threshold = threshold
+        self.threshold, self.prune = threshold, prune
         self.timings: dict[str, float] = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
         self.compute: dict[str, int] = {}
         self.prompt_length = 0  # set at the first step
@@ -109,7 +113,9 @@ class GenerationRun:
         )
         if self.verifier is not None:
             self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
-        self._core = RunCore(self.policy, self.queue, self.threshold, self.keep_hidden_states)
+        self._core = RunCore(
+            self.policy, self.queue, self.threshold, self.keep_hidden_states, self.prune, budget=self.budget
+        )
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     def step(self, input_ids: torch.LongTensor) -> torch.Tensor:
@@ -184,8 +190,8 @@ class GenerationRun:
                     self._fork(branch)
 
     def wants(self, live: LiveBranch) -> bool:
-        """Whether a branch is still worth decoding: its prompt has not been decided."""
-        return not self.tracker.group_of(live.branch.row).decided
+        """Whether a branch is still worth decoding (`RunCore.wants`): its prompt is undecided, its row not pruned."""
+        return self.core.wants(self.tracker, live.branch)
 
     def advance_branches(self, branches: list[LiveBranch], out, n_main: int, t: int, forward_seconds: float):
         """Consume forward t's outputs for the branch rows (batch rows ``n_main:``, in `branches` order): keep the

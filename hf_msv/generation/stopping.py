@@ -33,9 +33,15 @@ import numpy as np
 import torch
 from transformers import StoppingCriteria
 
+from ..pruning import PruneRule
 from ..stop_rules import current_leaders
 
-__all__ = ["MSVEarlyStop", "StopDecision", "decide_stop"]
+__all__ = ["CERTIFIED", "MSVEarlyStop", "StopDecision", "decide_stop"]
+
+CERTIFIED = "certified"
+"""``threshold=CERTIFIED`` (the default of `msv_generate`, `MSVSession.generate` and the vLLM controller): stop and
+prune as the verifier certified on held-out calibration problems (`MSVEarlyStop.from_verifier`); full decoding when
+it certified nothing."""
 
 
 @dataclass(frozen=True)
@@ -135,21 +141,55 @@ def _best(order: np.ndarray, so: np.ndarray, terminal: np.ndarray, scored: np.nd
 class MSVEarlyStop(StoppingCriteria):
     """Stopping criterion that runs MSV elicitation and scoring and stops a prompt's N sequences at t*.
 
-    Pass it to ``model.generate(..., stopping_criteria=[MSVEarlyStop(λ)])`` after `prepare_generation`; the
-    `MSVSession`'s ``generate`` wrapper binds it to the current call (`bind`).
+    Pass it to ``model.generate(..., custom_generate=msv, stopping_criteria=[MSVEarlyStop(λ)])`` with the
+    `MSVSession` of `prepare_generation` as the loop, which binds it to the call's run (`bind`).
 
     Args:
         threshold: λ. A prompt stops at the first step where the best available answer score is ≥ λ. `None` or
             a value > 1 never stops (answers are still elicited and scored); 0 stops at the first answer. Ignored
             in terminal mode, where all answers arrive at the end.
+        prune: the per-chain pruning rule (`hf_msv.pruning.PruneRule`, `None`: no pruning): a chain it prunes
+            stops decoding while its prompt goes on (docs/pruning.md).
 
-    Returns (when called): `(batch,)` bool tensor, True for every row of a prompt that has stopped.
+    Returns (when called): `(batch,)` bool tensor, True for every row of a prompt that has stopped or was pruned.
     """
 
-    def __init__(self, threshold: float | None = None):
+    def __init__(self, threshold: float | None = None, prune: PruneRule | None = None):
         self.threshold = threshold
+        self.prune = prune
         self.choice = None
         self.run = None
+
+    @classmethod
+    def resolve(cls, threshold: float | str | None, verifier, prune: bool | PruneRule = True) -> MSVEarlyStop:
+        """The criterion of a ``threshold=`` argument: a λ, `None` (full decoding: no stop, no pruning) or
+        `CERTIFIED` (what `verifier` certified, `from_verifier`; full decoding without a certified rule).
+
+        Args:
+            threshold: λ, `None` or `CERTIFIED`.
+            verifier: what scores the answers (anything with a ``config``), or `None`.
+            prune: `False` turns the certified pruning off alone; a `PruneRule` replaces it (with any threshold but
+                `None`, which is full decoding).
+
+        Raises:
+            ValueError: another string.
+        """
+        if isinstance(threshold, str):
+            if threshold != CERTIFIED:
+                raise ValueError(f"threshold must be a number, None or {CERTIFIED!r}, got {threshold!r}")
+            config = getattr(verifier, "config", None)
+            from ..lambda_rule import LambdaChoice
+
+            if LambdaChoice.of(config) is None:
+                return cls(None)
+            criterion = cls.from_verifier(verifier)
+        else:
+            criterion = cls(threshold)
+        if isinstance(prune, PruneRule) and threshold is not None:
+            criterion.prune = None if prune.off else prune
+        elif not prune:
+            criterion.prune = None
+        return criterion
 
     @classmethod
     def from_verifier(cls, verifier) -> MSVEarlyStop:
@@ -161,7 +201,8 @@ class MSVEarlyStop(StoppingCriteria):
             verifier: an `MSVVerifier` (or anything with a ``config``) saved with an early-stopping λ.
 
         Returns:
-            The `MSVEarlyStop` (threshold `None` when the chosen λ is ∞).
+            The `MSVEarlyStop` (threshold `None` when the chosen λ is ∞) with the certified pruning rule
+            (``config.early_stopping["pruning"]``, none when absent or when λ is ∞).
 
         Raises:
             ValueError: the verifier carries no early-stopping λ (a terminal verifier, or one saved without it).
@@ -174,7 +215,11 @@ class MSVEarlyStop(StoppingCriteria):
                 f"{type(verifier).__name__} carries no early-stopping λ (config.early_stopping): a streaming MSV "
                 "trained with `hf-msv train` has one; otherwise pass MSVEarlyStop(threshold) chosen on validation."
             )
-        criterion = cls(None if math.isinf(choice.lam) else choice.lam)
+        from ..pruning import PruneRule
+
+        certified = not math.isinf(choice.lam)
+        prune = PruneRule.of(verifier.config) if certified else None
+        criterion = cls(choice.lam if certified else None, None if prune is None or prune.off else prune)
         criterion.choice = choice
         return criterion
 
@@ -202,7 +247,7 @@ class MSVEarlyStop(StoppingCriteria):
         """
         if self.run is None:
             raise RuntimeError(
-                "MSVEarlyStop is not attached to a model: call "
-                "`hf_msv.prepare_generation(model, tokenizer, ...)` before `model.generate(...)`."
+                "MSVEarlyStop runs inside MSV generation: msv = hf_msv.prepare_generation(model, tokenizer, ...), "
+                "then model.generate(..., custom_generate=msv, stopping_criteria=[MSVEarlyStop(...)])."
             )
         return self.run.step(input_ids)

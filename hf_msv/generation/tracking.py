@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from ..equivalence import EquivalenceClasses
     from .forking import Branch
 
-__all__ = ["BUDGET", "EOS", "LIVE", "STOPPED", "PromptGroup", "RowTracker"]
+__all__ = ["BUDGET", "EOS", "LIVE", "PRUNED", "STOPPED", "PromptGroup", "RowTracker"]
 
-# Row status; the last three are `MSVResult.finish_reasons`.
-LIVE, EOS, BUDGET, STOPPED = "live", "eos", "budget", "stopped"
+# Row status; all but LIVE are `MSVResult.finish_reasons`.
+LIVE, EOS, BUDGET, STOPPED, PRUNED = "live", "eos", "budget", "stopped", "pruned"
 
 
 @dataclass
@@ -50,6 +50,12 @@ class PromptGroup:
     stop_step: int | None = None
     chosen: MSVAnswer | None = None
     confidence: float | None = None
+    final: set[int] = field(default_factory=set)  # id() of the pruned chains' held answers
+
+    def is_final(self, answer: MSVAnswer) -> bool:
+        """Whether `answer` is its chain's final answer: its terminal answer, or a pruned chain's held answer (a
+        candidate when λ is never reached, as `hf_msv.training.pruned_replay` replays it)."""
+        return answer.terminal or id(answer) in self.final
 
     @property
     def finished(self) -> bool:
@@ -77,7 +83,7 @@ class PromptGroup:
         else:
             rows = [(a.end, a, a.score, a.reported_confidence) for a in scored]
         end, candidates, statistic, select = (list(column) for column in zip(*rows)) if rows else ([],) * 4
-        terminal = [a.terminal for a in candidates]
+        terminal = [self.is_final(a) for a in candidates]
         decision = decide_stop(end, statistic, terminal, threshold, select=select, snapshots=snapshots)
         stopped = bool(decision.stopped[0])
         if not stopped and not (self.settled and not pending):
@@ -108,6 +114,7 @@ class RowTracker:
         self.num_answers = [0] * num_rows
         self.elicitation_tokens = [0] * num_rows
         self.last_branch: list[Branch | None] = [None] * num_rows  # the row's latest elicitation
+        self.inflight = [0] * num_rows  # the row's elicitations still decoding
         self.groups = [
             PromptGroup(classes=new_classes() if new_classes else None, live=num_sequences)
             for _ in range(num_rows // num_sequences)

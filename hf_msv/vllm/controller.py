@@ -14,12 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from ..elicitation import ElicitationSettings
-from ..generation import MSVResult, eos_token_ids
+from ..generation import CERTIFIED, MSVEarlyStop, MSVResult, eos_token_ids
 from ..generation.accounting import assemble_results
 from ..generation.core import RunCore, RunSetup
 from ..generation.forking import Branch, LiveBranch
 from ..generation.scoring import ScoringQueue
 from ..generation.tracking import LIVE, RowTracker
+from ..pruning import PruneRule
 from . import capture
 
 __all__ = ["EngineSession", "PromptRun", "VLLMController", "compute_counts", "vllm_generate"]
@@ -115,7 +116,8 @@ class VLLMController:
         *,
         num_sequences: int = 16,
         max_new_tokens: int = 4096,
-        threshold: float | None = None,
+        threshold: float | str | None = CERTIFIED,
+        prune: bool | PruneRule = True,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
@@ -125,7 +127,9 @@ class VLLMController:
 
         Args:
             prompts: strings (tokenised with special tokens), chat message lists (the chat template) or token ids.
-            threshold: λ (`None`: never stop); needs a verifier.
+            threshold: `CERTIFIED` (default: stop and prune as the verifier certified, full decoding when it
+                certified nothing), a λ (needs a verifier), or `None` (full decoding: no stop, no pruning).
+            prune: `False` turns the certified pruning off alone; a `PruneRule` replaces it.
             temperature, top_p, top_k: sampling of the chains (``top_k=0``: off); answers are greedy.
             seed: chain n of prompt p samples with vLLM's per-request seed ``seed + p × N + n`` (default: the
                 engine's global generator), so a call samples the same chains whatever else the engine runs; not
@@ -137,10 +141,11 @@ class VLLMController:
         Raises:
             ValueError: bad arguments, or prompts too long for the engine's ``max_model_len`` with this budget.
         """
-        self.check_settings(num_sequences, max_new_tokens, threshold, seed)
+        criterion = MSVEarlyStop.resolve(threshold, self.verifier, prune)
+        self.check_settings(num_sequences, max_new_tokens, criterion.threshold, seed)
         ids = [self.encode(p) for p in prompts]
         self.check_lengths(ids, max_new_tokens)
-        run = _Run(self, ids, num_sequences, max_new_tokens, threshold)
+        run = _Run(self, ids, num_sequences, max_new_tokens, criterion)
         return run.execute(dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
 
     def check_settings(self, num_sequences: int, max_new_tokens: int, threshold: float | None, seed: int | None):
@@ -246,7 +251,8 @@ def vllm_generate(
     *,
     verifier=None,
     tokenizer=None,
-    threshold: float | None = None,
+    threshold: float | str | None = CERTIFIED,
+    prune: bool | PruneRule = True,
     num_sequences: int = 16,
     max_new_tokens: int = 4096,
     sampling: dict | None = None,
@@ -260,7 +266,8 @@ def vllm_generate(
         prompts: strings, chat message lists or token id lists.
         verifier: what scores the answers (as in `prepare_generation`); `None`: no scoring.
         tokenizer: the LM's tokenizer; `None`: loaded from the engine's tokenizer path.
-        threshold: λ of the stopping rule (`None`: never stop).
+        threshold: `CERTIFIED` (default: stop and prune as the verifier certified), a λ, or `None` (full decoding).
+        prune: `False` turns the certified pruning off alone; a `PruneRule` replaces it.
         num_sequences: N per prompt.
         max_new_tokens: chain-of-thought tokens per sequence at most.
         sampling: sampling settings (temperature, top_p, top_k, seed).
@@ -275,7 +282,12 @@ def vllm_generate(
     """
     controller = VLLMController(engine, tokenizer, verifier, **controller_kwargs)
     return controller.generate(
-        prompts, num_sequences=num_sequences, max_new_tokens=max_new_tokens, threshold=threshold, **(sampling or {})
+        prompts,
+        num_sequences=num_sequences,
+        max_new_tokens=max_new_tokens,
+        threshold=threshold,
+        prune=prune,
+        **(sampling or {}),
     )
 
 
@@ -289,10 +301,10 @@ class _Run:
         prompts: list[list[int]],
         num_sequences: int,
         budget: int,
-        threshold: float | None,
+        criterion: MSVEarlyStop,
     ):
-        self.c, self.N, self.budget, self.threshold = controller, num_sequences, budget, threshold
-        self.session = EngineSession(controller, budget, threshold)
+        self.c, self.N, self.budget, self.threshold = controller, num_sequences, budget, criterion.threshold
+        self.session = EngineSession(controller, budget, criterion.threshold, criterion.prune)
         self.core = self.session.new_core(num_sequences)
         self.runs = [
             PromptRun(p, ids, num_sequences, self.core, controller.setup.new_classes())
@@ -392,14 +404,18 @@ class EngineSession:
         controller: the `VLLMController` (policy, elicitor, verifier, settings, the hooked engine).
         budget: max_new_tokens per chain.
         threshold: λ (`None`: never stop).
+        prune: the per-chain pruning rule (`None`: none); a pruned chain's request is aborted.
     """
 
-    def __init__(self, controller: VLLMController, budget: int, threshold: float | None):
+    def __init__(
+        self, controller: VLLMController, budget: int, threshold: float | None, prune: PruneRule | None = None
+    ):
         self.c, self.engine = controller, controller.engine
-        self.budget, self.threshold = budget, threshold
+        self.budget, self.threshold, self.prune = budget, threshold, prune
         self.streaming = controller.settings.mode == "streaming"
         self.run_id = next(_RUN_IDS)
-        self.chains: dict[str, PromptRun] = {}  # chain request id → its prompt, in admission order
+        self.chains: dict[str, PromptRun] = {}  # `prompt_id` → its prompt, in admission order
+        self.chain_rows: dict[str, tuple[PromptRun, int]] = {}  # chain request id in the engine → (prompt, row)
         self.elicitations: dict[str, _Elicitation] = {}  # in flight, in the order they were sent
         self.counter = itertools.count()
         self.timings = dict.fromkeys(("elicitation", "equivalence"), 0.0)  # the verifier's: its queues'
@@ -413,7 +429,7 @@ class EngineSession:
         queue = None
         if c.verifier is not None:
             queue = ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
-        return RunCore(c.policy, queue, self.threshold, c.capture_hidden_states)
+        return RunCore(c.policy, queue, self.threshold, c.capture_hidden_states, self.prune, budget=self.budget)
 
     @property
     def busy(self) -> bool:
@@ -427,11 +443,36 @@ class EngineSession:
         return not self.chains or live + num_sequences <= self.c.chain_slots
 
     def admit(self, run: PromptRun, params):
-        """Send `run`'s chain request: one request with ``n = N`` (`params`: its `SamplingParams`)."""
-        rid = f"{_COT_PREFIX}{self.run_id}:{run.key}"
-        self.engine.add_request(rid, {"prompt_token_ids": run.ids}, params)
-        self.chains[rid] = run
-        run.pending.add(rid)
+        """Send `run`'s N chains (`params`: the `SamplingParams` of ``n = N``, `VLLMController.chain_params`) as N
+        requests of ``n = 1``, chain n seeded with seed + n as vLLM seeds the children of ``n = N``. They share the
+        prompt's KV blocks through prefix caching as ``n = N``'s children do, and one chain can be aborted alone
+        (a pruned chain's blocks are freed at once)."""
+        base = self.prompt_id(run)
+        for n in range(run.N):
+            chain = params.clone()
+            chain.n = 1
+            if params.seed is not None:
+                chain.seed = params.seed + n
+            rid = f"{base}:{n}"
+            self.engine.add_request(rid, {"prompt_token_ids": run.ids}, chain)
+            self.chain_rows[rid] = (run, n)
+            run.pending.add(rid)
+        self.chains[base] = run
+
+    def prompt_id(self, run: PromptRun) -> str:
+        """The prefix of `run`'s chain request ids (chain n's is ``f"{prompt_id}:{n}"``)."""
+        return f"{_COT_PREFIX}{self.run_id}:{run.key}"
+
+    def requests_of(self, run: PromptRun, rows=None) -> list[str]:
+        """`run`'s requests still in the engine: its chains' and its elicitations' (only those of `rows` when
+        given)."""
+        chains = [rid for rid, (r, n) in self.chain_rows.items() if r is run and (rows is None or n in rows)]
+        elicitations = [
+            rid
+            for rid, el in self.elicitations.items()
+            if el.run is run and (rows is None or el.live.branch.row in rows)
+        ]
+        return chains + elicitations
 
     def step(self) -> list[PromptRun]:
         """One engine step and what it does to the prompts in flight.
@@ -464,7 +505,7 @@ class EngineSession:
         completed: list[_Elicitation] = []
         for output in outputs:
             rid = output.request_id
-            run = self.chains.get(rid)
+            run, row = self.chain_rows.get(rid, (None, -1))
             el = self.elicitations.get(rid) if run is None else None
             owner = run if run is not None else el.run if el is not None else None
             if owner is not None and output.finished:
@@ -473,8 +514,10 @@ class EngineSession:
                 if run.key not in ticked and run.clock < 0:
                     run.clock = 0
                     ticked.add(run.key)
-                for completion in output.outputs:
-                    self.chain_tokens(run, completion)
+                for completion in output.outputs:  # one: n = 1
+                    self.chain_tokens(run, row, completion)
+                if output.finished:
+                    del self.chain_rows[rid]
             elif el is not None:
                 self._count_computed(el, output)
                 if self._answer_tokens(el, output):
@@ -489,6 +532,8 @@ class EngineSession:
         done = [(rid, run) for rid, run in self.chains.items() if not run.pending]
         for rid, run in done:
             del self.chains[rid]
+            for chain in [c for c, (r, _) in self.chain_rows.items() if r is run]:
+                del self.chain_rows[chain]
             if run.queue is not None:
                 run.queue.discard(run.key)  # nothing is waiting; a shared queue forgets the prompt
         return [run for _, run in done]
@@ -496,19 +541,20 @@ class EngineSession:
     def abort(self, runs: list[PromptRun]):
         """Abort `runs`' requests (cancelled, or an engine error) and forget them and their captures."""
         for run in runs:
-            rid = f"{_COT_PREFIX}{self.run_id}:{run.key}"
-            if self.chains.pop(rid, None) is None:
+            if self.chains.pop(self.prompt_id(run), None) is None:
                 continue
             run.group.decided = True  # nothing more of it is elicited or scored
-            self._abort(run, [rid] + [r for r, el in self.elicitations.items() if el.run is run])
+            self._abort(run, self.requests_of(run))
+            for chain in [c for c, (r, _) in self.chain_rows.items() if r is run]:
+                del self.chain_rows[chain]
             if run.queue is not None:
                 run.queue.discard(run.key)
 
     # -- chains ------------------------------------------------------------------------------------------------
 
-    def chain_tokens(self, run: PromptRun, completion):
-        """New tokens of chain `completion.index` of `run` (`RunCore.feed`): fire branches, end the row."""
-        row, tracker, core = completion.index, run.tracker, run.core
+    def chain_tokens(self, run: PromptRun, row: int, completion):
+        """New tokens of chain `row` of `run` (`RunCore.feed`): fire branches, end the row."""
+        tracker, core = run.tracker, run.core
         if tracker.status[row] != LIVE:
             return
         for token in completion.token_ids:
@@ -627,18 +673,18 @@ class EngineSession:
                 run.timings["verifier"] = run.queue.seconds if run.queue is not None else 0.0
                 decision = decisions.get(run.key)
                 if decision is not None and decision.stopped:
-                    self._abort(
-                        run,
-                        [f"{_COT_PREFIX}{self.run_id}:{run.key}"]
-                        + [rid for rid, el in self.elicitations.items() if el.run is run],
-                    )
+                    self._abort(run, self.requests_of(run))
+                elif decision is not None and decision.rows:  # pruned chains: their requests and elicitations
+                    self._abort(run, self.requests_of(run, set(decision.rows)))
 
     def _abort(self, run: PromptRun, rids: list[str]):
-        """Abort `run`'s requests `rids` (its chain request id aborts its n children) and forget their captures."""
+        """Abort `run`'s requests `rids` (chains and elicitations) and forget them and their captures."""
         live = [rid for rid in rids if rid in run.pending]
         if live:
             self.engine.abort_request(live)
         run.pending.difference_update(rids)
+        for rid in rids:
+            self.chain_rows.pop(rid, None)
         dropped = [
             self.elicitations.pop(rid)
             for rid in rids
@@ -650,7 +696,7 @@ class EngineSession:
     def _dropped(self, rid: str) -> bool:
         """Whether an aborted elicitation is abandoned (its prompt was decided), not completed."""
         el = self.elicitations[rid]
-        if el.run.group.decided:
+        if not el.run.core.wants(el.run.tracker, el.live.branch):
             el.run.core.abandon(el.run.tracker, el.live.branch)
             return True
         return False

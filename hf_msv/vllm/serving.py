@@ -15,7 +15,8 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..generation import MSVResult
+from ..generation import CERTIFIED, MSVEarlyStop, MSVResult
+from ..pruning import PruneRule
 from . import capture
 from .controller import EngineSession, PromptRun, VLLMController, compute_counts
 
@@ -50,7 +51,9 @@ class AsyncVLLMController:
             (e.g. ``controller.generate``) meanwhile.
         num_sequences: N per prompt.
         max_new_tokens: chain-of-thought tokens per chain at most.
-        threshold: λ (`None`: never stop); needs a verifier.
+        threshold: `CERTIFIED` (default: stop and prune as the verifier certified, full decoding when it certified
+            nothing), a λ (needs a verifier), or `None` (full decoding: no stop, no pruning).
+        prune: `False` turns the certified pruning off alone; a `PruneRule` replaces it.
         temperature, top_p, top_k: sampling of the chains (``top_k=0``: off).
 
     Raises:
@@ -64,17 +67,20 @@ class AsyncVLLMController:
         *,
         num_sequences: int = 16,
         max_new_tokens: int = 4096,
-        threshold: float | None = None,
+        threshold: float | str | None = CERTIFIED,
+        prune: bool | PruneRule = True,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
     ):
         capture.check_vllm_version()
         capture.check_engine(controller.engine.vllm_config)
+        criterion = MSVEarlyStop.resolve(threshold, controller.verifier, prune)
+        threshold = criterion.threshold
         controller.check_settings(num_sequences, max_new_tokens, threshold, None)
         self.controller, self.N, self.budget, self.threshold = controller, num_sequences, max_new_tokens, threshold
         self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
-        self.session = EngineSession(controller, max_new_tokens, threshold)
+        self.session = EngineSession(controller, max_new_tokens, threshold, criterion.prune)
         self._keys = itertools.count()
         self._arrivals: deque[_Ticket] = deque()  # appended by callers, taken by the stepping thread
         self._cancelled: deque[_Ticket] = deque()

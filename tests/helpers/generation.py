@@ -26,7 +26,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokeniz
 from hf_msv import MSVConfig, MSVVerifier
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.data import AnswerGroup
-from hf_msv.generation import MSVEarlyStop, MSVResult, prepare_generation
+from hf_msv.generation import MSVEarlyStop, MSVResult, MSVSession, prepare_generation
 from hf_msv.stop_rules import StopEvents
 
 from .tokenizer import CHARS, SPECIAL, word_level_tokenizer
@@ -149,10 +149,15 @@ def prompts(texts=("Hello there, solve 2+2", "Hi")):
     return TOK(list(texts), return_tensors="pt", padding=True)
 
 
-def generate(model, inputs, n, max_new_tokens, schedule=None, threshold=None, seed=1, criteria=True):
+def generate(msv, inputs, n, max_new_tokens, schedule=None, threshold=None, seed=1, criteria=True, prune=None):
+    """A seeded, scripted ``model.generate`` through the `MSVSession` `msv` (its loop as ``custom_generate``); a bare
+    model instead of a session calls plain ``generate``."""
     torch.manual_seed(seed)
     processors = LogitsProcessorList([ForceTokens(inputs["input_ids"].shape[1], schedule)])
-    kwargs = dict(stopping_criteria=[MSVEarlyStop(threshold)]) if criteria else {}
+    kwargs = dict(stopping_criteria=[MSVEarlyStop(threshold, prune)]) if criteria else {}
+    model = msv
+    if isinstance(msv, MSVSession):
+        model, kwargs["custom_generate"] = msv.model, msv
     return model.generate(
         **inputs,
         do_sample=True,
@@ -214,7 +219,7 @@ def online_run(n: int, group_size: int, device="cpu"):
     with prepare_generation(
         model, TOK, verifier.to(device), delimiters=["Wait"], checker="exact", capture_hidden_states=True
     ) as msv:
-        hooked = generate(model, inputs, n=n, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
+        hooked = generate(msv, inputs, n=n, max_new_tokens=14, schedule=schedule, threshold=1.5, seed=3)
         results = msv.pop_results()
     return plain, hooked, results, cpu_verifier
 

@@ -1,0 +1,85 @@
+"""Per-chain pruning live (``generate`` through the run core) equals its exact replay
+(`hf_msv.training.pruned_replay.replay_pruning`) on the recorded full-decoding stream: the same chains are pruned at
+the same steps, none of their answers after the cut is elicited, pruned rows leave the decoding batch (rows × steps
+fall), and the stop then outputs the same answer. The scorer is a Probe read through a stop head: its per-answer
+scores do not depend on which chains run, so the replay needs no joint re-scoring (the MSV's fixpoint is covered on
+recorded groups in tests/test_pruning.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_scorers import EOS, HEAD, ID, N, key, model, probe_scores, tiny_probe  # noqa: F401
+
+from helpers.generation import TOK, generate, prompts
+from hf_msv.generation import MSVEarlyStop, prepare_generation
+from hf_msv.generation.scorers import ProbeScorer, StopRuleScorer
+from hf_msv.pruning import PruneRule
+from hf_msv.schedules import NEVER
+from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, sweep_group
+
+RULES = [PruneRule(steady=2), PruneRule(doubt=0.45, lead=0.5)]
+TEXTS = ("Hello there, solve 2+2", "Hi")
+BUDGET = 40  # long enough for chains to answer several times while they decode
+SCHEDULE = {(r, s): ID["Wait"] for r in range(2 * N) for s in range(r % 4 + 1, BUDGET, 4)} | {(2, 29): EOS}
+
+
+def run(model, threshold, prune):  # noqa: F811
+    """One seeded, scripted ``generate`` call with the Probe read through `HEAD`, λ and the pruning rule."""
+    scorer = StopRuleScorer(ProbeScorer(tiny_probe()), HEAD)
+    with prepare_generation(model, TOK, scorer, delimiters=["Wait"], checker="exact", capture_hidden_states=True) as m:
+        generate(m, prompts(TEXTS), N, BUDGET, schedule=SCHEDULE, threshold=threshold, seed=5, prune=prune)
+        return m.pop_results()
+
+
+def replay_group(result) -> ReplayGroup:
+    a = result.answers
+    column = lambda name: np.array([getattr(x, name) for x in a], np.int64)  # noqa: E731
+    terminal = np.array([x.terminal for x in a], bool)
+    seq_len = np.zeros(N, np.int64)
+    seq_len[column("sequence")[terminal]] = column("tau")[terminal]
+    return ReplayGroup(
+        sequence=column("sequence"),
+        step=column("step"),
+        end=column("end"),
+        start=column("tau"),
+        klass=column("class_id"),
+        correct=np.zeros(len(a), bool),
+        terminal=terminal,
+        seq_len=seq_len,
+    )
+
+
+@pytest.mark.parametrize("rule", RULES, ids=["steady", "ruled-out"])
+def test_pruning_live_equals_its_replay(model, rule):  # noqa: F811
+    probe = tiny_probe()
+    full = run(model, None, None)
+    groups = [replay_group(r) for r in full]
+    fixed = [probe_scores(probe, r.answers) for r in full]
+    scorer = lambda gs, keeps: [fixed[next(i for i, g in enumerate(groups) if g is x)] for x in gs]  # noqa: E731
+    streams = replay_pruning(rule, HEAD, groups, scorer, fixed)
+    lam = float(np.quantile(np.concatenate(fixed), 0.9))
+    pruned, stopped = run(model, None, rule), run(model, lam, rule)
+    cuts = 0
+    for prompt, (reference, group, stream) in enumerate(zip(full, groups, streams)):
+        expected = {n: int(c) + 1 for n, c in enumerate(stream.cut) if c != NEVER and c < group.seq_len[n]}
+        result = pruned[prompt]
+        assert dict(result.pruned) == expected  # chain n cut at step c decoded c + 1 tokens
+        assert sorted(map(key, result.answers)) == sorted(
+            key(reference.answers[i]) for i in np.flatnonzero(stream.keep)
+        )
+        cuts += len(expected)
+        # The stop on the pruned stream outputs what the replay's sweep outputs at λ.
+        sweep = sweep_group(group, stream, HEAD, np.array([lam]))
+        chosen = int(sweep.chosen[0])
+        assert key(stopped[prompt].chosen) == key(reference.answers[chosen])
+        assert stopped[prompt].stop_step == int(sweep.stop_step[0])
+    assert cuts > 0  # the rule prunes in this script: not a vacuous comparison
+    assert pruned[0].compute["rows_computed"] < full[0].compute["rows_computed"]  # pruned rows left the batch
+
+
+def test_full_decoding_and_the_empty_rule_prune_nothing(model):  # noqa: F811
+    assert all(f != "pruned" for r in run(model, None, PruneRule()) for f in r.finish_reasons)
+    assert MSVEarlyStop.resolve(None, None).prune is None and MSVEarlyStop.resolve("certified", None).threshold is None
+    with pytest.raises(ValueError, match="certified"):
+        MSVEarlyStop.resolve("best", None)
