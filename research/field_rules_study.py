@@ -158,15 +158,19 @@ def evaluate_rule(label, rule, val, evaluation, reference: np.ndarray, n_boot: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--val-dir", required=True)
-    parser.add_argument("--eval-dir", required=True)
-    parser.add_argument("--confidences", required=True, help="directory of research/field_rules_confidence.py's npz")
+    parser.add_argument("--val-dir")
+    parser.add_argument("--eval-dir")
+    parser.add_argument("--confidences", help="directory of research/field_rules_confidence.py's npz")
     parser.add_argument("--msv", default="hf_msv/testbed/verifier")
     parser.add_argument("--probe", default="/work/runs/probe")
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--only", nargs="*", default=None, help="rule labels to run (default all)")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--markdown", default=None, help="print the docs table of a results JSON and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return
     verifiers = {"msv": args.msv, "probe": args.probe}
     val = split_groups(args.val_dir, verifiers, args.confidences)
     evaluation = split_groups(args.eval_dir, verifiers, args.confidences)
@@ -202,6 +206,34 @@ def main() -> None:
     if args.output:
         Path(args.output).write_text(text + "\n")
     print(json.dumps(out, default=float))
+
+
+def markdown(results: dict) -> str:
+    """The docs table: per rule, its full decoding, the ≤ 1 pp point and the three budgets (accuracy, CoT tokens)."""
+
+    def pp(d: dict) -> str:
+        return f"{d['estimate'] * 100:+.1f} [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}]"
+
+    m = results["msv_stop_head"]
+    lines = [
+        "| rule | full decoding | ≤ 1 pp setting: accuracy (− own full), CoT, all tokens | 30 % | 50 % | 70 % |",
+        "|---|---|---|---|---|---|",
+        f"| MSV_16 stop head, certified λ {m['lambda']:.3f} | {m['full_accuracy']:.3f} | {m['accuracy']:.3f} "
+        f"({pp(m['vs_msv_full'])}), {m['cot_token_fraction']:.2f}, {m['all_token_fraction']:.2f} | | | |",
+    ]
+    for r in results["rules"]:
+        within, *budgets = r["points"]
+        cells = [
+            f"{b['accuracy']:.3f} at {b['cot_token_fraction']:.2f}{'' if b['fits_on_validation'] else ' (none fits)'}"
+            for b in budgets
+        ]
+        lines.append(
+            f"| {r['rule']} | {r['full_accuracy']:.3f} | {within['setting']}: {within['accuracy']:.3f} "
+            f"({pp(within['vs_own_full'])}), {within['cot_token_fraction']:.2f}, {within['all_token_fraction']:.2f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -566,8 +566,8 @@ FieldRule = Consensus | AdaptiveConsistency | ESC | Dynasor | SpeculativeRejecti
 
 def field_rules(scorers: Sequence[str] = ("probe", "msv")) -> dict[str, FieldRule]:
     """The rules of the study, by label: DeepConf-low / -high with the validation warm-up and with the first 2 or 4
-    chains as warm-up, Speculative Rejection and Dynasor-CoT
-    (vote and best-scored) per scorer in `scorers`, Slim-SC, ESC, consensus and Adaptive-Consistency."""
+    chains as warm-up, Speculative Rejection and Dynasor-CoT (vote and best-scored) per scorer in `scorers`, Slim-SC,
+    ESC, consensus and Adaptive-Consistency."""
     rules: dict[str, FieldRule] = {}
     for label, p in (("low", 90.0), ("high", 10.0)):
         rules[f"deepconf-{label} (validation warm-up)"] = DeepConf(percentile=p, warmup="validation")
