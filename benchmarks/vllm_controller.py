@@ -1,10 +1,11 @@
 """The vLLM controller against plain vLLM sampling of the same prompts and N (docs/vllm.md). Last stdout line: JSON.
 
-CPU mode (default): the shipped testbed LM and MSV_16 at its λ, 16 evaluation problems, N = 16 and 64. Per N:
+CPU mode (default): the shipped testbed LM and MSV_16 at its default (the λ and pruning rule it certified), 16
+evaluation problems, N = 16 and 64. Per N:
 plain vLLM CoT tokens/s; the controller's CoT tokens/s with elicitation and scoring on and no stopping; the
 elicitation and verifier share of its wall time and the tokens the engine computed for elicitation per CoT token
-(machine-independent: on a CPU the ratio follows it); wall time, tokens saved and accuracy with early stopping at
-λ against plain vLLM's full decoding (paired interval over problems), beside `hf-msv demo` on the same problems
+(machine-independent: on a CPU the ratio follows it); wall time, tokens saved, chains pruned and accuracy with the
+default's early stopping and pruning against plain vLLM's full decoding (paired interval over problems), beside `hf-msv demo` on the same problems
 (shipped verifier only). Then N = 16 with answers every 64 and 128 tokens (cost only). ``--verifier DIR`` runs a
 streaming MSV saved with its stopping rule instead (its λ, and the elicitation schedule it was trained on, e.g. a
 ``min_gap_tokens`` spacing); ``--problems P`` sets the number of problems.
@@ -76,6 +77,7 @@ def controller_run(controller, prompts, n, budget, threshold) -> tuple[dict, lis
         "elicitation_share": timings["elicitation"] / timings["total"],
         "verifier_share": timings["verifier"] / timings["total"],
         "answers": answers,
+        "chains_pruned": sum(len(r.pruned) for r in results),
     }, results
 
 
@@ -153,7 +155,7 @@ def cpu_mode(quick: bool, verifier_dir: str | None = None, num_problems: int | N
     for n in (8,) if quick else (16, 64):
         plain = plain_vllm(llm, ids, n, budget)
         full, full_results = controller_run(controller, prompts, n, budget, None)
-        stop, stop_results = controller_run(controller, prompts, n, budget, lam)
+        stop, stop_results = controller_run(controller, prompts, n, budget, "certified")  # the default
         full_ok, stop_ok = correct(full_results, problems, checker), correct(stop_results, problems, checker)
         report[f"n{n}"] = {
             "wall_s_plain": plain["seconds"],
@@ -175,6 +177,7 @@ def cpu_mode(quick: bool, verifier_dir: str | None = None, num_problems: int | N
             "answers": full["answers"],
             "tokens_full": full["tokens"],
             "tokens_early_stop": stop["tokens"],
+            "chains_pruned": stop["chains_pruned"],
         }
         if shipped:  # the demo runs the shipped verifier
             report[f"n{n}"] |= demo_parity(n, lam, budget, problems, stop_results, full_results, checker)

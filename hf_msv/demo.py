@@ -1,10 +1,11 @@
-"""The main job: N parallel chains of thought per problem, scored by an MSV, stopped early at λ.
+"""The main job: N parallel chains of thought per problem, scored by an MSV, stopped early and pruned.
 
 On the embedded default (the testbed LM and the MSV trained on it, both shipped in the package) it runs offline on
-a CPU in about a minute. Each problem is decoded twice with the same seed: once live with `MSVEarlyStop(λ)` (what
-a user gets), and once to the end without stopping, only to report what full decoding would have cost and what the
-first sample alone would have answered. Sampling is identical up to the stop (the generation hook consumes no
-random numbers), so the comparison is exact.
+a CPU in about a minute. Each problem is decoded twice with the same seed: once live with the verifier's certified
+stop and pruning (`MSVEarlyStop.from_verifier`, what a user gets by default), and once to the end without either,
+only to report what full decoding would have cost and what the first sample alone would have answered. A chain's
+sampling does not depend on the other rows (the generation hook consumes no random numbers and a row that leaves
+draws nothing), so the comparison is exact.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .collect.lm import ModelArguments
 from .data.problems import Problem
 from .equivalence import get_checker
 from .errors import MissingPathError, UserError, check_checkpoint_dir
-from .generation import msv_generate
+from .generation import CERTIFIED, MSVEarlyStop, msv_generate
 from .lambda_rule import LambdaChoice
 from .modeling_msv import MSVVerifier
 from .testbed import TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt, get_task
@@ -47,8 +48,12 @@ class DemoConfig(ModelArguments):
     threshold: float | None = field(
         default=None,
         metadata={
-            "help": "λ: stop once the best answer's score reaches it (default: the testbed's, chosen on validation)."
+            "help": "λ: stop once a class's statistic reaches it, without pruning (default: the λ and the pruning "
+            "rule the verifier certified on held-out calibration problems)."
         },
+    )
+    prune: bool = field(
+        default=True, metadata={"help": "prune chains as the verifier certified (--no-prune: the stop alone)."}
     )
     max_new_tokens: int | None = field(
         default=None,
@@ -69,9 +74,9 @@ class DemoConfig(ModelArguments):
     )
 
     @property
-    def resolved_threshold(self) -> float:
-        """λ of the run: `threshold`, else `DEMO_THRESHOLD` (the shipped MSV's, chosen on validation)."""
-        return DEMO_THRESHOLD if self.threshold is None else self.threshold
+    def resolved_threshold(self) -> float | str:
+        """``threshold=`` of the live run: `threshold`, else ``"certified"`` (the verifier's λ and pruning)."""
+        return CERTIFIED if self.threshold is None else self.threshold
 
 
 @dataclass
@@ -83,17 +88,11 @@ class DemoRow:
     first_sample: str | None
     first_sample_correct: bool | None
     stop_step: int | None
+    stopped_early: bool
+    pruned: int
     tokens_used: int
     tokens_full: int
     seconds: float
-
-
-# λ of the shipped MSV_16 (testbed v2's streaming MSV_16, the reproduction's recipe, training seed 0), read through
-# the stop head fitted with it on 256 validation problems × 16, certified by `hf_msv.lambda_rule.choose_lambda` on
-# 2,560 other validation problems × 16 (`hf_msv.reproduction.fit_shipped_stopping`, recorded in
-# hf_msv/testbed/verifier/early_stopping.json and in its config): the λ that loses at most 1 pp of full-decoding
-# accuracy with probability ≥ 0.9.
-DEMO_THRESHOLD = 0.982
 
 
 def load_default(device: str | None = None, model_args: ModelArguments | None = None):
@@ -109,7 +108,10 @@ def load_default(device: str | None = None, model_args: ModelArguments | None = 
 
 
 def load_custom(
-    model_name: ModelArguments | str, verifier_name: str, gguf_file: str | None = None, device: str | None = None
+    model_name: ModelArguments | str,
+    verifier_name: str | Path,
+    gguf_file: str | None = None,
+    device: str | None = None,
 ):
     """Any local or Hub LM (``"testbed"``: the embedded one; a `ModelArguments` says how to load it, else
     `gguf_file` alone) + its verifier, on `device` (the verifier on the LM's; the Hub needs network; here only local
@@ -155,7 +157,7 @@ def _load(config: DemoConfig) -> tuple:
 
 
 def _run_problem(problem: Problem, prompt, models: tuple, config: DemoConfig, max_new_tokens: int, grade) -> DemoRow:
-    """Decode `problem` twice with the same seed, live with MSV early stopping at λ and to the end, and grade both
+    """Decode `problem` twice with the same seed, live with the MSV's stop and pruning and to the end, and grade both
     (`models`: ``(model, tokenizer, verifier)``)."""
     model, tokenizer, verifier = models
     runs = {}
@@ -168,6 +170,7 @@ def _run_problem(problem: Problem, prompt, models: tuple, config: DemoConfig, ma
             [prompt],
             verifier=verifier,
             threshold=lam,
+            prune=config.prune,
             num_sequences=config.num_sequences,
             max_new_tokens=max_new_tokens,
             generate_kwargs={"temperature": 1.0, "top_k": 0, "top_p": 1.0},
@@ -185,6 +188,8 @@ def _run_problem(problem: Problem, prompt, models: tuple, config: DemoConfig, ma
         first_sample=first,
         first_sample_correct=grade.is_correct(first, problem.gold) if known else None,
         stop_step=live.stop_step,
+        stopped_early=live.stopped_early,
+        pruned=len(live.pruned),
         tokens_used=live.tokens_decoded,
         tokens_full=full.tokens_decoded,
         seconds=runs["live_s"],
@@ -217,10 +222,12 @@ def run_demo(config: DemoConfig | None = None) -> list[DemoRow]:
         _run_problem(problem, to_prompt(problem), (model, tokenizer, verifier), config, max_new_tokens, grade)
         for problem in tqdm(problems, desc="problems", unit="problem")
     ]
-    print_table(rows, config.num_sequences, config.resolved_threshold)
+    criterion = MSVEarlyStop.resolve(config.resolved_threshold, verifier, config.prune)
+    rule = f"λ={criterion.threshold}, {criterion.prune.describe() if criterion.prune else 'no pruning'}"
+    print_table(rows, config.num_sequences, rule)
     choice = LambdaChoice.of(verifier.config)
-    if choice is not None:
-        print(f"the verifier's stopping rule, chosen on validation: {choice.describe()}")
+    if choice is not None and config.threshold is None:
+        print(f"the verifier's certified stop: {choice.describe()}")
     if config.figure:
         # The figure is an extra: the table above is the demo's output, so a missing extra is a note, not an error.
         if importlib.util.find_spec("matplotlib") is None:
@@ -236,11 +243,11 @@ def _mark(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
 
-def print_table(rows: list[DemoRow], num_sequences: int, threshold: float) -> None:
-    print(f"\nMSV early stopping, N={num_sequences} parallel samples, λ={threshold}")
+def print_table(rows: list[DemoRow], num_sequences: int, rule: str) -> None:
+    print(f"\nMSV early stopping and pruning, N={num_sequences} parallel samples; {rule}")
     header = (
         f"{'problem':<30} {'gold':>8} {'chosen':>8} {'conf':>5} {'ok':>4} {'1st':>6} {'ok':>4} "
-        f"{'tokens':>13} {'saved':>6} {'time':>6}"
+        f"{'stop':>4} {'pruned':>6} {'tokens':>13} {'saved':>6} {'time':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -249,19 +256,24 @@ def print_table(rows: list[DemoRow], num_sequences: int, threshold: float) -> No
         saved = 1 - r.tokens_used / max(r.tokens_full, 1)
         print(
             f"{r.problem.id:<30} {r.problem.gold or '?':>8} {str(r.chosen):>8} {conf:>5} {_mark(r.correct):>4} "
-            f"{str(r.first_sample):>6} {_mark(r.first_sample_correct):>4} "
-            f"{r.tokens_used:>6}/{r.tokens_full:<6} {saved:>6.0%} {r.seconds:>5.1f}s"
+            f"{str(r.first_sample):>6} {_mark(r.first_sample_correct):>4} {_mark(r.stopped_early):>4} "
+            f"{r.pruned:>6} {r.tokens_used:>6}/{r.tokens_full:<6} {saved:>6.0%} {r.seconds:>5.1f}s"
         )
     graded = [r for r in rows if r.correct is not None]
     used, full = sum(r.tokens_used for r in rows), sum(r.tokens_full for r in rows)
     print("-" * len(header))
     if graded:
-        msv_acc = sum(r.correct for r in graded) / len(graded)
+        msv_acc = sum(bool(r.correct) for r in graded) / len(graded)
         first_acc = sum(bool(r.first_sample_correct) for r in graded) / len(graded)
         print(f"accuracy: MSV selection {msv_acc:.0%} vs first sample {first_acc:.0%} ({len(graded)} problems)")
     print(
-        f"tokens: {used} with early stopping vs {full} full decoding ({1 - used / max(full, 1):.0%} saved); "
+        f"tokens decoded: {used} with stopping and pruning vs {full} without ({1 - used / max(full, 1):.0%} saved); "
         f"time {sum(r.seconds for r in rows):.1f}s"
+    )
+    unstopped = [r for r in rows if not r.stopped_early]
+    print(
+        f"early stops: {len(rows) - len(unstopped)} of {len(rows)} problems; chains pruned: "
+        f"{sum(r.pruned for r in rows)}, {sum(r.pruned for r in unstopped)} of them in problems that never stopped"
     )
 
 
@@ -299,8 +311,9 @@ def save_figure(rows: list[DemoRow], output_dir: Path) -> Path:
 def build_parser():
     """The ``hf-msv demo`` parser: one flag per `DemoConfig` field."""
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import DataClassType
 
-    return HfArgumentParser(DemoConfig, prog="hf-msv demo", description=__doc__.splitlines()[0])
+    return HfArgumentParser(DataClassType(DemoConfig), prog="hf-msv demo", description=(__doc__ or "").splitlines()[0])
 
 
 def main(argv: Sequence[str] | None = None) -> list[DemoRow]:
@@ -309,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> list[DemoRow]:
     return run_demo(config)
 
 
-__all__ = ["DEMO_THRESHOLD", "DemoConfig", "DemoRow", "load_custom", "load_default", "main", "run_demo"]
+__all__ = ["DemoConfig", "DemoRow", "load_custom", "load_default", "main", "run_demo"]
 
 
 if __name__ == "__main__":

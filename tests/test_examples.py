@@ -69,30 +69,36 @@ def test_vllm_example_runs_its_help_without_vllm(tmp_path):
 @pytest.mark.slow
 def test_main_job_prints_the_per_problem_table_and_totals(tmp_path):
     out = run(["-m", "hf_msv.cli", "demo", "--problems", "3", "--output-dir", str(tmp_path)], tmp_path)
-    assert "chosen" in out and "accuracy: MSV selection" in out and "tokens:" in out
+    assert "chosen" in out and "accuracy: MSV selection" in out and "tokens decoded:" in out and "pruned" in out
     assert (tmp_path / "demo.png").exists()
 
 
 def test_demo_defaults_follow_the_shipped_verifier():
-    """The demo's default λ is the one chosen on validation for the shipped MSV_16 (`fit_shipped_stopping`, recorded
-    beside it and in its config), and `--device auto` picks the GPU only when there is one."""
+    """The demo's default is what the shipped MSV_16 certified (`fit_shipped_stopping`, recorded beside it and in its
+    config): its λ and its pruning rule, read by `MSVEarlyStop.from_verifier`; ``--threshold`` is a λ of one's own
+    without pruning, ``--no-prune`` the stop alone; `--device auto` picks the GPU only when there is one."""
     import json
 
     import torch
 
-    from hf_msv.demo import DEMO_THRESHOLD, DemoConfig, build_parser
+    from hf_msv import MSVEarlyStop, MSVVerifier
+    from hf_msv.demo import DemoConfig, build_parser
+    from hf_msv.generation import CERTIFIED
+    from hf_msv.pruning import PruneRule
     from hf_msv.reproduction import SHIPPED_LAMBDA_FILE
     from hf_msv.testbed import TESTBED_VERIFIER_DIR
     from hf_msv.utils import resolve_device
 
     stopping = json.loads((TESTBED_VERIFIER_DIR / SHIPPED_LAMBDA_FILE).read_text())
-    assert abs(stopping["lambda"] - DEMO_THRESHOLD) < 0.005 and stopping["num_sequences"] == 16
-    from hf_msv import MSVEarlyStop, MSVVerifier
-
-    assert MSVEarlyStop.from_verifier(MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR)).threshold == DEMO_THRESHOLD
+    verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR)
+    criterion = MSVEarlyStop.from_verifier(verifier)
+    assert abs(stopping["lambda"] - criterion.threshold) < 0.005 and stopping["num_sequences"] == 16
+    assert criterion.prune == (PruneRule.of(verifier.config) if not PruneRule.of(verifier.config).off else None)
     (args,) = build_parser().parse_args_into_dataclasses([])
-    assert args.threshold is None and args.device == "auto"  # None: the shipped verifier's λ applies
-    assert args.resolved_threshold == DEMO_THRESHOLD and DemoConfig(threshold=0.5).resolved_threshold == 0.5
+    assert args.threshold is None and args.prune and args.device == "auto"
+    assert args.resolved_threshold == CERTIFIED and DemoConfig(threshold=0.5).resolved_threshold == 0.5
+    (no_prune,) = build_parser().parse_args_into_dataclasses(["--no-prune"])
+    assert not no_prune.prune and MSVEarlyStop.resolve(CERTIFIED, verifier, no_prune.prune).prune is None
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
 
@@ -164,12 +170,15 @@ def test_demo_without_matplotlib_prints_its_table_and_says_how_to_get_the_figure
     names the extra in one line."""
     import importlib.util
 
-    from hf_msv.demo import DEMO_THRESHOLD, DemoConfig, run_demo
+    from hf_msv import MSVEarlyStop, MSVVerifier
+    from hf_msv.demo import DemoConfig, run_demo
+    from hf_msv.testbed import TESTBED_VERIFIER_DIR
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     rows = run_demo(DemoConfig(problems=1, num_sequences=2, max_new_tokens=24, output_dir=str(tmp_path / "demo")))
     out = capsys.readouterr().out
-    assert len(rows) == 1 and "accuracy: MSV selection" in out and f"λ={DEMO_THRESHOLD}" in out
+    lam = MSVEarlyStop.from_verifier(MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR)).threshold
+    assert len(rows) == 1 and "accuracy: MSV selection" in out and f"λ={lam}" in out and "chains pruned" in out
     assert 'figure: not drawn, matplotlib is not installed (pip install "hf-msv[report]")' in out
     assert not (tmp_path / "demo").exists()

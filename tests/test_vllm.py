@@ -59,7 +59,7 @@ def problems():
 
 @pytest.fixture(scope="module")
 def collected(engine, tokenizer, problems):
-    controller = VLLMController(engine, tokenizer, checker="exact", capture_hidden_states=True)
+    controller = VLLMController(engine, tokenizer, checker="exact", capture_hidden_states=True, confidence_top_k=5)
     return controller.generate([format_prompt(p) for p in problems[:2]], num_sequences=4, max_new_tokens=180)
 
 
@@ -104,6 +104,15 @@ def test_answers_and_states_equal_a_cache_free_transformers_forward(engine, toke
         assert all(a.end > a.tau + a.length for a in result.answers)  # available after its tokens were fed
         assert result.tokens_decoded == sum(map(len, result.sequences))
         assert result.chosen is None and all(a.score is None for a in result.answers)
+    # DeepConf's token confidence of every chain token: −mean of the top 5 raw log-probs, as transformers gives them.
+    for result, prompt in zip(collected, ids):
+        assert result.cot_confidence is not None
+        for seq, confidence in zip(result.sequences, result.cot_confidence):
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1 : -1]
+            expected = -torch.log_softmax(logits.float(), -1).topk(5, -1).values.mean(-1)
+            assert len(confidence) == len(seq)
+            torch.testing.assert_close(torch.tensor(confidence), expected, atol=1e-3, rtol=1e-3)
     assert no_requests_left(engine)
     # What the engine computed for elicitation: each answer's tokens fed once, and its prompt prefilled from the
     # prefix cache up to the last full 32-token block of the chain.

@@ -121,6 +121,10 @@ class MSVResult:
             the prefix cache) and ``"elicitation_answer_tokens_fed"``. From `hf_msv.vllm.AsyncVLLMController`,
             timings and compute are this prompt's own (its share of the engine steps it was in flight for), and
             timings add ``"queued"`` (submission to admission).
+        cot_confidence: per sequence, DeepConf's token confidence of each chain-of-thought token (−mean of its
+            top-k log-probs), when the engine recorded them (`hf_msv.vllm.VLLMController` with
+            ``confidence_top_k``); `None` otherwise (``generate`` records them with
+            `hf_msv.collect.confidence.ConfidenceRecorder`).
     """
 
     prompt: int
@@ -140,6 +144,7 @@ class MSVResult:
     answer_tokens: int
     timings: dict[str, float]
     compute: dict[str, int] = field(default_factory=dict)
+    cot_confidence: list[list[float]] | None = None
 
     @property
     def num_sequences(self) -> int:

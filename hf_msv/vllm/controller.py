@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from ..generation.scoring import ScoringQueue
 from ..generation.tracking import LIVE, RowTracker
 from ..pruning import PruneRule
 from . import capture
+
+if TYPE_CHECKING:
+    from ..equivalence import EquivalenceChecker
 
 __all__ = ["EngineSession", "PromptRun", "VLLMController", "compute_counts", "vllm_generate"]
 
@@ -56,6 +60,8 @@ class VLLMController:
         checker: equivalence checker name or object (`hf_msv.equivalence.get_checker`); `None` only without
             verifier.
         capture_hidden_states: keep every answer's `(L, d)` hidden states (the LM's dtype, CPU) in the results.
+        confidence_top_k: record DeepConf's token confidence of every chain token (−mean of its top-k
+            log-probs, the LM's raw ones) in `MSVResult.cot_confidence`; `None`: not recorded.
         elicitation_reserve: share of the engine's ``max_num_seqs`` kept free of chains for elicitation requests: a
             prompt's N chains are sent once the chains still decoding plus N fit in the rest (the first prompt
             always is); the others wait in the controller. 0 sends every prompt at once, and a full engine then
@@ -73,9 +79,10 @@ class VLLMController:
         verifier=None,
         *,
         elicitation: ElicitationSettings | None = None,
-        checker="symbolic",
+        checker: str | EquivalenceChecker | None = "symbolic",
         capture_hidden_states: bool = False,
         elicitation_reserve: float = 0.25,
+        confidence_top_k: int | None = None,
         **overrides,
     ):
         if not 0.0 <= elicitation_reserve < 1.0:
@@ -101,6 +108,9 @@ class VLLMController:
         self.settings, self.policy, self.checker = self.setup.settings, self.setup.policy, self.setup.checker
         self.model_name = capture.install(self.engine)
         self.tokenizer, self.verifier = tokenizer, verifier
+        if confidence_top_k is not None and confidence_top_k < 1:
+            raise ValueError(f"confidence_top_k must be at least 1, got {confidence_top_k}.")
+        self.confidence_top_k = confidence_top_k
         self.capture_hidden_states = capture_hidden_states
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         # Chains beyond this wait in the controller, not in the engine's queue, where the elicitation requests sent
@@ -186,8 +196,9 @@ class VLLMController:
         Returns:
             The `SamplingParams`.
         """
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        # Resolved from the engine environment (vLLM is optional; the lint environment has none).
+        from vllm import SamplingParams  # pyright: ignore[reportAttributeAccessIssue]
+        from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
 
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k else -1, seed=seed)
         return SamplingParams(
@@ -195,6 +206,7 @@ class VLLMController:
             max_tokens=max_new_tokens,
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
+            logprobs=self.confidence_top_k,  # each token's top-k raw log-probs: DeepConf's token confidence
             **{k: v for k, v in sampling.items() if v is not None},
         )
 
@@ -328,7 +340,7 @@ class _Run:
             raise
         total = time.perf_counter() - start
         queue = self.core.queue
-        timings = dict(session.timings, verifier=queue.seconds if queue is not None else 0.0)
+        timings: dict[str, float] = {**session.timings, "verifier": queue.seconds if queue is not None else 0.0}
         timings["total"], timings["cot"] = total, total - sum(timings.values())
         compute = compute_counts(session)
         keep = self.c.capture_hidden_states
@@ -370,8 +382,9 @@ class PromptRun:
         # Tokens the engine computed for its elicitations: prompt tokens not served from the prefix cache (the
         # elicitation segment and the chain's tokens after its last full cached block), and answer tokens fed.
         self.computed = {"prefill": 0, "answers": 0}
+        self.confidence: list[list[float]] = [[] for _ in range(num_sequences)]  # DeepConf's, when recorded
         # Its share of the wall time: its rows' share of each step (chains and elicitations), its bookkeeping.
-        self.timings = dict.fromkeys(("cot", "elicitation", "verifier", "equivalence"), 0.0)
+        self.timings: dict[str, float] = dict.fromkeys(("cot", "elicitation", "verifier", "equivalence"), 0.0)
 
     @property
     def queue(self) -> ScoringQueue | None:
@@ -392,6 +405,8 @@ class PromptRun:
         """
         result = assemble_results(self.tracker, budget, threshold, keep_hidden_states, timings)[0]
         result.prompt = self.key
+        if any(self.confidence):
+            result.cot_confidence = [list(c) for c in self.confidence]
         return result
 
 
@@ -418,7 +433,9 @@ class EngineSession:
         self.chain_rows: dict[str, tuple[PromptRun, int]] = {}  # chain request id in the engine → (prompt, row)
         self.elicitations: dict[str, _Elicitation] = {}  # in flight, in the order they were sent
         self.counter = itertools.count()
-        self.timings = dict.fromkeys(("elicitation", "equivalence"), 0.0)  # the verifier's: its queues'
+        self.timings: dict[str, float] = dict.fromkeys(
+            ("elicitation", "equivalence"), 0.0
+        )  # the verifier's: its queues'
         self.steps = self.rows = 0
         self.computed = {"prefill": 0, "answers": 0}
 
@@ -557,7 +574,12 @@ class EngineSession:
         tracker, core = run.tracker, run.core
         if tracker.status[row] != LIVE:
             return
-        for token in completion.token_ids:
+        k = self.c.confidence_top_k
+        logprobs: list = completion.logprobs or [None] * len(completion.token_ids)
+        for token, entry in zip(completion.token_ids, logprobs):
+            if entry is not None and k is not None:  # the top k of the k (+ the sampled one) vLLM returns
+                top = sorted((float(lp.logprob) for lp in entry.values()), reverse=True)[:k]
+                run.confidence[row].append(-sum(top) / len(top))
             branch = core.feed(tracker, row, token)
             if branch is not None:
                 self._fork(branch, run)
@@ -570,8 +592,9 @@ class EngineSession:
 
     def _fork(self, branch: Branch, run: PromptRun):
         """Send the elicitation request of `branch`: the chain's kept tokens, the segment, a greedy answer."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        # Resolved from the engine environment (vLLM is optional; the lint environment has none).
+        from vllm import SamplingParams  # pyright: ignore[reportAttributeAccessIssue]
+        from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
 
         if not run.core.fork(run.tracker, branch):
             return

@@ -79,7 +79,8 @@ class AsyncVLLMController:
         threshold = criterion.threshold
         controller.check_settings(num_sequences, max_new_tokens, threshold, None)
         self.controller, self.N, self.budget, self.threshold = controller, num_sequences, max_new_tokens, threshold
-        self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+        self.sampling: dict[str, float] = dict(temperature=temperature, top_p=top_p)
+        self.top_k = top_k
         self.session = EngineSession(controller, max_new_tokens, threshold, criterion.prune)
         self._keys = itertools.count()
         self._arrivals: deque[_Ticket] = deque()  # appended by callers, taken by the stepping thread
@@ -124,7 +125,7 @@ class AsyncVLLMController:
         ids = c.encode(prompt)
         c.check_lengths([ids], self.budget)
         run = PromptRun(next(self._keys), ids, self.N, self.session.new_core(self.N), c.setup.new_classes())
-        params = c.chain_params(self.N, self.budget, seed=seed, **self.sampling)
+        params = c.chain_params(self.N, self.budget, seed=seed, top_k=self.top_k, **self.sampling)
         ticket = _Ticket(run, params, asyncio.get_running_loop().create_future(), time.perf_counter())
         self._arrivals.append(ticket)
         if self._stepper is None or self._stepper.done():
