@@ -202,5 +202,5 @@ def test_the_interpolated_interval_recomputes_both_hulls_per_resample():
     b = [_problem_curves(np.roll(EVAL_CORRECT, 1, axis=1), EVAL_TOKENS)]
     iv = interpolated_interval(a, b, BUDGET_FRACTIONS[0], n_boot=200)
     expected = interpolated_curve(a[0].curve()).at(0.3) - interpolated_curve(b[0].curve()).at(0.3)
-    assert iv["estimate"] == pytest.approx(expected)
-    assert iv["low"] <= iv["estimate"] <= iv["high"] and iv["n_boot"] == 200
+    assert iv.estimate == pytest.approx(expected)
+    assert iv.low <= iv.estimate <= iv.high and iv.n_boot == 200

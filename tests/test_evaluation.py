@@ -702,7 +702,7 @@ def test_claims_from_an_evaluation_with_intervals(study):
     from hf_msv.reproduction.claims import main_claims
     from hf_msv.reproduction.summary import main_summary
 
-    s = {"main": main_summary(study["results"], NS)}
+    s = {"main": main_summary(study["results"], NS).to_json()}
     claims = {c["id"]: c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))}
     assert {
         "terminal_brier_N8",
@@ -755,7 +755,7 @@ def test_testbed_report_renders_a_summary_of_the_training_seed_protocol(study):
     s |= {
         "studies": ["main"],
         "config": config | {"num_sequences": NS, "training_seeds": SEEDS},
-        "main": json_safe(main_summary(study["results"], NS)),
+        "main": json_safe(main_summary(study["results"], NS).to_json()),
         "reuse": {
             "reused": ["verifier probe-terminal (same settings, data and code)"],
             "redone": ["verifier msv4-terminal (changed: code)"],

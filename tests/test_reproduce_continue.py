@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hf_msv.reproduction import ReproduceArguments, ReproduceConfig, parse_arguments, pipeline, render_testbed
-from hf_msv.reproduction.results import ReproductionResults
+from hf_msv.reproduction.results import DelimiterStudy, ReproductionResults
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 SIX_STUDIES = RESULTS / "plain-vote-start"  # the committed v2 report with all six studies, in five parts
@@ -69,7 +69,7 @@ def recorded(monkeypatch):
                 "vote_checks": list(ctx.vote_checks),
             }
         )
-        return json.loads((RESULTS / "testbed.json").read_text())["delimiters"]
+        return DelimiterStudy.from_json(json.loads((RESULTS / "testbed.json").read_text())["delimiters"])
 
     monkeypatch.setattr(hf_msv.collect, "load_lm", lambda *a, **k: (LM(), None))
     monkeypatch.setattr(pipeline, "STUDY_STAGES", {**pipeline.STUDY_STAGES, "delimiters": (delimiters, "delimiters")})

@@ -26,7 +26,8 @@ def _load(name: str) -> dict:
 
 
 def _json(x):
-    return json.loads(json.dumps(x))
+    """`x` (a typed summary entry: its JSON) as loaded back from disk."""
+    return json.loads(json.dumps(x.to_json() if hasattr(x, "to_json") else x))
 
 
 def _settings(config: dict) -> SummarySettings:

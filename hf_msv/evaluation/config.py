@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from ..baselines import WV_THRESHOLD
 from ..errors import UserError
@@ -170,7 +170,7 @@ class EvaluateConfig:
         return MethodConfig(self.wv_threshold, self.deepconf_window, self.deepconf_stat)
 
     @property
-    def lambda_rules(self) -> dict:
+    def lambda_rules(self) -> dict[str, dict[str, float | None]]:
         """The λ rules chosen on validation, by report name, as `hf_msv.lambda_rule.choose_lambda` keyword arguments:
         the target rule (``"validation"``) and the Learn-then-Test guarantee (``"ltt"``)."""
         return {
@@ -179,7 +179,7 @@ class EvaluateConfig:
         }
 
     @property
-    def prm_kwargs(self) -> dict:
+    def prm_kwargs(self) -> dict[str, Any]:
         """`PRMScorer.from_pretrained` keyword arguments of the ``--prm-*`` flags."""
         return {
             "trust_remote_code": self.prm_trust_remote_code,
@@ -189,7 +189,7 @@ class EvaluateConfig:
         }
 
     @property
-    def checker_kwargs_dict(self) -> dict | None:
+    def checker_kwargs_dict(self) -> dict[str, Any] | None:
         """`checker_kwargs` parsed (a dict given in Python passes through)."""
         if isinstance(self.checker_kwargs, str):
             return json.loads(self.checker_kwargs)

@@ -124,7 +124,9 @@ def replay_many(
     )
 
 
-def replay(group: AnswerGroup, scores, lam: float, costs: LatencyCosts | None = None, select=None) -> dict:
+def replay(
+    group: AnswerGroup, scores, lam: float, costs: LatencyCosts | None = None, select=None
+) -> dict[str, int | float | bool]:
     """Replay one λ on one group (`scores`, `select` as in `replay_many`): {"chosen", "correct", "stopped", "steps",
     "tokens", "n_available", "latency"}."""
     r = replay_many(group, scores, [lam], costs, select)

@@ -1,7 +1,7 @@
 """Paired comparisons of the primary MSV with each baseline: per-problem numbers (`problem_numbers`,
 `problem_curves`), budgets with λ chosen on validation (`chosen_budget`) and 95 % bootstrap intervals over problems
 (`metric_intervals`, `fraction_interval`, `chosen_budget_interval`, `interpolated_interval`; one resample of problems
-applied to both methods). The intervals and their keys are described in ``docs/evaluation.md``.
+applied to both methods), each an `Interval`. The intervals and their keys are described in ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .early_stop import (
     interpolated_curve,
     replay_many,
 )
+from .results import Interval
 
 __all__ = [
     "AXES",
@@ -128,8 +129,11 @@ def problem_curves(
     )
 
 
-def metric_intervals(msv: list[ProblemNumbers], base: list[ProblemNumbers], n_boot: int = 1000, seed: int = 0) -> dict:
-    """Paired intervals of MSV against one baseline (module docstring); lists are per training seed."""
+def metric_intervals(
+    msv: list[ProblemNumbers], base: list[ProblemNumbers], n_boot: int = 1000, seed: int = 0
+) -> dict[str, Interval]:
+    """Paired intervals of MSV against one baseline (module docstring), metric -> `Interval`; lists are per training
+    seed."""
     count = msv[0].count
     sq_m = np.mean([x.sq_err for x in msv], axis=0) / np.maximum(count, 1)
     sq_b = np.mean([x.sq_err for x in base], axis=0) / np.maximum(count, 1)
@@ -150,12 +154,13 @@ def metric_intervals(msv: list[ProblemNumbers], base: list[ProblemNumbers], n_bo
             )
 
     kw = dict(n_boot=n_boot, seed=seed)
-    return {
+    intervals = {
         "brier": paired_bootstrap(sq_m, sq_b, count, **kw),
         "brier_ratio": paired_bootstrap(sq_m, sq_b, count, statistic="ratio", **kw),
         "bon_accuracy": paired_bootstrap(acc_m, acc_b, **kw),
         "bon_ece": bootstrap_interval(ece_diff, len(count), **kw),
     }
+    return {name: Interval.from_dict(interval) for name, interval in intervals.items()}
 
 
 def _seed_mean(curves: list[ProblemCurves]) -> ProblemCurves:
@@ -167,7 +172,7 @@ def _seed_mean(curves: list[ProblemCurves]) -> ProblemCurves:
 
 def fraction_interval(
     msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000, seed: int = 0
-) -> dict:
+) -> Interval:
     """Paired interval of the early-stop budget fraction on `axis` (`early_stop_token_fraction`: < 1 means MSV
     reaches the baseline's peak accuracy with less); curves averaged over training seeds, then over the resampled
     problems. A resample where MSV never reaches the peak counts as ∞."""
@@ -178,22 +183,23 @@ def fraction_interval(
             warnings.simplefilter("ignore")
             return early_stop_token_fraction(m.curve(idx), b.curve(idx), axis)
 
-    return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)
+    return Interval.from_dict(bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed))
 
 
 def interpolated_interval(
     msv: list[ProblemCurves], base: list[ProblemCurves], fraction: float, n_boot: int = 1000, seed: int = 0
-) -> dict:
+) -> Interval:
     """Paired interval of the difference of the interpolated curves (`interpolated_curve`, tokens) at `fraction` of
     full decoding's tokens, MSV − baseline; curves averaged over training seeds, both hulls recomputed on every
     resample of problems."""
     m, b = _seed_mean(msv), _seed_mean(base)
-    return bootstrap_interval(
+    interval = bootstrap_interval(
         lambda idx: interpolated_curve(m.curve(idx)).at(fraction) - interpolated_curve(b.curve(idx)).at(fraction),
         m.correct.shape[0],
         n_boot=n_boot,
         seed=seed,
     )
+    return Interval.from_dict(interval)
 
 
 @dataclass(frozen=True)
@@ -256,15 +262,15 @@ def chosen_budget(
     )
 
 
-def chosen_budget_interval(msv: ChosenBudget, base: ChosenBudget, n_boot: int = 1000, seed: int = 0) -> dict:
+def chosen_budget_interval(msv: ChosenBudget, base: ChosenBudget, n_boot: int = 1000, seed: int = 0) -> Interval:
     """Paired interval over evaluation problems of the accuracy difference MSV − baseline, each at its own
     validation-chosen λ (held fixed: only the problems are resampled)."""
-    return paired_bootstrap(msv.problem_accuracy, base.problem_accuracy, n_boot=n_boot, seed=seed)
+    return Interval.from_dict(paired_bootstrap(msv.problem_accuracy, base.problem_accuracy, n_boot=n_boot, seed=seed))
 
 
 def target_fraction_interval(
     msv: list[ProblemCurves], base: list[ProblemCurves], axis: str, n_boot: int = 1000, seed: int = 0
-) -> dict:
+) -> Interval:
     """Paired interval of the budget fraction on `axis` MSV needs to reach the baseline's *full-decoding* accuracy
     (÷ full decoding's budget, the same for every method on the same groups; ∞ when it never does)."""
     m, b = _seed_mean(msv), _seed_mean(base)
@@ -276,4 +282,4 @@ def target_fraction_interval(
         full = xs[np.argmax(mc.lambdas)]
         return float(xs[ok].min() / full) if ok.any() and full > 0 else math.inf
 
-    return bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed)
+    return Interval.from_dict(bootstrap_interval(frac, m.correct.shape[0], n_boot=n_boot, seed=seed))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,7 +109,7 @@ class SplitScores:
     name: str = "evaluation"
 
     @property
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         return self.dataset.info
 
 

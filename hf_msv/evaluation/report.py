@@ -602,7 +602,7 @@ def write_figures(
     curves: Mapping[str, Mapping[str, TradeoffCurve]],
     output_dir: Path,
     stem: str,
-) -> list[dict]:
+) -> list[dict[str, str]]:
     """Write the PNG figures of a study to ``{output_dir}/{stem}_*.png``.
 
     Args:

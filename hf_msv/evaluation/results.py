@@ -460,7 +460,7 @@ class StudyResults(Record):
             raise KeyError(f"no setting {name!r}: terminal or streaming")
         return self.terminal if name == "terminal" else self.streaming
 
-    def intervals_dict(self, n) -> dict:
+    def intervals_dict(self, n) -> dict[str, dict[str, dict[str, dict | None]]]:
         """The intervals at `n` as written to JSON: setting -> baseline -> metric -> interval dict.
 
         Args:

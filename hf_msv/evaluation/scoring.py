@@ -207,13 +207,13 @@ def deepconf_scores(problem: CollectedProblem, window: int = 2048, stat: str = "
     return deepconf_streaming(problem.cot_confidence, problem.answer_sequence, problem.answer_tau, window, stat)
 
 
-def lm_costs_from_info(info: Mapping) -> dict | None:
+def lm_costs_from_info(info: Mapping) -> dict[int | None, LatencyCosts] | None:
     """LM costs recorded in a shard's collection info, if any: ``info["latency"]`` = ``{"decode_step_s": float,
     "elicit_s": float}`` and/or ``{"by_num_sequences": {N: {...}}}``. Returns {N or None: LatencyCosts} or None."""
     lat = info.get("latency") if isinstance(info, Mapping) else None
     if not isinstance(lat, Mapping):
         return None
-    out = {}
+    out: dict[int | None, LatencyCosts] = {}
     if "decode_step_s" in lat or "elicit_s" in lat:
         out[None] = LatencyCosts(float(lat.get("decode_step_s", 0.0)), float(lat.get("elicit_s", 0.0)))
     for n, c in (lat.get("by_num_sequences") or {}).items():

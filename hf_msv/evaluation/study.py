@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -583,7 +583,7 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
     if n_boot and msv is not None:
         results["intervals"][key] = {
             s: {
-                m: metric_intervals(acc.numbers[s][msv], nums, n_boot)
+                m: {k: iv.to_dict() for k, iv in metric_intervals(acc.numbers[s][msv], nums, n_boot).items()}
                 for m, nums in acc.numbers[s].items()
                 if m != msv and m not in multi
             }
@@ -685,7 +685,7 @@ def _by_difficulty(acc: _PerN, levels: list) -> dict:
     return out
 
 
-def difficulty_from_problems(problems, field_name: str) -> dict:
+def difficulty_from_problems(problems, field_name: str) -> dict[str, Any]:
     """problem id -> difficulty of `hf_msv.data.Problem`s: ``problem.meta[field_name]`` (a list counts as its
     length, e.g. the testbed's ``ops``: its reasoning steps); problems without the field are left out."""
     out = {}
@@ -762,7 +762,7 @@ def _quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def split_statistics(problems: list[CollectedProblem]) -> dict:
+def split_statistics(problems: list[CollectedProblem]) -> dict[str, int | float]:
     """What a report says of a collected split: problems, sequences per problem, answers (per sequence), terminal
     and all-answer accuracy, mean chain-of-thought length in tokens. Exact counts, so two collections can be
     compared (`research/compare_main_collection.py`)."""
@@ -836,7 +836,7 @@ def _comparison(acc: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dic
             "per_seed": [
                 _quiet(early_stop_token_fraction, a, b, axis) for a, b in zip(acc.curves[msv], acc.curves[best])
             ],
-            "interval": fraction_interval(acc.problem_curves[msv], acc.problem_curves[best], axis, n_boot)
+            "interval": fraction_interval(acc.problem_curves[msv], acc.problem_curves[best], axis, n_boot).to_dict()
             if n_boot
             else None,
         }
@@ -872,7 +872,7 @@ def _validation_chosen(acc: _PerN, reference: str, n_boot: int) -> dict[str, lis
     return out
 
 
-def _validation_budget(c: ChosenBudget, interval: dict | None) -> ValidationBudget:
+def _validation_budget(c: ChosenBudget, interval: Interval | None) -> ValidationBudget:
     """The seed statistics of one `ChosenBudget`, with its interval against the reference."""
     stat = lambda values: SeedStat.from_dict(seed_stat(values))  # noqa: E731
     return ValidationBudget(
@@ -882,7 +882,7 @@ def _validation_budget(c: ChosenBudget, interval: dict | None) -> ValidationBudg
         fits=stat([float(ch.fits) for ch in c.choices]),
         eval_accuracy=stat(c.eval_accuracy),
         eval_fraction=stat(c.eval_fraction),
-        interval=None if interval is None else Interval.from_dict(interval),
+        interval=interval,
     )
 
 
@@ -894,9 +894,7 @@ def _interpolated(acc: _PerN, mean: dict, reference: str, n_boot: int) -> dict[s
         m: [
             InterpolatedAccuracy(
                 interpolated_curve(c).at(f),
-                Interval.from_dict(interpolated_interval(ref, acc.problem_curves[m], f, n_boot))
-                if n_boot and m != reference
-                else None,
+                interpolated_interval(ref, acc.problem_curves[m], f, n_boot) if n_boot and m != reference else None,
             )
             for f in BUDGET_FRACTIONS
         ]
@@ -918,7 +916,7 @@ def _full_decoding_target(
     return FullDecodingTarget(
         best,
         float(mean[best].accuracy[np.argmax(mean[best].lambdas)]),
-        {axis: Interval.from_dict(target_fraction_interval(ref, base, axis, n_boot)) for axis in ("steps", "tokens")},
+        {axis: target_fraction_interval(ref, base, axis, n_boot) for axis in ("steps", "tokens")},
     )
 
 

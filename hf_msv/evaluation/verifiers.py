@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ __all__ = [
 ]
 
 
-def verifier_config(path) -> dict:
+def verifier_config(path) -> dict[str, Any]:
     """The ``config.json`` of the verifier checkpoint directory `path`. Raises `FileNotFoundError` /
     `NotADirectoryError` naming the path when it is not a checkpoint directory."""
     path = Path(path)
@@ -124,12 +125,12 @@ def load_verifier_seeds(verifiers: Mapping) -> list[list[VerifierEntry]]:
     return [[v[s] if len(v) > 1 else v[0] for v in loaded.values()] for s in range(r)]
 
 
-def parse_verifier_specs(specs: Sequence[str]) -> dict:
+def parse_verifier_specs(specs: Sequence[str]) -> dict[str, dict[str, str] | list[dict[str, str]]]:
     """``NAME=PATH`` items -> the `verifiers` mapping of `load_verifier_seeds`. Repeat a NAME for its terminal and
     streaming checkpoints; a NAME whose mode is given again is another training seed (seeds are filled in order:
     a checkpoint joins the first seed of that name lacking its mode). One seed: name -> {mode: path}; several:
     name -> [{mode: path}, ...]."""
-    out: dict = {}
+    out: dict[str, list[dict[str, str]]] = {}
     for spec in specs:
         name, path = spec.split("=", 1) if "=" in spec else ("", "")
         if not name or not path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import fields
+from typing import Any
 
 from ..evaluation.results import EarlyStopComparison, Interval, MethodMetrics
 from .config import ReproduceConfig
@@ -73,7 +74,7 @@ def _interval_numbers(interval: Interval | None) -> dict:
     return {} if interval is None else {"interval": interval.to_dict()}
 
 
-def make_claim(cid: str, text: str, paper: str, held: bool | None, sentence: str, **numbers) -> dict:
+def make_claim(cid: str, text: str, paper: str, held: bool | None, sentence: str, **numbers) -> dict[str, Any]:
     """One claim; `sentence` is prefixed with the verdict `held` stands for.
 
     Args:
@@ -150,7 +151,7 @@ def _terminal_brier(main: MainStudySummary, n: int) -> dict:
     )
 
 
-def _brier_vs_votes(main: MainStudySummary, n: int) -> list[dict]:
+def _brier_vs_votes(main: MainStudySummary, n: int) -> list[dict[str, Any]]:
     """MSV_N's terminal Brier below the vote baselines' (calibrated self-consistency, stacked), interval < 0; only
     for summaries that have them."""
     row = main.row(n)
@@ -261,7 +262,7 @@ def _early_stop_against(row: MainRow, n: int, suffix: str, text: str, comparison
     )
 
 
-def _early_stop_twice(main: MainStudySummary, n: int) -> list[dict]:
+def _early_stop_twice(main: MainStudySummary, n: int) -> list[dict[str, Any]]:
     """C3 on the paper's axis (token position t*), stated twice: against the best single-sequence baseline (the
     paper's sentence) and against the best of all baselines. Older summaries (no comparisons): the single
     tokens-axis claim `_early_stop`."""
@@ -344,7 +345,7 @@ def _bon_ece(main: MainStudySummary, n: int) -> dict:
     )
 
 
-def main_claims(summary: ReproductionResults | Mapping, config: ReproduceConfig) -> list[dict]:
+def main_claims(summary: ReproductionResults | Mapping, config: ReproduceConfig) -> list[dict[str, Any]]:
     """C1-C5 on the main study: terminal Brier, best-of-N, early stopping, streaming Brier, best-of-N ECE.
 
     Args:
@@ -414,7 +415,7 @@ def _logit_averaging(n: int, without: float, main_row: MainRow) -> dict:
     )
 
 
-def checker_claims(summary: ReproductionResults | Mapping) -> list[dict]:
+def checker_claims(summary: ReproductionResults | Mapping) -> list[dict[str, Any]]:
     """Checker robustness (MSV trained with a weak checker loses ≤ 1.2 pp), logit averaging (with vs without, from
     the reference-checker run of the same study), and random checker: MSV degrades less than Probe+WV.
 
@@ -448,7 +449,7 @@ def checker_claims(summary: ReproductionResults | Mapping) -> list[dict]:
     return claims
 
 
-def mask_claims(summary: ReproductionResults | Mapping) -> list[dict]:
+def mask_claims(summary: ReproductionResults | Mapping) -> list[dict[str, Any]]:
     """Every attention mask contributes: removing any one raises the streaming Brier.
 
     Args:
@@ -481,7 +482,7 @@ def _stat_of(metrics: MethodMetrics | None, metric: str):
     return None if metrics is None else metrics.stat(metric)
 
 
-def delimiter_claims(summary: ReproductionResults | Mapping) -> list[dict]:
+def delimiter_claims(summary: ReproductionResults | Mapping) -> list[dict[str, Any]]:
     """MSV_N has a larger AUTC (accuracy × tokens) than the Probe with every elicitation delimiter.
 
     Args:
@@ -529,7 +530,7 @@ def _grouping_comparisons(grouping: GroupingStudy) -> dict[str, tuple[str, float
     return comparisons
 
 
-def _grouping_cost_claim(grouping: GroupingStudy) -> list[dict]:
+def _grouping_cost_claim(grouping: GroupingStudy) -> list[dict[str, Any]]:
     """With grouping the MSV's cost per answer stays flat (≤ 2× from the smallest to the largest N)."""
     costs = {n: row.verifier_online_s_per_answer.get(row.msv) for n, row in grouping.per_n.items()}
     ns = sorted(int(n) for n in costs if costs[n])
@@ -548,7 +549,7 @@ def _grouping_cost_claim(grouping: GroupingStudy) -> list[dict]:
     ]
 
 
-def grouping_claims(summary: ReproductionResults | Mapping) -> list[dict]:
+def grouping_claims(summary: ReproductionResults | Mapping) -> list[dict[str, Any]]:
     """Grouped MSV_M matches or beats the best baseline's accuracy-latency AUTC at every N > M, and its cost per
     answer stays flat as N grows (≤ 2× from the smallest to the largest N).
 
@@ -591,7 +592,7 @@ def _size_sentence(size: str, row: SizeRow, n: int) -> str:
     )
 
 
-def training_size_claims(summary: ReproductionResults | Mapping, config: ReproduceConfig) -> list[dict]:
+def training_size_claims(summary: ReproductionResults | Mapping, config: ReproduceConfig) -> list[dict[str, Any]]:
     """The Probe's Brier plateaus beyond the second-largest training size (the largest lowers it by < 5 %; the
     paper: beyond 224, its main size), and whether MSV_N meets the best-of-N and early-stop targets with the most
     training problems.
@@ -660,7 +661,9 @@ def config_of(summary: ReproductionResults | Mapping) -> ReproduceConfig:
     )
 
 
-def compute_claims(summary: ReproductionResults | Mapping, config: ReproduceConfig | None = None) -> list[dict]:
+def compute_claims(
+    summary: ReproductionResults | Mapping, config: ReproduceConfig | None = None
+) -> list[dict[str, Any]]:
     """Every claim the summary can test, in report order.
 
     Args:

@@ -6,6 +6,7 @@ training recipe (`training_config`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..errors import UserError
 from ..testbed.tasks import DEFAULT_TASK, TASKS
@@ -202,7 +203,7 @@ class ReproduceConfig:
         own LM, ``auto`` (its chat template when it has one)."""
         return self.prompt_template or ("auto" if self.own_lm else "testbed")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The settings as a summary records them: every field, less the own-LM ones (`OWN_LM_FIELDS`) of a testbed
         run (whose settings then read as a committed report's)."""
         out = asdict(self)
@@ -380,7 +381,7 @@ class ReproduceArguments:
             else ReproduceConfig(task=task, **overrides)
         )
 
-    def own_lm_settings(self) -> dict:
+    def own_lm_settings(self) -> dict[str, Any]:
         """The `ReproduceConfig` fields of a run on your own LM (`model`): its model, name, problem specs with their
         problem counts (every problem of each spec, read and checked here, before any work), prompt template and
         delimiters; {} without `model`.

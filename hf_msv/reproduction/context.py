@@ -70,7 +70,7 @@ class ReproductionContext:
     model: object = None
     tokenizer: object = None
     lm_costs: dict = field(default_factory=dict)
-    verifiers: dict = field(default_factory=dict)
+    verifiers: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     main_results: StudyResults | None = None
     reports: dict = field(default_factory=dict)
     counts: dict = field(default_factory=lambda: {"trained": 0, "reused": 0})
@@ -160,7 +160,7 @@ class ReproductionContext:
             )
         return paths
 
-    def specs(self, name: str, modes=("terminal", "streaming")) -> list[dict]:
+    def specs(self, name: str, modes=("terminal", "streaming")) -> list[dict[str, str]]:
         """One main-study verifier's checkpoints for `evaluate_study`: [{mode: path} per training seed]."""
         return seed_specs({m: self.main_fit(name, m) for m in modes})
 
@@ -264,7 +264,7 @@ def restore_evaluation(kept: Path, out: Path, stem: str) -> StudyResults:
     return StudyResults.from_dict(json.loads((kept / f"{stem}.json").read_text()))
 
 
-def seed_specs(paths_by_mode: dict) -> list[dict]:
+def seed_specs(paths_by_mode: dict) -> list[dict[str, str]]:
     """{mode: [path per training seed]} -> [{mode: path} per training seed] (what `evaluate_study` takes)."""
     counts = {len(v) for v in paths_by_mode.values()}
     if len(counts) != 1:

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
 
@@ -129,7 +130,7 @@ class ReproductionTask:
 
         return weights_fingerprint(model)
 
-    def collection_settings(self, split: str) -> dict:
+    def collection_settings(self, split: str) -> dict[str, Any]:
         """What a collection's reuse key records of the task beyond its sizes: nothing for a testbed task (its
         generator is the collection code's), an own LM's prompt template, delimiters and problems."""
         if self.testbed is not None:
@@ -140,7 +141,7 @@ class ReproductionTask:
             "problems": problems_fingerprint(self.splits[split]),
         }
 
-    def difficulty(self, count: int) -> tuple[dict | None, str]:
+    def difficulty(self, count: int) -> tuple[dict[str, Any] | None, str]:
         """The main study's difficulty per evaluation problem and its name: a testbed's reasoning steps (``ops``);
         none for an own LM."""
         if self.testbed is None:

@@ -18,6 +18,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from ..errors import MissingPathError, UserError
 from ..evaluation.results import StudyResults
@@ -133,7 +134,7 @@ def _run_studies(
         write_summary(ctx, summary, started, pending=optional[i:])
         study, stage = STUDY_STAGES[name]
         with ctx.clock(stage):
-            summary[name] = study(ctx)
+            summary[name] = study(ctx).to_json()
     done = write_summary(ctx, summary, started)
     log(f"[reproduce] wrote {ctx.output_dir / (ctx.stem + '.md')} in {(done.timing_s or {})['total']:.0f} s")
     return done
@@ -160,10 +161,10 @@ def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progre
     with ctx.clock("train main"):
         train_main_verifiers(ctx)
     with ctx.clock("evaluate main"):
-        summary["main"] = main_study(ctx, progress=progress)
+        summary["main"] = main_study(ctx, progress=progress).to_json()
 
 
-def load_report_to_continue(ctx: ReproductionContext) -> dict:
+def load_report_to_continue(ctx: ReproductionContext) -> dict[str, Any]:
     """The summary in ``output_dir/{stem}.json`` that `reproduce` continues (``continue_report``), checked: it must
     exist, hold a finished main study whose results file is beside it, and have been made with this run's settings
     (the studies of one report compare with each other, so they share data sizes, seeds and N)."""
@@ -200,7 +201,7 @@ def _main_results_path(ctx: ReproductionContext, earlier: dict) -> Path:
     return ctx.output_dir / Path(earlier.get("reports", {}).get("main", f"{ctx.stem}-main.md")).with_suffix(".json")
 
 
-def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -> dict:
+def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -> dict[str, Any]:
     """The summary a continuing part starts from: `earlier`'s main study and finished studies, its LM costs (so
     that latency figures stay comparable across parts; they were measured by the part that made the main study),
     reports and vote checks; this part's own counts, device and reuse log. `ctx.main_results` is read from the
@@ -235,7 +236,7 @@ def continued_summary(ctx: ReproductionContext, earlier: dict, studies: tuple) -
     }
 
 
-def earlier_parts(earlier: dict) -> list[dict]:
+def earlier_parts(earlier: dict) -> list[dict[str, Any]]:
     """The parts a report records, less the last one of an interim report (one with studies ``pending``) when it
     finished no study: that record is the snapshot a run writes before its first study starts, so a run stopped
     before finishing one left it (0 min, 0 fits), while the time it spent and the fits it trained belong to the
@@ -279,7 +280,7 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
     return typed
 
 
-def part_collections(before: list[dict], made: dict) -> dict:
+def part_collections(before: list[dict], made: dict) -> dict[str, Any]:
     """What a part records of the main collection it made (`made`: split -> shard fingerprint; empty when it made
     none): the fingerprints, and the splits in which they differ from those of the part that ran the main study.
     Collection is deterministic on one machine; on another, CPU kernels may round differently. Such a part's

@@ -6,6 +6,7 @@ ours and the claims' verdict sentences (`render_testbed`; pure: a string from th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..evaluation import markdown_table
 from ..evaluation.results import AxisFraction, EarlyStopComparison, Figure, MethodMetrics, SeedStat, StudyResults
@@ -27,7 +28,7 @@ from .results import (
 __all__ = ["LEGACY_PARTS_KEY", "render_testbed", "report_parts"]
 
 
-def report_parts(summary: dict) -> list[dict]:
+def report_parts(summary: dict) -> list[dict[str, Any]]:
     """The parts a report records: one per run that wrote it (``--continue-report`` adds one), oldest first."""
     return list(summary.get("parts", summary.get(LEGACY_PARTS_KEY)) or [])
 

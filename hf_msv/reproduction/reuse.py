@@ -22,6 +22,7 @@ import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "TRAINING_CODE",
@@ -124,12 +125,12 @@ def data_fingerprint(*dirs) -> str:
     return h.hexdigest()[:16]
 
 
-def reuse_key(settings: dict, code: str, data: str | None = None) -> dict:
+def reuse_key(settings: dict, code: str, data: str | None = None) -> dict[str, Any]:
     """The key an artefact is stored and compared under: JSON-normalised settings, data fingerprint, code version."""
     return {"settings": json.loads(json.dumps(settings, default=str)), "data": data, "code": code}
 
 
-def stored_key(directory: Path) -> dict | None:
+def stored_key(directory: Path) -> dict[str, Any] | None:
     """The key stored in `directory` (None when there is none or it is unreadable)."""
     try:
         return json.loads((Path(directory) / KEY_FILE).read_text())
@@ -142,7 +143,7 @@ def write_key(directory: Path, key: dict) -> None:
     Path(directory, KEY_FILE).write_text(json.dumps(dict(key, git_commit=git_commit()), indent=1))
 
 
-def artefact_key(directory) -> dict | None:
+def artefact_key(directory) -> dict[str, Any] | None:
     """The reuse key stored with an artefact, without the git commit recorded beside it (None: no key), so that
     a key that names the artefact (an evaluation names its verifiers' keys) survives commits that change nothing."""
     stored = stored_key(directory)
@@ -191,7 +192,7 @@ class ReuseLog:
         entry = next(e for e in reversed(self.entries) if (e["kind"], e["name"]) == (kind, name))
         entry["why"] += f"; {note}"
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, list[str]]:
         """{"reused": [...], "redone": [...]} of "kind name (why)" strings, for the report."""
         fmt = lambda e: f"{e['kind']} {e['name']} ({e['why']})"  # noqa: E731
         return {

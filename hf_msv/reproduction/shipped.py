@@ -8,6 +8,7 @@ import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
 from ..lambda_rule import DELTA
@@ -97,7 +98,7 @@ def train_shipped_verifier(
 
 def fit_shipped_stopping(
     val_dir, destination=None, epsilon: float = SHIPPED_EPSILON, delta: float = DELTA, calibration_dir=None
-) -> dict:
+) -> dict[str, Any]:
     """Fit the stopping rule of the verifier saved in `destination` (default: the package's): the stop head on the
     validation shards `val_dir`, λ on the calibration shards `calibration_dir` (other problems; `None`: a held-out
     half of `val_dir`'s), by `hf_msv.training.fit_stopping_rule` (the guarantee's λ when it certifies `epsilon` at

@@ -9,6 +9,7 @@ import math
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from .reuse import (
     stored_key,
     write_key,
 )
+
+if TYPE_CHECKING:
+    from ..evaluation.early_stop import LatencyCosts
 
 __all__ = [
     "ShardReuse",
@@ -242,7 +246,7 @@ def train_fit(train_dir, val_dir, out: Path, config, key: dict) -> None:
     (out / PENDING_KEY).unlink()
 
 
-def pending_despite_code(out: Path, key: dict) -> dict | None:
+def pending_despite_code(out: Path, key: dict) -> dict[str, Any] | None:
     """``--reuse-verifiers keep``: the pending key of a fit interrupted in `out` whose settings and data are `key`'s
     and only its training code differs (None otherwise). Resuming it under that key finishes it with the current
     code from the state the older code saved, and stores the older code's version: like a fit kept despite its code,
@@ -332,9 +336,9 @@ def measure_lm_costs(
     cache: Path | None = None,
     delimiters=("Wait",),
     prompt_template="testbed",
-) -> dict:
-    """Wall-clock LM costs on this machine, per N: seconds per shared decode step of N parallel sequences
-    (``timings["cot"]`` ÷ decode steps) and per elicited answer (``timings["elicitation"]`` ÷ answers), from
+) -> dict[int, LatencyCosts]:
+    """Wall-clock LM costs on this machine, per N (N -> `LatencyCosts`): seconds per shared decode step of N parallel
+    sequences (``timings["cot"]`` ÷ decode steps) and per elicited answer (``timings["elicitation"]`` ÷ answers), from
     `hf_msv.generation.msv_generate` (no verifier) on `problems` (prompts: `prompt_template`, as collections take
     it; each sequence at most `max_new_tokens`, or what the LM's context leaves room for), best of the problems."""
     from ..collect import sequence_budget

@@ -1,5 +1,6 @@
 """The paper's studies on the testbed, one public function each: it trains (or reuses) its verifiers through the
-`ReproductionContext`, evaluates them, records its report in ``ctx.reports`` and returns its summary entry."""
+`ReproductionContext`, evaluates them, records its report in ``ctx.reports`` and returns its summary entry, typed
+(`hf_msv.reproduction.results`; ``to_json()`` is the summary's JSON)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..evaluation.results import as_study_results
 from .config import training_config
 from .context import ReproductionContext, seed_specs
 from .paper import CHECKER_KWARGS, MASKS
+from .results import CheckerStudy, DelimiterStudy, GroupingStudy, MainStudySummary, MaskStudy, TrainingSizeStudy
 from .stages import checker_agreement, collect_problems, collect_splits
 from .summary import autc_row, grouping_summary, main_summary, size_row
 
@@ -25,8 +27,9 @@ __all__ = [
 ]
 
 
-def train_main_verifiers(ctx: ReproductionContext) -> dict:
-    """Probe and MSV_n for every n of the main study, terminal and streaming: ``{method: {mode: path}}``."""
+def train_main_verifiers(ctx: ReproductionContext) -> dict[str, dict[str, list[str]]]:
+    """Probe and MSV_n for every n of the main study, terminal and streaming: ``{method: {mode: [path per training
+    seed]}}``."""
     for mode in ("terminal", "streaming"):
         for method in ("Probe", *(f"MSV_{n}" for n in ctx.config.num_sequences)):
             ctx.main_fit(method, mode)
@@ -34,7 +37,7 @@ def train_main_verifiers(ctx: ReproductionContext) -> dict:
     return ctx.verifiers
 
 
-def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
+def main_study(ctx: ReproductionContext, progress: bool = True) -> MainStudySummary:
     """The main study (C1-C5): the main verifiers and every baseline on the evaluation split, each N, with figures
     and λ rules chosen on validation. Needs `train_main_verifiers` first; keeps the results in `ctx.main_results`."""
     cfg = ctx.config
@@ -57,7 +60,7 @@ def main_study(ctx: ReproductionContext, progress: bool = True) -> dict:
     return main_summary(ctx.main_results, cfg.num_sequences)
 
 
-def checkers_study(ctx: ReproductionContext) -> dict:
+def checkers_study(ctx: ReproductionContext) -> CheckerStudy:
     """Checker robustness: terminal MSV_N (without logit averaging) trained with each weak checker's classes, and
     best-of-N of it and of the checker-dependent baselines when evaluation groups answers with that checker."""
     from ..evaluation import load_split
@@ -116,10 +119,10 @@ def checkers_study(ctx: ReproductionContext) -> dict:
             },
         }
         ctx.reports[f"checker-{c}"] = f"studies/{ctx.stem}-checker-{c}.md"
-    return {"n": n, "rows": rows}
+    return CheckerStudy.from_json({"n": n, "rows": rows})
 
 
-def masks_study(ctx: ReproductionContext) -> dict:
+def masks_study(ctx: ReproductionContext) -> MaskStudy:
     """Mask ablation: streaming MSV_N with each attention mask removed, against the full MSV_N (Brier/AUROC/NLL)."""
     cfg, n, data = ctx.config, ctx.config.mask_n, ctx.main_data()
     vs = {f"MSV_{n}": ctx.main_fit(f"MSV_{n}", "streaming")}
@@ -134,13 +137,11 @@ def masks_study(ctx: ReproductionContext) -> dict:
     res = ctx.evaluate(data / "eval", vs, [n], title="Mask ablation", report_name="masks")
     stream = as_study_results(res).streaming[str(n)]
     ctx.reports["masks"] = f"studies/{ctx.stem}-masks.md"
-    return {
-        "n": n,
-        "rows": {k: {m: stream[k].metrics[m].to_dict() for m in ("brier", "auroc", "nll")} for k in vs if k in stream},
-    }
+    rows = {k: {m: stream[k].metrics[m].to_dict() for m in ("brier", "auroc", "nll")} for k in vs if k in stream}
+    return MaskStudy.from_json({"n": n, "rows": rows})
 
 
-def delimiters_study(ctx: ReproductionContext) -> dict:
+def delimiters_study(ctx: ReproductionContext) -> DelimiterStudy:
     """Delimiter sensitivity: a delimiter-free collection elicited every K tokens, with its own Probe / MSV_1 /
     MSV_N, against the main (``Wait``) study's: streaming AUTC over tokens and answers per sequence."""
     cfg, n = ctx.config, ctx.config.delimiter_n
@@ -179,13 +180,13 @@ def delimiters_study(ctx: ReproductionContext) -> dict:
     methods = ("Probe", "MSV_1", f"MSV_{n}")
     rows = {"Wait": autc_row(ctx.main_results, n, methods), every_k: autc_row(res, n, methods)}
     wait = as_study_results(ctx.main_results).data["eval"]
-    rows["Wait"]["answers_per_sequence"] = wait["answers_per_sequence"]
-    rows[every_k]["answers_per_sequence"] = as_study_results(res).data["eval"]["answers_per_sequence"]
+    rows["Wait"].answers_per_sequence = wait["answers_per_sequence"]
+    rows[every_k].answers_per_sequence = as_study_results(res).data["eval"]["answers_per_sequence"]
     ctx.reports["delimiters"] = f"studies/{ctx.stem}-every-k.md"
-    return {"n": n, "rows": rows, "mean_sequence_tokens": wait["mean_sequence_tokens"]}
+    return DelimiterStudy(n=n, rows=rows, mean_sequence_tokens=wait["mean_sequence_tokens"])
 
 
-def grouping_study(ctx: ReproductionContext) -> dict:
+def grouping_study(ctx: ReproductionContext) -> GroupingStudy:
     """Large N with grouping: the streaming MSV_M scoring groups of M at N > M (a 256-sample collection; the main
     evaluation split when ``grouping_problems`` is 0) against Probe and MSV_1, over latency and tokens."""
     cfg, m = ctx.config, ctx.config.grouping_m
@@ -240,7 +241,7 @@ def _size_verifiers(ctx: ReproductionContext, k: int, more: Path) -> dict:
     return {k: seed_specs(v) for k, v in vs.items()}
 
 
-def training_size_study(ctx: ReproductionContext) -> dict:
+def training_size_study(ctx: ReproductionContext) -> TrainingSizeStudy:
     """Training-set size: Probe and MSV_N trained on nested prefixes of the training problems (collecting more
     when a size exceeds the main split), each evaluated at N = max N."""
     cfg, n = ctx.config, ctx.config.max_n
@@ -270,7 +271,7 @@ def training_size_study(ctx: ReproductionContext) -> dict:
         )
         per_size[str(k)] = size_row(res, n)
         ctx.reports[f"size-{k}"] = f"studies/{ctx.stem}-size-{k}.md"
-    return {"n": n, "per_size": per_size}
+    return TrainingSizeStudy(n=n, per_size=per_size)
 
 
 # Each optional study: its function and the name its stage time is logged under.

@@ -3,15 +3,18 @@
 Results hold, per N (as a string), ``terminal`` / ``streaming`` metrics per method, each a seed statistic
 ``{"mean", "std", "values"}``; these functions keep the numbers the claims and ``testbed.md`` use. They read the
 results as a `hf_msv.evaluation.results.StudyResults` (a results dict, e.g. loaded JSON, is read into one first),
-and return plain JSON dicts: the summary is written to disk and read back as it is.
+and return the summary's typed entries (`hf_msv.reproduction.results`), built as the JSON the summary holds and
+read through the typed model, so ``to_json()`` is what is written to disk and read back.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from ..evaluation.results import MethodMetrics, SeedStat, StudyResults, as_study_results
+from .results import DelimiterRow, GroupingStudy, MainStudySummary, SizeRow
 
 __all__ = [
     "stat_mean",
@@ -76,7 +79,7 @@ def _stats(r: MethodMetrics, names) -> dict:
     return {x: r.metrics[x].to_dict() for x in names}
 
 
-def main_summary(res: StudyResults | Mapping, num_sequences) -> dict:
+def main_summary(res: StudyResults | Mapping, num_sequences) -> MainStudySummary:
     """Per N: MSV_N and every baseline's terminal Brier / AUROC / best-of-N accuracy (and ECE/Brier of best-of-N),
     streaming AUROC / Brier, and the early-stop token fraction.
 
@@ -85,7 +88,7 @@ def main_summary(res: StudyResults | Mapping, num_sequences) -> dict:
         num_sequences: the N values to summarise.
 
     Returns:
-        str(N) -> that N's summary, plus the study's ``data`` and ``figures``.
+        The `MainStudySummary`: str(N) -> that N's `MainRow`, plus the study's ``data`` and ``figures``.
     """
     res = as_study_results(res)
     out = {}
@@ -142,10 +145,10 @@ def main_summary(res: StudyResults | Mapping, num_sequences) -> dict:
             }
     out["data"] = res.data
     out["figures"] = [f.to_dict() for f in res.figures]
-    return out
+    return MainStudySummary.from_json(out)
 
 
-def autc_row(res: StudyResults | Mapping, n: int, methods) -> dict:
+def autc_row(res: StudyResults | Mapping, n: int, methods) -> DelimiterRow:
     """Streaming AUTC over tokens (raw and normalised) and over t* (normalised, when the results have it) of
     `methods` at `n`; the multi-sequence MSV is "MSV_N".
 
@@ -155,20 +158,21 @@ def autc_row(res: StudyResults | Mapping, n: int, methods) -> dict:
         methods: the methods wanted (those evaluated are kept).
 
     Returns:
-        method -> {AUTC name: seed statistic dict}.
+        The `DelimiterRow`: method -> its AUTC statistics (answers per sequence not set).
     """
     stream = as_study_results(res).streaming[str(n)]
     keys = ("autc_tokens", "autc_tokens_norm", "autc_steps_norm")  # t* only in results of the seed protocol
-    return {
+    row = {
         ("MSV_N" if m.startswith("MSV_") and m != "MSV_1" else m): _stats(
             stream[m], [k for k in keys if k in stream[m]]
         )
         for m in methods
         if m in stream
     }
+    return DelimiterRow.from_json(row)
 
 
-def grouping_summary(res: StudyResults | Mapping, grouping_ns, grouping_m: int) -> dict:
+def grouping_summary(res: StudyResults | Mapping, grouping_ns, grouping_m: int) -> GroupingStudy:
     """Per N of the grouping study: each method's accuracy-latency / accuracy-token AUTC, peak accuracy, verifier
     cost and full-budget latency, and the early-stop comparison; plus the trade-off figures.
 
@@ -178,7 +182,7 @@ def grouping_summary(res: StudyResults | Mapping, grouping_ns, grouping_m: int) 
         grouping_m: the group size M.
 
     Returns:
-        ``{"m", "per_n": {str(N): ...}, "figures"}``.
+        The `GroupingStudy`: ``m``, a `GroupingRow` per str(N), the trade-off figures.
     """
     res = as_study_results(res)
     out = {"m": grouping_m, "per_n": {}}
@@ -201,10 +205,10 @@ def grouping_summary(res: StudyResults | Mapping, grouping_ns, grouping_m: int) 
             },
         }
     out["figures"] = [f.to_dict() for f in res.figures if "tradeoff" in f.file]
-    return out
+    return GroupingStudy.from_json(out)
 
 
-def size_row(res: StudyResults | Mapping, n: int) -> dict:
+def size_row(res: StudyResults | Mapping, n: int) -> SizeRow:
     """One training-set size: the Probe's and MSV_n's calibration, best-of-n against the best baseline (the C2
     gap) and MSV_n's early-stop token fraction (C3).
 
@@ -213,7 +217,7 @@ def size_row(res: StudyResults | Mapping, n: int) -> dict:
         n: N.
 
     Returns:
-        The row.
+        The `SizeRow`.
     """
     results = as_study_results(res)
     key = str(n)
@@ -221,7 +225,7 @@ def size_row(res: StudyResults | Mapping, n: int) -> dict:
     early_stop = results.early_stop.get(key)
     msv = results.msv(key)
     baseline, baseline_accuracy = best_bon_baseline(terminal, msv)
-    return {
+    row = {
         "msv": msv,
         "terminal": {
             method: _stats(terminal[method], ("brier", "auroc", "bon_accuracy"))
@@ -239,9 +243,10 @@ def size_row(res: StudyResults | Mapping, n: int) -> dict:
         "early_stop_best_baseline": None if early_stop is None else early_stop.best_baseline,
         "early_stop_token_fraction": None if early_stop is None else early_stop.token_fraction,
     }
+    return SizeRow.from_json(row)
 
 
-def vote_check_rows(res: StudyResults | Mapping, study: str) -> list[dict]:
+def vote_check_rows(res: StudyResults | Mapping, study: str) -> list[dict[str, Any]]:
     """Every MSV fit of one evaluation against the vote it is fed (γ), per N and setting: AUROC mean over training
     seeds, the vote's, their difference and whether it is within `VOTE_TOLERANCE` (AUROC does not split into
     per-problem terms, so there is no paired interval here: the spread over training seeds is the ± of `auroc`)."""
