@@ -4,7 +4,7 @@ VENV := .venv/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lint demo test test-slow test-floor test-vllm lint-imports bench-smoke reproduce
+.PHONY: setup lint demo test test-slow test-research test-floor test-vllm lint-imports bench-smoke reproduce
 
 setup:
 	@bash scripts/setup.sh
@@ -18,6 +18,11 @@ test: setup lint
 
 test-slow: setup
 	$(VENV)/python -m pytest -q -m slow --timeout=1800 || [ $$? -eq 5 ]
+
+# The tests of the research scripts (research/tests: tiny LMs and shards, a few minutes), which the default suite
+# does not collect (its testpaths are tests/).
+test-research: setup
+	OMP_NUM_THREADS=1 $(VENV)/python -m pytest -q -x --timeout=900 research/tests
 
 # The tests that touch transformers internals, against the oldest transformers pyproject.toml allows.
 test-floor: setup

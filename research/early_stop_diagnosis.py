@@ -33,8 +33,10 @@ def replays(groups, method: str, lambdas) -> dict:
     reached)."""
     runs = [replay_many(g, g.scores[method], list(lambdas) + [np.inf]) for g in groups]
     stack = {k: np.stack([getattr(r, k) for r in runs]) for k in ("stopped", "correct", "chosen", "steps")}
-    return {k: v[:, :-1] for k, v in stack.items()} | {"full_correct": stack["correct"][:, -1],
-                                                        "full_steps": stack["steps"][:, -1]}
+    return {k: v[:, :-1] for k, v in stack.items()} | {
+        "full_correct": stack["correct"][:, -1],
+        "full_steps": stack["steps"][:, -1],
+    }
 
 
 def budget_index(r: dict, budget: float) -> int:
@@ -50,13 +52,17 @@ def at_budget(r: dict, budget: float, lambdas) -> dict:
     mean_steps = r["steps"].mean(0)
     hopeless = ~r["full_correct"]
     steps, stopped = r["steps"][:, j].astype(float), r["stopped"][:, j]
-    return {"lambda": float(lambdas[j]), "mean_steps": float(mean_steps[j]), "accuracy": float(r["correct"][:, j].mean()),
-            "accuracy_when_stopped": float(r["correct"][stopped, j].mean()) if stopped.any() else float("nan"),
-            "full_accuracy": float(r["full_correct"].mean()),
-            "stop_rate_right_at_full": float(stopped[~hopeless].mean()),
-            "stop_rate_wrong_at_full": float(stopped[hopeless].mean()) if hopeless.any() else float("nan"),
-            "steps_share_wrong_at_full": float(steps[hopeless].sum() / steps.sum()),
-            "lost_by_stopping": float((r["full_correct"] & ~r["correct"][:, j]).mean())}
+    return {
+        "lambda": float(lambdas[j]),
+        "mean_steps": float(mean_steps[j]),
+        "accuracy": float(r["correct"][:, j].mean()),
+        "accuracy_when_stopped": float(r["correct"][stopped, j].mean()) if stopped.any() else float("nan"),
+        "full_accuracy": float(r["full_correct"].mean()),
+        "stop_rate_right_at_full": float(stopped[~hopeless].mean()),
+        "stop_rate_wrong_at_full": float(stopped[hopeless].mean()) if hopeless.any() else float("nan"),
+        "steps_share_wrong_at_full": float(steps[hopeless].sum() / steps.sum()),
+        "lost_by_stopping": float((r["full_correct"] & ~r["correct"][:, j]).mean()),
+    }
 
 
 def costly_stops(groups, r: dict, j: int) -> dict:
@@ -70,9 +76,11 @@ def costly_stops(groups, r: dict, j: int) -> dict:
         seen = g.end <= r["steps"][i, j]
         support.append(int((seen & (g.klass == g.klass[chosen])).sum()))
         available.append(int(seen.sum()))
-    return {"share_of_groups": len(support) / len(groups),
-            "median_class_support": float(np.median(support)) if support else float("nan"),
-            "median_available": float(np.median(available)) if available else float("nan")}
+    return {
+        "share_of_groups": len(support) / len(groups),
+        "median_class_support": float(np.median(support)) if support else float("nan"),
+        "median_available": float(np.median(available)) if available else float("nan"),
+    }
 
 
 def evidence_at(groups, step: float) -> dict:
@@ -119,8 +127,10 @@ def main(argv=None) -> dict:
     split = prepare_split(ShardDataset(work / "data" / "eval"), method_config)
     out = {}
     for n in args.ns:
-        specs = {"MSV_1": {"streaming": str(work / "verifiers" / f"msv1-streaming{tail}")},
-                 f"MSV_{n}": {"streaming": str(work / "verifiers" / f"msv{n}-streaming{tail}")}}
+        specs = {
+            "MSV_1": {"streaming": str(work / "verifiers" / f"msv1-streaming{tail}")},
+            f"MSV_{n}": {"streaming": str(work / "verifiers" / f"msv{n}-streaming{tail}")},
+        }
         entries = load_verifier_seeds(specs)[0]
         scored = with_verifiers(split, entries)
         plan = method_plan(entries, n, "streaming", scored)
@@ -129,21 +139,32 @@ def main(argv=None) -> dict:
         for g in groups:
             g.scores[f"{msv} (class mean)"] = class_mean_scores(g, msv)
         r = {m: replays(groups, m, LAMBDAS) for m in (msv, "MSV_1+WV")}
-        curves = {m: tradeoff_curve(groups, m) for m in (msv, f"{msv} (class mean)", "MSV_1+WV", "Probe+WV")
-                  if m in groups[0].scores}
+        curves = {
+            m: tradeoff_curve(groups, m)
+            for m in (msv, f"{msv} (class mean)", "MSV_1+WV", "Probe+WV")
+            if m in groups[0].scores
+        }
         full_steps = r["MSV_1+WV"]["full_steps"].mean()
-        out[n] = {f"{frac:.2f} of full t*": {m: at_budget(v, frac * full_steps, LAMBDAS) for m, v in r.items()}
-                  for frac in (0.3, 0.4, 0.5, 0.6)}
+        out[n] = {
+            f"{frac:.2f} of full t*": {m: at_budget(v, frac * full_steps, LAMBDAS) for m, v in r.items()}
+            for frac in (0.3, 0.4, 0.5, 0.6)
+        }
         out[n]["costly stops at half of full t*"] = {
-            m: costly_stops(groups, v, budget_index(v, 0.5 * full_steps)) for m, v in r.items()}
-        out[n]["evidence"] = {f"{frac:.2f} of full t*": evidence_at(groups, frac * full_steps)
-                              for frac in (0.3, 0.5, 0.7, 1.0)}
+            m: costly_stops(groups, v, budget_index(v, 0.5 * full_steps)) for m, v in r.items()
+        }
+        out[n]["evidence"] = {
+            f"{frac:.2f} of full t*": evidence_at(groups, frac * full_steps) for frac in (0.3, 0.5, 0.7, 1.0)
+        }
         out[n]["t* fraction to reach MSV_1+WV's peak"] = {
-            m: early_stop_token_fraction(c, curves["MSV_1+WV"], x="steps") for m, c in curves.items()}
+            m: early_stop_token_fraction(c, curves["MSV_1+WV"], x="steps") for m, c in curves.items()
+        }
         out[n]["peak accuracy"] = {m: float(c.accuracy.max()) for m, c in curves.items()}
         target = float(r["MSV_1+WV"]["full_correct"].mean())
-        out[n]["clairvoyant"] = {"target": target, "mean_steps": clairvoyant_steps(groups, target),
-                                 "full_steps": float(full_steps)}
+        out[n]["clairvoyant"] = {
+            "target": target,
+            "mean_steps": clairvoyant_steps(groups, target),
+            "full_steps": float(full_steps),
+        }
         print(json.dumps({n: out[n]}, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))

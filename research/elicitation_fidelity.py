@@ -45,13 +45,22 @@ def writer_terminal_answers(problems, traces: int, seed: int, knobs: dict | None
             answer = max(dist, key=dist.get)
             blind = task_v2.answer_distribution(dataclasses.replace(t.terminal, unease=0.0), p, **knobs)
             reading = task_v2.answer_distribution(
-                dataclasses.replace(t.terminal, unease=t.terminal.reading_unease), p, **knobs)
+                dataclasses.replace(t.terminal, unease=t.terminal.reading_unease), p, **knobs
+            )
             clause = ("taken" if t.took_clause else "left") if p.meta.get("distractor") else None
-            rows.append(dict(problem=p, text=t.capped_text, answer=answer, right=answer == p.gold,
-                             writer=dist[answer], writer_blind=blind.get(answer, 0.0),
-                             writer_reading=reading.get(answer, 0.0), clause=clause))
+            rows.append(
+                dict(
+                    problem=p,
+                    text=t.capped_text,
+                    answer=answer,
+                    right=answer == p.gold,
+                    writer=dist[answer],
+                    writer_blind=blind.get(answer, 0.0),
+                    writer_reading=reading.get(answer, 0.0),
+                    clause=clause,
+                )
+            )
     return rows
-
 
 
 @torch.no_grad()
@@ -60,8 +69,9 @@ def lm_answer_logprobs(model, tok, rows: list[dict], batch: int = 32) -> list[np
     the capped trace and the elicitation prompt; right-padded batches (causal: pads never reach real positions)."""
     seqs = []
     for r in rows:
-        context = [tok.bos_token_id] + tok(task_v2.format_prompt(r["problem"]) + r["text"] + ELICITATION_PROMPT,
-                                           add_special_tokens=False).input_ids
+        context = [tok.bos_token_id] + tok(
+            task_v2.format_prompt(r["problem"]) + r["text"] + ELICITATION_PROMPT, add_special_tokens=False
+        ).input_ids
         seqs.append((context, tok("{" + r["answer"] + "}", add_special_tokens=False).input_ids))
     out: list = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
@@ -88,14 +98,17 @@ def fidelity(model, tok, problems, traces: int = 8, seed: int = 0, knobs: dict |
     lm = np.array([np.exp(lp.sum()) for lp in logprobs])
     geo = np.array([np.exp(lp.mean()) for lp in logprobs])
     return {
-        "traces": len(rows), "terminal_accuracy": round(float(right.mean()), 4),
+        "traces": len(rows),
+        "terminal_accuracy": round(float(right.mean()), 4),
         "writer_auroc": round(roc_auc_score(right, writer), 4),
         "writer_without_self_evaluation_auroc": round(roc_auc_score(right, blind), 4),
         "writer_reading_only_auroc": round(roc_auc_score(right, reading), 4),
-        "lm_auroc": round(roc_auc_score(right, lm), 4), "lm_token_probs_auroc": round(roc_auc_score(right, geo), 4),
+        "lm_auroc": round(roc_auc_score(right, lm), 4),
+        "lm_token_probs_auroc": round(roc_auc_score(right, geo), 4),
         "spearman_lm_writer": round(float(spearmanr(lm, writer)[0]), 4),
         "mean_abs_lm_minus_writer": round(float(np.abs(lm - writer).mean()), 4),
-        "mean_writer": round(float(writer.mean()), 4), "mean_lm": round(float(lm.mean()), 4),
+        "mean_writer": round(float(writer.mean()), 4),
+        "mean_lm": round(float(lm.mean()), 4),
         **clause_means(rows, writer, lm),
     }
 
@@ -140,11 +153,13 @@ def main(argv=None):
     problems = task_v2.generate_problems("evaluation", a.problems, seed=a.seed)
     out = fidelity(model, tok, problems, a.traces, a.seed + 11, knobs)
     out.update(model=a.model_dir or "testbed", knobs=knobs, problems=a.problems, wall_s=round(time.time() - t0, 1))
-    print(f"writer AUROC {out['writer_auroc']} (without self-evaluation {out['writer_without_self_evaluation_auroc']},"
-          f" its clause reading's unease alone {out['writer_reading_only_auroc']});"
-          f" LM {out['lm_auroc']} (Token-Probs {out['lm_token_probs_auroc']}); Spearman LM-writer "
-          f"{out['spearman_lm_writer']}; on a taken / left clause: writer {out['writer_mean_clause_taken']} / "
-          f"{out['writer_mean_clause_left']}, LM {out['lm_mean_clause_taken']} / {out['lm_mean_clause_left']}")
+    print(
+        f"writer AUROC {out['writer_auroc']} (without self-evaluation {out['writer_without_self_evaluation_auroc']},"
+        f" its clause reading's unease alone {out['writer_reading_only_auroc']});"
+        f" LM {out['lm_auroc']} (Token-Probs {out['lm_token_probs_auroc']}); Spearman LM-writer "
+        f"{out['spearman_lm_writer']}; on a taken / left clause: writer {out['writer_mean_clause_taken']} / "
+        f"{out['writer_mean_clause_left']}, LM {out['lm_mean_clause_taken']} / {out['lm_mean_clause_left']}"
+    )
     print(json.dumps(out))
 
 

@@ -78,9 +78,15 @@ def train_vote_pathway(probe, train, val, seed: int, steps: int = 300, lr: float
         share = probe_wv(train, probe(train["hidden_states"], train["token_answer"]).probabilities.numpy())
     d = train["hidden_states"].shape[1]
     torch.manual_seed(seed)
-    config = MSVConfig(hidden_size=d, num_attention_heads=max(h for h in range(1, 13) if d % h == 0),
-                       num_sequences=int(train["answer_sequence"].max()) + 1, mode="terminal", gamma_skip=True,
-                       vote_pathway=True, vote_hidden_size=probe.config.intermediate_size)
+    config = MSVConfig(
+        hidden_size=d,
+        num_attention_heads=max(h for h in range(1, 13) if d % h == 0),
+        num_sequences=int(train["answer_sequence"].max()) + 1,
+        mode="terminal",
+        gamma_skip=True,
+        vote_pathway=True,
+        vote_hidden_size=probe.config.intermediate_size,
+    )
     model = MSVVerifier(config)
     model.load_vote_head_from_probe(probe)
     model.anchor_to_weighted_vote(*fit_platt(share, train["labels"].numpy()))
@@ -114,15 +120,20 @@ def picks(batch: dict, scores: np.ndarray) -> dict[int, int]:
 def summary(batch: dict, scores: np.ndarray) -> dict:
     labels = batch["labels"].numpy()
     chosen = picks(batch, scores)
-    return {"best_of_n": float(np.mean([labels[a] for a in chosen.values()])),
-            "brier": float(np.mean((np.clip(scores, 0, 1) - labels) ** 2))}
+    return {
+        "best_of_n": float(np.mean([labels[a] for a in chosen.values()])),
+        "brier": float(np.mean((np.clip(scores, 0, 1) - labels) ** 2)),
+    }
 
 
 def within_problem_auroc(batch: dict, scores: np.ndarray) -> float:
     """Mean over problems with right and wrong answers of the AUROC of `scores` inside the problem."""
     group, labels = batch["answer_group"].numpy(), batch["labels"].numpy()
-    values = [auroc(scores[group == g], labels[group == g]) for g in np.unique(group)
-              if 0 < labels[group == g].sum() < (group == g).sum()]
+    values = [
+        auroc(scores[group == g], labels[group == g])
+        for g in np.unique(group)
+        if 0 < labels[group == g].sum() < (group == g).sum()
+    ]
     return float(np.mean(values))
 
 
@@ -133,10 +144,13 @@ def losses_to(batch: dict, reference: np.ndarray, scores: np.ndarray, vote: np.n
     ref, own, plural = picks(batch, reference), picks(batch, scores), picks(batch, vote)
     lost = [g for g in ref if labels[ref[g]] and not labels[own[g]]]
     won = [g for g in ref if labels[own[g]] and not labels[ref[g]]]
-    return {"lost": len(lost), "won": len(won),
-            "lost_picked_plurality": int(sum(klass[own[g]] == klass[plural[g]] for g in lost)),
-            "lost_right_class_vote_share": float(np.mean([vote[ref[g]] for g in lost])) if lost else None,
-            "lost_wrong_class_vote_share": float(np.mean([vote[own[g]] for g in lost])) if lost else None}
+    return {
+        "lost": len(lost),
+        "won": len(won),
+        "lost_picked_plurality": int(sum(klass[own[g]] == klass[plural[g]] for g in lost)),
+        "lost_right_class_vote_share": float(np.mean([vote[ref[g]] for g in lost])) if lost else None,
+        "lost_wrong_class_vote_share": float(np.mean([vote[own[g]] for g in lost])) if lost else None,
+    }
 
 
 def msv_report(path: str, batch: dict, probe_wv_scores: np.ndarray, vote: np.ndarray) -> dict:
@@ -146,9 +160,12 @@ def msv_report(path: str, batch: dict, probe_wv_scores: np.ndarray, vote: np.nda
         out = model(**inputs(batch))
         plain = MSVVerifier.from_pretrained(path, logit_averaging=False).eval()(**inputs(batch))
     probs, gamma = out.probabilities.numpy(), out.gamma.numpy()
-    report = {"terminal": summary(batch, probs), "without_logit_averaging": summary(batch, plain.probabilities.numpy()),
-              "auroc_within_problem": within_problem_auroc(batch, plain.logits.numpy()),
-              "vs_probe_wv": losses_to(batch, probe_wv_scores, probs, vote)}
+    report = {
+        "terminal": summary(batch, probs),
+        "without_logit_averaging": summary(batch, plain.probabilities.numpy()),
+        "auroc_within_problem": within_problem_auroc(batch, plain.logits.numpy()),
+        "vs_probe_wv": losses_to(batch, probe_wv_scores, probs, vote),
+    }
     if model.config.gamma_skip:
         w, b = float(model.gamma_skip_weight.detach()), float(model.gamma_skip_bias.detach())
         skip = w * gamma + b
@@ -156,8 +173,7 @@ def msv_report(path: str, batch: dict, probe_wv_scores: np.ndarray, vote: np.nda
         report["gamma_skip"] = [w, b]
         report["head_weight_norm"] = float(model.head.weight.detach().norm())
         report["residual_std"], report["skip_std"] = float(residual.std()), float(skip.std())
-        report["residual_auroc_within_problem"] = (within_problem_auroc(batch, residual)
-                                                   if residual.std() > 0 else None)
+        report["residual_auroc_within_problem"] = within_problem_auroc(batch, residual) if residual.std() > 0 else None
     return report
 
 
@@ -173,26 +189,44 @@ def main(argv=None) -> dict:
     train, val, test = (batch_of(p, None) for p in (args.train, args.validation, args.evaluation))
     probe = train_probe(train, val, args.seed)
     with torch.no_grad():
-        p = {name: probe(b["hidden_states"], b["token_answer"]).probabilities.numpy()
-             for name, b in (("train", train), ("val", val), ("test", test))}
-    vote = {name: per_group(b, self_consistency, b["answer_class"].numpy())
-            for name, b in (("val", val), ("test", test))}
-    coef, intercept = fit_logistic(np.stack([vote["val"], np.log(p["val"]) - np.log1p(-p["val"])], 1),
-                                   val["labels"].numpy())
+        p = {
+            name: probe(b["hidden_states"], b["token_answer"]).probabilities.numpy()
+            for name, b in (("train", train), ("val", val), ("test", test))
+        }
+    vote = {
+        name: per_group(b, self_consistency, b["answer_class"].numpy()) for name, b in (("val", val), ("test", test))
+    }
+    coef, intercept = fit_logistic(
+        np.stack([vote["val"], np.log(p["val"]) - np.log1p(-p["val"])], 1), val["labels"].numpy()
+    )
     stacked = logistic(np.stack([vote["test"], np.log(p["test"]) - np.log1p(-p["test"])], 1), coef, intercept)
     wv = probe_wv(test, p["test"])
-    result = {"data": {name: {"problems": int(b["answer_group"].max()) + 1, "answers": len(b["labels"]),
-                              "accuracy": float(b["labels"].mean())}
-                       for name, b in (("train", train), ("validation", val), ("evaluation", test))},
-              "baselines": {"vote": summary(test, vote["test"]), "probe": summary(test, p["test"]),
-                            "probe_wv": summary(test, wv), "stacked": summary(test, stacked)},
-              "probe_auroc_within_problem": within_problem_auroc(test, p["test"]),
-              "msv": {path: msv_report(path, test, wv, vote["test"]) for path in args.msv}}
+    result = {
+        "data": {
+            name: {
+                "problems": int(b["answer_group"].max()) + 1,
+                "answers": len(b["labels"]),
+                "accuracy": float(b["labels"].mean()),
+            }
+            for name, b in (("train", train), ("validation", val), ("evaluation", test))
+        },
+        "baselines": {
+            "vote": summary(test, vote["test"]),
+            "probe": summary(test, p["test"]),
+            "probe_wv": summary(test, wv),
+            "stacked": summary(test, stacked),
+        },
+        "probe_auroc_within_problem": within_problem_auroc(test, p["test"]),
+        "msv": {path: msv_report(path, test, wv, vote["test"]) for path in args.msv},
+    }
     model = train_vote_pathway(probe, train, val, args.seed)
     with torch.no_grad():
         out = model(**inputs(test))
-    result["vote_pathway"] = {"terminal": summary(test, out.probabilities.numpy()), "validation_curve": model.curve,
-                              "vs_probe_wv": losses_to(test, wv, out.probabilities.numpy(), vote["test"])}
+    result["vote_pathway"] = {
+        "terminal": summary(test, out.probabilities.numpy()),
+        "validation_curve": model.curve,
+        "vs_probe_wv": losses_to(test, wv, out.probabilities.numpy(), vote["test"]),
+    }
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

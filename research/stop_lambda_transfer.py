@@ -33,8 +33,9 @@ RULES = {"target 0.95 × full": {}, "ε = 2 pp": {"epsilon": 0.02}, "ε = 1 pp":
 
 def split_data(verifier, directory):
     n = verifier.config.num_sequences
-    predictions = validation_predictions(verifier, ShardDataset(directory, num_sequences=n, mode="streaming"),
-                                         "streaming")
+    predictions = validation_predictions(
+        verifier, ShardDataset(directory, num_sequences=n, mode="streaming"), "streaming"
+    )
     return predictions, stop_head_features(1.0 / (1.0 + np.exp(-predictions.logits)), predictions.structure, n)
 
 
@@ -76,9 +77,11 @@ def main():
         r = replay_groups(head.predict(xe), ev.labels, ev.structure, ev.problems)
         j = int(np.flatnonzero(LAMBDAS == lam)[0]) if np.isfinite(lam) else LAMBDAS.size - 1
         at = r.at_stop(lam)
-        return (f"λ {lam}: accuracy {r.correct[:, j].mean():.3f} (full {r.correct[:, -1].mean():.3f}), tokens "
-                f"{r.tokens[:, j].mean() / r.tokens[:, -1].mean():.2f}, at the stop {at['stopped']:.2f} stopped, "
-                f"accuracy {at['accuracy']:.3f}, confidence {at['confidence']:.3f}")
+        return (
+            f"λ {lam}: accuracy {r.correct[:, j].mean():.3f} (full {r.correct[:, -1].mean():.3f}), tokens "
+            f"{r.tokens[:, j].mean() / r.tokens[:, -1].mean():.2f}, at the stop {at['stopped']:.2f} stopped, "
+            f"accuracy {at['accuracy']:.3f}, confidence {at['confidence']:.3f}"
+        )
 
     everything = np.ones(problem.size, bool)
     print(f"{problem.max() + 1} validation problems, {len(np.unique(ev.problems))} evaluation problems, N = {n}")

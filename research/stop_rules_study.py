@@ -33,8 +33,9 @@ def cross_fitted_head(x, labels, structure, fold, rounds: int, num_chains: int) 
     out = np.zeros(len(labels))
     for k in np.unique(fold):
         held = fold == k
-        head = fit_stop_head(x[~held], labels[~held], structure["group"][~held], structure["end"][~held],
-                             num_chains, rounds=rounds)
+        head = fit_stop_head(
+            x[~held], labels[~held], structure["group"][~held], structure["end"][~held], num_chains, rounds=rounds
+        )
         out[held] = head.predict(x[held])
     return out
 
@@ -42,8 +43,9 @@ def cross_fitted_head(x, labels, structure, fold, rounds: int, num_chains: int) 
 def training_free(rule: str, structure: dict, num_chains: int, size: int) -> np.ndarray:
     out = np.zeros(size)
     for rows in group_rows(structure):
-        out[rows] = stop_statistic(rule, *(structure[k][rows] for k in ("klass", "sequence", "step", "end")),
-                                   num_chains)
+        out[rows] = stop_statistic(
+            rule, *(structure[k][rows] for k in ("klass", "sequence", "step", "end")), num_chains
+        )
     return out
 
 
@@ -52,8 +54,13 @@ def summarise(replay) -> dict:
     budget = {f: float(accuracy[tokens <= f * tokens[-1] + 1e-9].max()) for f in BUDGETS}
     target = choose_lambda(LAMBDAS, replay.correct, replay.tokens, replay.problem)
     guarantee = choose_lambda(LAMBDAS, replay.correct, replay.tokens, replay.problem, epsilon=0.02, delta=0.1)
-    return {"full_accuracy": float(accuracy[-1]), "budget_accuracy": budget, "target": target.to_dict(),
-            "target_at_stop": replay.at_stop(target.lam), "guarantee": guarantee.to_dict()}
+    return {
+        "full_accuracy": float(accuracy[-1]),
+        "budget_accuracy": budget,
+        "target": target.to_dict(),
+        "target_at_stop": replay.at_stop(target.lam),
+        "guarantee": guarantee.to_dict(),
+    }
 
 
 def main():
@@ -65,28 +72,32 @@ def main():
     torch.set_num_threads(1)
     verifier = MSVVerifier.from_pretrained(args.verifier).eval()
     n = verifier.config.num_sequences
-    predictions = validation_predictions(verifier, ShardDataset(args.val_dir, num_sequences=n, mode="streaming"),
-                                         "streaming")
+    predictions = validation_predictions(
+        verifier, ShardDataset(args.val_dir, num_sequences=n, mode="streaming"), "streaming"
+    )
     structure, labels = predictions.structure, predictions.labels
     p = 1.0 / (1.0 + np.exp(-predictions.logits))
     x = stop_head_features(p, structure, n)
     _, fold = np.unique(predictions.problems, return_inverse=True)
     fold %= 2
-    stats = {"raw MSV score (the paper's rule)": p,
-             "stop head, fitted on every answer": cross_fitted_head(x, labels, structure, fold, 0, n),
-             "stop head, refitted on leader events (default)": cross_fitted_head(x, labels, structure, fold, 2, n)}
+    stats = {
+        "raw MSV score (the paper's rule)": p,
+        "stop head, fitted on every answer": cross_fitted_head(x, labels, structure, fold, 0, n),
+        "stop head, refitted on leader events (default)": cross_fitted_head(x, labels, structure, fold, 2, n),
+    }
     for rule in ("consensus", "adaptive-consistency", "probe-stability"):
         stats[rule] = training_free(rule, structure, n, len(p))
-    results = {name: summarise(replay_groups(s, labels, structure, predictions.problems))
-               for name, s in stats.items()}
+    results = {name: summarise(replay_groups(s, labels, structure, predictions.problems)) for name, s in stats.items()}
     print(f"{len(np.unique(predictions.problems))} validation problems, N = {n}; features {FEATURES}")
     for name, r in results.items():
         t, g, at = r["target"], r["guarantee"], r["target_at_stop"]
-        print(f"{name:48s} full {r['full_accuracy']:.3f} | at 30/50/70 % "
-              + " ".join(f"{v:.3f}" for v in r["budget_accuracy"].values())
-              + f" | target λ {t['lam']} acc {t['accuracy']:.3f} tokens {t['tokens'] / t['full_tokens']:.2f}"
-              f" stopped {at['stopped']:.2f} acc@stop {at['accuracy']:.3f} conf@stop {at['confidence']:.3f}"
-              f" ECE {at['ece']:.3f} | ε=2pp λ {g['lam']} tokens {g['tokens'] / g['full_tokens']:.2f}")
+        print(
+            f"{name:48s} full {r['full_accuracy']:.3f} | at 30/50/70 % "
+            + " ".join(f"{v:.3f}" for v in r["budget_accuracy"].values())
+            + f" | target λ {t['lam']} acc {t['accuracy']:.3f} tokens {t['tokens'] / t['full_tokens']:.2f}"
+            f" stopped {at['stopped']:.2f} acc@stop {at['accuracy']:.3f} conf@stop {at['confidence']:.3f}"
+            f" ECE {at['ece']:.3f} | ε=2pp λ {g['lam']} tokens {g['tokens'] / g['full_tokens']:.2f}"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -65,8 +65,15 @@ def left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
     return ids, att
 
 
-def probe_signal(task, work_dir: Path, sizes: list[int], samples: int, seed: int, max_new_tokens: int,
-                 problems_per_batch: int | None = None) -> dict:
+def probe_signal(
+    task,
+    work_dir: Path,
+    sizes: list[int],
+    samples: int,
+    seed: int,
+    max_new_tokens: int,
+    problems_per_batch: int | None = None,
+) -> dict:
     """The per-chain signal, measured with the library as a user would: collect train / validation / evaluation
     shards from the task's LM (``sizes`` problems, ``samples`` sequences each), train a terminal Probe with the
     defaults, evaluate at N = 1 and N = ``samples``. Returns the Probe's and Token-Probs' terminal AUROC at N = 1 and
@@ -78,25 +85,52 @@ def probe_signal(task, work_dir: Path, sizes: list[int], samples: int, seed: int
     for split, n in zip(("train", "validation", "evaluation"), sizes):
         dirs[split] = str(work_dir / split)
         collect_split(task, work_dir, split, n, samples, seed, max_new_tokens, problems_per_batch)
-    train_verifier(dirs["train"], dirs["validation"], work_dir / "probe",
-                   MSVTrainingConfig(kind="probe", mode="terminal", seed=seed, progress=False))
+    train_verifier(
+        dirs["train"],
+        dirs["validation"],
+        work_dir / "probe",
+        MSVTrainingConfig(kind="probe", mode="terminal", seed=seed, progress=False),
+    )
     return probe_scores(work_dir, samples) | {"probe_problems": sizes}
 
 
-def collect_split(task, work_dir: Path, split: str, n_problems: int, samples: int, seed: int, max_new_tokens: int,
-                  problems_per_batch: int | None = None) -> None:
+def collect_split(
+    task,
+    work_dir: Path,
+    split: str,
+    n_problems: int,
+    samples: int,
+    seed: int,
+    max_new_tokens: int,
+    problems_per_batch: int | None = None,
+) -> None:
     """``hf-msv collect`` of ``n_problems`` of the task's ``split`` problems x ``samples`` from the task's LM into
     ``work_dir/split`` (resumed where already collected)."""
     from hf_msv.collect import CollectConfig, collect_from_config
 
-    collect_from_config(CollectConfig(model=task.lm_name, output_dir=str(work_dir / split), num_samples=samples,
-                                      problems=f"{task.lm_name}:{split}:{n_problems}:{seed}", seed=seed,
-                                      max_new_tokens=max_new_tokens, progress=False,
-                                      **({"problems_per_batch": problems_per_batch} if problems_per_batch else {})))
+    collect_from_config(
+        CollectConfig(
+            model=task.lm_name,
+            output_dir=str(work_dir / split),
+            num_samples=samples,
+            problems=f"{task.lm_name}:{split}:{n_problems}:{seed}",
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            progress=False,
+            **({"problems_per_batch": problems_per_batch} if problems_per_batch else {}),
+        )
+    )
 
 
-def screen_lm(task, work_dir: Path, n_problems: int, samples: int, seed: int, max_new_tokens: int,
-              problems_per_batch: int | None = None) -> dict:
+def screen_lm(
+    task,
+    work_dir: Path,
+    n_problems: int,
+    samples: int,
+    seed: int,
+    max_new_tokens: int,
+    problems_per_batch: int | None = None,
+) -> dict:
     """A cheaper look at an LM than :func:`probe_signal` (e.g. to compare training seeds before the full benchmark):
     collect ``n_problems`` evaluation problems x ``samples`` from the task's LM into ``work_dir/evaluation`` (the
     ones ``--probe`` evaluates on at the same ``--seed``; resumed where already collected) and report what needs no
@@ -109,8 +143,12 @@ def screen_lm(task, work_dir: Path, n_problems: int, samples: int, seed: int, ma
     stats = {"pass_at_1": "shard_pass_at_1", f"maj_at_{samples}": "shard_maj", "capped_rate": "shard_capped_rate"}
     res |= {key: res[shard] for key, shard in stats.items()}
     res[f"pass_at_{samples}"] = round(res["shard_maj"] + res["shard_pass_minus_maj"], 4)
-    return res | {"task": task.name, "screen_problems": n_problems, "samples_per_problem": samples,
-                  "probe_work_dir": str(work_dir)}
+    return res | {
+        "task": task.name,
+        "screen_problems": n_problems,
+        "samples_per_problem": samples,
+        "probe_work_dir": str(work_dir),
+    }
 
 
 def probe_scores(work_dir: Path, samples: int) -> dict:
@@ -118,9 +156,17 @@ def probe_scores(work_dir: Path, samples: int) -> dict:
     at N = 1 and N = ``samples``. Separate so that shards and Probe brought back from another machine can be scored."""
     from hf_msv.evaluation import EvaluateConfig, evaluate_study
 
-    evaluate_study(EvaluateConfig(eval_dir=str(work_dir / "evaluation"), val_dir=str(work_dir / "validation"),
-                                        output_dir=str(work_dir / "report"), verifier=[f"Probe={work_dir / 'probe'}"],
-                                        num_sequences=[1, samples], figures=False, progress=False))
+    evaluate_study(
+        EvaluateConfig(
+            eval_dir=str(work_dir / "evaluation"),
+            val_dir=str(work_dir / "validation"),
+            output_dir=str(work_dir / "report"),
+            verifier=[f"Probe={work_dir / 'probe'}"],
+            num_sequences=[1, samples],
+            figures=False,
+            progress=False,
+        )
+    )
     report = json.loads((work_dir / "report" / "report.json").read_text())
     one, many = report["terminal"]["1"], report["terminal"][str(samples)]
 
@@ -128,11 +174,15 @@ def probe_scores(work_dir: Path, samples: int) -> dict:
         value = table[method][metric]["mean"]
         return float("nan") if value is None else round(value, 4)
 
-    return {"probe_auroc_n1": mean(one, "Probe", "auroc"), "token_probs_auroc_n1": mean(one, "Token Probs", "auroc"),
-            f"probe_best_of_{samples}": mean(many, "Probe", "bon_accuracy"),
-            f"sc_best_of_{samples}": mean(many, "Self-consistency", "bon_accuracy"),
-            "probe_pass_at_1": round(report["data"]["eval"]["terminal_accuracy"], 4), "probe_work_dir": str(work_dir),
-            **auroc_intervals(work_dir)}
+    return {
+        "probe_auroc_n1": mean(one, "Probe", "auroc"),
+        "token_probs_auroc_n1": mean(one, "Token Probs", "auroc"),
+        f"probe_best_of_{samples}": mean(many, "Probe", "bon_accuracy"),
+        f"sc_best_of_{samples}": mean(many, "Self-consistency", "bon_accuracy"),
+        "probe_pass_at_1": round(report["data"]["eval"]["terminal_accuracy"], 4),
+        "probe_work_dir": str(work_dir),
+        **auroc_intervals(work_dir),
+    }
 
 
 def terminal_scores(work_dir: Path) -> tuple[list[str], dict, list]:
@@ -212,23 +262,27 @@ def paired_lm_difference(compare: list[Path], against: list[Path], n_boot: int =
     order = [{pid: i for i, pid in enumerate(ids)} for ids, _, _ in loaded]
     out = {"shared_problems": len(shared), "compare": [str(d) for d in compare], "against": [str(d) for d in against]}
     for name in [n for n in ("token_probs", "probe") if all(n in sc for _, sc, _ in loaded)]:  # --screen: no Probe
-        per_lm = [([sc[name][o[pid]] for pid in shared], [lab[o[pid]] for pid in shared])
-                  for (_, sc, lab), o in zip(loaded, order)]
+        per_lm = [
+            ([sc[name][o[pid]] for pid in shared], [lab[o[pid]] for pid in shared])
+            for (_, sc, lab), o in zip(loaded, order)
+        ]
 
         def group_mean(lms, idx):
             return float(np.mean([pooled_auroc(s, y, idx) for s, y in lms]))
 
-        def difference(idx):
-            return group_mean(per_lm[: len(compare)], idx) - group_mean(per_lm[len(compare):], idx)
+        def difference(idx, per_lm=per_lm):
+            return group_mean(per_lm[: len(compare)], idx) - group_mean(per_lm[len(compare) :], idx)
 
         with warnings.catch_warnings():  # a resample with one class only: nan, counted as +inf by the bootstrap
             warnings.simplefilter("ignore")
             iv = bootstrap_interval(difference, len(shared), n_boot=n_boot)
         every = np.arange(len(shared))
-        out[name] = {"compare": round(group_mean(per_lm[: len(compare)], every), 4),
-                     "against": round(group_mean(per_lm[len(compare):], every), 4),
-                     "difference": round(iv["estimate"], 4),
-                     "interval": [round(iv["low"], 4), round(iv["high"], 4)]}
+        out[name] = {
+            "compare": round(group_mean(per_lm[: len(compare)], every), 4),
+            "against": round(group_mean(per_lm[len(compare) :], every), 4),
+            "difference": round(iv["estimate"], 4),
+            "interval": [round(iv["low"], 4), round(iv["high"], 4)],
+        }
     return out
 
 
@@ -279,12 +333,17 @@ def shard_chains(eval_dir: Path, task, seed: int) -> list[tuple]:
     from hf_msv.testbed.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    chains = {p.problem_id: [tok.decode(ids.tolist(), skip_special_tokens=True) for ids in p.cot_token_ids]
-              for shard in list_shards(eval_dir) for p in read_shard(shard, hidden=False)[0]}
+    chains = {
+        p.problem_id: [tok.decode(ids.tolist(), skip_special_tokens=True) for ids in p.cot_token_ids]
+        for shard in list_shards(eval_dir)
+        for p in read_shard(shard, hidden=False)[0]
+    }
     problems = {q.id: q for q in task.generate_problems("evaluation", len(chains), seed=seed)}
     if set(chains) - set(problems):
-        raise ValueError(f"{eval_dir}: problems {sorted(set(chains) - set(problems))[:3]} are not the first "
-                         f"{len(chains)} of {task.name}'s evaluation split at seed {seed}: pass the --seed they used")
+        raise ValueError(
+            f"{eval_dir}: problems {sorted(set(chains) - set(problems))[:3]} are not the first "
+            f"{len(chains)} of {task.name}'s evaluation split at seed {seed}: pass the --seed they used"
+        )
     return [(problems[pid], texts) for pid, texts in chains.items()]
 
 
@@ -312,39 +371,90 @@ def targets(res: dict) -> list[tuple[str, str, str, bool]]:
         iv = res.get(key + "_interval")
         return f"{res[key]:.3f}" + (f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "")
 
-    row("Probe terminal AUROC, N = 1", ">= 0.80", ["probe_auroc_n1"], lambda: with_interval("probe_auroc_n1"),
-        lambda: res["probe_auroc_n1"] >= 0.80)
-    row("Token-Probs AUROC, N = 1", ">= 0.70", ["token_probs_auroc_n1"],
-        lambda: with_interval("token_probs_auroc_n1"), lambda: res["token_probs_auroc_n1"] >= 0.70)
+    row(
+        "Probe terminal AUROC, N = 1",
+        ">= 0.80",
+        ["probe_auroc_n1"],
+        lambda: with_interval("probe_auroc_n1"),
+        lambda: res["probe_auroc_n1"] >= 0.80,
+    )
+    row(
+        "Token-Probs AUROC, N = 1",
+        ">= 0.70",
+        ["token_probs_auroc_n1"],
+        lambda: with_interval("token_probs_auroc_n1"),
+        lambda: res["token_probs_auroc_n1"] >= 0.70,
+    )
     bon = f"probe_best_of_{S}"
-    row(f"Probe best-of-{S} vs pass@1", "+0.10", [bon, "probe_pass_at_1"],
-        lambda: f"{res[bon]:.3f} vs {res['probe_pass_at_1']:.3f}", lambda: res[bon] >= res["probe_pass_at_1"] + 0.10)
+    row(
+        f"Probe best-of-{S} vs pass@1",
+        "+0.10",
+        [bon, "probe_pass_at_1"],
+        lambda: f"{res[bon]:.3f} vs {res['probe_pass_at_1']:.3f}",
+        lambda: res[bon] >= res["probe_pass_at_1"] + 0.10,
+    )
     maj, cover = f"maj_at_{S}", f"pass_at_{S}"
     row(f"majority right (maj@{S})", "<= 0.75", [maj], lambda: f"{res[maj]:.3f}", lambda: res[maj] <= 0.75)
-    row(f"pass@{S} - maj@{S}", ">= 0.15", [maj, cover], lambda: f"{res[cover] - res[maj]:.3f}",
-        lambda: res[cover] - res[maj] >= 0.15)
-    row("elicited answers / sequence", ">= 6", ["elicited_per_sequence"],
-        lambda: f"{res['elicited_per_sequence']:.2f}", lambda: res["elicited_per_sequence"] >= 6)
-    row("first intermediate acc vs terminal", ">= 10 pp below",
+    row(
+        f"pass@{S} - maj@{S}",
+        ">= 0.15",
+        [maj, cover],
+        lambda: f"{res[cover] - res[maj]:.3f}",
+        lambda: res[cover] - res[maj] >= 0.15,
+    )
+    row(
+        "elicited answers / sequence",
+        ">= 6",
+        ["elicited_per_sequence"],
+        lambda: f"{res['elicited_per_sequence']:.2f}",
+        lambda: res["elicited_per_sequence"] >= 6,
+    )
+    row(
+        "first intermediate acc vs terminal",
+        ">= 10 pp below",
         ["first_intermediate_acc", "terminal_acc_same_sequences"],
         lambda: f"{res['first_intermediate_acc']:.3f} vs {res['terminal_acc_same_sequences']:.3f}",
-        lambda: res["terminal_acc_same_sequences"] - res["first_intermediate_acc"] >= 0.10)
-    row("Waits / trace, wrong vs right", "wrong higher", ["waits_wrong", "waits_right"],
+        lambda: res["terminal_acc_same_sequences"] - res["first_intermediate_acc"] >= 0.10,
+    )
+    row(
+        "Waits / trace, wrong vs right",
+        "wrong higher",
+        ["waits_wrong", "waits_right"],
         lambda: f"{res['waits_wrong']:.2f} vs {res['waits_right']:.2f}",
-        lambda: res["waits_wrong"] > res["waits_right"])
-    row("cap-binding share", "0.10-0.40", ["capped_rate"], lambda: f"{res['capped_rate']:.3f}",
-        lambda: 0.10 <= res["capped_rate"] <= 0.40)
-    row("pass@1", "0.30-0.60", ["pass_at_1"], lambda: f"{res['pass_at_1']:.3f}",
-        lambda: 0.30 <= res["pass_at_1"] <= 0.60)
-    row("mean trace tokens", "<= 400", ["mean_trace_tokens"], lambda: f"{res['mean_trace_tokens']:.0f}",
-        lambda: res["mean_trace_tokens"] <= 400)
+        lambda: res["waits_wrong"] > res["waits_right"],
+    )
+    row(
+        "cap-binding share",
+        "0.10-0.40",
+        ["capped_rate"],
+        lambda: f"{res['capped_rate']:.3f}",
+        lambda: 0.10 <= res["capped_rate"] <= 0.40,
+    )
+    row(
+        "pass@1",
+        "0.30-0.60",
+        ["pass_at_1"],
+        lambda: f"{res['pass_at_1']:.3f}",
+        lambda: 0.30 <= res["pass_at_1"] <= 0.60,
+    )
+    row(
+        "mean trace tokens",
+        "<= 400",
+        ["mean_trace_tokens"],
+        lambda: f"{res['mean_trace_tokens']:.0f}",
+        lambda: res["mean_trace_tokens"] <= 400,
+    )
     return rows
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", choices=sorted(TASKS), default=DEFAULT_TASK,
-                    help="v2: the testbed; v1: the first testbed, once research/testbed_v1 registered it")
+    ap.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default=DEFAULT_TASK,
+        help="v2: the testbed; v1: the first testbed, once research/testbed_v1 registered it",
+    )
     ap.add_argument("--model-dir", default=None, help="default: the task's LM (v2: hf_msv/testbed/lm-v2)")
     ap.add_argument("--quick", action="store_true", help="64 problems instead of 448")
     ap.add_argument("--n-problems", type=int, default=None)
@@ -356,25 +466,51 @@ def main(argv=None):
     ap.add_argument("--knobs", default="{}", help="JSON dict of the task's knobs for the evaluation problems")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="decode_tokens_per_s is only meaningful for the machine named")
-    ap.add_argument("--probe", action="store_true", help="also measure the per-chain signal with the library: collect "
-                    "shards from the task's LM, train a terminal Probe, evaluate (probe_signal; needs the LM in the "
-                    "task's directory, not --model-dir)")
-    ap.add_argument("--probe-problems", default="384,32,96",
-                    help="train,validation,evaluation problems for --probe (96,32,96 takes ~7 min less on 2 cores, "
-                         "but a Probe on 96 x 16 training sequences has not learnt which problems are hard)")
-    ap.add_argument("--probe-batch", type=int, default=None, help="problems per collection batch for --probe (default: "
-                    "collection's, one; 32 on a GPU)")
+    ap.add_argument(
+        "--probe",
+        action="store_true",
+        help="also measure the per-chain signal with the library: collect "
+        "shards from the task's LM, train a terminal Probe, evaluate (probe_signal; needs the LM in the "
+        "task's directory, not --model-dir)",
+    )
+    ap.add_argument(
+        "--probe-problems",
+        default="384,32,96",
+        help="train,validation,evaluation problems for --probe (96,32,96 takes ~7 min less on 2 cores, "
+        "but a Probe on 96 x 16 training sequences has not learnt which problems are hard)",
+    )
+    ap.add_argument(
+        "--probe-batch",
+        type=int,
+        default=None,
+        help="problems per collection batch for --probe (default: collection's, one; 32 on a GPU)",
+    )
     ap.add_argument("--probe-dir", default=None, help="--probe's shards and report (default: a temporary directory)")
-    ap.add_argument("--score-only", action="store_true", help="score the shards and Probe already in --probe-dir "
-                    "(e.g. brought back from a GPU machine) and sample nothing: the Probe and shard rows only")
-    ap.add_argument("--screen", type=int, default=None, metavar="N", help="only collect N evaluation problems from "
-                    "the task's LM (into --probe-dir, batches of --probe-batch) and report the rows that need no Probe "
-                    "(Token-Probs, the shard rows): a cheaper look, e.g. to compare training seeds (screen_lm)")
-    ap.add_argument("--compare", default=None, help="comma-separated --probe-dirs of one group of LMs (e.g. seeds of "
-                    "one recipe), scored against --against's on their shared evaluation problems: paired difference of "
-                    "the N = 1 AUROC with a bootstrap interval; samples nothing")
-    ap.add_argument("--against", default=None, help="comma-separated --probe-dirs of the group --compare is measured "
-                    "against")
+    ap.add_argument(
+        "--score-only",
+        action="store_true",
+        help="score the shards and Probe already in --probe-dir "
+        "(e.g. brought back from a GPU machine) and sample nothing: the Probe and shard rows only",
+    )
+    ap.add_argument(
+        "--screen",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only collect N evaluation problems from "
+        "the task's LM (into --probe-dir, batches of --probe-batch) and report the rows that need no Probe "
+        "(Token-Probs, the shard rows): a cheaper look, e.g. to compare training seeds (screen_lm)",
+    )
+    ap.add_argument(
+        "--compare",
+        default=None,
+        help="comma-separated --probe-dirs of one group of LMs (e.g. seeds of "
+        "one recipe), scored against --against's on their shared evaluation problems: paired difference of "
+        "the N = 1 AUROC with a bootstrap interval; samples nothing",
+    )
+    ap.add_argument(
+        "--against", default=None, help="comma-separated --probe-dirs of the group --compare is measured against"
+    )
     a = ap.parse_args(argv)
     if a.compare or a.against:
         if not (a.compare and a.against):
@@ -412,8 +548,15 @@ def main(argv=None):
     problems = task.generate_problems("evaluation", n_problems, seed=a.seed, **knobs)
     torch.manual_seed(a.seed)
     S = a.samples
-    gen_kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    gen_kw = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
 
     # ---- sampling
     traces = []  # per problem: list of (prompt ids, generated ids)
@@ -424,7 +567,7 @@ def main(argv=None):
         with torch.no_grad():
             out = model.generate(**enc, num_return_sequences=S, **gen_kw)
         P = enc.input_ids.shape[1]
-        for i, p in enumerate(chunk):
+        for i in range(len(chunk)):
             prompt = enc.input_ids[i][enc.attention_mask[i].bool()].tolist()
             rows = []
             for s in range(S):
@@ -436,8 +579,11 @@ def main(argv=None):
                 g = [t for t in g if t != tok.pad_token_id]
                 rows.append((prompt, g))
             traces.append(rows)
-        print(f"sampled {min(c + a.problems_per_call, len(problems))}/{len(problems)} problems "
-              f"({time.time() - t0:.0f}s)", flush=True)
+        print(
+            f"sampled {min(c + a.problems_per_call, len(problems))}/{len(problems)} problems "
+            f"({time.time() - t0:.0f}s)",
+            flush=True,
+        )
     sample_s = time.time() - t0
 
     p1 = maj_k = cover_k = 0.0
@@ -479,9 +625,14 @@ def main(argv=None):
         batch = jobs[c : c + 256]
         ids, att = left_pad([j[0] for j in batch], tok.pad_token_id)
         with torch.no_grad():
-            out = model.generate(input_ids=ids.to(a.device), attention_mask=att.to(a.device), do_sample=False,
-                                 max_new_tokens=40,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            out = model.generate(
+                input_ids=ids.to(a.device),
+                attention_mask=att.to(a.device),
+                do_sample=False,
+                max_new_tokens=40,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
         for k, row in enumerate(out[:, ids.shape[1] :]):
             elicited[c + k] = parse_box(tok.decode(row, skip_special_tokens=True))
     terminal = {j[2]: elicited[i] for i, j in enumerate(jobs) if j[3]}
@@ -544,8 +695,12 @@ def main(argv=None):
         res |= shard_statistics(work / "evaluation")
         res["wall_s"] = round(time.time() - t_start, 1)
     if task.name == "v2":  # where the LM's traces depart from its solver's, on the same problems
-        res |= writer_comparison([(p, [tok.decode(g, skip_special_tokens=True) for _, g in rows])
-                                  for p, rows in zip(problems, traces)], task, knobs, a.seed)
+        res |= writer_comparison(
+            [(p, [tok.decode(g, skip_special_tokens=True) for _, g in rows]) for p, rows in zip(problems, traces)],
+            task,
+            knobs,
+            a.seed,
+        )
     return print_targets(res)
 
 
@@ -558,11 +713,19 @@ def print_targets(res: dict) -> dict:
             print(f"{name:<40} {target:<16} {measured:<24} {'PASS' if ok else 'FAIL'}")
         res["targets_passed"], res["targets_measured"] = sum(r[3] for r in rows), len(rows)
     if "difficulty_auroc_n1" in res:  # not a target: where the N = 1 AUROC rows come from
-        parts = [("difficulty only", "difficulty_auroc_n1"), ("Probe within a problem", "probe_within_auroc"),
-                 ("Token-Probs within a problem", "token_probs_within_auroc")]
-        print("N = 1 AUROC parts: " + "; ".join(
-            f"{name} {res[key]:.3f} [{res[key + '_interval'][0]:.3f}, {res[key + '_interval'][1]:.3f}]"
-            for name, key in parts if key in res))
+        parts = [
+            ("difficulty only", "difficulty_auroc_n1"),
+            ("Probe within a problem", "probe_within_auroc"),
+            ("Token-Probs within a problem", "token_probs_within_auroc"),
+        ]
+        print(
+            "N = 1 AUROC parts: "
+            + "; ".join(
+                f"{name} {res[key]:.3f} [{res[key + '_interval'][0]:.3f}, {res[key + '_interval'][1]:.3f}]"
+                for name, key in parts
+                if key in res
+            )
+        )
     print(json.dumps(res))
     return res
 

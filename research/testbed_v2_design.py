@@ -29,8 +29,17 @@ from collections import Counter
 import numpy as np
 
 from hf_msv.testbed.task_v2 import (
-    apply_op, carry_positions, error_rates, false_equations, generate_problems, knobs_v2, sample_trace, step_risk,
-    trace_errors, trace_tokens, written_equations,
+    apply_op,
+    carry_positions,
+    error_rates,
+    false_equations,
+    generate_problems,
+    knobs_v2,
+    sample_trace,
+    step_risk,
+    trace_errors,
+    trace_tokens,
+    written_equations,
 )
 
 
@@ -53,12 +62,27 @@ def visible_features(capped_text: str, finished: bool, problem, kn) -> list[floa
     stated = re.findall(r"(?:So|About) (-?\d+)\.", capped_text)
     last_is_stated = bool(re.search(r"So -?\d+\.\s*$", capped_text.split("\n")[0])) or finished
     return [
-        float(capped_text.startswith(" About")), n_question_ops, sum(carries), max(carries, default=0), n_mul,
-        sum(risks), max(risks, default=0.0),
-        waits, fixes, yeses, float(finished), float(not last_is_stated), len(set(stated)),
-        float(len(stated) >= 2 and stated[-1] != stated[-2]), trace_tokens(capped_text) / 100.0,
-        fixes / max(waits, 1), float(bool(dis)), *[float(bool(dis) and dis[2] == w) for w in range(3)],
-        float(took), float(rereads), float(took != (rereads % 2 == 1)),
+        float(capped_text.startswith(" About")),
+        n_question_ops,
+        sum(carries),
+        max(carries, default=0),
+        n_mul,
+        sum(risks),
+        max(risks, default=0.0),
+        waits,
+        fixes,
+        yeses,
+        float(finished),
+        float(not last_is_stated),
+        len(set(stated)),
+        float(len(stated) >= 2 and stated[-1] != stated[-2]),
+        trace_tokens(capped_text) / 100.0,
+        fixes / max(waits, 1),
+        float(bool(dis)),
+        *[float(bool(dis) and dis[2] == w) for w in range(3)],
+        float(took),
+        float(rereads),
+        float(took != (rereads % 2 == 1)),
     ]
 
 
@@ -105,9 +129,19 @@ def sample_all(problems, k: int, seed: int, knobs: dict):
             right = t.terminal.answer == p.gold
             waits = [w.answer == p.gold for w in t.waits]
             capped = t.capped_text
-            rows.append(dict(problem=pi, right=right, waits=len(waits), first=waits[0] if waits else None,
-                             wait_acc=waits, finished=t.finished, tokens=trace_tokens(capped) + t.finished,
-                             derived=t.terminal.derived, prob=t.terminal.answer_prob))
+            rows.append(
+                dict(
+                    problem=pi,
+                    right=right,
+                    waits=len(waits),
+                    first=waits[0] if waits else None,
+                    wait_acc=waits,
+                    finished=t.finished,
+                    tokens=trace_tokens(capped) + t.finished,
+                    derived=t.terminal.derived,
+                    prob=t.terminal.answer_prob,
+                )
+            )
             f = visible_features(capped, t.finished, p, kn)
             feats.append(f + [false_equations(capped)])
             ans.append(t.terminal.answer)
@@ -144,13 +178,16 @@ def summarize(problems, rows, X, finals, outcomes, errors) -> dict:
             within.append(waits[m & (y == 0)].mean() - waits[m & (y == 1)].mean())
     n_re = sum(outcomes.values()) or 1
     return {
-        "pass_at_1": float(y.mean()), "maj_at_k": float(np.mean(maj)), "pass_at_k": float(np.mean(anyr)),
+        "pass_at_1": float(y.mean()),
+        "maj_at_k": float(np.mean(maj)),
+        "pass_at_k": float(np.mean(anyr)),
         "pass_minus_maj": float(np.mean(anyr) - np.mean(maj)),
         "elicited_per_sequence": float(waits.mean() + 1),
         "first_intermediate_acc": float(np.mean([f for f, _ in firsts])),
         "terminal_acc_same_traces": float(np.mean([r for _, r in firsts])),
         "intermediate_acc_all_waits": float(np.mean(all_waits)),
-        "waits_wrong": float(waits[y == 0].mean()), "waits_right": float(waits[y == 1].mean()),
+        "waits_wrong": float(waits[y == 0].mean()),
+        "waits_right": float(waits[y == 1].mean()),
         "waits_wrong_minus_right_within_problem": float(np.mean(within)) if within else float("nan"),
         "cap_binding_share": float(np.mean([not r["finished"] for r in rows])),
         "mean_trace_tokens": float(np.mean([r["tokens"] for r in rows])),
@@ -159,11 +196,12 @@ def summarize(problems, rows, X, finals, outcomes, errors) -> dict:
         "probe_best_of_k": best_of_k(probe_scores(X[:, :-1], y, fit), y[~fit], pid[~fit]),
         "pass_at_1_held_out": float(y[~fit].mean()),
         "probe_auroc_with_arithmetic_check": probe_auroc(X, y, fit),
-        "probe_auroc_without_clause_reading": probe_auroc(X[:, :READING_COLUMNS.start], y, fit),
+        "probe_auroc_without_clause_reading": probe_auroc(X[:, : READING_COLUMNS.start], y, fit),
         "token_prob_proxy_auroc": auroc(y, np.array([r["prob"] for r in rows])),
         "terminal_derived_share": float(np.mean([r["derived"] for r in rows])),
         "acc_finished": float(y[[r["finished"] for r in rows]].mean()),
-        "acc_capped": float(y[[not r["finished"] for r in rows]].mean()) if not all(r["finished"] for r in rows)
+        "acc_capped": float(y[[not r["finished"] for r in rows]].mean())
+        if not all(r["finished"] for r in rows)
         else float("nan"),
         "distinct_answers_per_problem": float(np.mean([len(set(a)) for a in finals])),
         "recheck_outcomes": {k: round(v / n_re, 4) for k, v in sorted(outcomes.items())},
@@ -179,26 +217,46 @@ def table(s: dict) -> list[tuple[str, str, str, bool | None]]:
         ("majority right (maj@K)", "<= 0.75", f"{s['maj_at_k']:.3f}", s["maj_at_k"] <= 0.75),
         ("pass@K - maj@K", ">= 0.15", f"{s['pass_minus_maj']:.3f}", s["pass_minus_maj"] >= 0.15),
         ("elicited answers / sequence", ">= 6", f"{s['elicited_per_sequence']:.2f}", s["elicited_per_sequence"] >= 6),
-        ("first intermediate acc vs terminal", ">= 10 pp below",
-         f"{s['first_intermediate_acc']:.3f} vs {s['terminal_acc_same_traces']:.3f} ({100 * d:.1f} pp)", d >= 0.10),
-        ("Waits / trace, wrong vs right", "wrong higher", f"{s['waits_wrong']:.2f} vs {s['waits_right']:.2f}",
-         s["waits_wrong"] > s["waits_right"]),
+        (
+            "first intermediate acc vs terminal",
+            ">= 10 pp below",
+            f"{s['first_intermediate_acc']:.3f} vs {s['terminal_acc_same_traces']:.3f} ({100 * d:.1f} pp)",
+            d >= 0.10,
+        ),
+        (
+            "Waits / trace, wrong vs right",
+            "wrong higher",
+            f"{s['waits_wrong']:.2f} vs {s['waits_right']:.2f}",
+            s["waits_wrong"] > s["waits_right"],
+        ),
         ("cap-binding share", "0.10-0.40", f"{s['cap_binding_share']:.3f}", 0.1 <= s["cap_binding_share"] <= 0.4),
         ("mean trace tokens", "<= 400", f"{s['mean_trace_tokens']:.1f}", s["mean_trace_tokens"] <= 400),
         ("visible-feature probe AUROC", ">= 0.80", f"{s['probe_auroc_visible']:.3f}", s["probe_auroc_visible"] >= 0.8),
-        ("visible probe best-of-K vs pass@1 (info)", "LM: >= +0.10",
-         f"{s['probe_best_of_k']:.3f} vs {s['pass_at_1_held_out']:.3f} (held-out problems)", None),
+        (
+            "visible probe best-of-K vs pass@1 (info)",
+            "LM: >= +0.10",
+            f"{s['probe_best_of_k']:.3f} vs {s['pass_at_1_held_out']:.3f} (held-out problems)",
+            None,
+        ),
         ("probe + arithmetic check (info)", "-", f"{s['probe_auroc_with_arithmetic_check']:.3f}", None),
         ("probe without the clause reading (info)", "-", f"{s['probe_auroc_without_clause_reading']:.3f}", None),
         ("Token-Probs proxy AUROC (info)", "LM: >= 0.70", f"{s['token_prob_proxy_auroc']:.3f}", None),
         ("accuracy at every Wait (info)", "-", f"{s['intermediate_acc_all_waits']:.3f}", None),
-        ("Waits wrong - right, within problem (info)", "-", f"{s['waits_wrong_minus_right_within_problem']:.2f}",
-         None),
+        (
+            "Waits wrong - right, within problem (info)",
+            "-",
+            f"{s['waits_wrong_minus_right_within_problem']:.2f}",
+            None,
+        ),
         ("accuracy finished / capped (info)", "-", f"{s['acc_finished']:.3f} / {s['acc_capped']:.3f}", None),
         ("distinct terminal answers / problem (info)", "-", f"{s['distinct_answers_per_problem']:.1f}", None),
         ("re-check outcomes (info)", "mostly confirm", json.dumps(s["recheck_outcomes"]), None),
-        ("Wait right after a false / true step (info)", "-", "{wait_after_false} / {wait_after_true}".format(
-            **s["writer_trace_errors"]), None),
+        (
+            "Wait right after a false / true step (info)",
+            "-",
+            "{wait_after_false} / {wait_after_true}".format(**s["writer_trace_errors"]),
+            None,
+        ),
     ]
 
 
@@ -219,9 +277,15 @@ def main(argv=None):
     print(f"{'row':44s} {'target':16s} {'measured':40s} verdict")
     for name, target, measured, ok in rows_t:
         print(f"{name:44s} {target:16s} {measured:40s} {'info' if ok is None else 'PASS' if ok else 'FAIL'}")
-    s.update(n_problems=len(problems), samples_per_problem=a.samples, knobs=knobs, seed=a.seed,
-             rows_passed=sum(ok is True for *_, ok in rows_t), rows_measured=sum(ok is not None for *_, ok in rows_t),
-             wall_s=round(time.time() - t0, 1))
+    s.update(
+        n_problems=len(problems),
+        samples_per_problem=a.samples,
+        knobs=knobs,
+        seed=a.seed,
+        rows_passed=sum(ok is True for *_, ok in rows_t),
+        rows_measured=sum(ok is not None for *_, ok in rows_t),
+        wall_s=round(time.time() - t0, 1),
+    )
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in s.items()}))
     return s
 

@@ -94,7 +94,9 @@ def outcome(replay, choice, eval_dir) -> dict:
     }
 
 
-def run_variant(verifier_dir, val_dir, eval_dir, epsilon, delta, save=None, correctness_head=False) -> tuple[dict, tuple]:
+def run_variant(
+    verifier_dir, val_dir, eval_dir, epsilon, delta, save=None, correctness_head=False
+) -> tuple[dict, tuple]:
     """A verifier's stopping rule fitted on validation and replayed on evaluation; also returns both splits'
     predictions (their group structure is what the training-free rules replay on)."""
     verifier = MSVVerifier.from_pretrained(verifier_dir).eval()

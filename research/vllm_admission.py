@@ -26,7 +26,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from vllm_controller import make_engine  # noqa: E402  (the benchmark's engine settings)
+from vllm_controller import make_engine
 
 
 def waits(results) -> np.ndarray:

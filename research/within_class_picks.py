@@ -43,15 +43,23 @@ def within_class_picks(verifier_dir: Path, eval_dir: Path, checker: str | None, 
             within.append(auroc(s[members], y))
             max_right.append(g.correct[members[np.argmax(s[members])]])
             first_right.append(g.correct[first])
-    mean = lambda x: float(np.mean(x)) if x else float("nan")  # noqa: E731  (no mixed class: nothing to compare)
-    return {"mixed_classes": len(within), "within_auroc": mean(within), "max_member_right": mean(max_right),
-            "first_member_right": mean(first_right)}
+    mean = lambda x: float(np.mean(x)) if x else float("nan")  # no mixed class: nothing to compare
+    return {
+        "mixed_classes": len(within),
+        "within_auroc": mean(within),
+        "max_member_right": mean(max_right),
+        "first_member_right": mean(first_right),
+    }
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work-dir", type=Path, default=Path("outputs/reproduce-v2"),
-                        help="a reproduction's work directory (data/eval, verifiers/)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("outputs/reproduce-v2"),
+        help="a reproduction's work directory (data/eval, verifiers/)",
+    )
     parser.add_argument("--checker", default="random", help="equivalence checker of the classes (default: random)")
     parser.add_argument("--verifiers", nargs="+", required=True, help="names under WORK_DIR/verifiers")
     parser.add_argument("--threads", type=int, default=1)
@@ -65,11 +73,14 @@ def main(argv=None) -> dict:
     kwargs = CHECKER_KWARGS.get(args.checker, {})
     rows = {}
     for name in args.verifiers:
-        rows[name] = r = within_class_picks(args.work_dir / "verifiers" / name, args.work_dir / "data" / "eval",
-                                            args.checker, kwargs)
-        print(f"{name}: within-class AUROC {r['within_auroc']:.3f} over {r['mixed_classes']} mixed classes; "
-              f"top-scored member right {r['max_member_right']:.3f} vs first member {r['first_member_right']:.3f}",
-              flush=True)
+        rows[name] = r = within_class_picks(
+            args.work_dir / "verifiers" / name, args.work_dir / "data" / "eval", args.checker, kwargs
+        )
+        print(
+            f"{name}: within-class AUROC {r['within_auroc']:.3f} over {r['mixed_classes']} mixed classes; "
+            f"top-scored member right {r['max_member_right']:.3f} vs first member {r['first_member_right']:.3f}",
+            flush=True,
+        )
     summary = {"checker": args.checker, "rows": rows}
     print(json.dumps(summary))
     return summary

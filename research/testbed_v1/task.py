@@ -16,13 +16,33 @@ from dataclasses import dataclass
 
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.data.problems import Problem
-from hf_msv.testbed.task_v2 import (DELIMITER, SPLITS, apply_chain, apply_op, canonical, draw_distinct,
-                                    final_answer_line, format_prompt, split_of)
+from hf_msv.testbed.task_v2 import (
+    DELIMITER,
+    SPLITS,
+    apply_chain,
+    apply_op,
+    canonical,
+    draw_distinct,
+    final_answer_line,
+    format_prompt,
+    split_of,
+)
 
 SOURCE = "testbed-arith"
 __all__ = [
-    "DELIMITER", "ELICITATION_PROMPT", "GEN_KNOBS", "SOURCE", "SPLITS", "TaskKnobs", "apply_op", "format_prompt",
-    "generate_problems", "make_elicitation_example", "make_trace", "make_trace_parts", "make_training_trace",
+    "DELIMITER",
+    "ELICITATION_PROMPT",
+    "GEN_KNOBS",
+    "SOURCE",
+    "SPLITS",
+    "TaskKnobs",
+    "apply_op",
+    "format_prompt",
+    "generate_problems",
+    "make_elicitation_example",
+    "make_trace",
+    "make_trace_parts",
+    "make_training_trace",
     "split_of",
 ]
 
@@ -104,9 +124,13 @@ def generate_problems(split: str, n: int, seed: int = 0, **knobs) -> list[Proble
 
     def build(chain, canon, i):
         start, ops = chain
-        return Problem(id=f"{SOURCE}/{split}/{seed}/{i}", question=_question(rng, start, ops, kn),
-                       gold=str(apply_chain(start, ops)), source=SOURCE,
-                       meta={"canonical": canon, "start": start, "ops": [list(x) for x in ops], "split": split})
+        return Problem(
+            id=f"{SOURCE}/{split}/{seed}/{i}",
+            question=_question(rng, start, ops, kn),
+            gold=str(apply_chain(start, ops)),
+            source=SOURCE,
+            meta={"canonical": canon, "start": start, "ops": [list(x) for x in ops], "split": split},
+        )
 
     def sample(r):
         chain = _sample_chain(r, kn)

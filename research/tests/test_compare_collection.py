@@ -1,4 +1,4 @@
-"""`research/compare_main_collection.py`: a re-made collection against the statistics a committed main study reports."""
+"""`research/compare_main_collection.py`: a re-made collection against a committed main study's statistics."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from hf_msv.evaluation import load_split, split_statistics
-
 from helpers.evaluation import write_split
+from hf_msv.evaluation import load_split, split_statistics
 
 SCRIPT = Path(__file__).resolve().parents[1] / "compare_main_collection.py"
 
@@ -22,9 +21,9 @@ def _script():
 
 def test_a_collection_is_compared_with_the_committed_statistics(tmp_path, capsys):
     val = write_split(tmp_path / "work" / "data" / "val", 3, seed=1)
-    write_split(tmp_path / "work" / "data" / "eval", 3, seed=1)   # the same draw: only the committed side differs
+    write_split(tmp_path / "work" / "data" / "eval", 3, seed=1)  # the same draw: only the committed side differs
     stats = split_statistics(load_split(val, hidden=False)[0])
-    other = dict(stats, mean_sequence_tokens=stats["mean_sequence_tokens"] + 1 / 24)   # one token in 24 sequences
+    other = dict(stats, mean_sequence_tokens=stats["mean_sequence_tokens"] + 1 / 24)  # one token in 24 sequences
     results = tmp_path / "main.json"
     results.write_text(json.dumps({"data": {"val": stats, "eval": other}}))
 
@@ -32,4 +31,4 @@ def test_a_collection_is_compared_with_the_committed_statistics(tmp_path, capsys
     assert out["val"] == {"identical": True, "differences": {}, "statistics": stats}
     assert not out["eval"]["identical"] and list(out["eval"]["differences"]) == ["mean_sequence_tokens"]
     assert out["eval"]["differences"]["mean_sequence_tokens"][1] == other["mean_sequence_tokens"]
-    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == json.loads(json.dumps(out))   # last line: JSON
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == json.loads(json.dumps(out))  # last line: JSON

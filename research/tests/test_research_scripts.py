@@ -18,7 +18,6 @@ from sklearn.metrics import roc_auc_score
 
 from hf_msv.answers import ELICITATION_PROMPT
 from hf_msv.testbed import TASKS, task_v2
-from helpers.testbed import tiny_v2_lm  # noqa: F401  (the product tests' tiny v2 LM fixture)
 
 CAP = task_v2.TaskKnobsV2().max_trace_tokens
 RESEARCH = Path(__file__).resolve().parents[1]
@@ -38,8 +37,22 @@ def _script(name: str):
 def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm, monkeypatch):
     bench = _script("testbed_quality")
     monkeypatch.setitem(TASKS, "v2", replace(TASKS["v2"], lm_dir=tiny_v2_lm[0]))  # the default --model-dir
-    res = bench.main(["--task", "v2", "--n-problems", "2", "--samples", "2", "--problems-per-call", "2",
-                      "--elicit-samples", "1", "--threads", "1"])
+    res = bench.main(
+        [
+            "--task",
+            "v2",
+            "--n-problems",
+            "2",
+            "--samples",
+            "2",
+            "--problems-per-call",
+            "2",
+            "--elicit-samples",
+            "1",
+            "--threads",
+            "1",
+        ]
+    )
     assert res["task"] == "v2" and res["max_new_tokens"] == CAP and res["model_dir"] == str(tiny_v2_lm[0])
     assert res["n_problems"] == 2 and res["mean_trace_tokens"] <= CAP
     # the LM's traces are diagnosed beside the solver's; the solver never misreads, copies wrong or re-boxes
@@ -49,32 +62,58 @@ def test_quality_benchmark_runs_a_v2_lm_on_v2_problems_up_to_the_cap(tiny_v2_lm,
     assert res["targets_measured"] >= 5 and 0 <= res["targets_passed"] <= res["targets_measured"]
 
 
-
 def test_shard_statistics_read_the_trace_targets_from_collected_shards(tmp_path):
     import numpy as np
 
     from hf_msv.data import CollectedProblem, write_shard
 
     # three sequences: (tau, sequence, terminal, text); "1" is right
-    rows = [(4, 1, False, "1"), (5, 0, False, "2"), (6, 2, True, "2"), (8, 1, True, "2"), (9, 0, False, "1"),
-            (12, 0, True, "1")]
+    rows = [
+        (4, 1, False, "1"),
+        (5, 0, False, "2"),
+        (6, 2, True, "2"),
+        (8, 1, True, "2"),
+        (9, 0, False, "1"),
+        (12, 0, True, "1"),
+    ]
     n = len(rows)
     problem = CollectedProblem(
-        problem_id="q", gold="1", source="synthetic", question="q", hidden_states=torch.zeros(n, 4),
-        token_ids=np.zeros(n, dtype=np.int64), token_logprobs=np.zeros(n, dtype=np.float32),
-        answer_text=[r[3] for r in rows], answer_raw_text=[r[3] for r in rows],
-        answer_trigger=["eos" if r[2] else "delimiter" for r in rows], answer_sequence=[r[1] for r in rows],
-        answer_step=[0] * n, answer_tau=[r[0] for r in rows], answer_length=[1] * n,
-        answer_class=[int(r[3]) - 1 for r in rows], answer_terminal=[r[2] for r in rows],
-        answer_correct=[r[3] == "1" for r in rows], sequence_length=[13, 9, 7],
-        sequence_finish=["eos", "budget", "eos"], cot_confidence=[], cot_token_ids=[])
+        problem_id="q",
+        gold="1",
+        source="synthetic",
+        question="q",
+        hidden_states=torch.zeros(n, 4),
+        token_ids=np.zeros(n, dtype=np.int64),
+        token_logprobs=np.zeros(n, dtype=np.float32),
+        answer_text=[r[3] for r in rows],
+        answer_raw_text=[r[3] for r in rows],
+        answer_trigger=["eos" if r[2] else "delimiter" for r in rows],
+        answer_sequence=[r[1] for r in rows],
+        answer_step=[0] * n,
+        answer_tau=[r[0] for r in rows],
+        answer_length=[1] * n,
+        answer_class=[int(r[3]) - 1 for r in rows],
+        answer_terminal=[r[2] for r in rows],
+        answer_correct=[r[3] == "1" for r in rows],
+        sequence_length=[13, 9, 7],
+        sequence_finish=["eos", "budget", "eos"],
+        cot_confidence=[],
+        cot_token_ids=[],
+    )
     write_shard(tmp_path / "shard-r000-00000.safetensors", [problem], info={"lm_name_or_path": "synthetic"})
     stats = _script("testbed_quality").shard_statistics(tmp_path)
     assert stats == {
-        "shard_sequences": 3, "shard_pass_at_1": round(1 / 3, 4), "shard_maj": 0.0, "shard_pass_minus_maj": 1.0,
-        "elicited_per_sequence": 2.0, "first_intermediate_acc": 0.5, "terminal_acc_same_sequences": 0.5,
-        "waits_wrong": 0.5, "waits_right": 2.0, "shard_capped_rate": round(1 / 3, 4)}
-
+        "shard_sequences": 3,
+        "shard_pass_at_1": round(1 / 3, 4),
+        "shard_maj": 0.0,
+        "shard_pass_minus_maj": 1.0,
+        "elicited_per_sequence": 2.0,
+        "first_intermediate_acc": 0.5,
+        "terminal_acc_same_sequences": 0.5,
+        "waits_wrong": 0.5,
+        "waits_right": 2.0,
+        "shard_capped_rate": round(1 / 3, 4),
+    }
 
 
 def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
@@ -83,16 +122,18 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     bench = _script("testbed_quality")
     torch.set_num_threads(1)
     work = tmp_path / "probe"
-    first = bench.probe_signal(TASKS["v2"], work, [4, 2, 6], samples=4, seed=0, max_new_tokens=96,
-                               problems_per_batch=6)
+    first = bench.probe_signal(
+        TASKS["v2"], work, [4, 2, 6], samples=4, seed=0, max_new_tokens=96, problems_per_batch=6
+    )
     assert first["probe_problems"] == [4, 2, 6]
     again = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "4"])
     for key in ("probe_auroc_n1", "token_probs_auroc_n1", "probe_best_of_4", "sc_best_of_4", "probe_pass_at_1"):
         assert again[key] == first[key] or (math.isnan(again[key]) and math.isnan(first[key])), key
     assert again["shard_sequences"] == 24 and again["targets_measured"] >= 3
     assert set(again["lm_trace_errors"]) == set(again["solver_trace_errors"]) >= {"wait_after_false"}
-    tempered = bench.main(["--score-only", "--probe-dir", str(work), "--samples", "4", "--knobs",
-                           '{"notice_prob": 1.0}'])
+    tempered = bench.main(
+        ["--score-only", "--probe-dir", str(work), "--samples", "4", "--knobs", '{"notice_prob": 1.0}']
+    )
     assert json.dumps(tempered["lm_trace_errors"]) == json.dumps(again["lm_trace_errors"])  # the same LM chains
     for name in ("probe", "token_probs"):  # the intervals' own pooled AUROC is the evaluation's, inside its interval
         est, (low, high) = again[f"{name}_auroc_n1_pooled"], again[f"{name}_auroc_n1_interval"]
@@ -107,10 +148,13 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     from hf_msv.data import ShardDataset
     from hf_msv.evaluation.scoring import token_prob_scores
     from hf_msv.metrics import within_problem_auroc
+
     problems = ShardDataset(work / "evaluation", mode="terminal").read_problems(True)
     rows = [np.flatnonzero(p.answer_terminal) for p in problems]
-    expected = within_problem_auroc([token_prob_scores(p)[r] for p, r in zip(problems, rows)],
-                                    [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)])
+    expected = within_problem_auroc(
+        [token_prob_scores(p)[r] for p, r in zip(problems, rows)],
+        [np.asarray(p.answer_correct, dtype=float)[r] for p, r in zip(problems, rows)],
+    )
     assert again["token_probs_within_auroc"] == pytest.approx(expected, abs=1e-4, nan_ok=True)
     # --compare / --against: an LM against itself (twice) differs by nothing on every resample, and each group's
     # mean is the LM's pooled AUROC, so the problems were lined up by id
@@ -124,8 +168,9 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
     # shard rows, no Probe; such a directory is compared on Token-Probs alone
     screen = tmp_path / "screen"
     shutil.copytree(work / "evaluation", screen / "evaluation")
-    screened = bench.main(["--screen", "6", "--probe-dir", str(screen), "--samples", "4", "--max-new-tokens", "96",
-                           "--probe-batch", "6"])
+    screened = bench.main(
+        ["--screen", "6", "--probe-dir", str(screen), "--samples", "4", "--max-new-tokens", "96", "--probe-batch", "6"]
+    )
     assert screened["token_probs_auroc_n1"] == again["token_probs_auroc_n1_pooled"]
     assert screened["token_probs_within_auroc"] == again["token_probs_within_auroc"]
     assert screened["maj_at_4"] == again["shard_maj"] and screened["shard_sequences"] == 24
@@ -141,7 +186,6 @@ def test_score_only_rescores_a_probe_dir_as_the_probe_run_scored_it(tmp_path):
         bench.main(["--score-only", "--probe-dir", str(work), "--samples", "2", "--seed", "5"])
 
 
-
 def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_traces(tiny_v2_lm, capsys):
     """``research/elicitation_fidelity.py``: batched, right-padded scoring gives each answer the log-probabilities
     an unpadded forward gives; the writer's self-evaluation ranks its answers better than the writer without it."""
@@ -153,8 +197,9 @@ def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_tr
     rows = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 6, seed=0), traces=3, seed=1)
     batched = bench.lm_answer_logprobs(model, tok, rows, batch=4)
     for r, lp in zip(rows[:5], batched):
-        context = [tok.bos_token_id] + tok(task_v2.format_prompt(r["problem"]) + r["text"] + ELICITATION_PROMPT,
-                                           add_special_tokens=False).input_ids
+        context = [tok.bos_token_id] + tok(
+            task_v2.format_prompt(r["problem"]) + r["text"] + ELICITATION_PROMPT, add_special_tokens=False
+        ).input_ids
         answer = tok("{" + r["answer"] + "}", add_special_tokens=False).input_ids
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=torch.tensor([context + answer])).logits[0].float(), -1)
@@ -167,7 +212,6 @@ def test_elicitation_fidelity_reads_the_lms_answer_probability_on_the_writers_tr
     assert out["knobs"] == {} and 0 < out["clause_taken_traces"] and 0 < out["clause_left_traces"]
 
 
-
 def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_by_clause_reading(tmp_path):
     """The benchmark's writer is the LM's (``training_log.json["knobs"]``); on problems with an irrelevant clause the
     writer's probability is lower where the chain took it (its self-evaluation hedges the misreading)."""
@@ -176,8 +220,9 @@ def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_b
     (tmp_path / "training_log.json").write_text(json.dumps({"knobs": {"self_check": 0.4}}))
     knobs = bench.trained_knobs(tmp_path)
     assert knobs == {"self_check": 0.4}
-    rows = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 60, seed=2), traces=6, seed=3,
-                                         knobs=knobs)
+    rows = bench.writer_terminal_answers(
+        task_v2.generate_problems("evaluation", 60, seed=2), traces=6, seed=3, knobs=knobs
+    )
     default = bench.writer_terminal_answers(task_v2.generate_problems("evaluation", 60, seed=2), traces=6, seed=3)
     assert [r["text"] for r in rows] == [r["text"] for r in default]  # self_check draws nothing: the same traces
     assert [r["writer"] for r in rows] != [r["writer"] for r in default]  # the knob reached the writer's hedge
@@ -194,8 +239,10 @@ def test_elicitation_fidelity_uses_the_writer_the_lm_was_trained_on_and_splits_b
     assert any(r["writer_reading"] < r["writer_blind"] for r in taken)
     assert all(r["writer_reading"] == r["writer_blind"] for r in rows if r["clause"] is None)
     right = np.array([r["right"] for r in rows])
-    assert roc_auc_score(right, [r["writer_reading"] for r in rows]) > roc_auc_score(
-        right, [r["writer_blind"] for r in rows]) + 0.05
+    assert (
+        roc_auc_score(right, [r["writer_reading"] for r in rows])
+        > roc_auc_score(right, [r["writer_blind"] for r in rows]) + 0.05
+    )
 
 
 def _group(end, klass, correct, scores):
@@ -203,17 +250,27 @@ def _group(end, klass, correct, scores):
 
     end = np.asarray(end)
     seq = np.arange(len(end))
-    return AnswerGroup(seq, end, np.asarray(klass), np.asarray(correct, bool), np.ones(len(end), bool), end.copy(),
-                       end - 1, {"m": np.asarray(scores, float)})
+    return AnswerGroup(
+        seq,
+        end,
+        np.asarray(klass),
+        np.asarray(correct, bool),
+        np.ones(len(end), bool),
+        end.copy(),
+        end - 1,
+        {"m": np.asarray(scores, float)},
+    )
 
 
 def test_early_stop_diagnosis_counts_wrong_stops_and_the_clairvoyant_budget():
     diag = _script("early_stop_diagnosis")
     # group 0: a wrong answer scored 0.9 arrives at 10, the right class (two answers) at 50 and 60 and scores best;
     # group 1: right answer at 20 scored 0.95; group 2: never right.
-    groups = [_group([10, 50, 60], [1, 0, 0], [0, 1, 1], [0.9, 0.6, 0.95]),
-              _group([20, 80], [0, 1], [1, 0], [0.95, 0.2]),
-              _group([30, 40], [1, 2], [0, 0], [0.3, 0.4])]
+    groups = [
+        _group([10, 50, 60], [1, 0, 0], [0, 1, 1], [0.9, 0.6, 0.95]),
+        _group([20, 80], [0, 1], [1, 0], [0.95, 0.2]),
+        _group([30, 40], [1, 2], [0, 0], [0.3, 0.4]),
+    ]
     r = diag.replays(groups, "m", [0.85])
     assert r["full_correct"].tolist() == [True, True, False]
     assert r["stopped"][:, 0].tolist() == [True, True, False] and r["correct"][:, 0].tolist() == [False, True, False]
@@ -225,7 +282,7 @@ def test_early_stop_diagnosis_counts_wrong_stops_and_the_clairvoyant_budget():
     assert diag.evidence_at(groups, 25.0)["correct_available"] == pytest.approx(1 / 3)
     # class mean at arrival: the second right answer averages its logit with the first one's
     cm = diag.class_mean_scores(groups[0], "m")
-    logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+    logit = lambda p: math.log(p / (1 - p))
     assert cm[0] == pytest.approx(0.9) and cm[2] == pytest.approx(1 / (1 + math.exp(-(logit(0.6) + logit(0.95)) / 2)))
     costly = diag.costly_stops(groups, r, 0)
     assert costly["share_of_groups"] == pytest.approx(1 / 3) and costly["median_class_support"] == 1

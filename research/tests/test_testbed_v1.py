@@ -71,7 +71,7 @@ def test_splits_are_disjoint_and_deterministic():
     assert not canon["validation"] & canon["evaluation"]
     assert generate_problems("evaluation", 50, seed=1) == generate_problems("evaluation", 50, seed=1)
     assert generate_problems("evaluation", 50, seed=1) != generate_problems("evaluation", 50, seed=2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="split must be one of"):
         generate_problems("test", 1)
 
 
@@ -80,7 +80,7 @@ def test_gold_answers_and_knobs():
         v = p.meta["start"]
         assert len(p.meta["ops"]) == 3
         for op, k in p.meta["ops"]:
-            assert op != "+" and op != "-" or 1 <= k <= 9
+            assert (op != "+" and op != "-") or 1 <= k <= 9
             v = apply_op(v, op, k)
             assert 0 <= v <= 99
         assert p.gold == str(v)
@@ -141,7 +141,7 @@ def test_targeted_rechecks_follow_a_cue_the_lm_can_see():
         ops = [tuple(x) for x in p.meta["ops"]]
         parts = make_trace_parts(p, rng, target_prob=1.0, fix_prob=0.0, break_prob=0.0)  # steps never change
         values = [p.meta["start"]]
-        for a, b in zip(parts[0][0].split(". ")[: len(ops)], ops):
+        for a, _ in zip(parts[0][0].split(". ")[: len(ops)], ops):
             values.append(int(a.split("=")[1]))
         carries = [j for j, (op, k) in enumerate(ops) if _has_carry(values[j], op, k)]
         rechecked = [re.match(rf" {DELIMITER}, (\d+)(\D)(\d+)=", s).groups() for s, _ in parts[1:]]
@@ -164,26 +164,36 @@ def test_shipped_checkpoint_loads_with_auto_classes_and_generates():
     p = generate_problems("evaluation", 2, seed=0)
     enc = tok([format_prompt(x) for x in p], return_tensors="pt", padding=True)
     torch.manual_seed(0)
-    out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=320,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    out = model.generate(
+        **enc,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=320,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     assert any(ELICITATION_PROMPT + "{" in t for t in texts)
     # elicitation right after a Wait yields a closed box
     prefix = format_prompt(p[0]) + " 1+1=2. " + DELIMITER + ELICITATION_PROMPT
     enc = tok(prefix, return_tensors="pt")
-    out = model.generate(**enc, do_sample=False, max_new_tokens=40, pad_token_id=tok.pad_token_id,
-                         eos_token_id=tok.eos_token_id)
-    cont = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    out = model.generate(
+        **enc, do_sample=False, max_new_tokens=40, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    cont = tok.decode(out[0, enc.input_ids.shape[1] :], skip_special_tokens=True)
     assert cont.startswith("{") and "}" in cont
     # the paper's terminal elicitation (prompt appended to the finished trace) gives back the trace's own answer
     finished = [(t, q) for t, q in zip(texts, p) if t.count("\\boxed{") == 1 and t.endswith("}")]
     assert finished
     for trace, question in finished:
         enc = tok(format_prompt(question) + trace + ELICITATION_PROMPT, return_tensors="pt")
-        out = model.generate(**enc, do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
-        cont = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
-        assert cont.split("}")[0] + "}" == trace[trace.rindex("{"):]
+        out = model.generate(
+            **enc, do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+        )
+        cont = tok.decode(out[0, enc.input_ids.shape[1] :], skip_special_tokens=True)
+        assert cont.split("}")[0] + "}" == trace[trace.rindex("{") :]
 
 
 def test_training_smoke(tmp_path):
@@ -191,14 +201,24 @@ def test_training_smoke(tmp_path):
 
     from hf_msv.testbed.train_lm import LMTrainingConfig, train_testbed_lm
 
-    config = LMTrainingConfig(output_dir=str(tmp_path), task="v1", steps=3, batch_size=4, d_model=32, n_layers=1,
-                              n_heads=2, warmup=1, log_every=1)
+    config = LMTrainingConfig(
+        output_dir=str(tmp_path),
+        task="v1",
+        steps=3,
+        batch_size=4,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        warmup=1,
+        log_every=1,
+    )
     stats = train_testbed_lm(config, log=lambda *_: None)
     assert stats["steps"] == 3 and stats["parameters"] > 0
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
-    out = model.generate(**tok(["Q: 1\nA:"], return_tensors="pt"), max_new_tokens=5, do_sample=False,
-                         pad_token_id=tok.pad_token_id)
+    out = model.generate(
+        **tok(["Q: 1\nA:"], return_tensors="pt"), max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id
+    )
     assert out.shape[1] > 0
     assert (tmp_path / "model.safetensors").exists()
 

@@ -1,5 +1,6 @@
 """A tiny trained testbed v2 LM (the testbed v2 LM tests and research/tests): `tiny_v2_lm`, a module-scoped pytest
-fixture; a test module uses it by importing it (``from helpers.testbed import tiny_v2_lm``)."""
+fixture; a test module, or a conftest.py for a whole directory, uses it by importing it
+(``from helpers.testbed import tiny_v2_lm``)."""
 
 import pytest
 import torch
