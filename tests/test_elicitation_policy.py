@@ -15,7 +15,7 @@ import torch
 from helpers.generation import ID, TOK, ScriptedAnswers, generate, prompts, tiny_model
 from hf_msv.collect.reencode import plan_branches
 from hf_msv.elicitation import ElicitationSettings, resolve_elicitation
-from hf_msv.generation import ElicitationPolicy, eos_token_ids, prepare_generation
+from hf_msv.generation import ElicitationPolicy, MSVEarlyStop, eos_token_ids, prepare_generation
 
 SETTINGS = ElicitationSettings(delimiters=("Wait",), every_k_tokens=5, max_answer_tokens=3)
 BUDGET = 12
@@ -99,16 +99,18 @@ def vllm_chains(sequences, policy, monkeypatch, chunk=3):
         elicitor=policy.elicitor,
         verifier=None,
         capture_hidden_states=False,
+        confidence_top_k=None,
     )
-    session = EngineSession(controller, BUDGET, None)
-    run = PromptRun(0, [ID["<bos>"]], len(sequences), RunCore(policy, None, None, False), None)
+    session = EngineSession(controller, BUDGET, MSVEarlyStop(None))
+    run = PromptRun(0, [ID["<bos>"]], len(sequences), RunCore(policy, None, MSVEarlyStop(None), False), None)
     for start in range(0, max(map(len, sequences)), chunk):
         for n, seq in enumerate(sequences):
             if start >= len(seq):
                 continue
             end = min(start + chunk, len(seq))
             finish = None if end < len(seq) else ("stop" if seq[-1] in policy.eos_ids else "length")
-            session.chain_tokens(run, n, SimpleNamespace(token_ids=seq[start:end], finish_reason=finish))
+            completion = SimpleNamespace(token_ids=seq[start:end], finish_reason=finish, logprobs=None)
+            session.chain_tokens(run, n, completion)
     branches = [el.live.branch for el in session.elicitations.values()]
     return points(
         SimpleNamespace(sequence=b.row, tau=b.tau, trigger=b.trigger, terminal=b.is_terminal) for b in branches

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from test_scorers import EOS, HEAD, ID, N, key, model, probe_scores, tiny_probe  # noqa: F401
+from transformers import LogitsProcessorList
 
-from helpers.generation import TOK, generate, prompts
+from helpers.generation import TOK, ForceTokens, prompts
 from hf_msv.generation import MSVEarlyStop, prepare_generation
 from hf_msv.generation.scorers import ProbeScorer, StopRuleScorer
 from hf_msv.pruning import PruneRule
 from hf_msv.schedules import NEVER
+from hf_msv.stop_rules import ConfidenceMap
 from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, sweep_group
 
 RULES = [PruneRule(steady=2), PruneRule(doubt=0.45, lead=0.5)]
@@ -24,11 +27,21 @@ BUDGET = 40  # long enough for chains to answer several times while they decode
 SCHEDULE = {(r, s): ID["Wait"] for r in range(2 * N) for s in range(r % 4 + 1, BUDGET, 4)} | {(2, 29): EOS}
 
 
-def run(model, threshold, prune):  # noqa: F811
-    """One seeded, scripted ``generate`` call with the Probe read through `HEAD`, λ and the pruning rule."""
+def run(model, threshold, prune, stop=None):  # noqa: F811
+    """One seeded, scripted ``generate`` call with the Probe read through `HEAD`, λ and the pruning rule (or the
+    criterion `stop`)."""
     scorer = StopRuleScorer(ProbeScorer(tiny_probe()), HEAD)
     with prepare_generation(model, TOK, scorer, delimiters=["Wait"], checker="exact", capture_hidden_states=True) as m:
-        generate(m, prompts(TEXTS), N, BUDGET, schedule=SCHEDULE, threshold=threshold, seed=5, prune=prune)
+        torch.manual_seed(5)
+        m.model.generate(
+            **prompts(TEXTS),
+            custom_generate=m,
+            do_sample=True,
+            num_return_sequences=N,
+            max_new_tokens=BUDGET,
+            logits_processor=LogitsProcessorList([ForceTokens(prompts(TEXTS)["input_ids"].shape[1], SCHEDULE)]),
+            stopping_criteria=[stop or MSVEarlyStop(threshold, prune)],
+        )
         return m.pop_results()
 
 
@@ -83,3 +96,14 @@ def test_full_decoding_and_the_empty_rule_prune_nothing(model):  # noqa: F811
     assert MSVEarlyStop.resolve(None, None).prune is None and MSVEarlyStop.resolve("certified", None).threshold is None
     with pytest.raises(ValueError, match="certified"):
         MSVEarlyStop.resolve("best", None)
+
+
+def test_the_certified_confidence_map_is_what_a_stop_reports(model):  # noqa: F811
+    """A criterion carrying a `ConfidenceMap` (fitted with a certified pruning rule) reports the mapped confidence
+    of the same decision; the decision itself does not change (the map is monotone)."""
+    rule, cmap = RULES[0], ConfidenceMap(slope=1.0, intercept=1.0)
+    plain = run(model, 0.9, rule)
+    mapped = run(model, None, None, stop=MSVEarlyStop(0.9, rule, cmap))
+    assert [key(r.chosen) for r in plain] == [key(r.chosen) for r in mapped]
+    for a, b in zip(plain, mapped):
+        assert b.confidence == pytest.approx(float(cmap([a.confidence])[0])) and b.confidence > a.confidence

@@ -11,7 +11,7 @@ import torch
 from helpers.generation import ID, TOK
 from hf_msv.elicitation import ElicitationSettings
 from hf_msv.equivalence import get_checker
-from hf_msv.generation import ElicitationPolicy
+from hf_msv.generation import ElicitationPolicy, MSVEarlyStop
 from hf_msv.generation.core import RunCore, RunSetup
 from hf_msv.generation.forking import CHAIN_ENDS, Branch, ends_chain
 from hf_msv.generation.scoring import ScoringQueue
@@ -50,7 +50,7 @@ def answer_ids(digit: str) -> list[int]:
 def drive(layout: str):
     """Step the scripted chains through a `RunCore` in `layout`; every branch completes 4 steps after it fires."""
     policy = ElicitationPolicy(TOK, SETTINGS, eos_ids={ID["<eos>"]})
-    core = RunCore(policy, ScoringQueue(ScriptedScores(), N, True, False), 0.9, False)
+    core = RunCore(policy, ScoringQueue(ScriptedScores(), N, True, False), MSVEarlyStop(0.9), False)
     classes = RunSetup(SETTINGS, policy, get_checker("exact")).new_classes()
     if layout == "generate":
         shared = RowTracker(2 * N, N, classes)
@@ -105,7 +105,7 @@ def test_only_the_chain_end_triggers_end_a_chain():
     assert Branch(0, "budget", 3).is_terminal and not Branch(0, "every_k", 3).is_terminal
     assert Branch(0, "delimiter", 3, terminal=True).is_terminal
     tracker = RowTracker(N, N, None)
-    core = RunCore(ElicitationPolicy(TOK, SETTINGS, eos_ids={ID["<eos>"]}), None, None, False)
+    core = RunCore(ElicitationPolicy(TOK, SETTINGS, eos_ids={ID["<eos>"]}), None, MSVEarlyStop(None), False)
     assert core.feed(tracker, 0, ID["<eos>"]).trigger == "eos" and tracker.status[0] == EOS
     assert core.end_chain(tracker, 1, eos=False).trigger == "budget" and tracker.status[1] not in (LIVE, STOPPED)
 

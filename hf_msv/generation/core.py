@@ -35,6 +35,7 @@ from .forking import Branch, LiveBranch
 from .outputs import MSVAnswer
 from .policy import ElicitationPolicy
 from .scoring import ScoringQueue
+from .stopping import MSVEarlyStop
 from .tracking import BUDGET, EOS, LIVE, PRUNED, STOPPED, PromptGroup, RowTracker
 
 if TYPE_CHECKING:
@@ -128,10 +129,10 @@ class RunCore:
     Args:
         policy: the call's `ElicitationPolicy` (its EOS ids included).
         queue: the `ScoringQueue` (`None`: answers are collected, not scored, and nothing is decided).
-        threshold: λ of the stop (`None`: never stop). Terminal mode never stops: all answers arrive at the end.
+        stop: the call's `MSVEarlyStop`: λ of the stop (`None`: never stop; terminal mode never stops, all answers
+            arrive at the end), the pruning rule (applied at each arrival time of an undecided prompt by
+            `hf_msv.pruning.prune_chains`, the function the replay calls) and the map of the reported confidence.
         keep_hidden_states: keep every answer's hidden states in the results.
-        prune: the per-chain pruning rule (`hf_msv.pruning.PruneRule`; `None`: no pruning), applied at each arrival
-            time of a prompt that is not decided, by `hf_msv.pruning.prune_chains` (the function the replay calls).
         budget: chain-of-thought tokens per chain at most (a chain at its budget has ended for the rule).
 
     Attributes:
@@ -142,14 +143,15 @@ class RunCore:
         self,
         policy: ElicitationPolicy,
         queue: ScoringQueue | None,
-        threshold: float | None,
+        stop: MSVEarlyStop,
         keep_hidden_states: bool,
-        prune: pruning.PruneRule | None = None,
         budget: int | None = None,
     ):
         self.policy, self.elicitor, self.queue = policy, policy.elicitor, queue
-        self.threshold = threshold if policy.streaming else None
+        self.threshold = stop.threshold if policy.streaming else None
+        prune = stop.prune
         self.prune = prune if prune is not None and not prune.off and policy.streaming else None
+        self.confidence_map = stop.confidence_map
         self.budget = budget
         self.keep_hidden_states = keep_hidden_states
         self.equivalence_seconds = 0.0
@@ -285,6 +287,8 @@ class RunCore:
         if stopped is None:
             return None
         decision = Decision(stopped=stopped)
+        if self.confidence_map is not None and group.confidence is not None:
+            group.confidence = float(self.confidence_map([group.confidence])[0])  # calibrated at the certified pair
         if stopped:
             # Its live rows leave the engine; answers still decoding are abandoned (they were never available).
             group.stopped_early = not group.finished

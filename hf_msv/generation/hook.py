@@ -141,8 +141,7 @@ class MSVSession:
             num_sequences=generation_config.num_return_sequences or 1,
             max_new_tokens=generation_config.max_new_tokens,
             max_length=generation_config.max_length,
-            threshold=criterion.threshold,
-            prune=criterion.prune,
+            stop=criterion,
         )
         if model.training:
             warnings.warn(

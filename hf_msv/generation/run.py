@@ -27,7 +27,7 @@ from .tracking import LIVE, RowTracker
 
 if TYPE_CHECKING:
     from ..equivalence import EquivalenceClasses
-    from ..pruning import PruneRule
+    from .stopping import MSVEarlyStop
 
 __all__ = ["GenerationRun"]
 
@@ -45,9 +45,8 @@ class GenerationRun:
             on CUDA), so accelerator memory holds only the live answers' states.
         num_sequences: N, rows per prompt.
         max_new_tokens, max_length: the call's token budget (max_new_tokens wins when set).
-        threshold: λ (`None`: never stop).
-        prune: the per-chain pruning rule (`hf_msv.pruning.PruneRule`; `None`: none): a pruned row leaves the
-            decoding batch as a stopped prompt's rows do.
+        stop: the call's `MSVEarlyStop` (λ, the pruning rule: a pruned row leaves the decoding batch as a stopped
+            prompt's rows do, and the reported confidence's map), handed whole to the run core.
     """
 
     def __init__(
@@ -61,8 +60,7 @@ class GenerationRun:
         num_sequences: int,
         max_new_tokens: int | None,
         max_length: int | None,
-        threshold: float | None,
-        prune: PruneRule | None = None,
+        stop: MSVEarlyStop,
     ):
         self.policy = policy
         self.elicitor, self.matcher, self.streaming = policy.elicitor, policy.matcher, policy.streaming
@@ -71,7 +69,7 @@ class GenerationRun:
         self.keep_hidden_states, self.offload = keep_hidden_states, offload_hidden_states
         self.N = num_sequences
         self.max_new_tokens, self.max_length = max_new_tokens, max_length
-        self.threshold, self.prune = threshold, prune
+        self.stop, self.threshold = stop, stop.threshold
         self.timings: dict[str, float] = dict.fromkeys(("elicitation", "verifier", "equivalence"), 0.0)
         self.compute: dict[str, int] = {}
         self.prompt_length = 0  # set at the first step
@@ -113,9 +111,7 @@ class GenerationRun:
         )
         if self.verifier is not None:
             self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
-        self._core = RunCore(
-            self.policy, self.queue, self.threshold, self.keep_hidden_states, self.prune, budget=self.budget
-        )
+        self._core = RunCore(self.policy, self.queue, self.stop, self.keep_hidden_states, budget=self.budget)
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     def step(self, input_ids: torch.LongTensor) -> torch.Tensor:

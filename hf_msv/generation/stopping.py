@@ -34,7 +34,7 @@ import torch
 from transformers import StoppingCriteria
 
 from ..pruning import PruneRule
-from ..stop_rules import current_leaders
+from ..stop_rules import ConfidenceMap, current_leaders
 
 __all__ = ["CERTIFIED", "MSVEarlyStop", "StopDecision", "decide_stop"]
 
@@ -150,13 +150,21 @@ class MSVEarlyStop(StoppingCriteria):
             in terminal mode, where all answers arrive at the end.
         prune: the per-chain pruning rule (`hf_msv.pruning.PruneRule`, `None`: no pruning): a chain it prunes
             stops decoding while its prompt goes on (docs/pruning.md).
+        confidence_map: what maps the confidence a stop reports to the one it was calibrated to
+            (`hf_msv.stop_rules.ConfidenceMap`, fitted with a certified pruning rule); `None`: reported as is.
 
     Returns (when called): `(batch,)` bool tensor, True for every row of a prompt that has stopped or was pruned.
     """
 
-    def __init__(self, threshold: float | None = None, prune: PruneRule | None = None):
+    def __init__(
+        self,
+        threshold: float | None = None,
+        prune: PruneRule | None = None,
+        confidence_map: ConfidenceMap | None = None,
+    ):
         self.threshold = threshold
         self.prune = prune
+        self.confidence_map = confidence_map
         self.choice = None
         self.run = None
 
@@ -182,27 +190,28 @@ class MSVEarlyStop(StoppingCriteria):
 
             if LambdaChoice.of(config) is None:
                 return cls(None)
-            criterion = cls.from_verifier(verifier)
+            criterion = cls.from_verifier(verifier, prune=prune is not False)
         else:
             criterion = cls(threshold)
         if isinstance(prune, PruneRule) and threshold is not None:
             criterion.prune = None if prune.off else prune
-        elif not prune:
-            criterion.prune = None
         return criterion
 
     @classmethod
-    def from_verifier(cls, verifier) -> MSVEarlyStop:
+    def from_verifier(cls, verifier, prune: bool = True) -> MSVEarlyStop:
         """The criterion at the λ chosen with `verifier` on validation (``config.early_stopping["lambda"]``,
         written by ``hf-msv train``; `hf_msv.lambda_rule.choose_lambda`). ``.choice`` holds that choice (its rule,
         guarantee and validation figures; ``.choice.describe()`` says it in one line).
 
+        With a pruning rule certified jointly with a λ (``config.early_stopping["pruning"]``, docs/pruning.md), the
+        criterion is that pair: its λ (not the stop-alone λ), its rule and its stop-time confidence map.
+
         Args:
             verifier: an `MSVVerifier` (or anything with a ``config``) saved with an early-stopping λ.
+            prune: `False`: the stop alone, at the λ certified for it.
 
         Returns:
-            The `MSVEarlyStop` (threshold `None` when the chosen λ is ∞) with the certified pruning rule
-            (``config.early_stopping["pruning"]``, none when absent or when λ is ∞).
+            The `MSVEarlyStop` (threshold `None` when the chosen λ is ∞).
 
         Raises:
             ValueError: the verifier carries no early-stopping λ (a terminal verifier, or one saved without it).
@@ -215,11 +224,18 @@ class MSVEarlyStop(StoppingCriteria):
                 f"{type(verifier).__name__} carries no early-stopping λ (config.early_stopping): a streaming MSV "
                 "trained with `hf-msv train` has one; otherwise pass MSVEarlyStop(threshold) chosen on validation."
             )
-        from ..pruning import PruneRule
-
-        certified = not math.isinf(choice.lam)
-        prune = PruneRule.of(verifier.config) if certified else None
-        criterion = cls(choice.lam if certified else None, None if prune is None or prune.off else prune)
+        pair = (getattr(verifier.config, "early_stopping", None) or {}).get("pruning") or {}
+        if prune and pair.get("lambda") is not None:
+            joint = LambdaChoice.from_dict(pair["lambda"])
+            rule = PruneRule.of(verifier.config)
+            criterion = cls(
+                None if math.isinf(joint.lam) else joint.lam,
+                None if rule.off else rule,
+                ConfidenceMap.from_dict(pair.get("confidence_map")),
+            )
+            criterion.choice = joint
+            return criterion
+        criterion = cls(None if math.isinf(choice.lam) else choice.lam)
         criterion.choice = choice
         return criterion
 

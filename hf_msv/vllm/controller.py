@@ -316,7 +316,7 @@ class _Run:
         criterion: MSVEarlyStop,
     ):
         self.c, self.N, self.budget, self.threshold = controller, num_sequences, budget, criterion.threshold
-        self.session = EngineSession(controller, budget, criterion.threshold, criterion.prune)
+        self.session = EngineSession(controller, budget, criterion)
         self.core = self.session.new_core(num_sequences)
         self.runs = [
             PromptRun(p, ids, num_sequences, self.core, controller.setup.new_classes())
@@ -418,15 +418,13 @@ class EngineSession:
     Args:
         controller: the `VLLMController` (policy, elicitor, verifier, settings, the hooked engine).
         budget: max_new_tokens per chain.
-        threshold: λ (`None`: never stop).
-        prune: the per-chain pruning rule (`None`: none); a pruned chain's request is aborted.
+        stop: the `MSVEarlyStop` of its prompts (λ, the pruning rule: a pruned chain's request is aborted, the
+            reported confidence's map), handed whole to the run core.
     """
 
-    def __init__(
-        self, controller: VLLMController, budget: int, threshold: float | None, prune: PruneRule | None = None
-    ):
+    def __init__(self, controller: VLLMController, budget: int, stop: MSVEarlyStop):
         self.c, self.engine = controller, controller.engine
-        self.budget, self.threshold, self.prune = budget, threshold, prune
+        self.budget, self.stop, self.threshold = budget, stop, stop.threshold
         self.streaming = controller.settings.mode == "streaming"
         self.run_id = next(_RUN_IDS)
         self.chains: dict[str, PromptRun] = {}  # `prompt_id` → its prompt, in admission order
@@ -446,7 +444,7 @@ class EngineSession:
         queue = None
         if c.verifier is not None:
             queue = ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
-        return RunCore(c.policy, queue, self.threshold, c.capture_hidden_states, self.prune, budget=self.budget)
+        return RunCore(c.policy, queue, self.stop, c.capture_hidden_states, budget=self.budget)
 
     @property
     def busy(self) -> bool:
