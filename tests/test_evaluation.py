@@ -133,6 +133,22 @@ def test_outputs_exist_and_markdown_references_every_png(study):
     assert (out / "report.md").exists() and (out / "report.json").exists()
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk == results
+    assert list(on_disk) == [  # report order, as the committed results
+        "title",
+        "config",
+        "data",
+        "costs",
+        "methods",
+        "terminal",
+        "streaming",
+        "early_stop",
+        "lambda_selection",
+        "stop_reliability",
+        "intervals",
+        "brier_by_position",
+        "by_difficulty",
+        "figures",
+    ]
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs, "no figures written"
     assert sorted(f["file"] for f in results["figures"]) == pngs
@@ -417,6 +433,7 @@ def test_cli_and_checker_rederivation(study, tmp_path):
     assert "## By level" in (tmp_path / "cli" / "report.md").read_text()
     assert results["costs"]["lm"]["4"]["decode_step_s"] == 0.5
     assert results["lambda_selection"] == {} and results["figures"] == []
+    assert "stop_reliability" not in results  # no validation split: no λ rule ran
     assert "MSV_4" in results["terminal"]["4"] and "Probe+WV" in results["streaming"]["4"]
     # DeepConf falls back to 2-fold cross-fitting without validation; SC changes under the random checker.
     assert results["config"]["deepconf_calibration"].startswith("platt, 2-fold")

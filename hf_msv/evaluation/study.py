@@ -246,6 +246,8 @@ def evaluate_study(
         results["config"]["difficulty"] = difficulty_name
     levels = None if difficulty is None else [difficulty.get(p.problem_id) for p in split.problems]
     reliability, curves = _evaluate_every_n(results, studies, ns, lm_costs, levels)
+    if not results["stop_reliability"]:  # no λ rule ran (no validation split): absent, as in results before it
+        del results["stop_reliability"]
     if config.figures:
         results["figures"] = write_figures(results, reliability, curves, output_dir, config.report_name)
     # Through the typed model before anything is written, so a section built with a key the readers do not know
@@ -323,6 +325,7 @@ def _empty_results(title: str, config: dict, data: dict, cost_source: str, prm_c
         "streaming": {},
         "early_stop": {},
         "lambda_selection": {},
+        "stop_reliability": {},
         "intervals": {},
         "brier_by_position": {},
         "by_difficulty": {},
@@ -596,7 +599,7 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
         }
     if acc.stop_events:  # absent from results that predate it, so theirs read and write back unchanged
         bins = {m: {rule: _stop_reliability(events) for rule, events in d.items()} for m, d in acc.stop_events.items()}
-        results.setdefault("stop_reliability", {})[key] = {
+        results["stop_reliability"][key] = {
             m: {rule: b for rule, b in rules.items() if b is not None}
             for m, rules in bins.items()
             if any(b is not None for b in rules.values())
