@@ -11,10 +11,12 @@ import argparse
 import dataclasses
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from transformers import HfArgumentParser  # no torch: `hf-msv <command> --help` stays quick
+from transformers.hf_argparser import DataClassType
 
 from .errors import RAISE_FLAG_ERRORS, FlagError, MissingPathError, UserError
 
@@ -38,6 +40,10 @@ class CommandParser(HfArgumentParser):
     as TRL's ``TrlParser`` is. A refused flag (unknown, missing, a value of the wrong type) goes to `error`: under
     ``hf-msv`` (`RAISE_FLAG_ERRORS`) a `FlagError`, which it reports in one line; called directly, argparse's usage
     and exit code 2."""
+
+    def __init__(self, dataclass_types: type[Any] | Iterable[type[Any]], **kwargs):
+        # transformers types `dataclass_types` as a NewType of Any, which no class is declared as
+        super().__init__(cast("Iterable[DataClassType]", dataclass_types), **kwargs)
 
     def error(self, message: str):  # pyright: ignore[reportIncompatibleMethodOverride]
         if RAISE_FLAG_ERRORS.get():
@@ -198,6 +204,11 @@ def configure_logging(level: str = "warning") -> logging.Handler:
     return handler
 
 
+def doc_summary(obj: object) -> str:
+    """The first line of `obj`'s docstring (a parser's description); empty without one."""
+    return next(iter((obj.__doc__ or "").strip().splitlines()), "")
+
+
 def parse_command_args(parser: HfArgumentParser, argv: Sequence[str] | None = None) -> tuple:
     """A command's dataclasses from `argv`, after ``--config FILE`` and ``--log-level`` (which the file may set too).
 
@@ -226,7 +237,7 @@ def parse_command_args(parser: HfArgumentParser, argv: Sequence[str] | None = No
     if level is not None and str(level).lower() not in LOG_LEVELS:
         raise UserError(f"--config {known.config}: log_level: {level!r} is not one of {list(LOG_LEVELS)}")
     configure_logging(known.log_level or (str(level).lower() if level is not None else "warning"))
-    if values:
+    if values and known.config is not None:  # values come from the file only
         apply_config_file(parser, values, known.config)
     outputs = parser.parse_args_into_dataclasses(argv)
     # the shared options parse into a trailing namespace of their own, not into a dataclass

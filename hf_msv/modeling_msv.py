@@ -58,12 +58,12 @@ class MSVOutput(ModelOutput):
     gamma: torch.Tensor | None = None
     # `cache`, the name transformers >= 5.24 gives every ModelOutput's cache (its ModelOutput turns a
     # `past_key_values` field or key into `cache`, so a field by the old name silently stayed None there).
-    cache: "MSVCache | None" = None
+    cache: MSVCache | None = None
     vote_logits: torch.Tensor | None = None
     vote_share: torch.Tensor | None = None
 
     @property
-    def past_key_values(self) -> "MSVCache | None":
+    def past_key_values(self) -> MSVCache | None:
         """The online cache under its transformers < 5.24 name (the same object as `cache`)."""
         return self.cache
 
@@ -327,7 +327,8 @@ class _ChunkedMultiMaskAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs):
+        (grad_out,) = grad_outputs
         q, k, v, alpha, q_meta, k_meta = ctx.saved_tensors
         scale = 1.0 / math.sqrt(q.shape[-1])
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -723,7 +724,7 @@ class MSVVerifier(MSVPreTrainedModel):
             return None
         return importlib.import_module("hf_msv.hub").push_verifier_to_hub
 
-    def push_to_hub(self, repo_id: str, **kwargs):
+    def push_to_hub(self, repo_id: str, **kwargs):  # pyright: ignore[reportIncompatibleVariableOverride]  (transformers wraps its own)
         """Upload weights, config, remote code, the checkpoint's evidence files and its model card
         (`hf_msv.hub.push_verifier_to_hub`, see `hub_uploader`; transformers' own upload where the verifier was
         loaded as remote code).
@@ -779,7 +780,7 @@ class MSVVerifier(MSVPreTrainedModel):
     # transformers' generic output flags: accepted (callers pass them to any model) and meaningless here.
     _IGNORED_KWARGS = frozenset({"return_dict", "output_attentions", "output_hidden_states"})
 
-    def _resolve_cache(self, cache, past_key_values, use_cache: bool, kwargs: dict) -> "MSVCache | None":
+    def _resolve_cache(self, cache, past_key_values, use_cache: bool, kwargs: dict) -> MSVCache | None:
         """The cache `forward` scores with: the one given under either name, a new one for `use_cache`, or None."""
         unknown = sorted(set(kwargs) - self._IGNORED_KWARGS)
         if unknown:

@@ -122,7 +122,7 @@ class ProbeVerifier(PreTrainedModel):
             loss = F.binary_cross_entropy_with_logits(logits[keep], labels[keep])
         return MSVOutput(loss=loss, logits=logits, probabilities=torch.sigmoid(logits))
 
-    def push_to_hub(self, repo_id: str, **kwargs) -> Any:
+    def push_to_hub(self, repo_id: str, **kwargs) -> Any:  # pyright: ignore[reportIncompatibleVariableOverride]  (transformers wraps its own)
         """Upload weights, config, remote code, evidence files and the Probe's card, like `MSVVerifier.push_to_hub`
         (one uploader for both verifiers, `MSVVerifier.hub_uploader`; transformers' own upload where the Probe was
         loaded as remote code).

@@ -31,7 +31,7 @@ class NamedLM:
 
     name: str
     path: Path
-    prompt: Callable | None = None
+    prompt: Callable[..., str | list] | None = None
     max_new_tokens: int | None = None
     problems: Callable | None = None
     missing_hint: str = ""

@@ -63,23 +63,23 @@ def collect_from_config(config: CollectConfig) -> CollectResult:
     if not config.progress:
         quiet_progress_bars()
     config = config.resolved()  # every check below comes before the LM loads (minutes for a large one)
+    output_dir = config.output_dir
+    assert output_dir is not None  # check_command_line refused a command line without --output-dir
     if config.traces is not None:
         from .from_traces import TRACE_SETTINGS, collect_from_traces
         from .traces import read_traces
 
-        check_output_dir(
-            config.output_dir, config_settings(config, config.elicitation, TRACE_SETTINGS), config.overwrite
-        )
+        check_output_dir(output_dir, config_settings(config, config.elicitation, TRACE_SETTINGS), config.overwrite)
         # Read (and check) the file before the LM: a malformed one fails in seconds, not after a large LM loads.
         traces = read_traces(config.traces, skip_bad_lines=config.skip_bad_lines, format=config.traces_format)
         model, tokenizer = load_lm(config.model_arguments, None)  # None: this process's device
-        return collect_from_traces(model, tokenizer, traces, config.output_dir, config)
+        return collect_from_traces(model, tokenizer, traces, output_dir, config)
     from .live import LIVE_SETTINGS, collect
 
-    check_output_dir(config.output_dir, config_settings(config, config.elicitation, LIVE_SETTINGS), config.overwrite)
+    check_output_dir(output_dir, config_settings(config, config.elicitation, LIVE_SETTINGS), config.overwrite)
     problems = load_problems(config.problems, config.problem_columns)  # before the LM: a bad spec fails fast
     model, tokenizer = load_lm(config.model_arguments, None)
-    return collect(model, tokenizer, problems, config.output_dir, config)
+    return collect(model, tokenizer, problems, output_dir, config)
 
 
 def summary(result: CollectResult) -> dict:

@@ -20,7 +20,7 @@ class ConfidenceRecorder(LogitsProcessor):
         self.top_k = top_k
         self.steps: list[torch.Tensor] = []
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         """Record the step's token confidences (the `LogitsProcessor` interface).
 
         Args:

@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from ..elicitation import ElicitationSettings
 from ..errors import UserError
@@ -164,7 +164,7 @@ class CollectConfig(ModelArguments):
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off, as in the paper)."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off, as in the paper)."})
     mode: Literal["streaming", "terminal"] = field(
-        default=_ELICIT.mode,
+        default=cast(Literal["streaming", "terminal"], _ELICIT.mode),  # ElicitationSettings checks it at run time
         metadata={
             "help": "streaming: answers at every delimiter and at the end (terminal ones flagged); terminal: only at "
             "the end."
@@ -288,11 +288,23 @@ class CollectConfig(ModelArguments):
         if self.confidence not in CONFIDENCE_SOURCES:
             raise UserError(f"confidence must be one of {list(CONFIDENCE_SOURCES)}, got {self.confidence!r}")
         try:
-            self.elicitation  # invalid elicitation settings fail here, before any work
+            _ = self.elicitation  # invalid elicitation settings fail here, before any work
         except ValueError as error:  # ElicitationSettings' checks (stdlib-only remote code: plain ValueError)
             if isinstance(error, UserError):
                 raise
             raise UserError(str(error)) from error
+
+    @property
+    def token_budget(self) -> int:
+        """``max_new_tokens`` of a `resolved` config (which always has one)."""
+        assert self.max_new_tokens is not None, "call resolved() first"
+        return self.max_new_tokens
+
+    @property
+    def checker_options(self) -> dict:
+        """`checker_kwargs` as `__post_init__` left them: a dict (the command line's JSON object parsed)."""
+        assert not isinstance(self.checker_kwargs, str)
+        return dict(self.checker_kwargs or {})
 
     @property
     def problem_columns(self) -> ProblemColumns:
@@ -411,9 +423,9 @@ def _flag_type(check):
 
 def build_parser():
     """The ``hf-msv collect`` parser: one flag per `CollectConfig` field."""
-    from ..arguments import CommandParser
+    from ..arguments import CommandParser, doc_summary
 
-    parser = CommandParser(CollectConfig, prog="hf-msv collect", description=CollectConfig.__doc__.splitlines()[0])
+    parser = CommandParser(CollectConfig, prog="hf-msv collect", description=doc_summary(CollectConfig))
     # HfArgumentParser gives list fields nargs="+"; "--delimiters" alone (no delimiter: answers only every k tokens
     # and at the end) has always been accepted, so it stays "*".
     # --dtype takes the usual spellings (bf16) and names --model-dtype for the LM's dtype: checked by

@@ -125,7 +125,7 @@ def _reencode_batch(
                 found,
                 trace.sequences,
                 trace.finish,
-                trace.confidence if use_trace_confidence else confidence,
+                trace.confidence if use_trace_confidence and trace.confidence is not None else confidence,
                 checker,
                 width,
             )
@@ -230,7 +230,7 @@ def collect_from_traces(
     result.skipped_lines = len(bad)
     from ..equivalence import get_checker
 
-    checker = get_checker(config.checker, **(config.checker_kwargs or {}))
+    checker = get_checker(config.checker, **config.checker_options)
     reencoder = _reencoder(model, tokenizer, config, elicit)
     with collection_job(model, store, result, state):
         _reencode_batches(

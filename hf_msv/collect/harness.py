@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..answers import extract_last_boxed
 from ..errors import UserError
@@ -233,7 +234,7 @@ def lighteval_trace(row: dict, number: int, finish_reason: str | None = None, to
         raise ValueError("doc and model_response must be objects")
     texts, outputs = response.get("text") or [], response.get("output_tokens") or []
     if token_ids and outputs:
-        completions = [{"token_ids": _token_ids(ids)} for ids in outputs]
+        completions: list[dict[str, Any]] = [{"token_ids": _token_ids(ids)} for ids in outputs]
     elif texts:
         completions = [{"text": t, "finish_reason": finish_reason} for t in texts]
     else:

@@ -154,7 +154,7 @@ def config_settings(config: CollectConfig, elicitation: ElicitationSettings, nam
     settings = {name: getattr(config, name) for name in names}
     settings.update(
         elicitation=elicitation.to_dict(),
-        checker_kwargs=dict(config.checker_kwargs or {}),
+        checker_kwargs=config.checker_options,
         prompt_template=template_name(config.prompt_template),
     )
     return settings

@@ -93,30 +93,32 @@ def collect(
     from ..equivalence import get_checker
     from ..generation import prepare_generation
 
-    checker = get_checker(config.checker, **(config.checker_kwargs or {}))
-    with collection_job(model, store, result, state) as start:
-        with prepare_generation(
+    checker = get_checker(config.checker, **config.checker_options)
+    with (
+        collection_job(model, store, result, state) as start,
+        prepare_generation(
             model, tokenizer, None, elicitation=elicit, checker=checker, capture_hidden_states=True
-        ) as msv:
-            _sample_batches(
-                msv,
-                todo,
-                store,
-                result,
-                config,
-                build_prompt,
-                budgets,
-                progress=config.progress and state.is_local_main_process,
-                start=start,
-            )
+        ) as msv,
+    ):
+        _sample_batches(
+            msv,
+            todo,
+            store,
+            result,
+            config,
+            build_prompt,
+            budgets,
+            progress=config.progress and state.is_local_main_process,
+            start=start,
+        )
     return result
 
 
 def _batch_budget(config: CollectConfig, budgets: dict, batch) -> int:
     """The batch's ``max_new_tokens``: the configured one, lowered to the context rule of its longest prompt (one
     ``generate`` call has one budget)."""
-    room = [budgets[p.id] for p in batch if budgets[p.id] is not None]
-    return min([config.max_new_tokens] + room)
+    room: list[int] = [budgets[p.id] for p in batch if budgets[p.id] is not None]
+    return min([config.token_budget, *room])
 
 
 def _sample_batch(
@@ -156,7 +158,7 @@ def _sample_batch(
         result.tokens += int(record.sequence_length.sum())
         result.answer_tokens += int(record.answer_length.sum())
         result.answers += record.num_answers
-        if max_new_tokens < config.max_new_tokens:
+        if max_new_tokens < config.token_budget:
             result.cut_sequences += sum(
                 len(s) == max_new_tokens and f == "budget" for s, f in zip(res.sequences, res.finish_reasons)
             )

@@ -93,7 +93,7 @@ def load_lm(args: ModelArguments | str, device=None, *, dtype: str | None = None
             raise
         raise (_remote_code_error(args, error) or UserError(f"cannot load the LM {args.model!r}: {error}")) from error
     if "device_map" not in kwargs:  # a dispatched LM stays where accelerate put each module
-        model = model.to(resolve_device(device))
+        model = model.to(resolve_device(device))  # pyright: ignore[reportArgumentType]  (transformers' wrapped `to` loses its self type)
     elif model.device.type == "meta":  # generation feeds its inputs to model.device: an offloaded first module
         raise UserError(
             f"--device-map {args.device_map} offloads the LM's first module (its input embedding) to the cpu or "
@@ -102,7 +102,7 @@ def load_lm(args: ModelArguments | str, device=None, *, dtype: str | None = None
     return model.eval(), tokenizer
 
 
-def prompt_builder(template, tokenizer) -> Callable[[Problem], str | list]:
+def prompt_builder(template: str | Callable[[Problem], str | list], tokenizer) -> Callable[[Problem], str | list]:
     """How a problem becomes a prompt.
 
     Args:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -73,8 +74,8 @@ def _completion_ids(
                 f"at character {at}: {c.text[at : at + 20]!r} became {back[at : at + 20]!r}); "
                 "give token_ids instead",
             )
-        unknown_end = c.finish_reason is None and sampled_budget is not None
-        if eos_ids and (c.finish_reason in FINISH_EOS or (unknown_end and len(ids) < sampled_budget)):
+        below_budget = c.finish_reason is None and sampled_budget is not None and len(ids) < sampled_budget
+        if eos_ids and (c.finish_reason in FINISH_EOS or below_budget):
             ids.append(min(eos_ids))
     early = [j for j, t in enumerate(ids[:-1]) if t in eos_ids]
     if early:
@@ -185,7 +186,7 @@ def plan_branches(sequence: Sequence[int], n: int, policy: ElicitationPolicy) ->
                 branch.trigger,
                 kept,
                 fed,
-                terminal=branch.trigger in ("eos", "budget"),
+                terminal=branch.ends_chain,
                 prefix_ids=list(branch.prefix_ids),
             )
         )
@@ -218,7 +219,9 @@ class BufferedLayer(DynamicLayer):
     def __init__(self, capacity: int):
         super().__init__()
         self.capacity = capacity
-        self._keys = self._values = self._view = None
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self._view: torch.Tensor | None = None
 
     @classmethod
     def from_states(cls, keys: torch.Tensor, values: torch.Tensor, length: int, capacity: int) -> BufferedLayer:
@@ -238,16 +241,29 @@ class BufferedLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
         self._view = self.keys
 
+    def states(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled keys and values `(batch, heads, length, dim)` of an initialized layer."""
+        if self.keys is None or self.values is None:
+            raise RuntimeError("the layer holds no states yet")
+        return self.keys, self.values
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._keys is None or self._values is None:
+            raise RuntimeError("the layer holds no buffers yet")
+        return self._keys, self._values
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self._move(key_states[:, :, :0], value_states[:, :, :0], max(self.capacity, key_states.shape[-2]))
-        length, new = self.keys.shape[-2], key_states.shape[-2]
-        if self.keys is not self._view or length + new > self._keys.shape[-2]:  # gathered, or full
-            self._move(self.keys, self.values, max(2 * (length + new), self.capacity))
-        self._keys[:, :, length : length + new] = key_states
-        self._values[:, :, length : length + new] = value_states
-        self.keys, self.values = self._keys[:, :, : length + new], self._values[:, :, : length + new]
+        keys, values = self.states()
+        length, new = keys.shape[-2], key_states.shape[-2]
+        if keys is not self._view or length + new > self._buffers()[0].shape[-2]:  # gathered, or full
+            self._move(keys, values, max(2 * (length + new), self.capacity))
+        key_buffer, value_buffer = self._buffers()
+        key_buffer[:, :, length : length + new] = key_states
+        value_buffer[:, :, length : length + new] = value_states
+        self.keys, self.values = key_buffer[:, :, : length + new], value_buffer[:, :, : length + new]
         self._view = self.keys
         return self.keys, self.values
 
@@ -348,7 +364,8 @@ class TraceReencoder:
         mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tokens], device=self.device)
         cache = DynamicCache(config=self.model.config)
         _check_layers(cache)
-        cache.layers = [BufferedLayer(width) for _ in range(self.model.config.get_text_config().num_hidden_layers)]
+        layers = [BufferedLayer(width) for _ in range(self.model.config.get_text_config().num_hidden_layers)]
+        cache.layers = layers  # pyright: ignore[reportAttributeAccessIssue]  (list is invariant: one layer type)
         todo = [sorted(work.plans[r], key=lambda b: b.kept) for r in group]
         parts = []
         step = max(1, self.chunk_tokens // len(group))
@@ -369,14 +386,14 @@ class TraceReencoder:
                 k = min(self.confidence_top_k, logprobs.shape[-1])
                 parts.append(-logprobs.topk(k, dim=-1).values.mean(-1).cpu())  # (rows, columns)
             del out
-            for i, (p, n) in enumerate(group):
+            for i, (p, _) in enumerate(group):
                 prompt = len(work.traces[p].prompt_ids)
                 while todo[i] and prompt + todo[i][0].kept <= stop:  # its context is in the cache now
                     point = todo[i].pop(0)
                     context = prompt + point.kept
                     kv = [
-                        (layer.keys[i, :, :context].clone(), layer.values[i, :, :context].clone())
-                        for layer in cache.layers
+                        (k[i, :, :context].clone(), v[i, :, :context].clone())
+                        for k, v in map(BufferedLayer.states, cast("list[BufferedLayer]", cache.layers))
                     ]
                     self._enqueue(_Pending(p, point, context, kv), work)
         del cache

@@ -21,12 +21,11 @@ from ..arguments import parse_command_args
 from ..data import CollectedProblem, collection_elicitation, list_shards, read_shard, write_shard
 from ..elicitation import ElicitationSettings
 from ..errors import MissingPathError, UserError
+from ..generation.forking import ends_chain
 from ..utils import atomic_write_json
 from .store import CONFIG_FILE, write_index
 
 __all__ = ["RespaceConfig", "RespaceResult", "respace_problem", "respace_collection", "main"]
-
-_TERMINAL_TRIGGERS = ("eos", "budget")
 
 
 @dataclass
@@ -89,7 +88,7 @@ def respace_problem(problem: CollectedProblem, settings: ElicitationSettings) ->
         previous, k = None, 0
         for a in rows[np.argsort(problem.answer_tau[rows], kind="stable")]:
             tau = int(problem.answer_tau[a])
-            if trigger[a] not in _TERMINAL_TRIGGERS and settings.too_soon(tau, previous):
+            if not ends_chain(trigger[a]) and settings.too_soon(tau, previous):
                 if not problem.answer_terminal[a]:
                     continue
                 # A chain cut by the budget here: a spaced run elicits its last answer at the budget. An every-K
@@ -179,7 +178,9 @@ def respace_collection(config: RespaceConfig) -> RespaceResult:
         originals, shard_info = read_shard(path)
         respaced = [respace_problem(p, settings) for p in originals]
         shard_info = shard_info | {"elicitation": settings.to_dict(), "respaced_from": str(source)}
-        dtype = str(originals[0].hidden_states.dtype).removeprefix("torch.")  # as stored: no re-rounding
+        states = originals[0].hidden_states
+        assert states is not None  # shards always store them
+        dtype = str(states.dtype).removeprefix("torch.")  # as stored: no re-rounding
         write_shard(output / path.name, [p for p, _ in respaced], shard_info, dtype=dtype)
         problems += len(originals)
         before += sum(p.num_answers for p in originals)
@@ -195,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     Args:
         argv: the command-line arguments; `None`: ``sys.argv[1:]``.
     """
-    from ..arguments import CommandParser
+    from ..arguments import CommandParser, doc_summary
 
-    parser = CommandParser(RespaceConfig, prog="hf-msv respace", description=RespaceConfig.__doc__.splitlines()[0])
+    parser = CommandParser(RespaceConfig, prog="hf-msv respace", description=doc_summary(RespaceConfig))
     (config,) = parse_command_args(parser, argv)
     print(json.dumps(asdict(respace_collection(config))))

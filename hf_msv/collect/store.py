@@ -36,6 +36,14 @@ _SHARD_RE = re.compile(r"shard-r(\d+)-(\d+)\.safetensors$")
 _SPOOL_RE = re.compile(r"spool-r(\d+)-b(\d+)\.safetensors$")
 
 
+def _field(pattern: re.Pattern, path: Path, group: int) -> str:
+    """Group `group` of `pattern` in the name of `path`, a file the glob matched and `pattern` was checked on."""
+    match = pattern.search(path.name)
+    if match is None:
+        raise ValueError(f"not a collection file name: {path.name}")
+    return match.group(group)
+
+
 def _problem_count(path: Path) -> int:
     return len(read_shard_info(path)["problem_id"])
 
@@ -80,7 +88,7 @@ class ShardStore:
         return sorted(p for p in self.spool_dir.glob(pattern) if _SPOOL_RE.search(p.name))
 
     def _next_shard(self) -> Path:
-        indices = [int(_SHARD_RE.search(p.name).group(2)) for p in self._own_shards()]
+        indices = [int(_field(_SHARD_RE, p, 2)) for p in self._own_shards()]
         return self.root / f"shard-r{self.rank:03d}-{max(indices, default=-1) + 1:05d}.safetensors"
 
     # -- startup ----------------------------------------------------------------------------------------------
@@ -100,7 +108,7 @@ class ShardStore:
         orphans = [
             p
             for p in self._spools()
-            if (r := int(_SPOOL_RE.search(p.name).group(1))) >= self.world and r % self.world == self.rank
+            if (r := int(_field(_SPOOL_RE, p, 1))) >= self.world and r % self.world == self.rank
         ]
         for spool in self._spools(self.rank) + orphans:
             if set(read_shard_info(spool)["problem_id"]) <= in_shards:  # packed, then killed before deleting
@@ -240,7 +248,7 @@ def _other_settings(root: Path, diff: dict) -> str:
         if key == "elicitation" and isinstance(there, dict) and isinstance(now, dict):
             flags = {v: k for k, v in ELICITATION_FLAGS.items()}
             parts += [
-                f"--{flags.get(k, k).replace('_', '-')} {there.get(k)!r} there, {now.get(k)!r} now"
+                f"--{str(flags.get(k, k)).replace('_', '-')} {there.get(k)!r} there, {now.get(k)!r} now"
                 for k in sorted(set(there) | set(now))
                 if there.get(k) != now.get(k)
             ]

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from ..arguments import parse_command_args
+from ..arguments import CommandParser, doc_summary, parse_command_args
 from ..errors import UserError
 from .export import EXPORT_FORMATS, ExportResult, PushResult, export_shards, push_shards_to_hub
 
@@ -73,9 +73,7 @@ def export_from_config(config: ExportConfig) -> ExportRun:
 
 def build_parser():
     """The ``hf-msv export`` parser: one flag per `ExportConfig` field."""
-    from transformers import HfArgumentParser
-
-    return HfArgumentParser(ExportConfig, prog="hf-msv export", description=ExportConfig.__doc__.splitlines()[0])
+    return CommandParser(ExportConfig, prog="hf-msv export", description=doc_summary(ExportConfig))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,6 +9,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,7 +119,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self._classes: list[np.ndarray] | None = None
         if checker is not None:
             self._classes = self._derive_classes(checker, checker_kwargs or {})
-        self._handles: dict[int, object] = {}
+        self._handles: dict[int, safe_open] = {}
         self._pid = os.getpid()
         hidden_bytes = sum(2 * math.prod(index.hidden_shape) for index in self.shards)  # shards store 16 bits
         self.preload = hidden_bytes <= PRELOAD_BYTES if preload is None else bool(preload)
@@ -170,7 +171,7 @@ class ShardDataset(torch.utils.data.Dataset):
             classes.append(np.asarray(assign_classes(texts, checker), dtype=np.int64))
         return classes
 
-    def subset(self, problems: Sequence[int]) -> ShardDataset:
+    def subset(self, problems: Sequence[int] | np.ndarray) -> ShardDataset:
         """This dataset restricted to the problems at indices `problems` (in that order), sharing its shard index
         (no re-reading): cross-validation folds. Problems are renumbered, so group draws differ from the parent's.
 
@@ -205,7 +206,7 @@ class ShardDataset(torch.utils.data.Dataset):
         return {
             "problems": self.num_problems,
             "sequences": int(self._num_seq.sum()),
-            "answers": int(len(correct)),
+            "answers": len(correct),
             "terminal_answers": int(terminal.sum()),
             "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
             "terminal_accuracy": float(correct[terminal].mean()) if terminal.any() else math.nan,
@@ -423,7 +424,7 @@ def collate_groups(groups: Sequence[dict], mode: str = "streaming", gamma: bool 
         columns["answer_step"].append(step[order])
         for key in carried:
             columns[key].append(group[key][rows])
-    batch = {k: torch.cat(v) if v else torch.zeros(0, dtype=torch.long) for k, v in columns.items()}
+    batch: dict[str, Any] = {k: torch.cat(v) if v else torch.zeros(0, dtype=torch.long) for k, v in columns.items()}
     batch["hidden_states"] = torch.cat(hidden) if hidden else torch.zeros(0, 0)
     batch["token_answer"] = torch.cat(token_answer) if token_answer else torch.zeros(0, dtype=torch.long)
     batch["gamma"] = (

@@ -113,7 +113,8 @@ def _answer_rows(problem: CollectedProblem, shard: str, hidden: bool) -> dict[st
     """Problem `problem`'s answers as columns (`answer_features`)."""
     starts = problem.answer_token_start
     bounds = [(int(s), int(s + n)) for s, n in zip(starts, problem.answer_length)]
-    sequences = problem.answer_sequence
+    sequences, ends = problem.answer_sequence, problem.answer_end
+    assert ends is not None  # CollectedProblem fills it in (from tau + length where a shard did not store it)
     columns = {
         "shard": [shard] * problem.num_answers,
         "problem_id": [problem.problem_id] * problem.num_answers,
@@ -124,7 +125,7 @@ def _answer_rows(problem: CollectedProblem, shard: str, hidden: bool) -> dict[st
         "sequence": sequences.tolist(),
         "step": problem.answer_step.tolist(),
         "tau": problem.answer_tau.tolist(),
-        "end": problem.answer_end.tolist(),
+        "end": ends.tolist(),
         "length": problem.answer_length.tolist(),
         "answer_text": list(problem.answer_text),
         "answer_raw_text": list(problem.answer_raw_text),
@@ -138,6 +139,8 @@ def _answer_rows(problem: CollectedProblem, shard: str, hidden: bool) -> dict[st
         "sequence_finish": [problem.sequence_finish[n] for n in sequences],
     }
     if hidden:
+        if problem.hidden_states is None:
+            raise ValueError(f"{shard}: problem {problem.problem_id!r} has no hidden states to export")
         states = problem.hidden_states.float().numpy()
         columns["hidden_states"] = [states[a:b].tolist() for a, b in bounds]
     return columns

@@ -297,7 +297,7 @@ def read_group(answers, hidden, sequences, mode: str) -> dict:
     starts = answers.answer_token_start[rows].astype(np.int64)
     lengths = answers.answer_length[rows].astype(np.int64)
     step = answers.answer_step[rows] if mode == "streaming" else np.zeros(len(rows), dtype=np.int64)
-    tensor = lambda x, dt=torch.long: torch.as_tensor(np.asarray(x), dtype=dt)  # noqa: E731
+    tensor = lambda x, dt=torch.long: torch.as_tensor(np.asarray(x), dtype=dt)
     tau = answers.answer_tau[rows]
     return {
         "problem_id": answers.problem_id,

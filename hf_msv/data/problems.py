@@ -246,8 +246,9 @@ def _jsonl_table(path: Path) -> ProblemTable:
     return ProblemTable(name=path.stem, rows=rows, column_names=names, line_numbers=numbers)
 
 
-def _pick_split(data, split: str | None, name: str):
-    """One split of what ``datasets`` loaded (a `Dataset` is returned as it is)."""
+def _pick_split(data, split: str | None, name: str) -> Any:
+    """One split of what ``datasets`` loaded (a `Dataset` is returned as it is); a `datasets.Dataset`, typed `Any`
+    as `ProblemTable.rows` reads it: a sequence of row dicts."""
     if not hasattr(data, "keys"):
         return data
     names = list(data.keys())

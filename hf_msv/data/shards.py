@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import itertools
 import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,9 +84,10 @@ def write_shard(
         raise ValueError(f"shards store hidden states in 16 bits ({list(STORAGE_DTYPES)}), got {dtype}")
     if not problems:
         raise ValueError("a shard needs at least one problem")
-    if any(p.hidden_states is None for p in problems):
+    states = [p.hidden_states for p in problems if p.hidden_states is not None]
+    if len(states) < len(problems):
         raise ValueError("every problem written to a shard needs its hidden states")
-    widths = {p.hidden_states.shape[1] for p in problems}
+    widths = {s.shape[1] for s in states}
     if len(widths) != 1:
         raise ValueError(f"problems of one shard must share the hidden size, got {sorted(widths)}")
 
@@ -102,7 +105,7 @@ def write_shard(
         [p.sequence_length if p.cot_token_ids else np.zeros(p.num_sequences, np.int64) for p in problems]
     )
     tensors = {
-        "hidden_states": torch.cat([p.hidden_states.detach().to("cpu", dtype) for p in problems]).contiguous(),
+        "hidden_states": torch.cat([s.detach().to("cpu", dtype) for s in states]).contiguous(),
         "token_ids": cat([p.token_ids for p in problems], np.int32),
         "token_logprobs": cat([p.token_logprobs for p in problems], np.float32),
         "answer_problem": cat(answer_problem, np.int32),
@@ -183,7 +186,7 @@ class ShardIndex:
             meta = _metadata(f, path)
             self.arrays = {
                 name: f.get_tensor(name).numpy()
-                for name in f.keys()
+                for name in f.keys()  # noqa: SIM118  (safe_open is not iterable)
                 if name not in ("hidden_states", "token_ids", "token_logprobs") + COT_TENSORS
             }
             self.hidden_shape = tuple(f.get_slice("hidden_states").get_shape())
@@ -217,7 +220,7 @@ class ShardIndex:
         start = self.arrays["answer_token_start"]
         return int(start[lo]), int(start[hi - 1] + self.arrays["answer_length"][hi - 1])
 
-    def answer_columns(self, i: int) -> dict[str, np.ndarray]:
+    def answer_columns(self, i: int) -> dict[str, Any]:
         """Problem i's `(A,)` answer columns by attribute name (``answer_sequence``, ...,
         ``answer_token_start``, which addresses rows of the whole shard).
 
@@ -261,7 +264,7 @@ class ShardIndex:
         if starts is None:
             return []
         tensor = handle.get_slice(name)
-        return [tensor[int(a) : int(b)].numpy() for a, b in zip(starts[:-1], starts[1:])]
+        return [tensor[int(a) : int(b)].numpy() for a, b in itertools.pairwise(starts)]
 
     def has_cot(self, handle, i: int, name: str) -> bool:
         """Whether problem i's CoT tensor `name` is known, without reading it.

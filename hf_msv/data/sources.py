@@ -75,7 +75,7 @@ def parse_table_spec(spec: str) -> TableSpec:
 
 def _named_problems(spec: str, parts: list[str]) -> list[Problem]:
     lm = get_named_lm(parts[0])
-    if lm.problems is None:
+    if lm is None or lm.problems is None:
         raise UserError(f"the named LM {parts[0]!r} has no problem generator; use a benchmark or a .jsonl file")
     if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts[2:]):
         raise UserError(f"problem spec {spec!r}: use {parts[0]}:<split>:<n>[:<seed>]")

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..answers import normalize_answer
 

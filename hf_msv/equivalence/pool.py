@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -87,7 +88,7 @@ class _Zygote:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def fork(self, start_timeout: float) -> "_Worker":
+    def fork(self, start_timeout: float) -> _Worker:
         ours, theirs = socket.socketpair()
         with self.lock, theirs:
             socket.send_fds(self.sock, [b"F"], [theirs.fileno()])
@@ -134,7 +135,7 @@ class _Worker:
                 break
             elapsed = time.monotonic() - start
             cpu_now = process_cpu_seconds(self.pid) if cpu_start is not None else None
-            used = elapsed if cpu_now is None else cpu_now - cpu_start
+            used = elapsed if cpu_now is None or cpu_start is None else cpu_now - cpu_start
             if used >= cpu_budget:
                 raise _OutOfTime("timeout", used)
             if elapsed >= wall_limit:
@@ -143,10 +144,8 @@ class _Worker:
         return value, cpu_s
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)  # the zygote reaps it
-        except OSError:
-            pass
         self.conn.close()
 
 

@@ -6,10 +6,14 @@ import hashlib
 import importlib.util
 import re
 import threading
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from .base import EquivalenceChecker, Verdict, answer_key
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ExactChecker(EquivalenceChecker):
@@ -143,7 +147,7 @@ class EmbeddingChecker(EquivalenceChecker):
         self.threshold = threshold
         self.model_path = model_path
         self.max_length = max_length
-        self._cache: dict[str, object] = {}
+        self._cache: dict[str, torch.Tensor] = {}
 
     def embed(self, answers: Iterable[str]):
         """L2-normalised embeddings (n, d) of ``answers`` (torch tensor), computing only those not cached.

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from fractions import Fraction
+from typing import cast
 
 from ..errors import UserError
 from .base import EquivalenceChecker, Verdict, answer_key
@@ -273,7 +274,8 @@ class SymbolicChecker(EquivalenceChecker):
             return None
         result = self._run(("probe", key), attempt)
         if result.status == "ok":
-            probe = _BAD_ANSWER if result.value is None else result.value  # None: the worker raised
+            # None: the worker raised; else the worker's probe tuple (`worker.probe`)
+            probe = _BAD_ANSWER if result.value is None else cast(tuple, result.value)
         elif self._out_of_time(result, attempt, had):
             return _BAD_ANSWER  # not cached: a timeout is never a final answer
         else:

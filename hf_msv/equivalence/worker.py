@@ -16,17 +16,18 @@ import sys
 import time
 import zlib
 from multiprocessing.connection import Connection
+from typing import cast
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" is intended here
 from math_verify import parse, verify  # noqa: E402  (after silencing its logger)
-from sympy import E, Expr, FiniteSet, Float, Interval, Mul, Symbol, Tuple, UnevaluatedExpr  # noqa: E402
+from sympy import Basic, E, Expr, FiniteSet, Float, Interval, Mul, Symbol, Tuple, UnevaluatedExpr  # noqa: E402
 from sympy.core.function import AppliedUndef, UndefinedFunction  # noqa: E402
 
 
 @functools.lru_cache(maxsize=4096)
 def parse_answer(text):
     """Math-Verify's parse of ``$text$`` (a list; empty when nothing parses), cached per worker."""
-    return parse("$" + text + "$", parsing_timeout=None)
+    return parse("$" + text + "$", parsing_timeout=None)  # pyright: ignore[reportArgumentType]  (None: no alarm)
 
 
 def verify_pair(kind, a, b, options):
@@ -53,7 +54,7 @@ def probe(text):
     try:
         if isinstance(expr, (Tuple, FiniteSet)) and len(expr) >= 2:
             return ("collection",)
-        if isinstance(expr, Interval) and bool(expr.start < expr.end):
+        if isinstance(expr, Interval) and bool(expr.start < expr.end):  # pyright: ignore[reportOperatorIssue]
             return ("collection",)
         if not isinstance(expr, Expr) or getattr(expr, "is_Matrix", False) or expr.has(UnevaluatedExpr):
             return ("expr",)
@@ -62,7 +63,10 @@ def probe(text):
             return ("expr",)  # Math-Verify matches these by name (\text{abc} vs abc, e vs E)
         if any(isinstance(f.func, UndefinedFunction) for f in expr.atoms(AppliedUndef)):
             return ("expr",)
-        points = {x: Float(1.1 + (zlib.crc32(x.name.encode()) % 7919) / 9973, 40) for x in symbols}
+        # free symbols are `Symbol`s (sympy types them as `Basic`)
+        points: dict[Basic, Basic | float] = {
+            x: Float(1.1 + (zlib.crc32(cast(Symbol, x).name.encode()) % 7919) / 9973, 40) for x in symbols
+        }
         value = expr.evalf(30, subs=points) if points else expr.evalf(30)
         re_, im_ = value.as_real_imag()
         if re_.is_Number and im_.is_Number and re_.is_finite and im_.is_finite:

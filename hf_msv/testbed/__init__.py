@@ -80,5 +80,5 @@ def load_testbed_lm(device="cpu", dtype=None, task: str = DEFAULT_TASK):
         raise MissingPathError(f"no testbed {t.name} checkpoint at {t.lm_dir}; train it with `{t.train_command()}`")
     tokenizer = AutoTokenizer.from_pretrained(t.lm_dir)
     kwargs = {"dtype": dtype} if dtype is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(t.lm_dir, **kwargs).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(t.lm_dir, **kwargs).to(device).eval()  # pyright: ignore[reportArgumentType]  (transformers' wrapped `to` loses its self type)
     return model, tokenizer

@@ -129,9 +129,9 @@ class TaskKnobsV2:
             raise UserError("need 10 <= max_start <= max_value and max_operand >= 1")
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name.endswith(("_error", "_prob", "_alarm", "_factor", "_doubt")) and f.name != "mental_factor":
-                if not 0.0 <= v <= 1.0:
-                    raise UserError(f"{f.name} must be a probability in [0, 1], got {v!r}")
+            probability = f.name.endswith(("_error", "_prob", "_alarm", "_factor", "_doubt"))
+            if probability and f.name != "mental_factor" and not 0.0 <= v <= 1.0:
+                raise UserError(f"{f.name} must be a probability in [0, 1], got {v!r}")
         if self.mental_factor < 1.0 or self.max_rechecks < 0 or self.max_trace_tokens < 32:
             raise UserError("need mental_factor >= 1, max_rechecks >= 0, max_trace_tokens >= 32")
 
@@ -500,7 +500,8 @@ def error_rates(c: Counter) -> dict:
     def rate(num, den):
         return round(c[num] / c[den], 4) if c[den] else float("nan")
 
-    c = Counter(c, eqs=c["eqs_plain"] + c["eqs_carry"])
+    c = Counter(c)
+    c.update(eqs=c["eqs_plain"] + c["eqs_carry"])
     return {
         "false_eq_plain": rate("false_plain", "eqs_plain"),
         "false_eq_carry": rate("false_carry", "eqs_carry"),
@@ -588,7 +589,9 @@ class _Solver:
 
     def reading(self) -> float:
         """How unlikely the clause reading is, while taken: ``1 - distractor_take`` of its wording (else 0)."""
-        return 1.0 - self.kn.distractor_take[self.distractor[2]] if self.taken else 0.0
+        if not self.taken or self.distractor is None:
+            return 0.0
+        return 1.0 - self.kn.distractor_take[self.distractor[2]]
 
     def say_so(self) -> None:
         self.add(f" So {self.vals[self.n]}.", "so", self.n)
@@ -602,6 +605,7 @@ class _Solver:
     def reread(self) -> None:
         """Question the reading of the irrelevant clause (once): drop its subtraction, or take it, and redo."""
         self.reconsidered = True
+        assert self.distractor is not None  # only a problem with a distractor clause is reread
         pos, d, w = self.distractor
         if self.taken:
             text = f" {DELIMITER}, the {_DISTRACTORS[w]} ones still count."
@@ -739,12 +743,11 @@ class TraceV2:
 
 
 def _cut(text: str, max_tokens: int) -> str:
-    out, used = [], 0
-    for tok in _token_pieces(text):
+    out = []
+    for used, tok in enumerate(_token_pieces(text)):
         if used == max_tokens:
             break
         out.append(tok)
-        used += 1
     return "".join(out)
 
 

@@ -71,9 +71,16 @@ class LMTrainingConfig:
     )
 
     def __post_init__(self):
-        if isinstance(self.knobs, str):  # from the command line: a JSON object
-            self.knobs = json.loads(self.knobs) if self.knobs.strip() else {}
-        self.knobs = dict(self.knobs or {})
+        knobs = self.knobs
+        if isinstance(knobs, str):  # from the command line: a JSON object
+            knobs = json.loads(knobs) if knobs.strip() else {}
+        self.knobs = dict(knobs or {})
+
+    @property
+    def knob_overrides(self) -> dict:
+        """`knobs` as `__post_init__` left them: a dict (the command line's JSON object parsed)."""
+        assert isinstance(self.knobs, dict)
+        return self.knobs
 
 
 def build_model(vocab_size: int, tokenizer, d_model: int, n_layers: int, n_heads: int, ffn_mult: int, max_len=512):
@@ -87,7 +94,7 @@ def build_model(vocab_size: int, tokenizer, d_model: int, n_layers: int, n_heads
         num_attention_heads=n_heads,
         num_key_value_heads=n_heads,
         max_position_embeddings=max_len,
-        rope_theta=10000.0,
+        rope_theta=10000.0,  # pyright: ignore[reportCallIssue]  (legacy: transformers 5 moves it to rope_parameters)
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -220,7 +227,7 @@ def _train_step(model, opt, batch, device, bf16: bool) -> float:
 
 def _train_loop(model, opt, stream, tok, task: TestbedTask, config: LMTrainingConfig, log) -> tuple[list[dict], float]:
     """The step loop of :func:`train_testbed_lm`; returns ``(history, final smoothed loss)``."""
-    c, knobs, device = config, config.knobs, torch.device(config.device)
+    c, knobs, device = config, config.knob_overrides, torch.device(config.device)
     # a capped task samples up to its cap, as collection does; an uncapped one writes short traces
     eval_tokens = task.sampling_cap(knobs) or 200
     history, t0, ema = [], time.time(), None
@@ -245,7 +252,7 @@ def _train_loop(model, opt, stream, tok, task: TestbedTask, config: LMTrainingCo
             log(json.dumps(rec))
         if c.save_every and (step + 1) % c.save_every == 0 and step + 1 < c.steps:
             _save(model, tok, Path(c.output_dir) / "checkpoints" / f"step-{step + 1}")
-    return history, ema
+    return history, float("nan") if ema is None else ema  # nan: no step taken
 
 
 def train_testbed_lm(config: LMTrainingConfig, log=print) -> dict:
@@ -270,17 +277,17 @@ def train_testbed_lm(config: LMTrainingConfig, log=print) -> dict:
     torch.manual_seed(c.seed)
     random.seed(c.seed)
     task = get_task(c.task)
-    task.knobs(**c.knobs)  # validate
+    task.knobs(**c.knob_overrides)  # validate
     tok = build_tokenizer()
-    context = task.context(c.knobs)
+    context = task.context(c.knob_overrides)
     model = build_model(len(tok), tok, c.d_model, c.n_layers, c.n_heads, c.ffn_mult, max_len=context)
-    model.to(torch.device(c.device))
+    model.to(torch.device(c.device))  # pyright: ignore[reportArgumentType]  (transformers' wrapped `to` loses its self type)
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"testbed {task.name} LM: {n_params / 1e6:.2f}M parameters, {c.steps} steps, batch {c.batch_size}, "
         f"bf16={c.bf16}"
     )
-    stream = TraceStream(tok, c.seed, c.elicit_frac, c.knobs, task=task)
+    stream = TraceStream(tok, c.seed, c.elicit_frac, c.knob_overrides, task=task)
     t0 = time.time()
     history, ema = _train_loop(model, _adamw(model, c.lr, c.weight_decay), stream, tok, task, c, log)
     wall = time.time() - t0
@@ -304,7 +311,9 @@ def train_testbed_lm(config: LMTrainingConfig, log=print) -> dict:
                 "knobs",
             )
         },
-        "task_knobs": asdict(task.knobs(**c.knobs)),  # every knob, defaults included: the data this LM was trained on
+        "task_knobs": asdict(
+            task.knobs(**c.knob_overrides)
+        ),  # every knob, defaults included: the data this LM was trained on
         "bf16": c.bf16,
         "parameters": n_params,
         "wall_time_s": round(wall, 1),
@@ -321,8 +330,9 @@ def main(argv=None) -> dict:
     """``python -m hf_msv.testbed.train_lm``: `train_testbed_lm` with the flags of `LMTrainingConfig`; prints the
     stats (less the history) as one JSON line and returns them."""
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import DataClassType
 
-    parser = HfArgumentParser(LMTrainingConfig, description=__doc__.split("\n\n")[0])
+    parser = HfArgumentParser(DataClassType(LMTrainingConfig), description=(__doc__ or "").split("\n\n")[0])
     (config,) = parser.parse_args_into_dataclasses(argv)
     stats = train_testbed_lm(config)
     print(json.dumps({k: v for k, v in stats.items() if k != "history"}))

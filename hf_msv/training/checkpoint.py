@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -52,35 +53,37 @@ class Batches:
 
     def __init__(self, dataset: ShardDataset, batch_size: int, mode: str, seed: int, num_workers: int = 0):
         self.dataset = dataset
+        self.generator = torch.Generator().manual_seed(seed)
         self.loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=batch_size,
             shuffle=True,
             num_workers=num_workers,
             collate_fn=partial(collate_groups, mode=mode),
-            generator=torch.Generator().manual_seed(seed),
+            generator=self.generator,
         )
-        self.passes, self.taken, self._pass_start, self._it = 0, 0, None, None
+        self.passes, self.taken = 0, 0
+        self._pass_start: torch.Tensor | None = None
+        self._it: Iterator[dict] | None = None
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        if self._it is None:
-            self._start_pass()
+        it = self._start_pass() if self._it is None else self._it
         try:
-            batch = next(self._it)
+            batch = next(it)
         except StopIteration:
             self.passes += 1
-            self._start_pass()
-            batch = next(self._it)
+            batch = next(self._start_pass())
         self.taken += 1
         return batch
 
-    def _start_pass(self) -> None:
+    def _start_pass(self) -> Iterator[dict]:
         self.dataset.set_epoch(self.passes)
-        self._pass_start = self.loader.generator.get_state()
+        self._pass_start = self.generator.get_state()
         self._it, self.taken = iter(self.loader), 0
+        return self._it
 
     def state_dict(self) -> dict:
         return {"passes": self.passes, "taken": self.taken, "generator": self._pass_start}
@@ -91,7 +94,7 @@ class Batches:
             self._it, self.taken = None, 0
             return
         self.dataset.set_epoch(self.passes)
-        self.loader.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"])
         self._pass_start, self._it = state["generator"], iter(self.loader)
         for _ in range(state["taken"]):  # collated and dropped: cheap next to the training steps they stand for
             next(self._it)

@@ -123,7 +123,7 @@ def _flag_type(annotation) -> type:
     return float if float in args else args[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def architecture_arguments() -> type:
     """A dataclass of one ``hf-msv train`` flag per `architecture_fields` entry (``--num-hidden-layers``,
     ``--masks``, ...), each `None` unless given, its help `MSVConfig`'s docstring; `parse_train_args` puts the

@@ -388,6 +388,18 @@ class MSVTrainingConfig:
         self.architecture = _architecture(self.architecture)
 
     @property
+    def checker_options(self) -> dict:
+        """`checker_kwargs` as `__post_init__` left them: a dict (the command line's JSON object parsed)."""
+        assert isinstance(self.checker_kwargs, dict)
+        return self.checker_kwargs
+
+    @property
+    def architecture_options(self) -> dict:
+        """`architecture` as `__post_init__` left it: a dict of `MSVConfig` keyword arguments."""
+        assert isinstance(self.architecture, dict)
+        return self.architecture
+
+    @property
     def epochs(self) -> int | None:
         """Passes over the data when training by epochs: `num_epochs`, else the paper's 1 (terminal) / 2
         (streaming) under ``recipe="paper"``; `None` when the auto recipe budgets steps."""

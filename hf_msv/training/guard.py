@@ -57,6 +57,8 @@ def bce_gain(reference: ValidationPredictions, candidate: ValidationPredictions)
     the standard error of that difference clustered by problem (answers of one problem are not independent: they
     share the problem's difficulty and, in a group, each other's γ). Both must come from the same validation pass
     order with ``problems`` set; the error is `inf` with fewer than two problems."""
+    if reference.problems is None:
+        raise ValueError("bce_gain clusters by problem: pass predictions with `problems` set")
     y = reference.labels
     diff = bce_with_logits(reference.logits, y) - bce_with_logits(candidate.logits, y)
     _, cluster = np.unique(reference.problems, return_inverse=True)
@@ -152,7 +154,7 @@ def weighted_vote_shares(p: np.ndarray, structure: dict, streaming: bool, thresh
     computed by the verifier's own `weighted_vote_share`."""
     from ..modeling_msv import weighted_vote_share
 
-    as_long = lambda key: torch.as_tensor(structure[key], dtype=torch.long)  # noqa: E731
+    as_long = lambda key: torch.as_tensor(structure[key], dtype=torch.long)
     share = weighted_vote_share(
         torch.as_tensor(p, dtype=torch.float64),
         as_long("group"),
@@ -179,8 +181,10 @@ def vote_baselines(predictions: ValidationPredictions, single_p: np.ndarray, str
     """{name: (m,) probabilities} of the single-chain vote baselines on the validation answers, cross-fitted over
     validation halves: Probe+WV (the Platt-scaled weighted vote share of the single-chain scores `single_p` (m,))
     and stacked (a logistic regression on [γ, logit of the single-chain score])."""
-    y, problems = predictions.labels, predictions.problems
-    share = weighted_vote_shares(single_p, predictions.structure, streaming)
+    y, problems, structure = predictions.labels, predictions.problems, predictions.structure
+    if problems is None or structure is None:
+        raise ValueError("vote baselines need predictions with `problems` and `structure` set")
+    share = weighted_vote_shares(single_p, structure, streaming)
     return {
         "Probe+WV": _cross_fitted(share[:, None], y, problems),
         "stacked [vote, Probe]": _cross_fitted(np.stack([predictions.gamma, logit(single_p)], 1), y, problems),
@@ -415,7 +419,7 @@ def build_guard_report(
     return GuardReport(
         name=name,
         num_sequences=num_sequences,
-        answers=int(len(y)),
+        answers=len(y),
         base_rate=float(y.mean()) if len(y) else math.nan,
         verifier=ours,
         self_consistency=sc,

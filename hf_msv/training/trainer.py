@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -56,6 +57,9 @@ from .guard import (
 )
 from .stopping_curve import EarlyStoppingFit, ProblemSplit, fit_early_stopping
 from .vote_anchor import anchor_at_weighted_vote
+
+if TYPE_CHECKING:
+    from ..modeling_msv import MSVVerifier
 
 __all__ = [
     "TrainingResult",
@@ -136,17 +140,21 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
     elicitation = collection_elicitation(info).replace(mode=config.mode)
     if config.mode == "terminal":  # a terminal verifier reads the answers at the end only
         elicitation = replace(elicitation, delimiters=(), every_k_tokens=None)
-    provenance = dict(base_model_name_or_path=info.get("lm_name_or_path") or None, elicitation=elicitation)
+    base_model = info.get("lm_name_or_path") or None
     if config.kind == "probe":
         return ProbeVerifier(
             ProbeConfig(
-                hidden_size=hidden_size, intermediate_size=config.probe_hidden_size, mode=config.mode, **provenance
+                hidden_size=hidden_size,
+                intermediate_size=config.probe_hidden_size,
+                mode=config.mode,
+                base_model_name_or_path=base_model,
+                elicitation=elicitation,
             )
         )
     from ..configuration_msv import MSVConfig
     from ..modeling_msv import MSVVerifier
 
-    architecture = dict(config.architecture)
+    architecture = dict(config.architecture_options)
     heads = architecture.pop("num_attention_heads", None) or info.get("lm_num_attention_heads")
     msv_config = MSVConfig(
         **architecture,
@@ -157,7 +165,8 @@ def build_verifier(config: MSVTrainingConfig, hidden_size: int, info: dict) -> P
         gamma_skip=config.uses_gamma_skip,
         vote_pathway=config.uses_vote_pathway,
         vote_hidden_size=config.probe_hidden_size,
-        **provenance,
+        base_model_name_or_path=base_model,
+        elicitation=elicitation,
     )
     return MSVVerifier(msv_config)
 
@@ -218,8 +227,8 @@ def load_training_data(train_dir, val_dir, config: MSVTrainingConfig) -> tuple[S
     if config.checker is not None:
         from ..equivalence import get_checker
 
-        get_checker(config.checker, **config.checker_kwargs)  # unknown names / bad kwargs fail here
-    kwargs = dict(
+        get_checker(config.checker, **config.checker_options)  # unknown names / bad kwargs fail here
+    kwargs: dict[str, Any] = dict(
         num_sequences=config.group_size,
         mode=config.mode,
         seed=config.seed,
@@ -227,6 +236,7 @@ def load_training_data(train_dir, val_dir, config: MSVTrainingConfig) -> tuple[S
         checker_kwargs=config.checker_kwargs,
     )
     sets = {}
+    extra: dict[str, Any]
     for name, flag, paths, extra in (
         (
             "training",
@@ -352,7 +362,7 @@ def validation_predictions(
     gathered = gather_object([local]) if world > 1 else [local]
 
     def cat(key, default=None):
-        found = [g[key] for g in gathered if g[key] is not None]
+        found = [value for g in gathered if (value := g[key]) is not None]
         return np.concatenate(found) if found else default
 
     empty = np.zeros(0)
@@ -442,7 +452,7 @@ def prediction_metrics(predictions: ValidationPredictions) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         metrics = {"bce": bce, "auroc": auroc(p, y), "brier": brier(p, y), "ece": ece(p, y)}
-    return metrics | {"answers": int(len(y)), "accuracy": float(y.mean())}
+    return metrics | {"answers": len(y), "accuracy": float(y.mean())}
 
 
 def evaluate_verifier(model, dataset: ShardDataset, mode: str, batch_size: int = 64, accelerator=None) -> dict:
@@ -488,7 +498,8 @@ def _start(config: MSVTrainingConfig, plan: TrainingPlan, train_set: ShardDatase
     if config.uses_vote_pathway:
         anchor = anchor_at_weighted_vote(model, train_set, config.mode, config.probe_learning_rate, config.seed)
     elif config.anchored:
-        model.anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
+        # anchoring applies to MSV_N only (MSVTrainingConfig.anchored)
+        cast("MSVVerifier", model).anchor_to_vote(*training_vote_platt(train_set, config.mode, config.seed))
     optimizer = torch.optim.AdamW(
         _parameter_groups(model, config, plan.learning_rate, plan.gamma_learning_rate),
         betas=(config.adam_beta1, config.adam_beta2),
@@ -532,11 +543,12 @@ def cross_validate_vote(
             validation_predictions(model, held_out, config.mode, config.eval_batch_size)
             for model, *_, held_out in runs
         ]
+
+        def cat(key: str) -> np.ndarray:
+            return np.concatenate([getattr(p, key) for p in parts])
+
         return ValidationPredictions(
-            **{
-                key: np.concatenate([getattr(p, key) for p in parts])
-                for key in ("logits", "labels", "gamma", "problems")
-            }
+            logits=cat("logits"), labels=cat("labels"), gamma=cat("gamma"), problems=cat("problems")
         )
 
     from tqdm.auto import tqdm
@@ -722,6 +734,7 @@ class _Run:
         if self.step == 0:
             self.vote_predictions = predictions
             return True
+        assert self.vote_predictions is not None  # set at step 0
         gain, se = bce_gain(self.vote_predictions, predictions)
         entry |= {"val_bce_gain_over_vote": gain, "val_bce_gain_se": se}
         margin = self.config.vote_margin_se
@@ -978,7 +991,7 @@ def train_verifier(
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
         cpu=cpu_processes(),
-        log_with=trackers or None,
+        log_with=[*trackers] or None,  # a new list: accelerate types its items wider than str
         project_dir=str(output_dir / "runs") if trackers else None,
     )
     set_seed(config.seed)
@@ -1109,6 +1122,7 @@ def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport
     """Compare the kept checkpoint with the baselines on validation; log, card and warning line."""
     config, acc = run.config, run.accelerator
     predictions = validation_predictions(best, val_set, config.mode, config.eval_batch_size, acc, pooled=True)
+    assert predictions.pooled is not None  # pooled=True
     probe_p = linear_probe_scores(train_set, predictions.pooled, config.seed)
     name = "the Probe" if config.kind == "probe" else f"MSV_{config.num_sequences}"
     report = build_guard_report(

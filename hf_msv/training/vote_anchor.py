@@ -88,8 +88,8 @@ def train_single_chain_head(
     BCE, and the best epoch's weights restored; else exactly `epochs` epochs. Returns (epochs, held-out BCE)."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
-    best = (_bce(head, *held_out), 0, copy.deepcopy(head.state_dict())) if held_out else None
-    for epoch in range(1, (epochs if held_out is None else MAX_HEAD_EPOCHS) + 1):
+
+    def one_epoch() -> None:
         head.train()
         for rows in torch.randperm(len(y), generator=generator).split(HEAD_BATCH):
             loss = F.binary_cross_entropy_with_logits(head(x[rows]), y[rows])
@@ -97,17 +97,23 @@ def train_single_chain_head(
             loss.backward()
             optimizer.step()
         head.eval()
-        if held_out is None:
-            continue
-        bce = _bce(head, *held_out)
-        if bce < best[0]:
-            best = (bce, epoch, copy.deepcopy(head.state_dict()))
-        elif epoch - best[1] >= HEAD_PATIENCE:
-            break
+
     if held_out is None:
+        if epochs is None:
+            raise ValueError("train_single_chain_head needs `held_out` or `epochs`")
+        for _ in range(epochs):
+            one_epoch()
         return epochs, math.nan
-    head.load_state_dict(best[2])
-    return best[1], best[0]
+    best_bce, best_epoch, best_state = _bce(head, *held_out), 0, copy.deepcopy(head.state_dict())
+    for epoch in range(1, MAX_HEAD_EPOCHS + 1):
+        one_epoch()
+        bce = _bce(head, *held_out)
+        if bce < best_bce:
+            best_bce, best_epoch, best_state = bce, epoch, copy.deepcopy(head.state_dict())
+        elif epoch - best_epoch >= HEAD_PATIENCE:
+            break
+    head.load_state_dict(best_state)
+    return best_epoch, best_bce
 
 
 def _fresh_head(model, seed: int) -> torch.nn.Module:

@@ -40,5 +40,6 @@ class MsvCalibration(evaluate.Metric):
             ),
         )
 
-    def _compute(self, predictions, references, n_bins: int = 10):
+    def _compute(self, *, predictions=None, references=None, n_bins: int = 10, **kwargs):
+        # evaluate passes the columns and the options by keyword
         return calibration_metrics(np.asarray(predictions, dtype=np.float64), np.asarray(references), n_bins)
