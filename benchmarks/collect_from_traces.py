@@ -106,7 +106,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="bench_traces_"))
     try:
         live_s, re_s = [], []
-        for r in range(args.repeats):
+        for _ in range(args.repeats):
             start = time.perf_counter()
             live = collect(model, tokenizer, problems, work / "live", config)
             live_s.append(time.perf_counter() - start)
@@ -114,9 +114,9 @@ def main():
             forwards = []
             original = TraceReencoder.answers
 
-            def counted(self, traces, _original=original):  # count this run's LM forwards
+            def counted(self, traces, _original=original, _forwards=forwards):  # count this run's LM forwards
                 out = _original(self, traces)
-                forwards.append(self.forwards)
+                _forwards.append(self.forwards)
                 return out
 
             TraceReencoder.answers = counted

@@ -31,7 +31,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-from vllm_controller import correct, make_engine, rounded  # noqa: E402  (benchmarks/ is the script's directory)
+from vllm_controller import correct, make_engine, rounded  # benchmarks/ is the script's directory
 
 
 def percentiles(values) -> dict:

@@ -8,6 +8,7 @@ Drop the two `mock.patch` lines (and log in with `hf auth login`) to push for re
 import argparse
 import json
 import os
+from pathlib import Path
 from unittest import mock
 
 from huggingface_hub import HfApi
@@ -19,9 +20,9 @@ def show_upload(self, *, repo_id, folder_path, **kwargs):
     print(f"would upload to {repo_id}:")
     for name in sorted(os.listdir(folder_path)):
         print(f"  {name:<24} {os.path.getsize(os.path.join(folder_path, name)):>9} bytes")
-    card = open(os.path.join(folder_path, "README.md")).read()
+    card = Path(folder_path, "README.md").read_text()
     print("\n".join(card.splitlines()[:14]))
-    return json.load(open(os.path.join(folder_path, "config.json")))["auto_map"]
+    return json.loads(Path(folder_path, "config.json").read_text())["auto_map"]
 
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

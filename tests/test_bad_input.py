@@ -122,8 +122,8 @@ def test_yaml_values_parse_as_flags(tmp_path):
     (parsed,) = parse_command_args(build_parser(), ["--config", str(config)])
     assert (parsed.num_samples, parsed.progress, parsed.delimiters) == (3, False, ["Wait", "Hmm"])
     assert parsed.temperature == 1.0
+    config.write_text("num_samples: true\n")
     with pytest.raises(UserError, match="num_samples"):
-        config.write_text("num_samples: true\n")
         parse_command_args(build_parser(), ["--config", str(config)])
 
 

@@ -191,7 +191,7 @@ def test_checkpoint_dir_checks(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(NotADirectoryError):
         check_checkpoint_dir(str(tmp_path / "f"), "LM")
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match=r"config.json"):
         check_checkpoint_dir(str(tmp_path), "verifier")
     assert check_checkpoint_dir(str(tmp_path), "LM", required=None) == tmp_path
     (tmp_path / "config.json").write_text(json.dumps({}))

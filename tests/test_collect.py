@@ -4,6 +4,7 @@ the commit protocol (injected faults and a real SIGKILL) gives byte-identical sh
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -468,6 +469,6 @@ def test_spaced_answers_are_collected_and_recorded(tmp_path):
         q = problems_by_id(plain)[pid]
         for n in range(2):
             steps = sorted(p.answer_tau[(p.answer_sequence == n) & ~p.answer_terminal].tolist())
-            assert all(later - earlier >= 5 for earlier, later in zip(steps, steps[1:]))
+            assert all(later - earlier >= 5 for earlier, later in itertools.pairwise(steps))
         fewer += len(q.answer_tau) - len(p.answer_tau)
     assert fewer > 0

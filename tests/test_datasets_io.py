@@ -222,9 +222,9 @@ def test_push_and_download_with_the_hub_isolated(collection, tmp_path, monkeypat
     assert hub.calls[-1][2]["revision"] == "v1" and [p.name for p in downloaded.shards] == pushed.files[1:]
     readable = ShardDataset(downloaded.local_dir)
     assert readable.problem_ids == [p.problem_id for p in problems]
+    FakeHub(tmp_path / "empty").install(monkeypatch)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no hf_msv shards"):
-        FakeHub(tmp_path / "empty").install(monkeypatch)
-        (tmp_path / "empty").mkdir()
         download_shards("org/empty", tmp_path / "nothing")
 
 

@@ -316,7 +316,7 @@ def test_labelling_twice_gives_identical_labels():
     assert first == second
     assert quiet.stats["unverifiable"] == loaded.stats["unverifiable"] > 0  # the gcd answer, both times
     assert loaded.stats["stalled"] == 0
-    classes, labels = first
+    _, labels = first
     assert labels == [a in ("\\frac12", "0.5", "1/2", "0.50") for a in answers]
 
 
@@ -335,7 +335,7 @@ def test_stats_keys_reset_and_pickling():
 
 @pytest.mark.parametrize("kwargs", [{"timeout": 0}, {"timeout": 2.0, "retry_timeout": 1.0}, {"wall_limit": -1}])
 def test_symbolic_rejects_bad_budgets(kwargs):
-    with pytest.raises(ValueError, match="timeout|wall_limit"):
+    with pytest.raises(ValueError, match=r"timeout|wall_limit"):
         get_checker("symbolic", **kwargs)
 
 

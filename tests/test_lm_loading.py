@@ -19,7 +19,7 @@ from hf_msv.errors import UserError
 
 @pytest.fixture(autouse=True)
 def _threads(single_thread):
-    yield
+    return
 
 
 def collected(output_dir) -> list:

@@ -66,9 +66,9 @@ def test_ece_hand():
 
 
 def test_input_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must lie in"):
         brier([1.2], [1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="differ in shape"):
         brier([0.2, 0.3], [1])
 
 
@@ -171,9 +171,9 @@ def test_paired_bootstrap_known_answers():
     # a statistic that can be infinite (never reaches a target) gives an unbounded interval, not nan
     iv = bootstrap_interval(lambda idx: np.inf if 0 in idx else 1.0, 5, n_boot=200)
     assert iv["high"] == np.inf and iv["estimate"] == np.inf
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one value per problem"):
         paired_bootstrap([1.0], [1.0, 2.0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="statistic must be"):
         paired_bootstrap([1.0], [1.0], statistic="median")
 
 

@@ -125,7 +125,7 @@ def test_gamma_uses_latest_completed_answer_of_each_sequence():
 
 def test_logit_averaging_gives_equal_probabilities_inside_a_class():
     verifier = make_verifier(mode="terminal")
-    answers, inputs = random_answers(seed=5, terminal=True, classes=2)
+    _, inputs = random_answers(seed=5, terminal=True, classes=2)
     with torch.no_grad():
         probs = verifier(**inputs).probabilities
     for group in (0, 1):
@@ -167,7 +167,7 @@ def test_gamma_skip_is_off_by_default_and_old_checkpoints_load_unchanged(tmp_pat
     config = json.loads((tmp_path / "config.json").read_text())
     config.pop("gamma_skip")
     (tmp_path / "config.json").write_text(json.dumps(config))
-    answers, inputs = random_answers(seed=31)
+    _, inputs = random_answers(seed=31)
     loaded, info = MSVVerifier.from_pretrained(tmp_path, output_loading_info=True)
     assert loaded.config.gamma_skip is False and not any(info.values()), info
     shipped = Path(hf_msv.__file__).parent / "testbed" / "verifier"
@@ -224,7 +224,7 @@ def test_chunked_attention_matches_dense_reference_with_gradients(mode, readout,
 
 
 def test_bf16_chunked_path_runs_and_stays_close():
-    answers, inputs = random_answers(seed=2)
+    _, inputs = random_answers(seed=2)
     fp32 = make_verifier()
     bf16 = make_verifier().to(torch.bfloat16)
     with torch.no_grad():
@@ -237,7 +237,7 @@ def test_bf16_chunked_path_runs_and_stays_close():
 
 def test_changing_a_later_answer_never_changes_an_earlier_score():
     verifier = make_verifier()
-    answers, inputs = random_answers(seed=11)
+    _, inputs = random_answers(seed=11)
     with torch.no_grad():
         before = verifier(**inputs).logits
         latest = int(torch.argmax(inputs["answer_end"]))
@@ -293,7 +293,7 @@ def test_returned_cache_carries_the_history_by_either_name():
             online |= {int(i): x for i, x in zip(idx, out.logits)}
     assert out.cache.num_answers == len(answers)
     assert (torch.stack([online[i] for i in range(len(answers))]) - offline).abs().max() <= 1e-5
-    assert "cache" not in verifier(**inputs).keys()  # no cache asked for, none returned
+    assert "cache" not in verifier(**inputs)  # no cache asked for, none returned
 
 
 def test_forward_rejects_unknown_arguments_and_two_caches():
@@ -309,7 +309,7 @@ def test_forward_rejects_unknown_arguments_and_two_caches():
 
 def test_online_rejects_out_of_order_answers_and_keeps_cache_intact():
     verifier = make_verifier()
-    answers, inputs = random_answers(seed=17)
+    _, inputs = random_answers(seed=17)
     order = torch.argsort(inputs["answer_end"])
     cache = MSVCache()
     with torch.no_grad():
@@ -326,7 +326,7 @@ def test_online_rejects_out_of_order_answers_and_keeps_cache_intact():
 @pytest.mark.parametrize("mode", ["terminal", "streaming"])
 def test_permuting_sequences_with_their_embeddings_permutes_outputs(mode):
     verifier = make_verifier(mode=mode)
-    answers, inputs = random_answers(seed=19, sequences=8, terminal=mode == "terminal")
+    _, inputs = random_answers(seed=19, sequences=8, terminal=mode == "terminal")
     perm = torch.randperm(8, generator=torch.Generator().manual_seed(0))
     permuted_model = make_verifier(mode=mode)
     permuted_model.load_state_dict(verifier.state_dict())
@@ -339,7 +339,7 @@ def test_permuting_sequences_with_their_embeddings_permutes_outputs(mode):
 
 def test_grouping_larger_n_scores_each_group_of_m_independently():
     verifier = make_verifier(num_sequences=4, mode="terminal")
-    answers, inputs = random_answers(seed=23, groups=1, sequences=8, terminal=True)
+    _, inputs = random_answers(seed=23, groups=1, sequences=8, terminal=True)
     with pytest.raises(ValueError, match="split_into_groups"):
         verifier(**inputs)
     group, sequence = split_into_groups(inputs["answer_group"], inputs["answer_sequence"], 4)
@@ -360,7 +360,7 @@ def test_save_load_round_trip_is_safetensors_only_and_autoloads(tmp_path):
     files = set(os.listdir(tmp_path))
     assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt")) for f in files)
     assert {"configuration_msv.py", "modeling_msv.py", "elicitation.py"} <= files
-    answers, inputs = random_answers(seed=29)
+    _, inputs = random_answers(seed=29)
     for loaded in (MSVVerifier.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
         assert isinstance(loaded, MSVVerifier) and loaded.config.elicitation.delimiters == ("\n\n",)
         with torch.no_grad():
@@ -393,8 +393,8 @@ def test_push_to_hub_sends_weights_config_code_and_card(tmp_path, monkeypatch):
     def fake_upload_folder(self, *, repo_id, folder_path, **kwargs):
         sent["repo_id"] = repo_id
         sent["files"] = sorted(os.listdir(folder_path))
-        sent["config"] = json.load(open(os.path.join(folder_path, "config.json")))
-        sent["card"] = open(os.path.join(folder_path, "README.md")).read()
+        sent["config"] = json.loads(Path(folder_path, "config.json").read_text())
+        sent["card"] = Path(folder_path, "README.md").read_text()
         return "commit-url"
 
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: Repo())
@@ -446,18 +446,18 @@ def test_hidden_size_mismatch_with_the_lm_is_named():
             num_key_value_heads=4,
         )
     )
-    with pytest.raises(ValueError, match="width 32.*hidden size 48"):
+    with pytest.raises(ValueError, match=r"width 32.*hidden size 48"):
         check_compatible(make_verifier(), lm)
-    answers, inputs = random_answers(seed=1)
+    _, inputs = random_answers(seed=1)
     with pytest.raises(ValueError, match=r"shape \(T, 32\)"):
         make_verifier()(**dict(inputs, hidden_states=torch.randn(len(inputs["token_answer"]), 48)))
 
 
 def test_unknown_mask_name_in_a_saved_config_is_named(tmp_path):
     make_verifier().save_pretrained(tmp_path)
-    config = json.load(open(tmp_path / "config.json"))
+    config = json.loads((tmp_path / "config.json").read_text())
     config["masks"] = ["full", "cross_answer"]
-    json.dump(config, open(tmp_path / "config.json", "w"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(Exception, match="cross_answer"):
         MSVVerifier.from_pretrained(tmp_path)
 
@@ -517,7 +517,7 @@ def test_msv_n_learns_cross_sequence_agreement_that_single_sequence_models_canno
         torch.manual_seed(0)
         probe = torch.nn.Sequential(torch.nn.Linear(D, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
         optimizer = torch.optim.AdamW(probe.parameters(), lr=3e-3)
-        last = lambda x: x["hidden_states"][1::2]  # noqa: E731  (two tokens per answer)
+        last = lambda x: x["hidden_states"][1::2]
         for _ in range(200):
             loss = torch.nn.functional.binary_cross_entropy_with_logits(probe(last(train_x)).squeeze(-1), train_y)
             optimizer.zero_grad()

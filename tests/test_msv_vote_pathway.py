@@ -254,7 +254,7 @@ def test_msv_with_the_vote_pathway_beats_the_vote_and_probe_weighted_voting():
         optimizer.step()
     with torch.no_grad():
         p_train, p_test = (probe(x["hidden_states"], x["token_answer"]).probabilities.numpy() for x in (train, test))
-    klass = lambda x: x["answer_class"].numpy()  # noqa: E731
+    klass = lambda x: x["answer_class"].numpy()
     probe_wv = per_group(test, weighted_voting, p_test, klass(test))
     vote = per_group(test, self_consistency, klass(test))
 

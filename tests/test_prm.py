@@ -239,6 +239,6 @@ def test_evaluate_with_prm_refuses_shards_without_cot_token_ids(collected, tmp_p
         "--no-progress",
     ]
     # checked before the PRM is loaded: a missing PRM is not what fails
-    with pytest.raises(ValueError, match="predate CoT token ids.*re-collected"):
+    with pytest.raises(ValueError, match=r"predate CoT token ids.*re-collected"):
         main(args + ["--prm", str(tmp_path / "no-such-prm")])
     assert "PRM" not in main(args)["terminal"]["2"]  # without --prm they evaluate as before

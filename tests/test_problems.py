@@ -181,7 +181,7 @@ def test_problem_specs_of_named_lms_files_and_benchmarks(named_lm, tmp_path, mon
     own.write_text('{"id": 1, "question": "2+2", "gold": 4}\n{"id": 2, "question": "x"}\n')
     with pytest.raises(ValueError, match="line 2: expected a JSON object with"):
         load_problems(str(own))
-    with pytest.raises(ValueError, match="unknown problem spec 'nope.jsonl'.*toy-lm"):
+    with pytest.raises(ValueError, match=r"unknown problem spec 'nope.jsonl'.*toy-lm"):
         load_problems("nope.jsonl")
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "no-data"))
     with pytest.raises(FileNotFoundError, match=rf"\${DATA_DIR_ENV}.*--problems your own .jsonl"):
@@ -194,7 +194,7 @@ def test_named_lm_checkpoints_defaults_and_prompt(named_lm, tmp_path):
     from hf_msv.collect import CollectConfig, load_lm
     from hf_msv.collect.lm import prompt_builder
 
-    with pytest.raises(FileNotFoundError, match="no checkpoint of the named LM 'toy-lm'.*train it with `make toy`"):
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint of the named LM 'toy-lm'.*train it with `make toy`"):
         load_lm("toy-lm", device="cpu")
     resolved = CollectConfig(model="toy-lm").resolved()
     assert (resolved.max_new_tokens, resolved.prompt_template) == (123, "toy-lm")

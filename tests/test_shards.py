@@ -165,7 +165,7 @@ def test_availability_steps_round_trip_and_default_to_tau_plus_length(tmp_path):
     from safetensors.torch import save_file
 
     with safe_open(str(path), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys() if k != "answer_end"}
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != "answer_end"}  # noqa: SIM118  (not iterable)
         metadata = f.metadata()
     save_file(tensors, str(path), metadata=metadata)
     (old,), _ = read_shard(path, hidden=False)
@@ -182,7 +182,7 @@ def test_failed_write_leaves_no_visible_shard(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(shards, "save_file", broken)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk full"):
         write_shard(tmp_path / "shard-r000-00000.safetensors", [make_problem("x")])
     assert list_shards(tmp_path) == []
 

@@ -81,7 +81,7 @@ def test_reference_answer_is_right_and_ignores_the_irrelevant_clause():
         assert p.gold == str(v)
         assert 3 <= len(p.meta["ops"]) <= 8
         if p.meta["distractor"]:
-            pos, d, _ = p.meta["distractor"]
+            _, d, _ = p.meta["distractor"]
             assert f"{d} of them are" in p.question
     # a solver that never slips and never takes the clause ends at the reference answer
     rng = random.Random(0)
@@ -143,7 +143,7 @@ def test_carries_and_risk_follow_the_digits():
 # ------------------------------------------------------------------------------------------------------ traces
 def test_traces_parse(sample):
     kn = TaskKnobsV2()
-    for p, t in _traces(sample):
+    for _, t in _traces(sample):
         assert trace_tokens(t.capped_text) <= kn.max_trace_tokens
         assert t.text.startswith(t.capped_text)
         if t.finished:
@@ -192,7 +192,7 @@ def test_elicitation_examples():
 
 
 def test_elicited_answer_is_copied_where_stated_and_derived_mid_computation(sample):
-    for p, t in _traces(sample):
+    for _, t in _traces(sample):
         for x in t.pieces:
             if x.kind == "so":
                 assert not x.derived and x.answer == str(x.value) and x.text == f" So {x.value}."
@@ -208,7 +208,7 @@ def test_elicited_answer_is_copied_where_stated_and_derived_mid_computation(samp
 
 # --------------------------------------------------------------------------------------------- design claims
 def test_wrong_chains_wait_more_and_run_longer_than_right_ones(sample):
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs)
     for size in (lambda t: len(t.wait_pieces), lambda t: trace_tokens(t.capped_text)):
         right = [size(t) for p, t in _traces(sample) if t.terminal.answer == p.gold]
         wrong = [size(t) for p, t in _traces(sample) if t.terminal.answer != p.gold]
@@ -248,7 +248,7 @@ def test_harder_problems_are_less_accurate_and_guesses_less_reliable(sample):
 
 def test_rechecks_mostly_confirm_sometimes_fix_sometimes_break(sample):
     outcomes = Counter()
-    for p, t in _traces(sample):
+    for _, t in _traces(sample):
         for x in t.pieces:
             if x.kind in ("check", "fix"):
                 a, rest = x.text.split(", ", 1)[1].split("=", 1)
@@ -294,7 +294,7 @@ def test_the_wording_sets_how_often_the_clause_is_taken():
     taken = Counter()
     seen = Counter()
     for p in problems:
-        pos, d, w = p.meta["distractor"]
+        _, d, w = p.meta["distractor"]
         for _ in range(8):
             first_pass = sample_trace(p, rng, guess_prob=0.0).capped_text.split(" So ")[0]
             seen[w] += 1
@@ -356,7 +356,7 @@ def test_self_evaluation_hedges_a_stated_answer_by_the_wrong_steps_standing(samp
     assert all(x.unease == 0.0 for x in clean)
 
     without = [(p, sample_trace(p, random.Random(i), self_check=0.0)) for i, (p, _) in enumerate(_traces(sample))]
-    terminal = lambda pts: [(t.terminal.answer == p.gold, t.terminal.answer_prob) for p, t in pts]  # noqa: E731
+    terminal = lambda pts: [(t.terminal.answer == p.gold, t.terminal.answer_prob) for p, t in pts]
     assert _auroc(terminal(_traces(sample))) > 0.85
     assert _auroc(terminal(without)) < _auroc(terminal(_traces(sample))) - 0.1
 

@@ -36,7 +36,7 @@ from hf_msv.generation import ElicitationPolicy, eos_token_ids, prepare_generati
 from hf_msv.testbed import format_prompt, generate_problems
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_LIMIT = lambda prompt_length: None  # noqa: E731  (a context without a limit)
+NO_LIMIT = lambda prompt_length: None  # a context without a limit
 TOK = word_level_tokenizer(["\\boxed", "Wait"])
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -98,7 +98,7 @@ def reencode(
 
 
 def assert_same_answers(results, answers, atol):
-    key = lambda a: (a.tau, a.sequence, a.step)  # noqa: E731
+    key = lambda a: (a.tau, a.sequence, a.step)
     fields = (
         "tau",
         "end",
@@ -313,7 +313,7 @@ def test_resume_after_a_crash_and_process_striding(testbed, live_collection, tmp
             is_local_main_process=rank == 0,
             wait_for_everyone=lambda: None,
         )
-        monkeypatch.setattr(job, "process_state", lambda: state)
+        monkeypatch.setattr(job, "process_state", lambda state=state: state)
         result = collect_from_traces(model, tok, path, tmp_path / "split", **REENCODE)
         assert result.problems == (2 if rank == 0 else 1)
     split, single = problems_by_id(tmp_path / "split"), problems_by_id(tmp_path / "whole")
@@ -355,7 +355,7 @@ def test_text_traces_reencode_like_token_ids_and_bad_round_trips_are_reported(te
     cut = encode_trace(long, tok, format_prompt, eos_ids={2}, budget=lambda n: 450 - n)
     prompt = len(cut.prompt_ids)
     assert (cut.cut, [len(s) for s in cut.sequences], cut.finish) == (1, [450 - prompt, 31], ["budget", "eos"])
-    with pytest.raises(TraceError, match="trace line 3: .*leaves no room"):
+    with pytest.raises(TraceError, match=r"trace line 3: .*leaves no room"):
         encode_trace(long, tok, format_prompt, eos_ids={2}, budget=lambda n: sequence_budget(model, tok, TIGHT, n))
     early = Trace("z", "q", "1", [Completion(token_ids=[5, 2, 5])], line=4)
     with pytest.raises(TraceError, match="EOS token at position 1"):

@@ -158,7 +158,7 @@ def test_paper_recipe_preset_keeps_the_papers_numbers(tmp_path):
     assert not paper.config.vote_pathway and not paper.config.gamma_skip
     assert [g["lr"] for g in training._parameter_groups(paper, config, 5e-5)] == [5e-5, 1e-1, 1e-3]
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in msv.parameters())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="kind must be"):
         MSVTrainingConfig(kind="prm")
     with pytest.raises(ValueError, match="recipe"):
         MSVTrainingConfig(recipe="fast")
@@ -1005,9 +1005,9 @@ def test_bce_gain_standard_error_is_clustered_by_problem():
     problems = np.repeat(np.array([f"p{i}" for i in range(6)], dtype=object), 5)
     y = rng.integers(0, 2, size=30).astype(float)
     z_ref, z_new = rng.normal(size=30), rng.normal(size=30)
-    pred = lambda z: ValidationPredictions(logits=z, labels=y, gamma=np.zeros(30), problems=problems)  # noqa: E731
+    pred = lambda z: ValidationPredictions(logits=z, labels=y, gamma=np.zeros(30), problems=problems)
     gain, se = bce_gain(pred(z_ref), pred(z_new))
-    loss = lambda z: np.logaddexp(0, z) - y * z  # noqa: E731
+    loss = lambda z: np.logaddexp(0, z) - y * z
     per_problem = (loss(z_ref) - loss(z_new)).reshape(6, 5).mean(axis=1)
     assert gain == pytest.approx(per_problem.mean())
     assert se == pytest.approx(per_problem.std(ddof=1) / np.sqrt(6))
@@ -1074,7 +1074,7 @@ def test_choose_vote_departure_needs_a_significant_pooled_gain():
     problems = np.repeat(np.array([f"p{i}" for i in range(40)], dtype=object), 4)
     y = rng.integers(0, 2, size=160).astype(float)
     sign = 2 * y - 1
-    pred = lambda z: ValidationPredictions(logits=z, labels=y, gamma=np.zeros(160), problems=problems)  # noqa: E731
+    pred = lambda z: ValidationPredictions(logits=z, labels=y, gamma=np.zeros(160), problems=problems)
     vote = pred(np.zeros(160))
     better, best = pred(0.5 * sign + rng.normal(0, 0.1, 160)), pred(1.0 * sign + rng.normal(0, 0.1, 160))
     worse = pred(-0.5 * sign)
@@ -1152,7 +1152,7 @@ def test_an_interrupted_fit_resumes_to_the_uninterrupted_verifier(tmp_path, monk
     resumed, rest = _fit_counting_steps(monkeypatch, train_dir, val_dir, out, config, resume=True)
     assert rest == total - 3 * 4  # the 12 steps before the saved state are not trained again
     assert resumed.vote_cv == whole.vote_cv and resumed.best_step == whole.best_step
-    strip = lambda h: [{k: v for k, v in e.items() if not k.startswith("train_")} for e in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in e.items() if not k.startswith("train_")} for e in h]
     assert strip(resumed.history) == strip(whole.history)
     a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

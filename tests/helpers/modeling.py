@@ -33,7 +33,7 @@ def random_answers(seed=0, groups=2, sequences=4, steps=3, max_len=4, classes=3,
 
 
 def inputs_for(answers, hidden, token_answer):
-    col = lambda key: torch.tensor([a[key] for a in answers], dtype=torch.long)  # noqa: E731
+    col = lambda key: torch.tensor([a[key] for a in answers], dtype=torch.long)
     return dict(
         hidden_states=hidden,
         token_answer=token_answer,
