@@ -14,7 +14,7 @@ from hf_msv.equivalence import get_checker
 from hf_msv.generation import ElicitationPolicy, MSVEarlyStop
 from hf_msv.generation.core import RunCore, RunSetup
 from hf_msv.generation.forking import CHAIN_ENDS, Branch, ends_chain
-from hf_msv.generation.scoring import ScoringQueue
+from hf_msv.generation.queue import ScoringQueue
 from hf_msv.generation.tracking import EOS, LIVE, STOPPED, RowTracker
 
 N = 3
@@ -78,7 +78,7 @@ def drive(layout: str):
             else:
                 core.abandon(tracker, branch)
         inflight = [f for f in inflight if f[3] > t]
-        for p, decision in core.release(t, place).items():
+        for p, decision in core.decide(t, place).items():
             cut += [(p, row % N, t) for row in decision.rows]
     groups = {p: tracker.groups[g] for p, (tracker, g) in place.items()}
     answers = {

@@ -8,7 +8,7 @@ An engine adapter moves tokens and rows; the core decides. `GenerationRun` (``mo
    the `Branch` it returns into their batch (``generate``) or send it as a request (vLLM) when `RunCore.fork` agrees;
 2. hand each completed elicitation to `RunCore.record`, which builds the `MSVAnswer`, assigns its class and queues it
    for the verifier;
-3. after each engine step call `RunCore.release`, which scores what has become available and applies the prompt's
+3. after each engine step call `RunCore.decide`, which scores what has become available and applies the prompt's
    rule; its `Decision` lists the rows that leave the engine: a stopped prompt's rows and the pruned chains. A
    ``generate`` row leaves the decoding batch, a vLLM chain's request is aborted.
 
@@ -34,7 +34,7 @@ from .delimiters import check_delimiters
 from .forking import Branch, LiveBranch
 from .outputs import MSVAnswer
 from .policy import ElicitationPolicy
-from .scoring import ScoringQueue
+from .queue import ScoringQueue
 from .stopping import MSVEarlyStop
 from .tracking import BUDGET, EOS, LIVE, PRUNED, STOPPED, PromptGroup, RowTracker
 
@@ -253,7 +253,7 @@ class RunCore:
 
     # -- scoring and the rule ------------------------------------------------------------------------------------
 
-    def release(self, t: int, prompts: Mapping[int, tuple[RowTracker, int]]) -> dict[int, Decision]:
+    def decide(self, t: int, prompts: Mapping[int, tuple[RowTracker, int]]) -> dict[int, Decision]:
         """Score what has become available by step `t` (everything of a settled prompt) and apply the rule to each
         undecided prompt that got scores or will get none.
 

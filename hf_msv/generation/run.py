@@ -22,7 +22,7 @@ from .core import RunCore
 from .forking import Branch, LiveBranch
 from .outputs import MSVResult
 from .policy import ElicitationPolicy
-from .scoring import ScoringQueue
+from .queue import ScoringQueue
 from .tracking import LIVE, RowTracker
 
 if TYPE_CHECKING:
@@ -255,11 +255,11 @@ class GenerationRun:
     # -- scoring and stopping --------------------------------------------------------------------------------
 
     def _score_due(self, t: int):
-        """Score what has become available by step t and apply the rule (`RunCore.release`); the rows it cuts leave
+        """Score what has become available by step t and apply the rule (`RunCore.decide`); the rows it cuts leave
         the decoding batch."""
         if self.queue is None:
             return
-        decisions = self.core.release(t, {p: (self.tracker, p) for p in range(len(self.tracker.groups))})
+        decisions = self.core.decide(t, {p: (self.tracker, p) for p in range(len(self.tracker.groups))})
         self.timings["verifier"] = self.queue.seconds
         for decision in decisions.values():
             for row in decision.rows:

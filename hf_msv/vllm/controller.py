@@ -19,7 +19,7 @@ from ..generation import CERTIFIED, MSVEarlyStop, MSVResult, eos_token_ids
 from ..generation.accounting import assemble_results
 from ..generation.core import RunCore, RunSetup
 from ..generation.forking import Branch, LiveBranch
-from ..generation.scoring import ScoringQueue
+from ..generation.queue import ScoringQueue
 from ..generation.tracking import LIVE, RowTracker
 from ..pruning import PruneRule
 from . import capture
@@ -155,7 +155,7 @@ class VLLMController:
         self.check_settings(num_sequences, max_new_tokens, criterion.threshold, seed)
         ids = [self.encode(p) for p in prompts]
         self.check_lengths(ids, max_new_tokens)
-        run = _Run(self, ids, num_sequences, max_new_tokens, criterion)
+        run = _GenerateCall(self, ids, num_sequences, max_new_tokens, criterion)
         return run.execute(dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
 
     def check_settings(self, num_sequences: int, max_new_tokens: int, threshold: float | None, seed: int | None):
@@ -303,7 +303,7 @@ def vllm_generate(
     )
 
 
-class _Run:
+class _GenerateCall:
     """One `VLLMController.generate` call: its prompts admitted at once into an `EngineSession` (one scoring queue
     for all, so each step scores them in one verifier call), stepped until every prompt is done."""
 
@@ -315,7 +315,7 @@ class _Run:
         budget: int,
         criterion: MSVEarlyStop,
     ):
-        self.c, self.N, self.budget, self.threshold = controller, num_sequences, budget, criterion.threshold
+        self.controller, self.N, self.budget, self.threshold = controller, num_sequences, budget, criterion.threshold
         self.session = EngineSession(controller, budget, criterion)
         self.core = self.session.new_core(num_sequences)
         self.runs = [
@@ -333,7 +333,7 @@ class _Run:
                     run = waiting.popleft()
                     # vLLM seeds child i with seed + i: one stream per chain of the call
                     run_seed = None if seed is None else seed + run.key * self.N
-                    session.admit(run, self.c.chain_params(self.N, self.budget, seed=run_seed, **sampling))
+                    session.admit(run, self.controller.chain_params(self.N, self.budget, seed=run_seed, **sampling))
                 session.step()
         except BaseException:
             session.abort(self.runs)
@@ -343,7 +343,7 @@ class _Run:
         timings: dict[str, float] = {**session.timings, "verifier": queue.seconds if queue is not None else 0.0}
         timings["total"], timings["cot"] = total, total - sum(timings.values())
         compute = compute_counts(session)
-        keep = self.c.capture_hidden_states
+        keep = self.controller.capture_hidden_states
         results = [run.result(self.budget, self.threshold, keep, timings) for run in self.runs]
         for result in results:
             result.compute = dict(compute)
@@ -423,7 +423,7 @@ class EngineSession:
     """
 
     def __init__(self, controller: VLLMController, budget: int, stop: MSVEarlyStop):
-        self.c, self.engine = controller, controller.engine
+        self.controller, self.engine = controller, controller.engine
         self.budget, self.stop, self.threshold = budget, stop, stop.threshold
         self.streaming = controller.settings.mode == "streaming"
         self.run_id = next(_RUN_IDS)
@@ -440,7 +440,7 @@ class EngineSession:
     def new_core(self, num_sequences: int) -> RunCore:
         """A fresh `RunCore` (with its own `ScoringQueue`, none without verifier) for prompts of N =
         `num_sequences`."""
-        c = self.c
+        c = self.controller
         queue = None
         if c.verifier is not None:
             queue = ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
@@ -455,7 +455,7 @@ class EngineSession:
         """Whether a prompt of `num_sequences` chains may be sent now: nothing is in flight, or the chains still
         decoding plus these fit in the controller's ``chain_slots``."""
         live = sum(run.group.live for run in self.chains.values())
-        return not self.chains or live + num_sequences <= self.c.chain_slots
+        return not self.chains or live + num_sequences <= self.controller.chain_slots
 
     def admit(self, run: PromptRun, params):
         """Send `run`'s N chains (`params`: the `SamplingParams` of ``n = N``, `VLLMController.chain_params`) as N
@@ -511,7 +511,7 @@ class EngineSession:
             run.timings["elicitation"] += seconds * run.group.inflight / max(1, n_el + n_main)
             run.timings["cot"] += seconds * run.group.live / max(1, n_el + n_main)
         self._consume(outputs)
-        self._release()
+        self._decide()
         return self._done()
 
     def _consume(self, outputs):
@@ -572,7 +572,7 @@ class EngineSession:
         tracker, core = run.tracker, run.core
         if tracker.status[row] != LIVE:
             return
-        k = self.c.confidence_top_k
+        k = self.controller.confidence_top_k
         logprobs: list = completion.logprobs or [None] * len(completion.token_ids)
         for token, entry in zip(completion.token_ids, logprobs):
             if entry is not None and k is not None:  # the top k of the k (+ the sampled one) vLLM returns
@@ -599,12 +599,12 @@ class EngineSession:
         start = time.perf_counter()
         history = run.tracker.history[branch.row]
         # The newest token, when it belongs to the context, is among the kept ones: the engine has it already.
-        live = LiveBranch(branch, list(branch.prefix_ids) + list(self.c.elicitor.prompt_ids))
+        live = LiveBranch(branch, list(branch.prefix_ids) + list(self.controller.elicitor.prompt_ids))
         ids = run.ids + history[: branch.kept] + live.segment
         params = SamplingParams(
             n=1,
             temperature=0.0,
-            max_tokens=self.c.settings.max_answer_tokens + 1,
+            max_tokens=self.controller.settings.max_answer_tokens + 1,
             ignore_eos=True,
             logprobs=0,
             detokenize=False,
@@ -642,7 +642,7 @@ class EngineSession:
                 break
             live.token_ids.append(token)
             live.token_logprobs.append(float(entry[token].logprob) if entry else float("nan"))
-            live.closed = self.c.elicitor.ends_answer(live.token_ids, self.c.eos_ids)
+            live.closed = self.controller.elicitor.ends_answer(live.token_ids, self.controller.eos_ids)
         return live.closed and (el.fed_last or output.finished)
 
     def _complete(self, completed: list[_Elicitation]):
@@ -679,9 +679,9 @@ class EngineSession:
 
     # -- scoring and stopping ----------------------------------------------------------------------------------
 
-    def _release(self):
+    def _decide(self):
         """Score every completed answer (each was pushed at the step it became available, so all are) and apply
-        the rule to the prompts that got scores or have nothing more to come (`RunCore.release`); one scorer call
+        the rule to the prompts that got scores or have nothing more to come (`RunCore.decide`); one scorer call
         per queue."""
         by_core: dict[int, list[PromptRun]] = {}
         for run in self.chains.values():
@@ -689,7 +689,7 @@ class EngineSession:
                 by_core.setdefault(id(run.core), []).append(run)
         for runs in by_core.values():
             core = runs[0].core
-            decisions = core.release(sys.maxsize, {run.key: (run.tracker, 0) for run in runs})
+            decisions = core.decide(sys.maxsize, {run.key: (run.tracker, 0) for run in runs})
             for run in runs:
                 run.timings["verifier"] = run.queue.seconds if run.queue is not None else 0.0
                 decision = decisions.get(run.key)
