@@ -706,3 +706,16 @@ class ConfidenceMap:
     @classmethod
     def from_dict(cls, d: dict | None) -> ConfidenceMap | None:
         return None if not d else cls(float(d["slope"]), float(d["intercept"]))
+
+    @classmethod
+    def of(cls, config) -> ConfidenceMap | None:
+        """The map a verifier's config carries for the stop at its λ (``config.early_stopping["confidence_map"]``);
+        None (report the head's confidence) when absent.
+
+        Args:
+            config: a verifier config (any object).
+
+        Returns:
+            The `ConfidenceMap`, or None.
+        """
+        return cls.from_dict((getattr(config, "early_stopping", None) or {}).get("confidence_map"))

@@ -25,7 +25,7 @@ import numpy as np
 from hf_msv import MSVVerifier
 from hf_msv.lambda_rule import LAMBDAS, LambdaChoice
 from hf_msv.metrics import ece, paired_bootstrap
-from hf_msv.pruning import PruneRule
+from hf_msv.pruning import PRUNE_OFF, PruneRule
 from hf_msv.stop_rules import StopHead
 from hf_msv.training.pruned_replay import (
     PRUNE_CANDIDATES,
@@ -82,6 +82,45 @@ def pruned_cause(groups, streams, targets) -> dict:
     }
 
 
+def parse_rule(text: str) -> PruneRule:
+    """A `PruneRule` from ``name=value,...`` (e.g. ``steady=2,min_answers=6``)."""
+    fields = {}
+    for part in text.split(","):
+        name, value = part.split("=")
+        fields[name] = int(value) if name in ("steady", "min_answers") else float(value)
+    return PruneRule(**fields)
+
+
+CURVE_LAMBDAS = (math.inf, 0.999, 0.995, 0.99, 0.988, 0.986, 0.984, 0.982, 0.98, 0.97, 0.95)
+
+
+def calibration_curve(replay: PrunedReplay, off: PrunedReplay, epsilon: float, level: float) -> list[dict]:
+    """The Learn-then-Test record of one rule on the calibration problems at a few λ: losses against full decoding,
+    the p-value, the losses the test tolerates at its level, tokens as fractions of full decoding's."""
+    from scipy.stats import binom
+
+    f = LAMBDAS.size - 1
+    reference = off.correct[:, f]
+    n = reference.size
+    tolerated = int(binom.ppf(level, n, epsilon)) - (binom.cdf(int(binom.ppf(level, n, epsilon)), n, epsilon) > level)
+    rows = []
+    for lam in CURVE_LAMBDAS:
+        j = index_of(lam)
+        losses = int((reference & ~replay.correct[:, j]).sum())
+        rows.append(
+            {
+                "lam": None if math.isinf(lam) else lam,
+                "losses": losses,
+                "tolerated": int(tolerated),
+                "p_value": float(binom.cdf(losses, n, epsilon)),
+                "accuracy": float(replay.correct[:, j].mean()),
+                "cot_fraction": float(replay.cot[:, j].mean() / off.cot[:, f].mean()),
+                "all_fraction": float(replay.tokens[:, j].mean() / off.tokens[:, f].mean()),
+            }
+        )
+    return rows
+
+
 def run_rule(rule, head, groups, scorer, scores) -> tuple[PrunedReplay, list]:
     streams = replay_pruning(rule, head, groups, scorer, scores)
     return sweep_groups(groups, streams, head), streams
@@ -99,8 +138,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--epsilon", type=float, default=0.01)
     parser.add_argument("--delta", type=float, default=0.1)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--also-epsilon", type=float, default=None, help="certify at a second ε on the same replays")
+    parser.add_argument("--no-alternatives", action="store_true", help="skip the uncertified alternatives")
     parser.add_argument("--max-problems", type=int, default=None, help="a quick run on the first problems")
+    parser.add_argument(
+        "--rules", nargs="+", default=None, help="candidate rules besides no pruning, e.g. steady=2,min_answers=6"
+    )
     args = parser.parse_args(argv)
+    rules = PRUNE_CANDIDATES if args.rules is None else (PRUNE_OFF, *(parse_rule(r) for r in args.rules))
     start = time.time()
     verifier = MSVVerifier.from_pretrained(args.verifier).eval()
     head = StopHead.of(verifier.config)
@@ -111,19 +156,17 @@ def main(argv=None) -> dict:
 
     calibration = load_replay_groups(args.calibration_dir, n, args.max_problems)
     cal_scores = scorer(calibration, [np.ones(g.sequence.size, bool) for g in calibration])
-    fit, cal_replays = fit_pruning(
-        PRUNE_CANDIDATES, head, calibration, scorer, args.epsilon, args.delta, scores=cal_scores
-    )
+    fit, cal_replays = fit_pruning(rules, head, calibration, scorer, args.epsilon, args.delta, scores=cal_scores)
     print(f"calibration done in {time.time() - start:.0f}s: {fit.rule.describe()}, λ = {fit.choice.choice.lam}")
     cal_off = cal_replays[0]
 
     groups = load_replay_groups(args.eval_dir, n, args.max_problems)
     scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
-    replays, streams = zip(*(run_rule(r, head, groups, scorer, scores) for r in PRUNE_CANDIDATES))
+    replays, streams = zip(*(run_rule(r, head, groups, scorer, scores) for r in rules))
     full = replays[0]
     f = LAMBDAS.size - 1
     candidates = []
-    for i, rule in enumerate(PRUNE_CANDIDATES):
+    for i, rule in enumerate(rules):
         lam = fit.choice.cheapest[i]
         row = {"rule": rule.to_dict(), "describe": rule.describe(), "certified_lambda": lam}
         if lam is not None:
@@ -132,17 +175,20 @@ def main(argv=None) -> dict:
         row["evaluation_at_stop_only_lambda"] = operating_point(replays[i], index_of(stop_only.lam), full)
         row["evaluation_no_stop"] = operating_point(replays[i], f, full)
         row["rescorings_per_group"] = float(np.mean([s.rescorings for s in streams[i]]))
+        row["calibration_curve"] = calibration_curve(
+            cal_replays[i], cal_off, args.epsilon, fit.choice.delta_per_setting
+        )
         candidates.append(row)
         print(json.dumps({k: row[k] for k in ("describe", "certified_lambda")}), flush=True)
 
-    chosen = PRUNE_CANDIDATES.index(fit.rule) if fit.rule in PRUNE_CANDIDATES else 0
+    chosen = rules.index(fit.rule) if fit.rule in rules else 0
     j = index_of(fit.choice.choice.lam)
     deployed = operating_point(replays[chosen], j, full, fit.confidence_map)
     targets = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, streams[0]))]
     for i, row in enumerate(candidates):
         row["cause"] = pruned_cause(groups, streams[i], targets)
     alternatives = []
-    for rule in ALTERNATIVES:
+    for rule in ALTERNATIVES if args.rules is None and not args.no_alternatives else ():
         replay, alt_streams = run_rule(rule, head, groups, scorer, scores)
         alternatives.append(
             {
@@ -154,6 +200,19 @@ def main(argv=None) -> dict:
             }
         )
         print(json.dumps({"alternative": rule.describe()}), flush=True)
+
+    also = None
+    if args.also_epsilon is not None:
+        fit2, _ = fit_pruning(rules, head, calibration, scorer, args.also_epsilon, args.delta, replays=cal_replays)
+        chosen2 = rules.index(fit2.rule) if fit2.rule in rules else 0
+        also = {
+            "epsilon": args.also_epsilon,
+            "fit": {"describe": fit2.rule.describe(), "lambda": fit2.choice.choice.to_dict()},
+            "cheapest": list(fit2.choice.cheapest),
+            "calibration": operating_point(cal_replays[chosen2], index_of(fit2.choice.choice.lam), cal_off),
+            "deployed": operating_point(replays[chosen2], index_of(fit2.choice.choice.lam), full, fit2.confidence_map),
+        }
+        print(json.dumps({"also": also["fit"]}), flush=True)
 
     # The ceiling: a pruner that knows full decoding's output class, with the same stop.
     oracle_streams = [
@@ -183,6 +242,7 @@ def main(argv=None) -> dict:
         "stop_only": operating_point(full, index_of(stop_only.lam), full),
         "candidates": candidates,
         "alternatives": alternatives,
+        "also_epsilon": also,
         "ceiling": ceiling,
         "seconds": time.time() - start,
     }

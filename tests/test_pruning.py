@@ -336,3 +336,22 @@ def test_held_answers_leave_the_snapshots_without_hold():
         # At t = 27 class 0 is held by chain 1 (0.6) and, with hold, by pruned chain 0 (0.8).
         (row,) = np.flatnonzero((time == 27) & (group.klass[answer] == 0))
         assert confidence[row] == pytest.approx(0.710 if hold else 0.6, abs=1e-3)  # σ(mean logit)
+
+
+def test_stored_entries_read_back(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from hf_msv.training.pruned_replay import fit_stop_confidence, store_confidence_map, store_pruning
+
+    (tmp_path / "config.json").write_text(json.dumps({"early_stopping": {"lambda": {"lam": 0.9}}, "x": 1}))
+    d = scripted_group()
+    group = _replay_group(d)
+    groups = [group] * 30
+    cmap, evidence = fit_stop_confidence(MEAN_HEAD, 0.75, groups, _fixed_scorer([d["score"]] * 30))
+    assert evidence["stops"] == 30 and evidence["accuracy"] == 1.0
+    store_confidence_map(tmp_path, cmap, evidence)
+    store_pruning(tmp_path, {"rule": SCRIPTED_RULE.to_dict()})
+    config = SimpleNamespace(**json.loads((tmp_path / "config.json").read_text()))
+    assert ConfidenceMap.of(config) == cmap and PruneRule.of(config) == SCRIPTED_RULE
+    assert config.early_stopping["lambda"] == {"lam": 0.9} and config.x == 1

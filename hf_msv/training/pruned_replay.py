@@ -41,6 +41,8 @@ __all__ = [
     "ReplayGroup",
     "fit_pruning",
     "fit_shipped_pruning",
+    "fit_stop_confidence",
+    "store_confidence_map",
     "store_pruning",
     "load_replay_groups",
     "oracle_decision",
@@ -430,8 +432,8 @@ def sweep_groups(
 
 def oracle_decision(group: ReplayGroup, target_class: int) -> Decision:
     """A pruner that knows the answer full decoding outputs (class `target_class`): at t it prunes every decoding
-    chain that holds that class (its held answer keeps voting for it) or whose later answers never hold it (it can
-    only vote elsewhere). The ceiling of pruning on the recorded group."""
+    chain none of whose later answers holds that class (decoding it further can only vote elsewhere). The ceiling
+    of pruning on the recorded group."""
     later_target = {}
     for n in range(group.num_chains):
         mine = (group.sequence == n) & (group.klass == target_class)
@@ -441,10 +443,7 @@ def oracle_decision(group: ReplayGroup, target_class: int) -> Decision:
         out = np.zeros(status.size, bool)
         for n in np.flatnonzero(status == 0):
             mine = np.flatnonzero((sequence == n) & (end <= t))
-            if not mine.size:
-                continue
-            holds = klass[mine[np.argmax(step[mine])]] == target_class
-            out[n] = holds or later_target[n] <= t
+            out[n] = mine.size > 0 and later_target[n] <= t
         return out
 
     return decide
@@ -487,6 +486,7 @@ def fit_pruning(
     delta: float,
     lambdas=LAMBDAS,
     scores=None,
+    replays: Sequence[PrunedReplay] | None = None,
 ) -> tuple[PruningFit, list[PrunedReplay]]:
     """Certify a pruning rule and λ jointly on calibration `groups` (problems the stop head was not fitted on):
     every candidate rule (`PRUNE_OFF` should be one) is replayed exactly, and `hf_msv.lambda_rule.choose_jointly`
@@ -502,12 +502,15 @@ def fit_pruning(
         epsilon, delta: the guarantee's tolerance and risk.
         lambdas: (Λ,) the λ grid (with ∞).
         scores: the groups' full scores (computed when `None`).
+        replays: the candidates' replays on `groups` when already computed (e.g. to certify at several ε).
 
     Returns:
         ``(fit, replays)``: the `PruningFit` and each candidate's `PrunedReplay` on the calibration groups.
     """
-    scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups]) if scores is None else scores
-    replays = [sweep_groups(groups, replay_pruning(r, head, groups, scorer, scores), head, lambdas) for r in rules]
+    if replays is None:
+        scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups]) if scores is None else scores
+        replays = [sweep_groups(groups, replay_pruning(r, head, groups, scorer, scores), head, lambdas) for r in rules]
+    replays = list(replays)
     off = [i for i, r in enumerate(rules) if r.off]
     if not off:
         raise ValueError("the candidates need PRUNE_OFF: the loss is measured against full decoding without pruning")
@@ -538,6 +541,54 @@ def fit_pruning(
 def _index(lambdas, lam: float) -> int:
     grid = np.asarray(lambdas, np.float64)
     return int(np.flatnonzero(np.isinf(grid))[0]) if math.isinf(lam) else int(np.flatnonzero(grid == lam)[0])
+
+
+def fit_stop_confidence(
+    head: StopHead, lam: float, groups: Sequence[ReplayGroup], scorer, rule: PruneRule = PRUNE_OFF
+) -> tuple[ConfidenceMap, dict]:
+    """Recalibrate what the stop reports at λ: Platt scaling of the stop head's confidence fitted on the stops of the
+    calibration `groups` (problems the head was not fitted on), with the stop-time ECE before and after, the latter
+    cross-fitted over two folds of the stops.
+
+    Args:
+        head: the stop head.
+        lam: the deployed λ.
+        groups: calibration groups.
+        scorer: scores group subsets (`MSVGroupScorer`).
+        rule: the pruning rule deployed with λ (`PRUNE_OFF`: the stop alone).
+
+    Returns:
+        ``(map, evidence)``: the `ConfidenceMap` and {"stops", "accuracy", "confidence", "ece",
+        "crossfit_confidence", "crossfit_ece"}.
+    """
+    replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer), head, [lam])
+    hit = replay.stopped[:, 0]
+    conf, right = replay.confidence[hit, 0], replay.correct[hit, 0]
+    fold = np.arange(conf.size) % 2
+    cross = np.empty_like(conf)
+    for f in (0, 1):
+        cross[fold == f] = ConfidenceMap.fit(conf[fold != f], right[fold != f])(conf[fold == f])
+    evidence = {
+        "lambda": lam,
+        "stops": int(hit.sum()),
+        "accuracy": float(right.mean()),
+        "confidence": float(conf.mean()),
+        "ece": ece(conf, right),
+        "crossfit_confidence": float(cross.mean()),
+        "crossfit_ece": ece(cross, right),
+    }
+    return ConfidenceMap.fit(conf, right), evidence
+
+
+def store_confidence_map(destination, cmap: ConfidenceMap, evidence: dict) -> None:
+    """Write the stop's `ConfidenceMap` and its evidence into a saved verifier's ``early_stopping`` (next to λ)."""
+    import json
+    from pathlib import Path
+
+    path = Path(destination) / "config.json"
+    config = json.loads(path.read_text())
+    config["early_stopping"]["confidence_map"] = cmap.to_dict() | {"evidence": evidence}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def store_pruning(destination, entry: dict) -> None:
