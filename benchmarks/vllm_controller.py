@@ -1,12 +1,11 @@
 """The vLLM controller against plain vLLM sampling of the same prompts and N (docs/vllm.md). Last stdout line: JSON.
 
 CPU mode (default): the shipped testbed LM and MSV_16 at its default (the λ and pruning rule it certified), 16
-evaluation problems, N = 16 and 64. Per N:
-plain vLLM CoT tokens/s; the controller's CoT tokens/s with elicitation and scoring on and no stopping; the
-elicitation and verifier share of its wall time and the tokens the engine computed for elicitation per CoT token
-(machine-independent: on a CPU the ratio follows it); wall time, tokens saved, chains pruned and accuracy with the
-default's early stopping and pruning against plain vLLM's full decoding (paired interval over problems), beside `hf-msv demo` on the same problems
-(shipped verifier only). Then N = 16 with answers every 64 and 128 tokens (cost only). ``--verifier DIR`` runs a
+evaluation problems, N = 16 and 64. Per N: plain vLLM CoT tokens/s; the controller's CoT tokens/s with elicitation
+and scoring on and no stopping; the elicitation and verifier share of its wall time and the tokens the engine
+computed for elicitation per CoT token (machine-independent: on a CPU the ratio follows it); wall time, tokens saved,
+chains pruned and accuracy with the default's early stopping and pruning against plain vLLM's full decoding (paired
+interval over problems), beside `hf-msv demo` on the same problems (shipped verifier only). Then N = 16 with answers every 64 and 128 tokens (cost only). ``--verifier DIR`` runs a
 streaming MSV saved with its stopping rule instead (its λ, and the elicitation schedule it was trained on, e.g. a
 ``min_gap_tokens`` spacing); ``--problems P`` sets the number of problems.
 GPU mode (``--gpu``): a Qwen2.5-1.5B-shaped Llama with random weights (``load_format="dummy"``, the testbed's
