@@ -5,9 +5,10 @@ evaluation problems, N = 16 and 64. Per N: plain vLLM CoT tokens/s; the controll
 and scoring on and no stopping; the elicitation and verifier share of its wall time and the tokens the engine
 computed for elicitation per CoT token (machine-independent: on a CPU the ratio follows it); wall time, tokens saved,
 chains pruned and accuracy with the default's early stopping and pruning against plain vLLM's full decoding (paired
-interval over problems), beside `hf-msv demo` on the same problems (shipped verifier only). Then N = 16 with answers every 64 and 128 tokens (cost only). ``--verifier DIR`` runs a
-streaming MSV saved with its stopping rule instead (its λ, and the elicitation schedule it was trained on, e.g. a
-``min_gap_tokens`` spacing); ``--problems P`` sets the number of problems.
+interval over problems), beside `hf-msv demo` on the same problems (shipped verifier only). Then N = 16 with
+answers every 64 and 128 tokens (cost only). ``--verifier DIR`` runs a streaming MSV saved with its stopping rule
+instead (its λ, and the elicitation schedule it was trained on, e.g. a ``min_gap_tokens`` spacing); ``--problems P``
+sets the number of problems.
 GPU mode (``--gpu``): a Qwen2.5-1.5B-shaped Llama with random weights (``load_format="dummy"``, the testbed's
 vocabulary), answers every 256 tokens, a random MSV; throughput and shares only. ``--smoke`` runs the GPU mode's
 code on CPU with a tiny config. ``--quick``: 4 problems, N = 8, short chains.
