@@ -85,8 +85,9 @@ def correct(results, problems, checker) -> list[bool]:
     return [r.chosen is not None and checker.is_correct(r.chosen.text, p.gold) for r, p in zip(results, problems)]
 
 
-def demo_parity(n, lam, budget, problems, stop_results, full_results, checker) -> dict:
-    """`hf-msv demo` (transformers `generate` with the generation hook) on the same problems, N and λ, beside the
+def demo_parity(n, budget, problems, stop_results, full_results, checker) -> dict:
+    """`hf-msv demo` (transformers `generate` with the generation hook) on the same problems and N at the same
+    default (the certified λ and pruning), beside the
     controller: accuracy with early stopping and tokens saved, and the controller's paired differences in accuracy
     and in the per-problem fraction of tokens saved (95 % bootstrap over problems; the two paths sample different
     chains, so the intervals carry sampling noise)."""
@@ -100,9 +101,7 @@ def demo_parity(n, lam, budget, problems, stop_results, full_results, checker) -
 
     with contextlib.redirect_stdout(io.StringIO()):  # the demo's table; the last stdout line stays the JSON
         rows = run_demo(
-            DemoConfig(
-                problems=len(problems), num_sequences=n, threshold=lam, max_new_tokens=budget, seed=0, figure=False
-            )
+            DemoConfig(problems=len(problems), num_sequences=n, max_new_tokens=budget, seed=0, figure=False)
         )
     assert [r.problem.id for r in rows] == [p.id for p in problems]
     vllm_ok = np.array(correct(stop_results, problems, checker), float)
@@ -180,7 +179,7 @@ def cpu_mode(quick: bool, verifier_dir: str | None = None, num_problems: int | N
             "chains_pruned": stop["chains_pruned"],
         }
         if shipped:  # the demo runs the shipped verifier
-            report[f"n{n}"] |= demo_parity(n, lam, budget, problems, stop_results, full_results, checker)
+            report[f"n{n}"] |= demo_parity(n, budget, problems, stop_results, full_results, checker)
     if not quick:
         # The same chains with sparser answers (every k tokens instead of at `Wait`): how the throughput ratio
         # follows the elicitation tokens per CoT token (the verifier is not trained for these answers; cost only).

@@ -1,14 +1,15 @@
 """Serving a queue of problems on vLLM: plain full decoding against the serving controller with early stopping
 (docs/vllm.md). Last stdout line: JSON.
 
-The shipped testbed LM and MSV_16 at its λ, P evaluation problems with N = 16 chains each, arriving all at once and
-at a fixed rate (default: 0.75 × plain vLLM's all-at-once problems/s, so the queue is loaded but not saturated).
+The shipped testbed LM and MSV_16 at its default (the λ and pruning rule it certified), P evaluation problems
+with N = 16 chains each, arriving all at once and at a fixed rate (default: 0.75 × plain vLLM's all-at-once
+problems/s, so the queue is loaded but not saturated).
 Three systems, each stepping the engine with continuous batching:
 
 * ``plain`` — plain vLLM full decoding, majority vote over the chains' final boxed answers;
 * ``full_wv`` — `AsyncVLLMController` without stopping (every answer elicited and scored), weighted vote of the
   terminal answers by the verifier's scores (`hf_msv.baselines.weighted_voting`);
-* ``stop`` — `AsyncVLLMController` with early stopping at λ (its chosen answer).
+* ``stop`` — `AsyncVLLMController` at its default: the certified early stop and pruning (its chosen answer).
 
 Per system and arrival pattern: problems/s (P over the time from the first arrival to the last answer),
 time-to-answer p50 / p90 (from a problem's arrival), chain-of-thought tokens, accuracy. ``--quick``: 4 problems,
@@ -160,15 +161,16 @@ def run(quick: bool, num_problems: int | None, rate: float | None, verifier_dir:
         plain["accuracy"] = sum(v is not None and checker.is_correct(v, p.gold) for v, p in zip(votes, problems)) / P
         settings = dict(num_sequences=n, max_new_tokens=budget)
         llm.reset_prefix_cache()
-        full, results = controller_serving(AsyncVLLMController(controller, **settings), prompts, arrivals)
+        full, results = controller_serving(
+            AsyncVLLMController(controller, threshold=None, **settings), prompts, arrivals
+        )
         votes = [weighted_vote_answer(r) for r in results]
         full["accuracy"] = sum(v is not None and checker.is_correct(v, p.gold) for v, p in zip(votes, problems)) / P
         llm.reset_prefix_cache()
-        stop, results = controller_serving(
-            AsyncVLLMController(controller, threshold=lam, **settings), prompts, arrivals
-        )
+        stop, results = controller_serving(AsyncVLLMController(controller, **settings), prompts, arrivals)  # default
         stop["accuracy"] = sum(correct(results, problems, checker)) / P
         stop["stopped_early"] = sum(r.stopped_early for r in results) / P
+        stop["chains_pruned"] = sum(len(r.pruned) for r in results)
         return {"plain": plain, "full_wv": full, "stop": stop}
 
     report = {
