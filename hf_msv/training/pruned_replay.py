@@ -561,7 +561,7 @@ def fit_stop_confidence(
         ``(map, evidence)``: the `ConfidenceMap` and {"stops", "accuracy", "confidence", "ece",
         "crossfit_confidence", "crossfit_ece"}.
     """
-    replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer), head, [lam])
+    replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer), head, np.array([lam]))
     hit = replay.stopped[:, 0]
     conf, right = replay.confidence[hit, 0], replay.correct[hit, 0]
     fold = np.arange(conf.size) % 2
