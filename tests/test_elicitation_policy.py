@@ -5,6 +5,7 @@ token), every K tokens, EOS (also where every-K would fire) and the budget."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import types
 from types import SimpleNamespace
@@ -145,7 +146,7 @@ def test_spaced_answers_branch_at_the_same_points(monkeypatch):
     assert (1, 9, "every_k", False) in live and (1, BUDGET - 1, "budget", True) in live
     for row in range(4):
         steps = [tau for sequence, tau, trigger, _ in live if sequence == row and trigger not in ("eos", "budget")]
-        assert all(later - earlier >= 4 for earlier, later in zip(steps, steps[1:]))
+        assert all(later - earlier >= 4 for earlier, later in itertools.pairwise(steps))
 
     policy = ElicitationPolicy(TOK, spaced, eos_token_ids(model.generation_config))
     sequences = [list(s) for s in result.sequences]

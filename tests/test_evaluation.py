@@ -361,7 +361,7 @@ def test_draw_sequences_are_seeded_subsets():
     assert len(set(a.tolist())) == 16 and a.max() < 64
     np.testing.assert_array_equal(a, draw_sequences(64, 16, 3, 5))
     assert not np.array_equal(a, draw_sequences(64, 16, 4, 5))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="only 4 sequences were collected"):
         draw_sequences(4, 8, 0, 0)
 
 
@@ -370,7 +370,7 @@ def test_measure_verifier_cost_and_costs_from_info(study):
     model = load_verifier(study["verifiers"]["MSV_4"]["streaming"])
     seqs = [draw_sequences(p.num_sequences, 8, 0, i) for i, p in enumerate(problems)]
     assert measure_verifier_cost(model, problems, seqs, max_groups=2) > 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="streaming verifiers"):
         measure_verifier_cost(load_verifier(study["verifiers"]["MSV_4"]["terminal"]), problems, seqs)
     costs = lm_costs_from_info(
         {
@@ -420,7 +420,7 @@ def test_cli_and_checker_rederivation(study, tmp_path):
             str(problems_file),
             "--difficulty-field",
             "level",
-            *sum((["--verifier", s] for s in specs), []),
+            *(arg for s in specs for arg in ("--verifier", s)),
         ]
     )
     results = evaluate_study(args).to_dict()
@@ -451,7 +451,7 @@ def _stored_order_scores(model, problem, sequences, mode, group_size):
     starts, lengths = problem.answer_token_start[rows], problem.answer_length[rows]
     token_rows = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
     step = problem.answer_step[rows] if mode == "streaming" else np.zeros(len(rows), dtype=np.int64)
-    long = lambda x: torch.from_numpy(np.asarray(x).astype(np.int64))  # noqa: E731
+    long = lambda x: torch.from_numpy(np.asarray(x).astype(np.int64))
     group, sequence = torch.zeros(len(rows), dtype=torch.long), long(seq)
     if group_size is not None and int(sequence.max()) >= group_size:
         group, sequence = split_into_groups(group, sequence, group_size)
@@ -550,7 +550,7 @@ def test_an_n_above_the_validation_split_names_it_and_what_to_do_before_any_work
 
     ev16 = write_split(tmp_path / "eval16", 3, seed=5, num_sequences=16)
     out = tmp_path / "report"
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError, match="has only 8 sequences per problem") as error:
         main(
             [
                 "--eval-dir",
@@ -609,7 +609,7 @@ def test_an_input_given_both_in_the_config_and_as_an_argument_is_refused(tmp_pat
         figures=False,
     )
     assert config.num_sequences == [4]  # one N is a list of one
-    with pytest.raises(ValueError, match="verifiers both as an argument and as EvaluateConfig.verifier"):
+    with pytest.raises(ValueError, match=r"verifiers both as an argument and as EvaluateConfig\.verifier"):
         evaluate_study(config, {"Probe": "verifiers/probe"})
     with pytest.raises(ValueError, match="lm_costs both as an argument"):
         evaluate_study(config, lm_costs=LatencyCosts(0.1, 0.0))
@@ -737,11 +737,10 @@ def test_claims_from_an_evaluation_with_intervals(study):
     r["terminal"][r["msv"]]["brier"]["mean"] = 0.7 * bb  # the point estimate clears the target ...
     iv = r["intervals"]["terminal"][base]["brier_ratio"]
     iv.update(low=0.55, high=0.85)  # ... the interval does not
-    held = lambda cid: next(
-        c
-        for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS)))  # noqa: E731
-        if c["id"] == cid
-    )["held"]
+
+    def held(cid):
+        return next(c for c in main_claims(s, ReproduceConfig(num_sequences=tuple(NS))) if c["id"] == cid)["held"]
+
     assert held("terminal_brier_N8") is False
     iv["high"] = 0.79
     assert held("terminal_brier_N8") is True

@@ -186,7 +186,7 @@ def offline_scores(verifier, result_list, group_size):
     """Score every scored answer of `result_list` in one offline verifier forward (no cache)."""
     answers = [a for r in result_list for a in r.answers if a.score is not None]
     n_groups = -(-max(r.num_sequences for r in result_list) // group_size)
-    column = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+    column = lambda values: torch.tensor(values, dtype=torch.long)
     out = verifier(
         hidden_states=torch.cat([a.hidden_states for a in answers]),
         token_answer=torch.repeat_interleave(torch.arange(len(answers)), column([a.length for a in answers])),
