@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -37,6 +38,7 @@ from hf_msv.training.pruned_replay import (
     replay_pruning,
     sweep_groups,
 )
+from hf_msv.utils import json_safe
 
 
 def index_of(lam: float) -> int:
@@ -224,7 +226,7 @@ def main(argv=None) -> dict:
         "no_stop": operating_point(oracle, f, full),
     }
     out = {
-        "command": "python research/pruning_study.py " + " ".join(argv or []),
+        "command": "python research/pruning_study.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "epsilon": args.epsilon,
         "delta": args.delta,
         "num_chains": n,
@@ -248,7 +250,7 @@ def main(argv=None) -> dict:
     }
     if args.output:
         with open(args.output, "w") as handle:
-            json.dump(out, handle, indent=1, default=float)
+            json.dump(json_safe(out), handle, indent=1)
             handle.write("\n")
     print(json.dumps({k: out[k] for k in ("fit", "deployed", "stop_only")}, default=float))
     return out
