@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from ..evaluation.results import EarlyStopComparison, Interval, MethodMetrics
+from ..evaluation.results import EarlyStopComparison, Interval, MethodMetrics, SeedStat
 from .config import ReproduceConfig
 from .paper import PAPER
 from .results import (
@@ -23,6 +23,7 @@ from .results import (
     ReproductionResults,
     SizeRow,
     as_reproduction_results,
+    required,
 )
 from .summary import best_bon_baseline, best_method, stat_mean
 
@@ -117,7 +118,7 @@ def _reduction(ratio: float) -> float:
 def _terminal_brier(main: MainStudySummary, n: int) -> dict:
     """C1: terminal Brier ≥ 20 % lower than the best single-sequence baseline at `n`."""
     row = main.row(n)
-    msv, terminal = row.msv, row.terminal
+    msv, terminal = row.msv, required(row.terminal, f"terminal metrics at N={n}")
     baseline, baseline_brier = best_method(terminal, [name for name in SINGLE_SEQUENCE if name != msv], "brier", True)
     ours = _msv_mean(terminal, msv, "brier")
     reduction = 1 - ours / baseline_brier if baseline_brier and not math.isnan(ours) else math.nan
@@ -155,7 +156,7 @@ def _brier_vs_votes(main: MainStudySummary, n: int) -> list[dict[str, Any]]:
     """MSV_N's terminal Brier below the vote baselines' (calibrated self-consistency, stacked), interval < 0; only
     for summaries that have them."""
     row = main.row(n)
-    msv, terminal = row.msv, row.terminal
+    msv, terminal = row.msv, required(row.terminal, f"terminal metrics at N={n}")
     intervals = {baseline: row.interval("terminal", baseline, "brier") for baseline in VOTE_BASELINES}
     intervals = {b: interval for b, interval in intervals.items() if b in terminal and interval is not None}
     if not intervals or msv not in terminal:
@@ -183,7 +184,7 @@ def _brier_vs_votes(main: MainStudySummary, n: int) -> list[dict[str, Any]]:
 def _best_of_n(main: MainStudySummary, n: int) -> dict:
     """C2: MSV_N's best-of-N accuracy ≥ the best baseline's + 2 pp."""
     row = main.row(n)
-    msv, terminal = row.msv, row.terminal
+    msv, terminal = row.msv, required(row.terminal, f"terminal metrics at N={n}")
     baseline, baseline_accuracy = best_bon_baseline(terminal, msv)
     ours = _msv_mean(terminal, msv, "bon_accuracy")
     gain = ours - baseline_accuracy
@@ -292,7 +293,7 @@ def _early_stop_twice(main: MainStudySummary, n: int) -> list[dict[str, Any]]:
 def _streaming_brier(main: MainStudySummary, n: int) -> dict:
     """C4: MSV_N's streaming Brier below every single-sequence baseline's (and their weighted-voting variants)."""
     row = main.row(n)
-    msv, streaming = row.msv, row.streaming
+    msv, streaming = row.msv, required(row.streaming, f"streaming metrics at N={n}")
     names = [name for name in SINGLE_SEQUENCE + tuple(f"{single}+WV" for single in SINGLE_SEQUENCE) if name != msv]
     baseline, baseline_brier = best_method(streaming, names, "brier", True)
     ours = _msv_mean(streaming, msv, "brier")
@@ -321,7 +322,7 @@ def _streaming_brier(main: MainStudySummary, n: int) -> dict:
 def _bon_ece(main: MainStudySummary, n: int) -> dict:
     """C5: MSV_N's best-of-N confidence has a lower ECE than every baseline's."""
     row = main.row(n)
-    msv, terminal = row.msv, row.terminal
+    msv, terminal = row.msv, required(row.terminal, f"terminal metrics at N={n}")
     baseline, baseline_ece = best_method(terminal, [name for name in terminal if name != msv], "bon_ece", True)
     ours = _msv_mean(terminal, msv, "bon_ece")
     paper = PAPER["bon_calibration"].get(str(n), {})
@@ -355,7 +356,7 @@ def main_claims(summary: ReproductionResults | Mapping, config: ReproduceConfig)
     Returns:
         The claims, in report order.
     """
-    main = as_reproduction_results(summary).main
+    main = required(as_reproduction_results(summary).main, "main study")
     ns = [n for n in config.num_sequences if n > 1]
     headline = _headline_ns(ns)
     claims = [_terminal_brier(main, n) for n in headline]
@@ -399,8 +400,10 @@ def _checker_robustness(n: int, drops: dict[str, float], wv_drops: dict[str, flo
 
 def _logit_averaging(n: int, without: float, main_row: MainRow) -> dict:
     """Logit averaging raises MSV_N's best-of-N: the main study's (with) against the reference-checker run's."""
-    with_averaging = stat_mean(main_row.terminal[main_row.msv].stat("bon_accuracy"))
-    baseline, baseline_accuracy = best_bon_baseline(main_row.terminal, main_row.msv)
+    terminal = required(main_row.terminal, f"terminal metrics at N={n}")
+    msv = required(main_row.msv, f"MSV at N={n}")
+    with_averaging = stat_mean(terminal[msv].stat("bon_accuracy"))
+    baseline, baseline_accuracy = best_bon_baseline(terminal, msv)
     return make_claim(
         "best_of_logit_averaging",
         f"Logit averaging over equivalent answers raises MSV_{n}'s best-of-{n}",
@@ -426,13 +429,14 @@ def checker_claims(summary: ReproductionResults | Mapping) -> list[dict[str, Any
         The claims.
     """
     results = as_reproduction_results(summary)
-    n, rows = results.checkers.n, results.checkers.rows
+    checkers = required(results.checkers, "checker study")
+    n, rows = required(checkers.n, "checker study's N"), required(checkers.rows, "checker study's rows")
     key = f"MSV_{n} (trained with checker)"
     drops = _checker_drops(rows, key)
     wv_drops = _checker_drops(rows, "Probe+WV")
     claims = [_checker_robustness(n, drops, wv_drops)]
     reference = rows["reference"].methods if "reference" in rows else {}
-    main_row = results.main.per_n.get(str(n))
+    main_row = required(results.main, "main study").per_n.get(str(n))
     if key in reference and main_row is not None and main_row.msv in (main_row.terminal or {}):
         claims.append(_logit_averaging(n, stat_mean(reference[key]), main_row))
     if "random" in drops:
@@ -458,12 +462,11 @@ def mask_claims(summary: ReproductionResults | Mapping) -> list[dict[str, Any]]:
     Returns:
         The claim, in a list.
     """
-    masks = as_reproduction_results(summary).masks
+    masks = required(as_reproduction_results(summary).masks, "mask study")
+    rows = required(masks.rows, "mask study's rows")
     full_name = f"MSV_{masks.n}"
-    full = stat_mean(_stat_of(masks.rows.get(full_name), "brier"))
-    increases = {
-        name: stat_mean(metrics.stat("brier")) - full for name, metrics in masks.rows.items() if name != full_name
-    }
+    full = stat_mean(_stat_of(rows.get(full_name), "brier"))
+    increases = {name: stat_mean(metrics.stat("brier")) - full for name, metrics in rows.items() if name != full_name}
     return [
         make_claim(
             "masks",
@@ -478,7 +481,7 @@ def mask_claims(summary: ReproductionResults | Mapping) -> list[dict[str, Any]]:
     ]
 
 
-def _stat_of(metrics: MethodMetrics | None, metric: str):
+def _stat_of(metrics: MethodMetrics | None, metric: str) -> SeedStat | None:
     return None if metrics is None else metrics.stat(metric)
 
 
@@ -491,10 +494,9 @@ def delimiter_claims(summary: ReproductionResults | Mapping) -> list[dict[str, A
     Returns:
         The claim, in a list.
     """
-    delimiters = as_reproduction_results(summary).delimiters
-    compared = {
-        name: row.methods for name, row in delimiters.rows.items() if "MSV_N" in row.methods and "Probe" in row.methods
-    }
+    delimiters = required(as_reproduction_results(summary).delimiters, "delimiter study")
+    rows = required(delimiters.rows, "delimiter study's rows")
+    compared = {name: row.methods for name, row in rows.items() if "MSV_N" in row.methods and "Probe" in row.methods}
     # the normalised AUTC over t* (the paper's axis) when every row has it; older runs: raw AUTC over summed tokens
     every_row_has_steps = compared and all("autc_steps_norm" in methods["MSV_N"] for methods in compared.values())
     key = "autc_steps_norm" if every_row_has_steps else "autc_tokens"
@@ -517,26 +519,33 @@ def delimiter_claims(summary: ReproductionResults | Mapping) -> list[dict[str, A
     ]
 
 
-def _grouping_comparisons(grouping: GroupingStudy) -> dict[str, tuple[str, float, str | None, float]]:
+def _grouping_comparisons(grouping: GroupingStudy) -> dict[str, tuple[str | None, float, str | None, float]]:
     """Per N > M: (MSV, its latency AUTC, the best baseline by latency AUTC, that baseline's AUTC)."""
     comparisons = {}
-    for n in [n for n in grouping.per_n if int(n) > grouping.m]:
-        row = grouping.per_n[n]
-        autc = row.autc_latency_norm
-        baselines = [method for method in autc if method != row.msv]
+    per_n, m = required(grouping.per_n, "grouping study's rows"), required(grouping.m, "grouping study's M")
+    for n in [n for n in per_n if int(n) > m]:
+        row = per_n[n]
+        msv = row.msv
+        autc = required(row.autc_latency_norm, f"latency AUTC at N={n}")
+        baselines = [method for method in autc if method != msv]
         best = max(baselines, key=lambda method: stat_mean(autc[method])) if baselines else None
         best_autc = stat_mean(autc.get(best)) if best else math.nan
-        comparisons[n] = (row.msv, stat_mean(autc.get(row.msv)), best, best_autc)
+        comparisons[n] = (msv, math.nan if msv is None else stat_mean(autc.get(msv)), best, best_autc)
     return comparisons
 
 
 def _grouping_cost_claim(grouping: GroupingStudy) -> list[dict[str, Any]]:
     """With grouping the MSV's cost per answer stays flat (≤ 2× from the smallest to the largest N)."""
-    costs = {n: row.verifier_online_s_per_answer.get(row.msv) for n, row in grouping.per_n.items()}
-    ns = sorted(int(n) for n in costs if costs[n])
+    costs: dict[int, float] = {}
+    for n, row in required(grouping.per_n, "grouping study's rows").items():
+        online = required(row.verifier_online_s_per_answer, f"verifier costs at N={n}")
+        cost = None if row.msv is None else online.get(row.msv)
+        if cost:
+            costs[int(n)] = cost
+    ns = sorted(costs)
     if len(ns) < 2:
         return []
-    ratio = costs[str(ns[-1])] / costs[str(ns[0])]
+    ratio = costs[ns[-1]] / costs[ns[0]]
     return [
         make_claim(
             "grouping_linear",
@@ -559,7 +568,7 @@ def grouping_claims(summary: ReproductionResults | Mapping) -> list[dict[str, An
     Returns:
         The claims.
     """
-    grouping = as_reproduction_results(summary).grouping
+    grouping = required(as_reproduction_results(summary).grouping, "grouping study")
     comparisons = _grouping_comparisons(grouping)
     held = None if not comparisons else bool(all(ours >= best for _, ours, _, best in comparisons.values()))
     claims = [
@@ -584,12 +593,18 @@ def grouping_claims(summary: ReproductionResults | Mapping) -> list[dict[str, An
 def _size_sentence(size: str, row: SizeRow, n: int) -> str:
     """One training-set size's best-of-N gain and token fraction against their baselines."""
     fraction = row.early_stop_token_fraction
+    gain = required(row.bon_gain, f"best-of-N gain with {size} training problems")
     return (
-        f"{size} problems: best-of-{n} {100 * row.bon_gain:+.1f} pp vs "
+        f"{size} problems: best-of-{n} {100 * gain:+.1f} pp vs "
         f"{row.bon_best_baseline}, token fraction "
         + ("∞" if fraction is None else f"{fraction:.2f}")
         + f" vs {row.early_stop_best_baseline}"
     )
+
+
+def _probe_brier(row: SizeRow, size: str) -> SeedStat | None:
+    """The Probe's terminal Brier with `size` training problems."""
+    return required(row.terminal, f"terminal metrics with {size} training problems")["Probe"].stat("brier")
 
 
 def training_size_claims(summary: ReproductionResults | Mapping, config: ReproduceConfig) -> list[dict[str, Any]]:
@@ -604,16 +619,18 @@ def training_size_claims(summary: ReproductionResults | Mapping, config: Reprodu
     Returns:
         The claims (none with fewer than two sizes).
     """
-    study = as_reproduction_results(summary).training_size
-    per_size = study.per_size
+    study = required(as_reproduction_results(summary).training_size, "training-size study")
+    per_size = required(study.per_size, "training-size study's rows")
     sizes = sorted(per_size, key=int)
     if len(sizes) < 2:
         return []
+    n = required(study.n, "training-size study's N")
     base_size, top_size = sizes[-2], sizes[-1]
-    base_brier = stat_mean(per_size[base_size].terminal["Probe"].stat("brier"))
-    top_brier = stat_mean(per_size[top_size].terminal["Probe"].stat("brier"))
+    base_brier = stat_mean(_probe_brier(per_size[base_size], base_size))
+    top_brier = stat_mean(_probe_brier(per_size[top_size], top_size))
     paper = PAPER["training_size"]["Probe"]
     top = per_size[top_size]
+    top_gain = required(top.bon_gain, f"best-of-N gain with {top_size} training problems")
     fraction = top.early_stop_token_fraction
     return [
         make_claim(
@@ -628,12 +645,11 @@ def training_size_claims(summary: ReproductionResults | Mapping, config: Reprodu
         ),
         make_claim(
             "training_size_msv",
-            f"With {top_size} training problems MSV_{study.n} meets the best-of-N (+2 pp) and "
-            "early-stop (≤ 0.40) targets",
+            f"With {top_size} training problems MSV_{n} meets the best-of-N (+2 pp) and early-stop (≤ 0.40) targets",
             "— (not in the paper: tests whether the testbed's gaps are a lack of training data)",
-            bool(top.bon_gain >= 0.02 and fraction is not None and fraction <= 0.40),
-            "; ".join(_size_sentence(size, row, study.n) for size, row in per_size.items()) + ".",
-            gain=top.bon_gain,
+            bool(top_gain >= 0.02 and fraction is not None and fraction <= 0.40),
+            "; ".join(_size_sentence(size, row, n) for size, row in per_size.items()) + ".",
+            gain=top_gain,
             fraction=fraction,
         ),
     ]
@@ -651,14 +667,13 @@ def config_of(summary: ReproductionResults | Mapping) -> ReproduceConfig:
         The config.
     """
     known = {setting.name for setting in fields(ReproduceConfig)}
-    settings = {"task": "v1"} | dict(as_reproduction_results(summary).config.items())
-    return ReproduceConfig(
-        **{
-            name: tuple(value) if isinstance(value, list) else value
-            for name, value in settings.items()
-            if name in known
-        }
+    settings: dict[str, Any] = {"task": "v1"} | dict(
+        required(as_reproduction_results(summary).config, "config").items()
     )
+    kwargs: dict[str, Any] = {
+        name: tuple(value) if isinstance(value, list) else value for name, value in settings.items() if name in known
+    }
+    return ReproduceConfig(**kwargs)
 
 
 def compute_claims(

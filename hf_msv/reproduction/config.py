@@ -129,7 +129,7 @@ class ReproduceConfig:
     @classmethod
     def quick_config(cls, task: str = DEFAULT_TASK, **overrides) -> "ReproduceConfig":
         """A smoke run's sizes on `task` (`overrides`: fields set differently, e.g. an own LM's ``model``)."""
-        quick = dict(
+        quick: dict[str, Any] = dict(
             task=task,
             train_problems=16,
             val_problems=8,
@@ -408,9 +408,10 @@ class ReproduceArguments:
                 raise UserError(f"--model runs the main study on your own LM; {flag} is for a testbed task")
         if self.continue_report:
             raise UserError("--continue-report adds testbed studies to a report; on your own LM rerun to resume")
-        if None in specs:
+        given_specs = [spec for spec in specs if spec is not None]
+        if len(given_specs) < len(specs):
             raise UserError("--model needs --train-problems, --val-problems and --eval-problems (problem specs)")
-        counts = [len(load_spec(spec)) for spec in specs]
+        counts = [len(load_spec(spec)) for spec in given_specs]
         sizes = dict(zip(("train_problems", "val_problems", "eval_problems"), counts))
         return {"model": self.model, "problem_specs": specs, **sizes} | {k: v for k, v in own.items() if v is not None}
 
@@ -422,7 +423,7 @@ def training_config(kind: str, n: int, mode: str, quick: bool = False, **overrid
     ``architecture={...}``, ...)."""
     from ..training import MSVTrainingConfig
 
-    cfg = dict(kind=kind, num_sequences=1 if kind == "probe" else n, mode=mode, progress=False)
+    cfg: dict[str, Any] = dict(kind=kind, num_sequences=1 if kind == "probe" else n, mode=mode, progress=False)
     if quick:
         cfg |= dict(max_steps=40, eval_steps=10)
     return MSVTrainingConfig(**(cfg | overrides))

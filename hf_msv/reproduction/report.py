@@ -23,6 +23,7 @@ from .results import (
     SizeRow,
     SummarySettings,
     as_reproduction_results,
+    required,
 )
 
 __all__ = ["LEGACY_PARTS_KEY", "render_testbed", "report_parts"]
@@ -48,13 +49,38 @@ def _mean_std(stat: SeedStat | None, digits: int = 3) -> str:
     return format_mean_std(None if stat is None else stat.to_dict(), digits)
 
 
+def _settings(summary: ReproductionResults) -> SummarySettings:
+    """The run's settings (every summary has them)."""
+    return required(summary.config, "config")
+
+
+def _ns(summary: ReproductionResults) -> list[int]:
+    """The N of the main study."""
+    return required(_settings(summary).num_sequences, "config.num_sequences")
+
+
+def _timing(summary: ReproductionResults) -> dict[str, float]:
+    """The run's stage times in seconds (``"total"`` among them)."""
+    return required(summary.timing_s, "timing_s")
+
+
+def _main(summary: ReproductionResults) -> MainStudySummary:
+    """The main study (every summary has it)."""
+    return required(summary.main, "main study")
+
+
+def _metrics(row: MainRow | SizeRow, setting: str) -> dict[str, MethodMetrics]:
+    """The {method: metrics} table of `row` in `setting` (``"terminal"`` or ``"streaming"``)."""
+    return required(getattr(row, setting), f"{setting} metrics")
+
+
 def _stat(methods: dict[str, MethodMetrics] | None, method: str | None, metric: str) -> SeedStat | None:
     """`method`'s statistic of `metric` in a {method: metrics} table; None when either is missing."""
     metrics = (methods or {}).get(method or "")
     return None if metrics is None else metrics.stat(metric)
 
 
-def _paper_key(method: str, msv: str, n: int) -> str:
+def _paper_key(method: str, msv: str | None, n: int) -> str:
     """The paper's name for `method`: its tables call the multi-sequence verifier "MSV_N"."""
     return "MSV_N" if method == msv and n > 1 else method
 
@@ -64,7 +90,7 @@ def _claims_for(summary: ReproductionResults, prefix: str) -> list[str]:
     return [
         f"* **{claim.claim}** — {claim.sentence} (paper: {claim.paper})"
         for claim in summary.claims or []
-        if claim.id.startswith(prefix)
+        if required(claim.id, "claim id").startswith(prefix)
     ]
 
 
@@ -89,7 +115,7 @@ def _bold_msv(method: str, msv: str | None) -> str:
 
 def _task(settings: SummarySettings) -> str:
     """The summary's testbed task (summaries written before testbed v2 have none: v1)."""
-    return settings.task if settings.has("task") else "v1"
+    return required(settings.task, "config.task") if settings.has("task") else "v1"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -115,7 +141,7 @@ def _caveat(own: bool) -> str:
 
 def _header(summary: ReproductionResults) -> list[str]:
     """Title, caveats, setup (data, N, verifiers, LM costs, stage times, report links) and the claims table."""
-    settings = summary.config
+    settings = _settings(summary)
     task = _task(settings)
     own = task == "own"  # `hf-msv reproduce --model`: the main study on the user's LM and problems
     tag = "" if task == "v1" else f" {task}"
@@ -153,7 +179,7 @@ def _header(summary: ReproductionResults) -> list[str]:
         "",
         markdown_table(
             ["claim", "ours", "paper"],
-            [[claim.claim, claim.sentence, claim.paper] for claim in summary.claims or []],
+            [[str(claim.claim), str(claim.sentence), str(claim.paper)] for claim in summary.claims or []],
         ),
         "",
     ]
@@ -161,8 +187,8 @@ def _header(summary: ReproductionResults) -> list[str]:
 
 def _data_line(summary: ReproductionResults) -> str:
     """The setup's data line: split sizes, sampling, and the evaluation collection's answers and accuracy."""
-    settings = summary.config
-    evaluation = summary.main.data["eval"]
+    settings = _settings(summary)
+    evaluation = required(_main(summary).data, "main study data")["eval"]
     return (
         f"* Data: {settings.train_problems} train / {settings.val_problems} validation / {settings.eval_problems} "
         f"evaluation problems × {settings.num_samples} samples (temperature 1, ≤ {settings.max_new_tokens} tokens, "
@@ -191,7 +217,7 @@ def _stage_times_line(summary: ReproductionResults) -> str:
     verifiers = summary.verifiers
     return (
         "* Stage times (s): "
-        + ", ".join(f"{stage} {seconds:.0f}" for stage, seconds in summary.timing_s.items())
+        + ", ".join(f"{stage} {seconds:.0f}" for stage, seconds in _timing(summary).items())
         + "."
         + (
             ""
@@ -204,10 +230,11 @@ def _stage_times_line(summary: ReproductionResults) -> str:
 
 def _reports_line(summary: ReproductionResults) -> str:
     """Links to the per-study reports, and the studies not run."""
-    missing = [study for study in STUDIES if study not in summary.studies]
+    studies = required(summary.studies, "studies")
+    missing = [study for study in STUDIES if study not in studies]
     return (
         "* Full per-study reports: "
-        + ", ".join(f"[{name}]({path})" for name, path in summary.reports.items())
+        + ", ".join(f"[{name}]({path})" for name, path in required(summary.reports, "reports").items())
         + "."
         + (
             f" Not run this time: {', '.join(missing)} (`hf-msv reproduce {_continue_flag(summary)}--studies ...`)."
@@ -221,10 +248,10 @@ def _duration(summary: ReproductionResults) -> str:
     """How long the run took. A run that resumed a work directory, or a part that continued a committed report, only
     timed itself: saying "in 0.0 min" of a report whose artefacts took hours to make would mislead, so such a
     report says so."""
-    minutes = summary.timing_s["total"] / 60
+    minutes = _timing(summary)["total"] / 60
     if _continued(summary):
         parts = summary.report_parts()
-        ran = ", ".join(parts[-1].studies) or "no new study"
+        ran = ", ".join(parts[-1].studies or []) or "no new study"
         return (
             f"in {len(parts)} parts (each part after the first continued the committed report with "
             f"`--continue-report`; the last ran {ran} in {minutes:.1f} min, and the stage times below are its "
@@ -251,8 +278,8 @@ def _continue_flag(summary: ReproductionResults) -> str:
 def _part_text(index: int, part: ReportPart) -> str:
     """One part: its studies, device, minutes, fits trained, commit and collection differences."""
     return (
-        f"{index}. {', '.join(part.studies) or 'no study'} on `{part.device or 'cpu'}`, "
-        f"{part.timing_s['total'] / 60:.0f} min"
+        f"{index}. {', '.join(part.studies or []) or 'no study'} on `{part.device or 'cpu'}`, "
+        f"{required(part.timing_s, 'part timing')['total'] / 60:.0f} min"
         + (f", {part.verifiers.trained or 0} fits trained" if part.verifiers is not None else "")
         + (f", commit {part.git_commit[:10]}" if part.git_commit else "")
         + (
@@ -332,9 +359,9 @@ def _reuse_record_lines(reuse: ReuseRecord | None) -> list[str]:
         return []
     return [
         "* Reused from an earlier run (same settings, data and code version unless said): "
-        + ("; ".join(reuse.reused) or "nothing")
+        + ("; ".join(reuse.reused or []) or "nothing")
         + ".",
-        "* Redone although present: " + ("; ".join(reuse.redone) or "nothing") + ".",
+        "* Redone although present: " + ("; ".join(reuse.redone or []) or "nothing") + ".",
     ]
 
 
@@ -376,13 +403,13 @@ def _calibration_section(row: MainRow, setting: str, n: int) -> list[str]:
 
 def _calibration(summary: ReproductionResults, setting: str, title: str, claim_prefix: str, figure: str) -> list[str]:
     """Section 1 (terminal) or 3 (streaming): one calibration table per N, the claims, the largest N's figures."""
-    ns = summary.config.num_sequences
+    ns = _ns(summary)
     lines = [title, ""]
     for n in ns:
-        lines += _calibration_section(summary.main.row(n), setting, n)
+        lines += _calibration_section(_main(summary).row(n), setting, n)
     lines += _claims_for(summary, claim_prefix) + [""]
     return lines + _embed_figures(
-        _captions(summary.main.figures), lambda file: figure in file and file.endswith(f"N{ns[-1]}.png")
+        _captions(_main(summary).figures), lambda file: figure in file and file.endswith(f"N{ns[-1]}.png")
     )
 
 
@@ -391,9 +418,11 @@ def _best_of_n_methods(main: MainStudySummary, ns) -> list[str]:
     methods = []
     for n in ns:
         row = main.row(n)
-        multi = set(row.multi_sequence) | {row.msv}
+        multi = set(required(row.multi_sequence, f"multi-sequence methods at N={n}")) | {row.msv}
         methods += [
-            method for method in row.terminal if method not in methods and (method not in multi or method == "MSV_1")
+            method
+            for method in _metrics(row, "terminal")
+            if method not in methods and (method not in multi or method == "MSV_1")
         ]
     return methods + ["MSV_N"]
 
@@ -403,7 +432,8 @@ def _best_of_n_accuracy_row(main: MainStudySummary, ns, method: str) -> list[str
     cells = [method]
     for n in ns:
         row = main.row(n)
-        metrics = row.terminal.get(row.msv if method == "MSV_N" else method)
+        name = row.msv if method == "MSV_N" else method
+        metrics = None if name is None else _metrics(row, "terminal").get(name)
         accuracies = PAPER["bon_accuracy"]
         paper = accuracies["1"]["base"] if n == 1 else accuracies.get(str(n), {}).get(method)
         if metrics is None:
@@ -416,7 +446,7 @@ def _best_of_n_accuracy_row(main: MainStudySummary, ns, method: str) -> list[str
 def _best_of_n_calibration(row: MainRow, n: int) -> list[str]:
     """The best-of-N calibration table of one N > 1."""
     rows = []
-    for method, metrics in row.terminal.items():
+    for method, metrics in _metrics(row, "terminal").items():
         paper = PAPER["bon_calibration"].get(str(n), {}).get(_paper_key(method, row.msv, n), {})
         rows.append(
             [
@@ -437,7 +467,7 @@ def _best_of_n_calibration(row: MainRow, n: int) -> list[str]:
 
 def _best_of_n(summary: ReproductionResults) -> list[str]:
     """Section 2: best-of-N accuracy per method and N, and the best-of-N calibration per N > 1."""
-    main, ns = summary.main, summary.config.num_sequences
+    main, ns = _main(summary), _ns(summary)
     rows = [_best_of_n_accuracy_row(main, ns, method) for method in _best_of_n_methods(main, ns)]
     lines = [
         "## 2. Best-of-N accuracy and calibration",
@@ -466,7 +496,7 @@ def _early_stopping_row(row: MainRow, n: int) -> list[str]:
     baseline = row.early_stop_best_baseline
     return [
         str(n),
-        row.msv,
+        required(row.msv, f"MSV at N={n}"),
         str(baseline),
         _paper_number(row.early_stop_best_baseline_peak_accuracy, 3),
         _paper_number(row.early_stop_msv_peak_accuracy, 3),
@@ -477,6 +507,11 @@ def _early_stopping_row(row: MainRow, n: int) -> list[str]:
     ]
 
 
+def _online_costs(row: MainRow, n: int) -> dict[str, float]:
+    """Each verifier's online cost per answer at `n`."""
+    return required(row.verifier_online_s_per_answer, f"verifier costs at N={n}")
+
+
 def _verifier_costs_line(main: MainStudySummary, ns) -> str:
     """The verifiers' online cost per answer at each N, the paper's verifier times beside."""
     latency = PAPER["latency"]["verifier"]
@@ -485,8 +520,7 @@ def _verifier_costs_line(main: MainStudySummary, ns) -> str:
         f"{latency['Probe']['64']} / {latency['MSV_N']['64']} s per "
         "problem): "
         + "; ".join(
-            f"N={n}: "
-            + ", ".join(f"{method} {cost:.1e}" for method, cost in main.row(n).verifier_online_s_per_answer.items())
+            f"N={n}: " + ", ".join(f"{method} {cost:.1e}" for method, cost in _online_costs(main.row(n), n).items())
             for n in ns
         )
         + "."
@@ -495,7 +529,7 @@ def _verifier_costs_line(main: MainStudySummary, ns) -> str:
 
 def _early_stopping(summary: ReproductionResults) -> list[str]:
     """Section 4: the early-stop token / latency fractions per N, the verifier costs and the trade-off figures."""
-    main, ns = summary.main, summary.config.num_sequences
+    main, ns = _main(summary), _ns(summary)
     lines = [
         "## 4. Early stopping: accuracy vs tokens and latency",
         "",
@@ -540,7 +574,7 @@ def _comparison_row(row: MainRow, n: int, pool: str, comparison: EarlyStopCompar
     """One N and baseline pool of the early-stop comparison table."""
     return [
         str(n),
-        row.msv,
+        required(row.msv, f"MSV at N={n}"),
         "single-sequence" if pool == "single_sequence" else "all",
         comparison.baseline,
         _paper_number(comparison.baseline_peak_accuracy, 3),
@@ -588,9 +622,9 @@ def _comparison_tables(main: MainStudySummary, ns) -> list[str]:
 def _lambda_selection(summary: ReproductionResults) -> list[str]:
     """The λ chosen by each rule (validation, LTT) for the MSV, Probe, MSV_1 and Probe+WV, and how it fared."""
     rows = []
-    for n in summary.config.num_sequences:
-        row = summary.main.row(n)
-        for method, rules in row.lambda_selection.items():
+    for n in _ns(summary):
+        row = _main(summary).row(n)
+        for method, rules in required(row.lambda_selection, f"λ selection at N={n}").items():
             if method not in (row.msv, "Probe", "MSV_1", "Probe+WV"):
                 continue
             for rule, record in rules.items():
@@ -620,7 +654,7 @@ def _lambda_selection(summary: ReproductionResults) -> list[str]:
 
 def _checkers(summary: ReproductionResults) -> list[str]:
     """Section 5: best-of-N under each equivalence checker, with the checker's agreement with the reference."""
-    n = summary.checkers.n
+    n = required(summary.checkers, "checker study").n
     columns = [
         "Self-consistency",
         "Probe+WV",
@@ -636,7 +670,7 @@ def _checkers(summary: ReproductionResults) -> list[str]:
         "MSV_64 (trained with checker)",
     ]
     rows = []
-    for checker, row in summary.checkers.rows.items():
+    for checker, row in required(required(summary.checkers, "checker study").rows, "checker rows").items():
         paper = PAPER["checkers"].get(checker, {})
         rows.append(
             [checker, _paper_number(row.agreement, 3), _paper_number(paper.get("agreement"), 3)]
@@ -675,9 +709,9 @@ def _checkers(summary: ReproductionResults) -> list[str]:
 
 def _masks(summary: ReproductionResults) -> list[str]:
     """Section 6: the streaming MSV with each attention mask removed."""
-    n = summary.masks.n
+    n = required(summary.masks, "mask study").n
     rows = []
-    for name, metrics in summary.masks.rows.items():
+    for name, metrics in required(required(summary.masks, "mask study").rows, "mask rows").items():
         paper = PAPER["masks"].get("MSV_16" if name == f"MSV_{n}" else name, {})
         rows.append(
             [
@@ -704,9 +738,10 @@ def _masks(summary: ReproductionResults) -> list[str]:
 
 def _delimiters(summary: ReproductionResults) -> list[str]:
     """Section 7: AUTC with the Wait delimiter and with delimiter-free elicitation every K tokens."""
-    n, settings = summary.delimiters.n, summary.config
+    delimiters, settings = required(summary.delimiters, "delimiter study"), _settings(summary)
+    n = delimiters.n
     rows = []
-    for elicitation, row in summary.delimiters.rows.items():
+    for elicitation, row in required(delimiters.rows, "delimiter rows").items():
         paper = PAPER["delimiters"].get("Wait" if elicitation == "Wait" else "every K tokens", {})
         rows.append(
             [elicitation, _paper_number(row.answers_per_sequence, 2)]
@@ -720,7 +755,7 @@ def _delimiters(summary: ReproductionResults) -> list[str]:
             f"## 7. Delimiter sensitivity (AUTC at N={n}, accuracy × tokens; paper: AIME, N=16, in parentheses)",
             "",
             "The Wait row is the main collection; the every-K row is a separate, smaller collection "
-            f"({'/'.join(map(str, settings.delimiter_sizes))} problems × {settings.delimiter_samples} samples) "
+            f"({'/'.join(map(str, required(settings.delimiter_sizes, 'config.delimiter_sizes')))} problems × {settings.delimiter_samples} samples) "
             "with its own verifiers. Compare verifiers within a row.",
             "",
             markdown_table(["elicitation", "answers / sequence", "Probe", "MSV_1", f"MSV_{n}"], rows),
@@ -733,18 +768,22 @@ def _delimiters(summary: ReproductionResults) -> list[str]:
 
 def _grouping(summary: ReproductionResults) -> list[str]:
     """Section 8: grouped MSV_M at N > M against the baselines (AUTC, peak accuracy, verifier cost)."""
-    grouping = summary.grouping
+    grouping = required(summary.grouping, "grouping study")
     rows = []
-    for n, row in grouping.per_n.items():
-        for method in row.autc_latency_norm:
+    for n, row in required(grouping.per_n, "grouping rows").items():
+        autc_latency = required(row.autc_latency_norm, f"latency AUTC at N={n}")
+        autc_tokens = required(row.autc_tokens_norm, f"token AUTC at N={n}")
+        peak = required(row.peak_accuracy, f"peak accuracy at N={n}")
+        online = required(row.verifier_online_s_per_answer, f"verifier costs at N={n}")
+        for method in autc_latency:
             rows.append(
                 [
                     n,
                     _bold_msv(method, row.msv),
-                    _mean_std(row.autc_latency_norm[method]),
-                    _mean_std(row.autc_tokens_norm[method]),
-                    _mean_std(row.peak_accuracy[method]),
-                    _paper_number(row.verifier_online_s_per_answer.get(method), 6),
+                    _mean_std(autc_latency[method]),
+                    _mean_std(autc_tokens[method]),
+                    _mean_std(peak[method]),
+                    _paper_number(online.get(method), 6),
                 ]
             )
     lines = [
@@ -756,37 +795,40 @@ def _grouping(summary: ReproductionResults) -> list[str]:
         "",
     ]
     lines += _claims_for(summary, "grouping") + [""]
-    for figure in grouping.figures:
+    for figure in grouping.figures or []:
         lines += [f"![{figure.caption}]({figure.file})", "", f"*{figure.caption}*", ""]
     return lines
 
 
 def _training_size_row(size: str, row: SizeRow) -> list[str]:
     """One training-set size: Probe and MSV Brier, best-of-N against the best baseline, the token fraction."""
-    msv = row.msv
+    msv = required(row.msv, f"MSV with {size} training problems")
     fraction = row.early_stop_token_fraction
     return [
         size,
-        f"{_mean_std(row.terminal['Probe'].stat('brier'), 4)} "
+        f"{_mean_std(_metrics(row, 'terminal')['Probe'].stat('brier'), 4)} "
         f"({_paper_number(PAPER['training_size']['Probe'].get(size), 4)})",
-        _mean_std(row.terminal[msv].stat("brier"), 4),
-        _mean_std(row.terminal[msv].stat("bon_accuracy")),
+        _mean_std(_metrics(row, "terminal")[msv].stat("brier"), 4),
+        _mean_std(_metrics(row, "terminal")[msv].stat("bon_accuracy")),
         f"{_paper_number(row.bon_best_baseline_value, 3)} ({row.bon_best_baseline})",
-        f"{100 * row.bon_gain:+.1f}",
-        _mean_std(row.streaming[msv].stat("brier"), 4),
+        f"{100 * required(row.bon_gain, f'best-of-N gain with {size} training problems'):+.1f}",
+        _mean_std(_metrics(row, "streaming")[msv].stat("brier"), 4),
         ("∞" if fraction is None else _paper_number(fraction, 2)) + f" ({row.early_stop_best_baseline})",
     ]
 
 
 def _training_size(summary: ReproductionResults) -> list[str]:
     """Section 9: Probe and MSV_N calibration, best-of-N gap and early-stop fraction per training-set size."""
-    n = summary.training_size.n
-    rows = [_training_size_row(size, row) for size, row in summary.training_size.per_size.items()]
+    n = required(summary.training_size, "training-size study").n
+    rows = [
+        _training_size_row(size, row)
+        for size, row in required(required(summary.training_size, "training-size study").per_size, "sizes").items()
+    ]
     return (
         [
             f"## 9. Training-set size (Probe and MSV_{n}, N={n}; paper: AIME Probe, in parentheses)",
             "",
-            f"The first k training problems (nested subsets; sizes above {summary.config.train_problems} add "
+            f"The first k training problems (nested subsets; sizes above {_settings(summary).train_problems} add "
             "problems collected for this study); validation and evaluation are the main study's.",
             "",
             markdown_table(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ..evaluation.records import Record, coded, list_of, mapping_of, record, rest
 from ..evaluation.results import EarlyStopComparison, Figure, Interval, LambdaRuleRecord, MethodMetrics, SeedStat
@@ -45,7 +45,10 @@ __all__ = [
     "ReproductionResults",
     "as_reproduction_results",
     "unmodelled_keys",
+    "required",
 ]
+
+_T = TypeVar("_T")
 
 LEGACY_PARTS_KEY = "sittings"  # the key of `ReproductionResults.parts` in reports written before it had that name
 
@@ -56,6 +59,21 @@ class _Summary(Record):
     in code writes only the fields it sets."""
 
     WRITE_NONE: ClassVar[bool] = False
+
+
+def required(value: _T | None, what: str) -> _T:
+    """`value`, a summary entry the caller needs: a ValueError naming `what` when the summary lacks it.
+
+    Args:
+        value: the entry (None when the summary has no such key).
+        what: the entry, for the message (e.g. ``"the main study"``).
+
+    Returns:
+        `value`.
+    """
+    if value is None:
+        raise ValueError(f"the reproduction summary has no {what}")
+    return value
 
 
 _STATS = mapping_of(record(SeedStat))
