@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .elicitation import ELICITATION_PROMPT, MAX_ANSWER_TOKENS  # noqa: F401  (re-exported)
+from .elicitation import ELICITATION_PROMPT, MAX_ANSWER_TOKENS
 
 _BOXED_RE = re.compile(r"\\boxed(?![A-Za-z])")
 

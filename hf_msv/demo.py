@@ -255,8 +255,8 @@ def print_table(rows: list[DemoRow], num_sequences: int, rule: str) -> None:
         conf = f"{r.confidence:.2f}" if r.confidence is not None else "-"
         saved = 1 - r.tokens_used / max(r.tokens_full, 1)
         print(
-            f"{r.problem.id:<30} {r.problem.gold or '?':>8} {str(r.chosen):>8} {conf:>5} {_mark(r.correct):>4} "
-            f"{str(r.first_sample):>6} {_mark(r.first_sample_correct):>4} {_mark(r.stopped_early):>4} "
+            f"{r.problem.id:<30} {r.problem.gold or '?':>8} {r.chosen!s:>8} {conf:>5} {_mark(r.correct):>4} "
+            f"{r.first_sample!s:>6} {_mark(r.first_sample_correct):>4} {_mark(r.stopped_early):>4} "
             f"{r.pruned:>6} {r.tokens_used:>6}/{r.tokens_full:<6} {saved:>6.0%} {r.seconds:>5.1f}s"
         )
     graded = [r for r in rows if r.correct is not None]

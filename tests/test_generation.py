@@ -109,7 +109,7 @@ def test_hidden_states_are_after_final_norm():
 
 def test_delimiter_matcher_is_robust_to_tokenisation():
     matcher = DelimiterMatcher(TOK, ["Wait", "\n\n"])
-    ids = lambda *tokens: [ID[t] for t in tokens]  # noqa: E731
+    ids = lambda *tokens: [ID[t] for t in tokens]
     assert matcher.match(ids("o", "k", "Wait")).num_tokens == 1
     split = matcher.match(ids("o", "k", "Wa", "it"))
     assert (split.delimiter, split.num_tokens, split.prefix) == ("Wait", 2, "")
@@ -387,8 +387,8 @@ def test_mode_mismatch_and_unbound_criterion():
         prepare_generation(model, TOK, tiny_verifier(mode="terminal"), mode="streaming")
     with pytest.raises(RuntimeError, match="prepare_generation"):
         generate(model, prompts(["Hi"]), n=1, max_new_tokens=2)
+    prepare_generation(model, TOK, checker=None)
     with pytest.raises(RuntimeError, match="custom_generate=msv"):  # prepared, but its loop not passed
-        prepare_generation(model, TOK, checker=None)
         generate(model, prompts(["Hi"]), n=1, max_new_tokens=2)
     with prepare_generation(model, TOK, checker=None) as msv, pytest.raises(ValueError, match="verifier"):
         generate(msv, prompts(["Hi"]), n=1, max_new_tokens=2, threshold=0.5)

@@ -47,7 +47,7 @@ def run(model, threshold, prune, stop=None):  # noqa: F811
 
 def replay_group(result) -> ReplayGroup:
     a = result.answers
-    column = lambda name: np.array([getattr(x, name) for x in a], np.int64)  # noqa: E731
+    column = lambda name: np.array([getattr(x, name) for x in a], np.int64)
     terminal = np.array([x.terminal for x in a], bool)
     seq_len = np.zeros(N, np.int64)
     seq_len[column("sequence")[terminal]] = column("tau")[terminal]
@@ -69,7 +69,7 @@ def test_pruning_live_equals_its_replay(model, rule):  # noqa: F811
     full = run(model, None, None)
     groups = [replay_group(r) for r in full]
     fixed = [probe_scores(probe, r.answers) for r in full]
-    scorer = lambda gs, keeps: [fixed[next(i for i, g in enumerate(groups) if g is x)] for x in gs]  # noqa: E731
+    scorer = lambda gs, keeps: [fixed[next(i for i, g in enumerate(groups) if g is x)] for x in gs]
     streams = replay_pruning(rule, HEAD, groups, scorer, fixed)
     lam = float(np.quantile(np.concatenate(fixed), 0.9))
     pruned, stopped = run(model, None, rule), run(model, lam, rule)

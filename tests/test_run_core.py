@@ -69,7 +69,7 @@ def drive(layout: str):
                     branch = core.feed(tracker, row, tokens(step, t))
                     if branch is not None and core.fork(tracker, branch):
                         inflight.append((p, n, branch, t + 4))
-        for p, n, branch, done in [f for f in inflight if f[3] == t]:
+        for p, n, branch, _ in [f for f in inflight if f[3] == t]:
             tracker = place[p][0]
             if not tracker.group_of(branch.row).decided:
                 live = policy.elicitor.start(branch, tracker.history[branch.row])
@@ -113,6 +113,6 @@ def test_only_the_chain_end_triggers_end_a_chain():
 def test_every_engine_refuses_a_delimiter_the_tokenizer_cannot_express():
     with pytest.raises(ValueError, match="cannot express the delimiter"):
         RunSetup.build(TOK, None, 32, "tiny", elicitation=SETTINGS.replace(delimiters=("Ω",)), checker=None)
-    with pytest.raises(ValueError, match="width 16.*hidden size 32"):
-        config = type("Config", (), {"hidden_size": 16, "elicitation": SETTINGS, "mode": "streaming"})()
+    config = type("Config", (), {"hidden_size": 16, "elicitation": SETTINGS, "mode": "streaming"})()
+    with pytest.raises(ValueError, match=r"width 16.*hidden size 32"):
         RunSetup.build(TOK, config, 32, "tiny", elicitation=None, checker="exact")

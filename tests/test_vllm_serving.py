@@ -207,7 +207,7 @@ def test_an_engine_error_reaches_every_caller_and_leaves_nothing(engine, control
 
 def test_an_untested_vllm_version_is_refused(controller, monkeypatch):
     monkeypatch.setattr(vllm, "__version__", "0.40.0")
-    with pytest.raises(CaptureError, match="found 0.40.0"):
+    with pytest.raises(CaptureError, match=r"found 0\.40\.0"):
         AsyncVLLMController(controller)
 
 

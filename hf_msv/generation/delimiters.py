@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,10 +40,8 @@ def vocabulary_texts(tokenizer) -> list[str]:
     if cached is not None and cached[0] == len(tokenizer):
         return cached[1]
     texts: list[str] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
-    try:
+    with contextlib.suppress(TypeError):  # a tokenizer that cannot be weakly referenced is not cached
         _VOCABULARY_TEXTS[tokenizer] = (len(tokenizer), texts)
-    except TypeError:
-        pass
     return texts
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,9 @@ from .policy import eos_token_ids
 from .run import GenerationRun
 from .scorers import as_scorer
 from .stopping import CERTIFIED, MSVEarlyStop
+
+if TYPE_CHECKING:
+    from ..equivalence import EquivalenceChecker
 
 __all__ = ["MSVSession", "msv_generate", "prepare_generation"]
 
@@ -58,7 +62,7 @@ class MSVSession:
         verifier=None,
         *,
         elicitation: ElicitationSettings | None = None,
-        checker="symbolic",
+        checker: str | EquivalenceChecker | None = "symbolic",
         num_sequences: int | None = None,
         capture_hidden_states: bool = False,
         offload_hidden_states: bool = True,
@@ -238,7 +242,7 @@ def prepare_generation(
     verifier=None,
     *,
     elicitation: ElicitationSettings | None = None,
-    checker="symbolic",
+    checker: str | EquivalenceChecker | None = "symbolic",
     num_sequences: int | None = None,
     capture_hidden_states: bool = False,
     offload_hidden_states: bool = True,

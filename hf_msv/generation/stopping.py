@@ -247,7 +247,7 @@ class MSVEarlyStop(StoppingCriteria):
         """
         self.run = run
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None, **kwargs):
+    def __call__(self, input_ids: torch.LongTensor, scores: object = None, **kwargs):
         """One decoding step of the attached run (the `StoppingCriteria` interface).
 
         Args:

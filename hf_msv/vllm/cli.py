@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     problems = load_problems(config.problems, config.problem_columns)  # before the engine: a bad spec fails fast
     named = get_named_lm(config.model)
     path = str(named.path) if named is not None else config.model
-    import vllm
+    import vllm  # pyright: ignore[reportMissingImports]  (optional; absent from the lint environment)
 
     kwargs = engine_arguments(options)
     for key, value in model_kwargs.items():  # an explicit --vllm-arg wins

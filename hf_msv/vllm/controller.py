@@ -197,7 +197,7 @@ class VLLMController:
             The `SamplingParams`.
         """
         # Resolved from the engine environment (vLLM is optional; the lint environment has none).
-        from vllm import SamplingParams  # pyright: ignore[reportAttributeAccessIssue]
+        from vllm import SamplingParams  # pyright: ignore[reportAttributeAccessIssue, reportMissingImports]
         from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
 
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k else -1, seed=seed)
@@ -591,7 +591,7 @@ class EngineSession:
     def _fork(self, branch: Branch, run: PromptRun):
         """Send the elicitation request of `branch`: the chain's kept tokens, the segment, a greedy answer."""
         # Resolved from the engine environment (vLLM is optional; the lint environment has none).
-        from vllm import SamplingParams  # pyright: ignore[reportAttributeAccessIssue]
+        from vllm import SamplingParams  # pyright: ignore[reportAttributeAccessIssue, reportMissingImports]
         from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
 
         if not run.core.fork(run.tracker, branch):
