@@ -36,6 +36,7 @@ __all__ = [
     "choose_jointly",
     "choose_lambda",
     "ltt_p_value",
+    "net_loss_p_value",
     "problems_needed",
     "smallest_epsilon",
 ]
@@ -205,6 +206,38 @@ def ltt_p_value(losses: np.ndarray, epsilon: float) -> float:
     return min(hoeffding, bentkus, 1.0)
 
 
+def net_loss_p_value(losses: np.ndarray, epsilon: float, delta: float, seed: int = 0) -> float:
+    """p-value of H0: E[loss] ≥ ε for (n,) per-problem losses in [−1, 1] (the *net* accuracy drop against full
+    decoding: 1[full right] − 1[output right], which gains offset), by betting (Waudby-Smith & Ramdas, 2023): the
+    capital K_t = Π_i (1 + λ_i (α − x_i)) of x = (loss + 1) / 2 against α = (ε + 1) / 2 is a nonnegative
+    supermartingale under H0, so 1 / max_t K_t is a valid p-value (Ville's inequality). The bets λ_i are predictable
+    (WSR's plug-in, tuned to the level `delta`), the problems taken in a seeded random order.
+
+    Args:
+        losses: (n,) per-problem net losses in [−1, 1].
+        epsilon: the tolerance ε.
+        delta: the level the bets are tuned to (the p-value is valid whatever it is).
+        seed: the order's seed.
+
+    Returns:
+        The p-value (float, ≤ 1).
+    """
+    x = (np.asarray(losses, dtype=np.float64).reshape(-1) + 1.0) / 2.0
+    x = x[np.random.default_rng(seed).permutation(x.size)]
+    alpha = (epsilon + 1.0) / 2.0
+    n = x.size
+    if n == 0:
+        return 1.0
+    # WSR's running estimates μ̂_t, σ̂²_t (over x_1..x_t, with a prior of one pseudo-observation); bet t reads σ̂²_{t−1}.
+    t = np.arange(1, n + 1)
+    mean = (0.5 + np.cumsum(x)) / (t + 1)
+    var = (0.25 + np.cumsum((x - mean) ** 2)) / (t + 1)
+    var_before = np.r_[0.25, var[:-1]]
+    bet = np.minimum(np.sqrt(2.0 * math.log(1.0 / delta) / (n * var_before)), 0.75 / alpha)
+    log_capital = np.cumsum(np.log1p(bet * (alpha - x)))
+    return float(min(1.0, math.exp(-max(0.0, float(log_capital.max())))))
+
+
 def choose_lambda(
     lambdas,
     correct,
@@ -336,6 +369,7 @@ def choose_jointly(
     *,
     epsilon: float,
     delta: float = DELTA,
+    loss: str = "paired",
 ) -> JointChoice:
     """Learn-then-Test over K settings × Λ thresholds: the cheapest (setting, λ) among those certified to lose at
     most ε of the reference's accuracy (full decoding), with probability ≥ 1 − δ over the calibration problems.
@@ -353,6 +387,8 @@ def choose_jointly(
         reference_correct, reference_tokens: (G,) full decoding's correctness and cost.
         problem_of: (G,) the problem of each group (losses are averaged per problem).
         epsilon, delta: the tolerance and the family-wise risk.
+        loss: ``"paired"``, the λ rule's 1[full decoding right ∧ output wrong] (exact binomial test), or ``"net"``,
+            the accuracy drop 1[full right] − 1[output right] (gains offset losses; `net_loss_p_value`).
 
     Returns:
         The `JointChoice`; when nothing is certified, setting 0 at λ = ∞ with ``choice.reached`` False.
@@ -379,12 +415,23 @@ def choose_jointly(
     order = np.argsort(-np.where(np.isinf(lam), np.inf, lam), kind="stable")
     best: tuple[float, int, int] | None = None
     cheapest: list[float | None] = []
+    if loss not in ("paired", "net"):
+        raise UserError(f"loss must be 'paired' or 'net', got {loss!r}")
     for k in range(k_settings):
-        loss = ref[:, None] & ~correct[k]  # (G, Λ) paired loss against full decoding
+        if loss == "paired":
+            losses = (ref[:, None] & ~correct[k]).astype(np.float64)  # (G, Λ) paired loss against full decoding
+        else:
+            losses = ref[:, None].astype(np.float64) - correct[k]  # (G, Λ) net accuracy drop
         mean_tokens = tokens[k].mean(0)
         found: int | None = None
         for j in order:
-            if ltt_p_value(np.bincount(problem, weights=loss[:, j]) / counts, epsilon) > level:
+            per_problem = np.bincount(problem, weights=losses[:, j]) / counts
+            p = (
+                ltt_p_value(per_problem, epsilon)
+                if loss == "paired"
+                else net_loss_p_value(per_problem, epsilon, level)
+            )
+            if p > level:
                 break
             if mean_tokens[j] < ref_tokens.mean() and (found is None or mean_tokens[j] < mean_tokens[found]):
                 found = int(j)
@@ -392,7 +439,7 @@ def choose_jointly(
         if found is not None and (best is None or mean_tokens[found] < best[0]):
             best = (float(mean_tokens[found]), k, found)
     setting, pick = (0, int(np.flatnonzero(np.isinf(lam))[0])) if best is None else best[1:]
-    loss = ref & ~correct[setting][:, pick]
+    paired = ref & ~correct[setting][:, pick]
     choice = LambdaChoice(
         lam=float(lam[pick]),
         rule="guarantee",
@@ -404,8 +451,9 @@ def choose_jointly(
         problems_needed=problems_needed(epsilon, level),
         accuracy=float(correct[setting][:, pick].mean()),
         tokens=float(tokens[setting][:, pick].mean()),
-        loss=float(loss.mean()),
+        loss=float(paired.mean()),
         full_accuracy=float(ref.mean()),
         full_tokens=float(ref_tokens.mean()),
     )
-    return JointChoice(setting, choice, level, tuple(cheapest))
+    procedure = JointChoice.procedure if loss == "paired" else JointChoice.procedure + "; net loss, betting test"
+    return JointChoice(setting, choice, level, tuple(cheapest), procedure)

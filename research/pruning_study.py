@@ -141,6 +141,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--delta", type=float, default=0.1)
     parser.add_argument("--output", default=None)
     parser.add_argument("--also-epsilon", type=float, default=None, help="certify at a second ε on the same replays")
+    parser.add_argument("--loss", default="paired", choices=("paired", "net"), help="the guarantee's loss")
     parser.add_argument("--no-alternatives", action="store_true", help="skip the uncertified alternatives")
     parser.add_argument("--max-problems", type=int, default=None, help="a quick run on the first problems")
     parser.add_argument(
@@ -158,7 +159,9 @@ def main(argv=None) -> dict:
 
     calibration = load_replay_groups(args.calibration_dir, n, args.max_problems)
     cal_scores = scorer(calibration, [np.ones(g.sequence.size, bool) for g in calibration])
-    fit, cal_replays = fit_pruning(rules, head, calibration, scorer, args.epsilon, args.delta, scores=cal_scores)
+    fit, cal_replays = fit_pruning(
+        rules, head, calibration, scorer, args.epsilon, args.delta, scores=cal_scores, loss=args.loss
+    )
     print(f"calibration done in {time.time() - start:.0f}s: {fit.rule.describe()}, λ = {fit.choice.choice.lam}")
     cal_off = cal_replays[0]
 
@@ -205,7 +208,9 @@ def main(argv=None) -> dict:
 
     also = None
     if args.also_epsilon is not None:
-        fit2, _ = fit_pruning(rules, head, calibration, scorer, args.also_epsilon, args.delta, replays=cal_replays)
+        fit2, _ = fit_pruning(
+            rules, head, calibration, scorer, args.also_epsilon, args.delta, replays=cal_replays, loss=args.loss
+        )
         chosen2 = rules.index(fit2.rule) if fit2.rule in rules else 0
         also = {
             "epsilon": args.also_epsilon,
@@ -233,6 +238,7 @@ def main(argv=None) -> dict:
         "calibration_problems": len(calibration),
         "evaluation_problems": len(groups),
         "procedure": fit.choice.procedure,
+        "loss": args.loss,
         "delta_per_rule": fit.choice.delta_per_setting,
         "fit": {
             "rule": fit.rule.to_dict(),

@@ -355,3 +355,42 @@ def test_stored_entries_read_back(tmp_path):
     config = SimpleNamespace(**json.loads((tmp_path / "config.json").read_text()))
     assert ConfidenceMap.of(config) == cmap and PruneRule.of(config) == SCRIPTED_RULE
     assert config.early_stopping["lambda"] == {"lam": 0.9} and config.x == 1
+
+
+def test_net_loss_p_value_is_valid_and_sees_gains():
+    from hf_msv.lambda_rule import net_loss_p_value
+
+    rng = np.random.default_rng(0)
+    # At the null's boundary (2 % lost, 1 % gained: a net drop of exactly ε = 1 pp) it rejects at most δ of the time.
+    rejected = 0
+    for seed in range(200):
+        u = rng.uniform(size=2000)
+        losses = np.where(u < 0.02, 1.0, np.where(u < 0.03, -1.0, 0.0))
+        rejected += net_loss_p_value(losses, 0.01, 0.1, seed=seed) <= 0.1
+    assert rejected / 200 <= 0.1
+    # 22 lost and 34 gained of 2,560: the paired test cannot certify ε = 1 pp at 0.025, the net one can.
+    losses = np.zeros(2560)
+    losses[:22], losses[22:56] = 1.0, -1.0
+    assert ltt_p_value_paired(losses) > 0.025 and net_loss_p_value(losses, 0.01, 0.025) < 0.001
+
+
+def ltt_p_value_paired(net: np.ndarray) -> float:
+    from hf_msv.lambda_rule import ltt_p_value
+
+    return ltt_p_value((net > 0).astype(float), 0.01)
+
+
+def test_joint_choice_with_net_loss():
+    lam = np.array([0.9, np.inf])
+    g = 2560
+    ref = np.zeros(g, bool)
+    ref[:2000] = True
+    correct = np.repeat(ref[None, :, None], 2, 0).repeat(2, 2)
+    correct[1, :22, :] = False  # the pruning setting loses 22 problems ...
+    correct[1, 2000:2034, :] = True  # ... and gains 34
+    tokens = np.ones((2, g, 2)) * np.array([20.0, 30.0])
+    tokens[1] -= 10
+    paired = choose_jointly(lam, correct, tokens, ref, np.full(g, 30.0), epsilon=0.01, delta=0.1)
+    net = choose_jointly(lam, correct, tokens, ref, np.full(g, 30.0), epsilon=0.01, delta=0.1, loss="net")
+    assert paired.cheapest == (0.9, None) and paired.setting == 0
+    assert net.cheapest == (0.9, 0.9) and net.setting == 1 and "net loss" in net.procedure

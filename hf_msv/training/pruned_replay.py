@@ -487,6 +487,7 @@ def fit_pruning(
     lambdas=LAMBDAS,
     scores=None,
     replays: Sequence[PrunedReplay] | None = None,
+    loss: str = "paired",
 ) -> tuple[PruningFit, list[PrunedReplay]]:
     """Certify a pruning rule and λ jointly on calibration `groups` (problems the stop head was not fitted on):
     every candidate rule (`PRUNE_OFF` should be one) is replayed exactly, and `hf_msv.lambda_rule.choose_jointly`
@@ -503,6 +504,7 @@ def fit_pruning(
         lambdas: (Λ,) the λ grid (with ∞).
         scores: the groups' full scores (computed when `None`).
         replays: the candidates' replays on `groups` when already computed (e.g. to certify at several ε).
+        loss: the guarantee's loss (`choose_jointly`): ``"paired"``, the λ rule's, or ``"net"``, the accuracy drop.
 
     Returns:
         ``(fit, replays)``: the `PruningFit` and each candidate's `PrunedReplay` on the calibration groups.
@@ -525,6 +527,7 @@ def fit_pruning(
         reference.problem,
         epsilon=epsilon,
         delta=delta,
+        loss=loss,
     )
     rule = rules[choice.setting] if choice.choice.reached else PRUNE_OFF
     j = _index(lambdas, choice.choice.lam)
