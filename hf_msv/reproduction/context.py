@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ..evaluation.results import StudyResults
 from .config import ReproduceConfig, training_config
@@ -67,8 +68,8 @@ class ReproductionContext:
     config: ReproduceConfig
     work_dir: Path
     output_dir: Path
-    model: object = None
-    tokenizer: object = None
+    model: Any = None  # the LM (a transformers model), loaded by the pipeline
+    tokenizer: Any = None
     lm_costs: dict = field(default_factory=dict)
     verifiers: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     main_results: StudyResults | None = None
@@ -174,7 +175,7 @@ class ReproductionContext:
         report_name: str,
         title: str,
         subdir: bool = True,
-        **kwargs,
+        **kwargs: Any,
     ) -> StudyResults:
         """`evaluate_study` with the run's LM costs and DeepConf window; the report goes to output_dir/studies
         (`subdir`) or output_dir, and is recorded in `reports` by the caller;

@@ -17,9 +17,12 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..testbed.tasks import TestbedTask
 
 __all__ = [
     "OWN_LM_TASK",
@@ -99,15 +102,21 @@ class ReproductionTask:
     lm_name: str
     prompt_template: str
     delimiters: tuple | None = None
-    testbed: object = None
-    splits: dict | None = None
+    testbed: TestbedTask | None = None
+    splits: dict[str, tuple] | None = None
+
+    def _spec_problems(self, split: str) -> tuple:
+        """An own LM's problems of `split` (its spec's)."""
+        if self.splits is None:
+            raise ValueError(f"task {self.name!r} has neither a testbed nor problem specs")
+        return self.splits[split]
 
     def problems(self, split: str, count: int, seed: int = 0) -> list:
         """The first `count` problems of `split` (a testbed task: its seeded draw, seed `seed`; an own LM: its
         spec's, in order)."""
         if self.testbed is not None:
             return self.testbed.generate_problems(split, count, seed=seed)
-        have = self.splits[split]
+        have = self._spec_problems(split)
         if count > len(have):
             raise UserError(f"{count} {split} problems asked for; its problem spec has {len(have)}")
         return list(have[:count])
@@ -117,7 +126,7 @@ class ReproductionTask:
         first evaluation problems."""
         if self.testbed is not None:
             return self.testbed.generate_problems("evaluation", count, seed=99)
-        return self.problems("evaluation", min(count, len(self.splits["evaluation"])))
+        return self.problems("evaluation", min(count, len(self._spec_problems("evaluation"))))
 
     def lm_fingerprint(self, model) -> str:
         """What a collection's reuse key records of the LM: a testbed LM's checkpoint files, an own LM's weights
@@ -138,7 +147,7 @@ class ReproductionTask:
         return {
             "prompt_template": self.prompt_template,
             "delimiters": None if self.delimiters is None else list(self.delimiters),
-            "problems": problems_fingerprint(self.splits[split]),
+            "problems": problems_fingerprint(self._spec_problems(split)),
         }
 
     def difficulty(self, count: int) -> tuple[dict[str, Any] | None, str]:

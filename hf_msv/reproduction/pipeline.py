@@ -143,6 +143,9 @@ def _run_studies(
 def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progress: bool) -> None:
     """A new report's first stages: the main collection, the LM's costs, the main fits and the main study."""
     cfg, task = ctx.config, ctx.task
+    if cfg.max_new_tokens is None:  # set by ReproduceConfig.__post_init__
+        raise ValueError("ReproduceConfig.max_new_tokens is unset")
+    max_new_tokens = cfg.max_new_tokens
     with ctx.clock("collect"):
         ctx.main_data()
     with ctx.clock("lm costs"):
@@ -152,7 +155,7 @@ def _main_stages(ctx: ReproductionContext, summary: dict, studies: tuple, progre
             ctx.tokenizer,
             task.cost_problems(cfg.cost_problems),
             ns_cost,
-            cfg.max_new_tokens,
+            max_new_tokens,
             cache=ctx.work_dir / "lm_costs.json",
             **({} if task.delimiters is None else {"delimiters": task.delimiters}),
             prompt_template=task.prompt_template,
@@ -183,7 +186,7 @@ def load_report_to_continue(ctx: ReproductionContext) -> dict[str, Any]:
         raise UserError(f"--continue-report: {path} is not a report of hf-msv reproduce (it has no config)")
     if LEGACY_PARTS_KEY in earlier:
         earlier.setdefault("parts", earlier.pop(LEGACY_PARTS_KEY))
-    mine = json_safe(ctx.config.to_dict())
+    mine: dict[str, Any] = {key: json_safe(value) for key, value in ctx.config.to_dict().items()}
     differ = sorted(k for k in mine.keys() | earlier["config"].keys() if mine.get(k) != earlier["config"].get(k))
     if differ:
         raise UserError(
@@ -274,7 +277,7 @@ def write_summary(ctx: ReproductionContext, summary: dict, started: float, pendi
         done["pending"] = list(pending)
     done["claims"] = compute_claims(done, ctx.config)
     # Through the typed model before anything is written, as the evaluation's results are.
-    typed = ReproductionResults.from_json(json_safe(done))
+    typed = ReproductionResults.from_json({key: json_safe(value) for key, value in done.items()})
     (ctx.output_dir / f"{ctx.stem}.json").write_text(json.dumps(typed.to_json(), indent=1))
     (ctx.output_dir / f"{ctx.stem}.md").write_text(render_testbed(typed, ctx.main_results))
     return typed
@@ -309,10 +312,13 @@ def parse_arguments(argv: list[str] | None = None) -> ReproduceArguments:
         The `ReproduceArguments`.
     """
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import DataClassType
 
     from ..arguments import parse_command_args
 
-    parser = HfArgumentParser(ReproduceArguments, prog="hf-msv reproduce", description=__doc__.splitlines()[0])
+    parser = HfArgumentParser(
+        DataClassType(ReproduceArguments), prog="hf-msv reproduce", description=(__doc__ or "").splitlines()[0]
+    )
     (args,) = parse_command_args(parser, argv)
     return args
 

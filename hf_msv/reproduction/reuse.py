@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = [
     "TRAINING_CODE",
@@ -154,7 +154,7 @@ def _same(stored: dict | None, key: dict) -> bool:
     return stored is not None and {k: stored.get(k) for k in key} == key
 
 
-def only_code_differs(stored: dict | None, key: dict) -> bool:
+def only_code_differs(stored: dict | None, key: dict) -> TypeGuard[dict]:
     """Whether a stored key has `key`'s settings and data and differs at most in the code version: what the
     ``keep`` reuse policies accept after a code change shown not to change the artefact."""
     return stored is not None and all(stored.get(k) == key[k] for k in key if k != "code")

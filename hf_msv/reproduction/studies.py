@@ -178,6 +178,8 @@ def delimiters_study(ctx: ReproductionContext) -> DelimiterStudy:
     )
     every_k = f"every {cfg.every_k_tokens} tokens"
     methods = ("Probe", "MSV_1", f"MSV_{n}")
+    if ctx.main_results is None:
+        raise ValueError("the delimiter study compares with the main study: evaluate it first")
     rows = {"Wait": autc_row(ctx.main_results, n, methods), every_k: autc_row(res, n, methods)}
     wait = as_study_results(ctx.main_results).data["eval"]
     rows["Wait"].answers_per_sequence = wait["answers_per_sequence"]
