@@ -86,6 +86,7 @@ def test_demo_defaults_follow_the_shipped_verifier():
     from hf_msv.generation import CERTIFIED
     from hf_msv.pruning import PruneRule
     from hf_msv.reproduction import SHIPPED_LAMBDA_FILE
+    from hf_msv.stop_rules import ConfidenceMap
     from hf_msv.testbed import TESTBED_VERIFIER_DIR
     from hf_msv.utils import resolve_device
 
@@ -94,6 +95,8 @@ def test_demo_defaults_follow_the_shipped_verifier():
     criterion = MSVEarlyStop.from_verifier(verifier)
     assert abs(stopping["lambda"] - criterion.threshold) < 0.005 and stopping["num_sequences"] == 16
     assert criterion.prune == (PruneRule.of(verifier.config) if not PruneRule.of(verifier.config).off else None)
+    if criterion.prune is None:  # the stop alone reports through the map fitted on its calibration stops
+        assert criterion.confidence_map == ConfidenceMap.of(verifier.config)
     (args,) = build_parser().parse_args_into_dataclasses([])
     assert args.threshold is None and args.prune and args.device == "auto"
     assert args.resolved_threshold == CERTIFIED and DemoConfig(threshold=0.5).resolved_threshold == 0.5

@@ -204,7 +204,9 @@ class MSVEarlyStop(StoppingCriteria):
         guarantee and validation figures; ``.choice.describe()`` says it in one line).
 
         With a pruning rule certified jointly with a λ (``config.early_stopping["pruning"]``, docs/pruning.md), the
-        criterion is that pair: its λ (not the stop-alone λ), its rule and its stop-time confidence map.
+        criterion is that pair: its λ (not the stop-alone λ), its rule and its stop-time confidence map; else the
+        stop alone at its λ, with the confidence map fitted on its calibration stops (``config.early_stopping[
+        "confidence_map"]``, when present).
 
         Args:
             verifier: an `MSVVerifier` (or anything with a ``config``) saved with an early-stopping λ.
@@ -235,7 +237,10 @@ class MSVEarlyStop(StoppingCriteria):
             )
             criterion.choice = joint
             return criterion
-        criterion = cls(None if math.isinf(choice.lam) else choice.lam)
+        certified = not math.isinf(choice.lam)
+        criterion = cls(
+            choice.lam if certified else None, None, ConfidenceMap.of(verifier.config) if certified else None
+        )
         criterion.choice = choice
         return criterion
 
