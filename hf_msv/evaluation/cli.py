@@ -18,9 +18,10 @@ def main(argv: list[str] | None = None) -> StudyResults:
     ``--log-level`` as every command takes them: `hf_msv.arguments.parse_command_args`); returns the
     `StudyResults`."""
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import DataClassType
 
     parser = HfArgumentParser(
-        EvaluateConfig,
+        DataClassType(EvaluateConfig),
         description="Baselines, metrics, figures and λ rules over collected shards and trained verifiers.",
     )
     (config,) = parse_command_args(parser, argv)

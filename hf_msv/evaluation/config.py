@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from ..baselines import WV_THRESHOLD
 from ..errors import UserError
@@ -40,7 +40,7 @@ class EvaluateConfig:
 
     eval_dir: str = field(metadata={"help": "evaluation shards (a directory of shard-*.safetensors)"})
     output_dir: str = field(metadata={"help": "where the report (.md, .json) and figures (.png) go"})
-    val_dir: Optional[str] = field(
+    val_dir: str | None = field(
         default=None,
         metadata={
             "help": "validation shards (DeepConf calibration, λ rules, each budget's λ; without them no budgeted "
@@ -57,7 +57,7 @@ class EvaluateConfig:
             "metavar": "NAME=PATH",
         },
     )
-    num_sequences: Optional[list[int]] = field(
+    num_sequences: list[int] | None = field(
         default=None,
         metadata={
             "help": "N values (groups: a fixed partition of each problem's sequences into groups of N); default: 1, "
@@ -71,18 +71,18 @@ class EvaluateConfig:
             "help": "resamples of the paired bootstrap 95 %% intervals over problems (MSV − each baseline); 0: none"
         },
     )
-    checker: Optional[str] = field(
+    checker: str | None = field(
         default=None,
         metadata={"help": "re-derive equivalence classes with this checker (labels stay the collected ones)"},
     )
-    checker_kwargs: Optional[str] = field(
+    checker_kwargs: str | None = field(
         default=None, metadata={"help": "keyword arguments of the checker, a JSON object"}
     )
-    decode_step_s: Optional[float] = field(
+    decode_step_s: float | None = field(
         default=None,
         metadata={"help": "LM cost of one decode step (seconds); default: the shards' recorded latency, else 0"},
     )
-    elicit_s: Optional[float] = field(default=None, metadata={"help": "LM cost of eliciting one answer (seconds)"})
+    elicit_s: float | None = field(default=None, metadata={"help": "LM cost of eliciting one answer (seconds)"})
     wv_threshold: int = field(default=MethodConfig.wv_threshold, metadata={"help": "R of streaming weighted voting"})
     deepconf_window: int = field(
         default=MethodConfig.deepconf_window, metadata={"help": "DeepConf group window (tokens)"}
@@ -90,7 +90,7 @@ class EvaluateConfig:
     deepconf_stat: Literal["lowest_group", "tail", "mean"] = field(
         default=MethodConfig.deepconf_stat, metadata={"help": "DeepConf statistic of the chain-of-thought prefix"}
     )
-    target_accuracy: Optional[float] = field(
+    target_accuracy: float | None = field(
         default=None,
         metadata={
             "help": "the target λ rule's accuracy (default: target_fraction × the method's own full-decoding "
@@ -106,7 +106,7 @@ class EvaluateConfig:
         },
     )
     ltt_delta: float = field(default=DELTA, metadata={"help": "risk level δ of the guaranteed λ rule"})
-    prm: Optional[str] = field(
+    prm: str | None = field(
         default=None,
         metadata={
             "help": "PRM baseline: a Qwen2.5-Math-PRM-style process reward model (path or Hub id) scoring every "
@@ -126,20 +126,20 @@ class EvaluateConfig:
         metadata={"help": "PRM answer score: the answer step's probability (last), or min / product over the steps"},
     )
     prm_dtype: str = field(default="auto", metadata={"help": "PRM weights dtype (auto, bfloat16, float32, ...)"})
-    lm_tokenizer: Optional[str] = field(
+    lm_tokenizer: str | None = field(
         default=None,
         metadata={
             "help": "tokenizer decoding the chains of thought for the PRM (default: the LM named in the shards)"
         },
     )
-    problems: Optional[str] = field(
+    problems: str | None = field(
         default=None,
         metadata={
             "help": "the evaluation problems with their metadata, as hf-msv collect takes them "
             "(testbed:<split>:<n>[:<seed>], a benchmark name, or a .jsonl file): for --difficulty-field"
         },
     )
-    difficulty_field: Optional[str] = field(
+    difficulty_field: str | None = field(
         default=None,
         metadata={
             "help": "break metrics down by this problem metadata field (e.g. ops: the testbed's reasoning steps; a "

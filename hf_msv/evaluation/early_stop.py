@@ -84,7 +84,11 @@ class TradeoffCurve:
 
 
 def replay_many(
-    group: AnswerGroup, scores, lambdas=LAMBDAS, costs: LatencyCosts | None = None, select=None
+    group: AnswerGroup,
+    scores,
+    lambdas: Sequence[float] | np.ndarray = LAMBDAS,
+    costs: LatencyCosts | None = None,
+    select=None,
 ) -> StopResult:
     """Replay the stopping rule on one group for every λ in `lambdas` (Λ,). `scores` is a method name (the group's
     stop inputs for it, `AnswerGroup.stop_inputs`: its class snapshots where it is a class-level statistic, else its

@@ -94,6 +94,13 @@ class ChainRecord:
 # ----------------------------------------------------------------------------------------------------- helpers
 
 
+def _token_confidence(extras: ChainRecord | None) -> tuple[np.ndarray, ...]:
+    """The chains' token confidences, which DeepConf needs (a ValueError when `extras` has none)."""
+    if extras is None or extras.token_confidence is None:
+        raise ValueError("DeepConf needs the chains' token confidences (ChainRecord.token_confidence)")
+    return extras.token_confidence
+
+
 def chain_steps(group: AnswerGroup, extras: ChainRecord | None = None) -> np.ndarray:
     """(A,) each answer's step within its chain: the recorded one, else its rank by (start, end, index)."""
     if extras is not None and extras.step is not None:
@@ -357,7 +364,7 @@ class SpeculativeRejection:
             while k is not None and (running := np.flatnonzero((cut == NEVER) & (group.seq_len > t))).size:
                 latest = _latest(group, step, group.end <= t)[running]
                 judged = running[latest >= 0]
-                drop = min(int(math.floor(alpha * judged.size)), int((cut == NEVER).sum()) - 1)
+                drop = min(math.floor(alpha * judged.size), int((cut == NEVER).sum()) - 1)
                 if drop > 0:
                     rank = np.lexsort((-judged, scores[latest[latest >= 0]]))  # lowest first; ties: later chain
                     cut[judged[rank[:drop]]] = t
@@ -467,7 +474,7 @@ class DeepConf:
         # deepconf_confidence reads (T, k) top-k log-probs; one column −C_i gives back C_i as the token confidence
         return deepconf_confidence(-np.asarray(confidence[:length], np.float64)[:, None], self.window)
 
-    def fit(self, groups: Sequence[AnswerGroup], extras: Sequence[ChainRecord]) -> DeepConf:
+    def fit(self, groups: Sequence[AnswerGroup], extras: Sequence[ChainRecord | None]) -> DeepConf:
         """This rule with s fitted on validation groups: the `percentile` of every chain's lowest-group confidence.
 
         Args:
@@ -477,7 +484,7 @@ class DeepConf:
             A copy with ``threshold`` set.
         """
         values = [
-            self.lowest_group(x.token_confidence[n], int(g.seq_len[n]))
+            self.lowest_group(_token_confidence(x)[n], int(g.seq_len[n]))
             for g, x in zip(groups, extras)
             for n in range(g.num_sequences)
         ]
@@ -494,9 +501,7 @@ class DeepConf:
         return int(low[0] + self.window) if low.size and low[0] + self.window < length else NEVER
 
     def schedules(self, group: AnswerGroup, extras: ChainRecord | None) -> list[Schedule]:
-        if extras is None or extras.token_confidence is None:
-            raise ValueError("DeepConf needs the chains' token confidences (ChainRecord.token_confidence)")
-        n, conf = group.num_sequences, extras.token_confidence
+        n, conf = group.num_sequences, _token_confidence(extras)
         warm = np.arange(n) < (self.warmup_chains if self.warmup == "first_k" else 0)
         if self.warmup == "first_k":
             lows = [self.lowest_group(conf[i], int(group.seq_len[i])) for i in np.flatnonzero(warm)]

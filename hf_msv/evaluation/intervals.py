@@ -71,7 +71,7 @@ class ProblemCurves:
     def curve(self, idx=None) -> TradeoffCurve:
         """The trade-off curve over problems `idx` (all when None; repeats allowed, for the bootstrap)."""
         sel = slice(None) if idx is None else idx
-        mean = lambda a: a[sel].mean(axis=0)  # noqa: E731
+        mean = lambda a: a[sel].mean(axis=0)
         return TradeoffCurve(
             self.lambdas,
             mean(self.correct),
@@ -115,7 +115,7 @@ def problem_curves(
     """Replay the stopping rule on every group (`replay_many`) and average per problem."""
     res = [replay_many(g, g.scores[method], lambdas, costs, g.confidence_of(method)) for g in groups]
     stack = lambda name: _per_problem(
-        np.array([getattr(r, name) for r in res], dtype=np.float64),  # noqa: E731
+        np.array([getattr(r, name) for r in res], dtype=np.float64),
         problem_of,
         num_problems,
     )
@@ -153,18 +153,17 @@ def metric_intervals(
                 )
             )
 
-    kw = dict(n_boot=n_boot, seed=seed)
     intervals = {
-        "brier": paired_bootstrap(sq_m, sq_b, count, **kw),
-        "brier_ratio": paired_bootstrap(sq_m, sq_b, count, statistic="ratio", **kw),
-        "bon_accuracy": paired_bootstrap(acc_m, acc_b, **kw),
-        "bon_ece": bootstrap_interval(ece_diff, len(count), **kw),
+        "brier": paired_bootstrap(sq_m, sq_b, count, n_boot=n_boot, seed=seed),
+        "brier_ratio": paired_bootstrap(sq_m, sq_b, count, statistic="ratio", n_boot=n_boot, seed=seed),
+        "bon_accuracy": paired_bootstrap(acc_m, acc_b, n_boot=n_boot, seed=seed),
+        "bon_ece": bootstrap_interval(ece_diff, len(count), n_boot=n_boot, seed=seed),
     }
     return {name: Interval.from_dict(interval) for name, interval in intervals.items()}
 
 
 def _seed_mean(curves: list[ProblemCurves]) -> ProblemCurves:
-    mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0)  # noqa: E731
+    mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0)
     return ProblemCurves(
         curves[0].lambdas, mean("correct"), mean("steps"), mean("tokens"), mean("latency"), mean("stopped")
     )

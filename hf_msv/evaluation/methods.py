@@ -7,6 +7,7 @@ N > M), on a fixed partition of each problem's sequences (`evaluation_groups`). 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -204,14 +205,14 @@ def _fit_linear_probe(xs: list[np.ndarray], ys: list[np.ndarray]):
 def _cross_fit_linear_probe(xs: list[np.ndarray], ys: list[np.ndarray]) -> list[np.ndarray]:
     """Out-of-fold linear-probe scores per problem: the two folds of `fold_by_problem` (even / odd index) each
     scored by the regression fitted on the other (a single problem: in-sample, there is nothing else to fit on)."""
-    out = [None] * len(xs)
+    out: dict[int, np.ndarray] = {}
     fold = fold_by_problem(np.arange(len(xs)), 2)
     for half in (0, 1):
         rest = np.flatnonzero(fold != half).tolist() or list(range(len(xs)))
         predict = _fit_linear_probe([xs[i] for i in rest], [ys[i] for i in rest])
         for i in np.flatnonzero(fold == half):
-            out[i] = predict(xs[i])
-    return out
+            out[int(i)] = predict(xs[i])
+    return [out[i] for i in range(len(xs))]
 
 
 def add_prm_scores(split: SplitScores, scorer: PRMScorer, lm_tokenizer, progress: bool = False) -> None:
@@ -407,13 +408,13 @@ def _fit_vote_baselines(split: SplitScores, val: SplitScores | None, n: int, set
         return [fitted] * len(split.problems)
     feats = _feature_groups(split, n, setting, plan)
     idx = np.arange(len(feats))
-    out = [None] * len(feats)
+    out: dict[int, dict[str, Callable]] = {}
     for half in (0, 1):
         rest = idx[idx % 2 != half]
         fitted = fit([feats[i] for i in (rest if len(rest) else idx)])
         for i in idx[idx % 2 == half]:
-            out[i] = fitted
-    return out
+            out[int(i)] = fitted
+    return [out[i] for i in range(len(feats))]
 
 
 def draw_scores(

@@ -135,13 +135,13 @@ def _format_interval(iv: Interval | None, digits: int = 3) -> str:
     """ "est [low, high]" of a bootstrap interval ("—" when missing; ∞ for an unbounded end)."""
     if iv is None or iv.estimate is None:
         return "—"
-    f = lambda x: "∞" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x:.{digits}f}"  # noqa: E731
+    f = lambda x: "∞" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x:.{digits}f}"
     return f"{f(iv.estimate)} [{f(iv.low)}, {f(iv.high)}]"
 
 
-def _format_estimate(iv: Interval) -> str:
-    """An interval's estimate, with its bounds when it was bootstrapped."""
-    return _format_interval(iv, 2) if iv.bootstrapped else _format_interval(iv, 2).split(" [")[0]
+def _format_estimate(iv: Interval | None) -> str:
+    """An interval's estimate, with its bounds when it was bootstrapped ("—" when missing)."""
+    return _format_interval(iv, 2) if iv is not None and iv.bootstrapped else _format_interval(iv, 2).split(" [")[0]
 
 
 _COMPARISON_NAMES = {
@@ -152,7 +152,7 @@ _COMPARISON_NAMES = {
 
 def _fraction_cell(comparison: EarlyStopComparison, axis: str) -> str:
     """An early-stop fraction with its interval; null (JSON) reads as ∞: MSV never reaches the peak."""
-    f = lambda x: "∞" if x is None or math.isinf(x) else f"{x:.2f}"  # noqa: E731
+    f = lambda x: "∞" if x is None or math.isinf(x) else f"{x:.2f}"
     entry = comparison.axes[axis]
     iv = entry.interval
     return f(entry.fraction) + (f" [{f(iv.low)}, {f(iv.high)}]" if iv else "")
@@ -240,7 +240,7 @@ def _validation_budget_lines(b: Budgets) -> list[str]:
 
 
 def _interpolated_lines(b: Budgets) -> list[str]:
-    cell = lambda x: _fmt_number(x.accuracy) + ("" if x.interval is None else f" ({_format_interval(x.interval)})")  # noqa: E731
+    cell = lambda x: _fmt_number(x.accuracy) + ("" if x.interval is None else f" ({_format_interval(x.interval)})")
     rows = [[m] + [cell(x) for x in points] for m, points in b.interpolated.items()]
     return [
         "Interpolated curves (a curve summary, not a budgeted accuracy: no λ is chosen): each method's upper "
@@ -515,6 +515,8 @@ def _costs_section(results: StudyResults) -> list[str]:
     prm = c.prm or {}
     if "eval" in prm:
         e, cfg = prm["eval"], results.config.prm
+        if not cfg:
+            raise ValueError("the study's costs have a PRM but its config records none")
         out += [
             f"PRM (`{cfg['model']}`, aggregate {cfg['aggregate']}): one forward per answer over question + "
             f"chain-of-thought prefix + answer; evaluation split: {e['answers']} answers, {e['tokens']} tokens "
@@ -687,7 +689,7 @@ def _reliability_figures(
                 pairs = data[m]
                 p = np.concatenate(pairs.answer_p if kind == "answers" else pairs.bon_p)
                 y = np.concatenate(pairs.answer_y if kind == "answers" else pairs.bon_y).astype(float)
-                conf, acc, count = reliability_bins(p, y, 10)
+                _, acc, _ = reliability_bins(p, y, 10)
                 centers = (np.arange(10) + 0.5) / 10
                 ax.bar(centers, np.nan_to_num(acc), width=0.1, edgecolor="k", alpha=0.7, label="accuracy")
                 _reliability_axes(ax, m, "confidence")
@@ -721,9 +723,9 @@ def _best_of_n_figure(plt, save, results: StudyResults) -> None:
         if xs:
             ax.errorbar(xs, ys, yerr=es, marker="o", ms=3, capsize=2, label=m)
     msv_pts = [
-        (n, results.terminal[str(n)][results.msv(n)].mean("bon_accuracy"))
+        (n, results.terminal[str(n)][msv].mean("bon_accuracy"))
         for n in ns
-        if results.msv(n) in results.terminal[str(n)]
+        if (msv := results.msv(n)) is not None and msv in results.terminal[str(n)]
     ]
     if msv_pts:
         ax.plot(*zip(*msv_pts), "k-", lw=2.5, alpha=0.5, label="MSV_N")

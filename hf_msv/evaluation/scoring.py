@@ -180,7 +180,7 @@ def _arrival_calls(item: dict, group_size: int | None):
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     for t in np.unique(end):
         idx = order[end[order] == t]
-        tok = np.concatenate([np.arange(starts[a], starts[a] + lengths[a]) for a in idx])
+        tok = np.concatenate([np.arange(int(starts[a]), int(starts[a] + lengths[a])) for a in idx])
         index = torch.from_numpy(idx)
         yield dict(
             hidden_states=item["hidden_states"][torch.from_numpy(tok)],

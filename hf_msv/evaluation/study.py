@@ -252,7 +252,7 @@ def evaluate_study(
         results["figures"] = write_figures(results, reliability, curves, output_dir, config.report_name)
     # Through the typed model before anything is written, so a section built with a key the readers do not know
     # fails here rather than when a report is rendered.
-    typed = StudyResults.from_dict(json_safe(results))
+    typed = StudyResults.from_dict({key: json_safe(value) for key, value in results.items()})
     (output_dir / f"{config.report_name}.json").write_text(json.dumps(typed.to_dict(), indent=1))
     (output_dir / f"{config.report_name}.md").write_text(render_report(typed))
     return typed
@@ -278,7 +278,7 @@ def _resolve_inputs(config: EvaluateConfig, verifiers, lm_costs, difficulty, dif
         verifiers = parse_verifier_specs(config.verifier)
     if from_config["lm_costs"]:
         lm_costs = LatencyCosts(config.decode_step_s or 0.0, config.elicit_s or 0.0)
-    if from_config["difficulty"]:
+    if config.difficulty_field:
         from ..collect import load_problems
 
         difficulty = difficulty_from_problems(load_problems(config.problems), config.difficulty_field)
@@ -468,7 +468,7 @@ def _prm_cost(split: SplitScores, val: SplitScores | None) -> dict | None:
     return out
 
 
-def _resolve_lm_costs(lm_costs, info: dict) -> tuple[dict, str]:
+def _resolve_lm_costs(lm_costs, info: dict) -> tuple[dict | None, str]:
     """({N or None: LatencyCosts}, where they came from): the argument, else the shards' info, else zeros."""
     if lm_costs is None:
         lm_costs = lm_costs_from_info(info)
@@ -616,6 +616,8 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
     groups at N (same training seed) and applied to `eval_groups`: the target rule (``"validation"``) and the
     guarantee (``"ltt"``), with the stop-time calibration on the evaluation split; and the validation curve the
     budgets' λ are chosen on."""
+    if study.val is None:
+        raise ValueError("the λ rules are chosen on a validation split: the study has none")
     vgroups = draw_scores(
         study.val, n, "streaming", acc.plans[seed]["streaming"], study.config.method_config, study.val
     ).groups
@@ -720,6 +722,13 @@ def _pooled(groups: list[AnswerGroup], method: str) -> tuple[np.ndarray, np.ndar
     return np.concatenate([g.confidence_of(method) for g in groups]), np.concatenate([g.correct for g in groups])
 
 
+def _start(group: AnswerGroup) -> np.ndarray:
+    """(A,) τ of each answer of a streaming group (the step its delimiter fired at)."""
+    if group.start is None:
+        raise ValueError("a streaming group without its answers' start steps (AnswerGroup.start)")
+    return group.start
+
+
 def _position_edges(problems: list[CollectedProblem], bins: int = 8) -> np.ndarray:
     tau = np.concatenate([p.answer_tau for p in problems]) if problems else np.zeros(1)
     hi = float(np.quantile(tau, 0.98)) if tau.size else 1.0
@@ -730,7 +739,7 @@ def _position_edges(problems: list[CollectedProblem], bins: int = 8) -> np.ndarr
 
 def _brier_by_position(groups: list[AnswerGroup], method: str, edges: np.ndarray) -> list[float]:
     p, y = _pooled(groups, method)
-    tau = np.concatenate([g.start for g in groups])
+    tau = np.concatenate([_start(g) for g in groups])
     idx = np.clip(np.searchsorted(edges, tau, side="right") - 1, 0, len(edges) - 2)
     out = []
     for b in range(len(edges) - 1):
@@ -740,7 +749,7 @@ def _brier_by_position(groups: list[AnswerGroup], method: str, edges: np.ndarray
 
 
 def _curve_dict(curves: list[TradeoffCurve]) -> dict:
-    mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0).tolist()  # noqa: E731
+    mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0).tolist()
     lam = curves[0].lambdas
     return {
         "lambdas": [None if math.isinf(x) else float(x) for x in lam],
@@ -753,7 +762,7 @@ def _curve_dict(curves: list[TradeoffCurve]) -> dict:
 
 
 def _mean_curve(curves: list[TradeoffCurve]) -> TradeoffCurve:
-    mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0)  # noqa: E731
+    mean = lambda name: np.mean([getattr(c, name) for c in curves], axis=0)
     return TradeoffCurve(
         curves[0].lambdas, mean("accuracy"), mean("tokens"), mean("steps"), mean("latency"), mean("stop_rate")
     )
@@ -774,7 +783,7 @@ def split_statistics(problems: list[CollectedProblem]) -> dict[str, int | float]
     return {
         "problems": len(problems),
         "sequences_per_problem": int(min(p.num_sequences for p in problems)),
-        "answers": int(len(correct)),
+        "answers": len(correct),
         "answers_per_sequence": float(len(correct) / sum(p.num_sequences for p in problems)),
         "terminal_accuracy": float(correct[term].mean()) if term.any() else math.nan,
         "answer_accuracy": float(correct.mean()) if len(correct) else math.nan,
@@ -877,7 +886,7 @@ def _validation_chosen(acc: _PerN, reference: str, n_boot: int) -> dict[str, lis
 
 def _validation_budget(c: ChosenBudget, interval: Interval | None) -> ValidationBudget:
     """The seed statistics of one `ChosenBudget`, with its interval against the reference."""
-    stat = lambda values: SeedStat.from_dict(seed_stat(values))  # noqa: E731
+    stat = lambda values: SeedStat.from_dict(seed_stat(values))
     return ValidationBudget(
         lam=stat([ch.lam for ch in c.choices]),
         val_accuracy=stat([ch.accuracy for ch in c.choices]),

@@ -90,13 +90,14 @@ def load_verifiers(verifiers: Mapping) -> list[VerifierEntry]:
         entry = VerifierEntry(name)
         for declared, target in specs.items():
             model = load_verifier(target)
-            mode = model.config.mode
+            config: Any = model.config  # an MSVConfig or ProbeConfig (a module passed in carries its own)
+            mode = config.mode
             if declared is not None and declared != mode:
                 raise UserError(f"verifier {name!r}: the {declared!r} checkpoint was trained in {mode!r} mode")
             if mode in entry.models:
                 raise UserError(f"verifier {name!r} has two {mode} checkpoints")
-            kind = "probe" if model.config.model_type == "msv_probe" else "msv"
-            m = 1 if kind == "probe" else int(model.config.num_sequences)
+            kind = "probe" if config.model_type == "msv_probe" else "msv"
+            m = 1 if kind == "probe" else int(config.num_sequences)
             if entry.models and (kind, m) != (entry.kind, entry.num_sequences):
                 raise UserError(f"verifier {name!r} mixes checkpoints of different kinds or sizes")
             entry.models[mode], entry.kind, entry.num_sequences = model, kind, m
