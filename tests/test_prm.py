@@ -201,21 +201,22 @@ def test_evaluate_with_prm_scores_every_answer(collected, tmp_path):
         ("terminal", [p.answer_terminal for p in problems]),
         ("streaming", [np.ones(p.num_answers, bool) for p in problems]),
     ):
-        assert {"PRM", "PRM+WV", "Token Probs", "DeepConf"} <= set(results[setting]["2"])
+        assert {"PRM", "PRM+WV", "Token Probs", "DeepConf"} <= set(results.setting(setting)["2"])
         s = np.concatenate([e[r] for e, r in zip(expected, rows)])
         y = np.concatenate([p.answer_correct[r] for p, r in zip(problems, rows)])
         # N = 2 = every collected sequence: the pooled Brier is over every answer of the setting
-        got = results[setting]["2"]["PRM"]["brier"]["values"][0]
+        got = results.setting(setting)["2"]["PRM"].metrics["brier"].values[0]
         assert got == pytest.approx(np.mean((s - y) ** 2), abs=1e-6), setting
-    cost = results["costs"]["prm"]["eval"]
+    assert results.costs is not None and results.costs.prm is not None
+    cost = results.costs.prm["eval"]
     assert cost["answers"] == sum(p.num_answers for p in problems)
     assert cost["tokens"] == sum(
         len(scorer.encode(p.question, c, a)[0])
         for p in problems
         for c, a in zip(answer_contexts(p, lm_tok), p.answer_text)
     )
-    assert results["config"]["prm"]["aggregate"] == "last"
-    assert results["costs"]["verifier_online_s_per_answer"]["2"]["PRM"] > 0
+    assert results.config.prm is not None and results.config.prm["aggregate"] == "last"
+    assert results.costs.verifier_online_s_per_answer["2"]["PRM"] > 0
     report = (out / "report.md").read_text()
     assert "| PRM |" in report and "PRM (`" in report
 
@@ -241,4 +242,4 @@ def test_evaluate_with_prm_refuses_shards_without_cot_token_ids(collected, tmp_p
     # checked before the PRM is loaded: a missing PRM is not what fails
     with pytest.raises(ValueError, match=r"predate CoT token ids.*re-collected"):
         main(args + ["--prm", str(tmp_path / "no-such-prm")])
-    assert "PRM" not in main(args)["terminal"]["2"]  # without --prm they evaluate as before
+    assert "PRM" not in main(args).terminal["2"]  # without --prm they evaluate as before

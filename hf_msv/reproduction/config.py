@@ -127,7 +127,7 @@ class ReproduceConfig:
     )
 
     @classmethod
-    def quick_config(cls, task: str = DEFAULT_TASK, **overrides) -> "ReproduceConfig":
+    def quick_config(cls, task: str = DEFAULT_TASK, **overrides) -> ReproduceConfig:
         """A smoke run's sizes on `task` (`overrides`: fields set differently, e.g. an own LM's ``model``)."""
         quick: dict[str, Any] = dict(
             task=task,

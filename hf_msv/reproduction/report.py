@@ -739,6 +739,7 @@ def _masks(summary: ReproductionResults) -> list[str]:
 def _delimiters(summary: ReproductionResults) -> list[str]:
     """Section 7: AUTC with the Wait delimiter and with delimiter-free elicitation every K tokens."""
     delimiters, settings = required(summary.delimiters, "delimiter study"), _settings(summary)
+    sizes = "/".join(map(str, required(settings.delimiter_sizes, "config.delimiter_sizes")))
     n = delimiters.n
     rows = []
     for elicitation, row in required(delimiters.rows, "delimiter rows").items():
@@ -755,7 +756,7 @@ def _delimiters(summary: ReproductionResults) -> list[str]:
             f"## 7. Delimiter sensitivity (AUTC at N={n}, accuracy × tokens; paper: AIME, N=16, in parentheses)",
             "",
             "The Wait row is the main collection; the every-K row is a separate, smaller collection "
-            f"({'/'.join(map(str, required(settings.delimiter_sizes, 'config.delimiter_sizes')))} problems × {settings.delimiter_samples} samples) "
+            f"({sizes} problems × {settings.delimiter_samples} samples) "
             "with its own verifiers. Compare verifiers within a row.",
             "",
             markdown_table(["elicitation", "answers / sequence", "Probe", "MSV_1", f"MSV_{n}"], rows),

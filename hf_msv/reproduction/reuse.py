@@ -194,7 +194,7 @@ class ReuseLog:
 
     def summary(self) -> dict[str, list[str]]:
         """{"reused": [...], "redone": [...]} of "kind name (why)" strings, for the report."""
-        fmt = lambda e: f"{e['kind']} {e['name']} ({e['why']})"  # noqa: E731
+        fmt = lambda e: f"{e['kind']} {e['name']} ({e['why']})"
         return {
             "reused": [fmt(e) for e in self.entries if e["reused"]],
             "redone": [fmt(e) for e in self.entries if not e["reused"] and e["why"] != "absent"],

@@ -175,7 +175,7 @@ def train_or_reuse(
     counts: dict | None = None,
     log: ReuseLog | None = None,
     code: str | None = None,
-    queue: "TrainingQueue | None" = None,
+    queue: TrainingQueue | None = None,
     reuse: str = "matching",
 ) -> Path:
     """Train unless `out` holds a finished run with the same reuse key: the training config, the fingerprint of the

@@ -193,7 +193,7 @@ def grouping_study(ctx: ReproductionContext) -> GroupingStudy:
     evaluation split when ``grouping_problems`` is 0) against Probe and MSV_1, over latency and tokens."""
     cfg, m = ctx.config, ctx.config.grouping_m
     if cfg.grouping_problems:
-        gdir = ctx.work_dir / "data-n{}".format(cfg.grouping_samples) / "eval"
+        gdir = ctx.work_dir / f"data-n{cfg.grouping_samples}" / "eval"
         collect_problems(
             ctx.model,
             ctx.tokenizer,

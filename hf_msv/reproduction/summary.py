@@ -37,10 +37,7 @@ _VOTES = {"terminal": "Self-consistency", "streaming": "Latest-answer vote"}
 
 def stat_mean(stat: SeedStat | Mapping | None) -> float:
     """The mean of a seed statistic (a `SeedStat` or its dict; nan when missing or undefined)."""
-    if isinstance(stat, SeedStat):
-        mean = stat.mean
-    else:
-        mean = None if not stat else stat.get("mean")
+    mean = stat.mean if isinstance(stat, SeedStat) else (stat.get("mean") if stat else None)
     return math.nan if mean is None else float(mean)
 
 
@@ -172,6 +169,11 @@ def autc_row(res: StudyResults | Mapping, n: int, methods) -> DelimiterRow:
     return DelimiterRow.from_json(row)
 
 
+def _per_metric(stream: dict[str, MethodMetrics], name: str) -> dict[str, dict]:
+    """{method: its `name` statistic as a dict} of one N's streaming metrics."""
+    return {m: r.metrics[name].to_dict() for m, r in stream.items()}
+
+
 def grouping_summary(res: StudyResults | Mapping, grouping_ns, grouping_m: int) -> GroupingStudy:
     """Per N of the grouping study: each method's accuracy-latency / accuracy-token AUTC, peak accuracy, verifier
     cost and full-budget latency, and the early-stop comparison; plus the trade-off figures.
@@ -190,14 +192,13 @@ def grouping_summary(res: StudyResults | Mapping, grouping_ns, grouping_m: int) 
         k = str(n)
         stream = res.streaming[k]
         es = res.early_stop[k]
-        per_metric = lambda name: {m: r.metrics[name].to_dict() for m, r in stream.items()}  # noqa: E731
         out["per_n"][k] = {
             "msv": res.msv(k),
-            "autc_latency_norm": per_metric("autc_latency_norm"),
-            "autc_tokens_norm": per_metric("autc_tokens_norm"),
-            "peak_accuracy": per_metric("peak_accuracy"),
+            "autc_latency_norm": _per_metric(stream, "autc_latency_norm"),
+            "autc_tokens_norm": _per_metric(stream, "autc_tokens_norm"),
+            "peak_accuracy": _per_metric(stream, "peak_accuracy"),
             "verifier_online_s_per_answer": res.costs.verifier_online_s_per_answer.get(k, {}),
-            "full_latency": per_metric("full_latency"),
+            "full_latency": _per_metric(stream, "full_latency"),
             "early_stop": {
                 "best_baseline": es.best_baseline,
                 "token_fraction": es.token_fraction,
