@@ -160,7 +160,7 @@ def problems_needed(epsilon: float, delta: float) -> int:
     Returns:
         The number of problems n (int).
     """
-    return int(math.ceil(math.log(delta) / math.log1p(-epsilon)))
+    return math.ceil(math.log(delta) / math.log1p(-epsilon))
 
 
 def smallest_epsilon(num_problems: int, delta: float) -> float:
@@ -348,7 +348,7 @@ class JointChoice:
     procedure: str = "bonferroni over settings, fixed-sequence over λ (∞, then largest first)"
 
     def to_dict(self) -> dict:
-        inf = lambda v: None if v is None or math.isinf(v) else v  # noqa: E731
+        inf = lambda v: None if v is None or math.isinf(v) else v
         return {
             "setting": self.setting,
             "choice": self.choice.to_dict(),

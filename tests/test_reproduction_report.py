@@ -305,7 +305,7 @@ def test_vote_check_rows_compare_every_msv_fit_with_the_vote_of_its_setting():
     from hf_msv.reproduction.report import _vote_check
     from hf_msv.reproduction.summary import vote_check_rows
 
-    stat = lambda m: {"mean": m, "std": 0.0, "values": [m]}  # noqa: E731
+    stat = lambda m: {"mean": m, "std": 0.0, "values": [m]}
     res = {
         "methods": {"16": {"msv": "MSV_16", "multi_sequence": ["MSV_16", "w/o full"]}},
         "terminal": {

@@ -173,8 +173,10 @@ def stop_head_events(p: np.ndarray, structure: dict, num_chains: int) -> Validat
         terminal = structure["terminal"][rows][ev.answer].astype(bool) & last
         parts.append((ev.features, np.full(ev.size, structure["group"][rows[0]]), ev.time, rows[ev.answer], terminal))
     if not parts:
-        return ValidationEvents(np.zeros((0, len(FEATURES))), *(np.zeros(0, np.int64),) * 3, np.zeros(0, bool))
-    return ValidationEvents(*(np.concatenate(column) for column in zip(*parts)))
+        empty = np.zeros(0, np.int64)
+        return ValidationEvents(np.zeros((0, len(FEATURES))), empty, empty, empty, np.zeros(0, bool))
+    features, group, time, answer, terminal = (np.concatenate(column) for column in zip(*parts))
+    return ValidationEvents(features, group, time, answer, terminal)
 
 
 def stop_head_features(p: np.ndarray, structure: dict, num_chains: int) -> np.ndarray:
@@ -358,7 +360,7 @@ def _probabilities(predictions) -> np.ndarray:
 def _parts(predictions, split: ProblemSplit | None, calibration):
     """(head predictions, calibration predictions, the split)."""
     if calibration is not None:
-        ids = lambda x: tuple(sorted(set(np.asarray(x.problems).astype(str))))  # noqa: E731
+        ids = lambda x: tuple(sorted(set(np.asarray(x.problems).astype(str))))
         return predictions, calibration, ProblemSplit(ids(predictions), ids(calibration))
     split = split or ProblemSplit.of(predictions.problems)
     return _subset(predictions, split.head), _subset(predictions, split.calibration), split
