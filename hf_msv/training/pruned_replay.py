@@ -96,7 +96,7 @@ class ReplayGroup:
     @classmethod
     def from_item(cls, item: dict, num_chains: int) -> ReplayGroup:
         """The group of a `ShardDataset` item (streaming)."""
-        get = lambda key: item[key].numpy()  # noqa: E731
+        get = lambda key: item[key].numpy()
         terminal = get("answer_terminal").astype(bool)
         seq_len = np.zeros(num_chains, np.int64)
         seq_len[get("answer_sequence")[terminal]] = get("answer_tau")[terminal]
@@ -614,7 +614,7 @@ def store_pruning(destination, entry: dict) -> None:
 
 
 def fit_shipped_pruning(
-    calibration_dir, destination, epsilon: float = 0.01, delta: float = 0.1, rules=PRUNE_CANDIDATES
+    calibration_dir, destination, epsilon: float = 0.01, delta: float = 0.1, rules=PRUNE_CANDIDATES, loss="paired"
 ) -> PruningFit:
     """Certify a pruning rule and λ jointly for the verifier saved in `destination` (the shipped MSV_16:
     ``hf_msv/testbed/verifier``) on the calibration shards `calibration_dir` (problems its stop head was not fitted
@@ -626,9 +626,10 @@ def fit_shipped_pruning(
         destination: the verifier's directory.
         epsilon, delta: the guarantee's tolerance and family-wise risk.
         rules: the candidate rules (with `PRUNE_OFF`).
+        loss: the guarantee's loss (`fit_pruning`).
 
     Returns:
-        The `PruningFit`.
+        The `PruningFit`; nothing is stored when it certifies no pruning (the stop alone keeps its own λ).
     """
     from ..modeling_msv import MSVVerifier
 
@@ -637,6 +638,7 @@ def fit_shipped_pruning(
     if head is None:
         raise ValueError(f"{destination} carries no stop head: fit its stopping rule first")
     groups = load_replay_groups(calibration_dir, int(verifier.config.num_sequences))
-    fit, _ = fit_pruning(rules, head, groups, MSVGroupScorer(verifier), epsilon, delta)
-    store_pruning(destination, fit.config_entry())
+    fit, _ = fit_pruning(rules, head, groups, MSVGroupScorer(verifier), epsilon, delta, loss=loss)
+    if not fit.rule.off:
+        store_pruning(destination, fit.config_entry())
     return fit
