@@ -27,7 +27,6 @@ from .data.problems import Problem
 from .equivalence import get_checker
 from .errors import MissingPathError, UserError, check_checkpoint_dir
 from .generation import CERTIFIED, MSVEarlyStop, msv_generate
-from .lambda_rule import LambdaChoice
 from .modeling_msv import MSVVerifier
 from .testbed import TESTBED_VERIFIER_DIR, TESTBED_VERIFIER_TASK, format_prompt, get_task
 
@@ -225,9 +224,8 @@ def run_demo(config: DemoConfig | None = None) -> list[DemoRow]:
     criterion = MSVEarlyStop.resolve(config.resolved_threshold, verifier, config.prune)
     rule = f"λ={criterion.threshold}, {criterion.prune.describe() if criterion.prune else 'no pruning'}"
     print_table(rows, config.num_sequences, rule)
-    choice = LambdaChoice.of(verifier.config)
-    if choice is not None and config.threshold is None:
-        print(f"the verifier's certified stop: {choice.describe()}")
+    if criterion.choice is not None:  # what the verifier certified (with its pruning rule, when it has one)
+        print(f"the verifier's certified rule: {criterion.choice.describe()}")
     if config.figure:
         # The figure is an extra: the table above is the demo's output, so a missing extra is a note, not an error.
         if importlib.util.find_spec("matplotlib") is None:

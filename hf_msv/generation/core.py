@@ -302,7 +302,12 @@ class RunCore:
     def _prune(self, tracker: RowTracker, g: int, group: PromptGroup) -> Decision | None:
         """Apply the pruning rule at the prompt's latest arrival time, on its scored answers and that time's class
         snapshot: the chains it prunes leave the engine, their elicitations in flight are abandoned, and each one's
-        held answer becomes its final answer."""
+        held answer becomes its final answer.
+
+        The replay decides at every arrival time in order; so does this, because both engines call `decide` after
+        every step and an answer becomes available at the step it completes: a prompt with chains still decoding
+        gets at most one new arrival time per call (only a settled prompt gets several, and it has none to prune).
+        """
         assert self.prune is not None
         scored = sorted((a for a in group.answers if a.score is not None), key=lambda a: (a.end, a.sequence, a.step))
         if not scored:
