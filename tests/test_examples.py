@@ -92,11 +92,16 @@ def test_demo_defaults_follow_the_shipped_verifier():
 
     stopping = json.loads((TESTBED_VERIFIER_DIR / SHIPPED_LAMBDA_FILE).read_text())
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR)
-    criterion = MSVEarlyStop.from_verifier(verifier)
-    assert abs(stopping["lambda"] - criterion.threshold) < 0.005 and stopping["num_sequences"] == 16
-    assert criterion.prune == (PruneRule.of(verifier.config) if not PruneRule.of(verifier.config).off else None)
-    if criterion.prune is None:  # the stop alone reports through the map fitted on its calibration stops
-        assert criterion.confidence_map == ConfidenceMap.of(verifier.config)
+    criterion, alone = MSVEarlyStop.from_verifier(verifier), MSVEarlyStop.from_verifier(verifier, prune=False)
+    # The stop alone: the λ recorded beside the verifier, reporting through the map fitted on its calibration stops.
+    assert abs(stopping["lambda"] - alone.threshold) < 0.005 and stopping["num_sequences"] == 16
+    assert alone.prune is None and alone.confidence_map == ConfidenceMap.of(verifier.config)
+    # The default: the pair certified jointly (its own λ, rule and map), stored in the config.
+    pair = verifier.config.early_stopping["pruning"]
+    assert criterion.prune == PruneRule.of(verifier.config) and not criterion.prune.off
+    assert criterion.threshold == pair["lambda"]["lam"] and criterion.confidence_map == ConfidenceMap.from_dict(
+        pair["confidence_map"]
+    )
     (args,) = build_parser().parse_args_into_dataclasses([])
     assert args.threshold is None and args.prune and args.device == "auto"
     assert args.resolved_threshold == CERTIFIED and DemoConfig(threshold=0.5).resolved_threshold == 0.5
