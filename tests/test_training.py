@@ -719,7 +719,7 @@ def test_guard_warns_and_strict_fails_when_the_verifier_is_worse_than_the_vote(t
 def test_bad_input_fails_before_training(tmp_path, monkeypatch):
     """Different LMs / widths, an empty validation set, N above the samples collected, an unknown checker: each a
     clear error before the first optimizer step."""
-    monkeypatch.setattr(training, "_Run", None)  # any attempt to train would raise TypeError, not the errors below
+    monkeypatch.setattr(training, "_TrainingRun", None)  # training would raise TypeError, not the errors below
     train_dir, val_dir = signal_dirs(tmp_path / "a")
     (other_lm,) = signal_dirs(tmp_path / "b", sizes=(("val", 4),), lm="another-lm")
     (wider,) = signal_dirs(tmp_path / "c", sizes=(("val", 4),), d=32)

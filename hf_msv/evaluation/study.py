@@ -417,22 +417,22 @@ def _evaluate_every_n(
         dynamic_ncols=True,
     )
     for n in ns:
-        acc = _PerN(
+        per_n = _PerN(
             lm_cost_for(lm_costs, n),
             [{s: method_plan(st.entries, n, s, st.split) for s in SETTINGS} for st in studies],
         )
-        acc.verify_s = _online_costs(studies[0], n, acc.plans[0])
+        per_n.verify_s = _online_costs(studies[0], n, per_n.plans[0])
         prm_cost = studies[0].split.prm_cost  # measured once, when the PRM scored the split
         if prm_cost:
-            acc.verify_s[PRM] = prm_cost["seconds"] / max(prm_cost["answers"], 1)
+            per_n.verify_s[PRM] = prm_cost["seconds"] / max(prm_cost["answers"], 1)
         for seed, study in enumerate(studies):
-            _evaluate_draw(study, n, seed, acc)
+            _evaluate_draw(study, n, seed, per_n)
             bar.update(1)
-        _summarise_n(results, n, acc, studies[0].edges, studies[0].config.bootstrap)
+        _summarise_n(results, n, per_n, studies[0].edges, studies[0].config.bootstrap)
         if levels is not None:
-            results["by_difficulty"][str(n)] = _by_difficulty(acc, levels)
-        reliability[n] = acc.reliability
-        curves[str(n)] = {m: _mean_curve(c) for m, c in acc.curves.items()}
+            results["by_difficulty"][str(n)] = _by_difficulty(per_n, levels)
+        reliability[n] = per_n.reliability
+        curves[str(n)] = {m: _mean_curve(c) for m, c in per_n.curves.items()}
     bar.close()
     return reliability, curves
 
@@ -502,44 +502,44 @@ def _online_costs(study: _Study, n: int, plans: dict[str, MethodPlan]) -> dict[s
     return verify_s
 
 
-def _evaluate_draw(study: _Study, n: int, seed: int, acc: _PerN) -> None:
+def _evaluate_draw(study: _Study, n: int, seed: int, per_n: _PerN) -> None:
     """Every method's metrics on the evaluation groups at N with training seed `seed`'s verifiers, both settings,
-    into `acc` (and the λ rules with validation)."""
+    into `per_n` (and the λ rules with validation)."""
     for setting in SETTINGS:
-        draw = draw_scores(study.split, n, setting, acc.plans[seed][setting], study.config.method_config, study.val)
+        draw = draw_scores(study.split, n, setting, per_n.plans[seed][setting], study.config.method_config, study.val)
         groups, num_problems = draw.groups, len(study.split.problems)
-        acc.offline.update(draw.offline)
+        per_n.offline.update(draw.offline)
         for method in _methods_in(groups):
             p, y = _pooled(groups, method)
             row = _quiet(calibration_metrics, p, y)
             bon = _quiet(best_of_n_metrics, groups, method)
             row |= {f"bon_{k}": v for k, v in bon.items()}
-            acc.numbers[setting].setdefault(method, []).append(
+            per_n.numbers[setting].setdefault(method, []).append(
                 problem_numbers(groups, draw.problem_of, num_problems, method)
             )
             if setting == "streaming":
-                row |= _streaming_metrics(study, draw, method, acc)
+                row |= _streaming_metrics(study, draw, method, per_n)
             for k, v in row.items():
-                acc.per_seed[setting].setdefault(method, {}).setdefault(k, []).append(v)
+                per_n.per_seed[setting].setdefault(method, {}).setdefault(k, []).append(v)
             if setting == "terminal":
-                pairs = acc.reliability.setdefault(method, ReliabilityPairs())
+                pairs = per_n.reliability.setdefault(method, ReliabilityPairs())
                 bp, by = best_of_n_pairs(groups, method)
                 for store, value in zip((pairs.answer_p, pairs.answer_y, pairs.bon_p, pairs.bon_y), (p, y, bp, by)):
                     store.append(value)
         if setting == "streaming" and study.val is not None:
-            _lambda_rules(study, n, seed, acc, groups)
+            _lambda_rules(study, n, seed, per_n, groups)
 
 
-def _streaming_metrics(study: _Study, draw, method: str, acc: _PerN) -> dict:
+def _streaming_metrics(study: _Study, draw, method: str, per_n: _PerN) -> dict:
     """Early-stopping metrics of one method on one training seed's groups (its per-problem curves, trade-off curve
-    and Brier by position are kept in `acc`)."""
-    acc.positions.setdefault(method, []).append(_brier_by_position(draw.groups, method, study.edges))
+    and Brier by position are kept in `per_n`)."""
+    per_n.positions.setdefault(method, []).append(_brier_by_position(draw.groups, method, study.edges))
     pc = problem_curves(
-        draw.groups, draw.problem_of, len(study.split.problems), method, LAMBDAS, acc.costs_for(method)
+        draw.groups, draw.problem_of, len(study.split.problems), method, LAMBDAS, per_n.costs_for(method)
     )
-    acc.problem_curves.setdefault(method, []).append(pc)
+    per_n.problem_curves.setdefault(method, []).append(pc)
     c = pc.curve()
-    acc.curves.setdefault(method, []).append(c)
+    per_n.curves.setdefault(method, []).append(c)
     full = int(np.argmax(c.lambdas))
     return {
         **{f"autc_{x}": autc(c, x) for x in AXES},
@@ -552,53 +552,55 @@ def _streaming_metrics(study: _Study, draw, method: str, acc: _PerN) -> dict:
     }
 
 
-def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: int) -> None:
+def _summarise_n(results: dict, n: int, per_n: _PerN, edges: np.ndarray, n_boot: int) -> None:
     """Write N's numbers (mean ± std over training seeds, intervals over problems) into `results`."""
     key = str(n)
-    plans = acc.plans[0]
+    plans = per_n.plans[0]
     primary = plans["streaming"].primary or plans["terminal"].primary
-    results["costs"]["lm"][key] = asdict(acc.lm)
-    results["costs"]["verifier_online_s_per_answer"][key] = dict(acc.verify_s)
-    results["costs"]["verifier_offline_s_per_answer"][key] = dict(acc.offline)
+    results["costs"]["lm"][key] = asdict(per_n.lm)
+    results["costs"]["verifier_online_s_per_answer"][key] = dict(per_n.verify_s)
+    results["costs"]["verifier_offline_s_per_answer"][key] = dict(per_n.offline)
     msv = None if primary is None else method_label(primary, n)
     multi = sorted({method_label(e, n) for s in SETTINGS for e in plans[s].msv})
     single = [m for m in plans["terminal"].base if m != msv]
     results["methods"][key] = MethodRoster(
-        terminal=list(acc.per_seed["terminal"]),
-        streaming=list(acc.per_seed["streaming"]),
+        terminal=list(per_n.per_seed["terminal"]),
+        streaming=list(per_n.per_seed["streaming"]),
         msv=msv,
         grouped=plans["streaming"].grouped or plans["terminal"].grouped,
         single_sequence=list(plans["terminal"].base),
         multi_sequence=multi,
         aggregations=[
-            m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s].wv) if m in acc.per_seed[s]
+            m for s in SETTINGS for m in (*VOTE_BASELINES[s], STACKED, *plans[s].wv) if m in per_n.per_seed[s]
         ],
     ).to_dict()
     for s in SETTINGS:
-        results[s][key] = {m: {k: seed_stat(v) for k, v in d.items()} for m, d in acc.per_seed[s].items()}
+        results[s][key] = {m: {k: seed_stat(v) for k, v in d.items()} for m, d in per_n.per_seed[s].items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # empty bins stay nan
         results["brier_by_position"][key] = {
             "edges": edges.tolist(),
-            **{m: np.nanmean(np.asarray(v, dtype=float), axis=0).tolist() for m, v in acc.positions.items()},
+            **{m: np.nanmean(np.asarray(v, dtype=float), axis=0).tolist() for m, v in per_n.positions.items()},
         }
-    results["early_stop"][key] = _early_stop_summary(acc, msv, multi, single, n_boot)
+    results["early_stop"][key] = _early_stop_summary(per_n, msv, multi, single, n_boot)
     if n_boot and msv is not None:
         results["intervals"][key] = {
             s: {
-                m: {k: iv.to_dict() for k, iv in metric_intervals(acc.numbers[s][msv], nums, n_boot).items()}
-                for m, nums in acc.numbers[s].items()
+                m: {k: iv.to_dict() for k, iv in metric_intervals(per_n.numbers[s][msv], nums, n_boot).items()}
+                for m, nums in per_n.numbers[s].items()
                 if m != msv and m not in multi
             }
             for s in SETTINGS
-            if msv in acc.numbers[s]
+            if msv in per_n.numbers[s]
         }
-    if acc.lam_sel:
+    if per_n.lam_sel:
         results["lambda_selection"][key] = {
-            m: {rule: _summarise_rule(vals) for rule, vals in d.items()} for m, d in acc.lam_sel.items()
+            m: {rule: _summarise_rule(vals) for rule, vals in d.items()} for m, d in per_n.lam_sel.items()
         }
-    if acc.stop_events:  # absent from results that predate it, so theirs read and write back unchanged
-        bins = {m: {rule: _stop_reliability(events) for rule, events in d.items()} for m, d in acc.stop_events.items()}
+    if per_n.stop_events:  # absent from results that predate it, so theirs read and write back unchanged
+        bins = {
+            m: {rule: _stop_reliability(events) for rule, events in d.items()} for m, d in per_n.stop_events.items()
+        }
         results["stop_reliability"][key] = {
             m: {rule: b for rule, b in rules.items() if b is not None}
             for m, rules in bins.items()
@@ -611,7 +613,7 @@ def _summarise_n(results: dict, n: int, acc: _PerN, edges: np.ndarray, n_boot: i
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: list[AnswerGroup]) -> None:
+def _lambda_rules(study: _Study, n: int, seed: int, per_n: _PerN, eval_groups: list[AnswerGroup]) -> None:
     """Both λ rules of `hf_msv.lambda_rule.choose_lambda` for every streaming method, chosen on the validation
     groups at N (same training seed) and applied to `eval_groups`: the target rule (``"validation"``) and the
     guarantee (``"ltt"``), with the stop-time calibration on the evaluation split; and the validation curve the
@@ -619,19 +621,19 @@ def _lambda_rules(study: _Study, n: int, seed: int, acc: _PerN, eval_groups: lis
     if study.val is None:
         raise ValueError("the λ rules are chosen on a validation split: the study has none")
     vgroups = draw_scores(
-        study.val, n, "streaming", acc.plans[seed]["streaming"], study.config.method_config, study.val
+        study.val, n, "streaming", per_n.plans[seed]["streaming"], study.config.method_config, study.val
     ).groups
     for m in _methods_in(eval_groups):
-        costs = acc.costs_for(m)
-        acc.val_curves.setdefault(m, []).append(tradeoff_curve(vgroups, m, LAMBDAS, costs))
+        costs = per_n.costs_for(m)
+        per_n.val_curves.setdefault(m, []).append(tradeoff_curve(vgroups, m, LAMBDAS, costs))
         for rule, kwargs in study.config.lambda_rules.items():
             choice = choose_on_groups(vgroups, m, LAMBDAS, costs, **kwargs)
             ev = replay_at(eval_groups, m, choice.lam, costs)
             confidence = np.array([g.confidence_of(m)[c] if c >= 0 else 0.0 for g, c in zip(eval_groups, ev.chosen)])
             record = _rule_record(choice, ev, confidence)
-            acc.lam_sel.setdefault(m, {}).setdefault(rule, []).append(record)
+            per_n.lam_sel.setdefault(m, {}).setdefault(rule, []).append(record)
             events = (confidence[ev.stopped], ev.correct[ev.stopped])
-            acc.stop_events.setdefault(m, {}).setdefault(rule, []).append(events)
+            per_n.stop_events.setdefault(m, {}).setdefault(rule, []).append(events)
 
 
 def _stop_reliability(events: list[_StopEvents]) -> dict | None:
@@ -675,7 +677,7 @@ def _rule_record(choice, ev, confidence: np.ndarray) -> _RuleOutcome:
     }
 
 
-def _by_difficulty(acc: _PerN, levels: list) -> dict:
+def _by_difficulty(per_n: _PerN, levels: list) -> dict:
     """{value: {"problems": count, method: {"brier", "bon_accuracy"}}} over the problems of each difficulty value
     (terminal answers; mean over training seeds), values in sorted order."""
     out = {}
@@ -683,7 +685,7 @@ def _by_difficulty(acc: _PerN, levels: list) -> dict:
     for value in known:
         idx = np.array([lv == value for lv in levels])
         row: dict = {"problems": int(idx.sum())}
-        for m, nums in acc.numbers["terminal"].items():
+        for m, nums in per_n.numbers["terminal"].items():
             brier = np.mean([x.sq_err[idx].sum() / max(x.count[idx].sum(), 1) for x in nums])
             row[m] = {"brier": float(brier), "bon_accuracy": float(np.mean([x.bon_y[idx].mean() for x in nums]))}
         out[str(value)] = row
@@ -834,7 +836,7 @@ def _best_peak(mean: dict, names: list[str], axis: str) -> str | None:
     )
 
 
-def _comparison(acc: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dict:
+def _comparison(per_n: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dict:
     """MSV against one baseline on every axis: budget fraction to reach its peak (seed-mean curves), per training
     seed, and its paired bootstrap interval over problems."""
     out = {
@@ -846,16 +848,18 @@ def _comparison(acc: _PerN, mean: dict, msv: str, best: str, n_boot: int) -> dic
         out[axis] = {
             "fraction": _quiet(early_stop_token_fraction, mean[msv], mean[best], axis),
             "per_seed": [
-                _quiet(early_stop_token_fraction, a, b, axis) for a, b in zip(acc.curves[msv], acc.curves[best])
+                _quiet(early_stop_token_fraction, a, b, axis) for a, b in zip(per_n.curves[msv], per_n.curves[best])
             ],
-            "interval": fraction_interval(acc.problem_curves[msv], acc.problem_curves[best], axis, n_boot).to_dict()
+            "interval": fraction_interval(
+                per_n.problem_curves[msv], per_n.problem_curves[best], axis, n_boot
+            ).to_dict()
             if n_boot
             else None,
         }
     return out
 
 
-def _budgets(acc: _PerN, mean: dict, msv: str, baselines: list[str], n_boot: int) -> dict:
+def _budgets(per_n: _PerN, mean: dict, msv: str, baselines: list[str], n_boot: int) -> dict:
     """Every streaming method at 30 / 50 / 70 % of full decoding's tokens: with λ chosen on validation and scored on
     evaluation (none without a validation split), and on its interpolated curve; paired intervals over problems of
     the reference (the MSV through its stop head when it has one, else the MSV) minus each other method; and the
@@ -864,20 +868,20 @@ def _budgets(acc: _PerN, mean: dict, msv: str, baselines: list[str], n_boot: int
     return Budgets(
         fractions=list(BUDGET_FRACTIONS),
         reference=reference,
-        validation_chosen=_validation_chosen(acc, reference, n_boot),
-        interpolated=_interpolated(acc, mean, reference, n_boot),
-        full_decoding_target=_full_decoding_target(acc, mean, reference, baselines, n_boot),
+        validation_chosen=_validation_chosen(per_n, reference, n_boot),
+        interpolated=_interpolated(per_n, mean, reference, n_boot),
+        full_decoding_target=_full_decoding_target(per_n, mean, reference, baselines, n_boot),
     ).to_dict()
 
 
-def _validation_chosen(acc: _PerN, reference: str, n_boot: int) -> dict[str, list[ValidationBudget]] | None:
+def _validation_chosen(per_n: _PerN, reference: str, n_boot: int) -> dict[str, list[ValidationBudget]] | None:
     """Method -> `ValidationBudget` per budget fraction: λ chosen on each seed's validation curve, read on its
     evaluation curves at that λ only. None without validation curves: a budget is then never chosen on evaluation."""
-    if reference not in acc.val_curves:
+    if reference not in per_n.val_curves:
         return None
     out: dict[str, list[ValidationBudget]] = {}
     for fraction in BUDGET_FRACTIONS:
-        chosen = {m: chosen_budget(v, acc.problem_curves[m], fraction) for m, v in acc.val_curves.items()}
+        chosen = {m: chosen_budget(v, per_n.problem_curves[m], fraction) for m, v in per_n.val_curves.items()}
         for m, c in chosen.items():
             iv = chosen_budget_interval(chosen[reference], c, n_boot) if n_boot and m != reference else None
             out.setdefault(m, []).append(_validation_budget(c, iv))
@@ -898,15 +902,15 @@ def _validation_budget(c: ChosenBudget, interval: Interval | None) -> Validation
     )
 
 
-def _interpolated(acc: _PerN, mean: dict, reference: str, n_boot: int) -> dict[str, list[InterpolatedAccuracy]]:
+def _interpolated(per_n: _PerN, mean: dict, reference: str, n_boot: int) -> dict[str, list[InterpolatedAccuracy]]:
     """Method -> its interpolated curve (seed-mean evaluation curve) at each budget fraction, with the paired
     interval of the reference − the method."""
-    ref = acc.problem_curves[reference]
+    ref = per_n.problem_curves[reference]
     return {
         m: [
             InterpolatedAccuracy(
                 interpolated_curve(c).at(f),
-                interpolated_interval(ref, acc.problem_curves[m], f, n_boot) if n_boot and m != reference else None,
+                interpolated_interval(ref, per_n.problem_curves[m], f, n_boot) if n_boot and m != reference else None,
             )
             for f in BUDGET_FRACTIONS
         ]
@@ -915,7 +919,7 @@ def _interpolated(acc: _PerN, mean: dict, reference: str, n_boot: int) -> dict[s
 
 
 def _full_decoding_target(
-    acc: _PerN, mean: dict, reference: str, baselines: list[str], n_boot: int
+    per_n: _PerN, mean: dict, reference: str, baselines: list[str], n_boot: int
 ) -> FullDecodingTarget | None:
     """The fraction of full decoding's t* and tokens at which the reference's evaluation curve first reaches the
     full-decoding accuracy of the most accurate of `baselines` (a curve summary; a target that is not the maximum of
@@ -924,7 +928,7 @@ def _full_decoding_target(
     if not pool:
         return None
     best = max(pool, key=lambda m: float(mean[m].accuracy[np.argmax(mean[m].lambdas)]))
-    ref, base = acc.problem_curves[reference], acc.problem_curves[best]
+    ref, base = per_n.problem_curves[reference], per_n.problem_curves[best]
     return FullDecodingTarget(
         best,
         float(mean[best].accuracy[np.argmax(mean[best].lambdas)]),
@@ -932,12 +936,14 @@ def _full_decoding_target(
     )
 
 
-def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], single: Sequence[str], n_boot: int) -> dict:
+def _early_stop_summary(
+    per_n: _PerN, msv: str | None, multi: Sequence[str], single: Sequence[str], n_boot: int
+) -> dict:
     """Seed-mean curves, and how the primary MSV compares with the baseline of highest peak accuracy, among the
     single-sequence baselines (the paper's comparison) and among all of them (every method but the
     multi-sequence MSVs). The top-level ``best_baseline`` / ``token_fraction`` / ``latency_fraction`` keys are the
     comparison with all baselines on summed tokens and latency (as before the token-position axis was added)."""
-    curves = acc.curves
+    curves = per_n.curves
     out = {"curves": {m: _curve_dict(c) for m, c in curves.items()}}
     if msv is None or msv not in curves:
         return out
@@ -951,8 +957,8 @@ def _early_stop_summary(acc: _PerN, msv: str | None, multi: Sequence[str], singl
     for name, pool in pools.items():
         best = _best_peak(mean, pool, "steps")
         if best is not None:
-            comps[name] = _comparison(acc, mean, msv, best, n_boot)
-    out["budgets"] = _budgets(acc, mean, msv, pools["all"], n_boot)
+            comps[name] = _comparison(per_n, mean, msv, best, n_boot)
+    out["budgets"] = _budgets(per_n, mean, msv, pools["all"], n_boot)
     best = _best_peak(mean, pools["all"], "tokens")
     if "all" not in comps or best is None:  # the pool of all baselines is empty: no comparison
         return out

@@ -647,7 +647,7 @@ def _restore(saved: dict, runs: list) -> tuple:
     return curve, saved["steps"], saved["step"], saved["stale"], saved["lowest"]
 
 
-class _Run:
+class _TrainingRun:
     """State of one training run: the step loop, validation, checkpointing and early stopping.
 
     With a `decision` (cross-validation chose the length, `cross_validate_vote`), the run trains exactly
@@ -1033,16 +1033,16 @@ def train_verifier(
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(output_dir / "training_config.json", config.to_dict())
-    run = _Run(
+    run = _TrainingRun(
         config,
         plan,
         accelerator,
-        (model, optimizer, scheduler, loader),
-        train_set,
-        val_set,
-        output_dir,
-        decision,
-        anchor and anchor.to_dict(),
+        training=(model, optimizer, scheduler, loader),
+        train_set=train_set,
+        val_set=val_set,
+        output_dir=output_dir,
+        decision=decision,
+        vote_anchor=anchor and anchor.to_dict(),
     )
     run.fingerprint, run.reporting = expected, bool(trackers)
     if saved is not None:
@@ -1064,7 +1064,15 @@ def train_verifier(
         discard_training_state(output_dir)
     accelerator.free_memory()
     return TrainingResult(
-        str(output_dir), run.best_epoch, run.best_metrics, run.history, best, run.best_step, guard, plan, decision
+        output_dir=str(output_dir),
+        best_epoch=run.best_epoch,
+        best_metrics=run.best_metrics,
+        history=run.history,
+        verifier=best,
+        best_step=run.best_step,
+        guard=guard,
+        plan=plan,
+        vote_cv=decision,
     )
 
 
@@ -1093,7 +1101,7 @@ def _calibration_predictions(model, config: MSVTrainingConfig, accelerator) -> V
     return validation_predictions(model, dataset, "streaming", config.eval_batch_size, accelerator)
 
 
-def _kept_vote(run: _Run) -> dict | None:
+def _kept_vote(run: _TrainingRun) -> dict | None:
     """For the guard: the best non-significant gain of an anchored run that kept its step-0 vote, else `None`."""
     if not run.config.anchored or run.best_step != 0:
         return None
@@ -1118,7 +1126,7 @@ def _kept_vote(run: _Run) -> dict | None:
     return (run.best_vote_gain or {"gain": math.nan, "se": math.nan, "margin_se": run.config.vote_margin_se}) | start
 
 
-def _guard(best, run: _Run, train_set, val_set, output_dir: Path) -> GuardReport:
+def _guard(best, run: _TrainingRun, train_set, val_set, output_dir: Path) -> GuardReport:
     """Compare the kept checkpoint with the baselines on validation; log, card and warning line."""
     config, acc = run.config, run.accelerator
     predictions = validation_predictions(best, val_set, config.mode, config.eval_batch_size, acc, pooled=True)
