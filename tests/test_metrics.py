@@ -7,7 +7,7 @@ from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
 from hf_msv.data import AnswerGroup
-from hf_msv.evaluate_metrics import MSV_CALIBRATION_PATH
+from hf_msv.metric_modules import MSV_CALIBRATION_PATH
 from hf_msv.metrics import (
     auroc,
     bce_with_logits,

@@ -20,7 +20,7 @@ Args:
 Returns:
     dict with "auroc", "brier", "ece", "nll".
 Examples:
-    >>> m = evaluate.load("hf_msv/evaluate_metrics/msv_calibration")
+    >>> m = evaluate.load("hf_msv/metric_modules/msv_calibration")
     >>> m.compute(predictions=[0.9, 0.2], references=[1, 0])["brier"]
     0.025
 """
