@@ -127,7 +127,8 @@ class LambdaChoice:
 
     def describe(self) -> str:
         """One line for logs, cards and the demo."""
-        where = "λ = ∞ (never stops)" if math.isinf(self.lam) else f"λ = {self.lam:.2f}"
+        digits = 2 if round(self.lam, 2) == self.lam else 3  # the grid's third decimal (0.975) is not rounded away
+        where = "λ = ∞ (never stops)" if math.isinf(self.lam) else f"λ = {self.lam:.{digits}f}"
         if self.rule == "guarantee":
             if not self.reached:
                 delta = self.delta or DELTA
