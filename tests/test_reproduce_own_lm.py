@@ -111,7 +111,15 @@ def test_bad_own_lm_input_is_a_user_error_before_any_work(tmp_path, problem_file
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # 10-20 min on 2 shared CPU cores: collection, 6 fits, the evaluation; the rerun
 def test_main_study_on_an_outside_lm_end_to_end_and_resumed(tmp_path, problem_files):
-    summary = main(_argv(tmp_path, problem_files))
+    from hf_msv.reproduction import ReproductionResults
+
+    def run(argv: list[str]) -> dict:
+        """`hf-msv reproduce` with `argv`: its typed summary, as the JSON it writes."""
+        result = main(argv)
+        assert isinstance(result, ReproductionResults)
+        return result.to_json()
+
+    summary = run(_argv(tmp_path, problem_files))
     out = tmp_path / "out"
     md, js = out / "msv-lm-v2-quick.md", out / "msv-lm-v2-quick.json"
     assert md.exists() and js.exists() and (out / "msv-lm-v2-quick-main.md").exists()
@@ -130,7 +138,7 @@ def test_main_study_on_an_outside_lm_end_to_end_and_resumed(tmp_path, problem_fi
 
     shards = sorted((tmp_path / "work" / "data").glob("*/*.safetensors"))
     stamps = [p.stat().st_mtime_ns for p in shards]
-    again = main(_argv(tmp_path, problem_files))
+    again = run(_argv(tmp_path, problem_files))
     # (an edit of the collection code between the two runs changes the shards' key: they are collected again)
     reused = " ".join(again["reuse"]["reused"])
     assert all(f"shards data/{split} (same settings" in reused for split in ("train", "val", "eval")), again["reuse"]
