@@ -13,13 +13,13 @@ import torch
 from test_scorers import EOS, HEAD, ID, N, key, model, probe_scores, tiny_probe  # noqa: F401
 from transformers import LogitsProcessorList
 
-from helpers.generation import TOK, ForceTokens, prompts
+from helpers.generation import TOK, ForceTokens, prompts, replay_group
 from hf_msv.generation import MSVEarlyStop, prepare_generation
 from hf_msv.generation.scorers import ProbeScorer, StopRuleScorer
 from hf_msv.pruning import PruneRule
 from hf_msv.schedules import NEVER
 from hf_msv.stop_rules import ConfidenceMap
-from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, sweep_group
+from hf_msv.training.pruned_replay import replay_pruning, sweep_group
 
 RULES = [PruneRule(steady=2), PruneRule(doubt=0.45, lead=0.5)]
 TEXTS = ("Hello there, solve 2+2", "Hi")
@@ -43,24 +43,6 @@ def run(model, threshold, prune, stop=None):  # noqa: F811
             stopping_criteria=[stop or MSVEarlyStop(threshold, prune)],
         )
         return m.pop_results()
-
-
-def replay_group(result) -> ReplayGroup:
-    a = result.answers
-    column = lambda name: np.array([getattr(x, name) for x in a], np.int64)
-    terminal = np.array([x.terminal for x in a], bool)
-    seq_len = np.zeros(N, np.int64)
-    seq_len[column("sequence")[terminal]] = column("tau")[terminal]
-    return ReplayGroup(
-        sequence=column("sequence"),
-        step=column("step"),
-        end=column("end"),
-        start=column("tau"),
-        klass=column("class_id"),
-        correct=np.zeros(len(a), bool),
-        terminal=terminal,
-        seq_len=seq_len,
-    )
 
 
 @pytest.mark.parametrize("rule", RULES, ids=["steady", "ruled-out"])

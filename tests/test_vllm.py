@@ -20,7 +20,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import hf_msv.testbed  # noqa: E402
-from helpers.generation import answer_group  # noqa: E402
+from helpers.generation import answer_group, replay_group  # noqa: E402
 from helpers.vllm_engines import make_engine  # noqa: E402
 from hf_msv.evaluation.early_stop import replay  # noqa: E402
 from hf_msv.generation import MSVScorer, StopRuleScorer  # noqa: E402
@@ -29,7 +29,7 @@ from hf_msv.pruning import PruneRule  # noqa: E402
 from hf_msv.stop_rules import StopHead  # noqa: E402
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt  # noqa: E402
 from hf_msv.testbed.tasks import get_task  # noqa: E402
-from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning  # noqa: E402
+from hf_msv.training.pruned_replay import replay_pruning  # noqa: E402
 from hf_msv.vllm import (  # noqa: E402
     CaptureError,
     VLLMController,
@@ -168,18 +168,11 @@ def live_prunes(result, head, rule) -> dict[int, int]:
     """Replay `rule` (`hf_msv.training.pruned_replay.replay_pruning`) on a live result's recorded stream with its
     recorded scores: (chain → its cut step) for the chains the replay prunes. A chain the live run cut (pruned or
     stopped) has no known end: it is decoding for the replay until the replay cuts it."""
+    group = replay_group(result)
     a = result.answers
-    column = lambda name: np.array([getattr(x, name) for x in a], np.int64)
-    terminal = np.array([x.terminal for x in a], bool)
-    seq_len = np.full(result.num_sequences, 10**9, np.int64)
-    seq_len[column("sequence")[terminal]] = column("tau")[terminal]
-    group = ReplayGroup(
-        column("sequence"), column("step"), column("end"), column("tau"), column("class_id"),
-        np.zeros(len(a), bool), terminal, seq_len,
-    )  # fmt: skip
     scores = [np.array([x.score for x in a], np.float64)]
     stream = replay_pruning(rule, head, [group], lambda groups, keeps: scores, scores)[0]
-    return {n: int(c) for n, c in enumerate(stream.cut) if c < seq_len[n]}
+    return {n: int(c) for n, c in enumerate(stream.cut) if c < group.seq_len[n]}
 
 
 def test_pruned_chains_equal_the_replay_and_free_their_requests(engine, tokenizer, problems):

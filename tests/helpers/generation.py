@@ -252,3 +252,26 @@ def answer_group(result: MSVResult) -> tuple[AnswerGroup, np.ndarray | str]:
         events=events,
     )
     return group, ("live" if live else scores)
+
+
+def replay_group(result: MSVResult):
+    """The recorded answer stream of `result` (from any engine) as the pruning replay reads it
+    (`hf_msv.training.pruned_replay.ReplayGroup`). A chain without a terminal answer (cut by a prune or the stop) has
+    no known end: its length is unbounded, so the replay treats it as decoding until the replay cuts it."""
+    from hf_msv.training.pruned_replay import ReplayGroup
+
+    a = result.answers
+    column = lambda name: np.array([getattr(x, name) for x in a], np.int64)
+    terminal = np.array([x.terminal for x in a], bool)
+    seq_len = np.full(result.num_sequences, 10**9, np.int64)
+    seq_len[column("sequence")[terminal]] = column("tau")[terminal]
+    return ReplayGroup(
+        sequence=column("sequence"),
+        step=column("step"),
+        end=column("end"),
+        start=column("tau"),
+        klass=column("class_id"),
+        correct=np.zeros(len(a), bool),
+        terminal=terminal,
+        seq_len=seq_len,
+    )
