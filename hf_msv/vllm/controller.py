@@ -547,8 +547,6 @@ class EngineSession:
         done = [(rid, run) for rid, run in self.chains.items() if not run.pending]
         for rid, run in done:
             del self.chains[rid]
-            for chain in [c for c, (r, _) in self.chain_rows.items() if r is run]:
-                del self.chain_rows[chain]
             if run.queue is not None:
                 run.queue.discard(run.key)  # nothing is waiting; a shared queue forgets the prompt
         return [run for _, run in done]
@@ -560,8 +558,6 @@ class EngineSession:
                 continue
             run.group.decided = True  # nothing more of it is elicited or scored
             self._abort(run, self.requests_of(run))
-            for chain in [c for c, (r, _) in self.chain_rows.items() if r is run]:
-                del self.chain_rows[chain]
             if run.queue is not None:
                 run.queue.discard(run.key)
 
