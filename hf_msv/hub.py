@@ -27,6 +27,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .errors import UserError
 from .lambda_rule import LambdaChoice
+from .pruning import PruneRule
 from .stop_rules import StopHead
 from .utils import file_mode
 
@@ -73,6 +74,7 @@ class VerifierEvidence:
             when not recorded.
         at_stop: the stop-time calibration on validation (stopped share, accuracy, confidence).
         training_data: the log's description of the training and validation data.
+        pruning: the pruning rule certified jointly with a λ (``config.early_stopping["pruning"]``); None when none.
         files: the evidence files found (`EVIDENCE_FILES`), uploaded with the weights.
     """
 
@@ -85,6 +87,7 @@ class VerifierEvidence:
     stop_head_penalty: float | None = None
     at_stop: dict | None = None
     training_data: str | None = None
+    pruning: dict | None = None
     files: tuple[Path, ...] = ()
 
 
@@ -122,6 +125,7 @@ def read_evidence(directory: str | os.PathLike, config) -> VerifierEvidence:
         stop_head_penalty=None if penalty is None else math.inf if penalty["penalty"] is None else penalty["penalty"],
         at_stop=refit.get("at_stop") or fitted.get("at_stop"),  # the refit rewrote the config's λ too
         training_data=log.get("training_data"),
+        pruning=(getattr(config, "early_stopping", None) or {}).get("pruning") or None,
         files=tuple(directory / name for name in EVIDENCE_FILES if (directory / name).is_file()),
     )
 
@@ -245,6 +249,8 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
             + _penalty_note(evidence.stop_head_penalty)
             + "."
         )
+    if evidence.pruning:
+        lines.append(_pruning_line(evidence.pruning))
     if evidence.at_stop and evidence.at_stop.get("stopped"):
         at = evidence.at_stop
         lines.append(
@@ -252,6 +258,19 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
             f"mean confidence {at['confidence']:.3f}."
         )
     return "\n".join(lines)
+
+
+def _pruning_line(entry: dict) -> str:
+    """The card's line for a pruning rule certified jointly with its λ (docs/pruning.md)."""
+    pair = LambdaChoice.from_dict(entry["lambda"])
+    joint = entry.get("joint") or {}
+    loss = "net accuracy drop" if "net loss" in joint.get("procedure", "") else "answers lost"
+    return (
+        f"- Default with pruning: {PruneRule.from_dict(entry['rule']).describe()}, beside the stop at λ = "
+        f"{pair.lam:g}, certified jointly ({loss} ≤ ε = {pair.epsilon:g} at δ = {pair.delta:g} on "
+        f"{pair.num_problems} calibration problems; calibration accuracy {pair.accuracy:.3f} against full "
+        f"decoding's {pair.full_accuracy:.3f}). `prune=False` stops alone at the λ above."
+    )
 
 
 def _penalty_note(penalty: float | None) -> str:

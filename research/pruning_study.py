@@ -154,7 +154,7 @@ def main(argv=None) -> dict:
     head = StopHead.of(verifier.config)
     stop_only = LambdaChoice.of(verifier.config)
     assert head is not None and stop_only is not None, "a verifier with a fitted stop head and λ"
-    n = verifier.config.num_sequences
+    n = head.num_chains  # the N the stop head was fitted at (an MSV_M reads N > M chains in subgroups of M)
     scorer = MSVGroupScorer(verifier)
 
     calibration = load_replay_groups(args.calibration_dir, n, args.max_problems)

@@ -394,3 +394,43 @@ def test_joint_choice_with_net_loss():
     net = choose_jointly(lam, correct, tokens, ref, np.full(g, 30.0), epsilon=0.01, delta=0.1, loss="net")
     assert paired.cheapest == (0.9, None) and paired.setting == 0
     assert net.cheapest == (0.9, 0.9) and net.setting == 1 and "net loss" in net.procedure
+
+
+def test_group_scorer_reads_n_chains_in_subgroups_of_m(tmp_path):
+    """At N > M the replay scores a group as live generation does (`MSVScorer`): chain n in subgroup n // M as its
+    sequence n % M. Six chains scored by an MSV_3 equal the two three-chain groups the dataset cuts them into."""
+    from helpers.generation import tiny_verifier
+    from helpers.shards import D, write_dataset
+    from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups
+
+    write_dataset(tmp_path, num_problems=2, num_sequences=6)
+    scorer = MSVGroupScorer(tiny_verifier(num_sequences=3, hidden=D))
+    whole = load_replay_groups(tmp_path, 6)
+    halves = load_replay_groups(tmp_path, 3)
+    assert len(whole) == 2 and len(halves) == 4
+    keep = lambda groups: [np.ones(g.sequence.size, bool) for g in groups]
+    scores, parts = scorer(whole, keep(whole)), scorer(halves, keep(halves))
+    for i, group in enumerate(whole):
+        rows = group.item["answer_index"].numpy()
+        for part, part_scores in zip(halves[2 * i : 2 * i + 2], parts[2 * i : 2 * i + 2]):
+            where = np.searchsorted(rows, part.item["answer_index"].numpy())
+            np.testing.assert_allclose(scores[i][where], part_scores, rtol=1e-5)
+        assert not np.isnan(scores[i]).any()
+    # Validation (the stop head's inputs) reads the six chains the same way, numbering them 0..5 in their group.
+    from hf_msv.data import ShardDataset
+    from hf_msv.training.trainer import validation_predictions
+
+    p = validation_predictions(scorer.model, ShardDataset(tmp_path, num_sequences=6, mode="streaming"), "streaming")
+    assert p.structure["sequence"].max() == 5 and np.unique(p.structure["group"]).size == 2
+    got = {
+        (str(q), int(n), int(k)): z
+        for q, n, k, z in zip(p.problems, p.structure["sequence"], p.structure["step"], p.logits)
+    }
+    for group, s in zip(whole, scores):
+        for n, k, v in zip(group.sequence, group.step, s):
+            assert got[(group.problem_id, int(n), int(k))] == pytest.approx(np.log(v / (1 - v)), abs=1e-4)
+    # ... so the stopping rule of an MSV_3 can be fitted for runs of six chains.
+    from hf_msv.training import fit_stopping_rule
+
+    fit = fit_stopping_rule(scorer.model, tmp_path, num_chains=6, calibration_fraction=0.5)
+    assert fit.head.num_chains == 6 and scorer.model.config.early_stopping["stop_head"]["num_chains"] == 6

@@ -19,6 +19,8 @@ from helpers.launch import free_port
 from helpers.shards import make_problem
 from hf_msv import MSVVerifier
 from hf_msv.data import VERIFIER_INPUTS, ShardDataset, collate_groups, write_shard
+from hf_msv.errors import UserError
+from hf_msv.pruning import PruneRule
 from hf_msv.training import (
     MSVTrainingConfig,
     ProbeConfig,
@@ -941,6 +943,46 @@ def test_a_streaming_verifier_that_never_stops_early_warns(tmp_path, caplog):
     assert saved.config.early_stopping["lambda"] == log["lambda"]
     criterion = MSVEarlyStop.from_verifier(saved)
     assert criterion.choice.to_dict() == log["lambda"] and criterion.threshold is None  # never stops
+
+
+def test_training_certifies_pruning_jointly_on_the_calibration_problems(tmp_path):
+    """``hf-msv train`` certifies a pruning rule with its λ on the problems λ is certified on (not the stop head's)
+    and saves the pair as the verifier's default: the config (what `MSVEarlyStop.from_verifier` reads), the card
+    and the summary line say it; ``stop_pruning="off"`` saves the stop alone. Chains that settle at once (answers
+    repeating every 25 tokens) make pruning free, so at ε = 0.3 the 24 calibration problems certify it."""
+    from helpers.shards import steady_problem
+    from hf_msv import MSVEarlyStop
+    from hf_msv.training.pruned_replay import PRUNE_CANDIDATES
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 32), ("val", 48)):
+        (tmp_path / split).mkdir()
+        write_shard(
+            tmp_path / split / "shard-r000-00000.safetensors",
+            [steady_problem(f"{split}/{i}", rng) for i in range(count)],
+            info={"lm_name_or_path": "synthetic-lm", "lm_num_attention_heads": 4, "checker": "exact"},
+        )
+    common = dict(num_sequences=8, mode="streaming", max_steps=2, eval_steps=2, progress=False, stop_epsilon=0.3)
+    result = train_verifier(tmp_path / "train", tmp_path / "val", tmp_path / "out", MSVTrainingConfig(**common))
+    stopping = result.verifier.config.early_stopping
+    log = json.loads((tmp_path / "out" / "training_log.json").read_text())["early_stopping"]
+    pair = stopping["pruning"]
+    rule = PruneRule.from_dict(pair["rule"])
+    assert rule in PRUNE_CANDIDATES and not rule.off
+    assert pair["lambda"]["num_problems"] == log["split"]["calibration_problems"] == 24 and pair["lambda"]["reached"]
+    assert pair["joint"]["choice"]["num_problems"] == 24 and "net loss" in pair["joint"]["procedure"]
+    saved = MSVVerifier.from_pretrained(tmp_path / "out")
+    criterion = MSVEarlyStop.from_verifier(saved)
+    assert criterion.prune == rule and criterion.threshold == pair["lambda"]["lam"]
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"Default with pruning: {rule.describe()}" in card and "on 24 calibration problems" in card
+    assert any(line.startswith("pruning, certified jointly") for line in result.guard.summary_lines())
+    off = train_verifier(
+        tmp_path / "train", tmp_path / "val", tmp_path / "off", MSVTrainingConfig(**common, stop_pruning="off")
+    )
+    assert "pruning" not in off.verifier.config.early_stopping and off.verifier.config.early_stopping["lambda"]
+    with pytest.raises(UserError, match="stop_pruning"):
+        MSVTrainingConfig(stop_pruning="sometimes")
 
 
 def test_the_vote_anchor_is_kept_when_no_trained_checkpoint_beats_it(tmp_path, caplog, capsys):

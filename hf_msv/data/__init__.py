@@ -7,6 +7,8 @@ from .dataset import (
     ShardDataset,
     collate_groups,
     load_split,
+    subgroup_items,
+    subset_item,
 )
 from .export import (
     EXPORT_FORMATS,
@@ -96,6 +98,8 @@ __all__ = [
     "collection_elicitation",
     "ShardDataset",
     "collate_groups",
+    "subgroup_items",
+    "subset_item",
     "VERIFIER_INPUTS",
     "load_split",
     "PRELOAD_BYTES",

@@ -22,7 +22,15 @@ from .shards import SHARD_GLOB, ShardIndex, list_shards, verify_checksums
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardDataset", "collate_groups", "VERIFIER_INPUTS", "load_split", "PRELOAD_BYTES"]
+__all__ = [
+    "ShardDataset",
+    "collate_groups",
+    "VERIFIER_INPUTS",
+    "load_split",
+    "PRELOAD_BYTES",
+    "subset_item",
+    "subgroup_items",
+]
 
 # Up to this many bytes of hidden states (all shards together) a dataset holds them in memory once read: an item is
 # then a few tensor slices instead of many small memory-mapped reads (~5x faster per item on the testbed's shards),
@@ -364,6 +372,47 @@ VERIFIER_INPUTS = (
     "labels",
 )
 """Keys of a `collate_groups` batch that the verifier's forward takes."""
+
+
+def subset_item(item: dict, keep) -> dict:
+    """A `ShardDataset` item restricted to the answers `keep` ((A,) bool; each answer's tokens stay contiguous)."""
+    lengths = item["answer_length"]
+    starts = torch.cumsum(lengths, 0) - lengths
+    rows = torch.from_numpy(np.flatnonzero(np.asarray(keep)))
+    sel = lengths[rows]
+    offsets = torch.repeat_interleave(starts[rows] - (torch.cumsum(sel, 0) - sel), sel)
+    out = {
+        key: (value[rows] if torch.is_tensor(value) and key != "hidden_states" else value)
+        for key, value in item.items()
+    }
+    out["hidden_states"] = item["hidden_states"][torch.arange(int(sel.sum())) + offsets]
+    return out
+
+
+def subgroup_items(item: dict, m: int, keep=None) -> list[tuple[int, dict]]:
+    """An item of N chains as an MSV_M reads it (paper, "Scaling with MSV_M"; `hf_msv.generation.MSVScorer` live):
+    chain n in subgroup n // M as its sequence n % M.
+
+    Args:
+        item: a `ShardDataset` item.
+        m: M, the verifier's ``num_sequences``.
+        keep: (A,) bool, the answers to keep (default all).
+
+    Returns:
+        ``(subgroup, item)`` for every subgroup with an answer kept; the item itself when its chains fit in one.
+    """
+    sequence = item["answer_sequence"].numpy()
+    keep = np.ones(sequence.size, bool) if keep is None else np.asarray(keep, bool)
+    if sequence.size and sequence.max() < m and keep.all():
+        return [(0, item)]
+    out = []
+    for part in range(int(sequence.max()) // m + 1 if sequence.size else 0):
+        mine = keep & (sequence // m == part)
+        if mine.any():
+            sub = subset_item(item, mine)
+            sub["answer_sequence"] = sub["answer_sequence"] % m
+            out.append((part, sub))
+    return out
 
 
 def collate_groups(groups: Sequence[dict], mode: str = "streaming", gamma: bool = True) -> dict:

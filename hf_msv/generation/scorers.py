@@ -354,8 +354,9 @@ class _RuleStream(_PromptHistory):
             # Its features are shares of N, but their distribution and the λ chosen with it belong to one N.
             warnings.warn(
                 f"the verifier's stopping rule (stop head and λ) was fitted on groups of N = {rule.num_chains}, this "
-                f"run samples N = {num_sequences}: refit it at this N (hf_msv.training.fit_stopping_rule on "
-                "validation shards of N chains) before trusting its stops",
+                f"run samples N = {num_sequences}: refit it at this N (hf_msv.training.fit_stopping_rule(verifier, "
+                f"val_dir, num_chains={num_sequences}) on validation shards of {num_sequences} chains) before "
+                "trusting its stops",
                 UserWarning,
                 stacklevel=2,
             )

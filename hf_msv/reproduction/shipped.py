@@ -97,27 +97,34 @@ def train_shipped_verifier(
 
 
 def fit_shipped_stopping(
-    val_dir, destination=None, epsilon: float = SHIPPED_EPSILON, delta: float = DELTA, calibration_dir=None
+    val_dir,
+    destination=None,
+    epsilon: float = SHIPPED_EPSILON,
+    delta: float = DELTA,
+    calibration_dir=None,
+    num_chains: int | None = None,
 ) -> dict[str, Any]:
     """Fit the stopping rule of the verifier saved in `destination` (default: the package's): the stop head on the
     validation shards `val_dir`, λ on the calibration shards `calibration_dir` (other problems; `None`: a held-out
     half of `val_dir`'s), by `hf_msv.training.fit_stopping_rule` (the guarantee's λ when it certifies `epsilon` at
-    `delta`, else λ = ∞: full decoding). Stores it in its config and in `SHIPPED_LAMBDA_FILE`, and adds the λ to
-    its card. Returns what the file holds."""
+    `delta`, else λ = ∞: full decoding), at N = `num_chains` (default: the verifier's). Stores it in its config
+    and in `SHIPPED_LAMBDA_FILE`, and adds the λ to its card. Returns what the file holds."""
     from ..modeling_msv import MSVVerifier
     from ..testbed import TESTBED_VERIFIER_DIR
     from ..training import fit_stopping_rule
 
     destination = Path(destination or TESTBED_VERIFIER_DIR)
     verifier = MSVVerifier.from_pretrained(destination)
-    fit = fit_stopping_rule(verifier, val_dir, epsilon=epsilon, delta=delta, calibration_dir=calibration_dir)
+    fit = fit_stopping_rule(
+        verifier, val_dir, epsilon=epsilon, delta=delta, calibration_dir=calibration_dir, num_chains=num_chains
+    )
     verifier.config.save_pretrained(destination)
     for stale in destination.glob("*.py"):  # remote-code copies: save_pretrained/push_to_hub regenerate them
         stale.unlink()
     choice = fit.choice
     stopping = {
         "lambda": None if math.isinf(choice.lam) else round(choice.lam, 6),
-        "num_sequences": verifier.config.num_sequences,
+        "num_sequences": fit.head.num_chains,
         "rule": choice.describe(),
         "head_problems": len(fit.split.head),
         "calibration_problems": len(fit.split.calibration),

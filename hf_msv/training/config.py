@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 RECIPES = ("auto", "paper")
+PRUNING_LOSSES = ("net", "paired", "off")  # `stop_pruning`: `hf_msv.lambda_rule.choose_jointly`'s losses, or none
 
 # The auto recipe's body learning rate at the reference width (chosen on testbed validation data, 96 problems × 16
 # samples), scaled by sqrt(REFERENCE_WIDTH / d): at d = 1536 that gives 8.7e-5 (terminal) / 2.9e-5 (streaming),
@@ -138,6 +139,8 @@ class MSVTrainingConfig:
         stop_calibration_fraction: share of the validation problems held out to choose λ (the head fits the rest).
         stop_calibration_dir: shards of other problems to choose λ on instead (the head then fits all validation).
         lambda_rule: ``"guarantee"`` (λ = ∞ when nothing is certified) or ``"target"`` (`LAMBDA_RULES`).
+        stop_pruning: the loss a pruning rule is certified with jointly with λ (``"net"``, ``"paired"``) or
+            ``"off"`` (`PRUNING_LOSSES`).
         stop_statistic: what the saved stop head fires on: ``"no-loss"`` (P(stopping loses nothing against full
             decoding)) or ``"correctness"`` (P(correct)); both output and report the answer of highest P(correct).
         log_every: steps between progress-bar loss updates.
@@ -146,7 +149,7 @@ class MSVTrainingConfig:
     Raises:
         UserError: an unknown recipe, kind or mode, a non-positive `num_sequences` or `batch_size`, `vote_folds` of
             1 or below 0, `stop_epsilon`, `stop_delta` or `stop_calibration_fraction` outside (0, 1), an unknown
-            `stop_statistic` or `lambda_rule`,
+            `stop_statistic`, `stop_pruning` or `lambda_rule`,
             `checker_kwargs` that is not an object, or `architecture` keys that are not architecture fields of
             `MSVConfig`.
     """
@@ -355,6 +358,15 @@ class MSVTrainingConfig:
             "correct)). Both output the available answer of highest P(correct) and report that P."
         ),
     )
+    stop_pruning: str = field(
+        default="net",
+        metadata=_help(
+            "certify a per-chain pruning rule jointly with λ on the calibration problems (docs/pruning.md), stored "
+            "as the verifier's default beside the stop when one is certified: net (the loss is the net accuracy "
+            "drop against full decoding), paired (the answers full decoding gets right that are lost, the λ rule's "
+            "loss) or off."
+        ),
+    )
     log_every: int = field(default=10, metadata=_help("steps between progress-bar loss updates."))
     progress: bool = field(default=True, metadata=_help("show a progress bar (main process)."))
 
@@ -377,6 +389,8 @@ class MSVTrainingConfig:
             raise UserError(f"stop_calibration_fraction must lie in (0, 1), got {self.stop_calibration_fraction}")
         if self.lambda_rule not in LAMBDA_RULES:
             raise UserError(f"lambda_rule must be one of {LAMBDA_RULES}, got {self.lambda_rule!r}")
+        if self.stop_pruning not in PRUNING_LOSSES:
+            raise UserError(f"stop_pruning must be one of {PRUNING_LOSSES}, got {self.stop_pruning!r}")
         if self.stop_statistic not in STOP_STATISTICS:
             raise UserError(f"stop_statistic must be one of {STOP_STATISTICS}, got {self.stop_statistic!r}")
         if isinstance(self.checker_kwargs, str):  # from the command line: a JSON object

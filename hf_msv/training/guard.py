@@ -351,7 +351,8 @@ class GuardReport:
         for method, scores in self.rows().items():
             mark = " <- best baseline" if method == self.best else ""
             lines.append(f"  {method:<34} Brier {scores['brier']:.4f}  AUROC {scores['auroc']:.3f}{mark}")
-        extra = [self.extra[k] for k in ("early_stopping_line", "early_stopping_warning") if self.extra.get(k)]
+        keys = ("early_stopping_line", "pruning_line", "early_stopping_warning")
+        extra = [self.extra[k] for k in keys if self.extra.get(k)]
         return lines + extra + ([self.warning] if self.warning else [])
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups
+from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, subgroup_items
 from ..generation.stopping import decide_stop
 from ..lambda_rule import LAMBDAS, JointChoice, choose_jointly
 from ..metrics import ece
@@ -118,29 +118,27 @@ def load_replay_groups(directory, num_chains: int, max_problems: int | None = No
     """Every group of N chains of the streaming shards in `directory` (`ShardDataset`'s items, as validation reads
     them; the first `max_problems` problems when given), with their hidden states."""
     dataset = ShardDataset(directory, num_sequences=num_chains, mode="streaming", max_problems=max_problems)
-    return [ReplayGroup.from_item(dataset[j], num_chains) for j in range(len(dataset))]
+    return replay_groups_of(dataset)
 
 
-def _subset_item(item: dict, keep: np.ndarray) -> dict:
-    """The item restricted to the answers `keep` (tokens of each answer stay contiguous)."""
-    lengths = item["answer_length"]
-    starts = torch.cumsum(lengths, 0) - lengths
-    rows = torch.from_numpy(np.flatnonzero(keep))
-    sel = lengths[rows]
-    offsets = torch.repeat_interleave(starts[rows] - (torch.cumsum(sel, 0) - sel), sel)
-    out = {
-        key: (value[rows] if torch.is_tensor(value) and key != "hidden_states" else value)
-        for key, value in item.items()
-    }
-    out["hidden_states"] = item["hidden_states"][torch.arange(int(sel.sum())) + offsets]
-    return out
+def replay_groups_of(dataset: ShardDataset, problems=None) -> list[ReplayGroup]:
+    """The groups of a streaming `ShardDataset` (of its problems in `problems` when given), with their hidden
+    states."""
+    wanted = None if problems is None else set(map(str, problems))
+    items = (dataset[j] for j in range(len(dataset)))
+    return [
+        ReplayGroup.from_item(item, dataset.num_sequences)
+        for item in items
+        if wanted is None or str(item["problem_id"]) in wanted
+    ]
 
 
 class MSVGroupScorer:
     """Scores subsets of recorded groups with a streaming MSV, packed as evaluation and validation pack them.
 
     Args:
-        model: an `MSVVerifier` (streaming) whose ``num_sequences`` is the groups' N.
+        model: a streaming `MSVVerifier`; groups of N > its ``num_sequences`` M are scored in subgroups of M, as live
+            generation scores them.
         max_tokens: answer tokens per forward call.
 
     Call: ``scorer(groups, keeps)`` -> per group (A,) float64 probabilities, nan for the answers not kept.
@@ -157,14 +155,13 @@ class MSVGroupScorer:
         for i, (group, keep) in enumerate(zip(groups, keeps)):
             if group.item is None:
                 raise ValueError("MSVGroupScorer needs groups read with their hidden states (ReplayGroup.item)")
-            if not keep.any():
-                continue
-            pending.append(_subset_item(group.item, keep))
-            where.append(i)
-            tokens += len(pending[-1]["hidden_states"])
-            if tokens >= self.max_tokens:
-                self._flush(pending, where, groups, out)
-                pending, where, tokens = [], [], 0
+            for _, part in subgroup_items(group.item, int(self.model.config.num_sequences), keep):
+                pending.append(part)
+                where.append(i)
+                tokens += len(part["hidden_states"])
+                if tokens >= self.max_tokens:
+                    self._flush(pending, where, groups, out)
+                    pending, where, tokens = [], [], 0
         self._flush(pending, where, groups, out)
         return out
 
@@ -172,7 +169,9 @@ class MSVGroupScorer:
         if not pending:
             return
         batch = collate_groups(pending, "streaming")
-        probs = self.model(**{k: batch[k] for k in VERIFIER_INPUTS}).probabilities.double().cpu().numpy()
+        device = next(self.model.parameters()).device
+        inputs = {k: batch[k].to(device) if torch.is_tensor(batch[k]) else batch[k] for k in VERIFIER_INPUTS}
+        probs = self.model(**inputs).probabilities.double().cpu().numpy()
         group_of, stored = batch["answer_group"].numpy(), batch["answer_index"].numpy()
         for b, i in enumerate(where):
             mine = group_of == b
@@ -622,7 +621,8 @@ def fit_shipped_pruning(
     (`store_pruning`). The stop head and the weights are kept.
 
     Args:
-        calibration_dir: streaming shards of N-chain groups with hidden states.
+        calibration_dir: streaming shards with hidden states, read in groups of the stop head's N (an MSV_M reads
+            N > M chains in subgroups of M).
         destination: the verifier's directory.
         epsilon, delta: the guarantee's tolerance and family-wise risk.
         rules: the candidate rules (with `PRUNE_OFF`).
@@ -637,7 +637,7 @@ def fit_shipped_pruning(
     head = StopHead.of(verifier.config)
     if head is None:
         raise ValueError(f"{destination} carries no stop head: fit its stopping rule first")
-    groups = load_replay_groups(calibration_dir, int(verifier.config.num_sequences))
+    groups = load_replay_groups(calibration_dir, head.num_chains)  # the N its stop head was fitted at
     fit, _ = fit_pruning(rules, head, groups, MSVGroupScorer(verifier), epsilon, delta, loss=loss)
     if not fit.rule.off:
         store_pruning(destination, fit.config_entry())

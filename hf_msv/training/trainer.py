@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, get_constant_schedule_with_warmup
 
-from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, collection_elicitation
+from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, collection_elicitation, subgroup_items
 from ..errors import UserError
 from ..hub import save_verifier  # one card builder for MSV and Probe checkpoints
 from ..lambda_rule import CALIBRATION_FRACTION, DELTA, EPSILON, problems_needed
@@ -55,6 +55,7 @@ from .guard import (
     pooled_answer_states,
     training_vote_platt,
 )
+from .pruned_replay import PRUNE_CANDIDATES, MSVGroupScorer, PruningFit, fit_pruning, replay_groups_of
 from .stopping_curve import EarlyStoppingFit, ProblemSplit, fit_early_stopping
 from .vote_anchor import anchor_at_weighted_vote
 
@@ -335,20 +336,30 @@ def validation_predictions(
     )
     parts = {key: [] for key in keys}
     indices = list(range(rank, len(dataset), world))
+    # An MSV_M reads groups of N > M chains in subgroups of M, as generation does (`subgroup_items`); the structure
+    # keeps the N-chain group and each chain's number in it.
+    m = None if model.config.model_type == "msv_probe" else int(model.config.num_sequences)
     for i in range(0, len(indices), batch_size):
-        batch = collate_groups([dataset[j] for j in indices[i : i + batch_size]], mode)
+        owner, offset, items = [], [], []
+        for j in indices[i : i + batch_size]:
+            for part, item in subgroup_items(dataset[j], m) if m else [(0, dataset[j])]:
+                owner.append(j)
+                offset.append(part * (m or 0))
+                items.append(item)
+        batch = collate_groups(items, mode)
         if not len(batch["labels"]):
             continue
         out = model(**_inputs(batch) | {"labels": None})
+        group = batch["answer_group"].numpy()
         parts["logits"].append(out.logits.float().cpu().numpy())
         parts["labels"].append(batch["labels"].float().numpy())
         parts["gamma"].append(batch["gamma"].float().numpy())
-        parts["problems"].append(np.asarray(batch["problem_id"], dtype=object)[batch["answer_group"].numpy()])
+        parts["problems"].append(np.asarray(batch["problem_id"], dtype=object)[group])
         # Groups numbered globally (dataset item index) so that groups of different batches never merge.
-        parts["group"].append(np.asarray(indices[i : i + batch_size])[batch["answer_group"].numpy()])
+        parts["group"].append(np.asarray(owner)[group])
         parts["end"].append(batch["answer_end"].numpy())
         parts["klass"].append(batch["answer_class"].numpy())
-        parts["sequence"].append(batch["answer_sequence"].numpy())
+        parts["sequence"].append(batch["answer_sequence"].numpy() + np.asarray(offset)[group])
         parts["step"].append(batch["answer_step"].numpy())
         parts["terminal"].append(batch["answer_terminal"].numpy())
         if getattr(out, "vote_logits", None) is not None:
@@ -391,8 +402,9 @@ def fit_stopping_rule(
     calibration_dir=None,
     calibration_fraction: float = CALIBRATION_FRACTION,
     lambda_rule: str = "guarantee",
+    num_chains: int | None = None,
 ):
-    """Fit a trained streaming MSV's stopping rule on validation shards (groups of the verifier's N) and store it in
+    """Fit a trained streaming MSV's stopping rule on validation shards (groups of N chains) and store it in
     ``verifier.config.early_stopping`` (what ``hf-msv train`` does after training; save the verifier to keep it):
     the stop head on one part of the problems, λ on another (`fit_early_stopping`).
 
@@ -407,6 +419,8 @@ def fit_stopping_rule(
             `calibration_fraction` of `val_dir`'s problems.
         calibration_fraction: the share of `val_dir`'s problems held out for λ.
         lambda_rule: ``"guarantee"`` (λ = ∞ when nothing is certified) or ``"target"``.
+        num_chains: N, the chains a run samples (default: the verifier's ``num_sequences`` M); an MSV_M reads N > M
+            chains in subgroups of M, as generation does, and the stop head is fitted on N-chain snapshots.
 
     Returns:
         The `stopping_curve.EarlyStoppingFit`.
@@ -416,7 +430,7 @@ def fit_stopping_rule(
     """
     if verifier.config.mode != "streaming":
         raise UserError("early stopping needs a streaming verifier; this one was trained on terminal answers")
-    n = verifier.config.num_sequences
+    n = num_chains or verifier.config.num_sequences
 
     def predict(directory):
         return validation_predictions(
@@ -1095,6 +1109,30 @@ def _calibration_size_note(config: MSVTrainingConfig, val_set: ShardDataset) -> 
     )
 
 
+def _certify_pruning(model, config: MSVTrainingConfig, stopping: EarlyStoppingFit, val_set) -> PruningFit | None:
+    """A pruning rule certified jointly with λ on the problems λ was certified on (`fit_pruning` over
+    `PRUNE_CANDIDATES` with the ``stop_pruning`` loss, docs/pruning.md); `None` when pruning is off, λ itself is not
+    the guarantee's certified λ, or the stop alone is cheapest."""
+    if config.stop_pruning == "off" or stopping.choice is not stopping.guarantee or not stopping.guarantee.reached:
+        return None
+    dataset = (
+        ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
+        if config.stop_calibration_dir
+        else val_set
+    )
+    groups = replay_groups_of(dataset, stopping.split.calibration)
+    fit, _ = fit_pruning(
+        PRUNE_CANDIDATES,
+        stopping.head,
+        groups,
+        MSVGroupScorer(model),
+        config.stop_epsilon,
+        config.stop_delta,
+        loss=config.stop_pruning,
+    )
+    return None if fit.rule.off else fit
+
+
 def _calibration_predictions(model, config: MSVTrainingConfig, accelerator) -> ValidationPredictions:
     """The kept checkpoint's predictions on ``--stop-calibration-dir`` (groups of the training N)."""
     dataset = ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
@@ -1167,6 +1205,12 @@ def _guard(best, run: _TrainingRun, train_set, val_set, output_dir: Path) -> Gua
         )
         best.config.early_stopping = stopping.config_entry()
         report.add_early_stopping(stopping)
+        pruning = _certify_pruning(best, config, stopping, val_set)
+        if pruning is not None:
+            best.config.early_stopping["pruning"] = pruning.config_entry()
+            report.extra["pruning_line"] = (
+                f"pruning, certified jointly with λ = {pruning.choice.choice.lam:g}: {pruning.rule.describe()}"
+            )
     run.write_log(report, stopping)
     if acc.is_main_process:
         # The card is rebuilt from the log just written (validation, guard) and the config (the stop head and λ

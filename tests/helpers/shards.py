@@ -69,3 +69,45 @@ def write_dataset(directory, num_problems=5, per_shard=2, num_sequences=6, seed=
             info={"lm_name_or_path": "synthetic", "lm_num_attention_heads": 2, "checker": "exact"},
         )
     return problems
+
+
+def steady_problem(pid: str, rng, num_sequences: int = 8, d: int = D, answers: int = 6, strength: float = 0.6):
+    """A streaming problem whose chains settle at once: chain n answers its one class `answers` times, 25 tokens
+    apart, the last time at its end (3 candidate answers, the correct one by chance; each answer's tokens carry a
+    noisy ±`strength` mark on dimension 0, + for the correct answer). Pruning a chain once its answers repeat
+    saves tokens and changes no answer: a pruning rule certifies on a few problems."""
+    texts = ["a", "b", "c"]
+    correct = texts[int(rng.integers(0, 3))]
+    weights = rng.dirichlet([1.0, 1.0, 1.0])
+    held = [texts[int(rng.choice(3, p=weights))] for _ in range(num_sequences)]
+    rows = []  # (τ, sequence, step, terminal, text, length)
+    for n in range(num_sequences):
+        base = int(rng.integers(5, 20))
+        rows += [(base + 25 * k, n, k, k == answers - 1, held[n], int(rng.integers(2, 4))) for k in range(answers)]
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))  # elicitation order
+    lengths = np.array([r[5] for r in rows])
+    states = rng.normal(size=(int(lengths.sum()), d)).astype(np.float32)
+    states[:, 0] += np.repeat([2 * strength if r[4] == correct else -2 * strength for r in rows], lengths)
+    classes = {a: i for i, a in enumerate(dict.fromkeys(r[4] for r in rows))}
+    ends = {r[1]: r[0] for r in rows if r[3]}
+    t = int(lengths.sum())
+    return CollectedProblem(
+        problem_id=pid,
+        gold=correct,
+        source="synthetic",
+        hidden_states=torch.from_numpy(states),
+        token_ids=np.zeros(t, dtype=np.int64),
+        token_logprobs=np.zeros(t, dtype=np.float32),
+        answer_text=[r[4] for r in rows],
+        answer_raw_text=[r[4] for r in rows],
+        answer_trigger=["eos" if r[3] else "delimiter" for r in rows],
+        answer_sequence=[r[1] for r in rows],
+        answer_step=[r[2] for r in rows],
+        answer_tau=[r[0] for r in rows],
+        answer_length=lengths,
+        answer_class=[classes[r[4]] for r in rows],
+        answer_terminal=[r[3] for r in rows],
+        answer_correct=[r[4] == correct for r in rows],
+        sequence_length=[ends[n] + 1 for n in range(num_sequences)],
+        sequence_finish=["eos"] * num_sequences,
+    )
