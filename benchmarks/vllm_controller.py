@@ -1,11 +1,12 @@
 """The vLLM controller against plain vLLM sampling of the same prompts and N (docs/vllm.md). Last stdout line: JSON.
 
-CPU mode (default): the shipped testbed LM and MSV_16 at its default (the λ and pruning rule it certified), 16
+CPU mode (default): the shipped testbed LM and MSV_16 at its default (the λ and pruning rule it certified), 32
 evaluation problems, N = 16 and 64. Per N: plain vLLM CoT tokens/s; the controller's CoT tokens/s with elicitation
 and scoring on and no stopping; the elicitation and verifier share of its wall time and the tokens the engine
 computed for elicitation per CoT token (machine-independent: on a CPU the ratio follows it); wall time, tokens saved,
-chains pruned and accuracy with the default's early stopping and pruning against plain vLLM's full decoding (paired
-interval over problems), beside `hf-msv demo` on the same problems (shipped verifier only). Then N = 16 with
+chains pruned and accuracy with the default's early stopping and pruning against the controller's full decoding
+(paired interval over problems), and a second full decoding against the first (unseeded runs differ by sampling:
+the noise of that interval), beside `hf-msv demo` on the same problems (shipped verifier only). Then N = 16 with
 answers every 64 and 128 tokens (cost only). ``--verifier DIR`` runs a streaming MSV saved with its stopping rule
 instead (its λ, and the elicitation schedule it was trained on, e.g. a ``min_gap_tokens`` spacing); ``--problems P``
 sets the number of problems.
@@ -134,7 +135,7 @@ def cpu_mode(quick: bool, verifier_dir: str | None = None, num_problems: int | N
     verifier = MSVVerifier.from_pretrained(verifier_dir or TESTBED_VERIFIER_DIR).eval()
     lam = MSVEarlyStop.from_verifier(verifier).threshold
     task = get_task("v2")
-    problems = task.generate_problems("evaluation", num_problems or (4 if quick else 16), seed=0)
+    problems = task.generate_problems("evaluation", num_problems or (4 if quick else 32), seed=0)
     budget = 120 if quick else (task.sampling_cap() or 400)
     # Room for all 16 × 64 chains and their elicitations: a smaller cache preempts and evicts cached prefixes.
     llm = make_engine(lm, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=2 << 30)
@@ -156,6 +157,9 @@ def cpu_mode(quick: bool, verifier_dir: str | None = None, num_problems: int | N
         full, full_results = controller_run(controller, prompts, n, budget, None)
         stop, stop_results = controller_run(controller, prompts, n, budget, "certified")  # the default
         full_ok, stop_ok = correct(full_results, problems, checker), correct(stop_results, problems, checker)
+        # A second full decoding: unseeded runs sample different chains, so two full runs differ by sampling alone.
+        _, rerun_results = controller_run(controller, prompts, n, budget, None)
+        rerun_ok = correct(rerun_results, problems, checker)
         report[f"n{n}"] = {
             "wall_s_plain": plain["seconds"],
             "wall_s_stop": stop["seconds"],
@@ -163,6 +167,8 @@ def cpu_mode(quick: bool, verifier_dir: str | None = None, num_problems: int | N
             "accuracy_full": sum(full_ok) / len(problems),
             "accuracy_stop": sum(stop_ok) / len(problems),
             "accuracy_stop_minus_full": stop_vs_full(stop_ok, full_ok),
+            "accuracy_full_rerun": sum(rerun_ok) / len(problems),
+            "accuracy_full_rerun_minus_full": stop_vs_full(rerun_ok, full_ok),
             "tokens_saved": 1 - stop["tokens"] / full["tokens"],
             "plain_tokens_per_s": plain["tokens_per_s"],
             "controller_tokens_per_s": full["tokens_per_s"],

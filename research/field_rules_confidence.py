@@ -62,6 +62,25 @@ def chain_confidences(model, prompt: list[int], chains: list[np.ndarray], top_k:
     return out, float(np.concatenate(sampled).mean()) if sampled else 0.0
 
 
+def save_recorded(collection: str, output: str, limit: int | None = None) -> None:
+    """The same ``.npz`` from the token confidences a collection recorded while sampling (collections made with
+    ``confidence_top_k`` store them: shard info ``cot_confidence_source: "generation"``)."""
+    problem_ids, sequences, confs = [], [], []
+    for shard in list_shards(collection)[:limit]:
+        problems, _ = read_shard(shard, hidden=False)
+        for p in problems:
+            if p.cot_confidence is None:
+                raise SystemExit(f"{shard}: no recorded token confidences; recompute them (without --recorded)")
+            confs += [np.asarray(c, np.float32) for c in p.cot_confidence]
+            problem_ids += [p.problem_id] * len(p.cot_confidence)
+            sequences += list(range(len(p.cot_confidence)))
+    lengths = np.array([c.size for c in confs], np.int64)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    np.savez(output, problem_id=np.array(problem_ids), sequence=np.array(sequences, np.int64),
+             offset=np.r_[0, np.cumsum(lengths)], confidence=np.concatenate(confs), top_k=0)  # fmt: skip
+    print(json.dumps({"chains": len(confs), "tokens": int(lengths.sum()), "recorded": True}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("collection", help="a collection directory (hf-msv collect --output-dir)")
@@ -69,7 +88,14 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="the LM (default: the collection's lm_name_or_path)")
     parser.add_argument("--batch", type=int, default=32, help="chains per forward")
     parser.add_argument("--limit", type=int, default=None, help="only the first shards (a quick check)")
+    parser.add_argument(
+        "--recorded",
+        action="store_true",
+        help="write the confidences the collection recorded while sampling (its shards' cot_confidence) instead",
+    )
     args = parser.parse_args()
+    if args.recorded:
+        return save_recorded(args.collection, args.output, args.limit)
     torch.set_grad_enabled(False)
     info = json.loads((Path(args.collection) / "collect_config.json").read_text())
     model, tokenizer = load_lm(args.model or info["lm_name_or_path"], device="cpu", dtype="float32")

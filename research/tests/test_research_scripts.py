@@ -307,3 +307,29 @@ def test_guarantee_resplits_fit_on_one_part_choose_on_another_and_score_the_rest
     low, high = out["violation_rate_interval"]
     assert 0.0 <= low <= out["violation_rate"] <= high <= 1.0
     assert json.loads((tmp_path / "r.json").read_text())["epsilon"] == 0.2
+
+
+def test_default_vs_field_hull_values_are_the_interpolated_curve_per_problem():
+    """Each problem's value on a rule's interpolated curve mixes the two hull vertices around the budget, so their
+    mean is `interpolated_curve(...).at(budget)` (and a paired bootstrap between two rules' hulls is well defined);
+    past the hull's peak it is the peak's setting."""
+    from hf_msv.evaluation.early_stop import interpolated_curve
+    from hf_msv.evaluation.field_rules import RuleCurve
+
+    study = _script("default_vs_field")
+    rng = np.random.default_rng(0)
+    g = 40
+    cot = np.stack([rng.integers(10, 20, g), rng.integers(30, 50, g), rng.integers(60, 80, g), np.full(g, 100)], 1)
+    correct = rng.random((g, 4)) < np.array([0.3, 0.6, 0.75, 0.7])
+    curve = RuleCurve(("a", "b", "c", "full"), correct, cot, cot, cot[:, -1], cot[:, -1], tuple(map(str, range(g))))
+    hull = interpolated_curve(curve.tradeoff())
+    for budget in (0.05, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0):
+        values = study.hull_values(curve, budget)
+        assert values.shape == (g,) and values.min() >= 0 and values.max() <= 1
+        assert values.mean() == pytest.approx(hull.at(budget), abs=1e-9)
+    peak = int(np.argmax(correct.mean(0)))
+    assert np.array_equal(study.hull_values(curve, 1.0), correct[:, peak].astype(float))  # flat past the peak
+    same = study.compare(study.hull_values(curve, 0.5), study.hull_values(curve, 0.5), 200)
+    assert same["estimate"] == 0 and same["holds"]
+    over = study.compare(np.zeros(g), np.ones(g), 200, rule_fits=False)
+    assert not over["ahead"] and over["holds"]  # a rule over the budget is not ahead of anything

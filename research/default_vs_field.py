@@ -1,0 +1,237 @@
+"""The shipped default (the MSV's certified pruning rule beside its group stop) against the field's rules at matched
+chain-of-thought tokens (docs/pruning.md, "The default against the field's rules").
+
+The default's curve is the verifier's certified pruning rule (``config.early_stopping["pruning"]``) replayed exactly
+(`replay_pruning`: the MSV re-scores a group after every prune) with the group stop over the λ grid
+(`hf_msv.lambda_rule.LAMBDAS`, λ = ∞ the rule alone), full decoding (no rule) last: one `RuleCurve`, read by the same
+`choose_settings` as every field rule. Every rule, the default included, has its setting for each 30 / 50 / 70 %
+budget chosen on the validation groups only, then applied to the evaluation groups; the interpolated curves (upper
+hull, `interpolated_curve`) are read at the same budgets. Each field rule is compared with the default by a paired
+bootstrap over problems (default − rule) at the validation-chosen settings and on the interpolated curves (a
+problem's value on a hull is its mix of the two vertices' correctness). The field rules' inputs are
+``research/field_rules_study.py``'s (token confidences from ``research/field_rules_confidence.py``; MSV and Probe
+scores cached beside them). The default's replays are cached (``--cache``). Last line: JSON (also ``--output``).
+
+    OMP_NUM_THREADS=1 python research/default_vs_field.py --val-dir runs/pool --eval-dir runs/eval192 \
+        --confidences runs/confidences --msv hf_msv/testbed/verifier --probe runs/probe \
+        --output docs/results/default-vs-field-n16.json
+    python research/default_vs_field.py --markdown docs/results/default-vs-field-n16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
+
+from hf_msv.evaluation.early_stop import interpolated_curve
+from hf_msv.evaluation.field_rules import RuleCurve, choose_on_validation, choose_settings, field_rules, rule_curve
+from hf_msv.evaluation.verifiers import load_verifier
+from hf_msv.lambda_rule import LAMBDAS
+from hf_msv.metrics import paired_bootstrap
+from hf_msv.pruning import PRUNE_OFF, PruneRule
+from hf_msv.stop_rules import StopHead
+from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
+from research.field_rules_study import split_groups
+
+BUDGETS = (0.3, 0.5, 0.7)
+
+
+def default_curve(directory: str, verifier, rule: PruneRule, num_chains: int, cache: Path | None) -> RuleCurve:
+    """The default's `RuleCurve` on a collection: `rule` with the group stop at every λ of `LAMBDAS`, then full
+    decoding (neither), in the collection's stored problem order."""
+    if cache is not None and cache.exists():
+        z = np.load(cache, allow_pickle=True)
+        return RuleCurve(tuple(z["settings"]), *(z[k] for k in ("correct", "cot", "all", "full_cot", "full_all")),
+                         tuple(z["problem"]), z["pruned"])  # fmt: skip
+    head = StopHead.of(verifier.config)
+    groups = load_replay_groups(directory, num_chains)
+    scorer = MSVGroupScorer(verifier)
+    started = time.time()
+    scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
+    pruned = sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head, LAMBDAS)
+    off = replay_pruning(PRUNE_OFF, head, groups, scorer, scores)
+    full = sweep_groups(groups, off, head, [math.inf])
+    print(f"{Path(directory).name}: default replayed in {time.time() - started:.0f}s", flush=True)
+    settings = (*(f"lambda={lam:g}" for lam in LAMBDAS), "full")
+    curve = RuleCurve(
+        settings,
+        np.concatenate([pruned.correct, full.correct], 1),
+        np.concatenate([pruned.cot, full.cot], 1).astype(np.int64),
+        np.concatenate([pruned.tokens, full.tokens], 1).astype(np.int64),
+        full.cot[:, 0].astype(np.int64),
+        full.tokens[:, 0].astype(np.int64),
+        tuple(str(p) for p in pruned.problem),
+        np.concatenate([pruned.pruned, np.zeros((len(groups), 1))], 1).mean(0),
+    )
+    if cache is not None:
+        np.savez(cache, settings=np.array(curve.settings), correct=curve.correct, cot=curve.cot_tokens,
+                 all=curve.all_tokens, full_cot=curve.full_cot, full_all=curve.full_all,
+                 problem=np.array(curve.problem), pruned=curve.pruned)  # fmt: skip
+    return curve
+
+
+def aligned(curve: RuleCurve, problems) -> RuleCurve:
+    """`curve` with its groups in the order of `problems` (the field rules' order)."""
+    where = {p: i for i, p in enumerate(curve.problem)}
+    missing = [p for p in problems if p not in where]
+    if missing:
+        raise ValueError(f"{len(missing)} problems of the field rules' groups are not in the default's replay")
+    i = np.array([where[p] for p in problems])
+    return RuleCurve(curve.settings, curve.correct[i], curve.cot_tokens[i], curve.all_tokens[i], curve.full_cot[i],
+                     curve.full_all[i], tuple(problems), curve.pruned)  # fmt: skip
+
+
+def hull_values(curve: RuleCurve, budget: float) -> np.ndarray:
+    """(G,) each problem's correctness on `curve`'s interpolated curve at `budget`: the mix of the two hull
+    vertices around it (the origin, answering nothing, a vertex), whose mean is `interpolated_curve(...).at`."""
+    fraction = np.r_[0.0, curve.fraction()]
+    correct = np.concatenate([np.zeros((curve.correct.shape[0], 1)), curve.correct.astype(float)], 1)
+    hull = interpolated_curve(curve.tradeoff())
+    peak = int(np.argmax(hull.accuracy))
+    xs, ys = hull.fraction[: peak + 1], hull.accuracy[: peak + 1]  # flat past the peak: the peak's mix
+    x = min(budget, xs[-1])
+
+    def vertex(k: int) -> int:  # a setting at hull vertex k (its budget, its accuracy)
+        ok = np.flatnonzero(np.isclose(fraction, xs[k]) & np.isclose(correct.mean(0), ys[k]))
+        return int(ok[0])
+
+    hi = int(np.searchsorted(xs, x - 1e-12))
+    if hi == 0 or np.isclose(xs[hi], x):
+        return correct[:, vertex(hi)]
+    w = (x - xs[hi - 1]) / (xs[hi] - xs[hi - 1])
+    return (1 - w) * correct[:, vertex(hi - 1)] + w * correct[:, vertex(hi)]
+
+
+def compare(default_values: np.ndarray, rule_values: np.ndarray, n_boot: int, rule_fits: bool = True) -> dict:
+    """Default − rule, paired over problems. ``holds``: the default is ahead (point estimate ≥ 0, lower bound ≥ −1
+    pp), or the rule has no setting within the budget on validation (it decodes more than the budget allows)."""
+    d = paired_bootstrap(default_values.astype(float), rule_values.astype(float), n_boot=n_boot)
+    ahead = bool(d["estimate"] >= 0 and d["low"] >= -0.01)
+    return d | {"ahead": ahead, "rule_within_budget": rule_fits, "holds": ahead or not rule_fits}
+
+
+def points(curve: RuleCurve, choices) -> list[dict]:
+    cot, every = curve.fraction(), curve.fraction(all_tokens=True)
+    return [
+        {
+            "target": c.target,
+            "setting": c.setting,
+            "fits_on_validation": c.fits,
+            "accuracy": float(curve.accuracy[c.index]),
+            "cot_token_fraction": float(cot[c.index]),
+            "all_token_fraction": float(every[c.index]),
+        }
+        for c in choices
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--val-dir")
+    parser.add_argument("--eval-dir")
+    parser.add_argument("--confidences", help="directory of research/field_rules_confidence.py's npz")
+    parser.add_argument("--msv", default="hf_msv/testbed/verifier")
+    parser.add_argument("--probe", default=None)
+    parser.add_argument("--cache", default=None, help="directory for the default's replays (default: --confidences)")
+    parser.add_argument("--bootstrap", type=int, default=2000)
+    parser.add_argument("--only", nargs="*", default=None, help="field rule labels to run (default all)")
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--markdown", default=None, help="print the docs table of a results JSON and exit")
+    args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return
+    msv = load_verifier(args.msv)
+    rule = PruneRule.of(msv.config)
+    cache = Path(args.cache or args.confidences)
+    verifiers = {"msv": args.msv} | ({"probe": args.probe} if args.probe else {})
+    val, evaluation = (split_groups(d, verifiers, args.confidences) for d in (args.val_dir, args.eval_dir))
+    n = val[0][0].num_sequences
+    default_val, default_eval = (
+        aligned(default_curve(d, msv, rule, n, cache / f"{Path(d).name}-default.npz"), [g.problem_id for g in groups])
+        for d, (groups, _) in ((args.val_dir, val), (args.eval_dir, evaluation))
+    )
+    choices = choose_settings(default_val, budgets=BUDGETS)[1:]
+    mine = {c.target: default_eval.correct[:, c.index] for c in choices}
+    hull = {f"{b:g}": hull_values(default_eval, b) for b in BUDGETS}
+    out = {
+        "validation": args.val_dir,
+        "evaluation": args.eval_dir,
+        "num_sequences": n,
+        "groups": {"validation": len(val[0]), "evaluation": len(evaluation[0])},
+        "default": {
+            "rule": rule.describe(),
+            "full_accuracy": float(default_eval.accuracy[-1]),
+            "points": points(default_eval, choices),
+            "interpolated_accuracy": {b: float(v.mean()) for b, v in hull.items()},
+        },
+        "rules": [],
+    }
+    print(json.dumps(out["default"]), flush=True)
+    for label, field_rule in field_rules(("probe", "msv") if args.probe else ("msv",)).items():
+        if args.only and label not in args.only:
+            continue
+        started = time.time()
+        fitted, _, picked = choose_on_validation(field_rule, *val, budgets=BUDGETS)
+        curve = rule_curve(fitted, *evaluation)
+        budgeted = picked[1:]
+        result = {
+            "rule": label,
+            "full_accuracy": float(curve.accuracy[-1]),
+            "points": points(curve, budgeted),
+            "interpolated_accuracy": {f"{b:g}": interpolated_curve(curve.tradeoff()).at(b) for b in BUDGETS},
+            "default_minus_rule": {
+                c.target: compare(mine[c.target], curve.correct[:, c.index], args.bootstrap, c.fits) for c in budgeted
+            },
+            "default_minus_rule_interpolated": {
+                b: compare(hull[b], hull_values(curve, float(b)), args.bootstrap) for b in hull
+            },
+        }
+        out["rules"].append(result)
+        print(f"{label} ({time.time() - started:.0f}s): {json.dumps(result['default_minus_rule'])}", flush=True)
+    holds = [c["holds"] for r in out["rules"] for k in ("default_minus_rule", "default_minus_rule_interpolated")
+             for c in r[k].values()]  # fmt: skip
+    out["default_ahead_everywhere"] = bool(all(holds))
+    text = json.dumps(out, indent=1, default=float)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    print(json.dumps(out, default=float))
+
+
+def markdown(results: dict) -> str:
+    """The docs table: the default's and each rule's accuracy at the validation-chosen budgets (CoT fraction) and on
+    the interpolated curves, with the paired difference default − rule."""
+
+    def pp(d: dict) -> str:
+        return f"{d['estimate'] * 100:+.1f} [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}]"
+
+    d = results["default"]
+    head = "| rule | full | " + " | ".join(f"{b:.0%} chosen" for b in BUDGETS) + " | "
+    head += " | ".join(f"{b:.0%} interpolated" for b in BUDGETS) + " |"
+    lines = [head, "|---|---|" + "---|" * (2 * len(BUDGETS))]
+    cells = [f"{p['accuracy']:.3f} at {p['cot_token_fraction']:.2f}" for p in d["points"]]
+    cells += [f"{v:.3f}" for v in d["interpolated_accuracy"].values()]
+    lines.append(f"| **the default** ({d['rule']}) | {d['full_accuracy']:.3f} | " + " | ".join(cells) + " |")
+    for r in results["rules"]:
+        cells = [
+            f"{p['accuracy']:.3f} at {p['cot_token_fraction']:.2f}{'' if p['fits_on_validation'] else '*'} "
+            f"({pp(r['default_minus_rule'][p['target']])})"
+            for p in r["points"]
+        ]
+        cells += [
+            f"{v:.3f} ({pp(r['default_minus_rule_interpolated'][b])})" for b, v in r["interpolated_accuracy"].items()
+        ]
+        lines.append(f"| {r['rule']} | {r['full_accuracy']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
