@@ -219,7 +219,7 @@ def markdown(results: dict) -> str:
     lines = [head, "|---|---|" + "---|" * (2 * len(BUDGETS))]
     cells = [f"{p['accuracy']:.3f} at {p['cot_token_fraction']:.2f}" for p in d["points"]]
     cells += [f"{v:.3f}" for v in d["interpolated_accuracy"].values()]
-    lines.append(f"| **the default** ({d['rule']}) | {d['full_accuracy']:.3f} | " + " | ".join(cells) + " |")
+    lines.append(f"| **the default** | {d['full_accuracy']:.3f} | " + " | ".join(cells) + " |")
     for r in results["rules"]:
         cells = [
             f"{p['accuracy']:.3f} at {p['cot_token_fraction']:.2f}{'' if p['fits_on_validation'] else '*'} "

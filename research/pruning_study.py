@@ -36,6 +36,7 @@ from hf_msv.training.pruned_replay import (
     load_replay_groups,
     oracle_decision,
     replay_pruning,
+    store_pruning,
     sweep_groups,
 )
 from hf_msv.utils import json_safe
@@ -145,6 +146,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-alternatives", action="store_true", help="skip the uncertified alternatives")
     parser.add_argument("--max-problems", type=int, default=None, help="a quick run on the first problems")
     parser.add_argument(
+        "--store", action="store_true", help="store the certified pair in --verifier's config (`store_pruning`)"
+    )
+    parser.add_argument(
         "--rules", nargs="+", default=None, help="candidate rules besides no pruning, e.g. steady=2,min_answers=6"
     )
     args = parser.parse_args(argv)
@@ -163,6 +167,8 @@ def main(argv=None) -> dict:
         rules, head, calibration, scorer, args.epsilon, args.delta, scores=cal_scores, loss=args.loss
     )
     print(f"calibration done in {time.time() - start:.0f}s: {fit.rule.describe()}, λ = {fit.choice.choice.lam}")
+    if args.store and not fit.rule.off:  # what fit_shipped_pruning stores, from these replays
+        store_pruning(args.verifier, fit.config_entry())
     cal_off = cal_replays[0]
 
     groups = load_replay_groups(args.eval_dir, n, args.max_problems)
