@@ -250,7 +250,7 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
             + "."
         )
     if evidence.pruning:
-        lines.append(_pruning_line(evidence.pruning))
+        lines.append(pruning_card_line(evidence.pruning))
     if evidence.at_stop and evidence.at_stop.get("stopped"):
         at = evidence.at_stop
         lines.append(
@@ -260,7 +260,7 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
     return "\n".join(lines)
 
 
-def _pruning_line(entry: dict) -> str:
+def pruning_card_line(entry: dict) -> str:
     """The card's line for a pruning rule certified jointly with its λ (docs/pruning.md)."""
     pair = LambdaChoice.from_dict(entry["lambda"])
     joint = entry.get("joint") or {}

@@ -355,6 +355,15 @@ def test_stored_entries_read_back(tmp_path):
     config = SimpleNamespace(**json.loads((tmp_path / "config.json").read_text()))
     assert ConfidenceMap.of(config) == cmap and PruneRule.of(config) == SCRIPTED_RULE
     assert config.early_stopping["lambda"] == {"lam": 0.9} and config.x == 1
+    # A saved verifier's card gets the pair's line, once, whatever line an earlier pair left.
+    from hf_msv.lambda_rule import LambdaChoice
+
+    pair = LambdaChoice(0.95, "guarantee", True, 0.01, 0.1, None, 300, 230, 0.8, 10.0, 0.0, 0.8, 20.0).to_dict()
+    (tmp_path / "README.md").write_text("# card\n- Default with pruning: an older pair\n- other line\n")
+    store_pruning(tmp_path, {"rule": SCRIPTED_RULE.to_dict(), "lambda": pair})
+    card = (tmp_path / "README.md").read_text()
+    assert card.count("- Default with pruning:") == 1 and "an older pair" not in card and "- other line" in card
+    assert f"{SCRIPTED_RULE.describe()}, beside the stop at λ = 0.95" in card and "on 300 calibration problems" in card
 
 
 def test_net_loss_p_value_is_valid_and_sees_gains():

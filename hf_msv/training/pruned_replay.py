@@ -595,7 +595,8 @@ def store_confidence_map(destination, cmap: ConfidenceMap, evidence: dict) -> No
 
 def store_pruning(destination, entry: dict) -> None:
     """Write a certified pruning entry (`PruningFit.config_entry`) into the config of the verifier saved in
-    `destination`, next to its λ (``early_stopping["pruning"]``); nothing else of the config changes.
+    `destination`, next to its λ (``early_stopping["pruning"]``), and its line into the model card when there is one
+    (`hf_msv.hub.pruning_card_line`); nothing else changes.
 
     Args:
         destination: a saved verifier's directory (its ``config.json`` must carry ``early_stopping``).
@@ -610,6 +611,12 @@ def store_pruning(destination, entry: dict) -> None:
         raise ValueError(f"{path} carries no early-stopping rule to prune beside")
     config["early_stopping"]["pruning"] = entry
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    card = Path(destination) / "README.md"
+    if card.is_file():
+        from ..hub import pruning_card_line
+
+        lines = [x for x in card.read_text().splitlines() if not x.startswith("- Default with pruning:")]
+        card.write_text("\n".join(lines).rstrip() + "\n" + pruning_card_line(entry) + "\n")
 
 
 def fit_shipped_pruning(
