@@ -403,10 +403,10 @@ def subgroup_items(item: dict, m: int, keep=None) -> list[tuple[int, dict]]:
     """
     sequence = item["answer_sequence"].numpy()
     keep = np.ones(sequence.size, bool) if keep is None else np.asarray(keep, bool)
-    if sequence.size and sequence.max() < m and keep.all():
+    if not sequence.size or (sequence.max() < m and keep.all()):
         return [(0, item)]
     out = []
-    for part in range(int(sequence.max()) // m + 1 if sequence.size else 0):
+    for part in range(int(sequence.max()) // m + 1):
         mine = keep & (sequence // m == part)
         if mine.any():
             sub = subset_item(item, mine)

@@ -155,6 +155,8 @@ class MSVGroupScorer:
         for i, (group, keep) in enumerate(zip(groups, keeps)):
             if group.item is None:
                 raise ValueError("MSVGroupScorer needs groups read with their hidden states (ReplayGroup.item)")
+            if not keep.any():
+                continue
             for _, part in subgroup_items(group.item, int(self.model.config.num_sequences), keep):
                 pending.append(part)
                 where.append(i)
