@@ -1095,8 +1095,7 @@ def _calibration_size_note(config: MSVTrainingConfig, val_set: ShardDataset) -> 
     if config.kind != "msv" or config.mode != "streaming":
         return None
     if config.stop_calibration_dir:
-        calibration = ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
-        n = calibration.num_problems
+        n = _calibration_set(config).num_problems
     else:
         n = ProblemSplit.of(val_set.problem_ids, config.stop_calibration_fraction).size
     needed = problems_needed(config.stop_epsilon, config.stop_delta)
@@ -1115,11 +1114,7 @@ def _certify_pruning(model, config: MSVTrainingConfig, stopping: EarlyStoppingFi
     the guarantee's certified λ, or the stop alone is cheapest."""
     if config.stop_pruning == "off" or stopping.choice is not stopping.guarantee or not stopping.guarantee.reached:
         return None
-    dataset = (
-        ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
-        if config.stop_calibration_dir
-        else val_set
-    )
+    dataset = _calibration_set(config) if config.stop_calibration_dir else val_set
     groups = replay_groups_of(dataset, stopping.split.calibration)
     fit, _ = fit_pruning(
         PRUNE_CANDIDATES,
@@ -1135,8 +1130,12 @@ def _certify_pruning(model, config: MSVTrainingConfig, stopping: EarlyStoppingFi
 
 def _calibration_predictions(model, config: MSVTrainingConfig, accelerator) -> ValidationPredictions:
     """The kept checkpoint's predictions on ``--stop-calibration-dir`` (groups of the training N)."""
-    dataset = ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
-    return validation_predictions(model, dataset, "streaming", config.eval_batch_size, accelerator)
+    return validation_predictions(model, _calibration_set(config), "streaming", config.eval_batch_size, accelerator)
+
+
+def _calibration_set(config: MSVTrainingConfig) -> ShardDataset:
+    """``--stop-calibration-dir``'s groups of the training N (streaming)."""
+    return ShardDataset(config.stop_calibration_dir, num_sequences=config.group_size, mode="streaming")
 
 
 def _kept_vote(run: _TrainingRun) -> dict | None:
