@@ -260,13 +260,16 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
     return "\n".join(lines)
 
 
+PRUNING_CARD_PREFIX = "- Default with pruning:"  # the start of `pruning_card_line`: a re-fit replaces that line
+
+
 def pruning_card_line(entry: dict) -> str:
     """The card's line for a pruning rule certified jointly with its λ (docs/pruning.md)."""
     pair = LambdaChoice.from_dict(entry["lambda"])
     joint = entry.get("joint") or {}
     loss = "net accuracy drop" if "net loss" in joint.get("procedure", "") else "answers lost"
     return (
-        f"- Default with pruning: {PruneRule.from_dict(entry['rule']).describe()}, beside the stop at λ = "
+        f"{PRUNING_CARD_PREFIX} {PruneRule.from_dict(entry['rule']).describe()}, beside the stop at λ = "
         f"{pair.lam:g}, certified jointly ({loss} ≤ ε = {pair.epsilon:g} at δ = {pair.delta:g} on "
         f"{pair.num_problems} calibration problems; calibration accuracy {pair.accuracy:.3f} against full "
         f"decoding's {pair.full_accuracy:.3f}). `prune=False` stops alone at the λ above."

@@ -977,6 +977,13 @@ def test_training_certifies_pruning_jointly_on_the_calibration_problems(tmp_path
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"Default with pruning: {rule.describe()}" in card and "on 24 calibration problems" in card
     assert any(line.startswith("pruning, certified jointly") for line in result.guard.summary_lines())
+    # Re-fitting the stop alone replaces the config's early stopping whole: the pair and its card line go.
+    from hf_msv.reproduction import fit_shipped_stopping
+
+    fit_shipped_stopping(tmp_path / "val", tmp_path / "out", epsilon=0.3)
+    refit = MSVVerifier.from_pretrained(tmp_path / "out").config.early_stopping
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "pruning" not in refit and "Default with pruning" not in card and "- Early stopping (" in card
     off = train_verifier(
         tmp_path / "train", tmp_path / "val", tmp_path / "off", MSVTrainingConfig(**common, stop_pruning="off")
     )

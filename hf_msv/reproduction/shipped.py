@@ -109,6 +109,7 @@ def fit_shipped_stopping(
     half of `val_dir`'s), by `hf_msv.training.fit_stopping_rule` (the guarantee's λ when it certifies `epsilon` at
     `delta`, else λ = ∞: full decoding), at N = `num_chains` (default: the verifier's). Stores it in its config
     and in `SHIPPED_LAMBDA_FILE`, and adds the λ to its card. Returns what the file holds."""
+    from ..hub import PRUNING_CARD_PREFIX
     from ..modeling_msv import MSVVerifier
     from ..testbed import TESTBED_VERIFIER_DIR
     from ..training import fit_stopping_rule
@@ -137,6 +138,8 @@ def fit_shipped_stopping(
     (destination / SHIPPED_LAMBDA_FILE).write_text(json.dumps(stopping, indent=2) + "\n")
     card = (destination / "README.md").read_text()
     line = f"- Early stopping (calibration problems held out from the stop head's): {choice.describe()}."
-    card = "\n".join(x for x in card.splitlines() if not x.startswith("- Early stopping ("))
+    # The config's early stopping is replaced whole (a pruning pair certified with the old λ is gone), so its lines go.
+    stale = ("- Early stopping (", PRUNING_CARD_PREFIX)
+    card = "\n".join(x for x in card.splitlines() if not x.startswith(stale))
     (destination / "README.md").write_text(card.rstrip() + "\n\n" + line + "\n")
     return stopping

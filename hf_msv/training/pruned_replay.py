@@ -615,9 +615,9 @@ def store_pruning(destination, entry: dict) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     card = Path(destination) / "README.md"
     if card.is_file():
-        from ..hub import pruning_card_line
+        from ..hub import PRUNING_CARD_PREFIX, pruning_card_line
 
-        lines = [x for x in card.read_text().splitlines() if not x.startswith("- Default with pruning:")]
+        lines = [x for x in card.read_text().splitlines() if not x.startswith(PRUNING_CARD_PREFIX)]
         card.write_text("\n".join(lines).rstrip() + "\n" + pruning_card_line(entry) + "\n")
 
 
