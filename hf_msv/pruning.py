@@ -89,11 +89,16 @@ class PruneRule:
         if self.steady is not None:
             floor = f" of confidence ≥ {self.steady_confidence:g}" if self.steady_confidence > 0 else ""
             parts.append(f"a chain whose last {self.steady} answers are one class{floor}")
-        warm = f" (after its {self.min_answers}th answer)" if self.min_answers > 1 else ""
+        warm = f" (after its {_ordinal(self.min_answers)} answer)" if self.min_answers > 1 else ""
         return "prune " + "; ".join(parts) + warm
 
 
 PRUNE_OFF = PruneRule()
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def held_answers(t: int, sequence, step, end, num_chains: int) -> tuple[np.ndarray, np.ndarray]:

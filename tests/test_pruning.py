@@ -147,6 +147,9 @@ def test_rule_round_trip_and_config():
         early_stopping = {"lambda": {}, "pruning": {"rule": rule.to_dict()}}
 
     assert PruneRule.of(Config()) == rule
+    assert rule.describe().endswith("(after its 2nd answer)")
+    for k, nth in ((3, "3rd"), (4, "4th"), (11, "11th"), (21, "21st")):
+        assert PruneRule(steady=2, min_answers=k).describe().endswith(f"(after its {nth} answer)")
 
 
 # -- the replay ----------------------------------------------------------------------------------------------------

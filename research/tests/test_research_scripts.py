@@ -333,3 +333,27 @@ def test_default_vs_field_hull_values_are_the_interpolated_curve_per_problem():
     assert same["estimate"] == 0 and same["holds"]
     over = study.compare(np.zeros(g), np.ones(g), 200, rule_fits=False)
     assert not over["ahead"] and over["holds"]  # a rule over the budget is not ahead of anything
+
+
+def test_pruning_candidates_crowd_clause_prunes_decoding_chains_of_a_held_settled_class():
+    """The crowd clause prunes the chains still decoding whose held class K chains hold (ended ones count) at
+    confidence ≥ C, beside the rule's own clauses; a spec without it is the plain `PruneRule`."""
+    from hf_msv.pruning import DECODING, ENDED, PruneRule
+
+    study = _script("pruning_candidates")
+    # chains 0-2 hold class 7 (chain 1 has ended), chain 3 holds class 5; chain 3's last two answers agree
+    sequence, step, end = np.array([0, 1, 2, 3, 3]), np.array([0, 0, 0, 0, 1]), np.array([3, 4, 5, 2, 5])
+    klass, status = np.array([7, 7, 7, 5, 5]), np.array([DECODING, ENDED, DECODING, DECODING])
+    rows = (np.array([7, 5]), np.array([0.9, 0.1]))
+    _, decide = study.parse_rule("crowd=3,crowd_confidence=0.8")
+    assert decide(5, sequence, step, end, klass, *rows, status).tolist() == [True, False, True, False]
+    assert not decide(4, sequence, step, end, klass, *rows, status).any()  # chain 2 has not answered: 2 hold it
+    _, strict = study.parse_rule("crowd=3,crowd_confidence=0.95")
+    assert not strict(5, sequence, step, end, klass, *rows, status).any()
+    describe, both = study.parse_rule("steady=2,crowd=3,crowd_confidence=0.8")
+    assert both(5, sequence, step, end, klass, *rows, status).tolist() == [True, False, True, True]
+    assert describe.startswith(PruneRule(steady=2).describe()) and "3 chains hold" in describe
+    assert study.parse_rule("steady=2,min_answers=4") == (
+        PruneRule(steady=2, min_answers=4).describe(),
+        PruneRule(steady=2, min_answers=4),
+    )
