@@ -357,3 +357,38 @@ def test_pruning_candidates_crowd_clause_prunes_decoding_chains_of_a_held_settle
         PruneRule(steady=2, min_answers=4).describe(),
         PruneRule(steady=2, min_answers=4),
     )
+
+
+def test_default_on_new_problems_replays_what_from_verifier_deploys(tmp_path):
+    """The default is the stored pair (its λ, its rule), the stop alone is `prune=False`'s λ without pruning; both
+    against full decoding on the same problems, the stop alone pruning nothing."""
+    from dataclasses import asdict
+
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+    from hf_msv.lambda_rule import LambdaChoice
+    from hf_msv.pruning import PruneRule
+    from hf_msv.stop_rules import StopHead
+
+    def choice(lam):
+        return LambdaChoice(lam, "guarantee", True, 0.1, 0.1, None, 12, 22, 0.5, 10.0, 0.0, 0.5, 20.0).to_dict()
+
+    data = write_split(tmp_path / "eval", 12, seed=5, num_sequences=4)
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    head = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
+    verifier.config.early_stopping = {
+        "stop_head": head.to_dict(),
+        "lambda": choice(0.9),
+        "pruning": {"rule": asdict(PruneRule(steady=2)), "lambda": choice(0.8)},
+    }
+    verifier.save_pretrained(tmp_path / "msv")
+    out = _script("default_on_new_problems").main(
+        ["--verifier", str(tmp_path / "msv"), "--eval-dir", str(data), "--output", str(tmp_path / "d.json")]
+    )
+    assert out["problems"] == 12 and out["num_chains"] == 4
+    assert out["default"]["lam"] == 0.8 and out["default"]["rule"] == PruneRule(steady=2).describe()
+    assert out["stop_alone"]["lam"] == 0.9 and out["stop_alone"]["pruned_chains"] == 0
+    for name in ("default", "stop_alone"):
+        assert 0 < out[name]["cot_fraction"]["estimate"] <= 1 and 0 <= out[name]["stopped"] <= 1
+        assert out[name]["full_accuracy"] == out["stop_alone"]["full_accuracy"]
+    assert json.loads((tmp_path / "d.json").read_text())["default"]["lam"] == 0.8

@@ -1,0 +1,76 @@
+"""A verifier's stored default (the certified stop, and pruning rule when it has one) on new problems
+(docs/pruning.md).
+
+Reads what `MSVEarlyStop.from_verifier` deploys (λ, pruning rule, stop-time confidence map) and `prune=False`'s
+stop alone, replays both exactly on the problems of ``--eval-dir`` (`replay_pruning`, `sweep_groups`) and reports
+them against full decoding (no pruning, no stop): accuracy with its paired interval, CoT and all tokens as
+fractions with ratio intervals, the share of problems that stop, and at the stops the reported confidence against
+accuracy (ECE, 10 bins). Last line: JSON (also written to ``--output``).
+
+    python research/default_on_new_problems.py --verifier hf_msv/testbed/verifier --eval-dir runs/eval768
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from hf_msv import MSVEarlyStop, MSVVerifier
+from hf_msv.lambda_rule import LAMBDAS
+from hf_msv.pruning import PRUNE_OFF
+from hf_msv.stop_rules import StopHead
+from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
+from hf_msv.utils import json_safe
+
+
+def _study():
+    """`pruning_study.operating_point`: the same figures as the pruning study's."""
+    spec = importlib.util.spec_from_file_location("pruning_study", Path(__file__).with_name("pruning_study.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def index_of(lam: float | None) -> int:
+    if lam is None or math.isinf(lam):
+        return LAMBDAS.size - 1
+    return int(np.argmin(np.abs(LAMBDAS - lam)))
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verifier", required=True)
+    parser.add_argument("--eval-dir", required=True, help="problems none of the rule's fits read")
+    parser.add_argument("--max-problems", type=int, default=None)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    study = _study()
+    verifier = MSVVerifier.from_pretrained(args.verifier).eval()
+    head = StopHead.of(verifier.config)
+    assert head is not None, "a verifier with a fitted stop head"
+    scorer = MSVGroupScorer(verifier)
+    groups = load_replay_groups(args.eval_dir, head.num_chains, args.max_problems)
+    scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
+    off = sweep_groups(groups, replay_pruning(PRUNE_OFF, head, groups, scorer, scores), head)
+    out = {"eval_dir": args.eval_dir, "problems": len(groups), "num_chains": head.num_chains}
+    for name, prune in (("default", True), ("stop_alone", False)):
+        criterion = MSVEarlyStop.from_verifier(verifier, prune=prune)
+        rule = criterion.prune or PRUNE_OFF
+        replay = off if rule.off else sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
+        point = study.operating_point(replay, index_of(criterion.threshold), off, criterion.confidence_map)
+        out[name] = {"rule": rule.describe(), "lam": criterion.threshold, **point}
+        print(json.dumps({"which": name, "rule": rule.describe(), "lam": criterion.threshold}), flush=True)
+    out = json_safe(out)
+    if args.output:
+        Path(args.output).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
