@@ -5,7 +5,9 @@ Reads what `MSVEarlyStop.from_verifier` deploys (λ, pruning rule, stop-time con
 stop alone, replays both exactly on the problems of ``--eval-dir`` (`replay_pruning`, `sweep_groups`) and reports
 them against full decoding (no pruning, no stop): accuracy with its paired interval, CoT and all tokens as
 fractions with ratio intervals, the share of problems that stop, and at the stops the reported confidence against
-accuracy (ECE, 10 bins). Last line: JSON (also written to ``--output``).
+accuracy: ECE (10 bins), the mean gap with its bootstrap interval, and the ECE a perfectly calibrated confidence
+with the same values would show on as many stops (the estimator's floor: labels drawn from the confidences).
+Last line: JSON (also written to ``--output``).
 
     python research/default_on_new_problems.py --verifier hf_msv/testbed/verifier --eval-dir runs/eval768
 """
@@ -22,6 +24,7 @@ import numpy as np
 
 from hf_msv import MSVEarlyStop, MSVVerifier
 from hf_msv.lambda_rule import LAMBDAS
+from hf_msv.metrics import bootstrap_interval, ece
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import StopHead
 from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
@@ -40,6 +43,22 @@ def index_of(lam: float | None) -> int:
     if lam is None or math.isinf(lam):
         return LAMBDAS.size - 1
     return int(np.argmin(np.abs(LAMBDAS - lam)))
+
+
+def stop_calibration(confidence: np.ndarray, right: np.ndarray, draws: int = 400, seed: int = 0) -> dict:
+    """The reported confidence at the stops against their accuracy, beside the ECE of a calibrated confidence."""
+    if confidence.size == 0:
+        return {"stops": 0}
+    rng = np.random.default_rng(seed)
+    floor = [ece(confidence, rng.random(confidence.size) < confidence) for _ in range(draws)]
+    return {
+        "stops": int(confidence.size),
+        "confidence": float(confidence.mean()),
+        "accuracy": float(right.mean()),
+        "gap": bootstrap_interval(lambda idx: float((confidence - right)[idx].mean()), confidence.size),
+        "ece": ece(confidence, right),
+        "ece_if_calibrated": {"mean": float(np.mean(floor)), "p10_p90": np.percentile(floor, [10, 90]).tolist()},
+    }
 
 
 def main(argv=None) -> dict:
@@ -62,8 +81,13 @@ def main(argv=None) -> dict:
         criterion = MSVEarlyStop.from_verifier(verifier, prune=prune)
         rule = criterion.prune or PRUNE_OFF
         replay = off if rule.off else sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
-        point = study.operating_point(replay, index_of(criterion.threshold), off, criterion.confidence_map)
-        out[name] = {"rule": rule.describe(), "lam": criterion.threshold, **point}
+        j = index_of(criterion.threshold)
+        point = study.operating_point(replay, j, off, criterion.confidence_map)
+        hit = replay.stopped[:, j]
+        reported = replay.confidence[hit, j]
+        mapped = reported if criterion.confidence_map is None else criterion.confidence_map(reported)
+        calibration = stop_calibration(np.asarray(mapped, np.float64), replay.correct[hit, j].astype(np.float64))
+        out[name] = {"rule": rule.describe(), "lam": criterion.threshold, **point, "stop_calibration": calibration}
         print(json.dumps({"which": name, "rule": rule.describe(), "lam": criterion.threshold}), flush=True)
     out = json_safe(out)
     if args.output:

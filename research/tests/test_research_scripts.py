@@ -392,3 +392,10 @@ def test_default_on_new_problems_replays_what_from_verifier_deploys(tmp_path):
         assert 0 < out[name]["cot_fraction"]["estimate"] <= 1 and 0 <= out[name]["stopped"] <= 1
         assert out[name]["full_accuracy"] == out["stop_alone"]["full_accuracy"]
     assert json.loads((tmp_path / "d.json").read_text())["default"]["lam"] == 0.8
+    study = _script("default_on_new_problems")
+    confidence = np.full(400, 0.9)
+    honest = study.stop_calibration(confidence, (np.arange(400) % 10 != 0).astype(float), draws=50)
+    assert honest["ece"] == pytest.approx(0.0) and honest["gap"]["low"] <= 0 <= honest["gap"]["high"]
+    assert 0 < honest["ece_if_calibrated"]["mean"] < 0.05  # a calibrated confidence still shows sampling noise
+    over = study.stop_calibration(confidence, (np.arange(400) % 2 == 0).astype(float), draws=50)
+    assert over["ece"] == pytest.approx(0.4) and over["gap"]["low"] > 0.3
