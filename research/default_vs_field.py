@@ -46,11 +46,15 @@ BUDGETS = (0.3, 0.5, 0.7)
 
 def default_curve(directory: str, verifier, rule: PruneRule, num_chains: int, cache: Path | None) -> RuleCurve:
     """The default's `RuleCurve` on a collection: `rule` with the group stop at every λ of `LAMBDAS`, then full
-    decoding (neither), in the collection's stored problem order."""
+    decoding (neither), in the collection's stored problem order. A cache written for another rule or stopping
+    rule (the verifier's ``early_stopping``) is recomputed."""
+    key = json.dumps({"rule": rule.to_dict(), "early_stopping": verifier.config.early_stopping}, sort_keys=True)
     if cache is not None and cache.exists():
         z = np.load(cache, allow_pickle=True)
-        return RuleCurve(tuple(z["settings"]), *(z[k] for k in ("correct", "cot", "all", "full_cot", "full_all")),
-                         tuple(z["problem"]), z["pruned"])  # fmt: skip
+        if "key" in z and str(z["key"]) == key:
+            return RuleCurve(tuple(z["settings"]), *(z[k] for k in ("correct", "cot", "all", "full_cot", "full_all")),
+                             tuple(z["problem"]), z["pruned"])  # fmt: skip
+        print(f"{cache}: written for another rule or verifier, replayed again", flush=True)
     head = StopHead.of(verifier.config)
     groups = load_replay_groups(directory, num_chains)
     scorer = MSVGroupScorer(verifier)
@@ -74,7 +78,7 @@ def default_curve(directory: str, verifier, rule: PruneRule, num_chains: int, ca
     if cache is not None:
         np.savez(cache, settings=np.array(curve.settings), correct=curve.correct, cot=curve.cot_tokens,
                  all=curve.all_tokens, full_cot=curve.full_cot, full_all=curve.full_all,
-                 problem=np.array(curve.problem), pruned=curve.pruned)  # fmt: skip
+                 problem=np.array(curve.problem), pruned=curve.pruned, key=np.array(key))  # fmt: skip
     return curve
 
 

@@ -399,3 +399,32 @@ def test_default_on_new_problems_replays_what_from_verifier_deploys(tmp_path):
     assert 0 < honest["ece_if_calibrated"]["mean"] < 0.05  # a calibrated confidence still shows sampling noise
     over = study.stop_calibration(confidence, (np.arange(400) % 2 == 0).astype(float), draws=50)
     assert over["ece"] == pytest.approx(0.4) and over["gap"]["low"] > 0.3
+
+
+def test_default_vs_field_cache_is_reused_only_for_the_same_rule_and_verifier(tmp_path, monkeypatch):
+    """The default's replay is cached; the cache is read back for the same rule and stopping rule, and replayed
+    again when either changed (a pair certified after the cache was written)."""
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+    from hf_msv.pruning import PRUNE_OFF, PruneRule
+    from hf_msv.stop_rules import StopHead
+
+    study = _script("default_vs_field")
+    data = write_split(tmp_path / "eval", 6, seed=7, num_sequences=4)
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    head = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
+    verifier.config.early_stopping = {"stop_head": head.to_dict()}
+    cache = tmp_path / "eval-default.npz"
+    first = study.default_curve(str(data), verifier, PRUNE_OFF, 4, cache)
+    assert cache.exists() and len(first.problem) == 6
+    replays = []
+    real = study.replay_pruning
+    monkeypatch.setattr(study, "replay_pruning", lambda *a, **k: replays.append(1) or real(*a, **k))
+    again = study.default_curve(str(data), verifier, PRUNE_OFF, 4, cache)
+    assert replays == [] and np.array_equal(again.correct, first.correct)  # read back, not replayed
+    study.default_curve(str(data), verifier, PruneRule(steady=2), 4, cache)
+    assert replays  # another rule: replayed
+    replays.clear()
+    verifier.config.early_stopping = {"stop_head": head.to_dict(), "lambda": None}
+    study.default_curve(str(data), verifier, PruneRule(steady=2), 4, cache)
+    assert replays  # another stopping rule: replayed
