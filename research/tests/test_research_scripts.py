@@ -428,3 +428,23 @@ def test_default_vs_field_cache_is_reused_only_for_the_same_rule_and_verifier(tm
     verifier.config.early_stopping = {"stop_head": head.to_dict(), "lambda": None}
     study.default_curve(str(data), verifier, PruneRule(steady=2), 4, cache)
     assert replays  # another stopping rule: replayed
+
+
+def test_stop_calibration_by_lambda_reads_the_stops_at_each_lambda():
+    """Per λ: the stops of that λ's column, their mean reported and mapped confidence and their accuracy."""
+    from types import SimpleNamespace
+
+    from hf_msv.lambda_rule import LAMBDAS
+
+    study = _script("stop_calibration_by_lambda")
+    g = 4
+    stopped = np.zeros((g, LAMBDAS.size), bool)
+    confidence = np.zeros((g, LAMBDAS.size))
+    correct = np.zeros((g, LAMBDAS.size), bool)
+    j = int(np.argmin(np.abs(LAMBDAS - 0.97)))
+    stopped[:3, j], confidence[:3, j], correct[:2, j] = True, [0.6, 0.8, 1.0], True
+    replay = SimpleNamespace(stopped=stopped, confidence=confidence, correct=correct)
+    rows = study.by_lambda(replay, lambda c: c / 2, grid=(0.97, 0.99))
+    assert rows[0]["stops"] == 3 and rows[0]["reported"] == pytest.approx(0.8)
+    assert rows[0]["mapped"] == pytest.approx(0.4) and rows[0]["accuracy"] == pytest.approx(2 / 3)
+    assert rows[1]["stops"] == 0 and rows[1]["accuracy"] is None

@@ -1,0 +1,76 @@
+"""Is the stop-time confidence map's optimism on new problems a selection effect of λ? (docs/pruning.md)
+
+The shipped pair's λ and its confidence map were both fitted on the calibration problems. If choosing λ there
+selected a λ at which the calibration stops happen to be right (the fixed-sequence test stops where losses are few),
+the calibration stops would be more accurate than new problems' stops at that λ, not at the λ around it. This
+replays the verifier's certified pruning rule on each directory and reports, per λ, the stops, their mean reported
+and mapped confidence and their accuracy. Last line: JSON (also written to ``--output``).
+
+    python research/stop_calibration_by_lambda.py --verifier hf_msv/testbed/verifier --dirs runs/pool runs/eval768
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hf_msv import MSVEarlyStop, MSVVerifier
+from hf_msv.lambda_rule import LAMBDAS
+from hf_msv.pruning import PRUNE_OFF
+from hf_msv.stop_rules import StopHead
+from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
+
+GRID = (0.95, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99)
+
+
+def by_lambda(replay, confidence_map, grid=GRID) -> list[dict]:
+    """Per λ of `grid`: stops, mean reported and mapped confidence at the stops, their accuracy."""
+    rows = []
+    for lam in grid:
+        j = int(np.argmin(np.abs(LAMBDAS - lam)))
+        hit = replay.stopped[:, j]
+        reported = replay.confidence[hit, j]
+        mapped = reported if confidence_map is None else confidence_map(reported)
+        rows.append(
+            {
+                "lam": float(LAMBDAS[j]),
+                "stops": int(hit.sum()),
+                "reported": float(reported.mean()) if hit.any() else None,
+                "mapped": float(np.mean(mapped)) if hit.any() else None,
+                "accuracy": float(replay.correct[hit, j].mean()) if hit.any() else None,
+            }
+        )
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verifier", required=True)
+    parser.add_argument("--dirs", nargs="+", required=True, help="the calibration problems, then new ones")
+    parser.add_argument("--max-problems", type=int, default=None)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    verifier = MSVVerifier.from_pretrained(args.verifier).eval()
+    head = StopHead.of(verifier.config)
+    assert head is not None, "a verifier with a fitted stop head"
+    criterion = MSVEarlyStop.from_verifier(verifier)
+    rule = criterion.prune or PRUNE_OFF
+    scorer = MSVGroupScorer(verifier)
+    out = {"rule": rule.describe(), "lam": criterion.threshold, "dirs": {}}
+    for directory in args.dirs:
+        groups = load_replay_groups(directory, head.num_chains, args.max_problems)
+        scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
+        replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
+        out["dirs"][directory] = {"problems": len(groups), "by_lambda": by_lambda(replay, criterion.confidence_map)}
+        print(json.dumps({directory: out["dirs"][directory]["by_lambda"]}), flush=True)
+    if args.output:
+        Path(args.output).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
