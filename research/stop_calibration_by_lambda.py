@@ -50,6 +50,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verifier", required=True)
     parser.add_argument("--dirs", nargs="+", required=True, help="the calibration problems, then new ones")
+    parser.add_argument("--lambdas", type=float, nargs="+", default=GRID)
     parser.add_argument("--max-problems", type=int, default=None)
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
@@ -64,7 +65,8 @@ def main(argv=None) -> dict:
         groups = load_replay_groups(directory, head.num_chains, args.max_problems)
         scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
         replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
-        out["dirs"][directory] = {"problems": len(groups), "by_lambda": by_lambda(replay, criterion.confidence_map)}
+        rows = by_lambda(replay, criterion.confidence_map, args.lambdas)
+        out["dirs"][directory] = {"problems": len(groups), "by_lambda": rows}
         print(json.dumps({directory: out["dirs"][directory]["by_lambda"]}), flush=True)
     if args.output:
         Path(args.output).write_text(json.dumps(out, indent=1))
