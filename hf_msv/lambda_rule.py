@@ -35,6 +35,7 @@ __all__ = [
     "LambdaChoice",
     "choose_jointly",
     "choose_lambda",
+    "lambda_index",
     "ltt_p_value",
     "net_loss_p_value",
     "problems_needed",
@@ -53,6 +54,25 @@ LAMBDAS = np.concatenate(
         [np.inf],
     ]
 )
+
+
+def lambda_index(lam: float, lambdas=LAMBDAS) -> int:
+    """The index of λ in a grid (∞: the grid's ∞, full decoding).
+
+    Args:
+        lam: a λ of the grid, or ∞.
+        lambdas: the grid (default `LAMBDAS`).
+
+    Raises:
+        ValueError: `lam` is not in the grid.
+    """
+    grid = np.asarray(lambdas, np.float64).reshape(-1)
+    found = np.flatnonzero(np.isinf(grid) if math.isinf(lam) else grid == lam)
+    if not found.size:
+        raise ValueError(f"λ = {lam} is not in the grid")
+    return int(found[0])
+
+
 TARGET_FRACTION = 0.95  # the plain rule's default target: 0.95 × full-decoding accuracy
 # What a trained verifier saves: the guarantee's λ (∞, full decoding, when nothing is certified), or the target's.
 LAMBDA_RULES = ("guarantee", "target")

@@ -15,34 +15,32 @@ Last line: JSON (also written to ``--output``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
+
 from hf_msv import MSVEarlyStop, MSVVerifier
-from hf_msv.lambda_rule import LAMBDAS
+from hf_msv.lambda_rule import lambda_index
 from hf_msv.metrics import bootstrap_interval, ece
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import StopHead
 from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
 from hf_msv.utils import json_safe
+from research.pruning_study import operating_point  # the same figures as the pruning study's
 
 
-def _study():
-    """`pruning_study.operating_point`: the same figures as the pruning study's."""
-    spec = importlib.util.spec_from_file_location("pruning_study", Path(__file__).with_name("pruning_study.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def index_of(lam: float | None) -> int:
-    if lam is None or math.isinf(lam):
-        return LAMBDAS.size - 1
-    return int(np.argmin(np.abs(LAMBDAS - lam)))
+def stops_at(replay, j: int, confidence_map) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(reported, mapped, right)``: (S,) the confidence the stops at λ index j report, mapped by
+    `confidence_map` (`None`: as reported), and whether they are right (float)."""
+    hit = replay.stopped[:, j]
+    reported = np.asarray(replay.confidence[hit, j], np.float64)
+    mapped = reported if confidence_map is None else np.asarray(confidence_map(reported), np.float64)
+    return reported, mapped, replay.correct[hit, j].astype(np.float64)
 
 
 def stop_calibration(confidence: np.ndarray, right: np.ndarray, draws: int = 400, seed: int = 0) -> dict:
@@ -68,7 +66,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-problems", type=int, default=None)
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
-    study = _study()
     verifier = MSVVerifier.from_pretrained(args.verifier).eval()
     head = StopHead.of(verifier.config)
     assert head is not None, "a verifier with a fitted stop head"
@@ -81,12 +78,10 @@ def main(argv=None) -> dict:
         criterion = MSVEarlyStop.from_verifier(verifier, prune=prune)
         rule = criterion.prune or PRUNE_OFF
         replay = off if rule.off else sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
-        j = index_of(criterion.threshold)
-        point = study.operating_point(replay, j, off, criterion.confidence_map)
-        hit = replay.stopped[:, j]
-        reported = replay.confidence[hit, j]
-        mapped = reported if criterion.confidence_map is None else criterion.confidence_map(reported)
-        calibration = stop_calibration(np.asarray(mapped, np.float64), replay.correct[hit, j].astype(np.float64))
+        j = lambda_index(math.inf if criterion.threshold is None else criterion.threshold)
+        point = operating_point(replay, j, off, criterion.confidence_map)
+        _, mapped, right = stops_at(replay, j, criterion.confidence_map)
+        calibration = stop_calibration(mapped, right)
         out[name] = {"rule": rule.describe(), "lam": criterion.threshold, **point, "stop_calibration": calibration}
         print(json.dumps({"which": name, "rule": rule.describe(), "lam": criterion.threshold}), flush=True)
     out = json_safe(out)

@@ -29,7 +29,7 @@ from scipy.stats import beta
 from hf_msv import MSVVerifier
 from hf_msv.data import ShardDataset
 from hf_msv.generation import decide_stop
-from hf_msv.lambda_rule import LAMBDAS, choose_lambda, problems_needed
+from hf_msv.lambda_rule import LAMBDAS, choose_lambda, lambda_index, problems_needed
 from hf_msv.stop_rules import fit_stop_rule
 from hf_msv.training.stopping_curve import stop_head_events
 from hf_msv.training.trainer import validation_predictions
@@ -107,7 +107,7 @@ def one_resplit(pool: Pool, rng, args) -> dict:
     correct, tokens = replay(pool, cal_g, fit.head)
     choice = choose_lambda(LAMBDAS, correct, tokens, pool.problem[cal_g], epsilon=args.epsilon, delta=args.delta)
     held_g = np.flatnonzero(np.isin(pool.problem, held_p))
-    j = int(np.flatnonzero(LAMBDAS == choice.lam)[0]) if np.isfinite(choice.lam) else LAMBDAS.size - 1
+    j = lambda_index(choice.lam)
     c_held, t_held = replay(pool, held_g, fit.head)
     loss = c_held[:, -1] & ~c_held[:, j]
     return {

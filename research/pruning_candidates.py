@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import numpy as np
 
 from hf_msv import MSVVerifier
-from hf_msv.lambda_rule import LAMBDAS, LambdaChoice
+from hf_msv.lambda_rule import LAMBDAS, LambdaChoice, lambda_index
 from hf_msv.pruning import DECODING, PRUNE_OFF, PruneRule, held_answers, prune_chains
 from hf_msv.stop_rules import StopHead
 from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
@@ -88,12 +87,16 @@ def main(argv=None) -> dict:
     scorer = MSVGroupScorer(verifier)
     groups = load_replay_groups(args.data_dir, head.num_chains, args.max_problems)
     scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
-    j = LAMBDAS.size - 1 if math.isinf(stop.lam) else int(np.flatnonzero(LAMBDAS == stop.lam)[0])
+    j = lambda_index(stop.lam)
     rules = [(PRUNE_OFF.describe(), PRUNE_OFF), *(parse_rule(r) for r in args.rules)]
     full = sweep_groups(groups, replay_pruning(PRUNE_OFF, head, groups, scorer, scores), head)
     rows = []
     for spec, (describe, rule) in zip(["none", *args.rules], rules):
-        replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
+        replay = (
+            full
+            if rule is PRUNE_OFF
+            else sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
+        )
         rows.append(
             {
                 "rule": spec,

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from hf_msv import MSVVerifier
-from hf_msv.lambda_rule import LAMBDAS, LambdaChoice
+from hf_msv.lambda_rule import LAMBDAS, LambdaChoice, lambda_index
 from hf_msv.metrics import ece, paired_bootstrap
 from hf_msv.pruning import PRUNE_OFF, PruneRule
 from hf_msv.stop_rules import StopHead
@@ -40,10 +40,6 @@ from hf_msv.training.pruned_replay import (
     sweep_groups,
 )
 from hf_msv.utils import json_safe
-
-
-def index_of(lam: float) -> int:
-    return LAMBDAS.size - 1 if math.isinf(lam) else int(np.flatnonzero(LAMBDAS == lam)[0])
 
 
 def operating_point(replay: PrunedReplay, j: int, full: PrunedReplay, confidence=None) -> dict:
@@ -108,7 +104,7 @@ def calibration_curve(replay: PrunedReplay, off: PrunedReplay, epsilon: float, l
     tolerated = int(binom.ppf(level, n, epsilon)) - (binom.cdf(int(binom.ppf(level, n, epsilon)), n, epsilon) > level)
     rows = []
     for lam in CURVE_LAMBDAS:
-        j = index_of(lam)
+        j = lambda_index(lam)
         losses = int((reference & ~replay.correct[:, j]).sum())
         rows.append(
             {
@@ -181,9 +177,9 @@ def main(argv=None) -> dict:
         lam = fit.choice.cheapest[i]
         row = {"rule": rule.to_dict(), "describe": rule.describe(), "certified_lambda": lam}
         if lam is not None:
-            row["calibration"] = operating_point(cal_replays[i], index_of(lam), cal_off)
-            row["evaluation"] = operating_point(replays[i], index_of(lam), full)
-        row["evaluation_at_stop_only_lambda"] = operating_point(replays[i], index_of(stop_only.lam), full)
+            row["calibration"] = operating_point(cal_replays[i], lambda_index(lam), cal_off)
+            row["evaluation"] = operating_point(replays[i], lambda_index(lam), full)
+        row["evaluation_at_stop_only_lambda"] = operating_point(replays[i], lambda_index(stop_only.lam), full)
         row["evaluation_no_stop"] = operating_point(replays[i], f, full)
         row["rescorings_per_group"] = float(np.mean([s.rescorings for s in streams[i]]))
         row["calibration_curve"] = calibration_curve(
@@ -193,7 +189,7 @@ def main(argv=None) -> dict:
         print(json.dumps({k: row[k] for k in ("describe", "certified_lambda")}), flush=True)
 
     chosen = rules.index(fit.rule) if fit.rule in rules else 0
-    j = index_of(fit.choice.choice.lam)
+    j = lambda_index(fit.choice.choice.lam)
     deployed = operating_point(replays[chosen], j, full, fit.confidence_map)
     targets = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, streams[0]))]
     for i, row in enumerate(candidates):
@@ -205,7 +201,7 @@ def main(argv=None) -> dict:
             {
                 "rule": rule.to_dict(),
                 "describe": rule.describe(),
-                "evaluation_at_stop_only_lambda": operating_point(replay, index_of(stop_only.lam), full),
+                "evaluation_at_stop_only_lambda": operating_point(replay, lambda_index(stop_only.lam), full),
                 "evaluation_no_stop": operating_point(replay, f, full),
                 "cause": pruned_cause(groups, alt_streams, targets),
             }
@@ -222,8 +218,10 @@ def main(argv=None) -> dict:
             "epsilon": args.also_epsilon,
             "fit": {"describe": fit2.rule.describe(), "lambda": fit2.choice.choice.to_dict()},
             "cheapest": list(fit2.choice.cheapest),
-            "calibration": operating_point(cal_replays[chosen2], index_of(fit2.choice.choice.lam), cal_off),
-            "deployed": operating_point(replays[chosen2], index_of(fit2.choice.choice.lam), full, fit2.confidence_map),
+            "calibration": operating_point(cal_replays[chosen2], lambda_index(fit2.choice.choice.lam), cal_off),
+            "deployed": operating_point(
+                replays[chosen2], lambda_index(fit2.choice.choice.lam), full, fit2.confidence_map
+            ),
         }
         print(json.dumps({"also": also["fit"]}), flush=True)
 
@@ -253,7 +251,7 @@ def main(argv=None) -> dict:
             "config_entry": fit.config_entry(),
         },
         "deployed": deployed,
-        "stop_only": operating_point(full, index_of(stop_only.lam), full),
+        "stop_only": operating_point(full, lambda_index(stop_only.lam), full),
         "candidates": candidates,
         "alternatives": alternatives,
         "also_epsilon": also,

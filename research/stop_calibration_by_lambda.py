@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
 
 from hf_msv import MSVEarlyStop, MSVVerifier
 from hf_msv.lambda_rule import LAMBDAS
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import StopHead
 from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
+from research.default_on_new_problems import stops_at
 
 GRID = (0.95, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99)
 
@@ -30,17 +34,15 @@ def by_lambda(replay, confidence_map, grid=GRID) -> list[dict]:
     """Per λ of `grid`: stops, mean reported and mapped confidence at the stops, their accuracy."""
     rows = []
     for lam in grid:
-        j = int(np.argmin(np.abs(LAMBDAS - lam)))
-        hit = replay.stopped[:, j]
-        reported = replay.confidence[hit, j]
-        mapped = reported if confidence_map is None else confidence_map(reported)
+        j = int(np.argmin(np.abs(LAMBDAS - lam)))  # the nearest grid λ, reported as such
+        reported, mapped, right = stops_at(replay, j, confidence_map)
         rows.append(
             {
                 "lam": float(LAMBDAS[j]),
-                "stops": int(hit.sum()),
-                "reported": float(reported.mean()) if hit.any() else None,
-                "mapped": float(np.mean(mapped)) if hit.any() else None,
-                "accuracy": float(replay.correct[hit, j].mean()) if hit.any() else None,
+                "stops": int(right.size),
+                "reported": float(reported.mean()) if right.size else None,
+                "mapped": float(mapped.mean()) if right.size else None,
+                "accuracy": float(right.mean()) if right.size else None,
             }
         )
     return rows

@@ -24,7 +24,7 @@ import torch
 
 from hf_msv import MSVVerifier
 from hf_msv.data import ShardDataset
-from hf_msv.lambda_rule import LAMBDAS, choose_lambda
+from hf_msv.lambda_rule import LAMBDAS, choose_lambda, lambda_index
 from hf_msv.stop_rules import choose_stop_penalty, fit_stop_head
 from hf_msv.testbed import TESTBED_VERIFIER_DIR
 from hf_msv.training.stopping_curve import replay_groups, stop_head_features
@@ -56,7 +56,7 @@ def evaluate(stat_val, stat_eval, val, ev, vrows) -> dict:
     rv = replay_groups(stat_val, labels, structure, problems)
     lam = choose_lambda(LAMBDAS, rv.correct, rv.tokens, rv.problem).lam
     r = replay_groups(stat_eval, ev.labels, ev.structure, ev.problems)
-    j = int(np.flatnonzero(LAMBDAS == lam)[0]) if np.isfinite(lam) else LAMBDAS.size - 1
+    j = lambda_index(lam)
     accuracy, tokens = r.correct.mean(0), r.tokens.mean(0)
     at = r.at_stop(lam)
     return {

@@ -22,7 +22,7 @@ import torch
 
 from hf_msv import MSVVerifier
 from hf_msv.data import ShardDataset
-from hf_msv.lambda_rule import LAMBDAS, choose_lambda
+from hf_msv.lambda_rule import LAMBDAS, choose_lambda, lambda_index
 from hf_msv.stop_rules import fit_stop_head
 from hf_msv.testbed import TESTBED_VERIFIER_DIR
 from hf_msv.training.stopping_curve import replay_groups, stop_head_features
@@ -75,7 +75,7 @@ def main():
 
     def apply(head, lam) -> str:
         r = replay_groups(head.predict(xe), ev.labels, ev.structure, ev.problems)
-        j = int(np.flatnonzero(LAMBDAS == lam)[0]) if np.isfinite(lam) else LAMBDAS.size - 1
+        j = lambda_index(lam)
         at = r.at_stop(lam)
         return (
             f"λ {lam}: accuracy {r.correct[:, j].mean():.3f} (full {r.correct[:, -1].mean():.3f}), tokens "

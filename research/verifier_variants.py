@@ -37,7 +37,7 @@ from scipy.special import expit
 
 from hf_msv import MSVVerifier
 from hf_msv.data import ShardDataset, list_shards, read_shard
-from hf_msv.lambda_rule import LAMBDAS, choose_lambda
+from hf_msv.lambda_rule import LAMBDAS, choose_lambda, lambda_index
 from hf_msv.metrics import paired_bootstrap
 from hf_msv.stop_rules import STOP_RULES, stop_statistic
 from hf_msv.training.stopping_curve import fit_early_stopping, group_rows, replay_groups, stop_head_features
@@ -79,7 +79,7 @@ def budget_column(replay, fraction: float) -> int:
 def outcome(replay, choice, eval_dir) -> dict:
     """A stopping rule's figures on evaluation at the λ of `choice` (a `LambdaChoice`)."""
     lam = choice.lam
-    j = int(np.flatnonzero(LAMBDAS == lam)[0]) if np.isfinite(lam) else LAMBDAS.size - 1
+    j = lambda_index(lam)
     tokens = replay.tokens.mean(0)
     columns = {"full": LAMBDAS.size - 1, "deployed": j} | {f"{f:.0%}": budget_column(replay, f) for f in BUDGETS}
     return {

@@ -5,7 +5,15 @@ import math
 import numpy as np
 import pytest
 
-from hf_msv.lambda_rule import LAMBDAS, LambdaChoice, choose_lambda, ltt_p_value, problems_needed, smallest_epsilon
+from hf_msv.lambda_rule import (
+    LAMBDAS,
+    LambdaChoice,
+    choose_lambda,
+    lambda_index,
+    ltt_p_value,
+    problems_needed,
+    smallest_epsilon,
+)
 
 
 def test_problems_needed_and_the_binomial_p_value():
@@ -84,3 +92,11 @@ def test_bad_input_is_refused():
         choose_lambda([0.5, 0.9], np.ones((2, 2)), np.ones((2, 2)))
     with pytest.raises(ValueError, match="0 < epsilon < 1"):
         choose_lambda(LAMBDAS, np.ones((2, LAMBDAS.size)), np.ones((2, LAMBDAS.size)), epsilon=1.5)
+
+
+def test_lambda_index_finds_grid_values_and_infinity_and_refuses_the_rest():
+    assert LAMBDAS[lambda_index(0.975)] == 0.975 and LAMBDAS[lambda_index(0.05)] == 0.05
+    assert lambda_index(math.inf) == LAMBDAS.size - 1
+    assert lambda_index(math.inf, [math.inf, 0.5]) == 0 and lambda_index(0.5, [math.inf, 0.5]) == 1
+    with pytest.raises(ValueError, match="not in the grid"):
+        lambda_index(0.9755)

@@ -26,7 +26,7 @@ import torch
 
 from ..data import VERIFIER_INPUTS, ShardDataset, collate_groups, subgroup_items
 from ..generation.stopping import decide_stop
-from ..lambda_rule import LAMBDAS, JointChoice, choose_jointly
+from ..lambda_rule import LAMBDAS, JointChoice, choose_jointly, lambda_index
 from ..metrics import ece
 from ..pruning import PRUNE_OFF, PruneRule, chain_status, prune_chains
 from ..schedules import NEVER, Schedule
@@ -531,20 +531,15 @@ def fit_pruning(
         loss=loss,
     )
     rule = rules[choice.setting] if choice.choice.reached else PRUNE_OFF
-    j = _index(lambdas, choice.choice.lam)
+    j = lambda_index(choice.choice.lam, lambdas)
     chosen = replays[choice.setting if choice.choice.reached else off[0]]
     hit = chosen.stopped[:, j]
     cmap = ConfidenceMap.fit(chosen.confidence[hit, j], chosen.correct[hit, j]) if hit.sum() >= 20 else None
     summary = tuple(
-        None if lam is None else replays[i].at(_index(lambdas, lam)) | {"lam": lam}
+        None if lam is None else replays[i].at(lambda_index(lam, lambdas)) | {"lam": lam}
         for i, lam in enumerate(choice.cheapest)
     )
     return PruningFit(rule, choice, tuple(rules), cmap, summary), replays
-
-
-def _index(lambdas, lam: float) -> int:
-    grid = np.asarray(lambdas, np.float64)
-    return int(np.flatnonzero(np.isinf(grid))[0]) if math.isinf(lam) else int(np.flatnonzero(grid == lam)[0])
 
 
 def fit_stop_confidence(

@@ -28,6 +28,7 @@ from ..lambda_rule import (
     TARGET_FRACTION,
     LambdaChoice,
     choose_lambda,
+    lambda_index,
 )
 from ..metrics import ece
 from ..stop_rules import FEATURES, PenaltyChoice, StopHead, StopRuleFit, fit_stop_rule, stop_features
@@ -66,7 +67,7 @@ class GroupReplay:
 
     def at_stop(self, lam: float) -> dict:
         """Stop-time calibration at `lam`: over the groups that stopped, accuracy, mean confidence and ECE."""
-        j = int(np.flatnonzero(LAMBDAS == lam)[0]) if np.isfinite(lam) else LAMBDAS.size - 1
+        j = lambda_index(lam)
         hit = self.stopped[:, j]
         conf, right = self.confidence[hit, j], self.correct[hit, j]
         return {
