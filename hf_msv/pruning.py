@@ -20,6 +20,10 @@ Clauses (each off when its parameter is `None`; a chain is pruned when any claus
 * **steady** (`steady`, `steady_confidence`): the chain's last `steady` answers all are one class and that
   class's confidence ≥ `steady_confidence`: the chain has stopped moving (Dynasor-CoT's certainty window, per
   chain), and its held answer already votes where further decoding would.
+* **regret** (`regret`, `regret_coef`, `regret_intercept`): a learned statistic, the chain's *regret*
+  P(a later answer of the chain is correct while its held answer is not), σ(coef · x + intercept) of the chain's
+  `chain_features` x, is ≤ `regret`: what pruning the chain could cost, read from its history and the snapshot
+  (fitted on the stop head's problems by `hf_msv.training.regret.fit_regret`).
 
 Only chains still decoding (`DECODING`) that have answered at least `min_answers` times are pruned.
 """
@@ -30,9 +34,35 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["DECODING", "ENDED", "PRUNED", "PRUNE_OFF", "PruneRule", "chain_status", "held_answers", "prune_chains"]
+from .baselines import logistic, logit
+
+__all__ = [
+    "CHAIN_FEATURES",
+    "DECODING",
+    "ENDED",
+    "PRUNED",
+    "PRUNE_OFF",
+    "PruneRule",
+    "chain_features",
+    "chain_status",
+    "held_answers",
+    "prune_chains",
+]
 
 DECODING, ENDED, PRUNED = 0, 1, 2  # a chain's status at t: still decoding, ended on its own, pruned
+
+# The regret clause's features (`chain_features`), one row per chain at an arrival time. None is a token count, so
+# a statistic fitted on one LM's chains does not hinge on its lengths.
+CHAIN_FEATURES = (
+    "logit of the held class's confidence",
+    "logit of the best other class's confidence",
+    "the held class leads",
+    "log(1 + answers in a row of the held class)",
+    "log(1 + answers given)",
+    "classes the chain has held ÷ answers given",
+    "chains holding the held class ÷ N",
+    "chains ended ÷ N",
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +74,9 @@ class PruneRule:
         lead: ... while another class has confidence ≥ `lead`.
         steady: steady: prune a chain whose last `steady` answers all are one class ...
         steady_confidence: ... of confidence ≥ `steady_confidence` (0: any class).
+        regret: regret: prune a chain whose regret σ(regret_coef · x + regret_intercept) ≤ `regret` ...
+        regret_coef: ... one weight per `CHAIN_FEATURES` entry ...
+        regret_intercept: ... and the bias.
         min_answers: a chain is pruned only once it has answered at least this many times.
     """
 
@@ -51,20 +84,35 @@ class PruneRule:
     lead: float = 0.5
     steady: int | None = None
     steady_confidence: float = 0.0
+    regret: float | None = None
+    regret_coef: tuple[float, ...] = ()
+    regret_intercept: float = 0.0
     min_answers: int = 1
+
+    def __post_init__(self):
+        if self.regret is not None and len(self.regret_coef) != len(CHAIN_FEATURES):
+            raise ValueError(
+                f"the regret clause needs {len(CHAIN_FEATURES)} weights (CHAIN_FEATURES), got {len(self.regret_coef)}"
+            )
 
     @property
     def off(self) -> bool:
         """No clause can fire: the group stop alone."""
-        return self.doubt is None and self.steady is None
+        return self.doubt is None and self.steady is None and self.regret is None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self) | {"regret_coef": list(self.regret_coef)}
+        if self.regret is None:  # a rule without the clause is written as before it existed
+            del d["regret"], d["regret_coef"], d["regret_intercept"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict | None) -> PruneRule:
         """The rule written by `to_dict` (`None` or an empty dict: `PRUNE_OFF`)."""
-        return cls(**(d or {}))
+        d = dict(d or {})
+        if "regret_coef" in d:
+            d["regret_coef"] = tuple(float(c) for c in d["regret_coef"])
+        return cls(**d)
 
     @classmethod
     def of(cls, config) -> PruneRule:
@@ -89,6 +137,8 @@ class PruneRule:
         if self.steady is not None:
             floor = f" of confidence ≥ {self.steady_confidence:g}" if self.steady_confidence > 0 else ""
             parts.append(f"a chain whose last {self.steady} answers are one class{floor}")
+        if self.regret is not None:
+            parts.append(f"a chain whose learned regret is ≤ {self.regret:g}")
         warm = f" (after its {_ordinal(self.min_answers)} answer)" if self.min_answers > 1 else ""
         return "prune " + "; ".join(parts) + warm
 
@@ -161,40 +211,96 @@ def prune_chains(rule: PruneRule, t: int, sequence, step, end, klass, row_klass,
     out = np.zeros(status.size, bool)
     if rule.off:
         return out
-    klass = np.asarray(klass, np.int64).reshape(-1)
-    held, count = held_answers(t, sequence, step, end, status.size)
-    live = (status == DECODING) & (held >= 0) & (count >= rule.min_answers)
+    view = _ChainView.at(t, sequence, step, end, klass, row_klass, row_confidence, status.size)
+    live = (status == DECODING) & (view.held >= 0) & (view.count >= rule.min_answers)
     if not live.any():
         return out
-    row_klass = np.asarray(row_klass, np.int64).reshape(-1)
-    row_conf = np.asarray(row_confidence, np.float64).reshape(-1)
-    held_class = np.where(held >= 0, klass[np.maximum(held, 0)], -1)
-    # The confidence of each chain's held class in the snapshot (a held class always has a row; -inf if not).
-    lookup = {int(k): float(c) for k, c in zip(row_klass, row_conf)}
-    conf = np.array([lookup.get(int(k), -np.inf) for k in held_class])
     if rule.doubt is not None:
+        out |= live & (view.conf <= rule.doubt) & (view.best_other >= rule.lead)
+    if rule.steady is not None:
+        out |= live & (view.run >= rule.steady) & (view.conf >= rule.steady_confidence)
+    if rule.regret is not None:
+        x = view.features(status)
+        out |= live & (logistic(x, rule.regret_coef, rule.regret_intercept) <= rule.regret)
+    return out
+
+
+def chain_features(t: int, sequence, step, end, klass, row_klass, row_confidence, status) -> np.ndarray:
+    """(N, F) the regret clause's features of each chain at arrival time t (`CHAIN_FEATURES`; arguments as
+    `prune_chains`). A chain with no answer yet gets a row too; `prune_chains` never prunes it.
+
+    Returns:
+        (N, len(CHAIN_FEATURES)) float64.
+    """
+    status = np.asarray(status, np.int64).reshape(-1)
+    return _ChainView.at(t, sequence, step, end, klass, row_klass, row_confidence, status.size).features(status)
+
+
+@dataclass(frozen=True)
+class _ChainView:
+    """What the clauses read of each chain at t: (N,) held answer (-1: none), answers given, the held class, its
+    confidence (-inf: none), the best confidence among the other classes, the run of the held class at the chain's
+    tail, the classes the chain has held, and the chains holding the same class."""
+
+    held: np.ndarray
+    count: np.ndarray
+    held_class: np.ndarray
+    conf: np.ndarray
+    best_other: np.ndarray
+    run: np.ndarray
+    distinct: np.ndarray
+    support: np.ndarray
+
+    @classmethod
+    def at(cls, t, sequence, step, end, klass, row_klass, row_confidence, num_chains: int) -> _ChainView:
+        klass = np.asarray(klass, np.int64).reshape(-1)
+        held, count = held_answers(t, sequence, step, end, num_chains)
+        held_class = np.where(held >= 0, klass[np.maximum(held, 0)], -1)
+        row_klass = np.asarray(row_klass, np.int64).reshape(-1)
+        row_conf = np.asarray(row_confidence, np.float64).reshape(-1)
+        # The confidence of each chain's held class in the snapshot (a held class always has a row; -inf if not).
+        lookup = {int(k): float(c) for k, c in zip(row_klass, row_conf)}
+        conf = np.array([lookup.get(int(k), -np.inf) for k in held_class])
         # The best confidence among the *other* classes: the best overall unless the chain's class holds it.
         order = np.argsort(-row_conf, kind="stable")
         best = row_conf[order[0]] if order.size else -np.inf
         second = row_conf[order[1]] if order.size > 1 else -np.inf
         best_other = np.where(held_class == (row_klass[order[0]] if order.size else -2), second, best)
-        out |= live & (conf <= rule.doubt) & (best_other >= rule.lead)
-    if rule.steady is not None:
-        out |= (
-            live & _steady(t, sequence, step, end, klass, status.size, rule.steady) & (conf >= rule.steady_confidence)
+        run, distinct = _runs(t, sequence, step, end, klass, num_chains)
+        holding = held_class[held >= 0]
+        support = np.array([(holding == k).sum() if k >= 0 else 0 for k in held_class])
+        return cls(held, count, held_class, conf, best_other, run, distinct, support)
+
+    def features(self, status: np.ndarray) -> np.ndarray:
+        n = self.held.size
+        confident = lambda c: np.where(np.isfinite(c), logit(np.where(np.isfinite(c), c, 0.5), eps=1e-4), -9.2)
+        given = np.maximum(self.count, 1)
+        return np.stack(
+            [
+                confident(self.conf),
+                confident(self.best_other),
+                ((self.held >= 0) & (self.conf > self.best_other)).astype(np.float64),
+                np.log1p(self.run),
+                np.log1p(self.count),
+                self.distinct / given,
+                self.support / n,
+                np.full(n, (status == ENDED).sum() / n),
+            ],
+            axis=1,
         )
-    return out
 
 
-def _steady(t: int, sequence, step, end, klass, num_chains: int, window: int) -> np.ndarray:
-    """(N,) bool: the chain's last `window` answers with end ≤ t exist and all are one class."""
+def _runs(t: int, sequence, step, end, klass, num_chains: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) the number of a chain's latest answers (end ≤ t) in a row that are one class, and (N,) the number of
+    classes among its answers (0 for a chain with none)."""
     sequence, step, end = (np.asarray(x, np.int64).reshape(-1) for x in (sequence, step, end))
     avail = np.flatnonzero(end <= t)
     order = avail[np.lexsort((-step[avail], sequence[avail]))]  # chain-major, latest first
-    out = np.zeros(num_chains, bool)
+    run, distinct = np.zeros(num_chains, np.int64), np.zeros(num_chains, np.int64)
     chains, first, length = np.unique(sequence[order], return_index=True, return_counts=True)
     for n, f, m in zip(chains, first, length):
-        if m >= window:
-            last = klass[order[f : f + window]]
-            out[n] = bool((last == last[0]).all())
-    return out
+        mine = klass[order[f : f + m]]
+        changed = np.flatnonzero(mine != mine[0])
+        run[n] = changed[0] if changed.size else m
+        distinct[n] = np.unique(mine).size
+    return run, distinct

@@ -34,6 +34,7 @@ from .errors import UserError
 __all__ = [
     "ConfidenceMap",
     "FEATURES",
+    "FLOOR_SCALE",
     "STOP_PENALTIES",
     "PenaltyChoice",
     "STOP_RULES",
@@ -236,6 +237,12 @@ def stop_features(scores, klass, sequence, step, end, num_chains: int, only=None
     return out
 
 
+# What the support floor (`StopHead.min_share`) multiplies a small class's statistic and confidence by: far below
+# any λ and any floored class's confidence, while the small classes keep their order among themselves (when no
+# class reaches the floor, the output is the one it would be without it).
+FLOOR_SCALE = 1e-3
+
+
 @dataclass(frozen=True)
 class StopHead:
     """The verifier's stopping rule on `stop_features`: the statistic σ(coef · x + intercept) the stop fires on, and
@@ -249,6 +256,10 @@ class StopHead:
         confidence_coef: the confidence's weights; `None`: the statistic is the confidence (a head fitted on
             correctness alone).
         confidence_intercept: the confidence's bias.
+        min_share: the support floor: a class held by less than this share of the N chains has its statistic and
+            confidence scaled by `FLOOR_SCALE`, so it neither fires the stop nor is output while a class held by
+            more chains has any confidence (0: no floor). With pruning, a class's pruned chains hold answers scored
+            early, and a class one chain decoded to the end would otherwise outrank it (docs/pruning.md).
     """
 
     coef: tuple[float, ...]
@@ -256,6 +267,7 @@ class StopHead:
     num_chains: int
     confidence_coef: tuple[float, ...] | None = None
     confidence_intercept: float | None = None
+    min_share: float = 0.0
 
     def __call__(self, scores, klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
         """(A,) stopping statistic of a group's answers (same arguments as `stop_features`).
@@ -285,7 +297,13 @@ class StopHead:
         Returns:
             (m,) float probabilities.
         """
-        return logistic(features, self.coef, self.intercept)
+        return self._floor(features, logistic(features, self.coef, self.intercept))
+
+    def _floor(self, features: np.ndarray, values: np.ndarray) -> np.ndarray:
+        if self.min_share <= 0:
+            return values
+        # A tiny margin: support ÷ N is a float, and a class of exactly min_share · N chains is above the floor.
+        return np.where(features[:, 1] < self.min_share - 1e-9, values * FLOOR_SCALE, values)
 
     def confidence(self, features: np.ndarray) -> np.ndarray:
         """(m,) P(the class is correct) of (m, F) `stop_features` rows: what the stop reports.
@@ -298,10 +316,12 @@ class StopHead:
         """
         if self.confidence_coef is None or self.confidence_intercept is None:
             return self.predict(features)
-        return logistic(features, self.confidence_coef, self.confidence_intercept)
+        return self._floor(features, logistic(features, self.confidence_coef, self.confidence_intercept))
 
     def to_dict(self) -> dict:
         d = asdict(self) | {"coef": list(self.coef)}
+        if not self.min_share:  # a head without the floor is written as before
+            del d["min_share"]
         if self.confidence_coef is None:  # a correctness-only head is written as before
             del d["confidence_coef"], d["confidence_intercept"]
         else:
@@ -326,6 +346,7 @@ class StopHead:
             num_chains=int(d["num_chains"]),
             confidence_coef=None if confidence is None else tuple(float(c) for c in confidence),
             confidence_intercept=None if confidence is None else float(d["confidence_intercept"]),
+            min_share=float(d.get("min_share", 0.0)),
         )
 
     @classmethod

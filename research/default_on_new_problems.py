@@ -24,14 +24,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
 
-from hf_msv import MSVEarlyStop, MSVVerifier
+from hf_msv import MSVEarlyStop
 from hf_msv.lambda_rule import lambda_index
 from hf_msv.metrics import bootstrap_interval, ece
 from hf_msv.pruning import PRUNE_OFF
-from hf_msv.stop_rules import StopHead
-from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
+from hf_msv.training.pruned_replay import replay_pruning, sweep_groups
 from hf_msv.utils import json_safe
-from research.pruning_study import operating_point  # the same figures as the pruning study's
+from research.pruning_study import operating_point, scored_groups  # the same figures as the pruning study's
 
 
 def stops_at(replay, j: int, confidence_map) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,12 +65,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-problems", type=int, default=None)
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
-    verifier = MSVVerifier.from_pretrained(args.verifier).eval()
-    head = StopHead.of(verifier.config)
-    assert head is not None, "a verifier with a fitted stop head"
-    scorer = MSVGroupScorer(verifier)
-    groups = load_replay_groups(args.eval_dir, head.num_chains, args.max_problems)
-    scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
+    verifier, head, groups, scorer, scores = scored_groups(args.verifier, args.eval_dir, args.max_problems)
     off = sweep_groups(groups, replay_pruning(PRUNE_OFF, head, groups, scorer, scores), head)
     out = {"eval_dir": args.eval_dir, "problems": len(groups), "num_chains": head.num_chains}
     for name, prune in (("default", True), ("stop_alone", False)):

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from hf_msv import MSVVerifier
 from hf_msv.lambda_rule import LAMBDAS, LambdaChoice, lambda_index
 from hf_msv.pruning import DECODING, PRUNE_OFF, PruneRule, held_answers, prune_chains
-from hf_msv.stop_rules import StopHead
-from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
+from hf_msv.training.pruned_replay import replay_pruning, sweep_groups
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
+from research.pruning_study import parse_rule as library_rule
+from research.pruning_study import read_regret, scored_groups
 
 
 def crowd_decision(rule: PruneRule, crowd: int, confidence: float):
@@ -43,15 +47,14 @@ def crowd_decision(rule: PruneRule, crowd: int, confidence: float):
     return decide
 
 
-def parse_rule(text: str):
+def parse_rule(text: str, regret=None):
     """``(describe, rule or Decision)`` from ``name=value,...`` (e.g. ``steady=2,min_answers=6``; ``crowd=K`` and
-    ``crowd_confidence=C`` add the crowd clause)."""
-    fields = {}
-    for part in text.split(","):
-        name, value = part.split("=")
-        fields[name] = int(value) if name in ("steady", "min_answers", "crowd") else float(value)
-    crowd, crowd_confidence = fields.pop("crowd", None), fields.pop("crowd_confidence", 0.0)
-    rule = PruneRule(**fields)
+    ``crowd_confidence=C`` add the crowd clause, ``regret=R`` the regret clause of the `RegretHead` `regret`)."""
+    parts = [p for p in text.split(",") if not p.startswith("crowd")]
+    extra = {n: float(v) for n, v in (p.split("=") for p in text.split(",") if p.startswith("crowd"))}
+    rule = library_rule(",".join(parts), regret) if parts else PRUNE_OFF
+    crowd = int(extra["crowd"]) if "crowd" in extra else None
+    crowd_confidence = extra.get("crowd_confidence", 0.0)
     if crowd is None:
         return rule.describe(), rule
     text = f"a chain whose class {crowd} chains hold at confidence ≥ {crowd_confidence:g}"
@@ -80,15 +83,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--rules", nargs="+", required=True, help="rules besides no pruning, e.g. steady=2")
     parser.add_argument("--max-problems", type=int, default=None)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--regret-head", default=None, help="the RegretHead JSON of research/fit_regret.py")
     args = parser.parse_args(argv)
-    verifier = MSVVerifier.from_pretrained(args.verifier).eval()
-    head, stop = StopHead.of(verifier.config), LambdaChoice.of(verifier.config)
-    assert head is not None and stop is not None, "a verifier with a fitted stop head and λ"
-    scorer = MSVGroupScorer(verifier)
-    groups = load_replay_groups(args.data_dir, head.num_chains, args.max_problems)
-    scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
+    regret = read_regret(args.regret_head)
+    verifier, head, groups, scorer, scores = scored_groups(args.verifier, args.data_dir, args.max_problems)
+    stop = LambdaChoice.of(verifier.config)
+    assert stop is not None, "a verifier with a certified λ"
     j = lambda_index(stop.lam)
-    rules = [(PRUNE_OFF.describe(), PRUNE_OFF), *(parse_rule(r) for r in args.rules)]
+    rules = [(PRUNE_OFF.describe(), PRUNE_OFF), *(parse_rule(r, regret) for r in args.rules)]
     full = sweep_groups(groups, replay_pruning(PRUNE_OFF, head, groups, scorer, scores), head)
     rows = []
     for spec, (describe, rule) in zip(["none", *args.rules], rules):

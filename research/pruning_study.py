@@ -39,6 +39,7 @@ from hf_msv.training.pruned_replay import (
     store_pruning,
     sweep_groups,
 )
+from hf_msv.training.regret import RegretHead
 from hf_msv.utils import json_safe
 
 
@@ -81,13 +82,35 @@ def pruned_cause(groups, streams, targets) -> dict:
     }
 
 
-def parse_rule(text: str) -> PruneRule:
-    """A `PruneRule` from ``name=value,...`` (e.g. ``steady=2,min_answers=6``)."""
+def parse_rule(text: str, regret: RegretHead | None = None) -> PruneRule:
+    """A `PruneRule` from ``name=value,...`` (e.g. ``steady=2,min_answers=6``; ``regret=0.02`` adds the regret
+    clause with the weights of `regret`, a fitted `RegretHead`)."""
     fields = {}
     for part in text.split(","):
         name, value = part.split("=")
         fields[name] = int(value) if name in ("steady", "min_answers") else float(value)
-    return PruneRule(**fields)
+    threshold = fields.pop("regret", None)
+    if threshold is None:
+        return PruneRule(**fields)
+    if regret is None:
+        raise ValueError(f"{text!r} has the regret clause: pass --regret-head (research/fit_regret.py)")
+    return regret.rule(threshold, PruneRule(**fields))
+
+
+def scored_groups(verifier_dir, data_dir, max_problems=None):
+    """``(verifier, head, groups, scorer, scores)``: the verifier saved in `verifier_dir`, its stop head, the groups of
+    `data_dir` at the head's N (the first `max_problems`), a `MSVGroupScorer` and every group's full scores."""
+    verifier = MSVVerifier.from_pretrained(verifier_dir).eval()
+    head = StopHead.of(verifier.config)
+    assert head is not None, "a verifier with a fitted stop head"
+    groups = load_replay_groups(data_dir, head.num_chains, max_problems)
+    scorer = MSVGroupScorer(verifier)
+    return verifier, head, groups, scorer, scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
+
+
+def read_regret(path) -> RegretHead | None:
+    """The `RegretHead` written by research/fit_regret.py (None without a path)."""
+    return None if path is None else RegretHead.from_dict(json.loads(open(path).read()))
 
 
 CURVE_LAMBDAS = (math.inf, 0.999, 0.995, 0.99, 0.988, 0.986, 0.984, 0.982, 0.98, 0.97, 0.95)
@@ -147,8 +170,10 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--rules", nargs="+", default=None, help="candidate rules besides no pruning, e.g. steady=2,min_answers=6"
     )
+    parser.add_argument("--regret-head", default=None, help="the RegretHead JSON of research/fit_regret.py")
     args = parser.parse_args(argv)
-    rules = PRUNE_CANDIDATES if args.rules is None else (PRUNE_OFF, *(parse_rule(r) for r in args.rules))
+    regret = read_regret(args.regret_head)
+    rules = PRUNE_CANDIDATES if args.rules is None else (PRUNE_OFF, *(parse_rule(r, regret) for r in args.rules))
     start = time.time()
     verifier = MSVVerifier.from_pretrained(args.verifier).eval()
     head = StopHead.of(verifier.config)

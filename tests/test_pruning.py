@@ -6,16 +6,30 @@ core driven with the same answers and scores (a scorer returning `scripted_group
 chains at the same times.
 """
 
+import json
+
 import numpy as np
 import pytest
 
 from hf_msv.data import AnswerGroup
 from hf_msv.evaluation.early_stop import replay_many
 from hf_msv.lambda_rule import LAMBDAS, choose_jointly, choose_lambda
-from hf_msv.pruning import DECODING, ENDED, PRUNE_OFF, PRUNED, PruneRule, chain_status, held_answers, prune_chains
+from hf_msv.pruning import (
+    CHAIN_FEATURES,
+    DECODING,
+    ENDED,
+    PRUNE_OFF,
+    PRUNED,
+    PruneRule,
+    chain_features,
+    chain_status,
+    held_answers,
+    prune_chains,
+)
 from hf_msv.schedules import NEVER
 from hf_msv.stop_rules import ConfidenceMap, StopHead, stop_events
 from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, sweep_group, sweep_groups
+from hf_msv.training.regret import RegretHead, fit_regret, regret_rows
 
 # Confidence = statistic = σ(the class's mean logit): the snapshot confidence of a class is its chains' mean score.
 MEAN_HEAD = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
@@ -150,6 +164,73 @@ def test_rule_round_trip_and_config():
     assert rule.describe().endswith("(after its 2nd answer)")
     for k, nth in ((3, "3rd"), (4, "4th"), (11, "11th"), (21, "21st")):
         assert PruneRule(steady=2, min_answers=k).describe().endswith(f"(after its {nth} answer)")
+
+
+def test_chain_features():
+    d = scripted_group()
+    args = (d["sequence"], d["step"], d["end"], d["klass"])
+    k, c = _rows(42, MEAN_HEAD, d)  # held classes 0, 0, 1, 0; class 0 leads
+    x = chain_features(42, *args, k, c, np.array([DECODING, DECODING, ENDED, DECODING]))
+    assert x.shape == (4, len(CHAIN_FEATURES))
+    conf = dict(zip(k.tolist(), c.tolist()))
+    assert np.allclose(x[[0, 1, 3], 0], np.log(conf[0] / (1 - conf[0])))
+    assert np.allclose(x[[0, 1, 3], 1], np.log(conf[1] / (1 - conf[1])))  # the best other class: class 1
+    assert np.allclose(x[2, 1], np.log(conf[0] / (1 - conf[0])))
+    assert x[:, 2].tolist() == [1, 1, 0, 1]  # holds the leading class
+    assert np.allclose(np.expm1(x[:, 3]), [2, 2, 1, 1])  # answers in a row of the held class (chain 1: 1, 0, 0)
+    assert np.allclose(np.expm1(x[:, 4]), [2, 3, 1, 2])  # answers given
+    assert np.allclose(x[:, 5], [1 / 2, 2 / 3, 1, 2 / 2])  # classes held ÷ answers
+    assert np.allclose(x[:, 6], [3 / 4, 3 / 4, 1 / 4, 3 / 4])  # chains holding the class ÷ N
+    assert np.allclose(x[:, 7], 1 / 4)  # chains ended ÷ N
+
+
+def test_regret_clause():
+    d = scripted_group()
+    args = (d["sequence"], d["step"], d["end"], d["klass"])
+    k, c = _rows(42, MEAN_HEAD, d)
+    zeros = (0.0,) * len(CHAIN_FEATURES)
+    low = float(np.log(0.01 / 0.99))  # every chain's regret is 0.01
+    constant = lambda r, **kw: PruneRule(regret=r, regret_coef=zeros, regret_intercept=low, **kw)
+    live = np.zeros(4, int)
+    assert prune_chains(constant(0.02), 42, *args, k, c, live).all()  # regret 0.01 ≤ 0.02: every chain
+    assert not prune_chains(constant(0.005), 42, *args, k, c, live).any()
+    assert prune_chains(constant(0.02, min_answers=2), 42, *args, k, c, live).tolist() == [True, True, False, True]
+    # Weighted on "the held class leads": only the leading class's chains have a low regret.
+    leaders = PruneRule(regret=0.01, regret_coef=(0.0, 0.0, -6.0, *zeros[3:]), regret_intercept=0.0)
+    assert prune_chains(leaders, 42, *args, k, c, live).tolist() == [True, True, False, True]
+    assert not constant(0.02).off and "regret" in constant(0.02).describe()
+    with pytest.raises(ValueError, match="weights"):
+        PruneRule(regret=0.1, regret_coef=(1.0,))
+    # Written and read back (a config stores lists); a rule without the clause is written as before.
+    assert PruneRule.from_dict(json.loads(json.dumps(leaders.to_dict()))) == leaders
+    assert "regret" not in PruneRule(steady=2).to_dict()
+
+
+def test_regret_rows_label_a_wrong_held_answer_that_decoding_would_correct():
+    d = scripted_group()
+    group = _replay_group(d)
+    x, y, g = regret_rows([group], [d["score"]], MEAN_HEAD)
+    expected = []  # (t, chain) rows in order, labelled by brute force over the recorded answers
+    for t in np.unique(d["end"]):
+        for n in range(4):
+            mine = (d["sequence"] == n) & (d["end"] <= t)
+            if d["seq_len"][n] <= t or not mine.any():
+                continue
+            held = np.flatnonzero(mine)[np.argmax(d["step"][mine])]
+            later = (d["sequence"] == n) & (d["end"] > t) & d["correct"]
+            expected.append(bool(~d["correct"][held] & later.any()))
+    assert y.tolist() == expected and (g == 0).all() and x.shape == (len(expected), len(CHAIN_FEATURES))
+    # Rows at t = 12 (chain 0), 14 (chains 0, 1), 17 (chains 0, 1, 3): chains 1 and 3 hold wrong classes (1, 2)
+    # and answer 0 later; chain 0 holds the right class.
+    assert expected[:6] == [False, False, True, False, True, True]
+    fitted = fit_regret([group] * 3, [d["score"]] * 3, MEAN_HEAD)
+    assert fitted.rows == 3 * len(expected) and fitted.positives == 3 * sum(expected) and fitted.groups == 3
+    assert fitted.predict(x)[y].mean() > fitted.predict(x)[~y].mean()
+    rule = fitted.rule(0.05, PruneRule(steady=2))
+    assert rule.steady == 2 and rule.regret_coef == fitted.coef
+    assert RegretHead.from_dict(json.loads(json.dumps(fitted.to_dict()))) == fitted
+    with pytest.raises(ValueError, match="other chain features"):
+        RegretHead.from_dict(fitted.to_dict() | {"features": ["something else"]})
 
 
 # -- the replay ----------------------------------------------------------------------------------------------------

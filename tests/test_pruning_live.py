@@ -21,7 +21,9 @@ from hf_msv.schedules import NEVER
 from hf_msv.stop_rules import ConfidenceMap
 from hf_msv.training.pruned_replay import replay_pruning, sweep_group
 
-RULES = [PruneRule(steady=2), PruneRule(doubt=0.45, lead=0.5)]
+# The regret rule's weight is on "the held class leads" alone: it prunes the chains holding the leading class.
+LEADERS = PruneRule(regret=0.01, regret_coef=(0.0, 0.0, -6.0, 0.0, 0.0, 0.0, 0.0, 0.0), regret_intercept=0.0)
+RULES = [PruneRule(steady=2), PruneRule(doubt=0.45, lead=0.5), LEADERS]
 TEXTS = ("Hello there, solve 2+2", "Hi")
 BUDGET = 40  # long enough for chains to answer several times while they decode
 SCHEDULE = {(r, s): ID["Wait"] for r in range(2 * N) for s in range(r % 4 + 1, BUDGET, 4)} | {(2, 29): EOS}
@@ -45,7 +47,7 @@ def run(model, threshold, prune, stop=None):  # noqa: F811
         return m.pop_results()
 
 
-@pytest.mark.parametrize("rule", RULES, ids=["steady", "ruled-out"])
+@pytest.mark.parametrize("rule", RULES, ids=["steady", "ruled-out", "regret"])
 def test_pruning_live_equals_its_replay(model, rule):  # noqa: F811
     probe = tiny_probe()
     full = run(model, None, None)

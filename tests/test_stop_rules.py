@@ -314,3 +314,34 @@ def test_the_stop_head_is_fitted_on_refreshed_rows():
     row = (events.time == 6) & (events.answer == 4)
     assert events.features[row][0][4] == pytest.approx(1 / 6)
     assert stop_head_features(p, structure, 6)[4][4] == pytest.approx(2 / 6)
+
+
+def test_support_floor_keeps_a_small_class_from_stopping_or_being_output():
+    """A class held by less than `min_share` of the chains has its statistic and confidence scaled by
+    `FLOOR_SCALE`: a lone late answer scored high no longer outranks a class two chains hold (scored lower)."""
+    from hf_msv.generation import decide_stop
+    from hf_msv.stop_rules import FLOOR_SCALE
+
+    head = StopHead(coef=(1.0, 0, 0, 0, 0, 0), intercept=0.0, num_chains=4)  # σ(the class's mean logit)
+    floored = StopHead(coef=head.coef, intercept=0.0, num_chains=4, min_share=0.5)
+    scores = np.array([0.6, 0.3, 0.6, 0.6, 0.6, 0.99])  # the lone class 3 of chain 2 arrives last, scored 0.99
+    plain = stop_events(head, *COLUMNS, 4, scores)
+    low = stop_events(floored, *COLUMNS, 4, scores)
+
+    def support(t, k):  # chains whose latest answer by t is of class k
+        latest = {n: KLASS[i] for i in np.argsort(END) if END[i] <= t for n in [SEQUENCE[i]]}
+        return sum(v == k for v in latest.values())
+
+    small = np.array([support(t, k) < 2 for t, k in zip(plain.time, plain.klass)])
+    assert small.any() and (~small).any()
+    np.testing.assert_allclose(low.statistic[small], plain.statistic[small] * FLOOR_SCALE)
+    np.testing.assert_allclose(low.confidence[~small], plain.confidence[~small])
+    # At the last arrival (t = 20): class 3 (one chain, 0.99) against class 7 (two chains, 0.6).
+    last = plain.time == 20
+    final = np.ones(plain.answer.size, bool)
+    outputs = []
+    for ev in (plain, low):
+        d = decide_stop(ev.time, ev.statistic, final, np.array([np.inf]), ev.confidence, snapshots=True)
+        outputs.append(int(KLASS[ev.answer[d.chosen[0]]]))
+    assert last.sum() == 2 and outputs == [3, 7]
+    assert StopHead.from_dict(floored.to_dict()) == floored and "min_share" not in head.to_dict()

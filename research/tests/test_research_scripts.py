@@ -448,3 +448,63 @@ def test_stop_calibration_by_lambda_reads_the_stops_at_each_lambda():
     assert rows[0]["stops"] == 3 and rows[0]["reported"] == pytest.approx(0.8)
     assert rows[0]["mapped"] == pytest.approx(0.4) and rows[0]["accuracy"] == pytest.approx(2 / 3)
     assert rows[1]["stops"] == 0 and rows[1]["accuracy"] is None
+
+
+def test_fit_regret_writes_a_head_the_rule_syntax_reads(tmp_path):
+    """research/fit_regret.py fits the regret statistic on a split's groups and writes a `RegretHead` that
+    ``regret=R`` in the candidates' rule syntax reads back; a regret rule without a head is refused."""
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+    from hf_msv.pruning import PruneRule
+    from hf_msv.stop_rules import StopHead
+
+    data = write_split(tmp_path / "val", 12, seed=3, num_sequences=4)
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    head = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
+    verifier.config.early_stopping = {"stop_head": head.to_dict()}
+    verifier.save_pretrained(tmp_path / "msv")
+    out = _script("fit_regret").main(
+        ["--verifier", str(tmp_path / "msv"), "--data-dir", str(data), "--output", str(tmp_path / "r.json")]
+    )
+    assert out["head"]["groups"] == 12 and out["head"]["rows"] > out["head"]["positives"] >= 0
+    assert 0 <= out["two_fold"]["positive_rate"] < 1
+    study = _script("pruning_study")
+    regret = study.read_regret(tmp_path / "r.json")
+    rule = study.parse_rule("steady=2,regret=0.1,min_answers=2", regret)
+    assert rule == regret.rule(0.1, PruneRule(steady=2, min_answers=2)) and rule.regret_coef == regret.coef
+    with pytest.raises(ValueError, match="--regret-head"):
+        study.parse_rule("regret=0.1")
+    _, same = _script("pruning_candidates").parse_rule("regret=0.1", regret)
+    assert same == regret.rule(0.1)
+
+
+def test_pruning_losses_finds_a_group_lost_to_a_class_one_chain_holds():
+    """Chains 0–2 hold the right class 0, scored 0.6 early and 0.95 late; chain 3 answers class 1 once, late, at
+    0.9. Pruned after their first answers, chains 0–2 hold the early scores and the lone class wins the final
+    snapshot (σ of the class's mean logit); with the support floor it does not."""
+    from hf_msv.pruning import PRUNE_OFF
+    from hf_msv.stop_rules import StopHead
+    from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning
+
+    sequence, step = np.array([0, 1, 2, 0, 1, 2, 3]), np.array([0, 0, 0, 1, 1, 1, 0])
+    start = np.array([10, 11, 12, 40, 41, 42, 50])
+    klass, score = np.array([0, 0, 0, 0, 0, 0, 1]), np.array([0.6, 0.6, 0.6, 0.95, 0.95, 0.95, 0.9])
+    terminal = np.array([False, False, False, True, True, True, True])
+    group = ReplayGroup(sequence, step, start + 2, start, klass, klass == 0, terminal, np.array([40, 41, 42, 50]), "p")
+    scorer = lambda groups, keeps: [np.where(k, score, np.nan) for k in keeps]
+
+    def first_answers(t, seq, st, end, k, rk, rc, status):  # prune chains 0-2 once they have answered
+        return np.isin(np.arange(4), [0, 1, 2]) & (status == 0) & np.isin(np.arange(4), seq[end <= t])
+
+    study = _script("pruning_losses")
+    found = {}
+    for share in (0.0, 0.5):
+        head = StopHead(coef=(1.0, 0, 0, 0, 0, 0), intercept=0.0, num_chains=4, min_share=share)
+        full = replay_pruning(PRUNE_OFF, head, [group], scorer, [score])
+        pruned = replay_pruning(first_answers, head, [group], scorer, [score])
+        assert (pruned[0].cut[:3] < group.seq_len[:3]).all()
+        found[share] = study.losses([group], full, pruned, head)
+    assert len(found[0.0]) == 1 and found[0.5] == []
+    row = found[0.0][0]
+    assert row["output_class_support"] == {"full": 1, "pruned": 1}
+    assert row["right_class_support"] == {"full": 3, "pruned": 3} and row["pruned_chains"] == 3

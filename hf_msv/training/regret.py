@@ -1,0 +1,128 @@
+"""Fitting the regret clause of per-chain pruning (`hf_msv.pruning`): the chain's regret, P(a later answer of the
+chain is correct while its held answer is not), as a logistic regression on `hf_msv.pruning.chain_features`.
+
+A pruned chain keeps its held answer, so pruning it costs something only when decoding on would have turned a wrong
+held answer into a correct one: that event is the label. The rows are every chain still decoding (with an answer)
+at the arrival times of recorded groups decoded in full, read from the class snapshots of the stop head: the
+problems the stop head was fitted on, which the guarantee (`fit_pruning`) and the evaluation never read. The
+clause's threshold is then one more candidate parameter, certified with λ as the other clauses are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..baselines import fit_logistic, logistic
+from ..pruning import CHAIN_FEATURES, DECODING, PRUNE_OFF, PruneRule, chain_features, chain_status, held_answers
+from ..schedules import NEVER
+from ..stop_rules import StopHead, stop_events
+from .pruned_replay import ReplayGroup
+
+__all__ = ["RegretHead", "fit_regret", "regret_rows"]
+
+
+@dataclass(frozen=True)
+class RegretHead:
+    """The fitted regret statistic σ(coef · x + intercept) on `CHAIN_FEATURES` rows, with its training evidence.
+
+    Args:
+        coef: one weight per `CHAIN_FEATURES` entry.
+        intercept: the bias.
+        rows: the chain rows it was fitted on.
+        positives: the rows whose label is 1 (the chain would have turned a wrong held answer into a correct one).
+        groups: the groups the rows come from.
+    """
+
+    coef: tuple[float, ...]
+    intercept: float
+    rows: int = 0
+    positives: int = 0
+    groups: int = 0
+
+    def rule(self, threshold: float, base: PruneRule = PRUNE_OFF) -> PruneRule:
+        """`base` with the regret clause at `threshold` (prune a chain whose regret ≤ threshold)."""
+        return dataclasses.replace(base, regret=threshold, regret_coef=self.coef, regret_intercept=self.intercept)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """(m,) regret of (m, F) `chain_features` rows."""
+        return logistic(features, self.coef, self.intercept)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"coef": list(self.coef), "features": list(CHAIN_FEATURES)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RegretHead:
+        """The head written by `to_dict`."""
+        if list(d.get("features", CHAIN_FEATURES)) != list(CHAIN_FEATURES):
+            raise ValueError("this regret head was fitted on other chain features than CHAIN_FEATURES")
+        return cls(
+            coef=tuple(float(c) for c in d["coef"]),
+            intercept=float(d["intercept"]),
+            rows=int(d.get("rows", 0)),
+            positives=int(d.get("positives", 0)),
+            groups=int(d.get("groups", 0)),
+        )
+
+
+def regret_rows(
+    groups: Sequence[ReplayGroup], scores: Sequence[np.ndarray], head: StopHead, max_times: int = 48
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The training rows of the regret statistic on groups decoded in full.
+
+    Args:
+        groups: recorded groups (no pruning).
+        scores: (A,) the verifier's probabilities of each group's answers.
+        head: the stop head whose snapshot confidences the clause reads.
+        max_times: arrival times per group at most (evenly spaced over its arrivals): neighbouring times repeat
+            nearly the same rows.
+
+    Returns:
+        ``(x, y, group)``: (m, F) `chain_features`, (m,) bool label, (m,) the group's index.
+    """
+    xs, ys, gs = [], [], []
+    for g, (group, s) in enumerate(zip(groups, scores)):
+        times = np.unique(group.end)
+        if times.size > max_times:
+            times = times[np.unique(np.linspace(0, times.size - 1, max_times).round().astype(np.int64))]
+        ev = stop_events(head, group.klass, group.sequence, group.step, group.end, group.num_chains, s, times=times)
+        # The last end of each chain's correct answers: a correct answer still to come after t.
+        last_correct = np.full(group.num_chains, -1, np.int64)
+        np.maximum.at(last_correct, group.sequence[group.correct], group.end[group.correct])
+        never = np.full(group.num_chains, NEVER, np.int64)
+        for t in times:
+            rows = ev.time == t
+            status = chain_status(int(t), group.seq_len, never)
+            held, _ = held_answers(int(t), group.sequence, group.step, group.end, group.num_chains)
+            live = (status == DECODING) & (held >= 0)
+            if not live.any():
+                continue
+            x = chain_features(
+                int(t), group.sequence, group.step, group.end, group.klass, ev.klass[rows], ev.confidence[rows], status
+            )
+            wrong = ~group.correct[np.maximum(held, 0)]
+            xs.append(x[live])
+            ys.append((wrong & (last_correct > t))[live])
+            gs.append(np.full(int(live.sum()), g))
+    if not xs:
+        raise ValueError("no chain is still decoding with an answer at any arrival time: nothing to fit on")
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs)
+
+
+def fit_regret(
+    groups: Sequence[ReplayGroup], scores: Sequence[np.ndarray], head: StopHead, max_times: int = 48
+) -> RegretHead:
+    """Fit the regret statistic on recorded groups (`regret_rows`; the stop head's own problems).
+
+    Args:
+        groups, scores, head, max_times: as `regret_rows`.
+
+    Returns:
+        The `RegretHead`.
+    """
+    x, y, g = regret_rows(groups, scores, head, max_times)
+    coef, intercept = fit_logistic(x, y, penalty=1e-3)
+    return RegretHead(tuple(float(c) for c in coef), float(intercept), int(y.size), int(y.sum()), len(set(g.tolist())))
