@@ -53,6 +53,8 @@ def test_pruning_live_equals_its_replay(model, rule):  # noqa: F811
     full = run(model, None, None)
     groups = [replay_group(r) for r in full]
     fixed = [probe_scores(probe, r.answers) for r in full]
+    for r, f in zip(full, fixed):  # what the run recorded as the verifier's own score, beside the stop statistic
+        np.testing.assert_allclose([a.verifier_score for a in r.answers], f, rtol=1e-5)
     scorer = lambda gs, keeps: [fixed[next(i for i, g in enumerate(groups) if g is x)] for x in gs]
     streams = replay_pruning(rule, HEAD, groups, scorer, fixed)
     lam = float(np.quantile(np.concatenate(fixed), 0.9))

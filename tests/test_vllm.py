@@ -170,18 +170,23 @@ def live_prunes(result, head, rule) -> dict[int, int]:
     stopped) has no known end: it is decoding for the replay until the replay cuts it."""
     group = replay_group(result)
     a = result.answers
-    scores = [np.array([x.score for x in a], np.float64)]
+    scores = [np.array([x.verifier_score for x in a], np.float64)]  # the MSV's own, not the stop head's statistic
     stream = replay_pruning(rule, head, [group], lambda groups, keeps: scores, scores)[0]
     return {n: int(c) for n, c in enumerate(stream.cut) if c < group.seq_len[n]}
 
 
-def test_pruned_chains_equal_the_replay_and_free_their_requests(engine, tokenizer, problems):
+# The regret clause weighted on "the held class leads" alone: it prunes the chains holding the leading class, so it
+# reads the snapshot's confidences.
+LEADERS = PruneRule(regret=0.01, regret_coef=(0.0, 0.0, -6.0, 0.0, 0.0, 0.0, 0.0, 0.0), regret_intercept=0.0)
+
+
+@pytest.mark.parametrize("rule", [PruneRule(steady=2), LEADERS], ids=["steady", "regret"])
+def test_pruned_chains_equal_the_replay_and_free_their_requests(engine, tokenizer, problems, rule):
     """A chain the rule prunes is aborted alone (its request and elicitations, nothing left in the engine), decodes
     no further answer, and the replay of the rule on the recorded stream prunes the same chains at the same steps."""
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
     head = StopHead.of(verifier.config)
     controller = VLLMController(engine, tokenizer, verifier, checker="symbolic")
-    rule = PruneRule(steady=2)
     results = controller.generate(
         [format_prompt(p) for p in problems], num_sequences=8, max_new_tokens=200, threshold=1.01, prune=rule
     )

@@ -48,6 +48,8 @@ class MSVAnswer:
         confidence: P(correct) of the answer's class when the score is a stopping statistic with a confidence of
             its own (`hf_msv.StopHead.confidence`): it picks the output at the stop and is reported; `None`: the
             score.
+        verifier_score: the score of the scorer a derived score is read from (the verifier's P(correct) under
+            `StopRuleScorer`, what a replay of the stream scores with); `None`: `score` is the verifier's own.
         hidden_states: `(L, d)` last-layer hidden states of the answer tokens (kept with
             ``capture_hidden_states=True``, on CPU unless ``offload_hidden_states=False``; otherwise `None` after
             scoring).
@@ -74,6 +76,7 @@ class MSVAnswer:
     class_id: int = -1
     score: float | None = None
     confidence: float | None = None
+    verifier_score: float | None = None
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
     token_logprobs: list[float] | None = field(default=None, repr=False)
     class_values: list[ClassValue] | None = field(default=None, repr=False, compare=False)

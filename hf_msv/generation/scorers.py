@@ -269,6 +269,8 @@ class _PromptHistory:
             index = [i for i, a in enumerate(ready) if a.prompt == prompt]
             seen = self.seen.setdefault(prompt, [])
             seen += [(ready[i], base[i]) for i in index]
+            for i in index:
+                ready[i].verifier_score = float(base[i])
             answers = [a for a, _ in seen]
             columns: dict[str, Any] = {
                 name: np.asarray([getattr(a, name) for a in answers])
