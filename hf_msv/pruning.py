@@ -31,6 +31,7 @@ Only chains still decoding (`DECODING`) that have answered at least `min_answers
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -211,7 +212,7 @@ def prune_chains(rule: PruneRule, t: int, sequence, step, end, klass, row_klass,
     out = np.zeros(status.size, bool)
     if rule.off:
         return out
-    view = _ChainView.at(t, sequence, step, end, klass, row_klass, row_confidence, status.size)
+    view = _ChainView(t, sequence, step, end, klass, row_klass, row_confidence, status.size)
     live = (status == DECODING) & (view.held >= 0) & (view.count >= rule.min_answers)
     if not live.any():
         return out
@@ -233,43 +234,62 @@ def chain_features(t: int, sequence, step, end, klass, row_klass, row_confidence
         (N, len(CHAIN_FEATURES)) float64.
     """
     status = np.asarray(status, np.int64).reshape(-1)
-    return _ChainView.at(t, sequence, step, end, klass, row_klass, row_confidence, status.size).features(status)
+    return _ChainView(t, sequence, step, end, klass, row_klass, row_confidence, status.size).features(status)
 
 
-@dataclass(frozen=True)
 class _ChainView:
-    """What the clauses read of each chain at t: (N,) held answer (-1: none), answers given, the held class, its
-    confidence (-inf: none), the best confidence among the other classes, the run of the held class at the chain's
-    tail, the classes the chain has held, and the chains holding the same class."""
+    """What the clauses read of each chain at t, (N,) each: the held answer (-1: none), the answers given, the held
+    class and its confidence (-inf: none), the best confidence among the other classes; and, computed when a clause
+    first reads them (`prune_chains` runs at every arrival, and most rules read few of them), the run of the held
+    class at the chain's tail, the classes the chain has held, and the chains holding its class."""
 
-    held: np.ndarray
-    count: np.ndarray
-    held_class: np.ndarray
-    conf: np.ndarray
-    best_other: np.ndarray
-    run: np.ndarray
-    distinct: np.ndarray
-    support: np.ndarray
-
-    @classmethod
-    def at(cls, t, sequence, step, end, klass, row_klass, row_confidence, num_chains: int) -> _ChainView:
-        klass = np.asarray(klass, np.int64).reshape(-1)
-        held, count = held_answers(t, sequence, step, end, num_chains)
-        held_class = np.where(held >= 0, klass[np.maximum(held, 0)], -1)
+    def __init__(self, t, sequence, step, end, klass, row_klass, row_confidence, num_chains: int):
+        self.t, self.num_chains = t, num_chains
+        self.sequence, self.step, self.end = (np.asarray(x, np.int64).reshape(-1) for x in (sequence, step, end))
+        self.klass = np.asarray(klass, np.int64).reshape(-1)
+        self.held, self.count = held_answers(t, self.sequence, self.step, self.end, num_chains)
+        self.held_class = np.where(self.held >= 0, self.klass[np.maximum(self.held, 0)], -1)
         row_klass = np.asarray(row_klass, np.int64).reshape(-1)
         row_conf = np.asarray(row_confidence, np.float64).reshape(-1)
         # The confidence of each chain's held class in the snapshot (a held class always has a row; -inf if not).
         lookup = {int(k): float(c) for k, c in zip(row_klass, row_conf)}
-        conf = np.array([lookup.get(int(k), -np.inf) for k in held_class])
+        self.conf = np.array([lookup.get(int(k), -np.inf) for k in self.held_class])
         # The best confidence among the *other* classes: the best overall unless the chain's class holds it.
         order = np.argsort(-row_conf, kind="stable")
         best = row_conf[order[0]] if order.size else -np.inf
         second = row_conf[order[1]] if order.size > 1 else -np.inf
-        best_other = np.where(held_class == (row_klass[order[0]] if order.size else -2), second, best)
-        run, distinct = _runs(t, sequence, step, end, klass, num_chains)
-        holding = held_class[held >= 0]
-        support = np.array([(holding == k).sum() if k >= 0 else 0 for k in held_class])
-        return cls(held, count, held_class, conf, best_other, run, distinct, support)
+        self.best_other = np.where(self.held_class == (row_klass[order[0]] if order.size else -2), second, best)
+
+    @cached_property
+    def _histories(self) -> dict[int, np.ndarray]:
+        """Each chain's classes with end ≤ t, latest first (chains with none are absent)."""
+        avail = np.flatnonzero(self.end <= self.t)
+        order = avail[np.lexsort((-self.step[avail], self.sequence[avail]))]  # chain-major, latest first
+        chains, first, length = np.unique(self.sequence[order], return_index=True, return_counts=True)
+        return {int(n): self.klass[order[f : f + m]] for n, f, m in zip(chains, first, length)}
+
+    @cached_property
+    def run(self) -> np.ndarray:
+        """(N,) the number of the chain's latest answers in a row that are one class."""
+        run = np.zeros(self.num_chains, np.int64)
+        for n, mine in self._histories.items():
+            changed = np.flatnonzero(mine != mine[0])
+            run[n] = changed[0] if changed.size else mine.size
+        return run
+
+    @cached_property
+    def distinct(self) -> np.ndarray:
+        """(N,) the number of classes among the chain's answers (0 for a chain with none)."""
+        distinct = np.zeros(self.num_chains, np.int64)
+        for n, mine in self._histories.items():
+            distinct[n] = np.unique(mine).size
+        return distinct
+
+    @cached_property
+    def support(self) -> np.ndarray:
+        """(N,) the chains (any status) whose held answer is of the chain's held class (0 for a chain with none)."""
+        holding = self.held_class[self.held >= 0]
+        return np.array([(holding == k).sum() if k >= 0 else 0 for k in self.held_class])
 
     def features(self, status: np.ndarray) -> np.ndarray:
         n = self.held.size
@@ -288,19 +308,3 @@ class _ChainView:
             ],
             axis=1,
         )
-
-
-def _runs(t: int, sequence, step, end, klass, num_chains: int) -> tuple[np.ndarray, np.ndarray]:
-    """(N,) the number of a chain's latest answers (end ≤ t) in a row that are one class, and (N,) the number of
-    classes among its answers (0 for a chain with none)."""
-    sequence, step, end = (np.asarray(x, np.int64).reshape(-1) for x in (sequence, step, end))
-    avail = np.flatnonzero(end <= t)
-    order = avail[np.lexsort((-step[avail], sequence[avail]))]  # chain-major, latest first
-    run, distinct = np.zeros(num_chains, np.int64), np.zeros(num_chains, np.int64)
-    chains, first, length = np.unique(sequence[order], return_index=True, return_counts=True)
-    for n, f, m in zip(chains, first, length):
-        mine = klass[order[f : f + m]]
-        changed = np.flatnonzero(mine != mine[0])
-        run[n] = changed[0] if changed.size else m
-        distinct[n] = np.unique(mine).size
-    return run, distinct
