@@ -19,7 +19,7 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from hf_msv.pruning import CHAIN_FEATURES
-from hf_msv.training.regret import RegretHead, fit_regret, regret_rows
+from hf_msv.training.regret import TARGETS, RegretHead, fit_regret, regret_rows
 from hf_msv.utils import json_safe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
@@ -28,13 +28,13 @@ from research.pruning_study import scored_groups
 THRESHOLDS = (0.005, 0.01, 0.02, 0.05, 0.1)
 
 
-def two_fold(groups, scores, head) -> dict:
+def two_fold(groups, scores, head, target: str = "correct") -> dict:
     """Fit on the even problems and check on the odd ones, and the reverse; the two halves' rows pooled."""
-    x, y, g = regret_rows(groups, scores, head)
+    x, y, g = regret_rows(groups, scores, head, target=target)
     predicted = np.empty(y.size)
     for fold in (0, 1):
         train = [i for i in range(len(groups)) if i % 2 == fold]
-        fitted = fit_regret([groups[i] for i in train], [scores[i] for i in train], head)
+        fitted = fit_regret([groups[i] for i in train], [scores[i] for i in train], head, target=target)
         rows = g % 2 != fold
         predicted[rows] = fitted.predict(x[rows])
     below = {
@@ -51,9 +51,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--data-dir", required=True, help="the stop head's own problems")
     parser.add_argument("--output", required=True, help="where the fitted RegretHead is written (JSON)")
     parser.add_argument("--max-problems", type=int, default=None)
+    parser.add_argument("--target", choices=TARGETS, default="correct", help="the label (hf_msv.training.regret)")
     args = parser.parse_args(argv)
     _, head, groups, _, scores = scored_groups(args.verifier, args.data_dir, args.max_problems)
-    fitted = fit_regret(groups, scores, head)
+    fitted = fit_regret(groups, scores, head, target=args.target)
     with open(args.output, "w") as handle:
         json.dump(fitted.to_dict(), handle, indent=1)
         handle.write("\n")
@@ -61,7 +62,7 @@ def main(argv=None) -> dict:
     out = {
         "head": fitted.to_dict(),
         "weights": dict(zip(CHAIN_FEATURES, fitted.coef)),
-        "two_fold": two_fold(groups, scores, head),
+        "two_fold": two_fold(groups, scores, head, args.target),
     }
     print(json.dumps(json_safe(out)))
     return out

@@ -206,19 +206,24 @@ def test_regret_clause():
     assert "regret" not in PruneRule(steady=2).to_dict()
 
 
+def _held_rows(d):
+    """The regret's rows by brute force: (t, chain, held answer) of every chain still decoding with an answer, at
+    every arrival time, in `regret_rows`' order."""
+    for t in np.unique(d["end"]):
+        for n in range(4):
+            mine = (d["sequence"] == n) & (d["end"] <= t)
+            if d["seq_len"][n] > t and mine.any():
+                yield t, n, np.flatnonzero(mine)[np.argmax(d["step"][mine])]
+
+
 def test_regret_rows_label_a_wrong_held_answer_that_decoding_would_correct():
     d = scripted_group()
     group = _replay_group(d)
     x, y, g = regret_rows([group], [d["score"]], MEAN_HEAD)
-    expected = []  # (t, chain) rows in order, labelled by brute force over the recorded answers
-    for t in np.unique(d["end"]):
-        for n in range(4):
-            mine = (d["sequence"] == n) & (d["end"] <= t)
-            if d["seq_len"][n] <= t or not mine.any():
-                continue
-            held = np.flatnonzero(mine)[np.argmax(d["step"][mine])]
-            later = (d["sequence"] == n) & (d["end"] > t) & d["correct"]
-            expected.append(bool(~d["correct"][held] & later.any()))
+    expected = []  # labelled by brute force over the recorded answers
+    for t, n, held in _held_rows(d):
+        later = (d["sequence"] == n) & (d["end"] > t) & d["correct"]
+        expected.append(bool(~d["correct"][held] & later.any()))
     assert y.tolist() == expected and (g == 0).all() and x.shape == (len(expected), len(CHAIN_FEATURES))
     # Rows at t = 12 (chain 0), 14 (chains 0, 1), 17 (chains 0, 1, 3): chains 1 and 3 hold wrong classes (1, 2)
     # and answer 0 later; chain 0 holds the right class.
@@ -231,6 +236,24 @@ def test_regret_rows_label_a_wrong_held_answer_that_decoding_would_correct():
     assert RegretHead.from_dict(json.loads(json.dumps(fitted.to_dict()))) == fitted
     with pytest.raises(ValueError, match="other chain features"):
         RegretHead.from_dict(fitted.to_dict() | {"features": ["something else"]})
+
+
+def test_regret_rows_change_target_labels_a_chain_whose_final_class_differs():
+    d = scripted_group()
+    group = _replay_group(d)
+    x, y, _ = regret_rows([group], [d["score"]], MEAN_HEAD, target="change")
+    expected = []  # brute force: the chain's last answer (by step) falls in another class than its held one
+    for _, n, held in _held_rows(d):
+        every = np.flatnonzero(d["sequence"] == n)
+        final = every[np.argmax(d["step"][every])]
+        expected.append(bool(d["klass"][held] != d["klass"][final]))
+    assert y.tolist() == expected and any(expected) and not all(expected)
+    assert x.shape == regret_rows([group], [d["score"]], MEAN_HEAD)[0].shape  # the same rows, another label
+    fitted = fit_regret([group] * 3, [d["score"]] * 3, MEAN_HEAD, target="change")
+    assert fitted.target == "change" and fitted.positives == 3 * sum(expected)
+    assert RegretHead.from_dict(json.loads(json.dumps(fitted.to_dict()))) == fitted
+    with pytest.raises(ValueError, match="target"):
+        regret_rows([group], [d["score"]], MEAN_HEAD, target="gold")
 
 
 # -- the replay ----------------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""Fitting the regret clause of per-chain pruning (`hf_msv.pruning`): the chain's regret, P(a later answer of the
-chain is correct while its held answer is not), as a logistic regression on `hf_msv.pruning.chain_features`.
+"""Fitting the regret clause of per-chain pruning (`hf_msv.pruning`): a logistic regression on
+`hf_msv.pruning.chain_features` of the chance that pruning the chain now costs something.
 
-A pruned chain keeps its held answer, so pruning it costs something only when decoding on would have turned a wrong
-held answer into a correct one: that event is the label. The rows are every chain still decoding (with an answer)
+A pruned chain keeps its held answer. Two labels (`TARGETS`) say when that costs: ``"correct"``, decoding on would
+have turned a wrong held answer into a correct one (the chain's own regret); ``"change"``, the chain's final answer
+falls in another class than its held one, so full decoding would have counted it elsewhere (what the group's output
+can lose *or* gain by the prune). The rows are every chain still decoding (with an answer)
 at the arrival times of recorded groups decoded in full, read from the class snapshots of the stop head: the
 problems the stop head was fitted on, which the guarantee (`fit_pruning`) and the evaluation never read. The
 clause's threshold is then one more candidate parameter, certified with λ as the other clauses are.
@@ -22,7 +24,9 @@ from ..schedules import NEVER
 from ..stop_rules import StopHead, stop_events
 from .pruned_replay import ReplayGroup
 
-__all__ = ["RegretHead", "fit_regret", "regret_rows"]
+__all__ = ["TARGETS", "RegretHead", "fit_regret", "regret_rows"]
+
+TARGETS = ("correct", "change")
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class RegretHead:
         rows: the chain rows it was fitted on.
         positives: the rows whose label is 1 (the chain would have turned a wrong held answer into a correct one).
         groups: the groups the rows come from.
+        target: the label it was fitted on (`TARGETS`).
     """
 
     coef: tuple[float, ...]
@@ -42,6 +47,7 @@ class RegretHead:
     rows: int = 0
     positives: int = 0
     groups: int = 0
+    target: str = "correct"
 
     def rule(self, threshold: float, base: PruneRule = PRUNE_OFF) -> PruneRule:
         """`base` with the regret clause at `threshold` (prune a chain whose regret ≤ threshold)."""
@@ -65,11 +71,16 @@ class RegretHead:
             rows=int(d.get("rows", 0)),
             positives=int(d.get("positives", 0)),
             groups=int(d.get("groups", 0)),
+            target=str(d.get("target", "correct")),
         )
 
 
 def regret_rows(
-    groups: Sequence[ReplayGroup], scores: Sequence[np.ndarray], head: StopHead, max_times: int = 48
+    groups: Sequence[ReplayGroup],
+    scores: Sequence[np.ndarray],
+    head: StopHead,
+    max_times: int = 48,
+    target: str = "correct",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The training rows of the regret statistic on groups decoded in full.
 
@@ -79,10 +90,13 @@ def regret_rows(
         head: the stop head whose snapshot confidences the clause reads.
         max_times: arrival times per group at most (evenly spaced over its arrivals): neighbouring times repeat
             nearly the same rows.
+        target: the label (`TARGETS`).
 
     Returns:
         ``(x, y, group)``: (m, F) `chain_features`, (m,) bool label, (m,) the group's index.
     """
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     xs, ys, gs = [], [], []
     for g, (group, s) in enumerate(zip(groups, scores)):
         times = np.unique(group.end)
@@ -92,6 +106,7 @@ def regret_rows(
         # The last end of each chain's correct answers: a correct answer still to come after t.
         last_correct = np.full(group.num_chains, -1, np.int64)
         np.maximum.at(last_correct, group.sequence[group.correct], group.end[group.correct])
+        final, _ = held_answers(int(group.end.max()), group.sequence, group.step, group.end, group.num_chains)
         never = np.full(group.num_chains, NEVER, np.int64)
         for t in times:
             rows = ev.time == t
@@ -103,9 +118,13 @@ def regret_rows(
             x = chain_features(
                 int(t), group.sequence, group.step, group.end, group.klass, ev.klass[rows], ev.confidence[rows], status
             )
-            wrong = ~group.correct[np.maximum(held, 0)]
+            h = np.maximum(held, 0)
+            if target == "correct":
+                label = ~group.correct[h] & (last_correct > t)
+            else:
+                label = group.klass[h] != group.klass[np.maximum(final, 0)]
             xs.append(x[live])
-            ys.append((wrong & (last_correct > t))[live])
+            ys.append(label[live])
             gs.append(np.full(int(live.sum()), g))
     if not xs:
         raise ValueError("no chain is still decoding with an answer at any arrival time: nothing to fit on")
@@ -113,16 +132,21 @@ def regret_rows(
 
 
 def fit_regret(
-    groups: Sequence[ReplayGroup], scores: Sequence[np.ndarray], head: StopHead, max_times: int = 48
+    groups: Sequence[ReplayGroup],
+    scores: Sequence[np.ndarray],
+    head: StopHead,
+    max_times: int = 48,
+    target: str = "correct",
 ) -> RegretHead:
     """Fit the regret statistic on recorded groups (`regret_rows`; the stop head's own problems).
 
     Args:
-        groups, scores, head, max_times: as `regret_rows`.
+        groups, scores, head, max_times, target: as `regret_rows`.
 
     Returns:
         The `RegretHead`.
     """
-    x, y, g = regret_rows(groups, scores, head, max_times)
+    x, y, g = regret_rows(groups, scores, head, max_times, target)
     coef, intercept = fit_logistic(x, y, penalty=1e-3)
-    return RegretHead(tuple(float(c) for c in coef), float(intercept), int(y.size), int(y.sum()), len(set(g.tolist())))
+    coef = tuple(float(c) for c in coef)
+    return RegretHead(coef, float(intercept), int(y.size), int(y.sum()), len(set(g.tolist())), target)
