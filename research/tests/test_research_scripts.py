@@ -478,6 +478,30 @@ def test_fit_regret_writes_a_head_the_rule_syntax_reads(tmp_path):
     assert same == regret.rule(0.1)
 
 
+def test_budget_ceiling_reads_each_curve_at_each_budget(tmp_path):
+    """research/budget_ceiling.py replays the stop alone, the verifier's pruning rule, the gold-knowing pruner and
+    the rules of ``--rules`` over the λ grid and reads each interpolated curve at 30 / 50 / 70 %: an upper hull
+    never falls as the budget grows."""
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+    from hf_msv.pruning import PruneRule
+    from hf_msv.stop_rules import StopHead
+
+    data = write_split(tmp_path / "eval", 10, seed=5, num_sequences=4)
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    head = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
+    verifier.config.early_stopping = {"stop_head": head.to_dict(), "pruning": {"rule": PruneRule(steady=2).to_dict()}}
+    verifier.save_pretrained(tmp_path / "msv")
+    args = ["--verifier", str(tmp_path / "msv"), "--data-dir", str(data), "--rules", "steady=3"]
+    out = _script("budget_ceiling").main(args)
+    assert out["groups"] == 10 and "last 2 answers" in out["default_rule"]
+    curves = out["interpolated_accuracy"]
+    assert set(curves) == {"stop alone", "default", "ceiling", "steady=3"}
+    for values in curves.values():
+        assert list(values) == ["0.3", "0.5", "0.7"] and values["0.3"] <= values["0.5"] <= values["0.7"] + 1e-12
+        assert all(0 <= v <= 1 for v in values.values())
+
+
 def test_pruning_losses_finds_a_group_lost_to_a_class_one_chain_holds():
     """Chains 0–2 hold the right class 0, scored 0.6 early and 0.95 late; chain 3 answers class 1 once, late, at
     0.9. Pruned after their first answers, chains 0–2 hold the early scores and the lone class wins the final
