@@ -12,12 +12,13 @@ Three systems, each stepping the engine with continuous batching:
 * ``stop`` — `AsyncVLLMController` at its default: the certified early stop and pruning (its chosen answer).
 
 Per system and arrival pattern: problems/s (P over the time from the first arrival to the last answer),
-time-to-answer p50 / p90 (from a problem's arrival), chain-of-thought tokens, accuracy. ``--quick``: 4 problems,
-N = 4, short chains (CI). ``--verifier DIR``: a streaming MSV saved with its stopping rule instead of the shipped
-one (its λ and the elicitation schedule it was trained on).
+time-to-answer p50 / p90 (from a problem's arrival), chain-of-thought tokens, accuracy. All at once, plain and the
+default then run again back to back (``--repeats`` pairs in all): each pair's problems/s ratio and their median.
+``--quick``: 4 problems, N = 4, short chains (CI). ``--verifier DIR``: a streaming MSV saved with its stopping
+rule instead of the shipped one (its λ and the elicitation schedule it was trained on).
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_serving.py [--quick] [--problems P] [--rate R] \
-        [--verifier DIR]
+        [--verifier DIR] [--repeats R]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -130,7 +132,9 @@ def weighted_vote_answer(result):
     return answers[best_of_n(wv, mask=terminal)].text
 
 
-def run(quick: bool, num_problems: int | None, rate: float | None, verifier_dir: str | None = None) -> dict:
+def run(
+    quick: bool, num_problems: int | None, rate: float | None, verifier_dir: str | None = None, repeats: int = 1
+) -> dict:
     import hf_msv.testbed
     from hf_msv.equivalence import get_checker
     from hf_msv.generation import MSVEarlyStop
@@ -173,6 +177,19 @@ def run(quick: bool, num_problems: int | None, rate: float | None, verifier_dir:
         stop["chains_pruned"] = sum(len(r.pruned) for r in results)
         return {"plain": plain, "full_wv": full, "stop": stop}
 
+    def repeated(first: dict, more: int) -> dict:
+        """All at once, plain and the default again, alternating, `more` times: the ratio of each pair (the two
+        run back to back) and their median. Plain vLLM's time moved by a third between runs of one command."""
+        seconds = {"plain": [first["plain"]["seconds"]], "stop": [first["stop"]["seconds"]]}
+        for _ in range(more):
+            llm.reset_prefix_cache()
+            seconds["plain"].append(plain_serving(llm, ids, n, budget, [0.0] * P)[0]["seconds"])
+            llm.reset_prefix_cache()
+            server = AsyncVLLMController(controller, num_sequences=n, max_new_tokens=budget)
+            seconds["stop"].append(controller_serving(server, prompts, [0.0] * P)[0]["seconds"])
+        ratios = [p / s for p, s in zip(seconds["plain"], seconds["stop"])]  # problems/s of the default ÷ plain
+        return {"seconds": seconds, "ratios": ratios, "median_ratio": statistics.median(ratios)}
+
     report = {
         "verifier": verifier_dir or "shipped",
         "elicitation": controller.settings.to_dict(),
@@ -184,6 +201,7 @@ def run(quick: bool, num_problems: int | None, rate: float | None, verifier_dir:
     # Other processes on a shared CPU move every figure: the 1-minute load average before and after each pattern.
     load = [os.getloadavg()[0]]
     report["at_once"] = systems([0.0] * P)
+    report["at_once_repeats"] = repeated(report["at_once"], repeats - 1)
     load.append(os.getloadavg()[0])
     rate = rate or 0.75 * report["at_once"]["plain"]["problems_per_s"]
     report["rate"] = {"problems_per_s_offered": rate, **systems([i / rate for i in range(P)])}
@@ -195,6 +213,7 @@ def run(quick: bool, num_problems: int | None, rate: float | None, verifier_dir:
         accuracy_plain=at_once["plain"]["accuracy"],
         accuracy_stop=at_once["stop"]["accuracy"],
         tokens_saved=1 - at_once["stop"]["tokens"] / at_once["plain"]["tokens"],
+        problems_per_s_ratio_median=report["at_once_repeats"]["median_ratio"],
     )
     return report
 
@@ -205,8 +224,17 @@ def main():
     parser.add_argument("--problems", type=int, default=None, help="P (default 64; 4 with --quick).")
     parser.add_argument("--rate", type=float, default=None, help="arrivals per second of the fixed-rate pattern.")
     parser.add_argument("--verifier", default=None, help="a streaming MSV with its stopping rule (default: shipped)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="all-at-once runs of plain and the default, alternating (default 3; 2 with --quick)",
+    )
     args = parser.parse_args()
-    report = run(args.quick, args.problems, args.rate, args.verifier)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
+    if repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {repeats}")
+    report = run(args.quick, args.problems, args.rate, args.verifier, repeats)
 
     print(json.dumps(rounded(report)))
 
