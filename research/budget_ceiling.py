@@ -19,33 +19,16 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
 
 from hf_msv.evaluation.early_stop import interpolated_curve
 from hf_msv.evaluation.field_rules import RuleCurve
-from hf_msv.lambda_rule import LAMBDAS
 from hf_msv.pruning import PRUNE_OFF, PruneRule
 from hf_msv.training.pruned_replay import oracle_decision, replay_pruning, sweep_groups
+from research.default_vs_field import stop_curve
 from research.pruning_study import full_chosen, parse_rule, read_regret, scored_groups
 
 BUDGETS = (0.3, 0.5, 0.7)
-
-
-def curve_of(groups, head, streams, full) -> RuleCurve:
-    """The stop over `LAMBDAS` on `streams` (one replay per group), full decoding (`full`, a λ = ∞ sweep) last."""
-    swept = sweep_groups(groups, streams, head, LAMBDAS)
-    return RuleCurve(
-        (*(f"lambda={lam:g}" for lam in LAMBDAS), "full"),
-        np.concatenate([swept.correct, full.correct], 1),
-        np.concatenate([swept.cot, full.cot], 1),
-        np.concatenate([swept.tokens, full.tokens], 1),
-        full.cot[:, 0],
-        full.tokens[:, 0],
-        tuple(str(p) for p in swept.problem),
-        swept.pruned.mean(0),
-    )
 
 
 def at_budgets(curve: RuleCurve) -> dict:
@@ -73,11 +56,11 @@ def main(argv=None) -> dict:
     ]
     rule = PruneRule.of(verifier.config)
     curves = {
-        "stop alone": curve_of(groups, head, off, full),
-        "default": curve_of(groups, head, replay_pruning(rule, head, groups, scorer, scores), full),
-        "ceiling": curve_of(groups, head, oracle, full),
+        "stop alone": stop_curve(groups, head, off, full),
+        "default": stop_curve(groups, head, replay_pruning(rule, head, groups, scorer, scores), full),
+        "ceiling": stop_curve(groups, head, oracle, full),
     } | {
-        text: curve_of(groups, head, replay_pruning(r, head, groups, scorer, scores), full)
+        text: stop_curve(groups, head, replay_pruning(r, head, groups, scorer, scores), full)
         for text, r in extra.items()
     }
     out = {

@@ -60,26 +60,31 @@ def default_curve(directory: str, verifier, rule: PruneRule, num_chains: int, ca
     scorer = MSVGroupScorer(verifier)
     started = time.time()
     scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
-    pruned = sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head, LAMBDAS)
     off = replay_pruning(PRUNE_OFF, head, groups, scorer, scores)
     full = sweep_groups(groups, off, head, [math.inf])
+    curve = stop_curve(groups, head, replay_pruning(rule, head, groups, scorer, scores), full)
     print(f"{Path(directory).name}: default replayed in {time.time() - started:.0f}s", flush=True)
-    settings = (*(f"lambda={lam:g}" for lam in LAMBDAS), "full")
-    curve = RuleCurve(
-        settings,
-        np.concatenate([pruned.correct, full.correct], 1),
-        np.concatenate([pruned.cot, full.cot], 1).astype(np.int64),
-        np.concatenate([pruned.tokens, full.tokens], 1).astype(np.int64),
-        full.cot[:, 0].astype(np.int64),
-        full.tokens[:, 0].astype(np.int64),
-        tuple(str(p) for p in pruned.problem),
-        np.concatenate([pruned.pruned, np.zeros((len(groups), 1))], 1).mean(0),
-    )
     if cache is not None:
         np.savez(cache, settings=np.array(curve.settings), correct=curve.correct, cot=curve.cot_tokens,
                  all=curve.all_tokens, full_cot=curve.full_cot, full_all=curve.full_all,
                  problem=np.array(curve.problem), pruned=curve.pruned, key=np.array(key))  # fmt: skip
     return curve
+
+
+def stop_curve(groups, head: StopHead, streams, full) -> RuleCurve:
+    """The `RuleCurve` of replayed `streams` (one per group) with the group stop at every λ of `LAMBDAS`, then full
+    decoding (`full`: a λ = ∞ sweep of the groups with no pruning)."""
+    swept = sweep_groups(groups, streams, head, LAMBDAS)
+    return RuleCurve(
+        (*(f"lambda={lam:g}" for lam in LAMBDAS), "full"),
+        np.concatenate([swept.correct, full.correct], 1),
+        np.concatenate([swept.cot, full.cot], 1).astype(np.int64),
+        np.concatenate([swept.tokens, full.tokens], 1).astype(np.int64),
+        full.cot[:, 0].astype(np.int64),
+        full.tokens[:, 0].astype(np.int64),
+        tuple(str(p) for p in swept.problem),
+        np.concatenate([swept.pruned, np.zeros((len(groups), 1))], 1).mean(0),
+    )
 
 
 def aligned(curve: RuleCurve, problems) -> RuleCurve:

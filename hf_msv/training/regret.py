@@ -4,10 +4,10 @@
 A pruned chain keeps its held answer. Two labels (`TARGETS`) say when that costs: ``"correct"``, decoding on would
 have turned a wrong held answer into a correct one (the chain's own regret); ``"change"``, the chain's final answer
 falls in another class than its held one, so full decoding would have counted it elsewhere (what the group's output
-can lose *or* gain by the prune). The rows are every chain still decoding (with an answer)
-at the arrival times of recorded groups decoded in full, read from the class snapshots of the stop head: the
-problems the stop head was fitted on, which the guarantee (`fit_pruning`) and the evaluation never read. The
-clause's threshold is then one more candidate parameter, certified with λ as the other clauses are.
+can lose *or* gain by the prune). The rows are every chain still decoding (with an answer) at the arrival times of
+recorded groups decoded in full, read from the class snapshots of the stop head: the problems the stop head was
+fitted on, which the guarantee (`fit_pruning`) and the evaluation never read. The clause's threshold is then one
+more candidate parameter, certified with λ as the other clauses are.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class RegretHead:
         coef: one weight per `CHAIN_FEATURES` entry.
         intercept: the bias.
         rows: the chain rows it was fitted on.
-        positives: the rows whose label is 1 (the chain would have turned a wrong held answer into a correct one).
+        positives: the rows whose label (`target`) is 1.
         groups: the groups the rows come from.
         target: the label it was fitted on (`TARGETS`).
     """
