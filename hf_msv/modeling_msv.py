@@ -407,7 +407,7 @@ class MSVAttention(nn.Module):
         k_meta = meta
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
-            k_meta = cache.token_meta
+            k_meta = cache.visible_meta
         alpha = self.mask_logits.softmax(-1)
         if self.backend == "dense":
             out = dense_multi_mask_attention(q, k, v, alpha, q_meta, k_meta, self.mask_names, self.streaming)
@@ -473,7 +473,8 @@ class MSVCache:
     averaging need. Streaming causality makes cached keys/values final: a new answer never changes them, so
     scoring it costs O(L·T_acc) instead of O(T_acc²) (appendix "Online Inference with KV Caching").
 
-    Buffers grow by doubling so appending stays amortised O(new tokens).
+    Buffers grow by doubling so appending stays amortised O(new tokens). A long-lived cache (a server's) forgets
+    the groups it will never score again with `drop`.
     """
 
     def __init__(self):
@@ -483,6 +484,9 @@ class MSVCache:
         self.num_tokens = 0
         self._pending = 0
         self.answers: dict[str, torch.Tensor] = {}  # group, sequence, step, end, class, raw_logit: (A,) each
+        self._dropped: list[int] = []  # groups dropped but still stored (`drop` compacts lazily)
+        self._dropped_tokens = 0
+        self._visible: torch.Tensor | None = None  # positions of the staged tokens' groups (`begin`); None: all
 
     @property
     def num_answers(self) -> int:
@@ -494,6 +498,13 @@ class MSVCache:
         if self._meta is None:
             return torch.zeros((5, 0), dtype=torch.long)
         return self._meta[:, : self.num_tokens + self._pending]
+
+    @property
+    def visible_meta(self) -> torch.Tensor:
+        """`(5, T_vis)` metadata of the tokens the staged ones may attend to (those of their groups), in cache
+        order: the keys `update` returns."""
+        meta = self.token_meta
+        return meta if self._visible is None else meta[:, self._visible]
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -519,16 +530,22 @@ class MSVCache:
         self._pending = token_meta.shape[1]
         self._meta = self._grow(self._meta, self.num_tokens + self._pending, 1, token_meta)
         self._meta[:, self.num_tokens : self.num_tokens + self._pending] = token_meta
+        # Every mask keeps a query inside its group, so the other groups' keys (a shared cache holds every prompt
+        # in flight) are gathered out rather than masked: the attention costs O(new × own group's tokens).
+        groups = self.token_meta[GROUP]
+        visible = torch.isin(groups, token_meta[GROUP].unique())
+        self._visible = None if bool(visible.all()) else visible.nonzero().squeeze(1)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
-        """Append new keys/values `(H, T_new, D)` of one block; return all `(H, T_acc + T_new, D)`.
+        """Append new keys/values `(H, T_new, D)` of one block; return those the new tokens may attend to.
 
         Args:
             layer_idx: the block's index.
             k, v (`(H, T_new, D)`): the new tokens' keys and values.
 
         Returns:
-            `(keys, values)` of all tokens, each `(H, T_acc + T_new, D)`.
+            `(keys, values)` of the tokens of the new tokens' groups, cached and new (`visible_meta`'s), each
+            `(H, T_vis, D)`.
         """
         if layer_idx == len(self._keys):
             self._keys.append(None)
@@ -538,6 +555,8 @@ class MSVCache:
         values = self._values[layer_idx] = self._grow(self._values[layer_idx], end, 1, v)
         keys[:, self.num_tokens : end] = k
         values[:, self.num_tokens : end] = v
+        if self._visible is not None:
+            return keys[:, self._visible], values[:, self._visible]
         return keys[:, :end], values[:, :end]
 
     def commit(self, answers: dict[str, torch.Tensor]):
@@ -548,13 +567,41 @@ class MSVCache:
                 appended to `self.answers`.
         """
         self.num_tokens += self._pending
-        self._pending = 0
+        self._pending, self._visible = 0, None
         self.answers = (
             answers if not self.answers else {name: torch.cat([self.answers[name], answers[name]]) for name in answers}
         )
 
     def rollback(self):
-        self._pending = 0
+        self._pending, self._visible = 0, None
+
+    def drop(self, groups: list[int]):
+        """Forget `groups`: no answer of theirs will be scored again. Every mask keeps a query inside its own
+        group, so a dropped group's tokens change no other score; they are removed once they fill half the cache
+        (amortised O(1) per token), with the answers and the answer index of the tokens kept.
+
+        Args:
+            groups: group ids (`answer_group`) of cached or never-seen groups.
+        """
+        if self._pending:
+            raise RuntimeError("MSVCache.drop between a forward's begin and commit")
+        if not self.answers or not groups:
+            return
+        new = torch.tensor(groups, dtype=torch.long, device=self.answers["group"].device)
+        self._dropped += groups
+        self._dropped_tokens += int(torch.isin(self.token_meta[GROUP], new).sum())
+        if 2 * self._dropped_tokens < self.num_tokens:
+            return
+        dropped = torch.tensor(self._dropped, dtype=torch.long, device=new.device)
+        keep_answer = ~torch.isin(self.answers["group"], dropped)
+        keep = ~torch.isin(self.token_meta[GROUP], dropped)
+        meta = self.token_meta[:, keep]
+        meta[ANSWER] = (torch.cumsum(keep_answer, 0) - 1)[meta[ANSWER]]  # answer indices of the answers kept
+        self._meta = meta
+        self._keys = [None if k is None else k[:, : self.num_tokens][:, keep] for k in self._keys]
+        self._values = [None if v is None else v[:, : self.num_tokens][:, keep] for v in self._values]
+        self.answers = {name: column[keep_answer] for name, column in self.answers.items()}
+        self.num_tokens, self._dropped, self._dropped_tokens = int(keep.sum()), [], 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1008,8 +1055,8 @@ def _sorted_tokens(new: dict, token_answer, offset: int, cache, streaming: bool)
     """Sort the tokens by (group, end, answer): each answer stays contiguous, and every query's allowed keys become
     one window [group start, last key that ended no later), which the chunked backend alone visits.
 
-    Returns (meta `(5, T)` sorted, order `(T,)`, key_lo, key_hi: lists of T ints); with a cache, the window is
-    everything cached and new, and the cache is told the new tokens' metadata."""
+    Returns (meta `(5, T)` sorted, order `(T,)`, key_lo, key_hi: lists of T ints); with a cache, the cache is told
+    the new tokens' metadata and the window is every token of their groups, cached and new (`MSVCache.update`)."""
     num_answers = len(new["group"])
     answer_ids = torch.arange(num_answers, device=token_answer.device) + offset
     meta = torch.stack([new["group"], new["sequence"], answer_ids, new["class"], new["end"]])[:, token_answer]
@@ -1019,8 +1066,8 @@ def _sorted_tokens(new: dict, token_answer, offset: int, cache, streaming: bool)
     order = order[torch.argsort(meta[GROUP][order], stable=True)]
     meta = meta[:, order]
     if cache is not None:
-        window = cache.num_tokens + len(order)
         cache.begin(meta)
+        window = cache.visible_meta.shape[1]
         return meta, order, [0] * len(order), [window] * len(order)
     group_key = meta[GROUP] * (int(meta[END].max()) + 1) + meta[END] if streaming and len(order) else meta[GROUP]
     key_lo = torch.searchsorted(meta[GROUP], meta[GROUP]).tolist()

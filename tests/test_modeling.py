@@ -273,6 +273,27 @@ def test_online_scores_equal_offline_forward(logit_averaging, skip, layers):
     assert (online - offline).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("vote_pathway", [False, True])
+def test_dropping_finished_groups_keeps_every_other_score(vote_pathway):
+    """A server's cache forgets each group after its last answer: the other groups' online scores stay the offline
+    ones, and the dropped tokens leave the cache once they fill half of it."""
+    verifier = make_verifier(logit_averaging=True, vote_pathway=vote_pathway)
+    _, inputs = random_answers(seed=23, groups=4, sequences=4, steps=3)
+    groups, ends = inputs["answer_group"], inputs["answer_end"]
+    last_end = {g: int(ends[groups == g].max()) for g in range(4)}
+    with torch.no_grad():
+        offline = verifier(**inputs).logits
+        cache, online, sizes = MSVCache(), torch.empty_like(offline), []
+        for t in sorted(set(ends.tolist())):
+            idx = (ends == t).nonzero().squeeze(1)
+            online[idx] = verifier(**select(inputs, idx), past_key_values=cache, use_cache=True).logits
+            cache.drop([g for g, end in last_end.items() if end == t])
+            sizes.append(cache.num_tokens)
+    assert (online - offline).abs().max() <= 1e-5
+    assert min(sizes[sizes.index(max(sizes)) :]) < max(sizes)  # compacted while groups were still scored
+    assert cache.num_tokens == cache.num_answers == 0  # every group dropped: nothing left
+
+
 def test_returned_cache_carries_the_history_by_either_name():
     """`use_cache=True` without a cache returns the new one (as `cache` and `past_key_values`: transformers 5.24 turned
     an output field of the old name into None) and giving it back, by either name, scores like the offline pass."""

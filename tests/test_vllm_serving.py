@@ -108,12 +108,17 @@ def decisions(result):
 def test_all_at_once_equals_the_synchronous_controller(engine, controller, prompts, synchronous):
     """Submitted at once, the prompts enter the engine in the same step and order as `generate` sends them, and
     every engine step is the same: chains, answers, their steps and hidden states, stop decisions and token counts
-    are equal. Scores are equal up to float rounding only: `generate` scores all its prompts in one verifier call
-    over one online cache, the server each prompt against its own cache (a long-lived server's memory stays
-    bounded), and the verifier's batched arithmetic rounds differently over those shapes."""
+    are equal. Both score every prompt in flight in one verifier call per step over one online cache; scores are
+    equal up to float rounding only, because the server's cache drops each prompt that is done (its memory holds
+    only the prompts in flight) and the verifier's arithmetic rounds differently over the shorter cache. The
+    server's queue keeps nothing of a prompt once it is answered, and its verifier time is split among them."""
     assert engine.reset_prefix_cache()
-    served = serve(AsyncVLLMController(controller, **SETTINGS), prompts)
+    server = AsyncVLLMController(controller, **SETTINGS)
+    served = serve(server, prompts)
     assert no_requests_left(engine)
+    queue = server.session.core(SETTINGS["num_sequences"]).queue
+    assert not any(queue.pending.values()) and not queue.prompt_seconds
+    assert sum(r.timings["verifier"] for r in served) == pytest.approx(queue.seconds)
     assert sum(r.stopped_early for r in synchronous) >= 1  # the rule stops some, not all, prompts
     for p, (ours, theirs) in enumerate(zip(served, synchronous)):
         assert ours.prompt == theirs.prompt == p

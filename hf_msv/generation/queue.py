@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from .outputs import MSVAnswer
-from .scorers import as_scorer
+from .scorers import as_scorer, forget_prompt
 
 __all__ = ["ScoringQueue"]
 
@@ -33,6 +33,7 @@ class ScoringQueue:
     Attributes:
         scorer: the `AnswerScorer`.
         seconds: wall time spent in scorer calls.
+        prompt_seconds: each prompt's share of it (a call's time split by the answers it scored), until `forget`.
 
     Raises:
         TypeError: `verifier` is none of the above.
@@ -46,6 +47,7 @@ class ScoringQueue:
         self.keep_hidden_states = keep_hidden_states
         self.pending: dict[int, list[MSVAnswer]] = {}
         self.seconds = 0.0
+        self.prompt_seconds: dict[int, float] = {}
 
     def push(self, answer: MSVAnswer):
         self.pending.setdefault(answer.prompt, []).append(answer)
@@ -58,6 +60,13 @@ class ScoringQueue:
         for answer in self.pending.pop(prompt, []):
             if not self.keep_hidden_states:
                 answer.hidden_states = None
+
+    def forget(self, prompt: int):
+        """A prompt that is done: drop its waiting answers and the scorer's state of it (a server's queue outlives
+        its prompts)."""
+        self.discard(prompt)
+        self.prompt_seconds.pop(prompt, None)
+        forget_prompt(self.stream, prompt)
 
     @torch.no_grad()
     def pop_due(self, t: int, finished: Mapping[int, bool]) -> dict[int, list[MSVAnswer]]:
@@ -85,5 +94,8 @@ class ScoringQueue:
             if not self.keep_hidden_states:
                 answer.hidden_states = None
             scored.setdefault(answer.prompt, []).append(answer)
-        self.seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
+        for prompt, answers in scored.items():
+            self.prompt_seconds[prompt] = self.prompt_seconds.get(prompt, 0.0) + seconds * len(answers) / len(ready)
         return scored

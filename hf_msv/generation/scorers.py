@@ -35,11 +35,15 @@ __all__ = [
     "StopRuleScorer",
     "WeightedVoteScorer",
     "as_scorer",
+    "forget_prompt",
 ]
 
 
 class ScoringStream(Protocol):
-    """The scoring state of one ``generate`` call."""
+    """The scoring state of one ``generate`` call, or of a server's lifetime (`hf_msv.vllm.AsyncVLLMController`).
+
+    A stream that keeps per-prompt state may also define ``forget(prompt)``, which frees a decided prompt's state
+    (`forget_prompt` calls it where it exists): a server's stream outlives its prompts."""
 
     def score(self, ready: Sequence[MSVAnswer]) -> list[float]:
         """P(correct) of each answer in `ready` (sorted by prompt, then end, then sequence).
@@ -76,6 +80,14 @@ class AnswerScorer(Protocol):
             The `ScoringStream` of the call.
         """
         ...
+
+
+def forget_prompt(stream: ScoringStream, prompt: int):
+    """Free `stream`'s state of a decided `prompt`, none of whose answers it will score again; a stream without
+    ``forget`` (stateless, or a user's) keeps it."""
+    forget = getattr(stream, "forget", None)
+    if forget is not None:
+        forget(prompt)
 
 
 def _states(answer: MSVAnswer) -> torch.Tensor:
@@ -148,6 +160,10 @@ class _MSVStream:
             use_cache=self.cache is not None,
         )
         return out.probabilities.tolist()
+
+    def forget(self, prompt: int):
+        if self.cache is not None:
+            self.cache.drop([prompt * self.subgroups + j for j in range(self.subgroups)])
 
 
 class ProbeScorer:
@@ -284,6 +300,10 @@ class _PromptHistory:
                 if confidences is not None:
                     ready[i].confidence = float(confidences[j])
         return out
+
+    def forget(self, prompt: int):
+        self.seen.pop(prompt, None)
+        forget_prompt(self.base, prompt)
 
     def _prompt_scores(self, columns: dict, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The new rows' scores and confidences (`None`: the score is the confidence)."""

@@ -317,7 +317,7 @@ class _GenerateCall:
     ):
         self.controller, self.N, self.budget, self.threshold = controller, num_sequences, budget, criterion.threshold
         self.session = EngineSession(controller, budget, criterion)
-        self.core = self.session.new_core(num_sequences)
+        self.core = self.session.core(num_sequences)
         self.runs = [
             PromptRun(p, ids, num_sequences, self.core, controller.setup.new_classes())
             for p, ids in enumerate(prompts)
@@ -367,8 +367,8 @@ class PromptRun:
         key: the prompt's index (`MSVResult.prompt`, `MSVAnswer.prompt`, its key in the scoring queue).
         prompt_ids: its token ids.
         num_sequences: N.
-        core: the `RunCore` its tokens, answers and scores go through (one shared by a `generate` call's prompts,
-            whose scoring queue then scores them together, or its own).
+        core: the `RunCore` its tokens, answers and scores go through: its session's (`EngineSession.core`), whose
+            one scoring queue scores every prompt in flight together.
         new_classes: factory of its `EquivalenceClasses` (`None`: no classes).
     """
 
@@ -431,20 +431,27 @@ class EngineSession:
         self.chain_rows: dict[str, tuple[PromptRun, int]] = {}  # chain request id in the engine → (prompt, row)
         self.elicitations: dict[str, _Elicitation] = {}  # in flight, in the order they were sent
         self.counter = itertools.count()
+        self.cores: dict[int, RunCore] = {}  # by N
         self.timings: dict[str, float] = dict.fromkeys(
             ("elicitation", "equivalence"), 0.0
         )  # the verifier's: its queues'
         self.steps = self.rows = 0
         self.computed = {"prefill": 0, "answers": 0}
 
-    def new_core(self, num_sequences: int) -> RunCore:
-        """A fresh `RunCore` (with its own `ScoringQueue`, none without verifier) for prompts of N =
-        `num_sequences`."""
-        c = self.controller
-        queue = None
-        if c.verifier is not None:
-            queue = ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
-        return RunCore(c.policy, queue, self.stop, c.capture_hidden_states, budget=self.budget)
+    def core(self, num_sequences: int) -> RunCore:
+        """The session's `RunCore` for prompts of N = `num_sequences`: one `ScoringQueue` (none without verifier)
+        for all of them, so that each step scores every prompt in flight in one verifier call; a prompt that is done
+        leaves it (`ScoringQueue.forget`)."""
+        core = self.cores.get(num_sequences)
+        if core is None:
+            c = self.controller
+            queue = None
+            if c.verifier is not None:
+                queue = ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
+            core = self.cores[num_sequences] = RunCore(
+                c.policy, queue, self.stop, c.capture_hidden_states, budget=self.budget
+            )
+        return core
 
     @property
     def busy(self) -> bool:
@@ -548,7 +555,7 @@ class EngineSession:
         for rid, run in done:
             del self.chains[rid]
             if run.queue is not None:
-                run.queue.discard(run.key)  # nothing is waiting; a shared queue forgets the prompt
+                run.queue.forget(run.key)  # nothing is waiting: the shared queue and its scorer forget the prompt
         return [run for _, run in done]
 
     def abort(self, runs: list[PromptRun]):
@@ -559,7 +566,7 @@ class EngineSession:
             run.group.decided = True  # nothing more of it is elicited or scored
             self._abort(run, self.requests_of(run))
             if run.queue is not None:
-                run.queue.discard(run.key)
+                run.queue.forget(run.key)
 
     # -- chains ------------------------------------------------------------------------------------------------
 
@@ -684,10 +691,11 @@ class EngineSession:
             if run.queue is not None:
                 by_core.setdefault(id(run.core), []).append(run)
         for runs in by_core.values():
-            core = runs[0].core
+            core, queue = runs[0].core, runs[0].queue
+            assert queue is not None
             decisions = core.decide(sys.maxsize, {run.key: (run.tracker, 0) for run in runs})
             for run in runs:
-                run.timings["verifier"] = run.queue.seconds if run.queue is not None else 0.0
+                run.timings["verifier"] = queue.prompt_seconds.get(run.key, 0.0)
                 decision = decisions.get(run.key)
                 if decision is not None and decision.stopped:
                     self._abort(run, self.requests_of(run))

@@ -124,7 +124,7 @@ class AsyncVLLMController:
         c.check_settings(self.N, self.budget, self.threshold, seed)
         ids = c.encode(prompt)
         c.check_lengths([ids], self.budget)
-        run = PromptRun(next(self._keys), ids, self.N, self.session.new_core(self.N), c.setup.new_classes())
+        run = PromptRun(next(self._keys), ids, self.N, self.session.core(self.N), c.setup.new_classes())
         params = c.chain_params(self.N, self.budget, seed=seed, top_k=self.top_k, **self.sampling)
         ticket = _Ticket(run, params, asyncio.get_running_loop().create_future(), time.perf_counter())
         self._arrivals.append(ticket)
