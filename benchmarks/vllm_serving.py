@@ -156,7 +156,9 @@ def run(
     checker = get_checker("symbolic")
     prompts = [format_prompt(p) for p in problems]
     ids = [controller.encode(p) for p in prompts]
-    controller.generate(prompts[:1], num_sequences=2, max_new_tokens=16)  # warm-up (first-use compilation)
+    # Warm-up, as a server is warm: two other problems decoded, elicited, scored, pruned and stopped as the systems do.
+    warm = task.generate_problems("evaluation", 2, seed=1)
+    controller.generate([format_prompt(p) for p in warm], num_sequences=n, max_new_tokens=budget)
 
     def systems(arrivals) -> dict:
         llm.reset_prefix_cache()  # each system starts from an empty prefix cache
@@ -228,10 +230,10 @@ def main():
         "--repeats",
         type=int,
         default=None,
-        help="all-at-once runs of plain and the default, alternating (default 3; 2 with --quick)",
+        help="all-at-once runs of plain and the default, alternating (default 5; 2 with --quick)",
     )
     args = parser.parse_args()
-    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 5)
     if repeats < 1:
         parser.error(f"--repeats must be at least 1, got {repeats}")
     report = run(args.quick, args.problems, args.rate, args.verifier, repeats)
