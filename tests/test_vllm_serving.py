@@ -116,7 +116,7 @@ def test_all_at_once_equals_the_synchronous_controller(engine, controller, promp
     server = AsyncVLLMController(controller, **SETTINGS)
     served = serve(server, prompts)
     assert no_requests_left(engine)
-    queue = server.session.core(SETTINGS["num_sequences"]).queue
+    queue = server.core.queue
     assert not any(queue.pending.values()) and not queue.prompt_seconds
     assert sum(r.timings["verifier"] for r in served) == pytest.approx(queue.seconds)
     assert sum(r.stopped_early for r in synchronous) >= 1  # the rule stops some, not all, prompts

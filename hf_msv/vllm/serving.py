@@ -56,6 +56,10 @@ class AsyncVLLMController:
         prune: `False` turns the certified pruning off alone; a `PruneRule` replaces it.
         temperature, top_p, top_k: sampling of the chains (``top_k=0``: off).
 
+    Attributes:
+        core: the `RunCore` every prompt goes through; its ``queue`` scores the prompts in flight together and
+            forgets each once it is answered.
+
     Raises:
         hf_msv.vllm.CaptureError: an untested vLLM version or engine settings the capture cannot follow.
         ValueError: settings `VLLMController.generate` refuses.
@@ -82,6 +86,7 @@ class AsyncVLLMController:
         self.sampling: dict[str, float] = dict(temperature=temperature, top_p=top_p)
         self.top_k = top_k
         self.session = EngineSession(controller, max_new_tokens, criterion)
+        self.core = self.session.core(num_sequences)  # made here, so callers' threads only ever read it
         self._keys = itertools.count()
         self._arrivals: deque[_Ticket] = deque()  # appended by callers, taken by the stepping thread
         self._cancelled: deque[_Ticket] = deque()
@@ -124,7 +129,7 @@ class AsyncVLLMController:
         c.check_settings(self.N, self.budget, self.threshold, seed)
         ids = c.encode(prompt)
         c.check_lengths([ids], self.budget)
-        run = PromptRun(next(self._keys), ids, self.N, self.session.core(self.N), c.setup.new_classes())
+        run = PromptRun(next(self._keys), ids, self.N, self.core, c.setup.new_classes())
         params = c.chain_params(self.N, self.budget, seed=seed, top_k=self.top_k, **self.sampling)
         ticket = _Ticket(run, params, asyncio.get_running_loop().create_future(), time.perf_counter())
         self._arrivals.append(ticket)
