@@ -301,7 +301,7 @@ def main():
     group.add_argument("--gpu", action="store_true", help="GPU mode: paper-shaped random LM.")
     group.add_argument("--smoke", action="store_true", help="GPU mode's code on CPU with a tiny config.")
     parser.add_argument("--verifier", default=None, help="CPU mode: a streaming MSV with its stopping rule.")
-    parser.add_argument("--problems", type=int, default=None, help="CPU mode: problems (default 16; 4 with --quick).")
+    parser.add_argument("--problems", type=int, default=None, help="CPU mode: problems (default 32; 4 with --quick).")
     args = parser.parse_args()
     report = gpu_mode(args.smoke) if (args.gpu or args.smoke) else cpu_mode(args.quick, args.verifier, args.problems)
 
