@@ -102,7 +102,7 @@ def vllm_chains(sequences, policy, monkeypatch, chunk=3):
         capture_hidden_states=False,
         confidence_top_k=None,
     )
-    session = EngineSession(controller, BUDGET, MSVEarlyStop(None))
+    session = EngineSession(controller, BUDGET, MSVEarlyStop(None), len(sequences))
     run = PromptRun(0, [ID["<bos>"]], len(sequences), RunCore(policy, None, MSVEarlyStop(None), False), None)
     for start in range(0, max(map(len, sequences)), chunk):
         for n, seq in enumerate(sequences):

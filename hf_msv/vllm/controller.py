@@ -316,8 +316,8 @@ class _GenerateCall:
         criterion: MSVEarlyStop,
     ):
         self.controller, self.N, self.budget, self.threshold = controller, num_sequences, budget, criterion.threshold
-        self.session = EngineSession(controller, budget, criterion)
-        self.core = self.session.core(num_sequences)
+        self.session = EngineSession(controller, budget, criterion, num_sequences)
+        self.core = self.session.core
         self.runs = [
             PromptRun(p, ids, num_sequences, self.core, controller.setup.new_classes())
             for p, ids in enumerate(prompts)
@@ -420,9 +420,15 @@ class EngineSession:
         budget: max_new_tokens per chain.
         stop: the `MSVEarlyStop` of its prompts (λ, the pruning rule: a pruned chain's request is aborted, the
             reported confidence's map), handed whole to the run core.
+        num_sequences: N of its prompts.
+
+    Attributes:
+        core: the `RunCore` every prompt goes through: one `ScoringQueue` (none without verifier) for all, so that
+            each step scores every prompt in flight in one verifier call; a prompt that is done leaves it
+            (`ScoringQueue.forget`).
     """
 
-    def __init__(self, controller: VLLMController, budget: int, stop: MSVEarlyStop):
+    def __init__(self, controller: VLLMController, budget: int, stop: MSVEarlyStop, num_sequences: int):
         self.controller, self.engine = controller, controller.engine
         self.budget, self.stop, self.threshold = budget, stop, stop.threshold
         self.streaming = controller.settings.mode == "streaming"
@@ -431,27 +437,15 @@ class EngineSession:
         self.chain_rows: dict[str, tuple[PromptRun, int]] = {}  # chain request id in the engine → (prompt, row)
         self.elicitations: dict[str, _Elicitation] = {}  # in flight, in the order they were sent
         self.counter = itertools.count()
-        self.cores: dict[int, RunCore] = {}  # by N
         self.timings: dict[str, float] = dict.fromkeys(
             ("elicitation", "equivalence"), 0.0
         )  # the verifier's: its queues'
         self.steps = self.rows = 0
         self.computed = {"prefill": 0, "answers": 0}
-
-    def core(self, num_sequences: int) -> RunCore:
-        """The session's `RunCore` for prompts of N = `num_sequences`: one `ScoringQueue` (none without verifier)
-        for all of them, so that each step scores every prompt in flight in one verifier call; a prompt that is done
-        leaves it (`ScoringQueue.forget`)."""
-        core = self.cores.get(num_sequences)
-        if core is None:
-            c = self.controller
-            queue = None
-            if c.verifier is not None:
-                queue = ScoringQueue(c.verifier, num_sequences, self.streaming, c.capture_hidden_states)
-            core = self.cores[num_sequences] = RunCore(
-                c.policy, queue, self.stop, c.capture_hidden_states, budget=self.budget
-            )
-        return core
+        queue = None
+        if controller.verifier is not None:
+            queue = ScoringQueue(controller.verifier, num_sequences, self.streaming, controller.capture_hidden_states)
+        self.core = RunCore(controller.policy, queue, stop, controller.capture_hidden_states, budget=budget)
 
     @property
     def busy(self) -> bool:
@@ -685,22 +679,19 @@ class EngineSession:
     def _decide(self):
         """Score every completed answer (each was pushed at the step it became available, so all are) and apply
         the rule to the prompts that got scores or have nothing more to come (`RunCore.decide`); one scorer call
-        per queue."""
-        by_core: dict[int, list[PromptRun]] = {}
-        for run in self.chains.values():
-            if run.queue is not None:
-                by_core.setdefault(id(run.core), []).append(run)
-        for runs in by_core.values():
-            core, queue = runs[0].core, runs[0].queue
-            assert queue is not None
-            decisions = core.decide(sys.maxsize, {run.key: (run.tracker, 0) for run in runs})
-            for run in runs:
-                run.timings["verifier"] = queue.prompt_seconds.get(run.key, 0.0)
-                decision = decisions.get(run.key)
-                if decision is not None and decision.stopped:
-                    self._abort(run, self.requests_of(run))
-                elif decision is not None and decision.rows:  # pruned chains: their requests and elicitations
-                    self._abort(run, self.requests_of(run, set(decision.rows)))
+        for all of them."""
+        queue = self.core.queue
+        if queue is None:
+            return
+        runs = list(self.chains.values())
+        decisions = self.core.decide(sys.maxsize, {run.key: (run.tracker, 0) for run in runs})
+        for run in runs:
+            run.timings["verifier"] = queue.prompt_seconds.get(run.key, 0.0)
+            decision = decisions.get(run.key)
+            if decision is not None and decision.stopped:
+                self._abort(run, self.requests_of(run))
+            elif decision is not None and decision.rows:  # pruned chains: their requests and elicitations
+                self._abort(run, self.requests_of(run, set(decision.rows)))
 
     def _abort(self, run: PromptRun, rids: list[str]):
         """Abort `run`'s requests `rids` (chains and elicitations) and forget them and their captures."""

@@ -85,8 +85,8 @@ class AsyncVLLMController:
         self.controller, self.N, self.budget, self.threshold = controller, num_sequences, max_new_tokens, threshold
         self.sampling: dict[str, float] = dict(temperature=temperature, top_p=top_p)
         self.top_k = top_k
-        self.session = EngineSession(controller, max_new_tokens, criterion)
-        self.core = self.session.core(num_sequences)  # made here, so callers' threads only ever read it
+        self.session = EngineSession(controller, max_new_tokens, criterion, num_sequences)
+        self.core = self.session.core
         self._keys = itertools.count()
         self._arrivals: deque[_Ticket] = deque()  # appended by callers, taken by the stepping thread
         self._cancelled: deque[_Ticket] = deque()
