@@ -38,6 +38,7 @@ __all__ = [
     "STOP_PENALTIES",
     "PenaltyChoice",
     "STOP_RULES",
+    "STOP_TIME_FEATURES",
     "STOP_STATISTICS",
     "StopEvents",
     "StopHead",
@@ -56,6 +57,7 @@ __all__ = [
     "stop_events",
     "stop_features",
     "stop_statistic",
+    "stop_time_features",
 ]
 
 
@@ -686,47 +688,118 @@ def _ridge_logistic(x: np.ndarray, y: np.ndarray, penalty: float, free: np.ndarr
     return coef, float(theta[-1] - coef[keep] @ mu[keep])
 
 
+# What a `ConfidenceMap` may read beside the stop head's confidence: the chosen class's `FEATURES` at the stop (the
+# snapshot the stop fired on), then two of the group's state then. The head fits its weights on every arrival, not
+# on the stops; a map fitted on the calibration stops can reweigh them (docs/pruning.md, "Stop-time confidence":
+# on the testbed they lower the log loss on new problems, not their ECE, and the shipped maps weigh none).
+STOP_TIME_FEATURES = (
+    *FEATURES,
+    "classes held ÷ N",
+    "log(1 + stop time)",
+)
+
+
+def stop_time_features(scores, klass, sequence, step, end, num_chains: int, time: int, answer: int) -> np.ndarray:
+    """(F,) `STOP_TIME_FEATURES` of a stop at `time` that outputs answer `answer`: its class's snapshot row then,
+    over the answers available (end ≤ time).
+
+    Args:
+        scores: (A,) verifier probabilities of the answers.
+        klass, sequence, step, end: (A,) the group's answers.
+        num_chains: N.
+        time: the stop's time (its last arrival).
+        answer: the index (into the A answers) of the output.
+
+    Returns:
+        (F,) float64 features.
+    """
+    klass, end = np.asarray(klass, np.int64).reshape(-1), np.asarray(end, np.int64).reshape(-1)
+    avail = np.flatnonzero(end <= time)
+    pick = lambda x: np.asarray(x).reshape(-1)[avail]
+    ev = class_events(pick(klass), pick(sequence), pick(step), pick(end), num_chains, pick(scores), times=[time])
+    assert ev.features is not None
+    row = int(np.flatnonzero(ev.klass == klass[answer])[0])
+    held = int((ev.support > 0).sum())
+    return np.r_[ev.features[row], held / num_chains, math.log1p(max(time, 0))]
+
+
 @dataclass(frozen=True)
 class ConfidenceMap:
-    """Platt scaling of the confidence a stop reports, σ(slope · logit(c) + intercept), fitted on the stops of the
-    calibration problems at the deployed operating point (`fit`): the stop head's confidence is fitted on the leader
-    events at every arrival of the head's problems, which are not the moments a stop at λ fires on.
+    """Platt scaling of the confidence a stop reports, σ(slope · logit(c) + weights · x + intercept), fitted on the
+    stops of the calibration problems at the deployed operating point (`fit`): the stop head's confidence is fitted
+    on the leader events at every arrival of the head's problems, which are not the moments a stop at λ fires on.
+    x are the stop's `STOP_TIME_FEATURES` (`stop_time_features`), read only when some weight is not 0.
 
     Args:
         slope: the weight of logit(c).
         intercept: the bias.
+        weights: one per `STOP_TIME_FEATURES` entry; empty: the confidence alone.
     """
 
     slope: float
     intercept: float
+    weights: tuple[float, ...] = ()
 
-    def __call__(self, confidence) -> np.ndarray:
-        """(m,) the recalibrated confidences of (m,) confidences (nan stays nan)."""
-        c = np.asarray(confidence, dtype=np.float64)
-        return np.where(
-            np.isnan(c), np.nan, logistic(logit(np.nan_to_num(c, nan=0.5))[:, None], [self.slope], self.intercept)
-        )
+    @property
+    def needs_features(self) -> bool:
+        return any(w != 0 for w in self.weights)
+
+    def __call__(self, confidence, features=None) -> np.ndarray:
+        """(m,) the recalibrated confidences of (m,) confidences (nan stays nan).
+
+        Args:
+            confidence: (m,) what the stop reported.
+            features: (m, F) their `STOP_TIME_FEATURES`; needed when the map weighs them.
+
+        Raises:
+            ValueError: if the map weighs features and none (or the wrong number) are given.
+        """
+        c = np.asarray(confidence, dtype=np.float64).reshape(-1)
+        x = logit(np.nan_to_num(c, nan=0.5))[:, None]
+        coef = [self.slope]
+        if self.needs_features:
+            if features is None:
+                raise ValueError("this ConfidenceMap weighs the stop-time features: pass them (stop_time_features)")
+            f = np.asarray(features, dtype=np.float64).reshape(c.size, -1)
+            if f.shape[1] != len(self.weights):
+                raise ValueError(f"{f.shape[1]} stop-time features given, the map weighs {len(self.weights)}")
+            x, coef = np.concatenate([x, f], 1), [*coef, *self.weights]
+        return np.where(np.isnan(c), np.nan, logistic(x, coef, self.intercept))
 
     @classmethod
-    def fit(cls, confidence, correct) -> ConfidenceMap:
+    def fit(cls, confidence, correct, features=None, columns=()) -> ConfidenceMap:
         """Fit on (m,) reported confidences and (m,) 0/1 correctness of the stops.
 
         Args:
             confidence: (m,) what the stop reported.
             correct: (m,) whether the stopped answer was right.
+            features: (m, F) the stops' `STOP_TIME_FEATURES`; needed when `columns` is not empty.
+            columns: which of the F features the map weighs (the others get 0); empty: the confidence alone.
 
         Returns:
             The `ConfidenceMap`.
         """
-        coef, intercept = fit_logistic(logit(np.asarray(confidence, dtype=np.float64))[:, None], correct)
-        return cls(float(coef[0]), float(intercept))
+        c = logit(np.asarray(confidence, dtype=np.float64).reshape(-1))[:, None]
+        if not columns:
+            coef, intercept = fit_logistic(c, correct)
+            return cls(float(coef[0]), float(intercept))
+        f = np.asarray(features, dtype=np.float64).reshape(c.shape[0], -1)
+        coef, intercept = fit_logistic(np.concatenate([c, f[:, list(columns)]], 1), correct)
+        weights = np.zeros(f.shape[1])
+        weights[list(columns)] = coef[1:]
+        return cls(float(coef[0]), float(intercept), tuple(float(w) for w in weights))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self) | {"weights": list(self.weights)}
+        if not self.needs_features:  # a confidence-only map is written as before
+            del d["weights"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict | None) -> ConfidenceMap | None:
-        return None if not d else cls(float(d["slope"]), float(d["intercept"]))
+        if not d:
+            return None
+        return cls(float(d["slope"]), float(d["intercept"]), tuple(float(w) for w in d.get("weights", ())))
 
     @classmethod
     def of(cls, config) -> ConfidenceMap | None:

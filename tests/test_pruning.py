@@ -27,7 +27,7 @@ from hf_msv.pruning import (
     prune_chains,
 )
 from hf_msv.schedules import NEVER
-from hf_msv.stop_rules import ConfidenceMap, StopHead, stop_events
+from hf_msv.stop_rules import STOP_TIME_FEATURES, ConfidenceMap, StopHead, stop_events, stop_time_features
 from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, sweep_group, sweep_groups
 from hf_msv.training.regret import RegretHead, fit_regret, regret_rows
 
@@ -429,6 +429,37 @@ def test_confidence_map_recalibrates():
     cmap = ConfidenceMap.fit(reported, right)
     assert abs(cmap(reported).mean() - right.mean()) < 0.01
     assert ConfidenceMap.from_dict(cmap.to_dict()) == cmap and np.isnan(cmap(np.array([np.nan])))[0]
+
+
+def test_confidence_map_weighs_the_stop_time_features():
+    """A map fitted with a feature that the reported confidence does not see is calibrated within each value of the
+    feature, where the confidence-alone map is not; it needs the features to be applied, and reads back."""
+    rng = np.random.default_rng(1)
+    reported = rng.uniform(0.5, 0.9, 4000)
+    features = np.zeros((4000, len(STOP_TIME_FEATURES)))
+    hard = rng.uniform(size=4000) < 0.5
+    features[:, 1] = np.where(hard, 0.4, 0.9)  # the class's support: the hard half is right 20 pp less often
+    right = rng.uniform(size=4000) < np.clip(reported + np.where(hard, -0.1, 0.1), 0, 1)
+    alone, weighing = ConfidenceMap.fit(reported, right), ConfidenceMap.fit(reported, right, features, columns=(1,))
+    gap = lambda cmap, part: abs(cmap(reported[part], features[part]).mean() - right[part].mean())
+    assert gap(alone, hard) > 0.07 and gap(weighing, hard) < 0.02 and gap(weighing, ~hard) < 0.02
+    assert weighing.needs_features and not alone.needs_features and weighing.weights[0] == 0.0
+    assert ConfidenceMap.from_dict(weighing.to_dict()) == weighing and "weights" not in alone.to_dict()
+    with pytest.raises(ValueError, match="stop-time features"):
+        weighing(reported)
+    with pytest.raises(ValueError, match="2 stop-time features given"):
+        weighing(reported, features[:, :2])
+
+
+def test_stop_time_features_read_the_snapshot_at_the_stop():
+    # Chains 0 and 1 answer class 0, chain 2 class 1; chain 1's second answer (class 1) arrives after the stop.
+    klass, sequence, step, end = [0, 0, 1, 1], [0, 1, 2, 1], [0, 0, 0, 1], [3, 5, 6, 9]
+    scores = [0.8, 0.6, 0.3, 0.9]
+    x = stop_time_features(scores, klass, sequence, step, end, 4, time=6, answer=1)
+    assert x.shape == (len(STOP_TIME_FEATURES),)
+    assert x[1] == 0.5 and x[2] == 0.75 and x[4] == 0.25  # support 2 of 4, 3 answered, runner-up 1
+    assert x[6] == 0.5 and x[7] == pytest.approx(np.log(7.0))  # 2 classes held; log(1 + 6)
+    assert x[0] == pytest.approx((np.log(4.0) + np.log(1.5)) / 2)  # mean logit of 0.8 and 0.6
 
 
 def test_held_answers_leave_the_snapshots_without_hold():

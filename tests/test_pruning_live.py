@@ -93,3 +93,23 @@ def test_the_certified_confidence_map_is_what_a_stop_reports(model):  # noqa: F8
     assert [key(r.chosen) for r in plain] == [key(r.chosen) for r in mapped]
     for a, b in zip(plain, mapped):
         assert b.confidence == pytest.approx(float(cmap([a.confidence])[0])) and b.confidence > a.confidence
+
+
+def test_a_map_weighing_the_stop_time_features_reports_what_the_replay_reports(model):  # noqa: F811
+    """A `ConfidenceMap` that weighs `STOP_TIME_FEATURES` reads them live (the decision's snapshot over the answers
+    scored by its stop) as the replay reads them on the pruned stream: the same mapped confidence per prompt."""
+    rule = RULES[0]
+    cmap = ConfidenceMap(slope=1.0, intercept=-1.0, weights=(0.3, 2.0, 1.5, -0.2, -2.0, 0.1, -1.0, 0.2))
+    full = run(model, None, None)
+    groups = [replay_group(r) for r in full]
+    fixed = [probe_scores(tiny_probe(), r.answers) for r in full]
+    scorer = lambda gs, keeps: [fixed[next(i for i, g in enumerate(groups) if g is x)] for x in gs]
+    streams = replay_pruning(rule, HEAD, groups, scorer, fixed)
+    lam = float(np.quantile(np.concatenate(fixed), 0.9))
+    live = run(model, None, None, stop=MSVEarlyStop(lam, rule, cmap))
+    confidence_alone = ConfidenceMap(slope=1.0, intercept=-1.0)
+    for result, group, stream in zip(live, groups, streams):
+        sweep = sweep_group(group, stream, HEAD, np.array([lam]), confidence_map=cmap)
+        assert result.confidence == pytest.approx(float(sweep.confidence[0]), abs=1e-9)
+        unmapped = float(sweep_group(group, stream, HEAD, np.array([lam])).confidence[0])
+        assert abs(result.confidence - float(confidence_alone([unmapped])[0])) > 1e-3  # the features moved it

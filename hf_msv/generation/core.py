@@ -287,8 +287,9 @@ class RunCore:
         if stopped is None:
             return None
         decision = Decision(stopped=stopped)
-        if self.confidence_map is not None and group.confidence is not None:
-            group.confidence = float(self.confidence_map([group.confidence])[0])  # calibrated at the certified pair
+        if self.confidence_map is not None and group.confidence is not None:  # calibrated at the certified pair
+            features = [group.stop_time_features(tracker.N)] if self.confidence_map.needs_features else None
+            group.confidence = float(self.confidence_map([group.confidence], features)[0])
         if stopped:
             # Its live rows leave the engine; answers still decoding are abandoned (they were never available).
             group.stopped_early = not group.finished

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ..stop_rules import stop_time_features
 from .outputs import MSVAnswer, answer_sort_key
 from .stopping import decide_stop
 
@@ -93,6 +96,16 @@ class PromptGroup:
         self.chosen = candidates[index] if index >= 0 else None
         self.confidence = float(select[index]) if index >= 0 and select[index] is not None else None
         return stopped
+
+    def stop_time_features(self, num_chains: int) -> np.ndarray:
+        """(F,) `hf_msv.stop_rules.STOP_TIME_FEATURES` of the decision (its chosen answer at `stop_step`), over the
+        scored answers then: what a `ConfidenceMap` that weighs them reads, as the replay computes them."""
+        assert self.chosen is not None and self.stop_step is not None
+        seen = [a for a in self.answers if a.score is not None]
+        scores = [a.score if a.verifier_score is None else a.verifier_score for a in seen]
+        klass, sequence, step, end = zip(*((a.class_id, a.sequence, a.step, a.end) for a in seen))
+        chosen = next(i for i, a in enumerate(seen) if a is self.chosen)
+        return stop_time_features(scores, klass, sequence, step, end, num_chains, self.stop_step, chosen)
 
 
 class RowTracker:

@@ -30,7 +30,7 @@ from ..lambda_rule import LAMBDAS, JointChoice, choose_jointly, lambda_index
 from ..metrics import ece
 from ..pruning import PRUNE_OFF, PruneRule, chain_status, prune_chains
 from ..schedules import NEVER, Schedule
-from ..stop_rules import ConfidenceMap, StopHead, stop_events
+from ..stop_rules import STOP_TIME_FEATURES, ConfidenceMap, StopHead, stop_events, stop_time_features
 
 __all__ = [
     "PRUNE_CANDIDATES",
@@ -42,6 +42,7 @@ __all__ = [
     "fit_pruning",
     "fit_shipped_pruning",
     "fit_stop_confidence",
+    "group_stop_time_features",
     "store_confidence_map",
     "store_pruning",
     "load_replay_groups",
@@ -361,13 +362,28 @@ def sweep_group(
     chosen = np.where(d.chosen >= 0, answer[np.maximum(d.chosen, 0)], -1)
     reported = np.where(d.chosen >= 0, confidence[np.maximum(d.chosen, 0)], np.nan)
     if confidence_map is not None:
-        reported = confidence_map(reported)
+        features = None
+        if confidence_map.needs_features:  # a λ that outputs nothing reports nan whatever its features
+            blank = np.zeros(len(STOP_TIME_FEATURES))
+            at = lambda t, a: group_stop_time_features(group, stream, int(t), int(a), hold) if a >= 0 else blank
+            features = [at(t, a) for t, a in zip(d.stop_step, chosen)]
+        reported = confidence_map(reported, features)
     cuts = np.where(d.stopped[:, None], np.minimum(stream.cut[None, :], d.stop_step[:, None]), stream.cut[None, :])
     cot = np.minimum(cuts, group.seq_len[None, :]).sum(1)
     span = group.end - group.start
     elicit = np.clip(cuts[:, group.sequence] - group.start[None, :], 0, span[None, :]).sum(1)
     correct = np.where(chosen >= 0, group.correct[np.maximum(chosen, 0)], False)
     return GroupSweep(cuts, d.stopped, d.stop_step, chosen, reported, correct, cot, elicit)
+
+
+def group_stop_time_features(group: ReplayGroup, stream: PrunedStream, time: int, answer: int, hold: bool = True):
+    """(F,) `hf_msv.stop_rules.STOP_TIME_FEATURES` of a stop at `time` outputting `answer` (a group index) on a
+    pruned stream: the answers it kept, as the stop saw them (without `hold`, a chain pruned before `time` is gone)."""
+    k = np.flatnonzero(stream.keep & (hold | (stream.cut[group.sequence] >= time)))
+    return stop_time_features(
+        stream.scores[k], group.klass[k], group.sequence[k], group.step[k], group.end[k], group.num_chains, time,
+        int(np.flatnonzero(k == answer)[0]),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -543,11 +559,17 @@ def fit_pruning(
 
 
 def fit_stop_confidence(
-    head: StopHead, lam: float, groups: Sequence[ReplayGroup], scorer, rule: PruneRule = PRUNE_OFF
+    head: StopHead,
+    lam: float,
+    groups: Sequence[ReplayGroup],
+    scorer,
+    rule: PruneRule = PRUNE_OFF,
+    columns=(),
+    scores=None,
 ) -> tuple[ConfidenceMap, dict]:
-    """Recalibrate what the stop reports at λ: Platt scaling of the stop head's confidence fitted on the stops of the
-    calibration `groups` (problems the head was not fitted on), with the stop-time ECE before and after, the latter
-    cross-fitted over two folds of the stops.
+    """Recalibrate what the stop reports at λ: a `ConfidenceMap` of the stop head's confidence (and the stop-time
+    features of `columns`) fitted on the stops of the calibration `groups` (problems the head was not fitted on),
+    with the stop-time ECE before and after, the latter cross-fitted over two folds of the stops.
 
     Args:
         head: the stop head.
@@ -555,38 +577,51 @@ def fit_stop_confidence(
         groups: calibration groups.
         scorer: scores group subsets (`MSVGroupScorer`).
         rule: the pruning rule deployed with λ (`PRUNE_OFF`: the stop alone).
+        columns: which `hf_msv.stop_rules.STOP_TIME_FEATURES` the map weighs (empty: the confidence alone).
+        scores: the groups' full scores (computed when `None`).
 
     Returns:
         ``(map, evidence)``: the `ConfidenceMap` and {"stops", "accuracy", "confidence", "ece",
         "crossfit_confidence", "crossfit_ece"}.
     """
-    replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer), head, np.array([lam]))
-    hit = replay.stopped[:, 0]
-    conf, right = replay.confidence[hit, 0], replay.correct[hit, 0]
+    streams = replay_pruning(rule, head, groups, scorer, scores)
+    conf, right, features = [], [], []
+    for group, stream in zip(groups, streams):
+        sweep = sweep_group(group, stream, head, np.array([lam]))
+        if sweep.stopped[0]:
+            conf.append(float(sweep.confidence[0]))
+            right.append(bool(sweep.correct[0]))
+            features.append(group_stop_time_features(group, stream, int(sweep.stop_step[0]), int(sweep.chosen[0])))
+    conf, right, features = np.array(conf), np.array(right), np.array(features)
+    fit = lambda part: ConfidenceMap.fit(conf[part], right[part], features[part], columns)
     fold = np.arange(conf.size) % 2
     cross = np.empty_like(conf)
     for f in (0, 1):
-        cross[fold == f] = ConfidenceMap.fit(conf[fold != f], right[fold != f])(conf[fold == f])
+        cross[fold == f] = fit(fold != f)(conf[fold == f], features[fold == f])
     evidence = {
         "lambda": lam,
-        "stops": int(hit.sum()),
+        "stops": int(conf.size),
         "accuracy": float(right.mean()),
         "confidence": float(conf.mean()),
         "ece": ece(conf, right),
         "crossfit_confidence": float(cross.mean()),
         "crossfit_ece": ece(cross, right),
     }
-    return ConfidenceMap.fit(conf, right), evidence
+    return fit(slice(None)), evidence
 
 
-def store_confidence_map(destination, cmap: ConfidenceMap, evidence: dict) -> None:
-    """Write the stop's `ConfidenceMap` and its evidence into a saved verifier's ``early_stopping`` (next to λ)."""
+def store_confidence_map(destination, cmap: ConfidenceMap, evidence: dict, pair: bool = False) -> None:
+    """Write the stop's `ConfidenceMap` and its evidence into a saved verifier's ``early_stopping``: next to λ (the
+    stop alone's), or with `pair` next to the certified pruning pair (``early_stopping["pruning"]``)."""
     import json
     from pathlib import Path
 
     path = Path(destination) / "config.json"
     config = json.loads(path.read_text())
-    config["early_stopping"]["confidence_map"] = cmap.to_dict() | {"evidence": evidence}
+    entry = config["early_stopping"]
+    if pair and "pruning" not in entry:
+        raise ValueError(f"{path} carries no pruning pair to store a confidence map beside")
+    (entry["pruning"] if pair else entry)["confidence_map"] = cmap.to_dict() | {"evidence": evidence}
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

@@ -401,6 +401,47 @@ def test_default_on_new_problems_replays_what_from_verifier_deploys(tmp_path):
     assert over["ece"] == pytest.approx(0.4) and over["gap"]["low"] > 0.3
 
 
+def test_stop_confidence_features_fits_each_map_on_calibration_and_scores_it_on_new_stops(tmp_path, monkeypatch):
+    """Each candidate map is fitted on the calibration stops of the deployed default and scored on the new problems'
+    stops; the chosen map is the one of lowest cross-fitted calibration log loss; ``--cache`` keeps the stops."""
+    from dataclasses import asdict
+
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+    from hf_msv.lambda_rule import LambdaChoice
+    from hf_msv.pruning import PruneRule
+    from hf_msv.stop_rules import STOP_TIME_FEATURES, StopHead
+
+    pair = LambdaChoice(0.3, "guarantee", True, 0.1, 0.1, None, 12, 22, 0.5, 10.0, 0.0, 0.5, 20.0).to_dict()
+    cal = write_split(tmp_path / "cal", 24, seed=6, num_sequences=4)
+    new = write_split(tmp_path / "new", 24, seed=8, num_sequences=4)
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    head = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
+    verifier.config.early_stopping = {
+        "stop_head": head.to_dict(),
+        "lambda": pair,
+        "pruning": {
+            "rule": asdict(PruneRule(steady=2)),
+            "lambda": pair,
+            "confidence_map": {"slope": 1, "intercept": 0},
+        },
+    }
+    verifier.save_pretrained(tmp_path / "msv")
+    study = _script("stop_confidence_features")
+    args = ["--verifier", str(tmp_path / "msv"), "--calibration-dir", str(cal), "--eval-dir", str(new)]
+    out = study.main([*args, "--cache", str(tmp_path / "cache")])
+    assert out["calibration"]["problems"] == 24 and 0 < out["calibration"]["stops"] <= 24
+    assert set(out["maps"]) == set(study.MAPS) and out["evaluation"]["stops"] == out["reported"]["stops"] > 0
+    crossfit = {name: m["calibration_crossfit"]["log_loss"] for name, m in out["maps"].items()}
+    assert out["chosen"] == min(crossfit, key=crossfit.get)
+    weighs = out["maps"]["+ support, answered"]["map"]["weights"]
+    assert len(weighs) == len(STOP_TIME_FEATURES) and weighs[0] == 0.0 and weighs[1] != 0.0
+    assert out["stored"]["evaluation"]["stops"] == out["evaluation"]["stops"]  # the verifier's own map, applied
+    monkeypatch.setattr(study, "stops", lambda *a: pytest.fail("the cached stops are read back"))
+    again = study.main([*args, "--cache", str(tmp_path / "cache")])
+    assert again["maps"] == out["maps"]
+
+
 def test_default_vs_field_cache_is_reused_only_for_the_same_rule_and_verifier(tmp_path, monkeypatch):
     """The default's replay is cached; the cache is read back for the same rule and stopping rule, and replayed
     again when either changed (a pair certified after the cache was written)."""
