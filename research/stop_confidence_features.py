@@ -26,7 +26,7 @@ from hf_msv import MSVEarlyStop, MSVVerifier
 from hf_msv.metrics import ece
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import ConfidenceMap
-from hf_msv.training.pruned_replay import group_stop_time_features, replay_pruning, sweep_group
+from hf_msv.training.pruned_replay import deployed_stops
 from hf_msv.utils import json_safe
 from research.default_on_new_problems import stop_calibration
 from research.pruning_study import scored_groups
@@ -44,22 +44,15 @@ def stops(verifier_dir, data_dir, max_problems=None) -> dict:
     """The default's stops on `data_dir`: (S,) reported confidence, (S, F) stop-time features, (S,) right."""
     verifier, head, groups, scorer, scores = scored_groups(verifier_dir, data_dir, max_problems)
     criterion = MSVEarlyStop.from_verifier(verifier)
+    if criterion.threshold is None:
+        raise SystemExit(f"{verifier_dir} certified no stop: there are no stops to map")
     rule = criterion.prune or PRUNE_OFF
-    lam = np.array([criterion.threshold])
-    streams = replay_pruning(rule, head, groups, scorer, scores)
-    conf, feats, right = [], [], []
-    for group, stream in zip(groups, streams):
-        sweep = sweep_group(group, stream, head, lam)
-        if not sweep.stopped[0]:
-            continue
-        conf.append(float(sweep.confidence[0]))
-        feats.append(group_stop_time_features(group, stream, int(sweep.stop_step[0]), int(sweep.chosen[0])))
-        right.append(float(sweep.correct[0]))
+    conf, right, features = deployed_stops(head, criterion.threshold, groups, scorer, rule, scores)
     return {
         "problems": len(groups),
-        "confidence": np.array(conf),
-        "features": np.array(feats),
-        "right": np.array(right),
+        "confidence": conf,
+        "features": features,
+        "right": right.astype(np.float64),
         "stored": criterion.confidence_map,
     }
 

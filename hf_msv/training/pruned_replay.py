@@ -41,6 +41,7 @@ __all__ = [
     "ReplayGroup",
     "fit_pruning",
     "fit_shipped_pruning",
+    "deployed_stops",
     "fit_stop_confidence",
     "group_stop_time_features",
     "store_confidence_map",
@@ -558,6 +559,25 @@ def fit_pruning(
     return PruningFit(rule, choice, tuple(rules), cmap, summary), replays
 
 
+def deployed_stops(
+    head: StopHead, lam: float, groups: Sequence[ReplayGroup], scorer, rule: PruneRule = PRUNE_OFF, scores=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stops of `rule` with the stop at λ on `groups` (arguments as `fit_stop_confidence`).
+
+    Returns:
+        ``(confidence, correct, features)``: (S,) what each stop reports (unmapped), (S,) bool whether its answer
+        is right, (S, F) its `hf_msv.stop_rules.STOP_TIME_FEATURES`.
+    """
+    conf, right, features = [], [], []
+    for group, stream in zip(groups, replay_pruning(rule, head, groups, scorer, scores)):
+        sweep = sweep_group(group, stream, head, np.array([lam]))
+        if sweep.stopped[0]:
+            conf.append(float(sweep.confidence[0]))
+            right.append(bool(sweep.correct[0]))
+            features.append(group_stop_time_features(group, stream, int(sweep.stop_step[0]), int(sweep.chosen[0])))
+    return np.array(conf), np.array(right), np.array(features).reshape(len(conf), len(STOP_TIME_FEATURES))
+
+
 def fit_stop_confidence(
     head: StopHead,
     lam: float,
@@ -584,15 +604,7 @@ def fit_stop_confidence(
         ``(map, evidence)``: the `ConfidenceMap` and {"stops", "accuracy", "confidence", "ece",
         "crossfit_confidence", "crossfit_ece"}.
     """
-    streams = replay_pruning(rule, head, groups, scorer, scores)
-    conf, right, features = [], [], []
-    for group, stream in zip(groups, streams):
-        sweep = sweep_group(group, stream, head, np.array([lam]))
-        if sweep.stopped[0]:
-            conf.append(float(sweep.confidence[0]))
-            right.append(bool(sweep.correct[0]))
-            features.append(group_stop_time_features(group, stream, int(sweep.stop_step[0]), int(sweep.chosen[0])))
-    conf, right, features = np.array(conf), np.array(right), np.array(features)
+    conf, right, features = deployed_stops(head, lam, groups, scorer, rule, scores)
     fit = lambda part: ConfidenceMap.fit(conf[part], right[part], features[part], columns)
     fold = np.arange(conf.size) % 2
     cross = np.empty_like(conf)
