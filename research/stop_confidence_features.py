@@ -4,8 +4,9 @@ The shipped map is Platt scaling of the stop head's confidence alone, fitted on 
 the deployed pair. This replays the verifier's default (its certified pruning rule at its λ) on the calibration
 problems and on new ones, fits on the calibration stops each map of `MAPS` (`hf_msv.stop_rules.ConfidenceMap` over
 the stop head's confidence and the chosen class's stop features at the stop), and reports, on the new problems'
-stops, each map's mean confidence, the stops' accuracy and the ECE, beside the ECE a calibrated confidence spread
-like the map's would show. Last line: JSON (also written to ``--output``).
+stops, each map's mean confidence, the stops' accuracy, the ECE (beside the ECE a calibrated confidence spread like
+the map's would show) and the log loss. The map a user would pick, ``chosen``, is the one of lowest cross-fitted log
+loss on the calibration stops. Last line: JSON (also written to ``--output``).
 
     python research/stop_confidence_features.py --verifier hf_msv/testbed/verifier \
         --calibration-dir runs/pool1024 --eval-dir runs/eval768
@@ -58,7 +59,8 @@ def stops(verifier_dir, data_dir, max_problems=None) -> dict:
 
 
 def cached(args, data_dir) -> dict:
-    """`stops` of `data_dir`, kept in ``--cache`` (one .npz per directory) to try other maps without a replay."""
+    """`stops` of `data_dir`, kept in ``--cache`` (one .npz per directory, for one verifier) to try other maps
+    without a replay."""
     if args.cache is None:
         return stops(args.verifier, data_dir, args.max_problems)
     path = Path(args.cache) / (Path(data_dir).resolve().name + ".npz")
