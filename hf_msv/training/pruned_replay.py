@@ -365,9 +365,11 @@ def sweep_group(
     if confidence_map is not None:
         features = None
         if confidence_map.needs_features:  # a λ that outputs nothing reports nan whatever its features
+            # Neighbouring λ stop at the same time on the same answer: one snapshot per distinct stop.
+            pairs = list(zip(d.stop_step.tolist(), chosen.tolist()))
+            at = {(t, a): group_stop_time_features(group, stream, t, a, hold) for t, a in set(pairs) if a >= 0}
             blank = np.zeros(len(STOP_TIME_FEATURES))
-            at = lambda t, a: group_stop_time_features(group, stream, int(t), int(a), hold) if a >= 0 else blank
-            features = [at(t, a) for t, a in zip(d.stop_step, chosen)]
+            features = [at.get(pair, blank) for pair in pairs]
         reported = confidence_map(reported, features)
     cuts = np.where(d.stopped[:, None], np.minimum(stream.cut[None, :], d.stop_step[:, None]), stream.cut[None, :])
     cot = np.minimum(cuts, group.seq_len[None, :]).sum(1)
