@@ -249,6 +249,8 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
             + _penalty_note(evidence.stop_head_penalty)
             + "."
         )
+        if head.min_share > 0:
+            lines.append(floor_card_line(head))
     if evidence.pruning:
         lines.append(pruning_card_line(evidence.pruning))
     if evidence.at_stop and evidence.at_stop.get("stopped"):
@@ -261,6 +263,18 @@ def _early_stopping(evidence: VerifierEvidence) -> str | None:
 
 
 PRUNING_CARD_PREFIX = "- Default with pruning:"  # the start of `pruning_card_line`: a re-fit replaces that line
+
+
+FLOOR_CARD_PREFIX = "- Support floor"  # the start of `floor_card_line`: a re-fit replaces that line
+
+
+def floor_card_line(head) -> str:
+    """The card's line for a stop head's support floor (`StopHead.min_share`, `StopHead.floor_below`)."""
+    below = "" if head.floor_below is None else f" in runs at λ < {head.floor_below:g} (off at and above it)"
+    return (
+        f"{FLOOR_CARD_PREFIX}{below}: a class fewer than {head.min_share:g} × N chains hold neither stops the group "
+        "nor is output while a larger class has any confidence."
+    )
 
 
 def pruning_card_line(entry: dict) -> str:

@@ -262,6 +262,9 @@ class StopHead:
             confidence scaled by `FLOOR_SCALE`, so it neither fires the stop nor is output while a class held by
             more chains has any confidence (0: no floor). With pruning, a class's pruned chains hold answers scored
             early, and a class one chain decoded to the end would otherwise outrank it (docs/pruning.md).
+        floor_below: the floor holds only in runs whose λ is below this (`None`: at every λ). Above it, and in
+            full decoding, the head has no floor: a tight budget gains from it, full decoding loses a class one chain
+            holds (docs/pruning.md). Read the head of a run with `at`; unresolved, it is the head without the floor.
     """
 
     coef: tuple[float, ...]
@@ -270,6 +273,27 @@ class StopHead:
     confidence_coef: tuple[float, ...] | None = None
     confidence_intercept: float | None = None
     min_share: float = 0.0
+    floor_below: float | None = None
+
+    def at(self, threshold: float | None) -> StopHead:
+        """The head in effect in a run stopping at λ = `threshold` (`None`: full decoding): with `floor_below`, the
+        floor holds below it and is off at and above it; every engine and replay reads the head of a run here.
+
+        Args:
+            threshold: the run's λ, or `None`.
+
+        Returns:
+            A `StopHead` without `floor_below`.
+        """
+        if self.floor_below is None:
+            return self
+        floored = threshold is not None and not math.isnan(threshold) and threshold < self.floor_below
+        return replace(self, min_share=self.min_share if floored else 0.0, floor_below=None)
+
+    @property
+    def switches(self) -> bool:
+        """Whether the head differs between λ below and above `floor_below` (`at`)."""
+        return self.floor_below is not None and self.min_share > 0
 
     def __call__(self, scores, klass, sequence, step, end, num_chains: int | None = None, only=None) -> np.ndarray:
         """(A,) stopping statistic of a group's answers (same arguments as `stop_features`).
@@ -302,7 +326,7 @@ class StopHead:
         return self._floor(features, logistic(features, self.coef, self.intercept))
 
     def _floor(self, features: np.ndarray, values: np.ndarray) -> np.ndarray:
-        if self.min_share <= 0:
+        if self.min_share <= 0 or self.floor_below is not None:  # a switching head unresolved: no floor (`at`)
             return values
         # A tiny margin: support ÷ N is a float, and a class of exactly min_share · N chains is above the floor.
         return np.where(features[:, 1] < self.min_share - 1e-9, values * FLOOR_SCALE, values)
@@ -324,6 +348,8 @@ class StopHead:
         d = asdict(self) | {"coef": list(self.coef)}
         if not self.min_share:  # a head without the floor is written as before
             del d["min_share"]
+        if self.floor_below is None:
+            del d["floor_below"]
         if self.confidence_coef is None:  # a correctness-only head is written as before
             del d["confidence_coef"], d["confidence_intercept"]
         else:
@@ -349,6 +375,7 @@ class StopHead:
             confidence_coef=None if confidence is None else tuple(float(c) for c in confidence),
             confidence_intercept=None if confidence is None else float(d["confidence_intercept"]),
             min_share=float(d.get("min_share", 0.0)),
+            floor_below=None if d.get("floor_below") is None else float(d["floor_below"]),
         )
 
     @classmethod

@@ -7,6 +7,7 @@ chains at the same times.
 """
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from hf_msv.pruning import (
 )
 from hf_msv.schedules import NEVER
 from hf_msv.stop_rules import STOP_TIME_FEATURES, ConfidenceMap, StopHead, stop_events, stop_time_features
-from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, sweep_group, sweep_groups
+from hf_msv.training.pruned_replay import ReplayGroup, replay_pruning, replay_sweep, sweep_group, sweep_groups
 from hf_msv.training.regret import RegretHead, fit_regret, regret_rows
 
 # Confidence = statistic = σ(the class's mean logit): the snapshot confidence of a class is its chains' mean score.
@@ -379,6 +380,31 @@ def test_sweep_groups_summary():
     assert replay.at(1)["all_tokens"] == replay.cot[0, 1] + replay.elicitation[0, 1]
 
 
+def test_replay_sweep_reads_each_lambda_with_the_head_in_effect_there():
+    """A head whose support floor holds below a switch λ is replayed once per side: below the switch every λ
+    equals the floored head's replay, at and above it the plain head's (full decoding included), and the floor does
+    change the outcome here (not a vacuous merge). A sweep of the unresolved head below the switch refuses."""
+    d = scripted_group()
+    group, scorer = _replay_group(d), _causal_scorer
+    rule = PruneRule(doubt=0.4, lead=0.5, steady=2)  # the ruled-out clause reads the snapshot's confidences
+    floored = replace(MEAN_HEAD, min_share=0.5)
+    switching = replace(floored, floor_below=0.6)
+    lambdas = np.array([0.3, 0.5, 0.59, 0.6, 0.7, np.inf])
+    merged = replay_sweep(rule, switching, [group], scorer, lambdas=lambdas)
+    sides = {
+        h: sweep_groups([group], replay_pruning(rule, h, [group], scorer), h, lambdas) for h in (floored, MEAN_HEAD)
+    }
+    below = lambdas < 0.6
+    for name in ("correct", "cot", "elicitation", "stopped", "pruned"):
+        got, low, high = (getattr(r, name) for r in (merged, sides[floored], sides[MEAN_HEAD]))
+        assert np.array_equal(got[:, below], low[:, below]) and np.array_equal(got[:, ~below], high[:, ~below])
+    assert not np.array_equal(sides[floored].cot[:, below], sides[MEAN_HEAD].cot[:, below])
+    (stream,) = replay_pruning(rule, MEAN_HEAD, [group], scorer)
+    sweep_group(group, stream, switching, np.array([0.6, np.inf]))  # the unresolved head's own side
+    with pytest.raises(ValueError, match="replay_sweep"):
+        sweep_group(group, stream, switching, lambdas)
+
+
 # -- the joint guarantee -------------------------------------------------------------------------------------------
 
 
@@ -502,6 +528,16 @@ def test_stored_entries_read_back(tmp_path):
     card = (tmp_path / "README.md").read_text()
     assert card.count("- Default with pruning:") == 1 and "an older pair" not in card and "- other line" in card
     assert f"{SCRIPTED_RULE.describe()}, beside the stop at λ = 0.95" in card and "on 300 calibration problems" in card
+    # A stop head with a floor below a switch: written into the config, its line in the card once.
+    from hf_msv.training.pruned_replay import store_stop_head
+
+    switching = replace(MEAN_HEAD, min_share=0.12, floor_below=0.9)
+    store_stop_head(tmp_path, MEAN_HEAD)
+    store_stop_head(tmp_path, switching)
+    config = SimpleNamespace(**json.loads((tmp_path / "config.json").read_text()))
+    assert StopHead.of(config) == switching and PruneRule.of(config) == SCRIPTED_RULE
+    card = (tmp_path / "README.md").read_text()
+    assert card.count("- Support floor") == 1 and "- Support floor in runs at λ < 0.9 (off at and above it)" in card
 
 
 def test_net_loss_p_value_is_valid_and_sees_gains():

@@ -7,6 +7,8 @@ recorded groups in tests/test_pruning.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -29,10 +31,10 @@ BUDGET = 40  # long enough for chains to answer several times while they decode
 SCHEDULE = {(r, s): ID["Wait"] for r in range(2 * N) for s in range(r % 4 + 1, BUDGET, 4)} | {(2, 29): EOS}
 
 
-def run(model, threshold, prune, stop=None):  # noqa: F811
-    """One seeded, scripted ``generate`` call with the Probe read through `HEAD`, λ and the pruning rule (or the
+def run(model, threshold, prune, stop=None, head=HEAD):  # noqa: F811
+    """One seeded, scripted ``generate`` call with the Probe read through `head`, λ and the pruning rule (or the
     criterion `stop`)."""
-    scorer = StopRuleScorer(ProbeScorer(tiny_probe()), HEAD)
+    scorer = StopRuleScorer(ProbeScorer(tiny_probe()), head)
     with prepare_generation(model, TOK, scorer, delimiters=["Wait"], checker="exact", capture_hidden_states=True) as m:
         torch.manual_seed(5)
         m.model.generate(
@@ -113,3 +115,31 @@ def test_a_map_weighing_the_stop_time_features_reports_what_the_replay_reports(m
         assert result.confidence == pytest.approx(float(sweep.confidence[0]), abs=1e-9)
         unmapped = float(sweep_group(group, stream, HEAD, np.array([lam])).confidence[0])
         assert abs(result.confidence - float(confidence_alone([unmapped])[0])) > 1e-3  # the features moved it
+
+
+def test_a_floor_below_a_switch_holds_live_as_in_the_replay(model):  # noqa: F811
+    """A stop head whose support floor holds only below a switch λ: a run at λ below the switch stops and outputs
+    what the floored head's replay does, a run at λ above it what the plain head's does (`StopHead.at`, read by
+    the run's scoring queue), and the floor changes the decision here."""
+    probe, rule = tiny_probe(), RULES[0]
+    full = run(model, None, None)
+    groups = [replay_group(r) for r in full]
+    fixed = [probe_scores(probe, r.answers) for r in full]
+    scorer = lambda gs, keeps: [fixed[next(i for i, g in enumerate(groups) if g is x)] for x in gs]
+    lam = float(np.quantile(np.concatenate(fixed), 0.9))
+    floored = replace(HEAD, min_share=0.5)
+    outcomes = []
+    for switch in (lam + 0.01, lam - 0.01):  # the run's λ below the switch, then above it
+        head = replace(floored, floor_below=switch)
+        live = run(model, lam, rule, head=head)
+        side = head.at(lam)
+        assert side == (floored if switch > lam else HEAD)
+        streams = replay_pruning(rule, side, groups, scorer, fixed)
+        outcome = []
+        for group, stream, result in zip(groups, streams, live):
+            sweep = sweep_group(group, stream, side, np.array([lam]))
+            assert result.stop_step == int(sweep.stop_step[0])
+            assert key(result.chosen) == key(full[groups.index(group)].answers[int(sweep.chosen[0])])
+            outcome.append((int(sweep.stop_step[0]), int(sweep.chosen[0])))
+        outcomes.append(outcome)
+    assert outcomes[0] != outcomes[1]  # the floor moved a stop or an output

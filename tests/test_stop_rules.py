@@ -1,5 +1,8 @@
 """The field's stopping statistics and the stop head (hf_msv.stop_rules) on hand-built answer streams."""
 
+import math
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -345,3 +348,22 @@ def test_support_floor_keeps_a_small_class_from_stopping_or_being_output():
         outputs.append(int(KLASS[ev.answer[d.chosen[0]]]))
     assert last.sum() == 2 and outputs == [3, 7]
     assert StopHead.from_dict(floored.to_dict()) == floored and "min_share" not in head.to_dict()
+
+
+def test_a_floor_below_a_switch_holds_only_in_runs_below_it():
+    """`StopHead.at` gives the head of a run at λ: the floor below `floor_below`, none at and above it or in full
+    decoding; unresolved, the switching head reads as the plain one; the switch is written and read back."""
+    plain = StopHead(coef=(1.0, 0, 0, 0, 0, 0), intercept=0.0, num_chains=4)
+    floored = replace(plain, min_share=0.5)
+    switching = replace(floored, floor_below=0.8)
+    assert switching.switches and not floored.switches and not replace(plain, floor_below=0.8).switches
+    assert switching.at(0.5) == floored and switching.at(0.79) == floored
+    for lam in (0.8, 0.95, math.inf, None, math.nan):
+        assert switching.at(lam) == plain
+    assert floored.at(0.5) is floored and plain.at(None) is plain
+    scores = np.array([0.6, 0.3, 0.6, 0.6, 0.6, 0.99])
+    same, low = (stop_events(h, *COLUMNS, 4, scores) for h in (switching, floored))
+    base = stop_events(plain, *COLUMNS, 4, scores)
+    np.testing.assert_array_equal(same.statistic, base.statistic)
+    assert not np.array_equal(low.statistic, base.statistic)
+    assert StopHead.from_dict(switching.to_dict()) == switching and "floor_below" not in floored.to_dict()

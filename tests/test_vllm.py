@@ -4,6 +4,7 @@ collection shards and input checks. Runs in the `.venv-vllm` environment (`make 
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from hf_msv.evaluation.early_stop import replay  # noqa: E402
 from hf_msv.generation import MSVScorer, StopRuleScorer  # noqa: E402
 from hf_msv.modeling_msv import MSVVerifier  # noqa: E402
 from hf_msv.pruning import PruneRule  # noqa: E402
-from hf_msv.stop_rules import StopHead  # noqa: E402
+from hf_msv.stop_rules import StopHead, stop_events  # noqa: E402
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt  # noqa: E402
 from hf_msv.testbed.tasks import get_task  # noqa: E402
 from hf_msv.training.pruned_replay import replay_pruning  # noqa: E402
@@ -134,12 +135,25 @@ TWO_PART = StopHead(
 )
 
 
-@pytest.mark.parametrize("head", [None, TWO_PART], ids=["shipped-head", "two-part-head"])
+# The same with a support floor that holds only in runs at λ below 0.7 (`StopHead.at`): the run at λ = 0.5 reads the
+# floored head, the run at the shipped λ the plain one.
+SWITCHING = replace(TWO_PART, min_share=0.3, floor_below=0.7)
+
+
+def snapshot_rows(result, head) -> list[tuple]:
+    """(time, class, statistic) of `head`'s class snapshots over a live result's recorded answers and MSV scores."""
+    g = replay_group(result)
+    scores = np.array([a.verifier_score for a in result.answers], np.float64)
+    ev = stop_events(head, g.klass, g.sequence, g.step, g.end, 8, scores)
+    return sorted(zip(ev.time.tolist(), ev.klass.tolist(), np.round(ev.statistic, 5).tolist()))
+
+
+@pytest.mark.parametrize("head", [None, TWO_PART, SWITCHING], ids=["shipped-head", "two-part-head", "switching"])
 def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engine, tokenizer, problems, head):
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
     scorer = verifier if head is None else StopRuleScorer(MSVScorer(verifier), head)
     controller = VLLMController(engine, tokenizer, scorer, checker="symbolic")
-    stopped = 0
+    stopped = floored = 0
     for lam in (LAMBDA, 0.5):
         results = controller.generate(
             [format_prompt(p) for p in problems], num_sequences=8, max_new_tokens=200, threshold=lam
@@ -148,6 +162,11 @@ def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engin
         for result in results:
             group, scores = answer_group(result)  # the stop heads' class snapshots, as recorded live
             assert scores == "live"
+            if head is not None and head.switches:  # the live snapshots are those of the head in effect at λ
+                live = group.events["live"]
+                rows = sorted(zip(live.time.tolist(), live.klass.tolist(), np.round(live.statistic, 5).tolist()))
+                assert rows == snapshot_rows(result, head.at(lam))
+                floored += lam < head.floor_below and rows != snapshot_rows(result, head.at(None))
             r = replay(group, scores, lam)
             chosen = next(i for i, a in enumerate(result.answers) if a is result.chosen)
             assert (r["chosen"], r["steps"]) == (chosen, result.stop_step)
@@ -162,6 +181,7 @@ def test_stop_decisions_equal_the_evaluation_replay_and_free_every_request(engin
                 assert result.tokens_decoded == sum(map(len, result.sequences))
                 assert all(a.end <= result.stop_step for a in result.answers if a.score is not None)
     assert stopped >= 1
+    assert floored >= 1 or not (head is not None and head.switches)  # the floor changed a snapshot below the switch
 
 
 def live_prunes(result, head, rule) -> dict[int, int]:

@@ -500,6 +500,15 @@ def _stop_rule_scores(
     for e in plan.msv:  # each has a streaming model: the plan holds the MSVs scoring this setting
         model = e.model_for("streaming")[0]
         head = None if model is None else StopHead.of(model.config)
+        if head is not None and head.switches:
+            # The λ sweep reads one head; its floor's side below the switch is `replay_sweep`'s (docs/pruning.md).
+            warnings.warn(
+                f"{method_label(e, n)}: the stop head's support floor holds only below λ = {head.floor_below:g}; the "
+                "evaluation's stop-head curve reads the head without it (hf_msv.training.pruned_replay.replay_sweep "
+                "replays both sides)",
+                UserWarning,
+                stacklevel=2,
+            )
         label = method_label(e, n)
         if head and label in msv:
             rules[label + STOP_HEAD_SUFFIX] = head

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from .outputs import MSVAnswer
-from .scorers import as_scorer, forget_prompt
+from .scorers import StopRuleScorer, as_scorer, forget_prompt
 
 __all__ = ["ScoringQueue"]
 
@@ -29,6 +29,7 @@ class ScoringQueue:
         num_sequences: N, sequences per prompt.
         streaming: score answers at their end step (else only when a prompt has finished).
         keep_hidden_states: keep the answers' hidden states after scoring (else free them).
+        threshold: the run's λ, which sets the stop head in effect (`StopHead.at`; `None`: full decoding).
 
     Attributes:
         scorer: the `AnswerScorer`.
@@ -39,8 +40,11 @@ class ScoringQueue:
         TypeError: `verifier` is none of the above.
     """
 
-    def __init__(self, verifier, num_sequences: int, streaming: bool, keep_hidden_states: bool):
-        self.scorer = as_scorer(verifier)
+    def __init__(
+        self, verifier, num_sequences: int, streaming: bool, keep_hidden_states: bool, threshold: float | None = None
+    ):
+        scorer = as_scorer(verifier)
+        self.scorer = scorer.at(threshold) if isinstance(scorer, StopRuleScorer) else scorer
         self.stream = self.scorer.begin(num_sequences, streaming)
         self.N = num_sequences
         self.streaming = streaming

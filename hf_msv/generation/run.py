@@ -110,7 +110,7 @@ class GenerationRun:
             else max(0, (self.max_length or 0) - self.prompt_length)
         )
         if self.verifier is not None:
-            self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states)
+            self.queue = ScoringQueue(self.verifier, self.N, self.streaming, self.keep_hidden_states, self.threshold)
         self._core = RunCore(self.policy, self.queue, self.stop, self.keep_hidden_states, budget=self.budget)
         self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 

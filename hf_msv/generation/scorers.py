@@ -351,6 +351,17 @@ class StopRuleScorer:
         self.config = self.base.config
         self.rule = rule
 
+    def at(self, threshold: float | None) -> StopRuleScorer:
+        """This scorer with the stop head in effect in a run at λ = `threshold` (`StopHead.at`: a support floor that
+        holds only below a λ); itself when the head does not switch.
+
+        Args:
+            threshold: the run's λ (`None`: full decoding).
+        """
+        if not (isinstance(self.rule, StopHead) and self.rule.switches):
+            return self
+        return StopRuleScorer(self.base, self.rule.at(threshold))
+
     def begin(self, num_sequences: int, streaming: bool) -> _RuleStream:
         """A fresh stream for one call (`AnswerScorer.begin`) computing the rule over N chains.
 

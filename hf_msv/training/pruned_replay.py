@@ -46,9 +46,11 @@ __all__ = [
     "group_stop_time_features",
     "store_confidence_map",
     "store_pruning",
+    "store_stop_head",
     "load_replay_groups",
     "oracle_decision",
     "replay_pruning",
+    "replay_sweep",
     "sweep_group",
     "sweep_groups",
 ]
@@ -356,8 +358,13 @@ def sweep_group(
 
     Returns:
         The `GroupSweep`.
+
+    Raises:
+        ValueError: a head whose support floor holds only below a switch λ, swept below it (`replay_sweep` replays
+            each side).
     """
     lam = np.asarray(lambdas, np.float64).reshape(-1)
+    _one_side(head, lam)
     time, answer, statistic, confidence = _snapshots(group, stream, head, hold)
     d = decide_stop(time, statistic, stream.final[answer], lam, confidence, snapshots=True)
     chosen = np.where(d.chosen >= 0, answer[np.maximum(d.chosen, 0)], -1)
@@ -377,6 +384,16 @@ def sweep_group(
     elicit = np.clip(cuts[:, group.sequence] - group.start[None, :], 0, span[None, :]).sum(1)
     correct = np.where(chosen >= 0, group.correct[np.maximum(chosen, 0)], False)
     return GroupSweep(cuts, d.stopped, d.stop_step, chosen, reported, correct, cot, elicit)
+
+
+def _one_side(head: StopHead, lam: np.ndarray) -> None:
+    """A head whose floor switches at a λ reads as its side at and above the switch (`StopHead.at`): a sweep that
+    reaches below it needs the floored side's own replay (`replay_sweep`)."""
+    if head.switches and bool(np.any(lam < head.floor_below)):
+        raise ValueError(
+            f"the stop head's support floor holds below λ = {head.floor_below:g}: sweep λ below it with "
+            "replay_sweep(...), or resolve the head of one λ with head.at(λ)"
+        )
 
 
 def group_stop_time_features(group: ReplayGroup, stream: PrunedStream, time: int, answer: int, hold: bool = True):
@@ -497,6 +514,48 @@ class PruningFit:
         }
 
 
+def replay_sweep(
+    rule: PruneRule | Decision,
+    head: StopHead,
+    groups: Sequence[ReplayGroup],
+    scorer,
+    scores=None,
+    lambdas=LAMBDAS,
+    confidence_map=None,
+    hold: bool = True,
+) -> PrunedReplay:
+    """`replay_pruning` then `sweep_groups`, each λ with the stop head in effect at it (`StopHead.at`): a head whose
+    support floor holds only below a λ is replayed once per side, as live runs at those λ decode.
+
+    Args:
+        rule, head, groups, scorer, scores, hold: as `replay_pruning`.
+        lambdas: (Λ,) thresholds.
+        confidence_map: as `sweep_group`.
+
+    Returns:
+        The `PrunedReplay` over `lambdas`, in their order.
+    """
+    lam = np.asarray(lambdas, np.float64).reshape(-1)
+    sides: dict[StopHead, list[int]] = {}
+    for j, value in enumerate(lam.tolist()):
+        sides.setdefault(head.at(value), []).append(j)
+    parts = {
+        side: sweep_groups(groups, replay_pruning(rule, side, groups, scorer, scores, hold), side, lam[js],
+                           confidence_map, hold)
+        for side, js in sides.items()
+    }  # fmt: skip
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    first = next(iter(parts.values()))
+    merged = {}
+    for name in ("correct", "cot", "elicitation", "stopped", "confidence", "pruned"):
+        out = np.empty((len(groups), lam.size), getattr(first, name).dtype)
+        for side, js in sides.items():
+            out[:, js] = getattr(parts[side], name)
+        merged[name] = out
+    return PrunedReplay(**merged, problem=first.problem)
+
+
 def fit_pruning(
     rules: Sequence[PruneRule],
     head: StopHead,
@@ -531,7 +590,7 @@ def fit_pruning(
     """
     if replays is None:
         scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups]) if scores is None else scores
-        replays = [sweep_groups(groups, replay_pruning(r, head, groups, scorer, scores), head, lambdas) for r in rules]
+        replays = [replay_sweep(r, head, groups, scorer, scores, lambdas) for r in rules]
     replays = list(replays)
     off = [i for i, r in enumerate(rules) if r.off]
     if not off:
@@ -571,6 +630,7 @@ def deployed_stops(
         is right, (S, F) its `hf_msv.stop_rules.STOP_TIME_FEATURES`.
     """
     conf, right, features = [], [], []
+    head = head.at(lam)  # the head a run at λ reads
     for group, stream in zip(groups, replay_pruning(rule, head, groups, scorer, scores)):
         sweep = sweep_group(group, stream, head, np.array([lam]))
         if sweep.stopped[0]:
@@ -663,6 +723,32 @@ def store_pruning(destination, entry: dict) -> None:
 
         lines = [x for x in card.read_text().splitlines() if not x.startswith(PRUNING_CARD_PREFIX)]
         card.write_text("\n".join(lines).rstrip() + "\n" + pruning_card_line(entry) + "\n")
+
+
+def store_stop_head(destination, head: StopHead) -> None:
+    """Write a stop head (e.g. the saved one with a support floor below a switch λ, `StopHead.floor_below`) into the
+    config of the verifier saved in `destination` (``early_stopping["stop_head"]``), and its floor's line into the
+    model card when there is one (`hf_msv.hub.floor_card_line`); nothing else changes.
+
+    Args:
+        destination: a saved verifier's directory (its ``config.json`` must carry ``early_stopping``).
+        head: the head.
+    """
+    import json
+    from pathlib import Path
+
+    from ..hub import FLOOR_CARD_PREFIX, floor_card_line
+
+    path = Path(destination) / "config.json"
+    config = json.loads(path.read_text())
+    if not config.get("early_stopping"):
+        raise ValueError(f"{path} carries no early-stopping rule")
+    config["early_stopping"]["stop_head"] = head.to_dict()
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    card = Path(destination) / "README.md"
+    if card.is_file():
+        lines = [x for x in card.read_text().splitlines() if not x.startswith(FLOOR_CARD_PREFIX)]
+        card.write_text("\n".join(lines).rstrip() + "\n" + (floor_card_line(head) + "\n" if head.min_share else ""))
 
 
 def fit_shipped_pruning(

@@ -444,7 +444,9 @@ class EngineSession:
         self.computed = {"prefill": 0, "answers": 0}
         queue = None
         if controller.verifier is not None:
-            queue = ScoringQueue(controller.verifier, num_sequences, self.streaming, controller.capture_hidden_states)
+            queue = ScoringQueue(
+                controller.verifier, num_sequences, self.streaming, controller.capture_hidden_states, self.threshold
+            )
         self.core = RunCore(controller.policy, queue, stop, controller.capture_hidden_states, budget=budget)
 
     @property
