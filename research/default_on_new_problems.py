@@ -7,7 +7,8 @@ them against full decoding (no pruning, no stop): accuracy with its paired inter
 fractions with ratio intervals, the share of problems that stop, and at the stops the reported confidence against
 accuracy: ECE (10 bins), the mean gap with its bootstrap interval, and the ECE a perfectly calibrated confidence
 with the same values would show on as many stops (the estimator's floor: labels drawn from the confidences).
-Last line: JSON (also written to ``--output``).
+Several ``--eval-dir`` collections are pooled into one set of problems. Last line: JSON (also written to
+``--output``).
 
     python research/default_on_new_problems.py --verifier hf_msv/testbed/verifier --eval-dir runs/eval768
 """
@@ -61,13 +62,15 @@ def stop_calibration(confidence: np.ndarray, right: np.ndarray, draws: int = 400
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verifier", required=True)
-    parser.add_argument("--eval-dir", required=True, help="problems none of the rule's fits read")
+    parser.add_argument("--eval-dir", required=True, nargs="+", help="problems none of the rule's fits read (one or "
+                        "more collections, pooled)")  # fmt: skip
     parser.add_argument("--max-problems", type=int, default=None)
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     verifier, head, groups, scorer, scores = scored_groups(args.verifier, args.eval_dir, args.max_problems)
     off = sweep_groups(groups, replay_pruning(PRUNE_OFF, head, groups, scorer, scores), head)
-    out = {"eval_dir": args.eval_dir, "problems": len(groups), "num_chains": head.num_chains}
+    eval_dir = args.eval_dir[0] if len(args.eval_dir) == 1 else args.eval_dir
+    out = {"eval_dir": eval_dir, "problems": len(groups), "num_chains": head.num_chains}
     for name, prune in (("default", True), ("stop_alone", False)):
         criterion = MSVEarlyStop.from_verifier(verifier, prune=prune)
         rule = criterion.prune or PRUNE_OFF

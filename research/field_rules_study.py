@@ -176,6 +176,9 @@ def main() -> None:
     evaluation = split_groups(args.eval_dir, verifiers, args.confidences)
     msv = load_verifier(args.msv)
     head, choice = StopHead.of(msv.config), LambdaChoice.of(msv.config)
+    head = head.at(
+        math.inf
+    )  # the plain head: these figures are the certified λ's and above, where a floor below a switch is off
     ref = stop_head_curve(*evaluation, head, choice.lam)
     reference = ref.correct[:, -1]
     out = {

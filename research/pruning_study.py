@@ -103,6 +103,9 @@ def scored_groups(verifier_dir, data_dir, max_problems=None):
     verifier = MSVVerifier.from_pretrained(verifier_dir).eval()
     head = StopHead.of(verifier.config)
     assert head is not None, "a verifier with a fitted stop head"
+    head = head.at(
+        math.inf
+    )  # the plain head: these figures are the certified λ's and above, where a floor below a switch is off
     groups = load_replay_groups(data_dir, head.num_chains, max_problems)
     scorer = MSVGroupScorer(verifier)
     return verifier, head, groups, scorer, scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
@@ -179,6 +182,9 @@ def main(argv=None) -> dict:
     head = StopHead.of(verifier.config)
     stop_only = LambdaChoice.of(verifier.config)
     assert head is not None and stop_only is not None, "a verifier with a fitted stop head and λ"
+    head = head.at(
+        math.inf
+    )  # the plain head: these figures are the certified λ's and above, where a floor below a switch is off
     n = head.num_chains  # the N the stop head was fitted at (an MSV_M reads N > M chains in subgroups of M)
     scorer = MSVGroupScorer(verifier)
 

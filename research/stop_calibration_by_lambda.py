@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def main(argv=None) -> dict:
     verifier = MSVVerifier.from_pretrained(args.verifier).eval()
     head = StopHead.of(verifier.config)
     assert head is not None, "a verifier with a fitted stop head"
+    head = head.at(
+        math.inf
+    )  # the plain head: these figures are the certified λ's and above, where a floor below a switch is off
     criterion = MSVEarlyStop.from_verifier(verifier)
     rule = criterion.prune or PRUNE_OFF
     scorer = MSVGroupScorer(verifier)

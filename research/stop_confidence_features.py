@@ -9,7 +9,7 @@ the map's would show) and the log loss. The map a user would pick, ``chosen``, i
 loss on the calibration stops. Last line: JSON (also written to ``--output``).
 
     python research/stop_confidence_features.py --verifier hf_msv/testbed/verifier \
-        --calibration-dir runs/pool1024 --eval-dir runs/eval768
+        --calibration-dir runs/pool --eval-dir runs/eval768
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,9 @@ def main() -> None:
     verifier = MSVVerifier.from_pretrained(args.verifier).eval()
     head, rule = StopHead.of(verifier.config), PruneRule.of(verifier.config)
     assert head is not None
+    head = head.at(
+        math.inf
+    )  # the plain head: these figures are the certified λ's and above, where a floor below a switch is off
     groups = load_replay_groups(args.data, head.num_chains, args.max_problems)
     scorer = MSVGroupScorer(verifier)
     scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])

@@ -335,6 +335,35 @@ def test_default_vs_field_hull_values_are_the_interpolated_curve_per_problem():
     assert not over["ahead"] and over["holds"]  # a rule over the budget is not ahead of anything
 
 
+def test_default_vs_field_switched_curve_floors_only_below_the_switch_chosen_on_validation():
+    """The switched curve takes the floored curve's settings below λ_s and the default's at and above it (full
+    decoding included); λ_s is the grid λ under the certified one with the best mean hull over the budgets; pooled
+    collections concatenate."""
+    from hf_msv.evaluation.field_rules import RuleCurve
+
+    study = _script("default_vs_field")
+    settings = ("lambda=0.5", "lambda=0.9", "lambda=0.99", "full")
+    g = 10
+    cot = np.tile(np.array([30, 50, 70, 100]), (g, 1))
+    plain = np.zeros((g, 4), bool)
+    plain[:, 3] = plain[:7, 2] = True  # 0.0 at 0.3 and 0.5 of the tokens, 0.7 at 0.7, 1.0 at full
+    floored = plain.copy()
+    floored[:6, 0] = floored[:1, 1] = True  # the floor helps at 0.3 (0.6) and hurts nothing above it
+    a = RuleCurve(settings, plain, cot, cot, cot[:, -1], cot[:, -1], tuple(map(str, range(g))), np.arange(4.0))
+    b = RuleCurve(settings, floored, cot, cot, cot[:, -1], cot[:, -1], a.problem, -np.arange(4.0))
+    mixed = study.switched(a, b, 0.9)
+    assert np.array_equal(mixed.correct[:, 0], floored[:, 0]) and np.array_equal(mixed.correct[:, 1:], plain[:, 1:])
+    assert mixed.pruned.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert np.array_equal(study.switched(a, b, 0.95).correct[:, :2], floored[:, :2])
+    # Every λ_s in (0.5, 0.9] floors λ = 0.5 alone, the best: the smallest of them; the certified λ bounds it.
+    assert study.choose_switch(a, b, 0.975) == pytest.approx(0.51)  # the grid steps by 0.01 there
+    assert study.choose_switch(a, b, 0.2) < 0.2
+    both = study.concatenated([a, b])
+    assert both.correct.shape == (2 * g, 4) and both.problem == a.problem + b.problem
+    with pytest.raises(ValueError, match="one grid"):
+        study.switched(a, RuleCurve(settings[::-1], floored, cot, cot, cot[:, -1], cot[:, -1], a.problem), 0.9)
+
+
 def test_pruning_candidates_crowd_clause_prunes_decoding_chains_of_a_held_settled_class():
     """The crowd clause prunes the chains still decoding whose held class K chains hold (ended ones count) at
     confidence ≥ C, beside the rule's own clauses; a spec without it is the plain `PruneRule`."""
@@ -459,8 +488,8 @@ def test_default_vs_field_cache_is_reused_only_for_the_same_rule_and_verifier(tm
     first = study.default_curve(str(data), verifier, PRUNE_OFF, 4, cache)
     assert cache.exists() and len(first.problem) == 6
     replays = []
-    real = study.replay_pruning
-    monkeypatch.setattr(study, "replay_pruning", lambda *a, **k: replays.append(1) or real(*a, **k))
+    real = study.replay_sweep
+    monkeypatch.setattr(study, "replay_sweep", lambda *a, **k: replays.append(1) or real(*a, **k))
     again = study.default_curve(str(data), verifier, PRUNE_OFF, 4, cache)
     assert replays == [] and np.array_equal(again.correct, first.correct)  # read back, not replayed
     study.default_curve(str(data), verifier, PruneRule(steady=2), 4, cache)
