@@ -699,6 +699,25 @@ def store_confidence_map(destination, cmap: ConfidenceMap, evidence: dict, pair:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def _store_early_stopping(destination, key: str, value: dict, prefix: str, line: Callable[[], str | None]) -> None:
+    """Set ``early_stopping[key]`` in the config of the verifier saved in `destination`, and replace the model card's
+    line starting with `prefix` by ``line()`` (`None`: no line) when there is a card."""
+    import json
+    from pathlib import Path
+
+    path = Path(destination) / "config.json"
+    config = json.loads(path.read_text())
+    if not config.get("early_stopping"):
+        raise ValueError(f"{path} carries no early-stopping rule to store {key!r} beside")
+    config["early_stopping"][key] = value
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    card = Path(destination) / "README.md"
+    if card.is_file():
+        lines = [x for x in card.read_text().splitlines() if not x.startswith(prefix)]
+        text = line()
+        card.write_text("\n".join(lines).rstrip() + "\n" + ("" if text is None else text + "\n"))
+
+
 def store_pruning(destination, entry: dict) -> None:
     """Write a certified pruning entry (`PruningFit.config_entry`) into the config of the verifier saved in
     `destination`, next to its λ (``early_stopping["pruning"]``), and its line into the model card when there is one
@@ -708,21 +727,9 @@ def store_pruning(destination, entry: dict) -> None:
         destination: a saved verifier's directory (its ``config.json`` must carry ``early_stopping``).
         entry: the entry.
     """
-    import json
-    from pathlib import Path
+    from ..hub import PRUNING_CARD_PREFIX, pruning_card_line
 
-    path = Path(destination) / "config.json"
-    config = json.loads(path.read_text())
-    if not config.get("early_stopping"):
-        raise ValueError(f"{path} carries no early-stopping rule to prune beside")
-    config["early_stopping"]["pruning"] = entry
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    card = Path(destination) / "README.md"
-    if card.is_file():
-        from ..hub import PRUNING_CARD_PREFIX, pruning_card_line
-
-        lines = [x for x in card.read_text().splitlines() if not x.startswith(PRUNING_CARD_PREFIX)]
-        card.write_text("\n".join(lines).rstrip() + "\n" + pruning_card_line(entry) + "\n")
+    _store_early_stopping(destination, "pruning", entry, PRUNING_CARD_PREFIX, lambda: pruning_card_line(entry))
 
 
 def store_stop_head(destination, head: StopHead) -> None:
@@ -734,21 +741,10 @@ def store_stop_head(destination, head: StopHead) -> None:
         destination: a saved verifier's directory (its ``config.json`` must carry ``early_stopping``).
         head: the head.
     """
-    import json
-    from pathlib import Path
-
     from ..hub import FLOOR_CARD_PREFIX, floor_card_line
 
-    path = Path(destination) / "config.json"
-    config = json.loads(path.read_text())
-    if not config.get("early_stopping"):
-        raise ValueError(f"{path} carries no early-stopping rule")
-    config["early_stopping"]["stop_head"] = head.to_dict()
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    card = Path(destination) / "README.md"
-    if card.is_file():
-        lines = [x for x in card.read_text().splitlines() if not x.startswith(FLOOR_CARD_PREFIX)]
-        card.write_text("\n".join(lines).rstrip() + "\n" + (floor_card_line(head) + "\n" if head.min_share else ""))
+    line = (lambda: floor_card_line(head)) if head.min_share > 0 else (lambda: None)
+    _store_early_stopping(destination, "stop_head", head.to_dict(), FLOOR_CARD_PREFIX, line)
 
 
 def fit_shipped_pruning(
