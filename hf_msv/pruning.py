@@ -101,6 +101,13 @@ class PruneRule:
         """No clause can fire: the group stop alone."""
         return self.doubt is None and self.steady is None and self.regret is None
 
+    @property
+    def reads_confidence(self) -> bool:
+        """Whether a decision can depend on the snapshot's confidences (the ruled-out and regret clauses, a steady
+        clause with a confidence floor): else the stop head does not change what is pruned."""
+        steady_floor = self.steady is not None and self.steady_confidence > 0
+        return self.doubt is not None or self.regret is not None or steady_floor
+
     def to_dict(self) -> dict:
         d = asdict(self) | {"regret_coef": list(self.regret_coef)}
         if self.regret is None:  # a rule without the clause is written as before it existed

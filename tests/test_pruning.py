@@ -380,7 +380,7 @@ def test_sweep_groups_summary():
     assert replay.at(1)["all_tokens"] == replay.cot[0, 1] + replay.elicitation[0, 1]
 
 
-def test_replay_sweep_reads_each_lambda_with_the_head_in_effect_there():
+def test_replay_sweep_reads_each_lambda_with_the_head_in_effect_there(monkeypatch):
     """A head whose support floor holds below a switch λ is replayed once per side: below the switch every λ
     equals the floored head's replay, at and above it the plain head's (full decoding included), and the floor does
     change the outcome here (not a vacuous merge). A sweep of the unresolved head below the switch refuses."""
@@ -399,6 +399,18 @@ def test_replay_sweep_reads_each_lambda_with_the_head_in_effect_there():
         got, low, high = (getattr(r, name) for r in (merged, sides[floored], sides[MEAN_HEAD]))
         assert np.array_equal(got[:, below], low[:, below]) and np.array_equal(got[:, ~below], high[:, ~below])
     assert not np.array_equal(sides[floored].cot[:, below], sides[MEAN_HEAD].cot[:, below])
+    # A rule that reads no confidence is replayed once for both sides, with the same result.
+    import hf_msv.training.pruned_replay as module
+
+    steady, calls = PruneRule(steady=2), []
+    monkeypatch.setattr(module, "replay_pruning", lambda *a, **k: calls.append(1) or replay_pruning(*a, **k))
+    once = replay_sweep(steady, switching, [group], scorer, lambdas=lambdas)
+    monkeypatch.undo()
+    assert len(calls) == 1 and not steady.reads_confidence and rule.reads_confidence
+    for h, cols in ((floored, below), (MEAN_HEAD, ~below)):
+        alone = sweep_groups([group], replay_pruning(steady, h, [group], scorer), h, lambdas)
+        assert np.array_equal(once.correct[:, cols], alone.correct[:, cols])
+        assert np.array_equal(once.cot[:, cols], alone.cot[:, cols])
     (stream,) = replay_pruning(rule, MEAN_HEAD, [group], scorer)
     sweep_group(group, stream, switching, np.array([0.6, np.inf]))  # the unresolved head's own side
     with pytest.raises(ValueError, match="replay_sweep"):

@@ -539,9 +539,13 @@ def replay_sweep(
     sides: dict[StopHead, list[int]] = {}
     for j, value in enumerate(lam.tolist()):
         sides.setdefault(head.at(value), []).append(j)
+    # A rule that reads no confidence prunes alike on both sides: its (costly) fixpoint is computed once.
+    shared = None
+    if len(sides) > 1 and isinstance(rule, PruneRule) and not rule.reads_confidence:
+        shared = replay_pruning(rule, next(iter(sides)), groups, scorer, scores, hold)
     parts = {
-        side: sweep_groups(groups, replay_pruning(rule, side, groups, scorer, scores, hold), side, lam[js],
-                           confidence_map, hold)
+        side: sweep_groups(groups, shared if shared is not None else replay_pruning(rule, side, groups, scorer, scores,
+                           hold), side, lam[js], confidence_map, hold)
         for side, js in sides.items()
     }  # fmt: skip
     if len(parts) == 1:
