@@ -752,20 +752,25 @@ def stop_time_features(scores, klass, sequence, step, end, num_chains: int, time
 
 @dataclass(frozen=True)
 class ConfidenceMap:
-    """Platt scaling of the confidence a stop reports, σ(slope · logit(c) + weights · x + intercept), fitted on the
-    stops of the calibration problems at the deployed operating point (`fit`): the stop head's confidence is fitted
-    on the leader events at every arrival of the head's problems, which are not the moments a stop at λ fires on.
-    x are the stop's `STOP_TIME_FEATURES` (`stop_time_features`), read only when some weight is not 0.
+    """Platt scaling of the confidence a stop reports, σ(slope · logit(c) + weights · x + intercept), optionally
+    followed by an isotonic step, fitted on the stops of the calibration problems at the deployed operating point
+    (`fit`): the stop head's confidence is fitted on the leader events at every arrival of the head's problems, which
+    are not the moments a stop at λ fires on. x are the stop's `STOP_TIME_FEATURES` (`stop_time_features`), read only
+    when some weight is not 0. The isotonic step (`knots`) bends the Platt output where accuracy is not logistic in
+    it (docs/pruning.md, "Stop-time confidence").
 
     Args:
         slope: the weight of logit(c).
         intercept: the bias.
         weights: one per `STOP_TIME_FEATURES` entry; empty: the confidence alone.
+        knots: ``((p, q), ...)`` with p increasing: the Platt output p maps to q, linearly between knots and to the
+            end knot's q beyond them; empty: the Platt output as is.
     """
 
     slope: float
     intercept: float
     weights: tuple[float, ...] = ()
+    knots: tuple[tuple[float, float], ...] = ()
 
     @property
     def needs_features(self) -> bool:
@@ -791,10 +796,13 @@ class ConfidenceMap:
             if f.shape[1] != len(self.weights):
                 raise ValueError(f"{f.shape[1]} stop-time features given, the map weighs {len(self.weights)}")
             x, coef = np.concatenate([x, f], 1), [*coef, *self.weights]
-        return np.where(np.isnan(c), np.nan, logistic(x, coef, self.intercept))
+        p = logistic(x, coef, self.intercept)
+        if self.knots:
+            p = np.interp(p, *np.asarray(self.knots, np.float64).T)
+        return np.where(np.isnan(c), np.nan, p)
 
     @classmethod
-    def fit(cls, confidence, correct, features=None, columns=()) -> ConfidenceMap:
+    def fit(cls, confidence, correct, features=None, columns=(), isotonic: bool = False) -> ConfidenceMap:
         """Fit on (m,) reported confidences and (m,) 0/1 correctness of the stops.
 
         Args:
@@ -802,6 +810,8 @@ class ConfidenceMap:
             correct: (m,) whether the stopped answer was right.
             features: (m, F) the stops' `STOP_TIME_FEATURES`; needed when `columns` is not empty.
             columns: which of the F features the map weighs (the others get 0); empty: the confidence alone.
+            isotonic: also fit the isotonic step on the Platt outputs (its values kept within
+                [1 / (m + 2), 1 − 1 / (m + 2)], so no stop reports certainty).
 
         Returns:
             The `ConfidenceMap`.
@@ -809,24 +819,36 @@ class ConfidenceMap:
         c = logit(np.asarray(confidence, dtype=np.float64).reshape(-1))[:, None]
         if not columns:
             coef, intercept = fit_logistic(c, correct)
-            return cls(float(coef[0]), float(intercept))
-        f = np.asarray(features, dtype=np.float64).reshape(c.shape[0], -1)
-        coef, intercept = fit_logistic(np.concatenate([c, f[:, list(columns)]], 1), correct)
-        weights = np.zeros(f.shape[1])
-        weights[list(columns)] = coef[1:]
-        return cls(float(coef[0]), float(intercept), tuple(float(w) for w in weights))
+            cmap = cls(float(coef[0]), float(intercept))
+        else:
+            f = np.asarray(features, dtype=np.float64).reshape(c.shape[0], -1)
+            coef, intercept = fit_logistic(np.concatenate([c, f[:, list(columns)]], 1), correct)
+            weights = np.zeros(f.shape[1])
+            weights[list(columns)] = coef[1:]
+            cmap = cls(float(coef[0]), float(intercept), tuple(float(w) for w in weights))
+        if not isotonic:
+            return cmap
+        from sklearn.isotonic import IsotonicRegression
+
+        edge = 1.0 / (c.shape[0] + 2)
+        iso = IsotonicRegression(y_min=edge, y_max=1 - edge, out_of_bounds="clip")
+        iso.fit(cmap(confidence, features), np.asarray(correct, np.float64).reshape(-1))
+        knots = tuple((float(p), float(q)) for p, q in zip(iso.X_thresholds_, iso.y_thresholds_))
+        return replace(cmap, knots=knots)
 
     def to_dict(self) -> dict:
-        d = asdict(self) | {"weights": list(self.weights)}
-        if not self.needs_features:  # a confidence-only map is written as before
-            del d["weights"]
+        d = asdict(self) | {"weights": list(self.weights), "knots": [list(k) for k in self.knots]}
+        for key, used in (("weights", self.needs_features), ("knots", bool(self.knots))):
+            if not used:  # a Platt map of the confidence alone is written as before
+                del d[key]
         return d
 
     @classmethod
     def from_dict(cls, d: dict | None) -> ConfidenceMap | None:
         if not d:
             return None
-        return cls(float(d["slope"]), float(d["intercept"]), tuple(float(w) for w in d.get("weights", ())))
+        knots = tuple((float(p), float(q)) for p, q in d.get("knots", ()))
+        return cls(float(d["slope"]), float(d["intercept"]), tuple(float(w) for w in d.get("weights", ())), knots)
 
     @classmethod
     def of(cls, config) -> ConfidenceMap | None:

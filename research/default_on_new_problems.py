@@ -26,21 +26,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
 
 from hf_msv import MSVEarlyStop
-from hf_msv.lambda_rule import lambda_index
+from hf_msv.lambda_rule import LAMBDAS, lambda_index
 from hf_msv.metrics import bootstrap_interval, ece
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.training.pruned_replay import replay_pruning, sweep_groups
 from hf_msv.utils import json_safe
-from research.pruning_study import operating_point, scored_groups  # the same figures as the pruning study's
-
-
-def stops_at(replay, j: int, confidence_map) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(reported, mapped, right)``: (S,) the confidence the stops at λ index j report, mapped by
-    `confidence_map` (`None`: as reported), and whether they are right (float)."""
-    hit = replay.stopped[:, j]
-    reported = np.asarray(replay.confidence[hit, j], np.float64)
-    mapped = reported if confidence_map is None else np.asarray(confidence_map(reported), np.float64)
-    return reported, mapped, replay.correct[hit, j].astype(np.float64)
+from research.pruning_study import mapped_stops, operating_point, scored_groups  # the pruning study's figures
 
 
 def stop_calibration(confidence: np.ndarray, right: np.ndarray, draws: int = 400, seed: int = 0) -> dict:
@@ -68,17 +59,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     verifier, head, groups, scorer, scores = scored_groups(args.verifier, args.eval_dir, args.max_problems)
-    off = sweep_groups(groups, replay_pruning(PRUNE_OFF, head, groups, scorer, scores), head)
+    off_streams = replay_pruning(PRUNE_OFF, head, groups, scorer, scores)
+    off = sweep_groups(groups, off_streams, head)
     eval_dir = args.eval_dir[0] if len(args.eval_dir) == 1 else args.eval_dir
     out = {"eval_dir": eval_dir, "problems": len(groups), "num_chains": head.num_chains}
     for name, prune in (("default", True), ("stop_alone", False)):
         criterion = MSVEarlyStop.from_verifier(verifier, prune=prune)
         rule = criterion.prune or PRUNE_OFF
-        replay = off if rule.off else sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
+        streams = off_streams if rule.off else replay_pruning(rule, head, groups, scorer, scores)
+        replay = off if rule.off else sweep_groups(groups, streams, head)
         j = lambda_index(math.inf if criterion.threshold is None else criterion.threshold)
-        point = operating_point(replay, j, off, criterion.confidence_map)
-        _, mapped, right = stops_at(replay, j, criterion.confidence_map)
-        calibration = stop_calibration(mapped, right)
+        stops = mapped_stops(groups, streams, head, float(LAMBDAS[j]), criterion.confidence_map)
+        point = operating_point(replay, j, off, stops if criterion.confidence_map is not None else None)
+        calibration = stop_calibration(*stops)
         out[name] = {"rule": rule.describe(), "lam": criterion.threshold, **point, "stop_calibration": calibration}
         print(json.dumps({"which": name, "rule": rule.describe(), "lam": criterion.threshold}), flush=True)
     out = json_safe(out)

@@ -43,9 +43,18 @@ from hf_msv.training.regret import RegretHead
 from hf_msv.utils import json_safe
 
 
-def operating_point(replay: PrunedReplay, j: int, full: PrunedReplay, confidence=None) -> dict:
+def mapped_stops(groups, streams, head, lam: float, confidence_map) -> tuple[np.ndarray, np.ndarray]:
+    """``(mapped, right)``: (S,) what the stops at λ report through `confidence_map` as deployed (the stop's
+    features read where the map weighs them: `sweep_groups`), and (S,) whether they are right (float)."""
+    at = sweep_groups(groups, streams, head, np.array([lam]), confidence_map)
+    hit = at.stopped[:, 0]
+    return np.asarray(at.confidence[hit, 0], np.float64), at.correct[hit, 0].astype(np.float64)
+
+
+def operating_point(replay: PrunedReplay, j: int, full: PrunedReplay, stops=None) -> dict:
     """Accuracy, tokens as fractions of full decoding's (with paired bootstrap intervals) and the stop's
-    calibration of `replay` at λ index j, against `full` (no pruning) at λ = ∞."""
+    calibration of `replay` at λ index j, against `full` (no pruning) at λ = ∞; `stops`: the recalibrated stops at
+    j, ``(mapped, right)`` of `mapped_stops`."""
     f = LAMBDAS.size - 1
     right, reference = replay.correct[:, j].astype(float), full.correct[:, f].astype(float)
     out = replay.at(j) | {
@@ -56,11 +65,10 @@ def operating_point(replay: PrunedReplay, j: int, full: PrunedReplay, confidence
         "cot_fraction": paired_bootstrap(replay.cot[:, j], full.cot[:, f], statistic="ratio"),
         "all_fraction": paired_bootstrap(replay.tokens[:, j], full.tokens[:, f], statistic="ratio"),
     }
-    if confidence is not None:  # the recalibrated stop-time confidence
-        hit = replay.stopped[:, j]
-        mapped = confidence(replay.confidence[hit, j])
-        out["confidence_at_stop_recalibrated"] = float(mapped.mean()) if hit.any() else math.nan
-        out["ece_at_stop_recalibrated"] = ece(mapped, replay.correct[hit, j]) if hit.any() else math.nan
+    if stops is not None:  # the recalibrated stop-time confidence
+        mapped, right = stops
+        out["confidence_at_stop_recalibrated"] = float(mapped.mean()) if right.size else math.nan
+        out["ece_at_stop_recalibrated"] = ece(mapped, right) if right.size else math.nan
     return out
 
 
@@ -221,7 +229,10 @@ def main(argv=None) -> dict:
 
     chosen = rules.index(fit.rule) if fit.rule in rules else 0
     j = lambda_index(fit.choice.choice.lam)
-    deployed = operating_point(replays[chosen], j, full, fit.confidence_map)
+    deployed_stops = None
+    if fit.confidence_map is not None:
+        deployed_stops = mapped_stops(groups, streams[chosen], head, float(LAMBDAS[j]), fit.confidence_map)
+    deployed = operating_point(replays[chosen], j, full, deployed_stops)
     targets = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, streams[0]))]
     for i, row in enumerate(candidates):
         row["cause"] = pruned_cause(groups, streams[i], targets)
@@ -245,14 +256,16 @@ def main(argv=None) -> dict:
             rules, head, calibration, scorer, args.also_epsilon, args.delta, replays=cal_replays, loss=args.loss
         )
         chosen2 = rules.index(fit2.rule) if fit2.rule in rules else 0
+        j2 = lambda_index(fit2.choice.choice.lam)
+        stops2 = None
+        if fit2.confidence_map is not None:
+            stops2 = mapped_stops(groups, streams[chosen2], head, float(LAMBDAS[j2]), fit2.confidence_map)
         also = {
             "epsilon": args.also_epsilon,
             "fit": {"describe": fit2.rule.describe(), "lambda": fit2.choice.choice.to_dict()},
             "cheapest": list(fit2.choice.cheapest),
             "calibration": operating_point(cal_replays[chosen2], lambda_index(fit2.choice.choice.lam), cal_off),
-            "deployed": operating_point(
-                replays[chosen2], lambda_index(fit2.choice.choice.lam), full, fit2.confidence_map
-            ),
+            "deployed": operating_point(replays[chosen2], j2, full, stops2),
         }
         print(json.dumps({"also": also["fit"]}), flush=True)
 

@@ -26,23 +26,25 @@ from hf_msv.lambda_rule import LAMBDAS
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import StopHead
 from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
-from research.default_on_new_problems import stops_at
 
 GRID = (0.95, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99)
 
 
-def by_lambda(replay, confidence_map, grid=GRID) -> list[dict]:
-    """Per λ of `grid`: stops, mean reported and mapped confidence at the stops, their accuracy."""
+def by_lambda(replay, mapped, grid=GRID) -> list[dict]:
+    """Per λ of `grid`: stops, mean reported and mapped confidence at the stops, their accuracy. `mapped` is the
+    same stream swept at the grid's nearest λ with the confidence map (`sweep_groups`), or None (no map)."""
     rows = []
-    for lam in grid:
+    for k, lam in enumerate(grid):
         j = int(np.argmin(np.abs(LAMBDAS - lam)))  # the nearest grid λ, reported as such
-        reported, mapped, right = stops_at(replay, j, confidence_map)
+        hit = replay.stopped[:, j]
+        reported, right = replay.confidence[hit, j], replay.correct[hit, j].astype(np.float64)
+        at = reported if mapped is None else mapped.confidence[mapped.stopped[:, k], k]
         rows.append(
             {
                 "lam": float(LAMBDAS[j]),
                 "stops": int(right.size),
                 "reported": float(reported.mean()) if right.size else None,
-                "mapped": float(mapped.mean()) if right.size else None,
+                "mapped": float(at.mean()) if right.size else None,
                 "accuracy": float(right.mean()) if right.size else None,
             }
         )
@@ -70,8 +72,13 @@ def main(argv=None) -> dict:
     for directory in args.dirs:
         groups = load_replay_groups(directory, head.num_chains, args.max_problems)
         scores = scorer(groups, [np.ones(g.sequence.size, bool) for g in groups])
-        replay = sweep_groups(groups, replay_pruning(rule, head, groups, scorer, scores), head)
-        rows = by_lambda(replay, criterion.confidence_map, args.lambdas)
+        streams = replay_pruning(rule, head, groups, scorer, scores)
+        replay = sweep_groups(groups, streams, head)
+        mapped = None
+        if criterion.confidence_map is not None:
+            nearest = [float(LAMBDAS[np.argmin(np.abs(LAMBDAS - lam))]) for lam in args.lambdas]
+            mapped = sweep_groups(groups, streams, head, np.array(nearest), criterion.confidence_map)
+        rows = by_lambda(replay, mapped, args.lambdas)
         out["dirs"][directory] = {"problems": len(groups), "by_lambda": rows}
         print(json.dumps({directory: out["dirs"][directory]["by_lambda"]}), flush=True)
     if args.output:

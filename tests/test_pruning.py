@@ -15,6 +15,7 @@ import pytest
 from hf_msv.data import AnswerGroup
 from hf_msv.evaluation.early_stop import replay_many
 from hf_msv.lambda_rule import LAMBDAS, choose_jointly, choose_lambda
+from hf_msv.metrics import ece
 from hf_msv.pruning import (
     CHAIN_FEATURES,
     DECODING,
@@ -489,6 +490,53 @@ def test_confidence_map_weighs_the_stop_time_features():
         weighing(reported, features[:, :2])
 
 
+def test_confidence_map_isotonic_step_bends_a_shape_platt_cannot_fit():
+    """Stops right 55 % of the time whatever they report below 0.6, and as often as they report above: Platt scaling
+    alone misses both ranges' edges; the isotonic step is calibrated in both ranges on new stops, reports no
+    certainty, and reads back."""
+    rng = np.random.default_rng(2)
+
+    def stops(m):
+        reported = rng.uniform(0.2, 0.99, m)
+        return reported, rng.uniform(size=m) < np.where(reported < 0.6, 0.55, reported)
+
+    (reported, right), (new, new_right) = stops(3000), stops(20000)
+    platt, bent = ConfidenceMap.fit(reported, right), ConfidenceMap.fit(reported, right, isotonic=True)
+    below, above = (new >= 0.5) & (new < 0.6), new >= 0.8  # where Platt's curve over- and under-reports
+    gap = lambda cmap, part: abs(cmap(new[part]).mean() - new_right[part].mean())
+    assert gap(platt, below) > 0.05 and gap(platt, above) > 0.02
+    assert gap(bent, below) < 0.015 and gap(bent, above) < 0.015
+    assert ece(bent(new), new_right) < ece(platt(new), new_right) - 0.01
+    p, q = np.asarray(bent.knots).T
+    assert np.all(np.diff(p) > 0) and np.all(np.diff(q) >= 0) and 1 / 3002 <= q.min() and q.max() <= 1 - 1 / 3002
+    assert ConfidenceMap.from_dict(bent.to_dict()) == bent and "knots" not in platt.to_dict() and not platt.knots
+    assert np.isnan(bent(np.array([np.nan])))[0] and bent(np.array([0.0, 1.0])).tolist() == [q[0], q[-1]]
+
+
+def test_choose_confidence_map_weighs_a_feature_only_where_it_pays():
+    """The chooser's cross-fitted log loss picks a map weighing the class's support when half the stops are harder
+    at the same reported confidence, and the confidence alone when the feature carries nothing; the chosen map is
+    the candidate fitted on every stop."""
+    from hf_msv.training.confidence_map import CONFIDENCE_MAPS, choose_confidence_map
+
+    rng = np.random.default_rng(3)
+    reported = rng.uniform(0.5, 0.95, 1500)
+    features = np.zeros((1500, len(STOP_TIME_FEATURES)))
+    hard = rng.uniform(size=1500) < 0.5
+    features[:, 1] = np.where(hard, 0.4, 0.9)
+    for shift, weighs in ((0.15, True), (0.0, False)):
+        right = rng.uniform(size=1500) < np.clip(reported + np.where(hard, -shift, shift / 3), 0, 1)
+        cmap, choice = choose_confidence_map(reported, right, features)
+        assert set(choice.crossfit) == set(CONFIDENCE_MAPS) and choice.stops == 1500
+        losses = {name: loss for name, (loss, _) in choice.crossfit.items()}
+        assert choice.chosen == min(losses, key=losses.get)
+        columns, isotonic = CONFIDENCE_MAPS[choice.chosen]
+        assert (1 in columns) == weighs and cmap.needs_features == bool(columns)
+        assert cmap == ConfidenceMap.fit(reported, right, features, columns, isotonic)
+    with pytest.raises(ValueError, match="at least 10"):
+        choose_confidence_map(reported[:9], right[:9], features[:9])
+
+
 def test_stop_time_features_read_the_snapshot_at_the_stop():
     # Chains 0 and 1 answer class 0, chain 2 class 1; chain 1's second answer (class 1) arrives after the stop.
     klass, sequence, step, end = [0, 0, 1, 1], [0, 1, 2, 1], [0, 0, 0, 1], [3, 5, 6, 9]
@@ -525,7 +573,7 @@ def test_stored_entries_read_back(tmp_path):
     group = _replay_group(d)
     groups = [group] * 30
     cmap, evidence = fit_stop_confidence(MEAN_HEAD, 0.75, groups, _fixed_scorer([d["score"]] * 30))
-    assert evidence["stops"] == 30 and evidence["accuracy"] == 1.0
+    assert evidence["stops"] == 30 and evidence["accuracy"] == 1.0 and evidence["chosen"] in evidence["crossfit"]
     store_confidence_map(tmp_path, cmap, evidence)
     store_pruning(tmp_path, {"rule": SCRIPTED_RULE.to_dict()})
     config = SimpleNamespace(**json.loads((tmp_path / "config.json").read_text()))

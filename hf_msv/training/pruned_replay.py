@@ -31,6 +31,7 @@ from ..metrics import ece
 from ..pruning import PRUNE_OFF, PruneRule, chain_status, prune_chains
 from ..schedules import NEVER, Schedule
 from ..stop_rules import STOP_TIME_FEATURES, ConfidenceMap, StopHead, stop_events, stop_time_features
+from .confidence_map import choose_confidence_map
 
 __all__ = [
     "PRUNE_CANDIDATES",
@@ -575,8 +576,8 @@ def fit_pruning(
     """Certify a pruning rule and λ jointly on calibration `groups` (problems the stop head was not fitted on):
     every candidate rule (`PRUNE_OFF` should be one) is replayed exactly, and `hf_msv.lambda_rule.choose_jointly`
     tests the (rule, λ) pairs against full decoding (no pruning, λ = ∞) at ε with the family-wise risk δ, and picks
-    the certified pair that processes the fewest tokens. The stop-time confidence is then recalibrated (Platt) on the
-    calibration stops of the choice.
+    the certified pair that processes the fewest tokens. The stop-time confidence is then recalibrated on the
+    calibration stops of the choice (`fit_stop_confidence`; none under 20 stops).
 
     Args:
         rules: the candidate rules, fixed before looking at the calibration groups.
@@ -615,8 +616,9 @@ def fit_pruning(
     rule = rules[choice.setting] if choice.choice.reached else PRUNE_OFF
     j = lambda_index(choice.choice.lam, lambdas)
     chosen = replays[choice.setting if choice.choice.reached else off[0]]
-    hit = chosen.stopped[:, j]
-    cmap = ConfidenceMap.fit(chosen.confidence[hit, j], chosen.correct[hit, j]) if hit.sum() >= 20 else None
+    cmap = None
+    if chosen.stopped[:, j].sum() >= 20:  # the map chosen and fitted on the pair's calibration stops
+        cmap, _ = fit_stop_confidence(head, choice.choice.lam, groups, scorer, rule, scores=scores)
     summary = tuple(
         None if lam is None else replays[i].at(lambda_index(lam, lambdas)) | {"lam": lam}
         for i, lam in enumerate(choice.cheapest)
@@ -650,12 +652,11 @@ def fit_stop_confidence(
     groups: Sequence[ReplayGroup],
     scorer,
     rule: PruneRule = PRUNE_OFF,
-    columns=(),
+    candidates=None,
     scores=None,
 ) -> tuple[ConfidenceMap, dict]:
-    """Recalibrate what the stop reports at λ: a `ConfidenceMap` of the stop head's confidence (and the stop-time
-    features of `columns`) fitted on the stops of the calibration `groups` (problems the head was not fitted on),
-    with the stop-time ECE before and after, the latter cross-fitted over two folds of the stops.
+    """Recalibrate what the stop reports at λ: the `ConfidenceMap` `choose_confidence_map` chooses among
+    `candidates` on the stops of the calibration `groups` (problems the head was not fitted on), fitted on them.
 
     Args:
         head: the stop head.
@@ -663,29 +664,23 @@ def fit_stop_confidence(
         groups: calibration groups.
         scorer: scores group subsets (`MSVGroupScorer`).
         rule: the pruning rule deployed with λ (`PRUNE_OFF`: the stop alone).
-        columns: which `hf_msv.stop_rules.STOP_TIME_FEATURES` the map weighs (empty: the confidence alone).
+        candidates: ``{name: (columns, isotonic)}`` (default `CONFIDENCE_MAPS`; one entry fits that map).
         scores: the groups' full scores (computed when `None`).
 
     Returns:
-        ``(map, evidence)``: the `ConfidenceMap` and {"stops", "accuracy", "confidence", "ece",
-        "crossfit_confidence", "crossfit_ece"}.
+        ``(map, evidence)``: the `ConfidenceMap` and {"lambda", "stops", "accuracy", "confidence" (reported), "ece"
+        (reported), "chosen", "crossfit"} (`MapChoice.to_dict`).
     """
     conf, right, features = deployed_stops(head, lam, groups, scorer, rule, scores)
-    fit = lambda part: ConfidenceMap.fit(conf[part], right[part], features[part], columns)
-    fold = np.arange(conf.size) % 2
-    cross = np.empty_like(conf)
-    for f in (0, 1):
-        cross[fold == f] = fit(fold != f)(conf[fold == f], features[fold == f])
+    cmap, choice = choose_confidence_map(conf, right, features, candidates)
     evidence = {
         "lambda": lam,
-        "stops": int(conf.size),
         "accuracy": float(right.mean()),
         "confidence": float(conf.mean()),
         "ece": ece(conf, right),
-        "crossfit_confidence": float(cross.mean()),
-        "crossfit_ece": ece(cross, right),
+        **choice.to_dict(),
     }
-    return fit(slice(None)), evidence
+    return cmap, evidence
 
 
 def store_confidence_map(destination, cmap: ConfidenceMap, evidence: dict, pair: bool = False) -> None:

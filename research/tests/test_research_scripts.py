@@ -408,19 +408,27 @@ def test_default_on_new_problems_replays_what_from_verifier_deploys(tmp_path):
     verifier.config.early_stopping = {
         "stop_head": head.to_dict(),
         "lambda": choice(0.9),
-        "pruning": {"rule": asdict(PruneRule(steady=2)), "lambda": choice(0.8)},
+        "pruning": {
+            "rule": asdict(PruneRule(steady=2)),
+            "lambda": choice(0.3),
+            # a map that weighs the class's support at the stop: applied with the stop's features, as deployed
+            "confidence_map": {"slope": 1.0, "intercept": 0.0, "weights": [0, 2.0, 0, 0, 0, 0, 0, 0]},
+        },
     }
     verifier.save_pretrained(tmp_path / "msv")
     out = _script("default_on_new_problems").main(
         ["--verifier", str(tmp_path / "msv"), "--eval-dir", str(data), "--output", str(tmp_path / "d.json")]
     )
     assert out["problems"] == 12 and out["num_chains"] == 4
-    assert out["default"]["lam"] == 0.8 and out["default"]["rule"] == PruneRule(steady=2).describe()
+    assert out["default"]["lam"] == 0.3 and out["default"]["rule"] == PruneRule(steady=2).describe()
     assert out["stop_alone"]["lam"] == 0.9 and out["stop_alone"]["pruned_chains"] == 0
     for name in ("default", "stop_alone"):
         assert 0 < out[name]["cot_fraction"]["estimate"] <= 1 and 0 <= out[name]["stopped"] <= 1
         assert out[name]["full_accuracy"] == out["stop_alone"]["full_accuracy"]
-    assert json.loads((tmp_path / "d.json").read_text())["default"]["lam"] == 0.8
+    assert json.loads((tmp_path / "d.json").read_text())["default"]["lam"] == 0.3
+    stops = out["default"]["stop_calibration"]["stops"]
+    assert stops > 0 and out["default"]["ece_at_stop_recalibrated"] == out["default"]["stop_calibration"]["ece"]
+    assert out["default"]["confidence_at_stop_recalibrated"] > out["default"]["confidence_at_stop"]  # support ≥ 0
     study = _script("default_on_new_problems")
     confidence = np.full(400, 0.9)
     honest = study.stop_calibration(confidence, (np.arange(400) % 10 != 0).astype(float), draws=50)
@@ -463,6 +471,9 @@ def test_stop_confidence_features_fits_each_map_on_calibration_and_scores_it_on_
     assert set(out["maps"]) == set(study.MAPS) and out["evaluation"]["stops"] == out["reported"]["stops"] > 0
     crossfit = {name: m["calibration_crossfit"]["log_loss"] for name, m in out["maps"].items()}
     assert out["chosen"] == min(crossfit, key=crossfit.get)
+    errors = {name: m["calibration_crossfit"]["ece"] for name, m in out["maps"].items()}
+    assert out["chosen_by_ece"] == min(errors, key=errors.get) and out["calibration"]["left_out"] == []
+    assert "knots" in out["maps"]["confidence alone, isotonic step"]["map"]
     weighs = out["maps"]["+ support, answered"]["map"]["weights"]
     assert len(weighs) == len(STOP_TIME_FEATURES) and weighs[0] == 0.0 and weighs[1] != 0.0
     assert out["stored"]["evaluation"]["stops"] == out["evaluation"]["stops"]  # the verifier's own map, applied
@@ -514,7 +525,9 @@ def test_stop_calibration_by_lambda_reads_the_stops_at_each_lambda():
     j = int(np.argmin(np.abs(LAMBDAS - 0.97)))
     stopped[:3, j], confidence[:3, j], correct[:2, j] = True, [0.6, 0.8, 1.0], True
     replay = SimpleNamespace(stopped=stopped, confidence=confidence, correct=correct)
-    rows = study.by_lambda(replay, lambda c: c / 2, grid=(0.97, 0.99))
+    k = [j, int(np.argmin(np.abs(LAMBDAS - 0.99)))]  # the swept-with-the-map replay at the grid's two λ
+    mapped = SimpleNamespace(stopped=stopped[:, k], confidence=confidence[:, k] / 2)
+    rows = study.by_lambda(replay, mapped, grid=(0.97, 0.99))
     assert rows[0]["stops"] == 3 and rows[0]["reported"] == pytest.approx(0.8)
     assert rows[0]["mapped"] == pytest.approx(0.4) and rows[0]["accuracy"] == pytest.approx(2 / 3)
     assert rows[1]["stops"] == 0 and rows[1]["accuracy"] is None
@@ -602,3 +615,15 @@ def test_pruning_losses_finds_a_group_lost_to_a_class_one_chain_holds():
     row = found[0.0][0]
     assert row["output_class_support"] == {"full": 1, "pruned": 1}
     assert row["right_class_support"] == {"full": 3, "pruned": 3} and row["pruned_chains"] == 3
+
+
+def test_stop_confidence_features_finds_a_testbed_problem_two_seeds_drew(tmp_path):
+    """Problem 105 of `testbed:evaluation:1024:5151` is problem 54 of `testbed:evaluation:1232:7373` (the same
+    arithmetic and distractor): a calibration collection holding it loses it to the new problems' collection."""
+    study = _script("stop_confidence_features")
+    for name, ids in (("cal", ["5151/104", "5151/105"]), ("new", ["7373/53", "7373/54"]), ("other", ["6161/0"])):
+        shard = {"shard-r000-00000.safetensors": [f"testbed-arith-v2/evaluation/{i}" for i in ids]}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "index-r000.json").write_text(json.dumps({"problems": 2, "rank": 0, "shards": shard}))
+    assert study.shared_problems([tmp_path / "cal"], [tmp_path / "new"]) == {"testbed-arith-v2/evaluation/5151/105"}
+    assert study.shared_problems([tmp_path / "cal"], [tmp_path / "other"]) == frozenset()
