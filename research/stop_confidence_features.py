@@ -26,9 +26,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
 
 from hf_msv import MSVEarlyStop, MSVVerifier
+from hf_msv.metrics import nll as log_loss
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import ConfidenceMap
-from hf_msv.training.confidence_map import CONFIDENCE_MAPS, choose_confidence_map, log_loss
+from hf_msv.training.confidence_map import CONFIDENCE_MAPS, choose_confidence_map
 from hf_msv.training.pruned_replay import deployed_stops
 from hf_msv.utils import json_safe
 from research.default_on_new_problems import stop_calibration

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..metrics import ece
+from ..metrics import ece, nll
 from ..stop_rules import STOP_TIME_FEATURES, ConfidenceMap
 
-__all__ = ["CONFIDENCE_MAPS", "MapChoice", "choose_confidence_map", "log_loss"]
+__all__ = ["CONFIDENCE_MAPS", "MapChoice", "choose_confidence_map"]
 
 # The candidates: which `STOP_TIME_FEATURES` a map weighs beside the head's confidence (its indices), and whether an
 # isotonic step follows the Platt scaling. Fixed before the maps were compared on new problems (docs/pruning.md).
@@ -26,13 +26,6 @@ CONFIDENCE_MAPS: dict[str, tuple[tuple[int, ...], bool]] = {
     "confidence alone, isotonic step": ((), True),
     "+ support, answered, isotonic step": ((1, 2), True),
 }
-
-
-def log_loss(p, right) -> float:
-    """Mean negative log-likelihood of (m,) 0/1 `right` under (m,) probabilities `p` (clipped to [1e-6, 1 − 1e-6])."""
-    p = np.clip(np.asarray(p, np.float64), 1e-6, 1 - 1e-6)
-    y = np.asarray(right, np.float64)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
 @dataclass(frozen=True)
@@ -92,7 +85,7 @@ def choose_confidence_map(
                 part = fold == f
                 cmap = ConfidenceMap.fit(conf[~part], right[~part], x[~part], columns, isotonic)
                 mapped[part] = cmap(conf[part], x[part])
-            figures.append((log_loss(mapped, right), ece(mapped, right)))
+            figures.append((nll(mapped, right), ece(mapped, right)))
         loss, error = np.mean(figures, 0)
         crossfit[name] = (float(loss), float(error))
     chosen = min(crossfit, key=lambda name: crossfit[name][0])
