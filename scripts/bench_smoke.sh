@@ -19,7 +19,7 @@ PY=${PYTHON:-.venv/bin/python}
 LIMIT=${LIMIT:-600}  # seconds one script may take before it counts as a failure
 LOG_DIR=${LOG_DIR:-$(mktemp -d -t bench-smoke-XXXXXX)}
 mkdir -p "$LOG_DIR"
-NEEDS_VLLM="benchmarks/vllm_controller.py benchmarks/vllm_serving.py examples/vllm_early_stop.py"
+NEEDS_VLLM="benchmarks/vllm_collection.py benchmarks/vllm_controller.py benchmarks/vllm_serving.py examples/vllm_early_stop.py"
 
 VLLM_PY=""
 for candidate in "$PY" .venv-vllm/bin/python; do

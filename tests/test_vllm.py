@@ -287,6 +287,10 @@ def test_shards_have_the_live_format_and_equal_the_reencoded_tokens(engine, toke
     assert again.generated == 0
     with pytest.raises(ValueError, match="there, 4 now"):
         collect_with_vllm(engine, problems[:2], tmp_path / "vllm", **dict(settings, num_samples=4))
+    # A batch with more chains than the engine's chain slots (96 of its 128 sequences) is named, and still runs.
+    wide = dict(settings, num_samples=49, problems_per_batch=2, max_new_tokens=8)
+    with pytest.warns(UserWarning, match="runs 96 chains at once, fewer than a batch's 2 x 49.*max_num_seqs=131"):
+        assert collect_with_vllm(engine, problems[:1], tmp_path / "wide", **wide).generated == 1
 
 
 def test_bad_input_is_refused_before_sampling(engine, tokenizer, monkeypatch):
@@ -345,6 +349,11 @@ def test_collect_command_line_splits_engine_options():
         "async_scheduling": False,
         "dtype": "float32",
     }
+    # A batch of 8 prompts x 64 chains gets the sequences to decode at once (512 chains + the elicitation reserve),
+    # unless --vllm-arg names max_num_seqs; one within vLLM's least default keeps the engine's own.
+    assert engine_arguments(options, 8 * 64)["max_num_seqs"] == 683
+    assert engine_arguments([*options, "max_num_seqs=300"], 8 * 64)["max_num_seqs"] == 300
+    assert "max_num_seqs" not in engine_arguments(options, 8 * 16)
     with pytest.raises(ValueError, match="--engine vllm"):
         split_arguments(["--engine", "transformers"])
     with pytest.raises(ValueError, match="KEY=VALUE"):

@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-__all__ = ["engine_arguments", "engine_model_arguments", "main", "split_arguments"]
+from .collect import batch_sequences
+
+__all__ = ["VLLM_LEAST_MAX_NUM_SEQS", "engine_arguments", "engine_model_arguments", "main", "split_arguments"]
+
+VLLM_LEAST_MAX_NUM_SEQS = 256
+"""vLLM's smallest default ``max_num_seqs`` (its CPU backend's): a batch that needs more sets its own."""
 
 DEFAULT_ENGINE_ARGS = {"enable_prefix_caching": True, "block_size": 32, "async_scheduling": False}
 """Elicitations reuse their chain's cached prefix in whole blocks: small blocks (32, the CPU backend's least);
@@ -40,9 +45,20 @@ def split_arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return rest, options
 
 
-def engine_arguments(options: Sequence[str]) -> dict:
-    """``KEY=VALUE`` strings → keyword arguments of ``vllm.LLM`` (JSON values when they parse, else strings)."""
+def engine_arguments(options: Sequence[str], batch_chains: int = 0) -> dict:
+    """``KEY=VALUE`` strings → keyword arguments of ``vllm.LLM`` (JSON values when they parse, else strings).
+
+    Args:
+        options: the ``--vllm-arg`` values.
+        batch_chains: chains per collection batch (``problems_per_batch × num_samples``). Unless `options` set
+            ``max_num_seqs``, it is set to `batch_sequences` when that exceeds vLLM's least default, so that a
+            batch decodes at once (at N = 64 in the CPU backend's 256, three prompts would run at a time; on a GPU
+            with a larger default it may be lowered to that need, which still runs the batch at once).
+    """
     out = dict(DEFAULT_ENGINE_ARGS)
+    needed = batch_sequences(batch_chains, 1) if batch_chains else 0
+    if needed > VLLM_LEAST_MAX_NUM_SEQS:
+        out["max_num_seqs"] = needed
     for option in options:
         key, sep, value = option.partition("=")
         if not sep or not key:
@@ -113,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = str(named.path) if named is not None else config.model
     import vllm  # pyright: ignore[reportMissingImports]  (optional; absent from the lint environment)
 
-    kwargs = engine_arguments(options)
+    kwargs = engine_arguments(options, resolved.problems_per_batch * resolved.num_samples)
     for key, value in model_kwargs.items():  # an explicit --vllm-arg wins
         kwargs.setdefault(key, value)
     engine = vllm.LLM(model=path, **kwargs)  # pyright: ignore[reportAttributeAccessIssue]  (vLLM, not hf_msv.vllm)

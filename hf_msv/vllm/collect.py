@@ -8,7 +8,9 @@ token confidence of every chain token from the engine's raw top-k log-probs (``c
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,9 +30,9 @@ from ..collect.lm import prompt_builder, template_name
 from ..collect.recording import build_record
 from ..data.problems import Problem
 from ..elicitation import ElicitationSettings
-from .controller import VLLMController
+from .controller import ELICITATION_RESERVE, VLLMController
 
-__all__ = ["collect_with_vllm", "engine_info"]
+__all__ = ["batch_sequences", "collect_with_vllm", "engine_info"]
 
 
 class _EngineModule:
@@ -43,6 +45,16 @@ class _EngineModule:
 
     def train(self, mode: bool = True):
         return self
+
+
+def batch_sequences(
+    problems_per_batch: int, num_samples: int, elicitation_reserve: float = ELICITATION_RESERVE
+) -> int:
+    """The engine's ``max_num_seqs`` at which a collection batch's chains all decode at once: its
+    ``problems_per_batch × num_samples`` chains fill the controller's chain slots, the rest of the sequences kept for
+    elicitation requests (`VLLMController`'s ``elicitation_reserve``). Below it, prompts wait for whole prompts to end
+    (docs/vllm.md "Admission")."""
+    return math.ceil(problems_per_batch * num_samples / (1.0 - elicitation_reserve))
 
 
 def engine_info(engine) -> dict:
@@ -104,6 +116,14 @@ def collect_with_vllm(
         capture_hidden_states=True,
         confidence_top_k=config.confidence_top_k,
     )
+    if controller.chain_slots < config.problems_per_batch * config.num_samples:
+        needed = batch_sequences(config.problems_per_batch, config.num_samples)
+        warnings.warn(
+            f"the engine runs {controller.chain_slots} chains at once, fewer than a batch's "
+            f"{config.problems_per_batch} x {config.num_samples}: prompts wait for whole prompts to end. Start it "
+            f"with max_num_seqs={needed} (the `hf-msv collect --engine vllm` default) to decode a batch at once.",
+            stacklevel=2,
+        )
     build_prompt = prompt_builder(config.prompt_template, controller.tokenizer)
     budgets = {p.id: controller.room(controller.encode(build_prompt(p))) for p in problems}  # checked before work
     recorded = {name: getattr(config, name) for name in LIVE_SETTINGS}

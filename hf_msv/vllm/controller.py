@@ -27,7 +27,10 @@ from . import capture
 if TYPE_CHECKING:
     from ..equivalence import EquivalenceChecker
 
-__all__ = ["EngineSession", "PromptRun", "VLLMController", "compute_counts", "vllm_generate"]
+__all__ = ["ELICITATION_RESERVE", "EngineSession", "PromptRun", "VLLMController", "compute_counts", "vllm_generate"]
+
+ELICITATION_RESERVE = 0.25
+"""The share of the engine's ``max_num_seqs`` `VLLMController` keeps free of chains for elicitation requests."""
 
 _COT_PREFIX = "msv-cot:"
 _RUN_IDS = itertools.count()
@@ -81,7 +84,7 @@ class VLLMController:
         elicitation: ElicitationSettings | None = None,
         checker: str | EquivalenceChecker | None = "symbolic",
         capture_hidden_states: bool = False,
-        elicitation_reserve: float = 0.25,
+        elicitation_reserve: float = ELICITATION_RESERVE,
         confidence_top_k: int | None = None,
         **overrides,
     ):
