@@ -627,3 +627,17 @@ def test_stop_confidence_features_finds_a_testbed_problem_two_seeds_drew(tmp_pat
         (tmp_path / name / "index-r000.json").write_text(json.dumps({"problems": 2, "rank": 0, "shards": shard}))
     assert study.shared_problems([tmp_path / "cal"], [tmp_path / "new"]) == {"testbed-arith-v2/evaluation/5151/105"}
     assert study.shared_problems([tmp_path / "cal"], [tmp_path / "other"]) == frozenset()
+
+
+def test_net_test_power_holds_the_level_at_the_null_and_rejects_a_clear_gain():
+    """research/net_test_power.py simulates the library's net-loss test: at the null's boundary (net loss = ε) it
+    rejects no more often than its level allows, a net gain of 5 pp it rejects almost always, and the z-test's
+    problem count grows with the churn."""
+    module = _script("net_test_power")
+    null = module.power(1024, churn=0.2, mean=0.01, epsilon=0.01, level=0.05, draws=200, seed=1)
+    assert null["interval"][0] <= 0.05 and null["power"] <= 0.1
+    gain = module.power(1024, churn=0.2, mean=-0.05, epsilon=0.01, level=0.05, draws=50, seed=2)
+    assert gain["power"] >= 0.95 and gain["z_power"] > 0.99
+    assert module.z_problems(0.036, 0.0, 0.01, 0.025, 0.8) < module.z_problems(0.076, 0.0, 0.01, 0.025, 0.8)
+    out = module.main(["--quick"])
+    assert len(out["rows"]) == 8 and all(0 <= r["power"] <= 1 for r in out["rows"])
