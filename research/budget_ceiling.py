@@ -39,7 +39,7 @@ def at_budgets(curve: RuleCurve) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verifier", required=True)
-    parser.add_argument("--data-dir", required=True, help="evaluation problems")
+    parser.add_argument("--data-dir", required=True, nargs="+", help="evaluation problems (one or more, pooled)")
     parser.add_argument("--max-problems", type=int, default=None)
     parser.add_argument("--output", default=None)
     parser.add_argument("--rules", nargs="*", default=(), help="more pruning rules, e.g. regret=0.1,min_answers=2")
@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
         for text, r in extra.items()
     }
     out = {
-        "data_dir": args.data_dir,
+        "data_dir": args.data_dir[0] if len(args.data_dir) == 1 else args.data_dir,
         "groups": len(groups),
         "num_chains": head.num_chains,
         "default_rule": rule.describe(),

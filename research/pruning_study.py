@@ -166,8 +166,10 @@ ALTERNATIVES = (PruneRule(doubt=0.1, lead=0.5), PruneRule(doubt=0.05, lead=0.9),
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verifier", required=True)
-    parser.add_argument("--calibration-dir", required=True, help="problems the stop head was not fitted on")
-    parser.add_argument("--eval-dir", required=True)
+    parser.add_argument(
+        "--calibration-dir", required=True, nargs="+", help="problems the stop head was not fitted on (pooled)"
+    )
+    parser.add_argument("--eval-dir", required=True, nargs="+", help="new problems (one or more collections, pooled)")
     parser.add_argument("--epsilon", type=float, default=0.01)
     parser.add_argument("--delta", type=float, default=0.1)
     parser.add_argument("--output", default=None)

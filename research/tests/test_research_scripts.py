@@ -641,3 +641,26 @@ def test_net_test_power_holds_the_level_at_the_null_and_rejects_a_clear_gain():
     assert module.z_problems(0.036, 0.0, 0.01, 0.025, 0.8) < module.z_problems(0.076, 0.0, 0.01, 0.025, 0.8)
     out = module.main(["--quick"])
     assert len(out["rows"]) == 8 and all(0 <= r["power"] <= 1 for r in out["rows"])
+
+
+def test_pruning_study_pools_several_calibration_and_evaluation_collections(tmp_path):
+    """research/pruning_study.py certifies on every --calibration-dir and evaluates on every --eval-dir, pooled."""
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+    from hf_msv.lambda_rule import LambdaChoice
+    from hf_msv.stop_rules import StopHead
+
+    dirs = [write_split(tmp_path / name, 6, seed=s, num_sequences=4) for name, s in (("c1", 1), ("c2", 2), ("e", 3))]
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    head = StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4)
+    lam = LambdaChoice(0.9, "guarantee", True, 0.1, 0.1, None, 12, 22, 0.5, 10.0, 0.0, 0.5, 20.0).to_dict()
+    verifier.config.early_stopping = {"stop_head": head.to_dict(), "lambda": lam}
+    verifier.save_pretrained(tmp_path / "msv")
+    args = ["--verifier", str(tmp_path / "msv"), "--calibration-dir", str(dirs[0]), str(dirs[1])]
+    args += ["--eval-dir", str(dirs[2]), "--rules", "steady=2", "--no-alternatives", "--loss", "net"]
+    out = _script("pruning_study").main(args)
+    assert out["calibration_problems"] == 12 and out["evaluation_problems"] == 6
+    assert [c["describe"] for c in out["candidates"]] == [
+        "no pruning",
+        "prune a chain whose last 2 answers are one class",
+    ]
