@@ -6,11 +6,16 @@ mean d = 0) has per-problem net losses in {−1, 0, 1} with variance ≈ c. The 
 `hf_msv.lambda_rule.net_loss_p_value` (the betting test `choose_jointly(loss="net")` runs) rejects
 H0: E[loss] ≥ ε at the per-rule level δ / K. Simulated here, per (n, c, d): the share of draws it rejects (its power,
 with a 95 % Wilson interval), beside a one-sided z-test's power (the normal approximation, which no finite-sample
-guarantee reaches) and the n at which the z-test has 50 % and 80 % power. Only the first test of a rule's
-fixed-sequence (its λ = ∞, or one λ) is simulated: the rule is certified at some λ only if that test passes.
-Last line: JSON (also ``--output``).
+guarantee reaches) and the n at which the z-test has 50 % and 80 % power. Each test of a rule's fixed sequence is
+simulated alone: the rule is certified at a λ only if the tests from λ = ∞ down to it all pass.
 
-    python research/net_test_power.py --output docs/results/net-test-power.json      # ~3 min
+``--study`` reads the calibration curve of each rule of a `research/pruning_study.py` JSON instead: per λ, the
+losses and gains against full decoding on its calibration problems, and the power each test would have at 1,024,
+3,072 and 6,144 problems if those rates held. Last line: JSON (also ``--output``).
+
+    python research/net_test_power.py --output docs/results/net-test-power.json      # seconds
+    python research/net_test_power.py --study docs/results/pruning-n64-floor.json \
+        --output docs/results/net-test-power-n64-floor.json
 """
 
 from __future__ import annotations
@@ -54,6 +59,30 @@ def z_problems(churn: float, mean: float, epsilon: float, level: float, target: 
     return math.ceil(((norm.isf(level) + norm.isf(1 - target)) * sd / (epsilon - mean)) ** 2)
 
 
+def study_rows(study: dict, sizes, epsilon: float, level: float, draws: int, seed: int) -> list[dict]:
+    """Per rule and λ of a pruning study's calibration curves: losses, gains, churn, net and the power at `sizes`."""
+    n = study["calibration_problems"]
+    full = study["candidates"][0]["calibration_curve"][0]["accuracy"]  # no pruning at λ = ∞: full decoding
+    rows = []
+    for candidate in study["candidates"][1:]:
+        for point in candidate["calibration_curve"]:
+            losses = point["losses"]
+            gains = losses + round((point["accuracy"] - full) * n)
+            churn, mean = (losses + gains) / n, (losses - gains) / n
+            at = {str(m): power(m, churn, mean, epsilon, level, draws, seed) for m in sizes}
+            rows.append(
+                {
+                    "rule": candidate["describe"],
+                    "lam": point["lam"],
+                    "losses": losses,
+                    "gains": gains,
+                    "cot_fraction": point["cot_fraction"],
+                    "power": {m: {"power": r["power"], "z_power": r["z_power"]} for m, r in at.items()},
+                }
+            )
+    return rows
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epsilon", type=float, default=0.01)
@@ -61,9 +90,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--draws", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 sizes, 40 draws")
+    parser.add_argument("--study", help="a research/pruning_study.py JSON: its rules' calibration curves")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     sizes, draws = (SIZES[:2], 40) if args.quick else (SIZES, args.draws)
+    if args.study:
+        study = json.loads(Path(args.study).read_text())
+        rows = study_rows(study, (1024, 3072, 6144), args.epsilon, args.level, draws, args.seed)
+        report = {"study": args.study, "epsilon": args.epsilon, "level": args.level, "draws": draws, "rows": rows}
+        if args.output:
+            Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report))
+        return report
     rows = [
         power(n, c, d, args.epsilon, args.level, draws, args.seed + i)
         for i, (n, c, d) in enumerate((n, c, d) for c in CHURNS for d in MEANS for n in sizes)

@@ -664,3 +664,23 @@ def test_pruning_study_pools_several_calibration_and_evaluation_collections(tmp_
         "no pruning",
         "prune a chain whose last 2 answers are one class",
     ]
+
+
+def test_net_test_power_reads_a_studys_calibration_curve(tmp_path):
+    """``--study``: gains are read from each λ's accuracy against full decoding's (no pruning at λ = ∞), and a λ
+    that moves more outcomes for no better net has less power."""
+    curve = lambda *points: [dict(zip(("lam", "losses", "accuracy", "cot_fraction"), p)) for p in points]
+    study = {
+        "calibration_problems": 1000,
+        "candidates": [
+            {"describe": "no pruning", "calibration_curve": curve((None, 0, 0.8, 1.0))},
+            {"describe": "steady", "calibration_curve": curve((None, 5, 0.805, 0.6), (0.9, 40, 0.8, 0.4))},
+        ],
+    }
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    out = _script("net_test_power").main(["--study", str(path), "--draws", "60"])
+    calm, busy = out["rows"]
+    assert (calm["losses"], calm["gains"], busy["losses"], busy["gains"]) == (5, 10, 40, 40)
+    assert calm["power"]["3072"]["power"] > busy["power"]["3072"]["power"]
+    assert calm["power"]["1024"]["z_power"] <= calm["power"]["6144"]["z_power"]
