@@ -94,14 +94,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     sizes, draws = (SIZES[:2], 40) if args.quick else (SIZES, args.draws)
-    if args.study:
-        study = json.loads(Path(args.study).read_text())
-        rows = study_rows(study, (1024, 3072, 6144), args.epsilon, args.level, draws, args.seed)
-        report = {"study": args.study, "epsilon": args.epsilon, "level": args.level, "draws": draws, "rows": rows}
-        if args.output:
-            Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
-        print(json.dumps(report))
-        return report
+    report = study_report(args, draws) if args.study else grid_report(args, sizes, draws)
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+    return report
+
+
+def study_report(args, draws: int) -> dict:
+    study = json.loads(Path(args.study).read_text())
+    rows = study_rows(study, (1024, 3072, 6144), args.epsilon, args.level, draws, args.seed)
+    return {"study": args.study, "epsilon": args.epsilon, "level": args.level, "draws": draws, "rows": rows}
+
+
+def grid_report(args, sizes, draws: int) -> dict:
     rows = [
         power(n, c, d, args.epsilon, args.level, draws, args.seed + i)
         for i, (n, c, d) in enumerate((n, c, d) for c in CHURNS for d in MEANS for n in sizes)
@@ -111,12 +117,7 @@ def main(argv=None) -> dict:
         for c in CHURNS
         for d in MEANS
     }
-    report = {"epsilon": args.epsilon, "level": args.level, "draws": draws, "rows": rows, "z_problems": needed}
-    text = json.dumps(report)
-    if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
-    print(text)
-    return report
+    return {"epsilon": args.epsilon, "level": args.level, "draws": draws, "rows": rows, "z_problems": needed}
 
 
 if __name__ == "__main__":

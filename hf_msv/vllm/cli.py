@@ -56,7 +56,7 @@ def engine_arguments(options: Sequence[str], batch_chains: int = 0) -> dict:
             with a larger default it may be lowered to that need, which still runs the batch at once).
     """
     out = dict(DEFAULT_ENGINE_ARGS)
-    needed = batch_sequences(batch_chains, 1) if batch_chains else 0
+    needed = batch_sequences(batch_chains)
     if needed > VLLM_LEAST_MAX_NUM_SEQS:
         out["max_num_seqs"] = needed
     for option in options:

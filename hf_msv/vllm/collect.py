@@ -47,14 +47,12 @@ class _EngineModule:
         return self
 
 
-def batch_sequences(
-    problems_per_batch: int, num_samples: int, elicitation_reserve: float = ELICITATION_RESERVE
-) -> int:
-    """The engine's ``max_num_seqs`` at which a collection batch's chains all decode at once: its
-    ``problems_per_batch × num_samples`` chains fill the controller's chain slots, the rest of the sequences kept for
-    elicitation requests (`VLLMController`'s ``elicitation_reserve``). Below it, prompts wait for whole prompts to end
-    (docs/vllm.md "Admission")."""
-    return math.ceil(problems_per_batch * num_samples / (1.0 - elicitation_reserve))
+def batch_sequences(batch_chains: int, elicitation_reserve: float = ELICITATION_RESERVE) -> int:
+    """The engine's ``max_num_seqs`` at which a collection batch's chains (``problems_per_batch × num_samples``) all
+    decode at once: they fill the controller's chain slots, the rest of the sequences kept for elicitation requests
+    (`VLLMController`'s ``elicitation_reserve``). Below it, prompts wait for whole prompts to end (docs/vllm.md
+    "Admission")."""
+    return math.ceil(batch_chains / (1.0 - elicitation_reserve))
 
 
 def engine_info(engine) -> dict:
@@ -116,8 +114,9 @@ def collect_with_vllm(
         capture_hidden_states=True,
         confidence_top_k=config.confidence_top_k,
     )
-    if controller.chain_slots < config.problems_per_batch * config.num_samples:
-        needed = batch_sequences(config.problems_per_batch, config.num_samples)
+    batch_chains = config.problems_per_batch * config.num_samples
+    if controller.chain_slots < batch_chains:
+        needed = batch_sequences(batch_chains)
         warnings.warn(
             f"the engine runs {controller.chain_slots} chains at once, fewer than a batch's "
             f"{config.problems_per_batch} x {config.num_samples}: prompts wait for whole prompts to end. Start it "
