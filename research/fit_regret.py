@@ -18,23 +18,25 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from hf_msv.pruning import CHAIN_FEATURES
+from hf_msv.pruning import CHAIN_FEATURES, PRUNE_OFF
+from hf_msv.training.pruned_replay import replay_pruning
 from hf_msv.training.regret import TARGETS, RegretHead, fit_regret, regret_rows
 from hf_msv.utils import json_safe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
-from research.pruning_study import scored_groups
+from research.pruning_study import full_chosen, scored_groups
 
 THRESHOLDS = (0.005, 0.01, 0.02, 0.05, 0.1)
 
 
-def two_fold(groups, scores, head, target: str = "correct") -> dict:
+def two_fold(groups, scores, head, target: str = "correct", outputs=None) -> dict:
     """Fit on the even problems and check on the odd ones, and the reverse; the two halves' rows pooled."""
-    x, y, g = regret_rows(groups, scores, head, target=target)
+    x, y, g = regret_rows(groups, scores, head, target=target, outputs=outputs)
     predicted = np.empty(y.size)
     for fold in (0, 1):
         train = [i for i in range(len(groups)) if i % 2 == fold]
-        fitted = fit_regret([groups[i] for i in train], [scores[i] for i in train], head, target=target)
+        part = None if outputs is None else [outputs[i] for i in train]
+        fitted = fit_regret([groups[i] for i in train], [scores[i] for i in train], head, target=target, outputs=part)
         rows = g % 2 != fold
         predicted[rows] = fitted.predict(x[rows])
     below = {
@@ -53,8 +55,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-problems", type=int, default=None)
     parser.add_argument("--target", choices=TARGETS, default="correct", help="the label (hf_msv.training.regret)")
     args = parser.parse_args(argv)
-    _, head, groups, _, scores = scored_groups(args.verifier, args.data_dir, args.max_problems)
-    fitted = fit_regret(groups, scores, head, target=args.target)
+    _, head, groups, scorer, scores = scored_groups(args.verifier, args.data_dir, args.max_problems)
+    outputs = None
+    if args.target == "output":  # full decoding's output class, as the ceiling reads it
+        off = replay_pruning(PRUNE_OFF, head, groups, scorer, scores)
+        outputs = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, off))]
+    fitted = fit_regret(groups, scores, head, target=args.target, outputs=outputs)
     with open(args.output, "w") as handle:
         json.dump(fitted.to_dict(), handle, indent=1)
         handle.write("\n")
@@ -62,7 +68,7 @@ def main(argv=None) -> dict:
     out = {
         "head": fitted.to_dict(),
         "weights": dict(zip(CHAIN_FEATURES, fitted.coef)),
-        "two_fold": two_fold(groups, scores, head, args.target),
+        "two_fold": two_fold(groups, scores, head, args.target, outputs),
     }
     print(json.dumps(json_safe(out)))
     return out

@@ -258,6 +258,23 @@ def test_regret_rows_change_target_labels_a_chain_whose_final_class_differs():
         regret_rows([group], [d["score"]], MEAN_HEAD, target="gold")
 
 
+def test_regret_rows_output_target_labels_a_chain_that_will_answer_the_output_class():
+    d = scripted_group()
+    group = _replay_group(d)
+    for output in (0, 1):  # the label follows the output class it is given, not the gold one
+        x, y, _ = regret_rows([group], [d["score"]], MEAN_HEAD, target="output", outputs=[output])
+        expected = []  # brute force: a later answer of the chain falls in the output class (the ceiling keeps it)
+        for t, n, _ in _held_rows(d):
+            later = (d["sequence"] == n) & (d["end"] > t) & (d["klass"] == output)
+            expected.append(bool(later.any()))
+        assert y.tolist() == expected and any(expected) and not all(expected)
+        assert x.shape == regret_rows([group], [d["score"]], MEAN_HEAD)[0].shape
+    fitted = fit_regret([group] * 2, [d["score"]] * 2, MEAN_HEAD, target="output", outputs=[0, 0])
+    assert fitted.target == "output" and fitted.groups == 2
+    with pytest.raises(ValueError, match="output class"):
+        regret_rows([group], [d["score"]], MEAN_HEAD, target="output")
+
+
 # -- the replay ----------------------------------------------------------------------------------------------------
 
 

@@ -1,13 +1,14 @@
 """Fitting the regret clause of per-chain pruning (`hf_msv.pruning`): a logistic regression on
 `hf_msv.pruning.chain_features` of the chance that pruning the chain now costs something.
 
-A pruned chain keeps its held answer. Two labels (`TARGETS`) say when that costs: ``"correct"``, decoding on would
+A pruned chain keeps its held answer. Three labels (`TARGETS`) say when that costs: ``"correct"``, decoding on would
 have turned a wrong held answer into a correct one (the chain's own regret); ``"change"``, the chain's final answer
-falls in another class than its held one, so full decoding would have counted it elsewhere (what the group's output
-can lose *or* gain by the prune). The rows are every chain still decoding (with an answer) at the arrival times of
-recorded groups decoded in full, read from the class snapshots of the stop head: the problems the stop head was
-fitted on, which the guarantee (`fit_pruning`) and the evaluation never read. The clause's threshold is then one
-more candidate parameter, certified with λ as the other clauses are.
+falls in another class than its held one, so full decoding would have counted it elsewhere (what the group's output can
+lose *or* gain by the prune); ``"output"``, a later answer of the chain falls in the class full decoding outputs (the
+chains the ceiling, `oracle_decision`, keeps; no gold label is read). The rows are every chain still decoding (with an
+answer) at the arrival times of recorded groups decoded in full, read from the class snapshots of the stop head: the
+problems the stop head was fitted on, which the guarantee (`fit_pruning`) and the evaluation never read. The clause's
+threshold is then one more candidate parameter, certified with λ as the other clauses are.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .pruned_replay import ReplayGroup
 
 __all__ = ["TARGETS", "RegretHead", "fit_regret", "regret_rows"]
 
-TARGETS = ("correct", "change")
+TARGETS = ("correct", "change", "output")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def regret_rows(
     head: StopHead,
     max_times: int = 48,
     target: str = "correct",
+    outputs: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The training rows of the regret statistic on groups decoded in full.
 
@@ -91,12 +93,15 @@ def regret_rows(
         max_times: arrival times per group at most (evenly spaced over its arrivals): neighbouring times repeat
             nearly the same rows.
         target: the label (`TARGETS`).
+        outputs: the class full decoding outputs in each group (needed by ``target="output"``).
 
     Returns:
         ``(x, y, group)``: (m, F) `chain_features`, (m,) bool label, (m,) the group's index.
     """
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    if target == "output" and (outputs is None or len(outputs) != len(groups)):
+        raise ValueError("target='output' needs full decoding's output class of every group (outputs)")
     xs, ys, gs = [], [], []
     for g, (group, s) in enumerate(zip(groups, scores)):
         times = np.unique(group.end)
@@ -106,6 +111,11 @@ def regret_rows(
         # The last end of each chain's correct answers: a correct answer still to come after t.
         last_correct = np.full(group.num_chains, -1, np.int64)
         np.maximum.at(last_correct, group.sequence[group.correct], group.end[group.correct])
+        # The last end of each chain's answers in full decoding's output class (target "output").
+        last_output = np.full(group.num_chains, -1, np.int64)
+        if outputs is not None:
+            mine = group.klass == outputs[g]
+            np.maximum.at(last_output, group.sequence[mine], group.end[mine])
         final, _ = held_answers(int(group.end.max()), group.sequence, group.step, group.end, group.num_chains)
         never = np.full(group.num_chains, NEVER, np.int64)
         for t in times:
@@ -121,6 +131,8 @@ def regret_rows(
             h = np.maximum(held, 0)
             if target == "correct":
                 label = ~group.correct[h] & (last_correct > t)
+            elif target == "output":
+                label = last_output > t
             else:
                 label = group.klass[h] != group.klass[np.maximum(final, 0)]
             xs.append(x[live])
@@ -137,16 +149,17 @@ def fit_regret(
     head: StopHead,
     max_times: int = 48,
     target: str = "correct",
+    outputs: Sequence[int] | None = None,
 ) -> RegretHead:
     """Fit the regret statistic on recorded groups (`regret_rows`; the stop head's own problems).
 
     Args:
-        groups, scores, head, max_times, target: as `regret_rows`.
+        groups, scores, head, max_times, target, outputs: as `regret_rows`.
 
     Returns:
         The `RegretHead`.
     """
-    x, y, g = regret_rows(groups, scores, head, max_times, target)
+    x, y, g = regret_rows(groups, scores, head, max_times, target, outputs)
     coef, intercept = fit_logistic(x, y, penalty=1e-3)
     coef = tuple(float(c) for c in coef)
     return RegretHead(coef, float(intercept), int(y.size), int(y.sum()), len(set(g.tolist())), target)

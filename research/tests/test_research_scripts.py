@@ -559,6 +559,11 @@ def test_fit_regret_writes_a_head_the_rule_syntax_reads(tmp_path):
         study.parse_rule("regret=0.1")
     _, same = _script("pruning_candidates").parse_rule("regret=0.1", regret)
     assert same == regret.rule(0.1)
+    # The ceiling's label: full decoding's output class replayed per group, no gold read.
+    argv = ["--verifier", str(tmp_path / "msv"), "--data-dir", str(data), "--output", str(tmp_path / "o.json")]
+    output = _script("fit_regret").main([*argv, "--target", "output"])
+    assert output["head"]["target"] == "output" and output["head"]["rows"] == out["head"]["rows"]
+    assert output["head"]["positives"] != out["head"]["positives"]
 
 
 def test_budget_ceiling_reads_each_curve_at_each_budget(tmp_path):
