@@ -1,5 +1,7 @@
 """Collection on vLLM at the engine size `hf-msv collect --engine vllm` picks, against vLLM's own default
-``max_num_seqs`` (docs/vllm.md "Admission"). Last stdout line: JSON.
+``max_num_seqs`` (docs/vllm.md "Admission"), and against the same collection with vLLM's own top-k log-probs
+returned for every chain token (the route to DeepConf's confidence the controller does not take). Last stdout line:
+JSON.
 
 The controller sends a prompt's N chains only while they fit in its chain slots, (1 − the elicitation reserve) ×
 ``max_num_seqs``; on the CPU backend vLLM's default of 256 sequences leaves 192, so a batch of 8 prompts × 64 chains
@@ -8,7 +10,9 @@ batch (`hf_msv.vllm.collect.batch_sequences`). Per setting, in a process of its 
 process), the testbed LM's collection of the same problems (float32, DeepConf confidences and hidden states
 recorded, as the studies collect): wall seconds, engine steps (machine-independent: a step's cost grows with its
 rows, so fewer, fuller steps are the saving), CoT tokens per step; ``steps_ratio`` and ``wall_ratio`` = sized ÷
-vLLM's default. Unseeded (the CPU build), so the two runs sample different chains.
+vLLM's default; ``logprobs_wall_ratio`` = sized ÷ sized with ``logprobs=k`` in the chains' sampling parameters
+(vLLM then builds k + 1 log-prob objects per token; the confidences are computed in the engine either way).
+Unseeded (the CPU build), so the runs may sample different chains.
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_collection.py            # 16 problems x 64, 8 per batch
     .venv-vllm/bin/python benchmarks/vllm_collection.py --quick    # 4 x 8, 4 per batch, against an engine of 16
@@ -30,13 +34,24 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def child(args) -> dict:
-    """One collection at ``args.max_num_seqs`` (0: what the command line picks) in this process."""
+    """One collection at ``args.max_num_seqs`` (0: what the command line picks) in this process; with
+    ``args.vllm_logprobs``, vLLM also returns each chain token's top-k log-probs."""
     import vllm
 
     import hf_msv.testbed
     from hf_msv.data.sources import load_problems
-    from hf_msv.vllm import collect_with_vllm
+    from hf_msv.vllm import VLLMController, collect_with_vllm
     from hf_msv.vllm.cli import engine_arguments
+
+    if args.vllm_logprobs:
+        chain_params = VLLMController.chain_params
+
+        def with_logprobs(self, *a, **kw):
+            params = chain_params(self, *a, **kw)
+            params.logprobs = self.confidence_top_k
+            return params
+
+        VLLMController.chain_params = with_logprobs
 
     kwargs = engine_arguments([], args.per_batch * args.num_samples)
     if args.max_num_seqs:
@@ -75,9 +90,10 @@ def child(args) -> dict:
     }
 
 
-def run(args, max_num_seqs: int) -> dict:
+def run(args, max_num_seqs: int, vllm_logprobs: bool = False) -> dict:
     """`child` in a subprocess; its last stdout line."""
     command = [sys.executable, __file__, "--child", "--max-num-seqs", str(max_num_seqs)]
+    command += ["--vllm-logprobs"] if vllm_logprobs else []
     for name in ("problems", "num_samples", "per_batch", "max_new_tokens", "seed"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -97,6 +113,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--max-num-seqs", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--vllm-logprobs", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--num-samples", type=int, default=64)
     parser.add_argument("--per-batch", type=int, default=8)
@@ -110,15 +127,17 @@ def main():
     default = 16 if args.quick else 256
     if args.quick:
         args.problems, args.num_samples, args.per_batch, args.max_new_tokens = 4, 8, 4, 120
-    small, sized = run(args, default), run(args, 0)
+    small, sized, logprobs = run(args, default), run(args, 0), run(args, 0, vllm_logprobs=True)
     report = {
         "problems": args.problems,
         "num_samples": args.num_samples,
         "problems_per_batch": args.per_batch,
         "default": small,
         "sized": sized,
+        "sized_vllm_logprobs": logprobs,
         "steps_ratio": sized["engine_steps"] / small["engine_steps"],
         "wall_ratio": sized["seconds"] / small["seconds"],
+        "logprobs_wall_ratio": sized["seconds"] / logprobs["seconds"],
     }
     print(json.dumps(rounded(report)))
 

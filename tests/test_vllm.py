@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 import hf_msv.testbed  # noqa: E402
 from helpers.generation import answer_group, replay_group  # noqa: E402
-from helpers.vllm_engines import make_engine  # noqa: E402
+from helpers.vllm_engines import assert_confidence_equals_transformers, make_engine  # noqa: E402
 from hf_msv.evaluation.early_stop import replay  # noqa: E402
 from hf_msv.generation import MSVScorer, StopRuleScorer  # noqa: E402
 from hf_msv.modeling_msv import MSVVerifier  # noqa: E402
@@ -105,15 +105,8 @@ def test_answers_and_states_equal_a_cache_free_transformers_forward(engine, toke
         assert all(a.end > a.tau + a.length for a in result.answers)  # available after its tokens were fed
         assert result.tokens_decoded == sum(map(len, result.sequences))
         assert result.chosen is None and all(a.score is None for a in result.answers)
-    # DeepConf's token confidence of every chain token: −mean of the top 5 raw log-probs, as transformers gives them.
-    for result, prompt in zip(collected, ids):
-        assert result.cot_confidence is not None
-        for seq, confidence in zip(result.sequences, result.cot_confidence):
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1 : -1]
-            expected = -torch.log_softmax(logits.float(), -1).topk(5, -1).values.mean(-1)
-            assert len(confidence) == len(seq)
-            torch.testing.assert_close(torch.tensor(confidence), expected, atol=1e-3, rtol=1e-3)
+    # DeepConf's token confidence of every chain token (computed in the engine): as transformers gives it.
+    assert assert_confidence_equals_transformers(model, ids, collected, top_k=5) > 100
     assert no_requests_left(engine)
     # What the engine computed for elicitation: each answer's tokens fed once, and its prompt prefilled from the
     # prefix cache up to the last full 32-token block of the chain.
@@ -203,10 +196,11 @@ LEADERS = PruneRule(regret=0.01, regret_coef=(0.0, 0.0, -6.0, 0.0, 0.0, 0.0, 0.0
 @pytest.mark.parametrize("rule", [PruneRule(steady=2), LEADERS], ids=["steady", "regret"])
 def test_pruned_chains_equal_the_replay_and_free_their_requests(engine, tokenizer, problems, rule):
     """A chain the rule prunes is aborted alone (its request and elicitations, nothing left in the engine), decodes
-    no further answer, and the replay of the rule on the recorded stream prunes the same chains at the same steps."""
+    no further answer, and the replay of the rule on the recorded stream prunes the same chains at the same steps;
+    its token confidences, read from the engine after the abort, cover the tokens it decoded."""
     verifier = MSVVerifier.from_pretrained(TESTBED_VERIFIER_DIR).eval()
     head = StopHead.of(verifier.config)
-    controller = VLLMController(engine, tokenizer, verifier, checker="symbolic")
+    controller = VLLMController(engine, tokenizer, verifier, checker="symbolic", confidence_top_k=3)
     results = controller.generate(
         [format_prompt(p) for p in problems], num_sequences=8, max_new_tokens=200, threshold=1.01, prune=rule
     )
@@ -221,6 +215,16 @@ def test_pruned_chains_equal_the_replay_and_free_their_requests(engine, tokenize
         pruned += len(cuts)
         assert result.tokens_decoded == sum(map(len, result.sequences))
     assert pruned > 0  # the rule prunes here: not a vacuous comparison
+    model = AutoModelForCausalLM.from_pretrained(LM_DIR, dtype=torch.float32).eval()
+    ids = [tokenizer(format_prompt(p))["input_ids"] for p in problems]
+    assert assert_confidence_equals_transformers(model, ids, results, top_k=3) > 0
+    # The engine's confidence setting is each run's: a controller without it on the same engine records none, and
+    # the first one records again after it.
+    plain = VLLMController(engine, tokenizer, checker="exact").generate(
+        [format_prompt(problems[0])], num_sequences=2, max_new_tokens=40, threshold=None
+    )
+    again = controller.generate([format_prompt(problems[0])], num_sequences=2, max_new_tokens=40, threshold=None)
+    assert plain[0].cot_confidence is None and assert_confidence_equals_transformers(model, ids[:1], again, 3) > 0
 
 
 def test_shards_have_the_live_format_and_equal_the_reencoded_tokens(engine, tokenizer, problems, tmp_path):

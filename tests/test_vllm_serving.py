@@ -15,11 +15,16 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import hf_msv.testbed  # noqa: E402
 from helpers.generation import answer_group  # noqa: E402
-from helpers.vllm_engines import make_engine, no_requests_left, preemptions  # noqa: E402
+from helpers.vllm_engines import (  # noqa: E402
+    assert_confidence_equals_transformers,
+    make_engine,
+    no_requests_left,
+    preemptions,
+)
 from hf_msv.evaluation.early_stop import replay  # noqa: E402
 from hf_msv.modeling_msv import MSVVerifier  # noqa: E402
 from hf_msv.testbed import TESTBED_VERIFIER_DIR, format_prompt  # noqa: E402
@@ -245,7 +250,8 @@ def test_chains_wait_in_the_controller_so_elicitations_run_at_once(engine, contr
 def test_preemption_under_a_small_cache_keeps_the_answer_states(engine, controller, prompts):
     """A cache of 40 blocks (the longest request takes 18) preempts chains and elicitations and recomputes them;
     the captured states, read by position, equal those of a run whose cache holds everything (≤ 1e-4, as
-    tests/test_vllm.py), and the seeded chains are the same. Last in the file: a second in-process engine."""
+    tests/test_vllm.py), the seeded chains are the same and their token confidences are transformers'. Last in the
+    file: a second in-process engine."""
     settings = dict(num_sequences=N, max_new_tokens=BUDGET, threshold=None)  # every answer of every chain
     assert engine.reset_prefix_cache()
     reference = serve(AsyncVLLMController(controller, **settings), prompts[:2])
@@ -253,7 +259,12 @@ def test_preemption_under_a_small_cache_keeps_the_answer_states(engine, controll
         LM_DIR, enable_chunked_prefill=False, kv_cache_memory_bytes=40 * (128 << 10), disable_log_stats=False
     )
     small_controller = VLLMController(
-        small, controller.tokenizer, controller.verifier, checker="symbolic", capture_hidden_states=True
+        small,
+        controller.tokenizer,
+        controller.verifier,
+        checker="symbolic",
+        capture_hidden_states=True,
+        confidence_top_k=4,
     )
     before = preemptions(small)
     served = serve(AsyncVLLMController(small_controller, **settings), prompts[:2])
@@ -266,3 +277,6 @@ def test_preemption_under_a_small_cache_keeps_the_answer_states(engine, controll
             assert (a.hidden_states - b.hidden_states).abs().max().item() <= 1e-4
             compared += 1
     assert compared > 20
+    model = AutoModelForCausalLM.from_pretrained(LM_DIR, dtype=torch.float32).eval()
+    ids = [controller.encode(p) for p in prompts[:2]]
+    assert assert_confidence_equals_transformers(model, ids, served, top_k=4) > 0

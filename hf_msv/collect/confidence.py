@@ -7,6 +7,21 @@ import torch
 from transformers import LogitsProcessor
 
 
+def token_confidence(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """DeepConf's token confidence C = −(1/k) Σ_{j≤k} log P(j) of each row's next-token distribution, from the LM's
+    raw logits (the one definition of every engine: transformers, vLLM).
+
+    Args:
+        logits: `(rows, vocab)` logits.
+        top_k: k (capped at the vocabulary size).
+
+    Returns:
+        `(rows,)` float32 confidences, on the logits' device.
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return -logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1).values.mean(-1)
+
+
 class ConfidenceRecorder(LogitsProcessor):
     """Passive logits processor that records DeepConf's token confidence C_t = −(1/k) Σ_{j≤k} log P_t(j) of every
     row at every decode step, from the LM's own log-probs (before temperature and top-k/top-p warpers); the scores
@@ -30,10 +45,8 @@ class ConfidenceRecorder(LogitsProcessor):
         Returns:
             `scores`, unchanged.
         """
-        logprobs = torch.log_softmax(scores.float(), dim=-1)
-        k = min(self.top_k, logprobs.shape[-1])
         # Stays on the device: one host transfer per generate call, not a synchronisation per decode step.
-        self.steps.append(-logprobs.topk(k, dim=-1).values.mean(-1))
+        self.steps.append(token_confidence(scores, self.top_k))
         return scores
 
     def table(self) -> np.ndarray:
@@ -43,4 +56,4 @@ class ConfidenceRecorder(LogitsProcessor):
         return torch.stack(self.steps).float().cpu().numpy()
 
 
-__all__ = ["ConfidenceRecorder"]
+__all__ = ["ConfidenceRecorder", "token_confidence"]

@@ -2,7 +2,7 @@
 shards of live collection (`hf_msv.collect.collect`), resumable and atomic through the same `ShardStore`.
 
 The controller runs without a verifier; each batch's answers become records with `build_record`, with DeepConf's
-token confidence of every chain token from the engine's raw top-k log-probs (``confidence_top_k``; shard info
+token confidence of every chain token computed in the engine from its raw logits (``confidence_top_k``; shard info
 ``cot_confidence_source: "generation"``, as live collection). See docs/vllm.md.
 """
 

@@ -32,7 +32,6 @@ __all__ = ["ELICITATION_RESERVE", "EngineSession", "PromptRun", "VLLMController"
 ELICITATION_RESERVE = 0.25
 """The share of the engine's ``max_num_seqs`` `VLLMController` keeps free of chains for elicitation requests."""
 
-_COT_PREFIX = "msv-cot:"
 _RUN_IDS = itertools.count()
 
 
@@ -64,7 +63,8 @@ class VLLMController:
             verifier.
         capture_hidden_states: keep every answer's `(L, d)` hidden states (the LM's dtype, CPU) in the results.
         confidence_top_k: record DeepConf's token confidence of every chain token (−mean of its top-k
-            log-probs, the LM's raw ones) in `MSVResult.cot_confidence`; `None`: not recorded.
+            log-probs, the LM's raw ones) in `MSVResult.cot_confidence`, computed inside the engine from its logits
+            (`hf_msv.vllm.capture`); `None`: not recorded.
         elicitation_reserve: share of the engine's ``max_num_seqs`` kept free of chains for elicitation requests: a
             prompt's N chains are sent once the chains still decoding plus N fit in the rest (the first prompt
             always is); the others wait in the controller. 0 sends every prompt at once, and a full engine then
@@ -109,10 +109,10 @@ class VLLMController:
             **overrides,
         )
         self.settings, self.policy, self.checker = self.setup.settings, self.setup.policy, self.setup.checker
-        self.model_name = capture.install(self.engine)
-        self.tokenizer, self.verifier = tokenizer, verifier
         if confidence_top_k is not None and confidence_top_k < 1:
             raise ValueError(f"confidence_top_k must be at least 1, got {confidence_top_k}.")
+        self.model_name = capture.install(self.engine)
+        self.tokenizer, self.verifier = tokenizer, verifier
         self.confidence_top_k = confidence_top_k
         self.capture_hidden_states = capture_hidden_states
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
@@ -209,7 +209,6 @@ class VLLMController:
             max_tokens=max_new_tokens,
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
-            logprobs=self.confidence_top_k,  # each token's top-k raw log-probs: DeepConf's token confidence
             **{k: v for k, v in sampling.items() if v is not None},
         )
 
@@ -385,7 +384,8 @@ class PromptRun:
         # Tokens the engine computed for its elicitations: prompt tokens not served from the prefix cache (the
         # elicitation segment and the chain's tokens after its last full cached block), and answer tokens fed.
         self.computed = {"prefill": 0, "answers": 0}
-        self.confidence: list[list[float]] = [[] for _ in range(num_sequences)]  # DeepConf's, when recorded
+        self.internal_ids: list[str] = []  # its chain requests' ids in the engine, by row
+        self.confidence: list[list[float]] = []  # DeepConf's per chain token, read from the engine once it is done
         # Its share of the wall time: its rows' share of each step (chains and elicitations), its bookkeeping.
         self.timings: dict[str, float] = dict.fromkeys(("cot", "elicitation", "verifier", "equivalence"), 0.0)
 
@@ -408,7 +408,7 @@ class PromptRun:
         """
         result = assemble_results(self.tracker, budget, threshold, keep_hidden_states, timings)[0]
         result.prompt = self.key
-        if any(self.confidence):
+        if self.confidence:
             result.cot_confidence = [list(c) for c in self.confidence]
         return result
 
@@ -451,6 +451,7 @@ class EngineSession:
                 controller.verifier, num_sequences, self.streaming, controller.capture_hidden_states, self.threshold
             )
         self.core = RunCore(controller.policy, queue, stop, controller.capture_hidden_states, budget=budget)
+        capture.configure(self.engine, controller.confidence_top_k)  # the engine's one setting, this run's
 
     @property
     def busy(self) -> bool:
@@ -475,14 +476,14 @@ class EngineSession:
             if params.seed is not None:
                 chain.seed = params.seed + n
             rid = f"{base}:{n}"
-            self.engine.add_request(rid, {"prompt_token_ids": run.ids}, chain)
+            run.internal_ids.append(self.engine.add_request(rid, {"prompt_token_ids": run.ids}, chain))
             self.chain_rows[rid] = (run, n)
             run.pending.add(rid)
         self.chains[base] = run
 
     def prompt_id(self, run: PromptRun) -> str:
         """The prefix of `run`'s chain request ids (chain n's is ``f"{prompt_id}:{n}"``)."""
-        return f"{_COT_PREFIX}{self.run_id}:{run.key}"
+        return f"{capture.CHAIN_PREFIX}{self.run_id}:{run.key}"
 
     def requests_of(self, run: PromptRun, rows=None) -> list[str]:
         """`run`'s requests still in the engine: its chains' and its elicitations' (only those of `rows` when
@@ -549,13 +550,27 @@ class EngineSession:
         self._complete(completed)
 
     def _done(self) -> list[PromptRun]:
-        """Take the prompts with no request left out of the session."""
+        """Take the prompts with no request left out of the session (their token confidences read, when
+        recorded)."""
         done = [(rid, run) for rid, run in self.chains.items() if not run.pending]
+        if done and self.controller.confidence_top_k is not None:
+            self._read_confidence([run for _, run in done])
         for rid, run in done:
             del self.chains[rid]
             if run.queue is not None:
                 run.queue.forget(run.key)  # nothing is waiting: the shared queue and its scorer forget the prompt
         return [run for _, run in done]
+
+    def _read_confidence(self, runs: list[PromptRun]):
+        """Each chain token's confidence, from the engine (one call for `runs`): chain token j sits at position
+        len(prompt) + j; a pruned chain's end where it was pruned."""
+        read = capture.drain_confidence(self.engine, [rid for run in runs for rid in run.internal_ids])
+        for run in runs:
+            start = len(run.ids)
+            run.confidence = [
+                [read[rid].get(start + j, float("nan")) for j in range(len(history))]
+                for rid, history in zip(run.internal_ids, run.tracker.history)
+            ]
 
     def abort(self, runs: list[PromptRun]):
         """Abort `runs`' requests (cancelled, or an engine error) and forget them and their captures."""
@@ -564,6 +579,7 @@ class EngineSession:
                 continue
             run.group.decided = True  # nothing more of it is elicited or scored
             self._abort(run, self.requests_of(run))
+            capture.discard(self.engine, run.internal_ids)
             if run.queue is not None:
                 run.queue.forget(run.key)
 
@@ -574,12 +590,7 @@ class EngineSession:
         tracker, core = run.tracker, run.core
         if tracker.status[row] != LIVE:
             return
-        k = self.controller.confidence_top_k
-        logprobs: list = completion.logprobs or [None] * len(completion.token_ids)
-        for token, entry in zip(completion.token_ids, logprobs):
-            if entry is not None and k is not None:  # the top k of the k (+ the sampled one) vLLM returns
-                top = sorted((float(lp.logprob) for lp in entry.values()), reverse=True)[:k]
-                run.confidence[row].append(-sum(top) / len(top))
+        for token in completion.token_ids:
             branch = core.feed(tracker, row, token)
             if branch is not None:
                 self._fork(branch, run)

@@ -47,3 +47,28 @@ def no_requests_left(llm) -> bool:
 def preemptions(llm) -> float:
     """Requests preempted so far (vLLM's ``vllm:num_preemptions`` counter; needs ``disable_log_stats=False``)."""
     return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+
+
+def assert_confidence_equals_transformers(model, prompt_ids, results, top_k: int) -> int:
+    """Every chain's `MSVResult.cot_confidence` (as far as it decoded, pruned chains too) equals DeepConf's token
+    confidence of a cache-free transformers forward over prompt + chain: −mean of the top `top_k` raw log-probs.
+
+    Returns:
+        The number of chain tokens compared.
+    """
+    import torch
+
+    compared = 0
+    for result, prompt in zip(results, prompt_ids):
+        assert result.cot_confidence is not None
+        assert len(result.cot_confidence) == len(result.sequences)
+        for seq, confidence in zip(result.sequences, result.cot_confidence):
+            assert len(confidence) == len(seq)
+            if not seq:
+                continue
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1 : -1]
+            expected = -torch.log_softmax(logits.float(), -1).topk(top_k, -1).values.mean(-1)
+            torch.testing.assert_close(torch.tensor(confidence), expected, atol=1e-3, rtol=1e-3)
+            compared += len(seq)
+    return compared
