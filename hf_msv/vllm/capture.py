@@ -184,7 +184,8 @@ def _drain_confidence(worker, request_ids) -> dict[str, dict[int, float]]:
 
 def _discard(worker, request_ids) -> None:
     buffer = getattr(worker.model_runner, _ATTR)
-    buffer.read_confidence()
+    if any(rid.startswith(CHAIN_PREFIX) for rid in request_ids):  # elicitations have no confidences: no host copy
+        buffer.read_confidence()
     for rid in request_ids:
         buffer.rows.pop(rid, None)
         buffer.confidence.pop(rid, None)
