@@ -92,7 +92,7 @@ def vllm_chains(sequences, policy, monkeypatch, chunk=3):
     sampling_params.RequestOutputKind = SimpleNamespace(DELTA="delta")
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling_params)
-    engine = SimpleNamespace(add_request=lambda rid, prompt, params: rid)
+    engine = SimpleNamespace(add_request=lambda rid, prompt, params: rid, collective_rpc=lambda *args, **kwargs: [])
     controller = SimpleNamespace(
         engine=engine,
         settings=policy.settings,
