@@ -689,3 +689,40 @@ def test_net_test_power_reads_a_studys_calibration_curve(tmp_path):
     assert (calm["losses"], calm["gains"], busy["losses"], busy["gains"]) == (5, 10, 40, 40)
     assert calm["power"]["3072"]["power"] > busy["power"]["3072"]["power"]
     assert calm["power"]["1024"]["z_power"] <= calm["power"]["6144"]["z_power"]
+
+
+def test_churn_by_collection_splits_the_net_change_into_problems_lost_and_gained(tmp_path):
+    """Lost: full decoding right and the rule wrong; gained: the reverse; the net change is their difference, on
+    hand-built outcomes and on a replayed collection (the stored pair and the stop alone at each λ)."""
+    from dataclasses import asdict
+
+    from helpers.evaluation import D, write_split
+    from helpers.generation import tiny_verifier
+    from hf_msv.lambda_rule import LambdaChoice
+    from hf_msv.pruning import PruneRule
+    from hf_msv.stop_rules import StopHead
+
+    study = _script("churn_by_collection")
+    full = np.array([1, 1, 1, 0, 0, 0, 1, 0], bool)
+    rule = np.array([1, 0, 1, 1, 1, 0, 0, 0], bool)
+    out = study.churn(rule, full, np.ones(8, bool))
+    assert out["lost"]["estimate"] == 2 / 8 and out["gained"]["estimate"] == 2 / 8 and out["net"]["estimate"] == 0
+    assert out["net"]["low"] < 0 < out["net"]["high"] and out["stopped"] == 1.0
+
+    data = write_split(tmp_path / "eval", 12, seed=5, num_sequences=4)
+    verifier = tiny_verifier(num_sequences=4, hidden=D)
+    choice = LambdaChoice(0.3, "guarantee", True, 0.1, 0.1, None, 12, 22, 0.5, 10.0, 0.0, 0.5, 20.0).to_dict()
+    verifier.config.early_stopping = {
+        "stop_head": StopHead(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), intercept=0.0, num_chains=4).to_dict(),
+        "lambda": choice,
+        "pruning": {"rule": asdict(PruneRule(steady=2)), "lambda": choice},
+    }
+    verifier.save_pretrained(tmp_path / "msv")
+    result = study.main(["--verifier", str(tmp_path / "msv"), "--data-dir", str(data), "--lambdas", "0.3", "0.9"])
+    got = result[str(data)]
+    assert got["problems"] == 12 and got["rule"] == PruneRule(steady=2).describe()
+    for name in ("pair", "stop_alone"):
+        for row in got[name].values():
+            net, lost, gained = (row[k]["estimate"] for k in ("net", "lost", "gained"))
+            assert net == pytest.approx(gained - lost)
+            assert lost <= got["full_accuracy"] and gained <= 1 - got["full_accuracy"]
