@@ -29,7 +29,7 @@ from hf_msv.metrics import bootstrap_interval
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.training.pruned_replay import replay_pruning, sweep_groups
 from hf_msv.utils import json_safe
-from research.pruning_study import scored_groups
+from research.pruning_study import report, scored_groups
 
 LAMBDAS = (0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
 
@@ -74,11 +74,7 @@ def main(argv=None) -> dict:
     for data_dir in args.data_dir:
         out[data_dir] = collection_churn(args.verifier, data_dir, args.lambdas, args.max_problems)
         print(json.dumps({"data_dir": data_dir, **json_safe(out[data_dir])}), flush=True)
-    out = json_safe(out)
-    if args.output:
-        Path(args.output).write_text(json.dumps(out, indent=1))
-    print(json.dumps(out))
-    return out
+    return report(out, args.output)
 
 
 if __name__ == "__main__":

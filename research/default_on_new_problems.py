@@ -30,8 +30,7 @@ from hf_msv.lambda_rule import LAMBDAS, lambda_index
 from hf_msv.metrics import bootstrap_interval, ece
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.training.pruned_replay import replay_pruning, sweep_groups
-from hf_msv.utils import json_safe
-from research.pruning_study import mapped_stops, operating_point, scored_groups  # the pruning study's figures
+from research.pruning_study import mapped_stops, operating_point, report, scored_groups  # the pruning study's figures
 
 
 def stop_calibration(confidence: np.ndarray, right: np.ndarray, draws: int = 400, seed: int = 0) -> dict:
@@ -74,11 +73,7 @@ def main(argv=None) -> dict:
         calibration = stop_calibration(*stops)
         out[name] = {"rule": rule.describe(), "lam": criterion.threshold, **point, "stop_calibration": calibration}
         print(json.dumps({"which": name, "rule": rule.describe(), "lam": criterion.threshold}), flush=True)
-    out = json_safe(out)
-    if args.output:
-        Path(args.output).write_text(json.dumps(out, indent=1))
-    print(json.dumps(out))
-    return out
+    return report(out, args.output)
 
 
 if __name__ == "__main__":

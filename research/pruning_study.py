@@ -43,6 +43,16 @@ from hf_msv.training.regret import RegretHead
 from hf_msv.utils import json_safe
 
 
+def report(out: dict, output=None) -> dict:
+    """A research script's result: made JSON-safe, written to `output` (when given) and printed as the last line."""
+    out = json_safe(out)
+    if output:
+        with open(output, "w") as handle:
+            json.dump(out, handle, indent=1)
+    print(json.dumps(out))
+    return out
+
+
 def mapped_stops(groups, streams, head, lam: float, confidence_map) -> tuple[np.ndarray, np.ndarray]:
     """``(mapped, right)``: (S,) what the stops at λ report through `confidence_map` as deployed (the stop's
     features read where the map weighs them: `sweep_groups`), and (S,) whether they are right (float)."""

@@ -26,6 +26,7 @@ from hf_msv.lambda_rule import LAMBDAS
 from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import StopHead
 from hf_msv.training.pruned_replay import MSVGroupScorer, load_replay_groups, replay_pruning, sweep_groups
+from research.pruning_study import report
 
 GRID = (0.95, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99)
 
@@ -81,10 +82,7 @@ def main(argv=None) -> dict:
         rows = by_lambda(replay, mapped, args.lambdas)
         out["dirs"][directory] = {"problems": len(groups), "by_lambda": rows}
         print(json.dumps({directory: out["dirs"][directory]["by_lambda"]}), flush=True)
-    if args.output:
-        Path(args.output).write_text(json.dumps(out, indent=1))
-    print(json.dumps(out))
-    return out
+    return report(out, args.output)
 
 
 if __name__ == "__main__":

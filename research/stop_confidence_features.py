@@ -31,9 +31,8 @@ from hf_msv.pruning import PRUNE_OFF
 from hf_msv.stop_rules import ConfidenceMap
 from hf_msv.training.confidence_map import CONFIDENCE_MAPS, choose_confidence_map
 from hf_msv.training.pruned_replay import deployed_stops
-from hf_msv.utils import json_safe
 from research.default_on_new_problems import stop_calibration
-from research.pruning_study import scored_groups
+from research.pruning_study import report, scored_groups
 
 MAPS = CONFIDENCE_MAPS  # the candidates `fit_stop_confidence` chooses among
 
@@ -158,11 +157,7 @@ def main(argv=None) -> dict:
     if new["stored"] is not None:  # what the verifier ships, fitted on its own calibration collection
         stored = new["stored"](new["confidence"], new["features"])
         out["stored"] = {"map": new["stored"].to_dict(), "evaluation": stop_calibration(stored, new["right"])}
-    out = json_safe(out)
-    if args.output:
-        Path(args.output).write_text(json.dumps(out, indent=1))
-    print(json.dumps(out))
-    return out
+    return report(out, args.output)
 
 
 if __name__ == "__main__":
