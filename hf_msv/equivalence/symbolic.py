@@ -308,6 +308,8 @@ class SymbolicChecker(EquivalenceChecker):
 
     def _probes_differ(self, pa: tuple, pb: tuple) -> bool:
         """Whether Math-Verify cannot find two probed answers equal (sound, not complete)."""
+        if set(pa[-1]) & set(pb[-1]):  # a shared string candidate: verify matches strings too
+            return False
         kinds = {pa[0], pb[0]}
         if kinds == {"collection", "value"}:  # x vs {x}: a set of 2+ elements never equals one value
             return True

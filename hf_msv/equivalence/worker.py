@@ -43,14 +43,19 @@ def verify_pair(kind, a, b, options):
 def probe(text):
     """What the parent needs to settle most pairs without verify (see `SymbolicChecker`).
 
-    ``("value", re, im, has_symbols)``: a constant, or an expression in symbols evaluated at fixed name-derived
-    points; ``("collection",)``: a tuple or set of 2+ elements, or an interval with start < end; ``("expr",)``:
-    anything else; ``("none",)``: nothing parses.
+    ``("value", re, im, has_symbols, strings)``: a constant, or an expression in symbols evaluated at fixed
+    name-derived points; ``("collection", strings)``: a tuple or set of 2+ elements, or an interval with start < end;
+    ``("expr", strings)``: anything else; ``("none",)``: nothing parses. ``strings``: the parse's string candidates,
+    which verify also matches ("-0{,}100" parses to 0 and to the string "-0,100", as "-0,100" does to -0.1).
     """
     parsed = parse_answer(text)
     if not parsed:
         return ("none",)
-    expr = parsed[0]
+    return (*_probe_value(parsed[0]), tuple(x for x in parsed if isinstance(x, str)))
+
+
+def _probe_value(expr):
+    """`probe`'s kind and value of a parsed expression, without the string candidates."""
     try:
         if isinstance(expr, (Tuple, FiniteSet)) and len(expr) >= 2:
             return ("collection",)
