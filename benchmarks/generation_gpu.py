@@ -18,12 +18,18 @@ Measured, each after a warm-up run:
   the branch rows' share of each shared forward (by rows): the cost on a device whose forward time grows with rows
   (a CPU), an over-count where a forward of 64 + k rows takes as long as one of 64 (a GPU at decode sizes), so
   ``msv_over_hook`` is the figure to read there;
+* ``elicit_only_seconds``: the MSV run's elicitation without the verifier; ``elicitation_wall_ratio`` = (it − the
+  hooked run) ÷ the hooked run's CoT time and ``scoring_wall_ratio`` = (the MSV run − it) ÷ the same: elicitation's
+  and scoring's cost in wall time, with no timer apportioning shared forwards;
+* ``forward_*``: one decoding forward of N + 4 rows at half the steps' context, plain (``forward_plain_ms``) and ÷
+  plain with a masked cache slot, with hidden states returned, with both (``step_work.forward_variants``);
 * peak accelerator memory (``torch.cuda.max_memory_allocated``) of the plain and the MSV runs.
 
-Five decodes of ``--steps`` steps in all (two plain, one hooked, two MSV). Each figure is printed as soon as it is
-measured, so a run stopped by a time limit still reports the phases it finished. On one H200, 512
-steps: plain 23.6 ms a step, ``msv_over_hook`` 1.195, 1.039 forwards per CoT step, the whole script ~3 min (the
-1.5B model's initialisation on the host and a 37 s first decode included); 1,024 steps outlast 200 s.
+Six decodes of ``--steps`` steps in all (two plain, one hooked, two MSV, one without the verifier). Each figure is
+printed as soon as it is measured, so a run stopped by a time limit still reports the phases it finished. On one
+H200, 512 steps, with five decodes: plain 23.6 ms a step, ``msv_over_hook`` 1.195, 1.039 forwards per CoT step, the
+whole script ~3 min (the 1.5B model's initialisation on the host and a 37 s first decode included); 1,024 steps
+outlast 200 s.
 
 Usage::
 
@@ -55,6 +61,7 @@ from generation_overhead import (
     paper_schedule,
     random_lm,
 )
+from step_work import forward_variants
 from transformers import LogitsProcessorList
 
 from hf_msv import MSVConfig, MSVVerifier
@@ -178,10 +185,15 @@ def main():
         counter.calls = counter.rows = 0
         result, msv_s, msv_peak = timed(msv_run, cuda)
         counter.handle.remove()
+        # The same elicitation without the verifier: what elicitation and scoring each add, in wall time.
+        _, elicit_s, _ = timed(hooked(mode="streaming", delimiters=["Wait"], checker=None), cuda)
+        record(elicit_only_seconds=elicit_s)
     finally:
         script.handle.remove()
     t = result.timings
     record(
+        elicitation_wall_ratio=(elicit_s - hook_s) / hook.timings["cot"],
+        scoring_wall_ratio=(msv_s - elicit_s) / hook.timings["cot"],
         answers=len(result.answers),
         msv_seconds=msv_s,
         cot_seconds=t["cot"],
@@ -195,6 +207,11 @@ def main():
         forward_calls=counter.calls,
         forwards_per_cot_step=counter.calls / steps,
         peak_memory_gib_msv=msv_peak / 2**30,
+    )
+    # One decoding forward at this shape with what MSV steps ask of the LM (step_work.py's measurement).
+    context = inputs["input_ids"].shape[1] + steps // 2
+    record(
+        **{f"forward_{k}": v for k, v in forward_variants(model, n + 4, context, 3, 10 if args.smoke else 30).items()}
     )
     print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in report.items()}))
 

@@ -328,6 +328,21 @@ def test_forward_rejects_unknown_arguments_and_two_caches():
             verifier(**inputs, cache=MSVCache(), past_key_values=MSVCache())
 
 
+def test_forward_names_token_indices_outside_the_answers_and_answers_without_tokens():
+    verifier = make_verifier()
+    _, inputs = random_answers(seed=5)
+    token_answer, num_answers = inputs["token_answer"], len(inputs["answer_group"])
+    with torch.no_grad():
+        for bad in (token_answer.clone().fill_(-1), torch.where(token_answer == 0, num_answers, token_answer)):
+            with pytest.raises(ValueError, match=rf"index answers in \[0, {num_answers}\)"):
+                verifier(**dict(inputs, token_answer=bad))
+        # Answer 0's tokens given to answer 1: answer 0 has none.
+        with pytest.raises(ValueError, match="at least one token"):
+            verifier(**dict(inputs, token_answer=torch.where(token_answer == 0, 1, token_answer)))
+        with pytest.raises(ValueError, match="at least one token"):
+            verifier(**dict(inputs, hidden_states=inputs["hidden_states"][:0], token_answer=token_answer[:0]))
+
+
 def test_online_rejects_out_of_order_answers_and_keeps_cache_intact():
     verifier = make_verifier()
     _, inputs = random_answers(seed=17)

@@ -204,10 +204,12 @@ def _start_batch(model, cache, model_kwargs: dict, batch: int, device, margin: i
     )
 
 
-def _sample_tokens(scores: torch.Tensor, active: torch.Tensor, pad: int, do_sample: bool) -> torch.Tensor:
+def _sample_tokens(
+    scores: torch.Tensor, active: torch.Tensor, pad: int, do_sample: bool, all_active: bool
+) -> torch.Tensor:
     """`(B,)` next tokens from processed `(B, V)` scores, drawn for every row as ``_sample`` draws them; rows not
-    `active` get `pad` (their placeholder probabilities are a one-hot on it)."""
-    all_active = bool(active.all())
+    `active` get `pad` (their placeholder probabilities are a one-hot on it). `all_active`: the host's copy of
+    ``active.all()`` (reading the device's would wait for it)."""
     if do_sample:
         probs = torch.nn.functional.softmax(scores, dim=-1)
         if not all_active:
@@ -265,29 +267,35 @@ def lockstep_sample(
         run.bind_cache(batch.cache)
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=device)
     del outputs
+    # The host reads the device once a step besides the tokens (MSVEarlyStop's): `unfinished`, after the stopping
+    # criteria. Everything else a step needs about the rows comes from that copy, so the step waits on no other
+    # device value (docs/generation.md, "Cost").
+    keep_main, keep_index = list(range(B)), None  # main rows still decoding; their index tensor when not all are
     t = 0
     while True:  # main phase: one sampled token per live main row per step
-        if len(logits) == B:  # every row computed (always so with early stopping off and no EOS yet)
+        if keep_index is None:  # every row computed (always so with early stopping off and no EOS yet)
             scores = logits
         else:
-            scores = logits.new_zeros(B, logits.shape[-1])
-            scores[unfinished] = logits
+            scores = logits.new_zeros(B, logits.shape[-1]).index_copy_(0, keep_index, logits)
         scores = logits_processor(input_ids, scores)
-        tokens = _sample_tokens(scores, unfinished, pad, generation_config.do_sample)
+        tokens = _sample_tokens(scores, unfinished, pad, generation_config.do_sample, keep_index is None)
         input_ids = torch.cat([input_ids, tokens[:, None]], dim=-1)
         if streamer is not None:
             streamer.put(tokens.cpu())
         unfinished = unfinished & ~stopping_criteria(input_ids, None).to(device)
-        main_done = not bool(unfinished.any())
-        keep_main = [] if main_done else unfinished.nonzero().squeeze(1).tolist()
-        _regroup(batch, run, keep_main, run.take_forks(t, unfinished.tolist()) if run is not None else [], t)
-        if main_done:
+        live = unfinished.tolist()
+        if sum(live) != len(keep_main):  # rows only ever leave
+            keep_main = [row for row, on in enumerate(live) if on]
+            keep_index = torch.tensor(keep_main, dtype=torch.long, device=device)
+        _regroup(batch, run, keep_main, run.take_forks(t, live) if run is not None else [], t)
+        if not keep_main:
             break
         if run is not None and run.history is not None:
             # After step t's forks, before token t is fed: the recurrent states a later branch may start from.
             run.update_history(t, batch.cache, {m: i for i, m in enumerate(batch.members) if isinstance(m, int)})
         t += 1
-        logits = _forward(batch, run, input_ids[keep_main, -1], t)
+        newest = input_ids[:, -1]
+        logits = _forward(batch, run, newest if keep_index is None else newest[keep_index], t)
     while batch.members:  # the tail: branches still decoding after the last main row ended
         t += 1
         _forward(batch, run, input_ids.new_zeros(0), t)
@@ -308,8 +316,11 @@ def _forward(batch: DecodingBatch, run, main_tokens: torch.Tensor, t: int) -> to
     rows' outputs to the run and returns the main rows' next-token logits `(main rows, V)` in float32."""
     started = time.perf_counter()
     branches = batch.branches
-    branch_tokens = torch.tensor([b.next_input() for b in branches], dtype=torch.long, device=main_tokens.device)
-    out = batch.forward(torch.cat([main_tokens, branch_tokens]), hidden=any(b.answering for b in branches))
+    tokens = main_tokens
+    if branches:  # their next inputs are host values: one copy to the device, only in steps that have branches
+        branch_tokens = torch.tensor([b.next_input() for b in branches], dtype=torch.long, device=main_tokens.device)
+        tokens = torch.cat([main_tokens, branch_tokens])
+    out = batch.forward(tokens, hidden=any(b.answering for b in branches))
     n_main = len(main_tokens)
     logits = out.logits[:n_main, -1].to(copy=True, dtype=torch.float32)
     if run is not None and branches:

@@ -195,8 +195,10 @@ class GenerationRun:
         start = time.perf_counter()
         logits = out.logits[n_main:, -1].float()
         chosen = logits.argmax(-1)
-        logprobs = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1).tolist()
-        chosen = chosen.tolist()
+        logprobs = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1)
+        # One read of the device for both (float64 holds every token id exactly).
+        chosen, logprobs = torch.stack([chosen.double(), logprobs.double()]).tolist()
+        chosen = [int(c) for c in chosen]
         # After the final norm; the loop asks for hidden states only when a branch is answering.
         states = out.hidden_states[-1][n_main:, -1] if out.hidden_states is not None else None
         for i, live in enumerate(branches):

@@ -144,18 +144,21 @@ class _MSVStream:
         device = next(self.verifier.parameters()).device  # answer states may have been moved off the accelerator
         hidden, token_answer = _packed(ready, device)
 
-        def column(values):
-            return torch.tensor(values, dtype=torch.long, device=device)
-
         M = self.M
+        # The five columns in one copy to the device.
+        columns = [
+            (a.prompt * self.subgroups + a.sequence // M, a.sequence % M, a.step, a.end, a.class_id) for a in ready
+        ]
+        packed = torch.tensor(columns, dtype=torch.long).reshape(len(ready), 5).T.contiguous()
+        group, sequence, step, end, klass = packed.to(device)
         out = self.verifier(
             hidden_states=hidden,
             token_answer=token_answer,
-            answer_group=column([a.prompt * self.subgroups + a.sequence // M for a in ready]),
-            answer_sequence=column([a.sequence % M for a in ready]),
-            answer_step=column([a.step for a in ready]),
-            answer_end=column([a.end for a in ready]),
-            answer_class=column([a.class_id for a in ready]),
+            answer_group=group,
+            answer_sequence=sequence,
+            answer_step=step,
+            answer_end=end,
+            answer_class=klass,
             past_key_values=self.cache,
             use_cache=self.cache is not None,
         )
