@@ -26,7 +26,7 @@ from hf_msv.evaluation.field_rules import RuleCurve
 from hf_msv.pruning import PRUNE_OFF, PruneRule
 from hf_msv.training.pruned_replay import oracle_decision, replay_pruning, sweep_groups
 from research.default_vs_field import stop_curve
-from research.pruning_study import full_chosen, parse_rule, read_regret, scored_groups
+from research.pruning_study import full_output_classes, parse_rule, read_regret, scored_groups
 
 BUDGETS = (0.3, 0.5, 0.7)
 
@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
     verifier, head, groups, scorer, scores = scored_groups(args.verifier, args.data_dir, args.max_problems)
     off = replay_pruning(PRUNE_OFF, head, groups, scorer, scores)
     full = sweep_groups(groups, off, head, [math.inf])
-    targets = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, off))]
+    targets = full_output_classes(groups, head, off)
     oracle = [
         replay_pruning(oracle_decision(g, t), head, [g], scorer, [s])[0] for g, t, s in zip(groups, targets, scores)
     ]

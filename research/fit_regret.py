@@ -24,7 +24,7 @@ from hf_msv.training.regret import TARGETS, RegretHead, fit_regret, regret_rows
 from hf_msv.utils import json_safe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import research.…`
-from research.pruning_study import full_chosen, scored_groups
+from research.pruning_study import full_output_classes, scored_groups
 
 THRESHOLDS = (0.005, 0.01, 0.02, 0.05, 0.1)
 
@@ -59,7 +59,7 @@ def main(argv=None) -> dict:
     outputs = None
     if args.target == "output":  # full decoding's output class, as the ceiling reads it
         off = replay_pruning(PRUNE_OFF, head, groups, scorer, scores)
-        outputs = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, off))]
+        outputs = full_output_classes(groups, head, off)
     fitted = fit_regret(groups, scores, head, target=args.target, outputs=outputs)
     with open(args.output, "w") as handle:
         json.dump(fitted.to_dict(), handle, indent=1)

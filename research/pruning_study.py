@@ -245,7 +245,7 @@ def main(argv=None) -> dict:
     if fit.confidence_map is not None:
         deployed_stops = mapped_stops(groups, streams[chosen], head, float(LAMBDAS[j]), fit.confidence_map)
     deployed = operating_point(replays[chosen], j, full, deployed_stops)
-    targets = [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, streams[0]))]
+    targets = full_output_classes(groups, head, streams[0])
     for i, row in enumerate(candidates):
         row["cause"] = pruned_cause(groups, streams[i], targets)
     alternatives = []
@@ -327,6 +327,11 @@ def full_chosen(groups, head, streams) -> list[int]:
     from hf_msv.training.pruned_replay import sweep_group
 
     return [int(sweep_group(g, s, head, [np.inf]).chosen[0]) for g, s in zip(groups, streams)]
+
+
+def full_output_classes(groups, head, streams) -> list[int]:
+    """The class of full decoding's output answer in each group."""
+    return [int(g.klass[c]) for g, c in zip(groups, full_chosen(groups, head, streams))]
 
 
 if __name__ == "__main__":

@@ -1009,16 +1009,7 @@ def train_verifier(
         project_dir=str(output_dir / "runs") if trackers else None,
     )
     set_seed(config.seed)
-    per_process = max(1, resolve_batch_size(config) // accelerator.num_processes)
-    loader = torch.utils.data.DataLoader(
-        train_set,
-        batch_size=per_process,
-        shuffle=True,
-        num_workers=config.num_workers,
-        collate_fn=partial(collate_groups, mode=config.mode),
-        generator=torch.Generator().manual_seed(config.seed),
-    )
-    steps_per_pass = math.ceil(len(train_set) / (per_process * accelerator.num_processes))
+    loader, steps_per_pass = _training_loader(config, train_set, accelerator.num_processes)
     plan = resolve_plan(config, train_set.hidden_size, steps_per_pass)
     warmup = math.ceil(config.warmup_ratio * plan.max_steps)
     decision = None
@@ -1026,11 +1017,7 @@ def train_verifier(
     state_path = output_dir / STATE_FILE
     # The training state is saved with the plan before cross-validation shortens it (the saved decision fixes it).
     expected = fingerprint(config, plan, folds, train_set)
-    saved = load_training_progress(output_dir, expected) if resume else None
-    if not resume and accelerator.is_main_process:
-        state_path.unlink(missing_ok=True)
-        discard_training_state(output_dir)
-    accelerator.wait_for_everyone()
+    saved = _saved_progress(output_dir, expected, resume, accelerator)
     if folds:
         # The length of training (0: keep the vote) is chosen on the training problems; the run then trains exactly
         # that long on all of them.
@@ -1088,6 +1075,31 @@ def train_verifier(
         plan=plan,
         vote_cv=decision,
     )
+
+
+def _training_loader(config: MSVTrainingConfig, train_set: ShardDataset, processes: int):
+    """The training `DataLoader` (the global batch split over `processes`) and its optimizer steps per pass."""
+    per_process = max(1, resolve_batch_size(config) // processes)
+    loader = torch.utils.data.DataLoader(
+        train_set,
+        batch_size=per_process,
+        shuffle=True,
+        num_workers=config.num_workers,
+        collate_fn=partial(collate_groups, mode=config.mode),
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+    return loader, math.ceil(len(train_set) / (per_process * processes))
+
+
+def _saved_progress(output_dir: Path, expected: dict, resume: bool, accelerator):
+    """With `resume`, the progress saved in `output_dir` (`load_training_progress`: a UserError when saved with
+    other settings); without it, whatever a previous fit left there is discarded."""
+    saved = load_training_progress(output_dir, expected) if resume else None
+    if not resume and accelerator.is_main_process:
+        (output_dir / STATE_FILE).unlink(missing_ok=True)
+        discard_training_state(output_dir)
+    accelerator.wait_for_everyone()
+    return saved
 
 
 def _calibration_size_note(config: MSVTrainingConfig, val_set: ShardDataset) -> str | None:
