@@ -53,19 +53,16 @@ import torch
 
 # generation_overhead.py sits beside this file (benchmarks/ is sys.path[0] when run as a script).
 from generation_overhead import (
-    ForceDelimiters,
     ForwardCounter,
     ScriptedAnswers,
     build_tokenizer,
+    forced_runs,
     lm_config,
-    paper_schedule,
     random_lm,
 )
 from step_work import forward_variants
-from transformers import LogitsProcessorList
 
 from hf_msv import MSVConfig, MSVVerifier
-from hf_msv.generation import MSVEarlyStop, prepare_generation
 
 VOCAB = 151_936
 
@@ -127,28 +124,7 @@ def main():
         .eval()
     )
     inputs = tokenizer(["Question: find all real x with x^2 - 5x + 6 = 0."], return_tensors="pt").to(device)
-    wait = tokenizer.convert_tokens_to_ids("Wait")
-    force = ForceDelimiters(inputs["input_ids"].shape[1], wait, paper_schedule(n, steps))
-    settings = dict(
-        do_sample=True,
-        num_return_sequences=n,
-        max_new_tokens=steps,
-        min_new_tokens=steps,
-        logits_processor=LogitsProcessorList([force]),
-    )
-
-    def plain():
-        torch.manual_seed(0)
-        return model.generate(**inputs, **settings)
-
-    def hooked(**msv_kwargs):
-        def run():
-            with prepare_generation(model, tokenizer, **msv_kwargs) as msv:
-                torch.manual_seed(0)
-                model.generate(**inputs, **settings, custom_generate=msv, stopping_criteria=[MSVEarlyStop(None)])
-                return msv.pop_results()[0]
-
-        return run
+    plain, hooked = forced_runs(model, tokenizer, inputs, n, steps)
 
     report = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (smoke: tiny shapes, not a measurement)",

@@ -256,6 +256,37 @@ def scheduled_generate(
     return results, counter
 
 
+def forced_runs(model, tokenizer, inputs, n: int, steps: int):
+    """`plain()` and `hooked(**prepare_generation_kwargs)()`: ``generate`` calls of exactly `steps` steps and N = `n`
+    rows under `paper_schedule`'s forced "Wait", plain and through an `MSVSession` (full decoding; the latter returns
+    the prompt's `MSVResult`); each seeds 0."""
+    force = ForceDelimiters(
+        inputs["input_ids"].shape[1], tokenizer.convert_tokens_to_ids("Wait"), paper_schedule(n, steps)
+    )
+    settings = dict(
+        do_sample=True,
+        num_return_sequences=n,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        logits_processor=LogitsProcessorList([force]),
+    )
+
+    def plain():
+        torch.manual_seed(0)
+        return model.generate(**inputs, **settings)
+
+    def hooked(**msv_kwargs):
+        def run():
+            with prepare_generation(model, tokenizer, **msv_kwargs) as msv:
+                torch.manual_seed(0)
+                model.generate(**inputs, **settings, custom_generate=msv, stopping_criteria=[MSVEarlyStop(None)])
+                return msv.pop_results()[0]
+
+        return run
+
+    return plain, hooked
+
+
 def paper_schedule(n: int, steps: int, seed: int = 0) -> dict[int, set[int]]:
     """The steps at which each of `n` rows fires: every 150–300 steps, at independent offsets."""
     rng = random.Random(seed)

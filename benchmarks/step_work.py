@@ -38,20 +38,17 @@ import torch
 
 # generation_overhead.py sits beside this file (benchmarks/ is sys.path[0] when run as a script).
 from generation_overhead import (
-    ForceDelimiters,
     ScriptedAnswers,
     build_tokenizer,
+    forced_runs,
     lm_config,
-    paper_schedule,
     random_lm,
     tiny_scheduled_lm,
 )
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import LogitsProcessorList
 
 from hf_msv import MSVConfig, MSVVerifier
-from hf_msv.generation import MSVEarlyStop, prepare_generation
 from hf_msv.generation.caches import cache_argument, output_cache
 
 SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"}
@@ -242,29 +239,7 @@ def main():
     torch.manual_seed(0)
     verifier = MSVVerifier(MSVConfig(hidden_size=32, num_attention_heads=2, num_sequences=n, mode="streaming")).eval()
     inputs = tokenizer(["Question: find x."], return_tensors="pt")
-    force = ForceDelimiters(
-        inputs["input_ids"].shape[1], tokenizer.convert_tokens_to_ids("Wait"), paper_schedule(n, steps)
-    )
-    settings = dict(
-        do_sample=True,
-        num_return_sequences=n,
-        max_new_tokens=steps,
-        min_new_tokens=steps,
-        logits_processor=LogitsProcessorList([force]),
-    )
-
-    def plain():
-        torch.manual_seed(0)
-        return model.generate(**inputs, **settings)
-
-    def hooked(**msv_kwargs):
-        def run():
-            with prepare_generation(model, tokenizer, **msv_kwargs) as msv:
-                torch.manual_seed(0)
-                model.generate(**inputs, **settings, custom_generate=msv, stopping_criteria=[MSVEarlyStop(None)])
-                return msv.pop_results()[0]
-
-        return run
+    plain, hooked = forced_runs(model, tokenizer, inputs, n, steps)
 
     script = ScriptedAnswers(model, tokenizer, filler_tokens=10)
     try:
