@@ -37,6 +37,7 @@ from collections import Counter
 import torch
 
 # generation_overhead.py sits beside this file (benchmarks/ is sys.path[0] when run as a script).
+from _report import rounded
 from generation_overhead import (
     ScriptedAnswers,
     build_tokenizer,
@@ -261,13 +262,6 @@ def main():
     for run in ("plain", "hook", "msv"):
         print(run, {k: v for k, v in report[run].items()})
     print(json.dumps(rounded(report)))
-
-
-def rounded(value):
-    """`value` with its floats rounded to 4 decimals, through dicts (the JSON line)."""
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    return round(value, 4) if isinstance(value, float) else value
 
 
 if __name__ == "__main__":

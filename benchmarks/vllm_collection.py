@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import rounded  # benchmarks/ is the script's directory
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
@@ -102,12 +104,6 @@ def run(args, max_num_seqs: int, vllm_logprobs: bool = False) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def rounded(value):
-    if isinstance(value, dict):
-        return {key: rounded(v) for key, v in value.items()}
-    return round(value, 3) if isinstance(value, float) else value
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -139,7 +135,7 @@ def main():
         "wall_ratio": sized["seconds"] / small["seconds"],
         "logprobs_wall_ratio": sized["seconds"] / logprobs["seconds"],
     }
-    print(json.dumps(rounded(report)))
+    print(json.dumps(rounded(report, 3)))
 
 
 if __name__ == "__main__":

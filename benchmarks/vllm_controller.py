@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import rounded  # benchmarks/ is the script's directory
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
@@ -283,15 +285,6 @@ def gpu_mode(smoke: bool) -> dict:
         "elicitation_verifier_le_5pct": last["elicitation_verifier_share"] <= 0.05,
     }
     return report
-
-
-def rounded(value):
-    """`value` with its floats rounded to 4 decimals, through dicts and lists (the report's JSON line)."""
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    return round(value, 4) if isinstance(value, float) else value
 
 
 def main():

@@ -34,7 +34,8 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-from vllm_controller import correct, make_engine, rounded  # benchmarks/ is the script's directory
+from _report import rounded  # benchmarks/ is the script's directory
+from vllm_controller import correct, make_engine
 
 
 def percentiles(values) -> dict:
