@@ -846,16 +846,16 @@ class MSVVerifier(MSVPreTrainedModel):
             )
         if token_answer.shape != hidden_states.shape[:1]:
             raise ValueError("token_answer must have one entry per token of hidden_states.")
-        if not num_answers or not len(token_answer):
-            if len(token_answer):
-                raise ValueError(f"token_answer must index answers in [0, {num_answers}).")
-            if num_answers:
-                raise ValueError("every answer needs at least one token.")
-        else:
-            # One read of the device for the three checks (each read waits for the device).
-            low, high = token_answer.min(), token_answer.max()
-            tokens = torch.bincount(token_answer.clamp(0, num_answers - 1), minlength=num_answers).min()
-            sequence, low, high, tokens = torch.stack([answer_sequence.max(), low, high, tokens]).tolist()
+        if len(token_answer) and not num_answers:
+            raise ValueError(f"token_answer must index answers in [0, {num_answers}).")
+        if num_answers and not len(token_answer):
+            raise ValueError("every answer needs at least one token.")
+        if num_answers:
+            # One read of the device for the three checks (each read waits for it); bincount refuses negative ids,
+            # which the range check reports.
+            counts = torch.bincount(token_answer.clamp(0, num_answers - 1), minlength=num_answers)
+            stats = [answer_sequence.max(), token_answer.min(), token_answer.max(), counts.min()]
+            sequence, low, high, fewest = torch.stack(stats).tolist()
             if sequence >= self.config.num_sequences:
                 raise ValueError(
                     f"sequence id {sequence} exceeds this verifier's {self.config.num_sequences} sequence "
@@ -863,7 +863,7 @@ class MSVVerifier(MSVPreTrainedModel):
                 )
             if low < 0 or high >= num_answers:
                 raise ValueError(f"token_answer must index answers in [0, {num_answers}).")
-            if tokens == 0:
+            if fewest == 0:
                 raise ValueError("every answer needs at least one token.")
         if cache is not None and not self.config.streaming:
             raise ValueError("online scoring with a cache needs a streaming verifier (config.mode='streaming').")

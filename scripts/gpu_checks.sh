@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks only a GPU can run, as named steps that each keep their JSON, so that a short GPU loan is spent in
-# several calls of under 10 min rather than one long one (docs/generation.md, "On a GPU").
+# several calls of under 10 min rather than one long one (docs/generation.md, "Cost").
 #
 #   bash scripts/gpu_checks.sh                                   # every step, in this order
 #   bash scripts/gpu_checks.sh versions cuda-tests generation    # call 1 (~9 min at most)
